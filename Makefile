@@ -1,0 +1,32 @@
+# hami developer entry points. The README's two commands are `make simulate` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup simulate test lint native clean
+
+$(BIN)/hami: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $(BIN)/hami
+
+setup: $(BIN)/hami
+
+simulate: setup
+	$(BIN)/hami simulate
+
+native:
+	@if [ -f native/libvgpu/Makefile ]; then $(MAKE) -C native/libvgpu; fi
+
+lint: setup
+	$(BIN)/ruff check src tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: setup native lint
+	$(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info
+	@if [ -f native/libvgpu/Makefile ]; then $(MAKE) -C native/libvgpu clean; fi
