@@ -1,0 +1,55 @@
+"""Annotation keys, label keys, resource names and env var names of HAMi v2.10.
+
+Source: ``shared/specs/hami-scheduler-spec.md`` §1.1, §2.1, §2.2 and
+``shared/specs/hami-core-spec.md`` §A.2, §B.5. These strings are the wire contract with
+HAMi components in mixed clusters; change none of them.
+"""
+
+from typing import Final
+
+# Resource names (defaults; the device config may rename them, spec §1.1).
+RESOURCE_COUNT: Final = "nvidia.com/gpu"
+RESOURCE_MEMORY: Final = "nvidia.com/gpumem"
+RESOURCE_MEMORY_PERCENTAGE: Final = "nvidia.com/gpumem-percentage"
+RESOURCE_CORES: Final = "nvidia.com/gpucores"
+RESOURCE_PRIORITY: Final = "nvidia.com/priority"
+
+NVIDIA: Final = "NVIDIA"  # the vendor's CommonWord
+MODE_HAMI_CORE: Final = "hami-core"
+MODE_MIG: Final = "mig"
+MODE_MPS: Final = "mps"
+
+# Node annotations (spec §2.1).
+NODE_REGISTER: Final = "hami.io/node-nvidia-register"
+NODE_SCORE: Final = "hami.io/node-nvidia-score"
+NODE_HANDSHAKE: Final = "hami.io/node-handshake"
+NODE_LOCK: Final = "hami.io/mutex.lock"
+NODE_DEVICE_CORDON: Final = "hami.io/device-cordon"
+
+# Pod annotations / labels written by the scheduler (spec §2.2).
+VGPU_NODE: Final = "hami.io/vgpu-node"
+VGPU_TIME: Final = "hami.io/vgpu-time"
+DEVICES_TO_ALLOCATE: Final = "hami.io/vgpu-devices-to-allocate"
+DEVICES_ALLOCATED: Final = "hami.io/vgpu-devices-allocated"
+MIG_ALLOCATIONS: Final = "hami.io/vgpu-mig-allocations"
+BIND_PHASE: Final = "hami.io/bind-phase"
+BIND_TIME: Final = "hami.io/bind-time"
+
+# Pod annotations set by users (spec §2.2).
+USE_GPUTYPE: Final = "nvidia.com/use-gputype"
+NOUSE_GPUTYPE: Final = "nvidia.com/nouse-gputype"
+USE_GPUUUID: Final = "nvidia.com/use-gpuuuid"
+NOUSE_GPUUUID: Final = "nvidia.com/nouse-gpuuuid"
+NUMA_BIND: Final = "nvidia.com/numa-bind"
+VGPU_MODE: Final = "nvidia.com/vgpu-mode"
+GPU_SCHEDULER_POLICY: Final = "hami.io/gpu-scheduler-policy"
+NODE_SCHEDULER_POLICY: Final = "hami.io/node-scheduler-policy"
+DEVICE_SCORING_WEIGHTS: Final = "hami.io/device-scoring-weights"
+WEBHOOK_IGNORE_LABEL: Final = "hami.io/webhook"
+
+# Env vars injected by the webhook (spec §3).
+ENV_TASK_PRIORITY: Final = "CUDA_TASK_PRIORITY"
+ENV_CORE_POLICY: Final = "GPU_CORE_UTILIZATION_POLICY"
+ENV_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
+
+DEFAULT_SCHEDULER: Final = "default-scheduler"

@@ -1,0 +1,139 @@
+"""The scheduling vocabulary as frozen values (HAMi v2.10 terms, units in names).
+
+Source: ``shared/specs/hami-scheduler-spec.md`` §1.3 (requests), §2.3 (node devices),
+§2.4 (pod devices), §4.3 (usage). Memory is always MiB after ``memoryFactor``; cores are
+percent of one physical GPU (100 = whole GPU when ``deviceCoreScaling`` is 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: ``MemPercentagereq`` sentinel meaning "no percentage given" (spec §1.3 step 3).
+PERCENT_UNSET = 101
+
+
+@dataclass(frozen=True, slots=True)
+class MigPlacement:
+    """A MIG placement: GPU slices ``[start, start + size)`` (spec §6.2)."""
+
+    start: int
+    size: int
+
+    def overlaps(self, other: MigPlacement) -> bool:
+        """True when the two slice ranges intersect."""
+        return self.start < other.start + other.size and other.start < self.start + self.size
+
+
+@dataclass(frozen=True, slots=True)
+class MigProfile:
+    """One MIG profile a GPU can host (node register ``migProfiles`` entry, spec §2.3)."""
+
+    name: str
+    memory_mib: int
+    cores_percent: int
+    slice_count: int
+    placements: tuple[MigPlacement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    """One physical GPU as registered by a node's device plugin (spec §2.3, §7.3).
+
+    ``memory_mib`` and ``cores_percent`` are already multiplied by the node's memory and
+    core scaling; ``split_count`` is the number of tasks that may share the GPU.
+    """
+
+    uuid: str
+    index: int
+    split_count: int
+    memory_mib: int
+    cores_percent: int
+    type: str
+    numa: int = 0
+    mode: str = ""
+    health: bool = True
+    mig_profiles: tuple[MigProfile, ...] = ()
+    vendor: str = "NVIDIA"
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerDeviceRequest:
+    """What one container asks of one vendor (HAMi ``ContainerDeviceRequest``, spec §1.3).
+
+    ``memory_percent`` is :data:`PERCENT_UNSET` (101) when no percentage applies; a
+    ``memory_mib`` of 0 with a set percentage means "that share of each chosen card".
+    """
+
+    nums: int
+    type: str = "NVIDIA"
+    memory_mib: int = 0
+    memory_percent: int = PERCENT_UNSET
+    cores_percent: int = 0
+
+    def memory_on(self, device_memory_mib: int) -> int:
+        """MiB this request books on a card of ``device_memory_mib`` (spec §4.9 step 9).
+
+        The percentage is applied with integer floor after the multiplication, so 20 % of
+        32768 MiB is 6553 MiB (field case B23) and 100 % is exactly the card.
+        """
+        if self.memory_mib > 0:
+            return self.memory_mib
+        if self.memory_percent != PERCENT_UNSET:
+            return device_memory_mib * self.memory_percent // 100
+        return 0
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerDevice:
+    """One device granted to one container (an entry of the pod device string, §2.4)."""
+
+    uuid: str
+    type: str
+    used_memory_mib: int
+    used_cores_percent: int
+    index: int = 0
+
+
+#: Devices of one container, in grant order.
+ContainerDevices = tuple[ContainerDevice, ...]
+#: Devices of every container of a pod, init containers first (HAMi ``PodSingleDevice``).
+PodSingleDevice = tuple[ContainerDevices, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceCharge:
+    """The usage a pod holds on one GPU after init-container collapse (spec §5.1).
+
+    ``slots`` is how many of the GPU's ``split_count`` task slots the pod occupies.
+    """
+
+    uuid: str
+    memory_mib: int
+    cores_percent: int
+    slots: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class PodRequest:
+    """Everything the scheduler needs to know about one pod's GPU needs.
+
+    ``containers`` holds one entry per container, init containers first; an entry is
+    ``None`` for a container that asks for no device. ``n_init`` is how many of them are
+    init containers. Annotations are the pod's (user options such as
+    ``nvidia.com/use-gputype`` are read from them by :mod:`hami.core.fit`).
+    """
+
+    namespace: str
+    name: str
+    uid: str
+    containers: tuple[ContainerDeviceRequest | None, ...]
+    n_init: int = 0
+    annotations: dict[str, str] = field(default_factory=dict)
+    cpu_milli: int = 0
+    memory_mib: int = 0
+
+    @property
+    def wants_devices(self) -> bool:
+        """True when at least one container requests a device."""
+        return any(c is not None and c.nums > 0 for c in self.containers)

@@ -1,0 +1,1 @@
+"""Trace replay and capacity planning on top of :mod:`hami.core` (no I/O beyond reading traces)."""
