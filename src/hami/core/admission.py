@@ -1,0 +1,190 @@
+"""The mutating webhook's decision as a pure function: Pod in, JSON patch or denial out.
+
+Source: ``shared/specs/hami-scheduler-spec.md`` §3 (``MutateAdmission``, NVIDIA). Steps and
+messages follow HAMi; where HAMi lets a malformed value through (it accepts a
+``gpumem-percentage`` of 101 or 2^32+50 and leaves the pod Pending with a misleading
+reason, field case B09) we deny at admission with a message naming the container, the
+resource and the valid range.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonpatch  # type: ignore[import-untyped]
+
+from hami.api import names
+from hami.core.config import NvidiaConfig, SchedulerConfig
+from hami.core.quantity import QuantityError, parse_quantity, to_int_exact
+from hami.core.quota import QuotaLedger
+from hami.core.request import RequestError, container_request, pod_request, resource_value
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionResult:
+    """The webhook's answer.
+
+    ``allowed`` False carries ``code`` 403 (denied) or 400 (malformed) and a ``message``;
+    ``patch`` is an RFC 6902 JSON Patch (list of operations) from the original pod to
+    ``pod``, empty when nothing changed.
+    """
+
+    allowed: bool
+    message: str = ""
+    code: int = 200
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    pod: dict[str, Any] = field(default_factory=dict)
+
+
+def _deny(message: str, pod: Mapping[str, Any], code: int = 403) -> AdmissionResult:
+    return AdmissionResult(allowed=False, message=message, code=code, pod=dict(pod))
+
+
+def _append_env(container: dict[str, Any], name: str, value: str) -> None:
+    env = container.setdefault("env", [])
+    if not any(e.get("name") == name for e in env):
+        env.append({"name": name, "value": value})
+
+
+def _validate(container: Mapping[str, Any], config: NvidiaConfig) -> None:
+    """Range checks on the GPU resources of one container (raises RequestError)."""
+    cname = container.get("name", "?")
+    for rname, upper in ((config.resource_memory_percentage_name, 100),
+                         (config.resource_core_name, 100)):
+        raw = resource_value(container, rname)
+        if raw is None:
+            continue
+        try:
+            value = to_int_exact(parse_quantity(raw))
+        except QuantityError:
+            value = None
+        if value is None or value < 0 or value > upper:
+            raise RequestError(f"invalid {rname} value {raw} in container {cname}: "
+                               f"must be an integer between 0 and {upper}")
+    container_request(container, config)
+
+
+def mutate_container(container: dict[str, Any], pod: Mapping[str, Any],
+                     config: NvidiaConfig) -> bool:
+    """HAMi's NVIDIA ``MutateAdmission`` for one container, in place (spec §3).
+
+    Returns True when the container asks for NVIDIA devices (after the count has been
+    added for a memory- or cores-only request).
+
+    Raises:
+        RequestError: a GPU value is malformed or out of range.
+    """
+    _validate(container, config)
+    resources = container.setdefault("resources", {})
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
+    if config.resource_priority_name in limits:
+        _append_env(container, names.ENV_TASK_PRIORITY,
+                    str(limits[config.resource_priority_name]))
+    if config.gpu_core_policy and config.gpu_core_policy != "default":
+        _append_env(container, names.ENV_CORE_POLICY, config.gpu_core_policy)
+    has_resource = config.resource_count_name in limits
+    extras = (config.resource_core_name, config.resource_memory_name,
+              config.resource_memory_percentage_name)
+    if not has_resource and any(r in limits for r in extras) and config.default_gpu_num > 0:
+        limits[config.resource_count_name] = config.default_gpu_num
+        resources["limits"] = limits
+        has_resource = True
+    count_given = config.resource_count_name in limits or config.resource_count_name in requests
+    cores_given = config.resource_core_name in limits or config.resource_core_name in requests
+    if count_given and not cores_given and _is_exclusive(container, config):
+        resources.setdefault("limits", limits)[config.resource_core_name] = 100
+        has_resource = True
+    if not has_resource and config.overwrite_env:
+        _append_env(container, names.ENV_VISIBLE_DEVICES, "none")
+    return has_resource
+
+
+def _is_exclusive(container: Mapping[str, Any], config: NvidiaConfig) -> bool:
+    percent = resource_value(container, config.resource_memory_percentage_name)
+    if percent is not None:
+        value = to_int_exact(parse_quantity(percent))
+        return value == 100
+    if not config.resource_memory_name:
+        return True
+    return resource_value(container, config.resource_memory_name) is None
+
+
+def _skip(pod: Mapping[str, Any], config: SchedulerConfig) -> bool:
+    current = (pod.get("spec") or {}).get("schedulerName") or ""
+    return bool(current) and (
+        current != names.DEFAULT_SCHEDULER or not config.force_overwrite_default_scheduler
+    ) and (not config.scheduler_name or current != config.scheduler_name)
+
+
+def _privileged(container: Mapping[str, Any]) -> bool:
+    return bool((container.get("securityContext") or {}).get("privileged"))
+
+
+def admit(pod: Mapping[str, Any], config: SchedulerConfig,
+          quota: QuotaLedger | None = None) -> AdmissionResult:
+    """Decide one Pod CREATE (spec §3 decision sequence, NVIDIA vendor).
+
+    Returns an :class:`AdmissionResult`; never raises on malformed pods: a bad GPU value
+    is a 403 denial with a message, a pod that is not an object is a 400.
+    """
+    if not isinstance(pod, Mapping) or not isinstance(pod.get("spec") or {}, Mapping):
+        return _deny("pod is not an object", {}, code=400)
+    spec = pod.get("spec") or {}
+    if not spec.get("containers"):
+        return _deny("pod has no containers", pod)
+    if _skip(pod, config):
+        return AdmissionResult(allowed=True, message="pod already has different scheduler "
+                               "assigned", pod=dict(pod))
+    mutated = copy.deepcopy(dict(pod))
+    mspec = mutated["spec"]
+    ordered = [*(mspec.get("initContainers") or []), *mspec["containers"]]
+    has_resource = False
+    try:
+        for container in ordered:
+            if not isinstance(container, dict):
+                return _deny("container is not an object", pod, code=400)
+            has_resource = mutate_container(container, mutated, config.nvidia) or has_resource
+    except (RequestError, QuantityError) as exc:
+        return _deny(str(exc), pod)
+    if has_resource:
+        privileged = next((c for c in ordered if _privileged(c)), None)
+        if privileged is not None:
+            return _deny(f"container {privileged.get('name', '?')} is privileged", pod)
+        if config.scheduler_name:
+            mspec["schedulerName"] = config.scheduler_name
+            if mspec.get("nodeName"):
+                return _deny("pod has node assigned", pod)
+        if config.nvidia.runtime_class_name and mspec.get("runtimeClassName") is None:
+            mspec["runtimeClassName"] = config.nvidia.runtime_class_name
+        if quota is not None:
+            denial = _quota_denial(mutated, config, quota)
+            if denial:
+                return _deny(denial, pod)
+    patch = jsonpatch.make_patch(dict(pod), mutated).patch
+    return AdmissionResult(allowed=True, patch=list(patch), pod=mutated)
+
+
+def _quota_denial(pod: Mapping[str, Any], config: SchedulerConfig,
+                  quota: QuotaLedger) -> str:
+    """``fitResourceQuota`` (spec §5.2): max(sum of app, max of init) of memory and cores."""
+    request = pod_request(pod, config.nvidia)
+    init_mem = init_cores = app_mem = app_cores = 0
+    for position, c in enumerate(request.containers):
+        if c is None:
+            continue
+        mem, cores = c.memory_mib * c.nums, c.cores_percent * c.nums
+        if position < request.n_init:
+            init_mem, init_cores = max(init_mem, mem), max(init_cores, cores)
+        else:
+            app_mem, app_cores = app_mem + mem, app_cores + cores
+    mem, cores = max(app_mem, init_mem), max(app_cores, init_cores)
+    if mem == 0 and cores == 0:
+        return ""
+    if quota.fits(request.namespace, mem, cores):
+        return ""
+    return (f"exceeding resource quota: namespace {request.namespace} asks for {mem} MiB "
+            f"and {cores}% cores of GPU beyond its limits.nvidia.com quota")

@@ -1,0 +1,229 @@
+"""NVIDIA ``Fit``: can one container's request be met on one node, and with which GPUs?
+
+Source: ``shared/specs/hami-scheduler-spec.md`` §4.5 (fitInDevices), §4.9 (the exact check
+order), §10 (reason tokens and ``GenReason``). Devices come in best-first order (the GPU
+policy's ranking, :mod:`hami.core.score`); HAMi walks a worst-first list from its end,
+which is the same thing.
+
+A container's N devices are N distinct physical GPUs: a GPU is visited once per
+container (field case B24). MIG is not handled here (it needs no device revisits in the
+``hami-core`` mode this module serves).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+
+from hami.api import names
+from hami.core.model import ContainerDevice, ContainerDeviceRequest, DeviceInfo
+
+# Reason tokens (spec §10).
+CARD_TYPE_MISMATCH = "CardTypeMismatch"
+CARD_UUID_MISMATCH = "CardUuidMismatch"
+CARD_TIME_SLICING_EXHAUSTED = "CardTimeSlicingExhausted"
+CARD_COMPUTE_UNITS_EXHAUSTED = "CardComputeUnitsExhausted"
+CARD_INSUFFICIENT_MEMORY = "CardInsufficientMemory"
+CARD_INSUFFICIENT_CORE = "CardInsufficientCore"
+CARD_NOT_HEALTH = "CardNotHealth"
+CARD_CORDONED = "CardCordoned"
+NUMA_NOT_FIT = "NumaNotFit"
+EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT = "ExclusiveDeviceAllocateConflict"
+ALLOCATED_CARDS_INSUFFICIENT_REQUEST = "AllocatedCardsInsufficientRequest"
+RESOURCE_QUOTA_NOT_FIT = "ResourceQuotaNotFit"
+NODE_INSUFFICIENT_DEVICE = "NodeInsufficientDevice"
+DEVICE_TYPE_NOT_FOUND = "Device type not found"
+
+_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
+
+
+@dataclass(slots=True)
+class DeviceState:
+    """A GPU with the usage seen by the pod being placed (a working copy)."""
+
+    info: DeviceInfo
+    used_slots: int
+    used_memory_mib: int
+    used_cores: int
+
+
+def _csv(value: str | None, lower: bool = False) -> tuple[str, ...]:
+    if not value or not value.strip():
+        return ()
+    items = (p.strip() for p in value.split(","))
+    return tuple(p.lower() if lower else p for p in items if p)
+
+
+def policy_contains(policy: str, word: str) -> bool:
+    """HAMi ``PolicyContains``: ``word`` is one of the comma-separated entries."""
+    return word in (p.strip() for p in policy.split(","))
+
+
+@dataclass(frozen=True, slots=True)
+class PodOptions:
+    """A pod's device options from its annotations (spec §2.2), parsed once per filter."""
+
+    use_types: tuple[str, ...] = ()
+    nouse_types: tuple[str, ...] = ()
+    use_uuids: frozenset[str] = frozenset()
+    nouse_uuids: frozenset[str] = frozenset()
+    numa_bind: bool = False
+    vgpu_mode: str | None = None
+    gpu_policy: str = "spread"
+
+    @classmethod
+    def from_annotations(cls, annotations: Mapping[str, str], gpu_policy: str) -> PodOptions:
+        """Parse ``nvidia.com/use-gputype`` ... ``nvidia.com/vgpu-mode``; ``gpu_policy`` is
+        the effective GPU policy (annotation override already applied)."""
+        return cls(
+            use_types=_csv(annotations.get(names.USE_GPUTYPE), lower=True),
+            nouse_types=_csv(annotations.get(names.NOUSE_GPUTYPE), lower=True),
+            use_uuids=frozenset(_csv(annotations.get(names.USE_GPUUUID))),
+            nouse_uuids=frozenset(_csv(annotations.get(names.NOUSE_GPUUUID))),
+            numa_bind=annotations.get(names.NUMA_BIND, "") in _TRUE,
+            vgpu_mode=annotations.get(names.VGPU_MODE),
+            gpu_policy=gpu_policy,
+        )
+
+    def type_ok(self, device_type: str) -> bool:
+        """``CheckType`` (case-insensitive substrings) and the ``vgpu-mode`` filter."""
+        t = device_type.lower()
+        if self.use_types and not any(u in t for u in self.use_types):
+            return False
+        if any(n in t for n in self.nouse_types):
+            return False
+        return True
+
+    def mode_ok(self, device_mode: str) -> bool:
+        """The device's mode is allowed by ``nvidia.com/vgpu-mode`` (contains)."""
+        return self.vgpu_mode is None or (device_mode or names.MODE_HAMI_CORE) in self.vgpu_mode
+
+    def uuid_ok(self, uuid: str) -> bool:
+        """``CheckUUID`` against use/nouse UUID lists."""
+        if self.use_uuids and uuid not in self.use_uuids:
+            return False
+        return uuid not in self.nouse_uuids
+
+
+@dataclass(frozen=True, slots=True)
+class NodeOptions:
+    """Per-node inputs of Fit: cordoned UUIDs and topology pair scores (spec §2.1)."""
+
+    cordoned: frozenset[str] = frozenset()
+    pair_scores: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FitOutcome:
+    """Result of fitting one container: the chosen devices, or a reason string."""
+
+    ok: bool
+    devices: tuple[ContainerDevice, ...] = ()
+    reason: str = ""
+
+
+def gen_reason(counts: Mapping[str, int], cards: int) -> str:
+    """HAMi ``GenReason``: ``"<n>/<cards> <Token>"`` items sorted as plain strings, joined
+    by ``", "`` (spec §10; quirk 10 kept: ``"10/12 X"`` sorts before ``"2/12 Y"``)."""
+    return ", ".join(sorted(f"{n}/{cards} {token}" for token, n in counts.items() if n))
+
+
+QuotaCheck = Callable[[Sequence[ContainerDevice]], bool]
+
+
+def fit_container(devices: Sequence[DeviceState], request: ContainerDeviceRequest,
+                  pod: PodOptions, node: NodeOptions,
+                  quota_ok: QuotaCheck | None = None) -> FitOutcome:
+    """Choose ``request.nums`` distinct GPUs among ``devices`` (best first), spec §4.9.
+
+    ``quota_ok(collected + [candidate])`` decides the quota step (10); None skips it.
+    Returns a :class:`FitOutcome`; the reason on failure is a ``GenReason`` string over the
+    type-matching devices, or ``NodeInsufficientDevice``.
+    """
+    typed = [d for d in devices if request.type.lower() in d.info.type.lower()]
+    if request.nums > len(typed):
+        return FitOutcome(False, reason=NODE_INSUFFICIENT_DEVICE)
+    topology = policy_contains(pod.gpu_policy, "topology-aware")
+    mutex = policy_contains(pod.gpu_policy, "mutex")
+    need = request.nums
+    cores = min(request.cores_percent, 100)
+    counts: Counter[str] = Counter()
+    collected: list[ContainerDevice] = []
+    prev_numa = -1
+    for dev in typed:
+        info = dev.info
+        if not info.health:
+            counts[CARD_NOT_HEALTH] += 1
+            continue
+        if info.uuid in node.cordoned:
+            counts[CARD_CORDONED] += 1
+            continue
+        if not (pod.type_ok(info.type) and pod.mode_ok(info.mode)
+                and request.type == names.NVIDIA):
+            counts[CARD_TYPE_MISMATCH] += 1
+            continue
+        if pod.numa_bind and info.numa != prev_numa:
+            if collected:
+                counts[NUMA_NOT_FIT] += len(collected)
+            need, prev_numa, collected = request.nums, info.numa, []
+        if not pod.uuid_ok(info.uuid):
+            counts[CARD_UUID_MISMATCH] += 1
+            continue
+        if info.split_count <= dev.used_slots:
+            counts[CARD_TIME_SLICING_EXHAUSTED] += 1
+            continue
+        if mutex and dev.used_slots > 0:
+            counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
+            continue
+        memory = request.memory_on(info.memory_mib)
+        candidate = ContainerDevice(info.uuid, names.NVIDIA, memory, cores, info.index)
+        if quota_ok is not None and not quota_ok([*collected, candidate]):
+            counts[RESOURCE_QUOTA_NOT_FIT] += 1
+            continue
+        if info.memory_mib - dev.used_memory_mib < memory:
+            counts[CARD_INSUFFICIENT_MEMORY] += 1
+            continue
+        if info.cores_percent - dev.used_cores < cores:
+            counts[CARD_INSUFFICIENT_CORE] += 1
+            continue
+        if info.cores_percent == 100 and cores == 100 and dev.used_slots > 0:
+            counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
+            continue
+        if info.cores_percent != 0 and dev.used_cores == info.cores_percent and cores == 0:
+            counts[CARD_COMPUTE_UNITS_EXHAUSTED] += 1
+            continue
+        collected.append(candidate)
+        if not topology:
+            need -= 1
+            if need == 0:
+                return FitOutcome(True, tuple(collected))
+    if topology and len(collected) >= request.nums:
+        return FitOutcome(True, _topology_pick(collected, request.nums, node.pair_scores))
+    if collected:
+        counts[ALLOCATED_CARDS_INSUFFICIENT_REQUEST] += len(collected)
+    return FitOutcome(False, reason=gen_reason(counts, len(typed)))
+
+
+def _pair(scores: Mapping[str, Mapping[str, int]], a: str, b: str) -> int:
+    return scores.get(a, {}).get(b, 0)
+
+
+def _topology_pick(collected: list[ContainerDevice], nums: int,
+                   scores: Mapping[str, Mapping[str, int]]) -> tuple[ContainerDevice, ...]:
+    """Topology-aware choice (spec §4.9 after the loop): one card -> the one least linked
+    to the others; several -> the first combination with the highest pair-score sum."""
+    if len(collected) == nums:
+        return tuple(collected)
+    if nums == 1:
+        def linked(c: ContainerDevice) -> int:
+            return sum(_pair(scores, c.uuid, o.uuid) for o in collected if o is not c)
+        return (min(collected, key=linked),)
+    best: tuple[ContainerDevice, ...] = ()
+    best_score = -1
+    for combo in combinations(collected, nums):
+        total = sum(_pair(scores, a.uuid, b.uuid) for a, b in combinations(combo, 2))
+        if total > best_score:
+            best, best_score = combo, total
+    return best

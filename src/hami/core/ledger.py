@@ -1,0 +1,315 @@
+"""The usage ledger: every registered GPU's capacity and usage, kept incrementally.
+
+Source: ``shared/specs/hami-scheduler-spec.md`` §4.3 (which pods count and how) and §5.1.
+HAMi rebuilds per-node usage from every cached pod on each filter; here a pod is charged
+once when it is added and released once when it is removed, so a filter decision costs
+O(candidate nodes x GPUs) however many pods run.
+
+Layout: flat numpy arrays over all devices of all nodes (device ``d`` belongs to node
+``node_of[d]``), grown by doubling; a removed node leaves a hole (``node_of = -1``,
+unhealthy) that is never a candidate. Per node, sums for the node score and optional
+CPU/memory capacity (the simulator sets them; the live extender leaves them to
+kube-scheduler).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import numpy.typing as npt
+
+from hami.core.collapse import app_only_charges, pod_charges
+from hami.core.model import DeviceCharge, DeviceInfo, PodSingleDevice
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+
+#: Per-device integer arrays, in the order they are allocated.
+DEVICE_FIELDS = ("total_memory_mib", "used_memory_mib", "total_cores", "used_cores",
+                 "split_count", "used_slots", "node_of", "numa", "type_id")
+#: Per-node integer arrays.
+NODE_FIELDS = ("cpu_milli_total", "cpu_milli_used", "memory_mib_total", "memory_mib_used",
+               "sum_split", "sum_used_slots", "sum_total_cores", "sum_used_cores",
+               "sum_total_memory", "sum_used_memory")
+
+
+@dataclass(slots=True)
+class NodeEntry:
+    """One registered node: its devices and where they sit in the flat arrays."""
+
+    name: str
+    index: int
+    devices: tuple[DeviceInfo, ...]
+    offset: int
+    annotations: dict[str, str] = field(default_factory=dict)
+    position: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class PodEntry:
+    """A pod holding devices: where, what it was granted, and what it is charged."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    devices: PodSingleDevice
+    n_init: int
+    charges: tuple[DeviceCharge, ...]
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    shrunk: bool = False
+
+
+class UsageLedger:
+    """Per-device used memory, cores and task slots over a cluster, updated per pod.
+
+    Nodes: :meth:`add_node` (also re-registration), :meth:`remove_node`. Pods:
+    :meth:`add_pod`, :meth:`remove_pod`, :meth:`shrink_pod` (init containers finished).
+    Readers use the public arrays (``total_memory_mib`` ... ``type_id``, length
+    :attr:`size`) and :meth:`node`, :meth:`device_usage`.
+    """
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.size = 0
+        self._dcap = capacity
+        self._ncap = capacity
+        for name in DEVICE_FIELDS:
+            setattr(self, name, np.zeros(capacity, dtype=np.int64))
+        self.healthy: BoolArray = np.zeros(capacity, dtype=np.bool_)
+        for name in NODE_FIELDS:
+            setattr(self, name, np.zeros(capacity, dtype=np.int64))
+        self.node_active: BoolArray = np.zeros(capacity, dtype=np.bool_)
+        self._nodes: dict[str, NodeEntry] = {}
+        self._node_names: list[str] = []
+        self._pods: dict[str, PodEntry] = {}
+        self._pods_on: dict[str, set[str]] = {}
+        self._types: dict[str, int] = {}
+        self.type_names: list[str] = []
+        self.version = 0
+
+    # Arrays are declared for the type checker; they are created in __init__.
+    total_memory_mib: IntArray
+    used_memory_mib: IntArray
+    total_cores: IntArray
+    used_cores: IntArray
+    split_count: IntArray
+    used_slots: IntArray
+    node_of: IntArray
+    numa: IntArray
+    type_id: IntArray
+    cpu_milli_total: IntArray
+    cpu_milli_used: IntArray
+    memory_mib_total: IntArray
+    memory_mib_used: IntArray
+    sum_split: IntArray
+    sum_used_slots: IntArray
+    sum_total_cores: IntArray
+    sum_used_cores: IntArray
+    sum_total_memory: IntArray
+    sum_used_memory: IntArray
+
+    # ----------------------------------------------------------------- nodes
+    @property
+    def node_count(self) -> int:
+        """Number of node indices handed out (including removed ones)."""
+        return len(self._node_names)
+
+    def node_names(self) -> list[str]:
+        """Names of the registered nodes, in registration order."""
+        return [n for n in self._node_names if n in self._nodes]
+
+    def node(self, name: str) -> NodeEntry | None:
+        """The node's entry, or None when it is not registered."""
+        return self._nodes.get(name)
+
+    def node_name(self, index: int) -> str:
+        """Name of node ``index``."""
+        return self._node_names[index]
+
+    def _grow(self, fields: Sequence[str], extra: Sequence[str], cap: int) -> None:
+        for name in (*fields, *extra):
+            old = getattr(self, name)
+            new = np.zeros(cap, dtype=old.dtype)
+            new[: len(old)] = old
+            setattr(self, name, new)
+
+    def type_index(self, type_name: str) -> int:
+        """A small integer for a device type string (stable for the ledger's life)."""
+        idx = self._types.get(type_name)
+        if idx is None:
+            idx = self._types[type_name] = len(self.type_names)
+            self.type_names.append(type_name)
+        return idx
+
+    def add_node(self, name: str, devices: Sequence[DeviceInfo], *,
+                 cpu_milli: int | None = None, memory_mib: int | None = None,
+                 annotations: Mapping[str, str] | None = None) -> None:
+        """Register (or re-register) a node's devices.
+
+        ``cpu_milli``/``memory_mib`` None means "not checked here". Re-registration with
+        the same devices keeps usage; with different devices the node's usage is rebuilt
+        from the pods on it (charges for UUIDs the node no longer has are ignored).
+        """
+        devices = tuple(devices)
+        old = self._nodes.get(name)
+        if old is not None and old.devices == devices:
+            old.annotations = dict(annotations or {})
+            self._set_node_capacity(old.index, cpu_milli, memory_mib)
+            return
+        if old is not None:
+            self._drop_devices(old)
+            index = old.index
+        else:
+            index = len(self._node_names)
+            self._node_names.append(name)
+            if index >= self._ncap:
+                self._ncap *= 2
+                self._grow(NODE_FIELDS, ("node_active",), self._ncap)
+        while self.size + len(devices) > self._dcap:
+            self._dcap *= 2
+            self._grow(DEVICE_FIELDS, ("healthy",), self._dcap)
+        entry = NodeEntry(name, index, devices, self.size, dict(annotations or {}))
+        for i, dev in enumerate(devices):
+            d = self.size + i
+            entry.position[dev.uuid] = d
+            self.total_memory_mib[d] = dev.memory_mib
+            self.total_cores[d] = dev.cores_percent
+            self.split_count[d] = dev.split_count
+            self.used_memory_mib[d] = self.used_cores[d] = self.used_slots[d] = 0
+            self.node_of[d] = index
+            self.numa[d] = dev.numa
+            self.type_id[d] = self.type_index(dev.type)
+            self.healthy[d] = dev.health
+        self.size += len(devices)
+        self._nodes[name] = entry
+        self.node_active[index] = True
+        self.sum_split[index] = sum(d.split_count for d in devices)
+        self.sum_total_cores[index] = sum(d.cores_percent for d in devices)
+        self.sum_total_memory[index] = sum(d.memory_mib for d in devices)
+        for field_name in ("sum_used_slots", "sum_used_cores", "sum_used_memory",
+                           "cpu_milli_used", "memory_mib_used"):
+            getattr(self, field_name)[index] = 0
+        self._set_node_capacity(index, cpu_milli, memory_mib)
+        for uid in self._pods_on.get(name, ()):
+            self._apply(self._pods[uid], +1)
+        self.version += 1
+
+    def _set_node_capacity(self, index: int, cpu_milli: int | None,
+                           memory_mib: int | None) -> None:
+        self.cpu_milli_total[index] = -1 if cpu_milli is None else cpu_milli
+        self.memory_mib_total[index] = -1 if memory_mib is None else memory_mib
+
+    def _drop_devices(self, entry: NodeEntry) -> None:
+        span = slice(entry.offset, entry.offset + len(entry.devices))
+        self.healthy[span] = False
+        self.node_of[span] = -1
+        self.split_count[span] = 0
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node. Pods on it stay known and count again if it comes back."""
+        entry = self._nodes.pop(name, None)
+        if entry is None:
+            return
+        self._drop_devices(entry)
+        self.node_active[entry.index] = False
+        self.version += 1
+
+    # ------------------------------------------------------------------ pods
+    def pod(self, uid: str) -> PodEntry | None:
+        """The pod's entry, or None."""
+        return self._pods.get(uid)
+
+    def pods(self) -> Iterable[PodEntry]:
+        """Every pod holding devices."""
+        return self._pods.values()
+
+    def pods_on(self, node: str) -> list[PodEntry]:
+        """Pods charged to ``node``."""
+        return [self._pods[uid] for uid in self._pods_on.get(node, ())]
+
+    def add_pod(self, uid: str, node: str, devices: PodSingleDevice, n_init: int = 0, *,
+                namespace: str = "default", name: str = "", cpu_milli: int = 0,
+                memory_mib: int = 0) -> PodEntry:
+        """Charge a pod's grant to ``node`` (replacing an earlier entry of the same uid).
+
+        Returns the new entry; its ``charges`` are the collapsed per-GPU usage.
+        """
+        self.remove_pod(uid)
+        entry = PodEntry(uid, namespace, name, node, devices, n_init,
+                         pod_charges(devices, n_init), cpu_milli, memory_mib)
+        self._pods[uid] = entry
+        self._pods_on.setdefault(node, set()).add(uid)
+        self._apply(entry, +1)
+        return entry
+
+    def remove_pod(self, uid: str) -> PodEntry | None:
+        """Release a pod's charges; returns the removed entry, or None if unknown."""
+        entry = self._pods.pop(uid, None)
+        if entry is None:
+            return None
+        self._apply(entry, -1)
+        on = self._pods_on.get(entry.node)
+        if on is not None:
+            on.discard(uid)
+            if not on:
+                del self._pods_on[entry.node]
+        return entry
+
+    def shrink_pod(self, uid: str) -> tuple[PodEntry, PodEntry] | None:
+        """Replace a pod's charges by its app containers' alone (init containers done).
+
+        Returns ``(before, after)`` entries, or None when unknown or already shrunk.
+        """
+        entry = self._pods.get(uid)
+        if entry is None or entry.shrunk:
+            return None
+        before = replace(entry)
+        self._apply(entry, -1)
+        entry.charges = app_only_charges(entry.devices, entry.n_init)
+        entry.shrunk = True
+        self._apply(entry, +1)
+        return before, entry
+
+    def _apply(self, entry: PodEntry, sign: int) -> None:
+        node = self._nodes.get(entry.node)
+        if node is None:
+            return
+        i = node.index
+        if self.cpu_milli_total[i] >= 0:
+            self.cpu_milli_used[i] += sign * entry.cpu_milli
+        if self.memory_mib_total[i] >= 0:
+            self.memory_mib_used[i] += sign * entry.memory_mib
+        for c in entry.charges:
+            d = node.position.get(c.uuid)
+            if d is None:
+                continue
+            self.used_memory_mib[d] += sign * c.memory_mib
+            self.used_cores[d] += sign * c.cores_percent
+            self.used_slots[d] += sign * c.slots
+            self.sum_used_memory[i] += sign * c.memory_mib
+            self.sum_used_cores[i] += sign * c.cores_percent
+            self.sum_used_slots[i] += sign * c.slots
+
+    # --------------------------------------------------------------- queries
+    def device_usage(self, name: str) -> list[tuple[DeviceInfo, int, int, int]]:
+        """``(device, used_slots, used_memory_mib, used_cores)`` for each GPU of a node."""
+        entry = self._nodes[name]
+        o = entry.offset
+        return [(dev, int(self.used_slots[o + i]), int(self.used_memory_mib[o + i]),
+                 int(self.used_cores[o + i])) for i, dev in enumerate(entry.devices)]
+
+    def node_scores(self) -> npt.NDArray[np.float64]:
+        """HAMi's node score for every node index (spec §4.4 step 3):
+        ``10 x (used slots/slots + used cores/cores + used memory/memory)``, 0 when a
+        denominator is 0."""
+        n = self.node_count
+        split, cores, mem = (self.sum_split[:n], self.sum_total_cores[:n],
+                             self.sum_total_memory[:n])
+        valid = (split > 0) & (cores > 0) & (mem > 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            score = 10.0 * (self.sum_used_slots[:n] / split + self.sum_used_cores[:n] / cores
+                            + self.sum_used_memory[:n] / mem)
+        return np.where(valid, score, 0.0)

@@ -1,0 +1,116 @@
+"""Namespace GPU quota (HAMi ``pkg/device/quota.go``).
+
+Source: ``shared/specs/hami-scheduler-spec.md`` §5.2. A ResourceQuota's
+``spec.hard["limits.nvidia.com/gpumem"]`` (MiB, times ``memoryFactor``) and
+``["limits.nvidia.com/gpucores"]`` (percent of one GPU, summed over GPUs) cap what the
+pods of a namespace may hold. An explicit 0 blocks every request (field case B08); only
+an absent key means unlimited. A multi-GPU container is charged once per GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hami.core.config import NvidiaConfig
+from hami.core.quantity import QuantityError, parse_quantity, to_int_exact
+
+
+@dataclass(slots=True)
+class NamespaceQuota:
+    """Limits and usage of one namespace. ``None`` limits are unset (unlimited)."""
+
+    memory_limit_mib: int | None = None
+    cores_limit_percent: int | None = None
+    memory_used_mib: int = 0
+    cores_used_percent: int = 0
+
+
+class QuotaLedger:
+    """GPU memory and core quota per namespace, with usage kept incrementally.
+
+    Limits come from ResourceQuota objects (:meth:`set_quota` / :meth:`remove_quota`),
+    usage from placed pods (:meth:`charge` / :meth:`release`).
+    """
+
+    def __init__(self, config: NvidiaConfig | None = None) -> None:
+        self._config = config or NvidiaConfig()
+        self._namespaces: dict[str, NamespaceQuota] = {}
+        self._sources: dict[tuple[str, str], tuple[int | None, int | None]] = {}
+
+    def _ns(self, namespace: str) -> NamespaceQuota:
+        return self._namespaces.setdefault(namespace, NamespaceQuota())
+
+    def set_quota(self, namespace: str, name: str, hard: Mapping[str, Any]) -> None:
+        """Apply a ResourceQuota's ``spec.hard`` (add or update; last writer wins).
+
+        Keys other than ``limits.<memory name>`` and ``limits.<core name>`` are ignored, as
+        are values that are not exact integers (HAMi does the same).
+        """
+        mem = _limit(hard, "limits." + self._config.resource_memory_name)
+        cores = _limit(hard, "limits." + self._config.resource_core_name)
+        if mem is not None and self._config.memory_factor > 1:
+            mem *= self._config.memory_factor
+        self._sources[(namespace, name)] = (mem, cores)
+        ns = self._ns(namespace)
+        if mem is not None:
+            ns.memory_limit_mib = mem
+        if cores is not None:
+            ns.cores_limit_percent = cores
+
+    def remove_quota(self, namespace: str, name: str) -> None:
+        """Forget a deleted ResourceQuota: its limits become unset; usage stays."""
+        mem, cores = self._sources.pop((namespace, name), (None, None))
+        ns = self._ns(namespace)
+        if mem is not None:
+            ns.memory_limit_mib = None
+        if cores is not None:
+            ns.cores_limit_percent = None
+
+    def quota(self, namespace: str) -> NamespaceQuota:
+        """A copy of the namespace's limits and usage."""
+        ns = self._namespaces.get(namespace, NamespaceQuota())
+        return NamespaceQuota(ns.memory_limit_mib, ns.cores_limit_percent,
+                              ns.memory_used_mib, ns.cores_used_percent)
+
+    def limited(self, namespace: str) -> bool:
+        """True when the namespace has a memory or core limit set (fast pre-check)."""
+        ns = self._namespaces.get(namespace)
+        return ns is not None and (ns.memory_limit_mib is not None
+                                   or ns.cores_limit_percent is not None)
+
+    def fits(self, namespace: str, memory_mib: int, cores_percent: int) -> bool:
+        """True when ``memory_mib`` and ``cores_percent`` more stay within the limits."""
+        ns = self._namespaces.get(namespace)
+        if ns is None:
+            return True
+        if ns.memory_limit_mib is not None and ns.memory_used_mib + memory_mib > ns.memory_limit_mib:
+            return False
+        return not (ns.cores_limit_percent is not None
+                    and ns.cores_used_percent + cores_percent > ns.cores_limit_percent)
+
+    def charge(self, namespace: str, memory_mib: int, cores_percent: int) -> None:
+        """Add a placed pod's usage."""
+        ns = self._ns(namespace)
+        ns.memory_used_mib += memory_mib
+        ns.cores_used_percent += cores_percent
+
+    def release(self, namespace: str, memory_mib: int, cores_percent: int) -> None:
+        """Subtract a removed pod's usage; never below zero."""
+        ns = self._ns(namespace)
+        ns.memory_used_mib = max(0, ns.memory_used_mib - memory_mib)
+        ns.cores_used_percent = max(0, ns.cores_used_percent - cores_percent)
+
+    def namespaces(self) -> dict[str, NamespaceQuota]:
+        """Every namespace seen, by name (copies)."""
+        return {name: self.quota(name) for name in self._namespaces}
+
+
+def _limit(hard: Mapping[str, Any], key: str) -> int | None:
+    if key not in hard:
+        return None
+    try:
+        return to_int_exact(parse_quantity(hard[key]))
+    except QuantityError:
+        return None

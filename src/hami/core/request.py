@@ -1,0 +1,144 @@
+"""Pod spec -> per-container device requests (HAMi ``GenerateResourceRequests``).
+
+Source: ``shared/specs/hami-scheduler-spec.md`` §1.3 and ``Resourcereqs`` (init containers
+first, then regular containers).
+
+Deliberate divergence from HAMi: where HAMi silently turns a malformed value into an
+*empty* request (``nvidia.com/gpumem: 16Gi`` makes the container ask for no GPU at all,
+so it runs unconfined), we raise :class:`RequestError` with a message. The webhook turns
+that into a denial, the extender into a filter error; nothing is scheduled by accident.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hami.core.config import NvidiaConfig
+from hami.core.model import PERCENT_UNSET, ContainerDeviceRequest, PodRequest
+from hami.core.quantity import QuantityError, parse_quantity, to_int_exact, to_mib, to_milli
+
+INT32_MAX = 2**31 - 1
+
+
+class RequestError(ValueError):
+    """A container's GPU request cannot be understood (bad number, out of range)."""
+
+
+def resource_value(container: Mapping[str, Any], name: str) -> Any | None:
+    """The raw value of resource ``name`` from ``limits``, falling back to ``requests``."""
+    resources = container.get("resources") or {}
+    for section in ("limits", "requests"):
+        values = resources.get(section) or {}
+        if name in values:
+            return values[name]
+    return None
+
+
+def _int_value(container: Mapping[str, Any], name: str) -> int | None:
+    raw = resource_value(container, name)
+    if raw is None:
+        return None
+    cname = container.get("name", "?")
+    try:
+        value = to_int_exact(parse_quantity(raw))
+    except QuantityError as exc:
+        raise RequestError(f"{name} of container {cname}: {exc}") from None
+    if value is None:
+        raise RequestError(f"{name} of container {cname} must be an integer, got {raw!r}")
+    return value
+
+
+def container_request(
+    container: Mapping[str, Any], config: NvidiaConfig
+) -> ContainerDeviceRequest | None:
+    """One container's NVIDIA request, or ``None`` when it asks for no GPU (spec §1.3).
+
+    Returns ``ContainerDeviceRequest(nums, "NVIDIA", memory_mib, memory_percent,
+    cores_percent)``; memory is multiplied by ``memory_factor``. A percentage above 100
+    is clamped to 100 and one of 0 or below counts as unset (field cases B09, B10), so
+    that a container never books 0 MiB by accident.
+
+    Raises:
+        RequestError: a value is not an integer, is negative, or overflows int32.
+    """
+    cname = container.get("name", "?")
+    nums = _int_value(container, config.resource_count_name)
+    if nums is None or nums == 0:
+        return None
+    if nums < 0 or nums > INT32_MAX:
+        raise RequestError(f"{config.resource_count_name} of container {cname} must be "
+                           f"between 1 and {INT32_MAX}, got {nums}")
+    factor = max(config.memory_factor, 1)
+    memory = _int_value(container, config.resource_memory_name) or 0
+    if memory < 0 or memory > INT32_MAX // factor:
+        raise RequestError(f"{config.resource_memory_name} of container {cname} must be "
+                           f"between 0 and {INT32_MAX // factor} MiB, got {memory}")
+    memory *= factor
+    percent = PERCENT_UNSET
+    raw_percent = _int_value(container, config.resource_memory_percentage_name)
+    if raw_percent is not None and raw_percent > 0:
+        percent = min(raw_percent, 100)
+    if percent == PERCENT_UNSET and memory == 0:
+        if config.default_memory_mib:
+            memory = config.default_memory_mib
+        else:
+            percent = 100
+    cores = _int_value(container, config.resource_core_name)
+    if cores is None:
+        cores = config.default_cores_percent
+    if cores < 0 or cores > INT32_MAX:
+        raise RequestError(f"{config.resource_core_name} of container {cname} must be "
+                           f"a non-negative percentage, got {cores}")
+    return ContainerDeviceRequest(nums=nums, memory_mib=memory, memory_percent=percent,
+                                  cores_percent=cores)
+
+
+def _containers(pod: Mapping[str, Any]) -> tuple[Sequence[Any], Sequence[Any]]:
+    spec = pod.get("spec") or {}
+    return spec.get("initContainers") or [], spec.get("containers") or []
+
+
+def _pod_cpu_memory(init: Sequence[Any], app: Sequence[Any]) -> tuple[int, int]:
+    """Effective CPU (millicores) and memory (MiB) requests as kube-scheduler computes
+    them: max(sum over app containers, max over init containers)."""
+
+    def one(c: Mapping[str, Any]) -> tuple[int, int]:
+        req = ((c.get("resources") or {}).get("requests")) or {}
+        try:
+            cpu = to_milli(parse_quantity(req["cpu"])) if "cpu" in req else 0
+            mem = to_mib(parse_quantity(req["memory"])) if "memory" in req else 0
+        except QuantityError as exc:
+            raise RequestError(f"container {c.get('name', '?')}: {exc}") from None
+        return cpu, mem
+
+    app_vals = [one(c) for c in app]
+    init_vals = [one(c) for c in init] or [(0, 0)]
+    cpu = max(sum(v[0] for v in app_vals), max(v[0] for v in init_vals))
+    mem = max(sum(v[1] for v in app_vals), max(v[1] for v in init_vals))
+    return cpu, mem
+
+
+def pod_request(pod: Mapping[str, Any], config: NvidiaConfig) -> PodRequest:
+    """A Kubernetes Pod (JSON-shaped mapping) -> :class:`PodRequest`.
+
+    Containers are listed init containers first, then regular containers, each entry
+    ``None`` when it asks for no GPU (HAMi ``Resourcereqs``).
+
+    Raises:
+        RequestError: any container's GPU, CPU or memory value is malformed.
+    """
+    meta = pod.get("metadata") or {}
+    init, app = _containers(pod)
+    reqs = tuple(container_request(c, config) for c in [*init, *app])
+    cpu, mem = _pod_cpu_memory(init, app)
+    return PodRequest(
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        containers=reqs,
+        n_init=len(init),
+        annotations=dict(meta.get("annotations") or {}),
+        cpu_milli=cpu,
+        memory_mib=mem,
+    )
