@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -14,7 +14,7 @@ app = typer.Typer(help="hami: GPU sharing for Kubernetes, wire-compatible with H
                   no_args_is_help=True, add_completion=False)
 
 
-class Output(str, Enum):
+class Output(StrEnum):
     """Output formats of ``hami schedule``."""
 
     json = "json"

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonpatch  # type: ignore[import-untyped]
+import jsonpatch
 
 from hami.api import names
 from hami.core.config import NvidiaConfig, SchedulerConfig

@@ -1,7 +1,10 @@
 """Placeholder until the codec branch lands."""
 from __future__ import annotations
+
 import json
-from hami.core.model import PodSingleDevice, ContainerDevice
+
+from hami.core.model import ContainerDevice, PodSingleDevice
+
 
 class CodecError(ValueError):
     pass

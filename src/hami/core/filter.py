@@ -266,15 +266,13 @@ def filter_pod(request: PodRequest, ledger: UsageLedger, node_names: Sequence[st
                         PodOptions.from_annotations(request.annotations, gpu_policy),
                         _weights(request))
     failed: dict[str, str] = {}
-    entries: list[NodeEntry] = []
-    for name in (ledger.node_names() if node_names is None else node_names):
-        entry = ledger.node(name)
-        if entry is None:
-            failed[name] = NODE_UNREGISTERED
-        else:
-            entries.append(entry)
-    idx = np.fromiter((e.index for e in entries), dtype=np.int64, count=len(entries))
-    possible = _node_mask(ledger, request, ctx.pod)[idx] if len(idx) else np.zeros(0, bool)
+    idx = ledger.indices(node_names)
+    if node_names is not None and (idx < 0).any():
+        for name, i in zip(node_names, idx, strict=True):
+            if i < 0:
+                failed[name] = NODE_UNREGISTERED
+        idx = idx[idx >= 0]
+    possible = _node_mask(ledger, request, ctx.pod)[idx]
     order = NODE_ORDERS.get(node_policy, _binpack_nodes)(ctx, idx[possible])
     scores = ledger.node_scores()
     for i in order:
@@ -284,12 +282,11 @@ def filter_pod(request: PodRequest, ledger: UsageLedger, node_names: Sequence[st
         if devices is not None:
             return FilterResult(node=entry.name, devices=devices, score=float(scores[i]))
         failed[entry.name] = reason
-    for entry, ok in zip(entries, possible, strict=True):
-        if ok:
-            continue
+    for i in idx[~possible]:
+        entry = ledger.node(ledger.node_name(int(i)))
+        assert entry is not None
         devices, reason = fit_node(ctx, entry, quota)
         if devices is not None:  # the prefilter is a necessary condition; never trust it more
-            return FilterResult(node=entry.name, devices=devices,
-                                score=float(scores[entry.index]))
+            return FilterResult(node=entry.name, devices=devices, score=float(scores[i]))
         failed[entry.name] = reason
     return FilterResult(node=None, failed_nodes=failed)

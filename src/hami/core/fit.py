@@ -92,9 +92,7 @@ class PodOptions:
         t = device_type.lower()
         if self.use_types and not any(u in t for u in self.use_types):
             return False
-        if any(n in t for n in self.nouse_types):
-            return False
-        return True
+        return not any(n in t for n in self.nouse_types)
 
     def mode_ok(self, device_mode: str) -> bool:
         """The device's mode is allowed by ``nvidia.com/vgpu-mode`` (contains)."""

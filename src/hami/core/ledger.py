@@ -84,6 +84,7 @@ class UsageLedger:
         self.node_active: BoolArray = np.zeros(capacity, dtype=np.bool_)
         self._nodes: dict[str, NodeEntry] = {}
         self._node_names: list[str] = []
+        self._index_of: dict[str, int] = {}
         self._pods: dict[str, PodEntry] = {}
         self._pods_on: dict[str, set[str]] = {}
         self._types: dict[str, int] = {}
@@ -124,6 +125,13 @@ class UsageLedger:
     def node(self, name: str) -> NodeEntry | None:
         """The node's entry, or None when it is not registered."""
         return self._nodes.get(name)
+
+    def indices(self, names: Sequence[str] | None) -> IntArray:
+        """Node indices for ``names`` (-1 for names not registered); None: every node."""
+        if names is None:
+            return np.flatnonzero(self.node_active[: self.node_count]).astype(np.int64)
+        get = self._index_of.get
+        return np.array([get(n, -1) for n in names], dtype=np.int64)
 
     def node_name(self, index: int) -> str:
         """Name of node ``index``."""
@@ -185,6 +193,7 @@ class UsageLedger:
             self.healthy[d] = dev.health
         self.size += len(devices)
         self._nodes[name] = entry
+        self._index_of[name] = index
         self.node_active[index] = True
         self.sum_split[index] = sum(d.split_count for d in devices)
         self.sum_total_cores[index] = sum(d.cores_percent for d in devices)
@@ -214,6 +223,7 @@ class UsageLedger:
         if entry is None:
             return
         self._drop_devices(entry)
+        self._index_of.pop(name, None)
         self.node_active[entry.index] = False
         self.version += 1
 
