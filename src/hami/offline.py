@@ -82,9 +82,11 @@ def schedule(objects: Iterable[Mapping[str, Any]],
     state = ClusterState(config)
     objects = list(objects)
     report: dict[str, Any] = {"schema": SCHEMA, "nodes": {}, "pods": []}
+    node_names: list[str] = []
     for obj in objects:
         if obj.get("kind") == "Node":
             name = (obj.get("metadata") or {}).get("name", "")
+            node_names.append(name)
             report["nodes"][name] = state.upsert_node(obj)
         elif obj.get("kind") == "ResourceQuota":
             state.upsert_quota(obj)
@@ -103,11 +105,12 @@ def schedule(objects: Iterable[Mapping[str, Any]],
         else:
             pending.append(obj)
     for pod in pending:
-        report["pods"].append(_schedule_one(state, pod))
+        report["pods"].append(_schedule_one(state, pod, node_names))
     return report
 
 
-def _schedule_one(state: ClusterState, pod: Mapping[str, Any]) -> dict[str, Any]:
+def _schedule_one(state: ClusterState, pod: Mapping[str, Any],
+                  node_names: list[str]) -> dict[str, Any]:
     meta = pod.get("metadata") or {}
     entry: dict[str, Any] = {"namespace": meta.get("namespace") or "default",
                              "name": meta.get("name") or "", "node": None,
@@ -118,7 +121,7 @@ def _schedule_one(state: ClusterState, pod: Mapping[str, Any]) -> dict[str, Any]
     if not verdict.allowed:
         return entry
     try:
-        decision = state.filter(verdict.pod)
+        decision = state.filter(verdict.pod, node_names)
     except (RequestError, FilterError) as exc:
         entry["error"] = str(exc)
         return entry
