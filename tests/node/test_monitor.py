@@ -351,3 +351,29 @@ def test_feedback_tick_by_tick_on_files(tmp_path: Path) -> None:
 def test_parse_bind() -> None:
     assert parse_bind(":9394") == ("0.0.0.0", 9394)
     assert parse_bind("127.0.0.1:1234") == ("127.0.0.1", 1234)
+
+
+def test_render_matches_prometheus_client_and_http(tmp_path: Path) -> None:
+    import urllib.request
+
+    from hami.monitor.command import serve_metrics
+
+    root = tmp_path / "c"
+    put(root, "u_c", build(RegionSpec(uuids=(U0, U1), limits={0: 5}, last_kernel_time=9,
+                                      procs=[Proc(used={0: (1, 2, 3, 4, 5)}, sm_util={1: 3})])))
+    lister = ContainerLister(root)
+    lister.update({"u"})
+    weird = PodView('n"s\\', "p\nq", "u", "n", "Running", {}, (ContainerView("c"),))
+    col = MonitorCollector("node-a", lister, lambda: [weird], FakeHost(), legacy=True,
+                           clock=lambda: 20.0)
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(col)
+    assert col.render() == generate_latest(reg)
+    server = serve_metrics(col, "127.0.0.1", 0)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+            assert r.read() == col.render()
+    finally:
+        server.shutdown()

@@ -67,6 +67,40 @@ class PodCache:
         return self.labelled
 
 
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def serve_metrics(collector: Any, addr: str, port: int) -> Any:
+    """Serve ``collector.render()`` on ``http://addr:port/metrics`` in a daemon thread
+    (the same bytes prometheus-client's ``generate_latest`` would produce)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server API
+            if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+                self.send_error(404)
+                return
+            try:
+                body = collector.render()
+            except Exception as exc:  # noqa: BLE001 - a scrape must not kill the server
+                log.exception("scrape failed")
+                self.send_error(500, str(exc))
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            return
+
+    server = ThreadingHTTPServer((addr, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server
+
+
 def parse_bind(address: str) -> tuple[str, int]:
     """``:9394`` -> ``("0.0.0.0", 9394)``; ``127.0.0.1:9394`` -> as given."""
     host, _, port = address.rpartition(":")
@@ -78,19 +112,16 @@ def run_monitor(*, node: str, hook_path: Path, kube: Any, stop: threading.Event,
                 grace_s: float = 300.0, host: Any = None, version: str = "0.1.0",
                 mig_lock: Path = MIG_APPLY_LOCK) -> Any:
     """Run the loop until ``stop``; returns the HTTP server (None when ``bind`` is None)."""
-    from prometheus_client import CollectorRegistry, start_http_server
-
     from hami.monitor.metrics import MonitorCollector
 
     lister = ContainerLister(hook_path / "containers", grace_s=grace_s)
     pods = PodCache(kube, node)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(MonitorCollector(node, lister, pods.labelled_pods, host, legacy, version))
+    collector = MonitorCollector(node, lister, pods.labelled_pods, host, legacy, version)
     server = None
     if bind is not None:
         addr, port = parse_bind(bind)
-        server, _thread = start_http_server(port, addr=addr, registry=registry)
-        log.info("metrics on %s:%d", addr, port)
+        server = serve_metrics(collector, addr, port)
+        log.info("metrics on %s:%d/metrics", addr, port)
     try:
         while not stop.is_set():
             started = time.monotonic()

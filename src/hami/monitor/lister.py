@@ -63,12 +63,25 @@ class CacheFile:
         if self.closed:
             raise RegionError(f"{self.path}: unmapped")
         self.check_size()
-        return _parse(self.mm, self.path)
+        try:
+            return _parse(self.mm, self.path)
+        finally:
+            self.release_pages()
+
+    def release_pages(self) -> None:
+        """Drop this mapping's page-table entries (``MADV_DONTNEED``; for a shared file
+        mapping the data stays in the page cache). Large page-cache folios would otherwise
+        keep ~0.5 MiB per container resident after a read of a few fields."""
+        try:
+            self.mm.madvise(mmap.MADV_DONTNEED)
+        except (OSError, ValueError):
+            pass
 
     def write_int32(self, name: str, value: int) -> None:
         """Store ``recent_kernel`` or ``utilization_switch`` (little-endian int32)."""
         self.check_size()
         struct.pack_into("<i", self.mm, WRITABLE_OFFSETS[self.version][name], value)
+        self.release_pages()
 
     def close(self) -> None:
         if self.closed:
@@ -142,6 +155,7 @@ def open_cache(key: str, directory: Path) -> CacheFile | None:
         if size < 12:
             raise RegionError(f"{path}: {size} bytes, too small")
         mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        mm.madvise(mmap.MADV_RANDOM)
     except (OSError, ValueError, RegionError) as exc:
         os.close(fd)
         raise RegionError(str(exc)) from None
@@ -150,6 +164,7 @@ def open_cache(key: str, directory: Path) -> CacheFile | None:
         detect_layout(mm)
     except RegionError as exc:
         err = str(exc)
+    mm.madvise(mmap.MADV_DONTNEED)
     if err is not None:  # raised outside the handler: no frame keeps a view of ``mm``
         mm.close()
         os.close(fd)

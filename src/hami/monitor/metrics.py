@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from hami.deviceplugin.allocate import PodView
 from hami.monitor.lister import ContainerLister
@@ -102,13 +103,62 @@ def module_bytes(region: Region, i: int) -> int:
     return sum(p.devices[i].module_bytes for p in region.active_procs())
 
 
-def build_info_family(version: str) -> GaugeMetricFamily:
-    g = GaugeMetricFamily("hami_build_info", "hami build information",
-                          labels=["version", "revision", "build_date", "go_version", "compiler",
-                                  "platform"])
+def build_info_family(version: str) -> Family:
+    g = Family("hami_build_info", "hami build information",
+               ["version", "revision", "build_date", "go_version", "compiler", "platform"])
     g.add_metric([version, "", "", f"python{sys.version.split()[0]}",
                   platform.python_implementation(), f"{sys.platform}/{platform.machine()}"], 1)
     return g
+
+
+class Family:
+    """A gauge family being built: name, help, label names, rows of (values, value)."""
+
+    __slots__ = ("name", "doc", "labels", "rows")
+
+    def __init__(self, name: str, doc: str, labels: Sequence[str]) -> None:
+        self.name, self.doc, self.labels = name, doc, tuple(labels)
+        self.rows: list[tuple[Sequence[str], float]] = []
+
+    def add_metric(self, values: Sequence[str], value: float) -> None:
+        self.rows.append((values, value))
+
+    def to_prometheus(self) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(self.name, self.doc, labels=list(self.labels))
+        for values, value in self.rows:
+            g.add_metric(list(values), value)
+        return g
+
+
+def _escape_value(v: str) -> str:
+    if "\\" in v or "\n" in v or '"' in v:
+        return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return v
+
+
+def render_text(families: Sequence[Family]) -> bytes:
+    """Prometheus text format 0.0.4, byte-identical to ``prometheus_client``'s
+    ``generate_latest`` for these gauge families (labels sorted by name), ~5x faster."""
+    out: list[str] = []
+    memo: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
+    for f in families:
+        doc = f.doc.replace("\\", "\\\\").replace("\n", "\\n")
+        out.append(f"# HELP {f.name} {doc}\n# TYPE {f.name} gauge\n")
+        order = sorted(range(len(f.labels)), key=lambda i: f.labels[i])
+        names = tuple(f.labels[i] for i in order)
+        pairs = tuple(zip(names, order, strict=True))
+        name = f.name
+        for values, value in f.rows:
+            if names:
+                key = (names, tuple(values))
+                lab = memo.get(key)
+                if lab is None:  # the same series labels recur across families
+                    lab = ",".join(f'{n}="{_escape_value(values[i])}"' for n, i in pairs)
+                    memo[key] = lab
+                out.append(f"{name}{{{lab}}} {floatToGoString(value)}\n")
+            else:
+                out.append(f"{name} {floatToGoString(value)}\n")
+    return "".join(out).encode()
 
 
 class MonitorCollector(Collector):
@@ -125,15 +175,22 @@ class MonitorCollector(Collector):
         self.version = version
         self.clock = clock
 
-    def _g(self, name: str, doc: str, labels: Sequence[str]) -> GaugeMetricFamily:
-        return GaugeMetricFamily(name, doc, labels=[*labels, ZONE[0]])
+    def _g(self, name: str, doc: str, labels: Sequence[str]) -> Family:
+        return Family(name, doc, [*labels, ZONE[0]])
+
+    def families(self) -> list[Family]:
+        """Every family of one scrape, in exposition order."""
+        return [build_info_family(self.version), *self._host(), *self._containers()]
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        yield build_info_family(self.version)
-        yield from self._host()
-        yield from self._containers()
+        for f in self.families():
+            yield f.to_prometheus()
 
-    def _host(self) -> Iterator[GaugeMetricFamily]:
+    def render(self) -> bytes:
+        """The scrape body (same bytes as ``generate_latest`` over this collector)."""
+        return render_text(self.families())
+
+    def _host(self) -> Iterator[Family]:
         host_labels = ("node", "device_index", "device_uuid", "device_type")
         mem = self._g("hami_host_gpu_memory_used_bytes", "GPU device memory used (bytes)", host_labels)
         util = self._g("hami_host_gpu_utilization_ratio", "GPU utilization (0-100)", host_labels)
@@ -158,7 +215,7 @@ class MonitorCollector(Collector):
         if self.legacy:
             yield from (lmem, lutil)
 
-    def _containers(self) -> Iterator[GaugeMetricFamily]:
+    def _containers(self) -> Iterator[Family]:
         fams = {
             "used": self._g("hami_vgpu_memory_used_bytes",
                             "vGPU device memory used by the container (bytes)", CTR_LABELS),
