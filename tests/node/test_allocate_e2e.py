@@ -65,13 +65,6 @@ def real(kube_client: Any) -> Iterator[PluginHarness]:  # noqa: F811
         h.kubelet.stop()
 
 
-def node_obj(client: Any) -> dict[str, Any]:
-    from lightkube.resources.core_v1 import Node
-
-    return Node.to_dict(client.get(Node, E2E_NODE)) if hasattr(Node, "to_dict") else \
-        client.get(Node, E2E_NODE).to_dict()
-
-
 def schedule_and_bind(client: Any, state: ClusterState, name: str, gpus: int, mem: int,
                       cores: int, take_lock: bool = True) -> dict[str, str]:
     """Filter with the pure core, create the pod bound to the node with the annotations
@@ -120,6 +113,15 @@ def registered_state(h: PluginHarness, client: Any) -> ClusterState:
     return state
 
 
+def wait_unlocked(client: Any, timeout_s: float = 10.0) -> None:
+    from lightkube.resources.core_v1 import Node
+
+    deadline = time.monotonic() + timeout_s
+    while al.NODE_LOCK in (client.get(Node, E2E_NODE).metadata.annotations or {}):
+        assert time.monotonic() < deadline, "node lock never released"
+        time.sleep(0.05)
+
+
 def test_scheduled_pod_allocated_end_to_end(real: PluginHarness, kube_client: Any) -> None:  # noqa: F811
     from lightkube.resources.core_v1 import Node, Pod
 
@@ -143,8 +145,7 @@ def test_scheduled_pod_allocated_end_to_end(real: PluginHarness, kube_client: An
     assert pod.metadata.annotations[al.DEVICES_TO_ALLOCATE] == ";"
     assert pod.metadata.annotations["hami.io/vgpu-devices-allocated"] == \
         ann["hami.io/vgpu-devices-allocated"]
-    node = kube_client.get(Node, E2E_NODE)
-    assert al.NODE_LOCK not in (node.metadata.annotations or {})
+    wait_unlocked(kube_client)
 
 
 def test_failure_marks_failed_in_api(real: PluginHarness, kube_client: Any) -> None:  # noqa: F811

@@ -171,7 +171,7 @@ def test_allocate_full_flow(harness: PluginHarness) -> None:
     pod = harness.kube.pods[("default", "p")]
     assert pod.annotations[al.DEVICES_TO_ALLOCATE] == ";"
     assert pod.annotations[al.BIND_PHASE] == "success"
-    assert al.NODE_LOCK not in harness.kube.nodes[NODE][0]
+    wait(lambda: al.NODE_LOCK not in harness.kube.nodes[NODE][0], what="lock release")
 
 
 def test_allocate_multi_container_keeps_lock_until_last(harness: PluginHarness) -> None:
@@ -189,7 +189,7 @@ def test_allocate_multi_container_keeps_lock_until_last(harness: PluginHarness) 
     pod = harness.kube.pods[("default", "p")]
     assert pod.annotations[al.BIND_PHASE] == "success"
     assert pod.annotations[al.DEVICES_TO_ALLOCATE] == ";;;"
-    assert al.NODE_LOCK not in harness.kube.nodes[NODE][0]
+    wait(lambda: al.NODE_LOCK not in harness.kube.nodes[NODE][0], what="lock release")
 
 
 def test_allocate_count_mismatch_fails_pod_and_releases_lock(harness: PluginHarness) -> None:
@@ -200,7 +200,7 @@ def test_allocate_count_mismatch_fails_pod_and_releases_lock(harness: PluginHarn
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "kubelet asks for 2 devices" in err.value.details()
     assert harness.kube.pods[("default", "p")].annotations[al.BIND_PHASE] == "failed"
-    assert al.NODE_LOCK not in harness.kube.nodes[NODE][0]
+    wait(lambda: al.NODE_LOCK not in harness.kube.nodes[NODE][0], what="lock release")
 
 
 def test_allocate_patch_failure_marks_failed(harness: PluginHarness) -> None:
@@ -209,7 +209,7 @@ def test_allocate_patch_failure_marks_failed(harness: PluginHarness) -> None:
     harness.kube.fail_pod_patch = True
     with pytest.raises(grpc.RpcError):
         harness.kubelet.allocate([f"{A}-0"])
-    assert al.NODE_LOCK not in harness.kube.nodes[NODE][0]
+    wait(lambda: al.NODE_LOCK not in harness.kube.nodes[NODE][0], what="lock release")
 
 
 def test_allocate_without_pod(harness: PluginHarness) -> None:
@@ -284,7 +284,7 @@ def test_two_pods_allocated_at_once_keep_their_limits(harness: PluginHarness) ->
     assert results["small"]["CUDA_DEVICE_SM_LIMIT"] == "10"
     for name in ("small", "large"):
         assert harness.kube.pods[("default", name)].annotations[al.BIND_PHASE] == "success"
-    assert al.NODE_LOCK not in harness.kube.nodes[NODE][0]
+    wait(lambda: al.NODE_LOCK not in harness.kube.nodes[NODE][0], what="lock release")
 
 
 # --- fuzzed annotations ------------------------------------------------------------------------

@@ -104,6 +104,19 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
         self.mutex = threading.Lock()
         self.stats = AllocateStats()
         self.new_cache_name: Callable[[], str] = lambda: str(uuidlib.uuid4())
+        # Node-lock releases run after the response is sent; the next Allocate waits for
+        # the previous release first, so the lock is always settled when a pod is chosen.
+        self._releaser = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="release")
+        self._release: futures.Future[bool] | None = None
+
+    def settle(self, timeout_s: float = 15.0) -> None:
+        """Wait for the last background node-lock release (tests, next Allocate)."""
+        pending, self._release = self._release, None
+        if pending is not None:
+            try:
+                pending.result(timeout=timeout_s)
+            except Exception as exc:  # noqa: BLE001 - logged; the scheduler's lock expiry covers it
+                log.error("node lock release failed: %s", exc)
 
     # -- options / list ---------------------------------------------------------------
     def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> pb.DevicePluginOptions:
@@ -141,6 +154,7 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
         pod = None
         try:
             with self.mutex:
+                self.settle()
                 owner, _ = self._owner()
                 candidates: list[al.PodView] = []
                 if owner is None or al.preferred_rank(owner, reqs, replicas) < 2:
@@ -169,6 +183,7 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
                 raise
 
     def _allocate(self, reqs: list[list[str]]) -> pb.AllocateResponse:
+        self.settle()
         replicas = self.state.replicas
         try:
             owner, node_meta = self._owner()
@@ -201,7 +216,8 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
                 update[al.BIND_PHASE] = "success"
             self.kube.patch_pod_annotations(pod.namespace, pod.name, update)
             if plan.complete:
-                self.kube.release_node_lock(self.node, pod.namespace, pod.name, known=node_meta)
+                self._release = self._releaser.submit(
+                    self.kube.release_node_lock, self.node, pod.namespace, pod.name, node_meta)
         except (al.AllocateError, KubeError, OSError) as exc:
             self._fail(pod, node_meta)
             raise al.AllocateError(f"{pod.namespace}/{pod.name}: {exc}") from None
