@@ -55,10 +55,29 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
 
 
+def take_lock(client: Any, name: str) -> None:
+    """Like the scheduler's Bind: wait until the node is unlocked, then CAS the lock in."""
+    from lightkube import ApiError
+    from lightkube.resources.core_v1 import Node
+    from lightkube.types import PatchType
+
+    while True:
+        n = client.get(Node, NODE)
+        if al.NODE_LOCK in (n.metadata.annotations or {}):
+            time.sleep(0.002)
+            continue
+        try:
+            client.patch(Node, NODE, {"metadata": {"annotations": {
+                al.NODE_LOCK: f"2026-11-29T08:00:00Z,default,{name}"},
+                "resourceVersion": n.metadata.resourceVersion}}, patch_type=PatchType.MERGE)
+            return
+        except ApiError:
+            continue
+
+
 def bench_allocate(cp: ControlPlane, client: Any, work: Path, n: int) -> dict[str, float]:
     from lightkube.resources.core_v1 import Node, Pod
     import yaml
-    from lightkube.types import PatchType
 
     inv = work / "inv.yaml"
     inv.write_text(yaml.safe_dump({"gpus": [{"model": "NVIDIA A100-SXM4-80GB",
@@ -88,10 +107,7 @@ def bench_allocate(cp: ControlPlane, client: Any, work: Path, n: int) -> dict[st
                 "name": name, "namespace": "default", "annotations": ann,
                 "labels": {al.VGPU_NODE: NODE}}, "spec": {"nodeName": NODE, "containers": [
                     {"name": "main", "image": "busybox"}]}}))
-            rv = client.get(Node, NODE).metadata.resourceVersion
-            client.patch(Node, NODE, {"metadata": {"annotations": {
-                al.NODE_LOCK: f"2026-11-29T08:00:00Z,default,{name}"}, "resourceVersion": rv}},
-                patch_type=PatchType.MERGE)
+            take_lock(client, name)
             t0 = time.perf_counter()
             resp = kubelet.allocate([f"{g}-{k % 10}"])
             lat.append((time.perf_counter() - t0) * 1000)
