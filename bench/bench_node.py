@@ -34,10 +34,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
-from hami.deviceplugin import allocate as al  # noqa: E402
-from hami.testing.controlplane import ControlPlane, create_gpu_node, free_port  # noqa: E402
 from tests.node.fakes import FakeKubelet  # noqa: E402
 from tests.node.regionfile import Proc, RegionSpec, build  # noqa: E402
+
+from hami.deviceplugin import allocate as al  # noqa: E402
+from hami.testing.controlplane import ControlPlane, create_gpu_node, free_port  # noqa: E402
 
 NODE = "bench-node"
 GPUS = [f"GPU-{i:08x}-1111-2222-3333-444444444444" for i in range(8)]
@@ -76,8 +77,8 @@ def take_lock(client: Any, name: str) -> None:
 
 
 def bench_allocate(cp: ControlPlane, client: Any, work: Path, n: int) -> dict[str, float]:
-    from lightkube.resources.core_v1 import Node, Pod
     import yaml
+    from lightkube.resources.core_v1 import Pod
 
     inv = work / "inv.yaml"
     inv.write_text(yaml.safe_dump({"gpus": [{"model": "NVIDIA A100-SXM4-80GB",

@@ -9,6 +9,7 @@ results back from the API server.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -40,10 +41,8 @@ def real(kube_client: Any) -> Iterator[PluginHarness]:  # noqa: F811
 
     for p in kube_client.list(Pod, namespace="default"):
         kube_client.delete(Pod, p.metadata.name, namespace="default", grace_period=0)
-    try:
+    with contextlib.suppress(Exception):  # absent on the first run
         kube_client.delete(Node, E2E_NODE)
-    except Exception:  # noqa: BLE001 - first run
-        pass
     create_gpu_node(kube_client, E2E_NODE, gpus=20)
     root = short_tmpdir()
     h = PluginHarness(root=root, inventory=root / "inv.yaml", kubelet=FakeKubelet(root / "dp"),
@@ -123,7 +122,7 @@ def wait_unlocked(client: Any, timeout_s: float = 10.0) -> None:
 
 
 def test_scheduled_pod_allocated_end_to_end(real: PluginHarness, kube_client: Any) -> None:  # noqa: F811
-    from lightkube.resources.core_v1 import Node, Pod
+    from lightkube.resources.core_v1 import Pod
 
     state = registered_state(real, kube_client)
     ann = schedule_and_bind(kube_client, state, "p1", gpus=2, mem=3000, cores=30)

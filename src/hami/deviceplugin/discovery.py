@@ -217,7 +217,7 @@ class NvmlBackend:
 
     def __init__(self) -> None:
         try:
-            import pynvml  # type: ignore[import-untyped]
+            import pynvml
         except ImportError as exc:
             raise DiscoveryError("nvidia-ml-py is not installed") from exc
         self.nv = pynvml

@@ -12,7 +12,7 @@ from hami.deviceplugin.config import PluginConfig
 from hami.deviceplugin.discovery import PhysicalGpu
 
 try:  # the full Go-compatible codec lands from the codec branch
-    from hami.core.codec import encode_node_devices as _core_encode
+    from hami.core.codec import encode_node_devices as _core_encode  # type: ignore[attr-defined,unused-ignore]
 except ImportError:  # pragma: no cover - depends on merge order
     _core_encode = None
 
@@ -29,10 +29,7 @@ def registered_memory_mib(gpu: PhysicalGpu, cfg: PluginConfig) -> int:
     """MiB to advertise: ``floor(bytes / 2^20)``, x ``deviceMemoryScaling`` (truncated)
     when the scaling is not 1 and the mode is not MIG; ``preConfiguredDeviceMemory`` when
     the memory is unknown (spec §7.3)."""
-    if gpu.memory_bytes is None:
-        mib = cfg.preconfigured_memory_mib
-    else:
-        mib = gpu.memory_bytes // 2**20
+    mib = cfg.preconfigured_memory_mib if gpu.memory_bytes is None else gpu.memory_bytes // 2**20
     if cfg.device_memory_scaling != 1 and cfg.operating_mode != "mig":
         mib = int(mib * cfg.device_memory_scaling)
     return mib
@@ -106,7 +103,7 @@ def kubelet_devices(devices: Sequence[DeviceInfo], numa_topology: bool
                     ) -> list[tuple[str, str, int | None]]:
     """``(id, health, numa or None)`` for ListAndWatch: every registered GPU's replicas,
     ``Healthy``/``Unhealthy`` from the GPU, NUMA only with ``enableNumaTopology``."""
-    out = []
+    out: list[tuple[str, str, int | None]] = []
     for d in devices:
         health = HEALTHY if d.health else UNHEALTHY
         numa = d.numa if numa_topology else None

@@ -283,7 +283,7 @@ class PluginServer:
         if self.socket.exists():
             self.socket.unlink()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
-        pbg.add_DevicePluginServicer_to_server(self.servicer, server)
+        pbg.add_DevicePluginServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
         server.add_insecure_port(f"unix://{self.socket}")
         server.start()
         with grpc.insecure_channel(f"unix://{self.socket}") as ch:
@@ -306,7 +306,8 @@ class PluginServer:
         """One Register call to the kubelet (5 s timeout). Raises ``grpc.RpcError``."""
         stamp = self._kubelet_stamp()
         with grpc.insecure_channel(f"unix://{self.kubelet_socket}") as ch:
-            pbg.RegistrationStub(ch).Register(pb.RegisterRequest(
+            stub = pbg.RegistrationStub(ch)  # type: ignore[no-untyped-call]
+            stub.Register(pb.RegisterRequest(
                 version=API_VERSION, endpoint=self.endpoint, resource_name=self.resource_name,
                 options=pb.DevicePluginOptions(get_preferred_allocation_available=True)),
                 timeout=5)

@@ -50,9 +50,9 @@ def observe(containers: Sequence[ContainerFeedback]) -> list[ContainerFeedback]:
         blocking = False
         same = False
         for u in c.uuids:
-            counts = active.get(u)
-            if counts is None:
+            if u not in active:
                 continue
+            counts = active[u]
             if any(counts[j] > 0 for j in range(min(c.priority, len(counts)))):
                 blocking = True
             if 0 <= c.priority < len(counts) and counts[c.priority] > 1:

@@ -12,6 +12,7 @@ next update, so one bad file never takes the monitor or other containers down.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
@@ -72,10 +73,8 @@ class CacheFile:
         """Drop this mapping's page-table entries (``MADV_DONTNEED``; for a shared file
         mapping the data stays in the page cache). Large page-cache folios would otherwise
         keep ~0.5 MiB per container resident after a read of a few fields."""
-        try:
+        with contextlib.suppress(OSError, ValueError):
             self.mm.madvise(mmap.MADV_DONTNEED)
-        except (OSError, ValueError):
-            pass
 
     def write_int32(self, name: str, value: int) -> None:
         """Store ``recent_kernel`` or ``utilization_switch`` (little-endian int32)."""
@@ -100,7 +99,7 @@ def _parse(mm: mmap.mmap, path: Path) -> Region:
     frame keeps a memoryview of the mapping alive (which would make ``close`` fail)."""
     err = None
     try:
-        return parse_region(mm)
+        return parse_region(mm)  # type: ignore[arg-type]  # mmap has the buffer protocol
     except (RegionError, struct.error, ValueError, IndexError, OverflowError) as exc:
         err = str(exc)
     raise RegionError(f"{path}: {err}")
@@ -161,7 +160,7 @@ def open_cache(key: str, directory: Path) -> CacheFile | None:
         raise RegionError(str(exc)) from None
     err = None
     try:
-        detect_layout(mm)
+        detect_layout(mm)  # type: ignore[arg-type]
     except RegionError as exc:
         err = str(exc)
     mm.madvise(mmap.MADV_DONTNEED)

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
+from prometheus_client.utils import floatToGoString as _float_to_go
 
 from hami.deviceplugin.allocate import PodView
 from hami.monitor.lister import ContainerLister
@@ -59,7 +59,7 @@ class NvmlHostGpus:
     """Host GPUs through ``pynvml``; errors give an empty list for that scrape."""
 
     def __init__(self) -> None:
-        import pynvml  # type: ignore[import-untyped]
+        import pynvml
 
         self.nv = pynvml
         pynvml.nvmlInit()
@@ -77,7 +77,8 @@ class NvmlHostGpus:
                     used = None
                 try:
                     u = nv.nvmlDeviceGetUtilizationRates(h)
-                    ug, um = int(u.gpu), int(u.memory)
+                    ug: int | None = int(u.gpu)
+                    um: int | None = int(u.memory)
                 except nv.NVMLError:
                     ug = um = None
                 out.append(HostGpu(i, _s(uuid), _s(name), used, ug, um))
@@ -128,6 +129,10 @@ class Family:
         for values, value in self.rows:
             g.add_metric(list(values), value)
         return g
+
+
+def floatToGoString(value: float) -> str:  # noqa: N802 - prometheus_client's name
+    return str(_float_to_go(value))  # type: ignore[no-untyped-call]
 
 
 def _escape_value(v: str) -> str:
