@@ -313,3 +313,26 @@ def test_fuzzed_annotation_never_crashes(harness: PluginHarness, value: str, n_i
         phase = harness.kube.pods[("default", "f")].annotations[al.BIND_PHASE]
         assert phase in ("failed", "allocating")     # allocating: pod was not chosen
     assert os.path.exists(harness.kubelet.dir / "nvidia-gpu.sock")
+
+
+class _StaleWatch:
+    """A node watch that lags behind: it never saw the scheduler's lock."""
+
+    def get(self) -> tuple[dict[str, str], str]:
+        return {}, "0"
+
+    def offer(self, annotations: dict[str, str], rv: str) -> None:
+        pass
+
+
+def test_lagging_node_watch_still_serves_and_releases(harness: PluginHarness) -> None:
+    harness.kube.node_watch = _StaleWatch()  # type: ignore[assignment]
+    up(harness)
+    bound_pod(harness, "p", f"{A},NVIDIA,1000,10:;")
+    harness.kube.add_pod(al.PodView("default", "other", "uid-o", NODE, "Pending", {
+        al.DEVICES_TO_ALLOCATE: f"{B},NVIDIA,5,5:;", al.VGPU_NODE: NODE,
+        al.BIND_PHASE: "allocating", al.BIND_TIME: "1"}, (al.ContainerView("c"),)))
+    envs = harness.kubelet.allocate([f"{A}-0"]).container_responses[0].envs
+    assert envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+    assert "list_pods" not in harness.kube.calls      # the live node read found the owner
+    wait(lambda: al.NODE_LOCK not in harness.kube.nodes[NODE][0], what="lock release")

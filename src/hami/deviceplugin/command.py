@@ -121,6 +121,8 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
     gpu_backend = open_backend(backend_kind, fake_inventory)
     state = DeviceState(gpu_backend.devices(), cfg)
     kube = kube_api if isinstance(kube_api, KubeApi) else KubeApi(make_client(kubeconfig))
+    if kube.client is not None:
+        kube.start_node_watch(node_name, stop)
     vgpu = Path(hook_path) / "vgpu"
     settings = al.NodeSettings(hook_path=hook_path, lock_dir=lock_dir, version=version,
                                versioned_lib=(vgpu / f"libvgpu.so.{version}").exists(),

@@ -7,6 +7,7 @@ Every call is one API round trip; callers own retries. Pods come back as
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -59,6 +60,22 @@ class KubeApi:
 
     def __init__(self, client: Any) -> None:
         self.client = client
+        self.node_watch: NodeWatch | None = None
+
+    def start_node_watch(self, node: str, stop: threading.Event) -> NodeWatch:
+        """Keep a watched copy of the node (the plugin reads the node lock from it)."""
+        self.node_watch = NodeWatch(self.client, node)
+        threading.Thread(target=self.node_watch.run, args=(stop,), name="node-watch",
+                         daemon=True).start()
+        return self.node_watch
+
+    def node_annotations(self, node: str) -> tuple[dict[str, str], str]:
+        """The watched node when the watch is live, else a GET (same return shape)."""
+        if self.node_watch is not None:
+            cached = self.node_watch.get()
+            if cached is not None:
+                return cached
+        return self.get_node_annotations(node)
 
     def get_node_annotations(self, node: str) -> tuple[dict[str, str], str]:
         """``(annotations, resourceVersion)`` of a Node. Raises :class:`KubeError`."""
@@ -123,9 +140,10 @@ class KubeApi:
             raise _api_error(exc) from None
 
     def patch_node_annotations(self, node: str, annotations: Mapping[str, str | None],
-                               resource_version: str | None = None) -> None:
+                               resource_version: str | None = None) -> tuple[dict[str, str], str] | None:
         """JSON merge patch of node annotations, compare-and-swap when ``resource_version``
-        is given (409 -> :class:`KubeError` with ``code`` 409)."""
+        is given (409 -> :class:`KubeError` with ``code`` 409). Returns the node's new
+        ``(annotations, resourceVersion)``."""
         from lightkube import ApiError
         from lightkube.resources.core_v1 import Node
         from lightkube.types import PatchType
@@ -134,9 +152,10 @@ class KubeApi:
         if resource_version:
             meta["resourceVersion"] = resource_version
         try:
-            self.client.patch(Node, node, {"metadata": meta}, patch_type=PatchType.MERGE)
+            n = self.client.patch(Node, node, {"metadata": meta}, patch_type=PatchType.MERGE)
         except ApiError as exc:
             raise _api_error(exc) from None
+        return dict(n.metadata.annotations or {}), n.metadata.resourceVersion or ""
 
     def release_node_lock(self, node: str, namespace: str, name: str,
                           known: tuple[dict[str, str], str] | None = None,
@@ -152,15 +171,78 @@ class KubeApi:
         delay = 0.05
         for attempt in range(attempts):
             try:
-                annotations, rv = known if (known and attempt == 0) else \
-                    self.get_node_annotations(node)
+                # A snapshot (possibly from the watch) is only trusted when it shows our
+                # lock: the CAS then fails on anything newer. Otherwise read it live.
+                if attempt == 0 and known and lock_releasable(known[0].get(NODE_LOCK),
+                                                              namespace, name):
+                    annotations, rv = known
+                else:
+                    annotations, rv = self.get_node_annotations(node)
                 value = annotations.get(NODE_LOCK)
                 if not value or not lock_releasable(value, namespace, name):
                     return True
-                self.patch_node_annotations(node, {NODE_LOCK: None}, rv)
+                after = self.patch_node_annotations(node, {NODE_LOCK: None}, rv)
+                if after is not None and self.node_watch is not None:
+                    self.node_watch.offer(*after)
                 return True
             except KubeError as exc:
                 log.info("release node lock %s (attempt %d): %s", node, attempt + 1, exc)
                 time.sleep(delay)
                 delay *= 2
         return False
+
+
+def _rv_newer(a: str, b: str) -> bool:
+    """True when resourceVersion ``a`` is newer than ``b`` (etcd revisions are integers;
+    anything else: treat ``a`` as newer)."""
+    if a.isdigit() and b.isdigit():
+        return int(a) > int(b)
+    return True
+
+
+class NodeWatch:
+    """A watched copy of one Node's ``(annotations, resourceVersion)``.
+
+    Readers get None while the watch is (re)connecting. Our own patch responses are
+    :meth:`offer`-ed so a read right after our write is never older than it. A stale copy
+    is harmless for Allocate: the lock owner it names is re-read live and only used when
+    it still has devices to allocate; otherwise the pods of the node are listed live.
+    """
+
+    def __init__(self, client: Any, node: str) -> None:
+        self.client = client
+        self.node = node
+        self._value: tuple[dict[str, str], str] | None = None
+        self._lock = threading.Lock()
+        self.events = 0
+
+    def get(self) -> tuple[dict[str, str], str] | None:
+        with self._lock:
+            return None if self._value is None else (dict(self._value[0]), self._value[1])
+
+    def offer(self, annotations: dict[str, str], rv: str) -> None:
+        with self._lock:
+            if self._value is None or _rv_newer(rv, self._value[1]):
+                self._value = (dict(annotations), rv)
+
+    def run(self, stop: threading.Event) -> None:
+        from lightkube.resources.core_v1 import Node
+
+        while not stop.is_set():
+            try:
+                for kind, obj in self.client.watch(Node, fields={"metadata.name": self.node},
+                                                   server_timeout=300):
+                    self.events += 1
+                    if kind == "DELETED":
+                        with self._lock:
+                            self._value = None
+                    else:
+                        self.offer(dict(obj.metadata.annotations or {}),
+                                   obj.metadata.resourceVersion or "")
+                    if stop.is_set():
+                        return
+            except Exception as exc:  # noqa: BLE001 - reconnect; readers fall back to GET
+                log.info("node watch %s restarting: %s", self.node, exc)
+                with self._lock:
+                    self._value = None
+                stop.wait(1.0)

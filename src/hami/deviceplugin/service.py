@@ -139,11 +139,28 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
     # -- pod lookup ------------------------------------------------------------------------
-    def _owner(self) -> tuple[al.PodView | None, tuple[dict[str, str], str]]:
-        node_meta = self.kube.get_node_annotations(self.node)
+    def _lookup(self, rank: Callable[[al.PodView], int]
+                ) -> tuple[al.PodView | None, list[al.PodView], tuple[dict[str, str], str]]:
+        """``(lock owner, candidate pods, node snapshot)`` for one call.
+
+        The lock owner comes from the watched node (or a GET); when it is not an exact
+        match (``rank == 2``) and the node view came from the watch, the node is read live
+        once (the watch may lag the scheduler's lock); only then are the node's pods listed.
+        Raises :class:`KubeError`.
+        """
+        node_meta = self.kube.node_annotations(self.node)
         key = al.lock_owner(node_meta[0].get(al.NODE_LOCK))
         owner = self.kube.get_pod(*key) if key else None
-        return owner, node_meta
+        if owner is not None and rank(owner) == 2:
+            return owner, [], node_meta
+        if self.kube.node_watch is not None:
+            node_meta = self.kube.get_node_annotations(self.node)
+            live_key = al.lock_owner(node_meta[0].get(al.NODE_LOCK))
+            if live_key != key:
+                owner = self.kube.get_pod(*live_key) if live_key else None
+                if owner is not None and rank(owner) == 2:
+                    return owner, [], node_meta
+        return owner, self.kube.pods_on_node(self.node), node_meta
 
     # -- GetPreferredAllocation --------------------------------------------------------
     def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,
@@ -155,10 +172,8 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
         try:
             with self.mutex:
                 self.settle()
-                owner, _ = self._owner()
-                candidates: list[al.PodView] = []
-                if owner is None or al.preferred_rank(owner, reqs, replicas) < 2:
-                    candidates = self.kube.pods_on_node(self.node)
+                owner, candidates, _ = self._lookup(
+                    lambda p: al.preferred_rank(p, reqs, replicas))
                 pod = al.choose_preferred_pod(reqs, owner, candidates, self.node, replicas)
         except KubeError as exc:
             log.warning("GetPreferredAllocation: pod lookup failed, answering without it: %s", exc)
@@ -186,10 +201,8 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
         self.settle()
         replicas = self.state.replicas
         try:
-            owner, node_meta = self._owner()
-            candidates: list[al.PodView] = []
-            if owner is None or al.match_rank(owner, reqs, replicas) < 2:
-                candidates = self.kube.pods_on_node(self.node)
+            owner, candidates, node_meta = self._lookup(
+                lambda p: al.match_rank(p, reqs, replicas))
         except KubeError as exc:
             raise al.AllocateError(f"pod lookup failed: {exc}") from None
         pod = al.choose_pod(reqs, owner, candidates, self.node, replicas)
