@@ -189,6 +189,8 @@ def main() -> int:
         out = bench_allocate(cp, client, work, max(args.pods, args.containers))
         out.update(bench_monitor(cp, work, args.containers, args.scrapes, args.pods))
     out["targets"] = {"allocate_p99_ms": 50, "scrape_ms": 100, "rss_mib": 100}
+    out["loadavg_1m_5m_15m"] = os.getloadavg()
+    out["cpus"] = os.cpu_count()
     print(json.dumps(out, indent=2))
     return 0
 

@@ -74,7 +74,10 @@ class FakeKube(KubeApi):
                     ann.pop(k, None)
                 else:
                     ann[k] = v
-            p = replace(p, annotations=ann)
+            labels = dict(p.labels)
+            if VGPU_NODE in annotations and annotations[VGPU_NODE] is not None:
+                labels[VGPU_NODE] = annotations[VGPU_NODE]
+            p = replace(p, annotations=ann, labels=labels)
             self.pods[(namespace, name)] = p
             return copy.deepcopy(p)
 

@@ -229,6 +229,8 @@ def test_monitor_loop_serves_and_removes(tmp_path: Path) -> None:
             uuids=("GPU-a",), procs=[Proc(used={0: (0, 0, 5, 0, 5)})]))))
     kube = FakeKube()
     kube.add_pod(PodView("ns", "p", "live", "node-a", "Running", {"hami.io/vgpu-node": "node-a"},
+                         (ContainerView("main"),), labels={"hami.io/vgpu-node": "node-a"}))
+    kube.add_pod(PodView("ns", "unlabelled", "live2", "node-a", "Running", {},
                          (ContainerView("main"),)))
     stop = threading.Event()
     import socket

@@ -64,6 +64,7 @@ class PodView:
     annotations: Mapping[str, str] = field(default_factory=dict)
     containers: tuple[ContainerView, ...] = ()
     n_init: int = 0
+    labels: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,8 @@ def pod_view(pod: Any) -> PodView:
         namespace=meta.namespace or "", name=meta.name or "", uid=meta.uid or "",
         node_name=(spec.nodeName or "") if spec else "",
         phase=(pod.status.phase or "Pending") if pod.status else "Pending",
-        annotations=dict(meta.annotations or {}), containers=containers, n_init=len(init))
+        annotations=dict(meta.annotations or {}), containers=containers, n_init=len(init),
+        labels=dict(meta.labels or {}))
 
 
 def _api_error(exc: Exception) -> KubeError:

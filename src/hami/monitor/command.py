@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from hami.deviceplugin.allocate import PodView
+from hami.deviceplugin.allocate import VGPU_NODE, PodView
 from hami.monitor.feedback import ContainerFeedback, observe
 from hami.monitor.lister import ContainerLister
 
@@ -54,11 +54,15 @@ class PodCache:
         self.labelled: list[PodView] = []
 
     def refresh(self) -> None:
+        """One LIST of the node's pods; the metrics use those labelled for this node (a
+        cache directory only exists for a pod bound here, so HAMi's second, label-selected
+        informer would add nothing that has a cache file)."""
         try:
             self.on_node = self.kube.pods_on_node(self.node)
-            self.labelled = self.kube.pods_labelled_for(self.node)
         except Exception as exc:  # noqa: BLE001 - keep the last good lists
             log.warning("pod list failed: %s", exc)
+            return
+        self.labelled = [p for p in self.on_node if p.labels.get(VGPU_NODE) == self.node]
 
     def live_uids(self) -> set[str] | None:
         return None if self.on_node is None else {p.uid for p in self.on_node}
