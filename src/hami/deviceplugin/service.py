@@ -199,6 +199,9 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
 
     def _allocate(self, reqs: list[list[str]]) -> pb.AllocateResponse:
         self.settle()
+        if self.state.cfg.operating_mode == "mig":
+            raise al.AllocateError("operatingmode mig: dynamic MIG allocation is not "
+                                   "implemented by this plugin; use hami-core or mps")
         replicas = self.state.replicas
         try:
             owner, candidates, node_meta = self._lookup(
