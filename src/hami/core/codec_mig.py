@@ -24,6 +24,15 @@ from hami.core.gowire import (
 )
 from hami.core.model import MigPlacement
 
+__all__ = [
+    "PLACEMENT_SHAPE",
+    "MigAllocation",
+    "MigRuntimeIdentity",
+    "decode_mig_allocations",
+    "encode_mig_allocations",
+    "placement_json",
+]
+
 PLACEMENT_SHAPE: Final = {"start": as_int(UINT32), "size": as_int(UINT32)}
 
 

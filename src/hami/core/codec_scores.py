@@ -22,6 +22,12 @@ from hami.core.gowire import (
     top_list,
 )
 
+__all__ = [
+    "ScoringWeights",
+    "decode_node_scores",
+    "parse_scoring_weights",
+]
+
 # --- node pair scores (§2.1, §4.9) ------------------------------------------------------
 
 _PAIR_SCORE: Final = {"uuid": as_string, "score": as_int_map(INT64)}

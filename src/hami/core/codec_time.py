@@ -17,6 +17,16 @@ from hami.core.gowire import (
     go_quote,
 )
 
+__all__ = [
+    "Handshake",
+    "NodeLock",
+    "decode_handshake",
+    "decode_node_lock",
+    "encode_handshake",
+    "encode_node_lock",
+    "is_handshake_requesting",
+]
+
 # --- node lock (§2.5) -------------------------------------------------------------------
 
 
