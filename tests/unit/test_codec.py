@@ -488,6 +488,15 @@ def test_node_lock_decode() -> None:
     assert decode_node_lock("2026-08-21T6:20:39Z,a,b").time == T0  # Go accepts a 1-digit hour
 
 
+def test_field_case_b01_owner_is_exact() -> None:
+    lock = decode_node_lock("2026-08-21T06:20:39Z,team-x,worker-123")
+    assert lock.is_owned_by("team-x", "worker-123")
+    assert not lock.is_owned_by("team-x", "worker")
+    assert not lock.is_owned_by("team", "x,worker-123")
+    assert not lock.is_owned_by("team-x", "worker-1234")
+    assert not decode_node_lock("2026-08-21T06:20:39Z").is_owned_by("", "")
+
+
 @pytest.mark.parametrize(
     ("value", "message"),
     [
@@ -525,7 +534,11 @@ def test_handshake() -> None:
     assert decode_handshake("Requesting_2026-08-21 06:20:39") == Handshake(
         "Requesting", datetime(2026, 8, 21, 6, 20, 39)
     )
-    assert decode_handshake("Deleted_2026-08-21 06:20:39").state == "Deleted"
+    # field case B20: a Deleted_ mark keeps its timestamp so its age can be checked
+    assert decode_handshake("Deleted_2026-08-21 06:20:39") == Handshake(
+        "Deleted", datetime(2026, 8, 21, 6, 20, 39)
+    )
+    assert decode_handshake("Deleted_not-a-time") == Handshake("Deleted", None)
     assert decode_handshake("Requesting") == Handshake("Requesting", None)
     assert decode_handshake("Requesting_garbage") == Handshake("Requesting", None)
     assert decode_handshake("Requesting_2026-13-01 00:00:00") == Handshake("Requesting", None)

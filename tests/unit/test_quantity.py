@@ -160,6 +160,12 @@ def test_to_int_exact(text: str, expected: int | None) -> None:
     assert to_int_exact(parse_quantity(text)) == expected
 
 
+def test_field_case_b09_wrapping_values_stay_exact() -> None:
+    # 4294967346 = 2**32 + 50: must never wrap to 50 on the way in
+    assert to_int_exact(parse_quantity(4294967346)) == 4294967346
+    assert to_int_exact(parse_quantity("4294967346")) == 4294967346
+
+
 def test_to_int_exact_outside_int64() -> None:
     assert to_int_exact(Fraction(2**63)) is None
     assert to_int_exact(Fraction(-(2**63))) == -(2**63)

@@ -41,6 +41,16 @@ class NodeLock:
     namespace: str
     name: str
 
+    def is_owned_by(self, namespace: str, name: str) -> bool:
+        """True when the lock names exactly this pod (field case B01: never a substring).
+
+        A legacy lock (no owner recorded) is owned by nobody.
+        """
+        return bool(self.namespace or self.name) and (self.namespace, self.name) == (
+            namespace,
+            name,
+        )
+
 
 _RFC3339: Final = re.compile(
     r"([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{1,2}):([0-9]{2}):([0-9]{2})(?:[.,]([0-9]+))?"
