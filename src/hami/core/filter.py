@@ -23,7 +23,13 @@ import numpy as np
 import numpy.typing as npt
 
 from hami.api import names
-from hami.core.codec import CodecError, MigAllocation, decode_node_scores
+from hami.core.codec import (
+    CodecError,
+    MigAllocation,
+    ScoringWeights,
+    decode_node_scores,
+    parse_scoring_weights,
+)
 from hami.core.collapse import collapse, total
 from hami.core.config import SchedulingPolicy
 from hami.core.fit import (
@@ -44,7 +50,7 @@ from hami.core.model import (
     PodSingleDevice,
 )
 from hami.core.quota import QuotaLedger
-from hami.core.score import ScoringWeights, WeightsError, order_devices, parse_scoring_weights
+from hami.core.score import order_devices
 
 NODE_UNREGISTERED = "node unregistered"
 INSUFFICIENT_CPU = "Insufficient cpu"
@@ -124,7 +130,7 @@ def _weights(request: PodRequest) -> ScoringWeights:
         return ScoringWeights()
     try:
         return parse_scoring_weights(raw)
-    except WeightsError as exc:
+    except CodecError as exc:
         raise FilterError(f"pod {request.namespace}/{request.name}: {exc}") from None
 
 
