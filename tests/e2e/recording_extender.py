@@ -19,20 +19,19 @@ from typing import Any
 
 from aiohttp import web
 from lightkube import AsyncClient, KubeConfig
-from lightkube.models.core_v1 import ObjectReference
-from lightkube.models.meta_v1 import ObjectMeta
-from lightkube.resources.core_v1 import PodBinding
 
-from hami.testing.controlplane import HOST, free_port
+from hami.testing.controlplane import HOST, free_port, pod_binding
 from hami.testing.pki import CertificateAuthority
 
 
 @dataclass
 class Call:
-    """One request the extender received: its verb (``filter``/``bind``) and JSON body."""
+    """One request the extender received: verb (``filter``/``bind``), JSON body, and the
+    ``Error`` it answered with (empty on success)."""
 
     verb: str
     body: dict[str, Any]
+    error: str = ""
 
 
 @dataclass
@@ -76,17 +75,17 @@ class RecordingExtender:
 
     async def _bind(self, request: web.Request) -> web.Response:
         body = await request.json()
-        self.calls.append(Call("bind", body))
+        call = Call("bind", body)
+        self.calls.append(call)
         assert self._client is not None
-        binding = PodBinding(
-            metadata=ObjectMeta(name=body["PodName"], namespace=body["PodNamespace"]),
-            target=ObjectReference(apiVersion="v1", kind="Node", name=body["Node"]),
-        )
+        name, namespace = body["PodName"], body["PodNamespace"]
         try:
-            await self._client.create(binding, name=body["PodName"], namespace=body["PodNamespace"])
+            await self._client.create(
+                pod_binding(name, namespace, body["Node"]), name=name, namespace=namespace
+            )
         except Exception as err:  # reported to kube-scheduler, which retries the pod
-            return web.json_response({"Error": f"binding failed: {err}"})
-        return web.json_response({"Error": ""})
+            call.error = f"binding failed: {err}"
+        return web.json_response({"Error": call.error})
 
     # -- lifecycle ---------------------------------------------------------------------
 

@@ -131,6 +131,7 @@ def test_kube_scheduler_calls_extender_filter_and_bind(
         extender.stop()
 
     assert extender.verbs() == ["filter", "bind"]
+    assert [c.error for c in extender.calls] == ["", ""]
     filter_args = extender.calls[0].body
     assert set(filter_args) == {"Pod", "Nodes", "NodeNames"}
     assert filter_args["NodeNames"] == [gpu_node]  # nodeCacheCapable: names only

@@ -3,9 +3,11 @@
 It runs etcd, kube-apiserver and kube-scheduler as child processes, built from the
 Kubernetes release pinned in ``hack/k8s/go.mod`` (``hack/k8s/build.sh`` puts them in
 ``${HAMI_CACHE_DIR:-~/.cache/hami}/k8s-<version>/bin``). No kubelet and no
-kube-controller-manager run: nodes are plain API objects created by :func:`create_gpu_node`,
-and since no node-lifecycle controller exists nothing ever taints them or flips their
-Ready condition back.
+kube-controller-manager run: nodes are plain API objects created by :func:`create_gpu_node`.
+The apiserver's TaintNodesByCondition admission gives every new node the
+``node.kubernetes.io/not-ready:NoSchedule`` taint; :func:`set_node_status` removes it when
+it marks the node Ready, as the node-lifecycle controller would. Since that controller
+does not run, nothing flips the Ready condition back or taints the node later.
 
 By hand::
 
@@ -397,6 +399,14 @@ class ControlPlane:
         admin = ca.issue("hami-e2e-admin", groups=["system:masters"], client=True)
         admin.write(self.pki_dir, "admin")
         service_account_keys().write(self.pki_dir, "sa")  # sa.crt holds the public key
+        # The aggregation layer's front proxy, as in kubeadm clusters; kube-scheduler's
+        # delegated authentication reads this CA from the apiserver and logs errors
+        # without it.
+        front_proxy_ca = CertificateAuthority.create("hami-e2e-front-proxy-ca")
+        (self.pki_dir / "front-proxy-ca.crt").write_bytes(front_proxy_ca.cert_pem)
+        front_proxy_ca.issue("front-proxy-client", client=True).write(
+            self.pki_dir, "front-proxy-client"
+        )
         self._admin = admin
         self._ca_pem = ca.cert_pem
 
@@ -458,7 +468,6 @@ class ControlPlane:
                 f"--listen-peer-urls={peer_url}",
                 f"--initial-advertise-peer-urls={peer_url}",
                 f"--initial-cluster=hami-e2e={peer_url}",
-                "--listen-metrics-urls=",
                 "--unsafe-no-fsync=true",  # test data: durability does not matter
                 "--log-level=warn",
             ],
@@ -493,6 +502,13 @@ class ControlPlane:
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 "--service-cluster-ip-range=10.96.0.0/16",
+                f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
                 "--authorization-mode=Node,RBAC",
                 # The "kubernetes" Service endpoints would be 127.0.0.1, which Endpoints
                 # validation rejects; nothing in the tests needs them.
@@ -617,16 +633,32 @@ def create_gpu_node(
     return set_node_status(client, name, capacity=resources)
 
 
+#: Taint the apiserver puts on new nodes and the node-lifecycle controller manages.
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+
+
 def set_node_status(
     client: Any, name: str, *, capacity: Mapping[str, str] | None = None, ready: bool = True
 ) -> Any:
-    """Patch a Node's status: capacity/allocatable (when given) and its Ready condition.
+    """Patch a Node's status (capacity/allocatable when given, Ready condition) and taints.
 
-    Call it again to refresh ``lastHeartbeatTime`` if something in the cluster watches
-    heartbeats (nothing does in :class:`ControlPlane`, which runs no node controller).
+    Does what kubelet and the node-lifecycle controller would do together: the Ready
+    condition gets ``status`` ``"True"``/``"False"`` with fresh heartbeat times, and the
+    ``node.kubernetes.io/not-ready:NoSchedule`` taint is removed (ready) or added (not
+    ready). Nothing in :class:`ControlPlane` checks heartbeats, so one call suffices.
+
+    Args:
+        client: a ``lightkube.Client``.
+        name: the node.
+        capacity: resource name -> quantity string, written to capacity and allocatable.
+        ready: the Ready condition to report.
 
     Returns:
-        The patched Node.
+        The Node after both patches.
+
+    Raises:
+        lightkube.ApiError: e.g. 404 for an unknown node, 409 if the node changed between
+            reading and patching its taints.
     """
     from lightkube.resources.core_v1 import Node
     from lightkube.types import PatchType
@@ -638,7 +670,50 @@ def set_node_status(
     if capacity is not None:
         status["capacity"] = dict(capacity)
         status["allocatable"] = dict(capacity)
-    return client.patch(Node.Status, name, {"status": status}, patch_type=PatchType.STRATEGIC)
+    node = client.patch(Node.Status, name, {"status": status}, patch_type=PatchType.STRATEGIC)
+
+    taints = [t.to_dict() for t in (node.spec.taints or []) if t.key != NOT_READY_TAINT]
+    if not ready:
+        taints.append({"key": NOT_READY_TAINT, "effect": "NoSchedule"})
+    if len(taints) == len(node.spec.taints or []) and ready:
+        return node  # no not-ready taint to remove
+    patch = {
+        "metadata": {"resourceVersion": node.metadata.resourceVersion},  # fails on a race
+        "spec": {"taints": taints or None},
+    }
+    return client.patch(Node, name, patch, patch_type=PatchType.MERGE)
+
+
+def pod_binding(name: str, namespace: str, node: str) -> Any:
+    """A ``pods/binding`` request object for ``client.create(obj, name=..., namespace=...)``.
+
+    Works with ``lightkube.Client`` and ``AsyncClient``. lightkube's own ``PodBinding``
+    cannot be used: the apiserver answers a binding with a ``metav1.Status`` while the
+    OpenAPI spec (and so lightkube's model) says ``Binding``, and decoding that reply
+    fails on the missing ``target``. This object's reply decodes as a plain dict.
+    """
+    from lightkube.core import resource as lkres
+    from lightkube.generic_resource import Generic
+    from lightkube.resources.core_v1 import PodBinding
+
+    class _PodBindingRequest(lkres.NamespacedSubResource, Generic):  # type: ignore[misc]
+        _api_info = PodBinding._api_info
+
+    return _PodBindingRequest(
+        apiVersion="v1",
+        kind="Binding",
+        metadata={"name": name, "namespace": namespace},
+        target={"apiVersion": "v1", "kind": "Node", "name": node},
+    )
+
+
+def bind_pod(client: Any, name: str, namespace: str, node: str) -> None:
+    """Bind pod ``namespace/name`` to ``node`` as a scheduler does (``pods/binding``).
+
+    Raises:
+        lightkube.ApiError: e.g. 409 when the pod is already bound, 404 for no pod.
+    """
+    client.create(pod_binding(name, namespace, node), name=name, namespace=namespace)
 
 
 def node_is_ready(node: Any) -> bool:
