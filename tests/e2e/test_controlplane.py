@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -145,3 +146,25 @@ def test_kube_scheduler_calls_extender_filter_and_bind(
         "PodUID": pod.metadata.uid,
         "Node": gpu_node,
     }
+
+
+def test_port_taken_between_pick_and_bind_is_retried(
+    control_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
+):
+    from hami.testing import controlplane
+
+    with socket.socket() as squatter:
+        squatter.bind((controlplane.HOST, 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        picks = iter([taken])
+        real_free_port = controlplane.free_port
+        monkeypatch.setattr(
+            controlplane, "free_port", lambda: next(picks, None) or real_free_port()
+        )
+        handle = control_plane.start_scheduler(scheduler_name="port-clash-test")
+    try:
+        assert handle.port != taken
+        handle.component.check_alive()
+    finally:
+        handle.stop()

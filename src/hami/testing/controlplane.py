@@ -42,7 +42,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -62,6 +62,8 @@ BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
 DEFAULT_TIMEOUT_S = 90.0
 
 _POLL_S = 0.1
+_PORT_ATTEMPTS = 3
+_T = TypeVar("_T")
 
 
 class ControlPlaneError(RuntimeError):
@@ -132,6 +134,18 @@ def wait_until(
         if time.monotonic() - start > timeout_s:
             raise ControlPlaneError(f"timed out after {timeout_s:.0f}s waiting for {what}")
         time.sleep(_POLL_S)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when the parent thread dies.
+
+    So a test run killed with SIGKILL leaves no etcd/apiserver behind. Elsewhere a no-op.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 @dataclass
@@ -256,8 +270,8 @@ class ControlPlane:
         t0 = time.monotonic()
         try:
             self._write_pki()
-            self._start_etcd(timeout_s)
-            self._start_apiserver(timeout_s)
+            self._retry_on_port_clash(lambda: self._start_etcd(timeout_s))
+            self._retry_on_port_clash(lambda: self._start_apiserver(timeout_s))
             ensure_namespace(self.client(), "default")
             if default_scheduler:
                 self.start_scheduler(timeout_s=timeout_s)
@@ -340,6 +354,15 @@ class ControlPlane:
         Raises:
             ControlPlaneError: it exited or was not ready within ``timeout_s``.
         """
+        handle = self._retry_on_port_clash(
+            lambda: self._start_scheduler_once(scheduler_name, extender, timeout_s)
+        )
+        self._schedulers.append(handle)
+        return handle
+
+    def _start_scheduler_once(
+        self, scheduler_name: str, extender: ExtenderConfig | None, timeout_s: float
+    ) -> SchedulerHandle:
         port = free_port()
         tag = f"kube-scheduler-{scheduler_name}-{port}"
         config_path = self.workdir / f"{tag}.yaml"
@@ -361,17 +384,30 @@ class ControlPlane:
                 f"--v={self.verbosity}",
             ],
         )
-        handle = SchedulerHandle(scheduler_name, config_path, port, comp)
-        self._schedulers.append(handle)
         self.startup_seconds[tag] = wait_until(
             lambda: self._https_ok(f"https://{HOST}:{port}/readyz"),
             timeout_s=timeout_s,
             what=f"{tag} /readyz",
             alive=comp.check_alive,
         )
-        return handle
+        return SchedulerHandle(scheduler_name, config_path, port, comp)
 
     # -- internals ---------------------------------------------------------------------
+
+    def _retry_on_port_clash(self, start: Callable[[], _T]) -> _T:
+        """Run ``start``; if its process lost a port race (the port picked by
+        :func:`free_port` was taken before it bound it), stop what it spawned and retry."""
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            mark = len(self._components)
+            try:
+                return start()
+            except ControlPlaneError as err:
+                if "address already in use" not in str(err) or attempt == _PORT_ATTEMPTS:
+                    raise
+                for comp in self._components[mark:]:
+                    comp.stop()
+                del self._components[mark:]
+        raise AssertionError("unreachable")
 
     def _spawn(self, name: str, argv: Sequence[str]) -> Component:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -384,6 +420,7 @@ class ControlPlane:
                 stderr=subprocess.STDOUT,
                 cwd=self.workdir,
                 start_new_session=True,  # a Ctrl-C in the terminal reaches only us
+                preexec_fn=_die_with_parent,
             )
         comp = Component(name, proc, log_path)
         self._components.append(comp)
@@ -455,6 +492,7 @@ class ControlPlane:
     def _start_etcd(self, timeout_s: float) -> None:
         self.etcd_port = free_port()
         peer_port = free_port()
+        shutil.rmtree(self.workdir / "etcd", ignore_errors=True)  # fresh after a port clash
         client_url = f"http://{HOST}:{self.etcd_port}"
         peer_url = f"http://{HOST}:{peer_port}"
         comp = self._spawn(
@@ -774,6 +812,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"control plane {KUBERNETES_VERSION} ready in "
             f"{cp.startup_seconds['total']:.1f}s at {cp.server}"
         )
+        parts = ", ".join(f"{k} {v:.1f}s" for k, v in cp.startup_seconds.items() if k != "total")
+        print(f"  ({parts})")
         print(f"logs: {cp.log_dir}")
         print(f"export KUBECONFIG={cp.kubeconfig}", flush=True)
         # Wake twice a second to notice a dead component; a signal ends the wait at once.
