@@ -36,9 +36,14 @@ class Call:
 
 @dataclass
 class RecordingExtender:
-    """Start with :meth:`start`, stop with :meth:`stop`; ``calls`` lists what arrived."""
+    """Start with :meth:`start`, stop with :meth:`stop`; ``calls`` lists what arrived.
+
+    ``reject`` maps node names to a reason: ``/filter`` reports those nodes in
+    ``FailedNodes`` instead of passing them.
+    """
 
     kubeconfig: Path
+    reject: dict[str, str] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     port: int = 0
     _loop: asyncio.AbstractEventLoop | None = None
@@ -66,8 +71,8 @@ class RecordingExtender:
         return web.json_response(
             {
                 "Nodes": None,
-                "NodeNames": names,
-                "FailedNodes": {},
+                "NodeNames": [n for n in names if n not in self.reject],
+                "FailedNodes": {n: self.reject[n] for n in names if n in self.reject},
                 "FailedAndUnresolvableNodes": None,
                 "Error": "",
             }

@@ -113,23 +113,32 @@ def test_default_scheduler_binds_plain_pod(kube_client: Any, gpu_node: str):
     try:
         assert wait_bound(kube_client, pod.metadata.name) == gpu_node
     finally:
-        kube_client.delete(Pod, pod.metadata.name, namespace="default")
+        kube_client.delete(Pod, pod.metadata.name, namespace="default", grace_period=0)
 
 
-def test_kube_scheduler_calls_extender_filter_and_bind(
-    control_plane: ControlPlane, kube_client: Any, gpu_node: str, start_kube_scheduler: Any
-):
-    extender = RecordingExtender(control_plane.kubeconfig).start()
+@pytest.fixture
+def extender(control_plane: ControlPlane, start_kube_scheduler: Any) -> Iterator[RecordingExtender]:
+    """A RecordingExtender registered (HAMi chart settings) with a ``hami-scheduler``."""
+    ext = RecordingExtender(control_plane.kubeconfig).start()
     try:
-        start_kube_scheduler(extender.url, scheduler_name="hami-scheduler")
-        pod = kube_client.create(make_pod("hami-scheduler", gpus=1))
-        name = pod.metadata.name
-        try:
-            assert wait_bound(kube_client, name) == gpu_node
-        finally:
-            kube_client.delete(Pod, name, namespace="default")
+        start_kube_scheduler(ext.url, scheduler_name="hami-scheduler")
+        yield ext
     finally:
-        extender.stop()
+        ext.stop()
+
+
+# 100 > the node's 40: kube-scheduler leaves managed resources to the extender
+# (ignoredByScheduler), so only the extender decides.
+@pytest.mark.parametrize("gpus", [1, 100])
+def test_kube_scheduler_calls_extender_filter_and_bind(
+    kube_client: Any, gpu_node: str, extender: RecordingExtender, gpus: int
+):
+    pod = kube_client.create(make_pod("hami-scheduler", gpus=gpus))
+    name = pod.metadata.name
+    try:
+        assert wait_bound(kube_client, name) == gpu_node
+    finally:
+        kube_client.delete(Pod, name, namespace="default", grace_period=0)
 
     assert extender.verbs() == ["filter", "bind"]
     assert [c.error for c in extender.calls] == ["", ""]
@@ -139,6 +148,8 @@ def test_kube_scheduler_calls_extender_filter_and_bind(
     assert filter_args["Nodes"] is None
     assert filter_args["Pod"]["metadata"]["name"] == name
     assert filter_args["Pod"]["spec"]["schedulerName"] == "hami-scheduler"
+    limits = filter_args["Pod"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {"nvidia.com/gpu": str(gpus)}
     bind_args = extender.calls[1].body
     assert bind_args == {
         "PodName": name,
@@ -146,6 +157,31 @@ def test_kube_scheduler_calls_extender_filter_and_bind(
         "PodUID": pod.metadata.uid,
         "Node": gpu_node,
     }
+
+
+def test_extender_rejection_leaves_pod_pending(
+    kube_client: Any, gpu_node: str, extender: RecordingExtender
+):
+    extender.reject[gpu_node] = "CardInsufficientMemory"
+    pod = kube_client.create(make_pod("hami-scheduler", gpus=1))
+    name = pod.metadata.name
+    seen: dict[str, Any] = {}
+
+    def unschedulable() -> bool:
+        status = kube_client.get(Pod, name, namespace="default").status
+        for cond in (status.conditions if status else None) or []:
+            if cond.type == "PodScheduled" and cond.reason == "Unschedulable":
+                seen["message"] = cond.message
+                return True
+        return False
+
+    try:
+        wait_until(unschedulable, timeout_s=60, what=f"pod {name} to be Unschedulable")
+        assert kube_client.get(Pod, name, namespace="default").spec.nodeName is None
+    finally:
+        kube_client.delete(Pod, name, namespace="default", grace_period=0)
+    assert "CardInsufficientMemory" in seen["message"]
+    assert "bind" not in extender.verbs()
 
 
 def test_port_taken_between_pick_and_bind_is_retried(
