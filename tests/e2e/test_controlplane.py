@@ -17,6 +17,7 @@ from lightkube.resources.core_v1 import Namespace, Node, Pod
 from hami.testing.controlplane import (
     KUBERNETES_VERSION,
     ControlPlane,
+    bind_pod,
     create_gpu_node,
     node_is_ready,
     wait_until,
@@ -114,6 +115,16 @@ def test_default_scheduler_binds_plain_pod(kube_client: Any, gpu_node: str):
         assert wait_bound(kube_client, pod.metadata.name) == gpu_node
     finally:
         kube_client.delete(Pod, pod.metadata.name, namespace="default", grace_period=0)
+
+
+def test_bind_pod_binds_through_the_api(kube_client: Any, gpu_node: str):
+    pod = kube_client.create(make_pod("no-such-scheduler"))  # nobody else binds it
+    name = pod.metadata.name
+    try:
+        bind_pod(kube_client, name, "default", gpu_node)
+        assert kube_client.get(Pod, name, namespace="default").spec.nodeName == gpu_node
+    finally:
+        kube_client.delete(Pod, name, namespace="default", grace_period=0)
 
 
 @pytest.fixture

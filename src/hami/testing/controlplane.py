@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime as _dt
+import functools
 import json
 import os
 import shutil
@@ -722,6 +723,19 @@ def set_node_status(
     return client.patch(Node, name, patch, patch_type=PatchType.MERGE)
 
 
+@functools.cache
+def _pod_binding_class() -> type[Any]:
+    from lightkube.core import resource as lkres
+    from lightkube.generic_resource import Generic
+    from lightkube.resources.core_v1 import PodBinding
+
+    # Both bases define apiVersion/kind; Generic's dict-backed ones are the ones used.
+    class PodBindingRequest(lkres.NamespacedSubResource, Generic):  # type: ignore[misc]
+        _api_info = PodBinding._api_info
+
+    return PodBindingRequest
+
+
 def pod_binding(name: str, namespace: str, node: str) -> Any:
     """A ``pods/binding`` request object for ``client.create(obj, name=..., namespace=...)``.
 
@@ -730,17 +744,12 @@ def pod_binding(name: str, namespace: str, node: str) -> Any:
     OpenAPI spec (and so lightkube's model) says ``Binding``, and decoding that reply
     fails on the missing ``target``. This object's reply decodes as a plain dict.
     """
-    from lightkube.core import resource as lkres
-    from lightkube.generic_resource import Generic
-    from lightkube.resources.core_v1 import PodBinding
+    from lightkube.models.meta_v1 import ObjectMeta
 
-    class _PodBindingRequest(lkres.NamespacedSubResource, Generic):  # type: ignore[misc]
-        _api_info = PodBinding._api_info
-
-    return _PodBindingRequest(
+    return _pod_binding_class()(
         apiVersion="v1",
         kind="Binding",
-        metadata={"name": name, "namespace": namespace},
+        metadata=ObjectMeta(name=name, namespace=namespace),
         target={"apiVersion": "v1", "kind": "Node", "name": node},
     )
 
