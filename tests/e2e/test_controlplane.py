@@ -20,6 +20,7 @@ from hami.testing.controlplane import (
     bind_pod,
     create_gpu_node,
     node_is_ready,
+    set_pod_phase,
     wait_until,
 )
 
@@ -117,12 +118,15 @@ def test_default_scheduler_binds_plain_pod(kube_client: Any, gpu_node: str):
         kube_client.delete(Pod, pod.metadata.name, namespace="default", grace_period=0)
 
 
-def test_bind_pod_binds_through_the_api(kube_client: Any, gpu_node: str):
+def test_bind_pod_and_set_pod_phase_act_like_scheduler_and_kubelet(kube_client: Any, gpu_node: str):
     pod = kube_client.create(make_pod("no-such-scheduler"))  # nobody else binds it
     name = pod.metadata.name
     try:
         bind_pod(kube_client, name, "default", gpu_node)
         assert kube_client.get(Pod, name, namespace="default").spec.nodeName == gpu_node
+        set_pod_phase(kube_client, name, "default", "Running")
+        set_pod_phase(kube_client, name, "default", "Succeeded")
+        assert kube_client.get(Pod, name, namespace="default").status.phase == "Succeeded"
     finally:
         kube_client.delete(Pod, name, namespace="default", grace_period=0)
 

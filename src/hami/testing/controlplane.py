@@ -771,6 +771,36 @@ def node_is_ready(node: Any) -> bool:
     return False
 
 
+def set_pod_phase(client: Any, name: str, namespace: str, phase: str) -> Any:
+    """Set a pod's ``status.phase`` as its kubelet would (no kubelet runs here).
+
+    Args:
+        client: a ``lightkube.Client``.
+        name, namespace: the pod.
+        phase: ``Pending``, ``Running``, ``Succeeded``, ``Failed`` or ``Unknown``.
+
+    Returns:
+        The patched Pod.
+
+    Raises:
+        ValueError: an unknown phase.
+        lightkube.ApiError: e.g. 404 for no such pod; 422 for a transition the apiserver
+            refuses (a pod cannot leave ``Succeeded``/``Failed``).
+    """
+    from lightkube.resources.core_v1 import Pod
+    from lightkube.types import PatchType
+
+    if phase not in ("Pending", "Running", "Succeeded", "Failed", "Unknown"):
+        raise ValueError(f"unknown pod phase {phase!r}")
+    return client.patch(
+        Pod.Status,
+        name,
+        {"status": {"phase": phase}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+
+
 # -- command line ---------------------------------------------------------------------------
 
 
