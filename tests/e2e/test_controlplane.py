@@ -219,3 +219,8 @@ def test_port_taken_between_pick_and_bind_is_retried(
         handle.component.check_alive()
     finally:
         handle.stop()
+
+
+def test_a_second_scheduler_with_the_same_profile_is_refused(control_plane: ControlPlane):
+    with pytest.raises(ValueError, match="default-scheduler"):
+        control_plane.start_scheduler(scheduler_name="default-scheduler")

@@ -17,9 +17,11 @@ By hand::
 From Python::
 
     with ControlPlane() as cp:
-        cp.start()
-        sched = cp.start_scheduler(extender=ExtenderConfig("https://127.0.0.1:8443"))
+        cp.start()                    # etcd, kube-apiserver, a default-scheduler
+        cp.start_scheduler(scheduler_name="hami-scheduler",
+                           extender=ExtenderConfig("https://127.0.0.1:8443"))
         client = cp.client()          # a lightkube Client with cluster-admin rights
+        create_gpu_node(client, "gpu-0", gpus=40, annotations={...})
 """
 
 from __future__ import annotations
@@ -353,8 +355,13 @@ class ControlPlane:
             timeout_s: seconds to wait for readiness.
 
         Raises:
+            ValueError: a running scheduler of this control plane has that profile name
+                (two would race for the same pods).
             ControlPlaneError: it exited or was not ready within ``timeout_s``.
         """
+        running = [h for h in self._schedulers if h.component.process.poll() is None]
+        if any(h.scheduler_name == scheduler_name for h in running):
+            raise ValueError(f"a kube-scheduler with profile {scheduler_name!r} already runs")
         handle = self._retry_on_port_clash(
             lambda: self._start_scheduler_once(scheduler_name, extender, timeout_s)
         )
