@@ -135,7 +135,7 @@ def wait_until(
         if check():
             return time.monotonic() - start
         if time.monotonic() - start > timeout_s:
-            raise ControlPlaneError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+            raise ControlPlaneError(f"timed out after {timeout_s:g}s waiting for {what}")
         time.sleep(_POLL_S)
 
 
@@ -158,6 +158,7 @@ class Component:
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    stopped: bool = False  # set by stop(): its exit was asked for
 
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines of the component's log (stdout and stderr)."""
@@ -168,15 +169,33 @@ class Component:
         return "\n".join(text.splitlines()[-lines:])
 
     def check_alive(self) -> None:
-        """Raise :class:`ControlPlaneError` with the log tail if the process has exited."""
+        """Raise :class:`ControlPlaneError` with the log tail if the process has exited
+        without :meth:`stop` having been called."""
         code = self.process.poll()
-        if code is not None:
+        if code is not None and not self.stopped:
             raise ControlPlaneError(
                 f"{self.name} exited with code {code}; log {self.log_path}:\n{self.log_tail()}"
             )
 
+    def wait_healthy(self, check: Callable[[], bool], what: str, timeout_s: float) -> float:
+        """Poll ``check`` (see :func:`wait_until`) while the process lives; return seconds.
+
+        Raises:
+            ControlPlaneError: the process exited, or ``timeout_s`` passed; the message
+                has the log tail either way.
+        """
+        try:
+            return wait_until(
+                check, timeout_s=timeout_s, what=f"{self.name} {what}", alive=self.check_alive
+            )
+        except ControlPlaneError as err:
+            if self.process.poll() is not None:
+                raise  # check_alive's message has the tail already
+            raise ControlPlaneError(f"{err}; log {self.log_path}:\n{self.log_tail()}") from None
+
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout_s``; safe to call twice."""
+        self.stopped = True
         if self.process.poll() is not None:
             return
         self.process.terminate()
@@ -268,7 +287,8 @@ class ControlPlane:
 
         Raises:
             ControlPlaneError: a component died or was not healthy within ``timeout_s``;
-                everything started so far is stopped again.
+                everything started so far is stopped again, and the workdir (with the
+                logs) is kept even when it is a temp dir.
         """
         t0 = time.monotonic()
         try:
@@ -279,6 +299,7 @@ class ControlPlane:
             if default_scheduler:
                 self.start_scheduler(timeout_s=timeout_s)
         except BaseException:
+            self.keep_workdir = True  # the logs explain the failure
             self.stop()
             raise
         self.startup_seconds["total"] = time.monotonic() - t0
@@ -392,11 +413,8 @@ class ControlPlane:
                 f"--v={self.verbosity}",
             ],
         )
-        self.startup_seconds[tag] = wait_until(
-            lambda: self._https_ok(f"https://{HOST}:{port}/readyz"),
-            timeout_s=timeout_s,
-            what=f"{tag} /readyz",
-            alive=comp.check_alive,
+        self.startup_seconds[tag] = comp.wait_healthy(
+            lambda: self._https_ok(f"https://{HOST}:{port}/readyz"), "/readyz", timeout_s
         )
         return SchedulerHandle(scheduler_name, config_path, port, comp)
 
@@ -526,9 +544,7 @@ class ControlPlane:
             except (OSError, ValueError):
                 return False
 
-        self.startup_seconds["etcd"] = wait_until(
-            healthy, timeout_s=timeout_s, what="etcd /health", alive=comp.check_alive
-        )
+        self.startup_seconds["etcd"] = comp.wait_healthy(healthy, "/health", timeout_s)
 
     def _start_apiserver(self, timeout_s: float) -> None:
         self.apiserver_port = free_port()
@@ -565,11 +581,8 @@ class ControlPlane:
             ],
         )
         self._write_kubeconfig()
-        self.startup_seconds["kube-apiserver"] = wait_until(
-            lambda: self._https_ok(f"{self.server}/readyz"),
-            timeout_s=timeout_s,
-            what="kube-apiserver /readyz",
-            alive=comp.check_alive,
+        self.startup_seconds["kube-apiserver"] = comp.wait_healthy(
+            lambda: self._https_ok(f"{self.server}/readyz"), "/readyz", timeout_s
         )
 
     def _https_ok(self, url: str) -> bool:
