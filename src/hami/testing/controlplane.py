@@ -265,6 +265,7 @@ class ControlPlane:
         self._components: list[Component] = []
         self._admin: KeyPair | None = None
         self._ca_pem = b""
+        self._ssl_context: ssl.SSLContext | None = None
         self._schedulers: list[SchedulerHandle] = []
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -295,7 +296,11 @@ class ControlPlane:
             self._write_pki()
             self._retry_on_port_clash(lambda: self._start_etcd(timeout_s))
             self._retry_on_port_clash(lambda: self._start_apiserver(timeout_s))
-            ensure_namespace(self.client(), "default")
+            client = self.client()
+            try:
+                ensure_namespace(client, "default")
+            finally:
+                client.close()
             if default_scheduler:
                 self.start_scheduler(timeout_s=timeout_s)
         except BaseException:
@@ -350,10 +355,15 @@ class ControlPlane:
         )
 
     def ssl_context(self) -> ssl.SSLContext:
-        """Client TLS context for the apiserver: trusts our CA, presents the admin cert."""
-        ctx = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
-        ctx.load_cert_chain(self.pki_dir / "admin.crt", self.pki_dir / "admin.key")
-        return ctx
+        """Client TLS context for the apiserver: trusts our CA, presents the admin cert.
+
+        Made once per control plane (after :meth:`start` wrote the certificates).
+        """
+        if self._ssl_context is None:
+            ctx = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
+            ctx.load_cert_chain(self.pki_dir / "admin.crt", self.pki_dir / "admin.key")
+            self._ssl_context = ctx
+        return self._ssl_context
 
     # -- kube-scheduler ----------------------------------------------------------------
 
