@@ -124,10 +124,15 @@ static void sample_device(int d, nvmlProcessUtilizationSample_t *buf, nvmlProces
     if (vg_limiter_on && g_sm[d] > 0 && g_sm[d] < 100) refill(d, util > 100 ? 100 : util);
 }
 
+static nvmlProcessUtilizationSample_t *g_samples; /* watcher buffers, kept reachable */
+static nvmlProcessInfo_v1_t *g_procs;
+
 static void *watcher(void *arg) {
     (void)arg;
-    nvmlProcessUtilizationSample_t *buf = calloc(1024, sizeof *buf);
-    nvmlProcessInfo_v1_t *procs = calloc(1024, sizeof *procs);
+    if (!g_samples) g_samples = calloc(1024, sizeof *g_samples);
+    if (!g_procs) g_procs = calloc(1024, sizeof *g_procs);
+    nvmlProcessUtilizationSample_t *buf = g_samples;
+    nvmlProcessInfo_v1_t *procs = g_procs;
     if (!buf || !procs) return NULL;
     for (;;) {
         usleep(PERIOD_US);

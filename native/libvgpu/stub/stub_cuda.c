@@ -51,6 +51,14 @@ static int tab_take(uint64_t key, uint64_t *size, int *dev) {
     }
 }
 
+/* a forked child starts without contexts, as with the real driver */
+static void stub_fork_child(void) {
+    memset(g_primary_refs, 0, sizeof g_primary_refs);
+    t_cur = NULL;
+    pthread_mutex_init(&g_mu, NULL);
+}
+__attribute__((constructor)) static void stub_ctor(void) { pthread_atfork(NULL, NULL, stub_fork_child); }
+
 static int cur_dev(void) { return t_cur ? t_cur->dev : 0; }
 
 static CUresult charge(int dev, uint64_t size) {

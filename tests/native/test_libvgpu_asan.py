@@ -1,0 +1,56 @@
+"""Memory-safety run: the library, stubs and C test programs built with
+AddressSanitizer + UBSan (``make -C native/libvgpu asan``) exercising every
+allocation path, fork, the cudart-style lookup and the parsers."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import build
+from libvgpu_harness import BUILD, Env
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def asan_env(tmp_path_factory: pytest.TempPathFactory) -> Env:
+    build("asan")
+    libasan = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    if not Path(libasan).exists():
+        pytest.skip("libasan not available")
+    e = Env(tmp_path_factory.mktemp("asan"), BUILD / "asan")
+    e.extra = {
+        "LD_PRELOAD": f"{libasan}:{BUILD / 'asan' / 'libvgpu.so'}",
+        "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:exitcode=23",
+        "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+    }
+    return e
+
+
+def _clean(p: subprocess.CompletedProcess[str]) -> None:
+    assert "ERROR: AddressSanitizer" not in p.stderr and "runtime error" not in p.stderr, p.stderr
+
+
+def test_asan_all_paths_and_fork(asan_env: Env) -> None:
+    args = ["init"]
+    for kind in ("mem", "managed", "async", "async_ptsz", "pool", "vmm", "vmm_host", "pitch", "array", "array3d",
+                "mipmap", "ctx"):
+        args += ["alloc", kind, str(3 * MiB), "0"]
+    args += ["alloc", "mem", str(64 * MiB), "2", "info", "nvml", "0", "launch", "100", "4", "freeall", "info",
+             "fork", "init", "dev", "0", "alloc", "mem", "100", "0", "info"]
+    for _ in range(200):
+        args += ["alloc", "mem", "4096", "0"]
+    args += ["freeall"]
+    _clean(asan_env.run(*args, CUDA_DEVICE_MEMORY_LIMIT="48m", CUDA_DEVICE_SM_LIMIT="50", VGPU_STUB_CTX_MB="1"))
+
+
+def test_asan_fake_runtime_and_parser(asan_env: Env) -> None:
+    for mode in ("12", "11"):
+        _clean(asan_env.run(mode, str(48 * MiB), prog="fake_runtime", CUDA_DEVICE_MEMORY_LIMIT="48m",
+                            CUDA_DEVICE_MEMORY_SHARED_CACHE=str(asan_env.tmp / f"r{mode}"),
+                            VGPU_STUB_STATE=str(asan_env.tmp / f"s{mode}")))
+    _clean(asan_env.run(prog="test_parse", preload=False))
+    _clean(asan_env.run("init", "info", CUDA_DEVICE_MEMORY_LIMIT="2gbx",
+                        CUDA_DEVICE_MEMORY_SHARED_CACHE=str(asan_env.tmp / "bad")))
