@@ -2,6 +2,7 @@
  * device allocation path, memory-info virtualisation, cuGetProcAddress. */
 #include "vgpu.h"
 #include <dlfcn.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -86,14 +87,42 @@ static inline int cur_dev(void) {
 
 /* --------------------------------------------- process-local allocation table */
 enum { K_DPTR = 1, K_VMM, K_ARRAY, K_MIPMAP, K_CTX };
-typedef struct { uint64_t key, size; uint16_t kind, cat; int32_t dev; } ent_t;
+typedef struct { uint64_t key, size; uint32_t hash; uint8_t kind, cat; int16_t dev; } ent_t;
 static ent_t *g_tab;
 static uint32_t g_cap, g_cnt;
-static pthread_mutex_t g_tab_mu = PTHREAD_MUTEX_INITIALIZER;
+/* table lock: a test-and-test-and-set spinlock (critical sections are a few
+ * dozen instructions; unlock is a plain release store) */
+static int g_tab_lk;
+static inline void tab_lock(void) {
+    while (__atomic_exchange_n(&g_tab_lk, 1, __ATOMIC_ACQUIRE)) {
+        for (int n = 0; __atomic_load_n(&g_tab_lk, __ATOMIC_RELAXED); n++) {
+            if (n > 200) { sched_yield(); n = 0; }
+#if defined(__x86_64__)
+            __builtin_ia32_pause();
+#elif defined(__aarch64__)
+            __asm__ __volatile__("yield");
+#endif
+        }
+    }
+}
+static inline void tab_unlock(void) { __atomic_store_n(&g_tab_lk, 0, __ATOMIC_RELEASE); }
+
+/* data_size of the own slot mirrors the DATA entries of the table; only this
+ * process writes its slot and only under the table lock */
+static inline void data_cat(const ent_t *e, int sign) {
+    if (e->cat != VG_CAT_DATA || e->dev < 0 || e->dev >= VG_MAXDEV || !vg_slot) return;
+    uint64_t *f = &vg_slot->used[e->dev].data_size;
+    uint64_t v = __atomic_load_n(f, __ATOMIC_RELAXED);
+    __atomic_store_n(f, sign > 0 ? v + e->size : v - e->size, __ATOMIC_RELAXED);
+}
 
 static inline uint32_t hkey(uint64_t k, int kind) {
+    /* splitmix64 finaliser: device pointers share their low bits (alignment),
+     * so every input bit must reach the low bits used as the index */
     k ^= (uint64_t)kind * 0x9e3779b97f4a7c15ull;
-    k ^= k >> 31; k *= 0xbf58476d1ce4e5b9ull; k ^= k >> 29;
+    k ^= k >> 30; k *= 0xbf58476d1ce4e5b9ull;
+    k ^= k >> 27; k *= 0x94d049bb133111ebull;
+    k ^= k >> 31;
     return (uint32_t)k;
 }
 static void tab_put_nolock(const ent_t *e);
@@ -110,7 +139,7 @@ static int tab_grow(void) {
 static void tab_put_nolock(const ent_t *e) {
     if ((g_cnt + 1) * 2 > g_cap && tab_grow() != 0) return;
     uint32_t m = g_cap - 1;
-    for (uint32_t i = hkey(e->key, e->kind) & m;; i = (i + 1) & m) {
+    for (uint32_t i = e->hash & m;; i = (i + 1) & m) {
         if (!g_tab[i].kind || (g_tab[i].key == e->key && g_tab[i].kind == e->kind)) {
             if (!g_tab[i].kind) g_cnt++;
             g_tab[i] = *e;
@@ -119,21 +148,30 @@ static void tab_put_nolock(const ent_t *e) {
     }
 }
 static void tab_put(int kind, uint64_t key, uint64_t size, int dev, int cat) {
-    ent_t e = {key, size, (uint16_t)kind, (uint16_t)cat, dev};
-    pthread_mutex_lock(&g_tab_mu);
+    ent_t e = {key, size, hkey(key, kind), (uint8_t)kind, (uint8_t)cat, (int16_t)dev};
+    tab_lock();
     tab_put_nolock(&e);
-    pthread_mutex_unlock(&g_tab_mu);
+    data_cat(&e, +1);
+    tab_unlock();
+}
+static void tab_restore(const ent_t *e) {
+    tab_lock();
+    tab_put_nolock(e);
+    data_cat(e, +1);
+    tab_unlock();
 }
 /* remove (kind,key) into *out; backward-shift deletion keeps probes short */
 static int tab_take(int kind, uint64_t key, ent_t *out) {
-    pthread_mutex_lock(&g_tab_mu);
-    if (!g_cap) { pthread_mutex_unlock(&g_tab_mu); return 0; }
-    uint32_t m = g_cap - 1, i = hkey(key, kind) & m;
+    uint32_t hv = hkey(key, kind);
+    tab_lock();
+    if (!g_cap) { tab_unlock(); return 0; }
+    uint32_t m = g_cap - 1, i = hv & m;
     for (;; i = (i + 1) & m) {
-        if (!g_tab[i].kind) { pthread_mutex_unlock(&g_tab_mu); return 0; }
+        if (!g_tab[i].kind) { tab_unlock(); return 0; }
         if (g_tab[i].key == key && g_tab[i].kind == kind) break;
     }
     *out = g_tab[i];
+    data_cat(out, -1);
     g_cnt--;
     uint32_t j = i;
     for (;;) {
@@ -141,7 +179,7 @@ static int tab_take(int kind, uint64_t key, ent_t *out) {
         for (;;) {
             j = (j + 1) & m;
             if (!g_tab[j].kind) goto done;
-            uint32_t h = hkey(g_tab[j].key, g_tab[j].kind) & m;
+            uint32_t h = g_tab[j].hash & m;
             if (i <= j ? (i < h && h <= j) : (i < h || h <= j)) continue;
             break;
         }
@@ -149,7 +187,7 @@ static int tab_take(int kind, uint64_t key, ent_t *out) {
         i = j;
     }
 done:
-    pthread_mutex_unlock(&g_tab_mu);
+    tab_unlock();
     return 1;
 }
 static pthread_mutex_t g_ctx_mu;
@@ -158,7 +196,7 @@ static uint64_t g_prim_charged[VG_MAXDEV];
 
 /* the child of fork owns none of the parent's device objects */
 static void tab_fork_child(void) {
-    pthread_mutex_init(&g_tab_mu, NULL);
+    g_tab_lk = 0;
     pthread_mutex_init(&g_ctx_mu, NULL);
     if (g_tab) memset(g_tab, 0, (size_t)g_cap * sizeof *g_tab);
     g_cnt = 0;
@@ -188,7 +226,7 @@ static inline CUresult settle(CUresult r, int kind, uint64_t key, uint64_t size,
         CUresult r_ = call;                                                   \
         if (had_) {                                                           \
             if (r_ == CUDA_SUCCESS) vg_unreserve(e_.dev, e_.size, e_.cat);    \
-            else { pthread_mutex_lock(&g_tab_mu); tab_put_nolock(&e_); pthread_mutex_unlock(&g_tab_mu); } \
+            else tab_restore(&e_);                                          \
         }                                                                     \
         return r_;                                                            \
     } while (0)

@@ -20,7 +20,10 @@ typedef struct { uint64_t key; uint64_t size; int dev; } ent_t;
 static ent_t *g_tab;
 static _Atomic uint64_t g_next_addr = 0x7f0000000000ull;
 
-static uint32_t hsh(uint64_t k) { k ^= k >> 29; k *= 0xbf58476d1ce4e5b9ull; k ^= k >> 32; return (uint32_t)k & (TAB_SIZE - 1); }
+static uint32_t hsh(uint64_t k) {
+    k ^= k >> 30; k *= 0xbf58476d1ce4e5b9ull; k ^= k >> 27; k *= 0x94d049bb133111ebull; k ^= k >> 31;
+    return (uint32_t)k & (TAB_SIZE - 1);
+}
 
 static void tab_put(uint64_t key, uint64_t size, int dev) {
     if (!g_tab) g_tab = calloc(TAB_SIZE, sizeof(ent_t));

@@ -18,13 +18,23 @@ static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
+/* private memory (kB) of every mapping except the shared files (region, stub state) */
 static long private_kb(void) {
-    FILE *f = fopen("/proc/self/smaps_rollup", "r");
-    char line[256];
+    const char *skip1 = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE"), *skip2 = getenv("VGPU_STUB_STATE");
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
     long kb = 0, v;
+    int skip = 0;
     if (!f) return -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "Private_Clean: %ld", &v) == 1 || sscanf(line, "Private_Dirty: %ld", &v) == 1) kb += v;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long a, b;
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            skip = (skip1 && strstr(line, skip1)) || (skip2 && strstr(line, skip2));
+            continue;
+        }
+        if (!skip && (sscanf(line, "Private_Clean: %ld", &v) == 1 || sscanf(line, "Private_Dirty: %ld", &v) == 1))
+            kb += v;
+    }
     fclose(f);
     return kb;
 }
