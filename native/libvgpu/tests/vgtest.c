@@ -20,7 +20,12 @@
  *   sleep SECS           sleep
  *   hold                 print "holding" and sleep until killed
  *   fork SCRIPT...       run the rest in a forked child, wait, continue
+ *   threads N ITER BYTES N threads each doing ITER cuMemAlloc/cuMemFree pairs
+ *   race N BYTES         N threads allocate BYTES at once; print "race SUCCESSES"
+ *                        (objects kept)
+ *   uid                  print "uid N" (getuid; used with a preloaded interposer)
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,6 +123,46 @@ static CUresult do_free(obj_t *o) {
     return CUDA_ERROR_INVALID_VALUE;
 }
 
+static CUcontext g_ctx0;
+static size_t t_bytes;
+static long t_iter;
+static pthread_barrier_t t_bar;
+static int t_ok;
+static pthread_mutex_t t_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void *churn(void *arg) {
+    (void)arg;
+    cuCtxSetCurrent(g_ctx0);
+    for (long k = 0; k < t_iter; k++) {
+        CUdeviceptr p;
+        if (cuMemAlloc_v2(&p, t_bytes) == CUDA_SUCCESS && cuMemFree_v2(p) != CUDA_SUCCESS) die("free", 0, 0);
+    }
+    return NULL;
+}
+static void *racer(void *arg) {
+    (void)arg;
+    cuCtxSetCurrent(g_ctx0);
+    CUdeviceptr p;
+    pthread_barrier_wait(&t_bar);
+    if (cuMemAlloc_v2(&p, t_bytes) == CUDA_SUCCESS) {
+        pthread_mutex_lock(&t_mu);
+        t_ok++;
+        snprintf(objs[nobj].kind, sizeof objs[nobj].kind, "mem");
+        objs[nobj++].h = p;
+        pthread_mutex_unlock(&t_mu);
+    }
+    return NULL;
+}
+static void spawn(int n, void *(*fn)(void *)) {
+    pthread_t th[64];
+    if (n > 64) n = 64;
+    pthread_barrier_init(&t_bar, NULL, (unsigned)n);
+    cuCtxGetCurrent(&g_ctx0);
+    for (int k = 0; k < n; k++) pthread_create(&th[k], NULL, fn, NULL);
+    for (int k = 0; k < n; k++) pthread_join(th[k], NULL);
+    pthread_barrier_destroy(&t_bar);
+}
+
 static void set_dev(int n) {
     CUcontext c;
     CUresult r = cuDevicePrimaryCtxRetain(&c, n);
@@ -187,6 +232,20 @@ static int run(int argc, char **argv) {
             long n = 0;
             while ((t = now_s()) - t0 < secs) { cuLaunchKernel(NULL, g, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL); n++; }
             printf("rate %.1f\n", n / (t - t0));
+        } else if (!strcmp(c, "threads")) {
+            int n = atoi(argv[++i]);
+            t_iter = atol(argv[++i]);
+            t_bytes = strtoull(argv[++i], NULL, 0);
+            spawn(n, churn);
+            printf("threads done\n");
+        } else if (!strcmp(c, "race")) {
+            int n = atoi(argv[++i]);
+            t_bytes = strtoull(argv[++i], NULL, 0);
+            t_ok = 0;
+            spawn(n, racer);
+            printf("race %d\n", t_ok);
+        } else if (!strcmp(c, "uid")) {
+            printf("uid %d\n", (int)getuid());
         } else if (!strcmp(c, "echo")) {
             printf("%s\n", argv[++i]);
         } else if (!strcmp(c, "sleep")) {
