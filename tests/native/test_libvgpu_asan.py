@@ -11,6 +11,8 @@ import pytest
 from conftest import build
 from libvgpu_harness import BUILD, Env
 
+pytestmark = pytest.mark.native
+
 MiB = 1 << 20
 
 

@@ -15,9 +15,12 @@ from __future__ import annotations
 import mmap
 import time
 
+import pytest
 from libvgpu_harness import Env
 
 from hami.monitor import region as reg
+
+pytestmark = pytest.mark.native
 
 BUSY = {"VGPU_STUB_NS_PER_BLOCK": "10000"}
 

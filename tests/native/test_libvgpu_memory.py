@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from libvgpu_harness import Env, lines
 
+pytestmark = pytest.mark.native
+
 MiB = 1 << 20
 LIMIT = 48 * MiB  # divisible by 3, 16 and 512: exact fits exist for every path
 STUB_TOTAL = 16384 * MiB

@@ -8,9 +8,12 @@ import signal
 import struct
 import subprocess
 
+import pytest
 from libvgpu_harness import Env, lines
 
 from hami.monitor import region as reg
+
+pytestmark = pytest.mark.native
 
 MiB = 1 << 20
 LIMIT = 48 * MiB
@@ -138,8 +141,6 @@ def test_b26_stale_and_overcounted_usage(env: Env) -> None:
 
 
 def test_reader_rejects_bad_files() -> None:
-    import pytest
-
     with pytest.raises(reg.RegionError):
         reg.parse_region(b"\0" * 100)
     with pytest.raises(reg.RegionError):

@@ -13,6 +13,8 @@ from libvgpu_harness import Env, lines
 
 from hami.monitor import region as reg
 
+pytestmark = pytest.mark.native
+
 MiB = 1 << 20
 LIMIT = 48 * MiB
 
