@@ -55,6 +55,9 @@ static void fork_child(void) {
     vg_pid = 0;
     vg_postinit_done = 0;
     vg_limiter_fork_child();
+    vg_region_fork_child();
+    vg_nvml_fork_child();
+    pthread_mutex_init(&g_load_mu, NULL);
 }
 
 static __attribute__((noinline)) int enter_slow(void) {

@@ -214,6 +214,12 @@ static void detect_host_pid(void) {
     LOG_INFO("host pid %d, context size %llu", hostpid, (unsigned long long)ctxsize);
 }
 
+void vg_nvml_fork_child(void) {
+    pthread_mutex_init(&g_post_mu, NULL);
+    pthread_mutex_init(&g_nload_mu, NULL);
+    vg_hostpid_found = 0;
+}
+
 void vg_postinit(void) {
     pthread_mutex_lock(&g_post_mu);
     if (!vg_postinit_done && vg_slot) {

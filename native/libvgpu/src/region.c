@@ -245,6 +245,12 @@ int vg_reclaim_dead(void) {
 
 static pthread_mutex_t g_slot_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* a forked child must not inherit a lock held by another parent thread */
+void vg_region_fork_child(void) {
+    pthread_mutex_init(&g_slot_mu, NULL);
+    pthread_mutex_init(&g_init_mu, NULL);
+}
+
 int vg_slot_ensure(void) {
     if (vg_region_ensure() != 0) return -1;
     pthread_mutex_lock(&g_slot_mu);
