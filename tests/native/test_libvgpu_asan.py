@@ -8,8 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import build
-from libvgpu_harness import BUILD, Env
+from libvgpu_harness import BUILD, Env, build
 
 pytestmark = pytest.mark.native
 
