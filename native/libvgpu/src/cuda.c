@@ -367,6 +367,62 @@ VG_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
     return r;
 }
 
+/* pool -> device, learnt from cuMemPoolCreate / cuDeviceGet(Default)MemPool,
+ * so pool allocations are charged to the pool's device (small, lock-free) */
+#define POOLMAP 256
+static struct { CUmemoryPool pool; int dev; } g_pools[POOLMAP];
+static void pool_note(CUmemoryPool pool, int dev) {
+    if (!pool || dev < 0 || dev >= VG_MAXDEV) return;
+    uint32_t h = (uint32_t)(((uintptr_t)pool >> 4) * 2654435761u) % POOLMAP;
+    for (int k = 0; k < POOLMAP; k++) {
+        uint32_t i = (h + (uint32_t)k) % POOLMAP;
+        CUmemoryPool cur = __atomic_load_n(&g_pools[i].pool, __ATOMIC_ACQUIRE);
+        if (cur == pool) { g_pools[i].dev = dev; return; }
+        if (!cur) {
+            g_pools[i].dev = dev;
+            CUmemoryPool z = NULL;
+            if (__atomic_compare_exchange_n(&g_pools[i].pool, &z, pool, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) return;
+        }
+    }
+}
+static int pool_dev(CUmemoryPool pool) {
+    uint32_t h = (uint32_t)(((uintptr_t)pool >> 4) * 2654435761u) % POOLMAP;
+    for (int k = 0; k < POOLMAP; k++) {
+        uint32_t i = (h + (uint32_t)k) % POOLMAP;
+        CUmemoryPool cur = __atomic_load_n(&g_pools[i].pool, __ATOMIC_ACQUIRE);
+        if (cur == pool) return g_pools[i].dev;
+        if (!cur) break;
+    }
+    return cur_dev();
+}
+VG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    ENTER();
+    REAL_OR_MISSING(cuMemPoolCreate);
+    CUresult r = CU_REAL(cuMemPoolCreate)(pool, props);
+    if (r == CUDA_SUCCESS && pool && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        pool_note(*pool, props->location.id);
+    return r;
+}
+VG_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    ENTER();
+    REAL_OR_MISSING(cuMemPoolDestroy);
+    return CU_REAL(cuMemPoolDestroy)(pool); /* the map entry stays (pool handles are not reused in practice) */
+}
+VG_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+    ENTER();
+    REAL_OR_MISSING(cuDeviceGetMemPool);
+    CUresult r = CU_REAL(cuDeviceGetMemPool)(pool, dev);
+    if (r == CUDA_SUCCESS && pool) pool_note(*pool, dev);
+    return r;
+}
+VG_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
+    ENTER();
+    REAL_OR_MISSING(cuDeviceGetDefaultMemPool);
+    CUresult r = CU_REAL(cuDeviceGetDefaultMemPool)(pool, dev);
+    if (r == CUDA_SUCCESS && pool) pool_note(*pool, dev);
+    return r;
+}
+
 static CUresult c_async(CUdeviceptr *p, size_t n, void *s, void *b) {
     (void)b; return CU_REAL(cuMemAllocAsync)(p, n, (CUstream)s);
 }
@@ -395,13 +451,13 @@ VG_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmem
     ENTER();
     REAL_OR_MISSING(cuMemAllocFromPoolAsync);
     if (!size) return CU_REAL(cuMemAllocFromPoolAsync)(dptr, size, pool, s);
-    return alloc_dptr("cuMemAllocFromPoolAsync", dptr, size, cur_dev(), c_pool, pool, s);
+    return alloc_dptr("cuMemAllocFromPoolAsync", dptr, size, pool_dev(pool), c_pool, pool, s);
 }
 VG_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
     ENTER();
     REAL_OR_MISSING(cuMemAllocFromPoolAsync_ptsz);
     if (!size) return CU_REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, size, pool, s);
-    return alloc_dptr("cuMemAllocFromPoolAsync", dptr, size, cur_dev(), c_pool_ptsz, pool, s);
+    return alloc_dptr("cuMemAllocFromPoolAsync", dptr, size, pool_dev(pool), c_pool_ptsz, pool, s);
 }
 VG_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) {
     ENTER();

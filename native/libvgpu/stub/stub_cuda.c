@@ -121,6 +121,15 @@ EXPORT CUresult cuDeviceGetUuid(unsigned char u[16], CUdevice dev) {
 EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
     *pool = (CUmemoryPool)(uintptr_t)(0x9000 + dev); return CUDA_SUCCESS;
 }
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) { return cuDeviceGetMemPool(pool, dev); }
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *p) {
+    if (!pool || !p || p->location.type != CU_MEM_LOCATION_TYPE_DEVICE || p->location.id < 0 ||
+        p->location.id >= st_get()->ndev)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pool = (CUmemoryPool)(uintptr_t)(0x9000 + p->location.id);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) { (void)pool; return CUDA_SUCCESS; }
 EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
     (void)pool; (void)attr; *(cuuint64_t *)value = 0; return CUDA_SUCCESS;
 }
@@ -321,7 +330,8 @@ static const proc_t g_procs[] = {
     P("cuDeviceGet", 2000, cuDeviceGet), P("cuDeviceGetCount", 2000, cuDeviceGetCount),
     P("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute), P("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
     P("cuDeviceGetUuid", 9020, cuDeviceGetUuid), P("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
-    P("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute),
+    P("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute), P("cuMemPoolCreate", 11020, cuMemPoolCreate),
+    P("cuMemPoolDestroy", 11020, cuMemPoolDestroy), P("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
     P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
     P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
     P("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),

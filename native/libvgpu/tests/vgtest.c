@@ -5,9 +5,11 @@
  * usage: vgtest CMD [ARGS]... ; commands run left to right:
  *   init                 cuInit + retain/set primary context of device 0
  *   dev N                make device N's primary context current
+ *   noctx                no current context (a bare worker thread)
  *   ctx N                cuCtxCreate on device N (kept on the object stack)
  *   alloc KIND BYTES RC  allocate; KIND: mem pitch managed async async_ptsz
- *                        pool vmm vmm_host vmm_badid array array3d mipmap ctx
+ *                        pool pool1 vmm vmm1 vmm_host vmm_badid array array3d
+ *                        mipmap ctx
  *                        expect return code RC (0 ok, 2 OOM); keep the object
  *   free                 free the newest object (expect 0)
  *   freeall              free every object
@@ -63,6 +65,16 @@ static CUresult do_alloc(const char *kind, size_t n, uint64_t *h) {
         cuCtxGetDevice(&d);
         cuDeviceGetMemPool(&pool, d);
         r = cuMemAllocFromPoolAsync(&p, n, pool, NULL);
+    } else if (!strcmp(kind, "pool1")) {
+        /* an explicit pool on device 1, whatever the current device */
+        CUmemPoolProps pp;
+        memset(&pp, 0, sizeof pp);
+        pp.allocType = 1;
+        pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        pp.location.id = 1;
+        CUmemoryPool pool;
+        r = cuMemPoolCreate(&pool, &pp);
+        if (!r) r = cuMemAllocFromPoolAsync(&p, n, pool, NULL);
     } else if (!strcmp(kind, "pitch")) {
         size_t pitch = 0;
         /* width 512 bytes (row padding 0 on the stub), height n/512 */
@@ -75,6 +87,7 @@ static CUresult do_alloc(const char *kind, size_t n, uint64_t *h) {
         cuCtxGetDevice(&d);
         prop.location.type = strcmp(kind, "vmm_host") ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST;
         prop.location.id = !strcmp(kind, "vmm_badid") ? 123456 : (!strcmp(kind, "vmm_host") ? -77 : d);
+        if (!strcmp(kind, "vmm1")) prop.location.id = 1;
         CUmemGenericAllocationHandle hh = 0;
         r = cuMemCreate(&hh, n, &prop, 0);
         p = hh;
@@ -114,7 +127,7 @@ static CUresult do_alloc(const char *kind, size_t n, uint64_t *h) {
 static CUresult do_free(obj_t *o) {
     const char *k = o->kind;
     if (!strcmp(k, "mem") || !strcmp(k, "managed") || !strcmp(k, "pitch")) return cuMemFree_v2(o->h);
-    if (!strcmp(k, "async") || !strcmp(k, "pool")) return cuMemFreeAsync(o->h, NULL);
+    if (!strcmp(k, "async") || !strcmp(k, "pool") || !strcmp(k, "pool1")) return cuMemFreeAsync(o->h, NULL);
     if (!strcmp(k, "async_ptsz")) return cuMemFreeAsync_ptsz(o->h, NULL);
     if (!strncmp(k, "vmm", 3)) return cuMemRelease(o->h);
     if (!strcmp(k, "array") || !strcmp(k, "array3d")) return cuArrayDestroy((CUarray)(uintptr_t)o->h);
@@ -177,6 +190,8 @@ static int run(int argc, char **argv) {
             CUresult r = cuInit(0);
             if (r) die("cuInit", r, 0);
             set_dev(0);
+        } else if (!strcmp(c, "noctx")) {
+            cuCtxSetCurrent(NULL);
         } else if (!strcmp(c, "dev")) {
             set_dev(atoi(argv[++i]));
         } else if (!strcmp(c, "alloc")) {
