@@ -40,7 +40,7 @@ def run(live: int, preload: bool, tmp: Path, **extra: str) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=15)
     args = ap.parse_args()
     subprocess.run(["make", "-s", "-C", str(NATIVE)], check=True)
     results: dict[str, float] = {}

@@ -10,7 +10,8 @@
 typedef struct { int dev; int primary; } stub_ctx_t;
 static stub_ctx_t g_primary[STUB_MAXDEV];
 static int g_primary_refs[STUB_MAXDEV];
-static __thread stub_ctx_t *t_cur;
+/* static TLS, as a driver would use: no __tls_get_addr call per lookup */
+static __thread stub_ctx_t *t_cur __attribute__((tls_model("initial-exec")));
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* process-local allocation table: key -> (size, dev) */

@@ -21,6 +21,7 @@ static const char *owner(void *p) {
     base = base ? base + 1 : i.dli_fname;
     if (!strncmp(base, "libvgpu", 7)) return "vgpu";
     if (!strncmp(base, "libcuda", 7)) return "driver";
+    if (!strncmp(base, "libnvidia-ml", 12)) return "nvml";
     return i.dli_fname;
 }
 
@@ -101,6 +102,15 @@ int main(int argc, char **argv) {
         CHECK(mfree(p) == 0, "free");
     }
     CHECK(mfree(p10) == 0, "free 10MB");
+    /* NVML reached like nvidia-smi does it: dlopen + dlsym */
+    void *nh = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    CHECK(nh != NULL, "dlopen libnvidia-ml.so.1");
+    if (nh) {
+        void *mi = dlsym(nh, "nvmlDeviceGetMemoryInfo"), *mi2 = dlsym(nh, "nvmlDeviceGetMemoryInfo_v2");
+        void *cnt = dlsym(nh, "nvmlDeviceGetCount_v2");
+        CHECK(!strcmp(owner(mi), "vgpu") && !strcmp(owner(mi2), "vgpu"), "nvml memory info -> %s", owner(mi));
+        CHECK(!strcmp(owner(cnt), "nvml"), "nvmlDeviceGetCount_v2 -> %s", owner(cnt));
+    }
     printf(fails ? "fake_runtime FAILED\n" : "fake_runtime ok\n");
     return fails != 0;
 }
