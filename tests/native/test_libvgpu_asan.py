@@ -4,6 +4,7 @@ allocation path, fork, the cudart-style lookup and the parsers."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -41,7 +42,10 @@ def test_asan_all_paths_and_fork(asan_env: Env) -> None:
                 "mipmap", "ctx"):
         args += ["alloc", kind, str(3 * MiB), "0"]
     args += ["alloc", "mem", str(64 * MiB), "2", "info", "nvml", "0", "launch", "100", "4", "freeall", "info",
-             "fork", "init", "dev", "0", "alloc", "mem", "100", "0", "info"]
+             "fork", "init", "dev", "0", "alloc", "mem", "100", "0", "info",
+             # let the child's watcher thread finish starting: LSan's exit-time
+             # check can deadlock with a thread still in its ASan start-up
+             "sleep", "0.3"]
     for _ in range(200):
         args += ["alloc", "mem", "4096", "0"]
     args += ["freeall"]
@@ -56,3 +60,15 @@ def test_asan_fake_runtime_and_parser(asan_env: Env) -> None:
     _clean(asan_env.run(prog="test_parse", preload=False))
     _clean(asan_env.run("init", "info", CUDA_DEVICE_MEMORY_LIMIT="2gbx",
                         CUDA_DEVICE_MEMORY_SHARED_CACHE=str(asan_env.tmp / "bad")))
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="no valgrind")
+def test_valgrind_memcheck(env: Env) -> None:
+    """The optimised (shipped) build under memcheck: no invalid access or uninitialised use."""
+    cmd = ["valgrind", "-q", "--error-exitcode=9", str(env.build / "tests" / "vgtest"), "init",
+           "alloc", "mem", "1000", "0", "alloc", "pitch", "51200", "0", "alloc", "vmm", "4096", "0",
+           "alloc", "mipmap", "6000", "0", "alloc", "pool1", "4096", "0", "info", "nvml", "0",
+           "launch", "20", "1", "threads", "2", "50", "4096", "freeall", "info"]
+    p = subprocess.run(cmd, env=env.environ(CUDA_DEVICE_MEMORY_LIMIT="48m", CUDA_DEVICE_SM_LIMIT="50"),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr

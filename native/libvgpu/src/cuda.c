@@ -62,7 +62,7 @@ static void fork_child(void) {
 
 static __attribute__((noinline)) int enter_slow(void) {
     static int atfork;
-    if (!__atomic_exchange_n(&atfork, 1, __ATOMIC_SEQ_CST)) pthread_atfork(NULL, NULL, fork_child);
+    if (!__atomic_exchange_n(&atfork, 1, __ATOMIC_SEQ_CST)) pthread_atfork(vg_limiter_fork_prepare, vg_limiter_fork_parent, fork_child);
     if (vg_cuda_load() != 0) return -1;
     if (vg_slot_ensure() != 0) return -1;
     g_ready = 1;

@@ -186,6 +186,8 @@ VG_HIDDEN void vg_rate_limit(uint64_t grid);
 VG_HIDDEN void vg_watcher_start(void);
 VG_HIDDEN void vg_record_kernel_time(void);
 VG_HIDDEN void vg_limiter_fork_child(void);
+VG_HIDDEN void vg_limiter_fork_prepare(void);
+VG_HIDDEN void vg_limiter_fork_parent(void);
 VG_HIDDEN void vg_region_fork_child(void);
 VG_HIDDEN void vg_nvml_fork_child(void);
 
