@@ -79,3 +79,13 @@ def test_recent_kernel_minus_one_blocks_until_cleared(env: Env) -> None:
             p.wait()
     r = reg.parse_region(env.region_path.read_bytes())
     assert r.recent_kernel == 2
+
+
+def test_two_processes_share_one_sm_limit(env: Env) -> None:
+    """Both processes of a container see the container's summed utilisation: together they get ~30 %."""
+    base = _baseline(env)
+    env.run("init", CUDA_DEVICE_SM_LIMIT="30")
+    procs = [env.popen("init", "rate", "2", "100", "rate", "2", "100", **BUSY) for _ in range(2)]
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    total = sum(_rates(o)[1] for o in outs)
+    assert 0.20 <= total / base <= 0.45, (total, base)
