@@ -66,6 +66,23 @@ int main(int argc, char **argv) {
         CHECK(r == 0 && !strcmp(owner(fn), "vgpu"), "%s -> r=%d %s", hooked[i], r, owner(fn));
         if (mode == 12) CHECK(st == CU_GET_PROC_ADDRESS_SUCCESS, "%s status %d", hooked[i], st);
     }
+    /* every ABI variant the driver hands out for a requested version is wrapped */
+    int vers[] = {3020, 11040, 12050};
+    for (int i = 0; i < 3; i++) {
+        int save = ver;
+        ver = vers[i];
+        void *fn = get("cuCtxCreate", 0, &r, &st);
+        CHECK(r == 0 && !strcmp(owner(fn), "vgpu"), "cuCtxCreate@%d -> %s", vers[i], owner(fn));
+        ver = save;
+    }
+    {
+        int save = ver;
+        ver = 11000; /* older than the stream-ordered allocator: the driver's answer passes through */
+        void *fn = get("cuMemAllocAsync", 0, &r, &st);
+        CHECK(r == CUDA_ERROR_NOT_FOUND && fn == NULL, "cuMemAllocAsync@11000 r=%d", r);
+        if (mode == 12) CHECK(st == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT, "version status %d", st);
+        ver = save;
+    }
     /* per-thread default stream variants are wrapped too */
     void *lk = get("cuLaunchKernel", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &r, &st);
     CHECK(r == 0 && !strcmp(owner(lk), "vgpu"), "cuLaunchKernel ptds -> %s", owner(lk));
