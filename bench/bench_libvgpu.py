@@ -1,10 +1,14 @@
-"""Cost of libvgpu on the stub driver: ns added per cuMemAlloc/cuMemFree pair
-(with 0 and 10,000 live allocations), ns added per cuLaunchKernel (no SM
-limit, and an SM limit with tokens available), and private memory added per
+"""Cost of libvgpu on the stub driver.
+
+Figures: ns added per cuMemAlloc/cuMemFree pair (0 and 10,000 live
+allocations), ns added per cuLaunchKernel (no SM limit, and an SM limit of
+50 % with tokens available, i.e. below the limit), private memory added per
 process (all mappings except the shared region and the stub's state file).
 
-Each figure is the median over REPEATS interleaved runs of (preloaded - direct),
-each run itself reporting the median of 31 batches of 2,000 calls.
+Timing is paired inside one preloaded process (``bench_vgpu``): each round
+times 2,000 calls through the interposed entry points and 2,000 straight into
+the stub, so machine load hits both sides; a run reports the median per-round
+difference over 31 rounds, and this script the median over ``--repeats`` runs.
 
 usage: python bench/bench_libvgpu.py [--repeats N]
 """
@@ -22,14 +26,20 @@ ROOT = Path(__file__).resolve().parents[1]
 NATIVE = ROOT / "native" / "libvgpu"
 BUILD = NATIVE / "build"
 
-TARGETS = {"alloc_free_ns@0": 100.0, "alloc_free_ns@10000": 150.0, "launch_ns@0": 30.0, "private_kb@0": 2048.0}
+CASES = {
+    "alloc/free pair, 0 live": ("alloc_free_ns", 0, {}, 100.0),
+    "alloc/free pair, 10,000 live": ("alloc_free_ns", 10000, {}, 150.0),
+    "cuLaunchKernel, no SM limit": ("launch_ns", 0, {}, 30.0),
+    "cuLaunchKernel, SM limit 50% (tokens left)": (
+        "launch_ns", 0, {"CUDA_DEVICE_SM_LIMIT": "50", "GPU_CORE_UTILIZATION_POLICY": "force"}, 30.0),
+}
 
 
-def run(live: int, preload: bool, tmp: Path, **extra: str) -> dict[str, float]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "VGPU_", "GPU_CORE"))}
+def run(live: int, preload: bool, tmp: Path, tag: str, **extra: str) -> dict[str, float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "VGPU_", "GPU_CORE", "LD_PRELOAD"))}
     env.update(LD_LIBRARY_PATH=str(BUILD / "stub"), VGPU_STUB_STATE=str(tmp / "stub.state"),
-               CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / f"region{len(extra)}.cache"),
-               CUDA_DEVICE_MEMORY_LIMIT="64g", VGPU_STUB_MEM_MB="131072")
+               CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / f"region-{tag}.cache"),
+               CUDA_DEVICE_MEMORY_LIMIT="64g", VGPU_STUB_MEM_MB="131072", LIBCUDA_LOG_LEVEL="1")
     env.update(extra)
     if preload:
         env["LD_PRELOAD"] = str(BUILD / "libvgpu.so")
@@ -39,35 +49,30 @@ def run(live: int, preload: bool, tmp: Path, **extra: str) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=15)
+    ap = argparse.ArgumentParser(description="libvgpu overhead on the stub driver")
+    ap.add_argument("--repeats", type=int, default=9)
     args = ap.parse_args()
     subprocess.run(["make", "-s", "-C", str(NATIVE)], check=True)
-    results: dict[str, float] = {}
-    base: dict[str, float] = {}
+    print("libvgpu overhead on the stub driver (paired in-process timing, median of runs)")
+    missed = 0
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        cases = [("", 0, {}), ("", 10000, {}),
-                 ("sm50", 0, {"CUDA_DEVICE_SM_LIMIT": "50", "GPU_CORE_UTILIZATION_POLICY": "force"})]
-        for tag, live, extra in cases:
-            deltas: dict[str, list[float]] = {}
-            for _ in range(args.repeats):
-                direct = run(live, False, tmp)
-                hooked = run(live, True, tmp, **extra)
-                for k in direct:
-                    deltas.setdefault(k, []).append(hooked[k] - direct[k])
-                    base.setdefault(f"{k}@{live}", direct[k])
-            for k, v in deltas.items():
-                results[f"{k}@{live}{'/' + tag if tag else ''}"] = statistics.median(v)
-    print("libvgpu overhead on the stub driver (median of interleaved runs, preloaded - direct)")
-    for k, v in results.items():
-        if k.startswith("private") and "sm50" in k:
-            continue
-        target = TARGETS.get(k)
-        unit = "kB" if k.startswith("private") else "ns"
-        ok = "ok" if target is not None and v <= target else "MISSED"
-        verdict = "" if target is None else f"  (target <= {target:g}: {ok})"
-        print(f"  {k:28s} {v:8.1f} {unit} added  [direct: {base.get(k.split('/')[0], float('nan')):.1f}]{verdict}")
+        for i, (name, (key, live, extra, target)) in enumerate(CASES.items()):
+            runs = [run(live, True, tmp, str(i), **extra) for _ in range(args.repeats)]
+            added = statistics.median(r[key] for r in runs)
+            direct = statistics.median(r[key.replace("_ns", "_direct_ns")] for r in runs)
+            ok = added <= target
+            missed += not ok
+            print(f"  {name:44s} {added:7.1f} ns added (direct call {direct:6.1f} ns)  "
+                  f"target <= {target:g}: {'ok' if ok else 'MISSED'}")
+        for live in (0, 10000):
+            base = run(live, False, tmp, "mem")["private_kb"]
+            mine = run(live, True, tmp, f"mem{live}")["private_kb"]
+            ok = mine - base <= 2048
+            missed += not ok
+            print(f"  {'private memory, ' + format(live, ',') + ' live':44s} {mine - base:7.0f} kB added "
+                  f"(process without libvgpu {base:.0f} kB)  target <= 2048: {'ok' if ok else 'MISSED'}")
+    print("all targets met" if not missed else f"{missed} target(s) missed")
 
 
 if __name__ == "__main__":

@@ -321,6 +321,16 @@ EXPORT unsigned long long stubLaunchCount(void) { return atomic_load(&st_get()->
 EXPORT unsigned long long stubProcLaunchCount(void) { return atomic_load(&st_me()->launches); }
 EXPORT unsigned long long stubDeviceUsed(int dev) { return st_dev_used(dev, 1); }
 
+/* test helper: the stub's own entry point by exact name, bypassing any
+ * interposer (benchmarks call the driver directly and through libvgpu in the
+ * same process) */
+EXPORT void *stubDirect(const char *name) {
+    if (!strcmp(name, "cuMemAlloc_v2")) return (void *)cuMemAlloc_v2;
+    if (!strcmp(name, "cuMemFree_v2")) return (void *)cuMemFree_v2;
+    if (!strcmp(name, "cuLaunchKernel")) return (void *)cuLaunchKernel;
+    return NULL;
+}
+
 /* cuGetProcAddress: base name + version -> own function (newest first) */
 typedef struct { const char *base; int minver; int ptsz; void *fn; } proc_t;
 #define P(b, v, f) {b, v, 0, (void *)f}
