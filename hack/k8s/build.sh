@@ -8,6 +8,9 @@
 #
 # Usage: hack/k8s/build.sh            build what is missing, print the bin directory
 #        hack/k8s/build.sh --print-dir only print the bin directory
+#
+# The Go build cache of these builds (about 3 GiB) lives beside bin/ and is removed once
+# all binaries are there; HAMI_K8S_KEEP_GOCACHE=1 keeps it (faster rebuilds after edits).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -23,6 +26,7 @@ if [[ "${1:-}" == "--print-dir" ]]; then
 	exit 0
 fi
 
+command -v go >/dev/null || { echo "build.sh: needs Go (see go.mod for the version)" >&2; exit 1; }
 mkdir -p "$bindir"
 # One build at a time per cache directory (parallel test sessions share it).
 exec 9>"$bindir/.lock"
@@ -43,6 +47,7 @@ declare -A pkgs=(
 	[etcd]=./cmd/etcd
 )
 
+export GOCACHE="$(dirname "$bindir")/go-build"
 cd "$here"
 for name in kube-apiserver kube-scheduler etcd; do
 	if [[ -x "$bindir/$name" ]]; then
@@ -55,4 +60,8 @@ for name in kube-apiserver kube-scheduler etcd; do
 	mv -f "$bindir/.$name.tmp" "$bindir/$name"
 	echo "build.sh: built $name in $((SECONDS - start))s ($(du -h "$bindir/$name" | cut -f1))"
 done
+if [[ "${HAMI_K8S_KEEP_GOCACHE:-0}" != 1 && -d "$GOCACHE" ]]; then
+	echo "build.sh: removing the build cache $GOCACHE ($(du -sh "$GOCACHE" | cut -f1))"
+	rm -rf "$GOCACHE"
+fi
 echo "$bindir"

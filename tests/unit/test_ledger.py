@@ -68,3 +68,10 @@ def test_unknown_uuid_is_ignored_and_node_score():
     ledger.add_pod("p", "a", grant([("elsewhere", 100, 10), ("a-GPU-0", 500, 50)]))
     assert usage(ledger, "a") == [(1, 500, 50)]
     assert ledger.node_scores()[0] == 10 * (1 / 10 + 50 / 100 + 500 / 1000)
+
+
+def test_negative_usage_in_an_annotation_frees_nothing():
+    ledger = UsageLedger()
+    ledger.add_node("a", gpus("a", n=1))
+    ledger.add_pod("evil", "a", grant([("a-GPU-0", -10000, -50)]))
+    assert usage(ledger, "a") == [(1, 0, 0)]

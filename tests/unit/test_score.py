@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from hami.core.codec import CodecError, ScoringWeights, parse_scoring_weights
 from hami.core.fit import DeviceState, PodOptions
 from hami.core.model import ContainerDeviceRequest, DeviceInfo
-from hami.core.score import (
-    ScoringWeights,
-    WeightsError,
-    device_score,
-    order_devices,
-    parse_scoring_weights,
-)
+from hami.core.score import device_score, order_devices
 
 REQ = ContainerDeviceRequest(1, "NVIDIA", 1000, 101, 10)
 
@@ -93,5 +88,5 @@ def test_weights_parse(value, expected):
     ("slot=0,core=0,memory=0", "at least one weight must be positive"),
 ])
 def test_weights_errors(value, text):
-    with pytest.raises(WeightsError, match=text):
+    with pytest.raises(CodecError, match=text):
         parse_scoring_weights(value)

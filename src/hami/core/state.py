@@ -13,7 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hami.api import names
-from hami.core.codec import CodecError, decode_node_devices, decode_pod_devices, encode_pod_devices
+from hami.core.codec import (
+    CodecError,
+    MigAllocation,
+    decode_mig_allocations,
+    decode_node_devices,
+    decode_pod_devices,
+    encode_mig_allocations,
+    encode_pod_devices,
+)
 from hami.core.collapse import total
 from hami.core.config import SchedulerConfig
 from hami.core.filter import FilterResult, filter_pod
@@ -134,11 +142,15 @@ class ClusterState:
             devices = decode_pod_devices(annotations.get(names.DEVICES_ALLOCATED, ""))
         except CodecError:
             return False
+        try:
+            mig = decode_mig_allocations(annotations.get(names.MIG_ALLOCATIONS, "") or "[]")
+        except CodecError:
+            mig = ()  # HAMi ignores a bad MIG annotation too (spec §6.4)
         spec = pod.get("spec") or {}
         n_init = len(spec.get("initContainers") or [])
-        self.charge(uid, str(node), devices, n_init, namespace=str(meta.get("namespace")
-                                                                   or "default"),
-                    name=str(meta.get("name") or ""))
+        self.charge(uid, str(node), devices, n_init,
+                    namespace=str(meta.get("namespace") or "default"),
+                    name=str(meta.get("name") or ""), mig=mig)
         if init_containers_done(pod):
             swapped = self.ledger.shrink_pod(uid)
             if swapped:
@@ -147,12 +159,14 @@ class ClusterState:
         return True
 
     def charge(self, uid: str, node: str, devices: PodSingleDevice, n_init: int, *,
-               namespace: str, name: str = "", cpu_milli: int = 0,
-               memory_mib: int = 0) -> PodEntry:
-        """Charge a grant to the ledger and the namespace quota (replacing an old one)."""
+               namespace: str, name: str = "", cpu_milli: int = 0, memory_mib: int = 0,
+               mig: tuple[MigAllocation, ...] = ()) -> PodEntry:
+        """Charge a grant (and its MIG instances) to the ledger and the namespace quota,
+        replacing an earlier charge of the same pod."""
         self.remove_pod(uid)
         entry = self.ledger.add_pod(uid, node, devices, n_init, namespace=namespace,
-                                    name=name, cpu_milli=cpu_milli, memory_mib=memory_mib)
+                                    name=name, cpu_milli=cpu_milli, memory_mib=memory_mib,
+                                    mig=tuple((m.gpu_uuid, m.placement) for m in mig))
         self._charge_quota(entry)
         return entry
 
@@ -201,6 +215,8 @@ class ClusterState:
             annotations = {names.VGPU_NODE: result.node,
                            names.DEVICES_TO_ALLOCATE: encoded,
                            names.DEVICES_ALLOCATED: encoded}
+            if result.mig:
+                annotations[names.MIG_ALLOCATIONS] = encode_mig_allocations(result.mig)
         return Decision(result, request, annotations)
 
     def commit(self, pod: Mapping[str, Any], decision: Decision) -> PodEntry | None:
@@ -210,7 +226,8 @@ class ClusterState:
         req = decision.request
         return self.charge(pod_uid(pod), decision.result.node, decision.result.devices,
                            req.n_init, namespace=req.namespace, name=req.name,
-                           cpu_milli=req.cpu_milli, memory_mib=req.memory_mib)
+                           cpu_milli=req.cpu_milli, memory_mib=req.memory_mib,
+                           mig=decision.result.mig)
 
 
 __all__ = ["ClusterState", "Decision", "RequestError", "pod_uid", "init_containers_done"]

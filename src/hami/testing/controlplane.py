@@ -3,9 +3,11 @@
 It runs etcd, kube-apiserver and kube-scheduler as child processes, built from the
 Kubernetes release pinned in ``hack/k8s/go.mod`` (``hack/k8s/build.sh`` puts them in
 ``${HAMI_CACHE_DIR:-~/.cache/hami}/k8s-<version>/bin``). No kubelet and no
-kube-controller-manager run: nodes are plain API objects created by :func:`create_gpu_node`,
-and since no node-lifecycle controller exists nothing ever taints them or flips their
-Ready condition back.
+kube-controller-manager run: nodes are plain API objects created by :func:`create_gpu_node`.
+The apiserver's TaintNodesByCondition admission gives every new node the
+``node.kubernetes.io/not-ready:NoSchedule`` taint; :func:`set_node_status` removes it when
+it marks the node Ready, as the node-lifecycle controller would. Since that controller
+does not run, nothing flips the Ready condition back or taints the node later.
 
 By hand::
 
@@ -15,9 +17,11 @@ By hand::
 From Python::
 
     with ControlPlane() as cp:
-        cp.start()
-        sched = cp.start_scheduler(extender=ExtenderConfig("https://127.0.0.1:8443"))
+        cp.start()                    # etcd, kube-apiserver, a default-scheduler
+        cp.start_scheduler(scheduler_name="hami-scheduler",
+                           extender=ExtenderConfig("https://127.0.0.1:8443"))
         client = cp.client()          # a lightkube Client with cluster-admin rights
+        create_gpu_node(client, "gpu-0", gpus=40, annotations={...})
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime as _dt
+import functools
 import json
 import os
 import shutil
@@ -40,7 +45,7 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -60,6 +65,8 @@ BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
 DEFAULT_TIMEOUT_S = 90.0
 
 _POLL_S = 0.1
+_PORT_ATTEMPTS = 3
+_T = TypeVar("_T")
 
 
 class ControlPlaneError(RuntimeError):
@@ -128,8 +135,20 @@ def wait_until(
         if check():
             return time.monotonic() - start
         if time.monotonic() - start > timeout_s:
-            raise ControlPlaneError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+            raise ControlPlaneError(f"timed out after {timeout_s:g}s waiting for {what}")
         time.sleep(_POLL_S)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when the parent thread dies.
+
+    So a test run killed with SIGKILL leaves no etcd/apiserver behind. Elsewhere a no-op.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 @dataclass
@@ -139,6 +158,7 @@ class Component:
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    stopped: bool = False  # set by stop(): its exit was asked for
 
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines of the component's log (stdout and stderr)."""
@@ -149,15 +169,33 @@ class Component:
         return "\n".join(text.splitlines()[-lines:])
 
     def check_alive(self) -> None:
-        """Raise :class:`ControlPlaneError` with the log tail if the process has exited."""
+        """Raise :class:`ControlPlaneError` with the log tail if the process has exited
+        without :meth:`stop` having been called."""
         code = self.process.poll()
-        if code is not None:
+        if code is not None and not self.stopped:
             raise ControlPlaneError(
                 f"{self.name} exited with code {code}; log {self.log_path}:\n{self.log_tail()}"
             )
 
+    def wait_healthy(self, check: Callable[[], bool], what: str, timeout_s: float) -> float:
+        """Poll ``check`` (see :func:`wait_until`) while the process lives; return seconds.
+
+        Raises:
+            ControlPlaneError: the process exited, or ``timeout_s`` passed; the message
+                has the log tail either way.
+        """
+        try:
+            return wait_until(
+                check, timeout_s=timeout_s, what=f"{self.name} {what}", alive=self.check_alive
+            )
+        except ControlPlaneError as err:
+            if self.process.poll() is not None:
+                raise  # check_alive's message has the tail already
+            raise ControlPlaneError(f"{err}; log {self.log_path}:\n{self.log_tail()}") from None
+
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout_s``; safe to call twice."""
+        self.stopped = True
         if self.process.poll() is not None:
             return
         self.process.terminate()
@@ -227,6 +265,7 @@ class ControlPlane:
         self._components: list[Component] = []
         self._admin: KeyPair | None = None
         self._ca_pem = b""
+        self._ssl_context: ssl.SSLContext | None = None
         self._schedulers: list[SchedulerHandle] = []
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -249,17 +288,23 @@ class ControlPlane:
 
         Raises:
             ControlPlaneError: a component died or was not healthy within ``timeout_s``;
-                everything started so far is stopped again.
+                everything started so far is stopped again, and the workdir (with the
+                logs) is kept even when it is a temp dir.
         """
         t0 = time.monotonic()
         try:
             self._write_pki()
-            self._start_etcd(timeout_s)
-            self._start_apiserver(timeout_s)
-            ensure_namespace(self.client(), "default")
+            self._retry_on_port_clash(lambda: self._start_etcd(timeout_s))
+            self._retry_on_port_clash(lambda: self._start_apiserver(timeout_s))
+            client = self.client()
+            try:
+                ensure_namespace(client, "default")
+            finally:
+                client.close()
             if default_scheduler:
                 self.start_scheduler(timeout_s=timeout_s)
         except BaseException:
+            self.keep_workdir = True  # the logs explain the failure
             self.stop()
             raise
         self.startup_seconds["total"] = time.monotonic() - t0
@@ -310,10 +355,15 @@ class ControlPlane:
         )
 
     def ssl_context(self) -> ssl.SSLContext:
-        """Client TLS context for the apiserver: trusts our CA, presents the admin cert."""
-        ctx = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
-        ctx.load_cert_chain(self.pki_dir / "admin.crt", self.pki_dir / "admin.key")
-        return ctx
+        """Client TLS context for the apiserver: trusts our CA, presents the admin cert.
+
+        Made once per control plane (after :meth:`start` wrote the certificates).
+        """
+        if self._ssl_context is None:
+            ctx = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
+            ctx.load_cert_chain(self.pki_dir / "admin.crt", self.pki_dir / "admin.key")
+            self._ssl_context = ctx
+        return self._ssl_context
 
     # -- kube-scheduler ----------------------------------------------------------------
 
@@ -336,8 +386,22 @@ class ControlPlane:
             timeout_s: seconds to wait for readiness.
 
         Raises:
+            ValueError: a running scheduler of this control plane has that profile name
+                (two would race for the same pods).
             ControlPlaneError: it exited or was not ready within ``timeout_s``.
         """
+        running = [h for h in self._schedulers if h.component.process.poll() is None]
+        if any(h.scheduler_name == scheduler_name for h in running):
+            raise ValueError(f"a kube-scheduler with profile {scheduler_name!r} already runs")
+        handle = self._retry_on_port_clash(
+            lambda: self._start_scheduler_once(scheduler_name, extender, timeout_s)
+        )
+        self._schedulers.append(handle)
+        return handle
+
+    def _start_scheduler_once(
+        self, scheduler_name: str, extender: ExtenderConfig | None, timeout_s: float
+    ) -> SchedulerHandle:
         port = free_port()
         tag = f"kube-scheduler-{scheduler_name}-{port}"
         config_path = self.workdir / f"{tag}.yaml"
@@ -359,17 +423,27 @@ class ControlPlane:
                 f"--v={self.verbosity}",
             ],
         )
-        handle = SchedulerHandle(scheduler_name, config_path, port, comp)
-        self._schedulers.append(handle)
-        self.startup_seconds[tag] = wait_until(
-            lambda: self._https_ok(f"https://{HOST}:{port}/readyz"),
-            timeout_s=timeout_s,
-            what=f"{tag} /readyz",
-            alive=comp.check_alive,
+        self.startup_seconds[tag] = comp.wait_healthy(
+            lambda: self._https_ok(f"https://{HOST}:{port}/readyz"), "/readyz", timeout_s
         )
-        return handle
+        return SchedulerHandle(scheduler_name, config_path, port, comp)
 
     # -- internals ---------------------------------------------------------------------
+
+    def _retry_on_port_clash(self, start: Callable[[], _T]) -> _T:
+        """Run ``start``; if its process lost a port race (the port picked by
+        :func:`free_port` was taken before it bound it), stop what it spawned and retry."""
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            mark = len(self._components)
+            try:
+                return start()
+            except ControlPlaneError as err:
+                if "address already in use" not in str(err) or attempt == _PORT_ATTEMPTS:
+                    raise
+                for comp in self._components[mark:]:
+                    comp.stop()
+                del self._components[mark:]
+        raise AssertionError("unreachable")
 
     def _spawn(self, name: str, argv: Sequence[str]) -> Component:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -382,6 +456,7 @@ class ControlPlane:
                 stderr=subprocess.STDOUT,
                 cwd=self.workdir,
                 start_new_session=True,  # a Ctrl-C in the terminal reaches only us
+                preexec_fn=_die_with_parent,
             )
         comp = Component(name, proc, log_path)
         self._components.append(comp)
@@ -397,6 +472,14 @@ class ControlPlane:
         admin = ca.issue("hami-e2e-admin", groups=["system:masters"], client=True)
         admin.write(self.pki_dir, "admin")
         service_account_keys().write(self.pki_dir, "sa")  # sa.crt holds the public key
+        # The aggregation layer's front proxy, as in kubeadm clusters; kube-scheduler's
+        # delegated authentication reads this CA from the apiserver and logs errors
+        # without it.
+        front_proxy_ca = CertificateAuthority.create("hami-e2e-front-proxy-ca")
+        (self.pki_dir / "front-proxy-ca.crt").write_bytes(front_proxy_ca.cert_pem)
+        front_proxy_ca.issue("front-proxy-client", client=True).write(
+            self.pki_dir, "front-proxy-client"
+        )
         self._admin = admin
         self._ca_pem = ca.cert_pem
 
@@ -445,6 +528,7 @@ class ControlPlane:
     def _start_etcd(self, timeout_s: float) -> None:
         self.etcd_port = free_port()
         peer_port = free_port()
+        shutil.rmtree(self.workdir / "etcd", ignore_errors=True)  # fresh after a port clash
         client_url = f"http://{HOST}:{self.etcd_port}"
         peer_url = f"http://{HOST}:{peer_port}"
         comp = self._spawn(
@@ -458,7 +542,6 @@ class ControlPlane:
                 f"--listen-peer-urls={peer_url}",
                 f"--initial-advertise-peer-urls={peer_url}",
                 f"--initial-cluster=hami-e2e={peer_url}",
-                "--listen-metrics-urls=",
                 "--unsafe-no-fsync=true",  # test data: durability does not matter
                 "--log-level=warn",
             ],
@@ -471,9 +554,7 @@ class ControlPlane:
             except (OSError, ValueError):
                 return False
 
-        self.startup_seconds["etcd"] = wait_until(
-            healthy, timeout_s=timeout_s, what="etcd /health", alive=comp.check_alive
-        )
+        self.startup_seconds["etcd"] = comp.wait_healthy(healthy, "/health", timeout_s)
 
     def _start_apiserver(self, timeout_s: float) -> None:
         self.apiserver_port = free_port()
@@ -493,6 +574,13 @@ class ControlPlane:
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 "--service-cluster-ip-range=10.96.0.0/16",
+                f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
                 "--authorization-mode=Node,RBAC",
                 # The "kubernetes" Service endpoints would be 127.0.0.1, which Endpoints
                 # validation rejects; nothing in the tests needs them.
@@ -503,11 +591,8 @@ class ControlPlane:
             ],
         )
         self._write_kubeconfig()
-        self.startup_seconds["kube-apiserver"] = wait_until(
-            lambda: self._https_ok(f"{self.server}/readyz"),
-            timeout_s=timeout_s,
-            what="kube-apiserver /readyz",
-            alive=comp.check_alive,
+        self.startup_seconds["kube-apiserver"] = comp.wait_healthy(
+            lambda: self._https_ok(f"{self.server}/readyz"), "/readyz", timeout_s
         )
 
     def _https_ok(self, url: str) -> bool:
@@ -617,16 +702,32 @@ def create_gpu_node(
     return set_node_status(client, name, capacity=resources)
 
 
+#: Taint the apiserver puts on new nodes and the node-lifecycle controller manages.
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+
+
 def set_node_status(
     client: Any, name: str, *, capacity: Mapping[str, str] | None = None, ready: bool = True
 ) -> Any:
-    """Patch a Node's status: capacity/allocatable (when given) and its Ready condition.
+    """Patch a Node's status (capacity/allocatable when given, Ready condition) and taints.
 
-    Call it again to refresh ``lastHeartbeatTime`` if something in the cluster watches
-    heartbeats (nothing does in :class:`ControlPlane`, which runs no node controller).
+    Does what kubelet and the node-lifecycle controller would do together: the Ready
+    condition gets ``status`` ``"True"``/``"False"`` with fresh heartbeat times, and the
+    ``node.kubernetes.io/not-ready:NoSchedule`` taint is removed (ready) or added (not
+    ready). Nothing in :class:`ControlPlane` checks heartbeats, so one call suffices.
+
+    Args:
+        client: a ``lightkube.Client``.
+        name: the node.
+        capacity: resource name -> quantity string, written to capacity and allocatable.
+        ready: the Ready condition to report.
 
     Returns:
-        The patched Node.
+        The Node after both patches.
+
+    Raises:
+        lightkube.ApiError: e.g. 404 for an unknown node, 409 if the node changed between
+            reading and patching its taints.
     """
     from lightkube.resources.core_v1 import Node
     from lightkube.types import PatchType
@@ -638,7 +739,58 @@ def set_node_status(
     if capacity is not None:
         status["capacity"] = dict(capacity)
         status["allocatable"] = dict(capacity)
-    return client.patch(Node.Status, name, {"status": status}, patch_type=PatchType.STRATEGIC)
+    node = client.patch(Node.Status, name, {"status": status}, patch_type=PatchType.STRATEGIC)
+
+    taints = [t.to_dict() for t in (node.spec.taints or []) if t.key != NOT_READY_TAINT]
+    if not ready:
+        taints.append({"key": NOT_READY_TAINT, "effect": "NoSchedule"})
+    if len(taints) == len(node.spec.taints or []) and ready:
+        return node  # no not-ready taint to remove
+    patch = {
+        "metadata": {"resourceVersion": node.metadata.resourceVersion},  # fails on a race
+        "spec": {"taints": taints or None},
+    }
+    return client.patch(Node, name, patch, patch_type=PatchType.MERGE)
+
+
+@functools.cache
+def _pod_binding_class() -> type[Any]:
+    from lightkube.core import resource as lkres
+    from lightkube.generic_resource import Generic
+    from lightkube.resources.core_v1 import PodBinding
+
+    # Both bases define apiVersion/kind; Generic's dict-backed ones are the ones used.
+    class PodBindingRequest(lkres.NamespacedSubResource, Generic):  # type: ignore[misc]
+        _api_info = PodBinding._api_info
+
+    return PodBindingRequest
+
+
+def pod_binding(name: str, namespace: str, node: str) -> Any:
+    """A ``pods/binding`` request object for ``client.create(obj, name=..., namespace=...)``.
+
+    Works with ``lightkube.Client`` and ``AsyncClient``. lightkube's own ``PodBinding``
+    cannot be used: the apiserver answers a binding with a ``metav1.Status`` while the
+    OpenAPI spec (and so lightkube's model) says ``Binding``, and decoding that reply
+    fails on the missing ``target``. This object's reply decodes as a plain dict.
+    """
+    from lightkube.models.meta_v1 import ObjectMeta
+
+    return _pod_binding_class()(
+        apiVersion="v1",
+        kind="Binding",
+        metadata=ObjectMeta(name=name, namespace=namespace),
+        target={"apiVersion": "v1", "kind": "Node", "name": node},
+    )
+
+
+def bind_pod(client: Any, name: str, namespace: str, node: str) -> None:
+    """Bind pod ``namespace/name`` to ``node`` as a scheduler does (``pods/binding``).
+
+    Raises:
+        lightkube.ApiError: e.g. 409 when the pod is already bound, 404 for no pod.
+    """
+    client.create(pod_binding(name, namespace, node), name=name, namespace=namespace)
 
 
 def node_is_ready(node: Any) -> bool:
@@ -647,6 +799,36 @@ def node_is_ready(node: Any) -> bool:
         if cond.type == "Ready":
             return bool(cond.status == "True")
     return False
+
+
+def set_pod_phase(client: Any, name: str, namespace: str, phase: str) -> Any:
+    """Set a pod's ``status.phase`` as its kubelet would (no kubelet runs here).
+
+    Args:
+        client: a ``lightkube.Client``.
+        name, namespace: the pod.
+        phase: ``Pending``, ``Running``, ``Succeeded``, ``Failed`` or ``Unknown``.
+
+    Returns:
+        The patched Pod.
+
+    Raises:
+        ValueError: an unknown phase.
+        lightkube.ApiError: e.g. 404 for no such pod; 422 for a transition the apiserver
+            refuses (a pod cannot leave ``Succeeded``/``Failed``).
+    """
+    from lightkube.resources.core_v1 import Pod
+    from lightkube.types import PatchType
+
+    if phase not in ("Pending", "Running", "Succeeded", "Failed", "Unknown"):
+        raise ValueError(f"unknown pod phase {phase!r}")
+    return client.patch(
+        Pod.Status,
+        name,
+        {"status": {"phase": phase}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
 
 
 # -- command line ---------------------------------------------------------------------------
@@ -699,6 +881,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"control plane {KUBERNETES_VERSION} ready in "
             f"{cp.startup_seconds['total']:.1f}s at {cp.server}"
         )
+        parts = ", ".join(f"{k} {v:.1f}s" for k, v in cp.startup_seconds.items() if k != "total")
+        print(f"  ({parts})")
         print(f"logs: {cp.log_dir}")
         print(f"export KUBECONFIG={cp.kubeconfig}", flush=True)
         # Wake twice a second to notice a dead component; a signal ends the wait at once.
