@@ -44,7 +44,8 @@ def short_tmpdir() -> Path:
 
 
 def start_plugin(h: PluginHarness, config_yaml: str | None = None,
-                 node_config: str | None = None, register_interval_s: float = 0.3) -> None:
+                 node_config: str | None = None, register_interval_s: float = 0.3,
+                 node: str = NODE) -> None:
     cfg = None
     if config_yaml is not None:
         cfg = h.root / "device-config.yaml"
@@ -56,7 +57,7 @@ def start_plugin(h: PluginHarness, config_yaml: str | None = None,
 
     def target() -> None:
         try:
-            run_plugin(node_name=NODE, hook_path=str(h.hook_path), plugin_dir=h.kubelet.dir,
+            run_plugin(node_name=node, hook_path=str(h.hook_path), plugin_dir=h.kubelet.dir,
                        kubelet_socket=h.kubelet.socket, config_file=cfg, node_config_file=ncfg,
                        backend_kind="fake", fake_inventory=h.inventory, kubeconfig=None,
                        lock_dir=str(h.lock_dir), register_interval_s=register_interval_s,

@@ -87,6 +87,8 @@ class KubeApi:
             n = self.client.get(Node, node)
         except ApiError as exc:
             raise _api_error(exc) from None
+        except Exception as exc:  # noqa: BLE001 - transport (connect/TLS/timeout): retryable
+            raise KubeError(f"{type(exc).__name__}: {exc}") from None
         return dict(n.metadata.annotations or {}), n.metadata.resourceVersion or ""
 
     def get_pod(self, namespace: str, name: str) -> PodView | None:
@@ -100,6 +102,8 @@ class KubeApi:
             if getattr(exc.status, "code", None) == 404:
                 return None
             raise _api_error(exc) from None
+        except Exception as exc:  # noqa: BLE001 - transport (connect/TLS/timeout): retryable
+            raise KubeError(f"{type(exc).__name__}: {exc}") from None
 
     def pods_on_node(self, node: str) -> list[PodView]:
         """Pods with ``spec.nodeName == node`` in every namespace."""
@@ -111,6 +115,8 @@ class KubeApi:
                 Pod, namespace="*", fields={"spec.nodeName": node})]
         except ApiError as exc:
             raise _api_error(exc) from None
+        except Exception as exc:  # noqa: BLE001 - transport (connect/TLS/timeout): retryable
+            raise KubeError(f"{type(exc).__name__}: {exc}") from None
 
     def pods_labelled_for(self, node: str) -> list[PodView]:
         """Pods labelled ``hami.io/vgpu-node=<node>`` (the monitor's selection, §C.4)."""
@@ -122,6 +128,8 @@ class KubeApi:
                 Pod, namespace="*", labels={VGPU_NODE: node})]
         except ApiError as exc:
             raise _api_error(exc) from None
+        except Exception as exc:  # noqa: BLE001 - transport (connect/TLS/timeout): retryable
+            raise KubeError(f"{type(exc).__name__}: {exc}") from None
 
     def patch_pod_annotations(self, namespace: str, name: str,
                               annotations: Mapping[str, str | None]) -> PodView:
@@ -139,6 +147,8 @@ class KubeApi:
                                               namespace=namespace, patch_type=PatchType.MERGE))
         except ApiError as exc:
             raise _api_error(exc) from None
+        except Exception as exc:  # noqa: BLE001 - transport (connect/TLS/timeout): retryable
+            raise KubeError(f"{type(exc).__name__}: {exc}") from None
 
     def patch_node_annotations(self, node: str, annotations: Mapping[str, str | None],
                                resource_version: str | None = None) -> tuple[dict[str, str], str] | None:
@@ -156,6 +166,8 @@ class KubeApi:
             n = self.client.patch(Node, node, {"metadata": meta}, patch_type=PatchType.MERGE)
         except ApiError as exc:
             raise _api_error(exc) from None
+        except Exception as exc:  # noqa: BLE001 - transport (connect/TLS/timeout): retryable
+            raise KubeError(f"{type(exc).__name__}: {exc}") from None
         return dict(n.metadata.annotations or {}), n.metadata.resourceVersion or ""
 
     def release_node_lock(self, node: str, namespace: str, name: str,

@@ -4,17 +4,12 @@ list (hami-core-spec §B.2-§B.3; hami-scheduler-spec §2.3, §7.3). Pure.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 
+from hami.core.codec import encode_node_devices
 from hami.core.model import DeviceInfo
 from hami.deviceplugin.config import PluginConfig
 from hami.deviceplugin.discovery import PhysicalGpu
-
-try:  # the full Go-compatible codec lands from the codec branch
-    from hami.core.codec import encode_node_devices as _core_encode  # type: ignore[attr-defined,unused-ignore]
-except ImportError:  # pragma: no cover - depends on merge order
-    _core_encode = None
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -60,38 +55,10 @@ def node_devices(gpus: Iterable[PhysicalGpu], cfg: PluginConfig,
     return tuple(out)
 
 
-def _go_string(s: str) -> str:
-    text = json.dumps(s, ensure_ascii=False)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
-def _encode_fallback(devices: Iterable[DeviceInfo]) -> str:
-    parts = []
-    for d in devices:
-        f = []
-        if d.uuid:
-            f.append('"id":' + _go_string(d.uuid))
-        for key, v in (("index", d.index), ("count", d.split_count),
-                       ("devmem", d.memory_mib), ("devcore", d.cores_percent)):
-            if v:
-                f.append(f'"{key}":{v}')
-        if d.type:
-            f.append('"type":' + _go_string(d.type))
-        if d.numa:
-            f.append(f'"numa":{d.numa}')
-        if d.mode:
-            f.append('"mode":' + _go_string(d.mode))
-        if d.health:
-            f.append('"health":true')
-        parts.append("{" + ",".join(f) + "}")
-    return "[" + ",".join(parts) + "]"
-
-
 def encode_register(devices: Sequence[DeviceInfo]) -> str:
-    """HAMi's JSON value of ``hami.io/node-nvidia-register`` (Go ``json.Marshal`` bytes)."""
-    if _core_encode is not None:
-        return str(_core_encode(devices))
-    return _encode_fallback(devices)
+    """HAMi's JSON value of ``hami.io/node-nvidia-register`` (Go ``json.Marshal`` bytes,
+    :func:`hami.core.codec.encode_node_devices`)."""
+    return encode_node_devices(devices)
 
 
 def replica_ids(gpu_uuid: str, split_count: int) -> list[str]:

@@ -387,7 +387,11 @@ class NodeRegistrar:
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
-            ok = self.once()
+            try:
+                ok = self.once()
+            except Exception:  # noqa: BLE001 - never let the loop die; retry soon
+                log.exception("node register pass failed")
+                ok = False
             self._kick.clear()
             wait = self.interval_s if ok else self.retry_s
             deadline = time.monotonic() + wait
