@@ -303,6 +303,10 @@ def test_fuzzed_annotation_never_crashes(harness: PluginHarness, value: str, n_i
         up(harness)
     harness.kube.pods.clear()
     bound_pod(harness, "f", value, containers=tuple(f"c{i}" for i in range(n_containers)))
+    avail = [i for i, _ in harness.kubelet.latest]
+    pref = harness.kubelet.preferred(avail[: 3 + n_ids], n_ids + n_containers,
+                                     must=avail[:1] if n_containers == 2 else None)
+    assert len(pref) <= n_ids + n_containers and set(pref) <= set(avail)
     try:
         resp = harness.kubelet.allocate([f"{A}-{i}" for i in range(n_ids)])
         assert len(resp.container_responses) == 1
