@@ -79,6 +79,7 @@ def take_lock(client: Any, name: str) -> None:
 def bench_allocate(cp: ControlPlane, client: Any, work: Path, n: int) -> dict[str, float]:
     import yaml
     from lightkube.resources.core_v1 import Pod
+    from lightkube.types import PatchType
 
     inv = work / "inv.yaml"
     inv.write_text(yaml.safe_dump({"gpus": [{"model": "NVIDIA A100-SXM4-80GB",
@@ -115,8 +116,22 @@ def bench_allocate(cp: ControlPlane, client: Any, work: Path, n: int) -> dict[st
             assert resp.container_responses[0].envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
         pod = client.get(Pod, f"b{n - 1}", namespace="default")
         assert pod.metadata.annotations[al.BIND_PHASE] == "success"
+        # the API alone, same client stack, for context: one GET and one merge PATCH
+        api_get, api_patch = [], []
+        for k in range(n):
+            t0 = time.perf_counter()
+            client.get(Pod, "b0", namespace="default")
+            api_get.append((time.perf_counter() - t0) * 1000)
+            t0 = time.perf_counter()
+            client.patch(Pod, "b0", {"metadata": {"annotations": {"bench": str(k)}}},
+                         namespace="default", patch_type=PatchType.MERGE)
+            api_patch.append((time.perf_counter() - t0) * 1000)
         return {"allocate_p50_ms": statistics.median(lat), "allocate_p99_ms": pct(lat, 0.99),
-                "allocate_max_ms": max(lat), "allocations": n, "plugin_rss_mib": rss_mib(proc.pid)}
+                "allocate_max_ms": max(lat), "allocations": n, "plugin_rss_mib": rss_mib(proc.pid),
+                "api_get_pod_p50_ms": statistics.median(api_get),
+                "api_get_pod_p99_ms": pct(api_get, 0.99),
+                "api_patch_pod_p50_ms": statistics.median(api_patch),
+                "api_patch_pod_p99_ms": pct(api_patch, 0.99)}
     finally:
         proc.terminate()
         proc.wait(timeout=10)
