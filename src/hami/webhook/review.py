@@ -67,4 +67,12 @@ def review(body: bytes, config: SchedulerConfig, quota: QuotaLedger | None) -> J
         return _response(str(api_version), str(uid), False, code=result.code,
                          message=result.message)
     return _response(str(api_version), str(uid), True, message=result.message,
-                     patch=result.patch)
+                     patch=[op for op in result.patch if not _empty_resources(op)])
+
+
+def _empty_resources(op: Mapping[str, Any]) -> bool:
+    """The core's mutation adds ``resources: {}`` to containers that had none; that op
+    changes nothing the apiserver keeps, and a pod without GPUs must come back untouched."""
+    path = str(op.get("path", ""))
+    return (op.get("op") == "add" and op.get("value") == {}
+            and path.endswith("/resources") and path.startswith("/spec/"))
