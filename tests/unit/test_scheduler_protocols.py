@@ -178,3 +178,31 @@ def test_bind_args_and_results() -> None:
     assert filter_result(node_names=["n"]) == {
         "Nodes": None, "NodeNames": ["n"], "FailedNodes": None,
         "FailedAndUnresolvableNodes": None, "Error": ""}
+
+
+# --------------------------------------------------------------- never raise
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=500, deadline=None)
+@given(value=st.one_of(st.none(), st.text(max_size=60),
+                       st.from_regex(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:]{8}(Z|[+-][0-9]{2}:[0-9]{2}),[a-z,]*")),
+       ns=st.text(max_size=10), name=st.text(max_size=10))
+def test_lock_decisions_never_raise(value: str | None, ns: str, name: str) -> None:
+    step = lock_step(value, NOW, FIVE_MIN, ns, name)
+    assert isinstance(step.action, LockAction)
+    assert isinstance(release_step(value, ns, name), bool)
+
+
+@settings(max_examples=500, deadline=None)
+@given(handshake=st.one_of(st.none(), st.text(max_size=40),
+                           st.text(max_size=25).map(lambda t: "Requesting_" + t),
+                           st.text(max_size=25).map(lambda t: "Deleted_" + t)),
+       gpus=st.one_of(st.text(max_size=8), st.integers(-5, 100).map(str)),
+       reported=st.one_of(st.none(), st.integers(0, 100)))
+def test_health_decisions_never_raise(handshake: str | None, gpus: str, reported: int | None) -> None:
+    n = node(handshake)
+    n["status"]["allocatable"]["nvidia.com/gpu"] = gpus
+    health = check_node(n, reported, LOCAL)
+    assert isinstance(health.healthy, bool) and health.reported >= 0

@@ -115,6 +115,7 @@ class Counters:
     relists: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     watch_errors: int = 0
     patch_failures: int = 0
+    apply_errors: int = 0
 
 
 class Engine:
@@ -211,7 +212,15 @@ class Engine:
                 log.warning("relist %s failed: %s", kind, exc)
 
     def apply(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
-        """One watch event (ADDED, MODIFIED, DELETED)."""
+        """One watch event (ADDED, MODIFIED, DELETED). A malformed object is logged and
+        skipped: it must never stop the watch or the relist of everything else."""
+        try:
+            self._apply(kind, event_type, obj)
+        except Exception:
+            self.counters.apply_errors += 1
+            log.exception("cannot apply %s %s %s", event_type, kind, _meta(obj).get("name"))
+
+    def _apply(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
         deleted = event_type == "DELETED"
         if kind == "Pod":
             self._apply_pod(obj, deleted)
