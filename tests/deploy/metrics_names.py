@@ -47,4 +47,11 @@ MONITOR: dict[str, tuple[str, ...]] = {
                              "compute_instance_id"),
 }
 
-ALL = {**SCHEDULER, **MONITOR}
+#: hami's additions (HAMi has none): latency histograms of the scheduler's /filter and
+#: /bind, label ``outcome``; dashboards use their ``_bucket``/``_sum``/``_count`` series.
+EXTENSIONS: dict[str, tuple[str, ...]] = {
+    "hami_scheduler_filter_duration_seconds": ("outcome", "le"),
+    "hami_scheduler_bind_duration_seconds": ("outcome", "le"),
+}
+
+ALL = {**SCHEDULER, **MONITOR, **EXTENSIONS}

@@ -127,8 +127,8 @@ def test_scheduler_deployment(default: list[dict[str, Any]]) -> None:
     args = ext["args"]
     for flag in ("--http_bind=0.0.0.0:9443", "--metrics-bind-address=:9395",
                  "--scheduler-name=hami-scheduler", "--device-config-file=/device-config.yaml",
-                 "--cert_file=/tls/tls.crt", "--key_file=/tls/tls.key", "--leader-elect=true",
-                 "--leader-elect-resource-name=hami-scheduler",
+                 "--cert_file=/tls/tls.crt", "--key_file=/tls/tls.key", "--leader-elect",
+                 "--leader-elect-resource-name=hami-scheduler-extender",
                  f"--leader-elect-resource-namespace={NAMESPACE}"):
         assert flag in args
     env = {e["name"]: e for e in ext["env"]}
@@ -261,8 +261,7 @@ def test_ha_certmanager_values(ha: list[dict[str, Any]]) -> None:
     ext = container(spec, "vgpu-scheduler-extender")
     assert ext["image"] == "registry.example.com/hami/hami-scheduler:v9.9.9"
     for flag in ("--scheduler-name=gpu-scheduler", "--node-label-selector=gpu=on",
-                 "--kube-qps=50", "--kube-burst=100", "--node-lock-retry-timeout=10s",
-                 "--legacy-metrics"):
+                 "--kube-timeout=20", "--node-lock-retry-timeout=10s"):
         assert flag in ext["args"]
     cfg = scheduler_config(ha)
     assert cfg["profiles"] == [{"schedulerName": "gpu-scheduler"}]
@@ -331,3 +330,49 @@ def test_device_config_content_override() -> None:
     objs = render({"device-config": {"content": content}})
     text = find(objs, "ConfigMap", "hami-scheduler-device")["data"]["device-config.yaml"]
     assert yaml.safe_load(text) == yaml.safe_load(content)
+
+
+# -- the chart's command lines are accepted by the real commands -----------------------------
+
+COMMANDS = {
+    "scheduler": "hami.scheduler.command:scheduler",
+    "certgen": "hami.certgen:certgen",
+    "device-plugin": "hami.deviceplugin.command:device_plugin",
+    "monitor": "hami.monitor.command:monitor",
+}
+
+
+def _command(sub: str) -> Any:
+    import importlib
+
+    import typer
+
+    module, _, attr = COMMANDS[sub].partition(":")
+    try:
+        func = getattr(importlib.import_module(module), attr)
+    except ImportError as err:
+        pytest.skip(f"{module} not in this tree: {err}")
+    app = typer.Typer()
+    app.command()(func)
+    return typer.main.get_command(app)
+
+
+@pytest.mark.parametrize("values", [None, *sorted(p.name for p in CI_VALUES.glob("*.yaml"))])
+def test_chart_args_parse_with_the_real_commands(values: str | None) -> None:
+    """Every `hami <cmd>` container of the chart passes its args to that command's parser."""
+    objs = render(files=[CI_VALUES / values] if values else [])
+    seen = set()
+    for obj in objs:
+        if obj["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        spec = obj["spec"]["template"]["spec"]
+        for c in (spec.get("initContainers") or []) + spec["containers"]:
+            if c.get("command", [None])[0] != "hami":
+                continue
+            sub = c["command"][1]
+            seen.add(sub)
+            cmd = _command(sub)
+            ctx = cmd.make_context(f"hami {sub}", list(c.get("args") or []),
+                                   resilient_parsing=False)
+            assert ctx.params, sub
+    assert seen >= {"device-plugin"}

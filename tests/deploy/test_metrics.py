@@ -13,20 +13,33 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.chart import ROOT
-from tests.deploy.metrics_names import ALL, MONITOR, SCHEDULER
+from tests.deploy.metrics_names import ALL, EXTENSIONS, MONITOR, SCHEDULER
 
 DASHBOARD = ROOT / "deploy" / "dashboards" / "hami-vgpu.json"
 REQUIRED = os.environ.get("HAMI_DEPLOY_REQUIRED") == "1"
 
 
+#: promtool lint findings on HAMi's own metric names, kept on purpose (renaming them would
+#: break HAMi's dashboards and alerts). Nothing else may be reported.
+KNOWN_HAMI_NAME_LINTS = {
+    'hami_gpu_shared_count non-histogram and non-summary metrics should not have "_count" suffix',
+}
+
+
 def promtool(text: bytes) -> subprocess.CompletedProcess[str]:
+    """``promtool check metrics`` on ``text``; returncode 0 also when the only findings are
+    :data:`KNOWN_HAMI_NAME_LINTS` (promtool exits 3 for lint findings, 1 for errors)."""
     exe = shutil.which("promtool")
     if exe is None:
         if REQUIRED:
             pytest.fail("promtool missing (apt-get install prometheus)")
         pytest.skip("promtool missing (apt-get install prometheus)")
-    return subprocess.run([exe, "check", "metrics"], input=text.decode(), capture_output=True,
+    proc = subprocess.run([exe, "check", "metrics"], input=text.decode(), capture_output=True,
                           text=True, timeout=60)
+    findings = {line.strip() for line in (proc.stdout + proc.stderr).splitlines() if line.strip()}
+    if proc.returncode == 3 and findings <= KNOWN_HAMI_NAME_LINTS:
+        proc.returncode = 0
+    return proc
 
 
 def test_monitor_metrics_pass_promtool(tmp_path: Path) -> None:
@@ -65,20 +78,35 @@ def test_monitor_metrics_pass_promtool(tmp_path: Path) -> None:
 
 
 def test_scheduler_metrics_pass_promtool() -> None:
-    render = None
-    for mod in ("hami.scheduler.metrics", "hami.extender.metrics"):
-        try:
-            module = __import__(mod, fromlist=["render_sample"])
-        except ImportError:
-            continue
-        render = getattr(module, "render_sample", None)
-    if render is None:
-        pytest.skip("the scheduler's metrics module (render_sample()) is not in this tree yet")
-    text = render()
+    """The scheduler's registry over a known cluster state (the ``hami top`` fixture)."""
+    pytest.importorskip("hami.scheduler.metrics")
+    from types import SimpleNamespace
+
+    from prometheus_client import generate_latest
+
+    from hami.core.state import ClusterState
+    from hami.scheduler.metrics import SchedulerMetrics
+    from tests.deploy.top_cluster import objects
+
+    nodes, pods, quotas = objects()
+    state = ClusterState()
+    for n in nodes:
+        state.upsert_node(n)
+    for q in quotas:
+        state.upsert_quota(q)
+    for p in pods:
+        state.upsert_pod(p)
+    metrics = SchedulerMetrics()
+    metrics.attach(SimpleNamespace(state=state, config=state.config))  # type: ignore[arg-type]
+    metrics.filter_done(0.004, "fit")
+    metrics.bind_done(0.03, "bound")
+    text = generate_latest(metrics.registry)
     proc = promtool(text)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     names = set(re.findall(r"^# TYPE (\S+) ", text.decode(), re.M))
-    assert names <= set(SCHEDULER) | {n for n in names if not n.startswith("hami_")}
+    assert set(SCHEDULER) - {"hami_node_gpu_mig_instance_info"} <= names
+    # prometheus_client adds <histogram>_created gauges unless disable_created_metrics().
+    assert {n.removesuffix("_created") for n in names - set(SCHEDULER)} <= set(EXTENSIONS)
 
 
 def test_reference_exposition_of_hami_names_passes_promtool() -> None:
@@ -88,7 +116,7 @@ def test_reference_exposition_of_hami_names_passes_promtool() -> None:
 
     class Ref:
         def collect(self):  # type: ignore[no-untyped-def]
-            for name, labels in ALL.items():
+            for name, labels in {**SCHEDULER, **MONITOR}.items():
                 fam = GaugeMetricFamily(name, f"HAMi metric {name}", labels=list(labels))
                 fam.add_metric(["x"] * len(labels), 1.0)
                 yield fam
@@ -110,21 +138,31 @@ def _exprs(node: object) -> list[str]:
     return []
 
 
+def _base(name: str) -> str:
+    """A histogram series name (``_bucket``/``_sum``/``_count``) -> its metric name."""
+    if name in ALL:
+        return name
+    stem, _, suffix = name.rpartition("_")
+    return stem if suffix in ("bucket", "sum", "count") and stem in EXTENSIONS else name
+
+
 def test_dashboard_uses_only_hami_metric_names() -> None:
     doc = json.loads(DASHBOARD.read_text())
     exprs = _exprs(doc)
     assert len(exprs) >= 8
     used = set()
     for expr in exprs:
-        for name in re.findall(r"\b(hami_[a-z_]+)\b", expr):
+        for name in map(_base, re.findall(r"\b(hami_[a-z_]+)\b", expr)):
             used.add(name)
             assert name in ALL, f"{name} is not a HAMi metric"
-        for name, body in re.findall(r"\b(hami_[a-z_]+)\{([^}]*)\}", expr):
+        for series, body in re.findall(r"\b(hami_[a-z_]+)\{([^}]*)\}", expr):
+            name = _base(series)
             for label in re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", body):
                 assert label in ALL[name] + ("zone",), f"{name} has no label {label}"
         for labels in re.findall(r"\bby\s*\(([^)]*)\)", expr):
             for label in (lbl.strip() for lbl in labels.split(",")):
-                assert any(label in ALL[n] for n in re.findall(r"\b(hami_[a-z_]+)\b", expr)), \
+                assert any(label in ALL[_base(n)]
+                           for n in re.findall(r"\b(hami_[a-z_]+)\b", expr)), \
                     f"by({label}) in {expr}"
     for needed in ("hami_gpu_memory_allocated_bytes", "hami_gpu_memory_limit_bytes",
                    "hami_vgpu_memory_used_bytes", "hami_vgpu_memory_limit_bytes",
@@ -133,3 +171,19 @@ def test_dashboard_uses_only_hami_metric_names() -> None:
     variables = {v["name"] for v in doc["templating"]["list"]}
     assert {"datasource", "node"} <= variables
     assert doc["uid"] and doc["title"] and doc["schemaVersion"] >= 36
+
+
+def test_dashboard_promql_parses(tmp_path: Path) -> None:
+    """Each panel query is valid PromQL (promtool parses it as a recording rule)."""
+    import yaml
+
+    exprs = [re.sub(r"\$\w+", ".*", e) for e in _exprs(json.loads(DASHBOARD.read_text()))]
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"hami:dashboard_query:{i}", "expr": e} for i, e in enumerate(exprs)]}]}
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump(rules))
+    exe = shutil.which("promtool")
+    if exe is None:
+        pytest.skip("promtool missing (apt-get install prometheus)")
+    proc = subprocess.run([exe, "check", "rules", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -171,3 +171,8 @@ nvidia:
   runtimeClassName: {{ .Values.devicePlugin.runtimeClassName | quote }}
 {{- end -}}
 {{- end -}}
+
+{{/* Lease of the hami scheduler's own leader election (kube-scheduler's is schedulerName). */}}
+{{- define "hami.extenderLease" -}}
+{{- printf "%s-extender" .Values.schedulerName -}}
+{{- end -}}
