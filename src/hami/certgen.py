@@ -238,3 +238,7 @@ def certgen(
     except (ApiError, OSError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+
+
+if __name__ == "__main__":  # `python -m hami.certgen`: the command without the `hami` CLI
+    typer.run(certgen)

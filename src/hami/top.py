@@ -257,3 +257,7 @@ def top(
         typer.echo(json.dumps(view, indent=2))
     else:
         typer.echo(render_table(view), nl=False)
+
+
+if __name__ == "__main__":  # `python -m hami.top`: the command without the `hami` CLI
+    typer.run(top)

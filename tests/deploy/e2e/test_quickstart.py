@@ -1,0 +1,32 @@
+"""docs/quickstart.md's script: from nothing to a GPU pod placed by hami on a local control
+plane, with the chart's KubeSchedulerConfiguration, webhook and device config."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.chart import ROOT, HelmMissing, helm_binary
+
+pytestmark = pytest.mark.e2e
+
+
+def test_quickstart_schedules_a_pod(tmp_path: Path) -> None:
+    pytest.importorskip("hami.scheduler.command")
+    try:
+        helm_binary()
+    except HelmMissing as err:
+        pytest.skip(str(err))
+    proc = subprocess.run([sys.executable, str(ROOT / "deploy/local/quickstart.py"),
+                           "--workdir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=400)
+    out = proc.stdout + proc.stderr
+    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in tmp_path.glob("*.log"))
+    assert proc.returncode == 0, out + logs
+    assert "schedulerName set by the webhook: hami-scheduler" in out
+    assert "bound to gpu-0; hami.io/vgpu-devices-allocated = GPU-quickstart-" in out
+    assert "default/cuda-slice(3000,30)" in out  # hami top
+    assert "SUCCESS" in out
