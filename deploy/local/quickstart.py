@@ -14,7 +14,8 @@ What runs, all on 127.0.0.1, no container engine and no GPU needed:
    because no kubelet/device plugin runs), then a pod asking for 1 GPU slice of 3000 MiB
    and 30 % cores *without* schedulerName: the webhook sets it, kube-scheduler asks hami,
    hami binds it;
-7. ``hami top`` shows the allocation.
+7. the scheduler's /metrics shows it (saved to ``<workdir>/scheduler-metrics.txt``), and
+   ``hami top`` shows the allocation.
 
 Usage: ``python deploy/local/quickstart.py [--workdir DIR] [--keep]``. Without ``--keep``
 everything is stopped once the pod is bound; with it, the cluster stays up (Ctrl-C
@@ -235,6 +236,14 @@ def run(stack: Stack, workdir: Path, bindir: Path, helm: str, *, keep: bool) -> 
     print(f"    bound to {pod.spec.nodeName}; hami.io/vgpu-devices-allocated = "
           f"{ann.get('hami.io/vgpu-devices-allocated')}")
 
+    step(f"scheduler metrics (http://127.0.0.1:{metrics_port}/metrics)")
+    metrics = wait(lambda: (m := _scrape(metrics_port)) and b"hami_vgpu_memory_allocated_bytes{" in m
+                   and m, "the pod in the scheduler's metrics", procs=(hs, ks))
+    (workdir / "scheduler-metrics.txt").write_bytes(metrics)
+    for line in metrics.decode().splitlines():
+        if line.startswith("hami_vgpu_memory_allocated_bytes{"):
+            print(f"    {line}")
+
     step("hami top")
     subprocess.run([*hami_command("top"), "--kubeconfig", kubeconfig], check=True, cwd=ROOT)
     ok = pod.spec.schedulerName == "hami-scheduler" and pod.spec.nodeName == NODE
@@ -247,6 +256,16 @@ def run(stack: Stack, workdir: Path, bindir: Path, helm: str, *, keep: bool) -> 
         except KeyboardInterrupt:
             pass
     return 0 if ok else 1
+
+
+def _scrape(port: int) -> bytes:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
+            return bytes(resp.read())
+    except OSError:
+        return b""
 
 
 def _ready(port: int) -> bool:

@@ -33,3 +33,10 @@ def test_quickstart_schedules_a_pod(tmp_path: Path) -> None:
     assert "bound to gpu-0; hami.io/vgpu-devices-allocated = GPU-quickstart-" in out
     assert "default/cuda-slice(3000,30)" in out  # hami top
     assert "SUCCESS" in out
+    # The scheduler's /metrics as served over HTTP during the run passes promtool.
+    from tests.deploy.test_metrics import promtool
+
+    text = (tmp_path / "scheduler-metrics.txt").read_bytes()
+    result = promtool(text)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert b'pod="cuda-slice"' in text and b"hami_gpu_memory_limit_bytes{" in text
