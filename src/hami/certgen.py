@@ -114,6 +114,7 @@ def still_good(bundle: TlsBundle, hosts: Sequence[str], *,
     """Whether ``bundle`` can be kept: parseable, signed by its CA, covering ``hosts``, and
     valid for more than :data:`RENEW_BEFORE_DAYS` days."""
     from cryptography import x509
+    from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric import ec
 
     now = now or dt.datetime.now(dt.UTC)
@@ -125,7 +126,7 @@ def still_good(bundle: TlsBundle, hosts: Sequence[str], *,
             return False
         cert.verify_directly_issued_by(ca)
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except (ValueError, TypeError, x509.ExtensionNotFound, x509.InvalidSignature):
+    except (ValueError, TypeError, x509.ExtensionNotFound, InvalidSignature):
         return False
     names = {str(n) for n in san.get_values_for_type(x509.DNSName)}
     names |= {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}

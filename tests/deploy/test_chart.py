@@ -376,3 +376,11 @@ def test_chart_args_parse_with_the_real_commands(values: str | None) -> None:
                                    resilient_parsing=False)
             assert ctx.params, sub
     assert seen >= {"device-plugin"}
+
+
+def test_release_in_default_namespace_does_not_exclude_default() -> None:
+    objs = render(namespace="default")
+    (hook,) = find(objs, "MutatingWebhookConfiguration")["webhooks"]
+    excluded = next(e for e in hook["namespaceSelector"]["matchExpressions"]
+                    if e["key"] == "kubernetes.io/metadata.name")["values"]
+    assert excluded == ["kube-system"]
