@@ -140,8 +140,8 @@ def ensure_secret(client: Any, namespace: str, secret: str, hosts: Sequence[str]
                   validity_days: int = 3650) -> tuple[TlsBundle, str]:
     """Return the bundle stored in Secret ``namespace/secret``, creating or renewing it.
 
-    Returns ``(bundle, action)`` with action ``kept``, ``created``, ``renewed`` or
-    ``adopted`` (another replica created it first).
+    Returns ``(bundle, action)`` with action ``created``, ``renewed`` or ``kept`` (also
+    when another replica created or renewed it first: its bundle is used).
     """
     from lightkube import ApiError
     from lightkube.models.meta_v1 import ObjectMeta

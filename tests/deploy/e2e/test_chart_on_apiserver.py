@@ -220,6 +220,14 @@ def test_certgen_creates_secret_and_patches_webhook(prepared: Any, tmp_path: Pat
         assert secret.type == "kubernetes.io/tls"
         cert = x509.load_pem_x509_certificate(bundle.tls_crt)
         cert.verify_directly_issued_by(x509.load_pem_x509_certificate(bundle.ca_crt))
+        # A certificate that no longer covers the names is renewed in place.
+        from hami.certgen import generate
+
+        stale = prepared.get(Secret, "hami-scheduler-tls", namespace=NAMESPACE)
+        stale.data = generate(["elsewhere.svc"]).to_secret_data()
+        prepared.replace(stale)
+        renewed, action3 = ensure_secret(prepared, NAMESPACE, "hami-scheduler-tls", hosts)
+        assert action3 == "renewed" and renewed != bundle
         write_files(bundle, tmp_path / "tls")
         assert (tmp_path / "tls" / "tls.key").stat().st_mode & 0o777 == 0o600
         # A helm upgrade re-renders the webhook: the template keeps the live caBundle only
@@ -229,3 +237,19 @@ def test_certgen_creates_secret_and_patches_webhook(prepared: Any, tmp_path: Pat
         prepared.delete(MutatingWebhookConfiguration, "hami-scheduler-webhook")
         prepared.delete(Secret, "hami-scheduler-tls", namespace=NAMESPACE)
         time.sleep(0.1)
+
+
+def test_certgen_replicas_starting_together_share_one_secret(prepared: Any) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hami.certgen import ensure_secret, service_hosts
+
+    hosts = service_hosts("hami-scheduler", NAMESPACE)
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda _: ensure_secret(prepared, NAMESPACE, "race-tls",
+                                                            hosts), range(4)))
+        assert len({r[0] for r in results}) == 1, [r[1] for r in results]
+        assert sorted(r[1] for r in results).count("created") == 1
+    finally:
+        prepared.delete(Secret, "race-tls", namespace=NAMESPACE)
