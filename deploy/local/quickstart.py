@@ -153,18 +153,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, help="state and logs (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep everything running")
+    parser.add_argument("--admin", action="store_true",
+                        help="run hami and kube-scheduler as cluster admin instead of with the "
+                             "chart's ServiceAccount and RBAC")
     args = parser.parse_args(argv)
     workdir = (args.workdir or Path(tempfile.mkdtemp(prefix="hami-quickstart-"))).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     bindir, helm = build_tools()
     stack = Stack(workdir)
     try:
-        return run(stack, workdir, bindir, helm, keep=args.keep)
+        return run(stack, workdir, bindir, helm, keep=args.keep, admin=args.admin)
     finally:
         stack.stop()
 
 
-def run(stack: Stack, workdir: Path, bindir: Path, helm: str, *, keep: bool) -> int:
+def run(stack: Stack, workdir: Path, bindir: Path, helm: str, *, keep: bool,
+        admin: bool = False) -> int:
     from lightkube import Client, KubeConfig, codecs
     from lightkube.resources.core_v1 import Node, Pod
 
@@ -193,6 +197,12 @@ def run(stack: Stack, workdir: Path, bindir: Path, helm: str, *, keep: bool) -> 
     client.create(codecs.from_dict(objs[("MutatingWebhookConfiguration",
                                          "hami-scheduler-webhook")]))
     print(f"    extender URL {sched_cfg['extenders'][0]['urlPrefix']}; webhook registered")
+    admin_kubeconfig = kubeconfig
+    if not admin:
+        step("apply the chart's ServiceAccounts and RBAC; hami and kube-scheduler use them")
+        kubeconfig = service_account_kubeconfig(client, objs, admin_kubeconfig, workdir)
+        sched_cfg["clientConnection"] = {"kubeconfig": kubeconfig}
+        (workdir / "scheduler-config.yaml").write_text(yaml.safe_dump(sched_cfg, sort_keys=False))
 
     step("hami certgen: self-signed CA + serving certificate, caBundle patched")
     subprocess.run([*hami_command("certgen"), "--namespace", NAMESPACE,
@@ -205,7 +215,8 @@ def run(stack: Stack, workdir: Path, bindir: Path, helm: str, *, keep: bool) -> 
         *hami_command("scheduler"), f"--http_bind=127.0.0.1:{port}",
         f"--cert_file={workdir / 'tls/tls.crt'}", f"--key_file={workdir / 'tls/tls.key'}",
         f"--kubeconfig={kubeconfig}", f"--device-config-file={workdir / 'device-config.yaml'}",
-        f"--metrics-bind-address=127.0.0.1:{metrics_port}", "--scheduler-name=hami-scheduler"])
+        f"--metrics-bind-address=127.0.0.1:{metrics_port}", "--scheduler-name=hami-scheduler",
+        *(a for a in _chart_args(objs) if a.startswith("--leader-elect"))])
 
     step("start kube-scheduler on the chart's KubeSchedulerConfiguration")
     ks = stack.start("kube-scheduler", [str(bindir / "kube-scheduler"),
@@ -245,17 +256,59 @@ def run(stack: Stack, workdir: Path, bindir: Path, helm: str, *, keep: bool) -> 
             print(f"    {line}")
 
     step("hami top")
-    subprocess.run([*hami_command("top"), "--kubeconfig", kubeconfig], check=True, cwd=ROOT)
+    subprocess.run([*hami_command("top"), "--kubeconfig", admin_kubeconfig], check=True,
+                   cwd=ROOT)
     ok = pod.spec.schedulerName == "hami-scheduler" and pod.spec.nodeName == NODE
     print("\nSUCCESS: the pod was placed by hami" if ok else "\nFAILED", flush=True)
     if keep and ok:
-        print(f"\nStill running. export KUBECONFIG={kubeconfig}\nCtrl-C stops everything.")
+        print(f"\nStill running. export KUBECONFIG={admin_kubeconfig}\n"
+              "Ctrl-C stops everything.")
         try:
             while all(p.poll() is None for p in stack.procs):
                 time.sleep(1)
         except KeyboardInterrupt:
             pass
     return 0 if ok else 1
+
+
+def _chart_args(objs: dict[tuple[str, str], Any]) -> list[str]:
+    """The args the chart gives the hami scheduler container."""
+    spec = objs[("Deployment", "hami-scheduler")]["spec"]["template"]["spec"]
+    ext = next(c for c in spec["containers"] if c["name"] == "vgpu-scheduler-extender")
+    return list(ext["args"])
+
+
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+
+
+def service_account_kubeconfig(client: Any, objs: dict[tuple[str, str], Any], admin: str,
+                               workdir: Path) -> str:
+    """Create the chart's RBAC objects for real and return a kubeconfig that authenticates
+    as the scheduler's ServiceAccount (a bound token), so that everything after this runs
+    with exactly the rights the chart grants."""
+    from lightkube import codecs
+    from lightkube.models.authentication_v1 import TokenRequestSpec
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import ServiceAccountToken
+
+    for (kind, _name), doc in objs.items():
+        if kind in RBAC_KINDS:
+            client.create(codecs.from_dict(doc))
+    sa = objs[("Deployment", "hami-scheduler")]["spec"]["template"]["spec"]["serviceAccountName"]
+    token = client.create(ServiceAccountToken(
+        metadata=ObjectMeta(name=sa, namespace=NAMESPACE),
+        spec=TokenRequestSpec(audiences=[], expirationSeconds=24 * 3600)), sa,
+        namespace=NAMESPACE)
+    value = token.status.token
+    cfg = yaml.safe_load(Path(admin).read_text())
+    cfg["users"] = [{"name": sa, "user": {"token": value}}]
+    for ctx in cfg["contexts"]:
+        ctx["context"]["user"] = sa
+    path = workdir / f"kubeconfig-{sa}"
+    path.write_text(yaml.safe_dump(cfg))
+    print(f"    {sum(k in RBAC_KINDS for k, _ in objs)} RBAC objects; "
+          f"token of {NAMESPACE}/{sa} -> {path}")
+    return str(path)
 
 
 def _scrape(port: int) -> bytes:

@@ -33,6 +33,15 @@ def test_quickstart_schedules_a_pod(tmp_path: Path) -> None:
     assert "bound to gpu-0; hami.io/vgpu-devices-allocated = GPU-quickstart-" in out
     assert "default/cuda-slice(3000,30)" in out  # hami top
     assert "SUCCESS" in out
+    # Everything after the RBAC step ran as the chart's ServiceAccount: its rights suffice.
+    assert "token of hami-system/hami-scheduler" in out
+    for log in ("hami-scheduler.log", "kube-scheduler.log"):
+        text = (tmp_path / log).read_text()
+        assert "forbidden" not in text.lower(), text[-3000:]
+    assert 'Successfully acquired lease" lock="hami-system/hami-scheduler"' in \
+        (tmp_path / "kube-scheduler.log").read_text()
+    assert "acquired leadership of hami-system/hami-scheduler-extender" in \
+        (tmp_path / "hami-scheduler.log").read_text()
     # The scheduler's /metrics as served over HTTP during the run passes promtool.
     from tests.deploy.test_metrics import promtool
 
