@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from libvgpu_harness import BUILD, NATIVE, Env
-
-
-def build(target: str | None = None) -> None:
-    if shutil.which("make") is None or shutil.which(os.environ.get("CC", "gcc")) is None:
-        pytest.skip("no C toolchain")
-    cmd = ["make", "-s", "-C", str(NATIVE)]
-    if target:
-        cmd.append(target)
-    subprocess.run(cmd, check=True, capture_output=True)
+from libvgpu_harness import BUILD, Env, build
 
 
 @pytest.fixture(scope="session")

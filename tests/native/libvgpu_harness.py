@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 NATIVE = ROOT / "native" / "libvgpu"
 BUILD = NATIVE / "build"
+
+
+def build(target: str | None = None) -> None:
+    """``make -C native/libvgpu [target]``; skips the calling test when there is no C toolchain."""
+    import pytest
+
+    if shutil.which("make") is None or shutil.which(os.environ.get("CC", "gcc")) is None:
+        pytest.skip("no C toolchain")
+    cmd = ["make", "-s", "-C", str(NATIVE)]
+    if target:
+        cmd.append(target)
+    subprocess.run(cmd, check=True, capture_output=True)
 
 
 @dataclass

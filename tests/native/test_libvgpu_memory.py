@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from libvgpu_harness import Env, lines
 
+pytestmark = pytest.mark.native
+
 MiB = 1 << 20
 LIMIT = 48 * MiB  # divisible by 3, 16 and 512: exact fits exist for every path
 STUB_TOTAL = 16384 * MiB
@@ -112,3 +114,18 @@ def test_b30_vmm_counted_per_device(env: Env) -> None:
     info = lines(p.stdout, "info")
     assert info[0][:2] == [0, 15000 * MiB]
     assert info[1][:2] == [15000 * MiB, 15000 * MiB]
+
+
+def test_pool_allocations_charge_the_pools_device(env: Env) -> None:
+    p = env.run("init", "alloc", "pool1", str(16 * MiB + 1), "2", "alloc", "pool1", str(16 * MiB), "0",
+                "info", "nvml", "1", CUDA_DEVICE_MEMORY_LIMIT="48m", CUDA_DEVICE_MEMORY_LIMIT_1="16m")
+    assert lines(p.stdout, "info")[0][0] == LIMIT  # device 0 (current) untouched
+    assert lines(p.stdout, "nvml")[0] == [1, 16 * MiB, 16 * MiB, 0]
+
+
+def test_b29_vmm_from_a_thread_without_context(env: Env) -> None:
+    """B29 variant: no current context; the properties name device 1, which is charged."""
+    p = env.run("init", "noctx", "alloc", "vmm1", str(16 * MiB + 1), "2", "alloc", "vmm1", str(16 * MiB), "0",
+                "nvml", "1", "nvml", "0", CUDA_DEVICE_MEMORY_LIMIT="48m", CUDA_DEVICE_MEMORY_LIMIT_1="16m")
+    nv = lines(p.stdout, "nvml")
+    assert nv[0] == [1, 16 * MiB, 16 * MiB, 0] and nv[1] == [0, LIMIT, 0, LIMIT]

@@ -87,6 +87,16 @@ typedef struct {
 } CUmemAllocationProp;
 
 /* memory pools */
+typedef struct {
+    int allocType;   /* CUmemAllocationType */
+    int handleTypes; /* CUmemAllocationHandleType */
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
+
 typedef enum {
     CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
     CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6,

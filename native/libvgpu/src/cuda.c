@@ -2,6 +2,7 @@
  * device allocation path, memory-info virtualisation, cuGetProcAddress. */
 #include "vgpu.h"
 #include <dlfcn.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -54,11 +55,14 @@ static void fork_child(void) {
     vg_pid = 0;
     vg_postinit_done = 0;
     vg_limiter_fork_child();
+    vg_region_fork_child();
+    vg_nvml_fork_child();
+    pthread_mutex_init(&g_load_mu, NULL);
 }
 
 static __attribute__((noinline)) int enter_slow(void) {
     static int atfork;
-    if (!__atomic_exchange_n(&atfork, 1, __ATOMIC_SEQ_CST)) pthread_atfork(NULL, NULL, fork_child);
+    if (!__atomic_exchange_n(&atfork, 1, __ATOMIC_SEQ_CST)) pthread_atfork(vg_limiter_fork_prepare, vg_limiter_fork_parent, fork_child);
     if (vg_cuda_load() != 0) return -1;
     if (vg_slot_ensure() != 0) return -1;
     g_ready = 1;
@@ -86,14 +90,42 @@ static inline int cur_dev(void) {
 
 /* --------------------------------------------- process-local allocation table */
 enum { K_DPTR = 1, K_VMM, K_ARRAY, K_MIPMAP, K_CTX };
-typedef struct { uint64_t key, size; uint16_t kind, cat; int32_t dev; } ent_t;
+typedef struct { uint64_t key, size; uint32_t hash; uint8_t kind, cat; int16_t dev; } ent_t;
 static ent_t *g_tab;
 static uint32_t g_cap, g_cnt;
-static pthread_mutex_t g_tab_mu = PTHREAD_MUTEX_INITIALIZER;
+/* table lock: a test-and-test-and-set spinlock (critical sections are a few
+ * dozen instructions; unlock is a plain release store) */
+static int g_tab_lk;
+static inline void tab_lock(void) {
+    while (__atomic_exchange_n(&g_tab_lk, 1, __ATOMIC_ACQUIRE)) {
+        for (int n = 0; __atomic_load_n(&g_tab_lk, __ATOMIC_RELAXED); n++) {
+            if (n > 200) { sched_yield(); n = 0; }
+#if defined(__x86_64__)
+            __builtin_ia32_pause();
+#elif defined(__aarch64__)
+            __asm__ __volatile__("yield");
+#endif
+        }
+    }
+}
+static inline void tab_unlock(void) { __atomic_store_n(&g_tab_lk, 0, __ATOMIC_RELEASE); }
+
+/* data_size of the own slot mirrors the DATA entries of the table; only this
+ * process writes its slot and only under the table lock */
+static inline void data_cat(const ent_t *e, int sign) {
+    if (e->cat != VG_CAT_DATA || e->dev < 0 || e->dev >= VG_MAXDEV || !vg_slot) return;
+    uint64_t *f = &vg_slot->used[e->dev].data_size;
+    uint64_t v = __atomic_load_n(f, __ATOMIC_RELAXED);
+    __atomic_store_n(f, sign > 0 ? v + e->size : v - e->size, __ATOMIC_RELAXED);
+}
 
 static inline uint32_t hkey(uint64_t k, int kind) {
+    /* splitmix64 finaliser: device pointers share their low bits (alignment),
+     * so every input bit must reach the low bits used as the index */
     k ^= (uint64_t)kind * 0x9e3779b97f4a7c15ull;
-    k ^= k >> 31; k *= 0xbf58476d1ce4e5b9ull; k ^= k >> 29;
+    k ^= k >> 30; k *= 0xbf58476d1ce4e5b9ull;
+    k ^= k >> 27; k *= 0x94d049bb133111ebull;
+    k ^= k >> 31;
     return (uint32_t)k;
 }
 static void tab_put_nolock(const ent_t *e);
@@ -110,7 +142,7 @@ static int tab_grow(void) {
 static void tab_put_nolock(const ent_t *e) {
     if ((g_cnt + 1) * 2 > g_cap && tab_grow() != 0) return;
     uint32_t m = g_cap - 1;
-    for (uint32_t i = hkey(e->key, e->kind) & m;; i = (i + 1) & m) {
+    for (uint32_t i = e->hash & m;; i = (i + 1) & m) {
         if (!g_tab[i].kind || (g_tab[i].key == e->key && g_tab[i].kind == e->kind)) {
             if (!g_tab[i].kind) g_cnt++;
             g_tab[i] = *e;
@@ -119,21 +151,30 @@ static void tab_put_nolock(const ent_t *e) {
     }
 }
 static void tab_put(int kind, uint64_t key, uint64_t size, int dev, int cat) {
-    ent_t e = {key, size, (uint16_t)kind, (uint16_t)cat, dev};
-    pthread_mutex_lock(&g_tab_mu);
+    ent_t e = {key, size, hkey(key, kind), (uint8_t)kind, (uint8_t)cat, (int16_t)dev};
+    tab_lock();
     tab_put_nolock(&e);
-    pthread_mutex_unlock(&g_tab_mu);
+    data_cat(&e, +1);
+    tab_unlock();
+}
+static void tab_restore(const ent_t *e) {
+    tab_lock();
+    tab_put_nolock(e);
+    data_cat(e, +1);
+    tab_unlock();
 }
 /* remove (kind,key) into *out; backward-shift deletion keeps probes short */
 static int tab_take(int kind, uint64_t key, ent_t *out) {
-    pthread_mutex_lock(&g_tab_mu);
-    if (!g_cap) { pthread_mutex_unlock(&g_tab_mu); return 0; }
-    uint32_t m = g_cap - 1, i = hkey(key, kind) & m;
+    uint32_t hv = hkey(key, kind);
+    tab_lock();
+    if (!g_cap) { tab_unlock(); return 0; }
+    uint32_t m = g_cap - 1, i = hv & m;
     for (;; i = (i + 1) & m) {
-        if (!g_tab[i].kind) { pthread_mutex_unlock(&g_tab_mu); return 0; }
+        if (!g_tab[i].kind) { tab_unlock(); return 0; }
         if (g_tab[i].key == key && g_tab[i].kind == kind) break;
     }
     *out = g_tab[i];
+    data_cat(out, -1);
     g_cnt--;
     uint32_t j = i;
     for (;;) {
@@ -141,7 +182,7 @@ static int tab_take(int kind, uint64_t key, ent_t *out) {
         for (;;) {
             j = (j + 1) & m;
             if (!g_tab[j].kind) goto done;
-            uint32_t h = hkey(g_tab[j].key, g_tab[j].kind) & m;
+            uint32_t h = g_tab[j].hash & m;
             if (i <= j ? (i < h && h <= j) : (i < h || h <= j)) continue;
             break;
         }
@@ -149,7 +190,7 @@ static int tab_take(int kind, uint64_t key, ent_t *out) {
         i = j;
     }
 done:
-    pthread_mutex_unlock(&g_tab_mu);
+    tab_unlock();
     return 1;
 }
 static pthread_mutex_t g_ctx_mu;
@@ -158,7 +199,7 @@ static uint64_t g_prim_charged[VG_MAXDEV];
 
 /* the child of fork owns none of the parent's device objects */
 static void tab_fork_child(void) {
-    pthread_mutex_init(&g_tab_mu, NULL);
+    g_tab_lk = 0;
     pthread_mutex_init(&g_ctx_mu, NULL);
     if (g_tab) memset(g_tab, 0, (size_t)g_cap * sizeof *g_tab);
     g_cnt = 0;
@@ -188,7 +229,7 @@ static inline CUresult settle(CUresult r, int kind, uint64_t key, uint64_t size,
         CUresult r_ = call;                                                   \
         if (had_) {                                                           \
             if (r_ == CUDA_SUCCESS) vg_unreserve(e_.dev, e_.size, e_.cat);    \
-            else { pthread_mutex_lock(&g_tab_mu); tab_put_nolock(&e_); pthread_mutex_unlock(&g_tab_mu); } \
+            else tab_restore(&e_);                                          \
         }                                                                     \
         return r_;                                                            \
     } while (0)
@@ -326,6 +367,62 @@ VG_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
     return r;
 }
 
+/* pool -> device, learnt from cuMemPoolCreate / cuDeviceGet(Default)MemPool,
+ * so pool allocations are charged to the pool's device (small, lock-free) */
+#define POOLMAP 256
+static struct { CUmemoryPool pool; int dev; } g_pools[POOLMAP];
+static void pool_note(CUmemoryPool pool, int dev) {
+    if (!pool || dev < 0 || dev >= VG_MAXDEV) return;
+    uint32_t h = (uint32_t)(((uintptr_t)pool >> 4) * 2654435761u) % POOLMAP;
+    for (int k = 0; k < POOLMAP; k++) {
+        uint32_t i = (h + (uint32_t)k) % POOLMAP;
+        CUmemoryPool cur = __atomic_load_n(&g_pools[i].pool, __ATOMIC_ACQUIRE);
+        if (cur == pool) { g_pools[i].dev = dev; return; }
+        if (!cur) {
+            g_pools[i].dev = dev;
+            CUmemoryPool z = NULL;
+            if (__atomic_compare_exchange_n(&g_pools[i].pool, &z, pool, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) return;
+        }
+    }
+}
+static int pool_dev(CUmemoryPool pool) {
+    uint32_t h = (uint32_t)(((uintptr_t)pool >> 4) * 2654435761u) % POOLMAP;
+    for (int k = 0; k < POOLMAP; k++) {
+        uint32_t i = (h + (uint32_t)k) % POOLMAP;
+        CUmemoryPool cur = __atomic_load_n(&g_pools[i].pool, __ATOMIC_ACQUIRE);
+        if (cur == pool) return g_pools[i].dev;
+        if (!cur) break;
+    }
+    return cur_dev();
+}
+VG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    ENTER();
+    REAL_OR_MISSING(cuMemPoolCreate);
+    CUresult r = CU_REAL(cuMemPoolCreate)(pool, props);
+    if (r == CUDA_SUCCESS && pool && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        pool_note(*pool, props->location.id);
+    return r;
+}
+VG_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    ENTER();
+    REAL_OR_MISSING(cuMemPoolDestroy);
+    return CU_REAL(cuMemPoolDestroy)(pool); /* the map entry stays (pool handles are not reused in practice) */
+}
+VG_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+    ENTER();
+    REAL_OR_MISSING(cuDeviceGetMemPool);
+    CUresult r = CU_REAL(cuDeviceGetMemPool)(pool, dev);
+    if (r == CUDA_SUCCESS && pool) pool_note(*pool, dev);
+    return r;
+}
+VG_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
+    ENTER();
+    REAL_OR_MISSING(cuDeviceGetDefaultMemPool);
+    CUresult r = CU_REAL(cuDeviceGetDefaultMemPool)(pool, dev);
+    if (r == CUDA_SUCCESS && pool) pool_note(*pool, dev);
+    return r;
+}
+
 static CUresult c_async(CUdeviceptr *p, size_t n, void *s, void *b) {
     (void)b; return CU_REAL(cuMemAllocAsync)(p, n, (CUstream)s);
 }
@@ -354,13 +451,13 @@ VG_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmem
     ENTER();
     REAL_OR_MISSING(cuMemAllocFromPoolAsync);
     if (!size) return CU_REAL(cuMemAllocFromPoolAsync)(dptr, size, pool, s);
-    return alloc_dptr("cuMemAllocFromPoolAsync", dptr, size, cur_dev(), c_pool, pool, s);
+    return alloc_dptr("cuMemAllocFromPoolAsync", dptr, size, pool_dev(pool), c_pool, pool, s);
 }
 VG_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
     ENTER();
     REAL_OR_MISSING(cuMemAllocFromPoolAsync_ptsz);
     if (!size) return CU_REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, size, pool, s);
-    return alloc_dptr("cuMemAllocFromPoolAsync", dptr, size, cur_dev(), c_pool_ptsz, pool, s);
+    return alloc_dptr("cuMemAllocFromPoolAsync", dptr, size, pool_dev(pool), c_pool_ptsz, pool, s);
 }
 VG_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) {
     ENTER();

@@ -8,10 +8,14 @@
 #include <dlfcn.h>
 #include <string.h>
 
+/* dlsym can be called by a sanitizer runtime before it has initialised
+ * (e.g. ASan resolving its interceptors): keep this path uninstrumented. */
+#define NO_SAN __attribute__((no_sanitize("address", "undefined")))
+
 typedef void *(*dlsym_fn)(void *, const char *);
 VG_HIDDEN dlsym_fn vg_real_dlsym;
 
-static dlsym_fn resolve_real(void) {
+NO_SAN static dlsym_fn resolve_real(void) {
     static const char *const vers[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.3", "GLIBC_2.4", NULL};
     dlsym_fn f = vg_real_dlsym;
     for (int i = 0; !f && vers[i]; i++) f = (dlsym_fn)dlvsym(RTLD_NEXT, "dlsym", vers[i]);
@@ -19,16 +23,16 @@ static dlsym_fn resolve_real(void) {
     return f;
 }
 
-dlsym_fn vg_get_real_dlsym(void) { return vg_real_dlsym ? vg_real_dlsym : resolve_real(); }
+NO_SAN dlsym_fn vg_get_real_dlsym(void) { return vg_real_dlsym ? vg_real_dlsym : resolve_real(); }
 
 __attribute__((constructor)) static void dlsym_ctor(void) { resolve_real(); }
 
-static int hook_index(const char *sym, const char *const *names, int n) {
+NO_SAN static int hook_index(const char *sym, const char *const *names, int n) {
     for (int i = 0; i < n; i++) if (!strcmp(sym, names[i])) return i;
     return -1;
 }
 
-VG_HIDDEN void *vg_dlsym_impl(void *handle, const char *sym) {
+NO_SAN VG_HIDDEN void *vg_dlsym_impl(void *handle, const char *sym) {
     dlsym_fn real = vg_get_real_dlsym();
     if (!real) return NULL;
     void *p = real(handle, sym);

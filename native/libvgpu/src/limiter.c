@@ -18,6 +18,9 @@ static int64_t g_cap[VG_MAXDEV];     /* upper bound of share */
 static int64_t g_after_refill[VG_MAXDEV];
 static unsigned long long g_last_us[VG_MAXDEV];
 static int g_watcher_running;
+/* held by the watcher while it samples NVML; fork waits for it so a child
+ * never inherits a lock (NVML's, the allocator's) taken mid-cycle */
+static pthread_mutex_t g_watch_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_ndev;
 
 void vg_record_kernel_time(void) {
@@ -124,16 +127,21 @@ static void sample_device(int d, nvmlProcessUtilizationSample_t *buf, nvmlProces
     if (vg_limiter_on && g_sm[d] > 0 && g_sm[d] < 100) refill(d, util > 100 ? 100 : util);
 }
 
+static nvmlProcessUtilizationSample_t *g_samples; /* watcher buffers, kept reachable */
+static nvmlProcessInfo_v1_t *g_procs;
+
 static void *watcher(void *arg) {
     (void)arg;
-    nvmlProcessUtilizationSample_t *buf = calloc(1024, sizeof *buf);
-    nvmlProcessInfo_v1_t *procs = calloc(1024, sizeof *procs);
+    nvmlProcessUtilizationSample_t *buf = g_samples;
+    nvmlProcessInfo_v1_t *procs = g_procs;
     if (!buf || !procs) return NULL;
     for (;;) {
         usleep(PERIOD_US);
+        pthread_mutex_lock(&g_watch_mu);
         vg_record_kernel_time();
-        if (!vg_hostpid_found || !vg_slot || !vg_nvml_real[VGN_nvmlDeviceGetProcessUtilization]) continue;
-        for (int d = 0; d < g_ndev; d++) sample_device(d, buf, procs);
+        if (vg_hostpid_found && vg_slot && vg_nvml_real[VGN_nvmlDeviceGetProcessUtilization])
+            for (int d = 0; d < g_ndev; d++) sample_device(d, buf, procs);
+        pthread_mutex_unlock(&g_watch_mu);
     }
     return NULL;
 }
@@ -161,7 +169,11 @@ void vg_watcher_start(void) {
     }
     vg_limiter_on = any && vg_hostpid_found && vg_policy != VG_POLICY_DISABLE;
     if (any && !vg_hostpid_found) LOG_WARN("SM limit set but the host PID is unknown: compute is not limited");
-    if (!g_watcher_running) {
+    /* buffers are allocated here, not in the thread: a fork must never catch
+     * the watcher inside the allocator */
+    if (!g_samples) g_samples = calloc(1024, sizeof *g_samples);
+    if (!g_procs) g_procs = calloc(1024, sizeof *g_procs);
+    if (!g_watcher_running && g_samples && g_procs) {
         pthread_t t;
         pthread_attr_t a;
         pthread_attr_init(&a);
@@ -172,7 +184,11 @@ void vg_watcher_start(void) {
     }
 }
 
+void vg_limiter_fork_prepare(void) { pthread_mutex_lock(&g_watch_mu); }
+void vg_limiter_fork_parent(void) { pthread_mutex_unlock(&g_watch_mu); }
+
 void vg_limiter_fork_child(void) {
+    pthread_mutex_init(&g_watch_mu, NULL);
     g_watcher_running = 0;
     vg_limiter_on = 0;
     vg_hostpid_found = 0;

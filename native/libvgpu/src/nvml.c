@@ -3,6 +3,8 @@
 #include "vgpu.h"
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,6 +190,14 @@ static void detect_host_pid(void) {
     }
     if (!locked) { LOG_WARN("host PID detection skipped (sem_postinit busy)"); return; }
 
+    /* node-wide: containers sharing a GPU must not detect at the same time
+     * (the device plugin mounts the host's /tmp/vgpulock into every container) */
+    int nodefd = open("/tmp/vgpulock/lock", O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (nodefd >= 0) {
+        int tries = 0;
+        while (flock(nodefd, LOCK_EX | LOCK_NB) != 0 && tries++ < 1000) usleep(10000); /* at most ~10 s */
+    }
+
     enum { CAP = 1024 };
     nvmlProcessInfo_v1_t *before = calloc(CAP, sizeof *before), *after = calloc(CAP, sizeof *after);
     int nb = before ? list_procs(d, before, CAP) : -1, na = -1;
@@ -204,6 +214,7 @@ static void detect_host_pid(void) {
         if (!seen) { hostpid = (int)after[i].pid; ctxsize = after[i].usedGpuMemory; }
     }
     if (retained) CU_REAL(cuDevicePrimaryCtxRelease_v2)(0);
+    if (nodefd >= 0) close(nodefd); /* releases the flock */
     sem_post(&vg_region->sem_postinit);
     free(before);
     free(after);
@@ -212,6 +223,12 @@ static void detect_host_pid(void) {
     vg_context_size = ctxsize;
     vg_hostpid_found = 1;
     LOG_INFO("host pid %d, context size %llu", hostpid, (unsigned long long)ctxsize);
+}
+
+void vg_nvml_fork_child(void) {
+    pthread_mutex_init(&g_post_mu, NULL);
+    pthread_mutex_init(&g_nload_mu, NULL);
+    vg_hostpid_found = 0;
 }
 
 void vg_postinit(void) {

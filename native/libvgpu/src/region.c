@@ -245,6 +245,12 @@ int vg_reclaim_dead(void) {
 
 static pthread_mutex_t g_slot_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* a forked child must not inherit a lock held by another parent thread */
+void vg_region_fork_child(void) {
+    pthread_mutex_init(&g_slot_mu, NULL);
+    pthread_mutex_init(&g_init_mu, NULL);
+}
+
 int vg_slot_ensure(void) {
     if (vg_region_ensure() != 0) return -1;
     pthread_mutex_lock(&g_slot_mu);
@@ -291,48 +297,11 @@ int vg_slot_ensure(void) {
 }
 
 /* -------------------------------------------------------------- accounting */
-uint64_t vg_usage(int dev) {
-    vg_region_t *r = vg_region;
-    int n = A_LOAD(&r->proc_num);
-    if (n > VG_MAXPROC) n = VG_MAXPROC;
-    uint64_t sum = 0;
-    for (int i = 0; i < n; i++) sum += __atomic_load_n(&r->procs[i].used[dev].total, __ATOMIC_SEQ_CST);
-    return sum;
-}
-
-static inline uint64_t *cat_field(vg_devmem_t *m, int cat) {
-    return cat == VG_CAT_CONTEXT ? &m->context_size : cat == VG_CAT_MODULE ? &m->module_size : &m->data_size;
-}
-
-/*
- * Reserve-then-check: add to the own slot first, then sum every slot. Two
- * processes racing for the last bytes may both fail (and retry after dead-
- * slot reclaim) but can never both succeed past the limit: each sees at
- * least the other's reservation (sequentially consistent add + loads).
- */
-int vg_reserve(int dev, uint64_t bytes, int cat) {
-    if (dev < 0 || dev >= VG_MAXDEV) return 0;
+/* vg_usage / vg_reserve / vg_unreserve are inline in vgpu.h (hot path) */
+int vg_reserve_slow(int dev, uint64_t bytes) {
+    /* over the limit: reclaim slots of dead processes once and re-check */
     vg_devmem_t *m = &vg_slot->used[dev];
-    uint64_t limit = vg_region->limit[dev];
-    if (limit && bytes > limit) return -1;
-    __atomic_fetch_add(&m->total, bytes, __ATOMIC_SEQ_CST);
-    if (limit == 0) goto ok;
-    for (int attempt = 0;; attempt++) {
-        uint64_t use = vg_usage(dev);
-        if (use <= limit) goto ok;
-        if (attempt > 0) break;
-        if (vg_reclaim_dead() == 0) break;
-    }
+    if (vg_reclaim_dead() > 0 && vg_usage(dev) <= vg_region->limit[dev]) return 0;
     __atomic_fetch_sub(&m->total, bytes, __ATOMIC_SEQ_CST);
     return -1;
-ok:
-    __atomic_fetch_add(cat_field(m, cat), bytes, __ATOMIC_RELAXED);
-    return 0;
-}
-
-void vg_unreserve(int dev, uint64_t bytes, int cat) {
-    if (dev < 0 || dev >= VG_MAXDEV) return;
-    vg_devmem_t *m = &vg_slot->used[dev];
-    __atomic_fetch_sub(cat_field(m, cat), bytes, __ATOMIC_RELAXED);
-    __atomic_fetch_sub(&m->total, bytes, __ATOMIC_SEQ_CST);
 }

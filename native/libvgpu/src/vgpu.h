@@ -92,12 +92,46 @@ VG_HIDDEN int vg_slot_ensure(void);    /* attach + register own slot */
 VG_HIDDEN void vg_lock(void);
 VG_HIDDEN void vg_unlock(void);
 VG_HIDDEN int vg_reclaim_dead(void);   /* returns slots reclaimed; takes the lock */
-VG_HIDDEN uint64_t vg_usage(int dev);  /* container usage on dev (sum of slots) */
 VG_HIDDEN int vg_pid_alive(int pid);
 
-/* reserve bytes on dev for the own slot; 0 ok, -1 over limit */
-VG_HIDDEN int vg_reserve(int dev, uint64_t bytes, int cat);
-VG_HIDDEN void vg_unreserve(int dev, uint64_t bytes, int cat);
+VG_HIDDEN int vg_reserve_slow(int dev, uint64_t bytes);
+
+/* container usage on dev: sum of every slot's total */
+static inline uint64_t vg_usage(int dev) {
+    vg_region_t *r = vg_region;
+    int n = __atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE);
+    if (n > VG_MAXPROC) n = VG_MAXPROC;
+    uint64_t sum = 0;
+    for (int i = 0; i < n; i++) sum += __atomic_load_n(&r->procs[i].used[dev].total, __ATOMIC_SEQ_CST);
+    return sum;
+}
+
+/*
+ * Reserve bytes on dev for the own slot; 0 ok, -1 over the limit.
+ * Reserve-then-check: add to the own slot's total first, then sum every
+ * slot. Two processes racing for the last bytes may both fail (and retry
+ * after dead-slot reclaim) but can never both succeed past the limit: each
+ * sees at least the other's reservation (sequentially consistent add + loads).
+ * data_size is maintained by the allocation table (under its lock);
+ * context_size is updated here atomically.
+ */
+static inline int vg_reserve(int dev, uint64_t bytes, int cat) {
+    if (UNLIKELY(dev < 0 || dev >= VG_MAXDEV)) return 0;
+    vg_devmem_t *m = &vg_slot->used[dev];
+    uint64_t limit = vg_region->limit[dev];
+    if (limit && bytes > limit) return -1;
+    __atomic_fetch_add(&m->total, bytes, __ATOMIC_SEQ_CST);
+    if (limit && UNLIKELY(vg_usage(dev) > limit) && vg_reserve_slow(dev, bytes) != 0) return -1;
+    if (cat == VG_CAT_CONTEXT) __atomic_fetch_add(&m->context_size, bytes, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static inline void vg_unreserve(int dev, uint64_t bytes, int cat) {
+    if (UNLIKELY(dev < 0 || dev >= VG_MAXDEV)) return;
+    vg_devmem_t *m = &vg_slot->used[dev];
+    if (cat == VG_CAT_CONTEXT) __atomic_fetch_sub(&m->context_size, bytes, __ATOMIC_RELAXED);
+    __atomic_fetch_sub(&m->total, bytes, __ATOMIC_RELEASE);
+}
 
 /* ---------------------------------------------------- real driver table */
 #define VG_CUDA_HOOKS(X)                                                                                 \
@@ -109,7 +143,8 @@ VG_HIDDEN void vg_unreserve(int dev, uint64_t bytes, int cat);
     X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) X(cuDevicePrimaryCtxReset_v2)             \
     X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2) X(cuLaunchKernel)            \
     X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz) X(cuLaunchCooperativeKernel)      \
-    X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch) X(cuGraphLaunch_ptsz)
+    X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch) X(cuGraphLaunch_ptsz) X(cuMemPoolCreate)            \
+    X(cuMemPoolDestroy) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool)
 #define VG_CUDA_HELPERS(X) X(cuCtxGetDevice) X(cuDeviceGetCount) X(cuDeviceGetAttribute) X(cuDeviceGetUuid)
 
 #define VG_ENUM(n) VGC_##n,
@@ -151,5 +186,9 @@ VG_HIDDEN void vg_rate_limit(uint64_t grid);
 VG_HIDDEN void vg_watcher_start(void);
 VG_HIDDEN void vg_record_kernel_time(void);
 VG_HIDDEN void vg_limiter_fork_child(void);
+VG_HIDDEN void vg_limiter_fork_prepare(void);
+VG_HIDDEN void vg_limiter_fork_parent(void);
+VG_HIDDEN void vg_region_fork_child(void);
+VG_HIDDEN void vg_nvml_fork_child(void);
 
 #endif

@@ -10,7 +10,8 @@
 typedef struct { int dev; int primary; } stub_ctx_t;
 static stub_ctx_t g_primary[STUB_MAXDEV];
 static int g_primary_refs[STUB_MAXDEV];
-static __thread stub_ctx_t *t_cur;
+/* static TLS, as a driver would use: no __tls_get_addr call per lookup */
+static __thread stub_ctx_t *t_cur __attribute__((tls_model("initial-exec")));
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
 /* process-local allocation table: key -> (size, dev) */
@@ -20,7 +21,10 @@ typedef struct { uint64_t key; uint64_t size; int dev; } ent_t;
 static ent_t *g_tab;
 static _Atomic uint64_t g_next_addr = 0x7f0000000000ull;
 
-static uint32_t hsh(uint64_t k) { k ^= k >> 29; k *= 0xbf58476d1ce4e5b9ull; k ^= k >> 32; return (uint32_t)k & (TAB_SIZE - 1); }
+static uint32_t hsh(uint64_t k) {
+    k ^= k >> 30; k *= 0xbf58476d1ce4e5b9ull; k ^= k >> 27; k *= 0x94d049bb133111ebull; k ^= k >> 31;
+    return (uint32_t)k & (TAB_SIZE - 1);
+}
 
 static void tab_put(uint64_t key, uint64_t size, int dev) {
     if (!g_tab) g_tab = calloc(TAB_SIZE, sizeof(ent_t));
@@ -50,6 +54,14 @@ static int tab_take(uint64_t key, uint64_t *size, int *dev) {
         }
     }
 }
+
+/* a forked child starts without contexts, as with the real driver */
+static void stub_fork_child(void) {
+    memset(g_primary_refs, 0, sizeof g_primary_refs);
+    t_cur = NULL;
+    pthread_mutex_init(&g_mu, NULL);
+}
+__attribute__((constructor)) static void stub_ctor(void) { pthread_atfork(NULL, NULL, stub_fork_child); }
 
 static int cur_dev(void) { return t_cur ? t_cur->dev : 0; }
 
@@ -110,6 +122,15 @@ EXPORT CUresult cuDeviceGetUuid(unsigned char u[16], CUdevice dev) {
 EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
     *pool = (CUmemoryPool)(uintptr_t)(0x9000 + dev); return CUDA_SUCCESS;
 }
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) { return cuDeviceGetMemPool(pool, dev); }
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *p) {
+    if (!pool || !p || p->location.type != CU_MEM_LOCATION_TYPE_DEVICE || p->location.id < 0 ||
+        p->location.id >= st_get()->ndev)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pool = (CUmemoryPool)(uintptr_t)(0x9000 + p->location.id);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) { (void)pool; return CUDA_SUCCESS; }
 EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
     (void)pool; (void)attr; *(cuuint64_t *)value = 0; return CUDA_SUCCESS;
 }
@@ -253,8 +274,16 @@ static CUresult launch(uint64_t blocks) {
     atomic_fetch_add(&s->launches, 1);
     atomic_fetch_add(&me->launches, 1);
     if (s->ns_per_block) {
+        /* a synchronous kernel: the simulated GPU is busy until t1; long
+         * kernels sleep (no CPU use, so host load does not skew the duty
+         * cycle), short ones spin */
         uint64_t t0 = st_now_ns(), t1 = t0 + blocks * s->ns_per_block;
+        if (t1 - t0 >= 200000) {
+            struct timespec ts = {(time_t)(t1 / 1000000000ull), (long)(t1 % 1000000000ull)};
+            while (clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME, &ts, NULL) != 0) { }
+        }
         while (st_now_ns() < t1) { }
+        t1 = st_now_ns();
         uint64_t i = atomic_fetch_add(&me->ring_head, 1) % STUB_RING;
         me->ring[i].dev = cur_dev();
         me->ring[i].start_ns = t0;
@@ -292,6 +321,16 @@ EXPORT unsigned long long stubLaunchCount(void) { return atomic_load(&st_get()->
 EXPORT unsigned long long stubProcLaunchCount(void) { return atomic_load(&st_me()->launches); }
 EXPORT unsigned long long stubDeviceUsed(int dev) { return st_dev_used(dev, 1); }
 
+/* test helper: the stub's own entry point by exact name, bypassing any
+ * interposer (benchmarks call the driver directly and through libvgpu in the
+ * same process) */
+EXPORT void *stubDirect(const char *name) {
+    if (!strcmp(name, "cuMemAlloc_v2")) return (void *)cuMemAlloc_v2;
+    if (!strcmp(name, "cuMemFree_v2")) return (void *)cuMemFree_v2;
+    if (!strcmp(name, "cuLaunchKernel")) return (void *)cuLaunchKernel;
+    return NULL;
+}
+
 /* cuGetProcAddress: base name + version -> own function (newest first) */
 typedef struct { const char *base; int minver; int ptsz; void *fn; } proc_t;
 #define P(b, v, f) {b, v, 0, (void *)f}
@@ -302,7 +341,8 @@ static const proc_t g_procs[] = {
     P("cuDeviceGet", 2000, cuDeviceGet), P("cuDeviceGetCount", 2000, cuDeviceGetCount),
     P("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute), P("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
     P("cuDeviceGetUuid", 9020, cuDeviceGetUuid), P("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
-    P("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute),
+    P("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute), P("cuMemPoolCreate", 11020, cuMemPoolCreate),
+    P("cuMemPoolDestroy", 11020, cuMemPoolDestroy), P("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
     P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
     P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
     P("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),

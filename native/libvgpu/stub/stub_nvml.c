@@ -9,6 +9,12 @@
 typedef struct { unsigned idx; } ndev_t;
 static ndev_t g_devs[STUB_MAXDEV];
 
+/* VGPU_STUB_PID_OFFSET simulates a PID namespace: NVML reports host PIDs */
+static unsigned host_pid(int pid) {
+    const char *o = getenv("VGPU_STUB_PID_OFFSET");
+    return (unsigned)pid + (o ? (unsigned)atoi(o) : 0u);
+}
+
 static int dev_of(nvmlDevice_t d, unsigned *idx) {
     ndev_t *p = (ndev_t *)d;
     if (p < g_devs || p >= g_devs + st_get()->ndev) return 0;
@@ -70,7 +76,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigne
         stub_proc_t *p = &s->procs[k];
         int pid = atomic_load(&p->pid);
         if (pid <= 0 || atomic_load(&p->ctx[i]) <= 0) continue;
-        if (n < *count && infos) { infos[n].pid = (unsigned)pid; infos[n].usedGpuMemory = atomic_load(&p->mem[i]); }
+        if (n < *count && infos) { infos[n].pid = host_pid(pid); infos[n].usedGpuMemory = atomic_load(&p->mem[i]); }
         n++;
     }
     nvmlReturn_t r = n > *count ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
@@ -103,7 +109,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessU
         if (!any) continue;
         if (u && n < *count) {
             memset(&u[n], 0, sizeof u[n]);
-            u[n].pid = (unsigned)pid;
+            u[n].pid = host_pid(pid);
             u[n].timeStamp = now / 1000;
             u[n].smUtil = (unsigned)(busy * 100 / (now - from));
         }

@@ -11,6 +11,7 @@
 #ifndef STUB_STATE_H
 #define STUB_STATE_H
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -123,10 +124,14 @@ static stub_state_t *st_get(void) {
     return s;
 }
 
-/* this process's record (claimed on first use, re-claimed after fork) */
+static void st_fork_child(void) { g_me = NULL; }
+
+/* this process's record; the cached pointer is dropped in a forked child */
 __attribute__((unused)) static stub_proc_t *st_me(void) {
+    if (g_me) return g_me;
+    static int atfork;
+    if (!atfork) { atfork = 1; pthread_atfork(NULL, NULL, st_fork_child); }
     int pid = getpid();
-    if (g_me && g_me_pid == pid) return g_me;
     stub_state_t *s = st_get();
     for (int i = 0; i < STUB_MAXPROC; i++)
         if (atomic_load(&s->procs[i].pid) == pid) { g_me = &s->procs[i]; g_me_pid = pid; return g_me; }

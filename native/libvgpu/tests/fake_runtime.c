@@ -21,6 +21,7 @@ static const char *owner(void *p) {
     base = base ? base + 1 : i.dli_fname;
     if (!strncmp(base, "libvgpu", 7)) return "vgpu";
     if (!strncmp(base, "libcuda", 7)) return "driver";
+    if (!strncmp(base, "libnvidia-ml", 12)) return "nvml";
     return i.dli_fname;
 }
 
@@ -65,6 +66,23 @@ int main(int argc, char **argv) {
         CHECK(r == 0 && !strcmp(owner(fn), "vgpu"), "%s -> r=%d %s", hooked[i], r, owner(fn));
         if (mode == 12) CHECK(st == CU_GET_PROC_ADDRESS_SUCCESS, "%s status %d", hooked[i], st);
     }
+    /* every ABI variant the driver hands out for a requested version is wrapped */
+    int vers[] = {3020, 11040, 12050};
+    for (int i = 0; i < 3; i++) {
+        int save = ver;
+        ver = vers[i];
+        void *fn = get("cuCtxCreate", 0, &r, &st);
+        CHECK(r == 0 && !strcmp(owner(fn), "vgpu"), "cuCtxCreate@%d -> %s", vers[i], owner(fn));
+        ver = save;
+    }
+    {
+        int save = ver;
+        ver = 11000; /* older than the stream-ordered allocator: the driver's answer passes through */
+        void *fn = get("cuMemAllocAsync", 0, &r, &st);
+        CHECK(r == CUDA_ERROR_NOT_FOUND && fn == NULL, "cuMemAllocAsync@11000 r=%d", r);
+        if (mode == 12) CHECK(st == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT, "version status %d", st);
+        ver = save;
+    }
     /* per-thread default stream variants are wrapped too */
     void *lk = get("cuLaunchKernel", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &r, &st);
     CHECK(r == 0 && !strcmp(owner(lk), "vgpu"), "cuLaunchKernel ptds -> %s", owner(lk));
@@ -101,6 +119,15 @@ int main(int argc, char **argv) {
         CHECK(mfree(p) == 0, "free");
     }
     CHECK(mfree(p10) == 0, "free 10MB");
+    /* NVML reached like nvidia-smi does it: dlopen + dlsym */
+    void *nh = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    CHECK(nh != NULL, "dlopen libnvidia-ml.so.1");
+    if (nh) {
+        void *mi = dlsym(nh, "nvmlDeviceGetMemoryInfo"), *mi2 = dlsym(nh, "nvmlDeviceGetMemoryInfo_v2");
+        void *cnt = dlsym(nh, "nvmlDeviceGetCount_v2");
+        CHECK(!strcmp(owner(mi), "vgpu") && !strcmp(owner(mi2), "vgpu"), "nvml memory info -> %s", owner(mi));
+        CHECK(!strcmp(owner(cnt), "nvml"), "nvmlDeviceGetCount_v2 -> %s", owner(cnt));
+    }
     printf(fails ? "fake_runtime FAILED\n" : "fake_runtime ok\n");
     return fails != 0;
 }

@@ -5,9 +5,11 @@
  * usage: vgtest CMD [ARGS]... ; commands run left to right:
  *   init                 cuInit + retain/set primary context of device 0
  *   dev N                make device N's primary context current
+ *   noctx                no current context (a bare worker thread)
  *   ctx N                cuCtxCreate on device N (kept on the object stack)
  *   alloc KIND BYTES RC  allocate; KIND: mem pitch managed async async_ptsz
- *                        pool vmm vmm_host vmm_badid array array3d mipmap ctx
+ *                        pool pool1 vmm vmm1 vmm_host vmm_badid array array3d
+ *                        mipmap ctx
  *                        expect return code RC (0 ok, 2 OOM); keep the object
  *   free                 free the newest object (expect 0)
  *   freeall              free every object
@@ -20,7 +22,12 @@
  *   sleep SECS           sleep
  *   hold                 print "holding" and sleep until killed
  *   fork SCRIPT...       run the rest in a forked child, wait, continue
+ *   threads N ITER BYTES N threads each doing ITER cuMemAlloc/cuMemFree pairs
+ *   race N BYTES         N threads allocate BYTES at once; print "race SUCCESSES"
+ *                        (objects kept)
+ *   uid                  print "uid N" (getuid; used with a preloaded interposer)
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +65,16 @@ static CUresult do_alloc(const char *kind, size_t n, uint64_t *h) {
         cuCtxGetDevice(&d);
         cuDeviceGetMemPool(&pool, d);
         r = cuMemAllocFromPoolAsync(&p, n, pool, NULL);
+    } else if (!strcmp(kind, "pool1")) {
+        /* an explicit pool on device 1, whatever the current device */
+        CUmemPoolProps pp;
+        memset(&pp, 0, sizeof pp);
+        pp.allocType = 1;
+        pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        pp.location.id = 1;
+        CUmemoryPool pool;
+        r = cuMemPoolCreate(&pool, &pp);
+        if (!r) r = cuMemAllocFromPoolAsync(&p, n, pool, NULL);
     } else if (!strcmp(kind, "pitch")) {
         size_t pitch = 0;
         /* width 512 bytes (row padding 0 on the stub), height n/512 */
@@ -70,6 +87,7 @@ static CUresult do_alloc(const char *kind, size_t n, uint64_t *h) {
         cuCtxGetDevice(&d);
         prop.location.type = strcmp(kind, "vmm_host") ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST;
         prop.location.id = !strcmp(kind, "vmm_badid") ? 123456 : (!strcmp(kind, "vmm_host") ? -77 : d);
+        if (!strcmp(kind, "vmm1")) prop.location.id = 1;
         CUmemGenericAllocationHandle hh = 0;
         r = cuMemCreate(&hh, n, &prop, 0);
         p = hh;
@@ -109,13 +127,53 @@ static CUresult do_alloc(const char *kind, size_t n, uint64_t *h) {
 static CUresult do_free(obj_t *o) {
     const char *k = o->kind;
     if (!strcmp(k, "mem") || !strcmp(k, "managed") || !strcmp(k, "pitch")) return cuMemFree_v2(o->h);
-    if (!strcmp(k, "async") || !strcmp(k, "pool")) return cuMemFreeAsync(o->h, NULL);
+    if (!strcmp(k, "async") || !strcmp(k, "pool") || !strcmp(k, "pool1")) return cuMemFreeAsync(o->h, NULL);
     if (!strcmp(k, "async_ptsz")) return cuMemFreeAsync_ptsz(o->h, NULL);
     if (!strncmp(k, "vmm", 3)) return cuMemRelease(o->h);
     if (!strcmp(k, "array") || !strcmp(k, "array3d")) return cuArrayDestroy((CUarray)(uintptr_t)o->h);
     if (!strcmp(k, "mipmap")) return cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)o->h);
     if (!strcmp(k, "ctx")) return cuCtxDestroy_v2((CUcontext)(uintptr_t)o->h);
     return CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUcontext g_ctx0;
+static size_t t_bytes;
+static long t_iter;
+static pthread_barrier_t t_bar;
+static int t_ok;
+static pthread_mutex_t t_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void *churn(void *arg) {
+    (void)arg;
+    cuCtxSetCurrent(g_ctx0);
+    for (long k = 0; k < t_iter; k++) {
+        CUdeviceptr p;
+        if (cuMemAlloc_v2(&p, t_bytes) == CUDA_SUCCESS && cuMemFree_v2(p) != CUDA_SUCCESS) die("free", 0, 0);
+    }
+    return NULL;
+}
+static void *racer(void *arg) {
+    (void)arg;
+    cuCtxSetCurrent(g_ctx0);
+    CUdeviceptr p;
+    pthread_barrier_wait(&t_bar);
+    if (cuMemAlloc_v2(&p, t_bytes) == CUDA_SUCCESS) {
+        pthread_mutex_lock(&t_mu);
+        t_ok++;
+        snprintf(objs[nobj].kind, sizeof objs[nobj].kind, "mem");
+        objs[nobj++].h = p;
+        pthread_mutex_unlock(&t_mu);
+    }
+    return NULL;
+}
+static void spawn(int n, void *(*fn)(void *)) {
+    pthread_t th[64];
+    if (n > 64) n = 64;
+    pthread_barrier_init(&t_bar, NULL, (unsigned)n);
+    cuCtxGetCurrent(&g_ctx0);
+    for (int k = 0; k < n; k++) pthread_create(&th[k], NULL, fn, NULL);
+    for (int k = 0; k < n; k++) pthread_join(th[k], NULL);
+    pthread_barrier_destroy(&t_bar);
 }
 
 static void set_dev(int n) {
@@ -132,6 +190,8 @@ static int run(int argc, char **argv) {
             CUresult r = cuInit(0);
             if (r) die("cuInit", r, 0);
             set_dev(0);
+        } else if (!strcmp(c, "noctx")) {
+            cuCtxSetCurrent(NULL);
         } else if (!strcmp(c, "dev")) {
             set_dev(atoi(argv[++i]));
         } else if (!strcmp(c, "alloc")) {
@@ -187,6 +247,20 @@ static int run(int argc, char **argv) {
             long n = 0;
             while ((t = now_s()) - t0 < secs) { cuLaunchKernel(NULL, g, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL); n++; }
             printf("rate %.1f\n", n / (t - t0));
+        } else if (!strcmp(c, "threads")) {
+            int n = atoi(argv[++i]);
+            t_iter = atol(argv[++i]);
+            t_bytes = strtoull(argv[++i], NULL, 0);
+            spawn(n, churn);
+            printf("threads done\n");
+        } else if (!strcmp(c, "race")) {
+            int n = atoi(argv[++i]);
+            t_bytes = strtoull(argv[++i], NULL, 0);
+            t_ok = 0;
+            spawn(n, racer);
+            printf("race %d\n", t_ok);
+        } else if (!strcmp(c, "uid")) {
+            printf("uid %d\n", (int)getuid());
         } else if (!strcmp(c, "echo")) {
             printf("%s\n", argv[++i]);
         } else if (!strcmp(c, "sleep")) {
