@@ -384,3 +384,10 @@ def test_release_in_default_namespace_does_not_exclude_default() -> None:
     excluded = next(e for e in hook["namespaceSelector"]["matchExpressions"]
                     if e["key"] == "kubernetes.io/metadata.name")["values"]
     assert excluded == ["kube-system"]
+
+
+def test_lib_path_must_follow_the_hook_path() -> None:
+    assert find(render({"devicePlugin": {"libPath": "/usr/local/vgpu"}}), "DaemonSet")
+    proc = helm("template", RELEASE, str(CHART), "--kube-version", "v1.37.2",
+                "--set", "devicePlugin.libPath=/opt/elsewhere")
+    assert proc.returncode != 0 and "must be <global.gpuHookPath>/vgpu" in proc.stderr
