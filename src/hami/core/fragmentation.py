@@ -75,12 +75,15 @@ class WorkloadDistribution:
     def from_tasks(cls, num_gpu: Sequence[int], gpu_milli: Sequence[int],
                    cpu_milli: Sequence[int], memory_mib: Sequence[int],
                    models: Sequence[Sequence[str]] | None = None,
-                   min_weight: float = 0.0) -> WorkloadDistribution:
+                   min_weight: float = 0.0,
+                   by_resources: bool = False) -> WorkloadDistribution:
         """Group tasks into classes by ``(num_gpu, gpu_milli, models)``.
 
-        A class's CPU and memory are the medians of its tasks (so that "does the task fit
-        the node's CPU" is judged on a typical member). Classes lighter than
-        ``min_weight`` are dropped and the rest renormalised.
+        With ``by_resources`` the task's CPU and memory are part of the class too (more
+        classes, exact CPU/memory); otherwise a class's CPU and memory are the medians of
+        its tasks (so that "does the task fit the node's CPU" is judged on a typical
+        member). Classes lighter than ``min_weight`` are dropped and the rest
+        renormalised.
 
         Raises:
             ValueError: no tasks, or sequences of different lengths.
@@ -91,10 +94,11 @@ class WorkloadDistribution:
         if not (len(gpu_milli) == len(cpu_milli) == len(memory_mib) == n):
             raise ValueError("task attribute sequences differ in length")
         specs: Sequence[Sequence[str]] = models if models is not None else [()] * n
-        groups: dict[tuple[int, int, tuple[str, ...]], list[int]] = {}
+        groups: dict[tuple[int, int, tuple[str, ...], int, int], list[int]] = {}
         for i in range(n):
             g = int(gpu_milli[i]) if int(num_gpu[i]) > 0 else 0
-            key = (int(num_gpu[i]), g, tuple(sorted(s.lower() for s in specs[i])))
+            res = (int(cpu_milli[i]), int(memory_mib[i])) if by_resources else (-1, -1)
+            key = (int(num_gpu[i]), g, tuple(sorted(s.lower() for s in specs[i])), *res)
             groups.setdefault(key, []).append(i)
         keys = sorted(groups, key=lambda k: (-len(groups[k]), k))
         keys = [k for k in keys if len(groups[k]) / n >= min_weight] or keys[:1]
@@ -432,8 +436,11 @@ class FragmentationScorer:
     otherwise.
     """
 
-    def __init__(self, dist: WorkloadDistribution, cache_size: int = 1024) -> None:
+    def __init__(self, dist: WorkloadDistribution, cache_size: int = 1024,
+                 tie_break: str = "stable", seed: int = 0) -> None:
         self.dist = dist
+        self.tie_break = tie_break
+        self._rng = np.random.default_rng(seed)
         self.cache_size = cache_size
         self._state: FragmentationState | None = None
         self._ledger_id = -1
@@ -512,7 +519,14 @@ class FragmentationScorer:
         if idx.size == 0:
             return idx
         deltas = self.node_deltas(ctx.ledger, Placement.of(ctx.request), idx)
-        ordered: IntArray = idx[np.argsort(deltas, kind="stable")]
+        ordered: IntArray
+        if self.tie_break == "random":
+            ordered = idx[np.lexsort((self._rng.random(idx.size), deltas))]
+        elif self.tie_break == "binpack":
+            used = ctx.ledger.node_scores()[idx]
+            ordered = idx[np.lexsort((-used, deltas))]
+        else:
+            ordered = idx[np.argsort(deltas, kind="stable")]
         return ordered
 
 

@@ -44,17 +44,12 @@ from hami.core.admission import admit
 from hami.core.config import NvidiaConfig, SchedulerConfig, SchedulingPolicy
 from hami.core.filter import FilterContext, filter_pod
 from hami.core.fit import PodOptions
-from hami.core.fragmentation import (
-    FragmentationScorer,
-    Placement,
-    WorkloadDistribution,
-    ledger_inputs,
-    node_fragmentation,
-)
+from hami.core.fragmentation import FragmentationScorer, Placement, WorkloadDistribution
 from hami.core.ledger import UsageLedger
 from hami.core.model import DeviceInfo, PodRequest
 from hami.core.request import pod_request
 from hami.core.score import ScoringWeights
+from hami.sim import metrics
 from hami.sim.trace import TraceNode, TracePod
 
 FloatArray = npt.NDArray[np.float64]
@@ -269,17 +264,14 @@ class Replayer:
 
     # ---------------------------------------------------------------- metrics
     def allocation_percent(self) -> float:
-        """Allocated GPU (sum of granted cores) as % of capacity, read from the ledger."""
-        n = self.ledger.size
-        return 100.0 * float(self.ledger.used_cores[:n].sum()) * 10 / self.capacity_milli
+        """Allocated GPU as % of capacity, read from the ledger."""
+        return metrics.allocation_percent(self.ledger, self.capacity_milli)
 
     def fragmentation_percent(self) -> float:
         """The cluster's expected fragmentation under :attr:`dist`, % of capacity."""
-        free, node_of, cpu_free, mem_free = ledger_inputs(self.ledger)
         state = self.scorer.state(self.ledger)
-        frag = node_fragmentation(free, node_of, cpu_free, mem_free, state.models_ok,
-                                  self.dist)
-        return 100.0 * float(frag.sum()) / self.capacity_milli
+        frag = metrics.fragmentation_milli(self.ledger, self.dist, state.models_ok)
+        return 100.0 * frag / self.capacity_milli
 
     def run(self, pods: Sequence[TracePod], seed: int = 0,
             progress: ProgressFn | None = None) -> ReplayResult:
@@ -326,9 +318,10 @@ def replay(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy: str,
     return Replayer(nodes, policy, dist, split_count).run(pods, seed, progress)
 
 
-def workload_distribution(pods: Sequence[TracePod]) -> WorkloadDistribution:
+def workload_distribution(pods: Sequence[TracePod],
+                          by_resources: bool = False) -> WorkloadDistribution:
     """The task mix of a trace workload, as FGD's target distribution."""
     return WorkloadDistribution.from_tasks(
         [p.num_gpu for p in pods], [p.gpu_milli for p in pods],
         [p.cpu_milli for p in pods], [p.memory_mib for p in pods],
-        [p.gpu_spec for p in pods])
+        [p.gpu_spec for p in pods], by_resources=by_resources)

@@ -194,3 +194,45 @@ def load_trace(trace_dir: str | Path, workload: str = "default",
     if not base.is_dir():
         raise TraceError(f"trace directory not found: {base}")
     return load_nodes(base / node_file), load_pods(pod_file(base, workload))
+
+
+#: The paper's cached results, relative to the trace directory (optional).
+REFERENCE_FILE = "fgd_expected_results/analysis_allo_discrete.csv"
+
+
+def load_reference(trace_dir: str | Path, workload: str) -> dict[str, dict[int, float]]:
+    """The paper's median unallocated GPU % per policy and arrived-demand point.
+
+    Reads ``fgd_expected_results/analysis_allo_discrete.csv`` (allocation ratio per
+    workload, policy, seed and point 0..130) and returns ``100 - median`` over seeds,
+    empty cells skipped; ``{}`` when the file or the workload is absent.
+    """
+    path = Path(trace_dir) / REFERENCE_FILE
+    if not path.is_file():
+        return {}
+    wanted = f"openb_pod_list_{workload}"
+    values: dict[str, dict[int, list[float]]] = {}
+    with path.open(newline="", encoding="utf-8") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, [])
+        points = [(i, int(h)) for i, h in enumerate(header) if h.strip().isdigit()]
+        for row in reader:
+            if not row or row[0] != wanted:
+                continue
+            curve = values.setdefault(row[1], {})
+            for i, point in points:
+                cell = row[i].strip() if i < len(row) else ""
+                if cell:
+                    try:
+                        curve.setdefault(point, []).append(float(cell))
+                    except ValueError:
+                        continue
+    out: dict[str, dict[int, float]] = {}
+    for policy, curve in values.items():
+        out[policy] = {}
+        for point, vals in sorted(curve.items()):
+            vals.sort()
+            mid = len(vals) // 2
+            median = vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+            out[policy][point] = 100.0 - median
+    return out
