@@ -142,7 +142,8 @@ def class_terms(free_milli: IntArray, node_of: IntArray, n_nodes: int,
     nodes = node_of[valid]
     need = dist.need()
     small = free[:, None] < need[None, :]
-    total = np.bincount(nodes, weights=free, minlength=n_nodes)[:n_nodes]
+    total: FloatArray = np.bincount(nodes, weights=free, minlength=n_nodes)[:n_nodes].astype(
+        np.float64)
     s = np.zeros((n_nodes, dist.size))
     c = np.zeros((n_nodes, dist.size))
     np.add.at(s, nodes, np.where(small, free[:, None], 0.0))

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hami.sim import metrics, report
@@ -168,7 +169,7 @@ def simulate(
                         "scale": scale}
             title = f"hami simulate: synthetic openb-like cluster (scale {scale:g})"
     except (TraceError, ValueError) as exc:
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from None
     sim = Simulation(nodes, pods, policy_list, seed_list, split_count, tune)
     settings.update({"seeds": seed_list, "policies": policy_list, "split_count": split_count,
