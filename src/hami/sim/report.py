@@ -47,6 +47,8 @@ from rich.console import Console
 from rich.table import Table
 
 SCHEMA = "hami.simulate/v1"
+#: The plot's right panel starts at this arrived-demand point.
+ZOOM_FROM = 80
 #: The table starts at this arrived-demand point (the JSON has every point).
 TABLE_FROM = 50
 
@@ -134,22 +136,34 @@ def write_plot(path: str | Path, summary: Mapping[str, Mapping[str, Any]], title
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    for policy, s in summary.items():
-        curve = s.get("unallocated_full") or s["unallocated"]
-        xs = [p for p in sorted(curve) if not math.isnan(curve[p])]
-        ax.plot(xs, [curve[p] for p in xs], label=policy,
-                linewidth=2.2 if policy == "fragmentation-aware" else 1.2)
-    for name, curve in (reference or {}).items():
-        xs = [p for p in sorted(curve) if not math.isnan(curve[p])]
-        ax.plot(xs, [curve[p] for p in xs], linestyle="--", linewidth=1.0,
-                label=f"paper {name}")
-    ax.set_xlabel("Arrived GPU demand (% of capacity)")
-    ax.set_ylabel("Unallocated GPU (%)")
-    ax.set_title(title)
-    ax.set_xlim(0, 130)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), dpi=110,
+                             gridspec_kw={"width_ratios": [1, 1.3]})
+    colors = plt.get_cmap("tab20").colors
+    lines: list[tuple[str, dict[int, float], dict[str, Any]]] = []
+    for i, (policy, s) in enumerate(summary.items()):
+        ours = policy == "fragmentation-aware"
+        lines.append((policy, s.get("unallocated_full") or s["unallocated"],
+                      {"color": "black" if ours else colors[(2 * i) % 20],
+                       "linewidth": 2.4 if ours else 1.3}))
+    for j, (name, curve) in enumerate((reference or {}).items()):
+        lines.append((f"paper {name}", dict(curve),
+                      {"color": colors[(2 * j + 1) % 20], "linestyle": "--",
+                       "linewidth": 1.0}))
+    for ax, lo in zip(axes, (0, ZOOM_FROM), strict=True):
+        top = 0.0
+        for label, curve, style in lines:
+            xs = [p for p in sorted(curve) if p >= lo and not math.isnan(curve[p])]
+            ax.plot(xs, [curve[p] for p in xs], label=label, **style)
+            top = max([top, *(curve[p] for p in xs)])
+        ax.set_xlim(lo, 130)
+        ax.set_xlabel("Arrived GPU demand (% of capacity)")
+        ax.set_ylabel("Unallocated GPU (%)")
+        ax.grid(True, alpha=0.3)
+        if lo:
+            ax.set_ylim(0, min(top, 100 - ZOOM_FROM + 5) * 1.05 or 1)
+            ax.set_title(f"zoom: {ZOOM_FROM}..130 %")
+    axes[0].set_title(title, fontsize=9)
+    axes[1].legend(fontsize=7, loc="upper right", ncol=2)
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out)
