@@ -116,3 +116,16 @@ def test_synthetic_replay_is_deterministic_and_sane() -> None:
     overshoot = 100 * 8000 / cap
     assert all(a.allocation[p] <= p + overshoot for p in range(1, 131))
     assert 70 < a.allocation[130] <= 100
+
+
+@pytest.mark.parametrize("policy", ["binpack/binpack", "spread/spread", FRAGMENTATION_AWARE])
+def test_direct_fit_equals_filter_pod(policy: str) -> None:
+    nodes, pods = synthetic_trace(scale=0.03, seed=3)
+    wl = prepare_workload(pods, 1000 * sum(n.gpu for n in nodes), seed=5)
+    dist = workload_distribution(pods)
+    fast = Replayer(nodes, policy, dist)
+    slow = Replayer(nodes, policy, dist, via_filter_pod=True)
+    a, b = fast.run(wl), slow.run(wl)
+    assert a.failed == b.failed and a.scheduled == b.scheduled
+    assert {p.uid: (p.node, p.devices) for p in fast.ledger.pods()} == {
+        p.uid: (p.node, p.devices) for p in slow.ledger.pods()}

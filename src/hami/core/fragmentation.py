@@ -115,9 +115,14 @@ class WorkloadDistribution:
             models=tuple(k[2] for k in keys),
         )
 
-    def need(self) -> IntArray:
+    def __post_init__(self) -> None:
+        need = np.where(self.num_gpu > 0, self.gpu_milli, 0).astype(np.float64)
+        object.__setattr__(self, "_need", need)
+
+    def need(self) -> FloatArray:
         """Per class, the free share a GPU needs to be usable by it (0 for CPU-only)."""
-        return np.where(self.num_gpu > 0, self.gpu_milli, 0)
+        result: FloatArray = self._need  # type: ignore[attr-defined]
+        return result
 
 
 def model_mask(node_types: Sequence[str], dist: WorkloadDistribution) -> BoolArray:
@@ -140,14 +145,18 @@ def class_terms(free_milli: IntArray, node_of: IntArray, n_nodes: int,
     valid = node_of >= 0
     free = free_milli[valid].astype(np.float64)
     nodes = node_of[valid]
-    need = dist.need()
-    small = free[:, None] < need[None, :]
+    small = free[:, None] < dist.need()[None, :]
+    frag_part = np.where(small, free[:, None], 0.0)
+    usable = (~small).astype(np.float64)
+    if n_nodes == 1:
+        return (np.array([free.sum()]), frag_part.sum(axis=0, keepdims=True),
+                usable.sum(axis=0, keepdims=True))
     total: FloatArray = np.bincount(nodes, weights=free, minlength=n_nodes)[:n_nodes].astype(
         np.float64)
     s = np.zeros((n_nodes, dist.size))
     c = np.zeros((n_nodes, dist.size))
-    np.add.at(s, nodes, np.where(small, free[:, None], 0.0))
-    np.add.at(c, nodes, (~small).astype(np.float64))
+    np.add.at(s, nodes, frag_part)
+    np.add.at(c, nodes, usable)
     return total, s, c
 
 
@@ -296,6 +305,9 @@ class FragmentationState:
         if changed_nodes.size == n:
             sel = np.flatnonzero(self.node_of >= 0)
             local = self.node_of[sel]
+        elif changed_nodes.size == 1:
+            sel = self.devices_of(changed_nodes)
+            local = np.zeros(sel.size, dtype=np.int64)
         else:
             sel = self.devices_of(changed_nodes)
             pos = np.full(n, -1, dtype=np.int64)

@@ -22,6 +22,11 @@ order, and the first node it accepts is exactly the node it would choose among a
 them. A pod for which the prefilter leaves no node fails without computing per-node
 reasons (the simulator does not report them).
 
+By default the last step calls the core's exact per-node fit (:func:`hami.core.filter.
+fit_node`, what ``filter_pod`` runs on each node in order) directly, which skips
+``filter_pod``'s second whole-cluster prefilter per call; ``via_filter_pod=True`` goes
+through ``filter_pod`` itself, node by node. Both give the same decisions (tested).
+
 CPU-only pods pass through HAMi's filter untouched; kube-scheduler places them. For the
 HAMi policies we emulate its default scoring (``NodeResourcesFit`` LeastAllocated: the
 node with the largest mean free fraction of CPU and memory); the fragmentation-aware
@@ -194,7 +199,7 @@ class Replayer:
 
     def __init__(self, nodes: Sequence[TraceNode], policy: str, dist: WorkloadDistribution,
                  split_count: int = DEFAULT_SPLIT_COUNT,
-                 gpu_memory: dict[str, int] | None = None) -> None:
+                 gpu_memory: dict[str, int] | None = None, via_filter_pod: bool = False) -> None:
         self.policy_name = policy
         self.policy = parse_policy(policy)
         self.ledger = build_ledger(nodes, split_count, gpu_memory)
@@ -205,12 +210,13 @@ class Replayer:
         self.scorer = FragmentationScorer(dist)
         self.names = [self.ledger.node_name(i) for i in range(self.ledger.node_count)]
         self.allocated_milli = 0
+        self.via_filter_pod = via_filter_pod
 
     # ------------------------------------------------------------ scheduling
-    def _node_order(self, ctx: FilterContext, idx: IntArray) -> IntArray:
-        if self.policy.node_policy == FRAGMENTATION_AWARE:
+    def _node_order(self, node_policy: str, ctx: FilterContext, idx: IntArray) -> IntArray:
+        if node_policy == FRAGMENTATION_AWARE:
             return self.scorer(ctx, idx)
-        order = core_filter.NODE_ORDERS[self.policy.node_policy]
+        order = core_filter.NODE_ORDERS.get(node_policy, core_filter.NODE_ORDERS["binpack"])
         return order(ctx, idx)
 
     def _cpu_fit(self, request: PodRequest) -> IntArray:
@@ -244,22 +250,29 @@ class Replayer:
                             name=request.name, cpu_milli=request.cpu_milli,
                             memory_mib=request.memory_mib)
             return node, 0
-        pod_opts = PodOptions.from_annotations(request.annotations, self.policy.gpu_policy)
+        node_policy, gpu_policy = core_filter.effective_policies(request, self.policy)
+        pod_opts = PodOptions.from_annotations(request.annotations, gpu_policy)
         ctx = FilterContext(led, request, pod_opts, ScoringWeights())
         possible = core_filter._node_mask(led, request, pod_opts)
         idx = np.flatnonzero(possible)
         if idx.size == 0:
             return None, 0
-        for i in self._node_order(ctx, idx):
+        for i in self._node_order(node_policy, ctx, idx):
             name = self.names[int(i)]
-            result = filter_pod(request, led, [name], self.policy)
-            if result.node is not None:
-                led.add_pod(request.uid, result.node, result.devices, request.n_init,
+            if self.via_filter_pod:
+                result = filter_pod(request, led, [name], self.policy)
+                chosen, devices = result.node, result.devices
+            else:
+                entry = led.node(name)
+                assert entry is not None
+                grant, _ = core_filter.fit_node(ctx, entry)
+                chosen, devices = (name, grant) if grant is not None else (None, ())
+            if chosen is not None:
+                led.add_pod(request.uid, chosen, devices, request.n_init,
                             namespace=request.namespace, name=request.name,
                             cpu_milli=request.cpu_milli, memory_mib=request.memory_mib)
-                granted = sum(d.used_cores_percent * 10 for ctr in result.devices
-                              for d in ctr)
-                return result.node, granted
+                granted = sum(d.used_cores_percent * 10 for ctr in devices for d in ctr)
+                return chosen, granted
         return None, 0
 
     # ---------------------------------------------------------------- metrics
