@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup simulate test lint native clean
+.PHONY: setup simulate test lint native k8s cluster e2e clean
 
 $(BIN)/hami: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,13 +19,22 @@ simulate: setup
 native:
 	@if [ -f native/libvgpu/Makefile ]; then $(MAKE) -C native/libvgpu; fi
 
+k8s:
+	hack/k8s/build.sh
+
+cluster: setup k8s
+	$(BIN)/python -m hami.testing.controlplane up --gpu-node gpu-0
+
+e2e: setup k8s
+	HAMI_E2E_REQUIRED=1 $(BIN)/pytest -m e2e
+
 lint: setup
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: setup native lint
-	$(BIN)/pytest
+test: setup native k8s lint
+	HAMI_E2E_REQUIRED=1 $(BIN)/pytest
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

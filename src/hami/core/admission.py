@@ -14,13 +14,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonpatch  # type: ignore[import-untyped]
+import jsonpatch
 
 from hami.api import names
 from hami.core.config import NvidiaConfig, SchedulerConfig
-from hami.core.quantity import QuantityError, parse_quantity, to_int_exact
+from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.quota import QuotaLedger
-from hami.core.request import RequestError, container_request, pod_request, resource_value
+from hami.core.request import (
+    RequestError,
+    container_request,
+    pod_request,
+    quantity,
+    resource_value,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +64,7 @@ def _validate(container: Mapping[str, Any], config: NvidiaConfig) -> None:
         if raw is None:
             continue
         try:
-            value = to_int_exact(parse_quantity(raw))
+            value = to_int_exact(quantity(raw))
         except QuantityError:
             value = None
         if value is None or value < 0 or value > upper:
@@ -106,7 +112,7 @@ def mutate_container(container: dict[str, Any], pod: Mapping[str, Any],
 def _is_exclusive(container: Mapping[str, Any], config: NvidiaConfig) -> bool:
     percent = resource_value(container, config.resource_memory_percentage_name)
     if percent is not None:
-        value = to_int_exact(parse_quantity(percent))
+        value = to_int_exact(quantity(percent))
         return value == 100
     if not config.resource_memory_name:
         return True
@@ -124,12 +130,24 @@ def _privileged(container: Mapping[str, Any]) -> bool:
     return bool((container.get("securityContext") or {}).get("privileged"))
 
 
+def _copy_for_mutation(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy in which everything the webhook may change is private (spec and its
+    containers); metadata and status are shared with the original, never written."""
+    spec = dict(pod["spec"])
+    for key in ("containers", "initContainers"):
+        if isinstance(spec.get(key), list):
+            spec[key] = copy.deepcopy(spec[key])
+    return {**pod, "spec": spec}
+
+
 def admit(pod: Mapping[str, Any], config: SchedulerConfig,
-          quota: QuotaLedger | None = None) -> AdmissionResult:
+          quota: QuotaLedger | None = None, *, with_patch: bool = True) -> AdmissionResult:
     """Decide one Pod CREATE (spec §3 decision sequence, NVIDIA vendor).
 
     Returns an :class:`AdmissionResult`; never raises on malformed pods: a bad GPU value
-    is a 403 denial with a message, a pod that is not an object is a 400.
+    is a 403 denial with a message, a pod that is not an object is a 400. With
+    ``with_patch=False`` (the simulator, which writes nothing back) the JSON Patch is not
+    computed; every decision is the same.
     """
     if not isinstance(pod, Mapping) or not isinstance(pod.get("spec") or {}, Mapping):
         return _deny("pod is not an object", {}, code=400)
@@ -139,7 +157,7 @@ def admit(pod: Mapping[str, Any], config: SchedulerConfig,
     if _skip(pod, config):
         return AdmissionResult(allowed=True, message="pod already has different scheduler "
                                "assigned", pod=dict(pod))
-    mutated = copy.deepcopy(dict(pod))
+    mutated = _copy_for_mutation(pod)
     mspec = mutated["spec"]
     ordered = [*(mspec.get("initContainers") or []), *mspec["containers"]]
     has_resource = False
@@ -164,7 +182,13 @@ def admit(pod: Mapping[str, Any], config: SchedulerConfig,
             denial = _quota_denial(mutated, config, quota)
             if denial:
                 return _deny(denial, pod)
-    patch = jsonpatch.make_patch(dict(pod), mutated).patch
+    if not with_patch:
+        return AdmissionResult(allowed=True, pod=mutated)
+    patch = jsonpatch.make_patch(dict(spec), mspec).patch
+    for op in patch:
+        op["path"] = "/spec" + op["path"]
+        if "from" in op:
+            op["from"] = "/spec" + op["from"]
     return AdmissionResult(allowed=True, patch=list(patch), pod=mutated)
 
 

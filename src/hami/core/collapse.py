@@ -28,14 +28,17 @@ def collapse(containers: Iterable[tuple[bool, ContainerDevices]]) -> tuple[Devic
         for dev in devices:
             if not dev.uuid:
                 continue
+            # HAMi's decoder accepts negative usage; a negative charge would hand out
+            # capacity that is not there, so it counts as 0.
+            mem, cores = max(dev.used_memory_mib, 0), max(dev.used_cores_percent, 0)
             if is_init:
                 agg = init.setdefault(dev.uuid, [0, 0, 1])
-                agg[0] = max(agg[0], dev.used_memory_mib)
-                agg[1] = max(agg[1], dev.used_cores_percent)
+                agg[0] = max(agg[0], mem)
+                agg[1] = max(agg[1], cores)
             else:
                 agg = app.setdefault(dev.uuid, [0, 0, 0])
-                agg[0] += dev.used_memory_mib
-                agg[1] += dev.used_cores_percent
+                agg[0] += mem
+                agg[1] += cores
                 agg[2] += 1
     charges = []
     for uuid in sorted(init.keys() | app.keys()):

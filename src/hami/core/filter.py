@@ -23,7 +23,13 @@ import numpy as np
 import numpy.typing as npt
 
 from hami.api import names
-from hami.core.codec import CodecError, decode_node_score
+from hami.core.codec import (
+    CodecError,
+    MigAllocation,
+    ScoringWeights,
+    decode_node_scores,
+    parse_scoring_weights,
+)
 from hami.core.collapse import collapse, total
 from hami.core.config import SchedulingPolicy
 from hami.core.fit import (
@@ -44,7 +50,7 @@ from hami.core.model import (
     PodSingleDevice,
 )
 from hami.core.quota import QuotaLedger
-from hami.core.score import ScoringWeights, WeightsError, order_devices, parse_scoring_weights
+from hami.core.score import order_devices
 
 NODE_UNREGISTERED = "node unregistered"
 INSUFFICIENT_CPU = "Insufficient cpu"
@@ -73,6 +79,7 @@ class FilterResult:
     failed_nodes: dict[str, str] = field(default_factory=dict)
     passthrough: bool = False
     score: float = 0.0
+    mig: tuple[MigAllocation, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +130,7 @@ def _weights(request: PodRequest) -> ScoringWeights:
         return ScoringWeights()
     try:
         return parse_scoring_weights(raw)
-    except WeightsError as exc:
+    except CodecError as exc:
         raise FilterError(f"pod {request.namespace}/{request.name}: {exc}") from None
 
 
@@ -166,7 +173,8 @@ def _node_mask(ledger: UsageLedger, request: PodRequest, pod: PodOptions) -> Boo
         if req is None or req.nums <= 0:
             continue
         ok = _device_mask(ledger, req, pod)
-        per_node = np.bincount(node_of[ok], minlength=count)[:count]
+        weight = np.where(ledger.mig_mode[:n], ledger.split_count[:n] - ledger.used_slots[:n], 1)
+        per_node = np.bincount(node_of[ok], weights=weight[ok], minlength=count)[:count]
         mask &= per_node >= req.nums
     mask &= _resources_fit(ledger, request, np.arange(count))
     return mask
@@ -188,7 +196,7 @@ def _node_options(entry: NodeEntry) -> NodeOptions:
     raw = entry.annotations.get(names.NODE_SCORE)
     if raw:
         try:
-            scores = decode_node_score(raw)
+            scores = decode_node_scores(raw)
         except CodecError:
             scores = {}
     return NodeOptions(cordoned=cordoned, pair_scores=scores)
@@ -206,35 +214,47 @@ def _quota_check(quota: QuotaLedger | None, request: PodRequest,
     return check
 
 
-def fit_node(ctx: FilterContext, entry: NodeEntry,
-             quota: QuotaLedger | None = None) -> tuple[PodSingleDevice | None, str]:
-    """Exact HAMi fit of every container of the pod on one node (spec §4.4 steps 1-2).
+@dataclass(frozen=True, slots=True)
+class NodeFit:
+    """Exact fit of a whole pod on one node: the grant, or the reason it does not fit."""
 
-    Returns ``(devices, "")`` on success or ``(None, reason)``.
-    """
+    devices: PodSingleDevice | None
+    reason: str = ""
+    mig: tuple[MigAllocation, ...] = ()
+
+
+def fit_node(ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger | None = None) -> NodeFit:
+    """Exact HAMi fit of every container of the pod on one node (spec §4.4 steps 1-2)."""
     ledger, request = ctx.ledger, ctx.request
     i = entry.index
     if not bool(_resources_fit(ledger, request, np.array([i]))[0]):
         cpu_short = (ledger.cpu_milli_total[i] >= 0 and
                      ledger.cpu_milli_used[i] + request.cpu_milli > ledger.cpu_milli_total[i])
-        return None, INSUFFICIENT_CPU if cpu_short else INSUFFICIENT_MEMORY
-    base = [(info, slots, mem, cores) for info, slots, mem, cores in
-            ledger.device_usage(entry.name)]
+        return NodeFit(None, INSUFFICIENT_CPU if cpu_short else INSUFFICIENT_MEMORY)
+    base = ledger.device_usage(entry.name)
+    occupied = ledger.mig_occupied(entry.name)
+    mig: list[MigAllocation] = []
     node = _node_options(entry)
     grant: list[ContainerDevices] = [() for _ in request.containers]
     placed: list[tuple[bool, ContainerDevices]] = []
-    app_state = [DeviceState(*b) for b in base]
+    def fresh() -> list[DeviceState]:
+        return [DeviceState(*b, mig_occupied=list(occupied.get(b[0].uuid, ()))) for b in base]
+
+    app_state = fresh()
     for pos, req in enumerate(request.containers):
         if req is None or req.nums <= 0:
             continue
         is_init = pos < request.n_init
-        state = [DeviceState(*b) for b in base] if is_init else app_state
+        state = fresh() if is_init else app_state
         ordered = order_devices(state, req, ctx.pod, ctx.weights)
         outcome: FitOutcome = fit_container(ordered, req, ctx.pod, node,
                                             _quota_check(quota, request, placed, is_init))
         if not outcome.ok:
-            return None, outcome.reason
+            return NodeFit(None, outcome.reason)
         grant[pos] = outcome.devices
+        for device_index, profile, placement in outcome.mig:
+            mig.append(MigAllocation(pos, device_index, outcome.devices[device_index].uuid,
+                                     profile, placement))
         placed.append((is_init, outcome.devices))
         if not is_init:
             by_uuid = {d.info.uuid: d for d in app_state}
@@ -243,7 +263,9 @@ def fit_node(ctx: FilterContext, entry: NodeEntry,
                 d.used_slots += 1
                 d.used_memory_mib += dev.used_memory_mib
                 d.used_cores += dev.used_cores_percent
-    return tuple(grant), ""
+            for device_index, _, placement in outcome.mig:
+                by_uuid[outcome.devices[device_index].uuid].mig_occupied.append(placement)
+    return NodeFit(tuple(grant), mig=tuple(mig))
 
 
 # ------------------------------------------------------------------ the loop
@@ -266,30 +288,29 @@ def filter_pod(request: PodRequest, ledger: UsageLedger, node_names: Sequence[st
                         PodOptions.from_annotations(request.annotations, gpu_policy),
                         _weights(request))
     failed: dict[str, str] = {}
-    entries: list[NodeEntry] = []
-    for name in (ledger.node_names() if node_names is None else node_names):
-        entry = ledger.node(name)
-        if entry is None:
-            failed[name] = NODE_UNREGISTERED
-        else:
-            entries.append(entry)
-    idx = np.fromiter((e.index for e in entries), dtype=np.int64, count=len(entries))
-    possible = _node_mask(ledger, request, ctx.pod)[idx] if len(idx) else np.zeros(0, bool)
+    idx = ledger.indices(node_names)
+    if node_names is not None and (idx < 0).any():
+        for name, i in zip(node_names, idx, strict=True):
+            if i < 0:
+                failed[name] = NODE_UNREGISTERED
+        idx = idx[idx >= 0]
+    possible = _node_mask(ledger, request, ctx.pod)[idx]
     order = NODE_ORDERS.get(node_policy, _binpack_nodes)(ctx, idx[possible])
     scores = ledger.node_scores()
     for i in order:
         entry = ledger.node(ledger.node_name(int(i)))
         assert entry is not None
-        devices, reason = fit_node(ctx, entry, quota)
-        if devices is not None:
-            return FilterResult(node=entry.name, devices=devices, score=float(scores[i]))
-        failed[entry.name] = reason
-    for entry, ok in zip(entries, possible, strict=True):
-        if ok:
-            continue
-        devices, reason = fit_node(ctx, entry, quota)
-        if devices is not None:  # the prefilter is a necessary condition; never trust it more
-            return FilterResult(node=entry.name, devices=devices,
-                                score=float(scores[entry.index]))
-        failed[entry.name] = reason
+        fit = fit_node(ctx, entry, quota)
+        if fit.devices is not None:
+            return FilterResult(node=entry.name, devices=fit.devices, score=float(scores[i]),
+                                mig=fit.mig)
+        failed[entry.name] = fit.reason
+    for i in idx[~possible]:
+        entry = ledger.node(ledger.node_name(int(i)))
+        assert entry is not None
+        fit = fit_node(ctx, entry, quota)
+        if fit.devices is not None:  # the prefilter is a necessary condition; never trust it more
+            return FilterResult(node=entry.name, devices=fit.devices, score=float(scores[i]),
+                                mig=fit.mig)
+        failed[entry.name] = fit.reason
     return FilterResult(node=None, failed_nodes=failed)

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from hami.api import names
-from hami.core.model import ContainerDevice, ContainerDeviceRequest, DeviceInfo
+from hami.core.mig import choose_instance, replay
+from hami.core.model import ContainerDevice, ContainerDeviceRequest, DeviceInfo, MigPlacement
 
 # Reason tokens (spec §10).
 CARD_TYPE_MISMATCH = "CardTypeMismatch"
@@ -34,6 +35,7 @@ EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT = "ExclusiveDeviceAllocateConflict"
 ALLOCATED_CARDS_INSUFFICIENT_REQUEST = "AllocatedCardsInsufficientRequest"
 RESOURCE_QUOTA_NOT_FIT = "ResourceQuotaNotFit"
 NODE_INSUFFICIENT_DEVICE = "NodeInsufficientDevice"
+CARD_MIG_TOPOLOGY_INFEASIBLE = "CardMigTopologyInfeasible"
 DEVICE_TYPE_NOT_FOUND = "Device type not found"
 
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}
@@ -47,6 +49,7 @@ class DeviceState:
     used_slots: int
     used_memory_mib: int
     used_cores: int
+    mig_occupied: list[MigPlacement] = field(default_factory=list)
 
 
 def _csv(value: str | None, lower: bool = False) -> tuple[str, ...]:
@@ -92,9 +95,7 @@ class PodOptions:
         t = device_type.lower()
         if self.use_types and not any(u in t for u in self.use_types):
             return False
-        if any(n in t for n in self.nouse_types):
-            return False
-        return True
+        return not any(n in t for n in self.nouse_types)
 
     def mode_ok(self, device_mode: str) -> bool:
         """The device's mode is allowed by ``nvidia.com/vgpu-mode`` (contains)."""
@@ -122,6 +123,8 @@ class FitOutcome:
     ok: bool
     devices: tuple[ContainerDevice, ...] = ()
     reason: str = ""
+    #: MIG instances chosen: ``(position in devices, profile name, placement)``.
+    mig: tuple[tuple[int, str, MigPlacement], ...] = ()
 
 
 def gen_reason(counts: Mapping[str, int], cards: int) -> str:
@@ -143,7 +146,10 @@ def fit_container(devices: Sequence[DeviceState], request: ContainerDeviceReques
     type-matching devices, or ``NodeInsufficientDevice``.
     """
     typed = [d for d in devices if request.type.lower() in d.info.type.lower()]
-    if request.nums > len(typed):
+    mig_request = (request.type == names.NVIDIA
+                   and (pod.vgpu_mode is None or names.MODE_MIG in pod.vgpu_mode)
+                   and any(d.info.mode == names.MODE_MIG for d in typed))
+    if request.nums > len(typed) and not mig_request:
         return FitOutcome(False, reason=NODE_INSUFFICIENT_DEVICE)
     topology = policy_contains(pod.gpu_policy, "topology-aware")
     mutex = policy_contains(pod.gpu_policy, "mutex")
@@ -151,8 +157,12 @@ def fit_container(devices: Sequence[DeviceState], request: ContainerDeviceReques
     cores = min(request.cores_percent, 100)
     counts: Counter[str] = Counter()
     collected: list[ContainerDevice] = []
+    mig: list[tuple[int, str, MigPlacement]] = []
     prev_numa = -1
-    for dev in typed:
+    i = 0
+    while i < len(typed):
+        dev = typed[i]
+        i += 1
         info = dev.info
         if not info.health:
             counts[CARD_NOT_HEALTH] += 1
@@ -167,7 +177,7 @@ def fit_container(devices: Sequence[DeviceState], request: ContainerDeviceReques
         if pod.numa_bind and info.numa != prev_numa:
             if collected:
                 counts[NUMA_NOT_FIT] += len(collected)
-            need, prev_numa, collected = request.nums, info.numa, []
+            need, prev_numa, collected, mig = request.nums, info.numa, [], []
         if not pod.uuid_ok(info.uuid):
             counts[CARD_UUID_MISMATCH] += 1
             continue
@@ -194,16 +204,42 @@ def fit_container(devices: Sequence[DeviceState], request: ContainerDeviceReques
         if info.cores_percent != 0 and dev.used_cores == info.cores_percent and cores == 0:
             counts[CARD_COMPUTE_UNITS_EXHAUSTED] += 1
             continue
+        if info.mode == names.MODE_MIG:
+            instance = _mig_instance(dev, collected, memory)
+            if instance is None:
+                counts[CARD_MIG_TOPOLOGY_INFEASIBLE] += 1
+                continue
+            profile_name, placement, memory, mig_cores = instance
+            candidate = ContainerDevice(info.uuid, names.NVIDIA, memory, mig_cores, info.index)
+            mig.append((len(collected), profile_name, placement))
+            i -= 1  # a MIG GPU may give this container several instances (spec §6.3)
         collected.append(candidate)
         if not topology:
             need -= 1
             if need == 0:
-                return FitOutcome(True, tuple(collected))
+                return FitOutcome(True, tuple(collected), mig=tuple(mig))
     if topology and len(collected) >= request.nums:
         return FitOutcome(True, _topology_pick(collected, request.nums, node.pair_scores))
     if collected:
         counts[ALLOCATED_CARDS_INSUFFICIENT_REQUEST] += len(collected)
     return FitOutcome(False, reason=gen_reason(counts, len(typed)))
+
+
+def _mig_instance(dev: DeviceState, collected: Sequence[ContainerDevice],
+                  memory_mib: int) -> tuple[str, MigPlacement, int, int] | None:
+    """The MIG rule (spec §6.2): replay this container's instances already taken on this
+    GPU, then find one for ``memory_mib``. Returns ``(profile, placement, profile memory,
+    profile cores)`` or None."""
+    profiles = dev.info.mig_profiles
+    mine = [c.used_memory_mib for c in collected if c.uuid == dev.info.uuid]
+    taken = replay(profiles, dev.mig_occupied, mine)
+    if taken is None:
+        return None
+    chosen = choose_instance(profiles, taken, memory_mib)
+    if chosen is None:
+        return None
+    profile, placement = chosen
+    return profile.name, placement, profile.memory_mib, profile.cores_percent
 
 
 def _pair(scores: Mapping[str, Mapping[str, int]], a: str, b: str) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hami.core.collapse import app_only_charges, pod_charges
-from hami.core.model import DeviceCharge, DeviceInfo, PodSingleDevice
+from hami.core.model import DeviceCharge, DeviceInfo, MigPlacement, PodSingleDevice
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -61,6 +61,8 @@ class PodEntry:
     cpu_milli: int = 0
     memory_mib: int = 0
     shrunk: bool = False
+    #: MIG instances the pod holds: ``(gpu uuid, placement)`` (spec §6.4).
+    mig: tuple[tuple[str, MigPlacement], ...] = ()
 
 
 class UsageLedger:
@@ -79,14 +81,17 @@ class UsageLedger:
         for name in DEVICE_FIELDS:
             setattr(self, name, np.zeros(capacity, dtype=np.int64))
         self.healthy: BoolArray = np.zeros(capacity, dtype=np.bool_)
+        self.mig_mode: BoolArray = np.zeros(capacity, dtype=np.bool_)
         for name in NODE_FIELDS:
             setattr(self, name, np.zeros(capacity, dtype=np.int64))
         self.node_active: BoolArray = np.zeros(capacity, dtype=np.bool_)
         self._nodes: dict[str, NodeEntry] = {}
         self._node_names: list[str] = []
+        self._index_of: dict[str, int] = {}
         self._pods: dict[str, PodEntry] = {}
         self._pods_on: dict[str, set[str]] = {}
         self._types: dict[str, int] = {}
+        self._mig: dict[int, list[tuple[str, MigPlacement]]] = {}
         self.type_names: list[str] = []
         self.version = 0
 
@@ -124,6 +129,13 @@ class UsageLedger:
     def node(self, name: str) -> NodeEntry | None:
         """The node's entry, or None when it is not registered."""
         return self._nodes.get(name)
+
+    def indices(self, names: Sequence[str] | None) -> IntArray:
+        """Node indices for ``names`` (-1 for names not registered); None: every node."""
+        if names is None:
+            return np.flatnonzero(self.node_active[: self.node_count]).astype(np.int64)
+        get = self._index_of.get
+        return np.array([get(n, -1) for n in names], dtype=np.int64)
 
     def node_name(self, index: int) -> str:
         """Name of node ``index``."""
@@ -170,7 +182,7 @@ class UsageLedger:
                 self._grow(NODE_FIELDS, ("node_active",), self._ncap)
         while self.size + len(devices) > self._dcap:
             self._dcap *= 2
-            self._grow(DEVICE_FIELDS, ("healthy",), self._dcap)
+            self._grow(DEVICE_FIELDS, ("healthy", "mig_mode"), self._dcap)
         entry = NodeEntry(name, index, devices, self.size, dict(annotations or {}))
         for i, dev in enumerate(devices):
             d = self.size + i
@@ -183,8 +195,10 @@ class UsageLedger:
             self.numa[d] = dev.numa
             self.type_id[d] = self.type_index(dev.type)
             self.healthy[d] = dev.health
+            self.mig_mode[d] = dev.mode == "mig"
         self.size += len(devices)
         self._nodes[name] = entry
+        self._index_of[name] = index
         self.node_active[index] = True
         self.sum_split[index] = sum(d.split_count for d in devices)
         self.sum_total_cores[index] = sum(d.cores_percent for d in devices)
@@ -204,6 +218,8 @@ class UsageLedger:
 
     def _drop_devices(self, entry: NodeEntry) -> None:
         span = slice(entry.offset, entry.offset + len(entry.devices))
+        for d in range(span.start, span.stop):
+            self._mig.pop(d, None)
         self.healthy[span] = False
         self.node_of[span] = -1
         self.split_count[span] = 0
@@ -214,6 +230,7 @@ class UsageLedger:
         if entry is None:
             return
         self._drop_devices(entry)
+        self._index_of.pop(name, None)
         self.node_active[entry.index] = False
         self.version += 1
 
@@ -232,14 +249,15 @@ class UsageLedger:
 
     def add_pod(self, uid: str, node: str, devices: PodSingleDevice, n_init: int = 0, *,
                 namespace: str = "default", name: str = "", cpu_milli: int = 0,
-                memory_mib: int = 0) -> PodEntry:
+                memory_mib: int = 0,
+                mig: tuple[tuple[str, MigPlacement], ...] = ()) -> PodEntry:
         """Charge a pod's grant to ``node`` (replacing an earlier entry of the same uid).
 
         Returns the new entry; its ``charges`` are the collapsed per-GPU usage.
         """
         self.remove_pod(uid)
         entry = PodEntry(uid, namespace, name, node, devices, n_init,
-                         pod_charges(devices, n_init), cpu_milli, memory_mib)
+                         pod_charges(devices, n_init), cpu_milli, memory_mib, mig=mig)
         self._pods[uid] = entry
         self._pods_on.setdefault(node, set()).add(uid)
         self._apply(entry, +1)
@@ -292,6 +310,15 @@ class UsageLedger:
             self.sum_used_memory[i] += sign * c.memory_mib
             self.sum_used_cores[i] += sign * c.cores_percent
             self.sum_used_slots[i] += sign * c.slots
+        for uuid, placement in entry.mig:
+            d = node.position.get(uuid)
+            if d is None:
+                continue
+            held = self._mig.setdefault(d, [])
+            if sign > 0:
+                held.append((entry.uid, placement))
+            else:
+                held.remove((entry.uid, placement))
 
     # --------------------------------------------------------------- queries
     def device_usage(self, name: str) -> list[tuple[DeviceInfo, int, int, int]]:
@@ -300,6 +327,16 @@ class UsageLedger:
         o = entry.offset
         return [(dev, int(self.used_slots[o + i]), int(self.used_memory_mib[o + i]),
                  int(self.used_cores[o + i])) for i, dev in enumerate(entry.devices)]
+
+    def mig_occupied(self, name: str) -> dict[str, list[MigPlacement]]:
+        """MIG placements in use per GPU UUID of a node (only GPUs that have some)."""
+        entry = self._nodes[name]
+        out: dict[str, list[MigPlacement]] = {}
+        for i, dev in enumerate(entry.devices):
+            held = self._mig.get(entry.offset + i)
+            if held:
+                out[dev.uuid] = [p for _, p in held]
+        return out
 
     def node_scores(self) -> npt.NDArray[np.float64]:
         """HAMi's node score for every node index (spec §4.4 step 3):

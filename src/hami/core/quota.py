@@ -43,7 +43,8 @@ class QuotaLedger:
         return self._namespaces.setdefault(namespace, NamespaceQuota())
 
     def set_quota(self, namespace: str, name: str, hard: Mapping[str, Any]) -> None:
-        """Apply a ResourceQuota's ``spec.hard`` (add or update; last writer wins).
+        """Apply a ResourceQuota's ``spec.hard`` (add, or update = delete old + add new;
+        last writer wins between quota objects of one namespace).
 
         Keys other than ``limits.<memory name>`` and ``limits.<core name>`` are ignored, as
         are values that are not exact integers (HAMi does the same).
@@ -52,6 +53,7 @@ class QuotaLedger:
         cores = _limit(hard, "limits." + self._config.resource_core_name)
         if mem is not None and self._config.memory_factor > 1:
             mem *= self._config.memory_factor
+        self.remove_quota(namespace, name)  # an update is delete(old) + add(new)
         self._sources[(namespace, name)] = (mem, cores)
         ns = self._ns(namespace)
         if mem is not None:

@@ -12,6 +12,8 @@ that into a denial, the extender into a filter error; nothing is scheduled by ac
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 from hami.core.config import NvidiaConfig
@@ -19,6 +21,23 @@ from hami.core.model import PERCENT_UNSET, ContainerDeviceRequest, PodRequest
 from hami.core.quantity import QuantityError, parse_quantity, to_int_exact, to_mib, to_milli
 
 INT32_MAX = 2**31 - 1
+
+
+@lru_cache(maxsize=4096)
+def _parse(raw: str | int) -> Fraction:
+    """``parse_quantity`` memoised: the same few quantity strings recur in every pod."""
+    return parse_quantity(raw)
+
+
+def quantity(raw: Any) -> Fraction:
+    """A resource value as an exact fraction (memoised for strings and ints).
+
+    Raises:
+        QuantityError: malformed quantity.
+    """
+    if isinstance(raw, str | int) and not isinstance(raw, bool):
+        return _parse(raw)
+    return parse_quantity(raw)
 
 
 class RequestError(ValueError):
@@ -41,7 +60,7 @@ def _int_value(container: Mapping[str, Any], name: str) -> int | None:
         return None
     cname = container.get("name", "?")
     try:
-        value = to_int_exact(parse_quantity(raw))
+        value = to_int_exact(quantity(raw))
     except QuantityError as exc:
         raise RequestError(f"{name} of container {cname}: {exc}") from None
     if value is None:
@@ -106,8 +125,8 @@ def _pod_cpu_memory(init: Sequence[Any], app: Sequence[Any]) -> tuple[int, int]:
     def one(c: Mapping[str, Any]) -> tuple[int, int]:
         req = ((c.get("resources") or {}).get("requests")) or {}
         try:
-            cpu = to_milli(parse_quantity(req["cpu"])) if "cpu" in req else 0
-            mem = to_mib(parse_quantity(req["memory"])) if "memory" in req else 0
+            cpu = to_milli(quantity(req["cpu"])) if "cpu" in req else 0
+            mem = to_mib(quantity(req["memory"])) if "memory" in req else 0
         except QuantityError as exc:
             raise RequestError(f"container {c.get('name', '?')}: {exc}") from None
         return cpu, mem

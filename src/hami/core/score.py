@@ -1,7 +1,7 @@
 """Device scores and GPU policies: in which order a node's GPUs are tried.
 
-Source: ``shared/specs/hami-scheduler-spec.md`` §4.6 (device score and the
-``hami.io/device-scoring-weights`` annotation), §4.7 (GPU-level ordering). Policies are
+Source: ``shared/specs/hami-scheduler-spec.md`` §4.6 (device score; the weights
+annotation is parsed by :func:`hami.core.codec.parse_scoring_weights`), §4.7 (GPU-level ordering). Policies are
 small key functions in :data:`GPU_ORDERS`; :func:`order_devices` is the one loop around
 them. Node-level policies live in :mod:`hami.core.filter`.
 
@@ -18,56 +18,10 @@ sizes on one node.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
+from hami.core.codec import ScoringWeights
 from hami.core.fit import DeviceState, PodOptions
 from hami.core.model import ContainerDeviceRequest
-
-
-class WeightsError(ValueError):
-    """A ``hami.io/device-scoring-weights`` annotation that breaks the grammar."""
-
-
-@dataclass(frozen=True, slots=True)
-class ScoringWeights:
-    """Weights of the slot, core and memory terms of the device score (default 1,1,1)."""
-
-    slot: int = 1
-    core: int = 1
-    memory: int = 1
-
-
-def parse_scoring_weights(value: str) -> ScoringWeights:
-    """Parse ``slot=<int>,core=<int>,memory=<int>`` (any order, spaces trimmed).
-
-    Raises:
-        WeightsError: with HAMi's texts (spec §4.6): wrong entry count, missing ``=``,
-            non-integer, negative, unknown or duplicate key, all zero.
-    """
-    parts = value.split(",")
-    if len(parts) != 3:
-        raise WeightsError("invalid device scoring weights: expected slot, core, and memory weights")
-    seen: dict[str, int] = {}
-    for part in parts:
-        if "=" not in part:
-            raise WeightsError("invalid device scoring weights: expected key=value entries")
-        key, raw = (s.strip() for s in part.split("=", 1))
-        if key not in ("slot", "core", "memory"):
-            raise WeightsError(f'invalid device scoring weights: unknown weight "{key}"')
-        if key in seen:
-            raise WeightsError(f'invalid device scoring weights: duplicate "{key}" weight')
-        try:
-            number = int(raw, 10)
-        except ValueError:
-            raise WeightsError(f'invalid device scoring weights: "{key}" weight must be an '
-                               "integer") from None
-        if number < 0:
-            raise WeightsError(f'invalid device scoring weights: "{key}" weight must not be '
-                               "negative")
-        seen[key] = number
-    if not any(seen.values()):
-        raise WeightsError("invalid device scoring weights: at least one weight must be positive")
-    return ScoringWeights(seen["slot"], seen["core"], seen["memory"])
 
 
 def device_score(dev: DeviceState, request: ContainerDeviceRequest,

@@ -1,0 +1,92 @@
+"""Filter latency and ledger memory at cluster scale (issue 2 targets).
+
+Prints, for 100 / 1,000 / 5,000 nodes x 8 GPUs and 0 or 8 running pods per node, the
+latency of one filter decision (p50, p99 over many pods, each decision committed so the
+cluster fills as in production), and the peak memory of a ledger holding 5,000 nodes and
+40,000 pods. Run: ``python bench/bench_filter.py [--quick]``.
+
+Targets (2-core machine): p99 <= 10 ms at 1,000 nodes and <= 50 ms at 5,000 nodes, the
+same with 0 or 8 pods per node; ledger <= 200 MiB at 5,000 nodes / 40,000 pods.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+import tracemalloc
+
+from hami.core.config import SchedulerConfig, SchedulingPolicy
+from hami.core.model import ContainerDevice, DeviceInfo
+from hami.core.state import ClusterState
+
+MODELS = [("NVIDIA-A100-SXM4-40GB", 40960), ("NVIDIA-Tesla-T4", 15360), ("NVIDIA-A10", 24576)]
+
+
+def build(nodes: int, pods_per_node: int, policy: SchedulingPolicy, seed: int = 1) -> ClusterState:
+    """A cluster of ``nodes`` x 8 GPUs with ``pods_per_node`` one-GPU pods already bound."""
+    rng = random.Random(seed)
+    state = ClusterState(SchedulerConfig(policy=policy))
+    for n in range(nodes):
+        model, mem = MODELS[n % len(MODELS)]
+        state.ledger.add_node(f"node-{n:05d}", [DeviceInfo(f"GPU-{n:05d}-{i}", i, 10, mem, 100,
+                                                           model) for i in range(8)])
+    for n in range(nodes):
+        for k in range(pods_per_node):
+            gpu = rng.randrange(8)
+            grant = ((ContainerDevice(f"GPU-{n:05d}-{gpu}", "NVIDIA", rng.choice([1024, 2048, 4096]),
+                                      rng.choice([0, 10, 20])),),)
+            state.charge(f"run-{n}-{k}", f"node-{n:05d}", grant, 0, namespace="bench")
+    return state
+
+
+def pending_pod(i: int, rng: random.Random) -> dict:
+    limits = {"nvidia.com/gpu": rng.choice([1, 1, 1, 2]),
+              "nvidia.com/gpumem": rng.choice([1024, 2048, 4096, 8192]),
+              "nvidia.com/gpucores": rng.choice([0, 10, 25])}
+    return {"metadata": {"name": f"p{i}", "namespace": "bench", "uid": f"p{i}"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}]}}
+
+
+def latency(nodes: int, pods_per_node: int, decisions: int) -> tuple[float, float]:
+    state = build(nodes, pods_per_node, SchedulingPolicy())
+    names = state.ledger.node_names()
+    rng = random.Random(7)
+    samples = []
+    for i in range(decisions):
+        pod = pending_pod(i, rng)
+        t0 = time.perf_counter()
+        decision = state.filter(pod, names)
+        samples.append(time.perf_counter() - t0)
+        if decision.result.node:
+            state.commit(pod, decision)
+    samples.sort()
+    p99 = samples[min(len(samples) - 1, int(len(samples) * 0.99))]
+    return statistics.median(samples) * 1e3, p99 * 1e3
+
+
+def ledger_memory(nodes: int, pods: int) -> float:
+    tracemalloc.start()
+    build(nodes, pods // nodes, SchedulingPolicy())
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    return peak / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer decisions")
+    args = parser.parse_args()
+    decisions = 100 if args.quick else 400
+    print(f"{'nodes':>6} {'pods/node':>9} {'p50 ms':>8} {'p99 ms':>8}")
+    for nodes in (100, 1000, 5000):
+        for per_node in (0, 8):
+            p50, p99 = latency(nodes, per_node, decisions)
+            print(f"{nodes:>6} {per_node:>9} {p50:>8.2f} {p99:>8.2f}")
+    print(f"ledger peak memory, 5000 nodes x 8 GPUs, 40000 pods: "
+          f"{ledger_memory(5000, 40000):.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()

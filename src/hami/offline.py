@@ -1,0 +1,137 @@
+"""``hami schedule``: the offline scheduler (a dry run of admission + filter).
+
+Input is a YAML or JSON stream (or a ``kind: List``) of v1 Nodes carrying HAMi register
+annotations, v1 Pods and optionally v1 ResourceQuotas. Pods with ``spec.nodeName`` and
+``hami.io/vgpu-devices-allocated`` are existing usage; every other pod is admitted (the
+webhook's logic) and then scheduled in file order, each seeing the decisions before it.
+The decisions come from :class:`hami.core.state.ClusterState`, the same code as the live
+``/filter``.
+
+JSON output schema (stable; ``schema`` is bumped on any incompatible change)::
+
+    {
+      "schema": "hami.schedule/v1",
+      "nodes": {"<node>": "" | "<why it was not registered>"},
+      "pods": [
+        {
+          "namespace": str, "name": str,
+          "admission": {"allowed": bool, "message": str, "patch": [RFC 6902 ops]},
+          "node": str | null,
+          "annotations": {"hami.io/vgpu-node": str,
+                          "hami.io/vgpu-devices-to-allocate": str,
+                          "hami.io/vgpu-devices-allocated": str},   # {} when unscheduled
+          "failed_nodes": {"<node>": "<HAMi reason>"},               # {} when scheduled
+          "error": str                                               # "" unless the pod is unusable
+        }
+      ]
+    }
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import yaml
+
+from hami.api import names
+from hami.core.admission import admit
+from hami.core.config import SchedulerConfig
+from hami.core.filter import FilterError
+from hami.core.request import RequestError
+from hami.core.state import ClusterState
+
+SCHEMA = "hami.schedule/v1"
+
+
+class InputError(ValueError):
+    """The cluster file cannot be read as Kubernetes objects."""
+
+
+def load_objects(text: str) -> list[dict[str, Any]]:
+    """Parse a YAML/JSON stream into objects, flattening ``kind: List`` items.
+
+    Raises:
+        InputError: not YAML, or a document that is not an object with ``kind``.
+    """
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise InputError(f"not valid YAML/JSON: {exc}") from None
+    return list(_flatten(docs))
+
+
+def _flatten(docs: Iterable[Any]) -> Iterator[dict[str, Any]]:
+    for doc in docs:
+        if not isinstance(doc, dict) or "kind" not in doc:
+            raise InputError(f"expected Kubernetes objects with a kind, got {str(doc)[:80]!r}")
+        if doc["kind"] == "List" or doc["kind"].endswith("List"):
+            yield from _flatten(doc.get("items") or [])
+        else:
+            yield doc
+
+
+def _is_existing(pod: Mapping[str, Any]) -> bool:
+    ann = (pod.get("metadata") or {}).get("annotations") or {}
+    return bool((pod.get("spec") or {}).get("nodeName")) and names.DEVICES_ALLOCATED in ann
+
+
+def schedule(objects: Iterable[Mapping[str, Any]],
+             config: SchedulerConfig | None = None) -> dict[str, Any]:
+    """Run the dry run; returns the JSON-shaped report described in the module doc."""
+    state = ClusterState(config)
+    objects = list(objects)
+    report: dict[str, Any] = {"schema": SCHEMA, "nodes": {}, "pods": []}
+    node_names: list[str] = []
+    for obj in objects:
+        if obj.get("kind") == "Node":
+            name = (obj.get("metadata") or {}).get("name", "")
+            node_names.append(name)
+            report["nodes"][name] = state.upsert_node(obj)
+        elif obj.get("kind") == "ResourceQuota":
+            state.upsert_quota(obj)
+    pending = []
+    for obj in objects:
+        if obj.get("kind") != "Pod":
+            continue
+        if _is_existing(obj):
+            existing = dict(obj)
+            meta = dict(existing.get("metadata") or {})
+            ann = dict(meta.get("annotations") or {})
+            ann.setdefault(names.VGPU_NODE, existing["spec"]["nodeName"])
+            meta["annotations"] = ann
+            existing["metadata"] = meta
+            state.upsert_pod(existing)
+        else:
+            pending.append(obj)
+    for pod in pending:
+        report["pods"].append(_schedule_one(state, pod, node_names))
+    return report
+
+
+def _schedule_one(state: ClusterState, pod: Mapping[str, Any],
+                  node_names: list[str]) -> dict[str, Any]:
+    meta = pod.get("metadata") or {}
+    entry: dict[str, Any] = {"namespace": meta.get("namespace") or "default",
+                             "name": meta.get("name") or "", "node": None,
+                             "annotations": {}, "failed_nodes": {}, "error": ""}
+    verdict = admit(pod, state.config, state.quota)
+    entry["admission"] = {"allowed": verdict.allowed, "message": verdict.message,
+                          "patch": verdict.patch}
+    if not verdict.allowed:
+        return entry
+    try:
+        decision = state.filter(verdict.pod, node_names)
+    except (RequestError, FilterError) as exc:
+        entry["error"] = str(exc)
+        return entry
+    if decision.result.passthrough:
+        entry["error"] = "pod requests no GPU; left to kube-scheduler"
+        return entry
+    entry["node"] = decision.result.node
+    entry["annotations"] = decision.annotations
+    if decision.result.node is None:
+        entry["failed_nodes"] = dict(sorted(decision.result.failed_nodes.items()))
+    else:
+        state.commit(verdict.pod, decision)
+    return entry

@@ -1,0 +1,899 @@
+"""A real Kubernetes control plane on 127.0.0.1 for end-to-end tests and local trials.
+
+It runs etcd, kube-apiserver and kube-scheduler as child processes, built from the
+Kubernetes release pinned in ``hack/k8s/go.mod`` (``hack/k8s/build.sh`` puts them in
+``${HAMI_CACHE_DIR:-~/.cache/hami}/k8s-<version>/bin``). No kubelet and no
+kube-controller-manager run: nodes are plain API objects created by :func:`create_gpu_node`.
+The apiserver's TaintNodesByCondition admission gives every new node the
+``node.kubernetes.io/not-ready:NoSchedule`` taint; :func:`set_node_status` removes it when
+it marks the node Ready, as the node-lifecycle controller would. Since that controller
+does not run, nothing flips the Ready condition back or taints the node later.
+
+By hand::
+
+    hack/k8s/build.sh
+    python -m hami.testing.controlplane up      # prints the kubeconfig path; Ctrl-C stops
+
+From Python::
+
+    with ControlPlane() as cp:
+        cp.start()                    # etcd, kube-apiserver, a default-scheduler
+        cp.start_scheduler(scheduler_name="hami-scheduler",
+                           extender=ExtenderConfig("https://127.0.0.1:8443"))
+        client = cp.client()          # a lightkube Client with cluster-admin rights
+        create_gpu_node(client, "gpu-0", gpus=40, annotations={...})
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as _dt
+import functools
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from hami.testing.pki import CertificateAuthority, KeyPair, service_account_keys
+from hami.testing.scheduler_config import ExtenderConfig, render_scheduler_config
+
+#: The Kubernetes release built by hack/k8s/build.sh (must match hack/k8s/go.mod).
+KUBERNETES_VERSION = "v1.37.2"
+
+#: Loopback address every component listens on.
+HOST = "127.0.0.1"
+
+#: Names of the binaries this module runs.
+BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
+
+#: Default seconds to wait for one component to become healthy.
+DEFAULT_TIMEOUT_S = 90.0
+
+_POLL_S = 0.1
+_PORT_ATTEMPTS = 3
+_T = TypeVar("_T")
+
+
+class ControlPlaneError(RuntimeError):
+    """A component failed to start, died, or did not become healthy in time."""
+
+
+class BinariesMissing(ControlPlaneError, FileNotFoundError):
+    """The Kubernetes binaries are not built; the message says how to build them."""
+
+
+def default_bin_dir() -> Path:
+    """Directory holding etcd, kube-apiserver and kube-scheduler.
+
+    ``$HAMI_K8S_BIN_DIR`` when set, else
+    ``${HAMI_CACHE_DIR:-~/.cache/hami}/k8s-<KUBERNETES_VERSION>/bin`` (build.sh's output).
+    """
+    explicit = os.environ.get("HAMI_K8S_BIN_DIR")
+    if explicit:
+        return Path(explicit)
+    cache = os.environ.get("HAMI_CACHE_DIR") or str(Path.home() / ".cache" / "hami")
+    return Path(cache) / f"k8s-{KUBERNETES_VERSION}" / "bin"
+
+
+def find_binaries(bin_dir: Path | None = None) -> dict[str, Path]:
+    """Paths of the three binaries in ``bin_dir`` (default :func:`default_bin_dir`).
+
+    Raises:
+        BinariesMissing: one of them is absent or not executable.
+    """
+    bin_dir = bin_dir or default_bin_dir()
+    found = {name: bin_dir / name for name in BINARIES}
+    missing = [n for n, p in found.items() if not os.access(p, os.X_OK)]
+    if missing:
+        raise BinariesMissing(
+            f"{', '.join(missing)} not found in {bin_dir}; build them with hack/k8s/build.sh "
+            "(or point HAMI_K8S_BIN_DIR at a directory that has them)"
+        )
+    return found
+
+
+def free_port(host: str = HOST) -> int:
+    """A TCP port that was free on ``host`` a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(
+    check: Callable[[], bool],
+    *,
+    timeout_s: float,
+    what: str,
+    alive: Callable[[], None] | None = None,
+) -> float:
+    """Poll ``check`` every 0.1 s until it returns true; return the seconds waited.
+
+    ``alive`` is called before each poll and should raise if the thing waited for died.
+
+    Raises:
+        ControlPlaneError: ``timeout_s`` passed first.
+    """
+    start = time.monotonic()
+    while True:
+        if alive is not None:
+            alive()
+        if check():
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout_s:
+            raise ControlPlaneError(f"timed out after {timeout_s:g}s waiting for {what}")
+        time.sleep(_POLL_S)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when the parent thread dies.
+
+    So a test run killed with SIGKILL leaves no etcd/apiserver behind. Elsewhere a no-op.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+@dataclass
+class Component:
+    """A running child process with its log file."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    stopped: bool = False  # set by stop(): its exit was asked for
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of the component's log (stdout and stderr)."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def check_alive(self) -> None:
+        """Raise :class:`ControlPlaneError` with the log tail if the process has exited
+        without :meth:`stop` having been called."""
+        code = self.process.poll()
+        if code is not None and not self.stopped:
+            raise ControlPlaneError(
+                f"{self.name} exited with code {code}; log {self.log_path}:\n{self.log_tail()}"
+            )
+
+    def wait_healthy(self, check: Callable[[], bool], what: str, timeout_s: float) -> float:
+        """Poll ``check`` (see :func:`wait_until`) while the process lives; return seconds.
+
+        Raises:
+            ControlPlaneError: the process exited, or ``timeout_s`` passed; the message
+                has the log tail either way.
+        """
+        try:
+            return wait_until(
+                check, timeout_s=timeout_s, what=f"{self.name} {what}", alive=self.check_alive
+            )
+        except ControlPlaneError as err:
+            if self.process.poll() is not None:
+                raise  # check_alive's message has the tail already
+            raise ControlPlaneError(f"{err}; log {self.log_path}:\n{self.log_tail()}") from None
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout_s``; safe to call twice."""
+        self.stopped = True
+        if self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@dataclass
+class SchedulerHandle:
+    """A kube-scheduler started by :meth:`ControlPlane.start_scheduler`.
+
+    Attributes:
+        scheduler_name: the profile's ``schedulerName``.
+        config_path: the KubeSchedulerConfiguration file it runs with.
+        port: its HTTPS serving port on 127.0.0.1 (``/healthz``, ``/readyz``, ``/metrics``).
+        component: the process and its log.
+    """
+
+    scheduler_name: str
+    config_path: Path
+    port: int
+    component: Component
+
+    def stop(self) -> None:
+        """Stop this kube-scheduler (the control plane keeps running)."""
+        self.component.stop()
+
+
+class ControlPlane:
+    """etcd + kube-apiserver (+ kube-scheduler) on 127.0.0.1, with fresh certificates.
+
+    Args:
+        bin_dir: where the binaries are (default :func:`default_bin_dir`).
+        workdir: directory for certificates, configs, etcd data and logs; a new temp dir
+            by default. It is removed by :meth:`stop` only if it was created here and
+            ``keep_workdir`` is false.
+        keep_workdir: keep the directory (and its logs) after :meth:`stop`.
+        verbosity: klog ``-v`` level of the Kubernetes components.
+
+    Raises:
+        BinariesMissing: from the constructor, when the binaries are not built.
+    """
+
+    def __init__(
+        self,
+        bin_dir: Path | None = None,
+        workdir: Path | None = None,
+        *,
+        keep_workdir: bool = False,
+        verbosity: int = 1,
+    ) -> None:
+        self.binaries = find_binaries(bin_dir)
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hami-k8s-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.keep_workdir = keep_workdir
+        self.verbosity = verbosity
+        self.pki_dir = self.workdir / "pki"
+        self.log_dir = self.workdir / "logs"
+        self.kubeconfig = self.workdir / "kubeconfig"
+        self.apiserver_port = 0
+        self.etcd_port = 0
+        self.startup_seconds: dict[str, float] = {}
+        self._components: list[Component] = []
+        self._admin: KeyPair | None = None
+        self._ca_pem = b""
+        self._ssl_context: ssl.SSLContext | None = None
+        self._schedulers: list[SchedulerHandle] = []
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    @property
+    def server(self) -> str:
+        """The apiserver URL, ``https://127.0.0.1:<port>``."""
+        return f"https://{HOST}:{self.apiserver_port}"
+
+    def start(
+        self, *, default_scheduler: bool = True, timeout_s: float = DEFAULT_TIMEOUT_S
+    ) -> ControlPlane:
+        """Start etcd and kube-apiserver, wait for ``/readyz``, and prepare the cluster.
+
+        Prepared means: the ``default`` namespace has its ``default`` ServiceAccount (no
+        kube-controller-manager runs to make it, and pod admission needs it). With
+        ``default_scheduler`` a kube-scheduler with the ``default-scheduler`` profile and
+        no extender is started too. Startup seconds per component land in
+        :attr:`startup_seconds`.
+
+        Raises:
+            ControlPlaneError: a component died or was not healthy within ``timeout_s``;
+                everything started so far is stopped again, and the workdir (with the
+                logs) is kept even when it is a temp dir.
+        """
+        t0 = time.monotonic()
+        try:
+            self._write_pki()
+            self._retry_on_port_clash(lambda: self._start_etcd(timeout_s))
+            self._retry_on_port_clash(lambda: self._start_apiserver(timeout_s))
+            client = self.client()
+            try:
+                ensure_namespace(client, "default")
+            finally:
+                client.close()
+            if default_scheduler:
+                self.start_scheduler(timeout_s=timeout_s)
+        except BaseException:
+            self.keep_workdir = True  # the logs explain the failure
+            self.stop()
+            raise
+        self.startup_seconds["total"] = time.monotonic() - t0
+        return self
+
+    def stop(self) -> None:
+        """Stop every process (schedulers first, etcd last) and remove a temp workdir."""
+        for comp in reversed(self._components):
+            comp.stop()
+        self._components.clear()
+        self._schedulers.clear()
+        if self._own_workdir and not self.keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> ControlPlane:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def check_alive(self) -> None:
+        """Raise :class:`ControlPlaneError` if any component has exited."""
+        for comp in self._components:
+            comp.check_alive()
+
+    # -- clients -----------------------------------------------------------------------
+
+    def client(self, namespace: str = "default") -> Any:
+        """A ``lightkube.Client`` authenticated as cluster admin (system:masters)."""
+        from lightkube import Client, KubeConfig
+
+        return Client(
+            KubeConfig.from_file(self.kubeconfig),
+            namespace=namespace,
+            field_manager="hami-e2e",
+            trust_env=False,
+        )
+
+    def async_client(self, namespace: str = "default") -> Any:
+        """A ``lightkube.AsyncClient`` authenticated as cluster admin."""
+        from lightkube import AsyncClient, KubeConfig
+
+        return AsyncClient(
+            KubeConfig.from_file(self.kubeconfig),
+            namespace=namespace,
+            field_manager="hami-e2e",
+            trust_env=False,
+        )
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """Client TLS context for the apiserver: trusts our CA, presents the admin cert.
+
+        Made once per control plane (after :meth:`start` wrote the certificates).
+        """
+        if self._ssl_context is None:
+            ctx = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
+            ctx.load_cert_chain(self.pki_dir / "admin.crt", self.pki_dir / "admin.key")
+            self._ssl_context = ctx
+        return self._ssl_context
+
+    # -- kube-scheduler ----------------------------------------------------------------
+
+    def start_scheduler(
+        self,
+        *,
+        scheduler_name: str = "default-scheduler",
+        extender: ExtenderConfig | None = None,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+    ) -> SchedulerHandle:
+        """Start one more kube-scheduler with a single profile and wait for ``/readyz``.
+
+        Several may run at once (leader election is off; each serves only pods whose
+        ``spec.schedulerName`` is its profile's), as in a HAMi deployment where a second
+        kube-scheduler with profile ``hami-scheduler`` runs next to the default one.
+
+        Args:
+            scheduler_name: the profile's ``schedulerName``.
+            extender: register this extender (see :class:`ExtenderConfig`), or ``None``.
+            timeout_s: seconds to wait for readiness.
+
+        Raises:
+            ValueError: a running scheduler of this control plane has that profile name
+                (two would race for the same pods).
+            ControlPlaneError: it exited or was not ready within ``timeout_s``.
+        """
+        running = [h for h in self._schedulers if h.component.process.poll() is None]
+        if any(h.scheduler_name == scheduler_name for h in running):
+            raise ValueError(f"a kube-scheduler with profile {scheduler_name!r} already runs")
+        handle = self._retry_on_port_clash(
+            lambda: self._start_scheduler_once(scheduler_name, extender, timeout_s)
+        )
+        self._schedulers.append(handle)
+        return handle
+
+    def _start_scheduler_once(
+        self, scheduler_name: str, extender: ExtenderConfig | None, timeout_s: float
+    ) -> SchedulerHandle:
+        port = free_port()
+        tag = f"kube-scheduler-{scheduler_name}-{port}"
+        config_path = self.workdir / f"{tag}.yaml"
+        config = render_scheduler_config(
+            kubeconfig=str(self.kubeconfig), scheduler_name=scheduler_name, extender=extender
+        )
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        comp = self._spawn(
+            tag,
+            [
+                str(self.binaries["kube-scheduler"]),
+                f"--config={config_path}",
+                f"--bind-address={HOST}",
+                f"--secure-port={port}",
+                f"--tls-cert-file={self.pki_dir / 'serving.crt'}",
+                f"--tls-private-key-file={self.pki_dir / 'serving.key'}",
+                f"--authentication-kubeconfig={self.kubeconfig}",
+                f"--authorization-kubeconfig={self.kubeconfig}",
+                f"--v={self.verbosity}",
+            ],
+        )
+        self.startup_seconds[tag] = comp.wait_healthy(
+            lambda: self._https_ok(f"https://{HOST}:{port}/readyz"), "/readyz", timeout_s
+        )
+        return SchedulerHandle(scheduler_name, config_path, port, comp)
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _retry_on_port_clash(self, start: Callable[[], _T]) -> _T:
+        """Run ``start``; if its process lost a port race (the port picked by
+        :func:`free_port` was taken before it bound it), stop what it spawned and retry."""
+        for attempt in range(1, _PORT_ATTEMPTS + 1):
+            mark = len(self._components)
+            try:
+                return start()
+            except ControlPlaneError as err:
+                if "address already in use" not in str(err) or attempt == _PORT_ATTEMPTS:
+                    raise
+                for comp in self._components[mark:]:
+                    comp.stop()
+                del self._components[mark:]
+        raise AssertionError("unreachable")
+
+    def _spawn(self, name: str, argv: Sequence[str]) -> Component:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                start_new_session=True,  # a Ctrl-C in the terminal reaches only us
+                preexec_fn=_die_with_parent,
+            )
+        comp = Component(name, proc, log_path)
+        self._components.append(comp)
+        return comp
+
+    def _write_pki(self) -> None:
+        self.pki_dir.mkdir(parents=True, exist_ok=True)
+        ca = CertificateAuthority.create("hami-e2e-ca")
+        (self.pki_dir / "ca.crt").write_bytes(ca.cert_pem)
+        ca.issue("hami-e2e-serving", ip_sans=[HOST], dns_sans=["localhost"], server=True).write(
+            self.pki_dir, "serving"
+        )
+        admin = ca.issue("hami-e2e-admin", groups=["system:masters"], client=True)
+        admin.write(self.pki_dir, "admin")
+        service_account_keys().write(self.pki_dir, "sa")  # sa.crt holds the public key
+        # The aggregation layer's front proxy, as in kubeadm clusters; kube-scheduler's
+        # delegated authentication reads this CA from the apiserver and logs errors
+        # without it.
+        front_proxy_ca = CertificateAuthority.create("hami-e2e-front-proxy-ca")
+        (self.pki_dir / "front-proxy-ca.crt").write_bytes(front_proxy_ca.cert_pem)
+        front_proxy_ca.issue("front-proxy-client", client=True).write(
+            self.pki_dir, "front-proxy-client"
+        )
+        self._admin = admin
+        self._ca_pem = ca.cert_pem
+
+    def _write_kubeconfig(self) -> None:
+        assert self._admin is not None, "_write_pki() first"
+
+        def b64(data: bytes) -> str:
+            return base64.b64encode(data).decode()
+
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "hami-e2e",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority-data": b64(self._ca_pem),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": "hami-e2e-admin",
+                    "user": {
+                        "client-certificate-data": b64(self._admin.cert_pem),
+                        "client-key-data": b64(self._admin.key_pem),
+                    },
+                }
+            ],
+            "contexts": [
+                {
+                    "name": "hami-e2e",
+                    "context": {
+                        "cluster": "hami-e2e",
+                        "user": "hami-e2e-admin",
+                        "namespace": "default",
+                    },
+                }
+            ],
+            "current-context": "hami-e2e",
+        }
+        self.kubeconfig.touch(mode=0o600)
+        self.kubeconfig.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    def _start_etcd(self, timeout_s: float) -> None:
+        self.etcd_port = free_port()
+        peer_port = free_port()
+        shutil.rmtree(self.workdir / "etcd", ignore_errors=True)  # fresh after a port clash
+        client_url = f"http://{HOST}:{self.etcd_port}"
+        peer_url = f"http://{HOST}:{peer_port}"
+        comp = self._spawn(
+            "etcd",
+            [
+                str(self.binaries["etcd"]),
+                "--name=hami-e2e",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={client_url}",
+                f"--advertise-client-urls={client_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=hami-e2e={peer_url}",
+                "--unsafe-no-fsync=true",  # test data: durability does not matter
+                "--log-level=warn",
+            ],
+        )
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"{client_url}/health", timeout=2) as resp:
+                    return bool(json.load(resp).get("health") == "true")
+            except (OSError, ValueError):
+                return False
+
+        self.startup_seconds["etcd"] = comp.wait_healthy(healthy, "/health", timeout_s)
+
+    def _start_apiserver(self, timeout_s: float) -> None:
+        self.apiserver_port = free_port()
+        pki = self.pki_dir
+        comp = self._spawn(
+            "kube-apiserver",
+            [
+                str(self.binaries["kube-apiserver"]),
+                f"--etcd-servers=http://{HOST}:{self.etcd_port}",
+                f"--bind-address={HOST}",
+                f"--advertise-address={HOST}",
+                f"--secure-port={self.apiserver_port}",
+                f"--tls-cert-file={pki / 'serving.crt'}",
+                f"--tls-private-key-file={pki / 'serving.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                f"--service-account-key-file={pki / 'sa.crt'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+                "--authorization-mode=Node,RBAC",
+                # The "kubernetes" Service endpoints would be 127.0.0.1, which Endpoints
+                # validation rejects; nothing in the tests needs them.
+                "--endpoint-reconciler-type=none",
+                "--enable-priority-and-fairness=false",
+                "--profiling=false",
+                f"--v={self.verbosity}",
+            ],
+        )
+        self._write_kubeconfig()
+        self.startup_seconds["kube-apiserver"] = comp.wait_healthy(
+            lambda: self._https_ok(f"{self.server}/readyz"), "/readyz", timeout_s
+        )
+
+    def _https_ok(self, url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=self.ssl_context()) as resp:
+                return bool(resp.status == 200)
+        except (OSError, ValueError):
+            return False
+
+
+# -- API helpers (nodes, namespaces) -------------------------------------------------------
+
+
+def ensure_namespace(client: Any, name: str, *, timeout_s: float = 30.0) -> None:
+    """Make sure namespace ``name`` and its ``default`` ServiceAccount exist.
+
+    Without kube-controller-manager nobody creates the ``default`` ServiceAccount, and
+    the ServiceAccount admission plugin rejects pods in a namespace that lacks it.
+
+    Args:
+        client: a ``lightkube.Client``.
+        name: namespace name.
+        timeout_s: how long to retry while the apiserver's own bootstrap is still
+            creating the namespace (conflicts) or the namespace is terminating.
+
+    Raises:
+        lightkube.ApiError: an error other than AlreadyExists.
+    """
+    from lightkube import ApiError
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Namespace, ServiceAccount
+
+    for obj in (
+        Namespace(metadata=ObjectMeta(name=name)),
+        ServiceAccount(metadata=ObjectMeta(name="default", namespace=name)),
+    ):
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                client.create(obj)
+                break
+            except ApiError as err:
+                if err.status.code == 409:  # AlreadyExists
+                    break
+                if err.status.code in (403, 404) and time.monotonic() < deadline:
+                    time.sleep(_POLL_S)  # namespace not there yet / being bootstrapped
+                    continue
+                raise
+
+
+def node_ready_condition(now: _dt.datetime | None = None) -> dict[str, str]:
+    """A ``Ready=True`` NodeCondition dict with heartbeat/transition times ``now`` (UTC)."""
+    stamp = (now or _dt.datetime.now(_dt.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "type": "Ready",
+        "status": "True",
+        "reason": "KubeletReady",
+        "message": "hami e2e: node object without a kubelet",
+        "lastHeartbeatTime": stamp,
+        "lastTransitionTime": stamp,
+    }
+
+
+def create_gpu_node(
+    client: Any,
+    name: str,
+    *,
+    gpus: int,
+    annotations: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    extra_capacity: Mapping[str, str] | None = None,
+    cpu: str = "64",
+    memory: str = "512Gi",
+    pods: str = "110",
+) -> Any:
+    """Create a Node with ``nvidia.com/gpu`` capacity through the API and mark it Ready.
+
+    The node is what a HAMi device plugin's node looks like to the scheduler: the given
+    annotations (e.g. ``hami.io/node-nvidia-register``), capacity = allocatable =
+    ``{cpu, memory, pods, nvidia.com/gpu: gpus, **extra_capacity}``, and a Ready=True
+    condition, written through the status subresource (a create ignores most status).
+
+    Args:
+        client: a ``lightkube.Client``.
+        name: node name (also its ``kubernetes.io/hostname`` label).
+        gpus: value of ``nvidia.com/gpu`` (HAMi advertises GPUs x device-split-count).
+        annotations, labels: extra metadata.
+        extra_capacity: more resources, quantity strings (e.g. ``{"nvidia.com/gpumem": "..."}``).
+        cpu, memory, pods: quantity strings of the ordinary resources.
+
+    Returns:
+        The Node as returned by the status patch (a lightkube ``Node``).
+
+    Raises:
+        lightkube.ApiError: e.g. 409 when a node of that name exists.
+    """
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Node
+
+    all_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}
+    all_labels.update(labels or {})
+    client.create(
+        Node(metadata=ObjectMeta(name=name, labels=all_labels, annotations=dict(annotations or {})))
+    )
+    resources = {"cpu": cpu, "memory": memory, "pods": pods, "nvidia.com/gpu": str(gpus)}
+    resources.update(extra_capacity or {})
+    return set_node_status(client, name, capacity=resources)
+
+
+#: Taint the apiserver puts on new nodes and the node-lifecycle controller manages.
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+
+
+def set_node_status(
+    client: Any, name: str, *, capacity: Mapping[str, str] | None = None, ready: bool = True
+) -> Any:
+    """Patch a Node's status (capacity/allocatable when given, Ready condition) and taints.
+
+    Does what kubelet and the node-lifecycle controller would do together: the Ready
+    condition gets ``status`` ``"True"``/``"False"`` with fresh heartbeat times, and the
+    ``node.kubernetes.io/not-ready:NoSchedule`` taint is removed (ready) or added (not
+    ready). Nothing in :class:`ControlPlane` checks heartbeats, so one call suffices.
+
+    Args:
+        client: a ``lightkube.Client``.
+        name: the node.
+        capacity: resource name -> quantity string, written to capacity and allocatable.
+        ready: the Ready condition to report.
+
+    Returns:
+        The Node after both patches.
+
+    Raises:
+        lightkube.ApiError: e.g. 404 for an unknown node, 409 if the node changed between
+            reading and patching its taints.
+    """
+    from lightkube.resources.core_v1 import Node
+    from lightkube.types import PatchType
+
+    condition = node_ready_condition()
+    if not ready:
+        condition.update(status="False", reason="KubeletNotReady")
+    status: dict[str, Any] = {"conditions": [condition]}
+    if capacity is not None:
+        status["capacity"] = dict(capacity)
+        status["allocatable"] = dict(capacity)
+    node = client.patch(Node.Status, name, {"status": status}, patch_type=PatchType.STRATEGIC)
+
+    taints = [t.to_dict() for t in (node.spec.taints or []) if t.key != NOT_READY_TAINT]
+    if not ready:
+        taints.append({"key": NOT_READY_TAINT, "effect": "NoSchedule"})
+    if len(taints) == len(node.spec.taints or []) and ready:
+        return node  # no not-ready taint to remove
+    patch = {
+        "metadata": {"resourceVersion": node.metadata.resourceVersion},  # fails on a race
+        "spec": {"taints": taints or None},
+    }
+    return client.patch(Node, name, patch, patch_type=PatchType.MERGE)
+
+
+@functools.cache
+def _pod_binding_class() -> type[Any]:
+    from lightkube.core import resource as lkres
+    from lightkube.generic_resource import Generic
+    from lightkube.resources.core_v1 import PodBinding
+
+    # Both bases define apiVersion/kind; Generic's dict-backed ones are the ones used.
+    class PodBindingRequest(lkres.NamespacedSubResource, Generic):  # type: ignore[misc]
+        _api_info = PodBinding._api_info
+
+    return PodBindingRequest
+
+
+def pod_binding(name: str, namespace: str, node: str) -> Any:
+    """A ``pods/binding`` request object for ``client.create(obj, name=..., namespace=...)``.
+
+    Works with ``lightkube.Client`` and ``AsyncClient``. lightkube's own ``PodBinding``
+    cannot be used: the apiserver answers a binding with a ``metav1.Status`` while the
+    OpenAPI spec (and so lightkube's model) says ``Binding``, and decoding that reply
+    fails on the missing ``target``. This object's reply decodes as a plain dict.
+    """
+    from lightkube.models.meta_v1 import ObjectMeta
+
+    return _pod_binding_class()(
+        apiVersion="v1",
+        kind="Binding",
+        metadata=ObjectMeta(name=name, namespace=namespace),
+        target={"apiVersion": "v1", "kind": "Node", "name": node},
+    )
+
+
+def bind_pod(client: Any, name: str, namespace: str, node: str) -> None:
+    """Bind pod ``namespace/name`` to ``node`` as a scheduler does (``pods/binding``).
+
+    Raises:
+        lightkube.ApiError: e.g. 409 when the pod is already bound, 404 for no pod.
+    """
+    client.create(pod_binding(name, namespace, node), name=name, namespace=namespace)
+
+
+def node_is_ready(node: Any) -> bool:
+    """True when a lightkube ``Node`` has condition Ready=True."""
+    for cond in (node.status.conditions if node.status else None) or []:
+        if cond.type == "Ready":
+            return bool(cond.status == "True")
+    return False
+
+
+def set_pod_phase(client: Any, name: str, namespace: str, phase: str) -> Any:
+    """Set a pod's ``status.phase`` as its kubelet would (no kubelet runs here).
+
+    Args:
+        client: a ``lightkube.Client``.
+        name, namespace: the pod.
+        phase: ``Pending``, ``Running``, ``Succeeded``, ``Failed`` or ``Unknown``.
+
+    Returns:
+        The patched Pod.
+
+    Raises:
+        ValueError: an unknown phase.
+        lightkube.ApiError: e.g. 404 for no such pod; 422 for a transition the apiserver
+            refuses (a pod cannot leave ``Succeeded``/``Failed``).
+    """
+    from lightkube.resources.core_v1 import Pod
+    from lightkube.types import PatchType
+
+    if phase not in ("Pending", "Running", "Succeeded", "Failed", "Unknown"):
+        raise ValueError(f"unknown pod phase {phase!r}")
+    return client.patch(
+        Pod.Status,
+        name,
+        {"status": {"phase": phase}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+
+
+# -- command line ---------------------------------------------------------------------------
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m hami.testing.controlplane up``: run a cluster until Ctrl-C/SIGTERM.
+
+    Prints the kubeconfig path (``export KUBECONFIG=...``) once everything is ready.
+    Returns the process exit code.
+    """
+    parser = argparse.ArgumentParser(prog="python -m hami.testing.controlplane")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    up = sub.add_parser("up", help="start etcd, kube-apiserver and kube-scheduler")
+    up.add_argument("--workdir", type=Path, help="state and logs (default: a new temp dir)")
+    up.add_argument("--bin-dir", type=Path, help="binaries (default: build.sh's cache dir)")
+    up.add_argument(
+        "--extender-url",
+        help="also run a kube-scheduler with profile hami-scheduler and this extender, "
+        "e.g. https://127.0.0.1:8443",
+    )
+    up.add_argument(
+        "--gpu-node",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="create a Ready node NAME with nvidia.com/gpu=10 (repeatable)",
+    )
+    up.add_argument("-v", "--verbosity", type=int, default=1)
+    args = parser.parse_args(argv)
+
+    try:
+        cp = ControlPlane(args.bin_dir, args.workdir, keep_workdir=True, verbosity=args.verbosity)
+    except BinariesMissing as err:
+        print(err, file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
+    with cp:
+        cp.start()
+        if args.extender_url:
+            cp.start_scheduler(
+                scheduler_name="hami-scheduler", extender=ExtenderConfig(args.extender_url)
+            )
+        client = cp.client()
+        for name in args.gpu_node:
+            create_gpu_node(client, name, gpus=10)
+        print(
+            f"control plane {KUBERNETES_VERSION} ready in "
+            f"{cp.startup_seconds['total']:.1f}s at {cp.server}"
+        )
+        parts = ", ".join(f"{k} {v:.1f}s" for k, v in cp.startup_seconds.items() if k != "total")
+        print(f"  ({parts})")
+        print(f"logs: {cp.log_dir}")
+        print(f"export KUBECONFIG={cp.kubeconfig}", flush=True)
+        # Wake twice a second to notice a dead component; a signal ends the wait at once.
+        while not stop.wait(0.5):
+            try:
+                cp.check_alive()
+            except ControlPlaneError as err:
+                print(err, file=sys.stderr)
+                return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""The webhook's decision (spec §3) and field cases B05, B09, B11."""
+
+from __future__ import annotations
+
+import jsonpatch
+import pytest
+
+from hami.core.admission import admit
+from hami.core.config import NvidiaConfig, SchedulerConfig
+from hami.core.quota import QuotaLedger
+from tests.builders import case_pod, container, pod
+
+CONFIG = SchedulerConfig()
+
+
+def limits_of(result, index=0):
+    return result.pod["spec"]["containers"][index]["resources"]["limits"]
+
+
+def test_bare_gpu_gets_exclusive_cores_and_scheduler():
+    result = admit(pod(containers=[container(gpu=1)]), CONFIG)
+    assert result.allowed
+    assert limits_of(result)["nvidia.com/gpucores"] == 100
+    assert result.pod["spec"]["schedulerName"] == "hami-scheduler"
+    # the patch turns the original into the mutated pod
+    assert jsonpatch.apply_patch(pod(containers=[container(gpu=1)]), result.patch) == result.pod
+
+
+@pytest.mark.parametrize(("limits", "cores"), [
+    ({"gpu": 1, "gpumem": 4000}, None),
+    ({"gpu": 1, "gpumem_percentage": 100}, 100),
+    ({"gpu": 1, "gpumem_percentage": 50}, None),
+    ({"gpu": 1, "gpucores": 20}, 20),
+])
+def test_exclusive_core_default(limits, cores):
+    result = admit(pod(containers=[container(**limits)]), CONFIG)
+    assert limits_of(result).get("nvidia.com/gpucores") == cores
+
+
+def test_memory_only_request_gets_default_count():
+    result = admit(pod(containers=[container(gpumem=3000)]), CONFIG)
+    assert limits_of(result)["nvidia.com/gpu"] == 1
+    assert result.pod["spec"]["schedulerName"] == "hami-scheduler"
+
+
+def test_pod_without_gpu_is_untouched():
+    original = pod(containers=[container()])
+    result = admit(original, CONFIG)
+    assert result.allowed and result.patch == []
+    assert "schedulerName" not in result.pod["spec"]
+
+
+def test_other_scheduler_is_left_alone():
+    result = admit(pod(containers=[container(gpu=1)], schedulerName="volcano"), CONFIG)
+    assert result.allowed and result.patch == []
+
+
+def test_default_scheduler_is_overwritten():
+    result = admit(pod(containers=[container(gpu=1)], schedulerName="default-scheduler"), CONFIG)
+    assert result.pod["spec"]["schedulerName"] == "hami-scheduler"
+
+
+def test_envs_and_runtime_class():
+    config = SchedulerConfig(nvidia=NvidiaConfig(gpu_core_policy="force",
+                                                 runtime_class_name="nvidia",
+                                                 overwrite_env=True))
+    p = pod(containers=[container("g", gpu=1, priority=1), container("cpu")])
+    result = admit(p, config)
+    env_g = {e["name"]: e["value"] for e in result.pod["spec"]["containers"][0]["env"]}
+    env_cpu = {e["name"]: e["value"] for e in result.pod["spec"]["containers"][1]["env"]}
+    assert env_g == {"CUDA_TASK_PRIORITY": "1", "GPU_CORE_UTILIZATION_POLICY": "force"}
+    assert env_cpu["NVIDIA_VISIBLE_DEVICES"] == "none"
+    assert result.pod["spec"]["runtimeClassName"] == "nvidia"
+
+
+def test_node_name_is_denied():
+    result = admit(pod(containers=[container(gpu=1)], nodeName="n1"), CONFIG)
+    assert not result.allowed and result.message == "pod has node assigned"
+
+
+def test_no_containers_denied():
+    p = pod()
+    p["spec"]["containers"] = []
+    assert admit(p, CONFIG).message == "pod has no containers"
+
+
+@pytest.mark.parametrize("bad", ["not a pod", {"spec": "x"}])
+def test_garbage_is_a_400(bad):
+    result = admit(bad, CONFIG)
+    assert not result.allowed and result.code == 400
+
+
+def test_b09_out_of_range_percentages_denied_with_range(field_cases):
+    for spec in field_cases["B09"]["scenario"]["pods"][:3]:
+        result = admit(case_pod(spec), CONFIG)
+        assert not result.allowed, spec["name"]
+        assert "between 0 and 100" in result.message
+        assert "nvidia.com/gpumem-percentage" in result.message
+    no_mem = admit(case_pod(field_cases["B09"]["scenario"]["pods"][3]), CONFIG)
+    assert no_mem.allowed
+
+
+@pytest.mark.parametrize("limits", [{"gpu": 1, "gpucores": 101}, {"gpu": 1, "gpumem": -1},
+                                    {"gpu": 1, "gpumem": "16Gi"}])
+def test_other_bad_values_denied(limits):
+    result = admit(pod(containers=[container("w", **limits)]), CONFIG)
+    assert not result.allowed and result.code == 403 and "w" in result.message
+
+
+def test_b11_privileged_gpu_container_denied(field_cases):
+    pods = {p["name"]: p for p in field_cases["B11"]["scenario"]["pods"]}
+    denied = admit(case_pod(pods["priv"]), CONFIG)
+    assert not denied.allowed and denied.message == "container c is privileged"
+    untouched = admit(case_pod(pods["priv-no-gpu"]), CONFIG)
+    assert untouched.allowed and untouched.patch == []
+    init = admit(case_pod(pods["priv-init"]), CONFIG)
+    assert not init.allowed and init.message == "container i is privileged"
+    assert init.patch == []  # nothing half-mutated
+
+
+def test_b05_init_only_gpu_pod_is_routed_and_quota_checked(field_cases):
+    spec = field_cases["B05"]["scenario"]["pods"][0]
+    routed = admit(case_pod(spec, "ns1"), CONFIG)
+    assert routed.allowed and routed.pod["spec"]["schedulerName"] == "hami-scheduler"
+    quota = QuotaLedger()
+    quota.set_quota("ns1", "q", {"limits.nvidia.com/gpumem": 4000})
+    denied = admit(case_pod(spec, "ns1"), CONFIG, quota)
+    assert not denied.allowed and "exceeding resource quota" in denied.message
+
+
+def test_quota_precheck_takes_max_of_app_sum_and_init_peak():
+    quota = QuotaLedger()
+    quota.set_quota("ns", "q", {"limits.nvidia.com/gpumem": "5000"})
+    fits = pod(containers=[container("a", gpu=1, gpumem=2000), container("b", gpu=1, gpumem=2000)],
+               init=[container("i", gpu=1, gpumem=5000), container("j", gpu=1, gpumem=4000)],
+               namespace="ns")
+    assert admit(fits, CONFIG, quota).allowed
+    too_much = pod(containers=[container("a", gpu=2, gpumem=3000)], namespace="ns")
+    assert not admit(too_much, CONFIG, quota).allowed

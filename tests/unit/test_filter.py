@@ -1,0 +1,174 @@
+"""The filter loop (spec §4.2, §4.4, §4.8) and field cases B04, B10, B14, B23, B24."""
+
+from __future__ import annotations
+
+import pytest
+
+from hami.api import names
+from hami.core.codec import decode_pod_devices
+from hami.core.config import SchedulerConfig, SchedulingPolicy
+from hami.core.filter import FilterError
+from hami.core.model import DeviceInfo
+from hami.core.request import RequestError
+from hami.core.state import ClusterState
+from tests.builders import case_pod, cluster_from_case, container, pod
+
+
+def cluster(nodes=3, gpus=2, mem=16000, split=10, policy=SchedulingPolicy()):
+    state = ClusterState(SchedulerConfig(policy=policy))
+    for n in range(nodes):
+        state.ledger.add_node(f"n{n}", [DeviceInfo(f"n{n}-G{i}", i, split, mem, 100, "NVIDIA-T4")
+                                        for i in range(gpus)])
+    return state
+
+
+def place(state, p, nodes=None):
+    decision = state.filter(p, nodes)
+    if decision.result.node:
+        state.commit(p, decision)
+    return decision
+
+
+def test_binpack_fills_one_node_spread_rotates():
+    packed = cluster()
+    assert [place(packed, pod(f"p{i}", [container(gpu=1, gpumem=1000)])).result.node
+            for i in range(3)] == ["n0", "n0", "n0"]
+    spread = cluster(policy=SchedulingPolicy(node_policy="spread"))
+    assert [place(spread, pod(f"p{i}", [container(gpu=1, gpumem=1000)])).result.node
+            for i in range(3)] == ["n0", "n1", "n2"]
+
+
+def test_pod_annotation_overrides_node_policy():
+    state = cluster()
+    place(state, pod("a", [container(gpu=1, gpumem=1000)]))
+    d = state.filter(pod("b", [container(gpu=1, gpumem=1000)],
+                         annotations={names.NODE_SCHEDULER_POLICY: "spread"}))
+    assert d.result.node == "n1"
+
+
+def test_candidate_subset_and_unregistered_nodes():
+    state = cluster()
+    d = state.filter(pod("a", [container(gpu=1, gpumem=1000)]), ["n2", "ghost"])
+    assert d.result.node == "n2"
+    d = state.filter(pod("a", [container(gpu=3)]), ["n1", "ghost"])
+    assert d.result.node is None
+    assert d.result.failed_nodes == {"ghost": "node unregistered", "n1": "NodeInsufficientDevice"}
+
+
+def test_every_node_gets_a_reason_when_nothing_fits():
+    state = cluster(nodes=2, gpus=1)
+    place(state, pod("big", [container(gpu=1, gpumem=15000)]), ["n0"])
+    place(state, pod("hog", [container(gpu=1, gpumem=100, gpucores=100)]), ["n1"])
+    d = state.filter(pod("x", [container(gpu=1, gpumem=2000, gpucores=10)]))
+    assert d.result.node is None
+    assert d.result.failed_nodes == {"n0": "1/1 CardInsufficientMemory",
+                                     "n1": "1/1 CardInsufficientCore"}
+    assert d.annotations == {}
+
+
+def test_pod_without_gpu_passes_through():
+    d = cluster().filter(pod("cpu", [container()]))
+    assert d.result.passthrough and d.result.node is None
+
+
+def test_malformed_weights_annotation_is_a_filter_error():
+    with pytest.raises(FilterError, match="weight"):
+        cluster().filter(pod("w", [container(gpu=1)],
+                             annotations={names.DEVICE_SCORING_WEIGHTS: "slot=1"}))
+
+
+def test_malformed_request_is_a_request_error():
+    with pytest.raises(RequestError):
+        cluster().filter(pod("w", [container(gpu=1, gpumem="lots")]))
+
+
+def test_two_containers_never_overcommit_one_card():
+    state = cluster(nodes=1, gpus=1, mem=10000)
+    d = state.filter(pod("two", [container("a", gpu=1, gpumem=6000),
+                                 container("b", gpu=1, gpumem=6000)]))
+    assert d.result.node is None
+    ok = state.filter(pod("two", [container("a", gpu=1, gpumem=5000),
+                                  container("b", gpu=1, gpumem=5000)]))
+    assert ok.result.node == "n0"
+
+
+def test_refilter_releases_the_pods_own_charge():
+    state = cluster(nodes=1, gpus=1, mem=10000)
+    p = pod("again", [container(gpu=1, gpumem=10000)])
+    place(state, p)
+    assert state.filter(p).result.node == "n0"
+
+
+def test_b04_init_containers_take_the_peak(field_cases):
+    case = field_cases["B04"]
+    state = cluster_from_case(case)
+    nodes = []
+    for spec in case["scenario"]["pods"]:
+        d = place(state, case_pod(spec, "ns1"))
+        nodes.append(d.result.node)
+        grant = decode_pod_devices(d.annotations[names.DEVICES_ALLOCATED])
+        assert [len(c) for c in grant[:4]] == [1, 1, 1, 0]
+        charges = state.ledger.pod(f"uid-ns1-{spec['name']}").charges
+        assert [(c.memory_mib, c.slots) for c in charges] == [(10240, 1)]
+    assert None not in nodes
+    # variant: 3 x 7168 on one GPU is 7168, not 21504
+    variant = case_pod({"name": "v", "init_containers": [
+        {"name": f"i{i}", "limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 7168}}
+        for i in range(3)], "containers": [{"name": "main", "limits": {}}]})
+    d = place(state, variant)
+    assert [c.memory_mib for c in state.ledger.pod("uid-default-v").charges] == [7168]
+    # once init containers finished, the init-only reservation is released
+    done = dict(variant)
+    done["metadata"] = {**variant["metadata"], "annotations": d.annotations}
+    done["status"] = {"phase": "Running", "initContainerStatuses": [
+        {"name": f"i{i}", "state": {"terminated": {"exitCode": 0}}} for i in range(3)]}
+    state.upsert_pod(done)
+    assert state.ledger.pod("uid-default-v").charges == ()
+
+
+def test_b10_zero_percent_books_whole_card(field_cases):
+    case = field_cases["B10"]
+    state = cluster_from_case(case)
+    zero, big = (case_pod(s) for s in case["scenario"]["pods"])
+    d = place(state, zero)
+    assert d.result.devices[0][0].used_memory_mib == 32768
+    assert state.filter(big).result.node is None
+
+
+def test_b14_gpu_in_second_of_five_containers(field_cases):
+    case = field_cases["B14"]
+    state = cluster_from_case(case)
+    d = place(state, case_pod(case["scenario"]["pods"][0]))
+    text = d.annotations[names.DEVICES_ALLOCATED]
+    assert d.annotations[names.DEVICES_TO_ALLOCATE] == text
+    grant = decode_pod_devices(text)[:5]
+    assert [len(c) for c in grant] == [0, 1, 0, 0, 0]
+    dev = grant[1][0]
+    assert (dev.uuid, dev.type, dev.used_memory_mib, dev.used_cores_percent) == \
+        ("GPU-aaaa-0", "NVIDIA", 1000, 0)
+
+
+def test_b23_percentage_floors_after_multiplying(field_cases):
+    case = field_cases["B23"]
+    state = cluster_from_case(case)
+    spec = case["scenario"]["pods"][0]
+    renamed = {"name": spec["name"], "containers": [{"name": "c", "limits": {
+        "nvidia.com/gpu": 1, "nvidia.com/gpucores": 50, "nvidia.com/gpumem-percentage": 20}}]}
+    d = place(state, case_pod(renamed))
+    assert d.result.devices[0][0].used_memory_mib == 6553
+    full = state.filter(case_pod({"name": "full", "containers": [
+        {"name": "c", "limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 100}}]}))
+    assert full.result.node is None  # the card is no longer whole
+
+
+def test_b24_two_gpus_are_two_distinct_cards(field_cases):
+    case = field_cases["B24"]
+    state = cluster_from_case(case)
+    spec = case["scenario"]["pods"][0]
+    d = place(state, case_pod(spec))
+    assert len({dev.uuid for dev in d.result.devices[0]}) == 2
+    # with one card taken by an exclusive pod, two distinct cards are not available
+    state2 = cluster_from_case(case)
+    place(state2, pod("ci-1", [container(gpu=1, gpumem=20000)]))
+    d2 = state2.filter(pod("needs-two", [container(gpu=2, gpumem=10000)]))
+    assert d2.result.node is None

@@ -1,0 +1,102 @@
+"""``hami schedule``: the offline scheduler over Kubernetes objects (issue 2 §3)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from hami.cli import app
+from hami.offline import SCHEMA, InputError, load_objects, schedule
+
+REGISTER = json.dumps([
+    {"id": "GPU-a0", "count": 10, "devmem": 16384, "devcore": 100, "type": "NVIDIA-Tesla T4",
+     "health": True},
+    {"id": "GPU-a1", "index": 1, "count": 10, "devmem": 16384, "devcore": 100,
+     "type": "NVIDIA-Tesla T4", "health": True},
+], separators=(",", ":"))
+
+
+def node(name, register=REGISTER):
+    ann = {} if register is None else {"hami.io/node-nvidia-register": register}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "annotations": ann}}
+
+
+def gpu_pod(name, mem, node_name=None, allocated=None, **extra):
+    p = {"apiVersion": "v1", "kind": "Pod",
+         "metadata": {"name": name, "namespace": "team", "annotations": {}},
+         "spec": {"containers": [{"name": "c", "resources": {"limits": {
+             "nvidia.com/gpu": 1, "nvidia.com/gpumem": mem, **extra}}}]}}
+    if node_name:
+        p["spec"]["nodeName"] = node_name
+        p["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"] = allocated
+    return p
+
+
+CLUSTER = [
+    node("gpu-1"),
+    node("gpu-2"),
+    node("broken", register="{not json"),
+    gpu_pod("running", 16000, "gpu-1", "GPU-a1,NVIDIA,16000,0:;"),
+    gpu_pod("first", 4000),
+    gpu_pod("second", 16384),
+    gpu_pod("too-big", 20000),
+    gpu_pod("bad-pct", 1, **{"nvidia.com/gpumem-percentage": 150}),
+]
+
+
+def test_schedule_sees_existing_usage_and_earlier_decisions():
+    report = schedule(CLUSTER)
+    assert report["schema"] == SCHEMA
+    assert report["nodes"]["gpu-1"] == "" and "broken" in report["nodes"]["broken"]
+    pods = {p["name"]: p for p in report["pods"]}
+    first = pods["first"]
+    assert first["admission"]["allowed"] and first["node"] == "gpu-1"  # binpack: used node
+    assert first["annotations"] == {
+        "hami.io/vgpu-node": "gpu-1",
+        "hami.io/vgpu-devices-to-allocate": "GPU-a0,NVIDIA,4000,0:;",
+        "hami.io/vgpu-devices-allocated": "GPU-a0,NVIDIA,4000,0:;"}
+    # gpu-1 has 12384 + 384 free now; a whole card must go to gpu-2
+    assert pods["second"]["node"] == "gpu-2"
+    too_big = pods["too-big"]
+    assert too_big["node"] is None and too_big["annotations"] == {}
+    assert too_big["failed_nodes"]["gpu-1"] == "2/2 CardInsufficientMemory"
+    assert too_big["failed_nodes"]["broken"] == "node unregistered"
+    assert not pods["bad-pct"]["admission"]["allowed"]
+    assert "between 0 and 100" in pods["bad-pct"]["admission"]["message"]
+
+
+def test_list_kind_and_json_stream_are_accepted():
+    text = json.dumps({"apiVersion": "v1", "kind": "List", "items": CLUSTER[:2] + [CLUSTER[4]]})
+    assert [o["kind"] for o in load_objects(text)] == ["Node", "Node", "Pod"]
+    with pytest.raises(InputError):
+        load_objects("- just\n- a list\n")
+
+
+def test_cli_json_and_table(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump_all(CLUSTER))
+    runner = CliRunner()
+    result = runner.invoke(app, ["schedule", "-f", str(path), "-o", "json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output) == schedule(CLUSTER)
+    table = runner.invoke(app, ["schedule", "-f", str(path), "--gpu-policy", "binpack"])
+    assert table.exit_code == 0 and "team/first" in table.output
+    missing = runner.invoke(app, ["schedule", "-f", str(tmp_path / "nope.yaml")])
+    assert missing.exit_code == 2
+
+
+def test_device_config_renames_resources(tmp_path):
+    config = tmp_path / "device-config.yaml"
+    config.write_text("nvidia:\n  resourceCountName: hami.io/gpu\n  defaultMemory: 1000\n")
+    path = tmp_path / "c.yaml"
+    renamed = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "r", "namespace": "x"},
+               "spec": {"containers": [{"name": "c", "resources": {"limits": {"hami.io/gpu": 1}}}]}}
+    path.write_text(yaml.safe_dump_all([node("gpu-1"), renamed]))
+    result = CliRunner().invoke(app, ["schedule", "-f", str(path), "--device-config", str(config),
+                                      "-o", "json"])
+    assert result.exit_code == 0, result.output
+    pod = json.loads(result.output)["pods"][0]
+    assert pod["annotations"]["hami.io/vgpu-devices-allocated"].endswith(",NVIDIA,1000,100:;")  # exclusive: no gpumem given

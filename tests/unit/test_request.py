@@ -1,0 +1,75 @@
+"""Container requests from pod specs (spec §1.3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hami.core.config import NvidiaConfig
+from hami.core.model import PERCENT_UNSET, ContainerDeviceRequest
+from hami.core.request import RequestError, container_request, pod_request
+from tests.builders import container, pod
+
+R = ContainerDeviceRequest
+
+
+@pytest.mark.parametrize(("limits", "expected"), [
+    ({"gpu": 1}, R(1, "NVIDIA", 0, 100, 0)),
+    ({"gpu": 2, "gpumem": 4096}, R(2, "NVIDIA", 4096, PERCENT_UNSET, 0)),
+    ({"gpu": 1, "gpumem_percentage": 0}, R(1, "NVIDIA", 0, 100, 0)),
+    ({"gpu": 1, "gpumem_percentage": 40}, R(1, "NVIDIA", 0, 40, 0)),
+    ({"gpu": 1, "gpumem_percentage": 150}, R(1, "NVIDIA", 0, 100, 0)),
+    ({"gpu": 1, "gpucores": 30}, R(1, "NVIDIA", 0, 100, 30)),
+    ({"gpu": "1", "gpumem": "3000"}, R(1, "NVIDIA", 3000, PERCENT_UNSET, 0)),
+    ({"gpu": 1, "gpumem": 1000, "gpumem_percentage": 20}, R(1, "NVIDIA", 1000, 20, 0)),
+    ({}, None),
+    ({"gpu": 0}, None),
+    ({"gpumem": 1000}, None),
+])
+def test_container_request_table(limits, expected):
+    assert container_request(container(**limits), NvidiaConfig()) == expected
+
+
+def test_defaults_and_memory_factor():
+    config = NvidiaConfig(default_memory_mib=2048, default_cores_percent=10, memory_factor=4)
+    assert container_request(container(gpu=1), config) == R(1, "NVIDIA", 2048, PERCENT_UNSET, 10)
+    assert container_request(container(gpu=1, gpumem=100), config).memory_mib == 400
+
+
+def test_renamed_resources():
+    config = NvidiaConfig(resource_count_name="hami.io/gpu",
+                          resource_memory_percentage_name="hami.io/gpumem-percentage")
+    c = {"name": "a", "resources": {"limits": {"hami.io/gpu": 1, "hami.io/gpumem-percentage": 40}}}
+    assert container_request(c, config) == R(1, "NVIDIA", 0, 40, 0)
+    assert container_request(container(gpu=1), config) is None
+
+
+def test_requests_fallback_when_no_limits():
+    c = {"name": "a", "resources": {"requests": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 512}}}
+    assert container_request(c, NvidiaConfig()) == R(1, "NVIDIA", 512, PERCENT_UNSET, 0)
+
+
+@pytest.mark.parametrize("limits", [
+    {"gpu": 1, "gpumem": "16Gi"},
+    {"gpu": 1, "gpumem": -5},
+    {"gpu": 1, "gpumem": 2**31},
+    {"gpu": "1.5"},
+    {"gpu": -1},
+    {"gpu": 1, "gpucores": -3},
+    {"gpu": "lots"},
+])
+def test_malformed_values_are_errors_not_empty_requests(limits):
+    with pytest.raises(RequestError) as err:
+        container_request(container(name="trainer", **limits), NvidiaConfig())
+    assert "trainer" in str(err.value)
+
+
+def test_pod_request_orders_init_first_and_sums_cpu():
+    p = pod(containers=[container("a", gpu=1, requests={"cpu": "500m", "memory": "1Gi"}),
+                        container("b", requests={"cpu": "1", "memory": "512Mi"})],
+            init=[container("i", gpu=1, gpumem=100, requests={"cpu": "2"})])
+    req = pod_request(p, NvidiaConfig())
+    assert req.n_init == 1
+    assert req.containers[0] == R(1, "NVIDIA", 100, PERCENT_UNSET, 0)
+    assert req.containers[2] is None
+    assert (req.cpu_milli, req.memory_mib) == (2000, 1536)
+    assert req.wants_devices

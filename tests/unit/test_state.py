@@ -1,0 +1,90 @@
+"""Which pods count (spec §4.3) and node registration (spec §4.13), on ClusterState."""
+
+from __future__ import annotations
+
+import json
+
+from hami.api import names
+from hami.core.state import ClusterState
+
+REGISTER = json.dumps([{"id": "G0", "count": 4, "devmem": 10000, "devcore": 100,
+                        "type": "NVIDIA-A10", "health": True}])
+
+
+def node(name="n", register=REGISTER):
+    ann = {} if register is None else {names.NODE_REGISTER: register}
+    return {"kind": "Node", "metadata": {"name": name, "annotations": ann}}
+
+
+def bound_pod(name="p", allocated="G0,NVIDIA,3000,30:;", phase="Running", **meta):
+    ann = {names.VGPU_NODE: "n", names.DEVICES_ALLOCATED: allocated}
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}",
+                                        "annotations": ann, **meta},
+            "spec": {"containers": [{"name": "c"}]}, "status": {"phase": phase}}
+
+
+def used(state):
+    return [(s, m, c) for _, s, m, c in state.ledger.device_usage("n")]
+
+
+def test_registered_node_and_reasons_for_bad_ones():
+    state = ClusterState()
+    assert state.upsert_node(node()) == ""
+    assert state.upsert_node(node("x", register=None)) == \
+        "annos not found hami.io/node-nvidia-register"
+    assert "x" in state.upsert_node(node("x", register="[{]"))
+    assert state.ledger.node_names() == ["n"]
+    # a node that turns bad is dropped, and registered again when it recovers
+    state.upsert_node(node(register="garbage"))
+    assert state.ledger.node("n") is None
+    assert state.upsert_node(node()) == ""
+
+
+def test_membership_rules():
+    state = ClusterState()
+    state.upsert_node(node())
+    assert state.upsert_pod(bound_pod("a"))
+    assert used(state) == [(1, 3000, 30)]
+    # no vgpu-node annotation: not ours
+    foreign = bound_pod("b")
+    del foreign["metadata"]["annotations"][names.VGPU_NODE]
+    assert not state.upsert_pod(foreign)
+    # undecodable allocation: not cached, nothing charged
+    assert not state.upsert_pod(bound_pod("c", allocated="G0,NVIDIA,lots,0:;"))
+    # Terminating pods keep their charge but are never newly added
+    assert state.upsert_pod(bound_pod("a", deletionTimestamp="2026-01-01T00:00:00Z"))
+    assert not state.upsert_pod(bound_pod("d", deletionTimestamp="2026-01-01T00:00:00Z"))
+    assert used(state) == [(1, 3000, 30)]
+    # terminal phases release
+    assert not state.upsert_pod(bound_pod("a", phase="Succeeded"))
+    assert used(state) == [(0, 0, 0)]
+    # re-adding the same pod twice charges once
+    state.upsert_pod(bound_pod("e"))
+    state.upsert_pod(bound_pod("e"))
+    assert used(state) == [(1, 3000, 30)]
+    state.remove_pod("u-e")
+    assert used(state) == [(0, 0, 0)]
+
+
+def test_init_container_usage_shrinks_once_they_finish():
+    state = ClusterState()
+    state.upsert_node(node())
+    pod = bound_pod("i", allocated="G0,NVIDIA,8000,0:;G0,NVIDIA,2000,10:;")
+    pod["spec"]["initContainers"] = [{"name": "init"}]
+    state.upsert_pod(pod)
+    assert used(state) == [(1, 8000, 10)]
+    pod["status"]["initContainerStatuses"] = [{"state": {"terminated": {"exitCode": 1}}}]
+    state.upsert_pod(pod)
+    assert used(state) == [(1, 8000, 10)]  # a failed init container does not count as done
+    pod["status"]["initContainerStatuses"] = [{"state": {"terminated": {"exitCode": 0}}}]
+    state.upsert_pod(pod)
+    assert used(state) == [(1, 2000, 10)]
+    state.upsert_pod(pod)  # a later update keeps the shrunk value
+    assert used(state) == [(1, 2000, 10)]
+
+
+def test_pods_on_unknown_nodes_count_once_the_node_registers():
+    state = ClusterState()
+    state.upsert_pod(bound_pod("early"))
+    state.upsert_node(node())
+    assert used(state) == [(1, 3000, 30)]
