@@ -162,10 +162,10 @@ def test_scorer_reads_the_ledger_incrementally() -> None:
 
 
 def test_scorer_orders_nodes_as_a_filter_hook() -> None:
+    from hami.core.codec import ScoringWeights
     from hami.core.filter import FilterContext
     from hami.core.fit import PodOptions
     from hami.core.model import ContainerDeviceRequest, PodRequest
-    from hami.core.score import ScoringWeights
 
     led = ledger()
     led.add_pod("a", "n2", share("n2-g0", 60), cpu_milli=1000)

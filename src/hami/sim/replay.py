@@ -46,6 +46,7 @@ import numpy.typing as npt
 from hami.api import names
 from hami.core import filter as core_filter
 from hami.core.admission import admit
+from hami.core.codec import ScoringWeights
 from hami.core.config import NvidiaConfig, SchedulerConfig, SchedulingPolicy
 from hami.core.filter import FilterContext, filter_pod
 from hami.core.fit import PodOptions
@@ -53,7 +54,6 @@ from hami.core.fragmentation import FragmentationScorer, Placement, WorkloadDist
 from hami.core.ledger import UsageLedger
 from hami.core.model import DeviceInfo, PodRequest
 from hami.core.request import pod_request
-from hami.core.score import ScoringWeights
 from hami.sim import metrics
 from hami.sim.trace import TraceNode, TracePod
 
@@ -265,7 +265,7 @@ class Replayer:
             else:
                 entry = led.node(name)
                 assert entry is not None
-                grant, _ = core_filter.fit_node(ctx, entry)
+                grant = core_filter.fit_node(ctx, entry).devices
                 chosen, devices = (name, grant) if grant is not None else (None, ())
             if chosen is not None:
                 led.add_pod(request.uid, chosen, devices, request.n_init,
