@@ -177,3 +177,28 @@ def test_scorer_orders_nodes_as_a_filter_hook() -> None:
                         ScoringWeights())
     order = FragmentationScorer(dist)(ctx, np.array([0, 1, 2]))
     assert list(order) == [2, 0, 1]  # the 400m sliver on n2 absorbs the 300m share
+
+
+def test_live_order_learns_from_running_pods() -> None:
+    from hami.core.codec import ScoringWeights
+    from hami.core.filter import FilterContext
+    from hami.core.fit import PodOptions
+    from hami.core.fragmentation import LiveFragmentationOrder, distribution_from_ledger
+    from hami.core.model import ContainerDeviceRequest, PodRequest
+
+    led = ledger()
+    assert distribution_from_ledger(led) is None
+    led.add_pod("a", "n2", share("n2-g0", 60), cpu_milli=1000)
+    led.add_pod("b", "n1", ((ContainerDevice("n1-g0", "NVIDIA", 16384, 100),
+                             ContainerDevice("n1-g1", "NVIDIA", 16384, 100)),), cpu_milli=2000)
+    dist = distribution_from_ledger(led)
+    assert dist is not None
+    assert sorted(zip(dist.num_gpu.tolist(), dist.gpu_milli.tolist(), strict=True)) == [
+        (1, 600), (2, 1000)]
+    req = PodRequest("default", "p", "p", (ContainerDeviceRequest(1, memory_percent=30,
+                                                                  cores_percent=30),),
+                     cpu_milli=1000)
+    ctx = FilterContext(led, req, PodOptions(gpu_policy="fragmentation-aware"),
+                        ScoringWeights())
+    order = LiveFragmentationOrder()(ctx, np.array([0, 2]))
+    assert list(order) == [2, 0]  # the 400m sliver on n2 takes the 300m share

@@ -548,3 +548,63 @@ def cluster_fragmentation(frag_per_node: Iterable[float] | FloatArray) -> float:
     return float(np.sum(np.asarray(list(frag_per_node) if not isinstance(frag_per_node,
                                                                            np.ndarray)
                                    else frag_per_node)))
+
+
+def distribution_from_ledger(ledger: Any, extra: Placement | None = None,
+                             min_weight: float = 0.0) -> WorkloadDistribution | None:
+    """The task mix of the pods a ledger holds (live mode: "learned from running pods").
+
+    Each pod counts once: its GPU count is the number of GPUs it is charged on, its share
+    the largest per-GPU core charge (x10, milli-GPU; 0 cores counts as a whole GPU), plus
+    its CPU and memory. ``extra`` (the pod being placed) is added as one more task.
+    Returns None when there is nothing to learn from.
+    """
+    nums: list[int] = []
+    shares: list[int] = []
+    cpus: list[int] = []
+    mems: list[int] = []
+    for entry in ledger.pods():
+        charges = entry.charges
+        nums.append(len(charges))
+        shares.append(max((min(c.cores_percent, 100) * 10 or WHOLE for c in charges),
+                          default=0))
+        cpus.append(entry.cpu_milli)
+        mems.append(entry.memory_mib)
+    if extra is not None:
+        nums.append(extra.num_gpu)
+        shares.append(extra.request_milli)
+        cpus.append(extra.cpu_milli)
+        mems.append(extra.memory_mib)
+    if not nums:
+        return None
+    return WorkloadDistribution.from_tasks(nums, shares, cpus, mems, min_weight=min_weight)
+
+
+class LiveFragmentationOrder:
+    """Node order ``fragmentation-aware`` for a live scheduler: the distribution is
+    learned from the pods the ledger holds and relearned after ``relearn_every`` pod
+    additions or removals (or when ``fixed`` is given, never).
+
+    Register with ``NODE_ORDERS["fragmentation-aware"] = LiveFragmentationOrder()``.
+    """
+
+    def __init__(self, relearn_every: int = 256, fixed: WorkloadDistribution | None = None,
+                 min_weight: float = 0.001) -> None:
+        self.relearn_every = relearn_every
+        self.min_weight = min_weight
+        self._scorer = FragmentationScorer(fixed) if fixed is not None else None
+        self._fixed = fixed is not None
+        self._learned_at = -1
+
+    def __call__(self, ctx: Any, idx: IntArray) -> IntArray:
+        """Filter hook: candidate nodes, least fragmentation growth first."""
+        if not self._fixed:
+            count = sum(1 for _ in ctx.ledger.pods())
+            if self._scorer is None or abs(count - self._learned_at) >= self.relearn_every:
+                dist = distribution_from_ledger(ctx.ledger, Placement.of(ctx.request),
+                                                self.min_weight)
+                assert dist is not None
+                self._scorer = FragmentationScorer(dist)
+                self._learned_at = count
+        assert self._scorer is not None
+        return self._scorer(ctx, idx)
