@@ -529,15 +529,24 @@ class FragmentationScorer:
 
     def __call__(self, ctx: Any, idx: IntArray) -> IntArray:
         """Filter hook: candidate nodes best (least fragmentation growth) first."""
+        return self.order(ctx.ledger, Placement.of(ctx.request), idx)
+
+    def order(self, ledger: Any, placement: Placement, idx: IntArray) -> IntArray:
+        """``idx`` sorted by fragmentation growth, ties broken by :attr:`tie_break`:
+        ``stable`` (input order), ``least-free-gpu`` (the node with less free GPU first),
+        ``binpack`` (HAMi's node score, most used first) or ``random`` (seeded)."""
         if idx.size == 0:
             return idx
-        deltas = self.node_deltas(ctx.ledger, Placement.of(ctx.request), idx)
+        deltas = self.node_deltas(ledger, placement, idx)
         ordered: IntArray
         if self.tie_break == "random":
             ordered = idx[np.lexsort((self._rng.random(idx.size), deltas))]
         elif self.tie_break == "binpack":
-            used = ctx.ledger.node_scores()[idx]
+            used = ledger.node_scores()[idx]
             ordered = idx[np.lexsort((-used, deltas))]
+        elif self.tie_break == "least-free-gpu":
+            assert self._state is not None
+            ordered = idx[np.lexsort((self._state.total[idx], deltas))]
         else:
             ordered = idx[np.argsort(deltas, kind="stable")]
         return ordered

@@ -232,7 +232,8 @@ class Replayer:
             return None
         led = self.ledger
         if self.policy.node_policy == FRAGMENTATION_AWARE:
-            score = -self.scorer.node_deltas(led, Placement.of(request), idx)
+            best = self.scorer.order(led, Placement.of(request), idx)[0]
+            return self.names[int(best)]
         else:  # kube-scheduler LeastAllocated
             cpu_t = led.cpu_milli_total[idx].astype(np.float64)
             mem_t = led.memory_mib_total[idx].astype(np.float64)
