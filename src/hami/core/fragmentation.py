@@ -565,7 +565,8 @@ def distribution_from_ledger(ledger: Any, extra: Placement | None = None,
 
     Each pod counts once: its GPU count is the number of GPUs it is charged on, its share
     the largest per-GPU core charge (x10, milli-GPU; 0 cores counts as a whole GPU), plus
-    its CPU and memory. ``extra`` (the pod being placed) is added as one more task.
+    its CPU and memory. ``extra`` (the pod being placed) is added as one more task when it
+    asks for GPUs.
     Returns None when there is nothing to learn from.
     """
     nums: list[int] = []
@@ -579,7 +580,7 @@ def distribution_from_ledger(ledger: Any, extra: Placement | None = None,
                           default=0))
         cpus.append(entry.cpu_milli)
         mems.append(entry.memory_mib)
-    if extra is not None:
+    if extra is not None and extra.num_gpu > 0:
         nums.append(extra.num_gpu)
         shares.append(extra.request_milli)
         cpus.append(extra.cpu_milli)
