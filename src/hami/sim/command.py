@@ -32,8 +32,8 @@ from hami.sim.synthetic import DEFAULT_SCALE, DEFAULT_SEED, synthetic_trace
 from hami.sim.trace import TraceError, TraceNode, TracePod, load_reference, load_trace
 from hami.sim.workload import DEFAULT_TUNE, prepare_workload
 
-#: Where the trace is looked for by ``--trace`` without a value in docs and tests.
-DEFAULT_TRACE_DIR = "../shared/data/openb"
+#: Where the project keeps the trace (relative to the repository root); never committed.
+SHARED_TRACE_DIR = "../shared/data/openb"
 #: The minimum tasks per GPU the trace needs (its smallest share is 50 milli).
 MIN_SPLIT_COUNT = 20
 
