@@ -23,13 +23,25 @@ FGD (paper §4) places each task where the expected fragmentation grows the leas
 and works on flat numpy arrays, so a decision costs a few vector operations over the
 candidate devices and the ``K`` task classes.
 
-Two layers:
+Three layers:
 
-* pure functions (:func:`node_fragmentation`, :func:`class_terms`, :func:`frag_delta`)
-  over explicit arrays, easy to test on hand-made clusters;
-* :class:`FragmentationState`, per-node cached terms refreshed only where usage changed,
-  and :class:`FragmentationScorer`, a node-ordering hook for the filter loop (policy
-  ``fragmentation-aware``), reading the :class:`~hami.core.ledger.UsageLedger` arrays.
+* pure functions (:func:`node_fragmentation`, :func:`class_terms`, :func:`fragment`,
+  :func:`frag_delta`) over explicit arrays, easy to test on hand-made clusters;
+* :class:`FragmentationState`: per-node cached terms ``T`` (free GPU), ``S[k]`` (free GPU
+  on GPUs too small for class ``k``), ``C[k]`` (GPUs usable by ``k``) and ``F``, refreshed
+  only for the nodes whose usage changed;
+* :class:`FragmentationScorer` (fixed distribution, the simulator) and
+  :class:`LiveFragmentationOrder` (distribution learned from running pods): node-order
+  hooks for the filter loop, signature ``(ctx: FilterContext, idx: IntArray) -> IntArray``
+  like ``hami.core.filter.NODE_ORDERS`` entries. Per request shape and node the growth
+  is cached and recomputed only for changed nodes.
+
+Inside the chosen node, HAMi's ``binpack`` GPU order (the fullest card that fits) is
+used: on the ``default`` trace, pinning instead the GPU the measure prefers changed no
+placement outcome (the cards it picked differently were interchangeable).
+
+Ties between nodes of equal growth keep the candidate order (node registration order);
+packing-style and random tie-breaks were measured worse on ``default``.
 """
 
 from __future__ import annotations
@@ -550,13 +562,6 @@ class FragmentationScorer:
         else:
             ordered = idx[np.argsort(deltas, kind="stable")]
         return ordered
-
-
-def cluster_fragmentation(frag_per_node: Iterable[float] | FloatArray) -> float:
-    """Sum of the nodes' expected fragmentation, milli-GPU."""
-    return float(np.sum(np.asarray(list(frag_per_node) if not isinstance(frag_per_node,
-                                                                           np.ndarray)
-                                   else frag_per_node)))
 
 
 def distribution_from_ledger(ledger: Any, extra: Placement | None = None,
