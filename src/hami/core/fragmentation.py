@@ -46,7 +46,7 @@ packing-style and random tie-breaks were measured worse on ``default``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
