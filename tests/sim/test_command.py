@@ -51,6 +51,8 @@ def test_json_schema_and_plot(tmp_path: Path) -> None:
         curve = entry["unallocated_gpu_percent"]
         assert list(curve) == [str(p) for p in range(10, 131, 10)]
         assert all(v is None or 0 <= v <= 100 for v in curve.values())
+        alloc = entry["gpu_allocation_percent"]
+        assert all(alloc[k] == pytest.approx(100 - v) for k, v in curve.items() if v is not None)
         assert set(entry["per_seed"]) == {"0", "1"}
         assert set(entry) >= {"fragmentation_percent", "failed_pods", "pods", "seconds"}
     assert plot.is_file() and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

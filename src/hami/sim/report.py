@@ -19,6 +19,7 @@ JSON schema (``hami simulate --json``), version ``hami.simulate/v1``::
       "policies": {
         "<policy>": {
           "unallocated_gpu_percent": {"10": 0.0, ..., "130": 4.8},   # median over seeds
+          "gpu_allocation_percent": {"10": 10.0, ..., "130": 95.2},  # 100 - the above
           "fragmentation_percent": {"10": 0.6, ..., "130": 4.4},     # median over seeds
           "failed_pods": 2448.0,          # median over seeds, pods never placed
           "pods": 10843.0,                # median pods replayed (after inflation)
@@ -77,6 +78,8 @@ def to_json(settings: Mapping[str, Any], summary: Mapping[str, Mapping[str, Any]
         }
         policies[policy] = {
             "unallocated_gpu_percent": _keyed(s["unallocated"], points),
+            "gpu_allocation_percent": _keyed({p: 100.0 - v for p, v in s["unallocated"].items()},
+                                             points),
             "fragmentation_percent": _keyed(s["fragmentation"], points),
             "failed_pods": s["failed"],
             "pods": s["pods"],
