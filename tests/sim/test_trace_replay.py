@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hami.sim.replay import FRAGMENTATION_AWARE, Replayer, replay, workload_distribution
+from hami.sim.replay import FRAGMENTATION_AWARE, replay, workload_distribution
 from hami.sim.trace import load_reference, load_trace
 from hami.sim.workload import prepare_workload
 
@@ -44,10 +44,3 @@ def test_default_replay_is_sane_reproducible_and_beats_bestfit(trace_dir: Path) 
     assert reached and [a.allocation[p] for p in reached] == [b.allocation[p] for p in reached]
     assert a.failed == b.failed
     assert a.allocation[30] == res.allocation[30]
-    # The replay's direct per-node fit decides exactly as filter_pod does.
-    direct = Replayer(nodes, FRAGMENTATION_AWARE, dist)
-    through = Replayer(nodes, FRAGMENTATION_AWARE, dist, via_filter_pod=True)
-    direct.run(workload[:1500])
-    through.run(workload[:1500])
-    assert {p.uid: (p.node, p.devices) for p in direct.ledger.pods()} == {
-        p.uid: (p.node, p.devices) for p in through.ledger.pods()}

@@ -40,6 +40,7 @@ from hami.core.fit import (
     QuotaCheck,
     fit_container,
 )
+from hami.core.fragmentation import LiveFragmentationOrder
 from hami.core.ledger import NodeEntry, UsageLedger
 from hami.core.model import (
     PERCENT_UNSET,
@@ -107,12 +108,13 @@ def _spread_nodes(ctx: FilterContext, idx: IntArray) -> IntArray:
 
 
 #: Node policies (spec §4.8): binpack takes the most used node, spread the least used;
-#: ties keep the caller's node order. ``fragmentation-aware`` is registered by
-#: :mod:`hami.core.fragmentation` when present, else it packs like binpack.
+#: ties keep the caller's node order. ``fragmentation-aware`` (ours, after FGD, USENIX
+#: ATC'23) takes the node where the expected fragmentation of the running workload's task
+#: mix grows least; the mix is learned from the pods the ledger holds.
 NODE_ORDERS: dict[str, NodeOrder] = {
     "binpack": _binpack_nodes,
     "spread": _spread_nodes,
-    "fragmentation-aware": _binpack_nodes,
+    "fragmentation-aware": LiveFragmentationOrder(),
 }
 
 

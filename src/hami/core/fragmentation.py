@@ -614,7 +614,7 @@ class LiveFragmentationOrder:
     def __call__(self, ctx: Any, idx: IntArray) -> IntArray:
         """Filter hook: candidate nodes, least fragmentation growth first."""
         if not self._fixed:
-            count = sum(1 for _ in ctx.ledger.pods())
+            count = ctx.ledger.version_pods
             if self._scorer is None or abs(count - self._learned_at) >= self.relearn_every:
                 dist = distribution_from_ledger(ctx.ledger, Placement.of(ctx.request),
                                                 self.min_weight)

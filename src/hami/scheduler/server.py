@@ -23,7 +23,13 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from hami.extender.wire import WireError, bind_result, filter_result, parse_bind_args, parse_filter_args
+from hami.extender.wire import (
+    WireError,
+    bind_result,
+    filter_result,
+    parse_bind_args,
+    parse_filter_args,
+)
 from hami.scheduler.engine import Engine
 from hami.scheduler.metrics import SchedulerMetrics
 from hami.scheduler.settings import SchedulerSettings, parse_bind

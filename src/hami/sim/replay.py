@@ -14,18 +14,11 @@ Per pod, in arrival order (the paper's protocol, never deleting a pod):
    by charging the grant to the :class:`~hami.core.ledger.UsageLedger`, CPU and memory
    included (a node fits only if CPU and memory fit too, as kube-scheduler checks).
 
-Step 3 is driven node by node so that a replay stays fast without changing the answer:
-the core's vectorised prefilter gives the nodes that could possibly host the pod; the
-policy's node order (the same function ``filter_pod`` applies, a stable sort by a
-per-node key) ranks them; ``filter_pod`` is then called on one node at a time in that
-order, and the first node it accepts is exactly the node it would choose among all of
-them. A pod for which the prefilter leaves no node fails without computing per-node
-reasons (the simulator does not report them).
-
-By default the last step calls the core's exact per-node fit (:func:`hami.core.filter.
-fit_node`, what ``filter_pod`` runs on each node in order) directly, which skips
-``filter_pod``'s second whole-cluster prefilter per call; ``via_filter_pod=True`` goes
-through ``filter_pod`` itself, node by node. Both give the same decisions (tested).
+Step 3 is exactly the live extender's :func:`~hami.core.filter.filter_pod` (vectorised
+prefilter, the node policy's order, HAMi's exact fit on the nodes in that order), called
+with the fragmentation-aware order that knows the trace's workload and ``explain=False``
+(the simulator reports no per-node reasons, so none are computed for nodes the
+prefilter already excluded).
 
 CPU-only pods pass through HAMi's filter untouched; kube-scheduler places them. For the
 HAMi policies we emulate its default scoring (``NodeResourcesFit`` LeastAllocated: the
@@ -44,12 +37,9 @@ import numpy as np
 import numpy.typing as npt
 
 from hami.api import names
-from hami.core import filter as core_filter
 from hami.core.admission import admit
-from hami.core.codec import ScoringWeights
 from hami.core.config import NvidiaConfig, SchedulerConfig, SchedulingPolicy
-from hami.core.filter import FilterContext, filter_pod
-from hami.core.fit import PodOptions
+from hami.core.filter import filter_pod
 from hami.core.fragmentation import FragmentationScorer, Placement, WorkloadDistribution
 from hami.core.ledger import UsageLedger
 from hami.core.model import DeviceInfo, PodRequest
@@ -199,7 +189,7 @@ class Replayer:
 
     def __init__(self, nodes: Sequence[TraceNode], policy: str, dist: WorkloadDistribution,
                  split_count: int = DEFAULT_SPLIT_COUNT,
-                 gpu_memory: dict[str, int] | None = None, via_filter_pod: bool = False) -> None:
+                 gpu_memory: dict[str, int] | None = None) -> None:
         self.policy_name = policy
         self.policy = parse_policy(policy)
         self.ledger = build_ledger(nodes, split_count, gpu_memory)
@@ -210,15 +200,8 @@ class Replayer:
         self.scorer = FragmentationScorer(dist)
         self.names = [self.ledger.node_name(i) for i in range(self.ledger.node_count)]
         self.allocated_milli = 0
-        self.via_filter_pod = via_filter_pod
 
     # ------------------------------------------------------------ scheduling
-    def _node_order(self, node_policy: str, ctx: FilterContext, idx: IntArray) -> IntArray:
-        if node_policy == FRAGMENTATION_AWARE:
-            return self.scorer(ctx, idx)
-        order = core_filter.NODE_ORDERS.get(node_policy, core_filter.NODE_ORDERS["binpack"])
-        return order(ctx, idx)
-
     def _cpu_fit(self, request: PodRequest) -> IntArray:
         led, n = self.ledger, self.ledger.node_count
         ok = led.node_active[:n] & (
@@ -251,30 +234,15 @@ class Replayer:
                             name=request.name, cpu_milli=request.cpu_milli,
                             memory_mib=request.memory_mib)
             return node, 0
-        node_policy, gpu_policy = core_filter.effective_policies(request, self.policy)
-        pod_opts = PodOptions.from_annotations(request.annotations, gpu_policy)
-        ctx = FilterContext(led, request, pod_opts, ScoringWeights())
-        possible = core_filter._node_mask(led, request, pod_opts)
-        idx = np.flatnonzero(possible)
-        if idx.size == 0:
+        result = filter_pod(request, led, None, self.policy,
+                            node_orders={FRAGMENTATION_AWARE: self.scorer}, explain=False)
+        if result.node is None:
             return None, 0
-        for i in self._node_order(node_policy, ctx, idx):
-            name = self.names[int(i)]
-            if self.via_filter_pod:
-                result = filter_pod(request, led, [name], self.policy)
-                chosen, devices = result.node, result.devices
-            else:
-                entry = led.node(name)
-                assert entry is not None
-                grant = core_filter.fit_node(ctx, entry).devices
-                chosen, devices = (name, grant) if grant is not None else (None, ())
-            if chosen is not None:
-                led.add_pod(request.uid, chosen, devices, request.n_init,
-                            namespace=request.namespace, name=request.name,
-                            cpu_milli=request.cpu_milli, memory_mib=request.memory_mib)
-                granted = sum(d.used_cores_percent * 10 for ctr in devices for d in ctr)
-                return chosen, granted
-        return None, 0
+        led.add_pod(request.uid, result.node, result.devices, request.n_init,
+                    namespace=request.namespace, name=request.name,
+                    cpu_milli=request.cpu_milli, memory_mib=request.memory_mib)
+        granted = sum(d.used_cores_percent * 10 for ctr in result.devices for d in ctr)
+        return result.node, granted
 
     # ---------------------------------------------------------------- metrics
     def allocation_percent(self) -> float:
