@@ -178,11 +178,12 @@ def _node_mask(ledger: UsageLedger, request: PodRequest, pod: PodOptions) -> Boo
         weight = np.where(ledger.mig_mode[:n], ledger.split_count[:n] - ledger.used_slots[:n], 1)
         per_node = np.bincount(node_of[ok], weights=weight[ok], minlength=count)[:count]
         mask &= per_node >= req.nums
-    mask &= _resources_fit(ledger, request, np.arange(count))
+    mask &= _resources_fit(ledger, request, slice(0, count))
     return mask
 
 
-def _resources_fit(ledger: UsageLedger, request: PodRequest, idx: IntArray) -> BoolArray:
+def _resources_fit(ledger: UsageLedger, request: PodRequest,
+                   idx: IntArray | slice) -> BoolArray:
     cpu_total, mem_total = ledger.cpu_milli_total[idx], ledger.memory_mib_total[idx]
     cpu_ok = (cpu_total < 0) | (ledger.cpu_milli_used[idx] + request.cpu_milli <= cpu_total)
     mem_ok = (mem_total < 0) | (ledger.memory_mib_used[idx] + request.memory_mib <= mem_total)
@@ -305,21 +306,20 @@ def filter_pod(request: PodRequest, ledger: UsageLedger, node_names: Sequence[st
     possible = _node_mask(ledger, request, ctx.pod)[idx]
     orders = {**NODE_ORDERS, **node_orders} if node_orders else NODE_ORDERS
     order = orders.get(node_policy, _binpack_nodes)(ctx, idx[possible])
-    scores = ledger.node_scores()
     for i in order:
         entry = ledger.node(ledger.node_name(int(i)))
         assert entry is not None
         fit = fit_node(ctx, entry, quota)
         if fit.devices is not None:
-            return FilterResult(node=entry.name, devices=fit.devices, score=float(scores[i]),
-                                mig=fit.mig)
+            return FilterResult(node=entry.name, devices=fit.devices,
+                                score=ledger.node_score(int(i)), mig=fit.mig)
         failed[entry.name] = fit.reason
     for i in idx[~possible] if explain else ():
         entry = ledger.node(ledger.node_name(int(i)))
         assert entry is not None
         fit = fit_node(ctx, entry, quota)
         if fit.devices is not None:  # the prefilter is a necessary condition; never trust it more
-            return FilterResult(node=entry.name, devices=fit.devices, score=float(scores[i]),
-                                mig=fit.mig)
+            return FilterResult(node=entry.name, devices=fit.devices,
+                                score=ledger.node_score(int(i)), mig=fit.mig)
         failed[entry.name] = fit.reason
     return FilterResult(node=None, failed_nodes=failed)

@@ -342,6 +342,16 @@ class UsageLedger:
                 out[dev.uuid] = [p for _, p in held]
         return out
 
+    def node_score(self, index: int) -> float:
+        """:meth:`node_scores` of one node."""
+        split, cores = int(self.sum_split[index]), int(self.sum_total_cores[index])
+        mem = int(self.sum_total_memory[index])
+        if split <= 0 or cores <= 0 or mem <= 0:
+            return 0.0
+        return 10.0 * (int(self.sum_used_slots[index]) / split
+                       + int(self.sum_used_cores[index]) / cores
+                       + int(self.sum_used_memory[index]) / mem)
+
     def node_scores(self) -> npt.NDArray[np.float64]:
         """HAMi's node score for every node index (spec §4.4 step 3):
         ``10 x (used slots/slots + used cores/cores + used memory/memory)``, 0 when a
