@@ -79,6 +79,7 @@ def _register() -> None:
     from hami.deviceplugin.command import device_plugin
     from hami.monitor.command import monitor
     from hami.scheduler.command import scheduler
+    from hami.sim.command import simulate
     from hami.top import top
 
     app.command("scheduler")(scheduler)
@@ -86,10 +87,6 @@ def _register() -> None:
     app.command("monitor")(monitor)
     app.command("top")(top)
     app.command("certgen")(certgen)
-    try:
-        from hami.sim.command import simulate
-    except ImportError:  # the simulator branch lands separately
-        return
     app.command("simulate")(simulate)
 
 
