@@ -9,11 +9,11 @@ from hami.devices.iluvatar import Iluvatar, IluvatarConfig
 from hami.devices.protocol import FitContext, PatchContext
 from tests.devices.util import ctr, node, state
 
-I = Iluvatar(IluvatarConfig.for_chip("MR-V100"))
+ILU = Iluvatar(IluvatarConfig.for_chip("MR-V100"))
 
 
 def test_names() -> None:
-    names = I.resource_names()
+    names = ILU.resource_names()
     assert (names.count, names.memory, names.cores, names.memory_unit_mib) == (
         "iluvatar.ai/MR-V100-vgpu", "iluvatar.ai/MR-V100.vMem", "iluvatar.ai/MR-V100.vCore", 256)
 
@@ -25,14 +25,14 @@ def test_names() -> None:
     ({"iluvatar.ai/BI-V150-vgpu": 1}, None),
 ])
 def test_request_vmem_units(limits: dict[str, int], want: ContainerDeviceRequest | None) -> None:
-    assert I.container_request(ctr(limits)) == want
+    assert ILU.container_request(ctr(limits)) == want
 
 
 def test_node_and_fit_and_annotations() -> None:
     value = "il-0,4,32768,100,MR-V100,0,true,0,hami-core:"
-    devs = I.node_devices(node(annotations={"hami.io/node-MR-V100-register": value}))
+    devs = ILU.node_devices(node(annotations={"hami.io/node-MR-V100-register": value}))
     assert devs[0].vendor == "MR-V100" and devs[0].memory_mib == 32768
-    out = I.fit(state(devs), ContainerDeviceRequest(1, "MR-V100", 16384, 101, 50), FitContext())
+    out = ILU.fit(state(devs), ContainerDeviceRequest(1, "MR-V100", 16384, 101, 50), FitContext())
     assert out.ok and out.devices == (ContainerDevice("il-0", "MR-V100", 16384, 50),)
-    anns = I.pod_annotations((out.devices,), PatchContext())
+    anns = ILU.pod_annotations((out.devices,), PatchContext())
     assert anns["hami.io/MR-V100-devices-to-allocate"] == "il-0,MR-V100,16384,50:;"

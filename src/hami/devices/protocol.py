@@ -192,3 +192,11 @@ class Vendor(Protocol):
         ``grant`` has one entry per container (init first); empty when nothing granted.
         """
         ...
+
+    def decode_allocation(self, annotations: Mapping[str, str]) -> PodSingleDevice:
+        """This vendor's allocation read back from a pod's annotations (pod informer, §4.3).
+
+        Raises:
+            hami.core.gowire.CodecError: the annotation is malformed.
+        """
+        ...
