@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hami.core.model import ContainerDevice, ContainerDeviceRequest
+from hami.core.model import ContainerDeviceRequest
 from hami.devices.cambricon import Cambricon
 from hami.devices.common import AdmissionError
 from hami.devices.protocol import FitContext, PatchContext
@@ -62,4 +62,3 @@ def test_fit_type_filter() -> None:
     out = C.fit(state(devs), ContainerDeviceRequest(1, "MLU", 256, 101, 10),
                 FitContext(pod_annotations={"cambricon.com/nouse-mlutype": "mlu"}))
     assert out.reason == "1/1 CardTypeMismatch"
-    assert ContainerDevice  # imported for readability of the table above
