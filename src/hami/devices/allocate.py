@@ -18,18 +18,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from hami.core.codec import ScoringWeights
-from hami.core.fit import NODE_INSUFFICIENT_DEVICE, DeviceState, PodOptions
+from hami.core.fit import NODE_INSUFFICIENT_DEVICE, DeviceState, PodOptions, QuotaCheck
 from hami.core.model import ContainerDeviceRequest, ContainerDevices, PodSingleDevice
 from hami.core.score import order_devices
 from hami.devices.ascend import Ascend
 from hami.devices.protocol import FitContext, PatchContext, Vendor
 
 DEVICE_TYPE_NOT_FOUND = "Device type not found"
+
+
+class QuotaSource(Protocol):
+    """What the fit needs of a quota ledger (:class:`hami.devices.quota.VendorQuota`)."""
+
+    def fit_check(self, namespace: str, vendor: str, placed: Sequence[ContainerDevices],
+                  n_init: int, position: int) -> QuotaCheck | None:
+        """The fit-time check for one container of one vendor, None when unlimited."""
+        ...
 POLICY_NEUTRAL_WEIGHT = 10000.0
 
 
@@ -123,11 +132,13 @@ def fit_pod(registry: Mapping[str, Vendor], requests: PodDeviceRequests,
             node_annotations: Mapping[str, str] | None = None,
             pod_annotations: Mapping[str, str] | None = None,
             gpu_policy: str = "spread", node_policy: str = "binpack",
-            weights: ScoringWeights | None = None) -> NodeAllocation:
+            weights: ScoringWeights | None = None,
+            quota: QuotaSource | None = None, namespace: str = "default") -> NodeAllocation:
     """Fit every container of a pod on one node across vendors (§4.4, §4.5).
 
     ``devices`` are all devices of the node (every vendor) with their existing usage;
-    they are not modified. The score is the node's pre-existing default score plus each
+    they are not modified. ``quota`` (a :class:`hami.devices.quota.VendorQuota`) adds
+    the fit-time quota check of every vendor (§5.2). The score is the node's pre-existing default score plus each
     granted vendor's ``ScoreNode`` (policy-neutral vendors x10000, x-10000 under spread).
     """
     node_anns = node_annotations or {}
@@ -149,8 +160,11 @@ def fit_pod(registry: Mapping[str, Vendor], requests: PodDeviceRequests,
             if req.nums > len(mine):
                 return NodeAllocation(False, reason=NODE_INSUFFICIENT_DEVICE)
             ordered = order_devices(mine, req, options, weights)
-            ctx = FitContext(pod_anns, node_anns, node_name, gpu_policy,
-                             allocated=tuple(grant[word][:pos]))
+            earlier = tuple(grant[word][:pos])
+            check = (quota.fit_check(namespace, word, earlier, requests.n_init, pos)
+                     if quota is not None else None)
+            ctx = FitContext(pod_anns, node_anns, node_name, gpu_policy, allocated=earlier,
+                             quota_ok=check)
             outcome = vendor.fit(ordered, req, ctx)
             if not outcome.ok:
                 return NodeAllocation(False, reason=outcome.reason)
