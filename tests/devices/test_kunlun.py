@@ -7,7 +7,7 @@ import pytest
 
 from hami.core.model import ContainerDeviceRequest
 from hami.devices.common import AdmissionError
-from hami.devices.kunlun import Kunlun, KunlunVxpu, topology_pick, xpu_template
+from hami.devices.kunlun import Kunlun, KunlunVxpu, mtf, topology_pick, xpu_template
 from hami.devices.protocol import FitContext, PatchContext
 from tests.devices.util import ctr, dev, node, state
 
@@ -21,15 +21,43 @@ V = KunlunVxpu()
     (range(8), 4, (0, 1, 2, 3)),
     ([1, 2, 3, 4, 5, 6, 7], 4, (4, 5, 6, 7)),
     ([0, 1, 2, 4, 5, 6], 4, None),            # no full half
-    ([0, 1, 2, 3, 5, 6, 7], 1, (5,)),         # the more used half first
+    ([0, 1, 2, 3, 5, 6, 7], 1, (5,)),         # the single next to a used card
     ([0, 1, 2, 3, 5, 6, 7], 2, (6, 7)),       # aligned pair in the fuller half
-    ([0, 3, 4, 5, 6, 7], 2, (0, 3)),          # fullest half that can hold 2
+    ([0, 3, 4, 5, 6, 7], 2, (0, 3)),          # two lone cards: MTF 3 -> 1
     ([0, 4], 2, None),                        # never across halves
     ([1, 2, 5], 2, (1, 2)),
+    ([1, 2, 3, 4, 5, 6, 7], 2, (2, 3)),       # MTF ties: the aligned pair
+    (range(8), 1, (0,)),
+    (range(8), 2, (0, 1)),
     (range(8), 3, None),
 ])
 def test_topology_pick(free: range | list[int], nums: int, want: tuple[int, ...] | None) -> None:
     assert topology_pick(list(free), nums) == want
+
+
+def _free(occupation: str) -> list[int]:
+    """Card ``i`` is the ``i``-th character from the right; ``1`` = used."""
+    return [i for i, c in enumerate(reversed(occupation)) if c == "0"]
+
+
+@pytest.mark.parametrize(("occupation", "want"), [
+    ("11111111", 0), ("00000000", 1), ("00000011", 2), ("00000001", 3), ("00010001", 4),
+    ("11110000", 1), ("01010101", 4), ("11111110", 1),
+])
+def test_mtf_table_of_the_guide(occupation: str, want: int) -> None:
+    assert mtf(_free(occupation)) == want
+
+
+def test_score_node_prefers_less_fragmentation() -> None:
+    devs = K.node_devices(node("k", capacity={"kunlunxin.com/xpu": 8}))
+    from hami.core.model import ContainerDevice as CD
+    fresh = state(devs)
+    into_pair = ((CD("k-kunlun-0", "kunlun", 0, 100, 0),),)
+    assert K.score_node(fresh, into_pair, FitContext()) == -2.0  # 1 -> 3
+    used = state(devs, {"k-kunlun-0": (1, 0, 100)})
+    fill = ((CD("k-kunlun-1", "kunlun", 0, 100, 1),),)
+    assert K.score_node(used, fill, FitContext()) == 1.0  # fills a hole: 3 -> 2
+    assert K.score_node(used, ((),), FitContext()) == 0.0
 
 
 @pytest.mark.parametrize("nums", [3, 5, 6, 7, 9])

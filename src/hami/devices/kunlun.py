@@ -10,15 +10,16 @@ or 4 must stay within one NUMA half (cards 0-3 / 4-7), fragmentation minimised; 
 memory rounds to 24576 (1/4 card) or 49152 (1/2 card), above that a whole card; UUID
 filters ``hami.io/use-xpu-uuid`` / ``hami.io/no-use-xpu-uuid``.
 
-Our simplification (docs/vendors.md): fragmentation is minimised by taking the half with
-the fewest free cards that can hold the request, preferring aligned pairs for 2 cards;
-HAMi's MTF score is not reproduced.
+Fragmentation is measured by MTF ("minimized tasks to fill", HAMi's Kunlunxin topology
+guide): the Fit takes the valid card set leaving the smallest MTF, and ScoreNode is
+``MTF(before) - MTF(after)`` (higher is better: a smaller increase of MTF). HAMi's exact
+score scale is not in the spec; ours is documented in docs/vendors.md.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
@@ -28,6 +29,7 @@ from hami.core.fit import DeviceState, FitOutcome, gen_reason
 from hami.core.model import (
     ContainerDevice,
     ContainerDeviceRequest,
+    ContainerDevices,
     DeviceInfo,
     PodSingleDevice,
 )
@@ -67,31 +69,45 @@ class KunlunConfig:
     resource_vmemory_name: str = "kunlunxin.com/vxpu-memory"
 
 
+def mtf(free: Iterable[int]) -> int:
+    """Minimized Tasks to Fill: how many aligned tasks (8, 4, 2, 1 cards) fill the free
+    cards (HAMi's Kunlunxin topology guide). All 8 free is one task; otherwise per half
+    a fully free half is one task, else one task per aligned pair with a free card.
+    ``11111111`` (all used) is 0, ``00000011`` 2, ``00000001`` 3, ``00010001`` 4."""
+    free_set = set(free)
+    if free_set >= set(range(8)):
+        return 1
+    tasks = 0
+    for start in range(0, 8, GROUP_SIZE):
+        half = set(range(start, start + GROUP_SIZE))
+        if half <= free_set:
+            tasks += 1
+            continue
+        tasks += sum(1 for a in range(start, start + GROUP_SIZE, 2) if {a, a + 1} & free_set)
+    return tasks
+
+
 def topology_pick(free: Sequence[int], nums: int) -> tuple[int, ...] | None:
     """Card indices for a whole request of ``nums`` among ``free`` card indices.
 
-    8 needs all of 0-7; 1, 2, 4 stay inside one half (0-3 or 4-7); the half with the
-    fewest free cards that can hold the request wins (least fragmentation), then the
-    lower half; 2 cards prefer an aligned pair (0-1, 2-3, ...).
+    8 needs all of 0-7; 1, 2 and 4 stay inside one half (0-3 or 4-7). Among the valid
+    sets the one leaving the smallest MTF wins (least fragmentation), then the one with
+    more aligned pairs (0-1, 2-3, ...: the directly linked cards), then the lowest indices.
     """
     if nums not in WHOLE_SIZES:
         return None
     free_set = set(free)
     if nums == 8:
         return tuple(range(8)) if free_set >= set(range(8)) else None
-    halves = []
+    best: tuple[int, int, tuple[int, ...]] | None = None
     for start in range(0, 8, GROUP_SIZE):
         members = sorted(i for i in free_set if start <= i < start + GROUP_SIZE)
-        if len(members) >= nums:
-            halves.append((len(members), start, members))
-    if not halves:
-        return None
-    _, _, members = min(halves)
-    if nums == 2:
-        for a, b in combinations(members, 2):
-            if a % 2 == 0 and b == a + 1:
-                return (a, b)
-    return tuple(members[:nums])
+        for combo in combinations(members, nums):
+            pairs = sum(1 for a in combo if a % 2 == 0 and a + 1 in combo)
+            key = (mtf(free_set - set(combo)), -pairs, combo)
+            if best is None or key < best:
+                best = key
+    return None if best is None else best[2]
 
 
 class Kunlun(BaseVendor):
@@ -147,6 +163,16 @@ class Kunlun(BaseVendor):
             counts[f.RESOURCE_QUOTA_NOT_FIT] += len(grant)
             return FitOutcome(False, reason=gen_reason(counts, len(devices)))
         return FitOutcome(True, grant)
+
+    def score_node(self, devices: Sequence[DeviceState], grant: Sequence[ContainerDevices],
+                   ctx: FitContext) -> float:
+        """``MTF(before) - MTF(after)`` over the node's cards (0 when nothing granted)."""
+        free = {d.info.index for d in devices
+                if d.info.health and d.used_slots < d.info.split_count}
+        taken = {d.index for container in grant for d in container}
+        if not taken:
+            return 0.0
+        return float(mtf(free) - mtf(free - taken))
 
     def pod_annotations(self, grant: PodSingleDevice, ctx: PatchContext) -> dict[str, str]:
         out = super().pod_annotations(grant, ctx)
