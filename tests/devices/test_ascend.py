@@ -109,3 +109,23 @@ def test_template_shares_fill_a_card() -> None:
     out = A.fit(state(DEVS, used), ContainerDeviceRequest(1, "Ascend310P", 6144, 101, 25),
                 FitContext())
     assert out.reason == "2/2 CardInsufficientMemory"
+
+
+SUPER = Ascend(AscendConfig("910C", "Ascend910C", "huawei.com/Ascend910C",
+                            "huawei.com/Ascend910C-memory", super_pod=True))
+
+
+@pytest.mark.parametrize(("busy", "nums", "want"), [
+    ((), 2, {0, 1}), ((0,), 2, {2, 3}), ((0, 3), 2, {4, 5}), ((0, 3), 4, {4, 5, 6, 7}),
+    ((0, 3, 5), 4, None),
+])
+def test_super_pod_takes_whole_modules(busy: tuple[int, ...], nums: int,
+                                       want: set[int] | None) -> None:
+    devs = [dev(f"c{i}", "Ascend910C", index=i, memory=65536) for i in range(8)]
+    used = {f"c{i}": (1, 100, 10) for i in busy}
+    out = SUPER.fit(state(devs, used), ContainerDeviceRequest(nums, "Ascend910C", 0, 100, 100),
+                    FitContext())
+    if want is None:
+        assert out.reason == "8/8 CardNotFoundCustomFilterRule"
+    else:
+        assert {d.index for d in out.devices} == want

@@ -12,8 +12,9 @@ Template values below are HAMi's documented ``device-template`` examples.
 Our choices (docs/vendors.md): a hami-core pod fits only nodes whose ``hami-vnpu-core`` is
 ``true`` and a template pod only the others; a template share books
 ``aiCore(template) x 100 / aiCore(chip)`` percent of cores; the runtime JSON is a list of
-``{"UUID": <card>, "temp": <template or "">}``. Not done: super-pod module pairs and the
-network-topology-aware choice by ``NetworkID``.
+``{"UUID": <card>, "temp": <template or "">}``; super-pod modules are the NPU pairs
+``(2k, 2k+1)`` by device index. Not done: the network-topology-aware choice by
+``NetworkID``.
 """
 
 from __future__ import annotations
@@ -173,7 +174,33 @@ class Ascend(BaseVendor):
         if pod_core != node_core:
             return FitOutcome(False, reason=gen_reason({MODE_NOT_FIT: len(devices)},
                                                        len(devices)))
+        if self.config.super_pod:
+            return self._fit_modules(devices, request, ctx)
         return generic_fit(devices, request, ctx, self.filters, self.common_word)
+
+    def _fit_modules(self, devices: Sequence[DeviceState], request: ContainerDeviceRequest,
+                     ctx: FitContext) -> FitOutcome:
+        """Super pod: whole modules, the two NPUs ``2k`` and ``2k+1`` together, modules
+        tried in the order their first NPU appears in the (best-first) device list."""
+        everything = generic_fit(devices, request, ctx, self.filters, self.common_word)
+        if not everything.ok:
+            return everything  # HAMi's reasons over all cards
+        modules: dict[int, list[DeviceState]] = {}
+        for d in devices:
+            modules.setdefault(d.info.index // 2, []).append(d)
+        granted = []
+        for pair in modules.values():
+            if len(pair) != 2:
+                continue
+            two = ContainerDeviceRequest(2, request.type, request.memory_mib,
+                                         request.memory_percent, request.cores_percent)
+            out = generic_fit(pair, two, ctx, self.filters, self.common_word)
+            if out.ok:
+                granted.extend(sorted(out.devices, key=lambda c: c.index))
+                if len(granted) == request.nums:
+                    return FitOutcome(True, tuple(granted))
+        return FitOutcome(False, reason=gen_reason({"CardNotFoundCustomFilterRule":
+                                                    len(devices)}, len(devices)))
 
     def pod_annotations(self, grant: PodSingleDevice, ctx: PatchContext) -> dict[str, str]:
         out = super().pod_annotations(grant, ctx)
