@@ -9,8 +9,11 @@ from hami.core.fit import DeviceState
 from hami.core.model import ContainerDevice
 from hami.devices.allocate import (
     DEVICE_TYPE_NOT_FOUND,
+    NodeView,
+    choose_node,
     default_node_score,
     fit_pod,
+    merge_allocation,
     mutate_pod,
     pod_patch,
     pod_requests,
@@ -117,3 +120,23 @@ def test_default_node_score_over_all_vendors() -> None:
     devices[2].used_slots, devices[2].used_cores = 2, 100
     score = default_node_score(devices)
     assert abs(score - 10 * (2 / 40 + 100 / 400)) < 1e-5
+
+
+def test_merge_allocation_for_the_ledger() -> None:
+    out = fit_pod(REG, pod_requests(REG, POD), state(NODE_DEVICES))
+    merged = merge_allocation(out.devices, 4)
+    assert [sorted(d.uuid for d in c) for c in merged] == [
+        ["MLU-0"], ["DCU-0"], [], ["GPU-0", "GPU-1"]]
+
+
+def test_choose_node_across_nodes() -> None:
+    reqs = pod_requests(REG, POD)
+    empty = NodeView("empty", state(NODE_DEVICES))
+    busy = NodeView("busy", state(NODE_DEVICES, {"GPU-0": (1, 1000, 0)}))
+    no_mlu = NodeView("no-mlu", state([d for d in NODE_DEVICES if d.vendor != "MLU"]))
+    binpack = choose_node(REG, reqs, [empty, busy, no_mlu])
+    assert binpack.node == "busy" and binpack.score > 0
+    spread = choose_node(REG, reqs, [empty, busy, no_mlu], node_policy="spread")
+    assert spread.node == "empty"
+    none = choose_node(REG, reqs, [no_mlu])
+    assert none.node is None and none.failed == {"no-mlu": "NodeInsufficientDevice"}

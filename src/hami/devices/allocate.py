@@ -204,3 +204,59 @@ def pod_patch(registry: Mapping[str, Vendor], allocation: Mapping[str, PodSingle
                 raise ValueError(f"vendors disagree on pod annotation {key}")
             out[key] = value
     return out
+
+
+def merge_allocation(allocation: Mapping[str, PodSingleDevice], n_containers: int
+                     ) -> PodSingleDevice:
+    """All vendors' grants as one :data:`PodSingleDevice` (container by container, vendors
+    in CommonWord order). UUIDs are unique across vendors, so the usage ledger can charge
+    this merged value exactly as it charges an NVIDIA-only pod (§4.3, §5.1)."""
+    merged: list[ContainerDevices] = [() for _ in range(n_containers)]
+    for word in sorted(allocation):
+        for pos, container in enumerate(allocation[word]):
+            merged[pos] = merged[pos] + tuple(container)
+    return tuple(merged)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One candidate node: its name, annotations and every vendor's devices with usage."""
+
+    name: str
+    devices: Sequence[DeviceState]
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The filter's answer: the chosen node and allocation, or every node's reason."""
+
+    node: str | None
+    allocation: Mapping[str, PodSingleDevice] = field(default_factory=dict)
+    score: float = 0.0
+    failed: Mapping[str, str] = field(default_factory=dict)
+
+
+def choose_node(registry: Mapping[str, Vendor], requests: PodDeviceRequests,
+                nodes: Sequence[NodeView], *, pod_annotations: Mapping[str, str] | None = None,
+                gpu_policy: str = "spread", node_policy: str = "binpack",
+                weights: ScoringWeights | None = None, quota: QuotaSource | None = None,
+                namespace: str = "default") -> Choice:
+    """The multi-vendor filter over candidate nodes (§4.2 steps 5-7, §4.8): fit every node,
+    then binpack takes the highest score and spread the lowest (ties: the first node)."""
+    fits: list[tuple[float, int, str, NodeAllocation]] = []
+    failed: dict[str, str] = {}
+    for i, view in enumerate(nodes):
+        out = fit_pod(registry, requests, view.devices, node_name=view.name,
+                      node_annotations=view.annotations, pod_annotations=pod_annotations,
+                      gpu_policy=gpu_policy, node_policy=node_policy, weights=weights,
+                      quota=quota, namespace=namespace)
+        if out.ok:
+            key = -out.score if node_policy != "spread" else out.score
+            fits.append((key, i, view.name, out))
+        else:
+            failed[view.name] = out.reason
+    if not fits:
+        return Choice(None, failed=failed)
+    _, _, name, best = min(fits, key=lambda t: (t[0], t[1]))
+    return Choice(name, best.devices, best.score)
