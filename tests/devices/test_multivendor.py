@@ -140,3 +140,26 @@ def test_choose_node_across_nodes() -> None:
     assert spread.node == "empty"
     none = choose_node(REG, reqs, [no_mlu])
     assert none.node is None and none.failed == {"no-mlu": "NodeInsufficientDevice"}
+
+
+def test_webhook_error_names_the_vendor_value() -> None:
+    import pytest
+
+    from hami.devices.common import AdmissionError
+    with pytest.raises(AdmissionError, match="mthreads.com/sgpu-memory"):
+        mutate_pod(REG, pod(ctr({"mthreads.com/vgpu": 1, "mthreads.com/sgpu-memory": 3})))
+
+
+def test_pod_patch_refuses_conflicting_keys() -> None:
+    import pytest
+
+    from hami.devices.common import Filters
+    from hami.devices.countonly import CountOnlyVendor
+    a = CountOnlyVendor("Same", "x/a", "r", "h", Filters())
+    b = CountOnlyVendor("Same", "x/b", "r", "h", Filters())
+    reg = {"A": a, "B": b}
+    grant_a = ((ContainerDevice("u1", "Same", 1, 0),),)
+    grant_b = ((ContainerDevice("u2", "Same", 1, 0),),)
+    with pytest.raises(ValueError, match="disagree"):
+        pod_patch(reg, {"A": grant_a, "B": grant_b}, PatchContext())
+    assert pod_patch(reg, {"A": grant_a, "B": grant_a}, PatchContext())
