@@ -47,9 +47,26 @@ def make_gpu_node(client: Any, name: str, *, gpus: int = 4, memory_mib: int = 24
                   split: int = 10, labels: dict[str, str] | None = None,
                   annotations: dict[str, str] | None = None) -> None:
     """A Ready node with HAMi's register annotation (device plugin's view)."""
-    ann = {"hami.io/node-nvidia-register": register_annotation(name, gpus, memory_mib, split)}
+    from lightkube import ApiError
+
+    from hami.testing.controlplane import set_node_status
+
+    ann = {"hami.io/node-nvidia-register": register_annotation(name, gpus, memory_mib, split),
+           "hami.io/node-handshake": "Requesting_" + time.strftime("%Y-%m-%d %H:%M:%S")}
     ann.update(annotations or {})
-    create_gpu_node(client, name, gpus=gpus * split, annotations=ann, labels=labels)
+    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(gpus * split)}
+    try:
+        create_gpu_node(client, name, gpus=gpus * split, annotations=ann, labels=labels)
+    except ApiError as err:  # the scheduler wrote the handshake between read and patch
+        if "has been modified" not in str(err.status.message):
+            raise
+        for _ in range(20):
+            try:
+                set_node_status(client, name, capacity=capacity)
+                return
+            except ApiError:
+                time.sleep(0.1)
+        raise
 
 
 def gpu_pod(name: str, *, gpus: int = 1, memory_mib: int | None = None, cores: int | None = None,
