@@ -153,13 +153,12 @@ def memory(n_nodes: int, n_pods: int) -> dict[str, Any]:
     from tests.integration.support import gpu_pod, node
 
     base = _rss_kib(0)
-    kube = FakeKube()
-    for i in range(n_nodes):
-        kube.put("Node", node(f"node-{i:05d}", gpus=8))
-    for i in range(n_pods):
+
+    def make_pod(i: int) -> dict[str, Any]:
         n = i % n_nodes
         k = (i // n_nodes) % 8
         pod = gpu_pod(f"p{i:06d}", memory_mib=2000, cores=10)
+        pod["metadata"]["uid"] = f"0b5c7e2a-{i:04x}-4d3f-9a51-{i:012x}"
         dev = encode_pod_devices(((ContainerDevice(f"GPU-node-{n:05d}-{k}", "NVIDIA", 2000, 10),),))
         pod["metadata"]["annotations"].update({
             "hami.io/vgpu-node": f"node-{n:05d}", "hami.io/vgpu-devices-allocated": dev,
@@ -170,7 +169,22 @@ def memory(n_nodes: int, n_pods: int) -> dict[str, Any]:
         pod["status"] = {"phase": "Running", "conditions": [
             {"type": t, "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}
             for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")]}
-        kube.put("Pod", pod)
+        return pod
+
+    class GeneratedKube(FakeKube):
+        """Objects are made as the list streams them, as a chunked list over the network
+        would deliver them: nothing but the scheduler's own caches stays in memory."""
+
+        async def list(self, kind: str, on_item: Any) -> str:
+            if kind == "Node":
+                for i in range(n_nodes):
+                    on_item(node(f"node-{i:05d}", gpus=8))
+            elif kind == "Pod":
+                for i in range(n_pods):
+                    on_item(make_pod(i))
+            return "1"
+
+    kube = GeneratedKube()
     settings = SchedulerSettings(events=False, register_interval=timedelta(hours=1))
     out: dict[str, Any] = {"nodes": n_nodes, "pods": n_pods}
 
@@ -179,9 +193,6 @@ def memory(n_nodes: int, n_pods: int) -> dict[str, Any]:
         t0 = time.perf_counter()
         await engine.start()
         out["initial_sync_s"] = round(time.perf_counter() - t0, 2)
-        # Drop the stand-in's copies: what stays is what the scheduler itself holds.
-        for kind in kube.objects:
-            kube.objects[kind].clear()
         gc.collect()
         out["rss_mib"] = round(_rss_kib(0) / 1024, 1)
         out["rss_before_caches_mib"] = round(base / 1024, 1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -109,16 +109,20 @@ class Kube:
         await self.client.close()
 
     # ---------------------------------------------------------------- reads
-    async def list(self, kind: str, *, chunk_size: int = 2000) -> tuple[list[JSON], str]:
-        """Every object of ``kind`` (all namespaces) and the list's resourceVersion."""
+    async def list(self, kind: str, on_item: Callable[[JSON], None], *,
+                   chunk_size: int = 500) -> str:
+        """Every object of ``kind`` (all namespaces), handed to ``on_item`` one at a time as
+        the chunks arrive (never the whole list in memory); returns the list's
+        resourceVersion."""
         res = KINDS[kind]
         kwargs: dict[str, Any] = {"chunk_size": chunk_size}
         if issubclass(res, lkres.NamespacedResource):
             kwargs["namespace"] = ALL
         try:
             listing = self.client.list(res, **kwargs)
-            items = [_plain(o) async for o in listing]
-            return items, str(listing.resourceVersion or "")
+            async for obj in listing:
+                on_item(_plain(obj))
+            return str(listing.resourceVersion or "")
         except (ApiError, httpx2.HTTPError, OSError) as exc:
             raise _error(exc) from None
 

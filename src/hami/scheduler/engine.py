@@ -55,7 +55,7 @@ KINDS = ("Node", "ResourceQuota", "Pod")
 class KubeApi(Protocol):
     """What the engine needs from :class:`hami.kube.Kube` (a fake implements it in tests)."""
 
-    async def list(self, kind: str) -> tuple[list[JSON], str]: ...
+    async def list(self, kind: str, on_item: Callable[[JSON], None]) -> str: ...
     def watch(self, kind: str, resource_version: str) -> Any: ...
     async def get_node(self, name: str) -> JSON: ...
     async def get_pod(self, namespace: str, name: str) -> JSON | None: ...
@@ -90,6 +90,14 @@ def _ordered(node_names: list[str] | None) -> list[str] | None:
     core breaks score ties by input order, so sorting makes the choice reproducible (the
     offline ``hami schedule`` gives the same answer for nodes listed by name)."""
     return None if node_names is None else sorted(node_names)
+
+
+def _list_key(kind: str, obj: Mapping[str, Any]) -> Any:
+    if kind == "Pod":
+        return pod_uid(obj)
+    if kind == "ResourceQuota":
+        return _quota_key(obj)
+    return str(_meta(obj).get("name") or "")
 
 
 def _quota_key(quota: Mapping[str, Any]) -> tuple[str, str]:
@@ -169,12 +177,18 @@ class Engine:
         await self.events.stop()
 
     async def resync(self, kinds: tuple[str, ...] = KINDS) -> None:
-        """List ``kinds`` and reconcile the caches with the lists."""
-        listed_at = time.monotonic()
-        results = await asyncio.gather(*(self.kube.list(k) for k in kinds))
-        for kind, (items, rv) in zip(kinds, results, strict=True):
-            self._reconcile(kind, items, listed_at)
-            self._resource_version[kind] = rv
+        """List ``kinds`` (streamed: each object is applied as it arrives) and reconcile
+        the caches with the lists (what was not listed is gone)."""
+        for kind in kinds:
+            listed_at = time.monotonic()
+            seen: set[Any] = set()
+
+            def on_item(obj: JSON, kind: str = kind, seen: set[Any] = seen) -> None:
+                seen.add(_list_key(kind, obj))
+                self.apply(kind, "ADDED", obj)
+
+            self._resource_version[kind] = await self.kube.list(kind, on_item)
+            self._forget_unlisted(kind, seen, listed_at)
             self.counters.relists[kind] += 1
 
     async def set_leader(self, leader: bool) -> None:
@@ -234,24 +248,19 @@ class Engine:
                 self.state.upsert_quota(obj)
                 self._quotas.add(_quota_key(obj))
 
-    def _reconcile(self, kind: str, items: list[JSON], listed_at: float) -> None:
+    def _forget_unlisted(self, kind: str, listed: set[Any], listed_at: float) -> None:
         if kind == "Node":
-            listed = {str(_meta(n).get("name")) for n in items}
             for name in list(self.nodes):
                 if name not in listed:
                     self._apply_node({"metadata": {"name": name}}, True)
         elif kind == "ResourceQuota":
-            listed_q = {_quota_key(q) for q in items}
-            for ns, qname in list(self._quotas - listed_q):
+            for ns, qname in list(self._quotas - listed):
                 self.apply(kind, "DELETED", {"metadata": {"namespace": ns, "name": qname}})
         elif kind == "Pod":
-            listed_p = {pod_uid(p) for p in items}
             for entry in list(self.state.ledger.pods()):
-                if entry.uid not in listed_p and self._committed_at.get(entry.uid, -1.0) < listed_at:
+                if entry.uid not in listed and self._committed_at.get(entry.uid, -1.0) < listed_at:
                     self.state.remove_pod(entry.uid)
                     self._committed_at.pop(entry.uid, None)
-        for obj in items:
-            self.apply(kind, "ADDED", obj)
 
     def _apply_pod(self, pod: Mapping[str, Any], deleted: bool) -> None:
         uid = pod_uid(pod)
