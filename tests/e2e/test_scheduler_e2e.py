@@ -290,8 +290,9 @@ def test_200_pods_at_once_never_overcommit(kube_client: Any, kube_scheduler: Any
             kw["gpus"] = 2
         pods.append(pod_in(group, f"l{i:03d}-{group}", **kw))
     started = time.monotonic()
+    objs = [codecs.from_dict(p) for p in pods]  # msgspec's first decodes are not thread-safe
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda p: create(kube_client, p), pods))
+        list(pool.map(kube_client.create, objs))
     final = wait_settled(kube_client, group, 200, timeout_s=300)
     elapsed = time.monotonic() - started
     holders = check_capacity(kube_client, names, final)

@@ -9,6 +9,8 @@ import json
 import ssl
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from hami.core.config import SchedulerConfig
 from hami.kube import KubeError
 from hami.offline import schedule
@@ -107,15 +109,37 @@ def test_simulation_path_has_no_side_effects() -> None:
     run(scenario)
 
 
-def test_patch_failure_undoes_the_charge() -> None:
+@pytest.mark.parametrize("async_patch", [False, True])
+def test_patch_failure_undoes_the_charge(async_patch: bool) -> None:
     async def scenario() -> None:
-        async with serving(cluster("n1")) as h:
+        async with serving(cluster("n1"), async_annotation_patch=async_patch) as h:
             before = ledger_snapshot(h.engine)
             h.kube.fail["patch pod"] = KubeError(500, "etcd is sad")
             pod = h.kube.put("Pod", gpu_pod("p", memory_mib=1000))
             result = await h.filter(pod, ["n1"])
-            assert "etcd is sad" in result["Error"]
+            if async_patch:  # answered at once; the bind learns about the failed write
+                assert result["NodeNames"] == ["n1"]
+                bind = await h.bind(pod, "n1")
+                assert "etcd is sad" in bind["Error"]
+                assert "bind" not in h.kube.calls
+            else:
+                assert "etcd is sad" in result["Error"]
             assert ledger_snapshot(h.engine) == before
+
+    run(scenario)
+
+
+def test_a_newer_filter_of_the_same_pod_lands_last() -> None:
+    async def scenario() -> None:
+        async with serving(cluster("n1", "n2")) as h:
+            pod = h.kube.put("Pod", gpu_pod("p", memory_mib=20000))
+            first = await h.filter(pod, ["n1"])
+            second = await h.filter(pod, ["n2"])
+            assert (first["NodeNames"], second["NodeNames"]) == (["n1"], ["n2"])
+            assert (await h.bind(pod, "n2"))["Error"] == ""
+            ann = h.kube.pod("p")["metadata"]["annotations"]
+            assert ann["hami.io/vgpu-node"] == "n2"
+            assert [e.node for e in h.engine.state.ledger.pods()] == ["n2"]
 
     run(scenario)
 

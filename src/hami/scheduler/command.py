@@ -47,6 +47,7 @@ def scheduler(
     device_config_file: Annotated[str, typer.Option(help="HAMi device-config.yaml")] = "",
     register_interval: Annotated[str, typer.Option(help="node registration/health period")] = "15s",
     events: Annotated[bool, typer.Option(help="post Kubernetes Events for filter/bind")] = True,
+    async_annotation_patch: Annotated[bool, typer.Option(help="answer /filter before its annotation patch lands (/bind waits for it)")] = True,
     debug: Annotated[bool, typer.Option(help="verbose logs")] = False,
 ) -> None:
     """Run the scheduler extender + mutating webhook (HAMi's hami-scheduler)."""
@@ -74,7 +75,7 @@ def scheduler(
             leader_elect_retry_period=_duration(leader_elect_retry_period, "--leader-elect-retry-period"),
             device_config_file=device_config_file,
             register_interval=_duration(register_interval, "--register-interval"),
-            events=events, debug=debug)
+            events=events, async_annotation_patch=async_annotation_patch, debug=debug)
         settings.validate()
         settings.scheduler_config()
     except ConfigError as exc:

@@ -147,13 +147,15 @@ class Engine:
         self._node_changed: dict[str, asyncio.Event] = {}
         self._committed_at: dict[str, float] = {}
         self._quotas: set[tuple[str, str]] = set()
+        self._pending_patch: dict[str, asyncio.Future[str]] = {}
         self._resource_version: dict[str, str] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self.events = EventSink(kube, settings.scheduler_name, enabled=settings.events)
         self.locks = NodeLocks(kube, timeout=settings.node_lock_timeout,
                                retry_timeout=settings.node_lock_retry_timeout,
-                               wait_change=self._wait_node_change)
+                               wait_change=self._wait_node_change,
+                               cached=self.nodes.get)
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -267,6 +269,7 @@ class Engine:
         if deleted:
             self.state.remove_pod(uid)
             self._committed_at.pop(uid, None)
+            self._pending_patch.pop(uid, None)
             return
         annotations = _meta(pod).get("annotations") or {}
         phase = (pod.get("status") or {}).get("phase")
@@ -386,24 +389,52 @@ class Engine:
         uid = pod_uid(pod)
         annotations = {**decision.annotations, names.VGPU_TIME: str(int(time.time()))}
         self.state.commit(pod, decision)
+        entry = self.state.commit(pod, decision)
         self._committed_at[uid] = time.monotonic()
         patch = {"metadata": {"annotations": annotations,
                               "labels": {names.VGPU_NODE: result.node}}}
+        n = len(args.node_names or ())
+        success = (f"find fit node({result.node}), {n - 1} nodes not fit, 1 nodes "
+                   f"fit({result.node}:{result.score:.2f})")
+        write = self._write_allocation(meta, uid, entry, patch, success,
+                                       self._pending_patch.get(uid))
+        if self.settings.async_annotation_patch:
+            # Answer now; the merge patch is on its way and /bind waits for it (a failed
+            # write fails the bind, kube-scheduler then filters the pod again).
+            task = asyncio.ensure_future(write)
+            self._pending_patch[uid] = task
+            task.add_done_callback(lambda t, uid=uid: self._patch_done(uid, t))
+            return filter_result(node_names=[result.node])
+        error = await write
+        return filter_result(error=error) if error else filter_result(node_names=[result.node])
+
+    async def _write_allocation(self, meta: Mapping[str, Any], uid: str, entry: Any,
+                                patch: Mapping[str, Any], success: str,
+                                previous: asyncio.Future[str] | None) -> str:
+        """The filter's one merge patch (annotations + label); "" or the error. On failure
+        the charge is undone unless a newer filter of the same pod replaced it."""
+        if previous is not None:  # an older decision for this pod must not land last
+            await asyncio.gather(previous, return_exceptions=True)
         try:
             await self.kube.patch_pod(str(meta.get("namespace") or "default"),
                                       str(meta.get("name") or ""), patch)
         except KubeError as exc:
-            self.state.remove_pod(uid)
-            self._committed_at.pop(uid, None)
+            if self.state.ledger.pod(uid) is entry:
+                self.state.remove_pod(uid)
+                self._committed_at.pop(uid, None)
             self.counters.patch_failures += 1
             message = f"patch pod annotations failed: {exc.message}"
             self.events.emit(meta, FILTERING_FAILED, message, warning=True)
-            return filter_result(error=message)
-        n = len(args.node_names or ())
-        self.events.emit(meta, FILTERING_SUCCEED,
-                         f"find fit node({result.node}), {n - 1} nodes not fit, 1 nodes "
-                         f"fit({result.node}:{result.score:.2f})", warning=False)
-        return filter_result(node_names=[result.node])
+            return message
+        self.events.emit(meta, FILTERING_SUCCEED, success, warning=False)
+        return ""
+
+    def _patch_done(self, uid: str, task: asyncio.Future[str]) -> None:
+        """A written patch is forgotten; a failed one stays until the bind (which then
+        fails) or the next filter of the pod, or its deletion, consumes it."""
+        failed = task.cancelled() or task.exception() is not None or bool(task.result())
+        if self._pending_patch.get(uid) is task and not failed:
+            del self._pending_patch[uid]
 
     def _unschedulable_events(self, meta: Mapping[str, Any], failed: Mapping[str, str],
                               n: int) -> None:
@@ -457,6 +488,13 @@ class Engine:
             return {"Error": not_ready}
         ns = args.pod_namespace or "default"
         meta = {"namespace": ns, "name": args.pod_name, "uid": args.pod_uid}
+        pending = self._pending_patch.pop(args.pod_uid, None) if args.pod_uid else None
+        if pending is not None:
+            error = (await asyncio.gather(pending, return_exceptions=True))[0]
+            if error:
+                message = str(error)
+                self.events.emit(meta, BINDING_FAILED, message, warning=True)
+                return {"Error": message}
         entry = self._pod_entry(args)
         needs_lock = entry is not None and any(
             devices for pos, devices in enumerate(entry.devices) if pos >= entry.n_init)

@@ -56,6 +56,9 @@ class SchedulerSettings:
     register_interval: timedelta = timedelta(seconds=15)
     max_body_bytes: int = 1 << 20
     events: bool = True
+    #: Answer /filter once the decision is charged, with its annotation patch in flight;
+    #: /bind waits for that patch. False: /filter answers after the patch (HAMi's order).
+    async_annotation_patch: bool = True
     identity: str = field(default_factory=default_identity)
     pod_name: str = field(default_factory=lambda: os.environ.get("POD_NAME", ""))
     pod_namespace: str = field(default_factory=lambda: os.environ.get("POD_NAMESPACE", ""))
