@@ -69,10 +69,10 @@ def percentile(buckets: list[tuple[float, float]], q: float) -> float:
 def throughput(node_counts: list[int], pods: int, policy: str) -> list[dict[str, Any]]:
     from lightkube import codecs
     from lightkube.resources.core_v1 import Pod
+    from tests.e2e.hami_harness import FakeAllocator, HamiProcess, Tls, gpu_pod, make_gpu_node
 
     from hami.testing.controlplane import ControlPlane, wait_until
     from hami.testing.scheduler_config import ExtenderConfig
-    from tests.e2e.hami_harness import FakeAllocator, HamiProcess, Tls, gpu_pod, make_gpu_node
 
     results = []
     for n_nodes in node_counts:
@@ -83,7 +83,8 @@ def throughput(node_counts: list[int], pods: int, policy: str) -> list[dict[str,
             t0 = time.monotonic()
             make_gpu_node(client, "node-00000")  # warm lightkube/msgspec types in one thread
             with ThreadPoolExecutor(8) as pool:
-                list(pool.map(lambda i: make_gpu_node(client, f"node-{i:05d}"), range(1, n_nodes)))
+                list(pool.map(lambda i, c=client: make_gpu_node(c, f"node-{i:05d}"),
+                              range(1, n_nodes)))
             nodes_s = time.monotonic() - t0
             tls = Tls(work / "tls")
             hami = HamiProcess(cp, tls, work, args=[f"--node-scheduler-policy={policy}",
@@ -100,8 +101,8 @@ def throughput(node_counts: list[int], pods: int, policy: str) -> list[dict[str,
                 list(pool.map(client.create, objs))
             created_s = time.monotonic() - t0
 
-            def all_bound() -> bool:
-                return sum(1 for p in client.list(Pod, namespace="default")
+            def all_bound(c: Any = client) -> bool:
+                return sum(1 for p in c.list(Pod, namespace="default")
                            if p.spec.nodeName) >= pods
 
             wait_until(all_bound, timeout_s=1200, what="all pods bound")
@@ -111,6 +112,7 @@ def throughput(node_counts: list[int], pods: int, policy: str) -> list[dict[str,
             bind = histogram(text, "hami_scheduler_bind_duration_seconds")
             status = hami.status()
             rss = _rss_kib(hami.process.pid if hami.process else 0)
+            cpu = _cpu_s(hami.process.pid if hami.process else 0)
             result = {
                 "nodes": n_nodes, "pods": pods, "node_policy": policy,
                 "pods_per_s": round(pods / elapsed, 1), "seconds": round(elapsed, 1),
@@ -120,6 +122,8 @@ def throughput(node_counts: list[int], pods: int, policy: str) -> list[dict[str,
                 "filters": status.get("counters", {}).get("filters"),
                 "binds": status.get("counters", {}).get("binds"),
                 "scheduler_rss_mib": round(rss / 1024, 1),
+                "scheduler_cpu_s": round(cpu, 1),
+                "load_avg": os.getloadavg()[0],
             }
             print(json.dumps(result), flush=True)
             results.append(result)
@@ -127,6 +131,53 @@ def throughput(node_counts: list[int], pods: int, policy: str) -> list[dict[str,
             allocator.stop()
             hami.stop()
     return results
+
+
+def baseline(node_counts: list[int], pods: int) -> list[dict[str, Any]]:
+    """The same control plane and pod stream without hami: the default kube-scheduler
+    binding pods that ask for no GPU. The ceiling this machine allows."""
+    from lightkube import codecs
+    from lightkube.resources.core_v1 import Pod
+
+    from hami.testing.controlplane import ControlPlane, wait_until
+    from tests.e2e.hami_harness import gpu_pod, make_gpu_node
+
+    results = []
+    for n_nodes in node_counts:
+        work = Path(tempfile.mkdtemp(prefix="hami-bench-"))
+        with ControlPlane(workdir=work / "k8s") as cp:
+            cp.start(default_scheduler=True)
+            client = cp.client()
+            make_gpu_node(client, "node-00000")
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(lambda i, c=client: make_gpu_node(c, f"node-{i:05d}"),
+                              range(1, n_nodes)))
+            objs = [codecs.from_dict(gpu_pod(f"p{i:05d}", gpus=0)) for i in range(pods)]
+            t0 = time.monotonic()
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(client.create, objs))
+            created_s = time.monotonic() - t0
+
+            def all_bound(c: Any = client) -> bool:
+                return sum(1 for p in c.list(Pod, namespace="default") if p.spec.nodeName) >= pods
+
+            wait_until(all_bound, timeout_s=1200, what="all pods bound")
+            elapsed = time.monotonic() - t0
+            result = {"baseline": "kube-scheduler without hami", "nodes": n_nodes, "pods": pods,
+                      "pods_per_s": round(pods / elapsed, 1), "seconds": round(elapsed, 1),
+                      "create_seconds": round(created_s, 1), "load_avg": os.getloadavg()[0]}
+            print(json.dumps(result), flush=True)
+            results.append(result)
+    return results
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def _rss_kib(pid: int) -> int:
@@ -144,15 +195,15 @@ def memory(n_nodes: int, n_pods: int) -> dict[str, Any]:
     """Run in a fresh interpreter so RSS reflects only this scheduler."""
     from datetime import timedelta
 
+    from tests.integration.fake_kube import FakeKube
+    from tests.integration.support import gpu_pod, node
+
     import hami.kube  # noqa: F401  (what the real process imports)
     import hami.scheduler.server  # noqa: F401
     from hami.core.codec import encode_pod_devices
     from hami.core.model import ContainerDevice
-    from hami.extender.wire import FilterArgs
     from hami.scheduler.engine import Engine
     from hami.scheduler.settings import SchedulerSettings
-    from tests.integration.fake_kube import FakeKube
-    from tests.integration.support import gpu_pod, node
 
     base = _rss_kib(0)
 
@@ -223,12 +274,15 @@ def main() -> None:
     t.add_argument("--nodes", type=int, nargs="+", default=[100, 1000])
     t.add_argument("--pods", type=int, default=500)
     t.add_argument("--node-policy", default="binpack")
+    t.add_argument("--baseline", action="store_true", help="no hami: default kube-scheduler")
     m = sub.add_parser("memory")
     m.add_argument("--nodes", type=int, default=5000)
     m.add_argument("--pods", type=int, default=40000)
     args = parser.parse_args()
     os.environ.setdefault("PYTHONHASHSEED", "0")
-    if args.cmd == "throughput":
+    if args.cmd == "throughput" and args.baseline:
+        baseline(args.nodes, args.pods)
+    elif args.cmd == "throughput":
         throughput(args.nodes, args.pods, args.node_policy)
     else:
         memory(args.nodes, args.pods)

@@ -93,7 +93,9 @@ class Kube:
     """Async access to the API objects the scheduler reads and writes."""
 
     def __init__(self, client: AsyncClient) -> None:
-        self.client = client
+        # Typed as Any: the generic resources here are plain dicts, which lightkube's
+        # overloads (written for its models) do not describe.
+        self.client: Any = client
 
     @classmethod
     def connect(cls, kubeconfig: str | Path | None = None, *, timeout_s: float = 10.0,
@@ -170,13 +172,14 @@ class Kube:
         meta: JSON = {"name": name, "namespace": namespace}
         if uid:
             meta["uid"] = uid
-        body = _Binding(apiVersion="v1", kind="Binding", metadata=meta,
-                        target={"apiVersion": "v1", "kind": "Node", "name": node})
+        body = _Binding.from_dict({"apiVersion": "v1", "kind": "Binding", "metadata": meta,
+                                   "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
         await self._call(self.client.create(body, name=name, namespace=namespace))
 
     async def create_event(self, event: Mapping[str, Any]) -> None:
         namespace = event["metadata"]["namespace"]
-        await self._call(self.client.create(_Event(dict(event)), namespace=namespace))
+        body: Any = _Event.from_dict(dict(event))
+        await self._call(self.client.create(body, namespace=namespace))
 
     async def get_lease(self, namespace: str, name: str) -> JSON | None:
         try:
@@ -187,16 +190,19 @@ class Kube:
             raise
 
     async def create_lease(self, namespace: str, name: str, spec: Mapping[str, Any]) -> JSON:
-        body = _Lease(apiVersion="coordination.k8s.io/v1", kind="Lease",
-                      metadata={"name": name, "namespace": namespace}, spec=dict(spec))
+        body: Any = _Lease.from_dict({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                            "metadata": {"name": name, "namespace": namespace},
+                            "spec": dict(spec)})
         return await self._call(self.client.create(body, namespace=namespace))
 
     async def replace_lease(self, namespace: str, name: str, spec: Mapping[str, Any],
                             resource_version: str) -> JSON:
-        body = _Lease(apiVersion="coordination.k8s.io/v1", kind="Lease",
-                      metadata={"name": name, "namespace": namespace,
-                                "resourceVersion": resource_version}, spec=dict(spec))
-        return await self._call(self.client.replace(body, namespace=namespace))
+        body: Any = _Lease.from_dict({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                            "metadata": {"name": name, "namespace": namespace,
+                                         "resourceVersion": resource_version},
+                            "spec": dict(spec)})
+        replace: Any = self.client.replace
+        return await self._call(replace(body, namespace=namespace))
 
     async def _call(self, awaitable: Any) -> JSON:
         try:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -218,6 +219,7 @@ class FakeAllocator:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="fake-allocator")
         self.allocated = 0
+        self._seen: set[tuple[str, str, str | None]] = set()
 
     def start(self) -> FakeAllocator:
         self._thread.start()
@@ -227,18 +229,33 @@ class FakeAllocator:
         self._stop.set()
 
     def _run(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         from lightkube import Client
         from lightkube.resources.core_v1 import Pod
 
         client: Client = self.cp.client()
-        while not self._stop.is_set():
-            try:
-                for _, pod in client.watch(Pod, namespace="*", server_timeout=5):
-                    if self._stop.is_set():
-                        return
-                    self._handle(client, pod)
-            except Exception:
-                time.sleep(0.2)
+        # Several Allocate calls run at once on different nodes, as kubelets do.
+        with ThreadPoolExecutor(4) as pool:
+            while not self._stop.is_set():
+                try:
+                    for _, pod in client.watch(Pod, namespace="*", server_timeout=5):
+                        if self._stop.is_set():
+                            return
+                        if self._wanted(pod):
+                            pool.submit(self._handle, client, pod)
+                except Exception:
+                    time.sleep(0.2)
+
+    def _wanted(self, pod: Any) -> bool:
+        ann = pod.metadata.annotations or {}
+        key = (pod.metadata.namespace, pod.metadata.name, ann.get("hami.io/bind-time"))
+        if not pod.spec.nodeName or ann.get("hami.io/bind-phase") != "allocating":
+            return False
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
 
     def _handle(self, client: Any, pod: Any) -> None:
         from lightkube.resources.core_v1 import Node, Pod
@@ -319,10 +336,8 @@ class ReadyForwarder:
                 pass
             finally:
                 for s in (src, dst):
-                    try:
+                    with contextlib.suppress(OSError):
                         s.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
 
         threading.Thread(target=pipe, args=(upstream, conn), daemon=True).start()
         pipe(conn, upstream)

@@ -11,6 +11,7 @@ protocol (``bind-phase=success`` and node-lock release). Each test uses its own 
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -98,10 +99,8 @@ def group(kube_client: Any) -> Iterator[str]:
     value = unique("g")
     yield value
     for pod in kube_client.list(Pod, namespace="default", labels={GROUP: value}):
-        try:
+        with contextlib.suppress(ApiError):
             kube_client.delete(Pod, pod.metadata.name, namespace="default", grace_period=0)
-        except ApiError:
-            pass
 
 
 # -------------------------------------------------------------------- helpers

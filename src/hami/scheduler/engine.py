@@ -19,6 +19,8 @@ shell only decides *when* to apply them:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import gc
 import logging
 import time
@@ -98,6 +100,13 @@ def _list_key(kind: str, obj: Mapping[str, Any]) -> Any:
     if kind == "ResourceQuota":
         return _quota_key(obj)
     return str(_meta(obj).get("name") or "")
+
+
+def _registration_view(node: Mapping[str, Any]) -> Any:
+    """What registration reads from a node: everything but the node lock annotation."""
+    meta = node["metadata"]
+    ann = {k: v for k, v in meta["annotations"].items() if k != names.NODE_LOCK}
+    return ann, meta["labels"], node["status"]["allocatable"]
 
 
 def _quota_key(quota: Mapping[str, Any]) -> tuple[str, str]:
@@ -289,8 +298,11 @@ class Engine:
             self._reported.pop(name, None)
             self.node_reasons.pop(name, None)
         else:
-            self.nodes[name] = _slim_node(node)
-            self.register(name)
+            slim = _slim_node(node)
+            old = self.nodes.get(name)
+            self.nodes[name] = slim
+            if old is None or _registration_view(old) != _registration_view(slim):
+                self.register(name)  # not for lock-only changes (two per bind)
         changed = self._node_changed.get(name)
         if changed is not None:
             changed.set()
@@ -329,10 +341,8 @@ class Engine:
     async def _wait_node_change(self, name: str, seconds: float) -> None:
         event = self._node_changed.setdefault(name, asyncio.Event())
         event.clear()
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), seconds)
-        except TimeoutError:
-            pass
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -403,7 +413,7 @@ class Engine:
             # write fails the bind, kube-scheduler then filters the pod again).
             task = asyncio.ensure_future(write)
             self._pending_patch[uid] = task
-            task.add_done_callback(lambda t, uid=uid: self._patch_done(uid, t))
+            task.add_done_callback(functools.partial(self._patch_done, uid))
             return filter_result(node_names=[result.node])
         error = await write
         return filter_result(error=error) if error else filter_result(node_names=[result.node])

@@ -12,6 +12,7 @@ goes on serving whatever the body.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -23,7 +24,13 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from hami.extender.wire import WireError, bind_result, filter_result, parse_bind_args, parse_filter_args
+from hami.extender.wire import (
+    WireError,
+    bind_result,
+    filter_result,
+    parse_bind_args,
+    parse_filter_args,
+)
 from hami.scheduler.engine import Engine
 from hami.scheduler.metrics import SchedulerMetrics
 from hami.scheduler.settings import SchedulerSettings, parse_bind
@@ -174,10 +181,8 @@ async def serve(settings: SchedulerSettings, *, kube: Any = None,
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
 
     tls = TlsReloader(settings.cert_file, settings.key_file) if settings.cert_file else None
     runners: list[web.AppRunner] = []
