@@ -2,7 +2,10 @@
 
 It speaks the kube-scheduler extender v1 wire format (Go field names, no JSON tags):
 ``/filter`` gets ExtenderArgs and returns every offered node as feasible; ``/bind`` gets
-ExtenderBindingArgs and creates the pod's Binding through the apiserver. It serves HTTPS
+ExtenderBindingArgs and creates the pod's Binding through the apiserver. ``/webhook``
+answers an admission.k8s.io/v1 AdmissionReview by allowing the object with a JSON patch
+that adds the annotation :data:`WEBHOOK_ANNOTATION` (when the object has annotations;
+see :meth:`RecordingExtender._webhook`). It serves HTTPS
 on 127.0.0.1 with a certificate from a throw-away CA, from an aiohttp app running on its
 own event loop in a background thread, so synchronous tests can use it.
 """
@@ -10,6 +13,8 @@ own event loop in a background thread, so synchronous tests can use it.
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import ssl
 import tempfile
 import threading
@@ -22,6 +27,9 @@ from lightkube import AsyncClient, KubeConfig
 
 from hami.testing.controlplane import HOST, free_port, pod_binding
 from hami.testing.pki import CertificateAuthority
+
+#: Annotation the ``/webhook`` handler adds to every object it admits.
+WEBHOOK_ANNOTATION = "e2e.hami.io/mutated"
 
 
 @dataclass
@@ -50,6 +58,7 @@ class RecordingExtender:
     _thread: threading.Thread | None = None
     _runner: web.AppRunner | None = None
     _client: AsyncClient | None = None
+    ca_pem: bytes = b""  # the CA of the serving cert (a webhook's caBundle)
 
     @property
     def url(self) -> str:
@@ -92,11 +101,35 @@ class RecordingExtender:
             call.error = f"binding failed: {err}"
         return web.json_response({"Error": call.error})
 
+    async def _webhook(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls.append(Call("webhook", body))
+        req = body["request"]
+        has_annotations = bool((req.get("object") or {}).get("metadata", {}).get("annotations"))
+        patch: list[dict[str, Any]] = []
+        if not has_annotations:
+            patch.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+        key = WEBHOOK_ANNOTATION.replace("~", "~0").replace("/", "~1")  # JSON pointer
+        patch.append({"op": "add", "path": f"/metadata/annotations/{key}", "value": "true"})
+        return web.json_response(
+            {
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "response": {
+                    "uid": req["uid"],
+                    "allowed": True,
+                    "patchType": "JSONPatch",
+                    "patch": base64.b64encode(json.dumps(patch).encode()).decode(),
+                },
+            }
+        )
+
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> RecordingExtender:
         """Serve on a free 127.0.0.1 port; returns once the socket is listening."""
         ca = CertificateAuthority.create("recording-extender-ca")
+        self.ca_pem = ca.cert_pem
         pair = ca.issue("recording-extender", ip_sans=[HOST], server=True)
         ssl_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         with tempfile.TemporaryDirectory() as tmp:
@@ -111,6 +144,7 @@ class RecordingExtender:
             app = web.Application()
             app.router.add_post("/filter", self._filter)
             app.router.add_post("/bind", self._bind)
+            app.router.add_post("/webhook", self._webhook)
             self._runner = web.AppRunner(app)
             await self._runner.setup()
             await web.TCPSite(self._runner, HOST, self.port, ssl_context=ssl_ctx).start()

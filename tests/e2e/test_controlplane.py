@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import urllib.request
@@ -10,19 +11,27 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from lightkube.models.admissionregistration_v1 import (
+    MutatingWebhook,
+    RuleWithOperations,
+    WebhookClientConfig,
+)
 from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
-from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.models.meta_v1 import LabelSelector, ObjectMeta
+from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
 from lightkube.resources.core_v1 import Namespace, Node, Pod
 
 from hami.testing.controlplane import (
     KUBERNETES_VERSION,
     ControlPlane,
+    bind_pod,
     create_gpu_node,
     node_is_ready,
+    set_pod_phase,
     wait_until,
 )
 
-from .recording_extender import RecordingExtender
+from .recording_extender import WEBHOOK_ANNOTATION, RecordingExtender
 
 pytestmark = pytest.mark.e2e
 
@@ -116,6 +125,19 @@ def test_default_scheduler_binds_plain_pod(kube_client: Any, gpu_node: str):
         kube_client.delete(Pod, pod.metadata.name, namespace="default", grace_period=0)
 
 
+def test_bind_pod_and_set_pod_phase_act_like_scheduler_and_kubelet(kube_client: Any, gpu_node: str):
+    pod = kube_client.create(make_pod("no-such-scheduler"))  # nobody else binds it
+    name = pod.metadata.name
+    try:
+        bind_pod(kube_client, name, "default", gpu_node)
+        assert kube_client.get(Pod, name, namespace="default").spec.nodeName == gpu_node
+        set_pod_phase(kube_client, name, "default", "Running")
+        set_pod_phase(kube_client, name, "default", "Succeeded")
+        assert kube_client.get(Pod, name, namespace="default").status.phase == "Succeeded"
+    finally:
+        kube_client.delete(Pod, name, namespace="default", grace_period=0)
+
+
 @pytest.fixture
 def extender(control_plane: ControlPlane, start_kube_scheduler: Any) -> Iterator[RecordingExtender]:
     """A RecordingExtender registered (HAMi chart settings) with a ``hami-scheduler``."""
@@ -204,3 +226,56 @@ def test_port_taken_between_pick_and_bind_is_retried(
         handle.component.check_alive()
     finally:
         handle.stop()
+
+
+def test_a_second_scheduler_with_the_same_profile_is_refused(control_plane: ControlPlane):
+    with pytest.raises(ValueError, match="default-scheduler"):
+        control_plane.start_scheduler(scheduler_name="default-scheduler")
+
+
+def test_apiserver_calls_a_mutating_webhook_on_loopback(
+    control_plane: ControlPlane, kube_client: Any, gpu_node: str
+):
+    """What hami's /webhook needs: the apiserver reaches an HTTPS webhook on 127.0.0.1."""
+    hook = RecordingExtender(control_plane.kubeconfig).start()
+    name = f"hami-e2e-{uuid.uuid4().hex[:8]}"
+    config = MutatingWebhookConfiguration(
+        metadata=ObjectMeta(name=name),
+        webhooks=[
+            MutatingWebhook(
+                name="e2e.hami.io",
+                admissionReviewVersions=["v1"],
+                sideEffects="None",
+                failurePolicy="Fail",
+                timeoutSeconds=10,
+                clientConfig=WebhookClientConfig(
+                    url=f"{hook.url}/webhook",
+                    caBundle=base64.b64encode(hook.ca_pem).decode(),
+                ),
+                rules=[
+                    RuleWithOperations(
+                        apiGroups=[""],
+                        apiVersions=["v1"],
+                        operations=["CREATE"],
+                        resources=["pods"],
+                    )
+                ],
+                objectSelector=LabelSelector(matchLabels={"e2e.hami.io/webhook": name}),
+            )
+        ],
+    )
+    kube_client.create(config)
+    pod = make_pod("no-such-scheduler")
+    pod.metadata.labels = {"e2e.hami.io/webhook": name}
+    try:
+        created = kube_client.create(pod)
+        kube_client.delete(Pod, created.metadata.name, namespace="default", grace_period=0)
+    finally:
+        kube_client.delete(MutatingWebhookConfiguration, name)
+        hook.stop()
+    assert created.metadata.annotations[WEBHOOK_ANNOTATION] == "true"
+    assert hook.verbs() == ["webhook"]
+    review = hook.calls[0].body
+    assert review["kind"] == "AdmissionReview"
+    assert review["request"]["operation"] == "CREATE"
+    assert review["request"]["object"]["spec"]["schedulerName"] == "no-such-scheduler"

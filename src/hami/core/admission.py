@@ -179,7 +179,10 @@ def admit(pod: Mapping[str, Any], config: SchedulerConfig,
         if config.nvidia.runtime_class_name and mspec.get("runtimeClassName") is None:
             mspec["runtimeClassName"] = config.nvidia.runtime_class_name
         if quota is not None:
-            denial = _quota_denial(mutated, config, quota)
+            try:
+                denial = _quota_denial(mutated, config, quota)
+            except (RequestError, QuantityError) as exc:
+                denial = str(exc)
             if denial:
                 return _deny(denial, pod)
     if not with_patch:

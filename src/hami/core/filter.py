@@ -16,7 +16,7 @@ when no node fits (that is when ``FailedNodes`` is reported).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -271,11 +271,17 @@ def fit_node(ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger | None = N
 # ------------------------------------------------------------------ the loop
 def filter_pod(request: PodRequest, ledger: UsageLedger, node_names: Sequence[str] | None,
                policy: SchedulingPolicy | None = None,
-               quota: QuotaLedger | None = None) -> FilterResult:
+               quota: QuotaLedger | None = None, *,
+               node_orders: Mapping[str, NodeOrder] | None = None,
+               explain: bool = True) -> FilterResult:
     """Choose a node and GPUs for ``request`` among ``node_names`` (None: every node).
 
     Pure with respect to the ledger: nothing is charged; the caller binds by
     ``ledger.add_pod``. Unknown node names fail with ``node unregistered``.
+    ``node_orders`` adds or overrides node policies for this call (e.g. a
+    fragmentation-aware order that knows the workload); with ``explain=False`` nodes the
+    prefilter already excluded get no per-node reason when nothing fits (a simulator that
+    reports no reasons skips that work; the decision is the same).
 
     Raises:
         FilterError: the pod's ``hami.io/device-scoring-weights`` annotation is malformed.
@@ -295,7 +301,8 @@ def filter_pod(request: PodRequest, ledger: UsageLedger, node_names: Sequence[st
                 failed[name] = NODE_UNREGISTERED
         idx = idx[idx >= 0]
     possible = _node_mask(ledger, request, ctx.pod)[idx]
-    order = NODE_ORDERS.get(node_policy, _binpack_nodes)(ctx, idx[possible])
+    orders = {**NODE_ORDERS, **node_orders} if node_orders else NODE_ORDERS
+    order = orders.get(node_policy, _binpack_nodes)(ctx, idx[possible])
     scores = ledger.node_scores()
     for i in order:
         entry = ledger.node(ledger.node_name(int(i)))
@@ -305,7 +312,7 @@ def filter_pod(request: PodRequest, ledger: UsageLedger, node_names: Sequence[st
             return FilterResult(node=entry.name, devices=fit.devices, score=float(scores[i]),
                                 mig=fit.mig)
         failed[entry.name] = fit.reason
-    for i in idx[~possible]:
+    for i in idx[~possible] if explain else ():
         entry = ledger.node(ledger.node_name(int(i)))
         assert entry is not None
         fit = fit_node(ctx, entry, quota)

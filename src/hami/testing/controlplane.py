@@ -17,9 +17,11 @@ By hand::
 From Python::
 
     with ControlPlane() as cp:
-        cp.start()
-        sched = cp.start_scheduler(extender=ExtenderConfig("https://127.0.0.1:8443"))
+        cp.start()                    # etcd, kube-apiserver, a default-scheduler
+        cp.start_scheduler(scheduler_name="hami-scheduler",
+                           extender=ExtenderConfig("https://127.0.0.1:8443"))
         client = cp.client()          # a lightkube Client with cluster-admin rights
+        create_gpu_node(client, "gpu-0", gpus=40, annotations={...})
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime as _dt
+import functools
 import json
 import os
 import shutil
@@ -132,7 +135,7 @@ def wait_until(
         if check():
             return time.monotonic() - start
         if time.monotonic() - start > timeout_s:
-            raise ControlPlaneError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+            raise ControlPlaneError(f"timed out after {timeout_s:g}s waiting for {what}")
         time.sleep(_POLL_S)
 
 
@@ -155,6 +158,7 @@ class Component:
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    stopped: bool = False  # set by stop(): its exit was asked for
 
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines of the component's log (stdout and stderr)."""
@@ -165,15 +169,33 @@ class Component:
         return "\n".join(text.splitlines()[-lines:])
 
     def check_alive(self) -> None:
-        """Raise :class:`ControlPlaneError` with the log tail if the process has exited."""
+        """Raise :class:`ControlPlaneError` with the log tail if the process has exited
+        without :meth:`stop` having been called."""
         code = self.process.poll()
-        if code is not None:
+        if code is not None and not self.stopped:
             raise ControlPlaneError(
                 f"{self.name} exited with code {code}; log {self.log_path}:\n{self.log_tail()}"
             )
 
+    def wait_healthy(self, check: Callable[[], bool], what: str, timeout_s: float) -> float:
+        """Poll ``check`` (see :func:`wait_until`) while the process lives; return seconds.
+
+        Raises:
+            ControlPlaneError: the process exited, or ``timeout_s`` passed; the message
+                has the log tail either way.
+        """
+        try:
+            return wait_until(
+                check, timeout_s=timeout_s, what=f"{self.name} {what}", alive=self.check_alive
+            )
+        except ControlPlaneError as err:
+            if self.process.poll() is not None:
+                raise  # check_alive's message has the tail already
+            raise ControlPlaneError(f"{err}; log {self.log_path}:\n{self.log_tail()}") from None
+
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout_s``; safe to call twice."""
+        self.stopped = True
         if self.process.poll() is not None:
             return
         self.process.terminate()
@@ -243,6 +265,7 @@ class ControlPlane:
         self._components: list[Component] = []
         self._admin: KeyPair | None = None
         self._ca_pem = b""
+        self._ssl_context: ssl.SSLContext | None = None
         self._schedulers: list[SchedulerHandle] = []
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -265,17 +288,23 @@ class ControlPlane:
 
         Raises:
             ControlPlaneError: a component died or was not healthy within ``timeout_s``;
-                everything started so far is stopped again.
+                everything started so far is stopped again, and the workdir (with the
+                logs) is kept even when it is a temp dir.
         """
         t0 = time.monotonic()
         try:
             self._write_pki()
             self._retry_on_port_clash(lambda: self._start_etcd(timeout_s))
             self._retry_on_port_clash(lambda: self._start_apiserver(timeout_s))
-            ensure_namespace(self.client(), "default")
+            client = self.client()
+            try:
+                ensure_namespace(client, "default")
+            finally:
+                client.close()
             if default_scheduler:
                 self.start_scheduler(timeout_s=timeout_s)
         except BaseException:
+            self.keep_workdir = True  # the logs explain the failure
             self.stop()
             raise
         self.startup_seconds["total"] = time.monotonic() - t0
@@ -326,10 +355,15 @@ class ControlPlane:
         )
 
     def ssl_context(self) -> ssl.SSLContext:
-        """Client TLS context for the apiserver: trusts our CA, presents the admin cert."""
-        ctx = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
-        ctx.load_cert_chain(self.pki_dir / "admin.crt", self.pki_dir / "admin.key")
-        return ctx
+        """Client TLS context for the apiserver: trusts our CA, presents the admin cert.
+
+        Made once per control plane (after :meth:`start` wrote the certificates).
+        """
+        if self._ssl_context is None:
+            ctx = ssl.create_default_context(cafile=str(self.pki_dir / "ca.crt"))
+            ctx.load_cert_chain(self.pki_dir / "admin.crt", self.pki_dir / "admin.key")
+            self._ssl_context = ctx
+        return self._ssl_context
 
     # -- kube-scheduler ----------------------------------------------------------------
 
@@ -352,8 +386,13 @@ class ControlPlane:
             timeout_s: seconds to wait for readiness.
 
         Raises:
+            ValueError: a running scheduler of this control plane has that profile name
+                (two would race for the same pods).
             ControlPlaneError: it exited or was not ready within ``timeout_s``.
         """
+        running = [h for h in self._schedulers if h.component.process.poll() is None]
+        if any(h.scheduler_name == scheduler_name for h in running):
+            raise ValueError(f"a kube-scheduler with profile {scheduler_name!r} already runs")
         handle = self._retry_on_port_clash(
             lambda: self._start_scheduler_once(scheduler_name, extender, timeout_s)
         )
@@ -384,11 +423,8 @@ class ControlPlane:
                 f"--v={self.verbosity}",
             ],
         )
-        self.startup_seconds[tag] = wait_until(
-            lambda: self._https_ok(f"https://{HOST}:{port}/readyz"),
-            timeout_s=timeout_s,
-            what=f"{tag} /readyz",
-            alive=comp.check_alive,
+        self.startup_seconds[tag] = comp.wait_healthy(
+            lambda: self._https_ok(f"https://{HOST}:{port}/readyz"), "/readyz", timeout_s
         )
         return SchedulerHandle(scheduler_name, config_path, port, comp)
 
@@ -518,9 +554,7 @@ class ControlPlane:
             except (OSError, ValueError):
                 return False
 
-        self.startup_seconds["etcd"] = wait_until(
-            healthy, timeout_s=timeout_s, what="etcd /health", alive=comp.check_alive
-        )
+        self.startup_seconds["etcd"] = comp.wait_healthy(healthy, "/health", timeout_s)
 
     def _start_apiserver(self, timeout_s: float) -> None:
         self.apiserver_port = free_port()
@@ -557,11 +591,8 @@ class ControlPlane:
             ],
         )
         self._write_kubeconfig()
-        self.startup_seconds["kube-apiserver"] = wait_until(
-            lambda: self._https_ok(f"{self.server}/readyz"),
-            timeout_s=timeout_s,
-            what="kube-apiserver /readyz",
-            alive=comp.check_alive,
+        self.startup_seconds["kube-apiserver"] = comp.wait_healthy(
+            lambda: self._https_ok(f"{self.server}/readyz"), "/readyz", timeout_s
         )
 
     def _https_ok(self, url: str) -> bool:
@@ -722,6 +753,19 @@ def set_node_status(
     return client.patch(Node, name, patch, patch_type=PatchType.MERGE)
 
 
+@functools.cache
+def _pod_binding_class() -> type[Any]:
+    from lightkube.core import resource as lkres
+    from lightkube.generic_resource import Generic
+    from lightkube.resources.core_v1 import PodBinding
+
+    # Both bases define apiVersion/kind; Generic's dict-backed ones are the ones used.
+    class PodBindingRequest(lkres.NamespacedSubResource, Generic):  # type: ignore[misc]
+        _api_info = PodBinding._api_info
+
+    return PodBindingRequest
+
+
 def pod_binding(name: str, namespace: str, node: str) -> Any:
     """A ``pods/binding`` request object for ``client.create(obj, name=..., namespace=...)``.
 
@@ -730,17 +774,12 @@ def pod_binding(name: str, namespace: str, node: str) -> Any:
     OpenAPI spec (and so lightkube's model) says ``Binding``, and decoding that reply
     fails on the missing ``target``. This object's reply decodes as a plain dict.
     """
-    from lightkube.core import resource as lkres
-    from lightkube.generic_resource import Generic
-    from lightkube.resources.core_v1 import PodBinding
+    from lightkube.models.meta_v1 import ObjectMeta
 
-    class _PodBindingRequest(lkres.NamespacedSubResource, Generic):  # type: ignore[misc]
-        _api_info = PodBinding._api_info
-
-    return _PodBindingRequest(
+    return _pod_binding_class()(
         apiVersion="v1",
         kind="Binding",
-        metadata={"name": name, "namespace": namespace},
+        metadata=ObjectMeta(name=name, namespace=namespace),
         target={"apiVersion": "v1", "kind": "Node", "name": node},
     )
 
@@ -760,6 +799,36 @@ def node_is_ready(node: Any) -> bool:
         if cond.type == "Ready":
             return bool(cond.status == "True")
     return False
+
+
+def set_pod_phase(client: Any, name: str, namespace: str, phase: str) -> Any:
+    """Set a pod's ``status.phase`` as its kubelet would (no kubelet runs here).
+
+    Args:
+        client: a ``lightkube.Client``.
+        name, namespace: the pod.
+        phase: ``Pending``, ``Running``, ``Succeeded``, ``Failed`` or ``Unknown``.
+
+    Returns:
+        The patched Pod.
+
+    Raises:
+        ValueError: an unknown phase.
+        lightkube.ApiError: e.g. 404 for no such pod; 422 for a transition the apiserver
+            refuses (a pod cannot leave ``Succeeded``/``Failed``).
+    """
+    from lightkube.resources.core_v1 import Pod
+    from lightkube.types import PatchType
+
+    if phase not in ("Pending", "Running", "Succeeded", "Failed", "Unknown"):
+        raise ValueError(f"unknown pod phase {phase!r}")
+    return client.patch(
+        Pod.Status,
+        name,
+        {"status": {"phase": phase}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
 
 
 # -- command line ---------------------------------------------------------------------------

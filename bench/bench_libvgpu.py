@@ -1,0 +1,79 @@
+"""Cost of libvgpu on the stub driver.
+
+Figures: ns added per cuMemAlloc/cuMemFree pair (0 and 10,000 live
+allocations), ns added per cuLaunchKernel (no SM limit, and an SM limit of
+50 % with tokens available, i.e. below the limit), private memory added per
+process (all mappings except the shared region and the stub's state file).
+
+Timing is paired inside one preloaded process (``bench_vgpu``): each round
+times 2,000 calls through the interposed entry points and 2,000 straight into
+the stub, so machine load hits both sides; a run reports the median per-round
+difference over 31 rounds, and this script the median over ``--repeats`` runs.
+
+usage: python bench/bench_libvgpu.py [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NATIVE = ROOT / "native" / "libvgpu"
+BUILD = NATIVE / "build"
+
+CASES = {
+    "alloc/free pair, 0 live": ("alloc_free_ns", 0, {}, 100.0),
+    "alloc/free pair, 10,000 live": ("alloc_free_ns", 10000, {}, 150.0),
+    "cuLaunchKernel, no SM limit": ("launch_ns", 0, {}, 30.0),
+    "cuLaunchKernel, SM limit 50% (tokens left)": (
+        "launch_ns", 0, {"CUDA_DEVICE_SM_LIMIT": "50", "GPU_CORE_UTILIZATION_POLICY": "force"}, 30.0),
+}
+
+
+def run(live: int, preload: bool, tmp: Path, tag: str, **extra: str) -> dict[str, float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "VGPU_", "GPU_CORE", "LD_PRELOAD"))}
+    env.update(LD_LIBRARY_PATH=str(BUILD / "stub"), VGPU_STUB_STATE=str(tmp / "stub.state"),
+               CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / f"region-{tag}.cache"),
+               CUDA_DEVICE_MEMORY_LIMIT="64g", VGPU_STUB_MEM_MB="131072", LIBCUDA_LOG_LEVEL="1")
+    env.update(extra)
+    if preload:
+        env["LD_PRELOAD"] = str(BUILD / "libvgpu.so")
+    out = subprocess.run([str(BUILD / "tests" / "bench_vgpu"), str(live), "31"], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return {k: float(v) for k, v in (ln.split() for ln in out.splitlines())}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="libvgpu overhead on the stub driver")
+    ap.add_argument("--repeats", type=int, default=9)
+    args = ap.parse_args()
+    subprocess.run(["make", "-s", "-C", str(NATIVE)], check=True)
+    print("libvgpu overhead on the stub driver (paired in-process timing, median of runs)")
+    missed = 0
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        for i, (name, (key, live, extra, target)) in enumerate(CASES.items()):
+            runs = [run(live, True, tmp, str(i), **extra) for _ in range(args.repeats)]
+            added = statistics.median(r[key] for r in runs)
+            direct = statistics.median(r[key.replace("_ns", "_direct_ns")] for r in runs)
+            ok = added <= target
+            missed += not ok
+            print(f"  {name:44s} {added:7.1f} ns added (direct call {direct:6.1f} ns)  "
+                  f"target <= {target:g}: {'ok' if ok else 'MISSED'}")
+        for live in (0, 10000):
+            base = run(live, False, tmp, "mem")["private_kb"]
+            mine = run(live, True, tmp, f"mem{live}")["private_kb"]
+            ok = mine - base <= 2048
+            missed += not ok
+            print(f"  {'private memory, ' + format(live, ',') + ' live':44s} {mine - base:7.0f} kB added "
+                  f"(process without libvgpu {base:.0f} kB)  target <= 2048: {'ok' if ok else 'MISSED'}")
+    print("all targets met" if not missed else f"{missed} target(s) missed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+/* SM limiter (spec A.5, own controller): per-device token buckets refilled by
+ * a watcher thread from NVML per-process utilisation; region feedback fields
+ * utilization_switch / recent_kernel honoured at every limited launch. */
+#include "vgpu.h"
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PERIOD_US 100000
+
+volatile int vg_limiter_on;
+volatile int vg_launched;
+static int g_sm[VG_MAXDEV];          /* percent, from the region */
+static int64_t g_tokens[VG_MAXDEV];  /* grid blocks allowed before blocking */
+static int64_t g_share[VG_MAXDEV];   /* refill per period */
+static int64_t g_cap[VG_MAXDEV];     /* upper bound of share */
+static int64_t g_after_refill[VG_MAXDEV];
+static unsigned long long g_last_us[VG_MAXDEV];
+static int g_watcher_running;
+/* held by the watcher while it samples NVML; fork waits for it so a child
+ * never inherits a lock (NVML's, the allocator's) taken mid-cycle */
+static pthread_mutex_t g_watch_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_ndev;
+
+void vg_record_kernel_time(void) {
+    if (!vg_launched || !vg_region) return;
+    vg_launched = 0;
+    uint64_t now = (uint64_t)time(NULL), cur = __atomic_load_n(&vg_region->last_kernel_time, __ATOMIC_RELAXED);
+    while (cur < now &&
+           !__atomic_compare_exchange_n(&vg_region->last_kernel_time, &cur, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) { }
+}
+
+static inline int effective_switch(void) {
+    if (vg_policy == VG_POLICY_FORCE) return 1;
+    if (vg_policy == VG_POLICY_DISABLE) return 0;
+    return __atomic_load_n(&vg_region->utilization_switch, __ATOMIC_RELAXED) != 0;
+}
+
+void vg_rate_limit(uint64_t grid) {
+    CUdevice dev = 0;
+    if (vg_cuda_real[VGC_cuCtxGetDevice] && CU_REAL(cuCtxGetDevice)(&dev) != CUDA_SUCCESS) dev = 0;
+    if (dev < 0 || dev >= VG_MAXDEV) return;
+    int sm = g_sm[dev];
+    if (sm <= 0 || sm >= 100 || !effective_switch()) return;
+    vg_region_t *r = vg_region;
+    /* priority block written by the monitor (spec C.6) */
+    while (__atomic_load_n(&r->recent_kernel, __ATOMIC_ACQUIRE) < 0) usleep(20000);
+    if (__atomic_load_n(&r->recent_kernel, __ATOMIC_RELAXED) != 2) __atomic_store_n(&r->recent_kernel, 2, __ATOMIC_RELAXED);
+    int64_t cost = grid > (uint64_t)INT32_MAX ? INT32_MAX : (int64_t)grid;
+    for (;;) {
+        int64_t b = __atomic_load_n(&g_tokens[dev], __ATOMIC_RELAXED);
+        if (b < 0) { usleep(1000); continue; }
+        if (__atomic_compare_exchange_n(&g_tokens[dev], &b, b - cost, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) return;
+    }
+}
+
+static unsigned long long now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000;
+}
+
+static int is_container_pid(unsigned pid) {
+    vg_region_t *r = vg_region;
+    int n = __atomic_load_n(&r->proc_num, __ATOMIC_ACQUIRE);
+    for (int i = 0; i < n && i < VG_MAXPROC; i++)
+        if (r->procs[i].hostpid == (int)pid && r->procs[i].pid != 0) return 1;
+    return 0;
+}
+
+static void refill(int d, int util) {
+    int64_t t = __atomic_load_n(&g_tokens[d], __ATOMIC_RELAXED);
+    int64_t consumed = g_after_refill[d] - t;
+    int sm = g_sm[d];
+    if (!effective_switch()) {
+        util = -1;
+    } else if (util >= 0 && consumed > 0) {
+        /* one-step estimate of the refill that would give `sm` percent, damped */
+        int64_t target = util > 0 ? consumed * sm / util : g_share[d] * 2;
+        int64_t s = (g_share[d] + target) / 2;
+        if (s > g_share[d] * 4) s = g_share[d] * 4;
+        if (s < g_share[d] / 4) s = g_share[d] / 4;
+        if (s < 1) s = 1;
+        if (s >= g_cap[d]) {
+            s = g_cap[d];
+            if (util < sm && g_cap[d] < ((int64_t)1 << 40)) g_cap[d] *= 2; /* tiny kernels: not saturated */
+        }
+        g_share[d] = s;
+    }
+    int64_t share = g_share[d];
+    for (;;) {
+        int64_t n = t + share;
+        if (n > share) n = share; /* at most one period of burst */
+        if (__atomic_compare_exchange_n(&g_tokens[d], &t, n, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+            g_after_refill[d] = n;
+            break;
+        }
+    }
+}
+
+static void sample_device(int d, nvmlProcessUtilizationSample_t *buf, nvmlProcessInfo_v1_t *procs) {
+    int nv = vg_cuda_to_nvml(d);
+    nvmlDevice_t h;
+    if (nv < 0 || NVML_REAL(nvmlDeviceGetHandleByIndex_v2)((unsigned)nv, &h) != NVML_SUCCESS) return;
+    unsigned long long now = now_us();
+    unsigned count = 1024;
+    int util = -1;
+    nvmlReturn_t r = NVML_REAL(nvmlDeviceGetProcessUtilization)(h, buf, &count, g_last_us[d] ? g_last_us[d] : now - 1000000);
+    g_last_us[d] = now;
+    uint64_t own = 0;
+    if (r == NVML_SUCCESS || r == NVML_ERROR_NOT_FOUND) {
+        util = 0;
+        for (unsigned i = 0; r == NVML_SUCCESS && i < count; i++) {
+            if (!is_container_pid(buf[i].pid)) continue;
+            util += (int)buf[i].smUtil;
+            if ((int)buf[i].pid == vg_slot->hostpid) own += buf[i].smUtil;
+        }
+        vg_slot->device_util[d].sm_util = own;
+    }
+    if (vg_nvml_real[VGN_nvmlDeviceGetComputeRunningProcesses]) {
+        unsigned n = 1024;
+        if (NVML_REAL(nvmlDeviceGetComputeRunningProcesses)(h, &n, procs) == NVML_SUCCESS)
+            for (unsigned i = 0; i < n; i++)
+                if ((int)procs[i].pid == vg_slot->hostpid) vg_slot->monitorused[d] = procs[i].usedGpuMemory;
+    }
+    if (vg_limiter_on && g_sm[d] > 0 && g_sm[d] < 100) refill(d, util > 100 ? 100 : util);
+}
+
+static nvmlProcessUtilizationSample_t *g_samples; /* watcher buffers, kept reachable */
+static nvmlProcessInfo_v1_t *g_procs;
+
+static void *watcher(void *arg) {
+    (void)arg;
+    nvmlProcessUtilizationSample_t *buf = g_samples;
+    nvmlProcessInfo_v1_t *procs = g_procs;
+    if (!buf || !procs) return NULL;
+    for (;;) {
+        usleep(PERIOD_US);
+        pthread_mutex_lock(&g_watch_mu);
+        vg_record_kernel_time();
+        if (vg_hostpid_found && vg_slot && vg_nvml_real[VGN_nvmlDeviceGetProcessUtilization])
+            for (int d = 0; d < g_ndev; d++) sample_device(d, buf, procs);
+        pthread_mutex_unlock(&g_watch_mu);
+    }
+    return NULL;
+}
+
+void vg_watcher_start(void) {
+    int n = 0;
+    if (vg_cuda_real[VGC_cuDeviceGetCount] && CU_REAL(cuDeviceGetCount)(&n) != CUDA_SUCCESS) n = 0;
+    if (n > VG_MAXDEV) n = VG_MAXDEV;
+    g_ndev = n;
+    int any = 0;
+    for (int d = 0; d < VG_MAXDEV; d++) {
+        g_sm[d] = (int)vg_region->sm_limit[d];
+        int sms = 0, thr = 0;
+        if (d < n && vg_cuda_real[VGC_cuDeviceGetAttribute]) {
+            CU_REAL(cuDeviceGetAttribute)(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d);
+            CU_REAL(cuDeviceGetAttribute)(&thr, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, d);
+        }
+        int64_t total = (sms > 0 && thr > 0) ? (int64_t)sms * thr * 32 : (1 << 20);
+        g_cap[d] = total;
+        g_share[d] = total;
+        g_tokens[d] = total;
+        g_after_refill[d] = total;
+        g_last_us[d] = 0;
+        if (d < n && g_sm[d] > 0 && g_sm[d] < 100) any = 1;
+    }
+    vg_limiter_on = any && vg_hostpid_found && vg_policy != VG_POLICY_DISABLE;
+    if (any && !vg_hostpid_found) LOG_WARN("SM limit set but the host PID is unknown: compute is not limited");
+    /* buffers are allocated here, not in the thread: a fork must never catch
+     * the watcher inside the allocator */
+    if (!g_samples) g_samples = calloc(1024, sizeof *g_samples);
+    if (!g_procs) g_procs = calloc(1024, sizeof *g_procs);
+    if (!g_watcher_running && g_samples && g_procs) {
+        pthread_t t;
+        pthread_attr_t a;
+        pthread_attr_init(&a);
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&a, 256 * 1024);
+        if (pthread_create(&t, &a, watcher, NULL) == 0) g_watcher_running = 1;
+        pthread_attr_destroy(&a);
+    }
+}
+
+void vg_limiter_fork_prepare(void) { pthread_mutex_lock(&g_watch_mu); }
+void vg_limiter_fork_parent(void) { pthread_mutex_unlock(&g_watch_mu); }
+
+void vg_limiter_fork_child(void) {
+    pthread_mutex_init(&g_watch_mu, NULL);
+    g_watcher_running = 0;
+    vg_limiter_on = 0;
+    vg_hostpid_found = 0;
+}

@@ -1,0 +1,245 @@
+/* NVML hooks (memory info shows the container's slice), post-init:
+ * CUDA->NVML index map, region UUIDs, host-PID detection. */
+#include "vgpu.h"
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NAME(n) #n,
+#define HOOKPTR(n) (void *)&n,
+const char *const vg_nvml_names[VGN_NALL] = {VG_NVML_HOOKS(NAME) VG_NVML_HELPERS(NAME)};
+void *vg_nvml_hook[VGN_NHOOKS] = {VG_NVML_HOOKS(HOOKPTR)};
+void *vg_nvml_real[VGN_NALL];
+
+static pthread_mutex_t g_nload_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_nvml_loaded;
+static __thread int t_nloading;
+
+int vg_nvml_load(void) {
+    int st = __atomic_load_n(&g_nvml_loaded, __ATOMIC_ACQUIRE);
+    if (LIKELY(st)) return st > 0 ? 0 : -1;
+    if (t_nloading) return -1;
+    pthread_mutex_lock(&g_nload_mu);
+    if (!g_nvml_loaded) {
+        t_nloading = 1;
+        void *(*rdlsym)(void *, const char *) = vg_get_real_dlsym();
+        void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NODELETE);
+        if (!h || !rdlsym) {
+            LOG_WARN("cannot load libnvidia-ml.so.1: %s", dlerror());
+            __atomic_store_n(&g_nvml_loaded, -1, __ATOMIC_RELEASE);
+        } else {
+            for (int i = 0; i < VGN_NALL; i++) vg_nvml_real[i] = rdlsym(h, vg_nvml_names[i]);
+            if (!vg_nvml_real[VGN_nvmlDeviceGetHandleByIndex_v2])
+                vg_nvml_real[VGN_nvmlDeviceGetHandleByIndex_v2] = rdlsym(h, "nvmlDeviceGetHandleByIndex");
+            __atomic_store_n(&g_nvml_loaded, 1, __ATOMIC_RELEASE);
+        }
+        t_nloading = 0;
+    }
+    pthread_mutex_unlock(&g_nload_mu);
+    return g_nvml_loaded > 0 ? 0 : -1;
+}
+#define NHAVE(n) (vg_nvml_real[VGN_##n] != NULL)
+
+/* ----------------------------------------------------- CUDA <-> NVML index */
+static int g_map[VG_MAXDEV];
+static int g_map_ready;
+
+static void map_init(void) {
+    for (int i = 0; i < VG_MAXDEV; i++) g_map[i] = i;
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    if (v && *v) {
+        int k = 0, ok = 1, tmp[VG_MAXDEV];
+        const char *p = v;
+        while (*p && k < VG_MAXDEV) {
+            char *end;
+            long n = strtol(p, &end, 10);
+            if (end == p || n < 0 || n >= VG_MAXDEV) { ok = 0; break; } /* UUIDs: keep identity */
+            tmp[k++] = (int)n;
+            p = end;
+            if (*p == ',') p++;
+            else if (*p) { ok = 0; break; }
+        }
+        if (ok) for (int i = 0; i < k; i++) g_map[i] = tmp[i];
+    }
+    g_map_ready = 1;
+}
+int vg_cuda_to_nvml(int c) {
+    if (!g_map_ready) map_init();
+    return (c >= 0 && c < VG_MAXDEV) ? g_map[c] : -1;
+}
+int vg_nvml_to_cuda(int n) {
+    if (!g_map_ready) map_init();
+    for (int i = 0; i < VG_MAXDEV; i++) if (g_map[i] == n) return i;
+    return -1;
+}
+
+/* ------------------------------------------------------- region UUID list */
+void vg_nvml_fill_region(void) {
+    if (vg_nvml_load() != 0 || !NHAVE(nvmlDeviceGetCount_v2) || vg_region_ensure() != 0) return;
+    unsigned n = 0;
+    if (NVML_REAL(nvmlDeviceGetCount_v2)(&n) != NVML_SUCCESS) return;
+    if (n > VG_MAXDEV) n = VG_MAXDEV;
+    for (unsigned i = 0; i < n; i++) {
+        nvmlDevice_t d;
+        char uuid[96] = {0};
+        if (NVML_REAL(nvmlDeviceGetHandleByIndex_v2)(i, &d) != NVML_SUCCESS) continue;
+        if (NVML_REAL(nvmlDeviceGetUUID)(d, uuid, sizeof uuid) != NVML_SUCCESS) continue;
+        if (strncmp(vg_region->uuids[i], uuid, 96)) memcpy(vg_region->uuids[i], uuid, 96);
+    }
+    __atomic_store_n(&vg_region->device_num, (uint64_t)n, __ATOMIC_RELEASE);
+}
+
+/* ------------------------------------------------------------------ hooks */
+static pthread_once_t g_nvml_once = PTHREAD_ONCE_INIT;
+static void nvml_post(void) { vg_nvml_fill_region(); }
+
+static nvmlReturn_t nvml_pre(void) {
+    if (vg_region_ensure() != 0) return NVML_ERROR_UNKNOWN;
+    return vg_nvml_load() == 0 ? NVML_SUCCESS : NVML_ERROR_DRIVER_NOT_LOADED;
+}
+VG_EXPORT nvmlReturn_t nvmlInit_v2(void) {
+    nvmlReturn_t r = nvml_pre();
+    if (r) return r;
+    if (!vg_nvml_real[VGN_nvmlInit_v2]) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    r = NVML_REAL(nvmlInit_v2)();
+    if (r == NVML_SUCCESS) pthread_once(&g_nvml_once, nvml_post);
+    return r;
+}
+VG_EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInit_v2(); }
+VG_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    nvmlReturn_t r = nvml_pre();
+    if (r) return r;
+    if (!vg_nvml_real[VGN_nvmlInitWithFlags]) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    r = NVML_REAL(nvmlInitWithFlags)(flags);
+    if (r == NVML_SUCCESS) pthread_once(&g_nvml_once, nvml_post);
+    return r;
+}
+
+/* limit and this container's usage for an NVML device; 0 when not limited */
+static uint64_t slice_of(nvmlDevice_t d, uint64_t *used) {
+    unsigned idx;
+    if (!NHAVE(nvmlDeviceGetIndex) || NVML_REAL(nvmlDeviceGetIndex)(d, &idx) != NVML_SUCCESS) return 0;
+    int c = vg_nvml_to_cuda((int)idx);
+    if (c < 0) return 0;
+    uint64_t lim = vg_region->limit[c];
+    if (!lim) return 0;
+    vg_reclaim_dead();
+    uint64_t u = vg_usage(c);
+    *used = u > lim ? lim : u; /* clamp: never report free < 0 (field case B26) */
+    return lim;
+}
+VG_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
+    nvmlReturn_t r = nvml_pre();
+    if (r) return r;
+    if (!vg_nvml_real[VGN_nvmlDeviceGetMemoryInfo]) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    r = NVML_REAL(nvmlDeviceGetMemoryInfo)(d, m);
+    if (r != NVML_SUCCESS || !m) return r;
+    uint64_t used = 0, lim = slice_of(d, &used);
+    if (lim) { m->total = lim; m->used = used; m->free = lim - used; }
+    return r;
+}
+VG_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m) {
+    nvmlReturn_t r = nvml_pre();
+    if (r) return r;
+    if (!vg_nvml_real[VGN_nvmlDeviceGetMemoryInfo_v2]) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    r = NVML_REAL(nvmlDeviceGetMemoryInfo_v2)(d, m);
+    if (r != NVML_SUCCESS || !m) return r;
+    uint64_t used = 0, lim = slice_of(d, &used);
+    if (lim) { m->total = lim; m->reserved = 0; m->used = used; m->free = lim - used; }
+    return r;
+}
+
+/* -------------------------------------------------------------- post-init */
+volatile int vg_postinit_done;
+int vg_hostpid_found;
+uint64_t vg_context_size;
+static pthread_mutex_t g_post_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int list_procs(nvmlDevice_t d, nvmlProcessInfo_v1_t *buf, unsigned cap) {
+    unsigned n = cap;
+    nvmlReturn_t r = NVML_REAL(nvmlDeviceGetComputeRunningProcesses)(d, &n, buf);
+    if (r != NVML_SUCCESS) return -1;
+    return (int)n;
+}
+
+/* Host PID = the PID that appears in NVML's process list when this process
+ * retains its first context (spec A.6.6). Serialised per container with
+ * sem_postinit. */
+static void detect_host_pid(void) {
+    if (vg_nvml_load() != 0 || !NHAVE(nvmlDeviceGetComputeRunningProcesses) || !NHAVE(nvmlInit_v2)) return;
+    if (NVML_REAL(nvmlInit_v2)() != NVML_SUCCESS) return;
+    pthread_once(&g_nvml_once, nvml_post);
+    int nvml0 = vg_cuda_to_nvml(0);
+    nvmlDevice_t d;
+    if (NVML_REAL(nvmlDeviceGetHandleByIndex_v2)((unsigned)nvml0, &d) != NVML_SUCCESS) return;
+    if (!vg_cuda_real[VGC_cuDevicePrimaryCtxRetain] || !vg_cuda_real[VGC_cuDevicePrimaryCtxRelease_v2]) return;
+
+    struct timespec ts;
+    int locked = 0;
+    for (int tries = 0; tries < 10 && !locked; tries++) {
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 30;
+        if (sem_timedwait(&vg_region->sem_postinit, &ts) == 0) locked = 1;
+        else if (errno != ETIMEDOUT && errno != EINTR) break;
+    }
+    if (!locked) { LOG_WARN("host PID detection skipped (sem_postinit busy)"); return; }
+
+    /* node-wide: containers sharing a GPU must not detect at the same time
+     * (the device plugin mounts the host's /tmp/vgpulock into every container) */
+    int nodefd = open("/tmp/vgpulock/lock", O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (nodefd >= 0) {
+        int tries = 0;
+        while (flock(nodefd, LOCK_EX | LOCK_NB) != 0 && tries++ < 1000) usleep(10000); /* at most ~10 s */
+    }
+
+    enum { CAP = 1024 };
+    nvmlProcessInfo_v1_t *before = calloc(CAP, sizeof *before), *after = calloc(CAP, sizeof *after);
+    int nb = before ? list_procs(d, before, CAP) : -1, na = -1;
+    CUcontext ctx;
+    int retained = nb >= 0 && CU_REAL(cuDevicePrimaryCtxRetain)(&ctx, 0) == CUDA_SUCCESS;
+    if (retained) na = list_procs(d, after, CAP);
+    int hostpid = 0;
+    uint64_t ctxsize = 0;
+    for (int i = 0; i < na && !hostpid; i++)
+        if ((int)after[i].pid == vg_pid) { hostpid = vg_pid; ctxsize = after[i].usedGpuMemory; }
+    for (int i = 0; i < na && !hostpid; i++) {
+        int seen = 0;
+        for (int j = 0; j < nb; j++) if (before[j].pid == after[i].pid) { seen = 1; break; }
+        if (!seen) { hostpid = (int)after[i].pid; ctxsize = after[i].usedGpuMemory; }
+    }
+    if (retained) CU_REAL(cuDevicePrimaryCtxRelease_v2)(0);
+    if (nodefd >= 0) close(nodefd); /* releases the flock */
+    sem_post(&vg_region->sem_postinit);
+    free(before);
+    free(after);
+    if (!hostpid) { LOG_WARN("host PID not found; SM limiting is off for this process"); return; }
+    vg_slot->hostpid = hostpid;
+    vg_context_size = ctxsize;
+    vg_hostpid_found = 1;
+    LOG_INFO("host pid %d, context size %llu", hostpid, (unsigned long long)ctxsize);
+}
+
+void vg_nvml_fork_child(void) {
+    pthread_mutex_init(&g_post_mu, NULL);
+    pthread_mutex_init(&g_nload_mu, NULL);
+    vg_hostpid_found = 0;
+}
+
+void vg_postinit(void) {
+    pthread_mutex_lock(&g_post_mu);
+    if (!vg_postinit_done && vg_slot) {
+        map_init();
+        vg_hostpid_found = 0;
+        detect_host_pid();
+        vg_watcher_start();
+        LOG_DEBUG("Initialized");
+        __atomic_store_n(&vg_postinit_done, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_post_mu);
+}

@@ -1,0 +1,391 @@
+/* Test-only stub of libcuda.so.1: N devices with given memory, a bump
+ * allocator, contexts, launch counting with simulated busy time, and
+ * cuGetProcAddress resolving base names against its own table. */
+#include <pthread.h>
+#include "vgpu_api.h"
+#include "stub_state.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+typedef struct { int dev; int primary; } stub_ctx_t;
+static stub_ctx_t g_primary[STUB_MAXDEV];
+static int g_primary_refs[STUB_MAXDEV];
+/* static TLS, as a driver would use: no __tls_get_addr call per lookup */
+static __thread stub_ctx_t *t_cur __attribute__((tls_model("initial-exec")));
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* process-local allocation table: key -> (size, dev) */
+#define TAB_BITS 15
+#define TAB_SIZE (1u << TAB_BITS)
+typedef struct { uint64_t key; uint64_t size; int dev; } ent_t;
+static ent_t *g_tab;
+static _Atomic uint64_t g_next_addr = 0x7f0000000000ull;
+
+static uint32_t hsh(uint64_t k) {
+    k ^= k >> 30; k *= 0xbf58476d1ce4e5b9ull; k ^= k >> 27; k *= 0x94d049bb133111ebull; k ^= k >> 31;
+    return (uint32_t)k & (TAB_SIZE - 1);
+}
+
+static void tab_put(uint64_t key, uint64_t size, int dev) {
+    if (!g_tab) g_tab = calloc(TAB_SIZE, sizeof(ent_t));
+    for (uint32_t i = hsh(key);; i = (i + 1) & (TAB_SIZE - 1))
+        if (g_tab[i].key == 0) { g_tab[i].key = key; g_tab[i].size = size; g_tab[i].dev = dev; return; }
+}
+static int tab_take(uint64_t key, uint64_t *size, int *dev) {
+    if (!g_tab || key == 0) return 0;
+    for (uint32_t i = hsh(key);; i = (i + 1) & (TAB_SIZE - 1)) {
+        if (g_tab[i].key == 0) return 0;
+        if (g_tab[i].key == key) {
+            *size = g_tab[i].size; *dev = g_tab[i].dev;
+            /* backward-shift delete */
+            uint32_t j = i;
+            for (;;) {
+                g_tab[i].key = 0;
+                for (;;) {
+                    j = (j + 1) & (TAB_SIZE - 1);
+                    if (g_tab[j].key == 0) return 1;
+                    uint32_t h = hsh(g_tab[j].key);
+                    if (i <= j ? (i < h && h <= j) : (i < h || h <= j)) continue;
+                    break;
+                }
+                g_tab[i] = g_tab[j];
+                i = j;
+            }
+        }
+    }
+}
+
+/* a forked child starts without contexts, as with the real driver */
+static void stub_fork_child(void) {
+    memset(g_primary_refs, 0, sizeof g_primary_refs);
+    t_cur = NULL;
+    pthread_mutex_init(&g_mu, NULL);
+}
+__attribute__((constructor)) static void stub_ctor(void) { pthread_atfork(NULL, NULL, stub_fork_child); }
+
+static int cur_dev(void) { return t_cur ? t_cur->dev : 0; }
+
+static CUresult charge(int dev, uint64_t size) {
+    stub_state_t *s = st_get();
+    stub_proc_t *me = st_me();
+    if (size > s->mem_total || st_dev_used(dev, 0) + size > s->mem_total) {
+        if (size > s->mem_total || st_dev_used(dev, 1) + size > s->mem_total) return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    atomic_fetch_add(&me->mem[dev], size);
+    return CUDA_SUCCESS;
+}
+static void uncharge(int dev, uint64_t size) { atomic_fetch_sub(&st_me()->mem[dev], size); }
+
+static CUresult alloc_common(CUdeviceptr *p, size_t size, int dev) {
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = charge(dev, size);
+    if (r) return r;
+    uint64_t a = atomic_fetch_add(&g_next_addr, (size + 511) & ~511ull);
+    pthread_mutex_lock(&g_mu);
+    tab_put(a, size, dev);
+    pthread_mutex_unlock(&g_mu);
+    *p = a;
+    return CUDA_SUCCESS;
+}
+static CUresult free_common(uint64_t key) {
+    uint64_t size; int dev, ok;
+    pthread_mutex_lock(&g_mu);
+    ok = tab_take(key, &size, &dev);
+    pthread_mutex_unlock(&g_mu);
+    if (!ok) return CUDA_ERROR_INVALID_VALUE;
+    uncharge(dev, size);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuInit(unsigned int flags) { (void)flags; st_me(); return CUDA_SUCCESS; }
+EXPORT CUresult cuDriverGetVersion(int *v) { if (!v) return CUDA_ERROR_INVALID_VALUE; *v = 12040; return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceGetCount(int *c) { *c = st_get()->ndev; return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceGet(CUdevice *d, int ord) {
+    if (ord < 0 || ord >= st_get()->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    *d = ord; return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetAttribute(int *pi, int attr, CUdevice dev) {
+    if (dev < 0 || dev >= st_get()->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    if (attr == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) *pi = 10;
+    else if (attr == CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR) *pi = 1024;
+    else *pi = 0;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice dev) {
+    if (dev < 0 || dev >= st_get()->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    *b = st_get()->mem_total; return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetUuid(unsigned char u[16], CUdevice dev) {
+    memset(u, 0, 16); u[0] = 0x5a; u[1] = 0x1e; u[15] = (unsigned char)dev; return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+    *pool = (CUmemoryPool)(uintptr_t)(0x9000 + dev); return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) { return cuDeviceGetMemPool(pool, dev); }
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *p) {
+    if (!pool || !p || p->location.type != CU_MEM_LOCATION_TYPE_DEVICE || p->location.id < 0 ||
+        p->location.id >= st_get()->ndev)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pool = (CUmemoryPool)(uintptr_t)(0x9000 + p->location.id);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) { (void)pool; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
+    (void)pool; (void)attr; *(cuuint64_t *)value = 0; return CUDA_SUCCESS;
+}
+
+static void ctx_charge(int dev, int delta) {
+    stub_proc_t *me = st_me();
+    atomic_fetch_add(&me->ctx[dev], delta);
+    if (delta > 0) atomic_fetch_add(&me->mem[dev], st_get()->ctx_bytes);
+    else atomic_fetch_sub(&me->mem[dev], st_get()->ctx_bytes);
+}
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    if (dev < 0 || dev >= st_get()->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_mu);
+    if (g_primary_refs[dev]++ == 0) { g_primary[dev].dev = dev; g_primary[dev].primary = 1; ctx_charge(dev, 1); }
+    pthread_mutex_unlock(&g_mu);
+    *pctx = (CUcontext)&g_primary[dev];
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    if (dev < 0 || dev >= st_get()->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_mu);
+    CUresult r = CUDA_SUCCESS;
+    if (g_primary_refs[dev] == 0) r = CUDA_ERROR_INVALID_CONTEXT;
+    else if (--g_primary_refs[dev] == 0) ctx_charge(dev, -1);
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    pthread_mutex_lock(&g_mu);
+    if (g_primary_refs[dev] > 0) { g_primary_refs[dev] = 0; ctx_charge(dev, -1); }
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+static CUresult ctx_create(CUcontext *pctx, CUdevice dev) {
+    if (dev < 0 || dev >= st_get()->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    stub_state_t *s = st_get();
+    if (s->ctx_bytes && st_dev_used(dev, 1) + s->ctx_bytes > s->mem_total) return CUDA_ERROR_OUT_OF_MEMORY;
+    stub_ctx_t *c = calloc(1, sizeof *c);
+    c->dev = dev;
+    ctx_charge(dev, 1);
+    t_cur = c;
+    *pctx = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxCreate_v2(CUcontext *p, unsigned int f, CUdevice d) { (void)f; return ctx_create(p, d); }
+EXPORT CUresult cuCtxCreate_v3(CUcontext *p, void *a, int n, unsigned int f, CUdevice d) { (void)a; (void)n; (void)f; return ctx_create(p, d); }
+EXPORT CUresult cuCtxCreate_v4(CUcontext *p, void *a, unsigned int f, CUdevice d) { (void)a; (void)f; return ctx_create(p, d); }
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    stub_ctx_t *c = (stub_ctx_t *)ctx;
+    if (!c || c->primary) return CUDA_ERROR_INVALID_CONTEXT;
+    ctx_charge(c->dev, -1);
+    if (t_cur == c) t_cur = NULL;
+    free(c);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxGetDevice(CUdevice *d) { if (!t_cur) return CUDA_ERROR_INVALID_CONTEXT; *d = t_cur->dev; return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxGetCurrent(CUcontext *p) { *p = (CUcontext)t_cur; return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxSetCurrent(CUcontext c) { t_cur = (stub_ctx_t *)c; return CUDA_SUCCESS; }
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *fr, size_t *tot) {
+    int dev = cur_dev();
+    uint64_t t = st_get()->mem_total, u = st_dev_used(dev, 1);
+    if (fr) *fr = u > t ? 0 : t - u;
+    if (tot) *tot = t;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { return alloc_common(p, n, cur_dev()); }
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { if (!p) return CUDA_SUCCESS; return free_common(p); }
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned int es) {
+    if (es != 4 && es != 8 && es != 16) return CUDA_ERROR_INVALID_VALUE;
+    size_t pt = (w + 511) & ~(size_t)511;
+    CUresult r = alloc_common(p, pt * h, cur_dev());
+    if (!r) *pitch = pt;
+    return r;
+}
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned int f) { (void)f; return alloc_common(p, n, cur_dev()); }
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) { (void)s; return alloc_common(p, n, cur_dev()); }
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { (void)s; return alloc_common(p, n, cur_dev()); }
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return free_common(p); }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { (void)s; return free_common(p); }
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) {
+    (void)s; uintptr_t v = (uintptr_t)pool;
+    int dev = (v >= 0x9000 && v < 0x9000 + STUB_MAXDEV) ? (int)(v - 0x9000) : cur_dev();
+    return alloc_common(p, n, dev);
+}
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) {
+    return cuMemAllocFromPoolAsync(p, n, pool, s);
+}
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *prop,
+                            unsigned long long flags) {
+    (void)flags;
+    if (!h || !prop || n == 0) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t key = atomic_fetch_add(&st_get()->next_handle, 1) | (1ull << 62);
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        if (prop->location.id < 0 || prop->location.id >= st_get()->ndev) return CUDA_ERROR_INVALID_DEVICE;
+        CUresult r = charge(prop->location.id, n);
+        if (r) return r;
+        pthread_mutex_lock(&g_mu); tab_put(key, n, prop->location.id); pthread_mutex_unlock(&g_mu);
+    } else {
+        pthread_mutex_lock(&g_mu); tab_put(key, 0, 0); pthread_mutex_unlock(&g_mu);
+    }
+    *h = key;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return free_common(h); }
+
+static size_t fmt_bytes(int f) {
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2;
+    default: return 4;
+    }
+}
+static size_t nz(size_t v) { return v ? v : 1; }
+static CUresult arr_alloc(void **h, size_t bytes) {
+    CUdeviceptr p;
+    CUresult r = alloc_common(&p, bytes, cur_dev());
+    if (!r) *h = (void *)(uintptr_t)p;
+    return r;
+}
+EXPORT CUresult cuArrayCreate_v2(CUarray *h, const CUDA_ARRAY_DESCRIPTOR *d) {
+    return arr_alloc((void **)h, nz(d->Width) * nz(d->Height) * d->NumChannels * fmt_bytes(d->Format));
+}
+EXPORT CUresult cuArray3DCreate_v2(CUarray *h, const CUDA_ARRAY3D_DESCRIPTOR *d) {
+    return arr_alloc((void **)h, nz(d->Width) * nz(d->Height) * nz(d->Depth) * d->NumChannels * fmt_bytes(d->Format));
+}
+EXPORT CUresult cuArrayDestroy(CUarray h) { return free_common((uint64_t)(uintptr_t)h); }
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *h, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels) {
+    size_t w = nz(d->Width), hh = nz(d->Height), dd = nz(d->Depth), tot = 0;
+    for (unsigned i = 0; i < levels; i++) {
+        tot += w * hh * dd;
+        w = w > 1 ? w / 2 : 1; hh = hh > 1 ? hh / 2 : 1; dd = dd > 1 ? dd / 2 : 1;
+    }
+    return arr_alloc((void **)h, tot * d->NumChannels * fmt_bytes(d->Format));
+}
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray h) { return free_common((uint64_t)(uintptr_t)h); }
+
+static CUresult launch(uint64_t blocks) {
+    stub_state_t *s = st_get();
+    stub_proc_t *me = st_me();
+    atomic_fetch_add(&s->launches, 1);
+    atomic_fetch_add(&me->launches, 1);
+    if (s->ns_per_block) {
+        /* a synchronous kernel: the simulated GPU is busy until t1; long
+         * kernels sleep (no CPU use, so host load does not skew the duty
+         * cycle), short ones spin */
+        uint64_t t0 = st_now_ns(), t1 = t0 + blocks * s->ns_per_block;
+        if (t1 - t0 >= 200000) {
+            struct timespec ts = {(time_t)(t1 / 1000000000ull), (long)(t1 % 1000000000ull)};
+            while (clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME, &ts, NULL) != 0) { }
+        }
+        while (st_now_ns() < t1) { }
+        t1 = st_now_ns();
+        uint64_t i = atomic_fetch_add(&me->ring_head, 1) % STUB_RING;
+        me->ring[i].dev = cur_dev();
+        me->ring[i].start_ns = t0;
+        me->ring[i].end_ns = t1;
+    }
+    return CUDA_SUCCESS;
+}
+#define GRID(x, y, z) ((uint64_t)(x) * (y) * (z))
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                               unsigned bz, unsigned sm, CUstream st, void **pa, void **ex) {
+    (void)f; (void)bx; (void)by; (void)bz; (void)sm; (void)st; (void)pa; (void)ex;
+    return launch(GRID(gx, gy, gz));
+}
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                    unsigned bz, unsigned sm, CUstream st, void **pa, void **ex) {
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sm, st, pa, ex);
+}
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **pa, void **ex) {
+    (void)f; (void)pa; (void)ex;
+    return launch(GRID(c->gridDimX, c->gridDimY, c->gridDimZ));
+}
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **pa, void **ex) {
+    return cuLaunchKernelEx(c, f, pa, ex);
+}
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                          unsigned by, unsigned bz, unsigned sm, CUstream st, void **pa) {
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sm, st, pa, NULL);
+}
+EXPORT CUresult cuGraphCreate(void **g, unsigned int f) { (void)f; *g = (void *)0x6a; return CUDA_SUCCESS; }
+EXPORT CUresult cuGraphLaunch(void *g, CUstream s) { (void)g; (void)s; return launch(1); }
+EXPORT CUresult cuGetExportTable(const void **t, const void *id) { (void)t; (void)id; return CUDA_ERROR_NOT_SUPPORTED; }
+
+/* test helpers (not part of the driver API) */
+EXPORT unsigned long long stubLaunchCount(void) { return atomic_load(&st_get()->launches); }
+EXPORT unsigned long long stubProcLaunchCount(void) { return atomic_load(&st_me()->launches); }
+EXPORT unsigned long long stubDeviceUsed(int dev) { return st_dev_used(dev, 1); }
+
+/* test helper: the stub's own entry point by exact name, bypassing any
+ * interposer (benchmarks call the driver directly and through libvgpu in the
+ * same process) */
+EXPORT void *stubDirect(const char *name) {
+    if (!strcmp(name, "cuMemAlloc_v2")) return (void *)cuMemAlloc_v2;
+    if (!strcmp(name, "cuMemFree_v2")) return (void *)cuMemFree_v2;
+    if (!strcmp(name, "cuLaunchKernel")) return (void *)cuLaunchKernel;
+    return NULL;
+}
+
+/* cuGetProcAddress: base name + version -> own function (newest first) */
+typedef struct { const char *base; int minver; int ptsz; void *fn; } proc_t;
+#define P(b, v, f) {b, v, 0, (void *)f}
+#define PT(b, v, f) {b, v, 1, (void *)f}
+static const proc_t g_procs[] = {
+    P("cuInit", 2000, cuInit), P("cuDriverGetVersion", 2020, cuDriverGetVersion),
+    P("cuGetProcAddress", 12000, cuGetProcAddress_v2), P("cuGetProcAddress", 11030, cuGetProcAddress),
+    P("cuDeviceGet", 2000, cuDeviceGet), P("cuDeviceGetCount", 2000, cuDeviceGetCount),
+    P("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute), P("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
+    P("cuDeviceGetUuid", 9020, cuDeviceGetUuid), P("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
+    P("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute), P("cuMemPoolCreate", 11020, cuMemPoolCreate),
+    P("cuMemPoolDestroy", 11020, cuMemPoolDestroy), P("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
+    P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
+    P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
+    P("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
+    P("cuCtxCreate", 12050, cuCtxCreate_v4), P("cuCtxCreate", 11040, cuCtxCreate_v3), P("cuCtxCreate", 3020, cuCtxCreate_v2),
+    P("cuCtxDestroy", 4000, cuCtxDestroy_v2), P("cuCtxGetDevice", 2000, cuCtxGetDevice),
+    P("cuCtxGetCurrent", 4000, cuCtxGetCurrent), P("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
+    P("cuMemGetInfo", 3020, cuMemGetInfo_v2), P("cuMemAlloc", 3020, cuMemAlloc_v2), P("cuMemFree", 3020, cuMemFree_v2),
+    P("cuMemAllocPitch", 3020, cuMemAllocPitch_v2), P("cuMemAllocManaged", 6000, cuMemAllocManaged),
+    PT("cuMemAllocAsync", 11020, cuMemAllocAsync_ptsz), P("cuMemAllocAsync", 11020, cuMemAllocAsync),
+    PT("cuMemFreeAsync", 11020, cuMemFreeAsync_ptsz), P("cuMemFreeAsync", 11020, cuMemFreeAsync),
+    PT("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync_ptsz), P("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),
+    P("cuMemCreate", 10020, cuMemCreate), P("cuMemRelease", 10020, cuMemRelease),
+    P("cuArrayCreate", 3020, cuArrayCreate_v2), P("cuArray3DCreate", 3020, cuArray3DCreate_v2),
+    P("cuArrayDestroy", 2000, cuArrayDestroy), P("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
+    P("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
+    PT("cuLaunchKernel", 7000, cuLaunchKernel_ptsz), P("cuLaunchKernel", 4000, cuLaunchKernel),
+    PT("cuLaunchKernelEx", 11060, cuLaunchKernelEx_ptsz), P("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
+    P("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
+    P("cuGraphCreate", 10000, cuGraphCreate), P("cuGraphLaunch", 10000, cuGraphLaunch),
+    P("cuGetExportTable", 3000, cuGetExportTable),
+};
+
+static CUresult proc_lookup(const char *sym, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *st) {
+    if (!sym || !pfn) return CUDA_ERROR_INVALID_VALUE;
+    int found_name = 0;
+    for (size_t i = 0; i < sizeof g_procs / sizeof g_procs[0]; i++) {
+        const proc_t *p = &g_procs[i];
+        if (strcmp(p->base, sym)) continue;
+        found_name = 1;
+        if (p->ptsz && !(flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)) continue;
+        if (p->minver > ver) continue;
+        *pfn = p->fn;
+        if (st) *st = CU_GET_PROC_ADDRESS_SUCCESS;
+        return CUDA_SUCCESS;
+    }
+    *pfn = NULL;
+    if (st) *st = found_name ? CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_ERROR_NOT_FOUND;
+}
+EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int ver, cuuint64_t flags) {
+    return proc_lookup(sym, pfn, ver, flags, NULL);
+}
+EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int ver, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *st) {
+    return proc_lookup(sym, pfn, ver, flags, st);
+}

@@ -1,0 +1,172 @@
+/*
+ * Shared state of the test-only stub driver (libcuda.so.1 + libnvidia-ml.so.1).
+ * Kept in the file named by VGPU_STUB_STATE (mmapped, shared by every process
+ * of a test) or in anonymous memory when unset. Configuration (read by the
+ * process that creates the state):
+ *   VGPU_STUB_DEVICES      number of devices (default 2, max 16)
+ *   VGPU_STUB_MEM_MB       physical memory per device in MiB (default 16384)
+ *   VGPU_STUB_CTX_MB       memory a context occupies in MiB (default 0)
+ *   VGPU_STUB_NS_PER_BLOCK busy time a launch costs per grid block (default 0)
+ */
+#ifndef STUB_STATE_H
+#define STUB_STATE_H
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define STUB_MAGIC 0x53545542u
+#define STUB_MAXDEV 16
+#define STUB_MAXPROC 32
+#define STUB_RING 2048
+
+typedef struct {
+    uint64_t start_ns, end_ns; /* CLOCK_REALTIME */
+    int32_t dev, pad;
+} stub_busy_t;
+
+typedef struct {
+    _Atomic int32_t pid;
+    _Atomic int32_t ctx[STUB_MAXDEV];      /* live contexts on device */
+    _Atomic uint64_t mem[STUB_MAXDEV];     /* bytes held on device */
+    _Atomic uint64_t launches;
+    _Atomic uint64_t ring_head;
+    stub_busy_t ring[STUB_RING];
+} stub_proc_t;
+
+typedef struct {
+    uint32_t magic;
+    int32_t ndev;
+    uint64_t mem_total;
+    uint64_t ctx_bytes;
+    uint64_t ns_per_block;
+    _Atomic uint64_t launches;
+    _Atomic uint64_t next_handle;
+    stub_proc_t procs[STUB_MAXPROC];
+} stub_state_t;
+
+static stub_state_t *g_st;
+static stub_proc_t *g_me;
+static int g_me_pid;
+
+static uint64_t st_env_u64(const char *name, uint64_t dflt) {
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt;
+    return strtoull(v, NULL, 10);
+}
+
+static uint64_t st_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int st_pid_alive(int pid) {
+    char path[64], buf[256];
+    if (pid <= 0) return 0;
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 1;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    if (p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X' || p[2] == 'x')) return 0;
+    return 1;
+}
+
+static void st_init_fields(stub_state_t *s) {
+    s->ndev = (int)st_env_u64("VGPU_STUB_DEVICES", 2);
+    if (s->ndev < 1) s->ndev = 1;
+    if (s->ndev > STUB_MAXDEV) s->ndev = STUB_MAXDEV;
+    s->mem_total = st_env_u64("VGPU_STUB_MEM_MB", 16384) << 20;
+    s->ctx_bytes = st_env_u64("VGPU_STUB_CTX_MB", 0) << 20;
+    s->ns_per_block = st_env_u64("VGPU_STUB_NS_PER_BLOCK", 0);
+    atomic_store(&s->next_handle, 0x1000);
+    s->magic = STUB_MAGIC;
+}
+
+static stub_state_t *st_get(void) {
+    if (g_st) return g_st;
+    const char *path = getenv("VGPU_STUB_STATE");
+    stub_state_t *s = MAP_FAILED;
+    if (path && *path) {
+        int fd = open(path, O_RDWR | O_CREAT, 0666);
+        if (fd >= 0) {
+            flock(fd, LOCK_EX);
+            struct stat sb;
+            fstat(fd, &sb);
+            if ((size_t)sb.st_size < sizeof(stub_state_t)) {
+                if (ftruncate(fd, sizeof(stub_state_t)) != 0) perror("stub ftruncate");
+            }
+            s = mmap(NULL, sizeof(stub_state_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (s != MAP_FAILED && s->magic != STUB_MAGIC) st_init_fields(s);
+            flock(fd, LOCK_UN);
+            close(fd);
+        }
+    }
+    if (s == MAP_FAILED) {
+        s = mmap(NULL, sizeof(stub_state_t), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (s == MAP_FAILED) abort();
+        st_init_fields(s);
+    }
+    g_st = s;
+    return s;
+}
+
+static void st_fork_child(void) { g_me = NULL; }
+
+/* this process's record; the cached pointer is dropped in a forked child */
+__attribute__((unused)) static stub_proc_t *st_me(void) {
+    if (g_me) return g_me;
+    static int atfork;
+    if (!atfork) { atfork = 1; pthread_atfork(NULL, NULL, st_fork_child); }
+    int pid = getpid();
+    stub_state_t *s = st_get();
+    for (int i = 0; i < STUB_MAXPROC; i++)
+        if (atomic_load(&s->procs[i].pid) == pid) { g_me = &s->procs[i]; g_me_pid = pid; return g_me; }
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < STUB_MAXPROC; i++) {
+            stub_proc_t *p = &s->procs[i];
+            int32_t cur = atomic_load(&p->pid);
+            if (cur != 0 && (pass == 0 || st_pid_alive(cur))) continue;
+            if (atomic_compare_exchange_strong(&p->pid, &cur, -1)) {
+                for (int d = 0; d < STUB_MAXDEV; d++) { p->ctx[d] = 0; p->mem[d] = 0; }
+                p->launches = 0;
+                p->ring_head = 0;
+                atomic_store(&p->pid, pid);
+                g_me = p; g_me_pid = pid;
+                return p;
+            }
+        }
+    }
+    fprintf(stderr, "stub: out of process records\n");
+    abort();
+}
+
+/* bytes held on dev by live processes; check_alive reaps dead records (slow) */
+static uint64_t st_dev_used(int dev, int check_alive) {
+    stub_state_t *s = st_get();
+    uint64_t used = 0;
+    for (int i = 0; i < STUB_MAXPROC; i++) {
+        int pid = atomic_load(&s->procs[i].pid);
+        if (pid <= 0) continue;
+        if (check_alive && !st_pid_alive(pid)) {
+            for (int d = 0; d < STUB_MAXDEV; d++) { s->procs[i].mem[d] = 0; s->procs[i].ctx[d] = 0; }
+            continue;
+        }
+        used += atomic_load(&s->procs[i].mem[dev]);
+    }
+    return used;
+}
+#endif

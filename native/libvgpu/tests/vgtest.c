@@ -1,0 +1,292 @@
+/* vgtest: scriptable driver client for the pytest suite. It links the stub
+ * driver directly (like a CUDA program built with -lcuda), so under
+ * LD_PRELOAD=libvgpu.so every call binds to the library's wrappers.
+ *
+ * usage: vgtest CMD [ARGS]... ; commands run left to right:
+ *   init                 cuInit + retain/set primary context of device 0
+ *   dev N                make device N's primary context current
+ *   noctx                no current context (a bare worker thread)
+ *   ctx N                cuCtxCreate on device N (kept on the object stack)
+ *   alloc KIND BYTES RC  allocate; KIND: mem pitch managed async async_ptsz
+ *                        pool pool1 vmm vmm1 vmm_host vmm_badid array array3d
+ *                        mipmap ctx
+ *                        expect return code RC (0 ok, 2 OOM); keep the object
+ *   free                 free the newest object (expect 0)
+ *   freeall              free every object
+ *   info                 print "info FREE TOTAL" (cuMemGetInfo)
+ *   total N              print "total N BYTES" (cuDeviceTotalMem)
+ *   nvml N               print "nvml N TOTAL USED FREE" (nvmlDeviceGetMemoryInfo)
+ *   launch N GRID        N launches of GRID blocks
+ *   rate SECS GRID       launch for SECS seconds, print "rate LAUNCHES_PER_S"
+ *   echo WORD            print WORD (flushes; for synchronisation)
+ *   sleep SECS           sleep
+ *   hold                 print "holding" and sleep until killed
+ *   fork SCRIPT...       run the rest in a forked child, wait, continue
+ *   threads N ITER BYTES N threads each doing ITER cuMemAlloc/cuMemFree pairs
+ *   race N BYTES         N threads allocate BYTES at once; print "race SUCCESSES"
+ *                        (objects kept)
+ *   uid                  print "uid N" (getuid; used with a preloaded interposer)
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include "vgpu_api.h"
+
+typedef struct { char kind[16]; uint64_t h; } obj_t;
+static obj_t objs[4096];
+static int nobj;
+
+static void die(const char *msg, long a, long b) {
+    fprintf(stderr, "vgtest: %s (%ld vs %ld)\n", msg, a, b);
+    exit(1);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static CUresult do_alloc(const char *kind, size_t n, uint64_t *h) {
+    CUdeviceptr p = 0;
+    CUresult r;
+    if (!strcmp(kind, "mem")) r = cuMemAlloc_v2(&p, n);
+    else if (!strcmp(kind, "managed")) r = cuMemAllocManaged(&p, n, 1);
+    else if (!strcmp(kind, "async")) r = cuMemAllocAsync(&p, n, NULL);
+    else if (!strcmp(kind, "async_ptsz")) r = cuMemAllocAsync_ptsz(&p, n, NULL);
+    else if (!strcmp(kind, "pool")) {
+        CUmemoryPool pool;
+        CUdevice d = 0;
+        cuCtxGetDevice(&d);
+        cuDeviceGetMemPool(&pool, d);
+        r = cuMemAllocFromPoolAsync(&p, n, pool, NULL);
+    } else if (!strcmp(kind, "pool1")) {
+        /* an explicit pool on device 1, whatever the current device */
+        CUmemPoolProps pp;
+        memset(&pp, 0, sizeof pp);
+        pp.allocType = 1;
+        pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        pp.location.id = 1;
+        CUmemoryPool pool;
+        r = cuMemPoolCreate(&pool, &pp);
+        if (!r) r = cuMemAllocFromPoolAsync(&p, n, pool, NULL);
+    } else if (!strcmp(kind, "pitch")) {
+        size_t pitch = 0;
+        /* width 512 bytes (row padding 0 on the stub), height n/512 */
+        r = cuMemAllocPitch_v2(&p, &pitch, 512, n / 512, 4);
+    } else if (!strncmp(kind, "vmm", 3)) {
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = 1;
+        CUdevice d = 0;
+        cuCtxGetDevice(&d);
+        prop.location.type = strcmp(kind, "vmm_host") ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST;
+        prop.location.id = !strcmp(kind, "vmm_badid") ? 123456 : (!strcmp(kind, "vmm_host") ? -77 : d);
+        if (!strcmp(kind, "vmm1")) prop.location.id = 1;
+        CUmemGenericAllocationHandle hh = 0;
+        r = cuMemCreate(&hh, n, &prop, 0);
+        p = hh;
+    } else if (!strcmp(kind, "array")) {
+        CUDA_ARRAY_DESCRIPTOR d = {.Width = n / 4, .Height = 1, .Format = CU_AD_FORMAT_FLOAT, .NumChannels = 1};
+        CUarray a = NULL;
+        r = cuArrayCreate_v2(&a, &d);
+        p = (uintptr_t)a;
+    } else if (!strcmp(kind, "array3d")) {
+        CUDA_ARRAY3D_DESCRIPTOR d = {.Width = n / 16, .Height = 2, .Depth = 2, .Format = CU_AD_FORMAT_UNSIGNED_INT8,
+                                     .NumChannels = 4};
+        CUarray a = NULL;
+        r = cuArray3DCreate_v2(&a, &d);
+        p = (uintptr_t)a;
+    } else if (!strcmp(kind, "mipmap")) {
+        /* 2 levels of a 1-D uint8 array: n*2/3 + n/3 elements (n divisible by 3, even) */
+        CUDA_ARRAY3D_DESCRIPTOR d = {.Width = n / 3 * 2, .Format = CU_AD_FORMAT_UNSIGNED_INT8, .NumChannels = 1};
+        CUmipmappedArray a = NULL;
+        r = cuMipmappedArrayCreate(&a, &d, 2);
+        p = (uintptr_t)a;
+    } else if (!strcmp(kind, "ctx")) {
+        CUcontext c = NULL, prev = NULL;
+        CUdevice d = 0;
+        cuCtxGetCurrent(&prev);
+        cuCtxGetDevice(&d);
+        r = cuCtxCreate_v4(&c, NULL, 0, d);
+        cuCtxSetCurrent(prev);
+        p = (uintptr_t)c;
+    } else {
+        fprintf(stderr, "unknown kind %s\n", kind);
+        exit(2);
+    }
+    *h = p;
+    return r;
+}
+
+static CUresult do_free(obj_t *o) {
+    const char *k = o->kind;
+    if (!strcmp(k, "mem") || !strcmp(k, "managed") || !strcmp(k, "pitch")) return cuMemFree_v2(o->h);
+    if (!strcmp(k, "async") || !strcmp(k, "pool") || !strcmp(k, "pool1")) return cuMemFreeAsync(o->h, NULL);
+    if (!strcmp(k, "async_ptsz")) return cuMemFreeAsync_ptsz(o->h, NULL);
+    if (!strncmp(k, "vmm", 3)) return cuMemRelease(o->h);
+    if (!strcmp(k, "array") || !strcmp(k, "array3d")) return cuArrayDestroy((CUarray)(uintptr_t)o->h);
+    if (!strcmp(k, "mipmap")) return cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)o->h);
+    if (!strcmp(k, "ctx")) return cuCtxDestroy_v2((CUcontext)(uintptr_t)o->h);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+static CUcontext g_ctx0;
+static size_t t_bytes;
+static long t_iter;
+static pthread_barrier_t t_bar;
+static int t_ok;
+static pthread_mutex_t t_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void *churn(void *arg) {
+    (void)arg;
+    cuCtxSetCurrent(g_ctx0);
+    for (long k = 0; k < t_iter; k++) {
+        CUdeviceptr p;
+        if (cuMemAlloc_v2(&p, t_bytes) == CUDA_SUCCESS && cuMemFree_v2(p) != CUDA_SUCCESS) die("free", 0, 0);
+    }
+    return NULL;
+}
+static void *racer(void *arg) {
+    (void)arg;
+    cuCtxSetCurrent(g_ctx0);
+    CUdeviceptr p;
+    pthread_barrier_wait(&t_bar);
+    if (cuMemAlloc_v2(&p, t_bytes) == CUDA_SUCCESS) {
+        pthread_mutex_lock(&t_mu);
+        t_ok++;
+        snprintf(objs[nobj].kind, sizeof objs[nobj].kind, "mem");
+        objs[nobj++].h = p;
+        pthread_mutex_unlock(&t_mu);
+    }
+    return NULL;
+}
+static void spawn(int n, void *(*fn)(void *)) {
+    pthread_t th[64];
+    if (n > 64) n = 64;
+    pthread_barrier_init(&t_bar, NULL, (unsigned)n);
+    cuCtxGetCurrent(&g_ctx0);
+    for (int k = 0; k < n; k++) pthread_create(&th[k], NULL, fn, NULL);
+    for (int k = 0; k < n; k++) pthread_join(th[k], NULL);
+    pthread_barrier_destroy(&t_bar);
+}
+
+static void set_dev(int n) {
+    CUcontext c;
+    CUresult r = cuDevicePrimaryCtxRetain(&c, n);
+    if (r) die("primary ctx retain", r, 0);
+    cuCtxSetCurrent(c);
+}
+
+static int run(int argc, char **argv) {
+    for (int i = 0; i < argc; i++) {
+        const char *c = argv[i];
+        if (!strcmp(c, "init")) {
+            CUresult r = cuInit(0);
+            if (r) die("cuInit", r, 0);
+            set_dev(0);
+        } else if (!strcmp(c, "noctx")) {
+            cuCtxSetCurrent(NULL);
+        } else if (!strcmp(c, "dev")) {
+            set_dev(atoi(argv[++i]));
+        } else if (!strcmp(c, "alloc")) {
+            const char *kind = argv[++i];
+            size_t n = strtoull(argv[++i], NULL, 0);
+            int want = atoi(argv[++i]);
+            uint64_t h;
+            CUresult r = do_alloc(kind, n, &h);
+            printf("alloc %s %zu -> %d\n", kind, n, r);
+            fflush(stdout);
+            if (r != want) die("alloc result", r, want);
+            if (r == CUDA_SUCCESS) {
+                snprintf(objs[nobj].kind, sizeof objs[nobj].kind, "%s", kind);
+                objs[nobj++].h = h;
+            }
+        } else if (!strcmp(c, "free")) {
+            if (!nobj) die("nothing to free", 0, 0);
+            CUresult r = do_free(&objs[--nobj]);
+            if (r) die("free", r, 0);
+        } else if (!strcmp(c, "freeall")) {
+            while (nobj) { CUresult r = do_free(&objs[--nobj]); if (r) die("free", r, 0); }
+        } else if (!strcmp(c, "info")) {
+            size_t f = 0, t = 0;
+            CUresult r = cuMemGetInfo_v2(&f, &t);
+            printf("info %zu %zu %d\n", f, t, r);
+        } else if (!strcmp(c, "total")) {
+            int d = atoi(argv[++i]);
+            size_t t = 0;
+            cuDeviceTotalMem_v2(&t, d);
+            printf("total %d %zu\n", d, t);
+        } else if (!strcmp(c, "nvml")) {
+            unsigned d = (unsigned)atoi(argv[++i]);
+            nvmlDevice_t h;
+            nvmlMemory_t m;
+            nvmlMemory_v2_t m2 = {.version = 2};
+            if (nvmlInit_v2() || nvmlDeviceGetHandleByIndex_v2(d, &h) || nvmlDeviceGetMemoryInfo(h, &m) ||
+                nvmlDeviceGetMemoryInfo_v2(h, &m2))
+                die("nvml", 0, 0);
+            printf("nvml %u %llu %llu %llu\n", d, m.total, m.used, m.free);
+            printf("nvml2 %u %llu %llu %llu\n", d, m2.total, m2.used, m2.free);
+        } else if (!strcmp(c, "launch")) {
+            long n = atol(argv[++i]);
+            unsigned g = (unsigned)atoi(argv[++i]);
+            for (long k = 0; k < n; k++) {
+                CUresult r = cuLaunchKernel(NULL, g, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+                if (r) die("launch", r, 0);
+            }
+            printf("launched %ld\n", n);
+        } else if (!strcmp(c, "rate")) {
+            double secs = atof(argv[++i]);
+            unsigned g = (unsigned)atoi(argv[++i]);
+            double t0 = now_s(), t;
+            long n = 0;
+            while ((t = now_s()) - t0 < secs) { cuLaunchKernel(NULL, g, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL); n++; }
+            printf("rate %.1f\n", n / (t - t0));
+        } else if (!strcmp(c, "threads")) {
+            int n = atoi(argv[++i]);
+            t_iter = atol(argv[++i]);
+            t_bytes = strtoull(argv[++i], NULL, 0);
+            spawn(n, churn);
+            printf("threads done\n");
+        } else if (!strcmp(c, "race")) {
+            int n = atoi(argv[++i]);
+            t_bytes = strtoull(argv[++i], NULL, 0);
+            t_ok = 0;
+            spawn(n, racer);
+            printf("race %d\n", t_ok);
+        } else if (!strcmp(c, "uid")) {
+            printf("uid %d\n", (int)getuid());
+        } else if (!strcmp(c, "echo")) {
+            printf("%s\n", argv[++i]);
+        } else if (!strcmp(c, "sleep")) {
+            usleep((useconds_t)(atof(argv[++i]) * 1e6));
+        } else if (!strcmp(c, "hold")) {
+            printf("holding\n");
+            fflush(stdout);
+            for (;;) pause();
+        } else if (!strcmp(c, "fork")) {
+            fflush(stdout);
+            pid_t pid = fork();
+            if (pid == 0) exit(run(argc - i - 1, argv + i + 1));
+            int st;
+            waitpid(pid, &st, 0);
+            if (!WIFEXITED(st) || WEXITSTATUS(st)) die("child failed", st, 0);
+            return 0;
+        } else {
+            fprintf(stderr, "unknown command %s\n", c);
+            return 2;
+        }
+        fflush(stdout);
+    }
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    return run(argc - 1, argv + 1);
+}

@@ -1,0 +1,1 @@
+"""``hami device-plugin``: the kubelet device plugin (hami-core-spec §B)."""

@@ -1,0 +1,148 @@
+"""``hami device-plugin``: typer-compatible entry point (register in ``hami.cli``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+log = logging.getLogger("hami.deviceplugin")
+
+#: Where the libvgpu build lands in the repository (native/libvgpu/Makefile).
+DEFAULT_LIB = Path(__file__).resolve().parents[3] / "native" / "libvgpu" / "build" / "libvgpu.so"
+
+
+def install_lib(dest: Path, lib: Path, version: str) -> list[Path]:
+    """Place ``libvgpu.so``, ``libvgpu.so.<version>`` and ``ld.so.preload`` in ``dest``
+    (the chart's init step, HAMi ``vgpu-init.sh``): files are replaced only when their
+    bytes differ; ``ld.so.preload`` holds ``"<dest>/libvgpu.so\\n"``.
+
+    Returns the paths written. Raises ``OSError`` (e.g. ``lib`` missing).
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "containers").mkdir(exist_ok=True)
+    data = lib.read_bytes()
+    written = []
+    for name in ("libvgpu.so", f"libvgpu.so.{version}"):
+        target = dest / name
+        if not target.exists() or target.read_bytes() != data:
+            tmp = dest / f".{name}.tmp"
+            shutil.copyfile(lib, tmp)
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, target)
+            written.append(target)
+    preload = dest / "ld.so.preload"
+    text = f"{dest}/libvgpu.so\n"
+    if not preload.exists() or preload.read_text() != text:
+        preload.write_text(text)
+        written.append(preload)
+    return written
+
+
+def device_plugin(
+    node_name: Annotated[str, typer.Option(envvar="NODE_NAME", help="this node")] = "",
+    hook_path: Annotated[str, typer.Option(envvar="HOOK_PATH", help="host dir holding vgpu/")] = "/usr/local",
+    device_plugin_path: Annotated[Path, typer.Option(help="kubelet device-plugin directory")] = Path(
+        "/var/lib/kubelet/device-plugins"),
+    kubelet_socket: Annotated[Path | None, typer.Option(envvar="KUBELET_SOCKET",
+                                                        help="default <dir>/kubelet.sock")] = None,
+    config_file: Annotated[Path | None, typer.Option(help="HAMi device-config.yaml")] = None,
+    node_config_file: Annotated[Path, typer.Option(help="per-node JSON override")] = Path(
+        "/config/config.json"),
+    backend: Annotated[str, typer.Option(help="nvml | fake")] = "nvml",
+    fake_inventory: Annotated[Path | None, typer.Option(help="YAML inventory for --backend fake")] = None,
+    kubeconfig: Annotated[Path | None, typer.Option(envvar="KUBECONFIG")] = None,
+    lock_dir: Annotated[str, typer.Option(help="host path mounted at /tmp/vgpulock")] = "/tmp/vgpulock",
+    register_interval: Annotated[float, typer.Option(help="seconds between register passes")] = 30.0,
+    install_lib_dir: Annotated[Path | None, typer.Option(
+        "--install-lib", help="install libvgpu.so + ld.so.preload into DIR and exit")] = None,
+    lib_path: Annotated[Path, typer.Option(help="libvgpu.so to install")] = DEFAULT_LIB,
+    verbose: Annotated[int, typer.Option("-v", help="log verbosity")] = 0,
+) -> None:
+    """Kubelet device plugin: advertise GPU replicas, answer Allocate (hami-core-spec §B)."""
+    from hami import __version__
+
+    logging.basicConfig(level=logging.DEBUG if verbose > 2 else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if install_lib_dir is not None:
+        try:
+            for p in install_lib(install_lib_dir, lib_path, __version__):
+                typer.echo(f"installed {p}")
+        except OSError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(2) from None
+        return
+    if not node_name:
+        typer.echo("error: NODE_NAME is required", err=True)
+        raise typer.Exit(2)
+    stop = threading.Event()
+    try:
+        run_plugin(node_name=node_name, hook_path=hook_path, plugin_dir=device_plugin_path,
+                   kubelet_socket=kubelet_socket or device_plugin_path / "kubelet.sock",
+                   config_file=config_file, node_config_file=node_config_file,
+                   backend_kind=backend, fake_inventory=fake_inventory, kubeconfig=kubeconfig,
+                   lock_dir=lock_dir, register_interval_s=register_interval, stop=stop,
+                   install_signals=True, version=__version__)
+    except Exception as exc:  # noqa: BLE001 - report and exit non-zero
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_socket: Path,
+               config_file: Path | None, node_config_file: Path | None, backend_kind: str,
+               fake_inventory: Path | None, kubeconfig: Path | None, lock_dir: str,
+               register_interval_s: float, stop: threading.Event,
+               install_signals: bool = False, version: str = "0.1.0",
+               kube_api: object | None = None) -> None:
+    """Build and run every loop until ``stop`` is set (SIGINT/SIGTERM set it; SIGHUP
+    restarts the gRPC server). ``kube_api`` replaces the lightkube client (tests)."""
+    from hami.deviceplugin import allocate as al
+    from hami.deviceplugin.config import apply_node_config, from_device_config
+    from hami.deviceplugin.discovery import open_backend
+    from hami.deviceplugin.health import policy_from_env
+    from hami.deviceplugin.kube import KubeApi, make_client
+    from hami.deviceplugin.service import (
+        DevicePluginServicer,
+        DeviceState,
+        NodeRegistrar,
+        PluginServer,
+        health_loop,
+    )
+
+    cfg = from_device_config(config_file.read_text() if config_file else None)
+    if node_config_file is not None and node_config_file.exists():
+        cfg = apply_node_config(cfg, node_config_file.read_text(), node_name)
+    gpu_backend = open_backend(backend_kind, fake_inventory)
+    state = DeviceState(gpu_backend.devices(), cfg)
+    kube = kube_api if isinstance(kube_api, KubeApi) else KubeApi(make_client(kubeconfig))
+    vgpu = Path(hook_path) / "vgpu"
+    settings = al.NodeSettings(hook_path=hook_path, lock_dir=lock_dir, version=version,
+                               versioned_lib=(vgpu / f"libvgpu.so.{version}").exists(),
+                               license=(vgpu / "license").exists())
+    servicer = DevicePluginServicer(state, kube, node_name, settings, stop)
+    server = PluginServer(servicer, plugin_dir, kubelet_socket, cfg.resource_name)
+    registrar = NodeRegistrar(state, kube, node_name, interval_s=register_interval_s)
+    if install_signals:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        signal.signal(signal.SIGHUP, lambda *_: setattr(server, "restart_requested", True))
+    threads = [
+        threading.Thread(target=registrar.run, args=(stop,), name="register", daemon=True),
+        threading.Thread(target=health_loop, args=(gpu_backend, state, policy_from_env(os.environ),
+                                                   registrar.kick, stop), name="health", daemon=True),
+    ]
+    for t in threads:
+        t.start()
+    try:
+        server.run(stop)
+    finally:
+        stop.set()
+        gpu_backend.close()
+        for t in threads:
+            t.join(timeout=6)

@@ -1,0 +1,166 @@
+"""Thin Kubernetes I/O for the node components (lightkube, synchronous).
+
+Every call is one API round trip; callers own retries. Pods come back as
+:class:`~hami.deviceplugin.allocate.PodView` so the decision code never sees lightkube.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from hami.deviceplugin.allocate import NODE_LOCK, VGPU_NODE, ContainerView, PodView
+
+log = logging.getLogger(__name__)
+
+
+class KubeError(RuntimeError):
+    """An API call failed; ``code`` is the HTTP status when known (409 = conflict)."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def make_client(kubeconfig: Path | None = None) -> Any:
+    """A lightkube ``Client``: from ``kubeconfig``, else ``$KUBECONFIG``/in-cluster."""
+    from lightkube import Client, KubeConfig
+
+    if kubeconfig is not None:
+        return Client(config=KubeConfig.from_file(str(kubeconfig)), field_manager="hami-node")
+    return Client(field_manager="hami-node")
+
+
+def pod_view(pod: Any) -> PodView:
+    """PodView from a lightkube ``Pod`` (init containers first; literal env values only)."""
+    meta, spec = pod.metadata, pod.spec
+    init = list(spec.initContainers or []) if spec else []
+    regular = list(spec.containers or []) if spec else []
+    containers = tuple(
+        ContainerView(c.name, {e.name: e.value for e in (c.env or []) if e.value is not None})
+        for c in init + regular)
+    return PodView(
+        namespace=meta.namespace or "", name=meta.name or "", uid=meta.uid or "",
+        node_name=(spec.nodeName or "") if spec else "",
+        phase=(pod.status.phase or "Pending") if pod.status else "Pending",
+        annotations=dict(meta.annotations or {}), containers=containers, n_init=len(init))
+
+
+def _api_error(exc: Exception) -> KubeError:
+    code = getattr(getattr(exc, "status", None), "code", None)
+    return KubeError(str(exc), code)
+
+
+class KubeApi:
+    """The handful of calls the device plugin and the monitor make."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def get_node_annotations(self, node: str) -> tuple[dict[str, str], str]:
+        """``(annotations, resourceVersion)`` of a Node. Raises :class:`KubeError`."""
+        from lightkube import ApiError
+        from lightkube.resources.core_v1 import Node
+
+        try:
+            n = self.client.get(Node, node)
+        except ApiError as exc:
+            raise _api_error(exc) from None
+        return dict(n.metadata.annotations or {}), n.metadata.resourceVersion or ""
+
+    def get_pod(self, namespace: str, name: str) -> PodView | None:
+        """The pod, or None when it does not exist. Raises :class:`KubeError`."""
+        from lightkube import ApiError
+        from lightkube.resources.core_v1 import Pod
+
+        try:
+            return pod_view(self.client.get(Pod, name, namespace=namespace))
+        except ApiError as exc:
+            if getattr(exc.status, "code", None) == 404:
+                return None
+            raise _api_error(exc) from None
+
+    def pods_on_node(self, node: str) -> list[PodView]:
+        """Pods with ``spec.nodeName == node`` in every namespace."""
+        from lightkube import ApiError
+        from lightkube.resources.core_v1 import Pod
+
+        try:
+            return [pod_view(p) for p in self.client.list(
+                Pod, namespace="*", fields={"spec.nodeName": node})]
+        except ApiError as exc:
+            raise _api_error(exc) from None
+
+    def pods_labelled_for(self, node: str) -> list[PodView]:
+        """Pods labelled ``hami.io/vgpu-node=<node>`` (the monitor's selection, §C.4)."""
+        from lightkube import ApiError
+        from lightkube.resources.core_v1 import Pod
+
+        try:
+            return [pod_view(p) for p in self.client.list(
+                Pod, namespace="*", labels={VGPU_NODE: node})]
+        except ApiError as exc:
+            raise _api_error(exc) from None
+
+    def patch_pod_annotations(self, namespace: str, name: str,
+                              annotations: Mapping[str, str | None]) -> PodView:
+        """JSON merge patch of pod annotations; ``hami.io/vgpu-node`` is mirrored into the
+        labels (spec §B.6). Returns the patched pod."""
+        from lightkube import ApiError
+        from lightkube.resources.core_v1 import Pod
+        from lightkube.types import PatchType
+
+        meta: dict[str, Any] = {"annotations": dict(annotations)}
+        if VGPU_NODE in annotations:
+            meta["labels"] = {VGPU_NODE: annotations[VGPU_NODE]}
+        try:
+            return pod_view(self.client.patch(Pod, name, {"metadata": meta},
+                                              namespace=namespace, patch_type=PatchType.MERGE))
+        except ApiError as exc:
+            raise _api_error(exc) from None
+
+    def patch_node_annotations(self, node: str, annotations: Mapping[str, str | None],
+                               resource_version: str | None = None) -> None:
+        """JSON merge patch of node annotations, compare-and-swap when ``resource_version``
+        is given (409 -> :class:`KubeError` with ``code`` 409)."""
+        from lightkube import ApiError
+        from lightkube.resources.core_v1 import Node
+        from lightkube.types import PatchType
+
+        meta: dict[str, Any] = {"annotations": dict(annotations)}
+        if resource_version:
+            meta["resourceVersion"] = resource_version
+        try:
+            self.client.patch(Node, node, {"metadata": meta}, patch_type=PatchType.MERGE)
+        except ApiError as exc:
+            raise _api_error(exc) from None
+
+    def release_node_lock(self, node: str, namespace: str, name: str,
+                          known: tuple[dict[str, str], str] | None = None,
+                          attempts: int = 5) -> bool:
+        """Remove ``hami.io/mutex.lock`` if it names this pod (or is legacy), with a
+        resourceVersion CAS and retries (hami-scheduler-spec §4.11 ReleaseNodeLock).
+
+        ``known`` is a recent ``(annotations, resourceVersion)`` to skip the first GET.
+        Returns True when the lock is gone or not ours; False after ``attempts`` failures.
+        """
+        from hami.deviceplugin.allocate import lock_releasable
+
+        delay = 0.05
+        for attempt in range(attempts):
+            try:
+                annotations, rv = known if (known and attempt == 0) else \
+                    self.get_node_annotations(node)
+                value = annotations.get(NODE_LOCK)
+                if not value or not lock_releasable(value, namespace, name):
+                    return True
+                self.patch_node_annotations(node, {NODE_LOCK: None}, rv)
+                return True
+            except KubeError as exc:
+                log.info("release node lock %s (attempt %d): %s", node, attempt + 1, exc)
+                time.sleep(delay)
+                delay *= 2
+        return False

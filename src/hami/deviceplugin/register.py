@@ -1,0 +1,116 @@
+"""The node register annotation ``hami.io/node-nvidia-register`` and the kubelet device
+list (hami-core-spec §B.2-§B.3; hami-scheduler-spec §2.3, §7.3). Pure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+
+from hami.core.model import DeviceInfo
+from hami.deviceplugin.config import PluginConfig
+from hami.deviceplugin.discovery import PhysicalGpu
+
+try:  # the full Go-compatible codec lands from the codec branch
+    from hami.core.codec import encode_node_devices as _core_encode  # type: ignore[attr-defined,unused-ignore]
+except ImportError:  # pragma: no cover - depends on merge order
+    _core_encode = None
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+
+
+def device_type(name: str) -> str:
+    """NVML name, prefixed ``NVIDIA-`` unless it already starts with ``NVIDIA``."""
+    return name if name.startswith("NVIDIA") else f"NVIDIA-{name}"
+
+
+def registered_memory_mib(gpu: PhysicalGpu, cfg: PluginConfig) -> int:
+    """MiB to advertise: ``floor(bytes / 2^20)``, x ``deviceMemoryScaling`` (truncated)
+    when the scaling is not 1 and the mode is not MIG; ``preConfiguredDeviceMemory`` when
+    the memory is unknown (spec §7.3)."""
+    mib = cfg.preconfigured_memory_mib if gpu.memory_bytes is None else gpu.memory_bytes // 2**20
+    if cfg.device_memory_scaling != 1 and cfg.operating_mode != "mig":
+        mib = int(mib * cfg.device_memory_scaling)
+    return mib
+
+
+def node_devices(gpus: Iterable[PhysicalGpu], cfg: PluginConfig,
+                 unhealthy: frozenset[str] = frozenset()) -> tuple[DeviceInfo, ...]:
+    """The registered devices, in index order, after ``filterdevices``.
+
+    ``unhealthy`` holds UUIDs the health loop marked down (they stay registered with
+    ``health`` false, so the scheduler stops placing on them).
+    """
+    out = []
+    for g in gpus:
+        if g.uuid in cfg.filter_uuids or g.index in cfg.filter_indices:
+            continue
+        out.append(DeviceInfo(
+            uuid=g.uuid,
+            index=g.index,
+            split_count=cfg.device_split_count,
+            memory_mib=registered_memory_mib(g, cfg),
+            cores_percent=100 if cfg.operating_mode == "mig" else int(cfg.device_core_scaling * 100),
+            type=device_type(g.name),
+            numa=g.numa,
+            mode=cfg.operating_mode,
+            health=g.healthy and g.uuid not in unhealthy,
+        ))
+    return tuple(out)
+
+
+def _go_string(s: str) -> str:
+    text = json.dumps(s, ensure_ascii=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _encode_fallback(devices: Iterable[DeviceInfo]) -> str:
+    parts = []
+    for d in devices:
+        f = []
+        if d.uuid:
+            f.append('"id":' + _go_string(d.uuid))
+        for key, v in (("index", d.index), ("count", d.split_count),
+                       ("devmem", d.memory_mib), ("devcore", d.cores_percent)):
+            if v:
+                f.append(f'"{key}":{v}')
+        if d.type:
+            f.append('"type":' + _go_string(d.type))
+        if d.numa:
+            f.append(f'"numa":{d.numa}')
+        if d.mode:
+            f.append('"mode":' + _go_string(d.mode))
+        if d.health:
+            f.append('"health":true')
+        parts.append("{" + ",".join(f) + "}")
+    return "[" + ",".join(parts) + "]"
+
+
+def encode_register(devices: Sequence[DeviceInfo]) -> str:
+    """HAMi's JSON value of ``hami.io/node-nvidia-register`` (Go ``json.Marshal`` bytes)."""
+    if _core_encode is not None:
+        return str(_core_encode(devices))
+    return _encode_fallback(devices)
+
+
+def replica_ids(gpu_uuid: str, split_count: int) -> list[str]:
+    """The kubelet device IDs of one GPU: ``<UUID>-0 .. <UUID>-<count-1>`` (spec §B.2)."""
+    return [f"{gpu_uuid}-{i}" for i in range(split_count)]
+
+
+def kubelet_devices(devices: Sequence[DeviceInfo], numa_topology: bool
+                    ) -> list[tuple[str, str, int | None]]:
+    """``(id, health, numa or None)`` for ListAndWatch: every registered GPU's replicas,
+    ``Healthy``/``Unhealthy`` from the GPU, NUMA only with ``enableNumaTopology``."""
+    out: list[tuple[str, str, int | None]] = []
+    for d in devices:
+        health = HEALTHY if d.health else UNHEALTHY
+        numa = d.numa if numa_topology else None
+        out.extend((rid, health, numa) for rid in replica_ids(d.uuid, d.split_count))
+    return out
+
+
+def replica_map(devices: Sequence[DeviceInfo]) -> dict[str, str]:
+    """Replica ID -> physical GPU UUID for every advertised replica."""
+    return {rid: d.uuid for d in devices for rid in replica_ids(d.uuid, d.split_count)}

@@ -1,0 +1,402 @@
+"""The device plugin process: gRPC servicer, kubelet registration, node annotation and
+health loops (hami-core-spec §B.1-§B.6). Decisions live in :mod:`.allocate`,
+:mod:`.register` and :mod:`.health`; this module only moves data.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid as uuidlib
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from hami.core.model import DeviceInfo
+from hami.deviceplugin import allocate as al
+from hami.deviceplugin.config import PluginConfig
+from hami.deviceplugin.discovery import GpuBackend, PhysicalGpu
+from hami.deviceplugin.health import HealthPolicy, gpus_to_mark
+from hami.deviceplugin.kube import KubeApi, KubeError
+from hami.deviceplugin.register import (
+    encode_register,
+    kubelet_devices,
+    node_devices,
+    replica_map,
+)
+from hami.deviceplugin.v1beta1 import api_pb2 as pb
+from hami.deviceplugin.v1beta1 import api_pb2_grpc as pbg
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+NODE_REGISTER = "hami.io/node-nvidia-register"
+
+
+def socket_name(resource_name: str) -> str:
+    """``nvidia-<part after '/'>.sock`` (``nvidia.com/gpu`` -> ``nvidia-gpu.sock``)."""
+    return f"nvidia-{resource_name.split('/')[-1]}.sock"
+
+
+class DeviceState:
+    """GPUs, health marks and a version counter that wakes ListAndWatch streams."""
+
+    def __init__(self, gpus: list[PhysicalGpu], cfg: PluginConfig) -> None:
+        self.cfg = cfg
+        self.gpus = gpus
+        self.unhealthy: set[str] = set()
+        self.version = 0
+        self.cond = threading.Condition()
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.devices: tuple[DeviceInfo, ...] = node_devices(
+            self.gpus, self.cfg, frozenset(self.unhealthy))
+        self.replicas = replica_map(self.devices)
+
+    def mark_unhealthy(self, uuids: frozenset[str]) -> bool:
+        """Mark GPUs down (no recovery, spec §B.2); True when something changed."""
+        with self.cond:
+            new = set(uuids) - self.unhealthy
+            if not new:
+                return False
+            self.unhealthy |= new
+            self._refresh()
+            self.version += 1
+            self.cond.notify_all()
+            return True
+
+    def list_response(self) -> pb.ListAndWatchResponse:
+        devs = []
+        for rid, health, numa in kubelet_devices(self.devices, self.cfg.enable_numa_topology):
+            d = pb.Device(ID=rid, health=health)
+            if numa is not None:
+                d.topology.nodes.add(ID=numa)
+            devs.append(d)
+        return pb.ListAndWatchResponse(devices=devs)
+
+
+@dataclass
+class AllocateStats:
+    """Counters for tests and logs."""
+
+    served: int = 0
+    failed: int = 0
+
+
+class DevicePluginServicer(pbg.DevicePluginServicer):
+    """The five RPCs of the kubelet device plugin API v1beta1."""
+
+    def __init__(self, state: DeviceState, kube: KubeApi, node: str,
+                 settings: al.NodeSettings, stop: threading.Event) -> None:
+        self.state = state
+        self.kube = kube
+        self.node = node
+        self.settings = settings
+        self.stop = stop
+        self.mutex = threading.Lock()
+        self.stats = AllocateStats()
+        self.new_cache_name: Callable[[], str] = lambda: str(uuidlib.uuid4())
+        # Node-lock releases run after the response is sent; the next Allocate waits for
+        # the previous release first, so the lock is always settled when a pod is chosen.
+        self._releaser = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="release")
+        self._release: futures.Future[bool] | None = None
+
+    def settle(self, timeout_s: float = 15.0) -> None:
+        """Wait for the last background node-lock release (tests, next Allocate)."""
+        pending, self._release = self._release, None
+        if pending is not None:
+            try:
+                pending.result(timeout=timeout_s)
+            except Exception as exc:  # noqa: BLE001 - logged; the scheduler's lock expiry covers it
+                log.error("node lock release failed: %s", exc)
+
+    # -- options / list ---------------------------------------------------------------
+    def GetDevicePluginOptions(self, request: pb.Empty, context: Any) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(pre_start_required=False,
+                                      get_preferred_allocation_available=True)
+
+    def ListAndWatch(self, request: pb.Empty, context: Any) -> Iterator[pb.ListAndWatchResponse]:
+        seen = -1
+        while not self.stop.is_set() and (context is None or context.is_active()):
+            with self.state.cond:
+                if seen == self.state.version:
+                    self.state.cond.wait(timeout=1.0)
+                    continue
+                seen = self.state.version
+                resp = self.state.list_response()
+            yield resp
+
+    def PreStartContainer(self, request: pb.PreStartContainerRequest,
+                          context: Any) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+    # -- pod lookup ------------------------------------------------------------------------
+    def _owner(self) -> tuple[al.PodView | None, tuple[dict[str, str], str]]:
+        node_meta = self.kube.get_node_annotations(self.node)
+        key = al.lock_owner(node_meta[0].get(al.NODE_LOCK))
+        owner = self.kube.get_pod(*key) if key else None
+        return owner, node_meta
+
+    # -- GetPreferredAllocation --------------------------------------------------------
+    def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,
+                               context: Any) -> pb.PreferredAllocationResponse:
+        reqs = [al.PreferredRequest(tuple(r.available_deviceIDs), tuple(r.must_include_deviceIDs),
+                                    r.allocation_size) for r in request.container_requests]
+        replicas = self.state.replicas
+        pod = None
+        try:
+            with self.mutex:
+                self.settle()
+                owner, _ = self._owner()
+                candidates: list[al.PodView] = []
+                if owner is None or al.preferred_rank(owner, reqs, replicas) < 2:
+                    candidates = self.kube.pods_on_node(self.node)
+                pod = al.choose_preferred_pod(reqs, owner, candidates, self.node, replicas)
+        except KubeError as exc:
+            log.warning("GetPreferredAllocation: pod lookup failed, answering without it: %s", exc)
+        answer = al.preferred_allocation(pod, reqs, replicas)
+        return pb.PreferredAllocationResponse(container_responses=[
+            pb.ContainerPreferredAllocationResponse(deviceIDs=ids) for ids in answer])
+
+    # -- Allocate ------------------------------------------------------------------------
+    def Allocate(self, request: pb.AllocateRequest, context: Any) -> pb.AllocateResponse:
+        reqs = [list(r.devices_ids) for r in request.container_requests]
+        if reqs and reqs[0] and "MIG" in reqs[0][0]:
+            return pb.AllocateResponse(container_responses=[
+                pb.ContainerAllocateResponse(envs=al.mig_passthrough(ids)) for ids in reqs])
+        with self.mutex:
+            try:
+                return self._allocate(reqs)
+            except al.AllocateError as exc:
+                self.stats.failed += 1
+                log.error("Allocate failed: %s", exc)
+                if context is not None:
+                    context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+                raise
+
+    def _allocate(self, reqs: list[list[str]]) -> pb.AllocateResponse:
+        self.settle()
+        replicas = self.state.replicas
+        try:
+            owner, node_meta = self._owner()
+            candidates: list[al.PodView] = []
+            if owner is None or al.match_rank(owner, reqs, replicas) < 2:
+                candidates = self.kube.pods_on_node(self.node)
+        except KubeError as exc:
+            raise al.AllocateError(f"pod lookup failed: {exc}") from None
+        pod = al.choose_pod(reqs, owner, candidates, self.node, replicas)
+        if pod is None:
+            raise al.AllocateError(f"no pending pod with devices to allocate on node {self.node}")
+        try:
+            plan = al.plan_allocation(pod, reqs, self.state.cfg, self.settings,
+                                      [self.new_cache_name() for _ in reqs])
+            for c in plan.containers:
+                for ids in (reqs[plan.containers.index(c)],):
+                    phys = {al.physical_uuid(i, replicas) for i in ids}
+                    if phys != {d.uuid for d in c.devices}:
+                        log.warning("%s/%s container %s: kubelet chose replicas of %s, serving "
+                                    "the scheduler's GPUs %s", pod.namespace, pod.name,
+                                    c.container_name, sorted(phys),
+                                    [d.uuid for d in c.devices])
+                make_host_dirs(c.host_dirs)
+            # One merge patch: the emptied entries and, when nothing is left (the plan was
+            # computed from the pod as read under the plugin mutex, the only writer of
+            # this annotation), bind-phase success. HAMi patches, re-reads, then patches
+            # again; the outcome is the same with one round trip less (spec §B.6).
+            update = {al.DEVICES_TO_ALLOCATE: plan.to_allocate}
+            if plan.complete:
+                update[al.BIND_PHASE] = "success"
+            self.kube.patch_pod_annotations(pod.namespace, pod.name, update)
+            if plan.complete:
+                self._release = self._releaser.submit(
+                    self.kube.release_node_lock, self.node, pod.namespace, pod.name, node_meta)
+        except (al.AllocateError, KubeError, OSError) as exc:
+            self._fail(pod, node_meta)
+            raise al.AllocateError(f"{pod.namespace}/{pod.name}: {exc}") from None
+        self.stats.served += 1
+        return pb.AllocateResponse(container_responses=[_response(c) for c in plan.containers])
+
+    def _fail(self, pod: al.PodView, node_meta: tuple[dict[str, str], str]) -> None:
+        try:
+            self.kube.patch_pod_annotations(pod.namespace, pod.name, {al.BIND_PHASE: "failed"})
+        except KubeError as exc:
+            log.error("cannot mark %s/%s failed: %s", pod.namespace, pod.name, exc)
+        self.kube.release_node_lock(self.node, pod.namespace, pod.name, known=node_meta)
+
+
+def _response(c: al.ContainerPlan) -> pb.ContainerAllocateResponse:
+    return pb.ContainerAllocateResponse(
+        envs=c.envs,
+        mounts=[pb.Mount(container_path=m.container_path, host_path=m.host_path,
+                         read_only=m.read_only) for m in c.mounts])
+
+
+def make_host_dirs(dirs: tuple[str, ...]) -> None:
+    """``rm -rf`` + ``mkdir 0777`` the container cache dir; ``mkdir 0777`` the lock dir."""
+    cache_dir, lock_dir = dirs
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    os.makedirs(cache_dir, exist_ok=True)
+    os.chmod(cache_dir, 0o777)
+    os.makedirs(lock_dir, exist_ok=True)
+    os.chmod(lock_dir, 0o777)
+
+
+# --- lifecycle -----------------------------------------------------------------------------
+
+
+class PluginServer:
+    """Serves the plugin on ``<plugin_dir>/<socket>`` and keeps it registered.
+
+    Re-registers when ``kubelet.sock`` is recreated (new inode/ctime) or our own socket
+    vanishes (the kubelet wipes the directory when it restarts); restarts the gRPC server
+    in the latter case. Gives up (raises) after more than 5 restarts within an hour.
+    """
+
+    def __init__(self, servicer: DevicePluginServicer, plugin_dir: Path, kubelet_socket: Path,
+                 resource_name: str, poll_s: float = 0.5) -> None:
+        self.servicer = servicer
+        self.plugin_dir = plugin_dir
+        self.kubelet_socket = kubelet_socket
+        self.resource_name = resource_name
+        self.endpoint = socket_name(resource_name)
+        self.socket = plugin_dir / self.endpoint
+        self.poll_s = poll_s
+        self.server: grpc.Server | None = None
+        self.registered_stamp: tuple[int, int] | None = None
+        self.registrations = 0
+        self.restarts: list[float] = []
+        self.restart_requested = False
+
+    def start(self) -> None:
+        """Start (or restart) the gRPC server and wait until it answers (5 s)."""
+        if self.server is not None:
+            self.server.stop(grace=0.5).wait()
+        self.plugin_dir.mkdir(parents=True, exist_ok=True)
+        if self.socket.exists():
+            self.socket.unlink()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+        pbg.add_DevicePluginServicer_to_server(self.servicer, server)  # type: ignore[no-untyped-call]
+        server.add_insecure_port(f"unix://{self.socket}")
+        server.start()
+        with grpc.insecure_channel(f"unix://{self.socket}") as ch:
+            grpc.channel_ready_future(ch).result(timeout=5)
+        self.server = server
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < 3600] + [now]
+        if len(self.restarts) > 6:
+            raise RuntimeError("device plugin server restarted more than 5 times in an hour")
+        log.info("serving %s on %s", self.resource_name, self.socket)
+
+    def _kubelet_stamp(self) -> tuple[int, int] | None:
+        try:
+            st = self.kubelet_socket.stat()
+        except OSError:
+            return None
+        return st.st_ino, st.st_ctime_ns
+
+    def register(self) -> None:
+        """One Register call to the kubelet (5 s timeout). Raises ``grpc.RpcError``."""
+        stamp = self._kubelet_stamp()
+        with grpc.insecure_channel(f"unix://{self.kubelet_socket}") as ch:
+            stub = pbg.RegistrationStub(ch)  # type: ignore[no-untyped-call]
+            stub.Register(pb.RegisterRequest(
+                version=API_VERSION, endpoint=self.endpoint, resource_name=self.resource_name,
+                options=pb.DevicePluginOptions(get_preferred_allocation_available=True)),
+                timeout=5)
+        self.registered_stamp = stamp
+        self.registrations += 1
+        log.info("registered %s with kubelet %s", self.resource_name, self.kubelet_socket)
+
+    def tick(self) -> None:
+        """One watch step: restart when our socket is gone, register when needed."""
+        if self.server is None or self.restart_requested or not self.socket.exists():
+            self.restart_requested = False
+            self.start()
+            self.registered_stamp = None
+        stamp = self._kubelet_stamp()
+        if stamp is not None and stamp != self.registered_stamp:
+            try:
+                self.register()
+            except grpc.RpcError as exc:
+                log.warning("register with kubelet failed (will retry): %s", exc)
+
+    def run(self, stop: threading.Event) -> None:
+        """Watch loop until ``stop``."""
+        while not stop.is_set():
+            self.tick()
+            stop.wait(self.poll_s)
+        if self.server is not None:
+            self.server.stop(grace=1).wait()
+
+
+class NodeRegistrar:
+    """Patches ``hami.io/node-nvidia-register`` every ``interval_s`` when it changed
+    (spec §B.3); after an error retries in 5 s. :meth:`kick` forces an early pass."""
+
+    def __init__(self, state: DeviceState, kube: KubeApi, node: str,
+                 interval_s: float = 30.0, retry_s: float = 5.0) -> None:
+        self.state = state
+        self.kube = kube
+        self.node = node
+        self.interval_s = interval_s
+        self.retry_s = retry_s
+        self.last_sent: str | None = None
+        self.patches = 0
+        self._kick = threading.Event()
+
+    def kick(self) -> None:
+        self._kick.set()
+
+    def once(self) -> bool:
+        """Patch if changed. Returns True on success (or nothing to do)."""
+        value = encode_register(self.state.devices)
+        if value == self.last_sent:
+            return True
+        try:
+            self.kube.patch_node_annotations(self.node, {NODE_REGISTER: value})
+        except KubeError as exc:
+            log.warning("node register patch failed: %s", exc)
+            return False
+        self.last_sent = value
+        self.patches += 1
+        return True
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            ok = self.once()
+            self._kick.clear()
+            wait = self.interval_s if ok else self.retry_s
+            deadline = time.monotonic() + wait
+            while not stop.is_set() and not self._kick.is_set() and time.monotonic() < deadline:
+                stop.wait(min(0.2, wait))
+
+
+def health_loop(backend: GpuBackend, state: DeviceState, policy: HealthPolicy,
+                on_change: Callable[[], None], stop: threading.Event) -> None:
+    """Wait for NVML (or fake) events; mark GPUs unhealthy per :mod:`.health` rules."""
+    if policy.disabled:
+        log.info("health checks disabled")
+        stop.wait()
+        return
+    known = [g.uuid for g in state.gpus]
+    initial = frozenset(g.uuid for g in state.gpus if not g.healthy)
+    if initial and state.mark_unhealthy(initial):
+        on_change()
+    while not stop.is_set():
+        ev = backend.wait_event(5.0)
+        if ev is None:
+            continue
+        marks = gpus_to_mark(policy, ev.event_type, ev.xid, ev.uuid, known)
+        if marks:
+            log.warning("health event xid=%d uuid=%s: marking %s unhealthy", ev.xid, ev.uuid,
+                        sorted(marks))
+        if marks and state.mark_unhealthy(marks):
+            on_change()

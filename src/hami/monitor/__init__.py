@@ -1,0 +1,1 @@
+"""Node-side monitor components (vGPU monitor). ``region`` reads libvgpu's shared region."""

@@ -1,0 +1,188 @@
+"""``hami monitor``: typer-compatible entry point and the 5 s loop (hami-core-spec §C)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hami.deviceplugin.allocate import PodView
+from hami.monitor.feedback import ContainerFeedback, observe
+from hami.monitor.lister import ContainerLister
+
+log = logging.getLogger("hami.monitor")
+
+MIG_APPLY_LOCK = Path("/tmp/hami/hami-mig-apply.lock")
+
+
+def feedback_tick(lister: ContainerLister) -> list[ContainerFeedback]:
+    """Read every container, apply :func:`observe`, write the changed fields (§C.6).
+    Returns the new values (for tests and logs)."""
+    with lister.lock:
+        regions = lister.read_all()
+        inputs = [ContainerFeedback(key, tuple(u for u in r.uuids if u), r.priority,
+                                    r.recent_kernel, r.utilization_switch)
+                  for key, (_, r) in regions.items()]
+        result = observe(inputs)
+        for old, new in zip(inputs, result, strict=True):
+            cf = regions[old.key][0]
+            try:
+                if new.recent_kernel != old.recent_kernel:
+                    cf.write_int32("recent_kernel", new.recent_kernel)
+                if new.utilization_switch != old.utilization_switch:
+                    cf.write_int32("utilization_switch", new.utilization_switch)
+            except (OSError, ValueError) as exc:
+                log.warning("feedback write to %s failed: %s", old.key, exc)
+    return result
+
+
+class PodCache:
+    """Pods of this node, refreshed by the loop: ``on_node`` (spec.nodeName, for removal
+    of stale directories) and ``labelled`` (``hami.io/vgpu-node`` label, for metrics)."""
+
+    def __init__(self, kube: Any, node: str) -> None:
+        self.kube = kube
+        self.node = node
+        self.on_node: list[PodView] | None = None
+        self.labelled: list[PodView] = []
+
+    def refresh(self) -> None:
+        try:
+            self.on_node = self.kube.pods_on_node(self.node)
+            self.labelled = self.kube.pods_labelled_for(self.node)
+        except Exception as exc:  # noqa: BLE001 - keep the last good lists
+            log.warning("pod list failed: %s", exc)
+
+    def live_uids(self) -> set[str] | None:
+        return None if self.on_node is None else {p.uid for p in self.on_node}
+
+    def labelled_pods(self) -> Sequence[PodView]:
+        return self.labelled
+
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def serve_metrics(collector: Any, addr: str, port: int) -> Any:
+    """Serve ``collector.render()`` on ``http://addr:port/metrics`` in a daemon thread
+    (the same bytes prometheus-client's ``generate_latest`` would produce)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server API
+            if self.path.split("?", 1)[0] not in ("/metrics", "/"):
+                self.send_error(404)
+                return
+            try:
+                body = collector.render()
+            except Exception as exc:  # noqa: BLE001 - a scrape must not kill the server
+                log.exception("scrape failed")
+                self.send_error(500, str(exc))
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            return
+
+    server = ThreadingHTTPServer((addr, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server
+
+
+def parse_bind(address: str) -> tuple[str, int]:
+    """``:9394`` -> ``("0.0.0.0", 9394)``; ``127.0.0.1:9394`` -> as given."""
+    host, _, port = address.rpartition(":")
+    return (host.strip("[]") or "0.0.0.0"), int(port)
+
+
+def run_monitor(*, node: str, hook_path: Path, kube: Any, stop: threading.Event,
+                bind: str | None = ":9394", legacy: bool = False, interval_s: float = 5.0,
+                grace_s: float = 300.0, host: Any = None, version: str = "0.1.0",
+                mig_lock: Path = MIG_APPLY_LOCK) -> Any:
+    """Run the loop until ``stop``; returns the HTTP server (None when ``bind`` is None)."""
+    from hami.monitor.metrics import MonitorCollector
+
+    lister = ContainerLister(hook_path / "containers", grace_s=grace_s)
+    pods = PodCache(kube, node)
+    collector = MonitorCollector(node, lister, pods.labelled_pods, host, legacy, version)
+    server = None
+    if bind is not None:
+        addr, port = parse_bind(bind)
+        server = serve_metrics(collector, addr, port)
+        log.info("metrics on %s:%d/metrics", addr, port)
+    try:
+        while not stop.is_set():
+            started = time.monotonic()
+            pods.refresh()
+            lister.update(pods.live_uids())
+            if mig_lock.exists():
+                log.info("MIG apply lock present: feedback paused")
+            else:
+                feedback_tick(lister)
+            stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
+    finally:
+        if server is not None:
+            server.shutdown()
+        lister.close()
+    return server
+
+
+def monitor(
+    metrics_bind_address: Annotated[str, typer.Option(help="host:port of /metrics")] = ":9394",
+    legacy_metrics: Annotated[bool, typer.Option(help="also emit HAMi's legacy names")] = False,
+    kubeconfig: Annotated[Path | None, typer.Option(envvar="KUBECONFIG")] = None,
+    verbose: Annotated[int, typer.Option("-v", help="log verbosity")] = 0,
+) -> None:
+    """vGPU monitor: per-container metrics and the priority feedback loop (spec §C)."""
+    from hami import __version__
+    from hami.deviceplugin.kube import KubeApi, make_client
+    from hami.monitor.metrics import NoHostGpus, NvmlHostGpus
+
+    logging.basicConfig(level=logging.DEBUG if verbose > 2 else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if "HOOK_PATH" not in os.environ:
+        typer.echo("error: HOOK_PATH must be set", err=True)
+        raise typer.Exit(2)
+    node = os.environ.get("NODE_NAME", "")
+    if not node:
+        typer.echo("error: NODE_NAME must be set", err=True)
+        raise typer.Exit(2)
+    grace = _duration_s(os.environ.get("HAMI_RESYNC_INTERVAL", "5m"))
+    try:
+        host: Any = NvmlHostGpus()
+    except Exception as exc:  # noqa: BLE001 - no driver: container metrics only
+        log.warning("NVML unavailable, host metrics off: %s", exc)
+        host = NoHostGpus()
+    MIG_APPLY_LOCK.parent.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    run_monitor(node=node, hook_path=Path(os.environ["HOOK_PATH"]),
+                kube=KubeApi(make_client(kubeconfig)), stop=stop, bind=metrics_bind_address,
+                legacy=legacy_metrics, grace_s=grace, host=host, version=__version__)
+
+
+def _duration_s(text: str) -> float:
+    """Go duration subset: ``90s``, ``5m``, ``1h``, ``1h30m``, ``250ms``."""
+    import re
+
+    total = 0.0
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text)
+    if not parts or "".join(a + b for a, b in parts) != text:
+        raise typer.BadParameter(f"bad duration {text!r}")
+    for num, unit in parts:
+        total += float(num) * units[unit]
+    return total

@@ -1,0 +1,66 @@
+"""The priority feedback loop's decisions (hami-core-spec §C.6, HAMi ``feedback.go``). Pure.
+
+Every 5 s :func:`observe` turns each container's region fields into new values of
+``recent_kernel`` and ``utilization_switch``; the shell writes the ones that changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerFeedback:
+    """One container's region fields: ``uuids`` are its valid device UUIDs (NUL padding
+    stripped), ``priority`` lower = higher priority (0 high, 1 low)."""
+
+    key: str
+    uuids: tuple[str, ...]
+    priority: int
+    recent_kernel: int
+    utilization_switch: int
+
+
+def observe(containers: Sequence[ContainerFeedback]) -> list[ContainerFeedback]:
+    """One tick; returns every container with its new field values.
+
+    Pass 1: ``rk > 0`` -> ``rk - 1``; if still > 0 the container is *active* at its
+    priority on each of its GPUs (only priorities >= 0 count).
+    Pass 2: *blocking* = a strictly higher-priority container is active on a shared GPU:
+    then ``recent_kernel`` -1 (if it was >= 0); otherwise a negative value becomes 0.
+    ``utilization_switch`` = 1 when blocking or another container of the same priority is
+    active on a shared GPU (the container itself counts as one), else 0.
+    """
+    active: dict[str, list[int]] = {}
+    after1 = []
+    for c in containers:
+        rk = c.recent_kernel
+        if rk > 0:
+            rk -= 1
+            if rk > 0 and c.priority >= 0:
+                for u in c.uuids:
+                    counts = active.setdefault(u, [])
+                    if len(counts) < c.priority + 1:
+                        counts.extend([0] * (c.priority + 1 - len(counts)))
+                    counts[c.priority] += 1
+        after1.append(rk)
+    out = []
+    for c, rk in zip(containers, after1, strict=True):
+        blocking = False
+        same = False
+        for u in c.uuids:
+            if u not in active:
+                continue
+            counts = active[u]
+            if any(counts[j] > 0 for j in range(min(c.priority, len(counts)))):
+                blocking = True
+            if 0 <= c.priority < len(counts) and counts[c.priority] > 1:
+                same = True
+        if blocking and rk >= 0:
+            rk = -1
+        elif not blocking and rk < 0:
+            rk = 0
+        switch = 1 if (blocking or same) else 0
+        out.append(ContainerFeedback(c.key, c.uuids, c.priority, rk, switch))
+    return out

@@ -1,0 +1,74 @@
+"""Memory-safety run: the library, stubs and C test programs built with
+AddressSanitizer + UBSan (``make -C native/libvgpu asan``) exercising every
+allocation path, fork, the cudart-style lookup and the parsers."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from libvgpu_harness import BUILD, Env, build
+
+pytestmark = pytest.mark.native
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def asan_env(tmp_path_factory: pytest.TempPathFactory) -> Env:
+    build()  # skips when there is no C toolchain
+    libasan = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    if not Path(libasan).is_absolute() or not Path(libasan).exists():
+        pytest.skip("libasan not available")
+    build("asan")
+    e = Env(tmp_path_factory.mktemp("asan"), BUILD / "asan")
+    e.extra = {
+        "LD_PRELOAD": f"{libasan}:{BUILD / 'asan' / 'libvgpu.so'}",
+        "ASAN_OPTIONS": "detect_leaks=1:abort_on_error=0:exitcode=23",
+        "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1",
+    }
+    return e
+
+
+def _clean(p: subprocess.CompletedProcess[str]) -> None:
+    assert "ERROR: AddressSanitizer" not in p.stderr and "runtime error" not in p.stderr, p.stderr
+
+
+def test_asan_all_paths_and_fork(asan_env: Env) -> None:
+    args = ["init"]
+    for kind in ("mem", "managed", "async", "async_ptsz", "pool", "vmm", "vmm_host", "pitch", "array", "array3d",
+                "mipmap", "ctx"):
+        args += ["alloc", kind, str(3 * MiB), "0"]
+    args += ["alloc", "mem", str(64 * MiB), "2", "info", "nvml", "0", "launch", "100", "4", "freeall", "info",
+             "fork", "init", "dev", "0", "alloc", "mem", "100", "0", "info",
+             # let the child's watcher thread finish starting: LSan's exit-time
+             # check can deadlock with a thread still in its ASan start-up
+             "sleep", "0.3"]
+    for _ in range(200):
+        args += ["alloc", "mem", "4096", "0"]
+    args += ["freeall"]
+    _clean(asan_env.run(*args, CUDA_DEVICE_MEMORY_LIMIT="48m", CUDA_DEVICE_SM_LIMIT="50", VGPU_STUB_CTX_MB="1"))
+
+
+def test_asan_fake_runtime_and_parser(asan_env: Env) -> None:
+    for mode in ("12", "11"):
+        _clean(asan_env.run(mode, str(48 * MiB), prog="fake_runtime", CUDA_DEVICE_MEMORY_LIMIT="48m",
+                            CUDA_DEVICE_MEMORY_SHARED_CACHE=str(asan_env.tmp / f"r{mode}"),
+                            VGPU_STUB_STATE=str(asan_env.tmp / f"s{mode}")))
+    _clean(asan_env.run(prog="test_parse", preload=False))
+    _clean(asan_env.run("init", "info", CUDA_DEVICE_MEMORY_LIMIT="2gbx",
+                        CUDA_DEVICE_MEMORY_SHARED_CACHE=str(asan_env.tmp / "bad")))
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="no valgrind")
+def test_valgrind_memcheck(env: Env) -> None:
+    """The optimised (shipped) build under memcheck: no invalid access or uninitialised use."""
+    cmd = ["valgrind", "-q", "--error-exitcode=9", str(env.build / "tests" / "vgtest"), "init",
+           "alloc", "mem", "1000", "0", "alloc", "pitch", "51200", "0", "alloc", "vmm", "4096", "0",
+           "alloc", "mipmap", "6000", "0", "alloc", "pool1", "4096", "0", "info", "nvml", "0",
+           "launch", "20", "1", "threads", "2", "50", "4096", "freeall", "info"]
+    p = subprocess.run(cmd, env=env.environ(CUDA_DEVICE_MEMORY_LIMIT="48m", CUDA_DEVICE_SM_LIMIT="50"),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr

@@ -1,0 +1,191 @@
+"""Allocate against pods in the real control plane (etcd + kube-apiserver).
+
+The pod is placed by the pure scheduler core (``ClusterState.filter`` on the node register
+annotation our plugin wrote through the API), created bound to the node with the
+annotations HAMi's Filter and Bind write, and the node lock is taken as Bind takes it.
+Then the fake kubelet calls GetPreferredAllocation and Allocate, and the test reads the
+results back from the API server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from hami.core.state import ClusterState
+from hami.deviceplugin import allocate as al
+from hami.deviceplugin.kube import KubeApi
+from tests.node.conftest import PluginHarness, short_tmpdir, start_plugin
+from tests.node.fakes import FakeKubelet
+
+pytestmark = pytest.mark.e2e
+
+pytest.importorskip("lightkube")
+from tests.e2e.conftest import control_plane, kube_client  # noqa: E402,F401
+
+E2E_NODE = "node-a"
+A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
+B = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
+
+
+@pytest.fixture
+def real(kube_client: Any) -> Iterator[PluginHarness]:  # noqa: F811
+    from lightkube.resources.core_v1 import Node, Pod
+
+    from hami.testing.controlplane import create_gpu_node
+
+    for p in kube_client.list(Pod, namespace="default"):
+        kube_client.delete(Pod, p.metadata.name, namespace="default", grace_period=0)
+    with contextlib.suppress(Exception):  # absent on the first run
+        kube_client.delete(Node, E2E_NODE)
+    create_gpu_node(kube_client, E2E_NODE, gpus=20)
+    root = short_tmpdir()
+    h = PluginHarness(root=root, inventory=root / "inv.yaml", kubelet=FakeKubelet(root / "dp"),
+                      kube=KubeApi(kube_client), hook_path=root / "hook",  # type: ignore[arg-type]
+                      lock_dir=root / "vgpulock", stop=threading.Event())
+    h.write_inventory({"gpus": [
+        {"model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "uuids": [A]},
+        {"model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "uuids": [B]}]})
+    h.kubelet.start()
+    start_plugin(h, register_interval_s=0.5)
+    h.kubelet.wait_registered()
+    h.kubelet.wait_list(lambda d: len(d) == 20)
+    try:
+        yield h
+    finally:
+        h.stop.set()
+        if h.thread is not None:
+            h.thread.join(timeout=10)
+        h.kubelet.stop()
+
+
+def schedule_and_bind(client: Any, state: ClusterState, name: str, gpus: int, mem: int,
+                      cores: int, take_lock: bool = True) -> dict[str, str]:
+    """Filter with the pure core, create the pod bound to the node with the annotations
+    Filter + Bind write, and take the node lock like Bind (CAS on resourceVersion)."""
+    from lightkube.resources.core_v1 import Node, Pod
+
+    limits = {"nvidia.com/gpu": str(gpus), "nvidia.com/gpumem": str(mem),
+              "nvidia.com/gpucores": str(cores)}
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+           "spec": {"containers": [{"name": "main", "image": "busybox",
+                                    "resources": {"limits": limits}}]}}
+    decision = state.filter(pod)
+    assert decision.result.node == E2E_NODE, decision.result
+    state.commit(pod, decision)
+    ann = dict(decision.annotations)
+    ann.update({"hami.io/vgpu-time": str(int(time.time())), al.BIND_PHASE: "allocating",
+                al.BIND_TIME: str(int(time.time()))})
+    pod["metadata"] = {"name": name, "namespace": "default", "annotations": ann,
+                       "labels": {al.VGPU_NODE: E2E_NODE}}
+    pod["spec"]["nodeName"] = E2E_NODE
+    client.create(Pod.from_dict(pod))
+    if take_lock:
+        n = client.get(Node, E2E_NODE)
+        from lightkube.types import PatchType
+        client.patch(Node, E2E_NODE, {"metadata": {
+            "annotations": {al.NODE_LOCK: f"2026-11-29T08:00:00Z,default,{name}"},
+            "resourceVersion": n.metadata.resourceVersion}}, patch_type=PatchType.MERGE)
+    return ann
+
+
+def registered_state(h: PluginHarness, client: Any) -> ClusterState:
+    from lightkube.resources.core_v1 import Node
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        n = client.get(Node, E2E_NODE)
+        if "hami.io/node-nvidia-register" in (n.metadata.annotations or {}):
+            break
+        time.sleep(0.1)
+    state = ClusterState()
+    n = client.get(Node, E2E_NODE)
+    reason = state.upsert_node({"metadata": {"name": E2E_NODE,
+                                             "annotations": dict(n.metadata.annotations)}})
+    assert reason == ""
+    return state
+
+
+def wait_unlocked(client: Any, timeout_s: float = 10.0) -> None:
+    from lightkube.resources.core_v1 import Node
+
+    deadline = time.monotonic() + timeout_s
+    while al.NODE_LOCK in (client.get(Node, E2E_NODE).metadata.annotations or {}):
+        assert time.monotonic() < deadline, "node lock never released"
+        time.sleep(0.05)
+
+
+def test_scheduled_pod_allocated_end_to_end(real: PluginHarness, kube_client: Any) -> None:  # noqa: F811
+    from lightkube.resources.core_v1 import Pod
+
+    state = registered_state(real, kube_client)
+    ann = schedule_and_bind(kube_client, state, "p1", gpus=2, mem=3000, cores=30)
+    granted = al.decode_entries(al.PodView("default", "p1", "", annotations=ann))[0]
+    pref = real.kubelet.preferred([i for i, _ in real.kubelet.latest], 2)
+    assert {al.physical_uuid(i) for i in pref} == {d.uuid for d in granted}
+    c = real.kubelet.allocate(pref).container_responses[0]
+    assert c.envs["NVIDIA_VISIBLE_DEVICES"] == ",".join(d.uuid for d in granted)
+    assert c.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+    assert c.envs["CUDA_DEVICE_MEMORY_LIMIT_1"] == "3000m"
+    assert c.envs["CUDA_DEVICE_SM_LIMIT"] == "30"
+    uid = kube_client.get(Pod, "p1", namespace="default").metadata.uid
+    assert c.mounts[1].host_path == f"{real.hook_path}/vgpu/containers/{uid}_main"
+    assert [m.container_path for m in c.mounts] == [
+        f"{real.hook_path}/vgpu/libvgpu.so", f"{real.hook_path}/vgpu", "/tmp/vgpulock",
+        "/etc/ld.so.preload"]
+    pod = kube_client.get(Pod, "p1", namespace="default")
+    assert pod.metadata.annotations[al.BIND_PHASE] == "success"
+    assert pod.metadata.annotations[al.DEVICES_TO_ALLOCATE] == ";"
+    assert pod.metadata.annotations["hami.io/vgpu-devices-allocated"] == \
+        ann["hami.io/vgpu-devices-allocated"]
+    wait_unlocked(kube_client)
+
+
+def test_failure_marks_failed_in_api(real: PluginHarness, kube_client: Any) -> None:  # noqa: F811
+    import grpc
+    from lightkube.resources.core_v1 import Node, Pod
+
+    state = registered_state(real, kube_client)
+    schedule_and_bind(kube_client, state, "p2", gpus=1, mem=1000, cores=10)
+    with pytest.raises(grpc.RpcError):
+        real.kubelet.allocate([f"{A}-0", f"{B}-0"])            # 2 IDs for a 1-GPU grant
+    pod = kube_client.get(Pod, "p2", namespace="default")
+    assert pod.metadata.annotations[al.BIND_PHASE] == "failed"
+    assert al.NODE_LOCK not in (kube_client.get(Node, E2E_NODE).metadata.annotations or {})
+
+
+def test_two_pods_bound_at_once_real_api(real: PluginHarness, kube_client: Any) -> None:  # noqa: F811
+    from lightkube.resources.core_v1 import Pod
+
+    state = registered_state(real, kube_client)
+    a1 = schedule_and_bind(kube_client, state, "small", gpus=1, mem=1000, cores=10)
+    a2 = schedule_and_bind(kube_client, state, "large", gpus=1, mem=7000, cores=70,
+                           take_lock=False)
+    u_small = al.decode_entries(al.PodView("d", "s", "", annotations=a1))[0][0].uuid
+    u_large = al.decode_entries(al.PodView("d", "l", "", annotations=a2))[0][0].uuid
+    results: dict[str, Any] = {}
+
+    def go(name: str, uuid: str) -> None:
+        results[name] = real.kubelet.allocate([f"{uuid}-7"]).container_responses[0].envs
+
+    ts = [threading.Thread(target=go, args=("large", u_large)),
+          threading.Thread(target=go, args=("small", u_small))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if u_small != u_large:
+        assert results["large"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "7000m"
+        assert results["small"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+    else:  # same GPU: the kubelet's IDs cannot tell them apart; each still gets one grant
+        assert sorted(r["CUDA_DEVICE_MEMORY_LIMIT_0"] for r in results.values()) == \
+            ["1000m", "7000m"]
+    for name in ("small", "large"):
+        assert kube_client.get(Pod, name, namespace="default").metadata.annotations[
+            al.BIND_PHASE] == "success"
