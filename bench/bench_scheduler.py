@@ -66,7 +66,9 @@ def percentile(buckets: list[tuple[float, float]], q: float) -> float:
 
 
 # ------------------------------------------------------------------ throughput
-def throughput(node_counts: list[int], pods: int, policy: str) -> list[dict[str, Any]]:
+def throughput(node_counts: list[int], pods: int, policy: str,
+               hami_args: list[str] | None = None,
+               precreate: bool = False) -> list[dict[str, Any]]:
     from lightkube import codecs
     from lightkube.resources.core_v1 import Pod
     from tests.e2e.hami_harness import FakeAllocator, HamiProcess, Tls, gpu_pod, make_gpu_node
@@ -88,22 +90,37 @@ def throughput(node_counts: list[int], pods: int, policy: str) -> list[dict[str,
             nodes_s = time.monotonic() - t0
             tls = Tls(work / "tls")
             hami = HamiProcess(cp, tls, work, args=[f"--node-scheduler-policy={policy}",
-                                                    "--register-interval=15s"]).start()
+                                                    "--register-interval=15s",
+                                                    *(hami_args or [])]).start()
             allocator = FakeAllocator(cp).start()
-            ks = cp.start_scheduler(scheduler_name="hami-scheduler",
-                                    extender=ExtenderConfig(hami.url))
             specs = [gpu_pod(f"p{i:05d}", memory_mib=1000 + (i % 7) * 500,
                              cores=(i % 3) * 10 or None, scheduler_name="hami-scheduler")
                      for i in range(pods)]
             objs = [codecs.from_dict(p) for p in specs]  # msgspec: first decodes not thread-safe
-            t0 = time.monotonic()
-            with ThreadPoolExecutor(8) as pool:
-                list(pool.map(client.create, objs))
-            created_s = time.monotonic() - t0
+
+            def create_all(c: Any = client, objs: list[Any] = objs) -> float:
+                started = time.monotonic()
+                with ThreadPoolExecutor(8) as pool:
+                    list(pool.map(c.create, objs))
+                return time.monotonic() - started
+
+            if precreate:  # all pods Pending first; the clock starts with kube-scheduler
+                created_s = create_all()
+                t0 = time.monotonic()
+                ks = cp.start_scheduler(scheduler_name="hami-scheduler",
+                                        extender=ExtenderConfig(hami.url))
+            else:
+                ks = cp.start_scheduler(scheduler_name="hami-scheduler",
+                                        extender=ExtenderConfig(hami.url))
+                t0 = time.monotonic()
+                created_s = create_all()
 
             def all_bound(c: Any = client) -> bool:
-                return sum(1 for p in c.list(Pod, namespace="default")
-                           if p.spec.nodeName) >= pods
+                try:
+                    return sum(1 for p in c.list(Pod, namespace="default")
+                               if p.spec.nodeName) >= pods
+                except Exception:  # a busy apiserver: ask again
+                    return False
 
             wait_until(all_bound, timeout_s=1200, what="all pods bound")
             elapsed = time.monotonic() - t0
@@ -115,6 +132,7 @@ def throughput(node_counts: list[int], pods: int, policy: str) -> list[dict[str,
             cpu = _cpu_s(hami.process.pid if hami.process else 0)
             result = {
                 "nodes": n_nodes, "pods": pods, "node_policy": policy,
+                "hami_args": hami_args or [], "precreated": precreate,
                 "pods_per_s": round(pods / elapsed, 1), "seconds": round(elapsed, 1),
                 "create_seconds": round(created_s, 1), "node_setup_seconds": round(nodes_s, 1),
                 "filter_ms": {q: round(1000 * percentile(filt, q), 2) for q in (0.5, 0.9, 0.99)},
@@ -133,20 +151,20 @@ def throughput(node_counts: list[int], pods: int, policy: str) -> list[dict[str,
     return results
 
 
-def baseline(node_counts: list[int], pods: int) -> list[dict[str, Any]]:
+def baseline(node_counts: list[int], pods: int, precreate: bool = False) -> list[dict[str, Any]]:
     """The same control plane and pod stream without hami: the default kube-scheduler
     binding pods that ask for no GPU. The ceiling this machine allows."""
     from lightkube import codecs
     from lightkube.resources.core_v1 import Pod
+    from tests.e2e.hami_harness import gpu_pod, make_gpu_node
 
     from hami.testing.controlplane import ControlPlane, wait_until
-    from tests.e2e.hami_harness import gpu_pod, make_gpu_node
 
     results = []
     for n_nodes in node_counts:
         work = Path(tempfile.mkdtemp(prefix="hami-bench-"))
         with ControlPlane(workdir=work / "k8s") as cp:
-            cp.start(default_scheduler=True)
+            cp.start(default_scheduler=not precreate)
             client = cp.client()
             make_gpu_node(client, "node-00000")
             with ThreadPoolExecutor(8) as pool:
@@ -157,6 +175,9 @@ def baseline(node_counts: list[int], pods: int) -> list[dict[str, Any]]:
             with ThreadPoolExecutor(8) as pool:
                 list(pool.map(client.create, objs))
             created_s = time.monotonic() - t0
+            if precreate:
+                t0 = time.monotonic()
+                cp.start_scheduler()
 
             def all_bound(c: Any = client) -> bool:
                 return sum(1 for p in c.list(Pod, namespace="default") if p.spec.nodeName) >= pods
@@ -164,6 +185,7 @@ def baseline(node_counts: list[int], pods: int) -> list[dict[str, Any]]:
             wait_until(all_bound, timeout_s=1200, what="all pods bound")
             elapsed = time.monotonic() - t0
             result = {"baseline": "kube-scheduler without hami", "nodes": n_nodes, "pods": pods,
+                      "precreated": precreate,
                       "pods_per_s": round(pods / elapsed, 1), "seconds": round(elapsed, 1),
                       "create_seconds": round(created_s, 1), "load_avg": os.getloadavg()[0]}
             print(json.dumps(result), flush=True)
@@ -275,15 +297,18 @@ def main() -> None:
     t.add_argument("--pods", type=int, default=500)
     t.add_argument("--node-policy", default="binpack")
     t.add_argument("--baseline", action="store_true", help="no hami: default kube-scheduler")
+    t.add_argument("--hami-arg", action="append", default=[], help="extra hami scheduler flag")
+    t.add_argument("--precreate", action="store_true",
+                   help="create every pod first, then start kube-scheduler (scheduling only)")
     m = sub.add_parser("memory")
     m.add_argument("--nodes", type=int, default=5000)
     m.add_argument("--pods", type=int, default=40000)
     args = parser.parse_args()
     os.environ.setdefault("PYTHONHASHSEED", "0")
     if args.cmd == "throughput" and args.baseline:
-        baseline(args.nodes, args.pods)
+        baseline(args.nodes, args.pods, args.precreate)
     elif args.cmd == "throughput":
-        throughput(args.nodes, args.pods, args.node_policy)
+        throughput(args.nodes, args.pods, args.node_policy, args.hami_arg, args.precreate)
     else:
         memory(args.nodes, args.pods)
 

@@ -9,6 +9,7 @@ Errors become :class:`KubeError` with the HTTP status code (0 for transport erro
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -92,20 +93,23 @@ def _plain(obj: Any) -> JSON:
 class Kube:
     """Async access to the API objects the scheduler reads and writes."""
 
-    def __init__(self, client: AsyncClient) -> None:
+    def __init__(self, client: AsyncClient, *, max_inflight: int = 32) -> None:
         # Typed as Any: the generic resources here are plain dicts, which lightkube's
         # overloads (written for its models) do not describe.
         self.client: Any = client
+        # kube-scheduler binds without bound; a burst of binds must not become a burst of
+        # thousands of concurrent writes on the apiserver (HAMi has --kube-qps for this).
+        self._inflight = asyncio.Semaphore(max_inflight)
 
     @classmethod
     def connect(cls, kubeconfig: str | Path | None = None, *, timeout_s: float = 10.0,
-                field_manager: str = "hami-scheduler") -> Kube:
+                field_manager: str = "hami-scheduler", max_inflight: int = 32) -> Kube:
         """From a kubeconfig file (``$KUBECONFIG`` when None), else the in-cluster config."""
         path = kubeconfig or os.environ.get("KUBECONFIG")
         config = KubeConfig.from_file(path) if path else KubeConfig.from_env()
         client = AsyncClient(config, field_manager=field_manager, trust_env=False,
                              timeout=httpx2.Timeout(timeout_s))
-        return cls(client)
+        return cls(client, max_inflight=max_inflight)
 
     async def close(self) -> None:
         await self.client.close()
@@ -206,7 +210,8 @@ class Kube:
 
     async def _call(self, awaitable: Any) -> JSON:
         try:
-            result = await awaitable
+            async with self._inflight:
+                result = await awaitable
         except (ApiError, httpx2.HTTPError, OSError) as exc:
             raise _error(exc) from None
         if result is None:

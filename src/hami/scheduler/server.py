@@ -174,7 +174,8 @@ async def serve(settings: SchedulerSettings, *, kube: Any = None,
     own_kube = kube is None
     if kube is None:
         kube = Kube.connect(settings.kubeconfig or None,
-                            timeout_s=settings.kube_timeout.total_seconds() or 10.0)
+                            timeout_s=settings.kube_timeout.total_seconds() or 10.0,
+                            max_inflight=settings.kube_max_inflight)
     metrics = SchedulerMetrics()
     engine = Engine(settings, kube, observer=metrics)
     metrics.attach(engine)

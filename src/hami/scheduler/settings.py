@@ -43,6 +43,8 @@ class SchedulerSettings:
     node_label_selector: dict[str, str] = field(default_factory=dict)
     kubeconfig: str = ""
     kube_timeout: timedelta = timedelta(seconds=10)
+    #: Most API requests in flight at once (watches not counted).
+    kube_max_inflight: int = 32
     node_lock_timeout: timedelta = timedelta(minutes=5)
     node_lock_retry_timeout: timedelta = timedelta(seconds=28)
     force_overwrite_default_scheduler: bool = True
