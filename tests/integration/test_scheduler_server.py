@@ -358,3 +358,45 @@ def test_tls_pair_is_reloaded(tmp_path) -> None:
     os.utime(cert, (later + 5, later + 5))
     assert not tls.maybe_reload()  # a broken pair keeps the old one
     assert isinstance(tls.context, ssl.SSLContext)
+
+
+def test_tls_reload_serves_the_new_certificate(tmp_path) -> None:
+    """A live HTTPS server picks up a rewritten pair for new connections."""
+    import os
+    import time
+
+    from aiohttp import web
+
+    from hami.testing.pki import CertificateAuthority
+
+    ca = CertificateAuthority.create("t")
+    cert, key = ca.issue("first", ip_sans=["127.0.0.1"], server=True).write(tmp_path, "s")
+    tls = TlsReloader(str(cert), str(key))
+
+    def peer_cn(port: int) -> str:
+        pem = ssl.get_server_certificate(("127.0.0.1", port))
+        from cryptography import x509
+
+        return x509.load_pem_x509_certificate(pem.encode()).subject.rfc4514_string()
+
+    async def scenario() -> None:
+        async def healthz(request: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        app = web.Application()
+        app.router.add_get("/healthz", healthz)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls.context)
+        await site.start()
+        port = runner.addresses[0][1]
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, peer_cn, port) == "CN=first"
+        ca.issue("second", ip_sans=["127.0.0.1"], server=True).write(tmp_path, "s")
+        later = time.time() + 5
+        os.utime(cert, (later, later))
+        assert tls.maybe_reload()
+        assert await loop.run_in_executor(None, peer_cn, port) == "CN=second"
+        await runner.cleanup()
+
+    run(scenario)
