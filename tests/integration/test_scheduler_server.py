@@ -400,3 +400,28 @@ def test_tls_reload_serves_the_new_certificate(tmp_path) -> None:
         await runner.cleanup()
 
     run(scenario)
+
+
+def test_failure_token_events_and_role_label() -> None:
+    from hami.scheduler.engine import failure_tokens
+
+    assert failure_tokens({"a": "1/4 CardInsufficientMemory, 3/4 CardTimeSlicingExhausted",
+                           "b": "4/4 CardInsufficientMemory", "c": "node unregistered"}) == {
+        "CardInsufficientMemory": ["a", "b"], "CardTimeSlicingExhausted": ["a"]}
+
+    async def scenario() -> None:
+        kube = cluster("n1", "n2")
+        kube.put("Pod", gpu_pod("hami-0", namespace="kube-system"))
+        async with serving(kube, leader_elect=True, pod_name="hami-0",
+                           pod_namespace="kube-system") as h:
+            await h.engine.set_leader(True)
+            pod = kube.put("Pod", gpu_pod("big", memory_mib=999999))
+            await h.filter(pod, ["n1", "n2"])
+            await h.settle()
+            messages = [e["message"] for e in kube.events if e["reason"] == "FilteringFailed"]
+            assert messages == ["2 nodes CardInsufficientMemory(n1,n2)",
+                                "no available node, 2 nodes do not meet"]
+            labels = kube.pod("hami-0", "kube-system")["metadata"].get("labels", {})
+            assert labels["hami.io/scheduler-role"] == "leader"
+
+    run(scenario)

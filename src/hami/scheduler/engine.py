@@ -23,6 +23,7 @@ import contextlib
 import functools
 import gc
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -92,6 +93,21 @@ def _ordered(node_names: list[str] | None) -> list[str] | None:
     core breaks score ties by input order, so sorting makes the choice reproducible (the
     offline ``hami schedule`` gives the same answer for nodes listed by name)."""
     return None if node_names is None else sorted(node_names)
+
+
+_TOKEN = re.compile(r"^(\d+)/(\d+) (\S+)$")
+
+
+def failure_tokens(failed: Mapping[str, str]) -> dict[str, list[str]]:
+    """Nodes per failure token, from GenReason strings (``"1/4 CardInsufficientMemory, ..."``);
+    only items of the form ``<n>/<m> <Token>`` count, as in HAMi."""
+    out: dict[str, list[str]] = {}
+    for node, reason in failed.items():
+        for item in reason.split(", "):
+            match = _TOKEN.match(item.strip())
+            if match:
+                out.setdefault(match.group(3), []).append(node)
+    return out
 
 
 def _list_key(kind: str, obj: Mapping[str, Any]) -> Any:
@@ -210,6 +226,17 @@ class Engine:
             self.register_all()
         elif not leader:
             self.leader = False
+        if self.settings.pod_name and self.settings.pod_namespace:
+            self._spawn(self._label_self("leader" if leader else "follower"))
+
+    async def _label_self(self, role: str) -> None:
+        """``hami.io/scheduler-role`` on this replica's own pod (a Service can select the
+        leader by it)."""
+        try:
+            await self.kube.patch_pod(self.settings.pod_namespace, self.settings.pod_name,
+                                      {"metadata": {"labels": {"hami.io/scheduler-role": role}}})
+        except KubeError as exc:
+            log.info("scheduler-role label not written: %s", exc)
 
     # ------------------------------------------------------------- watches
     async def _watch(self, kind: str) -> None:
@@ -448,6 +475,11 @@ class Engine:
 
     def _unschedulable_events(self, meta: Mapping[str, Any], failed: Mapping[str, str],
                               n: int) -> None:
+        """HAMi's FilteringFailed events: one per failure token, then the summary (§10)."""
+        for token, nodes in sorted(failure_tokens(failed).items()):
+            self.events.emit(meta, FILTERING_FAILED,
+                             f"{len(nodes)} nodes {token}({','.join(sorted(nodes))})",
+                             warning=True)
         self.events.emit(meta, FILTERING_FAILED, f"no available node, {n} nodes do not meet",
                          warning=True)
 
