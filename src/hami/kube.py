@@ -9,9 +9,10 @@ Errors become :class:`KubeError` with the HTTP status code (0 for transport erro
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -92,33 +93,42 @@ def _plain(obj: Any) -> JSON:
 class Kube:
     """Async access to the API objects the scheduler reads and writes."""
 
-    def __init__(self, client: AsyncClient) -> None:
-        self.client = client
+    def __init__(self, client: AsyncClient, *, max_inflight: int = 32) -> None:
+        # Typed as Any: the generic resources here are plain dicts, which lightkube's
+        # overloads (written for its models) do not describe.
+        self.client: Any = client
+        # kube-scheduler binds without bound; a burst of binds must not become a burst of
+        # thousands of concurrent writes on the apiserver (HAMi has --kube-qps for this).
+        self._inflight = asyncio.Semaphore(max_inflight)
 
     @classmethod
     def connect(cls, kubeconfig: str | Path | None = None, *, timeout_s: float = 10.0,
-                field_manager: str = "hami-scheduler") -> Kube:
+                field_manager: str = "hami-scheduler", max_inflight: int = 32) -> Kube:
         """From a kubeconfig file (``$KUBECONFIG`` when None), else the in-cluster config."""
         path = kubeconfig or os.environ.get("KUBECONFIG")
         config = KubeConfig.from_file(path) if path else KubeConfig.from_env()
         client = AsyncClient(config, field_manager=field_manager, trust_env=False,
                              timeout=httpx2.Timeout(timeout_s))
-        return cls(client)
+        return cls(client, max_inflight=max_inflight)
 
     async def close(self) -> None:
         await self.client.close()
 
     # ---------------------------------------------------------------- reads
-    async def list(self, kind: str, *, chunk_size: int = 2000) -> tuple[list[JSON], str]:
-        """Every object of ``kind`` (all namespaces) and the list's resourceVersion."""
+    async def list(self, kind: str, on_item: Callable[[JSON], None], *,
+                   chunk_size: int = 500) -> str:
+        """Every object of ``kind`` (all namespaces), handed to ``on_item`` one at a time as
+        the chunks arrive (never the whole list in memory); returns the list's
+        resourceVersion."""
         res = KINDS[kind]
         kwargs: dict[str, Any] = {"chunk_size": chunk_size}
         if issubclass(res, lkres.NamespacedResource):
             kwargs["namespace"] = ALL
         try:
             listing = self.client.list(res, **kwargs)
-            items = [_plain(o) async for o in listing]
-            return items, str(listing.resourceVersion or "")
+            async for obj in listing:
+                on_item(_plain(obj))
+            return str(listing.resourceVersion or "")
         except (ApiError, httpx2.HTTPError, OSError) as exc:
             raise _error(exc) from None
 
@@ -166,13 +176,14 @@ class Kube:
         meta: JSON = {"name": name, "namespace": namespace}
         if uid:
             meta["uid"] = uid
-        body = _Binding(apiVersion="v1", kind="Binding", metadata=meta,
-                        target={"apiVersion": "v1", "kind": "Node", "name": node})
+        body = _Binding.from_dict({"apiVersion": "v1", "kind": "Binding", "metadata": meta,
+                                   "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
         await self._call(self.client.create(body, name=name, namespace=namespace))
 
     async def create_event(self, event: Mapping[str, Any]) -> None:
         namespace = event["metadata"]["namespace"]
-        await self._call(self.client.create(_Event(dict(event)), namespace=namespace))
+        body: Any = _Event.from_dict(dict(event))
+        await self._call(self.client.create(body, namespace=namespace))
 
     async def get_lease(self, namespace: str, name: str) -> JSON | None:
         try:
@@ -183,20 +194,24 @@ class Kube:
             raise
 
     async def create_lease(self, namespace: str, name: str, spec: Mapping[str, Any]) -> JSON:
-        body = _Lease(apiVersion="coordination.k8s.io/v1", kind="Lease",
-                      metadata={"name": name, "namespace": namespace}, spec=dict(spec))
+        body: Any = _Lease.from_dict({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                            "metadata": {"name": name, "namespace": namespace},
+                            "spec": dict(spec)})
         return await self._call(self.client.create(body, namespace=namespace))
 
     async def replace_lease(self, namespace: str, name: str, spec: Mapping[str, Any],
                             resource_version: str) -> JSON:
-        body = _Lease(apiVersion="coordination.k8s.io/v1", kind="Lease",
-                      metadata={"name": name, "namespace": namespace,
-                                "resourceVersion": resource_version}, spec=dict(spec))
-        return await self._call(self.client.replace(body, namespace=namespace))
+        body: Any = _Lease.from_dict({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                            "metadata": {"name": name, "namespace": namespace,
+                                         "resourceVersion": resource_version},
+                            "spec": dict(spec)})
+        replace: Any = self.client.replace
+        return await self._call(replace(body, namespace=namespace))
 
     async def _call(self, awaitable: Any) -> JSON:
         try:
-            result = await awaitable
+            async with self._inflight:
+                result = await awaitable
         except (ApiError, httpx2.HTTPError, OSError) as exc:
             raise _error(exc) from None
         if result is None:

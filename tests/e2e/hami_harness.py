@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -47,9 +48,26 @@ def make_gpu_node(client: Any, name: str, *, gpus: int = 4, memory_mib: int = 24
                   split: int = 10, labels: dict[str, str] | None = None,
                   annotations: dict[str, str] | None = None) -> None:
     """A Ready node with HAMi's register annotation (device plugin's view)."""
-    ann = {"hami.io/node-nvidia-register": register_annotation(name, gpus, memory_mib, split)}
+    from lightkube import ApiError
+
+    from hami.testing.controlplane import set_node_status
+
+    ann = {"hami.io/node-nvidia-register": register_annotation(name, gpus, memory_mib, split),
+           "hami.io/node-handshake": "Requesting_" + time.strftime("%Y-%m-%d %H:%M:%S")}
     ann.update(annotations or {})
-    create_gpu_node(client, name, gpus=gpus * split, annotations=ann, labels=labels)
+    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(gpus * split)}
+    try:
+        create_gpu_node(client, name, gpus=gpus * split, annotations=ann, labels=labels)
+    except ApiError as err:  # the scheduler wrote the handshake between read and patch
+        if "has been modified" not in str(err.status.message):
+            raise
+        for _ in range(20):
+            try:
+                set_node_status(client, name, capacity=capacity)
+                return
+            except ApiError:
+                time.sleep(0.1)
+        raise
 
 
 def gpu_pod(name: str, *, gpus: int = 1, memory_mib: int | None = None, cores: int | None = None,
@@ -201,6 +219,7 @@ class FakeAllocator:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="fake-allocator")
         self.allocated = 0
+        self._seen: set[tuple[str, str, str | None]] = set()
 
     def start(self) -> FakeAllocator:
         self._thread.start()
@@ -210,18 +229,33 @@ class FakeAllocator:
         self._stop.set()
 
     def _run(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         from lightkube import Client
         from lightkube.resources.core_v1 import Pod
 
         client: Client = self.cp.client()
-        while not self._stop.is_set():
-            try:
-                for _, pod in client.watch(Pod, namespace="*", server_timeout=5):
-                    if self._stop.is_set():
-                        return
-                    self._handle(client, pod)
-            except Exception:
-                time.sleep(0.2)
+        # Several Allocate calls run at once on different nodes, as kubelets do.
+        with ThreadPoolExecutor(4) as pool:
+            while not self._stop.is_set():
+                try:
+                    for _, pod in client.watch(Pod, namespace="*", server_timeout=5):
+                        if self._stop.is_set():
+                            return
+                        if self._wanted(pod):
+                            pool.submit(self._handle, client, pod)
+                except Exception:
+                    time.sleep(0.2)
+
+    def _wanted(self, pod: Any) -> bool:
+        ann = pod.metadata.annotations or {}
+        key = (pod.metadata.namespace, pod.metadata.name, ann.get("hami.io/bind-time"))
+        if not pod.spec.nodeName or ann.get("hami.io/bind-phase") != "allocating":
+            return False
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
 
     def _handle(self, client: Any, pod: Any) -> None:
         from lightkube.resources.core_v1 import Node, Pod
@@ -302,10 +336,8 @@ class ReadyForwarder:
                 pass
             finally:
                 for s in (src, dst):
-                    try:
+                    with contextlib.suppress(OSError):
                         s.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
 
         threading.Thread(target=pipe, args=(upstream, conn), daemon=True).start()
         pipe(conn, upstream)

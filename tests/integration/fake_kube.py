@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from hami.kube import KubeError
@@ -94,9 +94,12 @@ class FakeKube:
             raise self.fail[op]
 
     # ----------------------------------------------------------- KubeApi
-    async def list(self, kind: str) -> tuple[list[JSON], str]:
+    async def list(self, kind: str, on_item: Callable[[JSON], None]) -> str:
         self._check(f"list {kind}")
-        return [copy.deepcopy(o) for o in self.objects[kind].values()], str(self.version)
+        version = str(self.version)
+        for obj in [copy.deepcopy(o) for o in self.objects[kind].values()]:
+            on_item(obj)
+        return version
 
     async def watch(self, kind: str, resource_version: str) -> AsyncIterator[tuple[str, JSON]]:
         q: asyncio.Queue[Any] = asyncio.Queue()

@@ -9,6 +9,8 @@ import json
 import ssl
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from hami.core.config import SchedulerConfig
 from hami.kube import KubeError
 from hami.offline import schedule
@@ -107,15 +109,37 @@ def test_simulation_path_has_no_side_effects() -> None:
     run(scenario)
 
 
-def test_patch_failure_undoes_the_charge() -> None:
+@pytest.mark.parametrize("async_patch", [False, True])
+def test_patch_failure_undoes_the_charge(async_patch: bool) -> None:
     async def scenario() -> None:
-        async with serving(cluster("n1")) as h:
+        async with serving(cluster("n1"), async_annotation_patch=async_patch) as h:
             before = ledger_snapshot(h.engine)
             h.kube.fail["patch pod"] = KubeError(500, "etcd is sad")
             pod = h.kube.put("Pod", gpu_pod("p", memory_mib=1000))
             result = await h.filter(pod, ["n1"])
-            assert "etcd is sad" in result["Error"]
+            if async_patch:  # answered at once; the bind learns about the failed write
+                assert result["NodeNames"] == ["n1"]
+                bind = await h.bind(pod, "n1")
+                assert "etcd is sad" in bind["Error"]
+                assert "bind" not in h.kube.calls
+            else:
+                assert "etcd is sad" in result["Error"]
             assert ledger_snapshot(h.engine) == before
+
+    run(scenario)
+
+
+def test_a_newer_filter_of_the_same_pod_lands_last() -> None:
+    async def scenario() -> None:
+        async with serving(cluster("n1", "n2")) as h:
+            pod = h.kube.put("Pod", gpu_pod("p", memory_mib=20000))
+            first = await h.filter(pod, ["n1"])
+            second = await h.filter(pod, ["n2"])
+            assert (first["NodeNames"], second["NodeNames"]) == (["n1"], ["n2"])
+            assert (await h.bind(pod, "n2"))["Error"] == ""
+            ann = h.kube.pod("p")["metadata"]["annotations"]
+            assert ann["hami.io/vgpu-node"] == "n2"
+            assert [e.node for e in h.engine.state.ledger.pods()] == ["n2"]
 
     run(scenario)
 
@@ -334,3 +358,70 @@ def test_tls_pair_is_reloaded(tmp_path) -> None:
     os.utime(cert, (later + 5, later + 5))
     assert not tls.maybe_reload()  # a broken pair keeps the old one
     assert isinstance(tls.context, ssl.SSLContext)
+
+
+def test_tls_reload_serves_the_new_certificate(tmp_path) -> None:
+    """A live HTTPS server picks up a rewritten pair for new connections."""
+    import os
+    import time
+
+    from aiohttp import web
+
+    from hami.testing.pki import CertificateAuthority
+
+    ca = CertificateAuthority.create("t")
+    cert, key = ca.issue("first", ip_sans=["127.0.0.1"], server=True).write(tmp_path, "s")
+    tls = TlsReloader(str(cert), str(key))
+
+    def peer_cn(port: int) -> str:
+        pem = ssl.get_server_certificate(("127.0.0.1", port))
+        from cryptography import x509
+
+        return x509.load_pem_x509_certificate(pem.encode()).subject.rfc4514_string()
+
+    async def scenario() -> None:
+        async def healthz(request: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        app = web.Application()
+        app.router.add_get("/healthz", healthz)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls.context)
+        await site.start()
+        port = runner.addresses[0][1]
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, peer_cn, port) == "CN=first"
+        ca.issue("second", ip_sans=["127.0.0.1"], server=True).write(tmp_path, "s")
+        later = time.time() + 5
+        os.utime(cert, (later, later))
+        assert tls.maybe_reload()
+        assert await loop.run_in_executor(None, peer_cn, port) == "CN=second"
+        await runner.cleanup()
+
+    run(scenario)
+
+
+def test_failure_token_events_and_role_label() -> None:
+    from hami.scheduler.engine import failure_tokens
+
+    assert failure_tokens({"a": "1/4 CardInsufficientMemory, 3/4 CardTimeSlicingExhausted",
+                           "b": "4/4 CardInsufficientMemory", "c": "node unregistered"}) == {
+        "CardInsufficientMemory": ["a", "b"], "CardTimeSlicingExhausted": ["a"]}
+
+    async def scenario() -> None:
+        kube = cluster("n1", "n2")
+        kube.put("Pod", gpu_pod("hami-0", namespace="kube-system"))
+        async with serving(kube, leader_elect=True, pod_name="hami-0",
+                           pod_namespace="kube-system") as h:
+            await h.engine.set_leader(True)
+            pod = kube.put("Pod", gpu_pod("big", memory_mib=999999))
+            await h.filter(pod, ["n1", "n2"])
+            await h.settle()
+            messages = [e["message"] for e in kube.events if e["reason"] == "FilteringFailed"]
+            assert messages == ["2 nodes CardInsufficientMemory(n1,n2)",
+                                "no available node, 2 nodes do not meet"]
+            labels = kube.pod("hami-0", "kube-system")["metadata"].get("labels", {})
+            assert labels["hami.io/scheduler-role"] == "leader"
+
+    run(scenario)

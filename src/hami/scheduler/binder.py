@@ -55,11 +55,13 @@ class NodeLocks:
 
     def __init__(self, api: NodeApi, *, timeout: timedelta, retry_timeout: timedelta,
                  wait_change: Callable[[str, float], Any] | None = None,
+                 cached: Callable[[str], Mapping[str, Any] | None] | None = None,
                  now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.api = api
         self.timeout = timeout
         self.retry_timeout = retry_timeout
         self.wait_change = wait_change
+        self.cached = cached
         self.now = now
         self._mutex: dict[str, asyncio.Lock] = {}
         self.takeovers = 0
@@ -93,8 +95,11 @@ class NodeLocks:
     async def _try(self, node: str, namespace: str, name: str) -> None:
         mutex = self._mutex.setdefault(node, asyncio.Lock())
         async with mutex:
-            for _ in range(_CAS_ATTEMPTS):
-                obj = await self._get(node)
+            for attempt in range(_CAS_ATTEMPTS):
+                # First from the watch cache (saves a GET); a stale copy only costs a 409.
+                obj = self.cached(node) if self.cached is not None and attempt == 0 else None
+                if obj is None or not (obj.get("metadata") or {}).get("resourceVersion"):
+                    obj = await self._get(node)
                 value, rv = _lock_of(obj)
                 now = self.now()
                 step = lock_step(value, now, self.timeout, namespace, name)

@@ -35,6 +35,7 @@ def scheduler(
     node_label_selector: Annotated[str, typer.Option(help="only nodes with these labels, k=v,...")] = "",
     kubeconfig: Annotated[str, typer.Option(help="kubeconfig (default $KUBECONFIG, else in-cluster)")] = "",
     kube_timeout: Annotated[int, typer.Option(help="API request timeout, seconds (0: 10)")] = 0,
+    kube_max_inflight: Annotated[int, typer.Option(help="most API requests in flight at once")] = 32,
     node_lock_timeout: Annotated[str, typer.Option(help="node lock expiry")] = "5m",
     node_lock_retry_timeout: Annotated[str, typer.Option(help="how long bind waits for a locked node (0: no wait)")] = "28s",
     force_overwrite_default_scheduler: Annotated[bool, typer.Option(help="webhook replaces default-scheduler")] = True,
@@ -47,6 +48,7 @@ def scheduler(
     device_config_file: Annotated[str, typer.Option(help="HAMi device-config.yaml")] = "",
     register_interval: Annotated[str, typer.Option(help="node registration/health period")] = "15s",
     events: Annotated[bool, typer.Option(help="post Kubernetes Events for filter/bind")] = True,
+    async_annotation_patch: Annotated[bool, typer.Option(help="answer /filter before its annotation patch lands (/bind waits for it)")] = True,
     debug: Annotated[bool, typer.Option(help="verbose logs")] = False,
 ) -> None:
     """Run the scheduler extender + mutating webhook (HAMi's hami-scheduler)."""
@@ -64,6 +66,7 @@ def scheduler(
             gpu_scheduler_policy=gpu_scheduler_policy, metrics_bind_address=metrics_bind_address,
             node_label_selector=parse_label_selector(node_label_selector), kubeconfig=kubeconfig,
             kube_timeout=timedelta(seconds=kube_timeout or 10),
+            kube_max_inflight=max(1, kube_max_inflight),
             node_lock_timeout=_duration(node_lock_timeout, "--node-lock-timeout"),
             node_lock_retry_timeout=_duration(node_lock_retry_timeout, "--node-lock-retry-timeout"),
             force_overwrite_default_scheduler=force_overwrite_default_scheduler,
@@ -74,7 +77,7 @@ def scheduler(
             leader_elect_retry_period=_duration(leader_elect_retry_period, "--leader-elect-retry-period"),
             device_config_file=device_config_file,
             register_interval=_duration(register_interval, "--register-interval"),
-            events=events, debug=debug)
+            events=events, async_annotation_patch=async_annotation_patch, debug=debug)
         settings.validate()
         settings.scheduler_config()
     except ConfigError as exc:

@@ -48,7 +48,12 @@ class LeaderElector:
 
     async def run(self) -> None:
         while True:
-            await self.tick()
+            try:
+                await self.tick()
+            except Exception:  # never let the loop die: a dead loop would lead forever
+                log.exception("leader election round failed")
+                if self.leader and time.monotonic() - self._renewed > self.renew_deadline:
+                    await self._set(False)
             await asyncio.sleep(self.retry)
 
     async def tick(self) -> None:

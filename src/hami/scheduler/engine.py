@@ -19,8 +19,11 @@ shell only decides *when* to apply them:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import gc
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -55,7 +58,7 @@ KINDS = ("Node", "ResourceQuota", "Pod")
 class KubeApi(Protocol):
     """What the engine needs from :class:`hami.kube.Kube` (a fake implements it in tests)."""
 
-    async def list(self, kind: str) -> tuple[list[JSON], str]: ...
+    async def list(self, kind: str, on_item: Callable[[JSON], None]) -> str: ...
     def watch(self, kind: str, resource_version: str) -> Any: ...
     async def get_node(self, name: str) -> JSON: ...
     async def get_pod(self, namespace: str, name: str) -> JSON | None: ...
@@ -90,6 +93,36 @@ def _ordered(node_names: list[str] | None) -> list[str] | None:
     core breaks score ties by input order, so sorting makes the choice reproducible (the
     offline ``hami schedule`` gives the same answer for nodes listed by name)."""
     return None if node_names is None else sorted(node_names)
+
+
+_TOKEN = re.compile(r"^(\d+)/(\d+) (\S+)$")
+
+
+def failure_tokens(failed: Mapping[str, str]) -> dict[str, list[str]]:
+    """Nodes per failure token, from GenReason strings (``"1/4 CardInsufficientMemory, ..."``);
+    only items of the form ``<n>/<m> <Token>`` count, as in HAMi."""
+    out: dict[str, list[str]] = {}
+    for node, reason in failed.items():
+        for item in reason.split(", "):
+            match = _TOKEN.match(item.strip())
+            if match:
+                out.setdefault(match.group(3), []).append(node)
+    return out
+
+
+def _list_key(kind: str, obj: Mapping[str, Any]) -> Any:
+    if kind == "Pod":
+        return pod_uid(obj)
+    if kind == "ResourceQuota":
+        return _quota_key(obj)
+    return str(_meta(obj).get("name") or "")
+
+
+def _registration_view(node: Mapping[str, Any]) -> Any:
+    """What registration reads from a node: everything but the node lock annotation."""
+    meta = node["metadata"]
+    ann = {k: v for k, v in meta["annotations"].items() if k != names.NODE_LOCK}
+    return ann, meta["labels"], node["status"]["allocatable"]
 
 
 def _quota_key(quota: Mapping[str, Any]) -> tuple[str, str]:
@@ -139,13 +172,15 @@ class Engine:
         self._node_changed: dict[str, asyncio.Event] = {}
         self._committed_at: dict[str, float] = {}
         self._quotas: set[tuple[str, str]] = set()
+        self._pending_patch: dict[str, asyncio.Future[str]] = {}
         self._resource_version: dict[str, str] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self.events = EventSink(kube, settings.scheduler_name, enabled=settings.events)
         self.locks = NodeLocks(kube, timeout=settings.node_lock_timeout,
                                retry_timeout=settings.node_lock_retry_timeout,
-                               wait_change=self._wait_node_change)
+                               wait_change=self._wait_node_change,
+                               cached=self.nodes.get)
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -169,12 +204,18 @@ class Engine:
         await self.events.stop()
 
     async def resync(self, kinds: tuple[str, ...] = KINDS) -> None:
-        """List ``kinds`` and reconcile the caches with the lists."""
-        listed_at = time.monotonic()
-        results = await asyncio.gather(*(self.kube.list(k) for k in kinds))
-        for kind, (items, rv) in zip(kinds, results, strict=True):
-            self._reconcile(kind, items, listed_at)
-            self._resource_version[kind] = rv
+        """List ``kinds`` (streamed: each object is applied as it arrives) and reconcile
+        the caches with the lists (what was not listed is gone)."""
+        for kind in kinds:
+            listed_at = time.monotonic()
+            seen: set[Any] = set()
+
+            def on_item(obj: JSON, kind: str = kind, seen: set[Any] = seen) -> None:
+                seen.add(_list_key(kind, obj))
+                self.apply(kind, "ADDED", obj)
+
+            self._resource_version[kind] = await self.kube.list(kind, on_item)
+            self._forget_unlisted(kind, seen, listed_at)
             self.counters.relists[kind] += 1
 
     async def set_leader(self, leader: bool) -> None:
@@ -185,6 +226,17 @@ class Engine:
             self.register_all()
         elif not leader:
             self.leader = False
+        if self.settings.pod_name and self.settings.pod_namespace:
+            self._spawn(self._label_self("leader" if leader else "follower"))
+
+    async def _label_self(self, role: str) -> None:
+        """``hami.io/scheduler-role`` on this replica's own pod (a Service can select the
+        leader by it)."""
+        try:
+            await self.kube.patch_pod(self.settings.pod_namespace, self.settings.pod_name,
+                                      {"metadata": {"labels": {"hami.io/scheduler-role": role}}})
+        except KubeError as exc:
+            log.info("scheduler-role label not written: %s", exc)
 
     # ------------------------------------------------------------- watches
     async def _watch(self, kind: str) -> None:
@@ -234,30 +286,26 @@ class Engine:
                 self.state.upsert_quota(obj)
                 self._quotas.add(_quota_key(obj))
 
-    def _reconcile(self, kind: str, items: list[JSON], listed_at: float) -> None:
+    def _forget_unlisted(self, kind: str, listed: set[Any], listed_at: float) -> None:
         if kind == "Node":
-            listed = {str(_meta(n).get("name")) for n in items}
             for name in list(self.nodes):
                 if name not in listed:
                     self._apply_node({"metadata": {"name": name}}, True)
         elif kind == "ResourceQuota":
-            listed_q = {_quota_key(q) for q in items}
-            for ns, qname in list(self._quotas - listed_q):
+            for ns, qname in list(self._quotas - listed):
                 self.apply(kind, "DELETED", {"metadata": {"namespace": ns, "name": qname}})
         elif kind == "Pod":
-            listed_p = {pod_uid(p) for p in items}
             for entry in list(self.state.ledger.pods()):
-                if entry.uid not in listed_p and self._committed_at.get(entry.uid, -1.0) < listed_at:
+                if entry.uid not in listed and self._committed_at.get(entry.uid, -1.0) < listed_at:
                     self.state.remove_pod(entry.uid)
                     self._committed_at.pop(entry.uid, None)
-        for obj in items:
-            self.apply(kind, "ADDED", obj)
 
     def _apply_pod(self, pod: Mapping[str, Any], deleted: bool) -> None:
         uid = pod_uid(pod)
         if deleted:
             self.state.remove_pod(uid)
             self._committed_at.pop(uid, None)
+            self._pending_patch.pop(uid, None)
             return
         annotations = _meta(pod).get("annotations") or {}
         phase = (pod.get("status") or {}).get("phase")
@@ -277,8 +325,11 @@ class Engine:
             self._reported.pop(name, None)
             self.node_reasons.pop(name, None)
         else:
-            self.nodes[name] = _slim_node(node)
-            self.register(name)
+            slim = _slim_node(node)
+            old = self.nodes.get(name)
+            self.nodes[name] = slim
+            if old is None or _registration_view(old) != _registration_view(slim):
+                self.register(name)  # not for lock-only changes (two per bind)
         changed = self._node_changed.get(name)
         if changed is not None:
             changed.set()
@@ -317,10 +368,8 @@ class Engine:
     async def _wait_node_change(self, name: str, seconds: float) -> None:
         event = self._node_changed.setdefault(name, asyncio.Event())
         event.clear()
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), seconds)
-        except TimeoutError:
-            pass
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -377,27 +426,60 @@ class Engine:
         uid = pod_uid(pod)
         annotations = {**decision.annotations, names.VGPU_TIME: str(int(time.time()))}
         self.state.commit(pod, decision)
+        entry = self.state.commit(pod, decision)
         self._committed_at[uid] = time.monotonic()
         patch = {"metadata": {"annotations": annotations,
                               "labels": {names.VGPU_NODE: result.node}}}
+        n = len(args.node_names or ())
+        success = (f"find fit node({result.node}), {n - 1} nodes not fit, 1 nodes "
+                   f"fit({result.node}:{result.score:.2f})")
+        write = self._write_allocation(meta, uid, entry, patch, success,
+                                       self._pending_patch.get(uid))
+        if self.settings.async_annotation_patch:
+            # Answer now; the merge patch is on its way and /bind waits for it (a failed
+            # write fails the bind, kube-scheduler then filters the pod again).
+            task = asyncio.ensure_future(write)
+            self._pending_patch[uid] = task
+            task.add_done_callback(functools.partial(self._patch_done, uid))
+            return filter_result(node_names=[result.node])
+        error = await write
+        return filter_result(error=error) if error else filter_result(node_names=[result.node])
+
+    async def _write_allocation(self, meta: Mapping[str, Any], uid: str, entry: Any,
+                                patch: Mapping[str, Any], success: str,
+                                previous: asyncio.Future[str] | None) -> str:
+        """The filter's one merge patch (annotations + label); "" or the error. On failure
+        the charge is undone unless a newer filter of the same pod replaced it."""
+        if previous is not None:  # an older decision for this pod must not land last
+            await asyncio.gather(previous, return_exceptions=True)
         try:
             await self.kube.patch_pod(str(meta.get("namespace") or "default"),
                                       str(meta.get("name") or ""), patch)
         except KubeError as exc:
-            self.state.remove_pod(uid)
-            self._committed_at.pop(uid, None)
+            if self.state.ledger.pod(uid) is entry:
+                self.state.remove_pod(uid)
+                self._committed_at.pop(uid, None)
             self.counters.patch_failures += 1
             message = f"patch pod annotations failed: {exc.message}"
             self.events.emit(meta, FILTERING_FAILED, message, warning=True)
-            return filter_result(error=message)
-        n = len(args.node_names or ())
-        self.events.emit(meta, FILTERING_SUCCEED,
-                         f"find fit node({result.node}), {n - 1} nodes not fit, 1 nodes "
-                         f"fit({result.node}:{result.score:.2f})", warning=False)
-        return filter_result(node_names=[result.node])
+            return message
+        self.events.emit(meta, FILTERING_SUCCEED, success, warning=False)
+        return ""
+
+    def _patch_done(self, uid: str, task: asyncio.Future[str]) -> None:
+        """A written patch is forgotten; a failed one stays until the bind (which then
+        fails) or the next filter of the pod, or its deletion, consumes it."""
+        failed = task.cancelled() or task.exception() is not None or bool(task.result())
+        if self._pending_patch.get(uid) is task and not failed:
+            del self._pending_patch[uid]
 
     def _unschedulable_events(self, meta: Mapping[str, Any], failed: Mapping[str, str],
                               n: int) -> None:
+        """HAMi's FilteringFailed events: one per failure token, then the summary (§10)."""
+        for token, nodes in sorted(failure_tokens(failed).items()):
+            self.events.emit(meta, FILTERING_FAILED,
+                             f"{len(nodes)} nodes {token}({','.join(sorted(nodes))})",
+                             warning=True)
         self.events.emit(meta, FILTERING_FAILED, f"no available node, {n} nodes do not meet",
                          warning=True)
 
@@ -448,6 +530,13 @@ class Engine:
             return {"Error": not_ready}
         ns = args.pod_namespace or "default"
         meta = {"namespace": ns, "name": args.pod_name, "uid": args.pod_uid}
+        pending = self._pending_patch.pop(args.pod_uid, None) if args.pod_uid else None
+        if pending is not None:
+            error = (await asyncio.gather(pending, return_exceptions=True))[0]
+            if error:
+                message = str(error)
+                self.events.emit(meta, BINDING_FAILED, message, warning=True)
+                return {"Error": message}
         entry = self._pod_entry(args)
         needs_lock = entry is not None and any(
             devices for pos, devices in enumerate(entry.devices) if pos >= entry.n_init)

@@ -12,6 +12,7 @@ goes on serving whatever the body.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -173,17 +174,16 @@ async def serve(settings: SchedulerSettings, *, kube: Any = None,
     own_kube = kube is None
     if kube is None:
         kube = Kube.connect(settings.kubeconfig or None,
-                            timeout_s=settings.kube_timeout.total_seconds() or 10.0)
+                            timeout_s=settings.kube_timeout.total_seconds() or 10.0,
+                            max_inflight=settings.kube_max_inflight)
     metrics = SchedulerMetrics()
     engine = Engine(settings, kube, observer=metrics)
     metrics.attach(engine)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        try:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
             loop.add_signal_handler(sig, stop.set)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
 
     tls = TlsReloader(settings.cert_file, settings.key_file) if settings.cert_file else None
     runners: list[web.AppRunner] = []

@@ -43,6 +43,8 @@ class SchedulerSettings:
     node_label_selector: dict[str, str] = field(default_factory=dict)
     kubeconfig: str = ""
     kube_timeout: timedelta = timedelta(seconds=10)
+    #: Most API requests in flight at once (watches not counted).
+    kube_max_inflight: int = 32
     node_lock_timeout: timedelta = timedelta(minutes=5)
     node_lock_retry_timeout: timedelta = timedelta(seconds=28)
     force_overwrite_default_scheduler: bool = True
@@ -56,6 +58,9 @@ class SchedulerSettings:
     register_interval: timedelta = timedelta(seconds=15)
     max_body_bytes: int = 1 << 20
     events: bool = True
+    #: Answer /filter once the decision is charged, with its annotation patch in flight;
+    #: /bind waits for that patch. False: /filter answers after the patch (HAMi's order).
+    async_annotation_patch: bool = True
     identity: str = field(default_factory=default_identity)
     pod_name: str = field(default_factory=lambda: os.environ.get("POD_NAME", ""))
     pod_namespace: str = field(default_factory=lambda: os.environ.get("POD_NAMESPACE", ""))
