@@ -127,8 +127,8 @@ def test_scheduler_deployment(default: list[dict[str, Any]]) -> None:
     args = ext["args"]
     for flag in ("--http_bind=0.0.0.0:9443", "--metrics-bind-address=:9395",
                  "--scheduler-name=hami-scheduler", "--device-config-file=/device-config.yaml",
-                 "--cert_file=/tls/tls.crt", "--key_file=/tls/tls.key", "--leader-elect",
-                 "--leader-elect-resource-name=hami-scheduler-extender",
+                 "--cert_file=/tls/tls.crt", "--key_file=/tls/tls.key", "--leader-elect", "--leader-elect-follow",
+                 "--leader-elect-resource-name=hami-scheduler",
                  f"--leader-elect-resource-namespace={NAMESPACE}"):
         assert flag in args
     env = {e["name"]: e for e in ext["env"]}

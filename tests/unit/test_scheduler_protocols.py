@@ -206,3 +206,19 @@ def test_health_decisions_never_raise(handshake: str | None, gpus: str, reported
     n["status"]["allocatable"]["nvidia.com/gpu"] = gpus
     health = check_node(n, reported, LOCAL)
     assert isinstance(health.healthy, bool) and health.reported >= 0
+
+
+def test_follow_mode_leads_only_while_the_lease_holder_is_this_host():
+    from datetime import UTC, datetime, timedelta
+
+    from hami.scheduler.lease import follows_as_leader, micro_time
+
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    fresh = {"holderIdentity": "sched-pod-7_3f2a", "leaseDurationSeconds": 15,
+             "renewTime": micro_time(now - timedelta(seconds=5))}
+    assert follows_as_leader(fresh, "sched-pod-7", now)
+    assert not follows_as_leader(fresh, "sched-pod-8", now)
+    assert not follows_as_leader({**fresh, "renewTime": micro_time(now - timedelta(seconds=20))},
+                                 "sched-pod-7", now)
+    assert not follows_as_leader(None, "sched-pod-7", now)
+    assert not follows_as_leader({**fresh, "renewTime": "garbage"}, "sched-pod-7", now)

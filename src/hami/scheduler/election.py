@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from hami.kube import KubeError
-from hami.scheduler.lease import lease_step, release_spec
+from hami.scheduler.lease import follows_as_leader, lease_step, release_spec
 from hami.scheduler.settings import SchedulerSettings
 
 log = logging.getLogger("hami.scheduler.election")
@@ -42,6 +42,8 @@ class LeaderElector:
         self.renew_deadline = settings.leader_elect_renew_deadline.total_seconds()
         self.retry = settings.leader_elect_retry_period.total_seconds()
         self.on_change = on_change
+        self.follow = settings.leader_elect_follow
+        self.hostname = settings.identity.split("_", 1)[0]
         self.leader = False
         self.holder = ""
         self._renewed = 0.0
@@ -57,9 +59,14 @@ class LeaderElector:
             await asyncio.sleep(self.retry)
 
     async def tick(self) -> None:
-        """One read-decide-write round."""
+        """One read-decide-write round (read-decide only when following kube-scheduler)."""
         try:
             lease = await self.api.get_lease(self.namespace, self.name)
+            if self.follow:
+                spec = None if lease is None else (lease.get("spec") or {})
+                self.holder = "" if spec is None else str(spec.get("holderIdentity") or "")
+                await self._set(follows_as_leader(spec, self.hostname, datetime.now(UTC)))
+                return
             spec = None if lease is None else (lease.get("spec") or {})
             step = lease_step(spec, self.identity, datetime.now(UTC), self.duration)
             self.holder = step.holder
@@ -91,7 +98,7 @@ class LeaderElector:
 
     async def release(self) -> None:
         """Clean shutdown: free the lease so a standby takes over at once."""
-        if not self.leader:
+        if not self.leader or self.follow:
             return
         try:
             lease = await self.api.get_lease(self.namespace, self.name)

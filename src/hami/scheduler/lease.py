@@ -66,3 +66,18 @@ def release_spec(spec: Mapping[str, Any], identity: str, now: datetime) -> dict[
         return None
     return {**dict(spec), "holderIdentity": None, "leaseDurationSeconds": 1,
             "renewTime": micro_time(now)}
+
+
+def follows_as_leader(spec: Mapping[str, Any] | None, hostname: str, now: datetime) -> bool:
+    """HAMi's rule (spec §4.13) for a process that does not elect itself: it leads iff the
+    kube-scheduler Lease's holder identity starts with this host's name (kube-scheduler
+    writes ``<hostname>_<uuid>``) and the lease has not expired. So the hami process in the
+    same pod as the active kube-scheduler is the one that decides."""
+    if not spec or not hostname:
+        return False
+    holder = spec.get("holderIdentity") or ""
+    if not holder.startswith(hostname):
+        return False
+    renewed = parse_micro_time(spec.get("renewTime"))
+    seconds = int(spec.get("leaseDurationSeconds") or 0)
+    return renewed is not None and now < renewed + timedelta(seconds=seconds)

@@ -54,6 +54,8 @@ class SchedulerSettings:
     leader_elect_lease_duration: timedelta = timedelta(seconds=15)
     leader_elect_renew_deadline: timedelta = timedelta(seconds=10)
     leader_elect_retry_period: timedelta = timedelta(seconds=2)
+    #: Do not elect: lead iff the Lease (kube-scheduler's) is held by this host (§4.13).
+    leader_elect_follow: bool = False
     device_config_file: str = ""
     register_interval: timedelta = timedelta(seconds=15)
     max_body_bytes: int = 1 << 20

@@ -40,7 +40,7 @@ def test_quickstart_schedules_a_pod(tmp_path: Path) -> None:
         assert "forbidden" not in text.lower(), text[-3000:]
     assert 'Successfully acquired lease" lock="hami-system/hami-scheduler"' in \
         (tmp_path / "kube-scheduler.log").read_text()
-    assert "acquired leadership of hami-system/hami-scheduler-extender" in \
+    assert "acquired leadership of hami-system/hami-scheduler" in \
         (tmp_path / "hami-scheduler.log").read_text()
     # The scheduler's /metrics as served over HTTP during the run passes promtool.
     from tests.deploy.test_metrics import promtool

@@ -172,7 +172,9 @@ nvidia:
 {{- end -}}
 {{- end -}}
 
-{{/* Lease of the hami scheduler's own leader election (kube-scheduler's is schedulerName). */}}
+{{/* The Lease the hami scheduler follows: kube-scheduler's own (named after the profile).
+The hami process leads iff that Lease's holder is its pod, so the active kube-scheduler
+always calls a leading extender in its own pod (HAMi's rule, spec 4.13). */}}
 {{- define "hami.extenderLease" -}}
-{{- printf "%s-extender" .Values.schedulerName -}}
+{{- .Values.schedulerName -}}
 {{- end -}}
