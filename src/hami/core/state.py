@@ -82,6 +82,8 @@ class ClusterState:
         self.config = config or SchedulerConfig()
         self.ledger = UsageLedger()
         self.quota = QuotaLedger(self.config.nvidia)
+        #: MIG reservations per charged pod uid, as decoded (runtime identity included).
+        self.mig: dict[str, tuple[MigAllocation, ...]] = {}
 
     # ----------------------------------------------------------------- nodes
     def upsert_node(self, node: Mapping[str, Any], *, cpu_milli: int | None = None,
@@ -167,6 +169,8 @@ class ClusterState:
         entry = self.ledger.add_pod(uid, node, devices, n_init, namespace=namespace,
                                     name=name, cpu_milli=cpu_milli, memory_mib=memory_mib,
                                     mig=tuple((m.gpu_uuid, m.placement) for m in mig))
+        if mig:
+            self.mig[uid] = tuple(mig)
         self._charge_quota(entry)
         return entry
 
@@ -183,6 +187,7 @@ class ClusterState:
     def remove_pod(self, uid: str) -> None:
         """Release a pod's charge (delete, terminal phase, or re-filter)."""
         entry = self.ledger.remove_pod(uid)
+        self.mig.pop(uid, None)
         if entry is not None:
             self._release_quota(entry)
 

@@ -45,6 +45,8 @@ def scheduler(
     leader_elect_lease_duration: Annotated[str, typer.Option(help="lease duration")] = "15s",
     leader_elect_renew_deadline: Annotated[str, typer.Option(help="renew deadline")] = "10s",
     leader_elect_retry_period: Annotated[str, typer.Option(help="retry period")] = "2s",
+    legacy_metrics: Annotated[bool, typer.Option(
+        help="also serve HAMi's legacy metric names (GPUDeviceMemoryLimit, ...)")] = False,
     leader_elect_follow: Annotated[bool, typer.Option(
         help="with --leader-elect: do not elect, follow the named Lease of kube-scheduler "
              "and lead iff its holder is this host (HAMi's rule)")] = False,
@@ -79,6 +81,7 @@ def scheduler(
             leader_elect_renew_deadline=_duration(leader_elect_renew_deadline, "--leader-elect-renew-deadline"),
             leader_elect_retry_period=_duration(leader_elect_retry_period, "--leader-elect-retry-period"),
             leader_elect_follow=leader_elect_follow,
+            legacy_metrics=legacy_metrics,
             device_config_file=device_config_file,
             register_interval=_duration(register_interval, "--register-interval"),
             events=events, async_annotation_patch=async_annotation_patch, debug=debug)

@@ -34,7 +34,8 @@ class SchedulerMetrics:
     """The registry, the two latency histograms (the engine's observer) and the
     scrape-time collector."""
 
-    def __init__(self) -> None:
+    def __init__(self, legacy: bool = False) -> None:
+        self.legacy = legacy
         self.registry = CollectorRegistry(auto_describe=True)
         self.filter_seconds = Histogram(
             "hami_scheduler_filter_duration_seconds",
@@ -54,7 +55,7 @@ class SchedulerMetrics:
 
     def attach(self, engine: Engine) -> None:
         """Start reporting ``engine``'s ledger and quota."""
-        self._collector = _ClusterCollector(engine)
+        self._collector = _ClusterCollector(engine, self.legacy)
         self.registry.register(self._collector)
 
 
@@ -63,8 +64,9 @@ def _family(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
 
 
 class _ClusterCollector(Collector):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, legacy: bool = False) -> None:
         self.engine = engine
+        self.legacy = legacy
 
     def describe(self) -> list[Metric]:
         return []
@@ -78,8 +80,11 @@ class _ClusterCollector(Collector):
                           f"{platform.system().lower()}/{platform.machine()}"], 1)
         yield build
         yield from self._devices()
+        yield from self._mig()
         yield from self._quotas()
         yield from self._pods()
+        if self.legacy:
+            yield from self._legacy()
 
     def _devices(self) -> Iterator[Metric]:
         dev = ["node", "device_uuid", "device_index", "device_type"]
@@ -110,6 +115,100 @@ class _ClusterCollector(Collector):
                 if info.memory_mib > 0:
                     ratio.add_metric(labels, mem / info.memory_mib)
         yield from (mem_limit, core_limit, mem_alloc, shared, core_alloc, overview, ratio)
+
+    def _mig(self) -> Iterator[Metric]:
+        """``hami_node_gpu_mig_instance_info``: 1 per MIG reservation the device plugin has
+        realised (MIG UUID, GPU and compute instance ids known), spec §8."""
+        info = _family("hami_node_gpu_mig_instance_info", "MIG instance placed on a GPU",
+                       ["node", "device_uuid", "device_index", "mig_uuid", "profile",
+                        "gpu_instance_id", "compute_instance_id", "placement_start",
+                        "placement_size"])
+        state = self.engine.state
+        for uid, allocations in state.mig.items():
+            entry = state.ledger.pod(uid)
+            node = state.ledger.node(entry.node) if entry is not None else None
+            if node is None:
+                continue
+            index = {d.uuid: d.index for d in node.devices}
+            for a in allocations:
+                if a.runtime is None or a.gpu_uuid not in index:
+                    continue
+                info.add_metric([node.name, a.gpu_uuid, str(index[a.gpu_uuid]),
+                                 a.runtime.mig_uuid, a.profile,
+                                 str(a.runtime.gpu_instance_id),
+                                 str(a.runtime.compute_instance_id),
+                                 str(a.placement.start), str(a.placement.size), ZONE], 1)
+        yield info
+
+    def _legacy(self) -> Iterator[Metric]:
+        """The pre-2.5 names HAMi still serves with ``--legacy-metrics`` (spec §8)."""
+        dev = ["nodeid", "deviceuuid", "deviceidx", "devicetype"]
+        fams = {
+            "GPUDeviceMemoryLimit": _family("GPUDeviceMemoryLimit", "GPU device memory limit", dev),
+            "GPUDeviceCoreLimit": _family("GPUDeviceCoreLimit", "GPU device core limit", dev),
+            "GPUDeviceSharedNum": _family("GPUDeviceSharedNum", "Number of tasks sharing the GPU",
+                                          dev),
+            "GPUDeviceCoreAllocated": _family("GPUDeviceCoreAllocated", "GPU cores allocated",
+                                              dev),
+        }
+        mem_alloc = _family("GPUDeviceMemoryAllocated", "GPU device memory allocated",
+                            ["nodeid", "deviceuuid", "deviceidx", "devicecores", "devicetype"])
+        overview = _family("nodeGPUOverview", "GPU overview per node",
+                           ["nodeid", "deviceuuid", "deviceidx", "devicecores",
+                            "devicememorylimit", "devicetype"])
+        pct = _family("nodeGPUMemoryPercentage", "Allocated share of GPU memory",
+                      ["nodeid", "deviceuuid", "deviceidx"])
+        ledger = self.engine.state.ledger
+        for node in ledger.node_names():
+            for info, slots, mem, cores in ledger.device_usage(node):
+                idx = str(info.index)
+                labels = [node, info.uuid, idx, info.type, ZONE]
+                fams["GPUDeviceMemoryLimit"].add_metric(labels, info.memory_mib * MIB)
+                fams["GPUDeviceCoreLimit"].add_metric(labels, info.cores_percent)
+                fams["GPUDeviceSharedNum"].add_metric(labels, slots)
+                fams["GPUDeviceCoreAllocated"].add_metric(labels, cores)
+                mem_alloc.add_metric([node, info.uuid, idx, str(info.cores_percent), info.type,
+                                      ZONE], mem * MIB)
+                overview.add_metric([node, info.uuid, idx, str(info.cores_percent),
+                                     str(info.memory_mib), info.type, ZONE], mem * MIB)
+                if info.memory_mib > 0:
+                    pct.add_metric([node, info.uuid, idx, ZONE], mem / info.memory_mib)
+        yield from (*fams.values(), mem_alloc, overview, pct)
+        mig = _family("nodeGPUMigInstance", "MIG instance placed on a GPU",
+                      ["nodeid", "deviceuuid", "deviceidx", "migname"])
+        state = self.engine.state
+        for uid, allocations in state.mig.items():
+            entry = ledger.pod(uid)
+            node_entry = ledger.node(entry.node) if entry is not None else None
+            if node_entry is None:
+                continue
+            index = {d.uuid: d.index for d in node_entry.devices}
+            for a in allocations:
+                if a.runtime is not None and a.gpu_uuid in index:
+                    mig.add_metric([node_entry.name, a.gpu_uuid, str(index[a.gpu_uuid]),
+                                    f"{a.profile}-{a.runtime.gpu_instance_id}", ZONE], 1)
+        yield mig
+        quota = _family("QuotaUsed", "Resource quota used", ["quotanamespace", "quotaName", "limit"])
+        names = self.engine.config.nvidia
+        for ns, q in state.quota.namespaces().items():
+            for rname, lim, use in ((names.resource_memory_name, q.memory_limit_mib,
+                                     q.memory_used_mib),
+                                    (names.resource_core_name, q.cores_limit_percent,
+                                     q.cores_used_percent)):
+                if lim is not None:
+                    quota.add_metric([ns, rname, str(lim), ZONE], use)
+        yield quota
+        pod_labels = ["podnamespace", "nodename", "podname", "containeridx", "deviceuuid"]
+        vmem = _family("vGPUMemoryAllocated", "vGPU memory allocated to a pod", pod_labels)
+        vcore = _family("vGPUCoreAllocated", "vGPU cores allocated to a pod", pod_labels)
+        for pod_entry in ledger.pods():
+            for charge in pod_entry.charges:
+                if charge.uuid:
+                    lab = [pod_entry.namespace, pod_entry.node, pod_entry.name, "0", charge.uuid,
+                           ZONE]
+                    vmem.add_metric(lab, charge.memory_mib * MIB)
+                    vcore.add_metric(lab, charge.cores_percent)
+        yield from (vmem, vcore)
 
     def _quotas(self) -> Iterator[Metric]:
         used = _family("hami_resource_quota_used", "Resource quota used",

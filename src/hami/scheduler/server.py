@@ -176,7 +176,7 @@ async def serve(settings: SchedulerSettings, *, kube: Any = None,
         kube = Kube.connect(settings.kubeconfig or None,
                             timeout_s=settings.kube_timeout.total_seconds() or 10.0,
                             max_inflight=settings.kube_max_inflight)
-    metrics = SchedulerMetrics()
+    metrics = SchedulerMetrics(legacy=settings.legacy_metrics)
     engine = Engine(settings, kube, observer=metrics)
     metrics.attach(engine)
     stop = stop or asyncio.Event()

@@ -67,6 +67,8 @@ class SchedulerSettings:
     pod_name: str = field(default_factory=lambda: os.environ.get("POD_NAME", ""))
     pod_namespace: str = field(default_factory=lambda: os.environ.get("POD_NAMESPACE", ""))
     debug: bool = False
+    #: Also serve HAMi's pre-2.5 metric names (spec §8).
+    legacy_metrics: bool = False
 
     def validate(self) -> None:
         """Raises ConfigError on a bad value (checked once at start-up)."""
