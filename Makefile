@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup simulate test lint native k8s cluster e2e clean
+.PHONY: setup simulate test lint native k8s helm cluster e2e images clean
 
 $(BIN)/hami: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,9 @@ native:
 k8s:
 	hack/k8s/build.sh
 
+helm:
+	hack/helm/build.sh
+
 cluster: setup k8s
 	$(BIN)/python -m hami.testing.controlplane up --gpu-node gpu-0
 
@@ -33,8 +36,16 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: setup native k8s lint
-	HAMI_E2E_REQUIRED=1 $(BIN)/pytest
+test: setup native k8s helm lint
+	HAMI_E2E_REQUIRED=1 HAMI_DEPLOY_REQUIRED=1 $(BIN)/pytest
+
+REGISTRY ?= hami
+TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+ENGINE ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
+images:
+	@test -n "$(ENGINE)" || { echo "make images: no container engine (docker or podman)"; exit 1; }
+	DOCKER_BUILDKIT=1 $(ENGINE) build -f deploy/docker/scheduler.Dockerfile -t $(REGISTRY)/hami-scheduler:$(TAG) .
+	DOCKER_BUILDKIT=1 $(ENGINE) build -f deploy/docker/device-plugin.Dockerfile -t $(REGISTRY)/hami-device-plugin:$(TAG) .
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

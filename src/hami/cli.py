@@ -73,12 +73,21 @@ def _print_table(report: dict) -> None:  # type: ignore[type-arg]
     Console().print(table)
 
 
-def _register_optional() -> None:
-    try:
-        from hami.sim.command import simulate
-    except ImportError:  # the simulator lands separately
-        return
+def _register() -> None:
+    """The component commands; each module imports its heavy libraries lazily or is small."""
+    from hami.certgen import certgen
+    from hami.deviceplugin.command import device_plugin
+    from hami.monitor.command import monitor
+    from hami.scheduler.command import scheduler
+    from hami.sim.command import simulate
+    from hami.top import top
+
+    app.command("scheduler")(scheduler)
+    app.command("device-plugin")(device_plugin)
+    app.command("monitor")(monitor)
+    app.command("top")(top)
+    app.command("certgen")(certgen)
     app.command("simulate")(simulate)
 
 
-_register_optional()
+_register()

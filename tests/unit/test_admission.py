@@ -137,3 +137,11 @@ def test_quota_precheck_takes_max_of_app_sum_and_init_peak():
     assert admit(fits, CONFIG, quota).allowed
     too_much = pod(containers=[container("a", gpu=2, gpumem=3000)], namespace="ns")
     assert not admit(too_much, CONFIG, quota).allowed
+
+
+def test_container_without_resources_gets_no_empty_patch():
+    p = pod(containers=[container(gpu=1)])
+    p["spec"]["containers"].append({"name": "sidecar", "image": "busybox"})
+    result = admit(p, CONFIG)
+    assert all("/containers/1" not in op["path"] for op in result.patch)
+    assert "resources" not in result.pod["spec"]["containers"][1]

@@ -72,3 +72,11 @@ def test_quota_charged_on_commit_and_released_on_delete():
     assert state.filter(second).result.node is None
     state.remove_pod(first["metadata"]["uid"])
     assert state.filter(second).result.node == "n"
+
+
+def test_sources_list_applied_quotas():
+    quota = QuotaLedger()
+    quota.set_quota("a", "q1", {"limits.nvidia.com/gpumem": 1})
+    quota.set_quota("b", "q2", {"limits.nvidia.com/gpucores": 1})
+    quota.remove_quota("a", "q1")
+    assert quota.sources() == [("b", "q2")]

@@ -88,3 +88,20 @@ def test_pods_on_unknown_nodes_count_once_the_node_registers():
     state.upsert_pod(bound_pod("early"))
     state.upsert_node(node())
     assert used(state) == [(1, 3000, 30)]
+
+
+def test_a_refused_refilter_keeps_the_earlier_charge():
+    import pytest
+
+    from hami.core.filter import FilterError
+
+    state = ClusterState()
+    state.upsert_node(node())
+    pod = bound_pod("w")
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": 1,
+                                                            "nvidia.com/gpumem": 3000}}
+    state.upsert_pod(pod)
+    pod["metadata"]["annotations"][names.DEVICE_SCORING_WEIGHTS] = "slot=x"
+    with pytest.raises(FilterError):
+        state.filter(pod)
+    assert used(state) == [(1, 3000, 30)]

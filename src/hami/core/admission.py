@@ -84,7 +84,7 @@ def mutate_container(container: dict[str, Any], pod: Mapping[str, Any],
         RequestError: a GPU value is malformed or out of range.
     """
     _validate(container, config)
-    resources = container.setdefault("resources", {})
+    resources = container.get("resources") or {}
     limits = resources.get("limits") or {}
     requests = resources.get("requests") or {}
     if config.resource_priority_name in limits:
@@ -98,11 +98,14 @@ def mutate_container(container: dict[str, Any], pod: Mapping[str, Any],
     if not has_resource and any(r in limits for r in extras) and config.default_gpu_num > 0:
         limits[config.resource_count_name] = config.default_gpu_num
         resources["limits"] = limits
+        container["resources"] = resources
         has_resource = True
     count_given = config.resource_count_name in limits or config.resource_count_name in requests
     cores_given = config.resource_core_name in limits or config.resource_core_name in requests
     if count_given and not cores_given and _is_exclusive(container, config):
-        resources.setdefault("limits", limits)[config.resource_core_name] = 100
+        limits[config.resource_core_name] = 100
+        resources["limits"] = limits
+        container["resources"] = resources
         has_resource = True
     if not has_resource and config.overwrite_env:
         _append_env(container, names.ENV_VISIBLE_DEVICES, "none")
@@ -179,7 +182,10 @@ def admit(pod: Mapping[str, Any], config: SchedulerConfig,
         if config.nvidia.runtime_class_name and mspec.get("runtimeClassName") is None:
             mspec["runtimeClassName"] = config.nvidia.runtime_class_name
         if quota is not None:
-            denial = _quota_denial(mutated, config, quota)
+            try:
+                denial = _quota_denial(mutated, config, quota)
+            except (RequestError, QuantityError) as exc:
+                denial = str(exc)
             if denial:
                 return _deny(denial, pod)
     if not with_patch:

@@ -16,7 +16,7 @@ when no node fits (that is when ``FailedNodes`` is reported).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +40,7 @@ from hami.core.fit import (
     QuotaCheck,
     fit_container,
 )
+from hami.core.fragmentation import LiveFragmentationOrder
 from hami.core.ledger import NodeEntry, UsageLedger
 from hami.core.model import (
     PERCENT_UNSET,
@@ -107,12 +108,13 @@ def _spread_nodes(ctx: FilterContext, idx: IntArray) -> IntArray:
 
 
 #: Node policies (spec §4.8): binpack takes the most used node, spread the least used;
-#: ties keep the caller's node order. ``fragmentation-aware`` is registered by
-#: :mod:`hami.core.fragmentation` when present, else it packs like binpack.
+#: ties keep the caller's node order. ``fragmentation-aware`` (ours, after FGD, USENIX
+#: ATC'23) takes the node where the expected fragmentation of the running workload's task
+#: mix grows least; the mix is learned from the pods the ledger holds.
 NODE_ORDERS: dict[str, NodeOrder] = {
     "binpack": _binpack_nodes,
     "spread": _spread_nodes,
-    "fragmentation-aware": _binpack_nodes,
+    "fragmentation-aware": LiveFragmentationOrder(),
 }
 
 
@@ -176,11 +178,12 @@ def _node_mask(ledger: UsageLedger, request: PodRequest, pod: PodOptions) -> Boo
         weight = np.where(ledger.mig_mode[:n], ledger.split_count[:n] - ledger.used_slots[:n], 1)
         per_node = np.bincount(node_of[ok], weights=weight[ok], minlength=count)[:count]
         mask &= per_node >= req.nums
-    mask &= _resources_fit(ledger, request, np.arange(count))
+    mask &= _resources_fit(ledger, request, slice(0, count))
     return mask
 
 
-def _resources_fit(ledger: UsageLedger, request: PodRequest, idx: IntArray) -> BoolArray:
+def _resources_fit(ledger: UsageLedger, request: PodRequest,
+                   idx: IntArray | slice) -> BoolArray:
     cpu_total, mem_total = ledger.cpu_milli_total[idx], ledger.memory_mib_total[idx]
     cpu_ok = (cpu_total < 0) | (ledger.cpu_milli_used[idx] + request.cpu_milli <= cpu_total)
     mem_ok = (mem_total < 0) | (ledger.memory_mib_used[idx] + request.memory_mib <= mem_total)
@@ -271,11 +274,17 @@ def fit_node(ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger | None = N
 # ------------------------------------------------------------------ the loop
 def filter_pod(request: PodRequest, ledger: UsageLedger, node_names: Sequence[str] | None,
                policy: SchedulingPolicy | None = None,
-               quota: QuotaLedger | None = None) -> FilterResult:
+               quota: QuotaLedger | None = None, *,
+               node_orders: Mapping[str, NodeOrder] | None = None,
+               explain: bool = True) -> FilterResult:
     """Choose a node and GPUs for ``request`` among ``node_names`` (None: every node).
 
     Pure with respect to the ledger: nothing is charged; the caller binds by
     ``ledger.add_pod``. Unknown node names fail with ``node unregistered``.
+    ``node_orders`` adds or overrides node policies for this call (e.g. a
+    fragmentation-aware order that knows the workload); with ``explain=False`` nodes the
+    prefilter already excluded get no per-node reason when nothing fits (a simulator that
+    reports no reasons skips that work; the decision is the same).
 
     Raises:
         FilterError: the pod's ``hami.io/device-scoring-weights`` annotation is malformed.
@@ -295,22 +304,22 @@ def filter_pod(request: PodRequest, ledger: UsageLedger, node_names: Sequence[st
                 failed[name] = NODE_UNREGISTERED
         idx = idx[idx >= 0]
     possible = _node_mask(ledger, request, ctx.pod)[idx]
-    order = NODE_ORDERS.get(node_policy, _binpack_nodes)(ctx, idx[possible])
-    scores = ledger.node_scores()
+    orders = {**NODE_ORDERS, **node_orders} if node_orders else NODE_ORDERS
+    order = orders.get(node_policy, _binpack_nodes)(ctx, idx[possible])
     for i in order:
         entry = ledger.node(ledger.node_name(int(i)))
         assert entry is not None
         fit = fit_node(ctx, entry, quota)
         if fit.devices is not None:
-            return FilterResult(node=entry.name, devices=fit.devices, score=float(scores[i]),
-                                mig=fit.mig)
+            return FilterResult(node=entry.name, devices=fit.devices,
+                                score=ledger.node_score(int(i)), mig=fit.mig)
         failed[entry.name] = fit.reason
-    for i in idx[~possible]:
+    for i in idx[~possible] if explain else ():
         entry = ledger.node(ledger.node_name(int(i)))
         assert entry is not None
         fit = fit_node(ctx, entry, quota)
         if fit.devices is not None:  # the prefilter is a necessary condition; never trust it more
-            return FilterResult(node=entry.name, devices=fit.devices, score=float(scores[i]),
-                                mig=fit.mig)
+            return FilterResult(node=entry.name, devices=fit.devices,
+                                score=ledger.node_score(int(i)), mig=fit.mig)
         failed[entry.name] = fit.reason
     return FilterResult(node=None, failed_nodes=failed)

@@ -94,6 +94,8 @@ class UsageLedger:
         self._mig: dict[int, list[tuple[str, MigPlacement]]] = {}
         self.type_names: list[str] = []
         self.version = 0
+        #: Bumped on every pod addition or removal (cheap "has the mix changed" signal).
+        self.version_pods = 0
 
     # Arrays are declared for the type checker; they are created in __init__.
     total_memory_mib: IntArray
@@ -259,6 +261,7 @@ class UsageLedger:
         entry = PodEntry(uid, namespace, name, node, devices, n_init,
                          pod_charges(devices, n_init), cpu_milli, memory_mib, mig=mig)
         self._pods[uid] = entry
+        self.version_pods += 1
         self._pods_on.setdefault(node, set()).add(uid)
         self._apply(entry, +1)
         return entry
@@ -268,6 +271,7 @@ class UsageLedger:
         entry = self._pods.pop(uid, None)
         if entry is None:
             return None
+        self.version_pods += 1
         self._apply(entry, -1)
         on = self._pods_on.get(entry.node)
         if on is not None:
@@ -337,6 +341,16 @@ class UsageLedger:
             if held:
                 out[dev.uuid] = [p for _, p in held]
         return out
+
+    def node_score(self, index: int) -> float:
+        """:meth:`node_scores` of one node."""
+        split, cores = int(self.sum_split[index]), int(self.sum_total_cores[index])
+        mem = int(self.sum_total_memory[index])
+        if split <= 0 or cores <= 0 or mem <= 0:
+            return 0.0
+        return 10.0 * (int(self.sum_used_slots[index]) / split
+                       + int(self.sum_used_cores[index]) / cores
+                       + int(self.sum_used_memory[index]) / mem)
 
     def node_scores(self) -> npt.NDArray[np.float64]:
         """HAMi's node score for every node index (spec §4.4 step 3):

@@ -70,6 +70,11 @@ class QuotaLedger:
         if cores is not None:
             ns.cores_limit_percent = None
 
+    def sources(self) -> list[tuple[str, str]]:
+        """``(namespace, name)`` of every ResourceQuota applied (for a relist to find the
+        ones that disappeared)."""
+        return sorted(self._sources)
+
     def quota(self, namespace: str) -> NamespaceQuota:
         """A copy of the namespace's limits and usage."""
         ns = self._namespaces.get(namespace, NamespaceQuota())

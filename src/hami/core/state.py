@@ -82,6 +82,8 @@ class ClusterState:
         self.config = config or SchedulerConfig()
         self.ledger = UsageLedger()
         self.quota = QuotaLedger(self.config.nvidia)
+        #: MIG reservations per charged pod uid, as decoded (runtime identity included).
+        self.mig: dict[str, tuple[MigAllocation, ...]] = {}
 
     # ----------------------------------------------------------------- nodes
     def upsert_node(self, node: Mapping[str, Any], *, cpu_milli: int | None = None,
@@ -167,12 +169,25 @@ class ClusterState:
         entry = self.ledger.add_pod(uid, node, devices, n_init, namespace=namespace,
                                     name=name, cpu_milli=cpu_milli, memory_mib=memory_mib,
                                     mig=tuple((m.gpu_uuid, m.placement) for m in mig))
+        if mig:
+            self.mig[uid] = tuple(mig)
         self._charge_quota(entry)
         return entry
+
+    def _restore(self, entry: PodEntry) -> None:
+        restored = self.ledger.add_pod(entry.uid, entry.node, entry.devices, entry.n_init,
+                                       namespace=entry.namespace, name=entry.name,
+                                       cpu_milli=entry.cpu_milli, memory_mib=entry.memory_mib,
+                                       mig=entry.mig)
+        if entry.shrunk:
+            self.ledger.shrink_pod(entry.uid)
+            restored = self.ledger.pod(entry.uid) or restored
+        self._charge_quota(restored)
 
     def remove_pod(self, uid: str) -> None:
         """Release a pod's charge (delete, terminal phase, or re-filter)."""
         entry = self.ledger.remove_pod(uid)
+        self.mig.pop(uid, None)
         if entry is not None:
             self._release_quota(entry)
 
@@ -206,9 +221,17 @@ class ClusterState:
             FilterError: a pod annotation the filter reads is malformed.
         """
         request = pod_request(pod, self.config.nvidia)
-        if request.wants_devices:
-            self.remove_pod(pod_uid(pod))
-        result = filter_pod(request, self.ledger, node_names, self.config.policy, self.quota)
+        uid = pod_uid(pod)
+        earlier = self.ledger.pod(uid) if request.wants_devices else None
+        if earlier is not None:
+            self.remove_pod(uid)
+        try:
+            result = filter_pod(request, self.ledger, node_names, self.config.policy,
+                                self.quota)
+        except Exception:
+            if earlier is not None:  # a refused pod keeps what it held
+                self._restore(earlier)
+            raise
         annotations: dict[str, str] = {}
         if result.node is not None:
             encoded = encode_pod_devices(result.devices)

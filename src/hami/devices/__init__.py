@@ -1,0 +1,13 @@
+"""Vendor device backends behind one Protocol (spec §9): NVIDIA (adapter over the core),
+AMD, Ascend, AWS Neuron, Biren, Cambricon, Enflame, Hygon, Iluvatar, Kunlunxin, MetaX,
+Moore Threads, Vastai. See ``docs/vendors.md``."""
+
+from hami.devices.protocol import (
+    AdmissionError,
+    FitContext,
+    PatchContext,
+    ResourceNames,
+    Vendor,
+)
+
+__all__ = ["AdmissionError", "FitContext", "PatchContext", "ResourceNames", "Vendor"]

@@ -1,0 +1,180 @@
+{{/* Chart name, truncated to the 63 characters DNS labels allow. */}}
+{{- define "hami.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Fully qualified app name: release name, plus the chart name unless already in it. */}}
+{{- define "hami.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "hami.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride -}}
+{{- end -}}
+
+{{- define "hami.scheduler" -}}
+{{- printf "%s-scheduler" (include "hami.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "hami.device-plugin" -}}
+{{- printf "%s-device-plugin" (include "hami.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "hami.scheduler.tls" -}}
+{{- printf "%s-scheduler-tls" (include "hami.fullname" .) -}}
+{{- end -}}
+
+{{- define "hami.scheduler.webhook" -}}
+{{- printf "%s-webhook" (include "hami.scheduler" .) -}}
+{{- end -}}
+
+{{- define "hami.scheduler.serviceAccountName" -}}
+{{- default (include "hami.scheduler" .) .Values.scheduler.serviceAccountName -}}
+{{- end -}}
+
+{{- define "hami.device-plugin.serviceAccountName" -}}
+{{- default (include "hami.device-plugin" .) .Values.devicePlugin.serviceAccountName -}}
+{{- end -}}
+
+{{- define "hami.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels on every object. */}}
+{{- define "hami.labels" -}}
+helm.sh/chart: {{ include "hami.chart" . }}
+{{ include "hami.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- with .Values.global.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{- define "hami.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "hami.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "hami.annotations" -}}
+{{- with .Values.global.annotations }}
+annotations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Image reference: <registry>/<repository>:<tag>; global.imageRegistry wins. */}}
+{{- define "hami.image" -}}
+{{- $root := index . 0 -}}
+{{- $img := index . 1 -}}
+{{- $tag := default (default $root.Chart.AppVersion $root.Values.global.imageTag) $img.tag -}}
+{{- $registry := default $img.registry $root.Values.global.imageRegistry -}}
+{{- if $registry -}}
+{{- printf "%s/%s:%s" $registry $img.repository $tag -}}
+{{- else -}}
+{{- printf "%s:%s" $img.repository $tag -}}
+{{- end -}}
+{{- end -}}
+
+{{/* kube-scheduler image; the tag defaults to the cluster's version (vX.Y.Z). */}}
+{{- define "hami.kubeScheduler.image" -}}
+{{- $img := .Values.scheduler.kubeScheduler.image -}}
+{{- $tag := default (regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version) $img.tag -}}
+{{- $registry := default $img.registry .Values.global.imageRegistry -}}
+{{- printf "%s/%s:%s" $registry $img.repository $tag -}}
+{{- end -}}
+
+{{- define "hami.imagePullSecrets" -}}
+{{- $root := index . 0 -}}
+{{- $img := index . 1 -}}
+{{- $secrets := concat ($root.Values.global.imagePullSecrets | default list) ($img.pullSecrets | default list) | uniq -}}
+{{- with $secrets }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The NVIDIA resources kube-scheduler leaves to the extender (spec §1.1). */}}
+{{- define "hami.managedResources" -}}
+{{- list .Values.resourceName .Values.resourceMem .Values.resourceMemPercentage .Values.resourceCores .Values.resourcePriority | toJson -}}
+{{- end -}}
+
+{{/* URL prefix kube-scheduler calls: the hami scheduler in the same pod. */}}
+{{- define "hami.extenderURL" -}}
+{{- printf "https://127.0.0.1:%v" .Values.scheduler.httpPort -}}
+{{- end -}}
+
+{{/* The KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1) registering hami. */}}
+{{- define "hami.schedulerConfig" -}}
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection:
+  leaderElect: {{ .Values.scheduler.leaderElect }}
+  {{- if .Values.scheduler.leaderElect }}
+  resourceName: {{ .Values.schedulerName }}
+  resourceNamespace: {{ include "hami.namespace" . }}
+  {{- end }}
+profiles:
+  - schedulerName: {{ .Values.schedulerName }}
+extenders:
+  - urlPrefix: {{ include "hami.extenderURL" . }}
+    filterVerb: filter
+    bindVerb: bind
+    nodeCacheCapable: true
+    weight: 1
+    httpTimeout: {{ printf "%vs" .Values.scheduler.extenderHTTPTimeout }}
+    enableHTTPS: true
+    tlsConfig:
+      insecure: true
+    managedResources:
+      {{- range (include "hami.managedResources" . | fromJsonArray) }}
+      - name: {{ . }}
+        ignoredByScheduler: true
+      {{- end }}
+{{- end -}}
+
+{{/* device-config.yaml (spec §7.1, nvidia section). */}}
+{{- define "hami.deviceConfig" -}}
+{{- if (index .Values "device-config" "content") -}}
+{{ index .Values "device-config" "content" }}
+{{- else -}}
+nvidia:
+  resourceCountName: {{ .Values.resourceName }}
+  resourceMemoryName: {{ .Values.resourceMem }}
+  resourceMemoryPercentageName: {{ .Values.resourceMemPercentage }}
+  resourceCoreName: {{ .Values.resourceCores }}
+  resourcePriorityName: {{ .Values.resourcePriority }}
+  overwriteEnv: {{ .Values.scheduler.overwriteEnv | toString | eq "true" }}
+  defaultMemory: {{ .Values.devices.nvidia.defaultMemory | int }}
+  defaultCores: {{ .Values.devices.nvidia.defaultCores | int }}
+  defaultGPUNum: {{ .Values.devices.nvidia.defaultGPUNum | int }}
+  memoryFactor: {{ .Values.devices.nvidia.memoryFactor | int }}
+  deviceSplitCount: {{ .Values.devicePlugin.deviceSplitCount | int }}
+  deviceMemoryScaling: {{ .Values.devicePlugin.deviceMemoryScaling }}
+  deviceCoreScaling: {{ .Values.devicePlugin.deviceCoreScaling }}
+  preConfiguredDeviceMemory: {{ .Values.devicePlugin.preConfiguredDeviceMemory | int }}
+  enableNumaTopology: {{ .Values.devicePlugin.enableNumaTopology }}
+  disableCoreLimit: {{ .Values.devicePlugin.disablecorelimit | toString | eq "true" }}
+  libCudaLogLevel: {{ .Values.devices.nvidia.libCudaLogLevel | quote }}
+  gpuCorePolicy: {{ .Values.devices.nvidia.gpuCorePolicy }}
+  runtimeClassName: {{ .Values.devicePlugin.runtimeClassName | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/* The Lease the hami scheduler follows: kube-scheduler's own (named after the profile).
+The hami process leads iff that Lease's holder is its pod, so the active kube-scheduler
+always calls a leading extender in its own pod (HAMi's rule, spec 4.13). */}}
+{{- define "hami.extenderLease" -}}
+{{- .Values.schedulerName -}}
+{{- end -}}

@@ -1,0 +1,202 @@
+"""The vendor device interface (HAMi ``pkg/device/devices.go`` ``Devices``) as one Protocol.
+
+Source: ``shared/specs/hami-scheduler-spec.md`` §9 (the interface and the vendor summaries),
+§2.1-§2.2 (per-vendor keys), §4.4-§4.5 (how the filter calls a vendor), §5.2 (quota names),
+§10 (reason vocabulary). Everything here is pure: no clock, no API calls. What HAMi reads
+from the clock (``predicate-time``) is passed in through :class:`PatchContext`.
+
+Mapping of HAMi's Go methods to ours:
+
+========================  ==========================================================
+HAMi                      here
+========================  ==========================================================
+``CommonWord()``          :attr:`Vendor.common_word`
+``GetResourceNames()``    :meth:`Vendor.resource_names`
+``MutateAdmission``       :meth:`Vendor.mutate_admission` (raises :class:`AdmissionError`)
+``GenerateResourceReqs``  :meth:`Vendor.container_request` (None = no request)
+``GetNodeDevices``        :meth:`Vendor.node_devices` (raises ``CodecError``)
+``Fit``                   :meth:`Vendor.fit` -> :class:`hami.core.fit.FitOutcome`
+``AddResourceUsage``      :meth:`Vendor.add_usage`
+``ScoreNode``             :meth:`Vendor.score_node`
+``PatchAnnotations``      :meth:`Vendor.pod_annotations`
+``LockNode``              :attr:`Vendor.lock_annotation` (None = generic node lock)
+``CheckHealth``           :attr:`Vendor.handshake_key` (the handshake loop is generic)
+========================  ==========================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from hami.core.fit import DeviceState, FitOutcome, QuotaCheck
+from hami.core.model import (
+    ContainerDevice,
+    ContainerDeviceRequest,
+    ContainerDevices,
+    DeviceInfo,
+    PodSingleDevice,
+)
+
+
+class AdmissionError(ValueError):
+    """A container's value for a vendor resource is invalid (webhook answers 500, §3 step 4).
+
+    Also raised by :meth:`Vendor.container_request` for values that cannot be a request
+    (HAMi would silently drop the request; we refuse, as :mod:`hami.core.request` does).
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceNames:
+    """``GetResourceNames()``: the names quota and the webhook care about (§5.2, §7.1).
+
+    ``memory_factor`` multiplies quota limits of ``memory`` (only Hygon and NVIDIA have
+    one in HAMi; 1 elsewhere). ``memory_unit_mib`` is how many MiB one unit of the memory
+    resource is (Cambricon 256, Mthreads 512, Iluvatar 256, Metax-SGPU 1024, else 1).
+    """
+
+    count: str
+    memory: str = ""
+    cores: str = ""
+    memory_factor: int = 1
+    memory_unit_mib: int = 1
+    others: tuple[str, ...] = ()
+
+    def all(self) -> tuple[str, ...]:
+        """Every non-empty resource name of the vendor."""
+        return tuple(n for n in (self.count, self.memory, self.cores, *self.others) if n)
+
+
+@dataclass(frozen=True, slots=True)
+class FitContext:
+    """What a vendor's Fit may read besides the devices and the request (§4.5, §4.9).
+
+    ``allocated`` is what this pod already got from this vendor on this node, one entry
+    per earlier container (HAMi's ``allocated`` argument). ``quota_ok`` is the fit-time
+    quota check (None = unlimited).
+    """
+
+    pod_annotations: Mapping[str, str] = field(default_factory=dict)
+    node_annotations: Mapping[str, str] = field(default_factory=dict)
+    node_name: str = ""
+    gpu_policy: str = "spread"
+    allocated: tuple[ContainerDevices, ...] = ()
+    quota_ok: QuotaCheck | None = None
+
+    @property
+    def cordoned(self) -> frozenset[str]:
+        """UUIDs of ``hami.io/device-cordon`` (comma list, trimmed, empties ignored)."""
+        raw = self.node_annotations.get("hami.io/device-cordon", "")
+        return frozenset(p.strip() for p in raw.split(",") if p.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class PatchContext:
+    """Inputs of ``PatchAnnotations`` that are not the allocation: the chosen node and
+    the scheduler's clock (Unix nanoseconds), so that the backends stay pure."""
+
+    node_name: str = ""
+    now_ns: int = 0
+    pod_annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Vendor(Protocol):
+    """One accelerator vendor's scheduler-side behaviour (spec §9)."""
+
+    @property
+    def common_word(self) -> str:
+        """The vendor key (``NVIDIA``, ``MLU``, ``DCU``, ``Ascend910B3``, ...)."""
+        ...
+
+    @property
+    def handshake_key(self) -> str:
+        """Node annotation of the register handshake (§2.1)."""
+        ...
+
+    @property
+    def register_key(self) -> str | None:
+        """Node annotation the device plugin registers devices in; None when devices are
+        synthesised from node capacity (Cambricon, Kunlun, AWS Neuron, ...)."""
+        ...
+
+    @property
+    def lock_annotation(self) -> str | None:
+        """The vendor's own node lock key (Cambricon), None for the generic node lock."""
+        ...
+
+    @property
+    def to_allocate_key(self) -> str | None:
+        """Pod annotation consumed by the device plugin (None when HAMi writes none)."""
+        ...
+
+    @property
+    def allocated_key(self) -> str:
+        """Pod annotation the scheduler's pod informer reads back (§2.2)."""
+        ...
+
+    @property
+    def policy_neutral(self) -> bool:
+        """HAMi's "policy-neutral" marker: ScoreNode is scaled by ±10000 (§4.4 step 5)."""
+        ...
+
+    def resource_names(self) -> ResourceNames:
+        """Resource names and memory factor (``GetResourceNames``)."""
+        ...
+
+    def mutate_admission(self, container: dict[str, Any], pod: dict[str, Any]) -> bool:
+        """Webhook mutation of one container in place; True if it asks for this vendor.
+
+        Raises:
+            AdmissionError: a value of this vendor's resources is invalid.
+        """
+        ...
+
+    def container_request(self, container: Mapping[str, Any]) -> ContainerDeviceRequest | None:
+        """The container's request of this vendor, None when it asks for none.
+
+        Raises:
+            AdmissionError: a value is malformed.
+        """
+        ...
+
+    def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
+        """Parse the node object (annotations, capacity) into devices of this vendor.
+
+        Returns ``()`` when the node has none of this vendor's devices.
+
+        Raises:
+            hami.core.gowire.CodecError: the register annotation is malformed.
+        """
+        ...
+
+    def fit(self, devices: Sequence[DeviceState], request: ContainerDeviceRequest,
+            ctx: FitContext) -> FitOutcome:
+        """Choose devices for one container among this vendor's devices (best first)."""
+        ...
+
+    def add_usage(self, state: DeviceState, device: ContainerDevice) -> None:
+        """Account one granted device on the node's working copy (``AddResourceUsage``)."""
+        ...
+
+    def score_node(self, devices: Sequence[DeviceState], grant: Sequence[ContainerDevices],
+                   ctx: FitContext) -> float:
+        """Added to the node score (``ScoreNode``); most vendors return 0."""
+        ...
+
+    def pod_annotations(self, grant: PodSingleDevice, ctx: PatchContext) -> dict[str, str]:
+        """Pod annotations the vendor's device plugin expects (``PatchAnnotations``).
+
+        ``grant`` has one entry per container (init first); empty when nothing granted.
+        """
+        ...
+
+    def decode_allocation(self, annotations: Mapping[str, str]) -> PodSingleDevice:
+        """This vendor's allocation read back from a pod's annotations (pod informer, §4.3).
+
+        Raises:
+            hami.core.gowire.CodecError: the annotation is malformed.
+        """
+        ...

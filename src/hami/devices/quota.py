@@ -1,0 +1,160 @@
+"""Namespace quota for every vendor (HAMi ``pkg/device/quota.go``, spec §5.2).
+
+Usage and limits are tracked per namespace per *resource name*; only the memory and core
+names of registered vendors are tracked. ``limits.<name>`` of a ResourceQuota's
+``spec.hard`` sets a limit (integers only; an explicit 0 blocks); a vendor's memory limit
+is multiplied by its ``memoryFactor``. The NVIDIA-only :class:`hami.core.quota.QuotaLedger`
+stays the core's; this ledger is its multi-vendor generalisation for the filter loop that
+dispatches per vendor (see docs/vendors.md for the proposed wiring).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hami.core.collapse import collapse, total
+from hami.core.fit import QuotaCheck
+from hami.core.model import ContainerDevice, ContainerDevices, PodSingleDevice
+from hami.core.quantity import QuantityError, parse_quantity, to_int_exact
+from hami.devices.allocate import PodDeviceRequests
+from hami.devices.protocol import Vendor
+
+
+@dataclass(slots=True)
+class _Entry:
+    limit: int | None = None
+    used: int = 0
+
+
+@dataclass(slots=True)
+class VendorQuota:
+    """Per namespace, per resource name: limit (None = unset) and usage."""
+
+    registry: Mapping[str, Vendor]
+    _data: dict[str, dict[str, _Entry]] = field(default_factory=dict)
+    _sources: dict[tuple[str, str], dict[str, int]] = field(default_factory=dict)
+
+    def _tracked(self) -> set[str]:
+        names: set[str] = set()
+        for vendor in self.registry.values():
+            rn = vendor.resource_names()
+            names.update(n for n in (rn.memory, rn.cores) if n)
+        return names
+
+    def _entry(self, namespace: str, name: str) -> _Entry:
+        return self._data.setdefault(namespace, {}).setdefault(name, _Entry())
+
+    def set_quota(self, namespace: str, quota_name: str, hard: Mapping[str, Any]) -> None:
+        """Add or update a ResourceQuota (update = delete old + add new; last writer wins)."""
+        self.remove_quota(namespace, quota_name)
+        limits: dict[str, int] = {}
+        for name in self._tracked():
+            key = "limits." + name
+            if key not in hard:
+                continue
+            try:
+                value = to_int_exact(parse_quantity(hard[key]))
+            except QuantityError:
+                continue
+            if value is not None:
+                limits[name] = value
+        self._sources[(namespace, quota_name)] = limits
+        for name, value in limits.items():
+            self._entry(namespace, name).limit = value
+
+    def remove_quota(self, namespace: str, quota_name: str) -> None:
+        """Forget a ResourceQuota: its limits become unset, usage stays."""
+        for name in self._sources.pop((namespace, quota_name), {}):
+            self._entry(namespace, name).limit = None
+
+    def limit(self, namespace: str, name: str) -> int | None:
+        """The raw limit of ``name`` (None = unset)."""
+        entry = self._data.get(namespace, {}).get(name)
+        return None if entry is None else entry.limit
+
+    def used(self, namespace: str, name: str) -> int:
+        """Usage charged to ``name``."""
+        entry = self._data.get(namespace, {}).get(name)
+        return 0 if entry is None else entry.used
+
+    def fits(self, namespace: str, vendor: str, memory_mib: int, cores: int) -> bool:
+        """``FitQuota``: unknown vendor or namespace fit; memory limit x memoryFactor."""
+        v = self.registry.get(vendor)
+        if v is None or namespace not in self._data:
+            return True
+        rn = v.resource_names()
+        if rn.memory:
+            entry = self._data[namespace].get(rn.memory)
+            if entry is not None and entry.limit is not None:
+                limit = entry.limit * rn.memory_factor if rn.memory_factor > 1 else entry.limit
+                if entry.used + memory_mib > limit:
+                    return False
+        if rn.cores:
+            entry = self._data[namespace].get(rn.cores)
+            if entry is not None and entry.limit is not None and entry.used + cores > entry.limit:
+                return False
+        return True
+
+    def _charge(self, namespace: str, allocation: Mapping[str, PodSingleDevice], n_init: int,
+                sign: int) -> None:
+        for word, grant in allocation.items():
+            v = self.registry.get(word)
+            if v is None:
+                continue
+            rn = v.resource_names()
+            mem, cores = total(collapse((pos < n_init, c) for pos, c in enumerate(grant)))
+            for name, amount in ((rn.memory, mem), (rn.cores, cores)):
+                if name:
+                    entry = self._entry(namespace, name)
+                    entry.used = max(0, entry.used + sign * amount)
+
+    def add_usage(self, namespace: str, allocation: Mapping[str, PodSingleDevice],
+                  n_init: int = 0) -> None:
+        """Charge a placed pod (its collapsed allocation, §5.1)."""
+        self._charge(namespace, allocation, n_init, 1)
+
+    def remove_usage(self, namespace: str, allocation: Mapping[str, PodSingleDevice],
+                     n_init: int = 0) -> None:
+        """Release a removed pod; never below zero."""
+        self._charge(namespace, allocation, n_init, -1)
+
+    def admission_denial(self, namespace: str, requests: PodDeviceRequests) -> str:
+        """The webhook pre-check (``fitResourceQuota``): per vendor, app = Σ over regular
+        containers of mem x nums (cores x nums), init = max over init containers;
+        request = max(app, init); skipped when both are 0. Returns "" or the denial."""
+        for word in requests.vendors:
+            init_mem = init_cores = app_mem = app_cores = 0
+            for pos, reqs in enumerate(requests.containers):
+                r = reqs.get(word)
+                if r is None:
+                    continue
+                mem, cores = r.memory_mib * r.nums, r.cores_percent * r.nums
+                if pos < requests.n_init:
+                    init_mem, init_cores = max(init_mem, mem), max(init_cores, cores)
+                else:
+                    app_mem, app_cores = app_mem + mem, app_cores + cores
+            mem, cores = max(app_mem, init_mem), max(app_cores, init_cores)
+            if (mem or cores) and not self.fits(namespace, word, mem, cores):
+                return "exceeding resource quota"
+        return ""
+
+    def fit_check(self, namespace: str, vendor: str, placed: Sequence[ContainerDevices],
+                  n_init: int, position: int) -> QuotaCheck | None:
+        """The fit-time check for the container at ``position`` (§5.2 ``fitQuota``): the
+        pod's earlier grants of this vendor plus the candidates, collapsed with the real
+        init count. None when the namespace has no limit on this vendor."""
+        v = self.registry.get(vendor)
+        if v is None:
+            return None
+        rn = v.resource_names()
+        if all(self.limit(namespace, n) is None for n in (rn.memory, rn.cores) if n):
+            return None
+        before = [(pos < n_init, c) for pos, c in enumerate(placed)]
+
+        def check(candidate: Sequence[ContainerDevice]) -> bool:
+            mem, cores = total(collapse([*before, (position < n_init, tuple(candidate))]))
+            return self.fits(namespace, vendor, mem, cores)
+
+        return check

@@ -1,0 +1,163 @@
+"""The device registry (HAMi ``device.DevicesMap``), keyed by CommonWord, built from the
+device config (spec §7.1; §7.4 ``--enable-ascend`` / ``--enable-iluvatar``).
+
+A vendor is registered when its section is present in the config (an empty mapping is
+enough to take the defaults); Ascend and Iluvatar additionally need their flag. NVIDIA is
+the adapter over :mod:`hami.core`. Iteration is sorted by CommonWord (HAMi's lock order,
+§4.11; Go map order is otherwise random).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import fields
+from typing import Any, TypeVar
+
+from hami.core.config import ConfigError, NvidiaConfig
+from hami.devices.amd import Amd, AmdConfig
+from hami.devices.ascend import Ascend, AscendConfig
+from hami.devices.awsneuron import AwsNeuron, NeuronConfig
+from hami.devices.biren import biren
+from hami.devices.cambricon import Cambricon, CambriconConfig
+from hami.devices.enflame import EnflameConfig, EnflameShare, Gcu
+from hami.devices.hygon import Hygon, HygonConfig
+from hami.devices.iluvatar import Iluvatar, IluvatarConfig
+from hami.devices.kunlun import Kunlun, KunlunConfig, KunlunVxpu
+from hami.devices.metax import MetaxConfig, MetaxGpu, MetaxSgpu
+from hami.devices.mthreads import Mthreads, MthreadsConfig
+from hami.devices.nvidia import Nvidia
+from hami.devices.protocol import Vendor
+from hami.devices.vastai import vastai
+
+SECTIONS = ("nvidia", "metax", "hygon", "cambricon", "mthreads", "iluvatars", "enflame",
+            "kunlun", "awsneuron", "amd", "vastai", "biren", "vnpus")
+
+T = TypeVar("T")
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+#: YAML keys that are not the camelCase of the field name.
+_ALIASES = {"resourceNameGcu": "resourceNameGCU", "resourceNameVgcu": "resourceNameVGCU",
+            "resourceNameVgcuPercentage": "resourceNameVGCUPercentage",
+            "resourceVcountName": "resourceVCountName",
+            "resourceVmemoryName": "resourceVMemoryName",
+            "resourceVcoreName": "resourceVCoreName"}
+
+
+def section(cls: type[T], raw: Mapping[str, Any] | None) -> T:
+    """A config dataclass from its camelCase YAML mapping (unknown keys ignored).
+
+    Raises:
+        ConfigError: a value has the wrong type.
+    """
+    values: dict[str, Any] = {}
+    for fld in fields(cls):  # type: ignore[arg-type]
+        key = _camel(fld.name)
+        key = _ALIASES.get(key, key)
+        if raw and key in raw and raw[key] is not None:
+            value = raw[key]
+            want = str(fld.type)
+            ok = (isinstance(value, str) if want == "str" else
+                  isinstance(value, bool) if want == "bool" else
+                  isinstance(value, int) and not isinstance(value, bool))
+            if not ok:
+                raise ConfigError(f"{key} must be of type {want}, got {value!r}")
+            values[fld.name] = value
+    return cls(**values)
+
+
+class Registry(Mapping[str, Vendor]):
+    """Vendors by CommonWord, iterated in sorted order."""
+
+    def __init__(self, vendors: Mapping[str, Vendor] | None = None) -> None:
+        self._vendors = dict(sorted((vendors or {}).items()))
+
+    def __getitem__(self, key: str) -> Vendor:
+        return self._vendors[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._vendors)
+
+    def __len__(self) -> int:
+        return len(self._vendors)
+
+    def add(self, vendor: Vendor) -> None:
+        """Register (or replace) one vendor."""
+        self._vendors[vendor.common_word] = vendor
+        self._vendors = dict(sorted(self._vendors.items()))
+
+    def resource_names(self) -> set[str]:
+        """Every resource name any registered vendor manages (for ``managedResources``)."""
+        return {n for v in self._vendors.values() for n in v.resource_names().all()}
+
+
+def build_registry(config: Mapping[str, Any], *, enable_ascend: bool = False,
+                   enable_iluvatar: bool = False) -> Registry:
+    """The registry for a device config (the YAML as a mapping).
+
+    Raises:
+        ConfigError: every section is absent (``all configurations are empty``) or a value
+            has the wrong type.
+    """
+    if not any(config.get(s) is not None for s in SECTIONS):
+        raise ConfigError("all configurations are empty")
+    reg = Registry()
+
+    def present(key: str) -> Mapping[str, Any] | None:
+        raw = config.get(key)
+        if raw is None:
+            return None
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{key} must be a mapping")
+        return raw
+
+    if (raw := present("nvidia")) is not None:
+        reg.add(Nvidia(NvidiaConfig.from_mapping(raw)))
+    if (raw := present("hygon")) is not None:
+        reg.add(Hygon(section(HygonConfig, raw)))
+    if (raw := present("cambricon")) is not None:
+        reg.add(Cambricon(section(CambriconConfig, raw)))
+    if (raw := present("mthreads")) is not None:
+        reg.add(Mthreads(section(MthreadsConfig, raw)))
+    if (raw := present("amd")) is not None:
+        reg.add(Amd(section(AmdConfig, raw)))
+    if (raw := present("awsneuron")) is not None:
+        reg.add(AwsNeuron(section(NeuronConfig, raw)))
+    if (raw := present("kunlun")) is not None:
+        kcfg = section(KunlunConfig, raw)
+        reg.add(Kunlun(kcfg))
+        reg.add(KunlunVxpu(kcfg))
+    if (raw := present("metax")) is not None:
+        mcfg = section(MetaxConfig, raw)
+        reg.add(MetaxGpu(mcfg))
+        reg.add(MetaxSgpu(mcfg))
+    if (raw := present("enflame")) is not None:
+        ecfg = section(EnflameConfig, raw)
+        reg.add(Gcu(ecfg))
+        reg.add(EnflameShare(ecfg))
+    if (raw := present("vastai")) is not None:
+        reg.add(vastai(str(raw.get("resourceCountName") or "vastaitech.com/va")))
+    if (raw := present("biren")) is not None:
+        reg.add(biren(str(raw.get("resourceCountName") or "birentech.com/gpu")))
+    if enable_iluvatar:
+        for entry in config.get("iluvatars") or ():
+            chip = str(entry.get("chipName") or entry.get("commonWord"))
+            base = IluvatarConfig.for_chip(chip)
+            reg.add(Iluvatar(IluvatarConfig(
+                chip, str(entry.get("commonWord") or chip),
+                str(entry.get("resourceCountName") or base.resource_count_name),
+                str(entry.get("resourceMemoryName") or base.resource_memory_name),
+                str(entry.get("resourceCoreName") or base.resource_core_name))))
+    if enable_ascend:
+        vnpus = config.get("vnpus") or {}
+        entries = vnpus.get("configs", ()) if isinstance(vnpus, Mapping) else vnpus
+        for entry in entries or ():
+            try:
+                reg.add(Ascend(AscendConfig.from_mapping(entry)))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ConfigError(f"vnpus entry {entry!r}: {exc}") from None
+    return reg

@@ -1,0 +1,1 @@
+"""The scheduler-extender HTTP surface (``/filter``, ``/bind``; spec §4.1)."""

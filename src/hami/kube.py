@@ -1,0 +1,227 @@
+"""The only module that talks to the Kubernetes API (through lightkube).
+
+Objects cross this boundary as JSON-shaped dicts (what the core reads), never as client
+models: Pods, Nodes, ResourceQuotas, Leases and Events are declared here as lightkube
+*generic* resources (plain dicts, no model decoding, every field kept) and are not put in
+lightkube's global registry, so code that uses lightkube's typed models is unaffected.
+Errors become :class:`KubeError` with the HTTP status code (0 for transport errors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx2
+from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.core import resource as lkres
+from lightkube.generic_resource import (
+    Generic,
+    GenericGlobalResource,
+    GenericNamespacedResource,
+    create_api_info,
+)
+from lightkube.types import PatchType, on_error_raise
+
+JSON = dict[str, Any]
+
+
+class KubeError(Exception):
+    """An API call failed. ``code`` is the HTTP status (404, 409, 410...), 0 when the
+    request never got an answer."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    @property
+    def not_found(self) -> bool:
+        return self.code == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.code == 409
+
+
+class _Pod(GenericNamespacedResource):
+    _api_info = create_api_info("", "v1", "Pod", "pods")
+
+
+class _Node(GenericGlobalResource):
+    _api_info = create_api_info("", "v1", "Node", "nodes")
+
+
+class _ResourceQuota(GenericNamespacedResource):
+    _api_info = create_api_info("", "v1", "ResourceQuota", "resourcequotas")
+
+
+class _Event(GenericNamespacedResource):
+    _api_info = create_api_info("", "v1", "Event", "events")
+
+
+class _Lease(GenericNamespacedResource):
+    _api_info = create_api_info("coordination.k8s.io", "v1", "Lease", "leases")
+
+
+class _Binding(lkres.NamespacedSubResource, Generic):  # type: ignore[misc]
+    """``pods/<name>/binding``; the reply is a Status, decoded as a plain dict."""
+
+    _api_info = lkres.ApiInfo(resource=lkres.ResourceDef("", "v1", "Binding"),
+                              parent=lkres.ResourceDef("", "v1", "Pod"), plural="pods",
+                              verbs=["post"], action="binding")
+
+
+KINDS: dict[str, type] = {"Pod": _Pod, "Node": _Node, "ResourceQuota": _ResourceQuota}
+ALL = "*"  # lightkube.ALL_NS
+
+
+def _error(exc: Exception) -> KubeError:
+    if isinstance(exc, ApiError):
+        return KubeError(int(exc.status.code or 0), str(exc.status.message or exc))
+    return KubeError(0, f"{type(exc).__name__}: {exc}")
+
+
+def _plain(obj: Any) -> JSON:
+    return dict(obj) if isinstance(obj, dict) else obj.to_dict()
+
+
+class Kube:
+    """Async access to the API objects the scheduler reads and writes."""
+
+    def __init__(self, client: AsyncClient, *, max_inflight: int = 32) -> None:
+        # Typed as Any: the generic resources here are plain dicts, which lightkube's
+        # overloads (written for its models) do not describe.
+        self.client: Any = client
+        # kube-scheduler binds without bound; a burst of binds must not become a burst of
+        # thousands of concurrent writes on the apiserver (HAMi has --kube-qps for this).
+        self._inflight = asyncio.Semaphore(max_inflight)
+
+    @classmethod
+    def connect(cls, kubeconfig: str | Path | None = None, *, timeout_s: float = 10.0,
+                field_manager: str = "hami-scheduler", max_inflight: int = 32) -> Kube:
+        """From a kubeconfig file (``$KUBECONFIG`` when None), else the in-cluster config."""
+        path = kubeconfig or os.environ.get("KUBECONFIG")
+        config = KubeConfig.from_file(path) if path else KubeConfig.from_env()
+        client = AsyncClient(config, field_manager=field_manager, trust_env=False,
+                             timeout=httpx2.Timeout(timeout_s))
+        return cls(client, max_inflight=max_inflight)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    # ---------------------------------------------------------------- reads
+    async def list(self, kind: str, on_item: Callable[[JSON], None], *,
+                   chunk_size: int = 500) -> str:
+        """Every object of ``kind`` (all namespaces), handed to ``on_item`` one at a time as
+        the chunks arrive (never the whole list in memory); returns the list's
+        resourceVersion."""
+        res = KINDS[kind]
+        kwargs: dict[str, Any] = {"chunk_size": chunk_size}
+        if issubclass(res, lkres.NamespacedResource):
+            kwargs["namespace"] = ALL
+        try:
+            listing = self.client.list(res, **kwargs)
+            async for obj in listing:
+                on_item(_plain(obj))
+            return str(listing.resourceVersion or "")
+        except (ApiError, httpx2.HTTPError, OSError) as exc:
+            raise _error(exc) from None
+
+    async def watch(self, kind: str, resource_version: str,
+                    server_timeout_s: int = 300) -> AsyncIterator[tuple[str, JSON]]:
+        """Events after ``resource_version``; raises :class:`KubeError` (410 when the
+        version is too old, so the caller relists)."""
+        res = KINDS[kind]
+        kwargs: dict[str, Any] = {"resource_version": resource_version,
+                                  "server_timeout": server_timeout_s,
+                                  "on_error": on_error_raise}
+        if issubclass(res, lkres.NamespacedResource):
+            kwargs["namespace"] = ALL
+        try:
+            async for kind_of_event, obj in self.client.watch(res, **kwargs):
+                yield kind_of_event, _plain(obj)
+        except (ApiError, httpx2.HTTPError, OSError) as exc:
+            raise _error(exc) from None
+
+    async def get_node(self, name: str) -> JSON:
+        return await self._call(self.client.get(_Node, name))
+
+    async def get_pod(self, namespace: str, name: str) -> JSON | None:
+        """The pod, or None when it does not exist."""
+        try:
+            return await self._call(self.client.get(_Pod, name, namespace=namespace))
+        except KubeError as exc:
+            if exc.not_found:
+                return None
+            raise
+
+    # --------------------------------------------------------------- writes
+    async def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> JSON:
+        """JSON merge patch of a pod."""
+        return await self._call(self.client.patch(_Pod, name, dict(patch), namespace=namespace,
+                                                  patch_type=PatchType.MERGE))
+
+    async def patch_node(self, name: str, patch: Mapping[str, Any]) -> JSON:
+        """JSON merge patch of a node (409 when ``metadata.resourceVersion`` is stale)."""
+        return await self._call(self.client.patch(_Node, name, dict(patch),
+                                                  patch_type=PatchType.MERGE))
+
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+        """POST ``pods/<name>/binding`` to ``node``."""
+        meta: JSON = {"name": name, "namespace": namespace}
+        if uid:
+            meta["uid"] = uid
+        body = _Binding.from_dict({"apiVersion": "v1", "kind": "Binding", "metadata": meta,
+                                   "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
+        await self._call(self.client.create(body, name=name, namespace=namespace))
+
+    async def create_event(self, event: Mapping[str, Any]) -> None:
+        namespace = event["metadata"]["namespace"]
+        body: Any = _Event.from_dict(dict(event))
+        await self._call(self.client.create(body, namespace=namespace))
+
+    async def get_lease(self, namespace: str, name: str) -> JSON | None:
+        try:
+            return await self._call(self.client.get(_Lease, name, namespace=namespace))
+        except KubeError as exc:
+            if exc.not_found:
+                return None
+            raise
+
+    async def create_lease(self, namespace: str, name: str, spec: Mapping[str, Any]) -> JSON:
+        body: Any = _Lease.from_dict({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                            "metadata": {"name": name, "namespace": namespace},
+                            "spec": dict(spec)})
+        return await self._call(self.client.create(body, namespace=namespace))
+
+    async def replace_lease(self, namespace: str, name: str, spec: Mapping[str, Any],
+                            resource_version: str) -> JSON:
+        body: Any = _Lease.from_dict({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                            "metadata": {"name": name, "namespace": namespace,
+                                         "resourceVersion": resource_version},
+                            "spec": dict(spec)})
+        replace: Any = self.client.replace
+        return await self._call(replace(body, namespace=namespace))
+
+    async def _call(self, awaitable: Any) -> JSON:
+        try:
+            async with self._inflight:
+                result = await awaitable
+        except (ApiError, httpx2.HTTPError, OSError) as exc:
+            raise _error(exc) from None
+        if result is None:
+            return {}
+        return _plain(result)
+
+
+def dumps(obj: Any) -> str:
+    """Compact JSON for logs."""
+    return json.dumps(obj, separators=(",", ":"), default=str)[:2000]
+
+
+__all__ = ["JSON", "Kube", "KubeError"]

@@ -1,0 +1,1 @@
+"""The live ``hami scheduler`` process: extender, webhook, watches, leader election."""

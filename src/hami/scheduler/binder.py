@@ -1,0 +1,165 @@
+"""Node lock acquisition and release against the API (spec §4.11, B01, B02).
+
+The decisions are :mod:`hami.scheduler.nodelock`'s; this module does the reads and the
+compare-and-swap writes (JSON merge patch carrying the node's ``resourceVersion``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from hami.api import names
+from hami.core.codec import encode_node_lock
+from hami.kube import KubeError
+from hami.scheduler.nodelock import (
+    CONTENTION,
+    LockAction,
+    contention_message,
+    lock_step,
+    owner_is_dangling,
+    release_step,
+)
+
+_CAS_ATTEMPTS = 5
+
+
+class LockError(Exception):
+    """The lock could not be taken (message as HAMi's, ending in ``node lock contention``
+    for contention)."""
+
+    @property
+    def contention(self) -> bool:
+        return str(self).endswith(CONTENTION)
+
+
+class NodeApi(Protocol):
+    async def get_node(self, name: str) -> dict[str, Any]: ...
+    async def patch_node(self, name: str, patch: Mapping[str, Any]) -> dict[str, Any]: ...
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+
+def _lock_of(node: Mapping[str, Any]) -> tuple[str | None, str]:
+    meta = node.get("metadata") or {}
+    return (meta.get("annotations") or {}).get(names.NODE_LOCK), str(meta.get("resourceVersion") or "")
+
+
+class NodeLocks:
+    """``acquire``/``release`` of ``hami.io/mutex.lock`` for pods.
+
+    ``wait_change(node, seconds)`` is awaited between retries; the scheduler wires it to
+    its node watch so a released lock is seen at once instead of after a poll.
+    """
+
+    def __init__(self, api: NodeApi, *, timeout: timedelta, retry_timeout: timedelta,
+                 wait_change: Callable[[str, float], Any] | None = None,
+                 cached: Callable[[str], Mapping[str, Any] | None] | None = None,
+                 now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self.api = api
+        self.timeout = timeout
+        self.retry_timeout = retry_timeout
+        self.wait_change = wait_change
+        self.cached = cached
+        self.now = now
+        self._mutex: dict[str, asyncio.Lock] = {}
+        self.takeovers = 0
+
+    async def acquire(self, node: str, namespace: str, name: str) -> None:
+        """Take the lock for ``namespace/name``, retrying contention for the retry window.
+
+        Raises:
+            LockError: contention past the window, a malformed lock, or an API error.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.retry_timeout.total_seconds()
+        delay = 0.05
+        while True:
+            try:
+                await self._try(node, namespace, name)
+                return
+            except LockError as exc:
+                if not exc.contention or loop.time() >= deadline:
+                    if exc.contention and self.retry_timeout > timedelta(0):
+                        raise LockError(f"timed out after {self.retry_timeout.total_seconds():g}s "
+                                        f"waiting for node {node} to be unlocked: {CONTENTION}") from None
+                    raise
+            wait = min(delay, max(0.0, deadline - loop.time()))
+            if self.wait_change is not None:
+                await self.wait_change(node, wait)
+            else:
+                await asyncio.sleep(wait)
+            delay = min(delay * 2, 0.5)
+
+    async def _try(self, node: str, namespace: str, name: str) -> None:
+        mutex = self._mutex.setdefault(node, asyncio.Lock())
+        async with mutex:
+            for attempt in range(_CAS_ATTEMPTS):
+                # First from the watch cache (saves a GET); a stale copy only costs a 409.
+                obj = self.cached(node) if self.cached is not None and attempt == 0 else None
+                if obj is None or not (obj.get("metadata") or {}).get("resourceVersion"):
+                    obj = await self._get(node)
+                value, rv = _lock_of(obj)
+                now = self.now()
+                step = lock_step(value, now, self.timeout, namespace, name)
+                if step.action is LockAction.HELD:
+                    return
+                if step.action is LockAction.MALFORMED:
+                    raise LockError(f"node {node}: {step.reason}")
+                if step.action is LockAction.CONTENDED:
+                    raise LockError(contention_message(node, self.timeout))
+                if step.action is LockAction.CHECK_OWNER:
+                    assert step.lock is not None
+                    owner = await self._owner(step.lock.namespace, step.lock.name)
+                    if not owner_is_dangling(owner):
+                        raise LockError(contention_message(node, self.timeout))
+                if step.action is not LockAction.SET:
+                    self.takeovers += 1
+                patch = {"metadata": {"annotations": {
+                    names.NODE_LOCK: encode_node_lock(now, namespace, name)},
+                    "resourceVersion": rv}}
+                if await self._cas(node, patch):
+                    return
+            raise LockError(contention_message(node, self.timeout))
+
+    async def release(self, node: str, namespace: str, name: str, *, force: bool = False) -> bool:
+        """Remove the lock if it is exactly ``namespace/name``'s (or ``force``); returns
+        whether something was removed. Never raises for a lock that is not ours (B01)."""
+        for _ in range(_CAS_ATTEMPTS):
+            try:
+                obj = await self._get(node)
+            except LockError:
+                return False
+            value, rv = _lock_of(obj)
+            if not release_step(value, namespace, name, force=force):
+                return False
+            patch = {"metadata": {"annotations": {names.NODE_LOCK: None}, "resourceVersion": rv}}
+            try:
+                if await self._cas(node, patch):
+                    return True
+            except (LockError, KubeError):
+                return False
+        return False
+
+    async def _get(self, node: str) -> dict[str, Any]:
+        try:
+            return await self.api.get_node(node)
+        except KubeError as exc:
+            raise LockError(f"failed to get node {node}: {exc.message}") from None
+
+    async def _owner(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self.api.get_pod(namespace, name)
+        except KubeError as exc:
+            raise LockError(f"failed to get lock owner {namespace}/{name}: {exc.message}") from None
+
+    async def _cas(self, node: str, patch: Mapping[str, Any]) -> bool:
+        """True when written, False on a resourceVersion conflict (re-read and retry)."""
+        try:
+            await self.api.patch_node(node, patch)
+            return True
+        except KubeError as exc:
+            if exc.conflict:
+                return False
+            raise LockError(f"failed to patch node {node}: {exc.message}") from None

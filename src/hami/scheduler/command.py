@@ -1,0 +1,102 @@
+"""``hami scheduler``: the typer command (the lead registers it with
+``app.command("scheduler")(scheduler)`` in :mod:`hami.cli`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import timedelta
+from typing import Annotated
+
+import typer
+
+from hami.core.config import ConfigError
+
+
+def _duration(text: str, flag: str) -> timedelta:
+    from hami.scheduler.nodelock import parse_go_duration
+
+    try:
+        return parse_go_duration(text)
+    except ValueError:
+        raise typer.BadParameter(f"{flag}: {text!r} is not a duration such as 5m, 28s, 500ms") from None
+
+
+def scheduler(
+    http_bind: Annotated[str, typer.Option("--http_bind", "--http-bind",
+                                           help="extender/webhook listen address")] = "127.0.0.1:8080",
+    cert_file: Annotated[str, typer.Option("--cert-file", "--cert_file",
+                                           help="TLS certificate (reloaded when it changes)")] = "",
+    key_file: Annotated[str, typer.Option("--key-file", "--key_file", help="TLS key")] = "",
+    scheduler_name: Annotated[str, typer.Option(help="schedulerName the webhook sets")] = "hami-scheduler",
+    node_scheduler_policy: Annotated[str, typer.Option(help="binpack | spread | fragmentation-aware")] = "binpack",
+    gpu_scheduler_policy: Annotated[str, typer.Option(help="spread | binpack | topology-aware | mutex | fragmentation-aware")] = "spread",
+    metrics_bind_address: Annotated[str, typer.Option(help="metrics listen address ('' or 0: off)")] = ":9395",
+    node_label_selector: Annotated[str, typer.Option(help="only nodes with these labels, k=v,...")] = "",
+    kubeconfig: Annotated[str, typer.Option(help="kubeconfig (default $KUBECONFIG, else in-cluster)")] = "",
+    kube_timeout: Annotated[int, typer.Option(help="API request timeout, seconds (0: 10)")] = 0,
+    kube_max_inflight: Annotated[int, typer.Option(help="most API requests in flight at once")] = 32,
+    node_lock_timeout: Annotated[str, typer.Option(help="node lock expiry")] = "5m",
+    node_lock_retry_timeout: Annotated[str, typer.Option(help="how long bind waits for a locked node (0: no wait)")] = "28s",
+    force_overwrite_default_scheduler: Annotated[bool, typer.Option(help="webhook replaces default-scheduler")] = True,
+    leader_elect: Annotated[bool, typer.Option(help="run several replicas, one leader")] = False,
+    leader_elect_resource_name: Annotated[str, typer.Option(help="Lease name")] = "hami-scheduler",
+    leader_elect_resource_namespace: Annotated[str, typer.Option(help="Lease namespace")] = "kube-system",
+    leader_elect_lease_duration: Annotated[str, typer.Option(help="lease duration")] = "15s",
+    leader_elect_renew_deadline: Annotated[str, typer.Option(help="renew deadline")] = "10s",
+    leader_elect_retry_period: Annotated[str, typer.Option(help="retry period")] = "2s",
+    legacy_metrics: Annotated[bool, typer.Option(
+        help="also serve HAMi's legacy metric names (GPUDeviceMemoryLimit, ...)")] = False,
+    leader_elect_follow: Annotated[bool, typer.Option(
+        help="with --leader-elect: do not elect, follow the named Lease of kube-scheduler "
+             "and lead iff its holder is this host (HAMi's rule)")] = False,
+    device_config_file: Annotated[str, typer.Option(help="HAMi device-config.yaml")] = "",
+    register_interval: Annotated[str, typer.Option(help="node registration/health period")] = "15s",
+    events: Annotated[bool, typer.Option(help="post Kubernetes Events for filter/bind")] = True,
+    async_annotation_patch: Annotated[bool, typer.Option(help="answer /filter before its annotation patch lands (/bind waits for it)")] = True,
+    debug: Annotated[bool, typer.Option(help="verbose logs")] = False,
+) -> None:
+    """Run the scheduler extender + mutating webhook (HAMi's hami-scheduler)."""
+    from hami.scheduler.server import serve
+    from hami.scheduler.settings import SchedulerSettings, parse_label_selector
+
+    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
+    try:
+        settings = SchedulerSettings(
+            http_bind=http_bind, cert_file=cert_file, key_file=key_file,
+            scheduler_name=scheduler_name, node_scheduler_policy=node_scheduler_policy,
+            gpu_scheduler_policy=gpu_scheduler_policy, metrics_bind_address=metrics_bind_address,
+            node_label_selector=parse_label_selector(node_label_selector), kubeconfig=kubeconfig,
+            kube_timeout=timedelta(seconds=kube_timeout or 10),
+            kube_max_inflight=max(1, kube_max_inflight),
+            node_lock_timeout=_duration(node_lock_timeout, "--node-lock-timeout"),
+            node_lock_retry_timeout=_duration(node_lock_retry_timeout, "--node-lock-retry-timeout"),
+            force_overwrite_default_scheduler=force_overwrite_default_scheduler,
+            leader_elect=leader_elect, leader_elect_resource_name=leader_elect_resource_name,
+            leader_elect_resource_namespace=leader_elect_resource_namespace,
+            leader_elect_lease_duration=_duration(leader_elect_lease_duration, "--leader-elect-lease-duration"),
+            leader_elect_renew_deadline=_duration(leader_elect_renew_deadline, "--leader-elect-renew-deadline"),
+            leader_elect_retry_period=_duration(leader_elect_retry_period, "--leader-elect-retry-period"),
+            leader_elect_follow=leader_elect_follow,
+            legacy_metrics=legacy_metrics,
+            device_config_file=device_config_file,
+            register_interval=_duration(register_interval, "--register-interval"),
+            events=events, async_annotation_patch=async_annotation_patch, debug=debug)
+        settings.validate()
+        settings.scheduler_config()
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    asyncio.run(serve(settings))
+
+
+def main() -> None:
+    """``python -m hami.scheduler.command``: the command without the ``hami`` CLI."""
+    typer.run(scheduler)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,580 @@
+"""The scheduler's state owner: caches fed by watches, and the filter/bind/admit decisions.
+
+Everything here runs on one asyncio event loop, and every change to the
+:class:`~hami.core.state.ClusterState` happens in synchronous code between two awaits,
+so there are no threads and no locks around the ledger. A filter decides and charges
+the ledger in one synchronous step before it awaits the pod patch; a failed patch undoes
+the charge.
+
+Membership rules (spec §4.3) are the core's (:meth:`ClusterState.upsert_pod`); this
+shell only decides *when* to apply them:
+
+* a pod event without ``hami.io/vgpu-node`` that is not terminal is ignored (HAMi's
+  informer does the same), so an older event racing our own patch never drops a charge;
+* DELETED releases; a relist (start, watch error, leadership gained) re-applies every
+  listed object and releases pods, nodes and quotas that are gone, except charges made
+  by a filter after the list was taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import gc
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from hami.api import names
+from hami.core.codec import CodecError, parse_scoring_weights
+from hami.core.filter import FilterError
+from hami.core.request import RequestError
+from hami.core.state import TERMINAL_PHASES, ClusterState, pod_uid
+from hami.extender.wire import BindArgs, FilterArgs, filter_result
+from hami.kube import KubeError
+from hami.scheduler.binder import LockError, NodeLocks
+from hami.scheduler.events import (
+    BINDING_FAILED,
+    BINDING_SUCCEED,
+    FILTERING_FAILED,
+    FILTERING_SUCCEED,
+    EventSink,
+)
+from hami.scheduler.registration import check_node
+from hami.scheduler.settings import SchedulerSettings
+from hami.webhook.review import review
+
+log = logging.getLogger("hami.scheduler")
+
+JSON = dict[str, Any]
+KINDS = ("Node", "ResourceQuota", "Pod")
+
+
+class KubeApi(Protocol):
+    """What the engine needs from :class:`hami.kube.Kube` (a fake implements it in tests)."""
+
+    async def list(self, kind: str, on_item: Callable[[JSON], None]) -> str: ...
+    def watch(self, kind: str, resource_version: str) -> Any: ...
+    async def get_node(self, name: str) -> JSON: ...
+    async def get_pod(self, namespace: str, name: str) -> JSON | None: ...
+    async def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> JSON: ...
+    async def patch_node(self, name: str, patch: Mapping[str, Any]) -> JSON: ...
+    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+    async def create_event(self, event: Mapping[str, Any]) -> None: ...
+
+
+class Observer(Protocol):
+    """Metrics hooks (see :mod:`hami.scheduler.metrics`)."""
+
+    def filter_done(self, seconds: float, outcome: str) -> None: ...
+    def bind_done(self, seconds: float, outcome: str) -> None: ...
+
+
+class _NoObserver:
+    def filter_done(self, seconds: float, outcome: str) -> None:
+        pass
+
+    def bind_done(self, seconds: float, outcome: str) -> None:
+        pass
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def _ordered(node_names: list[str] | None) -> list[str] | None:
+    """Candidate names sorted: kube-scheduler rotates its node list every cycle, and the
+    core breaks score ties by input order, so sorting makes the choice reproducible (the
+    offline ``hami schedule`` gives the same answer for nodes listed by name)."""
+    return None if node_names is None else sorted(node_names)
+
+
+_TOKEN = re.compile(r"^(\d+)/(\d+) (\S+)$")
+
+
+def failure_tokens(failed: Mapping[str, str]) -> dict[str, list[str]]:
+    """Nodes per failure token, from GenReason strings (``"1/4 CardInsufficientMemory, ..."``);
+    only items of the form ``<n>/<m> <Token>`` count, as in HAMi."""
+    out: dict[str, list[str]] = {}
+    for node, reason in failed.items():
+        for item in reason.split(", "):
+            match = _TOKEN.match(item.strip())
+            if match:
+                out.setdefault(match.group(3), []).append(node)
+    return out
+
+
+def _list_key(kind: str, obj: Mapping[str, Any]) -> Any:
+    if kind == "Pod":
+        return pod_uid(obj)
+    if kind == "ResourceQuota":
+        return _quota_key(obj)
+    return str(_meta(obj).get("name") or "")
+
+
+def _registration_view(node: Mapping[str, Any]) -> Any:
+    """What registration reads from a node: everything but the node lock annotation."""
+    meta = node["metadata"]
+    ann = {k: v for k, v in meta["annotations"].items() if k != names.NODE_LOCK}
+    return ann, meta["labels"], node["status"]["allocatable"]
+
+
+def _quota_key(quota: Mapping[str, Any]) -> tuple[str, str]:
+    meta = _meta(quota)
+    return str(meta.get("namespace") or "default"), str(meta.get("name"))
+
+
+def _slim_node(node: Mapping[str, Any]) -> JSON:
+    """What the engine keeps of a Node: name, version, labels, annotations, allocatable."""
+    meta = _meta(node)
+    return {"metadata": {"name": meta.get("name"), "resourceVersion": meta.get("resourceVersion"),
+                         "labels": dict(meta.get("labels") or {}),
+                         "annotations": dict(meta.get("annotations") or {})},
+            "status": {"allocatable": dict((node.get("status") or {}).get("allocatable") or {})}}
+
+
+@dataclass
+class Counters:
+    """Plain counters for tests, logs and metrics."""
+
+    filters: int = 0
+    binds: int = 0
+    relists: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    watch_errors: int = 0
+    patch_failures: int = 0
+    apply_errors: int = 0
+
+
+class Engine:
+    """Caches, decisions and their side effects for one scheduler replica."""
+
+    def __init__(self, settings: SchedulerSettings, kube: KubeApi, *,
+                 observer: Observer | None = None,
+                 local_now: Callable[[], datetime] = datetime.now) -> None:
+        self.settings = settings
+        self.config = settings.scheduler_config()
+        self.kube = kube
+        self.state = ClusterState(self.config)
+        self.observer = observer or _NoObserver()
+        self.local_now = local_now
+        self.synced = asyncio.Event()
+        self.leader = not settings.leader_elect
+        self.counters = Counters()
+        self.nodes: dict[str, JSON] = {}
+        self.node_reasons: dict[str, str] = {}
+        self._reported: dict[str, int] = {}
+        self._node_changed: dict[str, asyncio.Event] = {}
+        self._committed_at: dict[str, float] = {}
+        self._quotas: set[tuple[str, str]] = set()
+        self._pending_patch: dict[str, asyncio.Future[str]] = {}
+        self._resource_version: dict[str, str] = {}
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._background: set[asyncio.Task[Any]] = set()
+        self.events = EventSink(kube, settings.scheduler_name, enabled=settings.events)
+        self.locks = NodeLocks(kube, timeout=settings.node_lock_timeout,
+                               retry_timeout=settings.node_lock_retry_timeout,
+                               wait_change=self._wait_node_change,
+                               cached=self.nodes.get)
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Initial list of nodes, quotas and pods (the ledger is rebuilt from pod
+        annotations before any filter is answered), then the watches and the register
+        ticker."""
+        self.events.start()
+        await self.resync()
+        gc.collect()
+        gc.freeze()  # 40k cached pods: no full-GC pauses inside filter afterwards
+        self.synced.set()
+        for kind in KINDS:
+            self._tasks.append(asyncio.create_task(self._watch(kind), name=f"watch-{kind}"))
+        self._tasks.append(asyncio.create_task(self._register_ticker(), name="register"))
+
+    async def stop(self) -> None:
+        for task in [*self._tasks, *self._background]:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._background, return_exceptions=True)
+        self._tasks.clear()
+        await self.events.stop()
+
+    async def resync(self, kinds: tuple[str, ...] = KINDS) -> None:
+        """List ``kinds`` (streamed: each object is applied as it arrives) and reconcile
+        the caches with the lists (what was not listed is gone)."""
+        for kind in kinds:
+            listed_at = time.monotonic()
+            seen: set[Any] = set()
+
+            def on_item(obj: JSON, kind: str = kind, seen: set[Any] = seen) -> None:
+                seen.add(_list_key(kind, obj))
+                self.apply(kind, "ADDED", obj)
+
+            self._resource_version[kind] = await self.kube.list(kind, on_item)
+            self._forget_unlisted(kind, seen, listed_at)
+            self.counters.relists[kind] += 1
+
+    async def set_leader(self, leader: bool) -> None:
+        """Leadership changed. A new leader relists before it decides anything."""
+        if leader and not self.leader:
+            await self.resync()
+            self.leader = True
+            self.register_all()
+        elif not leader:
+            self.leader = False
+        if self.settings.pod_name and self.settings.pod_namespace:
+            self._spawn(self._label_self("leader" if leader else "follower"))
+
+    async def _label_self(self, role: str) -> None:
+        """``hami.io/scheduler-role`` on this replica's own pod (a Service can select the
+        leader by it)."""
+        try:
+            await self.kube.patch_pod(self.settings.pod_namespace, self.settings.pod_name,
+                                      {"metadata": {"labels": {"hami.io/scheduler-role": role}}})
+        except KubeError as exc:
+            log.info("scheduler-role label not written: %s", exc)
+
+    # ------------------------------------------------------------- watches
+    async def _watch(self, kind: str) -> None:
+        delay = 0.2
+        while True:
+            try:
+                async for event_type, obj in self.kube.watch(kind, self._resource_version[kind]):
+                    rv = _meta(obj).get("resourceVersion")
+                    if rv:
+                        self._resource_version[kind] = str(rv)
+                    if event_type != "BOOKMARK":
+                        self.apply(kind, event_type, obj)
+                    delay = 0.2
+                continue  # the server closed the watch normally: resume from the last version
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.counters.watch_errors += 1
+                log.warning("watch %s: %s; relisting", kind, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            try:
+                await self.resync((kind,))
+            except Exception as exc:
+                log.warning("relist %s failed: %s", kind, exc)
+
+    def apply(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
+        """One watch event (ADDED, MODIFIED, DELETED). A malformed object is logged and
+        skipped: it must never stop the watch or the relist of everything else."""
+        try:
+            self._apply(kind, event_type, obj)
+        except Exception:
+            self.counters.apply_errors += 1
+            log.exception("cannot apply %s %s %s", event_type, kind, _meta(obj).get("name"))
+
+    def _apply(self, kind: str, event_type: str, obj: Mapping[str, Any]) -> None:
+        deleted = event_type == "DELETED"
+        if kind == "Pod":
+            self._apply_pod(obj, deleted)
+        elif kind == "Node":
+            self._apply_node(obj, deleted)
+        elif kind == "ResourceQuota":
+            if deleted:
+                self.state.remove_quota(obj)
+                self._quotas.discard(_quota_key(obj))
+            else:
+                self.state.upsert_quota(obj)
+                self._quotas.add(_quota_key(obj))
+
+    def _forget_unlisted(self, kind: str, listed: set[Any], listed_at: float) -> None:
+        if kind == "Node":
+            for name in list(self.nodes):
+                if name not in listed:
+                    self._apply_node({"metadata": {"name": name}}, True)
+        elif kind == "ResourceQuota":
+            for ns, qname in list(self._quotas - listed):
+                self.apply(kind, "DELETED", {"metadata": {"namespace": ns, "name": qname}})
+        elif kind == "Pod":
+            for entry in list(self.state.ledger.pods()):
+                if entry.uid not in listed and self._committed_at.get(entry.uid, -1.0) < listed_at:
+                    self.state.remove_pod(entry.uid)
+                    self._committed_at.pop(entry.uid, None)
+
+    def _apply_pod(self, pod: Mapping[str, Any], deleted: bool) -> None:
+        uid = pod_uid(pod)
+        if deleted:
+            self.state.remove_pod(uid)
+            self._committed_at.pop(uid, None)
+            self._pending_patch.pop(uid, None)
+            return
+        annotations = _meta(pod).get("annotations") or {}
+        phase = (pod.get("status") or {}).get("phase")
+        if annotations.get(names.VGPU_NODE) or phase in TERMINAL_PHASES:
+            self.state.upsert_pod(pod)
+
+    # --------------------------------------------------------------- nodes
+    def _selected(self, node: Mapping[str, Any]) -> bool:
+        labels = _meta(node).get("labels") or {}
+        return all(labels.get(k) == v for k, v in self.settings.node_label_selector.items())
+
+    def _apply_node(self, node: Mapping[str, Any], deleted: bool) -> None:
+        name = str(_meta(node).get("name") or "")
+        if deleted or not self._selected(node):
+            self.state.remove_node(name)
+            self.nodes.pop(name, None)
+            self._reported.pop(name, None)
+            self.node_reasons.pop(name, None)
+        else:
+            slim = _slim_node(node)
+            old = self.nodes.get(name)
+            self.nodes[name] = slim
+            if old is None or _registration_view(old) != _registration_view(slim):
+                self.register(name)  # not for lock-only changes (two per bind)
+        changed = self._node_changed.get(name)
+        if changed is not None:
+            changed.set()
+
+    def register(self, name: str) -> None:
+        """Health check and (re)registration of one node (spec §4.13)."""
+        node = self.nodes.get(name)
+        if node is None:
+            return
+        health = check_node(node, self._reported.get(name), self.local_now())
+        self._reported[name] = health.reported
+        if health.handshake is not None and self.leader:
+            self._spawn(self._patch_handshake(name, health.handshake))
+        if not health.healthy:
+            self.state.remove_node(name)
+            self.node_reasons[name] = health.reason
+            return
+        self.node_reasons[name] = self.state.upsert_node(node)
+
+    def register_all(self) -> None:
+        for name in list(self.nodes):
+            self.register(name)
+
+    async def _register_ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.register_interval.total_seconds())
+            self.register_all()
+
+    async def _patch_handshake(self, name: str, value: str) -> None:
+        try:
+            await self.kube.patch_node(
+                name, {"metadata": {"annotations": {names.NODE_HANDSHAKE: value}}})
+        except KubeError as exc:
+            log.info("handshake on node %s not written: %s", name, exc)
+
+    async def _wait_node_change(self, name: str, seconds: float) -> None:
+        event = self._node_changed.setdefault(name, asyncio.Event())
+        event.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), seconds)
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -------------------------------------------------------------- filter
+    async def _ready(self, timeout_s: float = 25.0) -> str:
+        if not self.synced.is_set():
+            try:
+                await asyncio.wait_for(self.synced.wait(), timeout_s)
+            except TimeoutError:
+                return "scheduler caches not synced yet"
+        if not self.leader:
+            return "this hami scheduler replica is not the leader"
+        return ""
+
+    async def filter(self, args: FilterArgs) -> JSON:
+        """``/filter``: ExtenderArgs -> ExtenderFilterResult (spec §4.2, §4.12)."""
+        started = time.perf_counter()
+        outcome = "error"
+        try:
+            result = await self._filter(args)
+            outcome = ("error" if result["Error"] else
+                       "unschedulable" if result["FailedNodes"] and not result["NodeNames"]
+                       and not result["Nodes"] else "scheduled")
+            return result
+        finally:
+            self.counters.filters += 1
+            self.observer.filter_done(time.perf_counter() - started, outcome)
+
+    async def _filter(self, args: FilterArgs) -> JSON:
+        if args.nodes is not None:
+            return self.simulate(args)
+        not_ready = await self._ready()
+        if not_ready:
+            return filter_result(error=not_ready)
+        pod = args.pod
+        meta = _meta(pod)
+        weights = (meta.get("annotations") or {}).get(names.DEVICE_SCORING_WEIGHTS)
+        try:
+            if weights is not None:
+                parse_scoring_weights(str(weights))  # before the core drops an earlier charge
+            decision = self.state.filter(pod, _ordered(args.node_names))
+        except (RequestError, FilterError, CodecError) as exc:
+            self.events.emit(meta, FILTERING_FAILED, str(exc), warning=True)
+            return filter_result(error=str(exc))
+        result = decision.result
+        if result.passthrough:
+            return filter_result(node_names=args.node_names)
+        if result.node is None:
+            self._unschedulable_events(meta, result.failed_nodes, len(args.node_names or ()))
+            return filter_result(failed=result.failed_nodes)
+        uid = pod_uid(pod)
+        annotations = {**decision.annotations, names.VGPU_TIME: str(int(time.time()))}
+        self.state.commit(pod, decision)
+        entry = self.state.commit(pod, decision)
+        self._committed_at[uid] = time.monotonic()
+        patch = {"metadata": {"annotations": annotations,
+                              "labels": {names.VGPU_NODE: result.node}}}
+        n = len(args.node_names or ())
+        success = (f"find fit node({result.node}), {n - 1} nodes not fit, 1 nodes "
+                   f"fit({result.node}:{result.score:.2f})")
+        write = self._write_allocation(meta, uid, entry, patch, success,
+                                       self._pending_patch.get(uid))
+        if self.settings.async_annotation_patch:
+            # Answer now; the merge patch is on its way and /bind waits for it (a failed
+            # write fails the bind, kube-scheduler then filters the pod again).
+            task = asyncio.ensure_future(write)
+            self._pending_patch[uid] = task
+            task.add_done_callback(functools.partial(self._patch_done, uid))
+            return filter_result(node_names=[result.node])
+        error = await write
+        return filter_result(error=error) if error else filter_result(node_names=[result.node])
+
+    async def _write_allocation(self, meta: Mapping[str, Any], uid: str, entry: Any,
+                                patch: Mapping[str, Any], success: str,
+                                previous: asyncio.Future[str] | None) -> str:
+        """The filter's one merge patch (annotations + label); "" or the error. On failure
+        the charge is undone unless a newer filter of the same pod replaced it."""
+        if previous is not None:  # an older decision for this pod must not land last
+            await asyncio.gather(previous, return_exceptions=True)
+        try:
+            await self.kube.patch_pod(str(meta.get("namespace") or "default"),
+                                      str(meta.get("name") or ""), patch)
+        except KubeError as exc:
+            if self.state.ledger.pod(uid) is entry:
+                self.state.remove_pod(uid)
+                self._committed_at.pop(uid, None)
+            self.counters.patch_failures += 1
+            message = f"patch pod annotations failed: {exc.message}"
+            self.events.emit(meta, FILTERING_FAILED, message, warning=True)
+            return message
+        self.events.emit(meta, FILTERING_SUCCEED, success, warning=False)
+        return ""
+
+    def _patch_done(self, uid: str, task: asyncio.Future[str]) -> None:
+        """A written patch is forgotten; a failed one stays until the bind (which then
+        fails) or the next filter of the pod, or its deletion, consumes it."""
+        failed = task.cancelled() or task.exception() is not None or bool(task.result())
+        if self._pending_patch.get(uid) is task and not failed:
+            del self._pending_patch[uid]
+
+    def _unschedulable_events(self, meta: Mapping[str, Any], failed: Mapping[str, str],
+                              n: int) -> None:
+        """HAMi's FilteringFailed events: one per failure token, then the summary (§10)."""
+        for token, nodes in sorted(failure_tokens(failed).items()):
+            self.events.emit(meta, FILTERING_FAILED,
+                             f"{len(nodes)} nodes {token}({','.join(sorted(nodes))})",
+                             warning=True)
+        self.events.emit(meta, FILTERING_FAILED, f"no available node, {n} nodes do not meet",
+                         warning=True)
+
+    def simulate(self, args: FilterArgs) -> JSON:
+        """Full ``Nodes`` in the args: decide on those nodes alone, with zero usage and no
+        side effects (spec §4.12)."""
+        scratch = ClusterState(self.config)
+        assert args.nodes is not None
+        names_in = []
+        for node in args.nodes:
+            name = str(_meta(node).get("name") or "")
+            names_in.append(name)
+            scratch.upsert_node(node)
+        try:
+            decision = scratch.filter(args.pod, names_in)
+        except (RequestError, FilterError, CodecError) as exc:
+            return filter_result(error=str(exc))
+        result = decision.result
+        if result.passthrough:
+            return filter_result(nodes=list(args.nodes), nodes_list=True)
+        if result.node is None:
+            return filter_result(failed=result.failed_nodes)
+        best = next(n for n in args.nodes if _meta(n).get("name") == result.node)
+        return filter_result(nodes=[best], nodes_list=True, failed=result.failed_nodes)
+
+    # ---------------------------------------------------------------- bind
+    async def bind(self, args: BindArgs) -> JSON:
+        """``/bind``: node lock, bind-phase, Binding (spec §4.11)."""
+        started = time.perf_counter()
+        error = "error"
+        try:
+            reply = await self._bind(args)
+            error = "error" if reply["Error"] else "bound"
+            return reply
+        finally:
+            self.counters.binds += 1
+            self.observer.bind_done(time.perf_counter() - started, error)
+
+    def _pod_entry(self, args: BindArgs) -> Any:
+        entry = self.state.ledger.pod(args.pod_uid) if args.pod_uid else None
+        if entry is None:
+            entry = self.state.ledger.pod(f"{args.pod_namespace or 'default'}/{args.pod_name}")
+        return entry
+
+    async def _bind(self, args: BindArgs) -> JSON:
+        not_ready = await self._ready()
+        if not_ready:
+            return {"Error": not_ready}
+        ns = args.pod_namespace or "default"
+        meta = {"namespace": ns, "name": args.pod_name, "uid": args.pod_uid}
+        pending = self._pending_patch.pop(args.pod_uid, None) if args.pod_uid else None
+        if pending is not None:
+            error = (await asyncio.gather(pending, return_exceptions=True))[0]
+            if error:
+                message = str(error)
+                self.events.emit(meta, BINDING_FAILED, message, warning=True)
+                return {"Error": message}
+        entry = self._pod_entry(args)
+        needs_lock = entry is not None and any(
+            devices for pos, devices in enumerate(entry.devices) if pos >= entry.n_init)
+        locked = False
+        try:
+            if needs_lock:
+                await self.locks.acquire(args.node, ns, args.pod_name)
+                locked = True
+            if entry is not None:
+                await self.kube.patch_pod(ns, args.pod_name, {"metadata": {"annotations": {
+                    names.BIND_PHASE: "allocating", names.BIND_TIME: str(int(time.time()))}}})
+            await self.kube.bind(ns, args.pod_name, args.pod_uid, args.node)
+        except (LockError, KubeError) as exc:
+            message = exc.message if isinstance(exc, KubeError) else str(exc)
+            if locked:
+                await self.locks.release(args.node, ns, args.pod_name)
+            self.events.emit(meta, BINDING_FAILED, message, warning=True)
+            return {"Error": message}
+        self.events.emit(meta, BINDING_SUCCEED,
+                         f"Successfully binding node [{args.node}] to {ns}/{args.pod_name}",
+                         warning=False)
+        return {"Error": ""}
+
+    # ------------------------------------------------------------- webhook
+    def admit(self, body: bytes) -> JSON:
+        """``/webhook``: AdmissionReview -> AdmissionReview (spec §3)."""
+        return review(body, self.config, self.state.quota)
+
+    # -------------------------------------------------------------- status
+    def ready(self) -> bool:
+        return self.synced.is_set() and self.leader
+
+    def snapshot(self) -> dict[str, Any]:
+        """A summary for logs and tests."""
+        return {"nodes": len(self.state.ledger.node_names()),
+                "pods": sum(1 for _ in self.state.ledger.pods()),
+                "leader": self.leader, "synced": self.synced.is_set(),
+                "events_dropped": self.events.dropped,
+                "lock_takeovers": self.locks.takeovers,
+                "counters": self.counters.__dict__,
+                "now": datetime.now(UTC).isoformat()}

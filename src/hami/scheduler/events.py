@@ -1,0 +1,87 @@
+"""Kubernetes Events on pods (spec §10 reasons), sent in the background.
+
+Events are best effort (HAMi logs and goes on when one fails): they are queued and a
+worker posts them, so a slow apiserver never adds to filter or bind latency. When the
+queue is full new events are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+log = logging.getLogger("hami.scheduler.events")
+
+FILTERING_FAILED = "FilteringFailed"
+FILTERING_SUCCEED = "FilteringSucceed"
+BINDING_FAILED = "BindingFailed"
+BINDING_SUCCEED = "BindingSucceed"
+
+
+class EventWriter(Protocol):
+    async def create_event(self, event: Mapping[str, Any]) -> None: ...
+
+
+def pod_event(pod_meta: Mapping[str, Any], reason: str, message: str, *, warning: bool,
+              component: str, now: datetime | None = None) -> dict[str, Any]:
+    """A core/v1 Event about a pod (``pod_meta``: namespace, name, uid)."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    namespace = str(pod_meta.get("namespace") or "default")
+    name = str(pod_meta.get("name") or "")
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"{name}.{secrets.token_hex(8)}", "namespace": namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace,
+                           "name": name, "uid": str(pod_meta.get("uid") or "")},
+        "reason": reason, "message": message[:1024],
+        "type": "Warning" if warning else "Normal",
+        "source": {"component": component}, "reportingComponent": component,
+        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+    }
+
+
+class EventSink:
+    """A bounded queue of events and one worker task that posts them."""
+
+    def __init__(self, writer: EventWriter, component: str, *, enabled: bool = True,
+                 max_queued: int = 2000) -> None:
+        self.writer = writer
+        self.component = component
+        self.enabled = enabled
+        self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(max_queued)
+        self.dropped = 0
+        self.sent = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="events")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    def emit(self, pod_meta: Mapping[str, Any], reason: str, message: str, *,
+             warning: bool) -> None:
+        if not self.enabled:
+            return
+        try:
+            self.queue.put_nowait(pod_event(pod_meta, reason, message, warning=warning,
+                                            component=self.component))
+        except asyncio.QueueFull:
+            self.dropped += 1
+
+    async def _run(self) -> None:
+        while True:
+            event = await self.queue.get()
+            try:
+                await self.writer.create_event(event)
+                self.sent += 1
+            except Exception as exc:  # best effort, as HAMi
+                log.debug("event %s not posted: %s", event["reason"], exc)

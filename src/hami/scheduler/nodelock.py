@@ -1,0 +1,117 @@
+"""The node-lock protocol as pure decisions (spec §4.11, field cases B01, B02).
+
+``hami.io/mutex.lock`` on a Node = ``<RFC3339>,<namespace>,<pod>``. Given the current value
+(or None), the clock and who is asking, :func:`lock_step` says what the caller must do;
+:func:`release_step` does the same for a release. The GET/PATCH (with the node's
+resourceVersion as compare-and-swap) live in :mod:`hami.kube` and
+:mod:`hami.scheduler.binder`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import Enum
+
+from hami.core.codec import CodecError, NodeLock, decode_node_lock
+
+CONTENTION = "node lock contention"
+
+
+class LockAction(Enum):
+    """What to do with the lock value just read."""
+
+    SET = "set"  #: no lock: write ours (CAS on the read resourceVersion)
+    HELD = "held"  #: already ours (re-entrant): nothing to write
+    TAKE_OVER = "take-over"  #: expired: overwrite with ours (CAS)
+    CHECK_OWNER = "check-owner"  #: look up the owner pod; gone or terminal => take over
+    CONTENDED = "contended"  #: someone else holds it: wait or fail with contention
+    MALFORMED = "malformed"  #: unparsable value: error, never taken over (HAMi)
+
+
+@dataclass(frozen=True, slots=True)
+class LockStep:
+    """A decision and the parsed lock it was made on (None when absent/unparsable)."""
+
+    action: LockAction
+    lock: NodeLock | None = None
+    reason: str = ""
+
+
+def lock_step(value: str | None, now: datetime, timeout: timedelta,
+              namespace: str, name: str) -> LockStep:
+    """Decide how ``namespace/name`` may acquire a node lock whose value is ``value``."""
+    if value is None or value == "":
+        return LockStep(LockAction.SET)
+    try:
+        lock = decode_node_lock(value)
+    except CodecError as exc:
+        return LockStep(LockAction.MALFORMED, None, f"invalid node lock {value!r}: {exc}")
+    if now - lock.time > timeout:
+        return LockStep(LockAction.TAKE_OVER, lock, "expired")
+    if lock.is_owned_by(namespace, name):
+        return LockStep(LockAction.HELD, lock)
+    if not lock.namespace and not lock.name:
+        return LockStep(LockAction.CONTENDED, lock, "legacy lock without owner")
+    return LockStep(LockAction.CHECK_OWNER, lock)
+
+
+def owner_is_dangling(owner_pod: dict | None) -> bool:  # type: ignore[type-arg]
+    """The lock owner named in a lock is gone (GET NotFound: None) or terminal (B02 variant:
+    a Failed/Succeeded pod never runs device-plugin Allocate, so it never releases)."""
+    if owner_pod is None:
+        return True
+    phase = (owner_pod.get("status") or {}).get("phase")
+    return phase in ("Failed", "Succeeded")
+
+
+def release_step(value: str | None, namespace: str, name: str, *, force: bool = False) -> bool:
+    """True when releasing on behalf of ``namespace/name`` must remove ``value``.
+
+    Only the exact owner releases (B01: never a substring match); ``force`` releases any
+    lock. An unparsable value is never removed unless forced; a legacy lock (no owner)
+    is removed only when forced.
+    """
+    if not value:
+        return False
+    if force:
+        return True
+    try:
+        lock = decode_node_lock(value)
+    except CodecError:
+        return False
+    return lock.is_owned_by(namespace, name)
+
+
+def contention_message(node: str, timeout: timedelta) -> str:
+    """HAMi's message for a lock held by someone else (spec §4.11)."""
+    return f"node {node} has been locked within {_go_duration(timeout)}: {CONTENTION}"
+
+
+def _go_duration(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    minutes, secs = divmod(seconds, 60)
+    hours, minutes = divmod(minutes, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{minutes}m{secs}s"
+    return f"{secs}s"
+
+
+def parse_go_duration(text: str) -> timedelta:
+    """Parse a Go duration such as ``5m``, ``28s``, ``1h30m``, ``500ms``, ``0``.
+
+    Raises:
+        ValueError: not a duration.
+    """
+    import re
+
+    text = text.strip()
+    if text in ("0", ""):
+        return timedelta(0)
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+    parts = re.findall(r"([0-9]+(?:\.[0-9]*)?)(ms|us|µs|ns|h|m|s)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"invalid duration {text!r}")
+    return timedelta(seconds=sum(float(n) * units[u] for n, u in parts))

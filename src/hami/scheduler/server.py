@@ -1,0 +1,237 @@
+"""The HTTP(S) servers of ``hami scheduler``: extender, webhook, health, metrics.
+
+One aiohttp application serves ``/filter``, ``/bind``, ``/webhook``, ``/healthz`` and
+``/readyz`` (spec §4.1); a second one serves ``/metrics`` on its own port (spec §8).
+With ``--cert-file/--key-file`` the main server speaks TLS and re-reads the pair when
+either file changes (new connections get the new certificate).
+Errors become HTTP replies only here: every handler answers 200 with the extender's
+``Error`` field or an AdmissionReview status, never an exception page, and the server
+goes on serving whatever the body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from hami.extender.wire import (
+    WireError,
+    bind_result,
+    filter_result,
+    parse_bind_args,
+    parse_filter_args,
+)
+from hami.scheduler.engine import Engine
+from hami.scheduler.metrics import SchedulerMetrics
+from hami.scheduler.settings import SchedulerSettings, parse_bind
+
+log = logging.getLogger("hami.scheduler.server")
+
+
+def _json(payload: Any) -> web.Response:
+    return web.Response(body=json.dumps(payload, separators=(",", ":")).encode(),
+                        content_type="application/json")
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """The request body, refusing more than ``limit`` bytes (HAMi reads through 1 MiB)."""
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLarge(f"request body of {request.content_length} bytes exceeds {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(65536):
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"request body exceeds {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def build_app(engine: Engine, settings: SchedulerSettings) -> web.Application:
+    """The main application (routes of spec §4.1)."""
+    limit = settings.max_body_bytes
+
+    def guarded(handler: Callable[[bytes], Awaitable[Any]],
+                on_error: Callable[[str], Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handle(request: web.Request) -> web.Response:
+            try:
+                body = await read_body(request, limit)
+                return _json(await handler(body))
+            except (BodyTooLarge, WireError) as exc:
+                return _json(on_error(str(exc)))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # never take the server down
+                log.exception("%s failed", request.path)
+                return _json(on_error(f"internal error: {type(exc).__name__}: {exc}"))
+        return handle
+
+    async def do_filter(body: bytes) -> Any:
+        return await engine.filter(parse_filter_args(body))
+
+    async def do_bind(body: bytes) -> Any:
+        return await engine.bind(parse_bind_args(body))
+
+    async def do_webhook(body: bytes) -> Any:
+        return engine.admit(body)
+
+    def webhook_error(message: str) -> Any:
+        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "response": {"uid": "", "allowed": False,
+                             "status": {"code": 400, "message": message, "status": "Failure"}}}
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def readyz(request: web.Request) -> web.Response:
+        if engine.ready():
+            return web.Response(text="ok")
+        reason = "caches not synced" if not engine.synced.is_set() else "not the leader"
+        return web.Response(status=503, text=reason)
+
+    async def status(request: web.Request) -> web.Response:
+        return _json(engine.snapshot())
+
+    app = web.Application(client_max_size=limit)
+    app.router.add_post("/filter", guarded(do_filter, lambda m: filter_result(error=m)))
+    app.router.add_post("/bind", guarded(do_bind, bind_result))
+    app.router.add_post("/webhook", guarded(do_webhook, webhook_error))
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/status", status)
+    return app
+
+
+def build_metrics_app(metrics: SchedulerMetrics) -> web.Application:
+    async def handle(request: web.Request) -> web.Response:
+        body = generate_latest(metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", handle)
+    return app
+
+
+class TlsReloader:
+    """A server SSLContext that reloads its certificate pair when the files change."""
+
+    def __init__(self, cert_file: str, key_file: str) -> None:
+        self.cert_file, self.key_file = cert_file, key_file
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self._stamp: tuple[float, float] = (0.0, 0.0)
+        self.reloads = 0
+        self.load()
+
+    def _mtimes(self) -> tuple[float, float]:
+        return os.stat(self.cert_file).st_mtime, os.stat(self.key_file).st_mtime
+
+    def load(self) -> None:
+        stamp = self._mtimes()
+        self.context.load_cert_chain(self.cert_file, self.key_file)
+        self._stamp = stamp
+        self.reloads += 1
+
+    def maybe_reload(self) -> bool:
+        try:
+            if self._mtimes() == self._stamp:
+                return False
+            self.load()
+            log.warning("reloaded TLS certificate %s", self.cert_file)
+            return True
+        except (OSError, ssl.SSLError) as exc:  # half-written files: keep the old pair
+            log.warning("TLS reload failed, keeping the old certificate: %s", exc)
+            return False
+
+    async def watch(self, interval_s: float = 2.0) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            self.maybe_reload()
+
+
+async def serve(settings: SchedulerSettings, *, kube: Any = None,
+                stop: asyncio.Event | None = None,
+                started: Callable[[dict[str, int]], None] | None = None) -> None:
+    """Run the scheduler until ``stop`` is set (or SIGTERM/SIGINT)."""
+    from hami.kube import Kube
+    from hami.scheduler.election import LeaderElector
+
+    settings.validate()
+    own_kube = kube is None
+    if kube is None:
+        kube = Kube.connect(settings.kubeconfig or None,
+                            timeout_s=settings.kube_timeout.total_seconds() or 10.0,
+                            max_inflight=settings.kube_max_inflight)
+    metrics = SchedulerMetrics(legacy=settings.legacy_metrics)
+    engine = Engine(settings, kube, observer=metrics)
+    metrics.attach(engine)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, stop.set)
+
+    tls = TlsReloader(settings.cert_file, settings.key_file) if settings.cert_file else None
+    runners: list[web.AppRunner] = []
+    ports: dict[str, int] = {}
+    host, port = parse_bind(settings.http_bind)
+    runner = web.AppRunner(build_app(engine, settings), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=tls.context if tls else None,
+                       reuse_address=True)
+    await site.start()
+    runners.append(runner)
+    ports["http"] = _bound_port(runner)
+    if settings.metrics_bind_address not in ("", "0"):
+        mhost, mport = parse_bind(settings.metrics_bind_address)
+        mrunner = web.AppRunner(build_metrics_app(metrics), access_log=None)
+        await mrunner.setup()
+        await web.TCPSite(mrunner, mhost, mport, reuse_address=True).start()
+        runners.append(mrunner)
+        ports["metrics"] = _bound_port(mrunner)
+    tasks: list[asyncio.Task[Any]] = []
+    elector = None
+    try:
+        await engine.start()
+        if tls:
+            tasks.append(asyncio.create_task(tls.watch()))
+        if settings.leader_elect:
+            elector = LeaderElector(kube, settings, engine.set_leader)
+            tasks.append(asyncio.create_task(elector.run(), name="leader-election"))
+        log.warning("hami scheduler serving on %s (metrics %s), %s", ports.get("http"),
+                    ports.get("metrics"), engine.snapshot())
+        if started:
+            started(ports)
+        await stop.wait()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if elector is not None:
+            await elector.release()
+        await engine.stop()
+        for r in runners:
+            await r.cleanup()
+        if own_kube:
+            await kube.close()
+
+
+def _bound_port(runner: web.AppRunner) -> int:
+    for addr in runner.addresses:
+        if isinstance(addr, tuple) and len(addr) >= 2:
+            return int(addr[1])
+    return 0

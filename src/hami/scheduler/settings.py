@@ -1,0 +1,113 @@
+"""One settings object for ``hami scheduler`` (flags with HAMi's names, spec §7.4)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from hami.core.config import GPU_POLICIES, NODE_POLICIES, ConfigError, SchedulerConfig
+
+
+def default_identity() -> str:
+    """Leader-election identity: hostname (as HAMi compares) plus a unique suffix."""
+    return f"{socket.gethostname()}_{uuid.uuid4().hex[:12]}"
+
+
+def parse_bind(address: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
+    """``host:port`` or ``:port`` (Go style) -> (host, port).
+
+    Raises:
+        ConfigError: no port, or a port that is not a number in 0..65535.
+    """
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"bad bind address {address!r}: expected host:port or :port")
+    return (host.strip("[]") or default_host), int(port)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    """Everything the scheduler process is configured with; built once, passed in."""
+
+    http_bind: str = "127.0.0.1:8080"
+    cert_file: str = ""
+    key_file: str = ""
+    scheduler_name: str = "hami-scheduler"
+    node_scheduler_policy: str = "binpack"
+    gpu_scheduler_policy: str = "spread"
+    metrics_bind_address: str = ":9395"
+    node_label_selector: dict[str, str] = field(default_factory=dict)
+    kubeconfig: str = ""
+    kube_timeout: timedelta = timedelta(seconds=10)
+    #: Most API requests in flight at once (watches not counted).
+    kube_max_inflight: int = 32
+    node_lock_timeout: timedelta = timedelta(minutes=5)
+    node_lock_retry_timeout: timedelta = timedelta(seconds=28)
+    force_overwrite_default_scheduler: bool = True
+    leader_elect: bool = False
+    leader_elect_resource_name: str = "hami-scheduler"
+    leader_elect_resource_namespace: str = "kube-system"
+    leader_elect_lease_duration: timedelta = timedelta(seconds=15)
+    leader_elect_renew_deadline: timedelta = timedelta(seconds=10)
+    leader_elect_retry_period: timedelta = timedelta(seconds=2)
+    #: Do not elect: lead iff the Lease (kube-scheduler's) is held by this host (§4.13).
+    leader_elect_follow: bool = False
+    device_config_file: str = ""
+    register_interval: timedelta = timedelta(seconds=15)
+    max_body_bytes: int = 1 << 20
+    events: bool = True
+    #: Answer /filter once the decision is charged, with its annotation patch in flight;
+    #: /bind waits for that patch. False: /filter answers after the patch (HAMi's order).
+    async_annotation_patch: bool = True
+    identity: str = field(default_factory=default_identity)
+    pod_name: str = field(default_factory=lambda: os.environ.get("POD_NAME", ""))
+    pod_namespace: str = field(default_factory=lambda: os.environ.get("POD_NAMESPACE", ""))
+    debug: bool = False
+    #: Also serve HAMi's pre-2.5 metric names (spec §8).
+    legacy_metrics: bool = False
+
+    def validate(self) -> None:
+        """Raises ConfigError on a bad value (checked once at start-up)."""
+        parse_bind(self.http_bind)
+        if self.metrics_bind_address not in ("", "0"):
+            parse_bind(self.metrics_bind_address)
+        if self.node_scheduler_policy not in NODE_POLICIES:
+            raise ConfigError(f"--node-scheduler-policy must be one of {', '.join(NODE_POLICIES)}")
+        for part in self.gpu_scheduler_policy.split(","):
+            if part.strip() not in GPU_POLICIES:
+                raise ConfigError(f"--gpu-scheduler-policy must be among {', '.join(GPU_POLICIES)}")
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ConfigError("--cert-file and --key-file go together")
+        if self.leader_elect_renew_deadline >= self.leader_elect_lease_duration:
+            raise ConfigError("--leader-elect-renew-deadline must be below the lease duration")
+
+    def scheduler_config(self) -> SchedulerConfig:
+        """The core's config (device config file, policies, webhook scheduler name)."""
+        from dataclasses import replace
+
+        from hami.settings import scheduler_config
+
+        path = Path(self.device_config_file) if self.device_config_file else None
+        config = scheduler_config(path, self.node_scheduler_policy, self.gpu_scheduler_policy,
+                                  self.scheduler_name)
+        return replace(config,
+                       force_overwrite_default_scheduler=self.force_overwrite_default_scheduler)
+
+
+def parse_label_selector(text: str) -> dict[str, str]:
+    """``k=v,k2=v2`` -> dict (``--node-label-selector``).
+
+    Raises:
+        ConfigError: an entry without ``=``.
+    """
+    out: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"bad --node-label-selector entry {part!r}: expected key=value")
+        out[key.strip()] = value.strip()
+    return out

@@ -1,0 +1,198 @@
+"""``hami simulate``: replay a GPU cluster trace through the scheduling core.
+
+Registered by the CLI as ``app.command("simulate")(simulate)``. Without ``--trace`` it
+runs the embedded synthetic openb-like default (:mod:`hami.sim.synthetic`), so it works
+on a fresh machine with no files.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from hami.sim import metrics, report
+from hami.sim.replay import (
+    ALL_POLICIES,
+    DEFAULT_SPLIT_COUNT,
+    REPORT_POINTS,
+    Replayer,
+    ReplayResult,
+    parse_policy,
+    workload_distribution,
+)
+from hami.sim.synthetic import DEFAULT_SCALE, DEFAULT_SEED, synthetic_trace
+from hami.sim.trace import TraceError, TraceNode, TracePod, load_reference, load_trace
+from hami.sim.workload import DEFAULT_TUNE, prepare_workload
+
+#: Where the project keeps the trace (relative to the repository root); never committed.
+SHARED_TRACE_DIR = "../shared/data/openb"
+#: The minimum tasks per GPU the trace needs (its smallest share is 50 milli).
+MIN_SPLIT_COUNT = 20
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"42"``, ``"42,43"``, ``"42-51"`` (inclusive) or a mix -> list of seeds.
+
+    Raises:
+        ValueError: not integers, or an empty/descending range.
+    """
+    seeds: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if "-" in part[1:]:
+            lo_text, hi_text = part.split("-", 1) if part[0] != "-" else ("", "")
+            lo, hi = int(lo_text), int(hi_text)
+            if hi < lo:
+                raise ValueError(f"descending seed range {part!r}")
+            seeds.extend(range(lo, hi + 1))
+        else:
+            seeds.append(int(part))
+    if not seeds:
+        raise ValueError("no seed given")
+    return list(dict.fromkeys(seeds))
+
+
+def parse_policies(text: str) -> list[str]:
+    """``"all"`` or a comma list of policy names (validated)."""
+    if text.strip() in ("", "all"):
+        return list(ALL_POLICIES)
+    out = [p.strip() for p in text.split(",") if p.strip()]
+    for p in out:
+        parse_policy(p)
+    return list(dict.fromkeys(out))
+
+
+@dataclass
+class Simulation:
+    """A set of replays: the cluster, the trace pods, and the settings."""
+
+    nodes: list[TraceNode]
+    pods: list[TracePod]
+    policies: list[str]
+    seeds: list[int]
+    split_count: int = DEFAULT_SPLIT_COUNT
+    tune: float = DEFAULT_TUNE
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def capacity_milli(self) -> int:
+        """Cluster GPU capacity, milli-GPU."""
+        return 1000 * sum(n.gpu for n in self.nodes)
+
+    def run(self, progress: Progress | None = None) -> list[ReplayResult]:
+        """Every policy x seed. The workload of a seed is the same for every policy."""
+        dist = workload_distribution(self.pods)
+        workloads = {s: prepare_workload(self.pods, self.capacity_milli, s, self.tune)
+                     for s in self.seeds}
+        task = None
+        if progress is not None:
+            total = len(self.policies) * sum(len(w) for w in workloads.values())
+            task = progress.add_task("replaying", total=total)
+        results: list[ReplayResult] = []
+        for policy in self.policies:
+            for seed in self.seeds:
+                if progress is not None and task is not None:
+                    progress.update(task, description=f"{policy} seed {seed}")
+
+                    def advance(n: int, _task: Any = task) -> None:
+                        progress.advance(_task, n)
+                    cb = advance
+                else:
+                    cb = None
+                replayer = Replayer(self.nodes, policy, dist, self.split_count)
+                results.append(replayer.run(workloads[seed], seed, cb))
+        return results
+
+
+def simulate(
+    trace: Annotated[Path | None, typer.Option(
+        "--trace", help="Trace directory (openb CSVs). Omit to run the embedded synthetic "
+        "openb-like default.", file_okay=False)] = None,
+    workload: Annotated[str, typer.Option(
+        help="Pod list of the trace: default, gpushare100, multigpu50, gpuspec25, ...")
+    ] = "default",
+    seeds: Annotated[str | None, typer.Option(
+        help="Seeds: '42', '42,43' or '42-51' (the paper's). Default: one seed (42 for a "
+        "trace, 0 for the synthetic default).")] = None,
+    policies: Annotated[str, typer.Option(
+        help="'all' or a comma list of <node>/<gpu> HAMi policies (node: binpack, spread; "
+        "gpu: binpack, spread, topology-aware, mutex) and fragmentation-aware.")] = "all",
+    split_count: Annotated[int, typer.Option(
+        "--split-count", help=f"Tasks per GPU (deviceSplitCount), at least {MIN_SPLIT_COUNT}"
+        " (the trace's smallest share is 5 %).")] = DEFAULT_SPLIT_COUNT,
+    tune: Annotated[float, typer.Option(
+        help="Inflate the workload until requested GPU reaches tune x capacity.")
+    ] = DEFAULT_TUNE,
+    scale: Annotated[float, typer.Option(
+        help="Synthetic default only: size relative to the trace.")] = DEFAULT_SCALE,
+    json_out: Annotated[bool, typer.Option(
+        "--json", help="Print a JSON document (schema hami.simulate/v1) instead of the "
+        "table.")] = False,
+    plot: Annotated[Path | None, typer.Option(
+        "--plot", help="Write unallocated GPU %% vs arrived demand to this PNG.",
+        dir_okay=False)] = None,
+    progress_bar: Annotated[bool, typer.Option(
+        "--progress/--no-progress", help="Show a progress bar on stderr.")] = True,
+) -> None:
+    """Replay a cluster trace through admission, filter/score and bind, and report how
+    well each policy packs GPUs (unallocated GPU % vs arrived demand, as in Weng et al.,
+    USENIX ATC'23)."""
+    err = Console(stderr=True)
+    try:
+        policy_list = parse_policies(policies)
+        if split_count < MIN_SPLIT_COUNT:
+            raise ValueError(f"--split-count must be at least {MIN_SPLIT_COUNT}, "
+                             f"got {split_count}")
+        if tune <= 0 or not 0 < scale <= 4:
+            raise ValueError("--tune must be positive and --scale in (0, 4]")
+        if trace is not None:
+            nodes, pods = load_trace(trace, workload)
+            seed_list = parse_seeds(seeds or "42")
+            reference = load_reference(trace, workload)
+            settings: dict[str, Any] = {"source": "trace", "trace": str(trace),
+                                        "workload": workload, "scale": None}
+            title = f"hami simulate: {workload} ({trace})"
+        else:
+            nodes, pods = synthetic_trace(scale, DEFAULT_SEED)
+            seed_list = parse_seeds(seeds or "0")
+            reference = {}
+            settings = {"source": "synthetic", "trace": None, "workload": "synthetic-openb",
+                        "scale": scale}
+            title = f"hami simulate: synthetic openb-like cluster (scale {scale:g})"
+    except (TraceError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
+        raise typer.Exit(2) from None
+    sim = Simulation(nodes, pods, policy_list, seed_list, split_count, tune)
+    settings.update({"seeds": seed_list, "policies": policy_list, "split_count": split_count,
+                     "tune": tune, "nodes": len(nodes), "gpus": sum(n.gpu for n in nodes),
+                     "trace_pods": len(pods)})
+    show = progress_bar and (err.is_terminal or not json_out)
+    if show:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=err, transient=True) as progress:
+            results = sim.run(progress)
+    else:
+        results = sim.run()
+    points = list(REPORT_POINTS)
+    summary = metrics.summarize(results, points)
+    if json_out:
+        doc = report.to_json(settings, summary, results, points, reference)
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        out = Console() if Console().is_terminal else Console(width=140)
+        report.render_table(summary, points, title, reference, console=out)
+        out.print(f"{len(nodes)} nodes, {settings['gpus']} GPUs, {len(pods)} trace pods "
+                  f"inflated to {tune:g}x capacity; seeds {', '.join(map(str, seed_list))}; "
+                  f"split count {split_count}.")
+    if plot is not None:
+        path = report.write_plot(plot, summary, title, reference)
+        err.print(f"plot written to {path}")

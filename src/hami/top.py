@@ -1,0 +1,263 @@
+"""``hami top``: nodes and GPUs with what is allocated on them, for people.
+
+The view is computed by the pure core exactly as the scheduler computes usage: every Node
+goes through :meth:`ClusterState.upsert_node` (the ``hami.io/node-nvidia-register``
+annotation), every Pod through :meth:`ClusterState.upsert_pod` (HAMi's membership rules
+on ``hami.io/vgpu-node`` / ``hami.io/vgpu-devices-allocated``), every ResourceQuota
+through :meth:`ClusterState.upsert_quota`; the table is then read from the ledger. Only
+the listing of the objects talks to the cluster (lightkube).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterable, Mapping
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from hami.api import names
+from hami.core.config import SchedulerConfig
+from hami.core.state import ClusterState
+
+
+class TopOutput(StrEnum):
+    """Output formats of ``hami top``."""
+
+    table = "table"
+    json = "json"
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _pct(used: int, total: int) -> float:
+    return round(100.0 * used / total, 1) if total > 0 else 0.0
+
+
+def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
+                 quotas: Iterable[Mapping[str, Any]] = (),
+                 config: SchedulerConfig | None = None) -> dict[str, Any]:
+    """Build the ``hami top`` view from plain Kubernetes objects (dicts as the API sends).
+
+    Returns a JSON-ready dict: ``nodes`` (registered nodes with per-GPU capacity, usage
+    and pods), ``unregistered`` (nodes without a usable register annotation, with the
+    scheduler's reason; nodes that never ran the device plugin are left out),
+    ``unplaced`` (pods that carry hami annotations the scheduler would not count, with
+    why) and ``quotas`` (namespaces with a GPU quota or GPU usage).
+    """
+    state = ClusterState(config)
+    node_list = list(nodes)
+    unregistered = []
+    for node in node_list:
+        meta = _meta(node)
+        reason = state.upsert_node(node)
+        annotations = meta.get("annotations") or {}
+        if reason and names.NODE_REGISTER in annotations:
+            unregistered.append({"name": meta.get("name", ""), "reason": reason})
+    for quota in quotas:
+        state.upsert_quota(quota)
+    pod_names: dict[str, tuple[str, str]] = {}
+    unplaced = []
+    registered = set(state.ledger.node_names())
+    for pod in pods:
+        meta = _meta(pod)
+        annotations = meta.get("annotations") or {}
+        if not annotations.get(names.VGPU_NODE):
+            continue
+        ns, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
+        counted = state.upsert_pod(pod)
+        node = annotations[names.VGPU_NODE]
+        phase = (pod.get("status") or {}).get("phase")
+        if not counted:
+            if phase in ("Succeeded", "Failed"):
+                why = f"phase {phase}"
+            elif meta.get("deletionTimestamp"):
+                why = "terminating"
+            else:
+                why = f"undecodable {names.DEVICES_ALLOCATED}"
+            unplaced.append({"namespace": ns, "name": name, "node": node, "reason": why})
+        elif node not in registered:
+            unplaced.append({"namespace": ns, "name": name, "node": node,
+                             "reason": "node not registered"})
+    for entry in state.ledger.pods():
+        pod_names[entry.uid] = (entry.namespace, entry.name)
+
+    out_nodes = []
+    for node_name in sorted(registered):
+        entry = state.ledger.node(node_name)
+        assert entry is not None
+        cordoned = {u.strip() for u in entry.annotations.get(names.NODE_DEVICE_CORDON, "")
+                    .split(",") if u.strip()}
+        on_gpu: dict[str, list[dict[str, Any]]] = {}
+        for pod_entry in sorted(state.ledger.pods_on(node_name),
+                                key=lambda p: (p.namespace, p.name)):
+            for charge in pod_entry.charges:
+                on_gpu.setdefault(charge.uuid, []).append({
+                    "namespace": pod_entry.namespace, "name": pod_entry.name,
+                    "memory_mib": charge.memory_mib, "cores": charge.cores_percent,
+                    "slots": charge.slots})
+        devices = []
+        totals = {"memory_mib": [0, 0], "cores": [0, 0], "tasks": [0, 0]}
+        for dev, slots, mem, cores in state.ledger.device_usage(node_name):
+            devices.append({
+                "index": dev.index, "uuid": dev.uuid, "type": dev.type,
+                "mode": dev.mode or names.MODE_HAMI_CORE, "numa": dev.numa,
+                "health": dev.health, "cordoned": dev.uuid in cordoned,
+                "memory_mib": {"used": mem, "total": dev.memory_mib},
+                "cores": {"used": cores, "total": dev.cores_percent},
+                "tasks": {"used": slots, "total": dev.split_count},
+                "pods": on_gpu.get(dev.uuid, []),
+            })
+            for key, used, total in (("memory_mib", mem, dev.memory_mib),
+                                     ("cores", cores, dev.cores_percent),
+                                     ("tasks", slots, dev.split_count)):
+                totals[key][0] += used
+                totals[key][1] += total
+        lock = entry.annotations.get(names.NODE_LOCK, "")
+        out_nodes.append({
+            "name": node_name,
+            "gpus": len(devices),
+            "memory_mib": {"used": totals["memory_mib"][0], "total": totals["memory_mib"][1]},
+            "cores": {"used": totals["cores"][0], "total": totals["cores"][1]},
+            "tasks": {"used": totals["tasks"][0], "total": totals["tasks"][1]},
+            "pods": len(state.ledger.pods_on(node_name)),
+            "lock": lock,
+            "devices": devices,
+        })
+    quotas_out = []
+    for ns, q in sorted(state.quota.namespaces().items()):
+        if (q.memory_limit_mib is None and q.cores_limit_percent is None
+                and not q.memory_used_mib and not q.cores_used_percent):
+            continue
+        quotas_out.append({"namespace": ns,
+                           "memory_mib": {"used": q.memory_used_mib, "limit": q.memory_limit_mib},
+                           "cores": {"used": q.cores_used_percent, "limit": q.cores_limit_percent}})
+    return {"nodes": out_nodes, "unregistered": unregistered,
+            "unplaced": sorted(unplaced, key=lambda p: (p["namespace"], p["name"])),
+            "quotas": quotas_out}
+
+
+def _frac(used: int, total: int, unit: str = "") -> str:
+    return f"{used}{unit}/{total}{unit} ({_pct(used, total):.0f}%)"
+
+
+def render_table(view: Mapping[str, Any], *, width: int | None = None) -> str:
+    """The view as text tables (nodes, GPUs with their pods, problems, quotas)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    buf = io.StringIO()
+    console = Console(width=width or 160, file=buf, force_terminal=False, color_system=None)
+    nodes = Table(title="nodes", title_justify="left")
+    for col in ("NODE", "GPUS", "MEMORY (MiB)", "CORES (%)", "TASKS", "PODS", "LOCK"):
+        nodes.add_column(col, overflow="fold")
+    for n in view["nodes"]:
+        nodes.add_row(n["name"], str(n["gpus"]),
+                      _frac(n["memory_mib"]["used"], n["memory_mib"]["total"]),
+                      _frac(n["cores"]["used"], n["cores"]["total"]),
+                      f"{n['tasks']['used']}/{n['tasks']['total']}", str(n["pods"]),
+                      n["lock"] or "-")
+    console.print(nodes)
+    gpus = Table(title="gpus", title_justify="left")
+    for col in ("NODE", "IDX", "UUID", "TYPE", "MEMORY (MiB)", "CORES (%)", "TASKS",
+                "STATE", "PODS (MiB, %cores)"):
+        gpus.add_column(col, overflow="fold")
+    for n in view["nodes"]:
+        for d in n["devices"]:
+            state = "ok" if d["health"] else "unhealthy"
+            if d["cordoned"]:
+                state += ",cordoned"
+            if d["mode"] != names.MODE_HAMI_CORE:
+                state += f",{d['mode']}"
+            pods = " ".join(f"{p['namespace']}/{p['name']}({p['memory_mib']},{p['cores']})"
+                            for p in d["pods"]) or "-"
+            gpus.add_row(n["name"], str(d["index"]), d["uuid"], d["type"],
+                         _frac(d["memory_mib"]["used"], d["memory_mib"]["total"]),
+                         _frac(d["cores"]["used"], d["cores"]["total"]),
+                         f"{d['tasks']['used']}/{d['tasks']['total']}", state, pods)
+    console.print(gpus)
+    if view["unregistered"] or view["unplaced"]:
+        problems = Table(title="not counted", title_justify="left")
+        for col in ("OBJECT", "NODE", "REASON"):
+            problems.add_column(col, overflow="fold")
+        for n in view["unregistered"]:
+            problems.add_row(f"node/{n['name']}", n["name"], n["reason"])
+        for p in view["unplaced"]:
+            problems.add_row(f"pod/{p['namespace']}/{p['name']}", p["node"], p["reason"])
+        console.print(problems)
+    if view["quotas"]:
+        quotas = Table(title="quotas", title_justify="left")
+        for col in ("NAMESPACE", "MEMORY (MiB) used/limit", "CORES (%) used/limit"):
+            quotas.add_column(col)
+        for q in view["quotas"]:
+            def lim(v: int | None) -> str:
+                return "-" if v is None else str(v)
+            quotas.add_row(q["namespace"],
+                           f"{q['memory_mib']['used']}/{lim(q['memory_mib']['limit'])}",
+                           f"{q['cores']['used']}/{lim(q['cores']['limit'])}")
+        console.print(quotas)
+    return buf.getvalue()
+
+
+def list_objects(client: Any, namespace: str | None = None) -> tuple[list[dict[str, Any]], ...]:
+    """Nodes, Pods and ResourceQuotas from the cluster as plain dicts (lightkube).
+
+    ResourceQuotas that the caller may not list are skipped (empty list).
+    """
+    from lightkube import ApiError
+    from lightkube.resources.core_v1 import Node, Pod, ResourceQuota
+
+    ns = namespace or "*"
+    nodes = [n.to_dict() for n in client.list(Node)]
+    pods = [p.to_dict() for p in client.list(Pod, namespace=ns)]
+    try:
+        quotas = [q.to_dict() for q in client.list(ResourceQuota, namespace=ns)]
+    except ApiError as err:
+        if err.status.code != 403:
+            raise
+        quotas = []
+    return nodes, pods, quotas
+
+
+def top(
+    output: Annotated[TopOutput, typer.Option("-o", "--output", help="table | json")] = TopOutput.table,
+    kubeconfig: Annotated[Path | None, typer.Option(envvar="KUBECONFIG",
+                                                    help="default: in-cluster or ~/.kube/config")] = None,
+    context: Annotated[str | None, typer.Option(help="kubeconfig context")] = None,
+    namespace: Annotated[str | None, typer.Option("-n", "--namespace",
+                                                  help="only pods of this namespace")] = None,
+    node: Annotated[list[str] | None, typer.Option("--node", help="only these nodes (repeatable)")] = None,
+    device_config: Annotated[Path | None, typer.Option(help="HAMi device-config.yaml (resource "
+                                                       "names for quotas)")] = None,
+) -> None:
+    """GPUs of the cluster: allocated memory, cores and tasks vs capacity, and their pods."""
+    from lightkube import ApiError, Client, ConfigError, KubeConfig
+
+    from hami.core.config import ConfigError as HamiConfigError
+    from hami.settings import load_device_config
+
+    try:
+        config = SchedulerConfig(nvidia=load_device_config(device_config))
+        kc = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+        client = Client(kc.get(context_name=context) if context else kc, trust_env=False)
+        nodes, pods, quotas = list_objects(client, namespace)
+    except (ApiError, ConfigError, HamiConfigError, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    view = cluster_view(nodes, pods, quotas, config)
+    if node:
+        wanted = set(node)
+        view["nodes"] = [n for n in view["nodes"] if n["name"] in wanted]
+    if output is TopOutput.json:
+        typer.echo(json.dumps(view, indent=2))
+    else:
+        typer.echo(render_table(view), nl=False)
+
+
+if __name__ == "__main__":  # `python -m hami.top`: the command without the `hami` CLI
+    typer.run(top)

@@ -1,0 +1,225 @@
+"""The whole chain as the chart deploys it, on the real apiserver, each component with the
+chart's ServiceAccount and RBAC and the chart's configuration:
+
+device plugin (fake GPUs, a fake kubelet; chart device config + per-node override)
+registers the node -> kube-scheduler (chart KubeSchedulerConfiguration) asks the hami
+scheduler (chart args) -> Filter + Bind -> the kubelet calls Allocate -> the device plugin
+answers with the slice's env and mounts, marks ``bind-phase=success`` and releases the
+node lock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytest.importorskip("hami.scheduler.command")
+pytest.importorskip("hami.deviceplugin.command")
+pytest.importorskip("grpc")
+
+from lightkube import ApiError, codecs  # noqa: E402
+from lightkube.models.authentication_v1 import TokenRequestSpec  # noqa: E402
+from lightkube.models.meta_v1 import ObjectMeta  # noqa: E402
+from lightkube.resources.core_v1 import Node, Pod, ServiceAccountToken  # noqa: E402
+
+from hami.testing.controlplane import (  # noqa: E402
+    ControlPlane,
+    create_gpu_node,
+    ensure_namespace,
+    free_port,
+    wait_until,
+)
+from tests.deploy.chart import NAMESPACE, HelmMissing, container, find, helm_binary, render  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+GPU_A = "GPU-chain000-1111-2222-3333-444444444444"
+GPU_B = "GPU-chain001-1111-2222-3333-444444444444"
+
+
+def sa_kubeconfig(client: Any, admin: Path, sa: str, out: Path) -> Path:
+    token = client.create(ServiceAccountToken(
+        metadata=ObjectMeta(name=sa, namespace=NAMESPACE),
+        spec=TokenRequestSpec(audiences=[], expirationSeconds=3600)), sa, namespace=NAMESPACE)
+    cfg = yaml.safe_load(admin.read_text())
+    cfg["users"] = [{"name": sa, "user": {"token": token.status.token}}]
+    for ctx in cfg["contexts"]:
+        ctx["context"]["user"] = sa
+    out.write_text(yaml.safe_dump(cfg))
+    return out
+
+
+@dataclass
+class Chain:
+    node: str
+    kubelet: Any
+    hook_path: Path
+    workdir: Path
+
+
+@pytest.fixture
+def chain(control_plane: ControlPlane, kube_client: Any) -> Iterator[Chain]:
+    from hami.certgen import generate, service_hosts, write_files
+    from hami.deviceplugin.command import run_plugin
+    from tests.node.conftest import short_tmpdir
+    from tests.node.fakes import FakeKubelet
+
+    try:
+        helm_binary()
+    except HelmMissing as err:
+        if os.environ.get("HAMI_DEPLOY_REQUIRED") == "1":
+            pytest.fail(str(err))
+        pytest.skip(str(err))
+    node = f"chain-{uuid.uuid4().hex[:6]}"
+    port, metrics_port = free_port(), free_port()
+    node_config = {"nodeconfig": [{"name": node, "operatingmode": "hami-core",
+                                   "devicesplitcount": 4, "devicememoryscaling": 1,
+                                   "filterdevices": {"uuid": [], "index": []}}]}
+    objs = render({"scheduler": {"httpPort": port,
+                                 "metricsBindAddress": f"127.0.0.1:{metrics_port}"},
+                   "devicePlugin": {"nodeConfiguration": {"config": json.dumps(node_config)}}})
+    ensure_namespace(kube_client, NAMESPACE)
+    for doc in objs:
+        if doc["kind"] in RBAC_KINDS:
+            try:
+                kube_client.create(codecs.from_dict(doc))
+            except ApiError as err:
+                if err.status.code != 409:
+                    raise
+    work = short_tmpdir()
+    sched_kcfg = sa_kubeconfig(kube_client, control_plane.kubeconfig, "hami-scheduler",
+                               work / "kubeconfig-scheduler")
+    dp_kcfg = sa_kubeconfig(kube_client, control_plane.kubeconfig, "hami-device-plugin",
+                            work / "kubeconfig-device-plugin")
+    device_cfg = work / "device-config.yaml"
+    device_cfg.write_text(find(objs, "ConfigMap", "hami-scheduler-device")["data"]
+                          ["device-config.yaml"])
+    node_cfg = work / "config.json"
+    node_cfg.write_text(find(objs, "ConfigMap", "hami-device-plugin-config")["data"]
+                        ["config.json"])
+    write_files(generate(service_hosts("hami-scheduler", NAMESPACE)), work / "tls")
+
+    # The node as kubelet shows it (4 replicas x 2 GPUs), the device plugin on it.
+    create_gpu_node(kube_client, node, gpus=8, labels={"gpu": "on"})
+    inventory = work / "inv.yaml"
+    inventory.write_text(yaml.safe_dump({"gpus": [
+        {"model": "Tesla T4", "memory_mib": 15360, "uuids": [GPU_A]},
+        {"model": "Tesla T4", "memory_mib": 15360, "uuids": [GPU_B]}]}))
+    kubelet = FakeKubelet(work / "dp")
+    kubelet.start()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    hook = work / "hook"
+
+    def plugin() -> None:
+        try:
+            run_plugin(node_name=node, hook_path=str(hook), plugin_dir=kubelet.dir,
+                       kubelet_socket=kubelet.socket, config_file=device_cfg,
+                       node_config_file=node_cfg, backend_kind="fake",
+                       fake_inventory=inventory, kubeconfig=dp_kcfg,
+                       lock_dir=str(work / "vgpulock"), register_interval_s=0.5, stop=stop)
+        except BaseException as exc:  # noqa: BLE001 - surfaced below
+            errors.append(exc)
+
+    thread = threading.Thread(target=plugin, daemon=True)
+    thread.start()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        kubelet.wait_registered()
+        kubelet.wait_list(lambda d: len(d) == 8)  # per-node override: split 4, not 10
+
+        # hami scheduler with the chart's own args, TLS paths and kubeconfig swapped in.
+        spec = find(objs, "Deployment")["spec"]["template"]["spec"]
+        args = [a for a in container(spec, "vgpu-scheduler-extender")["args"]
+                if not a.startswith(("--cert_file", "--key_file", "--device-config-file",
+                                     "--http_bind"))]
+        args += [f"--http_bind=127.0.0.1:{port}", f"--cert_file={work / 'tls/tls.crt'}",
+                 f"--key_file={work / 'tls/tls.key'}", f"--device-config-file={device_cfg}",
+                 f"--kubeconfig={sched_kcfg}"]
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "hami.scheduler.command", *args],
+            stdout=open(work / "hami-scheduler.log", "wb"),  # noqa: SIM115
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        config = yaml.safe_load(find(objs, "ConfigMap", "hami-scheduler-config")
+                                ["data"]["config.yaml"])
+        config["clientConnection"] = {"kubeconfig": str(sched_kcfg)}
+        (work / "scheduler.yaml").write_text(yaml.safe_dump(config))
+        procs.append(subprocess.Popen(
+            [str(control_plane.binaries["kube-scheduler"]), f"--config={work / 'scheduler.yaml'}",
+             "--secure-port=0", "--v=2"],
+            stdout=open(work / "kube-scheduler.log", "wb"),  # noqa: SIM115
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+        yield Chain(node, kubelet, hook, work)
+        assert not errors, errors
+        for log in ("hami-scheduler.log", "kube-scheduler.log"):
+            assert "forbidden" not in (work / log).read_text().lower(), log
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=20)
+        stop.set()
+        thread.join(timeout=10)
+        kubelet.stop()
+        for p in kube_client.list(Pod, namespace="default"):
+            if (p.metadata.annotations or {}).get("hami.io/vgpu-node") == node:
+                kube_client.delete(Pod, p.metadata.name, namespace="default", grace_period=0)
+        kube_client.delete(Node, node)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_device_plugin_to_allocate_through_the_chart(chain: Chain, kube_client: Any) -> None:
+    from hami.deviceplugin import allocate as al
+
+    def registered() -> Any:
+        ann = kube_client.get(Node, chain.node).metadata.annotations or {}
+        return ann.get("hami.io/node-nvidia-register")
+
+    register = json.loads(wait_until(registered, timeout_s=30, what="node registered") and
+                          registered())
+    assert {d["id"] for d in register} == {GPU_A, GPU_B}
+    assert {d["count"] for d in register} == {4}  # the chart's per-node override
+
+    name = f"chain-{uuid.uuid4().hex[:6]}"
+    kube_client.create(codecs.from_dict({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+        "spec": {"schedulerName": "hami-scheduler", "containers": [{
+            "name": "main", "image": "x", "resources": {"limits": {
+                "nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000",
+                "nvidia.com/gpucores": "30"}}}]}}))
+    wait_until(lambda: kube_client.get(Pod, name, namespace="default").spec.nodeName == chain.node,
+               timeout_s=90, what="pod bound by kube-scheduler + hami")
+    pod = kube_client.get(Pod, name, namespace="default")
+    ann = pod.metadata.annotations
+    assert ann["hami.io/bind-phase"] == "allocating"
+    lock = kube_client.get(Node, chain.node).metadata.annotations["hami.io/mutex.lock"]
+    assert lock.endswith(f",default,{name}")
+
+    granted = al.decode_entries(al.PodView("default", name, "", annotations=ann))[0]
+    ids = [i for i, _ in chain.kubelet.latest]
+    pick = [i for i in ids if al.physical_uuid(i) == granted[0].uuid][:1]
+    response = chain.kubelet.allocate(pick).container_responses[0]
+    assert response.envs["NVIDIA_VISIBLE_DEVICES"] == granted[0].uuid
+    assert response.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+    assert response.envs["CUDA_DEVICE_SM_LIMIT"] == "30"
+    assert response.envs["LIBCUDA_LOG_LEVEL"] == "1"  # from the chart's device config
+    assert "/etc/ld.so.preload" in [m.container_path for m in response.mounts]
+
+    def done() -> bool:
+        a = kube_client.get(Pod, name, namespace="default").metadata.annotations
+        n = kube_client.get(Node, chain.node).metadata.annotations or {}
+        return a.get("hami.io/bind-phase") == "success" and "hami.io/mutex.lock" not in n
+
+    wait_until(done, timeout_s=20, what="bind-phase success and the node lock released")

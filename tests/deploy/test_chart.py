@@ -1,0 +1,393 @@
+"""The helm chart: lint, and what `helm template` renders for default and other values."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.deploy.chart import (
+    CHART,
+    CI_VALUES,
+    NAMESPACE,
+    RELEASE,
+    HelmMissing,
+    container,
+    find,
+    helm,
+    helm_binary,
+    render,
+    scheduler_config,
+)
+
+REQUIRED = os.environ.get("HAMI_DEPLOY_REQUIRED") == "1"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _helm() -> None:
+    try:
+        helm_binary()
+    except HelmMissing as err:
+        if REQUIRED:
+            pytest.fail(str(err))
+        pytest.skip(str(err))
+
+
+@pytest.fixture(scope="module")
+def default() -> list[dict[str, Any]]:
+    return render()
+
+
+@pytest.fixture(scope="module")
+def ha() -> list[dict[str, Any]]:
+    return render(files=[CI_VALUES / "ha-certmanager-values.yaml"])
+
+
+@pytest.fixture(scope="module")
+def minimal() -> list[dict[str, Any]]:
+    return render(files=[CI_VALUES / "minimal-values.yaml"])
+
+
+@pytest.mark.parametrize("values", [None, *sorted(p.name for p in CI_VALUES.glob("*.yaml"))])
+def test_helm_lint_strict(values: str | None) -> None:
+    args = ["lint", str(CHART), "--strict", "--kube-version", "v1.37.2", "-n", NAMESPACE]
+    if values:
+        args += ["-f", str(CI_VALUES / values)]
+    proc = helm(*args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_default_objects(default: list[dict[str, Any]]) -> None:
+    names = {(o["kind"], o["metadata"]["name"]) for o in default}
+    assert names == {
+        ("ServiceAccount", "hami-scheduler"), ("ServiceAccount", "hami-device-plugin"),
+        ("ConfigMap", "hami-scheduler-config"), ("ConfigMap", "hami-scheduler-device"),
+        ("ConfigMap", "hami-device-plugin-config"),
+        ("ClusterRole", "hami-scheduler"), ("ClusterRole", "hami-device-plugin"),
+        ("ClusterRoleBinding", "hami-scheduler"), ("ClusterRoleBinding", "hami-device-plugin"),
+        ("ClusterRoleBinding", "hami-scheduler-kube-scheduler"),
+        ("ClusterRoleBinding", "hami-scheduler-volume-scheduler"),
+        ("Role", "hami-scheduler"), ("RoleBinding", "hami-scheduler"),
+        ("RoleBinding", "hami-scheduler-auth-reader"),
+        ("Service", "hami-scheduler"), ("Service", "hami-device-plugin-monitor"),
+        ("Deployment", "hami-scheduler"), ("DaemonSet", "hami-device-plugin"),
+        ("MutatingWebhookConfiguration", "hami-scheduler-webhook"),
+    }
+    for obj in default:
+        scoped = obj["kind"] not in ("ClusterRole", "ClusterRoleBinding",
+                                     "MutatingWebhookConfiguration", "RuntimeClass")
+        ns = obj["metadata"].get("namespace")
+        if obj["kind"] == "RoleBinding" and obj["metadata"]["name"].endswith("auth-reader"):
+            assert ns == "kube-system"
+        else:
+            assert ns == (NAMESPACE if scoped else None), obj["metadata"]["name"]
+        assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+
+
+def test_scheduler_config_is_the_hami_extender(default: list[dict[str, Any]]) -> None:
+    cfg = scheduler_config(default)
+    assert cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert cfg["profiles"] == [{"schedulerName": "hami-scheduler"}]
+    assert cfg["leaderElection"] == {"leaderElect": True, "resourceName": "hami-scheduler",
+                                     "resourceNamespace": NAMESPACE}
+    (ext,) = cfg["extenders"]
+    assert ext["urlPrefix"] == "https://127.0.0.1:9443"
+    assert (ext["filterVerb"], ext["bindVerb"]) == ("filter", "bind")
+    assert ext["nodeCacheCapable"] is True and ext["enableHTTPS"] is True
+    assert ext["tlsConfig"] == {"insecure": True}
+    assert ext["httpTimeout"] == "30s" and ext["weight"] == 1
+    assert ext["managedResources"] == [
+        {"name": n, "ignoredByScheduler": True}
+        for n in ("nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage",
+                  "nvidia.com/gpucores", "nvidia.com/priority")]
+
+
+def test_scheduler_config_matches_the_test_control_plane(default: list[dict[str, Any]]) -> None:
+    """The e2e control plane's renderer and the chart produce the same extender entry."""
+    sc = pytest.importorskip("hami.testing.scheduler_config")
+    cfg = scheduler_config(default)
+    ours = sc.render_scheduler_config(
+        kubeconfig=None, extender=sc.ExtenderConfig("https://127.0.0.1:9443"),
+        leader_elect=True, resource_namespace=NAMESPACE)
+    assert cfg == ours
+
+
+def test_scheduler_deployment(default: list[dict[str, Any]]) -> None:
+    dep = find(default, "Deployment", "hami-scheduler")
+    spec = dep["spec"]["template"]["spec"]
+    assert dep["spec"]["template"]["metadata"]["labels"]["hami.io/webhook"] == "ignore"
+    ks = container(spec, "kube-scheduler")
+    assert ks["image"] == "registry.k8s.io/kube-scheduler:v1.37.2"  # the cluster's version
+    assert "--config=/config/config.yaml" in ks["args"]
+    ext = container(spec, "vgpu-scheduler-extender")
+    assert ext["command"] == ["hami", "scheduler"]
+    args = ext["args"]
+    for flag in ("--http_bind=0.0.0.0:9443", "--metrics-bind-address=:9395",
+                 "--scheduler-name=hami-scheduler", "--device-config-file=/device-config.yaml",
+                 "--cert_file=/tls/tls.crt", "--key_file=/tls/tls.key", "--leader-elect", "--leader-elect-follow",
+                 "--leader-elect-resource-name=hami-scheduler",
+                 f"--leader-elect-resource-namespace={NAMESPACE}"):
+        assert flag in args
+    env = {e["name"]: e for e in ext["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert {p["containerPort"] for p in ext["ports"]} == {9443, 9395}
+    certgen = container(spec, "certgen", init=True)
+    assert certgen["command"] == ["hami", "certgen"]
+    assert "--webhook=hami-scheduler-webhook" in certgen["args"]
+    for c in (ks, ext, certgen):
+        sc = c["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["allowPrivilegeEscalation"] is False
+        assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"]["drop"] == ["ALL"]
+    assert not any(o["kind"] == "PodDisruptionBudget" for o in default)  # one replica
+
+
+def test_webhook_keeps_kube_system_safe(default: list[dict[str, Any]]) -> None:
+    wh = find(default, "MutatingWebhookConfiguration")
+    (hook,) = wh["webhooks"]
+    assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
+    assert hook["timeoutSeconds"] == 10 and hook["reinvocationPolicy"] == "Never"
+    assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                              "resources": ["pods"], "scope": "Namespaced"}]
+    assert hook["clientConfig"]["service"] == {"name": "hami-scheduler", "namespace": NAMESPACE,
+                                               "path": "/webhook", "port": 443}
+    exprs = hook["namespaceSelector"]["matchExpressions"]
+    assert {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]} in exprs
+    excluded = next(e for e in exprs if e["key"] == "kubernetes.io/metadata.name")
+    assert excluded["operator"] == "NotIn"
+    assert {"kube-system", NAMESPACE} <= set(excluded["values"])
+    assert hook["objectSelector"]["matchExpressions"] == [
+        {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}]
+
+
+def test_device_plugin_daemonset(default: list[dict[str, Any]]) -> None:
+    ds = find(default, "DaemonSet", "hami-device-plugin")
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"gpu": "on"}
+    assert spec["hostPID"] is True
+    init = container(spec, "install-libvgpu", init=True)
+    assert "--install-lib=/usr/local/vgpu" in init["args"]
+    plugin = container(spec, "device-plugin")
+    monitor = container(spec, "vgpu-monitor")
+    assert plugin["command"] == ["hami", "device-plugin"]
+    assert monitor["command"] == ["hami", "monitor"]
+    assert "--metrics-bind-address=:9394" in monitor["args"]
+    for c in (plugin, monitor):
+        env = {e["name"]: e for e in c["env"]}
+        assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert {e["name"]: e.get("value") for e in plugin["env"]}["HOOK_PATH"] == "/usr/local"
+    assert {e["name"]: e.get("value") for e in monitor["env"]}["HOOK_PATH"] == "/usr/local/vgpu"
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host == {"device-plugin": "/var/lib/kubelet/device-plugins", "lib": "/usr/local/vgpu",
+                    "tmp": "/tmp", "containers": "/usr/local/vgpu/containers",
+                    "tmp-hami": "/tmp/hami"}
+    mounts = {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
+    assert mounts["device-plugin"] == "/var/lib/kubelet/device-plugins"
+    assert mounts["lib"] == "/usr/local/vgpu" and mounts["tmp"] == "/tmp"
+    assert mounts["node-config"] == "/config"
+    assert {m["name"]: m["mountPath"] for m in monitor["volumeMounts"]}["containers"] == \
+        "/usr/local/vgpu/containers"
+
+
+def test_device_config_loads_in_hami(default: list[dict[str, Any]], ha: list[dict[str, Any]],
+                                     tmp_path: Path) -> None:
+    from hami.settings import load_device_config
+
+    for objs, expect in ((default, {"device_split_count": 10, "memory_factor": 1,
+                                    "resource_memory_name": "nvidia.com/gpumem",
+                                    "device_memory_scaling": 1.0, "default_gpu_num": 1}),
+                         (ha, {"device_split_count": 4, "memory_factor": 1024,
+                               "resource_memory_name": "nvidia.com/gpumemory",
+                               "device_memory_scaling": 1.5, "default_memory_mib": 2048})):
+        text = find(objs, "ConfigMap", "hami-scheduler-device")["data"]["device-config.yaml"]
+        path = tmp_path / "device-config.yaml"
+        path.write_text(text)
+        cfg = load_device_config(path)
+        for attr, value in expect.items():
+            assert getattr(cfg, attr) == value, attr
+        raw = yaml.safe_load(text)["nvidia"]
+        assert {"deviceSplitCount", "deviceMemoryScaling", "deviceCoreScaling",
+                "libCudaLogLevel"} <= set(raw)  # the plugin dereferences these
+
+
+def test_node_overrides_configmap(default: list[dict[str, Any]]) -> None:
+    import json
+
+    cm = find(default, "ConfigMap", "hami-device-plugin-config")
+    doc = json.loads(cm["data"]["config.json"])
+    assert doc["nodeconfig"][0]["operatingmode"] == "hami-core"
+
+
+def test_rbac_least_privilege(default: list[dict[str, Any]], ha: list[dict[str, Any]]) -> None:
+    for objs in (default, ha):
+        for role in (o for o in objs if o["kind"] in ("ClusterRole", "Role")):
+            for rule in role["rules"]:
+                assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+                assert "delete" not in rule["verbs"] and "deletecollection" not in rule["verbs"]
+                if "secrets" in rule["resources"]:
+                    assert role["kind"] == "Role", "secrets only in the release namespace"
+                    assert rule.get("resourceNames") or rule["verbs"] == ["create"]
+                if "mutatingwebhookconfigurations" in rule["resources"]:
+                    assert rule["resourceNames"] == ["hami-scheduler-webhook"]
+    plugin = find(default, "ClusterRole", "hami-device-plugin")
+    assert all("secrets" not in r["resources"] for r in plugin["rules"])
+    assert not any(o["kind"] == "Role" and any("secrets" in r["resources"] for r in o["rules"])
+                   for o in ha)  # cert-manager: certgen needs no Secret access
+
+
+def test_services_and_ports(default: list[dict[str, Any]]) -> None:
+    svc = find(default, "Service", "hami-scheduler")
+    assert {p["name"]: (p["port"], p["targetPort"]) for p in svc["spec"]["ports"]} == {
+        "http": (443, "http"), "metrics": (9395, "metrics")}
+    mon = find(default, "Service", "hami-device-plugin-monitor")
+    assert mon["spec"]["type"] == "NodePort"
+    (port,) = mon["spec"]["ports"]
+    assert (port["port"], port["nodePort"], port["targetPort"]) == (9394, 31992, "metrics")
+
+
+def test_ha_certmanager_values(ha: list[dict[str, Any]]) -> None:
+    dep = find(ha, "Deployment")
+    assert dep["spec"]["replicas"] == 3
+    pdb = find(ha, "PodDisruptionBudget")
+    assert pdb["spec"]["minAvailable"] == 1
+    spec = dep["spec"]["template"]["spec"]
+    assert "initContainers" not in spec  # cert-manager issues the certificate
+    assert {"name": "regcred"} in spec["imagePullSecrets"]
+    tls = next(v for v in spec["volumes"] if v["name"] == "tls")
+    assert tls["secret"]["secretName"] == "hami-scheduler-tls"
+    ext = container(spec, "vgpu-scheduler-extender")
+    assert ext["image"] == "registry.example.com/hami/hami-scheduler:v9.9.9"
+    for flag in ("--scheduler-name=gpu-scheduler", "--node-label-selector=gpu=on",
+                 "--kube-timeout=20", "--node-lock-retry-timeout=10s"):
+        assert flag in ext["args"]
+    cfg = scheduler_config(ha)
+    assert cfg["profiles"] == [{"schedulerName": "gpu-scheduler"}]
+    (ext_cfg,) = cfg["extenders"]
+    assert ext_cfg["httpTimeout"] == "45s"
+    assert {"name": "nvidia.com/gpumemory", "ignoredByScheduler": True} in \
+        ext_cfg["managedResources"]
+    cert = find(ha, "Certificate")
+    assert cert["spec"]["secretName"] == "hami-scheduler-tls"
+    assert f"hami-scheduler.{NAMESPACE}.svc" in cert["spec"]["dnsNames"]
+    assert find(ha, "Issuer")["spec"] == {"selfSigned": {}}
+    wh = find(ha, "MutatingWebhookConfiguration")
+    assert wh["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == \
+        f"{NAMESPACE}/hami-scheduler-serving-cert"
+    (hook,) = wh["webhooks"]
+    assert hook["failurePolicy"] == "Fail"
+    excluded = next(e for e in hook["namespaceSelector"]["matchExpressions"]
+                    if e["key"] == "kubernetes.io/metadata.name")["values"]
+    assert set(excluded) == {"kube-system", NAMESPACE, "istio-system", "monitoring"}
+    monitors = sorted(o["metadata"]["name"] for o in ha if o["kind"] == "ServiceMonitor")
+    assert monitors == ["hami-device-plugin-monitor", "hami-scheduler"]
+    ds = find(ha, "DaemonSet")
+    dspec = ds["spec"]["template"]["spec"]
+    assert dspec["nodeSelector"] == {"accelerator": "nvidia"}
+    assert dspec["runtimeClassName"] == "nvidia"
+    assert find(ha, "RuntimeClass")["handler"] == "nvidia"
+    host = {v["name"]: v["hostPath"]["path"] for v in dspec["volumes"] if "hostPath" in v}
+    assert host["lib"] == "/opt/hami/vgpu" and host["containers"] == "/opt/hami/vgpu/containers"
+    for obj in ha:
+        assert obj["metadata"]["labels"]["team"] == "gpu"
+
+
+def test_minimal_values(minimal: list[dict[str, Any]]) -> None:
+    kinds = {o["kind"] for o in minimal}
+    assert "MutatingWebhookConfiguration" not in kinds
+    assert "PodDisruptionBudget" not in kinds
+    dep = find(minimal, "Deployment")
+    assert dep["spec"]["replicas"] == 1  # no leader election: never two schedulers
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    spec = dep["spec"]["template"]["spec"]
+    assert "initContainers" not in spec
+    ext = container(spec, "vgpu-scheduler-extender")
+    assert "livenessProbe" not in ext
+    assert not any(a.startswith("--leader-elect") for a in ext["args"])
+    assert scheduler_config(minimal)["leaderElection"] == {"leaderElect": False}
+    ds = find(minimal, "DaemonSet")
+    names = [c["name"] for c in ds["spec"]["template"]["spec"]["containers"]]
+    assert names == ["device-plugin"]
+    node_cfg = next(v for v in ds["spec"]["template"]["spec"]["volumes"]
+                    if v["name"] == "node-config")
+    assert node_cfg["configMap"]["name"] == "my-node-config"
+    assert not any(o["kind"] == "ConfigMap" and o["metadata"]["name"] == "hami-device-plugin-config"
+                   for o in minimal)
+    assert "Service" in kinds and sum(o["kind"] == "Service" for o in minimal) == 1
+
+
+def test_kube_scheduler_follows_cluster_version() -> None:
+    objs = render(kube_version="v1.34.1")
+    spec = find(objs, "Deployment")["spec"]["template"]["spec"]
+    assert container(spec, "kube-scheduler")["image"] == "registry.k8s.io/kube-scheduler:v1.34.1"
+
+
+def test_device_config_content_override() -> None:
+    content = "nvidia:\n  resourceCountName: nvidia.com/vgpu\n  deviceSplitCount: 3\n" \
+              "  deviceMemoryScaling: 1\n  deviceCoreScaling: 1\n  libCudaLogLevel: '1'\n"
+    objs = render({"device-config": {"content": content}})
+    text = find(objs, "ConfigMap", "hami-scheduler-device")["data"]["device-config.yaml"]
+    assert yaml.safe_load(text) == yaml.safe_load(content)
+
+
+# -- the chart's command lines are accepted by the real commands -----------------------------
+
+COMMANDS = {
+    "scheduler": "hami.scheduler.command:scheduler",
+    "certgen": "hami.certgen:certgen",
+    "device-plugin": "hami.deviceplugin.command:device_plugin",
+    "monitor": "hami.monitor.command:monitor",
+}
+
+
+def _command(sub: str) -> Any:
+    import importlib
+
+    import typer
+
+    module, _, attr = COMMANDS[sub].partition(":")
+    try:
+        func = getattr(importlib.import_module(module), attr)
+    except ImportError as err:
+        pytest.skip(f"{module} not in this tree: {err}")
+    app = typer.Typer()
+    app.command()(func)
+    return typer.main.get_command(app)
+
+
+@pytest.mark.parametrize("values", [None, *sorted(p.name for p in CI_VALUES.glob("*.yaml"))])
+def test_chart_args_parse_with_the_real_commands(values: str | None) -> None:
+    """Every `hami <cmd>` container of the chart passes its args to that command's parser."""
+    objs = render(files=[CI_VALUES / values] if values else [])
+    seen = set()
+    for obj in objs:
+        if obj["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        spec = obj["spec"]["template"]["spec"]
+        for c in (spec.get("initContainers") or []) + spec["containers"]:
+            if c.get("command", [None])[0] != "hami":
+                continue
+            sub = c["command"][1]
+            seen.add(sub)
+            cmd = _command(sub)
+            ctx = cmd.make_context(f"hami {sub}", list(c.get("args") or []),
+                                   resilient_parsing=False)
+            assert ctx.params, sub
+    assert seen >= {"device-plugin"}
+
+
+def test_release_in_default_namespace_does_not_exclude_default() -> None:
+    objs = render(namespace="default")
+    (hook,) = find(objs, "MutatingWebhookConfiguration")["webhooks"]
+    excluded = next(e for e in hook["namespaceSelector"]["matchExpressions"]
+                    if e["key"] == "kubernetes.io/metadata.name")["values"]
+    assert excluded == ["kube-system"]
+
+
+def test_lib_path_must_follow_the_hook_path() -> None:
+    assert find(render({"devicePlugin": {"libPath": "/usr/local/vgpu"}}), "DaemonSet")
+    proc = helm("template", RELEASE, str(CHART), "--kube-version", "v1.37.2",
+                "--set", "devicePlugin.libPath=/opt/elsewhere")
+    assert proc.returncode != 0 and "must be <global.gpuHookPath>/vgpu" in proc.stderr

@@ -1,0 +1,51 @@
+"""docs/: relative links resolve, and the chart values the docs name exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.deploy.chart import CHART, ROOT
+
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_relative_links_resolve(doc: Path) -> None:
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
+        if "://" in target:
+            continue
+        assert (doc.parent / target).exists(), f"{doc.name}: {target}"
+
+
+def _has(values: dict, dotted: str) -> bool:  # type: ignore[type-arg]
+    node: object = values
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def test_configuration_reference_names_real_values() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    table = text.split("## Chart values", 1)[1].split("## Device config", 1)[0]
+    names = re.findall(r"^\| `([^`]+)`", table, re.M)
+    assert len(names) > 40
+    for name in names:
+        if "{" in name:  # `a.b.{c,d}`
+            head, alts = re.match(r"(.*)\.\{(.*)\}", name).groups()  # type: ignore[union-attr]
+            candidates = [f"{head}.{a}" for a in alts.split(",")]
+        elif name.endswith(".*"):
+            candidates = [name[:-2]]
+        else:
+            candidates = [name]
+        for cand in candidates:
+            assert _has(values, cand), f"docs/configuration.md names {cand}, not in values.yaml"
+    for key in re.findall(r"`([a-zA-Z]+(?:\.[a-zA-Z-]+)+)`", text):
+        if key.split(".")[0] in values and not key.endswith((".yaml", ".json", ".md")):
+            assert _has(values, key) or _has(values, key.rsplit(".", 1)[0]), key

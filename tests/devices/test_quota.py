@@ -1,0 +1,71 @@
+"""Quota across vendors (spec §5.2): limits per resource name, memoryFactor on memory
+limits, explicit 0 blocks, webhook pre-check max(app sum, init max), fit-time check."""
+
+from __future__ import annotations
+
+from hami.core.model import ContainerDevice
+from hami.devices.allocate import fit_pod, pod_requests
+from hami.devices.quota import VendorQuota
+from hami.devices.registry import build_registry
+from tests.devices.util import ctr, dev, pod, state
+
+REG = build_registry({"nvidia": {}, "hygon": {"memoryFactor": 2}, "cambricon": {}})
+
+
+def test_limits_only_for_tracked_names() -> None:
+    q = VendorQuota(REG)
+    q.set_quota("ns", "rq", {"limits.hygon.com/dcumem": "1000", "limits.cpu": "4",
+                             "limits.cambricon.com/mlu.smlu.vcore": "50",
+                             "limits.nvidia.com/gpucores": "1.5"})
+    assert q.limit("ns", "hygon.com/dcumem") == 1000
+    assert q.limit("ns", "cambricon.com/mlu.smlu.vcore") == 50
+    assert q.limit("ns", "nvidia.com/gpucores") is None  # not an integer
+    assert q.limit("ns", "cpu") is None
+
+
+def test_memory_factor_and_zero_limit() -> None:
+    q = VendorQuota(REG)
+    q.set_quota("ns", "rq", {"limits.hygon.com/dcumem": 1000,
+                             "limits.cambricon.com/mlu.smlu.vcore": 0})
+    assert q.fits("ns", "DCU", 2000, 0) and not q.fits("ns", "DCU", 2001, 0)
+    assert not q.fits("ns", "MLU", 0, 1) and q.fits("ns", "MLU", 10, 0)
+    assert q.fits("other", "MLU", 0, 100) and q.fits("ns", "Unknown", 10**9, 10**9)
+    q.remove_quota("ns", "rq")
+    assert q.fits("ns", "DCU", 10**6, 0)
+
+
+def test_usage_collapses_init_containers() -> None:
+    q = VendorQuota(REG)
+    grant = {"DCU": ((ContainerDevice("d", "DCU", 3000, 10),),
+                     (ContainerDevice("d", "DCU", 1000, 20),),
+                     (ContainerDevice("d", "DCU", 1000, 20),))}
+    q.add_usage("ns", grant, n_init=1)
+    assert q.used("ns", "hygon.com/dcumem") == 3000  # max(init 3000, app 2000)
+    assert q.used("ns", "hygon.com/dcucores") == 40
+    q.remove_usage("ns", grant, n_init=1)
+    q.remove_usage("ns", grant, n_init=1)
+    assert q.used("ns", "hygon.com/dcumem") == 0
+
+
+def test_admission_precheck_per_vendor() -> None:
+    q = VendorQuota(REG)
+    q.set_quota("ns", "rq", {"limits.hygon.com/dcumem": 1500})  # x2 = 3000 MiB
+    ok = pod(ctr({"hygon.com/dcunum": 1, "hygon.com/dcumem": 700}),
+             ctr({"hygon.com/dcunum": 1, "hygon.com/dcumem": 800}),
+             init=[ctr({"hygon.com/dcunum": 2, "hygon.com/dcumem": 750})])
+    assert q.admission_denial("ns", pod_requests(REG, ok)) == ""
+    too_much = pod(ctr({"hygon.com/dcunum": 2, "hygon.com/dcumem": 800}))
+    assert q.admission_denial("ns", pod_requests(REG, too_much)) == "exceeding resource quota"
+
+
+def test_fit_time_quota() -> None:
+    q = VendorQuota(REG)
+    q.set_quota("ns", "rq", {"limits.hygon.com/dcucores": 50})
+    devices = state([dev("d0", "DCU"), dev("d1", "DCU", index=1)])
+    p = pod(ctr({"hygon.com/dcunum": 1, "hygon.com/dcucores": 30}, name="a"),
+            ctr({"hygon.com/dcunum": 1, "hygon.com/dcucores": 30}, name="b"))
+    reqs = pod_requests(REG, p)
+    assert fit_pod(REG, reqs, devices).ok
+    out = fit_pod(REG, reqs, devices, quota=q, namespace="ns")
+    assert out.reason == "2/2 ResourceQuotaNotFit"
+    assert fit_pod(REG, reqs, devices, quota=q, namespace="elsewhere").ok

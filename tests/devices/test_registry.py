@@ -1,0 +1,58 @@
+"""Registry construction from the device config (spec §7.1, §7.4)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hami.core.config import ConfigError
+from hami.devices.registry import build_registry
+
+
+def test_empty_config_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="all configurations are empty"):
+        build_registry({})
+
+
+def test_sections_select_vendors() -> None:
+    reg = build_registry({"nvidia": {}, "kunlun": {}, "metax": {}, "enflame": {}})
+    assert list(reg) == ["Enflame", "GCU", "Metax-GPU", "Metax-SGPU", "NVIDIA", "XPU", "kunlun"]
+
+
+def test_ascend_and_iluvatar_need_their_flag() -> None:
+    cfg = {"iluvatars": [{"chipName": "BI-V150", "commonWord": "BI-V150"}],
+           "vnpus": {"configs": [{"commonWord": "Ascend310P"}]}}
+    assert list(build_registry(cfg)) == []
+    assert list(build_registry(cfg, enable_ascend=True, enable_iluvatar=True)) == [
+        "Ascend310P", "BI-V150"]
+
+
+@pytest.mark.parametrize(("cfg", "word", "count", "memory", "cores"), [
+    ({"hygon": {"resourceCountName": "hygon.com/x", "memoryFactor": 2}}, "DCU",
+     "hygon.com/x", "hygon.com/dcumem", "hygon.com/dcucores"),
+    ({"cambricon": {"resourceMemoryName": "c/m"}}, "MLU", "cambricon.com/vmlu", "c/m",
+     "cambricon.com/mlu.smlu.vcore"),
+    ({"metax": {"resourceVCountName": "m/s"}}, "Metax-SGPU", "m/s", "metax-tech.com/vmemory",
+     "metax-tech.com/vcore"),
+    ({"enflame": {"resourceNameVGCU": "e/v"}}, "Enflame", "e/v", "enflame.com/vgcu-percentage",
+     "enflame.com/vgcu-percentage"),
+    ({"nvidia": {"resourceCountName": "hami.io/gpu"}}, "NVIDIA", "hami.io/gpu",
+     "nvidia.com/gpumem", "nvidia.com/gpucores"),
+])
+def test_renamed_resources(cfg: dict[str, dict[str, str]], word: str, count: str,
+                           memory: str, cores: str) -> None:
+    names = build_registry(cfg)[word].resource_names()
+    assert (names.count, names.memory, names.cores) == (count, memory, cores)
+
+
+def test_hygon_memory_factor_reaches_resource_names() -> None:
+    assert build_registry({"hygon": {"memoryFactor": 4}})["DCU"].resource_names().memory_factor == 4
+
+
+def test_wrong_type_is_a_config_error() -> None:
+    with pytest.raises(ConfigError):
+        build_registry({"hygon": {"memoryFactor": "two"}})
+
+
+def test_managed_resource_names() -> None:
+    names = build_registry({"vastai": {}, "biren": {}}).resource_names()
+    assert names == {"vastaitech.com/va", "birentech.com/gpu"}

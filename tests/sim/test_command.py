@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from hami.sim.command import parse_policies, parse_seeds, simulate
+
+app = typer.Typer()
+app.command("simulate")(simulate)
+
+
+@app.callback()
+def _root() -> None:
+    """Test app."""
+
+
+runner = CliRunner()
+
+
+def test_seed_and_policy_parsing() -> None:
+    assert parse_seeds("42") == [42]
+    assert parse_seeds("42-44,50,42") == [42, 43, 44, 50]
+    with pytest.raises(ValueError):
+        parse_seeds("5-3")
+    with pytest.raises(ValueError):
+        parse_seeds(",")
+    assert len(parse_policies("all")) == 9
+    assert parse_policies("spread/spread, fragmentation-aware") == [
+        "spread/spread", "fragmentation-aware"]
+    with pytest.raises(ValueError):
+        parse_policies("binpack")
+
+
+def test_json_schema_and_plot(tmp_path: Path) -> None:
+    plot = tmp_path / "u.png"
+    result = runner.invoke(app, ["simulate", "--scale", "0.03", "--seeds", "0,1", "--json",
+                                 "--no-progress", "--policies",
+                                 "binpack/binpack,fragmentation-aware", "--plot", str(plot)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["schema"] == "hami.simulate/v1"
+    s = doc["settings"]
+    assert s["source"] == "synthetic" and s["seeds"] == [0, 1] and s["split_count"] == 20
+    assert s["tune"] == 1.3 and s["points"] == list(range(10, 131, 10))
+    assert set(doc["policies"]) == {"binpack/binpack", "fragmentation-aware"}
+    for entry in doc["policies"].values():
+        curve = entry["unallocated_gpu_percent"]
+        assert list(curve) == [str(p) for p in range(10, 131, 10)]
+        assert all(v is None or 0 <= v <= 100 for v in curve.values())
+        alloc = entry["gpu_allocation_percent"]
+        assert all(alloc[k] == pytest.approx(100 - v) for k, v in curve.items() if v is not None)
+        assert set(entry["per_seed"]) == {"0", "1"}
+        assert set(entry) >= {"fragmentation_percent", "failed_pods", "pods", "seconds"}
+    assert plot.is_file() and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_table_output() -> None:
+    result = runner.invoke(app, ["simulate", "--scale", "0.03", "--no-progress",
+                                 "--policies", "spread/binpack"])
+    assert result.exit_code == 0, result.output
+    assert "spread/binpack" in result.output and "100%" in result.output
+
+
+def test_errors_are_messages(tmp_path: Path) -> None:
+    bad = runner.invoke(app, ["simulate", "--policies", "binpack/nope", "--no-progress"])
+    assert bad.exit_code == 2 and "unknown policy" in bad.output
+    low = runner.invoke(app, ["simulate", "--split-count", "10", "--no-progress"])
+    assert low.exit_code == 2 and "at least 20" in low.output
+    missing = runner.invoke(app, ["simulate", "--trace", str(tmp_path), "--no-progress"])
+    assert missing.exit_code == 2 and "openb_node_list_gpu_node.csv" in missing.output

@@ -1,0 +1,61 @@
+"""Scheduler metrics values (spec §8): MIG instance info and the legacy names."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from hami.api import names
+from hami.core.state import ClusterState
+from hami.scheduler.metrics import SchedulerMetrics
+
+REGISTER = json.dumps([{"id": "GPU-m", "count": 7, "devmem": 40960, "devcore": 100,
+                        "type": "NVIDIA-A100", "mode": "mig", "health": True},
+                       {"id": "GPU-s", "index": 1, "count": 10, "devmem": 16384,
+                        "devcore": 100, "type": "NVIDIA-T4", "health": True}])
+MIG = json.dumps([{"containerIndex": 0, "deviceIndex": 0, "gpuUUID": "GPU-m",
+                   "profile": "1g.5gb", "placement": {"start": 6, "size": 1},
+                   "migUUID": "MIG-1", "gpuInstanceID": 9, "computeInstanceID": 0}])
+
+
+def samples(legacy: bool) -> dict[str, list]:
+    state = ClusterState()
+    state.upsert_node({"metadata": {"name": "n", "annotations": {names.NODE_REGISTER: REGISTER}}})
+    state.upsert_pod({"metadata": {"name": "p", "namespace": "ns", "uid": "u", "annotations": {
+        names.VGPU_NODE: "n", names.DEVICES_ALLOCATED: "GPU-m,NVIDIA,4864,15:;",
+        names.MIG_ALLOCATIONS: MIG}}, "spec": {"containers": [{"name": "c"}]},
+        "status": {"phase": "Running"}})
+    state.upsert_pod({"metadata": {"name": "q", "namespace": "ns", "uid": "v", "annotations": {
+        names.VGPU_NODE: "n", names.DEVICES_ALLOCATED: "GPU-s,NVIDIA,4000,30:;"}},
+        "spec": {"containers": [{"name": "c"}]}, "status": {"phase": "Running"}})
+    metrics = SchedulerMetrics(legacy=legacy)
+    metrics.attach(SimpleNamespace(state=state, config=state.config))  # type: ignore[arg-type]
+    text = generate_latest(metrics.registry).decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def test_mig_instance_info_and_allocations():
+    got = samples(legacy=False)
+    (mig,) = got["hami_node_gpu_mig_instance_info"]
+    assert mig.labels == {"node": "n", "device_uuid": "GPU-m", "device_index": "0",
+                          "mig_uuid": "MIG-1", "profile": "1g.5gb", "gpu_instance_id": "9",
+                          "compute_instance_id": "0", "placement_start": "6",
+                          "placement_size": "1", "zone": "vGPU"}
+    alloc = {s.labels["device_uuid"]: s.value for s in got["hami_gpu_memory_allocated_bytes"]}
+    assert alloc == {"GPU-m": 4864 * 2**20, "GPU-s": 4000 * 2**20}
+    assert "GPUDeviceMemoryLimit" not in got
+
+
+def test_legacy_names_carry_the_same_values():
+    got = samples(legacy=True)
+    limit = {s.labels["deviceuuid"]: s.value for s in got["GPUDeviceMemoryLimit"]}
+    assert limit == {"GPU-m": 40960 * 2**20, "GPU-s": 16384 * 2**20}
+    shared = {s.labels["deviceuuid"]: s.value for s in got["GPUDeviceSharedNum"]}
+    assert shared == {"GPU-m": 1, "GPU-s": 1}
+    (mig,) = got["nodeGPUMigInstance"]
+    assert mig.labels["migname"] == "1g.5gb-9"
+    vgpu = {s.labels["podname"]: s.value for s in got["vGPUCoreAllocated"]}
+    assert vgpu == {"p": 15, "q": 30}
