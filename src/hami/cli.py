@@ -42,6 +42,17 @@ def schedule_command(
     from hami.offline import InputError, load_objects, schedule
     from hami.settings import scheduler_config
 
+    from hami.core.config import GPU_POLICIES, NODE_POLICIES
+
+    if node_policy not in NODE_POLICIES:
+        typer.echo(f"error: --node-policy must be one of {', '.join(NODE_POLICIES)}, "
+                   f"got {node_policy!r}", err=True)
+        raise typer.Exit(2)
+    bad = [p for p in gpu_policy.split(",") if p.strip() not in (*GPU_POLICIES, "numa")]
+    if bad:
+        typer.echo(f"error: --gpu-policy entries must be among {', '.join(GPU_POLICIES)}, numa; "
+                   f"got {', '.join(map(repr, bad))}", err=True)
+        raise typer.Exit(2)
     try:
         text = sys.stdin.read() if str(file) == "-" else file.read_text()
         config = scheduler_config(device_config, node_policy, gpu_policy, scheduler_name)
@@ -70,7 +81,11 @@ def _print_table(report: dict) -> None:  # type: ignore[type-arg]
         else:
             detail = pod["error"] or "; ".join(f"{n}: {r}" for n, r in pod["failed_nodes"].items())
         table.add_row(f"{pod['namespace']}/{pod['name']}", verdict, pod["node"] or "-", detail)
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    for name, why in report["nodes"].items():
+        if why:
+            console.print(f"node {name} not registered: {why}", soft_wrap=True)
 
 
 def _register() -> None:

@@ -249,6 +249,9 @@ def top(
     except (ApiError, ConfigError, HamiConfigError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+    except Exception as exc:  # transport errors of the HTTP client (refused, TLS, DNS)
+        typer.echo(f"error: cannot reach the API server: {exc}", err=True)
+        raise typer.Exit(2) from None
     view = cluster_view(nodes, pods, quotas, config)
     if node:
         wanted = set(node)

@@ -72,3 +72,14 @@ def test_errors_are_messages(tmp_path: Path) -> None:
     assert low.exit_code == 2 and "at least 20" in low.output
     missing = runner.invoke(app, ["simulate", "--trace", str(tmp_path), "--no-progress"])
     assert missing.exit_code == 2 and "openb_node_list_gpu_node.csv" in missing.output
+
+
+def test_plot_into_a_missing_directory_fails_before_the_run(tmp_path):
+    from typer.testing import CliRunner
+
+    from hami.cli import app
+
+    result = CliRunner().invoke(app, ["simulate", "--no-progress", "--plot",
+                                      str(tmp_path / "nope" / "x.png")])
+    assert result.exit_code != 0
+    assert "does not exist" in result.output

@@ -100,3 +100,24 @@ def test_device_config_renames_resources(tmp_path):
     assert result.exit_code == 0, result.output
     pod = json.loads(result.output)["pods"][0]
     assert pod["annotations"]["hami.io/vgpu-devices-allocated"].endswith(",NVIDIA,1000,100:;")  # exclusive: no gpumem given
+
+
+def test_cli_refuses_unknown_policies_and_explains_unregistered_nodes(tmp_path):
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump_all(CLUSTER))
+    runner = CliRunner()
+    for flag, value in (("--node-policy", "foo"), ("--node-policy", "Spread"),
+                        ("--gpu-policy", "bogus")):
+        result = runner.invoke(app, ["schedule", "-f", str(path), flag, value])
+        assert result.exit_code == 2 and value in result.output
+    table = runner.invoke(app, ["schedule", "-f", str(path)])
+    assert "node broken not registered" in table.output
+
+
+def test_gpumem_with_a_unit_says_what_is_expected():
+    from hami.core.config import NvidiaConfig
+    from hami.core.request import RequestError, container_request
+
+    c = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": "16Gi"}}}
+    with pytest.raises(RequestError, match="whole number of MiB without a unit"):
+        container_request(c, NvidiaConfig())

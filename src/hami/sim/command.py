@@ -138,7 +138,7 @@ def simulate(
         "--json", help="Print a JSON document (schema hami.simulate/v1) instead of the "
         "table.")] = False,
     plot: Annotated[Path | None, typer.Option(
-        "--plot", help="Write unallocated GPU %% vs arrived demand to this PNG.",
+        "--plot", help="Write unallocated GPU percent vs arrived demand to this PNG.",
         dir_okay=False)] = None,
     progress_bar: Annotated[bool, typer.Option(
         "--progress/--no-progress", help="Show a progress bar on stderr.")] = True,
@@ -148,6 +148,10 @@ def simulate(
     USENIX ATC'23)."""
     err = Console(stderr=True)
     try:
+        if plot is not None and not plot.resolve().parent.is_dir():
+            raise ValueError(f"--plot: directory {plot.resolve().parent} does not exist")
+        if trace is None and workload != "default":
+            raise ValueError("--workload selects a trace file; it needs --trace DIR")
         policy_list = parse_policies(policies)
         if split_count < MIN_SPLIT_COUNT:
             raise ValueError(f"--split-count must be at least {MIN_SPLIT_COUNT}, "
