@@ -38,11 +38,9 @@ def schedule_command(
     output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
 ) -> None:
     """Dry-run admission and scheduling of the pending pods in a cluster file."""
-    from hami.core.config import ConfigError
+    from hami.core.config import GPU_POLICIES, NODE_POLICIES, ConfigError
     from hami.offline import InputError, load_objects, schedule
     from hami.settings import scheduler_config
-
-    from hami.core.config import GPU_POLICIES, NODE_POLICIES
 
     if node_policy not in NODE_POLICIES:
         typer.echo(f"error: --node-policy must be one of {', '.join(NODE_POLICIES)}, "
