@@ -121,3 +121,28 @@ def test_gpumem_with_a_unit_says_what_is_expected():
     c = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": "16Gi"}}}
     with pytest.raises(RequestError, match="whole number of MiB without a unit"):
         container_request(c, NvidiaConfig())
+
+
+MIG_NODE = json.dumps([{"id": "GPU-mig", "count": 7, "devmem": 40960, "devcore": 100,
+                        "type": "NVIDIA-A100-SXM4-40GB", "mode": "mig",
+                        "migProfiles": [
+                            {"name": "1g.5gb", "memoryMB": 4864, "core": 15, "sliceCount": 1,
+                             "placements": [{"start": s, "size": 1} for s in range(7)]},
+                            {"name": "3g.20gb", "memoryMB": 19968, "core": 43, "sliceCount": 3,
+                             "placements": [{"start": 0, "size": 4}, {"start": 4, "size": 4}]}],
+                        "health": True}], separators=(",", ":"))
+
+
+def test_schedule_places_mig_instances_and_writes_their_annotation():
+    report = schedule([node("mig-1", MIG_NODE), gpu_pod("small", 3000), gpu_pod("mid", 12000),
+                       gpu_pod("full", 12000)])
+    pods = {p["name"]: p for p in report["pods"]}
+    small = json.loads(pods["small"]["annotations"]["hami.io/vgpu-mig-allocations"])
+    assert small[0]["profile"] == "1g.5gb" and small[0]["placement"] == {"start": 6, "size": 1}
+    assert pods["small"]["annotations"]["hami.io/vgpu-devices-allocated"] == \
+        "GPU-mig,NVIDIA,4864,15:;"
+    # 3g prefers the highest start, but [4, 8) overlaps the 1g instance at 6: it takes [0, 4)
+    mid = json.loads(pods["mid"]["annotations"]["hami.io/vgpu-mig-allocations"])
+    assert (mid[0]["profile"], mid[0]["placement"]) == ("3g.20gb", {"start": 0, "size": 4})
+    assert pods["full"]["node"] is None
+    assert "CardMigTopologyInfeasible" in pods["full"]["failed_nodes"]["mig-1"]
