@@ -132,11 +132,7 @@ class ClusterState:
             self.remove_pod(uid)
             return False
         if existing is not None:
-            if init_containers_done(pod):
-                swapped = self.ledger.shrink_pod(uid)
-                if swapped:
-                    self._release_quota(swapped[0])
-                    self._charge_quota(swapped[1])
+            self._shrink_when_init_done(pod, uid)
             return True
         if meta.get("deletionTimestamp"):
             return False
@@ -153,12 +149,16 @@ class ClusterState:
         self.charge(uid, str(node), devices, n_init,
                     namespace=str(meta.get("namespace") or "default"),
                     name=str(meta.get("name") or ""), mig=mig)
+        self._shrink_when_init_done(pod, uid)
+        return True
+
+    def _shrink_when_init_done(self, pod: Mapping[str, Any], uid: str) -> None:
+        """Once every init container has finished, charge the app containers only."""
         if init_containers_done(pod):
             swapped = self.ledger.shrink_pod(uid)
             if swapped:
                 self._release_quota(swapped[0])
                 self._charge_quota(swapped[1])
-        return True
 
     def charge(self, uid: str, node: str, devices: PodSingleDevice, n_init: int, *,
                namespace: str, name: str = "", cpu_milli: int = 0, memory_mib: int = 0,
