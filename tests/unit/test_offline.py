@@ -119,8 +119,10 @@ def test_gpumem_with_a_unit_says_what_is_expected():
     from hami.core.request import RequestError, container_request
 
     c = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": "16Gi"}}}
-    with pytest.raises(RequestError, match="whole number of MiB without a unit"):
+    with pytest.raises(RequestError, match="counts MiB, e.g. 16384 for 16 GiB"):
         container_request(c, NvidiaConfig())
+    ok = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": "3k"}}}
+    assert container_request(ok, NvidiaConfig()).memory_mib == 3000  # an exact integer quantity
 
 
 MIG_NODE = json.dumps([{"id": "GPU-mig", "count": 7, "devmem": 40960, "devcore": 100,

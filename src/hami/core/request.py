@@ -89,14 +89,13 @@ def container_request(
         raise RequestError(f"{config.resource_count_name} of container {cname} must be "
                            f"between 1 and {INT32_MAX}, got {nums}")
     factor = max(config.memory_factor, 1)
-    raw_memory = resource_value(container, config.resource_memory_name)
-    if isinstance(raw_memory, str) and not raw_memory.strip().isdigit():
-        raise RequestError(f"{config.resource_memory_name} of container {cname} must be a "
-                           f"whole number of MiB without a unit (e.g. 16384), got {raw_memory!r}")
     memory = _int_value(container, config.resource_memory_name) or 0
     if memory < 0 or memory > INT32_MAX // factor:
+        raw = resource_value(container, config.resource_memory_name)
+        hint = (f" ({raw!r} is {memory} units; {config.resource_memory_name} counts MiB, "
+                "e.g. 16384 for 16 GiB)" if isinstance(raw, str) and not raw.isdigit() else "")
         raise RequestError(f"{config.resource_memory_name} of container {cname} must be "
-                           f"between 0 and {INT32_MAX // factor} MiB, got {memory}")
+                           f"between 0 and {INT32_MAX // factor} MiB, got {memory}{hint}")
     memory *= factor
     percent = PERCENT_UNSET
     raw_percent = _int_value(container, config.resource_memory_percentage_name)
