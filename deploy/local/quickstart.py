@@ -107,9 +107,12 @@ class Stack:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        from hami.testing.controlplane import die_with_parent
+
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=ROOT, start_new_session=True)
+                                stdin=subprocess.DEVNULL, cwd=ROOT, start_new_session=True,
+                                preexec_fn=die_with_parent)  # no orphans if we are killed
         self.procs.append(proc)
         print(f"    {name}: pid {proc.pid}, log {self.workdir / f'{name}.log'}")
         return proc

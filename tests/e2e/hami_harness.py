@@ -29,7 +29,14 @@ from typing import Any
 
 from hami.core.codec import encode_node_devices
 from hami.core.model import DeviceInfo
-from hami.testing.controlplane import HOST, ControlPlane, create_gpu_node, free_port, wait_until
+from hami.testing.controlplane import (
+    HOST,
+    ControlPlane,
+    create_gpu_node,
+    die_with_parent,
+    free_port,
+    wait_until,
+)
 from hami.testing.pki import CertificateAuthority
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -147,7 +154,8 @@ class HamiProcess:
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                             stdin=subprocess.DEVNULL, env=env,
-                                            start_new_session=True)
+                                            start_new_session=True,
+                                            preexec_fn=die_with_parent)
         if wait_ready:
             self.wait_ready(timeout_s)
         return self

@@ -139,7 +139,7 @@ def wait_until(
         time.sleep(_POLL_S)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child before exec: ask Linux to SIGTERM it when the parent thread dies.
 
     So a test run killed with SIGKILL leaves no etcd/apiserver behind. Elsewhere a no-op.
@@ -456,7 +456,7 @@ class ControlPlane:
                 stderr=subprocess.STDOUT,
                 cwd=self.workdir,
                 start_new_session=True,  # a Ctrl-C in the terminal reaches only us
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         comp = Component(name, proc, log_path)
         self._components.append(comp)
