@@ -202,3 +202,29 @@ def test_live_order_learns_from_running_pods() -> None:
                         ScoringWeights())
     order = LiveFragmentationOrder()(ctx, np.array([0, 2]))
     assert list(order) == [2, 0]  # the 400m sliver on n2 takes the 300m share
+
+
+def test_live_order_relearns_the_mix_for_another_ledger():
+    """The node policy in NODE_ORDERS is one object for the process: a second cluster state
+    must not be scored with the first one's task mix."""
+    from hami.core import filter as core_filter
+    from hami.core.config import SchedulerConfig, SchedulingPolicy
+    from hami.core.fragmentation import LiveFragmentationOrder
+    from hami.core.model import DeviceInfo
+    from hami.core.request import pod_request
+    from hami.core.state import ClusterState
+
+    order = LiveFragmentationOrder()
+    seen = []
+    for share in (20, 100):
+        state = ClusterState(SchedulerConfig(policy=SchedulingPolicy("fragmentation-aware")))
+        state.ledger.add_node("n", [DeviceInfo("G", 0, 10, 1000, 100, "NVIDIA-X")])
+        pod = {"metadata": {"name": "p", "uid": f"u{share}"}, "spec": {"containers": [
+            {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1,
+                                                   "nvidia.com/gpucores": share}}}]}}
+        request = pod_request(pod, state.config.nvidia)
+        core_filter.filter_pod(request, state.ledger, None, state.config.policy,
+                               node_orders={"fragmentation-aware": order})
+        assert order._scorer is not None
+        seen.append(tuple(order._scorer.dist.gpu_milli))
+    assert seen[0] != seen[1]

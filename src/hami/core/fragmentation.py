@@ -610,16 +610,19 @@ class LiveFragmentationOrder:
         self._scorer = FragmentationScorer(fixed) if fixed is not None else None
         self._fixed = fixed is not None
         self._learned_at = -1
+        self._learned_from = -1  # id() of the ledger the mix was learned from
 
     def __call__(self, ctx: Any, idx: IntArray) -> IntArray:
         """Filter hook: candidate nodes, least fragmentation growth first."""
         if not self._fixed:
             count = ctx.ledger.version_pods
-            if self._scorer is None or abs(count - self._learned_at) >= self.relearn_every:
+            stale = (self._scorer is None or id(ctx.ledger) != self._learned_from
+                     or abs(count - self._learned_at) >= self.relearn_every)
+            if stale:
                 dist = distribution_from_ledger(ctx.ledger, Placement.of(ctx.request),
                                                 self.min_weight)
                 assert dist is not None
                 self._scorer = FragmentationScorer(dist)
-                self._learned_at = count
+                self._learned_at, self._learned_from = count, id(ctx.ledger)
         assert self._scorer is not None
         return self._scorer(ctx, idx)
