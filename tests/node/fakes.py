@@ -30,13 +30,20 @@ class FakeKube(KubeApi):
         self.nodes: dict[str, tuple[dict[str, str], int]] = {}
         self.calls: list[str] = []
         self.fail_pod_patch = False
+        self.conflicts = 0
         self.lock = threading.Lock()
 
     def add_node(self, name: str, annotations: dict[str, str] | None = None) -> None:
         self.nodes[name] = (dict(annotations or {}), 1)
 
     def add_pod(self, p: PodView) -> None:
+        if not p.resource_version:
+            p = replace(p, resource_version="1")
         self.pods[(p.namespace, p.name)] = p
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        with self.lock:
+            self.pods.pop((namespace, name), None)
 
     def get_node_annotations(self, node: str) -> tuple[dict[str, str], str]:
         with self.lock:
@@ -60,7 +67,8 @@ class FakeKube(KubeApi):
         with self.lock:
             return [p for p in self.pods.values() if p.annotations.get(VGPU_NODE) == node]
 
-    def patch_pod_annotations(self, namespace: str, name: str, annotations: Any) -> PodView:
+    def patch_pod_annotations(self, namespace: str, name: str, annotations: Any,
+                              resource_version: str | None = None) -> PodView:
         with self.lock:
             self.calls.append("patch_pod")
             if self.fail_pod_patch:
@@ -68,6 +76,9 @@ class FakeKube(KubeApi):
             p = self.pods.get((namespace, name))
             if p is None:
                 raise KubeError("pod not found", 404)
+            if resource_version and resource_version != p.resource_version:
+                self.conflicts += 1
+                raise KubeError("conflict: the object has been modified", 409)
             ann = dict(p.annotations)
             for k, v in annotations.items():
                 if v is None:
@@ -77,7 +88,8 @@ class FakeKube(KubeApi):
             labels = dict(p.labels)
             if VGPU_NODE in annotations and annotations[VGPU_NODE] is not None:
                 labels[VGPU_NODE] = annotations[VGPU_NODE]
-            p = replace(p, annotations=ann, labels=labels)
+            p = replace(p, annotations=ann, labels=labels,
+                        resource_version=str(int(p.resource_version or "0") + 1))
             self.pods[(namespace, name)] = p
             return copy.deepcopy(p)
 

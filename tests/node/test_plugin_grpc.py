@@ -340,11 +340,3 @@ def test_lagging_node_watch_still_serves_and_releases(harness: PluginHarness) ->
     assert envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
     assert "list_pods" not in harness.kube.calls      # the live node read found the owner
     wait(lambda: al.NODE_LOCK not in harness.kube.nodes[NODE][0], what="lock release")
-
-
-def test_mig_mode_refuses_clearly(harness: PluginHarness) -> None:
-    up(harness, node_config='{"nodeconfig":[{"name":"node-a","operatingmode":"mig"}]}')
-    bound_pod(harness, "p", f"{A},NVIDIA,1000,10:;")
-    with pytest.raises(grpc.RpcError) as err:
-        harness.kubelet.allocate([f"{A}-0"])
-    assert "not implemented" in err.value.details()

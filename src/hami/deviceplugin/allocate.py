@@ -65,6 +65,7 @@ class PodView:
     containers: tuple[ContainerView, ...] = ()
     n_init: int = 0
     labels: Mapping[str, str] = field(default_factory=dict)
+    resource_version: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,8 @@ def device_plugin(
     install_lib_dir: Annotated[Path | None, typer.Option(
         "--install-lib", help="install libvgpu.so + ld.so.preload into DIR and exit")] = None,
     lib_path: Annotated[Path, typer.Option(help="libvgpu.so to install")] = DEFAULT_LIB,
+    mig_apply_lock: Annotated[Path, typer.Option(
+        help="MIG apply lock file (operatingmode mig)")] = Path("/tmp/hami/hami-mig-apply.lock"),
     verbose: Annotated[int, typer.Option("-v", help="log verbosity")] = 0,
 ) -> None:
     """Kubelet device plugin: advertise GPU replicas, answer Allocate (hami-core-spec §B)."""
@@ -88,7 +90,7 @@ def device_plugin(
                    config_file=config_file, node_config_file=node_config_file,
                    backend_kind=backend, fake_inventory=fake_inventory, kubeconfig=kubeconfig,
                    lock_dir=lock_dir, register_interval_s=register_interval, stop=stop,
-                   install_signals=True, version=__version__)
+                   install_signals=True, version=__version__, mig_apply_lock=mig_apply_lock)
     except Exception as exc:  # noqa: BLE001 - report and exit non-zero
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -99,11 +101,19 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
                fake_inventory: Path | None, kubeconfig: Path | None, lock_dir: str,
                register_interval_s: float, stop: threading.Event,
                install_signals: bool = False, version: str = "0.1.0",
-               kube_api: object | None = None) -> None:
+               kube_api: object | None = None, mig_apply_lock: Path | None = None,
+               mig_reconcile_s: float = 5.0) -> None:
     """Build and run every loop until ``stop`` is set (SIGINT/SIGTERM set it; SIGHUP
-    restarts the gRPC server). ``kube_api`` replaces the lightkube client (tests)."""
+    restarts the gRPC server). ``kube_api`` replaces the lightkube client (tests).
+
+    In ``operatingmode: mig`` the GPUs' MIG profiles are read through the backend and the
+    allowlist (:mod:`hami.deviceplugin.mig`), a reconciler runs every ``mig_reconcile_s``
+    and ``mig_apply_lock`` (default ``/tmp/hami/hami-mig-apply.lock``) pauses
+    registration and health checks while instances change. Raises ``PluginConfigError``
+    when mig mode has no ``migProfileAllowlist``."""
     from hami.deviceplugin import allocate as al
-    from hami.deviceplugin.config import apply_node_config, from_device_config
+    from hami.deviceplugin import mig as migmod
+    from hami.deviceplugin.config import PluginConfigError, apply_node_config, from_device_config
     from hami.deviceplugin.discovery import open_backend
     from hami.deviceplugin.health import policy_from_env
     from hami.deviceplugin.kube import KubeApi, make_client
@@ -119,8 +129,21 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
     if node_config_file is not None and node_config_file.exists():
         cfg = apply_node_config(cfg, node_config_file.read_text(), node_name)
     gpu_backend = open_backend(backend_kind, fake_inventory)
-    state = DeviceState(gpu_backend.devices(), cfg)
+    gpus = gpu_backend.devices()
     kube = kube_api if isinstance(kube_api, KubeApi) else KubeApi(make_client(kubeconfig))
+    lock_path = mig_apply_lock or migmod.DEFAULT_APPLY_LOCK
+    mig_manager = None
+    if cfg.operating_mode == "mig":
+        if not cfg.mig_allowlist:
+            raise PluginConfigError("operatingmode mig needs nvidia.migProfileAllowlist in the "
+                                    "device config (hami-scheduler-spec §6.1)")
+        driver = gpu_backend.mig_driver()
+        profiles = migmod.discover(driver, [(g.uuid, g.name) for g in gpus if g.mig_capable],
+                                   cfg.mig_allowlist)
+        mig_manager = migmod.MigManager(driver, kube, node_name, profiles, lock_path)
+        state = DeviceState(gpus, cfg, profiles)
+    else:
+        state = DeviceState(gpus, cfg)
     if kube.client is not None:
         kube.start_node_watch(node_name, stop)
     vgpu = Path(hook_path) / "vgpu"
@@ -128,8 +151,13 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
                                versioned_lib=(vgpu / f"libvgpu.so.{version}").exists(),
                                license=(vgpu / "license").exists())
     servicer = DevicePluginServicer(state, kube, node_name, settings, stop)
+    servicer.mig = mig_manager
     server = PluginServer(servicer, plugin_dir, kubelet_socket, cfg.resource_name)
-    registrar = NodeRegistrar(state, kube, node_name, interval_s=register_interval_s)
+    def paused() -> bool:
+        return mig_manager is not None and migmod.apply_lock_held(lock_path)
+
+    registrar = NodeRegistrar(state, kube, node_name, interval_s=register_interval_s,
+                              paused=paused)
     if install_signals:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -137,8 +165,13 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
     threads = [
         threading.Thread(target=registrar.run, args=(stop,), name="register", daemon=True),
         threading.Thread(target=health_loop, args=(gpu_backend, state, policy_from_env(os.environ),
-                                                   registrar.kick, stop), name="health", daemon=True),
+                                                   registrar.kick, stop, paused),
+                         name="health", daemon=True),
     ]
+    if mig_manager is not None:
+        # The first pass (at start) adopts what pods reference and resets the rest.
+        threads.append(threading.Thread(target=mig_manager.run, args=(stop, mig_reconcile_s),
+                                        name="mig-reconcile", daemon=True))
     for t in threads:
         t.start()
     try:

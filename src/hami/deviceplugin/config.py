@@ -22,6 +22,46 @@ class PluginConfigError(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class MigAllowEntry:
+    """One ``migProfileAllowlist`` entry (hami-scheduler-spec §6.1): GPUs whose model
+    contains one of ``models`` may host the MIG ``profiles`` (``<N>g.<anything>``)."""
+
+    models: tuple[str, ...]
+    profiles: tuple[str, ...]
+
+
+def parse_mig_allowlist(raw: Any) -> tuple[MigAllowEntry, ...]:
+    """Validate ``migProfileAllowlist`` (spec §6.1): a list of ``{models, profiles}``, both
+    non-empty lists of strings; each profile's part before the first ``.`` has at least
+    2 characters, ends with ``g`` and starts with a number. ``None`` is ``()``.
+    Raises :class:`PluginConfigError`."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise PluginConfigError("migProfileAllowlist must be a list of {models, profiles}")
+    out = []
+    for n, entry in enumerate(raw):
+        if not isinstance(entry, dict):
+            raise PluginConfigError(f"migProfileAllowlist[{n}] must be a mapping")
+        lists = []
+        for key in ("models", "profiles"):
+            value = entry.get(key)
+            if (not isinstance(value, list) or not value
+                    or not all(isinstance(v, str) and v for v in value)):
+                raise PluginConfigError(
+                    f"migProfileAllowlist[{n}].{key} must be a non-empty list of strings")
+            lists.append(tuple(value))
+        for profile in lists[1]:
+            head = profile.split(".", 1)[0]
+            if "." not in profile or len(head) < 2 or not head.endswith("g") \
+                    or not head[:-1].isdigit():
+                raise PluginConfigError(
+                    f"migProfileAllowlist[{n}]: profile {profile!r} is not <N>g.<name>")
+        out.append(MigAllowEntry(lists[0], lists[1]))
+    return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
 class PluginConfig:
     """What the plugin needs to register devices and answer Allocate.
 
@@ -44,6 +84,7 @@ class PluginConfig:
     filter_uuids: frozenset[str] = field(default_factory=frozenset)
     filter_indices: frozenset[int] = field(default_factory=frozenset)
     enable_get_preferred_allocation: bool = False
+    mig_allowlist: tuple[MigAllowEntry, ...] = ()
 
     @property
     def oversubscribed(self) -> bool:
@@ -85,7 +126,8 @@ def from_device_config(text: str | None) -> PluginConfig:
 
     Keys: ``resourceCountName``, ``deviceSplitCount``, ``deviceMemoryScaling``,
     ``deviceCoreScaling``, ``disableCoreLimit``, ``libCudaLogLevel``,
-    ``preConfiguredDeviceMemory`` (MiB), ``enableNumaTopology``. Raises
+    ``preConfiguredDeviceMemory`` (MiB), ``enableNumaTopology``, ``migProfileAllowlist``
+    (:func:`parse_mig_allowlist`). Raises
     :class:`PluginConfigError`.
     """
     if text is None:
@@ -111,6 +153,7 @@ def from_device_config(text: str | None) -> PluginConfig:
         libcuda_log_level=_str(nv, "libCudaLogLevel", ""),
         preconfigured_memory_mib=_num(nv, "preConfiguredDeviceMemory", int, 0),
         enable_numa_topology=_bool(nv, "enableNumaTopology", False),
+        mig_allowlist=parse_mig_allowlist(nv.get("migProfileAllowlist")),
     )
 
 

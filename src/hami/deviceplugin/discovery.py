@@ -15,7 +15,9 @@ Fake inventory format::
         numa: 0
         health: true                   # default true
         uuids: [GPU-a, GPU-b]          # optional; default GPU-fake-<index>
-        mig_capable: false
+        mig_capable: false             # default: true when mig_profiles are listed
+        mig_profiles: [...]            # MIG GI profiles (format: hami.deviceplugin.migdriver)
+    mig_instances: [...]               # MIG instances existing at start (migdriver)
     xid_events:                        # optional, applied once each: {uuid|null, xid}
       - {uuid: GPU-a, xid: 79}
 """
@@ -33,6 +35,7 @@ from typing import Any, Protocol
 import yaml
 
 from hami.deviceplugin.health import EVENT_MASK, EVENT_XID_CRITICAL
+from hami.deviceplugin.migdriver import FakeMig, MigDriver, MigDriverError, NvmlMig
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +81,10 @@ class GpuBackend(Protocol):
         """Release driver resources."""
         ...
 
+    def mig_driver(self) -> MigDriver:
+        """MIG instance operations (profiles, create, list, destroy) for these GPUs."""
+        ...
+
 
 # --- fake --------------------------------------------------------------------------------
 
@@ -115,7 +122,7 @@ def parse_inventory(text: str) -> tuple[list[PhysicalGpu], list[HealthEvent]]:
                 name=str(entry.get("model", "NVIDIA Fake GPU")),
                 memory_bytes=None if mem is None else mem * 2**20,
                 numa=int(entry.get("numa", 0)),
-                mig_capable=bool(entry.get("mig_capable", False)),
+                mig_capable=bool(entry.get("mig_capable", bool(entry.get("mig_profiles")))),
                 healthy=bool(entry.get("health", True)),
             ))
     events = []
@@ -143,6 +150,18 @@ class FakeBackend:
         self._reported_down: set[str] = set()
         self._closed = threading.Event()
         self._reload(initial=True)
+        self._mig: FakeMig | None = None
+
+    def mig_driver(self) -> MigDriver:
+        """:class:`~hami.deviceplugin.migdriver.FakeMig` over this inventory (created once;
+        its instance table is ``<inventory>.mig-state.json``). Raises
+        :class:`DiscoveryError` on a malformed MIG section."""
+        if self._mig is None:
+            try:
+                self._mig = FakeMig(self.path, [g.uuid for g in self._gpus])
+            except (MigDriverError, OSError) as exc:
+                raise DiscoveryError(f"fake inventory MIG section: {exc}") from None
+        return self._mig
 
     def _reload(self, initial: bool = False) -> None:
         try:
@@ -252,6 +271,12 @@ class NvmlBackend:
         except nv.NVMLError as exc:
             raise DiscoveryError(f"NVML: {exc}") from None
         return out
+
+    def mig_driver(self) -> MigDriver:
+        """:class:`~hami.deviceplugin.migdriver.NvmlMig` over the handles of :meth:`devices`."""
+        if not self._handles:
+            self.devices()
+        return NvmlMig(self.nv, self._handles.__getitem__)
 
     def _ensure_event_set(self) -> None:
         nv = self.nv

@@ -48,7 +48,7 @@ def pod_view(pod: Any) -> PodView:
         node_name=(spec.nodeName or "") if spec else "",
         phase=(pod.status.phase or "Pending") if pod.status else "Pending",
         annotations=dict(meta.annotations or {}), containers=containers, n_init=len(init),
-        labels=dict(meta.labels or {}))
+        labels=dict(meta.labels or {}), resource_version=meta.resourceVersion or "")
 
 
 def _api_error(exc: Exception) -> KubeError:
@@ -132,14 +132,18 @@ class KubeApi:
             raise KubeError(f"{type(exc).__name__}: {exc}") from None
 
     def patch_pod_annotations(self, namespace: str, name: str,
-                              annotations: Mapping[str, str | None]) -> PodView:
+                              annotations: Mapping[str, str | None],
+                              resource_version: str | None = None) -> PodView:
         """JSON merge patch of pod annotations; ``hami.io/vgpu-node`` is mirrored into the
-        labels (spec §B.6). Returns the patched pod."""
+        labels (spec §B.6). With ``resource_version`` the patch is a compare-and-swap
+        (409 -> :class:`KubeError` with ``code`` 409). Returns the patched pod."""
         from lightkube import ApiError
         from lightkube.resources.core_v1 import Pod
         from lightkube.types import PatchType
 
         meta: dict[str, Any] = {"annotations": dict(annotations)}
+        if resource_version:
+            meta["resourceVersion"] = resource_version
         if VGPU_NODE in annotations:
             meta["labels"] = {VGPU_NODE: annotations[VGPU_NODE]}
         try:

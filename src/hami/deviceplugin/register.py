@@ -4,10 +4,11 @@ list (hami-core-spec §B.2-§B.3; hami-scheduler-spec §2.3, §7.3). Pure.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 from hami.core.codec import encode_node_devices
-from hami.core.model import DeviceInfo
+from hami.core.model import DeviceInfo, MigProfile
 from hami.deviceplugin.config import PluginConfig
 from hami.deviceplugin.discovery import PhysicalGpu
 
@@ -31,11 +32,15 @@ def registered_memory_mib(gpu: PhysicalGpu, cfg: PluginConfig) -> int:
 
 
 def node_devices(gpus: Iterable[PhysicalGpu], cfg: PluginConfig,
-                 unhealthy: frozenset[str] = frozenset()) -> tuple[DeviceInfo, ...]:
+                 unhealthy: frozenset[str] = frozenset(),
+                 mig: Mapping[str, tuple[int, tuple[MigProfile, ...]]] | None = None,
+                 ) -> tuple[DeviceInfo, ...]:
     """The registered devices, in index order, after ``filterdevices``.
 
     ``unhealthy`` holds UUIDs the health loop marked down (they stay registered with
-    ``health`` false, so the scheduler stops placing on them).
+    ``health`` false, so the scheduler stops placing on them). In ``mig`` mode ``mig``
+    maps a GPU UUID to ``(count, migProfiles)`` (:func:`hami.deviceplugin.mig.gpu_profiles`);
+    GPUs without an entry are not registered (hami-scheduler-spec §6.1).
     """
     out = []
     for g in gpus:
@@ -52,6 +57,12 @@ def node_devices(gpus: Iterable[PhysicalGpu], cfg: PluginConfig,
             mode=cfg.operating_mode,
             health=g.healthy and g.uuid not in unhealthy,
         ))
+        if cfg.operating_mode == "mig":
+            count, profiles = (mig or {}).get(g.uuid, (0, ()))
+            if not profiles:
+                out.pop()
+                continue
+            out[-1] = replace(out[-1], split_count=count, mig_profiles=profiles)
     return tuple(out)
 
 

@@ -19,12 +19,13 @@ from typing import Any
 
 import grpc
 
-from hami.core.model import DeviceInfo
+from hami.core.model import DeviceInfo, MigProfile
 from hami.deviceplugin import allocate as al
 from hami.deviceplugin.config import PluginConfig
 from hami.deviceplugin.discovery import GpuBackend, PhysicalGpu
 from hami.deviceplugin.health import HealthPolicy, gpus_to_mark
 from hami.deviceplugin.kube import KubeApi, KubeError
+from hami.deviceplugin.mig import MigManager
 from hami.deviceplugin.register import (
     encode_register,
     kubelet_devices,
@@ -48,9 +49,11 @@ def socket_name(resource_name: str) -> str:
 class DeviceState:
     """GPUs, health marks and a version counter that wakes ListAndWatch streams."""
 
-    def __init__(self, gpus: list[PhysicalGpu], cfg: PluginConfig) -> None:
+    def __init__(self, gpus: list[PhysicalGpu], cfg: PluginConfig,
+                 mig: dict[str, tuple[int, tuple[MigProfile, ...]]] | None = None) -> None:
         self.cfg = cfg
         self.gpus = gpus
+        self.mig = mig or {}
         self.unhealthy: set[str] = set()
         self.version = 0
         self.cond = threading.Condition()
@@ -58,7 +61,7 @@ class DeviceState:
 
     def _refresh(self) -> None:
         self.devices: tuple[DeviceInfo, ...] = node_devices(
-            self.gpus, self.cfg, frozenset(self.unhealthy))
+            self.gpus, self.cfg, frozenset(self.unhealthy), self.mig)
         self.replicas = replica_map(self.devices)
 
     def mark_unhealthy(self, uuids: frozenset[str]) -> bool:
@@ -103,6 +106,8 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
         self.stop = stop
         self.mutex = threading.Lock()
         self.stats = AllocateStats()
+        #: Set in ``operatingmode: mig`` (:class:`hami.deviceplugin.mig.MigManager`).
+        self.mig: MigManager | None = None
         self.new_cache_name: Callable[[], str] = lambda: str(uuidlib.uuid4())
         # Node-lock releases run after the response is sent; the next Allocate waits for
         # the previous release first, so the lock is always settled when a pod is chosen.
@@ -199,9 +204,8 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
 
     def _allocate(self, reqs: list[list[str]]) -> pb.AllocateResponse:
         self.settle()
-        if self.state.cfg.operating_mode == "mig":
-            raise al.AllocateError("operatingmode mig: dynamic MIG allocation is not "
-                                   "implemented by this plugin; use hami-core or mps")
+        if self.state.cfg.operating_mode == "mig" and self.mig is None:
+            raise al.AllocateError("operatingmode mig: no MIG manager (no MIG GPU registered)")
         replicas = self.state.replicas
         try:
             owner, candidates, node_meta = self._lookup(
@@ -211,6 +215,8 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
         pod = al.choose_pod(reqs, owner, candidates, self.node, replicas)
         if pod is None:
             raise al.AllocateError(f"no pending pod with devices to allocate on node {self.node}")
+        if self.mig is not None:
+            return self._allocate_mig(pod, reqs, node_meta)
         try:
             plan = al.plan_allocation(pod, reqs, self.state.cfg, self.settings,
                                       [self.new_cache_name() for _ in reqs])
@@ -239,6 +245,22 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
             raise al.AllocateError(f"{pod.namespace}/{pod.name}: {exc}") from None
         self.stats.served += 1
         return pb.AllocateResponse(container_responses=[_response(c) for c in plan.containers])
+
+    def _allocate_mig(self, pod: al.PodView, reqs: list[list[str]],
+                      node_meta: tuple[dict[str, str], str]) -> pb.AllocateResponse:
+        """MIG mode: instances, MIG UUIDs, write-back (:mod:`.mig`); then §B.6 as usual."""
+        assert self.mig is not None
+        try:
+            result = self.mig.allocate(pod, reqs)
+        except al.AllocateError as exc:
+            self._fail(pod, node_meta)
+            raise al.AllocateError(f"{pod.namespace}/{pod.name}: {exc}") from None
+        if result.complete:
+            self._release = self._releaser.submit(
+                self.kube.release_node_lock, self.node, pod.namespace, pod.name, node_meta)
+        self.stats.served += 1
+        return pb.AllocateResponse(container_responses=[
+            pb.ContainerAllocateResponse(envs=e) for e in result.envs])
 
     def _fail(self, pod: al.PodView, node_meta: tuple[dict[str, str], str]) -> None:
         try:
@@ -358,7 +380,9 @@ class NodeRegistrar:
     (spec §B.3); after an error retries in 5 s. :meth:`kick` forces an early pass."""
 
     def __init__(self, state: DeviceState, kube: KubeApi, node: str,
-                 interval_s: float = 30.0, retry_s: float = 5.0) -> None:
+                 interval_s: float = 30.0, retry_s: float = 5.0,
+                 paused: Callable[[], bool] = lambda: False) -> None:
+        self.paused = paused
         self.state = state
         self.kube = kube
         self.node = node
@@ -372,7 +396,10 @@ class NodeRegistrar:
         self._kick.set()
 
     def once(self) -> bool:
-        """Patch if changed. Returns True on success (or nothing to do)."""
+        """Patch if changed. Returns True on success (or nothing to do); False (retry
+        soon) while ``paused`` (the MIG apply lock exists, spec §B.7)."""
+        if self.paused():
+            return False
         value = encode_register(self.state.devices)
         if value == self.last_sent:
             return True
@@ -400,8 +427,10 @@ class NodeRegistrar:
 
 
 def health_loop(backend: GpuBackend, state: DeviceState, policy: HealthPolicy,
-                on_change: Callable[[], None], stop: threading.Event) -> None:
-    """Wait for NVML (or fake) events; mark GPUs unhealthy per :mod:`.health` rules."""
+                on_change: Callable[[], None], stop: threading.Event,
+                paused: Callable[[], bool] = lambda: False) -> None:
+    """Wait for NVML (or fake) events; mark GPUs unhealthy per :mod:`.health` rules.
+    Events that arrive while ``paused`` (MIG apply lock, spec §B.2/§B.7) are dropped."""
     if policy.disabled:
         log.info("health checks disabled")
         stop.wait()
@@ -413,6 +442,9 @@ def health_loop(backend: GpuBackend, state: DeviceState, policy: HealthPolicy,
     while not stop.is_set():
         ev = backend.wait_event(5.0)
         if ev is None:
+            continue
+        if paused():
+            log.info("health event xid=%d uuid=%s ignored: MIG reconfiguration", ev.xid, ev.uuid)
             continue
         marks = gpus_to_mark(policy, ev.event_type, ev.xid, ev.uuid, known)
         if marks:
