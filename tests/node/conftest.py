@@ -45,7 +45,7 @@ def short_tmpdir() -> Path:
 
 def start_plugin(h: PluginHarness, config_yaml: str | None = None,
                  node_config: str | None = None, register_interval_s: float = 0.3,
-                 node: str = NODE) -> None:
+                 node: str = NODE, **extra: object) -> None:
     cfg = None
     if config_yaml is not None:
         cfg = h.root / "device-config.yaml"
@@ -61,7 +61,7 @@ def start_plugin(h: PluginHarness, config_yaml: str | None = None,
                        kubelet_socket=h.kubelet.socket, config_file=cfg, node_config_file=ncfg,
                        backend_kind="fake", fake_inventory=h.inventory, kubeconfig=None,
                        lock_dir=str(h.lock_dir), register_interval_s=register_interval_s,
-                       stop=h.stop, kube_api=h.kube)
+                       stop=h.stop, kube_api=h.kube, **extra)  # type: ignore[arg-type]
         except BaseException as exc:  # noqa: BLE001 - surfaced by the test
             h.errors.append(exc)
 
