@@ -32,8 +32,8 @@ class MigAllowEntry:
 
 def parse_mig_allowlist(raw: Any) -> tuple[MigAllowEntry, ...]:
     """Validate ``migProfileAllowlist`` (spec §6.1): a list of ``{models, profiles}``, both
-    non-empty lists of strings; each profile's part before the first ``.`` has at least
-    2 characters, ends with ``g`` and starts with a number. ``None`` is ``()``.
+    non-empty lists of strings; each profile has a ``.`` and its part before the first
+    ``.`` has at least 2 characters and ends with ``g``. ``None`` is ``()``.
     Raises :class:`PluginConfigError`."""
     if raw is None:
         return ()
@@ -53,8 +53,7 @@ def parse_mig_allowlist(raw: Any) -> tuple[MigAllowEntry, ...]:
             lists.append(tuple(value))
         for profile in lists[1]:
             head = profile.split(".", 1)[0]
-            if "." not in profile or len(head) < 2 or not head.endswith("g") \
-                    or not head[:-1].isdigit():
+            if "." not in profile or len(head) < 2 or not head.endswith("g"):
                 raise PluginConfigError(
                     f"migProfileAllowlist[{n}]: profile {profile!r} is not <N>g.<name>")
         out.append(MigAllowEntry(lists[0], lists[1]))

@@ -51,11 +51,12 @@ RECONCILE_INTERVAL_S = 5.0
 _DONE_PHASES = ("Succeeded", "Failed")
 
 
-def profile_slices(name: str) -> int:
-    """``<N>`` of a ``<N>g.<anything>`` profile name. Raises ``ValueError``."""
+def profile_slices(name: str) -> int | None:
+    """``<N>`` of a ``<N>g.<anything>`` profile name; None when the name has no such
+    prefix (then no NVML profile matches it)."""
     head = name.split(".", 1)[0]
-    if len(head) < 2 or not head.endswith("g") or not head[:-1].isdigit():
-        raise ValueError(f"MIG profile {name!r} is not <N>g.<name>")
+    if "." not in name or len(head) < 2 or not head.endswith("g") or not head[:-1].isdigit():
+        return None
     return int(head[:-1])
 
 
@@ -85,7 +86,8 @@ def gpu_profiles(model: str, infos: Sequence[GiProfileInfo],
     by_slices = {i.slices: i for i in infos}
     profiles, count = [], 0
     for name in entry.profiles:
-        info = by_slices.get(profile_slices(name))
+        slices = profile_slices(name)
+        info = by_slices.get(slices) if slices is not None else None
         if info is None:
             continue
         profiles.append(MigProfile(name, info.memory_mib,
@@ -304,6 +306,8 @@ class MigManager:
     def _realize(self, pod: al.PodView, a: MigAllocation,
                  created: list[MigInstance]) -> MigInstance:
         slices = profile_slices(a.profile)
+        if slices is None:
+            raise al.AllocateError(f"MIG profile {a.profile!r} is not <N>g.<name>")
         for attempt in range(2):
             existing = self.driver.instances(a.gpu_uuid)
             same = [i for i in existing if i.placement == a.placement and i.slices == slices
