@@ -79,3 +79,81 @@ def test_full_gpu_is_infeasible_and_restart_reconstructs_reservations():
     assert fresh.ledger.mig_occupied("m") == {"GPU-mig": [P(0, 8)]}
     fresh.remove_pod(running["metadata"]["uid"])
     assert fresh.ledger.mig_occupied("m") == {}
+
+
+# --- field cases B18 / B19 (scheduler side; plugin side in tests/node/test_mig_plugin.py) ---
+
+def _case_node(case: dict, placements: dict[str, tuple[MigPlacement, ...]]) -> ClusterState:
+    """The case's node in mig mode; profiles from its templates (name, memory) with the
+    given placements (slice count = the ``<N>g`` prefix)."""
+    (node,) = case["scenario"]["nodes"]
+    (g,) = node["gpus"]
+    seen: dict[str, MigProfile] = {}
+    for geometry in node["mig_templates"]:
+        for t in geometry:
+            n = int(t["name"].split("g.")[0])
+            seen.setdefault(t["name"], MigProfile(t["name"], t["memory_mb"],
+                                                  100 * n // 7 or 1, n, placements[t["name"]]))
+    state = ClusterState()
+    state.ledger.add_node(node["name"], [DeviceInfo(g["id"], g["index"], g["split_count"],
+                                                    g["memory_mb"], g["cores"], g["type"],
+                                                    mode="mig", mig_profiles=tuple(seen.values()))])
+    return state
+
+
+def _limits_pod(spec: dict) -> dict:
+    (c,) = spec["containers"]
+    kw = {k.split("/")[1].replace("-", "_"): v for k, v in c["limits"].items()}
+    return pod(spec["name"], [container(c["name"], **kw)], annotations=spec.get("annotations"))
+
+
+def test_b18_two_instances_for_one_container_on_one_mig_gpu(field_cases):
+    case = field_cases["B18"]
+    state = _case_node(case, {"1g.24gb": tuple(P(s, 1) for s in range(4)),
+                              "2g.48gb": (P(0, 2), P(2, 2)), "4g.96gb": (P(0, 4),)})
+    p = _limits_pod(case["scenario"]["pods"][0])
+    d = state.filter(p)
+    assert d.result.node == "node-a"                # gpu=2 > 1 physical GPU: still placed
+    allocs = decode_mig_allocations(d.annotations[names.MIG_ALLOCATIONS])
+    assert [(a.gpu_uuid, a.profile) for a in allocs] == [("GPU-0", "1g.24gb")] * 2
+    assert allocs[0].placement != allocs[1].placement
+    assert not allocs[0].placement.overlaps(allocs[1].placement)
+    state.commit(p, d)
+    ((_, used_slots, used_mem, _),) = state.ledger.device_usage("node-a")
+    assert (used_slots, used_mem) == (2, 2 * 24576)
+    # the variant without the vgpu-mode annotation schedules the same way
+    spec = dict(case["scenario"]["pods"][0], annotations={}, name="no-annotation")
+    assert state.filter(_limits_pod(spec)).result.node == "node-a"
+    # non-MIG requests keep "count <= physical GPUs"
+    plain = ClusterState()
+    plain.ledger.add_node("n", [DeviceInfo("GPU-0", 0, 10, 98304, 100, "NVIDIA-RTX-PRO-6000",
+                                           mode="hami-core")])
+    assert plain.filter(pod("two", [container(gpu=2, gpumem=20000)])).result.node is None
+
+
+def test_b19_percentage_resolved_before_slot_comparison_no_accounting_on_reject(field_cases):
+    case = field_cases["B19"]
+    a100 = {"1g.5gb": tuple(P(s, 1) for s in range(7)), "2g.10gb": (P(0, 2), P(2, 2), P(4, 2)),
+            "3g.20gb": (P(0, 4), P(4, 4)), "7g.40gb": (P(0, 8),)}
+    state = _case_node(case, a100)
+    # the existing allocation: one 3g.20gb instance in use (20480 MB, one slot)
+    existing = pod("existing", [container(gpu=1, gpumem=20000)])
+    d = state.filter(existing)
+    assert decode_mig_allocations(d.annotations[names.MIG_ALLOCATIONS])[0].profile == "3g.20gb"
+    state.commit(existing, d)
+    before = state.ledger.device_usage("node-a")
+    assert [(s, m) for _, s, m, _ in before] == [(1, 20480)]
+    pct60 = _limits_pod(case["scenario"]["pods"][0])
+    rejected = state.filter(pct60)
+    assert rejected.result.node is None             # 60% = 24576 MB > the free 3g.20gb slot
+    assert state.commit(pct60, rejected) is None
+    assert state.ledger.device_usage("node-a") == before
+    assert state.ledger.mig_occupied("node-a") == {"GPU-0": [P(4, 4)]}
+    # the percentage is resolved before comparing: 40% (16384 MB) takes the 3g.20gb slot,
+    # not the 1g.5gb an unresolved 0 MB request would get
+    pct40 = pod("pct40", [container(gpu=1, gpumem_percentage=40)],
+                annotations={"nvidia.com/vgpu-mode": "mig"})
+    d40 = state.filter(pct40)
+    (a,) = decode_mig_allocations(d40.annotations[names.MIG_ALLOCATIONS])
+    assert (a.profile, a.placement) == ("3g.20gb", P(0, 4))
+    assert d40.result.devices[0][0].used_memory_mib == 20480
