@@ -4,6 +4,7 @@ hard to reach through the kubelet (409 on write-back, apply lock, API outage).""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -246,3 +247,18 @@ def test_reconcile_destroys_under_the_apply_lock(tmp_path: Path) -> None:
     assert result.destroyed == [orphan] and [i.placement for i in result.kept] == [P(6, 1)]
     assert driver.seen == [("destroy", True)]
     assert not apply_lock_held(mgr.apply_lock_path)
+
+
+def test_interrupted_create_is_redone(tmp_path: Path) -> None:
+    kube = FakeKube()
+    mgr, driver = manager(tmp_path, kube)
+    pending = bound(kube, "p", 6)
+    # the GPU instance exists without its compute instance (a create cut short)
+    table = {A100: [{"slices": 1, "start": 6, "size": 1, "gi": 4, "ci": -1}]}
+    driver.inner.state_path.write_text(json.dumps(table))
+    assert driver.instances(A100)[0].mig_uuid == ""
+    result = mgr.allocate(pending, [[f"{A100}-0"]])
+    (inst,) = driver.instances(A100)
+    assert (inst.gpu_instance_id, inst.placement, inst.mig_uuid) == (1, P(6, 1), fake_mig_uuid(A100, 1, 0))
+    assert result.envs[0]["NVIDIA_VISIBLE_DEVICES"] == inst.mig_uuid
+    assert driver.seen == [("destroy", True), ("create", True)]

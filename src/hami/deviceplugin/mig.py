@@ -318,6 +318,13 @@ class MigManager:
                 log.info("%s/%s: reusing GPU instance %d at %d+%d on %s", pod.namespace, pod.name,
                          same[0].gpu_instance_id, a.placement.start, a.placement.size, a.gpu_uuid)
                 return same[0]
+            half = [i for i in existing if i.placement == a.placement and i.slices == slices
+                    and not i.mig_uuid]
+            if half:  # a GPU instance without its compute instance (interrupted create)
+                with self.applying():
+                    for i in half:
+                        self.driver.destroy(i.gpu_uuid, i.gpu_instance_id)
+                existing = [i for i in existing if i not in half]
             blocking = [i for i in existing if i.placement.overlaps(a.placement)]
             if not blocking:
                 with self.applying():

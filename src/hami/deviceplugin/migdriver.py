@@ -233,8 +233,11 @@ class FakeMig:
         self._known(gpu_uuid)
         with self._lock:
             rows = self._load().get(gpu_uuid, [])
+        # a row with ci -1 is a GPU instance whose compute instance was never created
         return [MigInstance(gpu_uuid, int(r["slices"]), MigPlacement(int(r["start"]), int(r["size"])),
-                            int(r["gi"]), int(r["ci"]), fake_mig_uuid(gpu_uuid, int(r["gi"]), int(r["ci"])))
+                            int(r["gi"]), int(r["ci"]),
+                            fake_mig_uuid(gpu_uuid, int(r["gi"]), int(r["ci"])) if int(r["ci"]) >= 0
+                            else "")
                 for r in sorted(rows, key=lambda r: int(r["gi"]))]
 
     def create(self, gpu_uuid: str, slices: int, placement: MigPlacement) -> MigInstance:
