@@ -79,3 +79,142 @@ def test_full_gpu_is_infeasible_and_restart_reconstructs_reservations():
     assert fresh.ledger.mig_occupied("m") == {"GPU-mig": [P(0, 8)]}
     fresh.remove_pod(running["metadata"]["uid"])
     assert fresh.ledger.mig_occupied("m") == {}
+
+
+# ---------------------------------------------------------------- §6.4 fail closed
+HAMI_CORE_GPU = DeviceInfo("GPU-core", 1, 10, 40960, 100, "NVIDIA-A100-SXM4-40GB")
+
+
+def two_gpu_cluster():
+    state = ClusterState()
+    state.ledger.add_node("m", [DeviceInfo("GPU-mig", 0, 7, 40960, 100, "NVIDIA-A100-SXM4-40GB",
+                                           mode="mig", mig_profiles=A100), HAMI_CORE_GPU])
+    return state
+
+
+def running(name, allocated, mig_json=None):
+    annotations = {names.DEVICES_ALLOCATED: allocated, names.VGPU_NODE: "m",
+                   names.BIND_PHASE: "success"}
+    if mig_json is not None:
+        annotations[names.MIG_ALLOCATIONS] = mig_json
+    p = pod(name, [container(gpu=1, gpumem=3000)], annotations=annotations)
+    p["spec"]["nodeName"] = "m"
+    p["status"] = {"phase": "Running"}
+    return p
+
+
+def mig_pod_fits(state) -> bool:
+    return state.filter(pod("probe", [container(gpu=1, gpumem=3000)],
+                            annotations={"nvidia.com/vgpu-mode": "mig"})).result.node == "m"
+
+
+def test_entry_on_mig_gpu_without_reservation_fails_that_gpu_closed():
+    state = two_gpu_cluster()
+    assert mig_pod_fits(state)
+    # A pod holds the MIG GPU but its MIG annotation is missing (or did not decode): the
+    # instance geometry is unknown, so no further instance may be placed there.
+    bad = running("lost", "GPU-mig,NVIDIA,4864,15:;")
+    assert state.upsert_pod(bad)
+    assert state.ledger.mig_faults("m") == {"GPU-mig": (bad["metadata"]["uid"],)}
+    assert not mig_pod_fits(state)
+    # hami-core pods still use the other GPU
+    assert state.filter(pod("plain", [container(gpu=1, gpumem=3000)])).result.node == "m"
+    state.remove_pod(bad["metadata"]["uid"])
+    assert state.ledger.mig_faults("m") == {}
+    assert mig_pod_fits(state)
+
+
+def test_garbled_mig_annotation_is_ignored_and_fails_closed():
+    state = two_gpu_cluster()
+    assert state.upsert_pod(running("garbled", "GPU-mig,NVIDIA,4864,15:;", "[{not json"))
+    assert list(state.ledger.mig_faults("m")) == ["GPU-mig"]
+    assert not mig_pod_fits(state)
+
+
+def test_reservation_on_hami_core_gpu_marks_it_unhealthy():
+    state = two_gpu_cluster()
+    mig = ('[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-core","profile":"1g.5gb",'
+           '"placement":{"start":6,"size":1}}]')
+    assert state.upsert_pod(running("odd", "GPU-core,NVIDIA,4864,15:;", mig))
+    assert list(state.ledger.mig_faults("m")) == ["GPU-core"]
+    plain = state.filter(pod("plain", [container(gpu=1, gpumem=3000)],
+                             annotations={"nvidia.com/vgpu-mode": "hami-core"}))
+    assert plain.result.node is None
+    assert mig_pod_fits(state)  # the MIG GPU is unaffected
+
+
+def test_reservation_for_unknown_gpu_fails_every_mig_gpu_of_the_node():
+    state = two_gpu_cluster()
+    mig = ('[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-gone","profile":"1g.5gb",'
+           '"placement":{"start":6,"size":1}}]')
+    uid = running("ghost", "GPU-gone,NVIDIA,4864,15:;", mig)
+    assert state.upsert_pod(uid)
+    assert list(state.ledger.mig_faults("m")) == ["GPU-mig"]
+    assert not mig_pod_fits(state)
+    state.remove_pod(uid["metadata"]["uid"])
+    assert mig_pod_fits(state)
+
+
+def test_consistent_mig_pods_never_fail_closed_and_restart_agrees():
+    state = two_gpu_cluster()
+    placed = []
+    for i in range(3):
+        p = pod(f"m{i}", [container(gpu=1, gpumem=3000)],
+                annotations={"nvidia.com/vgpu-mode": "mig"})
+        d = state.filter(p)
+        state.commit(p, d)
+        placed.append(running(f"m{i}", d.annotations[names.DEVICES_ALLOCATED],
+                              d.annotations[names.MIG_ALLOCATIONS]))
+    assert state.ledger.mig_faults("m") == {}
+    fresh = two_gpu_cluster()
+    for p in placed:
+        assert fresh.upsert_pod(p)
+    assert fresh.ledger.mig_faults("m") == {}
+    def starts(s):
+        return sorted(p.start for p in s.ledger.mig_occupied("m")["GPU-mig"])
+    assert starts(fresh) == starts(state) == [4, 5, 6]
+
+
+# ---------------------------------------------------------------- field cases
+RTX_PRO_6000 = (
+    MigProfile("1g.24gb", 24576, 25, 1, tuple(P(s, 1) for s in range(4))),
+    MigProfile("2g.48gb", 49152, 50, 2, (P(0, 2), P(2, 2))),
+    MigProfile("4g.96gb", 98304, 100, 4, (P(0, 4),)),
+)
+
+
+def test_b18_two_instances_for_one_container_on_one_mig_gpu():
+    state = ClusterState()
+    state.ledger.add_node("node-a", [DeviceInfo("GPU-0", 0, 4, 98304, 100, "NVIDIA-RTX-PRO-6000",
+                                                mode="mig", mig_profiles=RTX_PRO_6000)])
+    p = pod("two-mig", [container(gpu=2, gpumem=20000)], annotations={"nvidia.com/vgpu-mode": "mig"})
+    d = state.filter(p)
+    assert d.result.node == "node-a"
+    allocs = decode_mig_allocations(d.annotations[names.MIG_ALLOCATIONS])
+    assert [(a.gpu_uuid, a.profile) for a in allocs] == [("GPU-0", "1g.24gb")] * 2
+    assert allocs[0].placement != allocs[1].placement
+    state.commit(p, d)
+    assert state.ledger.device_usage("node-a")[0][1] == 2  # two used slots
+    # a non-MIG request keeps "count <= physical GPUs"
+    plain = ClusterState()
+    plain.ledger.add_node("n", [DeviceInfo("GPU-1", 0, 10, 98304, 100, "NVIDIA-RTX-PRO-6000")])
+    assert plain.filter(pod("two", [container(gpu=2, gpumem=20000)])).result.node is None
+
+
+def test_b19_percentage_resolved_before_slot_choice_and_no_accounting_on_reject():
+    state = mig_cluster()
+    first = pod("active", [container(gpu=1, gpumem=19000)], annotations={"nvidia.com/vgpu-mode": "mig"})
+    d = state.filter(first)
+    assert decode_mig_allocations(d.annotations[names.MIG_ALLOCATIONS])[0].profile == "3g.20gb"
+    state.commit(first, d)
+    before = state.ledger.device_usage("m")
+    pct = pod("pct60", [container(gpu=1, gpumem_percentage=60)],
+              annotations={"nvidia.com/vgpu-mode": "mig"})
+    fail = state.filter(pct)
+    assert fail.result.node is None  # 60 % of 40960 = 24576 MiB > the free 3g.20gb slot
+    assert state.ledger.device_usage("m") == before
+    # a percentage that fits the free slot gets it, sized by the profile
+    ok = state.filter(pod("pct40", [container(gpu=1, gpumem_percentage=40)],
+                          annotations={"nvidia.com/vgpu-mode": "mig"}))
+    assert ok.result.node == "m"
+    assert ok.result.devices[0][0].used_memory_mib == 19968
