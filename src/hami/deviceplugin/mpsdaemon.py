@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -62,14 +63,23 @@ class MpsControlDaemon:
             return pid  # alive, owned by another user
         return pid
 
-    def _run(self, args: list[str], stdin: str | None) -> subprocess.CompletedProcess[str]:
-        try:
-            return subprocess.run([self.settings.control_command, *args], input=stdin,
-                                  env=self.env, capture_output=True, text=True,
-                                  timeout=self.timeout_s, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise MpsDaemonError(f"{self.settings.control_command} {' '.join(args)}: "
-                                 f"{exc}") from None
+    def _run(self, args: list[str], stdin: str | None) -> tuple[int, str]:
+        """Run the control executable; ``(exit status, stderr or stdout text)``.
+
+        Output goes to a temporary file, not a pipe: a daemon that keeps the inherited
+        descriptors open would otherwise hold the pipe and block this call."""
+        with tempfile.TemporaryFile() as out:
+            try:
+                proc = subprocess.run([self.settings.control_command, *args],
+                                      input=stdin.encode() if stdin is not None else None,
+                                      stdin=None if stdin is not None else subprocess.DEVNULL,
+                                      stdout=out, stderr=out, env=self.env,
+                                      timeout=self.timeout_s, check=False)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise MpsDaemonError(f"{self.settings.control_command} {' '.join(args)}: "
+                                     f"{exc}") from None
+            out.seek(0)
+            return proc.returncode, out.read().decode(errors="replace").strip()
 
     def _wait(self, alive: bool) -> bool:
         deadline = time.monotonic() + self.timeout_s
@@ -93,10 +103,10 @@ class MpsControlDaemon:
             log.info("MPS control daemon already running (pid %s) in %s", self.pid(),
                      self.settings.pipe_directory)
             return False
-        proc = self._run(["-d"], None)
-        if proc.returncode != 0:
-            raise MpsDaemonError(f"{self.settings.control_command} -d exited "
-                                 f"{proc.returncode}: {(proc.stderr or proc.stdout).strip()}")
+        status, output = self._run(["-d"], None)
+        if status != 0:
+            raise MpsDaemonError(f"{self.settings.control_command} -d exited {status}: "
+                                 f"{output}")
         if not self._wait(alive=True):
             raise MpsDaemonError(f"MPS control daemon wrote no live pid to {self.pid_file} "
                                  f"within {self.timeout_s:g} s")
@@ -110,9 +120,9 @@ class MpsControlDaemon:
         Raises :class:`MpsDaemonError` when it is still alive after the timeout."""
         if self.pid() is None:
             return
-        proc = self._run([], "quit\n")
-        if proc.returncode != 0:
-            log.warning("MPS quit exited %d: %s", proc.returncode, proc.stderr.strip())
+        status, output = self._run([], "quit\n")
+        if status != 0:
+            log.warning("MPS quit exited %d: %s", status, output)
         if not self._wait(alive=False):
             raise MpsDaemonError(f"MPS control daemon (pid {self.pid()}) still running "
                                  f"{self.timeout_s:g} s after quit")
