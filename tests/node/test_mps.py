@@ -158,6 +158,8 @@ def test_mps_node_registers_mode_mps_and_allocates_like_hami_core(harness: Plugi
         (f"{h}/vgpu", f"{h}/vgpu/containers/uid-p_c", False),
         ("/tmp/vgpulock", str(harness.lock_dir), False),
         ("/etc/ld.so.preload", f"{h}/vgpu/ld.so.preload", True)]
+    cache_dir = Path(f"{h}/vgpu/containers/uid-p_c")                # host side, as hami-core
+    assert cache_dir.is_dir() and (cache_dir.stat().st_mode & 0o777) == 0o777
     assert harness.kube.pods[("default", "p")].annotations[al.BIND_PHASE] == "success"
 
 
