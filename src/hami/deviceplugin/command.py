@@ -103,10 +103,12 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
     """Build and run every loop until ``stop`` is set (SIGINT/SIGTERM set it; SIGHUP
     restarts the gRPC server). ``kube_api`` replaces the lightkube client (tests)."""
     from hami.deviceplugin import allocate as al
+    from hami.deviceplugin import mps
     from hami.deviceplugin.config import apply_node_config, from_device_config
     from hami.deviceplugin.discovery import open_backend
     from hami.deviceplugin.health import policy_from_env
     from hami.deviceplugin.kube import KubeApi, make_client
+    from hami.deviceplugin.mpsdaemon import MpsControlDaemon, MpsDaemonError
     from hami.deviceplugin.service import (
         DevicePluginServicer,
         DeviceState,
@@ -120,6 +122,9 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
         cfg = apply_node_config(cfg, node_config_file.read_text(), node_name)
     gpu_backend = open_backend(backend_kind, fake_inventory)
     state = DeviceState(gpu_backend.devices(), cfg)
+    mps_daemon = None
+    if mps.active(cfg.operating_mode, cfg.mps) and cfg.mps.start_daemon:  # ours: docs/mps.md
+        mps_daemon = MpsControlDaemon(cfg.mps, [d.uuid for d in state.devices])
     kube = kube_api if isinstance(kube_api, KubeApi) else KubeApi(make_client(kubeconfig))
     if kube.client is not None:
         kube.start_node_watch(node_name, stop)
@@ -142,9 +147,16 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
     for t in threads:
         t.start()
     try:
+        if mps_daemon is not None:
+            mps_daemon.start()
         server.run(stop)
     finally:
         stop.set()
         gpu_backend.close()
+        if mps_daemon is not None and mps_daemon.started:
+            try:
+                mps_daemon.stop()
+            except MpsDaemonError as exc:
+                log.error("%s", exc)
         for t in threads:
             t.join(timeout=6)
