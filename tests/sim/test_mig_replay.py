@@ -103,7 +103,7 @@ def test_each_pod_gets_the_smallest_profile_its_memory_fits() -> None:
     pods = [TracePod("p50", 100, 100, 1, 50),     # 2048 MiB  -> 1g.5gb  (4864)
             TracePod("p110", 100, 100, 1, 110),   # 4505 MiB  -> 1g.5gb
             TracePod("p120", 100, 100, 1, 120),   # 4915 MiB  -> 2g.10gb (9984)
-            TracePod("p470", 100, 100, 1, 470),   # 19251 MiB -> 3g.20gb (20091)
+            TracePod("p470", 100, 100, 1, 470),   # 19251 MiB -> 3g.20gb (20096)
             TracePod("p500", 100, 100, 1, 500)]   # 20480 MiB -> 7g.40gb (40192)
     r = replay([TraceNode("m", 96000, 786432, 4, A100, "mig")], pods)
     profiles = {p.name: held(r, p.name)[0] for p in pods}  # type: ignore[index]

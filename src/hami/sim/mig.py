@@ -8,7 +8,8 @@ default allowlist (``hami-scheduler-spec.md`` §6.1) that a simulated cluster ca
 
 * profile names: the chart's default allowlist for the model;
 * ``memory_mib``: the GPU instance's memory as ``nvidia-smi mig -lgip`` lists it (GiB with
-  two decimals, converted to MiB);
+  two decimals, converted to MiB); the card's memory is what ``nvidia-smi`` shows, or the
+  marketed size where we have no listing (A30);
 * ``cores_percent``: ``ceil(profile SMs x 100 / SMs of the full-GPU profile)`` (spec §6.1);
 * placements: the GPU-instance placements NVML returns (``[start, start + size)`` in
   memory slices; A100/H100 have 8 slices and 7 compute slices, A30 has 4).
@@ -46,42 +47,42 @@ class MigModel:
         return max(len(p.placements) for p in self.profiles)
 
 
-def _profile(name: str, gib: float, sms: int, full_sms: int, slices: int,
+def _profile(name: str, memory_mib: int, sms: int, full_sms: int, slices: int,
              starts: tuple[int, ...], size: int) -> MigProfile:
-    return MigProfile(name, round(gib * 1024), math.ceil(sms * 100 / full_sms), slices,
+    return MigProfile(name, memory_mib, math.ceil(sms * 100 / full_sms), slices,
                       tuple(MigPlacement(s, size) for s in starts))
 
 
-def _a100_like(sizes_gib: tuple[float, float, float, float], names_: tuple[str, ...],
-               sms: tuple[int, int, int, int]) -> tuple[MigProfile, ...]:
-    """1g/2g/3g/7g on an 8-slice GPU (A100, H100, H200 ...)."""
+def _eight_slices(names_: tuple[str, str, str, str], memory_mib: tuple[int, int, int, int],
+                  sms: tuple[int, int, int, int]) -> tuple[MigProfile, ...]:
+    """1g/2g/3g/7g on an 8-slice GPU (A100, H100): 7, 3, 2 and 1 placements."""
     full = sms[3]
     return (
-        _profile(names_[0], sizes_gib[0], sms[0], full, 1, (0, 1, 2, 3, 4, 5, 6), 1),
-        _profile(names_[1], sizes_gib[1], sms[1], full, 2, (0, 2, 4), 2),
-        _profile(names_[2], sizes_gib[2], sms[2], full, 3, (0, 4), 4),
-        _profile(names_[3], sizes_gib[3], sms[3], full, 7, (0,), 8),
+        _profile(names_[0], memory_mib[0], sms[0], full, 1, (0, 1, 2, 3, 4, 5, 6), 1),
+        _profile(names_[1], memory_mib[1], sms[1], full, 2, (0, 2, 4), 2),
+        _profile(names_[2], memory_mib[2], sms[2], full, 3, (0, 4), 4),
+        _profile(names_[3], memory_mib[3], sms[3], full, 7, (0,), 8),
     )
 
 
-#: Known MIG models, most specific first (the first whose alias matches wins).
+#: Known MIG models, most specific first (the first whose alias matches wins). Memory is
+#: ``nvidia-smi mig -lgip``'s GiB (two decimals: 19.62 is 19.625 GiB) in MiB; SMs are its
+#: SM column. H100 is the H100 PCIe listing (114 SMs; card 81559 MiB as nvidia-smi shows).
 MIG_MODELS: tuple[MigModel, ...] = (
     MigModel("A100-80GB", ("A100-80GB", "A100-SXM4-80GB", "A100-PCIE-80GB", "A100 80GB"),
-             81920, _a100_like((9.5, 19.5, 39.25, 79.25),
-                               ("1g.10gb", "2g.20gb", "3g.40gb", "7g.79gb"),
-                               (14, 28, 42, 98))),
+             81920, _eight_slices(("1g.10gb", "2g.20gb", "3g.40gb", "7g.79gb"),
+                                  (9728, 19968, 40192, 80896), (14, 28, 42, 98))),
     MigModel("A100-40GB", ("A100-40GB", "A100-SXM4-40GB", "A100-PCIE-40GB", "A100 40GB"),
-             40960, _a100_like((4.75, 9.75, 19.62, 39.25),
-                               ("1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"),
-                               (14, 28, 42, 98))),
-    MigModel("H100-80GB", ("H100-80GB", "H100-SXM5-80GB", "H100-PCIE-80GB", "H100 80GB"),
-             81920, _a100_like((9.75, 19.75, 39.75, 79.25),
-                               ("1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"),
-                               (16, 32, 60, 132))),
+             40960, _eight_slices(("1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"),
+                                  (4864, 9984, 20096, 40192), (14, 28, 42, 98))),
+    MigModel("H100-80GB", ("H100-80GB", "H100-SXM5-80GB", "H100-PCIE-80GB", "H100 80GB",
+                           "H100 PCIe"),
+             81559, _eight_slices(("1g.10gb", "2g.20gb", "3g.40gb", "7g.80gb"),
+                                  (9984, 20096, 40448, 81152), (14, 30, 46, 114))),
     MigModel("A30", ("A30",), 24576, (
-        _profile("1g.6gb", 5.81, 14, 56, 1, (0, 1, 2, 3), 1),
-        _profile("2g.12gb", 11.75, 28, 56, 2, (0, 2), 2),
-        _profile("4g.24gb", 23.62, 56, 56, 4, (0,), 4),
+        _profile("1g.6gb", 5952, 14, 56, 1, (0, 1, 2, 3), 1),
+        _profile("2g.12gb", 12032, 28, 56, 2, (0, 2), 2),
+        _profile("4g.24gb", 24192, 56, 56, 4, (0,), 4),
     )),
 )
 
