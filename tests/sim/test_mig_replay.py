@@ -246,3 +246,27 @@ def test_cli_bad_node_list_is_a_one_line_error(tmp_path: Path, text: str, messag
     missing = runner.invoke(app, ["simulate", "--nodes", str(tmp_path / "nope.csv"),
                                   "--no-progress"])
     assert missing.exit_code == 2 and "trace file not found" in missing.output
+
+
+def test_cli_trace_pods_on_a_node_list_of_ones_own(tmp_path: Path) -> None:
+    """With --trace and --nodes the trace's node list is not read, and the paper's
+    reference rows (figures for the trace's own cluster) are not shown."""
+    trace = tmp_path / "openb"
+    (trace / "fgd_expected_results").mkdir(parents=True)
+    (trace / "openb_pod_list_default.csv").write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+        + "".join(f"p{i},1000,2048,1,{m}\n" for i, m in enumerate([50, 200, 470, 1000] * 5)))
+    (trace / "fgd_expected_results" / "analysis_allo_discrete.csv").write_text(
+        "workload,policy,seed,100\nopenb_pod_list_default,06-FGD,42,95.0\n")
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text(NODE_CSV)
+    result = runner.invoke(app, ["simulate", "--trace", str(trace), "--nodes", str(nodes),
+                                 "--json", "--no-progress", "--policies", "binpack/binpack"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["settings"]["source"] == "trace" and doc["settings"]["trace_pods"] == 20
+    assert "reference" not in doc
+    assert doc["policies"]["binpack/binpack"]["mig"]["instances"]["100"] > 0
+    # without --nodes the same directory needs the trace's node list
+    plain = runner.invoke(app, ["simulate", "--trace", str(trace), "--no-progress"])
+    assert plain.exit_code == 2 and "openb_node_list_gpu_node.csv" in plain.output

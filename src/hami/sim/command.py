@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hami.sim import metrics, report
+from hami.sim.mig import MIG_MODELS
 from hami.sim.replay import (
     ALL_POLICIES,
     DEFAULT_SPLIT_COUNT,
@@ -34,8 +35,10 @@ from hami.sim.trace import (
     TraceNode,
     TracePod,
     load_nodes,
+    load_pods,
     load_reference,
     load_trace,
+    pod_file,
 )
 from hami.sim.workload import DEFAULT_TUNE, prepare_workload
 
@@ -127,7 +130,8 @@ def simulate(
     nodes_file: Annotated[Path | None, typer.Option(
         "--nodes", help="Node list CSV replacing the trace's (or the synthetic) cluster: "
         "sn,cpu_milli,memory_mib,gpu,model[,mode]; mode hami-core (default) or mig "
-        "(MIG-capable models: A100-40GB, A100-80GB, H100-80GB, A30).", dir_okay=False)
+        f"(MIG-capable models: {', '.join(m.name for m in MIG_MODELS)}). See docs/simulate.md.",
+        dir_okay=False)
     ] = None,
     workload: Annotated[str, typer.Option(
         help="Pod list of the trace: default, gpushare100, multigpu50, gpuspec25, ...")
@@ -170,17 +174,25 @@ def simulate(
                              f"got {split_count}")
         if tune <= 0 or not 0 < scale <= 4:
             raise ValueError("--tune must be positive and --scale in (0, 4]")
+        nodes: list[TraceNode]
+        pods: list[TracePod]
+        reference: dict[str, dict[int, float]] = {}
+        settings: dict[str, Any]
         if trace is not None:
-            nodes, pods = load_trace(trace, workload)
+            if nodes_file is not None:  # the trace's own node list is not needed
+                if not trace.is_dir():
+                    raise TraceError(f"trace directory not found: {trace}")
+                nodes, pods = [], load_pods(pod_file(trace, workload))
+            else:  # the paper's figures are for the trace's own cluster only
+                nodes, pods = load_trace(trace, workload)
+                reference = load_reference(trace, workload)
             seed_list = parse_seeds(seeds or "42")
-            reference = load_reference(trace, workload)
-            settings: dict[str, Any] = {"source": "trace", "trace": str(trace),
-                                        "workload": workload, "scale": None}
+            settings = {"source": "trace", "trace": str(trace), "workload": workload,
+                        "scale": None}
             title = f"hami simulate: {workload} ({trace})"
         else:
             nodes, pods = synthetic_trace(scale, DEFAULT_SEED)
             seed_list = parse_seeds(seeds or "0")
-            reference = {}
             settings = {"source": "synthetic", "trace": None, "workload": "synthetic-openb",
                         "scale": scale}
             title = f"hami simulate: synthetic openb-like cluster (scale {scale:g})"
