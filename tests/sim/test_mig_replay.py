@@ -50,8 +50,9 @@ def test_profile_tables_follow_the_chart_allowlist_and_the_core_formula() -> Non
     a30 = require_mig_model("NVIDIA A30")
     assert [p.name for p in a30.profiles] == ["1g.6gb", "2g.12gb", "4g.24gb"]
     assert a30.max_instances == 4
-    assert mig_model("A100-SXM4-80GB") is not None and \
-        mig_model("A100-SXM4-80GB").name == "A100-80GB"  # type: ignore[union-attr]
+    assert require_mig_model("NVIDIA A100-SXM4-80GB").name == "A100-80GB"
+    assert require_mig_model("NVIDIA H100 PCIe").name == "H100-80GB"
+    assert mig_model("A100") is None  # ambiguous: 40 or 80 GB
     for model in MIG_MODELS:  # every profile fits its card; placements stay on the slices
         slices = 8 if model.max_instances == 7 else 4
         for p in model.profiles:
