@@ -196,7 +196,7 @@ def write_plot(path: str | Path, summary: Mapping[str, Mapping[str, Any]], title
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), dpi=110,
                              gridspec_kw={"width_ratios": [1, 1.3]})
-    colors = plt.get_cmap("tab20").colors
+    colors = plt.get_cmap("tab20")(range(20))
     lines: list[tuple[str, dict[int, float], dict[str, Any]]] = []
     for i, (policy, s) in enumerate(summary.items()):
         ours = policy == "fragmentation-aware"
