@@ -38,7 +38,12 @@ from tests.node.fakes import FakeKubelet  # noqa: E402
 from tests.node.regionfile import Proc, RegionSpec, build  # noqa: E402
 
 from hami.deviceplugin import allocate as al  # noqa: E402
-from hami.testing.controlplane import ControlPlane, create_gpu_node, free_port  # noqa: E402
+from hami.testing.controlplane import (  # noqa: E402
+    ControlPlane,
+    create_gpu_node,
+    die_with_parent,
+    free_port,
+)
 
 NODE = "bench-node"
 GPUS = [f"GPU-{i:08x}-1111-2222-3333-444444444444" for i in range(8)]
@@ -94,7 +99,8 @@ def bench_allocate(cp: ControlPlane, client: Any, work: Path, n: int) -> dict[st
             "--node-config-file", str(work / "none.json")]
     proc = subprocess.Popen([sys.executable, "-c", code, *argv],
                             env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-                            stdout=(work / "plugin.log").open("wb"), stderr=subprocess.STDOUT)
+                            stdout=(work / "plugin.log").open("wb"), stderr=subprocess.STDOUT,
+                            preexec_fn=die_with_parent)
     try:
         kubelet.wait_registered(timeout_s=30)
         kubelet.wait_list(lambda d: len(d) == 80, timeout_s=30)
@@ -163,7 +169,8 @@ def bench_monitor(cp: ControlPlane, work: Path, containers: int, scrapes: int,
                              f"127.0.0.1:{port}", "--kubeconfig", str(cp.kubeconfig)],
                             env={**os.environ, "PYTHONPATH": str(ROOT / "src"), "NODE_NAME": NODE,
                                  "HOOK_PATH": str(hook)},
-                            stdout=(work / "monitor.log").open("wb"), stderr=subprocess.STDOUT)
+                            stdout=(work / "monitor.log").open("wb"), stderr=subprocess.STDOUT,
+                            preexec_fn=die_with_parent)
     try:
         url = f"http://127.0.0.1:{port}/metrics"
         deadline = time.monotonic() + 60

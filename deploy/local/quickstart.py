@@ -164,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     bindir, helm = build_tools()
     stack = Stack(workdir)
+    # SIGTERM (e.g. `kill`, a CI timeout) stops the stack like Ctrl-C: SystemExit runs the
+    # finally below instead of leaving the apiserver and hami running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         return run(stack, workdir, bindir, helm, keep=args.keep, admin=args.admin)
     finally:

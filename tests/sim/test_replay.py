@@ -119,15 +119,28 @@ def test_synthetic_replay_is_deterministic_and_sane() -> None:
     assert 70 < a.allocation[130] <= 100
 
 
-@pytest.mark.parametrize("policy", ["binpack/binpack", "spread/spread", "binpack/spread"])
-def test_replay_decides_as_the_live_cluster_state(policy: str) -> None:
-    """The simulator's placements equal what the live path (ClusterState: admission,
-    filter, commit) decides for the same pods in the same order."""
+#: MIG-mode nodes added to the synthetic cluster (A100 40GB and A30 in MIG mode, and an
+#: A100 in hami-core mode next to them).
+MIG_NODES = [TraceNode(f"mig-a100-{i}", 96000, 786432, 8, "A100-SXM4-40GB", "mig")
+             for i in range(3)] + [
+    TraceNode("mig-a30", 64000, 262144, 4, "A30", "mig"),
+    TraceNode("core-a100", 96000, 786432, 8, "A100-SXM4-40GB")]
+
+
+@pytest.mark.parametrize(("policy", "mig"), [
+    ("binpack/binpack", False), ("spread/spread", False), ("binpack/spread", False),
+    ("binpack/binpack", True), ("spread/spread", True), ("spread/binpack", True)])
+def test_replay_decides_as_the_live_cluster_state(policy: str, mig: bool) -> None:
+    """The simulator's placements (and MIG instances) equal what the live path
+    (ClusterState: admission, filter, commit) decides for the same pods in the same
+    order."""
     from hami.core.admission import admit
     from hami.core.state import ClusterState
     from hami.sim.replay import parse_policy, pod_manifest
 
     nodes, pods = synthetic_trace(scale=0.03, seed=3)
+    if mig:
+        nodes = nodes + MIG_NODES
     wl = prepare_workload(pods, 1000 * sum(n.gpu for n in nodes), seed=5)
     dist = workload_distribution(pods)
     sim = Replayer(nodes, policy, dist)
@@ -152,7 +165,11 @@ def test_replay_decides_as_the_live_cluster_state(policy: str) -> None:
         decision = live.filter(verdict.pod)
         if decision.result.node:
             live.commit(verdict.pod, decision)
-    simulated = {p.uid: (p.node, p.devices) for p in sim.ledger.pods()}
-    decided = {p.uid: (p.node, p.devices) for p in live.ledger.pods()}
+    simulated = {p.uid: (p.node, p.devices, p.mig) for p in sim.ledger.pods()}
+    decided = {p.uid: (p.node, p.devices, p.mig) for p in live.ledger.pods()}
     assert len(simulated) > 100
     assert simulated == decided
+    assert {uid: tuple(m) for uid, m in sim.mig.items()} == live.mig
+    if mig:  # the MIG path was taken, and by more than one profile
+        assert len(sim.mig) > 5
+        assert len({a.profile for held in sim.mig.values() for a in held}) > 1

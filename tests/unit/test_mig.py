@@ -81,79 +81,143 @@ def test_full_gpu_is_infeasible_and_restart_reconstructs_reservations():
     assert fresh.ledger.mig_occupied("m") == {}
 
 
-# --- field cases B18 / B19 (scheduler side; plugin side in tests/node/test_mig_plugin.py) ---
+# ---------------------------------------------------------------- §6.4 fail closed
+HAMI_CORE_GPU = DeviceInfo("GPU-core", 1, 10, 40960, 100, "NVIDIA-A100-SXM4-40GB")
 
-def _case_node(case: dict, placements: dict[str, tuple[MigPlacement, ...]]) -> ClusterState:
-    """The case's node in mig mode; profiles from its templates (name, memory) with the
-    given placements (slice count = the ``<N>g`` prefix)."""
-    (node,) = case["scenario"]["nodes"]
-    (g,) = node["gpus"]
-    seen: dict[str, MigProfile] = {}
-    for geometry in node["mig_templates"]:
-        for t in geometry:
-            n = int(t["name"].split("g.")[0])
-            seen.setdefault(t["name"], MigProfile(t["name"], t["memory_mb"],
-                                                  100 * n // 7 or 1, n, placements[t["name"]]))
+
+def two_gpu_cluster():
     state = ClusterState()
-    state.ledger.add_node(node["name"], [DeviceInfo(g["id"], g["index"], g["split_count"],
-                                                    g["memory_mb"], g["cores"], g["type"],
-                                                    mode="mig", mig_profiles=tuple(seen.values()))])
+    state.ledger.add_node("m", [DeviceInfo("GPU-mig", 0, 7, 40960, 100, "NVIDIA-A100-SXM4-40GB",
+                                           mode="mig", mig_profiles=A100), HAMI_CORE_GPU])
     return state
 
 
-def _limits_pod(spec: dict) -> dict:
-    (c,) = spec["containers"]
-    kw = {k.split("/")[1].replace("-", "_"): v for k, v in c["limits"].items()}
-    return pod(spec["name"], [container(c["name"], **kw)], annotations=spec.get("annotations"))
+def running(name, allocated, mig_json=None):
+    annotations = {names.DEVICES_ALLOCATED: allocated, names.VGPU_NODE: "m",
+                   names.BIND_PHASE: "success"}
+    if mig_json is not None:
+        annotations[names.MIG_ALLOCATIONS] = mig_json
+    p = pod(name, [container(gpu=1, gpumem=3000)], annotations=annotations)
+    p["spec"]["nodeName"] = "m"
+    p["status"] = {"phase": "Running"}
+    return p
 
 
-def test_b18_two_instances_for_one_container_on_one_mig_gpu(field_cases):
-    case = field_cases["B18"]
-    state = _case_node(case, {"1g.24gb": tuple(P(s, 1) for s in range(4)),
-                              "2g.48gb": (P(0, 2), P(2, 2)), "4g.96gb": (P(0, 4),)})
-    p = _limits_pod(case["scenario"]["pods"][0])
+def mig_pod_fits(state) -> bool:
+    return state.filter(pod("probe", [container(gpu=1, gpumem=3000)],
+                            annotations={"nvidia.com/vgpu-mode": "mig"})).result.node == "m"
+
+
+def test_entry_on_mig_gpu_without_reservation_fails_that_gpu_closed():
+    state = two_gpu_cluster()
+    assert mig_pod_fits(state)
+    # A pod holds the MIG GPU but its MIG annotation is missing (or did not decode): the
+    # instance geometry is unknown, so no further instance may be placed there.
+    bad = running("lost", "GPU-mig,NVIDIA,4864,15:;")
+    assert state.upsert_pod(bad)
+    assert state.ledger.mig_faults("m") == {"GPU-mig": (bad["metadata"]["uid"],)}
+    assert not mig_pod_fits(state)
+    # hami-core pods still use the other GPU
+    assert state.filter(pod("plain", [container(gpu=1, gpumem=3000)])).result.node == "m"
+    state.remove_pod(bad["metadata"]["uid"])
+    assert state.ledger.mig_faults("m") == {}
+    assert mig_pod_fits(state)
+
+
+def test_garbled_mig_annotation_is_ignored_and_fails_closed():
+    state = two_gpu_cluster()
+    assert state.upsert_pod(running("garbled", "GPU-mig,NVIDIA,4864,15:;", "[{not json"))
+    assert list(state.ledger.mig_faults("m")) == ["GPU-mig"]
+    assert not mig_pod_fits(state)
+
+
+def test_reservation_on_hami_core_gpu_marks_it_unhealthy():
+    state = two_gpu_cluster()
+    mig = ('[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-core","profile":"1g.5gb",'
+           '"placement":{"start":6,"size":1}}]')
+    assert state.upsert_pod(running("odd", "GPU-core,NVIDIA,4864,15:;", mig))
+    assert list(state.ledger.mig_faults("m")) == ["GPU-core"]
+    plain = state.filter(pod("plain", [container(gpu=1, gpumem=3000)],
+                             annotations={"nvidia.com/vgpu-mode": "hami-core"}))
+    assert plain.result.node is None
+    assert mig_pod_fits(state)  # the MIG GPU is unaffected
+
+
+def test_reservation_for_unknown_gpu_fails_every_mig_gpu_of_the_node():
+    state = two_gpu_cluster()
+    mig = ('[{"containerIndex":0,"deviceIndex":0,"gpuUUID":"GPU-gone","profile":"1g.5gb",'
+           '"placement":{"start":6,"size":1}}]')
+    uid = running("ghost", "GPU-gone,NVIDIA,4864,15:;", mig)
+    assert state.upsert_pod(uid)
+    assert list(state.ledger.mig_faults("m")) == ["GPU-mig"]
+    assert not mig_pod_fits(state)
+    state.remove_pod(uid["metadata"]["uid"])
+    assert mig_pod_fits(state)
+
+
+def test_consistent_mig_pods_never_fail_closed_and_restart_agrees():
+    state = two_gpu_cluster()
+    placed = []
+    for i in range(3):
+        p = pod(f"m{i}", [container(gpu=1, gpumem=3000)],
+                annotations={"nvidia.com/vgpu-mode": "mig"})
+        d = state.filter(p)
+        state.commit(p, d)
+        placed.append(running(f"m{i}", d.annotations[names.DEVICES_ALLOCATED],
+                              d.annotations[names.MIG_ALLOCATIONS]))
+    assert state.ledger.mig_faults("m") == {}
+    fresh = two_gpu_cluster()
+    for p in placed:
+        assert fresh.upsert_pod(p)
+    assert fresh.ledger.mig_faults("m") == {}
+    def starts(s):
+        return sorted(p.start for p in s.ledger.mig_occupied("m")["GPU-mig"])
+    assert starts(fresh) == starts(state) == [4, 5, 6]
+
+
+# ---------------------------------------------------------------- field cases
+RTX_PRO_6000 = (
+    MigProfile("1g.24gb", 24576, 25, 1, tuple(P(s, 1) for s in range(4))),
+    MigProfile("2g.48gb", 49152, 50, 2, (P(0, 2), P(2, 2))),
+    MigProfile("4g.96gb", 98304, 100, 4, (P(0, 4),)),
+)
+
+
+def test_b18_two_instances_for_one_container_on_one_mig_gpu():
+    state = ClusterState()
+    state.ledger.add_node("node-a", [DeviceInfo("GPU-0", 0, 4, 98304, 100, "NVIDIA-RTX-PRO-6000",
+                                                mode="mig", mig_profiles=RTX_PRO_6000)])
+    p = pod("two-mig", [container(gpu=2, gpumem=20000)], annotations={"nvidia.com/vgpu-mode": "mig"})
     d = state.filter(p)
-    assert d.result.node == "node-a"                # gpu=2 > 1 physical GPU: still placed
+    assert d.result.node == "node-a"
     allocs = decode_mig_allocations(d.annotations[names.MIG_ALLOCATIONS])
     assert [(a.gpu_uuid, a.profile) for a in allocs] == [("GPU-0", "1g.24gb")] * 2
     assert allocs[0].placement != allocs[1].placement
-    assert not allocs[0].placement.overlaps(allocs[1].placement)
     state.commit(p, d)
-    ((_, used_slots, used_mem, _),) = state.ledger.device_usage("node-a")
-    assert (used_slots, used_mem) == (2, 2 * 24576)
-    # the variant without the vgpu-mode annotation schedules the same way
-    spec = dict(case["scenario"]["pods"][0], annotations={}, name="no-annotation")
-    assert state.filter(_limits_pod(spec)).result.node == "node-a"
-    # non-MIG requests keep "count <= physical GPUs"
+    assert state.ledger.device_usage("node-a")[0][1] == 2  # two used slots
+    # the case's variant: without the vgpu-mode annotation it schedules the same way
+    assert state.filter(pod("no-annotation", [container(gpu=2, gpumem=20000)])).result.node == "node-a"
+    # a non-MIG request keeps "count <= physical GPUs"
     plain = ClusterState()
-    plain.ledger.add_node("n", [DeviceInfo("GPU-0", 0, 10, 98304, 100, "NVIDIA-RTX-PRO-6000",
-                                           mode="hami-core")])
+    plain.ledger.add_node("n", [DeviceInfo("GPU-1", 0, 10, 98304, 100, "NVIDIA-RTX-PRO-6000")])
     assert plain.filter(pod("two", [container(gpu=2, gpumem=20000)])).result.node is None
 
 
-def test_b19_percentage_resolved_before_slot_comparison_no_accounting_on_reject(field_cases):
-    case = field_cases["B19"]
-    a100 = {"1g.5gb": tuple(P(s, 1) for s in range(7)), "2g.10gb": (P(0, 2), P(2, 2), P(4, 2)),
-            "3g.20gb": (P(0, 4), P(4, 4)), "7g.40gb": (P(0, 8),)}
-    state = _case_node(case, a100)
-    # the existing allocation: one 3g.20gb instance in use (20480 MB, one slot)
-    existing = pod("existing", [container(gpu=1, gpumem=20000)])
-    d = state.filter(existing)
+def test_b19_percentage_resolved_before_slot_choice_and_no_accounting_on_reject():
+    state = mig_cluster()
+    first = pod("active", [container(gpu=1, gpumem=19000)], annotations={"nvidia.com/vgpu-mode": "mig"})
+    d = state.filter(first)
     assert decode_mig_allocations(d.annotations[names.MIG_ALLOCATIONS])[0].profile == "3g.20gb"
-    state.commit(existing, d)
-    before = state.ledger.device_usage("node-a")
-    assert [(s, m) for _, s, m, _ in before] == [(1, 20480)]
-    pct60 = _limits_pod(case["scenario"]["pods"][0])
-    rejected = state.filter(pct60)
-    assert rejected.result.node is None             # 60% = 24576 MB > the free 3g.20gb slot
-    assert state.commit(pct60, rejected) is None
-    assert state.ledger.device_usage("node-a") == before
-    assert state.ledger.mig_occupied("node-a") == {"GPU-0": [P(4, 4)]}
-    # the percentage is resolved before comparing: 40% (16384 MB) takes the 3g.20gb slot,
-    # not the 1g.5gb an unresolved 0 MB request would get
-    pct40 = pod("pct40", [container(gpu=1, gpumem_percentage=40)],
-                annotations={"nvidia.com/vgpu-mode": "mig"})
-    d40 = state.filter(pct40)
-    (a,) = decode_mig_allocations(d40.annotations[names.MIG_ALLOCATIONS])
-    assert (a.profile, a.placement) == ("3g.20gb", P(0, 4))
-    assert d40.result.devices[0][0].used_memory_mib == 20480
+    state.commit(first, d)
+    before = state.ledger.device_usage("m")
+    pct = pod("pct60", [container(gpu=1, gpumem_percentage=60)],
+              annotations={"nvidia.com/vgpu-mode": "mig"})
+    fail = state.filter(pct)
+    assert fail.result.node is None  # 60 % of 40960 = 24576 MiB > the free 3g.20gb slot
+    assert state.ledger.device_usage("m") == before
+    assert state.ledger.mig_occupied("m") == {"GPU-mig": [P(4, 4)]}  # no reservation either
+    # a percentage that fits the free slot gets it, sized by the profile
+    ok = state.filter(pod("pct40", [container(gpu=1, gpumem_percentage=40)],
+                          annotations={"nvidia.com/vgpu-mode": "mig"}))
+    assert ok.result.node == "m"
+    assert ok.result.devices[0][0].used_memory_mib == 19968

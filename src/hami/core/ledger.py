@@ -80,7 +80,10 @@ class UsageLedger:
         self._ncap = capacity
         for name in DEVICE_FIELDS:
             setattr(self, name, np.zeros(capacity, dtype=np.int64))
+        #: Usable: registered healthy and not failed closed by a MIG mismatch (§6.4).
         self.healthy: BoolArray = np.zeros(capacity, dtype=np.bool_)
+        #: As registered by the device plugin.
+        self.registered_healthy: BoolArray = np.zeros(capacity, dtype=np.bool_)
         self.mig_mode: BoolArray = np.zeros(capacity, dtype=np.bool_)
         for name in NODE_FIELDS:
             setattr(self, name, np.zeros(capacity, dtype=np.int64))
@@ -92,6 +95,8 @@ class UsageLedger:
         self._pods_on: dict[str, set[str]] = {}
         self._types: dict[str, int] = {}
         self._mig: dict[int, list[tuple[str, MigPlacement]]] = {}
+        #: Device index -> uids of the pods whose MIG records disagree with it (§6.4).
+        self._mig_faults: dict[int, set[str]] = {}
         self.type_names: list[str] = []
         self.version = 0
         #: Bumped on every pod addition or removal (cheap "has the mix changed" signal).
@@ -184,7 +189,8 @@ class UsageLedger:
                 self._grow(NODE_FIELDS, ("node_active",), self._ncap)
         while self.size + len(devices) > self._dcap:
             self._dcap *= 2
-            self._grow(DEVICE_FIELDS, ("healthy", "mig_mode"), self._dcap)
+            self._grow(DEVICE_FIELDS, ("healthy", "registered_healthy", "mig_mode"),
+                       self._dcap)
         entry = NodeEntry(name, index, devices, self.size, dict(annotations or {}))
         for i, dev in enumerate(devices):
             d = self.size + i
@@ -196,7 +202,7 @@ class UsageLedger:
             self.node_of[d] = index
             self.numa[d] = dev.numa
             self.type_id[d] = self.type_index(dev.type)
-            self.healthy[d] = dev.health
+            self.healthy[d] = self.registered_healthy[d] = dev.health
             self.mig_mode[d] = dev.mode == "mig"
         self.size += len(devices)
         self._nodes[name] = entry
@@ -222,7 +228,8 @@ class UsageLedger:
         span = slice(entry.offset, entry.offset + len(entry.devices))
         for d in range(span.start, span.stop):
             self._mig.pop(d, None)
-        self.healthy[span] = False
+            self._mig_faults.pop(d, None)
+        self.healthy[span] = self.registered_healthy[span] = False
         self.node_of[span] = -1
         self.split_count[span] = 0
 
@@ -323,14 +330,62 @@ class UsageLedger:
                 held.append((entry.uid, placement))
             else:
                 held.remove((entry.uid, placement))
+        if entry.mig or self.mig_mode[node.offset:node.offset + len(node.devices)].any():
+            for d in self._mig_mismatches(entry, node):
+                faulted = self._mig_faults.setdefault(d, set())
+                if sign > 0:
+                    faulted.add(entry.uid)
+                else:
+                    faulted.discard(entry.uid)
+                    if not faulted:
+                        del self._mig_faults[d]
+                self.healthy[d] = bool(self.registered_healthy[d]) and d not in self._mig_faults
+
+    def _mig_mismatches(self, entry: PodEntry, node: NodeEntry) -> set[int]:
+        """Devices of ``node`` that ``entry``'s MIG records make unusable (spec §6.4).
+
+        HAMi pairs each of the pod's device entries on a GPU with one of its MIG
+        reservations there and fails closed when they disagree, because the GPU's
+        instance geometry is then unknown: an entry on a ``mig`` GPU without a
+        reservation, or a reservation on a GPU that is not in ``mig`` mode, marks that GPU
+        unhealthy; a reservation for a GPU the node does not have marks every ``mig`` GPU
+        of the node. Extra reservations on a ``mig`` GPU are simply held.
+        """
+        reservations: dict[str, int] = {}
+        for uuid, _ in entry.mig:
+            reservations[uuid] = reservations.get(uuid, 0) + 1
+        entries: dict[str, int] = {}
+        for ctr in entry.devices:
+            for dev in ctr:
+                entries[dev.uuid] = entries.get(dev.uuid, 0) + 1
+        out: set[int] = set()
+        for uuid in reservations.keys() | entries.keys():
+            d = node.position.get(uuid)
+            if d is None:
+                if reservations.get(uuid):
+                    out.update(node.offset + i for i, dev in enumerate(node.devices)
+                               if dev.mode == "mig")
+            elif self.mig_mode[d]:
+                if entries.get(uuid, 0) > reservations.get(uuid, 0):
+                    out.add(d)
+            elif reservations.get(uuid):
+                out.add(d)
+        return out
 
     # --------------------------------------------------------------- queries
     def device_usage(self, name: str) -> list[tuple[DeviceInfo, int, int, int]]:
         """``(device, used_slots, used_memory_mib, used_cores)`` for each GPU of a node."""
         entry = self._nodes[name]
         o = entry.offset
-        return [(dev, int(self.used_slots[o + i]), int(self.used_memory_mib[o + i]),
+        return [(replace(dev, health=False) if o + i in self._mig_faults else dev,
+                 int(self.used_slots[o + i]), int(self.used_memory_mib[o + i]),
                  int(self.used_cores[o + i])) for i, dev in enumerate(entry.devices)]
+
+    def mig_faults(self, name: str) -> dict[str, tuple[str, ...]]:
+        """GPUs of a node failed closed by MIG mismatches: UUID -> the pod uids (§6.4)."""
+        entry = self._nodes[name]
+        return {dev.uuid: tuple(sorted(self._mig_faults[entry.offset + i]))
+                for i, dev in enumerate(entry.devices) if entry.offset + i in self._mig_faults}
 
     def mig_occupied(self, name: str) -> dict[str, list[MigPlacement]]:
         """MIG placements in use per GPU UUID of a node (only GPUs that have some)."""

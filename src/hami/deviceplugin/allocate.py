@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from hami.core.codec import CodecError, decode_pod_devices, encode_pod_devices
 from hami.core.model import ContainerDevice, PodSingleDevice
+from hami.deviceplugin import mps
 from hami.deviceplugin.config import PluginConfig
 
 DEVICES_TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
@@ -249,7 +250,9 @@ def go_parse_bool_true(value: str | None) -> bool:
 
 def container_plan(devices: Sequence[ContainerDevice], pod: PodView, entry_index: int,
                    cfg: PluginConfig, node: NodeSettings, cache_name: str) -> ContainerPlan:
-    """Envs, mounts and host dirs for one container (exact strings of spec §B.5).
+    """Envs, mounts and host dirs for one container (exact strings of spec §B.5; in
+    mode ``mps`` with our MPS plumbing enabled, plus :func:`hami.deviceplugin.mps.client_env`
+    and its mounts after HAMi's).
 
     ``cache_name`` is the random UUIDv4 of ``CUDA_DEVICE_MEMORY_SHARED_CACHE``.
     Raises :class:`AllocateError` when the entry has no matching container.
@@ -290,6 +293,9 @@ def container_plan(devices: Sequence[ContainerDevice], pod: PodView, entry_index
     if node.license:
         mounts.append(Mount("/tmp/license", f"{vgpu}/license", True))
         mounts.append(Mount("/usr/bin/vgpuvalidator", f"{vgpu}/vgpuvalidator", True))
+    if mps.active(cfg.operating_mode, cfg.mps):  # ours, opt-in: docs/mps.md
+        envs.update(mps.client_env(devices, cfg.mps))
+        mounts.extend(Mount(*m) for m in mps.client_mounts(cfg.mps))
     return ContainerPlan(envs, tuple(mounts), (cache_dir, node.lock_dir), entry_index,
                          ctr.name, tuple(devices))
 

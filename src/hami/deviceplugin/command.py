@@ -113,10 +113,12 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
     when mig mode has no ``migProfileAllowlist``."""
     from hami.deviceplugin import allocate as al
     from hami.deviceplugin import mig as migmod
+    from hami.deviceplugin import mps
     from hami.deviceplugin.config import PluginConfigError, apply_node_config, from_device_config
     from hami.deviceplugin.discovery import open_backend
     from hami.deviceplugin.health import policy_from_env
     from hami.deviceplugin.kube import KubeApi, make_client
+    from hami.deviceplugin.mpsdaemon import MpsControlDaemon, MpsDaemonError
     from hami.deviceplugin.service import (
         DevicePluginServicer,
         DeviceState,
@@ -144,6 +146,9 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
         state = DeviceState(gpus, cfg, profiles)
     else:
         state = DeviceState(gpus, cfg)
+    mps_daemon = None
+    if mps.active(cfg.operating_mode, cfg.mps) and cfg.mps.start_daemon:  # ours: docs/mps.md
+        mps_daemon = MpsControlDaemon(cfg.mps, [d.uuid for d in state.devices])
     if kube.client is not None:
         kube.start_node_watch(node_name, stop)
     vgpu = Path(hook_path) / "vgpu"
@@ -153,6 +158,7 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
     servicer = DevicePluginServicer(state, kube, node_name, settings, stop)
     servicer.mig = mig_manager
     server = PluginServer(servicer, plugin_dir, kubelet_socket, cfg.resource_name)
+
     def paused() -> bool:
         return mig_manager is not None and migmod.apply_lock_held(lock_path)
 
@@ -175,9 +181,16 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
     for t in threads:
         t.start()
     try:
+        if mps_daemon is not None:
+            mps_daemon.start()
         server.run(stop)
     finally:
         stop.set()
         gpu_backend.close()
+        if mps_daemon is not None and mps_daemon.started:
+            try:
+                mps_daemon.stop()
+            except MpsDaemonError as exc:
+                log.error("%s", exc)
         for t in threads:
             t.join(timeout=6)

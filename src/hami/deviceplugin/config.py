@@ -13,6 +13,8 @@ from typing import Any
 
 import yaml
 
+from hami.deviceplugin.mps import MpsConfigError, MpsSettings, parse_settings
+
 MODE_HAMI_CORE = "hami-core"
 MODES = ("hami-core", "mig", "mps")
 
@@ -84,6 +86,8 @@ class PluginConfig:
     filter_indices: frozenset[int] = field(default_factory=frozenset)
     enable_get_preferred_allocation: bool = False
     mig_allowlist: tuple[MigAllowEntry, ...] = ()
+    #: Our opt-in MPS plumbing (node config ``mps``; :mod:`hami.deviceplugin.mps`).
+    mps: MpsSettings = field(default_factory=MpsSettings)
 
     @property
     def oversubscribed(self) -> bool:
@@ -161,7 +165,9 @@ def apply_node_config(base: PluginConfig, text: str | None, node_name: str) -> P
 
     Non-zero / non-empty values win (HAMi's ``readFromConfigFile``); an absent file or an
     absent entry leaves ``base`` unchanged. ``operatingmode`` must be one of
-    ``hami-core|mig|mps``. Raises :class:`PluginConfigError`.
+    ``hami-core|mig|mps``. ``mps`` (ours, not HAMi's) is parsed by
+    :func:`hami.deviceplugin.mps.parse_settings` and needs ``operatingmode: mps`` when
+    enabled. Raises :class:`PluginConfigError`.
     """
     if not text:
         return base
@@ -214,5 +220,14 @@ def apply_node_config(base: PluginConfig, text: str | None, node_name: str) -> P
             changes["filter_uuids"] = frozenset(uuids)
         if indices:
             changes["filter_indices"] = frozenset(indices)
+        if "mps" in entry:
+            try:
+                changes["mps"] = parse_settings(entry["mps"])
+            except MpsConfigError as exc:
+                raise PluginConfigError(str(exc)) from None
+            if changes["mps"].enabled and changes.get("operating_mode",
+                                                      base.operating_mode) != "mps":
+                raise PluginConfigError("mps.enabled needs operatingmode \"mps\" on the "
+                                        "same node")
         return replace(base, **changes)
     return base

@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from hami.sim import metrics, report
+from hami.sim.mig import MIG_MODELS
 from hami.sim.replay import (
     ALL_POLICIES,
     DEFAULT_SPLIT_COUNT,
@@ -29,7 +30,16 @@ from hami.sim.replay import (
     workload_distribution,
 )
 from hami.sim.synthetic import DEFAULT_SCALE, DEFAULT_SEED, synthetic_trace
-from hami.sim.trace import TraceError, TraceNode, TracePod, load_reference, load_trace
+from hami.sim.trace import (
+    TraceError,
+    TraceNode,
+    TracePod,
+    load_nodes,
+    load_pods,
+    load_reference,
+    load_trace,
+    pod_file,
+)
 from hami.sim.workload import DEFAULT_TUNE, prepare_workload
 
 #: Where the project keeps the trace (relative to the repository root); never committed.
@@ -117,6 +127,12 @@ def simulate(
     trace: Annotated[Path | None, typer.Option(
         "--trace", help="Trace directory (openb CSVs). Omit to run the embedded synthetic "
         "openb-like default.", file_okay=False)] = None,
+    nodes_file: Annotated[Path | None, typer.Option(
+        "--nodes", help="Node list CSV replacing the trace's (or the synthetic) cluster: "
+        "sn,cpu_milli,memory_mib,gpu,model[,mode]; mode hami-core (default) or mig "
+        f"(MIG-capable models: {', '.join(m.name for m in MIG_MODELS)}). See docs/simulate.md.",
+        dir_okay=False)
+    ] = None,
     workload: Annotated[str, typer.Option(
         help="Pod list of the trace: default, gpushare100, multigpu50, gpuspec25, ...")
     ] = "default",
@@ -158,20 +174,34 @@ def simulate(
                              f"got {split_count}")
         if tune <= 0 or not 0 < scale <= 4:
             raise ValueError("--tune must be positive and --scale in (0, 4]")
+        nodes: list[TraceNode]
+        pods: list[TracePod]
+        reference: dict[str, dict[int, float]] = {}
+        settings: dict[str, Any]
         if trace is not None:
-            nodes, pods = load_trace(trace, workload)
+            if nodes_file is not None:  # the trace's own node list is not needed
+                if not trace.is_dir():
+                    raise TraceError(f"trace directory not found: {trace}")
+                nodes, pods = [], load_pods(pod_file(trace, workload))
+            else:  # the paper's figures are for the trace's own cluster only
+                nodes, pods = load_trace(trace, workload)
+                reference = load_reference(trace, workload)
             seed_list = parse_seeds(seeds or "42")
-            reference = load_reference(trace, workload)
-            settings: dict[str, Any] = {"source": "trace", "trace": str(trace),
-                                        "workload": workload, "scale": None}
+            settings = {"source": "trace", "trace": str(trace), "workload": workload,
+                        "scale": None}
             title = f"hami simulate: {workload} ({trace})"
         else:
             nodes, pods = synthetic_trace(scale, DEFAULT_SEED)
             seed_list = parse_seeds(seeds or "0")
-            reference = {}
             settings = {"source": "synthetic", "trace": None, "workload": "synthetic-openb",
                         "scale": scale}
             title = f"hami simulate: synthetic openb-like cluster (scale {scale:g})"
+        if nodes_file is not None:
+            nodes = load_nodes(nodes_file)
+            if not any(n.gpu for n in nodes):
+                raise ValueError(f"--nodes: {nodes_file} has no GPU node")
+            settings["node_file"] = str(nodes_file)
+            title += f", nodes from {nodes_file.name}"
     except (TraceError, ValueError) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from None
@@ -179,6 +209,9 @@ def simulate(
     settings.update({"seeds": seed_list, "policies": policy_list, "split_count": split_count,
                      "tune": tune, "nodes": len(nodes), "gpus": sum(n.gpu for n in nodes),
                      "trace_pods": len(pods)})
+    mig_gpus = sum(n.gpu for n in nodes if n.mode == "mig")
+    if mig_gpus:
+        settings["mig_gpus"] = mig_gpus
     show = progress_bar and (err.is_terminal or not json_out)
     if show:
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -194,9 +227,11 @@ def simulate(
     else:
         out = Console() if Console().is_terminal else Console(width=140)
         report.render_table(summary, points, title, reference, console=out)
+        report.render_mig_table(summary, console=out)
         out.print(f"{len(nodes)} nodes, {settings['gpus']} GPUs, {len(pods)} trace pods "
                   f"inflated to {tune:g}x capacity; seeds {', '.join(map(str, seed_list))}; "
-                  f"split count {split_count}.")
+                  f"split count {split_count}"
+                  + (f"; {mig_gpus} GPUs in MIG mode." if mig_gpus else "."))
     if plot is not None:
         path = report.write_plot(plot, summary, title, reference)
         err.print(f"plot written to {path}")

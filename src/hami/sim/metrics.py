@@ -34,10 +34,15 @@ def capacity_milli(ledger: UsageLedger) -> int:
 
 
 def allocated_milli(ledger: UsageLedger) -> int:
-    """GPU booked by pods, milli-GPU: used cores over card cores, summed (1000 per card)."""
+    """GPU booked by pods, milli-GPU: used cores over card cores, summed (1000 per card).
+
+    A card counts at most 1000: MIG profiles' cores are rounded up (spec §6.1), so seven
+    ``1g`` instances of an A100 book 105 of its 100 cores.
+    """
     n = ledger.size
     total = np.maximum(ledger.total_cores[:n], 1)
-    return int((ledger.used_cores[:n] * 1000 // total).sum())
+    used = np.minimum(ledger.used_cores[:n], ledger.total_cores[:n])
+    return int((used * 1000 // total).sum())
 
 
 def allocation_percent(ledger: UsageLedger, capacity: int | None = None) -> float:
@@ -106,4 +111,32 @@ def summarize(results: Sequence[Any], points: Sequence[int]) -> dict[str, dict[s
             "pods": float(np.median([r.pods for r in mine])),
             "seconds": float(np.median([r.seconds for r in mine])),
         }
+        if any(r.mig_final is not None for r in mine):
+            out[policy]["mig"] = summarize_mig(mine, points)
     return out
+
+
+def summarize_mig(results: Sequence[Any], points: Sequence[int]) -> dict[str, Any]:
+    """Median over seeds of the MIG-mode GPUs' usage (:class:`~hami.sim.replay.MigUsage`).
+
+    Returns ``gpus``; per point of ``points`` ``instances``, ``pods``,
+    ``unallocated_cores`` and ``unallocated_memory`` (%, NaN where the point was never
+    reached); ``profiles``: median instances per profile name at the end of the replay.
+    """
+    def median(values: Iterable[float]) -> float:
+        finite = [v for v in values if not math.isnan(v)]
+        return float(np.median(finite)) if finite else float("nan")
+
+    def at(point: int, attr: str) -> float:
+        return median(float(getattr(r.mig[point], attr)) for r in results if point in r.mig)
+
+    finals = [r.mig_final for r in results if r.mig_final is not None]
+    names = sorted({name for f in finals for name in f.profiles})
+    return {
+        "gpus": finals[0].gpus if finals else 0,
+        "instances": {p: at(p, "instances") for p in points},
+        "pods": {p: at(p, "pods") for p in points},
+        "unallocated_cores": {p: at(p, "unallocated_cores_percent") for p in points},
+        "unallocated_memory": {p: at(p, "unallocated_memory_percent") for p in points},
+        "profiles": {n: median(float(f.profiles.get(n, 0)) for f in finals) for n in names},
+    }

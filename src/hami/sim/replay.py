@@ -20,6 +20,13 @@ with the fragmentation-aware order that knows the trace's workload and ``explain
 (the simulator reports no per-node reasons, so none are computed for nodes the
 prefilter already excluded).
 
+MIG-mode nodes (a node list's ``mode`` column, :mod:`hami.sim.mig`) register their GPUs
+as the device plugin does in MIG mode; a pod's memory percentage is resolved on the card's
+memory and the filter picks the smallest MIG profile with at least that much memory and a
+free placement (spec §6.2, §6.3). The grant is charged with the profile's memory and cores
+and its placement is reserved on the GPU, exactly as
+:meth:`hami.core.state.ClusterState.commit` charges it, so two instances never overlap.
+
 CPU-only pods pass through HAMi's filter untouched; kube-scheduler places them. For the
 HAMi policies we emulate its default scoring (``NodeResourcesFit`` LeastAllocated: the
 node with the largest mean free fraction of CPU and memory); the fragmentation-aware
@@ -38,6 +45,7 @@ import numpy.typing as npt
 
 from hami.api import names
 from hami.core.admission import admit
+from hami.core.codec import MigAllocation
 from hami.core.config import NvidiaConfig, SchedulerConfig, SchedulingPolicy
 from hami.core.filter import filter_pod
 from hami.core.fragmentation import FragmentationScorer, Placement, WorkloadDistribution
@@ -45,6 +53,7 @@ from hami.core.ledger import UsageLedger
 from hami.core.model import DeviceInfo, PodRequest
 from hami.core.request import pod_request
 from hami.sim import metrics
+from hami.sim.mig import mig_device, mig_model, require_mig_model
 from hami.sim.trace import TraceNode, TracePod
 
 FloatArray = npt.NDArray[np.float64]
@@ -95,16 +104,37 @@ def parse_policy(policy: str) -> SchedulingPolicy:
     return SchedulingPolicy(node, gpu)
 
 
+def gpu_memory_mib(model: str, gpu_memory: dict[str, int] | None = None) -> int:
+    """Card memory of a trace GPU model, MiB: :data:`GPU_MEMORY_MIB` (or ``gpu_memory``),
+    then a MIG-capable model's card memory, else :data:`DEFAULT_GPU_MEMORY_MIB`."""
+    memory = gpu_memory or GPU_MEMORY_MIB
+    if model in memory:
+        return memory[model]
+    mig = mig_model(model)
+    return mig.card_memory_mib if mig is not None else DEFAULT_GPU_MEMORY_MIB
+
+
 def build_ledger(nodes: Sequence[TraceNode], split_count: int = DEFAULT_SPLIT_COUNT,
                  gpu_memory: dict[str, int] | None = None) -> UsageLedger:
-    """A ledger holding every GPU node, with CPU and memory capacity checked."""
-    memory = gpu_memory or GPU_MEMORY_MIB
+    """A ledger holding every GPU node, with CPU and memory capacity checked.
+
+    A ``hami-core`` node's GPUs take ``split_count`` tasks each; a ``mig`` node's GPUs are
+    MIG-mode devices with their model's profiles (:func:`hami.sim.mig.mig_device`).
+
+    Raises:
+        hami.sim.mig.MigModelError: a ``mig`` node whose model has no MIG profiles.
+    """
     ledger = UsageLedger(capacity=max(64, sum(n.gpu for n in nodes)))
     for node in nodes:
-        mib = memory.get(node.model, DEFAULT_GPU_MEMORY_MIB)
-        devices = [DeviceInfo(uuid=f"{node.name}-gpu{i}", index=i, split_count=split_count,
-                              memory_mib=mib, cores_percent=100,
-                              type=device_type(node.model)) for i in range(node.gpu)]
+        if node.mode == names.MODE_MIG:
+            model = require_mig_model(node.model, node.name)
+            devices = [mig_device(f"{node.name}-gpu{i}", i, device_type(node.model), model)
+                       for i in range(node.gpu)]
+        else:
+            mib = gpu_memory_mib(node.model, gpu_memory)
+            devices = [DeviceInfo(uuid=f"{node.name}-gpu{i}", index=i,
+                                  split_count=split_count, memory_mib=mib, cores_percent=100,
+                                  type=device_type(node.model)) for i in range(node.gpu)]
         ledger.add_node(node.name, devices, cpu_milli=node.cpu_milli,
                         memory_mib=node.memory_mib)
     return ledger
@@ -156,6 +186,25 @@ class _Shapes:
         return dataclasses.replace(template, name=pod.name, uid=pod.name)
 
 
+@dataclass(frozen=True, slots=True)
+class MigUsage:
+    """How the cluster's MIG-mode GPUs are used at one moment.
+
+    ``instances`` MIG instances are held by ``pods`` pods (``profiles``: instances per
+    profile name). The unallocated shares are over the MIG GPUs only, counted on what the
+    instances really take: the profiles' cores (``core`` of spec §6.1, a card is 100;
+    capped at the card, since seven rounded-up ``1g`` shares of an A100 add up to 105)
+    and the profiles' memory (MiB) against the cards' memory.
+    """
+
+    gpus: int
+    instances: int
+    pods: int
+    unallocated_cores_percent: float
+    unallocated_memory_percent: float
+    profiles: dict[str, int] = field(default_factory=dict)
+
+
 @dataclass
 class ReplayResult:
     """One policy x one seed.
@@ -163,7 +212,9 @@ class ReplayResult:
     ``allocation[x]`` is the GPU allocation ratio (% of capacity) when arrived demand
     first reaches ``x`` % (x in :data:`CURVE_POINTS`; NaN if never reached);
     ``fragmentation[x]`` the cluster's expected fragmentation, % of capacity, at the
-    :data:`REPORT_POINTS`.
+    :data:`REPORT_POINTS`. With MIG-mode nodes, ``mig[x]`` is their :class:`MigUsage` at
+    the :data:`REPORT_POINTS` and ``mig_final`` at the end of the replay (both empty/None
+    without MIG nodes).
     """
 
     policy: str
@@ -175,6 +226,8 @@ class ReplayResult:
     allocation: dict[int, float]
     fragmentation: dict[int, float]
     seconds: float = 0.0
+    mig: dict[int, MigUsage] = field(default_factory=dict)
+    mig_final: MigUsage | None = None
 
     def unallocated(self, point: int) -> float:
         """Unallocated GPU % at arrived demand ``point``."""
@@ -200,6 +253,10 @@ class Replayer:
         self.scorer = FragmentationScorer(dist)
         self.names = [self.ledger.node_name(i) for i in range(self.ledger.node_count)]
         self.allocated_milli = 0
+        #: Number of MIG-mode GPUs (0: the replay is exactly the hami-core one).
+        self.mig_gpus = int(self.ledger.mig_mode[: self.ledger.size].sum())
+        #: MIG instances per placed pod uid (as :attr:`ClusterState.mig` keeps them).
+        self.mig: dict[str, tuple[MigAllocation, ...]] = {}
 
     # ------------------------------------------------------------ scheduling
     def _cpu_fit(self, request: PodRequest) -> IntArray:
@@ -238,16 +295,52 @@ class Replayer:
                             node_orders={FRAGMENTATION_AWARE: self.scorer}, explain=False)
         if result.node is None:
             return None, 0
+        if not result.mig:
+            led.add_pod(request.uid, result.node, result.devices, request.n_init,
+                        namespace=request.namespace, name=request.name,
+                        cpu_milli=request.cpu_milli, memory_mib=request.memory_mib)
+            granted = sum(d.used_cores_percent * 10 for ctr in result.devices for d in ctr)
+            return result.node, granted
+        # MIG: reserve the placements with the grant (as ClusterState.charge does); the
+        # GPU counts as allocated up to the whole card however the profiles' cores round.
+        entry = led.node(result.node)
+        assert entry is not None
+        held = sorted({entry.position[d.uuid] for ctr in result.devices for d in ctr})
+        before = led.used_cores[held].copy()
         led.add_pod(request.uid, result.node, result.devices, request.n_init,
                     namespace=request.namespace, name=request.name,
-                    cpu_milli=request.cpu_milli, memory_mib=request.memory_mib)
-        granted = sum(d.used_cores_percent * 10 for ctr in result.devices for d in ctr)
+                    cpu_milli=request.cpu_milli, memory_mib=request.memory_mib,
+                    mig=tuple((m.gpu_uuid, m.placement) for m in result.mig))
+        self.mig[request.uid] = result.mig
+        total = led.total_cores[held]
+        granted = int(((np.minimum(led.used_cores[held], total) - np.minimum(before, total))
+                       * 1000 // np.maximum(total, 1)).sum())
         return result.node, granted
 
     # ---------------------------------------------------------------- metrics
     def allocation_percent(self) -> float:
         """Allocated GPU as % of capacity, read from the ledger."""
         return metrics.allocation_percent(self.ledger, self.capacity_milli)
+
+    def mig_usage(self) -> MigUsage:
+        """The MIG-mode GPUs' :class:`MigUsage` now (read from the ledger)."""
+        led, n = self.ledger, self.ledger.size
+        mask = led.mig_mode[:n] & (led.node_of[:n] >= 0)
+        cores_total = led.total_cores[:n][mask]
+        cores_used = np.minimum(led.used_cores[:n][mask], cores_total)
+        memory_total = int(led.total_memory_mib[:n][mask].sum())
+        memory_used = int(led.used_memory_mib[:n][mask].sum())
+        profiles: dict[str, int] = {}
+        for allocations in self.mig.values():
+            for a in allocations:
+                profiles[a.profile] = profiles.get(a.profile, 0) + 1
+
+        def free(used: int, total: int) -> float:
+            return 100.0 * (total - used) / total if total else float("nan")
+
+        return MigUsage(int(mask.sum()), sum(profiles.values()), len(self.mig),
+                        free(int(cores_used.sum()), int(cores_total.sum())),
+                        free(memory_used, memory_total), dict(sorted(profiles.items())))
 
     def fragmentation_percent(self) -> float:
         """The cluster's expected fragmentation under :attr:`dist`, % of capacity."""
@@ -263,6 +356,7 @@ class Replayer:
         start = time.perf_counter()
         allocation: dict[int, float] = {}
         fragmentation: dict[int, float] = {}
+        mig: dict[int, MigUsage] = {}
         arrived = 0
         next_point = 0
         scheduled = failed = 0
@@ -281,6 +375,8 @@ class Replayer:
                 allocation[next_point] = 100.0 * self.allocated_milli / cap
                 if next_point in report:
                     fragmentation[next_point] = self.fragmentation_percent()
+                    if self.mig_gpus:
+                        mig[next_point] = self.mig_usage()
                 next_point += 1
             if progress is not None and (k & 255) == 255:
                 progress(256)
@@ -289,7 +385,8 @@ class Replayer:
         for point in CURVE_POINTS:
             allocation.setdefault(point, float("nan"))
         return ReplayResult(self.policy_name, seed, len(pods), scheduled, failed, cap,
-                            allocation, fragmentation, time.perf_counter() - start)
+                            allocation, fragmentation, time.perf_counter() - start, mig,
+                            self.mig_usage() if self.mig_gpus else None)
 
 
 def replay(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy: str,

@@ -24,7 +24,15 @@ JSON schema (``hami simulate --json``), version ``hami.simulate/v1``::
           "failed_pods": 2448.0,          # median over seeds, pods never placed
           "pods": 10843.0,                # median pods replayed (after inflation)
           "seconds": 5.1,                 # median wall time of one replay
-          "per_seed": {"42": {"unallocated_gpu_percent": {...}, "failed_pods": 2448}}
+          "per_seed": {"42": {"unallocated_gpu_percent": {...}, "failed_pods": 2448}},
+          "mig": {                        # only when the node list has MIG-mode nodes
+            "gpus": 16,                   # MIG-mode GPUs
+            "instances": {"10": 12.0, ...},                   # MIG instances held
+            "pods": {"10": 12.0, ...},                        # pods holding them
+            "unallocated_cores_percent": {"10": 80.5, ...},   # of the MIG GPUs' cores
+            "unallocated_memory_percent": {"10": 81.2, ...},  # of the MIG GPUs' memory
+            "profiles": {"1g.5gb": 40.0, "7g.40gb": 2.0}      # instances at the end
+          }
         }
       },
       "reference": {                      # only with a trace holding fgd_expected_results
@@ -33,6 +41,9 @@ JSON schema (``hami simulate --json``), version ``hami.simulate/v1``::
     }
 
 A value that was never reached (arrived demand stops short of a point) is ``null``.
+With a node list of one's own (``--nodes``) ``settings`` also holds ``"node_file"``, and
+``"mig_gpus"`` when some nodes are in MIG mode; MIG values are medians over seeds, and the
+unallocated shares count what the chosen profiles really take (their memory and cores).
 Policies are ``<node-policy>/<gpu-policy>`` for HAMi's policies and
 ``fragmentation-aware`` for ours.
 """
@@ -86,6 +97,16 @@ def to_json(settings: Mapping[str, Any], summary: Mapping[str, Mapping[str, Any]
             "seconds": round(s["seconds"], 3),
             "per_seed": per_seed,
         }
+        if "mig" in s:
+            m = s["mig"]
+            policies[policy]["mig"] = {
+                "gpus": m["gpus"],
+                "instances": _keyed(m["instances"], points),
+                "pods": _keyed(m["pods"], points),
+                "unallocated_cores_percent": _keyed(m["unallocated_cores"], points),
+                "unallocated_memory_percent": _keyed(m["unallocated_memory"], points),
+                "profiles": {k: _num(v) for k, v in m["profiles"].items()},
+            }
     doc: dict[str, Any] = {"schema": SCHEMA, "settings": {**settings, "points": list(points)},
                            "policies": policies}
     if reference:
@@ -130,6 +151,40 @@ def render_table(summary: Mapping[str, Mapping[str, Any]], points: Sequence[int]
     return table
 
 
+#: The MIG table reads the usage at this arrived-demand point.
+MIG_POINT = 100
+
+
+def render_mig_table(summary: Mapping[str, Mapping[str, Any]],
+                     console: Console | None = None) -> Table | None:
+    """One row per policy: the MIG-mode GPUs' instances, pods and unallocated cores and
+    memory (% of those GPUs, on the profiles' real sizes) at :data:`MIG_POINT` % arrived
+    demand, and the instances per profile at the end. None when no policy has MIG data."""
+    rows = {k: v["mig"] for k, v in summary.items() if "mig" in v}
+    if not rows:
+        return None
+    gpus = next(iter(rows.values()))["gpus"]
+    table = Table(title=f"MIG-mode GPUs ({gpus}) at {MIG_POINT} % arrived demand",
+                  caption="Unallocated = not held by a MIG instance, counted on the chosen "
+                  "profiles' cores and memory. Profiles: instances at the end of the replay. "
+                  "Median over seeds.")
+    table.add_column("policy", no_wrap=True)
+    for name in ("instances", "pods", "unalloc cores %", "unalloc memory %"):
+        table.add_column(name, justify="right")
+    table.add_column("profiles")
+    for policy, m in rows.items():
+        profiles = ", ".join(f"{n} x{v:g}" for n, v in m["profiles"].items() if v) or "-"
+        count = m["instances"].get(MIG_POINT, math.nan)
+        pods = m["pods"].get(MIG_POINT, math.nan)
+        table.add_row(policy, "-" if math.isnan(count) else f"{count:g}",
+                      "-" if math.isnan(pods) else f"{pods:g}",
+                      _fmt(m["unallocated_cores"].get(MIG_POINT, math.nan)),
+                      _fmt(m["unallocated_memory"].get(MIG_POINT, math.nan)), profiles)
+    if console is not None:
+        console.print(table)
+    return table
+
+
 def write_plot(path: str | Path, summary: Mapping[str, Mapping[str, Any]], title: str,
                reference: Mapping[str, Mapping[int, float]] | None = None) -> Path:
     """Unallocated GPU % against arrived demand, one line per policy (paper Fig. 9a);
@@ -141,7 +196,7 @@ def write_plot(path: str | Path, summary: Mapping[str, Mapping[str, Any]], title
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), dpi=110,
                              gridspec_kw={"width_ratios": [1, 1.3]})
-    colors = plt.get_cmap("tab20").colors
+    colors = plt.get_cmap("tab20")(range(20))
     lines: list[tuple[str, dict[int, float], dict[str, Any]]] = []
     for i, (policy, s) in enumerate(summary.items()):
         ours = policy == "fragmentation-aware"

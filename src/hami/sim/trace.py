@@ -1,7 +1,8 @@
 """Loading the Alibaba GPU trace ``cluster-trace-gpu-v2023`` ("openb") into typed records.
 
 The CSV layout is described in ``shared/data/openb/README.md``: node lists have the header
-``sn,cpu_milli,memory_mib,gpu,model``; pod lists have either 11 columns
+``sn,cpu_milli,memory_mib,gpu,model`` (a node list of the user's own may add a sixth column
+``mode``: ``hami-core``, the default when empty, or ``mig``); pod lists have either 11 columns
 (``name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,
 deletion_time,scheduled_time``) or 5 (``name,cpu_milli,memory_mib,num_gpu,gpu_milli``, the
 ``multigpu*`` files). The files are read from a directory given by the user and never
@@ -17,7 +18,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hami.sim.mig import MigModelError, require_mig_model
+
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
+#: A node list with the GPUs' operating mode (ours, not in the trace).
+NODE_COLUMNS_MODE = (*NODE_COLUMNS, "mode")
+#: Values of the ``mode`` column (spec §7.2 ``operatingmode``; mps is not simulated).
+NODE_MODES = ("hami-core", "mig")
 POD_COLUMNS_5 = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 POD_COLUMNS_11 = (*POD_COLUMNS_5, "gpu_spec", "qos", "pod_phase", "creation_time",
                   "deletion_time", "scheduled_time")
@@ -34,13 +41,15 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class TraceNode:
-    """One machine of the trace (a row of a node list)."""
+    """One machine of the trace (a row of a node list). ``mode`` is the GPUs' operating
+    mode, ``hami-core`` (shared by HAMi-core) or ``mig`` (split into MIG instances)."""
 
     name: str
     cpu_milli: int
     memory_mib: int
     gpu: int
     model: str
+    mode: str = "hami-core"
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,13 +116,16 @@ def _rows(path: Path, accepted: Sequence[Sequence[str]]) -> tuple[tuple[str, ...
 
 
 def load_nodes(path: str | Path) -> list[TraceNode]:
-    """Read a node list (``openb_node_list_*.csv``).
+    """Read a node list (``openb_node_list_*.csv``, or the same with a ``mode`` column).
 
     Raises:
-        TraceError: missing file, wrong header, malformed or duplicate row.
+        TraceError: missing file, wrong header, malformed or duplicate row, a ``mode``
+            other than ``hami-core``/``mig``, or ``mig`` on a node without GPUs or with a
+            GPU model that has no MIG profiles (:mod:`hami.sim.mig`).
     """
     path = Path(path)
-    _, rows = _rows(path, [NODE_COLUMNS])
+    header, rows = _rows(path, [NODE_COLUMNS, NODE_COLUMNS_MODE])
+    with_mode = len(header) == len(NODE_COLUMNS_MODE)
     nodes: list[TraceNode] = []
     seen: set[str] = set()
     for line, row in rows:
@@ -127,8 +139,20 @@ def load_nodes(path: str | Path) -> list[TraceNode]:
         model = row[4].strip()
         if gpu > 0 and not model:
             raise TraceError(f"{path.name} line {line}: node {name} has {gpu} GPUs but no model")
+        mode = (row[5].strip() or NODE_MODES[0]) if with_mode else NODE_MODES[0]
+        if mode not in NODE_MODES:
+            raise TraceError(f"{path.name} line {line}: column mode must be "
+                             f"{' or '.join(NODE_MODES)}, got {row[5].strip()!r}")
+        if mode == "mig" and gpu == 0:
+            raise TraceError(f"{path.name} line {line}: node {name} is in mig mode but "
+                             "has no GPU")
+        if mode == "mig":
+            try:
+                require_mig_model(model, name)
+            except MigModelError as exc:
+                raise TraceError(f"{path.name} line {line}: {exc}") from None
         nodes.append(TraceNode(name, _int(row[1], path, line, "cpu_milli"),
-                               _int(row[2], path, line, "memory_mib"), gpu, model))
+                               _int(row[2], path, line, "memory_mib"), gpu, model, mode))
     return nodes
 
 
