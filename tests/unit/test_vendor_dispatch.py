@@ -141,3 +141,81 @@ def _same(decoded: Any, granted: Any) -> bool:
         return [[(d.uuid, d.used_memory_mib, d.used_cores_percent) for d in c]
                 for c in alloc if c]
     return key(decoded) == key(granted)
+
+
+# ----------------------------------------------------------- ClusterState details
+MIXED_NODE = _node("mixed", {**CASES["NVIDIA"][0], **CASES["DCU"][0]}, {})
+
+
+def test_a_malformed_vendor_annotation_drops_only_that_vendor() -> None:
+    state = ClusterState(SchedulerConfig(registry=REGISTRY))
+    bad = _node("mixed", {**CASES["NVIDIA"][0], "hami.io/node-dcu-register": "no separator"}, {})
+    assert state.upsert_node(bad) == ""
+    assert [d.vendor for d, *_ in state.ledger.device_usage("node-mixed")] == ["NVIDIA"]
+    assert "DCU" in state.vendor_reasons["node-mixed"]
+    nothing = _node("empty", {"hami.io/node-dcu-register": "no separator"}, {})
+    why = state.upsert_node(nothing)
+    assert "annos not found hami.io/node-nvidia-register" in why and "DCU" in why
+    assert state.ledger.node("node-empty") is None
+
+
+def test_only_the_vendors_said_healthy_register() -> None:
+    state = ClusterState(SchedulerConfig(registry=REGISTRY))
+    assert state.upsert_node(MIXED_NODE, vendors={"DCU"}) == ""
+    assert [d.vendor for d, *_ in state.ledger.device_usage("node-mixed")] == ["DCU"]
+
+
+def test_a_malformed_vendor_pod_annotation_is_not_cached() -> None:
+    state = ClusterState(SchedulerConfig(registry=REGISTRY))
+    state.upsert_node(MIXED_NODE)
+    pod = _pod("x", {}, {"hami.io/vgpu-node": "node-mixed",
+                         "hami.io/dcu-devices-allocated": "DCU-0,DCU,notanumber,0:;"})
+    assert state.upsert_pod(pod) is False
+    assert state.ledger.pod("uid-x") is None
+
+
+def test_init_only_vendor_takes_no_lock_and_quota_shrinks_with_the_pod() -> None:
+    state = ClusterState(SchedulerConfig(registry=REGISTRY))
+    state.upsert_node(MIXED_NODE)
+    state.upsert_quota({"metadata": {"name": "q", "namespace": "ns"},
+                        "spec": {"hard": {"limits.hygon.com/dcumem": "100000"}}})
+    pod = _pod("mix", CASES["NVIDIA"][2], {})
+    pod["spec"]["initContainers"] = [{"name": "i", "resources": {"limits": {
+        "hygon.com/dcunum": 1, "hygon.com/dcumem": 5000}}}]
+    decision = state.filter(pod, ["node-mixed"])
+    assert decision.annotations["hami.io/dcu-devices-allocated"] == "DCU-0,DCU,5000,0:;;"
+    assert decision.annotations["hami.io/vgpu-devices-allocated"] == ";GPU-0,NVIDIA,1000,0:;"
+    state.commit(pod, decision)
+    assert state.lock_vendors("uid-mix") == ("NVIDIA",)  # the DCU is an init container's
+    assert state.vendor_quota is not None
+    assert state.vendor_quota.used("ns", "hygon.com/dcumem") == 5000
+    assert state.quota.quota("ns").memory_used_mib == 1000  # NVIDIA quota: GPUs only
+    done = {**pod, "metadata": {**pod["metadata"], "annotations": decision.annotations},
+            "status": {"initContainerStatuses": [{"state": {"terminated": {"exitCode": 0}}}]}}
+    assert state.upsert_pod(done) is True
+    assert state.vendor_quota.used("ns", "hygon.com/dcumem") == 0
+    assert {d.uuid: used for d, used, _, _ in state.ledger.device_usage("node-mixed")} == {
+        "GPU-0": 1, "DCU-0": 0}
+    state.remove_pod("uid-mix")
+    assert state.quota.quota("ns").memory_used_mib == 0
+    assert state.vendor_quota.used("ns", "hygon.com/dcumem") == 0
+
+
+@pytest.mark.parametrize(("policy", "order", "node", "score"), [
+    ("binpack", ["node-b", "node-a"], "node-a", 1.0),  # fills the pair next to the used XPU
+    ("spread", ["node-a", "node-b"], "node-b", -2.0),  # opens a fresh node
+])
+def test_kunlun_score_node_decides_between_equal_nodes(policy: str, order: list[str],
+                                                      node: str, score: float) -> None:
+    """kunlun's ScoreNode (MTF decrease) is added to the node score, so every candidate
+    is fitted: the default scores are equal here (0: the XPUs have no memory figure) and
+    the first node in policy order would otherwise win."""
+    state = ClusterState(SchedulerConfig(registry=REGISTRY))
+    for name in ("a", "b"):
+        state.upsert_node(_node(name, {}, {"kunlunxin.com/xpu": 8}))
+    busy = _pod("busy", {"kunlunxin.com/xpu": 1}, {})
+    state.commit(busy, state.filter(busy, ["node-a"]))
+    nxt = _pod("next", {"kunlunxin.com/xpu": 1}, {"hami.io/node-scheduler-policy": policy})
+    decision = state.filter(nxt, order)
+    assert (decision.result.node, decision.result.score) == (node, score)
+    assert decision.annotations["hami.io/vgpu-node"] == node

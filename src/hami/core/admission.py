@@ -32,7 +32,8 @@ from hami.core.request import (
     quantity,
     resource_value,
 )
-from hami.devices.protocol import AdmissionError
+from hami.devices.allocate import pod_requests
+from hami.devices.protocol import AdmissionError, Vendor
 from hami.devices.quota import VendorQuota
 
 
@@ -230,17 +231,16 @@ def _prefixed(ops: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
     return list(ops)
 
 
-def _vendor_quota_denial(pod: Mapping[str, Any], vendors: Mapping[str, Any],
+def _vendor_quota_denial(pod: Mapping[str, Any], vendors: Mapping[str, Vendor],
                          quota: VendorQuota) -> str:
     """The §5.2 pre-check for every other vendor (max of app sum and init max)."""
-    from hami.devices.allocate import pod_requests
-
     namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
-    denial = quota.admission_denial(namespace, pod_requests(vendors, pod))
+    requests = pod_requests(vendors, pod)
+    denial = quota.admission_denial(namespace, requests)
     if not denial:
         return ""
-    return f"{denial}: namespace {namespace} asks for more than its limits of " \
-           f"{', '.join(sorted(pod_requests(vendors, pod).vendors))} devices"
+    return (f"{denial}: namespace {namespace} asks for more {', '.join(requests.vendors)} "
+            "memory or cores than its ResourceQuota limits allow")
 
 
 def _quota_denial(pod: Mapping[str, Any], config: SchedulerConfig,

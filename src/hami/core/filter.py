@@ -43,6 +43,8 @@ from hami.core.codec import (
 from hami.core.collapse import collapse, total
 from hami.core.config import SchedulingPolicy
 from hami.core.fit import (
+    DEVICE_TYPE_NOT_FOUND,
+    NODE_INSUFFICIENT_DEVICE,
     DeviceState,
     FitOutcome,
     NodeOptions,
@@ -69,8 +71,6 @@ from hami.devices.quota import VendorQuota
 NODE_UNREGISTERED = "node unregistered"
 INSUFFICIENT_CPU = "Insufficient cpu"
 INSUFFICIENT_MEMORY = "Insufficient memory"
-DEVICE_TYPE_NOT_FOUND = "Device type not found"
-NODE_INSUFFICIENT_DEVICE = "NodeInsufficientDevice"
 #: ``OverrideScore`` weight of a policy-neutral vendor's ScoreNode (spec §4.4 step 5).
 POLICY_NEUTRAL_WEIGHT = 10000.0
 

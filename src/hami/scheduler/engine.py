@@ -408,7 +408,8 @@ class Engine:
             self.state.remove_node(name)
             self.node_reasons[name] = "; ".join(reasons)
             return
-        self.node_reasons[name] = self.state.upsert_node(node, vendors=healthy)
+        why = self.state.upsert_node(node, vendors=healthy)
+        self.node_reasons[name] = "; ".join([*reasons, why]) if why and reasons else why
 
     def register_all(self) -> None:
         for name in list(self.nodes):
