@@ -36,6 +36,8 @@ def schedule_command(
                                             "fragmentation-aware")] = "spread",
     scheduler_name: Annotated[str, typer.Option(help="schedulerName the webhook sets")] = "hami-scheduler",
     output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
+    enable_ascend: Annotated[bool, typer.Option(help="register the device config's vnpus (Ascend) vendors")] = False,
+    enable_iluvatar: Annotated[bool, typer.Option(help="register the device config's iluvatars vendors")] = False,
 ) -> None:
     """Dry-run admission and scheduling of the pending pods in a cluster file."""
     from hami.core.config import GPU_POLICIES, NODE_POLICIES, ConfigError
@@ -53,7 +55,8 @@ def schedule_command(
         raise typer.Exit(2)
     try:
         text = sys.stdin.read() if str(file) == "-" else file.read_text()
-        config = scheduler_config(device_config, node_policy, gpu_policy, scheduler_name)
+        config = scheduler_config(device_config, node_policy, gpu_policy, scheduler_name,
+                                  enable_ascend=enable_ascend, enable_iluvatar=enable_iluvatar)
         report = schedule(load_objects(text), config)
     except (OSError, InputError, ConfigError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -75,7 +78,9 @@ def _print_table(report: dict) -> None:  # type: ignore[type-arg]
         adm = pod["admission"]
         verdict = "allowed" if adm["allowed"] else f"denied: {adm['message']}"
         if pod["node"]:
-            detail = pod["annotations"].get("hami.io/vgpu-devices-allocated", "")
+            detail = "; ".join(f"{k.removeprefix('hami.io/')}={v}"
+                               for k, v in pod["annotations"].items()
+                               if k.endswith("-allocated") and v) or "-"
         else:
             detail = pod["error"] or "; ".join(f"{n}: {r}" for n, r in pod["failed_nodes"].items())
         table.add_row(f"{pod['namespace']}/{pod['name']}", verdict, pod["node"] or "-", detail)

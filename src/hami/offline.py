@@ -1,11 +1,15 @@
 """``hami schedule``: the offline scheduler (a dry run of admission + filter).
 
 Input is a YAML or JSON stream (or a ``kind: List``) of v1 Nodes carrying HAMi register
-annotations, v1 Pods and optionally v1 ResourceQuotas. Pods with ``spec.nodeName`` and
-``hami.io/vgpu-devices-allocated`` are existing usage; every other pod is admitted (the
-webhook's logic) and then scheduled in file order, each seeing the decisions before it.
-The decisions come from :class:`hami.core.state.ClusterState`, the same code as the live
-``/filter``.
+annotations (or, for capacity-based vendors such as Cambricon, ``status.capacity``), v1
+Pods and optionally v1 ResourceQuotas. Pods with ``spec.nodeName`` and an allocated
+annotation of any registered vendor (``hami.io/vgpu-devices-allocated``,
+``hami.io/dcu-devices-allocated``, ...) are existing usage; every other pod is admitted
+(the webhook's logic, every vendor) and then scheduled in file order, each seeing the
+decisions before it. The decisions come from :class:`hami.core.state.ClusterState`, the
+same code as the live ``/filter``. The vendors are those of ``--device-config`` (its
+sections, spec §7.1; ``--enable-ascend`` / ``--enable-iluvatar`` for ``vnpus`` and
+``iluvatars``); without a device config only NVIDIA is known.
 
 JSON output schema (stable; ``schema`` is bumped on any incompatible change)::
 
@@ -19,7 +23,9 @@ JSON output schema (stable; ``schema`` is bumped on any incompatible change)::
           "node": str | null,
           "annotations": {"hami.io/vgpu-node": str,
                           "hami.io/vgpu-devices-to-allocate": str,
-                          "hami.io/vgpu-devices-allocated": str},   # {} when unscheduled
+                          "hami.io/vgpu-devices-allocated": str,
+                          ...every other granted vendor's annotations,
+                          e.g. "hami.io/dcu-devices-allocated": str},  # {} when unscheduled
           "failed_nodes": {"<node>": "<HAMi reason>"},               # {} when scheduled
           "error": str                                               # "" unless the pod is unusable
         }
@@ -29,6 +35,7 @@ JSON output schema (stable; ``schema`` is bumped on any incompatible change)::
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -71,9 +78,10 @@ def _flatten(docs: Iterable[Any]) -> Iterator[dict[str, Any]]:
             yield doc
 
 
-def _is_existing(pod: Mapping[str, Any]) -> bool:
+def _is_existing(pod: Mapping[str, Any], state: ClusterState) -> bool:
     ann = (pod.get("metadata") or {}).get("annotations") or {}
-    return bool((pod.get("spec") or {}).get("nodeName")) and names.DEVICES_ALLOCATED in ann
+    keys = [names.DEVICES_ALLOCATED, *(v.allocated_key for v in state.vendors.values())]
+    return bool((pod.get("spec") or {}).get("nodeName")) and any(k in ann for k in keys)
 
 
 def schedule(objects: Iterable[Mapping[str, Any]],
@@ -94,7 +102,7 @@ def schedule(objects: Iterable[Mapping[str, Any]],
     for obj in objects:
         if obj.get("kind") != "Pod":
             continue
-        if _is_existing(obj):
+        if _is_existing(obj, state):
             existing = dict(obj)
             meta = dict(existing.get("metadata") or {})
             ann = dict(meta.get("annotations") or {})
@@ -115,18 +123,18 @@ def _schedule_one(state: ClusterState, pod: Mapping[str, Any],
     entry: dict[str, Any] = {"namespace": meta.get("namespace") or "default",
                              "name": meta.get("name") or "", "node": None,
                              "annotations": {}, "failed_nodes": {}, "error": ""}
-    verdict = admit(pod, state.config, state.quota)
+    verdict = admit(pod, state.config, state.quota, vendor_quota=state.vendor_quota)
     entry["admission"] = {"allowed": verdict.allowed, "message": verdict.message,
                           "patch": verdict.patch}
     if not verdict.allowed:
         return entry
     try:
-        decision = state.filter(verdict.pod, node_names)
+        decision = state.filter(verdict.pod, node_names, now_ns=time.time_ns())
     except (RequestError, FilterError) as exc:
         entry["error"] = str(exc)
         return entry
     if decision.result.passthrough:
-        entry["error"] = "pod requests no GPU; left to kube-scheduler"
+        entry["error"] = "pod requests no device; left to kube-scheduler"
         return entry
     entry["node"] = decision.result.node
     entry["annotations"] = decision.annotations

@@ -2,11 +2,39 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from hami.core.config import ConfigError, NvidiaConfig, SchedulerConfig, SchedulingPolicy
+from hami.devices.registry import Registry, build_registry
+
+
+def read_device_config(path: Path | None) -> dict[str, Any]:
+    """HAMi's device config YAML (``device-config.yaml``, spec §7.1) as a mapping; ``{}``
+    for None.
+
+    Raises:
+        ConfigError: unreadable file or not a mapping.
+    """
+    if path is None:
+        return {}
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read device config {path}: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"device config {path} must be a mapping with an 'nvidia' key")
+    return raw
+
+
+def _nvidia_section(raw: Mapping[str, Any], path: Path | None) -> NvidiaConfig:
+    section = raw.get("nvidia") or {}
+    if not isinstance(section, dict):
+        raise ConfigError(f"device config {path}: 'nvidia' must be a mapping")
+    return NvidiaConfig.from_mapping(section)
 
 
 def load_device_config(path: Path | None) -> NvidiaConfig:
@@ -16,24 +44,42 @@ def load_device_config(path: Path | None) -> NvidiaConfig:
     Raises:
         ConfigError: unreadable file, not a mapping, or a bad value.
     """
-    if path is None:
-        return NvidiaConfig()
+    return _nvidia_section(read_device_config(path), path)
+
+
+def device_registry(raw: Mapping[str, Any], *, enable_ascend: bool = False,
+                    enable_iluvatar: bool = False) -> Registry | None:
+    """The vendor registry of a device config (spec §7.1, §7.4 ``--enable-ascend``,
+    ``--enable-iluvatar``); None when the config has no section at all (no file: the
+    NVIDIA-only defaults).
+
+    Raises:
+        ConfigError: a section has a value of the wrong type.
+    """
+    if not raw:
+        return None
     try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read device config {path}: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"device config {path} must be a mapping with an 'nvidia' key")
-    section = raw.get("nvidia") or {}
-    if not isinstance(section, dict):
-        raise ConfigError(f"device config {path}: 'nvidia' must be a mapping")
-    return NvidiaConfig.from_mapping(section)
+        return build_registry(raw, enable_ascend=enable_ascend, enable_iluvatar=enable_iluvatar)
+    except ConfigError as exc:
+        if str(exc) == "all configurations are empty":
+            return None
+        raise
 
 
 def scheduler_config(device_config: Path | None = None, node_policy: str = "binpack",
                      gpu_policy: str = "spread",
-                     scheduler_name: str = "hami-scheduler") -> SchedulerConfig:
-    """One settings object from the flags HAMi's scheduler takes (spec §7.4)."""
-    return SchedulerConfig(nvidia=load_device_config(device_config),
+                     scheduler_name: str = "hami-scheduler", *,
+                     enable_ascend: bool = False,
+                     enable_iluvatar: bool = False) -> SchedulerConfig:
+    """One settings object from the flags HAMi's scheduler takes (spec §7.4); the device
+    config's vendor sections become the registry (built once, here).
+
+    Raises:
+        ConfigError: unreadable device config or a bad value in it.
+    """
+    raw = read_device_config(device_config)
+    return SchedulerConfig(nvidia=_nvidia_section(raw, device_config),
                            policy=SchedulingPolicy(node_policy, gpu_policy),
-                           scheduler_name=scheduler_name)
+                           scheduler_name=scheduler_name,
+                           registry=device_registry(raw, enable_ascend=enable_ascend,
+                                                    enable_iluvatar=enable_iluvatar))

@@ -1,10 +1,15 @@
 """The mutating webhook's decision as a pure function: Pod in, JSON patch or denial out.
 
-Source: ``shared/specs/hami-scheduler-spec.md`` §3 (``MutateAdmission``, NVIDIA). Steps and
-messages follow HAMi; where HAMi lets a malformed value through (it accepts a
+Source: ``shared/specs/hami-scheduler-spec.md`` §3 (``MutateAdmission`` per vendor). Steps
+and messages follow HAMi; where HAMi lets a malformed value through (it accepts a
 ``gpumem-percentage`` of 101 or 2^32+50 and leaves the pod Pending with a misleading
 reason, field case B09) we deny at admission with a message naming the container, the
 resource and the valid range.
+
+Vendors: every container goes through NVIDIA's mutation and then through every other
+registered vendor's ``MutateAdmission`` (CommonWord order); a vendor's ``AdmissionError``
+is a denial with its message, and the quota pre-check runs per vendor
+(:meth:`hami.devices.quota.VendorQuota.admission_denial`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ from hami.core.request import (
     quantity,
     resource_value,
 )
+from hami.devices.allocate import pod_requests
+from hami.devices.protocol import AdmissionError, Vendor
+from hami.devices.quota import VendorQuota
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,24 +141,30 @@ def _privileged(container: Mapping[str, Any]) -> bool:
     return bool((container.get("securityContext") or {}).get("privileged"))
 
 
-def _copy_for_mutation(pod: Mapping[str, Any]) -> dict[str, Any]:
+def _copy_for_mutation(pod: Mapping[str, Any], metadata: bool = False) -> dict[str, Any]:
     """A copy in which everything the webhook may change is private (spec and its
-    containers); metadata and status are shared with the original, never written."""
+    containers, and with ``metadata`` the pod's metadata, which some vendors annotate);
+    otherwise metadata and status are shared with the original, never written."""
     spec = dict(pod["spec"])
     for key in ("containers", "initContainers"):
         if isinstance(spec.get(key), list):
             spec[key] = copy.deepcopy(spec[key])
-    return {**pod, "spec": spec}
+    out = {**pod, "spec": spec}
+    if metadata and isinstance(pod.get("metadata"), Mapping):
+        out["metadata"] = copy.deepcopy(dict(pod["metadata"]))
+    return out
 
 
 def admit(pod: Mapping[str, Any], config: SchedulerConfig,
-          quota: QuotaLedger | None = None, *, with_patch: bool = True) -> AdmissionResult:
-    """Decide one Pod CREATE (spec §3 decision sequence, NVIDIA vendor).
+          quota: QuotaLedger | None = None, *, with_patch: bool = True,
+          vendor_quota: VendorQuota | None = None) -> AdmissionResult:
+    """Decide one Pod CREATE (spec §3 decision sequence, every registered vendor).
 
-    Returns an :class:`AdmissionResult`; never raises on malformed pods: a bad GPU value
-    is a 403 denial with a message, a pod that is not an object is a 400. With
-    ``with_patch=False`` (the simulator, which writes nothing back) the JSON Patch is not
-    computed; every decision is the same.
+    Returns an :class:`AdmissionResult`; never raises on malformed pods: a bad device
+    value (any vendor) is a 403 denial with a message, a pod that is not an object is a
+    400. ``vendor_quota`` is the other vendors' namespace quota (the pre-check of §5.2).
+    With ``with_patch=False`` (the simulator, which writes nothing back) the JSON Patch
+    is not computed; every decision is the same.
     """
     if not isinstance(pod, Mapping) or not isinstance(pod.get("spec") or {}, Mapping):
         return _deny("pod is not an object", {}, code=400)
@@ -160,7 +174,8 @@ def admit(pod: Mapping[str, Any], config: SchedulerConfig,
     if _skip(pod, config):
         return AdmissionResult(allowed=True, message="pod already has different scheduler "
                                "assigned", pod=dict(pod))
-    mutated = _copy_for_mutation(pod)
+    vendors = config.vendors()
+    mutated = _copy_for_mutation(pod, metadata=bool(vendors))
     mspec = mutated["spec"]
     ordered = [*(mspec.get("initContainers") or []), *mspec["containers"]]
     has_resource = False
@@ -169,7 +184,9 @@ def admit(pod: Mapping[str, Any], config: SchedulerConfig,
             if not isinstance(container, dict):
                 return _deny("container is not an object", pod, code=400)
             has_resource = mutate_container(container, mutated, config.nvidia) or has_resource
-    except (RequestError, QuantityError) as exc:
+            for vendor in vendors.values():
+                has_resource = vendor.mutate_admission(container, mutated) or has_resource
+    except (RequestError, QuantityError, AdmissionError) as exc:
         return _deny(str(exc), pod)
     if has_resource:
         privileged = next((c for c in ordered if _privileged(c)), None)
@@ -188,14 +205,42 @@ def admit(pod: Mapping[str, Any], config: SchedulerConfig,
                 denial = str(exc)
             if denial:
                 return _deny(denial, pod)
+        if vendor_quota is not None and vendors:
+            try:
+                denial = _vendor_quota_denial(mutated, vendors, vendor_quota)
+            except (AdmissionError, QuantityError) as exc:
+                denial = str(exc)
+            if denial:
+                return _deny(denial, pod)
     if not with_patch:
         return AdmissionResult(allowed=True, pod=mutated)
-    patch = jsonpatch.make_patch(dict(spec), mspec).patch
-    for op in patch:
-        op["path"] = "/spec" + op["path"]
+    patch = _prefixed(jsonpatch.make_patch(dict(spec), mspec).patch, "/spec")
+    if vendors and mutated.get("metadata") != pod.get("metadata"):
+        before = pod.get("metadata") or {}
+        patch += _prefixed(jsonpatch.make_patch(dict(before), mutated["metadata"]).patch,
+                           "/metadata")
+    return AdmissionResult(allowed=True, patch=patch, pod=mutated)
+
+
+def _prefixed(ops: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
+    """JSON Patch operations computed on a sub-document, re-rooted at ``prefix``."""
+    for op in ops:
+        op["path"] = prefix + op["path"]
         if "from" in op:
-            op["from"] = "/spec" + op["from"]
-    return AdmissionResult(allowed=True, patch=list(patch), pod=mutated)
+            op["from"] = prefix + op["from"]
+    return list(ops)
+
+
+def _vendor_quota_denial(pod: Mapping[str, Any], vendors: Mapping[str, Vendor],
+                         quota: VendorQuota) -> str:
+    """The §5.2 pre-check for every other vendor (max of app sum and init max)."""
+    namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+    requests = pod_requests(vendors, pod)
+    denial = quota.admission_denial(namespace, requests)
+    if not denial:
+        return ""
+    return (f"{denial}: namespace {namespace} asks for more {', '.join(requests.vendors)} "
+            "memory or cores than its ResourceQuota limits allow")
 
 
 def _quota_denial(pod: Mapping[str, Any], config: SchedulerConfig,

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hami.api import names
+
+if TYPE_CHECKING:  # the vendor backends import this module; only the type is needed here
+    from hami.devices.protocol import Vendor
 
 
 class ConfigError(ValueError):
@@ -112,10 +115,26 @@ class SchedulingPolicy:
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """Everything the pure scheduler needs: the NVIDIA section, policy defaults and the
-    webhook's scheduler-name settings (spec §3 step 3 and §7.4)."""
+    """Everything the pure scheduler needs: the NVIDIA section, policy defaults, the
+    webhook's scheduler-name settings (spec §3 step 3 and §7.4) and the vendor registry.
+
+    ``registry`` is HAMi's device map (``hami.devices.registry.build_registry`` of the
+    device config, spec §7.1, §9), built once by the shell. NVIDIA is always served by the
+    core's own path from ``nvidia`` (request, webhook, Fit with MIG and topology, the
+    vectorised prefilter); the registry's other vendors (``DCU``, ``MLU``, ``Ascend910B3``,
+    ...) are dispatched through their backends. None or a registry with NVIDIA alone means
+    an NVIDIA-only scheduler, exactly as before vendors were wired in.
+    """
 
     nvidia: NvidiaConfig = field(default_factory=NvidiaConfig)
     policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
     scheduler_name: str = "hami-scheduler"
     force_overwrite_default_scheduler: bool = True
+    registry: Mapping[str, Vendor] | None = field(default=None, hash=False)
+
+    def vendors(self) -> dict[str, Vendor]:
+        """The registered vendors other than NVIDIA, by CommonWord (sorted)."""
+        if not self.registry:
+            return {}
+        return {word: self.registry[word] for word in sorted(self.registry)
+                if word != names.NVIDIA}

@@ -12,6 +12,16 @@ condition of the exact check), (2) order the remaining nodes by the node policy,
 (3) run the exact HAMi ``Fit`` on them in that order, stopping at the first that fits.
 The answer is the one HAMi would choose; exact reasons for every node are computed only
 when no node fits (that is when ``FailedNodes`` is reported).
+
+Other vendors (spec §4.4, §4.5, §9): a pod whose containers also ask for registered
+non-NVIDIA vendors (``PodRequest.vendors``) takes the same loop; the prefilter then only
+covers its NVIDIA containers, and :func:`fit_node` fits each container's NVIDIA request
+with the core's Fit and then each other vendor's request, in CommonWord order, through the
+vendor's backend (``Vendor.fit`` on that vendor's devices of the node, ``add_usage``,
+the vendor's fit-time quota check). The node score adds each vendor's ``ScoreNode``
+(policy-neutral vendors x10000, x-10000 under spread); when a requested vendor scores
+nodes, every candidate is fitted and the best adjusted score wins. NVIDIA-only pods never
+enter that code.
 """
 
 from __future__ import annotations
@@ -33,6 +43,8 @@ from hami.core.codec import (
 from hami.core.collapse import collapse, total
 from hami.core.config import SchedulingPolicy
 from hami.core.fit import (
+    DEVICE_TYPE_NOT_FOUND,
+    NODE_INSUFFICIENT_DEVICE,
     DeviceState,
     FitOutcome,
     NodeOptions,
@@ -52,10 +64,15 @@ from hami.core.model import (
 )
 from hami.core.quota import QuotaLedger
 from hami.core.score import order_devices
+from hami.devices.common import BaseVendor
+from hami.devices.protocol import FitContext, Vendor
+from hami.devices.quota import VendorQuota
 
 NODE_UNREGISTERED = "node unregistered"
 INSUFFICIENT_CPU = "Insufficient cpu"
 INSUFFICIENT_MEMORY = "Insufficient memory"
+#: ``OverrideScore`` weight of a policy-neutral vendor's ScoreNode (spec §4.4 step 5).
+POLICY_NEUTRAL_WEIGHT = 10000.0
 
 BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
@@ -71,7 +88,10 @@ class FilterResult:
 
     ``passthrough`` is True for a pod that asks for no device (every node passes, nothing
     is written). Otherwise ``node`` is the chosen node (None when nothing fits), ``devices``
-    the grant per container (init first) and ``failed_nodes`` the reason per node that was
+    the NVIDIA grant per container (init first; every entry ``()`` for a pod without
+    NVIDIA requests), ``vendor_devices`` the other vendors' grants by CommonWord (one
+    entry per container, ``()`` for containers without that vendor: the padding is on
+    the vendor key, docs/vendors.md) and ``failed_nodes`` the reason per node that was
     found unfit (filled completely only when nothing fits, as HAMi does).
     """
 
@@ -81,16 +101,25 @@ class FilterResult:
     passthrough: bool = False
     score: float = 0.0
     mig: tuple[MigAllocation, ...] = ()
+    vendor_devices: Mapping[str, PodSingleDevice] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class FilterContext:
-    """What the policies need to rank candidates for one pod."""
+    """What the policies need to rank candidates for one pod.
+
+    ``vendors`` are the registered non-NVIDIA backends by CommonWord and ``vendor_quota``
+    their namespace quota (spec §5.2); both only matter for pods that ask for them.
+    ``node_policy`` is the effective node policy (for policy-neutral ScoreNode signs).
+    """
 
     ledger: UsageLedger
     request: PodRequest
     pod: PodOptions
     weights: ScoringWeights
+    vendors: Mapping[str, Vendor] = field(default_factory=dict)
+    vendor_quota: VendorQuota | None = None
+    node_policy: str = "binpack"
 
 
 #: Node policies: candidate node indices (input order) -> the same indices best first.
@@ -219,11 +248,17 @@ def _quota_check(quota: QuotaLedger | None, request: PodRequest,
 
 @dataclass(frozen=True, slots=True)
 class NodeFit:
-    """Exact fit of a whole pod on one node: the grant, or the reason it does not fit."""
+    """Exact fit of a whole pod on one node: the grant, or the reason it does not fit.
+
+    ``vendor_devices``: the other vendors' grants; ``score_extra``: the sum of their
+    ``ScoreNode`` values (already weighted for policy-neutral vendors, §4.4 step 5).
+    """
 
     devices: PodSingleDevice | None
     reason: str = ""
     mig: tuple[MigAllocation, ...] = ()
+    vendor_devices: Mapping[str, PodSingleDevice] = field(default_factory=dict)
+    score_extra: float = 0.0
 
 
 def fit_node(ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger | None = None) -> NodeFit:
@@ -244,6 +279,8 @@ def fit_node(ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger | None = N
         return [DeviceState(*b, mig_occupied=list(occupied.get(b[0].uuid, ()))) for b in base]
 
     app_state = fresh()
+    if request.vendors:
+        return _fit_node_vendors(ctx, entry, quota, fresh, app_state, node)
     for pos, req in enumerate(request.containers):
         if req is None or req.nums <= 0:
             continue
@@ -271,12 +308,126 @@ def fit_node(ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger | None = N
     return NodeFit(tuple(grant), mig=tuple(mig))
 
 
+def _fit_nvidia(ctx: FilterContext, req: ContainerDeviceRequest, state: list[DeviceState],
+                node: NodeOptions, quota_ok: QuotaCheck | None, is_init: bool) -> FitOutcome:
+    """One container's NVIDIA request on ``state`` (charged there for app containers)."""
+    ordered = order_devices(state, req, ctx.pod, ctx.weights)
+    outcome = fit_container(ordered, req, ctx.pod, node, quota_ok)
+    if outcome.ok and not is_init:
+        by_uuid = {d.info.uuid: d for d in state}
+        for dev in outcome.devices:
+            d = by_uuid[dev.uuid]
+            d.used_slots += 1
+            d.used_memory_mib += dev.used_memory_mib
+            d.used_cores += dev.used_cores_percent
+        for device_index, _, placement in outcome.mig:
+            by_uuid[outcome.devices[device_index].uuid].mig_occupied.append(placement)
+    return outcome
+
+
+def _fit_node_vendors(ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger | None,
+                      fresh: Callable[[], list[DeviceState]], app_state: list[DeviceState],
+                      node: NodeOptions) -> NodeFit:
+    """:func:`fit_node` for a pod that asks for other vendors too (spec §4.4, §4.5).
+
+    Per container (init containers on fresh copies, app containers cumulative): the
+    NVIDIA request first (the core's Fit, MIG included), then every other vendor's in
+    CommonWord order through its backend, on that vendor's devices only.
+    """
+    request = ctx.request
+    n = len(request.containers)
+    grant: list[ContainerDevices] = [() for _ in range(n)]
+    vgrant: dict[str, list[ContainerDevices]] = {w: [() for _ in range(n)]
+                                                 for w in request.vendor_words}
+    placed: list[tuple[bool, ContainerDevices]] = []
+    mig: list[MigAllocation] = []
+    vendor_options = PodOptions(gpu_policy=ctx.pod.gpu_policy)
+    for pos, req in enumerate(request.containers):
+        vreqs = request.vendors[pos] if pos < len(request.vendors) else {}
+        wants_nvidia = req is not None and req.nums > 0
+        if not wants_nvidia and not vreqs:
+            continue
+        is_init = pos < request.n_init
+        state = fresh() if is_init else app_state
+        if req is not None and wants_nvidia:
+            outcome = _fit_nvidia(ctx, req, state, node,
+                                  _quota_check(quota, request, placed, is_init), is_init)
+            if not outcome.ok:
+                return NodeFit(None, outcome.reason)
+            grant[pos] = outcome.devices
+            for device_index, profile, placement in outcome.mig:
+                mig.append(MigAllocation(pos, device_index, outcome.devices[device_index].uuid,
+                                         profile, placement))
+            placed.append((is_init, outcome.devices))
+        for word in sorted(vreqs):
+            vendor = ctx.vendors.get(word)
+            if vendor is None:
+                return NodeFit(None, DEVICE_TYPE_NOT_FOUND)
+            vreq = vreqs[word]
+            mine = [d for d in state if d.info.vendor == word]
+            if vreq.nums > len(mine):
+                return NodeFit(None, NODE_INSUFFICIENT_DEVICE)
+            earlier = tuple(vgrant[word][:pos])
+            check = (ctx.vendor_quota.fit_check(request.namespace, word, earlier,
+                                                request.n_init, pos)
+                     if ctx.vendor_quota is not None else None)
+            fit_ctx = FitContext(request.annotations, entry.annotations, entry.name,
+                                 ctx.pod.gpu_policy, allocated=earlier, quota_ok=check)
+            outcome = vendor.fit(order_devices(mine, vreq, vendor_options, ctx.weights),
+                                 vreq, fit_ctx)
+            if not outcome.ok:
+                return NodeFit(None, outcome.reason)
+            by_uuid = {d.info.uuid: d for d in mine}
+            for dev in outcome.devices:
+                target = by_uuid.get(dev.uuid)
+                if target is None:
+                    return NodeFit(None, f'Device with UUID "{dev.uuid}" not found on node '
+                                   f"{entry.name} after Fit")
+                vendor.add_usage(target, dev)
+            vgrant[word][pos] = outcome.devices
+    result = {w: tuple(g) for w, g in vgrant.items()}
+    return NodeFit(tuple(grant), mig=tuple(mig), vendor_devices=result,
+                   score_extra=_vendor_scores(ctx, entry, fresh(), result))
+
+
+def _vendor_scores(ctx: FilterContext, entry: NodeEntry, base: list[DeviceState],
+                   allocation: Mapping[str, PodSingleDevice]) -> float:
+    """Σ ``ScoreNode`` of the granted vendors over the node's pre-existing usage (§4.4
+    step 5); policy-neutral vendors weigh x10000, x-10000 under node policy spread."""
+    extra = 0.0
+    fit_ctx = FitContext(ctx.request.annotations, entry.annotations, entry.name,
+                         ctx.pod.gpu_policy)
+    for word, pod_grant in allocation.items():
+        vendor = ctx.vendors[word]
+        value = vendor.score_node([d for d in base if d.info.vendor == word], pod_grant,
+                                  fit_ctx)
+        if vendor.policy_neutral:
+            value *= -POLICY_NEUTRAL_WEIGHT if ctx.node_policy == "spread" else POLICY_NEUTRAL_WEIGHT
+        extra += value
+    return extra
+
+
+def _scores_nodes(vendors: Mapping[str, Vendor], words: Sequence[str]) -> bool:
+    """True when a requested vendor's ``ScoreNode`` can be non-zero (it overrides the
+    default 0, or it is policy-neutral), so the first fitting node is not enough."""
+    default = BaseVendor.score_node
+    for word in words:
+        vendor = vendors.get(word)
+        if vendor is None:
+            continue
+        if vendor.policy_neutral or getattr(type(vendor), "score_node", default) is not default:
+            return True
+    return False
+
+
 # ------------------------------------------------------------------ the loop
 def filter_pod(request: PodRequest, ledger: UsageLedger, node_names: Sequence[str] | None,
                policy: SchedulingPolicy | None = None,
                quota: QuotaLedger | None = None, *,
                node_orders: Mapping[str, NodeOrder] | None = None,
-               explain: bool = True) -> FilterResult:
+               explain: bool = True,
+               vendors: Mapping[str, Vendor] | None = None,
+               vendor_quota: VendorQuota | None = None) -> FilterResult:
     """Choose a node and GPUs for ``request`` among ``node_names`` (None: every node).
 
     Pure with respect to the ledger: nothing is charged; the caller binds by
@@ -284,7 +435,10 @@ def filter_pod(request: PodRequest, ledger: UsageLedger, node_names: Sequence[st
     ``node_orders`` adds or overrides node policies for this call (e.g. a
     fragmentation-aware order that knows the workload); with ``explain=False`` nodes the
     prefilter already excluded get no per-node reason when nothing fits (a simulator that
-    reports no reasons skips that work; the decision is the same).
+    reports no reasons skips that work; the decision is the same). ``vendors`` (the
+    registry's non-NVIDIA backends) and ``vendor_quota`` serve the requests in
+    ``request.vendors``; a vendor requested but not given fails every node with
+    ``Device type not found``.
 
     Raises:
         FilterError: the pod's ``hami.io/device-scoring-weights`` annotation is malformed.
@@ -295,7 +449,7 @@ def filter_pod(request: PodRequest, ledger: UsageLedger, node_names: Sequence[st
     node_policy, gpu_policy = effective_policies(request, policy)
     ctx = FilterContext(ledger, request,
                         PodOptions.from_annotations(request.annotations, gpu_policy),
-                        _weights(request))
+                        _weights(request), dict(vendors or {}), vendor_quota, node_policy)
     failed: dict[str, str] = {}
     idx = ledger.indices(node_names)
     if node_names is not None and (idx < 0).any():
@@ -305,6 +459,8 @@ def filter_pod(request: PodRequest, ledger: UsageLedger, node_names: Sequence[st
         idx = idx[idx >= 0]
     possible = _node_mask(ledger, request, ctx.pod)[idx]
     orders = {**NODE_ORDERS, **node_orders} if node_orders else NODE_ORDERS
+    if request.vendors:
+        return _filter_vendors(ctx, idx, possible, orders, quota, failed, explain)
     order = orders.get(node_policy, _binpack_nodes)(ctx, idx[possible])
     for i in order:
         entry = ledger.node(ledger.node_name(int(i)))
@@ -323,3 +479,53 @@ def filter_pod(request: PodRequest, ledger: UsageLedger, node_names: Sequence[st
                                 score=ledger.node_score(int(i)), mig=fit.mig)
         failed[entry.name] = fit.reason
     return FilterResult(node=None, failed_nodes=failed)
+
+
+def _filter_vendors(ctx: FilterContext, idx: IntArray, possible: BoolArray,
+                    orders: Mapping[str, NodeOrder], quota: QuotaLedger | None,
+                    failed: dict[str, str], explain: bool) -> FilterResult:
+    """The node loop for a pod that asks for other vendors (spec §4.2 steps 5-7, §4.8).
+
+    Candidates are ranked by the node policy as for NVIDIA (the fragmentation-aware
+    order knows GPU shares only, so binpack ranks vendor pods there). Without a scoring
+    vendor the first node that fits wins, exactly as for NVIDIA; otherwise every
+    candidate is fitted and the highest (binpack) or lowest (spread) adjusted score wins,
+    ties in the policy's order.
+    """
+    ledger = ctx.ledger
+    rank = orders.get(ctx.node_policy, _binpack_nodes)
+    if ctx.node_policy == "fragmentation-aware":
+        rank = _binpack_nodes
+    order = rank(ctx, idx[possible])
+    scoring = _scores_nodes(ctx.vendors, ctx.request.vendor_words)
+    fits: list[tuple[float, int, NodeEntry, NodeFit]] = []
+    for pos, i in enumerate(order):
+        entry = ledger.node(ledger.node_name(int(i)))
+        assert entry is not None
+        fit = fit_node(ctx, entry, quota)
+        if fit.devices is None:
+            failed[entry.name] = fit.reason
+            continue
+        score = ledger.node_score(int(i)) + fit.score_extra
+        if not scoring:
+            return _vendor_result(entry, fit, score)
+        key = score if ctx.node_policy == "spread" else -score
+        fits.append((key, pos, entry, fit))
+    if fits:
+        _, _, entry, fit = min(fits, key=lambda t: (t[0], t[1]))
+        i = entry.index
+        return _vendor_result(entry, fit, ledger.node_score(i) + fit.score_extra)
+    for i in idx[~possible] if explain else ():
+        entry = ledger.node(ledger.node_name(int(i)))
+        assert entry is not None
+        fit = fit_node(ctx, entry, quota)
+        if fit.devices is not None:  # the prefilter is a necessary condition; never trust it more
+            return _vendor_result(entry, fit, ledger.node_score(int(i)) + fit.score_extra)
+        failed[entry.name] = fit.reason
+    return FilterResult(node=None, failed_nodes=failed)
+
+
+def _vendor_result(entry: NodeEntry, fit: NodeFit, score: float) -> FilterResult:
+    assert fit.devices is not None
+    return FilterResult(node=entry.name, devices=fit.devices, score=score, mig=fit.mig,
+                        vendor_devices=fit.vendor_devices)

@@ -7,6 +7,7 @@ percent of one physical GPU (100 = whole GPU when ``deviceCoreScaling`` is 1).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 #: ``MemPercentagereq`` sentinel meaning "no percentage given" (spec §1.3 step 3).
@@ -122,6 +123,11 @@ class PodRequest:
     ``None`` for a container that asks for no device. ``n_init`` is how many of them are
     init containers. Annotations are the pod's (user options such as
     ``nvidia.com/use-gputype`` are read from them by :mod:`hami.core.fit`).
+
+    ``vendors`` holds, per container in the same order, the requests of the registered
+    vendors other than NVIDIA keyed by CommonWord (``{"DCU": ...}``; ``{}`` for none);
+    it is ``()`` when no such vendor is registered or no container asks for one (§1.3
+    ``Resourcereqs``: one request per vendor per container).
     """
 
     namespace: str
@@ -132,8 +138,15 @@ class PodRequest:
     annotations: dict[str, str] = field(default_factory=dict)
     cpu_milli: int = 0
     memory_mib: int = 0
+    vendors: tuple[Mapping[str, ContainerDeviceRequest], ...] = ()
 
     @property
     def wants_devices(self) -> bool:
-        """True when at least one container requests a device."""
-        return any(c is not None and c.nums > 0 for c in self.containers)
+        """True when at least one container requests a device of any vendor."""
+        return (any(c is not None and c.nums > 0 for c in self.containers)
+                or any(self.vendors))
+
+    @property
+    def vendor_words(self) -> tuple[str, ...]:
+        """CommonWords of the non-NVIDIA vendors some container asks for, sorted."""
+        return tuple(sorted({word for reqs in self.vendors for word in reqs}))

@@ -14,11 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hami.core.config import NvidiaConfig
 from hami.core.model import PERCENT_UNSET, ContainerDeviceRequest, PodRequest
 from hami.core.quantity import QuantityError, parse_quantity, to_int_exact, to_mib, to_milli
+
+if TYPE_CHECKING:
+    from hami.devices.protocol import Vendor
 
 INT32_MAX = 2**31 - 1
 
@@ -141,14 +144,38 @@ def _pod_cpu_memory(init: Sequence[Any], app: Sequence[Any]) -> tuple[int, int]:
     return cpu, mem
 
 
-def pod_request(pod: Mapping[str, Any], config: NvidiaConfig) -> PodRequest:
+def vendor_requests(pod: Mapping[str, Any], vendors: Mapping[str, Vendor]
+                    ) -> tuple[Mapping[str, ContainerDeviceRequest], ...]:
+    """Per container (init first) the requests of ``vendors`` (non-NVIDIA backends keyed by
+    CommonWord), ``()`` when no container asks for any (spec §1.3 ``Resourcereqs``, §9
+    ``GenerateResourceRequests``).
+
+    Raises:
+        RequestError: a vendor value is malformed (the backend's ``AdmissionError``).
+    """
+    if not vendors:
+        return ()
+    # Imported here: the backends import this module (resource parsing).
+    from hami.devices.allocate import pod_requests
+    from hami.devices.protocol import AdmissionError
+
+    try:
+        per_container = pod_requests(vendors, pod).containers
+    except (AdmissionError, QuantityError) as exc:
+        raise RequestError(str(exc)) from None
+    return per_container if any(per_container) else ()
+
+
+def pod_request(pod: Mapping[str, Any], config: NvidiaConfig,
+                vendors: Mapping[str, Vendor] | None = None) -> PodRequest:
     """A Kubernetes Pod (JSON-shaped mapping) -> :class:`PodRequest`.
 
     Containers are listed init containers first, then regular containers, each entry
-    ``None`` when it asks for no GPU (HAMi ``Resourcereqs``).
+    ``None`` when it asks for no GPU (HAMi ``Resourcereqs``). ``vendors`` (the registry's
+    non-NVIDIA backends) fill :attr:`PodRequest.vendors`.
 
     Raises:
-        RequestError: any container's GPU, CPU or memory value is malformed.
+        RequestError: any container's device, CPU or memory value is malformed.
     """
     meta = pod.get("metadata") or {}
     init, app = _containers(pod)
@@ -163,4 +190,5 @@ def pod_request(pod: Mapping[str, Any], config: NvidiaConfig) -> PodRequest:
         annotations=dict(meta.get("annotations") or {}),
         cpu_milli=cpu,
         memory_mib=mem,
+        vendors=vendor_requests(pod, vendors) if vendors else (),
     )

@@ -1,14 +1,21 @@
 """Cluster state as the scheduler sees it: nodes, pods holding GPUs, quotas.
 
 Source: ``shared/specs/hami-scheduler-spec.md`` §4.2 (filter flow), §4.3 (which pods
-count), §4.13 (node registration), §5.2 (quota). Kubernetes objects come in as
-JSON-shaped mappings; this module decides, the shells (watch loops, the offline
+count), §4.13 (node registration), §5.2 (quota), §9 (vendors). Kubernetes objects come
+in as JSON-shaped mappings; this module decides, the shells (watch loops, the offline
 scheduler, the simulator) only feed it objects and write out its decisions.
+
+Vendors: the registry of :class:`~hami.core.config.SchedulerConfig` (built once from the
+device config) adds its non-NVIDIA backends everywhere: a node registers the devices of
+every vendor it reports (``GetNodeDevices``), a pod is charged what every vendor's
+``…-devices-allocated`` annotation says, the filter writes every vendor's annotations
+(``PatchAnnotations``) and quota is kept per vendor resource (:class:`VendorQuota`).
+Device UUIDs are unique across vendors, so one usage ledger holds them all.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,11 +31,14 @@ from hami.core.codec import (
 )
 from hami.core.collapse import total
 from hami.core.config import SchedulerConfig
-from hami.core.filter import FilterResult, filter_pod
+from hami.core.filter import FilterError, FilterResult, filter_pod
 from hami.core.ledger import PodEntry, UsageLedger
-from hami.core.model import PodRequest, PodSingleDevice
+from hami.core.model import DeviceInfo, PodRequest, PodSingleDevice
 from hami.core.quota import QuotaLedger
 from hami.core.request import RequestError, pod_request
+from hami.devices.allocate import merge_allocation, pod_patch
+from hami.devices.protocol import PatchContext
+from hami.devices.quota import VendorQuota
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -37,9 +47,10 @@ TERMINAL_PHASES = ("Succeeded", "Failed")
 class Decision:
     """A filter decision and the pod annotations that record it (spec §2.2, §4.10).
 
-    ``annotations`` holds ``hami.io/vgpu-node``, ``hami.io/vgpu-devices-to-allocate`` and
-    ``hami.io/vgpu-devices-allocated`` when a node was chosen (the shell adds
-    ``hami.io/vgpu-time``); empty otherwise.
+    ``annotations`` holds ``hami.io/vgpu-node`` and, when a node was chosen, every
+    granted vendor's ``PatchAnnotations``: NVIDIA's ``hami.io/vgpu-devices-to-allocate``
+    and ``hami.io/vgpu-devices-allocated`` (and MIG JSON), e.g. Hygon's
+    ``hami.io/dcu-devices-…`` (the shell adds ``hami.io/vgpu-time``); empty otherwise.
     """
 
     result: FilterResult
@@ -82,29 +93,62 @@ class ClusterState:
         self.config = config or SchedulerConfig()
         self.ledger = UsageLedger()
         self.quota = QuotaLedger(self.config.nvidia)
+        #: The registered vendors other than NVIDIA (CommonWord -> backend).
+        self.vendors = self.config.vendors()
+        #: Their namespace quota (spec §5.2); None when only NVIDIA is registered.
+        self.vendor_quota = VendorQuota(self.vendors) if self.vendors else None
         #: MIG reservations per charged pod uid, as decoded (runtime identity included).
         self.mig: dict[str, tuple[MigAllocation, ...]] = {}
+        #: Other vendors' grants per charged pod uid (CommonWord -> per container).
+        self.vendor_devices: dict[str, dict[str, PodSingleDevice]] = {}
+        #: Per node, why a vendor's devices were not registered (CommonWord -> reason).
+        self.vendor_reasons: dict[str, dict[str, str]] = {}
 
     # ----------------------------------------------------------------- nodes
     def upsert_node(self, node: Mapping[str, Any], *, cpu_milli: int | None = None,
-                    memory_mib: int | None = None) -> str:
-        """Register a Node from its ``hami.io/node-nvidia-register`` annotation.
+                    memory_mib: int | None = None,
+                    vendors: Collection[str] | None = None) -> str:
+        """Register a Node's devices: NVIDIA's ``hami.io/node-nvidia-register`` annotation
+        and every other registered vendor's ``GetNodeDevices`` (register annotation or
+        node capacity, spec §2.1, §2.3, §9).
 
-        Returns "" when registered, else the reason (the node is then removed, so no pod
-        is placed on devices it no longer reports).
+        ``vendors`` limits which CommonWords are read (the shell's per-vendor health
+        check, §4.13); None reads all. A vendor whose annotation is malformed is skipped
+        (its reason is kept in :attr:`vendor_reasons`) and the others still register.
+        Returns "" when some device was registered, else the reason (the node is then
+        removed, so no pod is placed on devices it no longer reports).
         """
         meta = _meta(node)
         name = str(meta.get("name") or "")
         annotations = dict(meta.get("annotations") or {})
-        raw = annotations.get(names.NODE_REGISTER)
-        if raw is None:
+        devices: list[DeviceInfo] = []
+        reasons: dict[str, str] = {}
+        if vendors is None or names.NVIDIA in vendors:
+            raw = annotations.get(names.NODE_REGISTER)
+            if raw is None:
+                reasons[names.NVIDIA] = f"annos not found {names.NODE_REGISTER}"
+            else:
+                try:
+                    devices.extend(decode_node_devices(raw))
+                except CodecError as exc:
+                    reasons[names.NVIDIA] = f"node {name}: {exc}"
+        for word, vendor in self.vendors.items():
+            if vendors is not None and word not in vendors:
+                continue
+            try:
+                found = vendor.node_devices(node)
+            except (CodecError, ValueError) as exc:
+                reasons[word] = f"node {name}: {word}: {exc}"
+                continue
+            devices.extend(found)
+        self.vendor_reasons[name] = {w: r for w, r in reasons.items() if w != names.NVIDIA}
+        if not devices:
             self.ledger.remove_node(name)
-            return f"annos not found {names.NODE_REGISTER}"
-        try:
-            devices = decode_node_devices(raw)
-        except CodecError as exc:
-            self.ledger.remove_node(name)
-            return f"node {name}: {exc}"
+            if not self.vendors:
+                return reasons.get(names.NVIDIA, "no devices")
+            why = [reasons[w] for w in sorted(reasons)]
+            return "; ".join(why) or (f"no devices of {', '.join([names.NVIDIA, *self.vendors])}"
+                                      " on the node")
         self.ledger.add_node(name, devices, cpu_milli=cpu_milli, memory_mib=memory_mib,
                              annotations=annotations)
         return ""
@@ -112,15 +156,17 @@ class ClusterState:
     def remove_node(self, name: str) -> None:
         """Forget a deleted node."""
         self.ledger.remove_node(name)
+        self.vendor_reasons.pop(name, None)
 
     # ------------------------------------------------------------------ pods
     def upsert_pod(self, pod: Mapping[str, Any]) -> bool:
         """Apply HAMi's membership rules (spec §4.3) to an added or updated Pod.
 
-        Counted: pods with ``hami.io/vgpu-node`` and a decodable
-        ``hami.io/vgpu-devices-allocated``, not Succeeded/Failed. A Terminating pod keeps
-        its charge but is never newly added. When every init container has finished the
-        charge shrinks to the app containers. Returns whether the pod is charged.
+        Counted: pods with ``hami.io/vgpu-node`` whose ``hami.io/vgpu-devices-allocated``
+        and every other registered vendor's allocated annotation decode, not
+        Succeeded/Failed. A Terminating pod keeps its charge but is never newly added.
+        When every init container has finished the charge shrinks to the app containers.
+        Returns whether the pod is charged.
         """
         meta = _meta(pod)
         uid = pod_uid(pod)
@@ -138,7 +184,9 @@ class ClusterState:
             return False
         try:
             devices = decode_pod_devices(annotations.get(names.DEVICES_ALLOCATED, ""))
-        except CodecError:
+            vendor_devices = {word: grant for word, vendor in self.vendors.items()
+                              if (grant := vendor.decode_allocation(annotations))}
+        except (CodecError, ValueError):
             return False
         try:
             mig = decode_mig_allocations(annotations.get(names.MIG_ALLOCATIONS, "") or "[]")
@@ -148,7 +196,8 @@ class ClusterState:
         n_init = len(spec.get("initContainers") or [])
         self.charge(uid, str(node), devices, n_init,
                     namespace=str(meta.get("namespace") or "default"),
-                    name=str(meta.get("name") or ""), mig=mig)
+                    name=str(meta.get("name") or ""), mig=mig,
+                    vendor_devices=vendor_devices)
         self._shrink_when_init_done(pod, uid)
         return True
 
@@ -162,10 +211,21 @@ class ClusterState:
 
     def charge(self, uid: str, node: str, devices: PodSingleDevice, n_init: int, *,
                namespace: str, name: str = "", cpu_milli: int = 0, memory_mib: int = 0,
-               mig: tuple[MigAllocation, ...] = ()) -> PodEntry:
+               mig: tuple[MigAllocation, ...] = (),
+               vendor_devices: Mapping[str, PodSingleDevice] | None = None) -> PodEntry:
         """Charge a grant (and its MIG instances) to the ledger and the namespace quota,
-        replacing an earlier charge of the same pod."""
+        replacing an earlier charge of the same pod.
+
+        ``devices`` is the NVIDIA grant, ``vendor_devices`` the other vendors' (by
+        CommonWord); the ledger holds their merge (one entry per container), NVIDIA quota
+        counts NVIDIA devices and :attr:`vendor_quota` each vendor's resources.
+        """
         self.remove_pod(uid)
+        others = {w: g for w, g in (vendor_devices or {}).items() if any(g)}
+        if others:
+            n = max(len(devices), *(len(g) for g in others.values()))
+            devices = merge_allocation({names.NVIDIA: devices, **others}, n)
+            self.vendor_devices[uid] = others
         entry = self.ledger.add_pod(uid, node, devices, n_init, namespace=namespace,
                                     name=name, cpu_milli=cpu_milli, memory_mib=memory_mib,
                                     mig=tuple((m.gpu_uuid, m.placement) for m in mig))
@@ -174,7 +234,31 @@ class ClusterState:
         self._charge_quota(entry)
         return entry
 
-    def _restore(self, entry: PodEntry) -> None:
+    def nvidia_devices(self, entry: PodEntry) -> PodSingleDevice:
+        """The NVIDIA part of a charged pod's grant (the ledger keeps all vendors')."""
+        others = self.vendor_devices.get(entry.uid)
+        if not others:
+            return entry.devices
+        theirs = {d.uuid for grant in others.values() for c in grant for d in c}
+        return tuple(tuple(d for d in c if d.uuid not in theirs) for c in entry.devices)
+
+    def lock_vendors(self, uid: str) -> tuple[str, ...]:
+        """CommonWords whose node lock a bind of the pod takes, sorted (spec §4.11: a
+        vendor locks only when a regular container, not an init container, holds its
+        devices)."""
+        entry = self.ledger.pod(uid)
+        if entry is None:
+            return ()
+        words = {w for w, g in self.vendor_devices.get(uid, {}).items()
+                 if any(g[entry.n_init:])}
+        if any(self.nvidia_devices(entry)[entry.n_init:]):
+            words.add(names.NVIDIA)
+        return tuple(sorted(words))
+
+    def _restore(self, entry: PodEntry, vendor_devices: dict[str, PodSingleDevice] | None
+                 ) -> None:
+        if vendor_devices:
+            self.vendor_devices[entry.uid] = vendor_devices
         restored = self.ledger.add_pod(entry.uid, entry.node, entry.devices, entry.n_init,
                                        namespace=entry.namespace, name=entry.name,
                                        cpu_milli=entry.cpu_milli, memory_mib=entry.memory_mib,
@@ -190,57 +274,106 @@ class ClusterState:
         self.mig.pop(uid, None)
         if entry is not None:
             self._release_quota(entry)
+        self.vendor_devices.pop(uid, None)
+
+    def _quota_parts(self, entry: PodEntry) -> tuple[tuple[int, int],
+                                                     dict[str, PodSingleDevice]]:
+        """NVIDIA ``(memory, cores)`` of the entry's charges, and the other vendors'
+        grants as quota sees them (init containers dropped once the pod has shrunk)."""
+        others = self.vendor_devices.get(entry.uid)
+        if not others:
+            return total(entry.charges), {}
+        theirs = {d.uuid for grant in others.values() for c in grant for d in c}
+        nvidia = total(c for c in entry.charges if c.uuid not in theirs)
+        if entry.shrunk:
+            others = {w: tuple(() if pos < entry.n_init else c for pos, c in enumerate(g))
+                      for w, g in others.items()}
+        return nvidia, others
 
     def _charge_quota(self, entry: PodEntry) -> None:
-        self.quota.charge(entry.namespace, *total(entry.charges))
+        nvidia, others = self._quota_parts(entry)
+        self.quota.charge(entry.namespace, *nvidia)
+        if others and self.vendor_quota is not None:
+            self.vendor_quota.add_usage(entry.namespace, others, entry.n_init)
 
     def _release_quota(self, entry: PodEntry) -> None:
-        self.quota.release(entry.namespace, *total(entry.charges))
+        nvidia, others = self._quota_parts(entry)
+        self.quota.release(entry.namespace, *nvidia)
+        if others and self.vendor_quota is not None:
+            self.vendor_quota.remove_usage(entry.namespace, others, entry.n_init)
 
     # ---------------------------------------------------------------- quotas
     def upsert_quota(self, quota: Mapping[str, Any]) -> None:
         """Apply a ResourceQuota (its ``spec.hard``)."""
         meta = _meta(quota)
         hard = (quota.get("spec") or {}).get("hard") or {}
-        self.quota.set_quota(str(meta.get("namespace") or "default"), str(meta.get("name")),
-                             hard)
+        namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name"))
+        self.quota.set_quota(namespace, name, hard)
+        if self.vendor_quota is not None:
+            self.vendor_quota.set_quota(namespace, name, hard)
 
     def remove_quota(self, quota: Mapping[str, Any]) -> None:
         """Forget a deleted ResourceQuota."""
         meta = _meta(quota)
-        self.quota.remove_quota(str(meta.get("namespace") or "default"), str(meta.get("name")))
+        namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name"))
+        self.quota.remove_quota(namespace, name)
+        if self.vendor_quota is not None:
+            self.vendor_quota.remove_quota(namespace, name)
 
     # ---------------------------------------------------------------- filter
-    def filter(self, pod: Mapping[str, Any], node_names: Sequence[str] | None = None) -> Decision:
-        """Decide node and GPUs for a pod (spec §4.2 steps 1-8), without charging it.
+    def filter(self, pod: Mapping[str, Any], node_names: Sequence[str] | None = None, *,
+               now_ns: int = 0) -> Decision:
+        """Decide node and devices for a pod (spec §4.2 steps 1-8), without charging it.
 
         The pod's own earlier charge (a retried filter) is released first, as HAMi does.
+        ``now_ns`` is the clock (Unix ns) for vendors that write it (Ascend, Mthreads
+        ``predicate-time``); the core reads no clock.
 
         Raises:
-            RequestError: the pod's GPU request is malformed.
-            FilterError: a pod annotation the filter reads is malformed.
+            RequestError: the pod's device request is malformed.
+            FilterError: a pod annotation the filter reads is malformed, or two vendors
+                would write one pod annotation differently (a device config error).
         """
-        request = pod_request(pod, self.config.nvidia)
+        request = pod_request(pod, self.config.nvidia, self.vendors)
         uid = pod_uid(pod)
         earlier = self.ledger.pod(uid) if request.wants_devices else None
+        earlier_vendors = self.vendor_devices.get(uid)
         if earlier is not None:
             self.remove_pod(uid)
         try:
             result = filter_pod(request, self.ledger, node_names, self.config.policy,
-                                self.quota)
+                                self.quota, vendors=self.vendors,
+                                vendor_quota=self.vendor_quota)
+            annotations = self._annotations(result, request, now_ns)
         except Exception:
             if earlier is not None:  # a refused pod keeps what it held
-                self._restore(earlier)
+                self._restore(earlier, earlier_vendors)
             raise
-        annotations: dict[str, str] = {}
-        if result.node is not None:
+        return Decision(result, request, annotations)
+
+    def _annotations(self, result: FilterResult, request: PodRequest,
+                     now_ns: int) -> dict[str, str]:
+        """``hami.io/vgpu-node`` plus every granted vendor's ``PatchAnnotations``."""
+        if result.node is None:
+            return {}
+        annotations = {names.VGPU_NODE: result.node}
+        if any(result.devices) or not result.vendor_devices:
             encoded = encode_pod_devices(result.devices)
-            annotations = {names.VGPU_NODE: result.node,
-                           names.DEVICES_TO_ALLOCATE: encoded,
-                           names.DEVICES_ALLOCATED: encoded}
+            annotations[names.DEVICES_TO_ALLOCATE] = encoded
+            annotations[names.DEVICES_ALLOCATED] = encoded
             if result.mig:
                 annotations[names.MIG_ALLOCATIONS] = encode_mig_allocations(result.mig)
-        return Decision(result, request, annotations)
+        if result.vendor_devices:
+            try:
+                written = pod_patch(self.vendors, result.vendor_devices,
+                                    PatchContext(result.node, now_ns, request.annotations))
+            except ValueError as exc:
+                raise FilterError(str(exc)) from None
+            for key, value in written.items():
+                if key in annotations and annotations[key] != value:
+                    raise FilterError(f"vendors disagree on pod annotation {key}")
+                annotations[key] = value
+        return annotations
 
     def commit(self, pod: Mapping[str, Any], decision: Decision) -> PodEntry | None:
         """Charge a decision (HAMi adds the pod to its cache right after filter)."""
@@ -250,7 +383,8 @@ class ClusterState:
         return self.charge(pod_uid(pod), decision.result.node, decision.result.devices,
                            req.n_init, namespace=req.namespace, name=req.name,
                            cpu_milli=req.cpu_milli, memory_mib=req.memory_mib,
-                           mig=decision.result.mig)
+                           mig=decision.result.mig,
+                           vendor_devices=decision.result.vendor_devices)
 
 
 __all__ = ["ClusterState", "Decision", "RequestError", "pod_uid", "init_containers_done"]

@@ -6,8 +6,8 @@ The core :func:`hami.core.fit.fit_container` hard-codes two NVIDIA facts: the re
 must be ``NVIDIA`` and the user's type filters are ``nvidia.com/use-gputype``. The adapter
 :func:`generic_fit` feeds it masked copies of the devices (type ``NVIDIA``, or a type the
 pod options reject when this vendor's own filter rejects the card) so that the check order
-and the reason counting stay exactly HAMi's (§4.9) and nothing is copied. The cleaner core
-change (a ``vendor``/``type_ok`` parameter) is proposed in ``docs/vendors.md``.
+and the reason counting stay exactly HAMi's (§4.9) and nothing is copied (a
+``vendor``/``type_ok`` parameter of the core Fit would make the masking unnecessary).
 """
 
 from __future__ import annotations

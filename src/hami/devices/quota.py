@@ -4,8 +4,8 @@ Usage and limits are tracked per namespace per *resource name*; only the memory 
 names of registered vendors are tracked. ``limits.<name>`` of a ResourceQuota's
 ``spec.hard`` sets a limit (integers only; an explicit 0 blocks); a vendor's memory limit
 is multiplied by its ``memoryFactor``. The NVIDIA-only :class:`hami.core.quota.QuotaLedger`
-stays the core's; this ledger is its multi-vendor generalisation for the filter loop that
-dispatches per vendor (see docs/vendors.md for the proposed wiring).
+stays the core's for NVIDIA; :class:`hami.core.state.ClusterState` keeps this ledger for
+the registry's other vendors (webhook pre-check, fit-time check, usage of placed pods).
 """
 
 from __future__ import annotations

@@ -41,13 +41,18 @@ class NodeApi(Protocol):
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
 
-def _lock_of(node: Mapping[str, Any]) -> tuple[str | None, str]:
+def _lock_of(node: Mapping[str, Any], key: str = names.NODE_LOCK) -> tuple[str | None, str]:
     meta = node.get("metadata") or {}
-    return (meta.get("annotations") or {}).get(names.NODE_LOCK), str(meta.get("resourceVersion") or "")
+    return (meta.get("annotations") or {}).get(key), str(meta.get("resourceVersion") or "")
 
 
 class NodeLocks:
-    """``acquire``/``release`` of ``hami.io/mutex.lock`` for pods.
+    """``acquire``/``release`` of a node lock annotation for pods: HAMi's generic
+    ``hami.io/mutex.lock`` (``<RFC3339>,<ns>,<pod>``), or a vendor's own key (Cambricon
+    ``cambricon.com/dsmlu.lock``, spec §2.1) whose value is the RFC3339 time alone
+    (``owner_in_value=False``: no owner to check, so such a lock is only taken over
+    once it is older than ``timeout``, and released only if it still holds the value
+    this scheduler wrote).
 
     ``wait_change(node, seconds)`` is awaited between retries; the scheduler wires it to
     its node watch so a released lock is seen at once instead of after a poll.
@@ -56,14 +61,19 @@ class NodeLocks:
     def __init__(self, api: NodeApi, *, timeout: timedelta, retry_timeout: timedelta,
                  wait_change: Callable[[str, float], Any] | None = None,
                  cached: Callable[[str], Mapping[str, Any] | None] | None = None,
-                 now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 now: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 annotation: str = names.NODE_LOCK, owner_in_value: bool = True) -> None:
         self.api = api
         self.timeout = timeout
         self.retry_timeout = retry_timeout
         self.wait_change = wait_change
         self.cached = cached
         self.now = now
+        self.annotation = annotation
+        self.owner_in_value = owner_in_value
         self._mutex: dict[str, asyncio.Lock] = {}
+        #: Per node, the owner-less value this scheduler last wrote and for whom.
+        self._written: dict[str, tuple[str, str, str]] = {}
         self.takeovers = 0
 
     async def acquire(self, node: str, namespace: str, name: str) -> None:
@@ -100,7 +110,7 @@ class NodeLocks:
                 obj = self.cached(node) if self.cached is not None and attempt == 0 else None
                 if obj is None or not (obj.get("metadata") or {}).get("resourceVersion"):
                     obj = await self._get(node)
-                value, rv = _lock_of(obj)
+                value, rv = _lock_of(obj, self.annotation)
                 now = self.now()
                 step = lock_step(value, now, self.timeout, namespace, name)
                 if step.action is LockAction.HELD:
@@ -116,25 +126,37 @@ class NodeLocks:
                         raise LockError(contention_message(node, self.timeout))
                 if step.action is not LockAction.SET:
                     self.takeovers += 1
-                patch = {"metadata": {"annotations": {
-                    names.NODE_LOCK: encode_node_lock(now, namespace, name)},
-                    "resourceVersion": rv}}
+                written = encode_node_lock(now, namespace, name)
+                if not self.owner_in_value:
+                    written = written.split(",", 1)[0]
+                patch = {"metadata": {"annotations": {self.annotation: written},
+                                      "resourceVersion": rv}}
                 if await self._cas(node, patch):
+                    if not self.owner_in_value:
+                        self._written[node] = (namespace, name, written)
                     return
             raise LockError(contention_message(node, self.timeout))
 
     async def release(self, node: str, namespace: str, name: str, *, force: bool = False) -> bool:
         """Remove the lock if it is exactly ``namespace/name``'s (or ``force``); returns
         whether something was removed. Never raises for a lock that is not ours (B01)."""
+        mine = self._written.get(node)
+        written = mine[2] if mine is not None and mine[:2] == (namespace, name) else None
+        if written is not None:
+            del self._written[node]
         for _ in range(_CAS_ATTEMPTS):
             try:
                 obj = await self._get(node)
             except LockError:
                 return False
-            value, rv = _lock_of(obj)
-            if not release_step(value, namespace, name, force=force):
+            value, rv = _lock_of(obj, self.annotation)
+            if self.owner_in_value:
+                if not release_step(value, namespace, name, force=force):
+                    return False
+            elif not value or (value != written and not force):
                 return False
-            patch = {"metadata": {"annotations": {names.NODE_LOCK: None}, "resourceVersion": rv}}
+            patch = {"metadata": {"annotations": {self.annotation: None},
+                                  "resourceVersion": rv}}
             try:
                 if await self._cas(node, patch):
                     return True

@@ -51,6 +51,8 @@ def scheduler(
         help="with --leader-elect: do not elect, follow the named Lease of kube-scheduler "
              "and lead iff its holder is this host (HAMi's rule)")] = False,
     device_config_file: Annotated[str, typer.Option(help="HAMi device-config.yaml")] = "",
+    enable_ascend: Annotated[bool, typer.Option(help="register the device config's vnpus (Ascend) vendors")] = False,
+    enable_iluvatar: Annotated[bool, typer.Option(help="register the device config's iluvatars vendors")] = False,
     register_interval: Annotated[str, typer.Option(help="node registration/health period")] = "15s",
     events: Annotated[bool, typer.Option(help="post Kubernetes Events for filter/bind")] = True,
     async_annotation_patch: Annotated[bool, typer.Option(help="answer /filter before its annotation patch lands (/bind waits for it)")] = True,
@@ -83,6 +85,7 @@ def scheduler(
             leader_elect_follow=leader_elect_follow,
             legacy_metrics=legacy_metrics,
             device_config_file=device_config_file,
+            enable_ascend=enable_ascend, enable_iluvatar=enable_iluvatar,
             register_interval=_duration(register_interval, "--register-interval"),
             events=events, async_annotation_patch=async_annotation_patch, debug=debug)
         settings.validate()

@@ -14,6 +14,14 @@ shell only decides *when* to apply them:
 * DELETED releases; a relist (start, watch error, leadership gained) re-applies every
   listed object and releases pods, nodes and quotas that are gone, except charges made
   by a filter after the list was taken.
+
+Vendors (the registry of the device config, spec §9): registration checks every
+vendor's handshake on its own key and registers the devices of the healthy ones, the
+pod informer charges every vendor's allocated annotation (the core decodes them),
+``/filter`` writes every vendor's annotations, ``/bind`` takes the node lock of every
+vendor a regular container uses, in CommonWord order (the generic ``hami.io/mutex.lock``
+once, Cambricon's ``cambricon.com/dsmlu.lock`` besides), and the webhook mutates and
+pre-checks quota through every vendor.
 """
 
 from __future__ import annotations
@@ -118,11 +126,13 @@ def _list_key(kind: str, obj: Mapping[str, Any]) -> Any:
     return str(_meta(obj).get("name") or "")
 
 
-def _registration_view(node: Mapping[str, Any]) -> Any:
-    """What registration reads from a node: everything but the node lock annotation."""
+def _registration_view(node: Mapping[str, Any],
+                       locks: frozenset[str] = frozenset({names.NODE_LOCK})) -> Any:
+    """What registration reads from a node: everything but the node lock annotations."""
     meta = node["metadata"]
-    ann = {k: v for k, v in meta["annotations"].items() if k != names.NODE_LOCK}
-    return ann, meta["labels"], node["status"]["allocatable"]
+    ann = {k: v for k, v in meta["annotations"].items() if k not in locks}
+    status = node["status"]
+    return ann, meta["labels"], status["allocatable"], status.get("capacity")
 
 
 def _quota_key(quota: Mapping[str, Any]) -> tuple[str, str]:
@@ -131,12 +141,15 @@ def _quota_key(quota: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def _slim_node(node: Mapping[str, Any]) -> JSON:
-    """What the engine keeps of a Node: name, version, labels, annotations, allocatable."""
+    """What the engine keeps of a Node: name, version, labels, annotations, allocatable
+    and capacity (vendors such as Cambricon synthesise devices from capacity, §9)."""
     meta = _meta(node)
+    status = node.get("status") or {}
     return {"metadata": {"name": meta.get("name"), "resourceVersion": meta.get("resourceVersion"),
                          "labels": dict(meta.get("labels") or {}),
                          "annotations": dict(meta.get("annotations") or {})},
-            "status": {"allocatable": dict((node.get("status") or {}).get("allocatable") or {})}}
+            "status": {"allocatable": dict(status.get("allocatable") or {}),
+                       "capacity": dict(status.get("capacity") or {})}}
 
 
 @dataclass
@@ -181,6 +194,19 @@ class Engine:
                                retry_timeout=settings.node_lock_retry_timeout,
                                wait_change=self._wait_node_change,
                                cached=self.nodes.get)
+        #: Vendors' own node locks by annotation key (Cambricon; value: RFC3339 alone).
+        self.vendor_locks: dict[str, NodeLocks] = {}
+        for vendor in self.state.vendors.values():
+            key = vendor.lock_annotation
+            if key and key not in self.vendor_locks:
+                self.vendor_locks[key] = NodeLocks(
+                    kube, timeout=settings.node_lock_timeout,
+                    retry_timeout=settings.node_lock_retry_timeout,
+                    wait_change=self._wait_node_change, cached=self.nodes.get,
+                    annotation=key, owner_in_value=False)
+        self._lock_keys = frozenset({names.NODE_LOCK, *self.vendor_locks})
+        #: Last allocatable count per (node, CommonWord) of the other vendors (§4.13).
+        self._vendor_reported: dict[tuple[str, str], int] = {}
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -324,30 +350,66 @@ class Engine:
             self.nodes.pop(name, None)
             self._reported.pop(name, None)
             self.node_reasons.pop(name, None)
+            for word in self.state.vendors:
+                self._vendor_reported.pop((name, word), None)
         else:
             slim = _slim_node(node)
             old = self.nodes.get(name)
             self.nodes[name] = slim
-            if old is None or _registration_view(old) != _registration_view(slim):
+            if old is None or (_registration_view(old, self._lock_keys)
+                               != _registration_view(slim, self._lock_keys)):
                 self.register(name)  # not for lock-only changes (two per bind)
         changed = self._node_changed.get(name)
         if changed is not None:
             changed.set()
 
     def register(self, name: str) -> None:
-        """Health check and (re)registration of one node (spec §4.13)."""
+        """Health check and (re)registration of one node (spec §4.13), per vendor."""
         node = self.nodes.get(name)
         if node is None:
             return
-        health = check_node(node, self._reported.get(name), self.local_now())
+        now = self.local_now()
+        health = check_node(node, self._reported.get(name), now)
         self._reported[name] = health.reported
-        if health.handshake is not None and self.leader:
-            self._spawn(self._patch_handshake(name, health.handshake))
-        if not health.healthy:
-            self.state.remove_node(name)
-            self.node_reasons[name] = health.reason
+        handshakes: dict[str, str] = {}
+        if health.handshake is not None:
+            handshakes[names.NODE_HANDSHAKE] = health.handshake
+        if not self.state.vendors:  # NVIDIA only: HAMi's NVIDIA loop, unchanged
+            if handshakes and self.leader:
+                self._spawn(self._patch_handshake(name, handshakes))
+            if not health.healthy:
+                self.state.remove_node(name)
+                self.node_reasons[name] = health.reason
+                return
+            self.node_reasons[name] = self.state.upsert_node(node)
             return
-        self.node_reasons[name] = self.state.upsert_node(node)
+        healthy = {names.NVIDIA} if health.healthy else set()
+        reasons = [] if health.healthy else [health.reason]
+        annotations = _meta(node).get("annotations") or {}
+        for word, vendor in self.state.vendors.items():
+            key = (name, word)
+            resource = vendor.resource_names().count
+            vh = check_node(node, self._vendor_reported.get(key), now,
+                            handshake_key=vendor.handshake_key, resource=resource)
+            self._vendor_reported[key] = vh.reported
+            # ours: a vendor's handshake is only written on nodes that show that vendor
+            # (its register annotation, its handshake or its resource), not on every node
+            present = (vh.reported > 0 or vendor.handshake_key in annotations
+                       or bool(vendor.register_key and vendor.register_key in annotations))
+            if vh.handshake is not None and present and vendor.handshake_key:
+                handshakes[vendor.handshake_key] = vh.handshake
+            if vh.healthy:
+                healthy.add(word)
+            elif present:
+                reasons.append(f"{word}: {vh.reason}")
+        if handshakes and self.leader:
+            self._spawn(self._patch_handshake(name, handshakes))
+        if not healthy:
+            self.state.remove_node(name)
+            self.node_reasons[name] = "; ".join(reasons)
+            return
+        why = self.state.upsert_node(node, vendors=healthy)
+        self.node_reasons[name] = "; ".join([*reasons, why]) if why and reasons else why
 
     def register_all(self) -> None:
         for name in list(self.nodes):
@@ -358,10 +420,10 @@ class Engine:
             await asyncio.sleep(self.settings.register_interval.total_seconds())
             self.register_all()
 
-    async def _patch_handshake(self, name: str, value: str) -> None:
+    async def _patch_handshake(self, name: str, values: Mapping[str, str]) -> None:
+        """One merge patch with every vendor's new handshake value."""
         try:
-            await self.kube.patch_node(
-                name, {"metadata": {"annotations": {names.NODE_HANDSHAKE: value}}})
+            await self.kube.patch_node(name, {"metadata": {"annotations": dict(values)}})
         except KubeError as exc:
             log.info("handshake on node %s not written: %s", name, exc)
 
@@ -413,7 +475,7 @@ class Engine:
         try:
             if weights is not None:
                 parse_scoring_weights(str(weights))  # before the core drops an earlier charge
-            decision = self.state.filter(pod, _ordered(args.node_names))
+            decision = self.state.filter(pod, _ordered(args.node_names), now_ns=time.time_ns())
         except (RequestError, FilterError, CodecError) as exc:
             self.events.emit(meta, FILTERING_FAILED, str(exc), warning=True)
             return filter_result(error=str(exc))
@@ -538,21 +600,19 @@ class Engine:
                 self.events.emit(meta, BINDING_FAILED, message, warning=True)
                 return {"Error": message}
         entry = self._pod_entry(args)
-        needs_lock = entry is not None and any(
-            devices for pos, devices in enumerate(entry.devices) if pos >= entry.n_init)
-        locked = False
+        held: list[NodeLocks] = []
         try:
-            if needs_lock:
-                await self.locks.acquire(args.node, ns, args.pod_name)
-                locked = True
+            for locks in self._bind_locks(entry):
+                await locks.acquire(args.node, ns, args.pod_name)
+                held.append(locks)
             if entry is not None:
                 await self.kube.patch_pod(ns, args.pod_name, {"metadata": {"annotations": {
                     names.BIND_PHASE: "allocating", names.BIND_TIME: str(int(time.time()))}}})
             await self.kube.bind(ns, args.pod_name, args.pod_uid, args.node)
         except (LockError, KubeError) as exc:
             message = exc.message if isinstance(exc, KubeError) else str(exc)
-            if locked:
-                await self.locks.release(args.node, ns, args.pod_name)
+            for locks in reversed(held):  # HAMi releases acquired vendors in reverse
+                await locks.release(args.node, ns, args.pod_name)
             self.events.emit(meta, BINDING_FAILED, message, warning=True)
             return {"Error": message}
         self.events.emit(meta, BINDING_SUCCEED,
@@ -560,10 +620,25 @@ class Engine:
                          warning=False)
         return {"Error": ""}
 
+    def _bind_locks(self, entry: Any) -> list[NodeLocks]:
+        """The node locks a bind takes (spec §4.11): per vendor that a regular container
+        uses, in CommonWord order, the vendor's own lock or the generic one (taken once:
+        it is re-entrant for the same pod anyway)."""
+        if entry is None:
+            return []
+        out: list[NodeLocks] = []
+        for word in self.state.lock_vendors(entry.uid):
+            vendor = self.state.vendors.get(word)
+            key = vendor.lock_annotation if vendor is not None else None
+            locks = self.vendor_locks.get(key, self.locks) if key else self.locks
+            if locks not in out:
+                out.append(locks)
+        return out
+
     # ------------------------------------------------------------- webhook
     def admit(self, body: bytes) -> JSON:
-        """``/webhook``: AdmissionReview -> AdmissionReview (spec §3)."""
-        return review(body, self.config, self.state.quota)
+        """``/webhook``: AdmissionReview -> AdmissionReview (spec §3), every vendor."""
+        return review(body, self.config, self.state.quota, self.state.vendor_quota)
 
     # -------------------------------------------------------------- status
     def ready(self) -> bool:

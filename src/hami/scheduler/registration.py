@@ -36,7 +36,8 @@ class NodeHealth:
 
 
 def allocatable_gpus(node: Mapping[str, Any], resource: str = names.RESOURCE_COUNT) -> int:
-    """The node's allocatable ``nvidia.com/gpu`` (0 when absent or unreadable)."""
+    """The node's allocatable ``resource`` (``nvidia.com/gpu`` by default; 0 when absent
+    or unreadable)."""
     raw = ((node.get("status") or {}).get("allocatable") or {}).get(resource)
     if raw is None:
         return 0
@@ -61,8 +62,12 @@ def _handshake(value: str | None, allocatable: int, now: datetime) -> tuple[bool
     return True, encode_handshake(now), ""
 
 
-def check_node(node: Mapping[str, Any], reported: int | None, now: datetime) -> NodeHealth:
-    """HAMi's NVIDIA ``CheckHealth`` for one node (spec §4.13 step 2).
+def check_node(node: Mapping[str, Any], reported: int | None, now: datetime, *,
+               handshake_key: str = names.NODE_HANDSHAKE,
+               resource: str = names.RESOURCE_COUNT) -> NodeHealth:
+    """HAMi's ``CheckHealth`` for one node and one vendor (spec §4.13 step 2): NVIDIA by
+    default; another vendor passes its handshake annotation (``hami.io/node-handshake-dcu``,
+    ...) and its count resource (``hygon.com/dcunum``, ...), the generic rule is the same.
 
     ``now`` is the scheduler's naive local wall clock (the handshake's time base).
     A ``Deleted_<time>`` handshake (older HAMi cleanup, B20) keeps the node out for the
@@ -70,9 +75,9 @@ def check_node(node: Mapping[str, Any], reported: int | None, now: datetime) -> 
     come back; an unreadable ``Deleted_`` time stays out.
     """
     annotations = (node.get("metadata") or {}).get("annotations") or {}
-    current = allocatable_gpus(node)
-    healthy, handshake, reason = _handshake(annotations.get(names.NODE_HANDSHAKE), current, now)
+    current = allocatable_gpus(node, resource)
+    healthy, handshake, reason = _handshake(annotations.get(handshake_key), current, now)
     last = reported or 0
     if current == 0 and last > 0:
-        return NodeHealth(False, handshake, 0, "allocatable nvidia.com/gpu dropped to 0")
+        return NodeHealth(False, handshake, 0, f"allocatable {resource} dropped to 0")
     return NodeHealth(healthy, handshake, current, reason)

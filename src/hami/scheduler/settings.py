@@ -57,6 +57,9 @@ class SchedulerSettings:
     #: Do not elect: lead iff the Lease (kube-scheduler's) is held by this host (§4.13).
     leader_elect_follow: bool = False
     device_config_file: str = ""
+    #: ``--enable-ascend`` / ``--enable-iluvatar`` (spec §7.4): register those vendors.
+    enable_ascend: bool = False
+    enable_iluvatar: bool = False
     register_interval: timedelta = timedelta(seconds=15)
     max_body_bytes: int = 1 << 20
     events: bool = True
@@ -93,7 +96,8 @@ class SchedulerSettings:
 
         path = Path(self.device_config_file) if self.device_config_file else None
         config = scheduler_config(path, self.node_scheduler_policy, self.gpu_scheduler_policy,
-                                  self.scheduler_name)
+                                  self.scheduler_name, enable_ascend=self.enable_ascend,
+                                  enable_iluvatar=self.enable_iluvatar)
         return replace(config,
                        force_overwrite_default_scheduler=self.force_overwrite_default_scheduler)
 

@@ -15,6 +15,7 @@ from typing import Any
 from hami.core.admission import admit
 from hami.core.config import SchedulerConfig
 from hami.core.quota import QuotaLedger
+from hami.devices.quota import VendorQuota
 
 JSON = dict[str, Any]
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
@@ -35,8 +36,10 @@ def _response(api_version: str, uid: str, allowed: bool, *, code: int = 200,
     return {"apiVersion": api_version, "kind": "AdmissionReview", "response": resp}
 
 
-def review(body: bytes, config: SchedulerConfig, quota: QuotaLedger | None) -> JSON:
-    """The AdmissionReview reply for a request body."""
+def review(body: bytes, config: SchedulerConfig, quota: QuotaLedger | None,
+           vendor_quota: VendorQuota | None = None) -> JSON:
+    """The AdmissionReview reply for a request body (``vendor_quota``: the other
+    vendors' namespace quota, §5.2)."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
@@ -59,7 +62,7 @@ def review(body: bytes, config: SchedulerConfig, quota: QuotaLedger | None) -> J
         return _response(str(api_version), str(uid), False, code=400,
                          message="invalid AdmissionReview: request.object is not a Pod")
     try:
-        result = admit(pod, config, quota)
+        result = admit(pod, config, quota, vendor_quota=vendor_quota)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         return _response(str(api_version), str(uid), False, code=400,
                          message=f"malformed pod: {type(exc).__name__}: {str(exc)[:200]}")
