@@ -68,7 +68,8 @@ def percentile(buckets: list[tuple[float, float]], q: float) -> float:
 # ------------------------------------------------------------------ throughput
 def throughput(node_counts: list[int], pods: int, policy: str,
                hami_args: list[str] | None = None,
-               precreate: bool = False) -> list[dict[str, Any]]:
+               precreate: bool = False,
+               client_qps: float | None = None) -> list[dict[str, Any]]:
     from lightkube import codecs
     from lightkube.resources.core_v1 import Pod
     from tests.e2e.hami_harness import FakeAllocator, HamiProcess, Tls, gpu_pod, make_gpu_node
@@ -104,14 +105,16 @@ def throughput(node_counts: list[int], pods: int, policy: str,
                     list(pool.map(c.create, objs))
                 return time.monotonic() - started
 
+            limits: dict[str, Any] = {} if client_qps is None else {
+                "client_qps": client_qps, "client_burst": int(2 * client_qps)}
             if precreate:  # all pods Pending first; the clock starts with kube-scheduler
                 created_s = create_all()
                 t0 = time.monotonic()
                 ks = cp.start_scheduler(scheduler_name="hami-scheduler",
-                                        extender=ExtenderConfig(hami.url))
+                                        extender=ExtenderConfig(hami.url), **limits)
             else:
                 ks = cp.start_scheduler(scheduler_name="hami-scheduler",
-                                        extender=ExtenderConfig(hami.url))
+                                        extender=ExtenderConfig(hami.url), **limits)
                 t0 = time.monotonic()
                 created_s = create_all()
 
@@ -133,6 +136,7 @@ def throughput(node_counts: list[int], pods: int, policy: str,
             result = {
                 "nodes": n_nodes, "pods": pods, "node_policy": policy,
                 "hami_args": hami_args or [], "precreated": precreate,
+                "kube_scheduler_qps": client_qps or 50,
                 "pods_per_s": round(pods / elapsed, 1), "seconds": round(elapsed, 1),
                 "create_seconds": round(created_s, 1), "node_setup_seconds": round(nodes_s, 1),
                 "filter_ms": {q: round(1000 * percentile(filt, q), 2) for q in (0.5, 0.9, 0.99)},
@@ -300,6 +304,8 @@ def main() -> None:
     t.add_argument("--hami-arg", action="append", default=[], help="extra hami scheduler flag")
     t.add_argument("--precreate", action="store_true",
                    help="create every pod first, then start kube-scheduler (scheduling only)")
+    t.add_argument("--client-qps", type=float, default=None,
+                   help="kube-scheduler clientConnection.qps (burst = 2x); default: its own 50")
     m = sub.add_parser("memory")
     m.add_argument("--nodes", type=int, default=5000)
     m.add_argument("--pods", type=int, default=40000)
@@ -308,7 +314,8 @@ def main() -> None:
     if args.cmd == "throughput" and args.baseline:
         baseline(args.nodes, args.pods, args.precreate)
     elif args.cmd == "throughput":
-        throughput(args.nodes, args.pods, args.node_policy, args.hami_arg, args.precreate)
+        throughput(args.nodes, args.pods, args.node_policy, args.hami_arg, args.precreate,
+                   args.client_qps)
     else:
         memory(args.nodes, args.pods)
 

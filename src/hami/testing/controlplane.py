@@ -373,6 +373,8 @@ class ControlPlane:
         scheduler_name: str = "default-scheduler",
         extender: ExtenderConfig | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        client_qps: float | None = None,
+        client_burst: int | None = None,
     ) -> SchedulerHandle:
         """Start one more kube-scheduler with a single profile and wait for ``/readyz``.
 
@@ -384,6 +386,8 @@ class ControlPlane:
             scheduler_name: the profile's ``schedulerName``.
             extender: register this extender (see :class:`ExtenderConfig`), or ``None``.
             timeout_s: seconds to wait for readiness.
+            client_qps, client_burst: kube-scheduler's API client rate limit
+                (``clientConnection``; ``None`` keeps its defaults 50/100).
 
         Raises:
             ValueError: a running scheduler of this control plane has that profile name
@@ -394,19 +398,22 @@ class ControlPlane:
         if any(h.scheduler_name == scheduler_name for h in running):
             raise ValueError(f"a kube-scheduler with profile {scheduler_name!r} already runs")
         handle = self._retry_on_port_clash(
-            lambda: self._start_scheduler_once(scheduler_name, extender, timeout_s)
+            lambda: self._start_scheduler_once(scheduler_name, extender, timeout_s,
+                                               client_qps, client_burst)
         )
         self._schedulers.append(handle)
         return handle
 
     def _start_scheduler_once(
-        self, scheduler_name: str, extender: ExtenderConfig | None, timeout_s: float
+        self, scheduler_name: str, extender: ExtenderConfig | None, timeout_s: float,
+        client_qps: float | None = None, client_burst: int | None = None,
     ) -> SchedulerHandle:
         port = free_port()
         tag = f"kube-scheduler-{scheduler_name}-{port}"
         config_path = self.workdir / f"{tag}.yaml"
         config = render_scheduler_config(
-            kubeconfig=str(self.kubeconfig), scheduler_name=scheduler_name, extender=extender
+            kubeconfig=str(self.kubeconfig), scheduler_name=scheduler_name, extender=extender,
+            client_qps=client_qps, client_burst=client_burst,
         )
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         comp = self._spawn(

@@ -91,6 +91,8 @@ def render_scheduler_config(
     extender: ExtenderConfig | None = None,
     leader_elect: bool = False,
     resource_namespace: str = "kube-system",
+    client_qps: float | None = None,
+    client_burst: int | None = None,
 ) -> dict[str, Any]:
     """Build a KubeSchedulerConfiguration document (a dict ready for ``yaml.safe_dump``).
 
@@ -102,6 +104,9 @@ def render_scheduler_config(
         leader_elect: enable leader election; its lease is named after the profile so
             several schedulers can share one cluster.
         resource_namespace: namespace of the leader-election lease.
+        client_qps: ``clientConnection.qps``, kube-scheduler's API request rate limit
+            (requests/s; ``None`` keeps its default, 50).
+        client_burst: ``clientConnection.burst`` (requests; ``None``: default 100).
 
     Returns:
         A dict with ``apiVersion``, ``kind``, ``leaderElection``, ``profiles`` and, when
@@ -117,8 +122,15 @@ def render_scheduler_config(
         doc["leaderElection"].update(
             {"resourceName": scheduler_name, "resourceNamespace": resource_namespace}
         )
+    connection: dict[str, Any] = {}
     if kubeconfig is not None:
-        doc["clientConnection"] = {"kubeconfig": kubeconfig}
+        connection["kubeconfig"] = kubeconfig
+    if client_qps is not None:
+        connection["qps"] = client_qps
+    if client_burst is not None:
+        connection["burst"] = client_burst
+    if connection:
+        doc["clientConnection"] = connection
     if extender is not None:
         doc["extenders"] = [extender.to_dict()]
     return doc
