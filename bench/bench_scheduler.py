@@ -107,6 +107,7 @@ def throughput(node_counts: list[int], pods: int, policy: str,
 
             limits: dict[str, Any] = {} if client_qps is None else {
                 "client_qps": client_qps, "client_burst": int(2 * client_qps)}
+            from hami.testing.scheduler_config import CLIENT_QPS
             if precreate:  # all pods Pending first; the clock starts with kube-scheduler
                 created_s = create_all()
                 t0 = time.monotonic()
@@ -136,7 +137,7 @@ def throughput(node_counts: list[int], pods: int, policy: str,
             result = {
                 "nodes": n_nodes, "pods": pods, "node_policy": policy,
                 "hami_args": hami_args or [], "precreated": precreate,
-                "kube_scheduler_qps": client_qps or 50,
+                "kube_scheduler_qps": client_qps or CLIENT_QPS,
                 "pods_per_s": round(pods / elapsed, 1), "seconds": round(elapsed, 1),
                 "create_seconds": round(created_s, 1), "node_setup_seconds": round(nodes_s, 1),
                 "filter_ms": {q: round(1000 * percentile(filt, q), 2) for q in (0.5, 0.9, 0.99)},
@@ -305,7 +306,7 @@ def main() -> None:
     t.add_argument("--precreate", action="store_true",
                    help="create every pod first, then start kube-scheduler (scheduling only)")
     t.add_argument("--client-qps", type=float, default=None,
-                   help="kube-scheduler clientConnection.qps (burst = 2x); default: its own 50")
+                   help="kube-scheduler clientConnection.qps (burst = 2x); default: the chart's")
     m = sub.add_parser("memory")
     m.add_argument("--nodes", type=int, default=5000)
     m.add_argument("--pods", type=int, default=40000)

@@ -99,10 +99,61 @@ def test_scheduler_config_is_the_hami_extender(default: list[dict[str, Any]]) ->
     assert ext["nodeCacheCapable"] is True and ext["enableHTTPS"] is True
     assert ext["tlsConfig"] == {"insecure": True}
     assert ext["httpTimeout"] == "30s" and ext["weight"] == 1
+    vendors = pytest.importorskip("hami.testing.scheduler_config").VENDOR_MANAGED_RESOURCES
     assert ext["managedResources"] == [
         {"name": n, "ignoredByScheduler": True}
         for n in ("nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage",
-                  "nvidia.com/gpucores", "nvidia.com/priority")]
+                  "nvidia.com/gpucores", "nvidia.com/priority", *vendors)]
+    assert cfg["clientConnection"] == {"qps": 100, "burst": 200}
+
+
+def test_every_resource_the_scheduler_manages_reaches_it(tmp_path: Path) -> None:
+    """kube-scheduler calls the extender only for managedResources: the registry the hami
+    scheduler builds from the chart's device config must not manage anything else, and a
+    disabled vendor disappears from both."""
+    from hami.settings import device_registry
+
+    for values, gone in ((None, None), ({"devices": {"vendors": {"hygon": {"enabled": False}}}},
+                                        "DCU")):
+        objs = render(values)
+        text = find(objs, "ConfigMap", "hami-scheduler-device")["data"]["device-config.yaml"]
+        registry = device_registry(yaml.safe_load(text))
+        ext = scheduler_config(objs)["extenders"][0]
+        managed = {r["name"] for r in ext["managedResources"]}
+        assert registry.resource_names() == managed
+        words = set(registry)
+        assert {"NVIDIA", "MLU", "Mthreads", "AMD", "AWSNeuron", "Metax-SGPU", "kunlun",
+                "XPU", "Vastai", "Biren", "GCU", "Enflame"} <= words
+        if gone:
+            assert gone not in words and "hygon.com/dcunum" not in managed
+        else:
+            assert "DCU" in words
+
+
+def test_mig_allowlist_reaches_the_device_plugin() -> None:
+    """The chart's default allowlist parses in the plugin and gives spec 6.1's profiles,
+    an H200 not taking the H20 entry."""
+    from hami.deviceplugin.config import parse_mig_allowlist
+    from hami.deviceplugin.mig import allow_entry
+
+    text = find(render(), "ConfigMap", "hami-scheduler-device")["data"]["device-config.yaml"]
+    allow = parse_mig_allowlist(yaml.safe_load(text)["nvidia"]["migProfileAllowlist"])
+    expect = {
+        "NVIDIA A30": "1g.6gb,2g.12gb,4g.24gb",
+        "NVIDIA A100-SXM4-40GB": "1g.5gb,2g.10gb,3g.20gb,7g.40gb",
+        "NVIDIA A100-SXM4-80GB": "1g.10gb,2g.20gb,3g.40gb,7g.79gb",
+        "NVIDIA H100 80GB HBM3": "1g.10gb,2g.20gb,3g.40gb,7g.80gb",
+        "NVIDIA H100 NVL": "1g.12gb,2g.24gb,3g.47gb,7g.94gb",
+        "NVIDIA H20": "1g.12gb,2g.24gb,3g.48gb,7g.96gb",
+        "NVIDIA GH200 480GB": "1g.12gb,2g.24gb,3g.48gb,7g.96gb",
+        "NVIDIA H200": "1g.18gb,2g.35gb,3g.71gb,7g.141gb",
+        "NVIDIA B200": "1g.23gb,2g.45gb,3g.90gb,7g.180gb",
+        "NVIDIA RTX PRO 6000 Blackwell Server Edition": "1g.24gb,2g.48gb,4g.96gb",
+    }
+    for model, profiles in expect.items():
+        entry = allow_entry(model, allow)
+        assert entry is not None and ",".join(entry.profiles) == profiles, model
+    assert allow_entry("Tesla T4", allow) is None
 
 
 def test_scheduler_config_matches_the_test_control_plane(default: list[dict[str, Any]]) -> None:

@@ -17,6 +17,7 @@ from hami.testing.controlplane import KUBERNETES_VERSION  # noqa: E402
 from hami.testing.pki import CertificateAuthority  # noqa: E402
 from hami.testing.scheduler_config import (  # noqa: E402
     HAMI_MANAGED_RESOURCES,
+    VENDOR_MANAGED_RESOURCES,
     ExtenderConfig,
     render_scheduler_config,
 )
@@ -38,7 +39,7 @@ def test_hami_extender_config_matches_the_chart():
     assert doc["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert doc["kind"] == "KubeSchedulerConfiguration"
     assert doc["profiles"] == [{"schedulerName": "hami-scheduler"}]
-    assert doc["clientConnection"] == {"kubeconfig": "/k"}
+    assert doc["clientConnection"] == {"kubeconfig": "/k", "qps": 100.0, "burst": 200}
     assert doc["leaderElection"] == {"leaderElect": False}
     assert doc["extenders"] == [
         {
@@ -51,18 +52,33 @@ def test_hami_extender_config_matches_the_chart():
             "enableHTTPS": True,
             "tlsConfig": {"insecure": True},
             "managedResources": [
-                {"name": r, "ignoredByScheduler": True} for r in HAMI_MANAGED_RESOURCES
+                {"name": r, "ignoredByScheduler": True}
+                for r in (*HAMI_MANAGED_RESOURCES, *VENDOR_MANAGED_RESOURCES)
             ],
         }
     ]
     assert "nvidia.com/gpumem-percentage" in HAMI_MANAGED_RESOURCES
 
 
+def test_vendor_managed_resources_are_the_registry_defaults():
+    """kube-scheduler sends a pod to hami only for these names: every default resource of
+    every vendor the chart enables must be listed, once."""
+    from hami.devices.registry import SECTIONS, build_registry
+
+    sections = {s: {} for s in SECTIONS if s not in ("nvidia", "iluvatars", "vnpus")}
+    expected = build_registry(sections).resource_names()
+    assert len(VENDOR_MANAGED_RESOURCES) == len(set(VENDOR_MANAGED_RESOURCES))
+    assert set(VENDOR_MANAGED_RESOURCES) == expected
+
+
 def test_plain_scheduler_config_has_no_extender():
     doc = render_scheduler_config(
         kubeconfig=None, scheduler_name="default-scheduler", leader_elect=True
     )
-    assert "extenders" not in doc and "clientConnection" not in doc
+    assert "extenders" not in doc
+    assert doc["clientConnection"] == {"qps": 100.0, "burst": 200}
+    assert "clientConnection" not in render_scheduler_config(
+        kubeconfig=None, client_qps=None, client_burst=None)
     assert doc["leaderElection"]["resourceName"] == "default-scheduler"
 
 

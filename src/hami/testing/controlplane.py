@@ -50,7 +50,12 @@ from typing import Any, TypeVar
 import yaml
 
 from hami.testing.pki import CertificateAuthority, KeyPair, service_account_keys
-from hami.testing.scheduler_config import ExtenderConfig, render_scheduler_config
+from hami.testing.scheduler_config import (
+    CLIENT_BURST,
+    CLIENT_QPS,
+    ExtenderConfig,
+    render_scheduler_config,
+)
 
 #: The Kubernetes release built by hack/k8s/build.sh (must match hack/k8s/go.mod).
 KUBERNETES_VERSION = "v1.37.2"
@@ -373,8 +378,8 @@ class ControlPlane:
         scheduler_name: str = "default-scheduler",
         extender: ExtenderConfig | None = None,
         timeout_s: float = DEFAULT_TIMEOUT_S,
-        client_qps: float | None = None,
-        client_burst: int | None = None,
+        client_qps: float | None = CLIENT_QPS,
+        client_burst: int | None = CLIENT_BURST,
     ) -> SchedulerHandle:
         """Start one more kube-scheduler with a single profile and wait for ``/readyz``.
 
@@ -387,7 +392,8 @@ class ControlPlane:
             extender: register this extender (see :class:`ExtenderConfig`), or ``None``.
             timeout_s: seconds to wait for readiness.
             client_qps, client_burst: kube-scheduler's API client rate limit
-                (``clientConnection``; ``None`` keeps its defaults 50/100).
+                (``clientConnection``; the chart's 100/200 by default, ``None`` keeps
+                kube-scheduler's own 50/100).
 
         Raises:
             ValueError: a running scheduler of this control plane has that profile name
@@ -406,7 +412,7 @@ class ControlPlane:
 
     def _start_scheduler_once(
         self, scheduler_name: str, extender: ExtenderConfig | None, timeout_s: float,
-        client_qps: float | None = None, client_burst: int | None = None,
+        client_qps: float | None = CLIENT_QPS, client_burst: int | None = CLIENT_BURST,
     ) -> SchedulerHandle:
         port = free_port()
         tag = f"kube-scheduler-{scheduler_name}-{port}"

@@ -29,6 +29,25 @@ HAMI_MANAGED_RESOURCES: tuple[str, ...] = (
     "nvidia.com/gpucores",
     "nvidia.com/priority",
 )
+#: The other vendors' resources, in the chart's order (``devices.vendors`` sorted by
+#: section, each as listed); ``tests/unit/test_testing_support.py`` checks them against
+#: :func:`hami.devices.registry.build_registry`'s defaults.
+VENDOR_MANAGED_RESOURCES: tuple[str, ...] = (
+    "amd.com/gpu", "amd.com/gpumem", "amd.com/gpucores",
+    "aws.amazon.com/neuron", "aws.amazon.com/neuroncore",
+    "birentech.com/gpu",
+    "cambricon.com/vmlu", "cambricon.com/mlu.smlu.vmemory", "cambricon.com/mlu.smlu.vcore",
+    "enflame.com/gcu", "enflame.com/vgcu", "enflame.com/vgcu-percentage",
+    "hygon.com/dcunum", "hygon.com/dcumem", "hygon.com/dcucores",
+    "kunlunxin.com/xpu", "kunlunxin.com/vxpu", "kunlunxin.com/vxpu-memory",
+    "metax-tech.com/gpu", "metax-tech.com/sgpu", "metax-tech.com/vcore",
+    "metax-tech.com/vmemory",
+    "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core",
+    "vastaitech.com/va",
+)
+#: kube-scheduler's API client limit in the chart (its own defaults are 50/100).
+CLIENT_QPS = 100.0
+CLIENT_BURST = 200
 
 
 @dataclass(frozen=True)
@@ -58,7 +77,8 @@ class ExtenderConfig:
     http_timeout: str = "30s"
     enable_https: bool = True
     tls_insecure: bool = True
-    managed_resources: Sequence[str] = field(default=HAMI_MANAGED_RESOURCES)
+    managed_resources: Sequence[str] = field(
+        default=(*HAMI_MANAGED_RESOURCES, *VENDOR_MANAGED_RESOURCES))
     ignored_by_scheduler: bool = True
     ignorable: bool = False
 
@@ -91,8 +111,8 @@ def render_scheduler_config(
     extender: ExtenderConfig | None = None,
     leader_elect: bool = False,
     resource_namespace: str = "kube-system",
-    client_qps: float | None = None,
-    client_burst: int | None = None,
+    client_qps: float | None = CLIENT_QPS,
+    client_burst: int | None = CLIENT_BURST,
 ) -> dict[str, Any]:
     """Build a KubeSchedulerConfiguration document (a dict ready for ``yaml.safe_dump``).
 
@@ -105,8 +125,9 @@ def render_scheduler_config(
             several schedulers can share one cluster.
         resource_namespace: namespace of the leader-election lease.
         client_qps: ``clientConnection.qps``, kube-scheduler's API request rate limit
-            (requests/s; ``None`` keeps its default, 50).
-        client_burst: ``clientConnection.burst`` (requests; ``None``: default 100).
+            (requests/s; the chart's 100 by default, ``None`` leaves kube-scheduler's 50).
+        client_burst: ``clientConnection.burst`` (requests; the chart's 200, ``None``:
+            kube-scheduler's 100).
 
     Returns:
         A dict with ``apiVersion``, ``kind``, ``leaderElection``, ``profiles`` and, when

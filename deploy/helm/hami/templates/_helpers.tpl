@@ -107,7 +107,13 @@ imagePullSecrets:
 
 {{/* The NVIDIA resources kube-scheduler leaves to the extender (spec §1.1). */}}
 {{- define "hami.managedResources" -}}
-{{- list .Values.resourceName .Values.resourceMem .Values.resourceMemPercentage .Values.resourceCores .Values.resourcePriority | toJson -}}
+{{- $names := list .Values.resourceName .Values.resourceMem .Values.resourceMemPercentage .Values.resourceCores .Values.resourcePriority -}}
+{{- range $vendor, $v := .Values.devices.vendors }}
+{{- if $v.enabled }}
+{{- $names = concat $names $v.resources -}}
+{{- end }}
+{{- end }}
+{{- $names | toJson -}}
 {{- end -}}
 
 {{/* URL prefix kube-scheduler calls: the hami scheduler in the same pod. */}}
@@ -125,6 +131,9 @@ leaderElection:
   resourceName: {{ .Values.schedulerName }}
   resourceNamespace: {{ include "hami.namespace" . }}
   {{- end }}
+clientConnection:
+  qps: {{ .Values.scheduler.kubeScheduler.clientQPS }}
+  burst: {{ .Values.scheduler.kubeScheduler.clientBurst }}
 profiles:
   - schedulerName: {{ .Values.schedulerName }}
 extenders:
@@ -169,6 +178,15 @@ nvidia:
   libCudaLogLevel: {{ .Values.devices.nvidia.libCudaLogLevel | quote }}
   gpuCorePolicy: {{ .Values.devices.nvidia.gpuCorePolicy }}
   runtimeClassName: {{ .Values.devicePlugin.runtimeClassName | quote }}
+  {{- with .Values.devices.nvidia.migProfileAllowlist }}
+  migProfileAllowlist:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- range $vendor, $v := .Values.devices.vendors }}
+{{- if $v.enabled }}
+{{ $vendor }}: {{ toYaml ($v.config | default dict) | nindent 2 }}
+{{- end }}
+{{- end }}
 {{- end -}}
 {{- end -}}
 
