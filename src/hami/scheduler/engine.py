@@ -487,7 +487,6 @@ class Engine:
             return filter_result(failed=result.failed_nodes)
         uid = pod_uid(pod)
         annotations = {**decision.annotations, names.VGPU_TIME: str(int(time.time()))}
-        self.state.commit(pod, decision)
         entry = self.state.commit(pod, decision)
         self._committed_at[uid] = time.monotonic()
         patch = {"metadata": {"annotations": annotations,
