@@ -221,3 +221,26 @@ def test_b19_percentage_resolved_before_slot_choice_and_no_accounting_on_reject(
                           annotations={"nvidia.com/vgpu-mode": "mig"}))
     assert ok.result.node == "m"
     assert ok.result.devices[0][0].used_memory_mib == 19968
+
+
+def test_topology_aware_policy_keeps_mig_reservations():
+    """A MIG pod under the topology-aware GPU policy still gets its instances recorded, so
+    the GPU is neither failed closed (§6.4) nor double booked (found by a new-user trial)."""
+    state = ClusterState()
+    state.ledger.add_node("m", [DeviceInfo(f"GPU-mig-{i}", i, 7, 40960, 100,
+                                           "NVIDIA-A100-SXM4-40GB", mode="mig",
+                                           mig_profiles=A100) for i in range(2)])
+    policy = {names.GPU_SCHEDULER_POLICY: "topology-aware"}
+    placed = []
+    for n, (gpus, mem) in enumerate([(1, 4000), (1, 5000), (2, 9000), (1, 3000)]):
+        p = pod(f"t{n}", [container(gpu=gpus, gpumem=mem)], annotations=policy)
+        d = state.filter(p)
+        assert d.result.node == "m", d.result.failed_nodes
+        allocs = decode_mig_allocations(d.annotations[names.MIG_ALLOCATIONS])
+        assert len(allocs) == gpus
+        state.commit(p, d)
+        placed.extend((a.gpu_uuid, a.placement) for a in allocs)
+    assert state.ledger.mig_faults("m") == {}
+    for uuid in ("GPU-mig-0", "GPU-mig-1"):
+        spans = sorted((p.start, p.start + p.size) for u, p in placed if u == uuid)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans

@@ -151,7 +151,11 @@ def fit_container(devices: Sequence[DeviceState], request: ContainerDeviceReques
                    and any(d.info.mode == names.MODE_MIG for d in typed))
     if request.nums > len(typed) and not mig_request:
         return FitOutcome(False, reason=NODE_INSUFFICIENT_DEVICE)
-    topology = policy_contains(pod.gpu_policy, "topology-aware")
+    # MIG instances carry their placements in ``mig``; the topology pick chooses a subset
+    # of collected cards after the loop, which would orphan those placements (and the loop
+    # would collect every free instance first). A MIG request therefore takes cards in
+    # order (docs/decisions.md).
+    topology = policy_contains(pod.gpu_policy, "topology-aware") and not mig_request
     mutex = policy_contains(pod.gpu_policy, "mutex")
     need = request.nums
     cores = min(request.cores_percent, 100)
