@@ -78,7 +78,7 @@ def _print_table(report: dict) -> None:  # type: ignore[type-arg]
         adm = pod["admission"]
         verdict = "allowed" if adm["allowed"] else f"denied: {adm['message']}"
         if pod["node"]:
-            detail = "; ".join(f"{k.removeprefix('hami.io/')}={v}"
+            detail = "\n".join(f"{k.removeprefix('hami.io/')}={v}"
                                for k, v in pod["annotations"].items()
                                if k.endswith("-allocated") and v) or "-"
         else:
@@ -89,6 +89,8 @@ def _print_table(report: dict) -> None:  # type: ignore[type-arg]
     for name, why in report["nodes"].items():
         if why:
             console.print(f"node {name} not registered: {why}", soft_wrap=True)
+    for name, why in report.get("node_warnings", {}).items():
+        console.print(f"node {name} registered without some devices: {why}", soft_wrap=True)
 
 
 def _register() -> None:

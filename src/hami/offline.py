@@ -16,6 +16,7 @@ JSON output schema (stable; ``schema`` is bumped on any incompatible change)::
     {
       "schema": "hami.schedule/v1",
       "nodes": {"<node>": "" | "<why it was not registered>"},
+      "node_warnings": {"<node>": "<devices skipped on a registered node, and why>"},
       "pods": [
         {
           "namespace": str, "name": str,
@@ -89,13 +90,16 @@ def schedule(objects: Iterable[Mapping[str, Any]],
     """Run the dry run; returns the JSON-shaped report described in the module doc."""
     state = ClusterState(config)
     objects = list(objects)
-    report: dict[str, Any] = {"schema": SCHEMA, "nodes": {}, "pods": []}
+    report: dict[str, Any] = {"schema": SCHEMA, "nodes": {}, "node_warnings": {}, "pods": []}
     node_names: list[str] = []
     for obj in objects:
         if obj.get("kind") == "Node":
             name = (obj.get("metadata") or {}).get("name", "")
             node_names.append(name)
             report["nodes"][name] = state.upsert_node(obj)
+            skipped = state.vendor_reasons.get(name) or {}
+            if not report["nodes"][name] and skipped:
+                report["node_warnings"][name] = "; ".join(skipped[w] for w in sorted(skipped))
         elif obj.get("kind") == "ResourceQuota":
             state.upsert_quota(obj)
     pending = []

@@ -145,9 +145,11 @@ def test_table_output_lists_every_vendor_allocation() -> None:
         app, ["schedule", "-f", str(CLUSTER), "--device-config", str(DEVICE_CONFIG),
               "--enable-ascend"])
     assert result.exit_code == 0, result.output
-    row = next(line for line in result.output.splitlines() if "team/cuda-and-dcu" in line)
-    assert "vgpu-devices-allocated=GPU-t4-0,NVIDIA,4000,0:;;" in row
-    assert "dcu-devices-allocated=;DCU-mixed-0,DCU,2000,0:;" in row
+    lines = result.output.splitlines()
+    start = next(i for i, line in enumerate(lines) if "team/cuda-and-dcu" in line)
+    # one annotation per line of the cell (";" already separates containers inside one)
+    assert "vgpu-devices-allocated=GPU-t4-0,NVIDIA,4000,0:;;" in lines[start]
+    assert "dcu-devices-allocated=;DCU-mixed-0,DCU,2000,0:;" in lines[start + 1]
 
 
 # ------------------------------------------------------------------- quota per vendor
@@ -174,3 +176,23 @@ def test_vendor_quota_admission_and_fit_time() -> None:
     assert out["whole"]["node"] is None
     assert set(out["whole"]["failed_nodes"].values()) >= {"1/1 ResourceQuotaNotFit"}
     assert out["other-ns"]["node"] is not None
+
+
+def test_malformed_vendor_annotation_is_reported_not_silent(tmp_path: Path) -> None:
+    """A node whose DCU register annotation does not decode still serves its NVIDIA GPUs;
+    the report says which devices were skipped and why (found by a new-user trial)."""
+    import yaml
+
+    docs = list(yaml.safe_load_all(CLUSTER.read_text()))
+    mixed = next(d for d in docs if d and d["kind"] == "Node"
+                 and d["metadata"]["name"] == "mixed-1")
+    mixed["metadata"]["annotations"]["hami.io/node-dcu-register"] = "DCU-a-0,four,bad"
+    broken = tmp_path / "cluster.yaml"
+    broken.write_text(yaml.safe_dump_all([d for d in docs if d]))
+    out = run("--device-config", str(DEVICE_CONFIG), "--enable-ascend", cluster=broken)
+    assert out["nodes"]["mixed-1"] == ""
+    assert "mixed-1" in out["node_warnings"] and "DCU" in out["node_warnings"]["mixed-1"]
+    assert set(out["node_warnings"]) == {"mixed-1"}
+    table = CliRunner().invoke(app, ["schedule", "-f", str(broken), "--device-config",
+                                     str(DEVICE_CONFIG), "--enable-ascend"])
+    assert "node mixed-1 registered without some devices" in table.output

@@ -379,9 +379,9 @@ class Engine:
                 self._spawn(self._patch_handshake(name, handshakes))
             if not health.healthy:
                 self.state.remove_node(name)
-                self.node_reasons[name] = health.reason
+                self._node_reason(name, health.reason)
                 return
-            self.node_reasons[name] = self.state.upsert_node(node)
+            self._node_reason(name, self.state.upsert_node(node))
             return
         healthy = {names.NVIDIA} if health.healthy else set()
         reasons = [] if health.healthy else [health.reason]
@@ -406,10 +406,19 @@ class Engine:
             self._spawn(self._patch_handshake(name, handshakes))
         if not healthy:
             self.state.remove_node(name)
-            self.node_reasons[name] = "; ".join(reasons)
+            self._node_reason(name, "; ".join(reasons))
             return
         why = self.state.upsert_node(node, vendors=healthy)
-        self.node_reasons[name] = "; ".join([*reasons, why]) if why and reasons else why
+        skipped = self.state.vendor_reasons.get(name) or {}
+        if not why and skipped:  # registered, but some vendor's devices were malformed
+            why = "registered without " + "; ".join(skipped[w] for w in sorted(skipped))
+        self._node_reason(name, "; ".join([*reasons, why]) if why and reasons else why)
+
+    def _node_reason(self, name: str, why: str) -> None:
+        """Remember why a node is (partly) not registered; log each new reason once."""
+        if why and self.node_reasons.get(name) != why:
+            log.warning("node %s: %s", name, why)
+        self.node_reasons[name] = why
 
     def register_all(self) -> None:
         for name in list(self.nodes):
