@@ -243,4 +243,4 @@ def test_topology_aware_policy_keeps_mig_reservations():
     assert state.ledger.mig_faults("m") == {}
     for uuid in ("GPU-mig-0", "GPU-mig-1"):
         spans = sorted((p.start, p.start + p.size) for u, p in placed if u == uuid)
-        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False)), spans
