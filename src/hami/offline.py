@@ -138,7 +138,10 @@ def _schedule_one(state: ClusterState, pod: Mapping[str, Any],
         entry["error"] = str(exc)
         return entry
     if decision.result.passthrough:
-        entry["error"] = "pod requests no device; left to kube-scheduler"
+        known = ", ".join(["NVIDIA", *sorted(state.vendors)])
+        entry["error"] = (f"pod requests no device of {known}; left to kube-scheduler"
+                          + ("" if state.vendors else
+                             " (other vendors need --device-config with their sections)"))
         return entry
     entry["node"] = decision.result.node
     entry["annotations"] = decision.annotations

@@ -246,7 +246,19 @@ def test_cli_bad_node_list_is_a_one_line_error(tmp_path: Path, text: str, messag
     assert result.output.strip().count("\n") == 0, result.output
     missing = runner.invoke(app, ["simulate", "--nodes", str(tmp_path / "nope.csv"),
                                   "--no-progress"])
-    assert missing.exit_code == 2 and "trace file not found" in missing.output
+    assert missing.exit_code == 2 and "file not found" in missing.output
+
+
+def test_cli_binary_node_list_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "nodes.bin"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    result = runner.invoke(app, ["simulate", "--nodes", str(path), "--no-progress"])
+    assert result.exit_code == 2
+    assert "nodes.bin" in result.output and "not a UTF-8 CSV" in result.output
+    late = tmp_path / "late.csv"
+    late.write_bytes(b"sn,cpu_milli,memory_mib,gpu,model\nn,1000,1024,1,T4\n\xff\xfe,1,1,1,T4\n")
+    result = runner.invoke(app, ["simulate", "--nodes", str(late), "--no-progress"])
+    assert result.exit_code == 2 and "late.csv" in result.output, result.output
 
 
 def test_cli_trace_pods_on_a_node_list_of_ones_own(tmp_path: Path) -> None:

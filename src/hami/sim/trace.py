@@ -89,7 +89,7 @@ def _int(text: str, path: Path, line: int, column: str, *, low: int = 0,
 def _rows(path: Path, accepted: Sequence[Sequence[str]]) -> tuple[tuple[str, ...],
                                                                    Iterable[tuple[int, list[str]]]]:
     if not path.is_file():
-        raise TraceError(f"trace file not found: {path}")
+        raise TraceError(f"file not found: {path}")
     handle = path.open(newline="", encoding="utf-8")
     reader = csv.reader(handle)
     try:
@@ -97,6 +97,9 @@ def _rows(path: Path, accepted: Sequence[Sequence[str]]) -> tuple[tuple[str, ...
     except StopIteration:
         handle.close()
         raise TraceError(f"{path.name}: empty file, expected a header") from None
+    except (UnicodeDecodeError, csv.Error) as exc:
+        handle.close()
+        raise TraceError(f"{path.name}: not a UTF-8 CSV file ({exc})") from None
     if header not in [tuple(a) for a in accepted]:
         handle.close()
         raise TraceError(f"{path.name}: unexpected header {','.join(header)!r}; expected "
@@ -104,13 +107,20 @@ def _rows(path: Path, accepted: Sequence[Sequence[str]]) -> tuple[tuple[str, ...
 
     def gen() -> Iterable[tuple[int, list[str]]]:
         with handle:
-            for row in reader:
-                if not row or all(not c.strip() for c in row):
-                    continue
-                if len(row) != len(header):
-                    raise TraceError(f"{path.name} line {reader.line_num}: expected "
-                                     f"{len(header)} columns, got {len(row)}")
-                yield reader.line_num, row
+            try:
+                yield from rows()
+            except (UnicodeDecodeError, csv.Error) as exc:
+                raise TraceError(f"{path.name} line {reader.line_num + 1}: not UTF-8 CSV "
+                                 f"({exc})") from None
+
+    def rows() -> Iterable[tuple[int, list[str]]]:
+        for row in reader:
+            if not row or all(not c.strip() for c in row):
+                continue
+            if len(row) != len(header):
+                raise TraceError(f"{path.name} line {reader.line_num}: expected "
+                                 f"{len(header)} columns, got {len(row)}")
+            yield reader.line_num, row
 
     return header, gen()
 
