@@ -376,3 +376,20 @@ def test_b18_two_instances_for_one_container_on_one_gpu(harness: PluginHarness,
     assert [a.runtime.mig_uuid for a in done] == uuids
     (_, used_slots, used_mem, _), = state.ledger.device_usage(NODE)
     assert (used_slots, used_mem) == (2, 2 * 24192)
+
+
+def test_missing_allowlist_is_reported_before_the_api_server_is_needed(tmp_path: Path) -> None:
+    """The configuration error comes first, not a kubeconfig error that hides it."""
+    import threading
+
+    from hami.deviceplugin.command import run_plugin
+
+    (tmp_path / "dc.yaml").write_text("nvidia:\n  deviceSplitCount: 10\n")
+    (tmp_path / "node.json").write_text(MIG_NODE)
+    with pytest.raises(PluginConfigError, match="migProfileAllowlist"):
+        run_plugin(node_name="node-a", hook_path=str(tmp_path), plugin_dir=tmp_path,
+                   kubelet_socket=tmp_path / "kubelet.sock", config_file=tmp_path / "dc.yaml",
+                   node_config_file=tmp_path / "node.json", backend_kind="fake",
+                   fake_inventory=tmp_path / "missing-inventory.yaml",
+                   kubeconfig=tmp_path / "no-kubeconfig", lock_dir=str(tmp_path),
+                   register_interval_s=1.0, stop=threading.Event())

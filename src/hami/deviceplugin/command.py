@@ -130,15 +130,16 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
     cfg = from_device_config(config_file.read_text() if config_file else None)
     if node_config_file is not None and node_config_file.exists():
         cfg = apply_node_config(cfg, node_config_file.read_text(), node_name)
+    if cfg.operating_mode == "mig" and not cfg.mig_allowlist:  # a config error: say it first
+        raise PluginConfigError("operatingmode mig needs nvidia.migProfileAllowlist in the "
+                                "device config (hami-scheduler-spec §6.1; the chart's "
+                                "devices.nvidia.migProfileAllowlist)")
     gpu_backend = open_backend(backend_kind, fake_inventory)
     gpus = gpu_backend.devices()
     kube = kube_api if isinstance(kube_api, KubeApi) else KubeApi(make_client(kubeconfig))
     lock_path = mig_apply_lock or migmod.DEFAULT_APPLY_LOCK
     mig_manager = None
     if cfg.operating_mode == "mig":
-        if not cfg.mig_allowlist:
-            raise PluginConfigError("operatingmode mig needs nvidia.migProfileAllowlist in the "
-                                    "device config (hami-scheduler-spec §6.1)")
         driver = gpu_backend.mig_driver()
         profiles = migmod.discover(driver, [(g.uuid, g.name) for g in gpus if g.mig_capable],
                                    cfg.mig_allowlist)
