@@ -36,6 +36,14 @@ def test_admission_refuses(limits: dict[str, object]) -> None:
         H.mutate_admission(ctr(limits), {})
 
 
+def test_byte_quantity_gets_a_unit_hint() -> None:
+    with pytest.raises(AdmissionError, match=r"'2Gi' is 2147483648 units; .*not bytes"):
+        H.mutate_admission(ctr({"hygon.com/dcunum": 1, "hygon.com/dcumem": "2Gi"}), {})
+    with pytest.raises(AdmissionError) as plain:
+        H.mutate_admission(ctr({"hygon.com/dcunum": 1, "hygon.com/dcumem": 3000000000}), {})
+    assert "units" not in str(plain.value)
+
+
 def test_admission_reports_resource() -> None:
     assert H.mutate_admission(ctr({"hygon.com/dcunum": 1}), {}) is True
     assert H.mutate_admission(ctr({"nvidia.com/gpu": 1}), {}) is False

@@ -56,8 +56,11 @@ def int_resource(container: Mapping[str, Any], name: str) -> int | None:
     if value is None:
         raise AdmissionError(f"{name} of container {cname} must be an integer, got {raw!r}")
     if value < 0 or value > INT32_MAX:
+        hint = (f" ({raw!r} is {value} units; device resources count plain numbers such as "
+                "MiB, not bytes)" if isinstance(raw, str) and not raw.lstrip("-").isdigit()
+                else "")
         raise AdmissionError(f"{name} of container {cname} must be between 0 and "
-                             f"{INT32_MAX}, got {value}")
+                             f"{INT32_MAX}, got {value}{hint}")
     return value
 
 
