@@ -461,8 +461,9 @@ def test_two_replicas_leader_killed_other_takes_over(control_plane: ControlPlane
         other = next(r for r in replicas if r is not leader)
         # the standby may still be starting its HTTP server when the leader is ready
         # (both start unwaited): wait until it serves, then it must say "not leading"
-        wait_until(lambda: other.get("/readyz")[0] != 0, timeout_s=30, what="standby serving")
-        assert other.get("/readyz")[0] == 503 and other.status()["synced"]
+        wait_until(lambda: other.status().get("synced", False), timeout_s=30,
+                   what="standby serving and synced")
+        assert other.get("/readyz")[0] == 503
 
         def ha_pod(name: str) -> dict[str, Any]:
             pod = pod_in(group, name, memory_mib=2000, scheduler_name="hami-ha")
