@@ -285,10 +285,8 @@ def fit_node(ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger | None = N
         if req is None or req.nums <= 0:
             continue
         is_init = pos < request.n_init
-        state = fresh() if is_init else app_state
-        ordered = order_devices(state, req, ctx.pod, ctx.weights)
-        outcome: FitOutcome = fit_container(ordered, req, ctx.pod, node,
-                                            _quota_check(quota, request, placed, is_init))
+        outcome = _fit_nvidia(ctx, req, fresh() if is_init else app_state, node,
+                              _quota_check(quota, request, placed, is_init), is_init)
         if not outcome.ok:
             return NodeFit(None, outcome.reason)
         grant[pos] = outcome.devices
@@ -296,15 +294,6 @@ def fit_node(ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger | None = N
             mig.append(MigAllocation(pos, device_index, outcome.devices[device_index].uuid,
                                      profile, placement))
         placed.append((is_init, outcome.devices))
-        if not is_init:
-            by_uuid = {d.info.uuid: d for d in app_state}
-            for dev in outcome.devices:
-                d = by_uuid[dev.uuid]
-                d.used_slots += 1
-                d.used_memory_mib += dev.used_memory_mib
-                d.used_cores += dev.used_cores_percent
-            for device_index, _, placement in outcome.mig:
-                by_uuid[outcome.devices[device_index].uuid].mig_occupied.append(placement)
     return NodeFit(tuple(grant), mig=tuple(mig))
 
 
