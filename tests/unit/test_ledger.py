@@ -57,7 +57,8 @@ def test_reregistration_keeps_or_rebuilds_usage():
     ledger.add_node("a", gpus("a", n=3, mem=24000))  # new devices: usage rebuilt from pods
     assert usage(ledger, "a") == [(0, 0, 0), (1, 100, 10), (0, 0, 0)]
     ledger.remove_node("a")
-    assert ledger.node("a") is None and not ledger.healthy[: ledger.size].any() or True
+    assert ledger.node("a") is None and not ledger.healthy[: ledger.size].any()
+    assert (ledger.node_of[: ledger.size] == -1).all()
     ledger.add_node("a", gpus("a"))  # back again: its pods count again
     assert usage(ledger, "a")[1] == (1, 100, 10)
 
@@ -75,3 +76,35 @@ def test_negative_usage_in_an_annotation_frees_nothing():
     ledger.add_node("a", gpus("a", n=1))
     ledger.add_pod("evil", "a", grant([("a-GPU-0", -10000, -50)]))
     assert usage(ledger, "a") == [(1, 0, 0)]
+
+
+def test_flapping_node_reuses_its_index_and_rows():
+    """Health flips re-register the same GPUs with other ``health``; a deleted node comes
+    back. Neither may grow the arrays (a long-running scheduler would leak), and usage,
+    health and other nodes stay exact."""
+    from dataclasses import replace
+
+    ledger = UsageLedger(capacity=4)
+    ledger.add_node("a", gpus("a", n=4))
+    ledger.add_node("b", gpus("b", n=2))
+    ledger.add_pod("p", "a", grant([("a-GPU-2", 100, 10)]))
+    ledger.add_pod("q", "b", grant([("b-GPU-1", 50, 5)]))
+    size, nodes = ledger.size, ledger.node_count
+    for flip in range(200):
+        sick = [replace(d, health=d.index != flip % 4) for d in gpus("a", n=4)]
+        ledger.add_node("a", sick if flip % 2 else gpus("a", n=4))
+        if flip % 7 == 0:
+            ledger.remove_node("a")
+            ledger.add_node("a", gpus("a", n=4))
+    assert (ledger.size, ledger.node_count) == (size, nodes)
+    assert usage(ledger, "a")[2] == (1, 100, 10) and usage(ledger, "b")[1] == (1, 50, 5)
+    ledger.add_node("a", [replace(d, health=d.index != 3) for d in gpus("a", n=4)])
+    entry = ledger.node("a")
+    rows = range(entry.offset, entry.offset + 4)
+    assert [bool(ledger.healthy[d]) for d in rows] == [True, True, True, False]
+    assert int(ledger.sum_used_memory[entry.index]) == 100
+    # fewer GPUs fit in the old rows (the spare one is a hole); more GPUs need new rows
+    ledger.add_node("a", gpus("a", n=3))
+    assert ledger.size == size and int((ledger.node_of[: ledger.size] == entry.index).sum()) == 3
+    ledger.add_node("a", gpus("a", n=6))
+    assert ledger.size == size + 6 and usage(ledger, "a")[2] == (1, 100, 10)

@@ -7,7 +7,8 @@ O(candidate nodes x GPUs) however many pods run.
 
 Layout: flat numpy arrays over all devices of all nodes (device ``d`` belongs to node
 ``node_of[d]``), grown by doubling; a removed node leaves a hole (``node_of = -1``,
-unhealthy) that is never a candidate. Per node, sums for the node score and optional
+unhealthy) that is never a candidate, and a node that registers again (a health flip, a
+re-added Node) takes its own index and rows back when its devices fit in them. Per node, sums for the node score and optional
 CPU/memory capacity (the simulator sets them; the live extender leaves them to
 kube-scheduler).
 """
@@ -97,6 +98,9 @@ class UsageLedger:
         self._mig: dict[int, list[tuple[str, MigPlacement]]] = {}
         #: Device index -> uids of the pods whose MIG records disagree with it (§6.4).
         self._mig_faults: dict[int, set[str]] = {}
+        #: Removed nodes' node index and device rows ``(index, offset, count)``, reused
+        #: when the same node registers again.
+        self._vacated: dict[str, tuple[int, int, int]] = {}
         self.type_names: list[str] = []
         self.version = 0
         #: Bumped on every pod addition or removal (cheap "has the mix changed" signal).
@@ -178,22 +182,33 @@ class UsageLedger:
             old.annotations = dict(annotations or {})
             self._set_node_capacity(old.index, cpu_milli, memory_mib)
             return
+        rows: tuple[int, int] | None = None  # (offset, count) this node held before
         if old is not None:
             self._drop_devices(old)
-            index = old.index
+            index, rows = old.index, (old.offset, len(old.devices))
+        elif name in self._vacated:
+            index, *held = self._vacated.pop(name)
+            rows = (held[0], held[1])
         else:
             index = len(self._node_names)
             self._node_names.append(name)
             if index >= self._ncap:
                 self._ncap *= 2
                 self._grow(NODE_FIELDS, ("node_active",), self._ncap)
-        while self.size + len(devices) > self._dcap:
-            self._dcap *= 2
-            self._grow(DEVICE_FIELDS, ("healthy", "registered_healthy", "mig_mode"),
-                       self._dcap)
-        entry = NodeEntry(name, index, devices, self.size, dict(annotations or {}))
+        if rows is not None and len(devices) <= rows[1]:
+            # The node's own rows again (a health flip re-registers the same GPUs), so a
+            # flapping node does not grow the arrays; spare rows stay unusable holes.
+            offset = rows[0]
+        else:
+            while self.size + len(devices) > self._dcap:
+                self._dcap *= 2
+                self._grow(DEVICE_FIELDS, ("healthy", "registered_healthy", "mig_mode"),
+                           self._dcap)
+            offset = self.size
+            self.size += len(devices)
+        entry = NodeEntry(name, index, devices, offset, dict(annotations or {}))
         for i, dev in enumerate(devices):
-            d = self.size + i
+            d = offset + i
             entry.position[dev.uuid] = d
             self.total_memory_mib[d] = dev.memory_mib
             self.total_cores[d] = dev.cores_percent
@@ -204,7 +219,6 @@ class UsageLedger:
             self.type_id[d] = self.type_index(dev.type)
             self.healthy[d] = self.registered_healthy[d] = dev.health
             self.mig_mode[d] = dev.mode == "mig"
-        self.size += len(devices)
         self._nodes[name] = entry
         self._index_of[name] = index
         self.node_active[index] = True
@@ -239,6 +253,7 @@ class UsageLedger:
         if entry is None:
             return
         self._drop_devices(entry)
+        self._vacated[name] = (entry.index, entry.offset, len(entry.devices))
         self._index_of.pop(name, None)
         self.node_active[entry.index] = False
         self.version += 1
