@@ -244,3 +244,51 @@ def test_topology_aware_policy_keeps_mig_reservations():
     for uuid in ("GPU-mig-0", "GPU-mig-1"):
         spans = sorted((p.start, p.start + p.size) for u, p in placed if u == uuid)
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False)), spans
+
+
+def _disjoint(allocs):
+    spans = sorted((a.gpu_uuid, a.placement.start, a.placement.start + a.placement.size)
+                   for a in allocs)
+    return all(not (u1 == u2 and e1 > s2) for (u1, _, e1), (u2, s2, _) in zip(spans, spans[1:], strict=False))
+
+
+def test_init_and_app_instances_of_one_pod_never_overlap():
+    """Init containers are fitted on fresh copies of the node (their usage is not summed),
+    but the plugin creates every instance of the pod at Allocate: they must be disjoint
+    (found by a breaker: 3g.20gb@4+4 for the init and 1g.5gb@6 for the app)."""
+    state = mig_cluster()
+    p = pod("ia", [container("app", gpu=1, gpumem=1000)],
+            init=[container("init", gpu=1, gpumem=15000), container("init2", gpu=1, gpumem=1000)])
+    d = state.filter(p)
+    assert d.result.node == "m"
+    allocs = decode_mig_allocations(d.annotations[names.MIG_ALLOCATIONS])
+    assert [a.profile for a in allocs] == ["3g.20gb", "1g.5gb", "1g.5gb"]
+    assert _disjoint(allocs), allocs
+    state.commit(p, d)
+    assert _disjoint(decode_mig_allocations(
+        state.filter(pod("next", [container(gpu=1, gpumem=1000)])).annotations[names.MIG_ALLOCATIONS])
+        + allocs)
+
+
+def test_init_and_app_instances_stay_disjoint_in_a_multi_vendor_pod():
+    from hami.core.config import SchedulerConfig
+    from hami.devices.registry import build_registry
+
+    state = ClusterState(SchedulerConfig(registry=build_registry({"nvidia": {}, "hygon": {}})))
+    node = {"metadata": {"name": "m", "annotations": {
+        names.NODE_REGISTER: ('[{"id":"GPU-mig","index":0,"count":7,"devmem":40960,"devcore":100,'
+                              '"type":"NVIDIA-A100-SXM4-40GB","numa":0,"mode":"mig","health":true,'
+                              '"migProfiles":[{"name":"1g.5gb","memoryMB":4864,"core":15,'
+                              '"sliceCount":1,"placements":[' + ",".join(
+                                  f'{{"start":{i},"size":1}}' for i in range(7)) + ']},'
+                              '{"name":"3g.20gb","memoryMB":19968,"core":43,"sliceCount":3,'
+                              '"placements":[{"start":0,"size":4},{"start":4,"size":4}]}]}]'),
+        "hami.io/node-dcu-register": "DCU-0,10,65520,100,DCU-Z100,0,true,0,hami-core:"}}}
+    assert state.upsert_node(node) == ""
+    app = container("app", gpu=1, gpumem=1000)
+    app["resources"]["limits"]["hygon.com/dcunum"] = 1
+    p = pod("mv", [app], init=[container("init", gpu=1, gpumem=15000)])
+    d = state.filter(p)
+    assert d.result.node == "m", d.result.failed_nodes
+    allocs = decode_mig_allocations(d.annotations[names.MIG_ALLOCATIONS])
+    assert len(allocs) == 2 and _disjoint(allocs), allocs

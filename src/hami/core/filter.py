@@ -59,6 +59,7 @@ from hami.core.model import (
     ContainerDevice,
     ContainerDeviceRequest,
     ContainerDevices,
+    MigPlacement,
     PodRequest,
     PodSingleDevice,
 )
@@ -280,7 +281,7 @@ def fit_node(ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger | None = N
 
     app_state = fresh()
     if request.vendors:
-        return _fit_node_vendors(ctx, entry, quota, fresh, app_state, node)
+        return _fit_node_vendors(ctx, entry, quota, fresh, app_state, node, occupied)
     for pos, req in enumerate(request.containers):
         if req is None or req.nums <= 0:
             continue
@@ -293,8 +294,28 @@ def fit_node(ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger | None = N
         for device_index, profile, placement in outcome.mig:
             mig.append(MigAllocation(pos, device_index, outcome.devices[device_index].uuid,
                                      profile, placement))
+        _hold_pod_mig(outcome, is_init, occupied, app_state)
         placed.append((is_init, outcome.devices))
     return NodeFit(tuple(grant), mig=tuple(mig))
+
+
+def _hold_pod_mig(outcome: FitOutcome, is_init: bool, occupied: dict[str, list[MigPlacement]],
+                  app_state: list[DeviceState]) -> None:
+    """Keep a container's MIG instances out of the pod's other containers' way.
+
+    Init containers are fitted on fresh copies of the node (their usage is not summed,
+    spec §5.1), but the device plugin creates every instance of the pod at Allocate, so
+    all of a pod's placements must be disjoint: later fresh copies (``occupied``) and the
+    app containers' state see them. App containers' own placements are already in
+    ``app_state`` (:func:`_fit_nvidia`).
+    """
+    for device_index, _, placement in outcome.mig:
+        uuid = outcome.devices[device_index].uuid
+        occupied.setdefault(uuid, []).append(placement)
+        if is_init:
+            for d in app_state:
+                if d.info.uuid == uuid:
+                    d.mig_occupied.append(placement)
 
 
 def _fit_nvidia(ctx: FilterContext, req: ContainerDeviceRequest, state: list[DeviceState],
@@ -316,7 +337,7 @@ def _fit_nvidia(ctx: FilterContext, req: ContainerDeviceRequest, state: list[Dev
 
 def _fit_node_vendors(ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger | None,
                       fresh: Callable[[], list[DeviceState]], app_state: list[DeviceState],
-                      node: NodeOptions) -> NodeFit:
+                      node: NodeOptions, occupied: dict[str, list[MigPlacement]]) -> NodeFit:
     """:func:`fit_node` for a pod that asks for other vendors too (spec §4.4, §4.5).
 
     Per container (init containers on fresh copies, app containers cumulative): the
@@ -347,6 +368,7 @@ def _fit_node_vendors(ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger |
             for device_index, profile, placement in outcome.mig:
                 mig.append(MigAllocation(pos, device_index, outcome.devices[device_index].uuid,
                                          profile, placement))
+            _hold_pod_mig(outcome, is_init, occupied, app_state)
             placed.append((is_init, outcome.devices))
         for word in sorted(vreqs):
             vendor = ctx.vendors.get(word)
