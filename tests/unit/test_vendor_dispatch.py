@@ -219,3 +219,36 @@ def test_kunlun_score_node_decides_between_equal_nodes(policy: str, order: list[
     decision = state.filter(nxt, order)
     assert (decision.result.node, decision.result.score) == (node, score)
     assert decision.annotations["hami.io/vgpu-node"] == node
+
+
+def test_a_device_reported_twice_registers_once() -> None:
+    """Two copies of one card would split its usage: the second looks free while the
+    first is full. Enflame's GCU and vGCU backends both synthesise ``<node>-enflame-<i>``
+    from capacity; an annotation may also repeat a UUID. The first entry wins, the rest is
+    reported, and the card is never sold twice (found by a breaker)."""
+    from hami.devices.registry import build_registry
+
+    state = ClusterState(SchedulerConfig(registry=build_registry({"nvidia": {}, "enflame": {}})))
+    node = {"kind": "Node", "metadata": {"name": "n", "annotations": {}},
+            "status": {"capacity": {"enflame.com/gcu": 1, "enflame.com/vgcu-percentage": 100}}}
+    assert state.upsert_node(node) == ""
+    assert [d.uuid for d, *_ in state.ledger.device_usage("n")] == ["n-enflame-0"]
+    assert "n-enflame-0 is already registered" in state.vendor_reasons["n"]["GCU"]
+
+    def share(uid: str) -> dict[str, Any]:
+        return {"metadata": {"name": uid, "namespace": "ns", "uid": uid, "annotations": {}},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": {
+                    "enflame.com/vgcu": 1, "enflame.com/vgcu-percentage": 100}}}]}}
+    first = share("b")
+    state.commit(first, state.filter(first, ["n"]))
+    assert state.filter(share("c"), ["n"]).result.node is None
+
+    nvidia = ClusterState()
+    twice = ('[{"id":"X-0","index":0,"count":1,"devmem":1000,"devcore":100,"type":"NVIDIA-T4",'
+             '"numa":0,"mode":"hami-core","health":true},{"id":"X-0","index":1,"count":1,'
+             '"devmem":1000,"devcore":100,"type":"NVIDIA-T4","numa":0,"mode":"hami-core",'
+             '"health":true}]')
+    assert nvidia.upsert_node({"metadata": {"name": "n", "annotations": {
+        "hami.io/node-nvidia-register": twice}}}) == ""
+    assert len(nvidia.ledger.device_usage("n")) == 1
+    assert "NVIDIA" in nvidia.vendor_reasons["n"]

@@ -116,7 +116,10 @@ class ClusterState:
         check, §4.13); None reads all. A vendor whose annotation is malformed is skipped
         (its reason is kept in :attr:`vendor_reasons`) and the others still register.
         Returns "" when some device was registered, else the reason (the node is then
-        removed, so no pod is placed on devices it no longer reports).
+        removed, so no pod is placed on devices it no longer reports). A UUID reported twice
+        (in one annotation, or by two vendors such as Enflame's GCU and vGCU over the same
+        capacity) registers once, the first time, so usage is never split over two copies
+        of one card; the others are reported in :attr:`vendor_reasons`.
         """
         meta = _meta(node)
         name = str(meta.get("name") or "")
@@ -141,7 +144,9 @@ class ClusterState:
                 reasons[word] = f"node {name}: {word}: {exc}"
                 continue
             devices.extend(found)
-        self.vendor_reasons[name] = {w: r for w, r in reasons.items() if w != names.NVIDIA}
+        skipped = {w: r for w, r in reasons.items() if w != names.NVIDIA}
+        devices = _unique_devices(name, devices, skipped)
+        self.vendor_reasons[name] = skipped
         if not devices:
             self.ledger.remove_node(name)
             if not self.vendors:
@@ -388,3 +393,17 @@ class ClusterState:
 
 
 __all__ = ["ClusterState", "Decision", "RequestError", "pod_uid", "init_containers_done"]
+
+
+def _unique_devices(node: str, devices: list[DeviceInfo],
+                    skipped: dict[str, str]) -> list[DeviceInfo]:
+    """``devices`` without repeated UUIDs (the first entry wins); each vendor whose entries
+    were dropped gets a line in ``skipped`` (CommonWord -> reason)."""
+    seen: dict[str, DeviceInfo] = {}
+    for dev in devices:
+        first = seen.setdefault(dev.uuid, dev)
+        if first is not dev:
+            why = (f"node {node}: {dev.vendor}: device {dev.uuid} is already registered"
+                   f" (by {first.vendor}); the repeated entry is ignored")
+            skipped[dev.vendor] = f"{skipped[dev.vendor]}; {why}" if dev.vendor in skipped else why
+    return list(seen.values()) if len(seen) != len(devices) else devices
