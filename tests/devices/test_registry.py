@@ -56,3 +56,27 @@ def test_wrong_type_is_a_config_error() -> None:
 def test_managed_resource_names() -> None:
     names = build_registry({"vastai": {}, "biren": {}}).resource_names()
     assert names == {"vastaitech.com/va", "birentech.com/gpu"}
+
+
+@pytest.mark.parametrize(("section", "resource"), [
+    ("kunlun", "kunlunxin.com/xpu"), ("awsneuron", "aws.amazon.com/neuron"),
+    ("metax", "metax-tech.com/gpu"), ("enflame", "enflame.com/gcu"),
+    ("enflame", "enflame.com/vgcu-percentage"), ("cambricon", "cambricon.com/mlu.smlu.vcore"),
+    ("mthreads", "mthreads.com/sgpu-core"),
+])
+@pytest.mark.parametrize("value", ["2000000", "1e30"])
+def test_absurd_capacity_is_refused_not_expanded(section: str, resource: str, value: str) -> None:
+    """A broken capacity must not make the scheduler build millions of devices (a breaker
+    found 15 s / 800 MiB for 2,000,000 and no return for 1e30)."""
+    from hami.core.gowire import CodecError
+
+    registry = build_registry({section: {}})
+    node = {"metadata": {"name": "n"}, "status": {"capacity": {resource: value}}}
+    refused = 0
+    for vendor in registry.values():
+        try:
+            assert len(vendor.node_devices(node)) <= 256
+        except CodecError as exc:
+            assert "refused as a broken capacity" in str(exc)
+            refused += 1
+    assert refused >= 1

@@ -249,10 +249,24 @@ def memory_request(nums: int, kind: str, memory_mib: int, cores: int) -> Contain
     return ContainerDeviceRequest(nums, kind, memory_mib, PERCENT_UNSET, cores)
 
 
+#: The most devices one vendor may synthesise from a node's capacity. Real nodes have at
+#: most a few dozen accelerators; a larger figure is a broken capacity, and building
+#: millions of devices would stall the scheduler.
+MAX_CAPACITY_DEVICES = 256
+
+
 def capacity_devices(node: Mapping[str, Any], count: int, vendor: str, kind: str,
                      memory_mib: int, cores: int = 100, split: int = 1,
                      uuid_word: str | None = None) -> tuple[DeviceInfo, ...]:
-    """Devices synthesised from node capacity: ``<node>-<word>-<i>`` for ``i < count``."""
+    """Devices synthesised from node capacity: ``<node>-<word>-<i>`` for ``i < count``.
+
+    Raises:
+        CodecError: ``count`` exceeds :data:`MAX_CAPACITY_DEVICES` (the node's devices of
+            this vendor are then not registered, with that reason).
+    """
+    if count > MAX_CAPACITY_DEVICES:
+        raise CodecError(f"node capacity gives {count} {vendor} devices; more than "
+                         f"{MAX_CAPACITY_DEVICES} on one node is refused as a broken capacity")
     word = uuid_word or vendor
     name = node_name(node)
     return tuple(DeviceInfo(uuid=f"{name}-{word}-{i}", index=i, split_count=split,
