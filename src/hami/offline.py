@@ -59,14 +59,78 @@ class InputError(ValueError):
 def load_objects(text: str) -> list[dict[str, Any]]:
     """Parse a YAML/JSON stream into objects, flattening ``kind: List`` items.
 
+    The fields hami reads are checked for the types the API server guarantees (maps,
+    lists, string annotation values), so a hand-written file fails here with the path of
+    the bad field instead of deep in the scheduler.
+
     Raises:
-        InputError: not YAML, or a document that is not an object with ``kind``.
+        InputError: not YAML, a document that is not an object with ``kind``, or a field
+            of a Node, Pod or ResourceQuota of the wrong type.
     """
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         raise InputError(f"not valid YAML/JSON: {exc}") from None
-    return list(_flatten(docs))
+    objects = list(_flatten(docs))
+    for obj in objects:
+        _check_shape(obj)
+    return objects
+
+
+def _check_shape(obj: Mapping[str, Any]) -> None:
+    kind = obj["kind"]
+    if kind not in ("Node", "Pod", "ResourceQuota"):
+        return
+    meta = obj.get("metadata")
+    who = f"{kind} {(meta or {}).get('name', '?') if isinstance(meta, dict) else '?'}"
+
+    def fail(path: str, want: str, got: Any) -> None:
+        hint = " (quote the value in YAML)" if want == "a string" else ""
+        raise InputError(f"{who}: {path} must be {want}, got {got!r}{hint}")
+
+    def mapping(value: Any, path: str) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            fail(path, "a mapping", value)
+        return value
+
+    meta = mapping(meta, "metadata")
+    for key in ("name", "namespace", "uid"):
+        if key in meta and not isinstance(meta[key], str):
+            fail(f"metadata.{key}", "a string", meta[key])
+    for field_name in ("annotations", "labels"):
+        for key, value in mapping(meta.get(field_name), f"metadata.{field_name}").items():
+            if not isinstance(value, str):
+                fail(f"metadata.{field_name}[{key!r}]", "a string", value)
+    spec = mapping(obj.get("spec"), "spec")
+    status = mapping(obj.get("status"), "status")
+    if kind == "Node":
+        for field_name in ("capacity", "allocatable"):
+            mapping(status.get(field_name), f"status.{field_name}")
+    elif kind == "ResourceQuota":
+        mapping(spec.get("hard"), "spec.hard")
+    else:
+        for group in ("initContainers", "containers"):
+            ctrs = spec.get(group)
+            if ctrs is None:
+                continue
+            if not isinstance(ctrs, list):
+                fail(f"spec.{group}", "a list", ctrs)
+            for n, ctr in enumerate(ctrs):
+                path = f"spec.{group}[{n}]"
+                ctr = mapping(ctr, path)
+                if "name" in ctr and not isinstance(ctr["name"], str):
+                    fail(f"{path}.name", "a string", ctr["name"])
+                res = mapping(ctr.get("resources"), f"{path}.resources")
+                for part in ("limits", "requests"):
+                    for key, value in mapping(res.get(part), f"{path}.resources.{part}").items():
+                        if isinstance(value, bool) or not isinstance(value, str | int | float):
+                            fail(f"{path}.resources.{part}[{key!r}]", "a quantity", value)
+                mapping(ctr.get("securityContext"), f"{path}.securityContext")
+        if "initContainerStatuses" in status and not isinstance(
+                status["initContainerStatuses"], list):
+            fail("status.initContainerStatuses", "a list", status["initContainerStatuses"])
 
 
 def _flatten(docs: Iterable[Any]) -> Iterator[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import yaml
@@ -148,3 +149,55 @@ def test_schedule_places_mig_instances_and_writes_their_annotation():
     assert (mid[0]["profile"], mid[0]["placement"]) == ("3g.20gb", {"start": 0, "size": 4})
     assert pods["full"]["node"] is None
     assert "CardMigTopologyInfeasible" in pods["full"]["failed_nodes"]["mig-1"]
+
+
+# ---------------------------------------------------------------- malformed files
+_GARBAGE = [None, "x", 1, [], {}, [1], [None], {"a": 1}, True, 1.5]
+_NODE = {"kind": "Node", "metadata": {"name": "n1", "annotations": {
+    "hami.io/node-nvidia-register": '[{"id":"GPU-0","index":0,"count":10,"devmem":16384,'
+                                    '"devcore":100,"type":"NVIDIA-T4","health":true}]'}}}
+
+
+def _pod_variants():
+    limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000, "hygon.com/dcunum": 1}
+
+    def pod(meta=None, spec=None, status=None):
+        out = {"kind": "Pod", "metadata": meta if meta is not None else {"name": "p"},
+               "spec": spec if spec is not None else
+               {"containers": [{"name": "c", "resources": {"limits": limits}}]}}
+        if status is not None:
+            out["status"] = status
+        return out
+    for v in _GARBAGE:
+        yield pod(meta=v)
+        yield pod(meta={"name": "p", "annotations": v})
+        yield pod(meta={"name": "p", "annotations": {"hami.io/gpu-scheduler-policy": v}})
+        yield pod(spec=v)
+        yield pod(spec={"containers": v})
+        yield pod(spec={"containers": [v]})
+        yield pod(spec={"initContainers": v, "containers": []})
+        yield pod(spec={"containers": [{"name": v, "resources": {"limits": limits}}]})
+        yield pod(spec={"containers": [{"name": "c", "resources": v}]})
+        yield pod(spec={"containers": [{"name": "c", "resources": {"limits": v}}]})
+        yield pod(spec={"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": v}}}]})
+        yield pod(status=v)
+        yield pod(status={"initContainerStatuses": v})
+
+
+@pytest.mark.parametrize("bad", list(_pod_variants()))
+def test_malformed_objects_are_a_clear_error_never_a_crash(bad: dict[str, Any]) -> None:
+    """A hand-written file with a field of the wrong type (an empty YAML value is null,
+    an unquoted number is an int) is refused with the field's path, or scheduled if the
+    value is still meaningful; no other exception escapes (found by a breaker)."""
+    from hami.core.config import SchedulerConfig
+    from hami.devices.registry import build_registry
+
+    text = yaml.safe_dump_all([_NODE, bad])
+    try:
+        objects = load_objects(text)
+    except InputError as exc:
+        assert "must be" in str(exc)
+        return
+    config = SchedulerConfig(registry=build_registry({"nvidia": {}, "hygon": {}}))
+    report = schedule(objects, config)
+    assert report["nodes"] == {"n1": ""}
