@@ -292,3 +292,22 @@ def test_init_and_app_instances_stay_disjoint_in_a_multi_vendor_pod():
     assert d.result.node == "m", d.result.failed_nodes
     allocs = decode_mig_allocations(d.annotations[names.MIG_ALLOCATIONS])
     assert len(allocs) == 2 and _disjoint(allocs), allocs
+
+
+def test_refused_refilter_keeps_the_pods_mig_record():
+    """A re-filter that raises restores the pod's charge; its MIG record (the source of
+    ``hami_node_gpu_mig_instance_info``) must come back too."""
+    import pytest
+
+    from hami.core.filter import FilterError
+
+    state = mig_cluster()
+    p = pod("a", [container(gpu=1, gpumem=3000)])
+    state.commit(p, state.filter(p))
+    uid = p["metadata"]["uid"]
+    held = state.mig[uid]
+    p["metadata"]["annotations"][names.DEVICE_SCORING_WEIGHTS] = "garbage"
+    with pytest.raises(FilterError):
+        state.filter(p)
+    assert state.mig[uid] == held
+    assert state.ledger.mig_occupied("m") == {"GPU-mig": [held[0].placement]}

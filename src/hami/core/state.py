@@ -343,6 +343,7 @@ class ClusterState:
         uid = pod_uid(pod)
         earlier = self.ledger.pod(uid) if request.wants_devices else None
         earlier_vendors = self.vendor_devices.get(uid)
+        earlier_mig = self.mig.get(uid)
         if earlier is not None:
             self.remove_pod(uid)
         try:
@@ -353,6 +354,8 @@ class ClusterState:
         except Exception:
             if earlier is not None:  # a refused pod keeps what it held
                 self._restore(earlier, earlier_vendors)
+                if earlier_mig:
+                    self.mig[uid] = earlier_mig
             raise
         return Decision(result, request, annotations)
 
