@@ -52,6 +52,15 @@ def test_mps_is_off_by_default_and_parses_every_key() -> None:
     ({"operatingmode": "mps", "mps": {"startDaemon": True}}, "startDaemon needs mps.enabled"),
     ({"operatingmode": "hami-core", "mps": {"enabled": True}}, 'needs operatingmode "mps"'),
     ({"mps": {"enabled": True}}, 'needs operatingmode "mps"'),
+    # found by a breaker: these mounted host directories read-write into every container
+    ({"operatingmode": "mps", "mps": {"pipeDirectory": "/"}}, "system directory"),
+    ({"operatingmode": "mps", "mps": {"pipeDirectory": "//"}}, "system directory"),
+    ({"operatingmode": "mps", "mps": {"shmDirectory": "/"}}, "system directory"),
+    ({"operatingmode": "mps", "mps": {"pipeDirectory": "/etc"}}, "system directory"),
+    ({"operatingmode": "mps", "mps": {"pipeDirectory": "/tmp/../etc"}}, "normalised path"),
+    ({"operatingmode": "mps", "mps": {"pipeDirectory": "/usr/local/vgpu"}}, "collides"),
+    ({"operatingmode": "mps", "mps": {"pipeDirectory": "/tmp/vgpulock/mps"}}, "collides"),
+    ({"operatingmode": "mps", "mps": {"pipeDirectory": "/usr/local/vgpu/x"}}, "collides"),
 ])
 def test_bad_mps_config_is_a_clear_error(fields: dict[str, object], message: str) -> None:
     with pytest.raises(PluginConfigError, match=message):

@@ -31,6 +31,8 @@ The control daemon itself (``nvidia-cuda-mps-control -d``) is started by
 
 from __future__ import annotations
 
+import posixpath
+
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -77,6 +79,16 @@ class MpsSettings:
     control_command: str = DEFAULT_CONTROL_COMMAND
 
 
+#: Directories an MPS path may not be (the pipe directory is mounted read-write at the
+#: same path in every container; the shm directory is exposed read-write at /dev/shm).
+_SYSTEM_DIRS = frozenset({"/", "/bin", "/boot", "/dev", "/dev/shm", "/etc", "/home", "/lib",
+                          "/lib64", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys",
+                          "/tmp", "/usr", "/usr/bin", "/usr/lib", "/usr/local", "/var"})
+#: Container paths of the hami-core mounts (spec §B.5) an MPS directory may not overlap.
+_HAMI_MOUNTS = ("/usr/local/vgpu", "/tmp/vgpulock", "/etc/ld.so.preload", "/tmp/license",
+                "/usr/bin/vgpuvalidator")
+
+
 def _path(raw: Mapping[str, object], key: str, default: str, allow_empty: bool) -> str:
     value = raw.get(key)
     if value is None:
@@ -88,7 +100,18 @@ def _path(raw: Mapping[str, object], key: str, default: str, allow_empty: bool) 
     if not value.startswith("/") or any(c in value for c in ",:\n\0"):
         raise MpsConfigError(f"mps.{key} must be an absolute path without ',', ':' or "
                              f"newlines, got {value!r}")
-    return value.rstrip("/") or "/"
+    path = value.rstrip("/") or "/"
+    if posixpath.normpath(path) != path:
+        raise MpsConfigError(f"mps.{key} must be a normalised path (no '.', '..' or '//'), "
+                             f"got {value!r}")
+    if path in _SYSTEM_DIRS:
+        raise MpsConfigError(f"mps.{key} {path!r} is a system directory: it would be mounted "
+                             "read-write into every container; use a dedicated directory")
+    clash = next((r for r in _HAMI_MOUNTS
+                  if path == r or path.startswith(r + "/") or r.startswith(path + "/")), None)
+    if clash is not None:
+        raise MpsConfigError(f"mps.{key} {path!r} collides with hami's own mount {clash!r}")
+    return path
 
 
 def _flag(raw: Mapping[str, object], key: str) -> bool:
