@@ -32,7 +32,6 @@ The control daemon itself (``nvidia-cuda-mps-control -d``) is started by
 from __future__ import annotations
 
 import posixpath
-
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
