@@ -177,18 +177,40 @@ def test_mig_mode_without_allowlist_refuses_to_start(harness: PluginHarness) -> 
     assert "migProfileAllowlist" in str(harness.errors[0])
 
 
-def test_registration_waits_while_apply_lock_exists(harness: PluginHarness) -> None:
+def test_registration_waits_while_apply_lock_exists(tmp_path: Path) -> None:
+    """While an apply is in progress the registrar writes nothing and asks to be retried;
+    it registers once the lock is gone (spec §B.7)."""
+    from hami.deviceplugin.config import PluginConfig
+    from hami.deviceplugin.discovery import PhysicalGpu
+    from hami.deviceplugin.mig import apply_lock_held
+    from hami.deviceplugin.service import DeviceState, NodeRegistrar
+    from tests.node.fakes import FakeKube
+
+    lock = tmp_path / "hami-mig-apply.lock"
+    kube = FakeKube()
+    kube.add_node(NODE)
+    gpu = PhysicalGpu("GPU-x", 0, "Tesla T4", 16 * 1024 ** 3)
+    registrar = NodeRegistrar(DeviceState([gpu], PluginConfig()), kube, NODE,
+                              paused=lambda: apply_lock_held(lock))
+    lock.touch()
+    assert registrar.once() is False
+    assert names.NODE_REGISTER not in kube.nodes[NODE][0]
+    lock.unlink()
+    assert registrar.once() is True
+    assert "GPU-x" in kube.nodes[NODE][0][names.NODE_REGISTER]
+
+
+def test_stale_apply_lock_from_a_crash_is_removed_at_start(harness: PluginHarness) -> None:
+    """The lock sits on a hostPath: one left by a plugin that died while applying would
+    block registration forever on an idle node (found by a breaker)."""
     lock = harness.root / "hami" / "hami-mig-apply.lock"
     lock.parent.mkdir(parents=True)
     lock.touch()
     harness.write_inventory({"gpus": [a100_entry()]})
     start_plugin(harness, config_yaml=CONFIG, node_config=MIG_NODE, mig_apply_lock=lock,
                  mig_reconcile_s=0.2)
-    harness.kubelet.wait_registered()
-    time.sleep(1.0)
-    assert names.NODE_REGISTER not in harness.kube.nodes[NODE][0]
-    lock.unlink()
-    wait(lambda: names.NODE_REGISTER in harness.kube.nodes[NODE][0], what="register after unlock")
+    wait(lambda: names.NODE_REGISTER in harness.kube.nodes[NODE][0], what="register")
+    assert not lock.exists()
 
 
 # --- Allocate --------------------------------------------------------------------------------
@@ -288,7 +310,7 @@ def test_driver_refusal_fails_pod_and_creates_nothing(harness: PluginHarness) ->
     with pytest.raises(grpc.RpcError) as err:
         harness.kubelet.allocate(replicas_of(harness, A100, 1))
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert "overlaps GPU instance(s) [1]" in err.value.details()
+    assert "reserved by live pod default/owner" in err.value.details()
     assert harness.kube.pods[("default", "p")].annotations[al.BIND_PHASE] == "failed"
     assert placements(harness, A100) == [(1, 0, 8)]                # nothing new, owner kept
     wait(lambda: al.NODE_LOCK not in harness.kube.nodes[NODE][0], what="lock release")

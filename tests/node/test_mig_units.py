@@ -262,3 +262,82 @@ def test_interrupted_create_is_redone(tmp_path: Path) -> None:
     assert (inst.gpu_instance_id, inst.placement, inst.mig_uuid) == (1, P(6, 1), fake_mig_uuid(A100, 1, 0))
     assert result.envs[0]["NVIDIA_VISIBLE_DEVICES"] == inst.mig_uuid
     assert driver.seen == [("destroy", True), ("create", True)]
+
+
+# --- found by a breaker -------------------------------------------------------------------
+
+def reserved(kube: FakeKube, name: str, allocs: list[MigAllocation],
+             entries: tuple[tuple[ContainerDevice, ...], ...], phase: str = "Pending",
+             **extra: str) -> al.PodView:
+    kube.add_pod(al.PodView("default", name, f"uid-{name}", "node-a", phase, {
+        al.DEVICES_TO_ALLOCATE: encode_pod_devices(entries),
+        MIG_ALLOCATIONS: encode_mig_allocations(allocs),
+        al.BIND_PHASE: "allocating", al.BIND_TIME: "1", al.VGPU_NODE: "node-a", **extra},
+        tuple(al.ContainerView(f"c{i}") for i in range(len(entries)))))
+    return kube.pods[("default", name)]
+
+
+def one_g(mem: int = 4864, core: int = 15) -> ContainerDevice:
+    return ContainerDevice(A100, "NVIDIA", mem, core)
+
+
+def test_a_placement_another_live_pod_holds_is_refused_not_shared(tmp_path: Path) -> None:
+    kube = FakeKube()
+    mgr, driver = manager(tmp_path, kube)
+    a = reserved(kube, "a", [MigAllocation(0, 0, A100, "1g.5gb", P(6, 1))], ((one_g(),),),
+                 phase="Running")
+    mgr.allocate(a, [[f"{A100}-0"]])
+    b = reserved(kube, "b", [MigAllocation(0, 0, A100, "1g.5gb", P(6, 1))], ((one_g(),),))
+    with pytest.raises(al.AllocateError, match="reserved by live pod default/a"):
+        mgr.allocate(b, [[f"{A100}-0"]])
+    assert len(driver.instances(A100)) == 1
+
+
+@pytest.mark.parametrize("layout", ["one container", "init and app"])
+def test_overlapping_reservations_inside_one_pod_are_refused(tmp_path: Path, layout: str) -> None:
+    kube = FakeKube()
+    mgr, driver = manager(tmp_path, kube)
+    if layout == "one container":
+        allocs = [MigAllocation(0, 0, A100, "1g.5gb", P(6, 1)),
+                  MigAllocation(0, 1, A100, "1g.5gb", P(6, 1))]
+        entries: tuple[tuple[ContainerDevice, ...], ...] = ((one_g(), one_g()),)
+        request = [[f"{A100}-0", f"{A100}-1"]]
+    else:
+        allocs = [MigAllocation(0, 0, A100, "3g.20gb", P(4, 4)),
+                  MigAllocation(1, 0, A100, "1g.5gb", P(6, 1))]
+        entries = ((one_g(19968, 43),), (one_g(),))
+        request = [[f"{A100}-0"]]
+    p = reserved(kube, "p", allocs, entries)
+    with pytest.raises(al.AllocateError, match="overlap on"):
+        mgr.allocate(p, request)
+    assert driver.instances(A100) == []
+
+
+def test_orphan_of_another_profile_at_the_planned_placement_is_replaced(tmp_path: Path) -> None:
+    """4g.20gb and 3g.20gb both sit at 0+4 on an A100: a deleted pod's 4g instance must
+    not block the next pod's 3g one (the placement alone said "in use")."""
+    kube = FakeKube()
+    mgr, driver = manager(tmp_path, kube)
+    driver.inner.create(A100, 4, P(0, 4))  # its pod is gone, no reconcile pass yet
+    y = reserved(kube, "y", [MigAllocation(0, 0, A100, "3g.20gb", P(0, 4))],
+                 ((one_g(19968, 43),),))
+    mgr.allocate(y, [[f"{A100}-0"]])
+    assert [(i.slices, i.placement) for i in driver.instances(A100)] == [(3, P(0, 4))]
+
+
+def test_a_reused_instance_id_does_not_keep_an_orphan(tmp_path: Path) -> None:
+    """A running pod names GI 1 at 6+1, but that instance vanished (MIG state does not
+    survive a reboot); an unrelated instance that got id 1 elsewhere is an orphan."""
+    from hami.core.codec_mig import MigRuntimeIdentity
+
+    kube = FakeKube()
+    mgr, driver = manager(tmp_path, kube)
+    reserved(kube, "a", [MigAllocation(0, 0, A100, "1g.5gb", P(6, 1),
+                                       MigRuntimeIdentity("MIG-old", 1, 0))],
+             ((one_g(),),), phase="Running", **{al.DEVICES_TO_ALLOCATE: ";",
+                                                 al.BIND_PHASE: "success"})
+    orphan = driver.inner.create(A100, 2, P(0, 2))
+    assert orphan.gpu_instance_id == 1
+    assert mgr.reconcile().destroyed == [orphan]
+    b = reserved(kube, "b", [MigAllocation(0, 0, A100, "1g.5gb", P(0, 1))], ((one_g(),),))
+    mgr.allocate(b, [[f"{A100}-0"]])

@@ -144,6 +144,7 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
         profiles = migmod.discover(driver, [(g.uuid, g.name) for g in gpus if g.mig_capable],
                                    cfg.mig_allowlist)
         mig_manager = migmod.MigManager(driver, kube, node_name, profiles, lock_path)
+        mig_manager.clear_stale_apply_lock()
         state = DeviceState(gpus, cfg, profiles)
     else:
         state = DeviceState(gpus, cfg)

@@ -33,7 +33,7 @@ from hami.core.codec_mig import (
     decode_mig_allocations,
     encode_mig_allocations,
 )
-from hami.core.model import MigProfile
+from hami.core.model import MigPlacement, MigProfile
 from hami.deviceplugin import allocate as al
 from hami.deviceplugin.config import MigAllowEntry
 from hami.deviceplugin.kube import KubeApi, KubeError
@@ -136,8 +136,16 @@ def plan_mig(pod: al.PodView, requests: Sequence[Sequence[str]],
     the placement is one of its placements. Raises :class:`al.AllocateError`.
     """
     entries = list(al.decode_entries(pod))
-    reservations = {(a.container_index, a.device_index): a for a in pod_mig_allocations(pod)}
+    allocations = pod_mig_allocations(pod)
+    reservations = {(a.container_index, a.device_index): a for a in allocations}
     who = f"{pod.namespace}/{pod.name}"
+    for n, x in enumerate(allocations):
+        for y in allocations[n + 1:]:
+            if x.gpu_uuid == y.gpu_uuid and x.placement.overlaps(y.placement):
+                raise al.AllocateError(
+                    f"{who}: MIG allocations of container {x.container_index} device "
+                    f"{x.device_index} and container {y.container_index} device "
+                    f"{y.device_index} overlap on {x.gpu_uuid} (one instance cannot serve two)")
     out = []
     for ids in requests:
         idx = next((i for i, c in enumerate(entries) if c), None)
@@ -188,22 +196,43 @@ def written_back(value: str, realized: Mapping[tuple[int, int], MigInstance]) ->
     return encode_mig_allocations(out)
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """One live reservation: which pod (``owner`` = ``(uid, "ns/name")``) holds which
+    placement with how many slices (None when the profile name is not ``<N>g.``) and,
+    once realized, which GPU instance id."""
+
+    owner: tuple[str, str]
+    placement: MigPlacement
+    slices: int | None
+    gpu_instance_id: int | None
+
+
 @dataclass
 class References:
-    """What live pods reference on each GPU: GI ids (realized) and placements (all)."""
+    """What live pods reserve on each GPU (:class:`Claim` lists by GPU UUID)."""
 
-    gi_ids: dict[str, set[int]] = field(default_factory=dict)
-    placements: dict[str, set[tuple[int, int]]] = field(default_factory=dict)
+    claims: dict[str, list[Claim]] = field(default_factory=dict)
 
     def keeps(self, inst: MigInstance) -> bool:
-        """True when a live pod references ``inst`` by GI id or by placement."""
-        return (inst.gpu_instance_id in self.gi_ids.get(inst.gpu_uuid, set())
-                or (inst.placement.start, inst.placement.size)
-                in self.placements.get(inst.gpu_uuid, set()))
+        """True when a live reservation is this instance: the same placement and slice
+        count and, when the reservation is realized, the same GPU instance id. (An id alone
+        is not enough: ids are reused after an instance disappears; a placement alone is
+        not enough: another profile may sit there.)"""
+        return any(c.placement == inst.placement
+                   and (c.slices is None or c.slices == inst.slices)
+                   and (c.gpu_instance_id is None or c.gpu_instance_id == inst.gpu_instance_id)
+                   for c in self.claims.get(inst.gpu_uuid, ()))
+
+    def held_by_others(self, gpu_uuid: str, placement: MigPlacement,
+                       uid: str) -> list[Claim]:
+        """Other pods' reservations on ``gpu_uuid`` overlapping ``placement``."""
+        return [c for c in self.claims.get(gpu_uuid, ())
+                if c.owner[0] != uid and c.placement.overlaps(placement)]
 
 
 def references(pods: Sequence[al.PodView]) -> References:
-    """Collect MIG references of pods not yet Succeeded/Failed (undecodable annotations
+    """Collect MIG reservations of pods not yet Succeeded/Failed (undecodable annotations
     are skipped: the plugin never created instances for them)."""
     refs = References()
     for p in pods:
@@ -215,9 +244,9 @@ def references(pods: Sequence[al.PodView]) -> References:
             log.warning("%s/%s: ignoring bad %s: %s", p.namespace, p.name, MIG_ALLOCATIONS, exc)
             continue
         for a in allocs:
-            refs.placements.setdefault(a.gpu_uuid, set()).add((a.placement.start, a.placement.size))
-            if a.runtime is not None:
-                refs.gi_ids.setdefault(a.gpu_uuid, set()).add(a.runtime.gpu_instance_id)
+            refs.claims.setdefault(a.gpu_uuid, []).append(Claim(
+                (p.uid, f"{p.namespace}/{p.name}"), a.placement, profile_slices(a.profile),
+                a.runtime.gpu_instance_id if a.runtime is not None else None))
     return refs
 
 
@@ -278,6 +307,19 @@ class MigManager:
             with contextlib.suppress(FileNotFoundError):
                 self.apply_lock_path.unlink()
 
+    def clear_stale_apply_lock(self) -> bool:
+        """Remove an apply lock left by a process that died while applying (the file sits
+        on a hostPath, so it survives; nothing else would remove it and registration and
+        the monitor's feedback would stay paused). Call at start, before any apply.
+        Returns True when a stale lock was removed."""
+        try:
+            self.apply_lock_path.unlink()
+        except FileNotFoundError:
+            return False
+        log.warning("removed a stale MIG apply lock %s (a previous plugin died while "
+                    "applying)", self.apply_lock_path)
+        return True
+
     # -- Allocate ---------------------------------------------------------------------------
     def allocate(self, pod: al.PodView, requests: Sequence[Sequence[str]]) -> MigResult:
         """Realize the pod's next containers (see module docstring).
@@ -290,6 +332,15 @@ class MigManager:
         realized: dict[tuple[int, int], MigInstance] = {}
         with self.lock:
             try:
+                refs = references(self.kube.pods_on_node(self.node))
+                for c in plan.containers:
+                    for a in c.allocations:
+                        taken = refs.held_by_others(a.gpu_uuid, a.placement, pod.uid)
+                        if taken:
+                            raise al.AllocateError(
+                                f"{a.gpu_uuid}: placement {a.placement.start}+"
+                                f"{a.placement.size} for {a.profile} is reserved by live pod "
+                                f"{taken[0].owner[1]}")
                 for c in plan.containers:
                     for a in c.allocations:
                         realized[(a.container_index, a.device_index)] = self._realize(
