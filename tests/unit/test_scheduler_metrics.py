@@ -59,3 +59,34 @@ def test_legacy_names_carry_the_same_values():
     assert mig.labels["migname"] == "1g.5gb-9"
     vgpu = {s.labels["podname"]: s.value for s in got["vGPUCoreAllocated"]}
     assert vgpu == {"p": 15, "q": 30}
+
+
+def test_quota_metrics_cover_other_vendors() -> None:
+    """``hami_resource_quota_used``/``_limit`` (and legacy ``QuotaUsed``) report every
+    vendor's limited resources, not NVIDIA's alone (spec §5.2, §8; found by a breaker)."""
+    from hami.core.config import SchedulerConfig
+    from hami.devices.registry import build_registry
+
+    state = ClusterState(SchedulerConfig(registry=build_registry({"nvidia": {}, "hygon": {}})))
+    state.upsert_node({"metadata": {"name": "n", "annotations": {
+        names.NODE_REGISTER: REGISTER,
+        "hami.io/node-dcu-register": "DCU-0,10,65520,100,DCU-Z100,0,true,0,hami-core:"}}})
+    state.upsert_quota({"metadata": {"name": "q", "namespace": "ns"}, "spec": {"hard": {
+        "limits.hygon.com/dcumem": "100000", "limits.nvidia.com/gpumem": "100000"}}})
+    pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u", "annotations": {}},
+           "spec": {"containers": [{"name": "c", "resources": {"limits": {
+               "hygon.com/dcunum": 1, "hygon.com/dcumem": 2000,
+               "nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}}}]}}
+    state.commit(pod, state.filter(pod))
+    for legacy in (False, True):
+        metrics = SchedulerMetrics(legacy=legacy)
+        metrics.attach(SimpleNamespace(state=state, config=state.config))  # type: ignore[arg-type]
+        text = generate_latest(metrics.registry).decode()
+        fams = {f.name: f.samples for f in text_string_to_metric_families(text)}
+        used = {s.labels["quota_name"]: s.value for s in fams["hami_resource_quota_used"]}
+        assert used == {"nvidia.com/gpumem": 3000, "hygon.com/dcumem": 2000}
+        limits = {s.labels["quota_name"]: s.value for s in fams["hami_resource_quota_limit"]}
+        assert limits == {"nvidia.com/gpumem": 100000, "hygon.com/dcumem": 100000}
+        if legacy:
+            old = {s.labels["quotaName"]: s.value for s in fams["QuotaUsed"]}
+            assert old == used

@@ -74,6 +74,12 @@ class VendorQuota:
         entry = self._data.get(namespace, {}).get(name)
         return None if entry is None else entry.limit
 
+    def limited(self) -> list[tuple[str, str, int, int]]:
+        """``(namespace, resource name, limit, used)`` for every resource with a limit set,
+        sorted (what the quota metrics report, spec §8)."""
+        return sorted((ns, name, e.limit, e.used) for ns, entries in self._data.items()
+                      for name, e in entries.items() if e.limit is not None)
+
     def used(self, namespace: str, name: str) -> int:
         """Usage charged to ``name``."""
         entry = self._data.get(namespace, {}).get(name)

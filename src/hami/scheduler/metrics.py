@@ -189,14 +189,8 @@ class _ClusterCollector(Collector):
                                     f"{a.profile}-{a.runtime.gpu_instance_id}", ZONE], 1)
         yield mig
         quota = _family("QuotaUsed", "Resource quota used", ["quotanamespace", "quotaName", "limit"])
-        names = self.engine.config.nvidia
-        for ns, q in state.quota.namespaces().items():
-            for rname, lim, use in ((names.resource_memory_name, q.memory_limit_mib,
-                                     q.memory_used_mib),
-                                    (names.resource_core_name, q.cores_limit_percent,
-                                     q.cores_used_percent)):
-                if lim is not None:
-                    quota.add_metric([ns, rname, str(lim), ZONE], use)
+        for ns, rname, lim, use in self._quota_rows():
+            quota.add_metric([ns, rname, str(lim), ZONE], use)
         yield quota
         pod_labels = ["podnamespace", "nodename", "podname", "containeridx", "deviceuuid"]
         vmem = _family("vGPUMemoryAllocated", "vGPU memory allocated to a pod", pod_labels)
@@ -215,17 +209,25 @@ class _ClusterCollector(Collector):
                        ["namespace", "quota_name", "limit"])
         limit = _family("hami_resource_quota_limit", "Resource quota limit",
                         ["namespace", "quota_name"])
+        for ns, rname, lim, use in self._quota_rows():
+            used.add_metric([ns, rname, str(lim), ZONE], use)
+            limit.add_metric([ns, rname, ZONE], lim)
+        yield from (used, limit)
+
+    def _quota_rows(self) -> Iterator[tuple[str, str, int, int]]:
+        """``(namespace, resource, limit, used)`` of every limited quota resource: NVIDIA's
+        memory and cores, then every other vendor's (spec §5.2, §8)."""
         names = self.engine.config.nvidia
         for ns, q in self.engine.state.quota.namespaces().items():
             for rname, lim, use in ((names.resource_memory_name, q.memory_limit_mib,
                                      q.memory_used_mib),
                                     (names.resource_core_name, q.cores_limit_percent,
                                      q.cores_used_percent)):
-                if lim is None:
-                    continue
-                used.add_metric([ns, rname, str(lim), ZONE], use)
-                limit.add_metric([ns, rname, ZONE], lim)
-        yield from (used, limit)
+                if lim is not None:
+                    yield ns, rname, lim, use
+        vendor_quota = self.engine.state.vendor_quota
+        if vendor_quota is not None:
+            yield from vendor_quota.limited()
 
     def _pods(self) -> Iterator[Metric]:
         labels = ["namespace", "node", "pod", "container_index", "device_uuid"]
