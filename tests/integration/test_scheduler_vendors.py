@@ -251,3 +251,41 @@ def test_webhook_through_every_vendor(config_file: str) -> None:
             assert resp["status"]["message"].startswith("exceeding resource quota")
 
     run(scenario)
+
+
+def test_waiting_for_cambricons_lock_does_not_hold_the_generic_one(config_file: str) -> None:
+    """The whole acquisition is retried (spec §4.11): while a DCU+MLU pod waits for a
+    contended Cambricon lock it holds nothing, so a DCU-only pod binds on the node at once
+    (it used to wait the whole retry window; found by a breaker)."""
+    import asyncio
+
+    async def scenario() -> None:
+        kube = FakeKube()
+        node = mlu_node("n1")
+        node["metadata"]["annotations"]["hami.io/node-dcu-register"] = DCU_REGISTER.format(n="n1")
+        node["status"]["allocatable"]["hygon.com/dcunum"] = "20"
+        kube.put("Node", node)
+        async with serving(kube, device_config_file=config_file,
+                           node_lock_retry_timeout=timedelta(seconds=3)) as h:
+            x = kube.put("Pod", pod("x", DCU, MLU))
+            y = kube.put("Pod", pod("y", DCU))
+            await h.filter(x, ["n1"])
+            await h.filter(y, ["n1"])
+            await h.settle()
+            held = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            await kube.patch_node("n1", {"metadata": {"annotations": {MLU_LOCK: held}}})
+            await h.settle()
+            waiting = asyncio.create_task(h.bind(x, "n1"))
+            await asyncio.sleep(0.5)
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            assert (await h.bind(y, "n1"))["Error"] == ""
+            assert loop.time() - t0 < 1.5
+            # y's lock is released by its (absent) device plugin; free it and Cambricon's
+            await kube.patch_node("n1", {"metadata": {"annotations": {
+                "hami.io/mutex.lock": None, MLU_LOCK: None}}})
+            assert (await waiting)["Error"] == ""
+            ann = kube.node("n1")["metadata"]["annotations"]
+            assert ann["hami.io/mutex.lock"].endswith(",default,x") and MLU_LOCK in ann
+
+    run(scenario)

@@ -102,6 +102,12 @@ class NodeLocks:
                 await asyncio.sleep(wait)
             delay = min(delay * 2, 0.5)
 
+    async def try_once(self, node: str, namespace: str, name: str) -> None:
+        """One attempt of :meth:`acquire`, no retry (for callers that retry several locks
+        together). Raises :class:`LockError` (``contention`` set when another pod holds
+        the lock)."""
+        await self._try(node, namespace, name)
+
     async def _try(self, node: str, namespace: str, name: str) -> None:
         mutex = self._mutex.setdefault(node, asyncio.Lock())
         async with mutex:
