@@ -289,3 +289,22 @@ def test_waiting_for_cambricons_lock_does_not_hold_the_generic_one(config_file: 
             assert ann["hami.io/mutex.lock"].endswith(",default,x") and MLU_LOCK in ann
 
     run(scenario)
+
+
+def test_a_broken_vendor_annotation_on_a_registered_node_is_reported(config_file: str) -> None:
+    """The node still serves its DCUs; why its NVIDIA GPUs are left out must not be lost
+    (it was, whenever another vendor kept the node registered)."""
+    async def scenario() -> None:
+        kube = FakeKube()
+        kube.put("Node", mixed_node("m1"))
+        async with serving(kube, device_config_file=config_file) as h:
+            assert h.engine.node_reasons["m1"] == ""
+            node = kube.node("m1")
+            node["metadata"]["annotations"]["hami.io/node-nvidia-register"] = "garbage"
+            kube.put("Node", node)
+            await h.settle()
+            vendors = {d.vendor for d, *_ in h.engine.state.ledger.device_usage("m1")}
+            assert vendors == {"DCU"}
+            assert h.engine.node_reasons["m1"].startswith("registered without node m1:")
+
+    run(scenario)

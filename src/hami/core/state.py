@@ -144,7 +144,9 @@ class ClusterState:
                 reasons[word] = f"node {name}: {word}: {exc}"
                 continue
             devices.extend(found)
-        skipped = {w: r for w, r in reasons.items() if w != names.NVIDIA}
+        # a missing NVIDIA annotation is normal on another vendor's node; a broken one is not
+        skipped = {w: r for w, r in reasons.items()
+                   if w != names.NVIDIA or names.NODE_REGISTER in annotations}
         devices = _unique_devices(name, devices, skipped)
         self.vendor_reasons[name] = skipped
         if not devices:

@@ -384,8 +384,9 @@ class Engine:
             self._node_reason(name, self.state.upsert_node(node))
             return
         healthy = {names.NVIDIA} if health.healthy else set()
-        reasons = [] if health.healthy else [health.reason]
         annotations = _meta(node).get("annotations") or {}
+        nvidia_present = names.NODE_REGISTER in annotations or names.NODE_HANDSHAKE in annotations
+        reasons = [] if health.healthy or not nvidia_present else [f"NVIDIA: {health.reason}"]
         for word, vendor in self.state.vendors.items():
             key = (name, word)
             resource = vendor.resource_names().count
@@ -412,7 +413,8 @@ class Engine:
         skipped = self.state.vendor_reasons.get(name) or {}
         if not why and skipped:  # registered, but some vendor's devices were malformed
             why = "registered without " + "; ".join(skipped[w] for w in sorted(skipped))
-        self._node_reason(name, "; ".join([*reasons, why]) if why and reasons else why)
+        # health reasons of vendors left out are kept even when the node still registers
+        self._node_reason(name, "; ".join(r for r in (*reasons, why) if r))
 
     def _node_reason(self, name: str, why: str) -> None:
         """Remember why a node is (partly) not registered; log each new reason once."""
