@@ -11,7 +11,7 @@ from hami.core.filter import FilterError
 from hami.core.model import DeviceInfo
 from hami.core.request import RequestError
 from hami.core.state import ClusterState
-from tests.builders import case_pod, cluster_from_case, container, pod
+from tests.builders import container, pod
 
 
 def cluster(nodes=3, gpus=2, mem=16000, split=10, policy=SchedulingPolicy()):
@@ -99,46 +99,63 @@ def test_refilter_releases_the_pods_own_charge():
     assert state.filter(p).result.node == "n0"
 
 
-def test_b04_init_containers_take_the_peak(field_cases):
-    case = field_cases["B04"]
-    state = cluster_from_case(case)
+def gpu_node(state, node, model, mem, count=1, split=10, prefix="GPU-"):
+    """Register ``node`` with ``count`` identical, idle cards ``<prefix>0``, ``<prefix>1``..."""
+    state.ledger.add_node(node, [DeviceInfo(f"{prefix}{i}", i, split, mem, 100, model)
+                                 for i in range(count)])
+    return state
+
+
+def init_job(name, n_init, gpumem, namespace="default"):
+    """A pod whose only GPU requests are in ``n_init`` init containers of one card each."""
+    return pod(name, [container("main")],
+               [container(f"init-{i}", gpu=1, gpumem=gpumem) for i in range(n_init)],
+               namespace=namespace)
+
+
+def test_b04_init_containers_take_the_peak():
+    """B04: three init containers of one card each need one card, not three, on top of the app."""
+    state = ClusterState()
+    gpu_node(state, "node-a", "NVIDIA-Tesla-T4", 15360, count=2)
+    gpu_node(state, "node-b", "NVIDIA-Tesla-T4", 15360, count=3)
     nodes = []
-    for spec in case["scenario"]["pods"]:
-        d = place(state, case_pod(spec, "ns1"))
+    for name in ("job-0", "job-1"):
+        d = place(state, init_job(name, 3, 10240, namespace="ns1"))
         nodes.append(d.result.node)
         grant = decode_pod_devices(d.annotations[names.DEVICES_ALLOCATED])
         assert [len(c) for c in grant[:4]] == [1, 1, 1, 0]
-        charges = state.ledger.pod(f"uid-ns1-{spec['name']}").charges
+        charges = state.ledger.pod(f"uid-ns1-{name}").charges
         assert [(c.memory_mib, c.slots) for c in charges] == [(10240, 1)]
     assert None not in nodes
     # variant: 3 x 7168 on one GPU is 7168, not 21504
-    variant = case_pod({"name": "v", "init_containers": [
-        {"name": f"i{i}", "limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 7168}}
-        for i in range(3)], "containers": [{"name": "main", "limits": {}}]})
+    variant = init_job("v", 3, 7168)
     d = place(state, variant)
     assert [c.memory_mib for c in state.ledger.pod("uid-default-v").charges] == [7168]
     # once init containers finished, the init-only reservation is released
     done = dict(variant)
     done["metadata"] = {**variant["metadata"], "annotations": d.annotations}
     done["status"] = {"phase": "Running", "initContainerStatuses": [
-        {"name": f"i{i}", "state": {"terminated": {"exitCode": 0}}} for i in range(3)]}
+        {"name": f"init-{i}", "state": {"terminated": {"exitCode": 0}}} for i in range(3)]}
     state.upsert_pod(done)
     assert state.ledger.pod("uid-default-v").charges == ()
 
 
-def test_b10_zero_percent_books_whole_card(field_cases):
-    case = field_cases["B10"]
-    state = cluster_from_case(case)
-    zero, big = (case_pod(s) for s in case["scenario"]["pods"])
+def test_b10_zero_percent_books_whole_card():
+    """B10: a 0 % memory share means "not set", so the whole card is booked, never 0 MiB."""
+    state = gpu_node(ClusterState(), "node-a", "NVIDIA-V100-32GB", 32768)
+    zero = pod("zero-pct", [container(gpu=1, gpumem_percentage=0)])
+    big = pod("big", [container(gpu=1, gpumem=30000)])
     d = place(state, zero)
     assert d.result.devices[0][0].used_memory_mib == 32768
     assert state.filter(big).result.node is None
 
 
-def test_b14_gpu_in_second_of_five_containers(field_cases):
-    case = field_cases["B14"]
-    state = cluster_from_case(case)
-    d = place(state, case_pod(case["scenario"]["pods"][0]))
+def test_b14_gpu_in_second_of_five_containers():
+    """B14: only the second of five containers asks for a card; the annotation keeps container order."""
+    state = gpu_node(ClusterState(), "node-a", "NVIDIA-A10", 24576, prefix="GPU-aaaa-")
+    five = pod("five", [container("c0"), container("c1", gpu=1, gpumem=1000), container("c2"),
+                        container("c3"), container("c4")])
+    d = place(state, five)
     text = d.annotations[names.DEVICES_ALLOCATED]
     assert d.annotations[names.DEVICES_TO_ALLOCATE] == text
     grant = decode_pod_devices(text)[:5]
@@ -148,27 +165,26 @@ def test_b14_gpu_in_second_of_five_containers(field_cases):
         ("GPU-aaaa-0", "NVIDIA", 1000, 0)
 
 
-def test_b23_percentage_floors_after_multiplying(field_cases):
-    case = field_cases["B23"]
-    state = cluster_from_case(case)
-    spec = case["scenario"]["pods"][0]
-    renamed = {"name": spec["name"], "containers": [{"name": "c", "limits": {
-        "nvidia.com/gpu": 1, "nvidia.com/gpucores": 50, "nvidia.com/gpumem-percentage": 20}}]}
-    d = place(state, case_pod(renamed))
+def test_b23_percentage_floors_after_multiplying():
+    """B23: 20 % of a 32768 MiB card is 6553 MiB (multiply first, then floor), not 0."""
+    state = gpu_node(ClusterState(), "node-a", "NVIDIA-V100-32GB", 32768)
+    d = place(state, pod("pct20", [container(gpu=1, gpucores=50, gpumem_percentage=20)]))
     assert d.result.devices[0][0].used_memory_mib == 6553
-    full = state.filter(case_pod({"name": "full", "containers": [
-        {"name": "c", "limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 100}}]}))
+    full = state.filter(pod("full", [container(gpu=1, gpumem_percentage=100)]))
     assert full.result.node is None  # the card is no longer whole
 
 
-def test_b24_two_gpus_are_two_distinct_cards(field_cases):
-    case = field_cases["B24"]
-    state = cluster_from_case(case)
-    spec = case["scenario"]["pods"][0]
-    d = place(state, case_pod(spec))
+def test_b24_two_gpus_are_two_distinct_cards():
+    """B24: a container asking for two cards gets two physical cards, never two shares of one."""
+    def two_a10s():
+        return gpu_node(ClusterState(), "node-a", "NVIDIA-A10", 24576, count=2, split=2)
+
+    state = two_a10s()
+    d = place(state, pod("needs-two", [container(gpu=2)]))
     assert len({dev.uuid for dev in d.result.devices[0]}) == 2
     # with one card taken by an exclusive pod, two distinct cards are not available
-    state2 = cluster_from_case(case)
+    state2 = two_a10s()
     place(state2, pod("ci-1", [container(gpu=1, gpumem=20000)]))
     d2 = state2.filter(pod("needs-two", [container(gpu=2, gpumem=10000)]))
     assert d2.result.node is None
+
