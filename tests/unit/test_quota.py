@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from hami.core.admission import admit
 from hami.core.config import NvidiaConfig, SchedulerConfig
+from hami.core.model import DeviceInfo
 from hami.core.quota import QuotaLedger
 from hami.core.state import ClusterState
-from tests.builders import case_pod, cluster_from_case, container, pod
+from tests.builders import container, pod
 
 
 def test_limits_usage_and_updates():
@@ -26,33 +27,44 @@ def test_limits_usage_and_updates():
     assert quota.fits("other", 10**9, 10**9)
 
 
-def test_b08_explicit_zero_blocks_and_absent_means_unlimited(field_cases):
-    case = field_cases["B08"]
-    state = cluster_from_case(case)
+def one_gpu_node(model, mem):
+    """A scheduler whose only node, ``node-a``, has one idle card ``GPU-0``."""
+    state = ClusterState()
+    state.ledger.add_node("node-a", [DeviceInfo("GPU-0", 0, 10, mem, 100, model)])
+    return state
+
+
+def test_b08_explicit_zero_blocks_and_absent_means_unlimited():
+    """B08: a quota of 0 GPU memory is a hard "none allowed", not "no limit"."""
+    state = one_gpu_node("NVIDIA-A10", 24576)
     state.upsert_quota({"metadata": {"namespace": "locked", "name": "q"},
-                        "spec": {"hard": case["scenario"]["config"]["namespace_quota"]}})
-    spec = case["scenario"]["pods"][0]
-    denied = admit(case_pod(spec), state.config, state.quota)
+                        "spec": {"hard": {"limits.nvidia.com/gpumem": 0}}})
+
+    def small(namespace):
+        return pod("p", [container(gpu=1, gpumem=1000)], namespace=namespace)
+
+    denied = admit(small("locked"), state.config, state.quota)
     assert not denied.allowed and "quota" in denied.message
     # bypassing the webhook, the scheduler refuses too
-    decision = state.filter(case_pod(spec))
+    decision = state.filter(small("locked"))
     assert decision.result.node is None
     assert "ResourceQuotaNotFit" in decision.result.failed_nodes["node-a"]
     # control: a namespace with no quota at all
-    open_pod = case_pod({**spec, "namespace": "open"})
+    open_pod = small("open")
     assert admit(open_pod, state.config, state.quota).allowed
     assert state.filter(open_pod).result.node == "node-a"
 
 
-def test_b06_percentage_pods_are_charged_in_full_with_or_without_init(field_cases):
-    case = field_cases["B06"]
-    spec = case["scenario"]["pods"][0]
+def test_b06_percentage_pods_are_charged_in_full_with_or_without_init():
+    """B06: a GPU-less init container must not shift which containers the quota charges."""
     for with_init in (True, False):
-        state = cluster_from_case(case)
+        apps = [container("a", gpu=1, gpumem_percentage=40),
+                container("b", gpu=1, gpumem_percentage=40)]
+        state = one_gpu_node("NVIDIA-A100-40GB", 40000)
         state.upsert_quota({"metadata": {"namespace": "ns1", "name": "q"},
                             "spec": {"hard": {"limits.nvidia.com/gpumem": 24000}}})
-        body = dict(spec) if with_init else {k: v for k, v in spec.items() if k != "init_containers"}
-        verdict = admit(case_pod(body), state.config, state.quota)
+        body = pod("two-apps", apps, [container("setup")] if with_init else None, namespace="ns1")
+        verdict = admit(body, state.config, state.quota)
         decision = state.filter(verdict.pod)
         assert decision.result.node is None, with_init
         assert "ResourceQuotaNotFit" in decision.result.failed_nodes["node-a"]
@@ -60,7 +72,6 @@ def test_b06_percentage_pods_are_charged_in_full_with_or_without_init(field_case
 
 def test_quota_charged_on_commit_and_released_on_delete():
     state = ClusterState(SchedulerConfig())
-    from hami.core.model import DeviceInfo
     state.ledger.add_node("n", [DeviceInfo("G0", 0, 10, 10000, 100, "NVIDIA-A10")])
     state.upsert_quota({"metadata": {"namespace": "ns", "name": "q"},
                         "spec": {"hard": {"limits.nvidia.com/gpumem": "6000"}}})
