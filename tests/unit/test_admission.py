@@ -8,7 +8,7 @@ import pytest
 from hami.core.admission import admit
 from hami.core.config import NvidiaConfig, SchedulerConfig
 from hami.core.quota import QuotaLedger
-from tests.builders import case_pod, container, pod
+from tests.builders import container, pod
 
 CONFIG = SchedulerConfig()
 
@@ -90,14 +90,19 @@ def test_garbage_is_a_400(bad):
     assert not result.allowed and result.code == 400
 
 
-def test_b09_out_of_range_percentages_denied_with_range(field_cases):
-    for spec in field_cases["B09"]["scenario"]["pods"][:3]:
-        result = admit(case_pod(spec), CONFIG)
-        assert not result.allowed, spec["name"]
-        assert "between 0 and 100" in result.message
-        assert "nvidia.com/gpumem-percentage" in result.message
-    no_mem = admit(case_pod(field_cases["B09"]["scenario"]["pods"][3]), CONFIG)
-    assert no_mem.allowed
+@pytest.mark.parametrize(("name", "percent"), [("pct-150", 150), ("pct-101", 101),
+                                             ("pct-wrap", 2**32 + 50)])
+def test_b09_out_of_range_percentages_denied_with_range(name, percent):
+    """B09: memory shares outside 0-100 (101, above 100, past 32 bits) are denied, naming the range."""
+    result = admit(pod(name, [container(gpu=1, gpumem_percentage=percent)]), CONFIG)
+    assert not result.allowed, name
+    assert "between 0 and 100" in result.message
+    assert "nvidia.com/gpumem-percentage" in result.message
+
+
+def test_b09_no_memory_and_no_percentage_is_admitted():
+    """B09 (control): a card with neither memory nor share set is a valid whole-card request."""
+    assert admit(pod("no-mem", [container(gpu=1)]), CONFIG).allowed
 
 
 @pytest.mark.parametrize("limits", [{"gpu": 1, "gpucores": 101}, {"gpu": 1, "gpumem": -1},
@@ -107,24 +112,30 @@ def test_other_bad_values_denied(limits):
     assert not result.allowed and result.code == 403 and "w" in result.message
 
 
-def test_b11_privileged_gpu_container_denied(field_cases):
-    pods = {p["name"]: p for p in field_cases["B11"]["scenario"]["pods"]}
-    denied = admit(case_pod(pods["priv"]), CONFIG)
+def test_b11_privileged_gpu_container_denied():
+    """B11: a privileged container in a pod asking for cards is denied, not silently skipped."""
+    priv = pod("priv", [container(privileged=True, gpu=2, gpumem=10240)])
+    denied = admit(priv, CONFIG)
     assert not denied.allowed and denied.message == "container c is privileged"
-    untouched = admit(case_pod(pods["priv-no-gpu"]), CONFIG)
+    untouched = admit(pod("priv-no-gpu", [container(privileged=True)]), CONFIG)
     assert untouched.allowed and untouched.patch == []
-    init = admit(case_pod(pods["priv-init"]), CONFIG)
+    priv_init = pod("priv-init", [container(gpu=1, gpumem=1000)], [container("i", privileged=True)])
+    init = admit(priv_init, CONFIG)
     assert not init.allowed and init.message == "container i is privileged"
     assert init.patch == []  # nothing half-mutated
 
 
-def test_b05_init_only_gpu_pod_is_routed_and_quota_checked(field_cases):
-    spec = field_cases["B05"]["scenario"]["pods"][0]
-    routed = admit(case_pod(spec, "ns1"), CONFIG)
+def test_b05_init_only_gpu_pod_is_routed_and_quota_checked():
+    """B05: a pod asking for a card only in an init container is routed to us and quota-checked."""
+    def prep():
+        return pod("prep", [container("main")], [container("warmup", gpu=1, gpumem=8000)],
+                   namespace="ns1")
+
+    routed = admit(prep(), CONFIG)
     assert routed.allowed and routed.pod["spec"]["schedulerName"] == "hami-scheduler"
     quota = QuotaLedger()
     quota.set_quota("ns1", "q", {"limits.nvidia.com/gpumem": 4000})
-    denied = admit(case_pod(spec, "ns1"), CONFIG, quota)
+    denied = admit(prep(), CONFIG, quota)
     assert not denied.allowed and "exceeding resource quota" in denied.message
 
 
