@@ -55,14 +55,13 @@ def test_weights_change_ranking():
     assert slot_only[0] == 0 and mem_only[0] == 1
 
 
-def test_b12_numa_only_breaks_ties(field_cases):
-    case = field_cases["B12"]["scenario"]
-    gpus = case["nodes"][0]["gpus"]
-    usage = {a["gpu"]: a for a in case["existing_allocations"]}
-    devices = [DeviceState(DeviceInfo(g["id"], g["index"], g["split_count"], g["memory_mb"],
-                                      g["cores"], g["type"], g["numa"]),
-                           usage[g["id"]]["used_slots"], usage[g["id"]]["used_mem_mb"],
-                           usage[g["id"]]["used_cores"]) for g in gpus]
+def test_b12_numa_only_breaks_ties():
+    """B12: the NUMA node only breaks ties; spread takes the idlest card even on another NUMA node."""
+    # four 40 GiB A100s, two per NUMA node, loaded 90 % / 70 % / 30 % / 10 %
+    # (index, numa, used slots, used MiB, used cores)
+    load = [(0, 0, 5, 36000, 90), (1, 0, 4, 28000, 70), (2, 1, 2, 12000, 30), (3, 1, 1, 4000, 10)]
+    devices = [DeviceState(DeviceInfo(f"GPU-{i}", i, 10, 40960, 100, "NVIDIA-A100-40GB", numa),
+                           slots, mem, cores) for i, numa, slots, mem, cores in load]
     request = ContainerDeviceRequest(1, "NVIDIA", 4000, 101, 5)
     spread = order_devices(devices, request, PodOptions(gpu_policy="spread"), ScoringWeights())
     binpack = order_devices(devices, request, PodOptions(gpu_policy="binpack"), ScoringWeights())
