@@ -376,15 +376,11 @@ def test_start_adopts_referenced_instances_and_resets_the_rest(harness: PluginHa
 
 # --- field cases -------------------------------------------------------------------------------
 
-def test_b18_two_instances_for_one_container_on_one_gpu(harness: PluginHarness,
-                                                        field_cases: dict) -> None:
-    case = field_cases["B18"]
-    (c,) = case["scenario"]["pods"][0]["containers"]
+def test_b18_two_instances_for_one_container_on_one_gpu(harness: PluginHarness) -> None:
+    """B18: two MIG instances for one container fit on a node with a single MIG-capable card."""
     mig_up(harness, [rtx_entry()])
-    view, state = schedule(harness, case["scenario"]["pods"][0]["name"], [
-        container(c["name"], gpu=c["limits"]["nvidia.com/gpu"],
-                  gpumem=c["limits"]["nvidia.com/gpumem"])],
-        annotations=case["scenario"]["pods"][0]["annotations"])
+    view, state = schedule(harness, "two-mig", [container("c", gpu=2, gpumem=20000)],
+                           annotations={names.VGPU_MODE: "mig"})
     plans = decode_mig_allocations(view.annotations[names.MIG_ALLOCATIONS])
     assert [(a.gpu_uuid, a.profile) for a in plans] == [(RTX, "1g.24gb")] * 2
     assert plans[0].placement != plans[1].placement

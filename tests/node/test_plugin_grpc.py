@@ -236,14 +236,12 @@ def test_mig_ids_pass_through(harness: PluginHarness) -> None:
 
 # --- field case B15 -----------------------------------------------------------------------------
 
-def test_field_case_b15(harness: PluginHarness, field_cases: dict) -> None:
-    case = field_cases["B15"]
-    gpus = case["scenario"]["nodes"][0]["gpus"]
+def test_field_case_b15(harness: PluginHarness) -> None:
+    """B15: eight whole cards; kubelet's own replica IDs cover five, the scheduler's eight win."""
+    uuids = [f"GPU-{i}" for i in range(8)]  # eight 80 GiB H100s
     harness.write_inventory({"gpus": [
-        {"model": "NVIDIA-H100-80GB", "memory_mib": g["memory_mb"], "uuids": [g["id"]]}
-        for g in gpus]})
+        {"model": "NVIDIA-H100-80GB", "memory_mib": 81920, "uuids": [u]} for u in uuids]})
     up(harness)
-    uuids = [g["id"] for g in gpus]
     value = "".join(f"{u},NVIDIA,81920,100:" for u in uuids) + ";"
     bound_pod(harness, "big", value)
     # kubelet asks for a preferred allocation first: one replica per annotated GPU
