@@ -1,19 +1,5 @@
-"""Shared fixtures."""
+"""Shared fixtures.
 
-from __future__ import annotations
-
-import json
-from typing import Any
-
-import pytest
-
-from tests.builders import SHARED
-
-
-@pytest.fixture
-def field_cases() -> dict[str, dict[str, Any]]:
-    """The field cases of ``shared/cases/field-bugs.json`` by id."""
-    path = SHARED / "cases" / "field-bugs.json"
-    if not path.exists():
-        pytest.skip("shared/cases/field-bugs.json not present")
-    return {c["id"]: c for c in json.loads(path.read_text())}
+Field cases are tests in their own modules, each with its scenario written out there
+(nodes, cards, quotas, pods); no test reads a file from outside the repository for them.
+"""
