@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -95,3 +97,40 @@ def harness() -> Iterator[PluginHarness]:
             h.thread.join(timeout=10)
         kubelet.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def plugin_on_api(kube_client: Any, node: str, gpus: int, inventory: dict[str, Any],
+                  replicas: int, **start: Any) -> Iterator[PluginHarness]:
+    """A plugin on the fake inventory against a real API server (``kube_client``): the
+    default namespace's pods deleted, ``node`` recreated with ``gpus`` advertised, the
+    plugin started with ``start`` (see :func:`start_plugin`; the MIG apply lock under the
+    harness root unless given) and registered with the fake
+    kubelet showing ``replicas`` devices; stopped on exit."""
+    from lightkube.resources.core_v1 import Node, Pod
+
+    from hami.deviceplugin.kube import KubeApi
+    from hami.testing.controlplane import create_gpu_node
+
+    for p in kube_client.list(Pod, namespace="default"):
+        kube_client.delete(Pod, p.metadata.name, namespace="default", grace_period=0)
+    with contextlib.suppress(Exception):  # absent on the first run
+        kube_client.delete(Node, node)
+    create_gpu_node(kube_client, node, gpus=gpus)
+    root = short_tmpdir()
+    h = PluginHarness(root=root, inventory=root / "inv.yaml", kubelet=FakeKubelet(root / "dp"),
+                      kube=KubeApi(kube_client), hook_path=root / "hook",  # type: ignore[arg-type]
+                      lock_dir=root / "vgpulock", stop=threading.Event())
+    h.write_inventory(inventory)
+    h.kubelet.start()
+    start.setdefault("mig_apply_lock", root / "hami" / "hami-mig-apply.lock")
+    start_plugin(h, register_interval_s=0.5, **start)
+    h.kubelet.wait_registered()
+    h.kubelet.wait_list(lambda d: len(d) == replicas)
+    try:
+        yield h
+    finally:
+        h.stop.set()
+        if h.thread is not None:
+            h.thread.join(timeout=10)
+        h.kubelet.stop()

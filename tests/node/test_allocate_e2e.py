@@ -9,7 +9,6 @@ results back from the API server.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -19,9 +18,7 @@ import pytest
 
 from hami.core.state import ClusterState
 from hami.deviceplugin import allocate as al
-from hami.deviceplugin.kube import KubeApi
-from tests.node.conftest import PluginHarness, short_tmpdir, start_plugin
-from tests.node.fakes import FakeKubelet
+from tests.node.conftest import PluginHarness, plugin_on_api
 
 pytestmark = pytest.mark.e2e
 
@@ -35,33 +32,11 @@ B = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
 
 @pytest.fixture
 def real(kube_client: Any) -> Iterator[PluginHarness]:  # noqa: F811
-    from lightkube.resources.core_v1 import Node, Pod
-
-    from hami.testing.controlplane import create_gpu_node
-
-    for p in kube_client.list(Pod, namespace="default"):
-        kube_client.delete(Pod, p.metadata.name, namespace="default", grace_period=0)
-    with contextlib.suppress(Exception):  # absent on the first run
-        kube_client.delete(Node, E2E_NODE)
-    create_gpu_node(kube_client, E2E_NODE, gpus=20)
-    root = short_tmpdir()
-    h = PluginHarness(root=root, inventory=root / "inv.yaml", kubelet=FakeKubelet(root / "dp"),
-                      kube=KubeApi(kube_client), hook_path=root / "hook",  # type: ignore[arg-type]
-                      lock_dir=root / "vgpulock", stop=threading.Event())
-    h.write_inventory({"gpus": [
+    inventory = {"gpus": [
         {"model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "uuids": [A]},
-        {"model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "uuids": [B]}]})
-    h.kubelet.start()
-    start_plugin(h, register_interval_s=0.5)
-    h.kubelet.wait_registered()
-    h.kubelet.wait_list(lambda d: len(d) == 20)
-    try:
+        {"model": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920, "uuids": [B]}]}
+    with plugin_on_api(kube_client, E2E_NODE, 20, inventory, replicas=20) as h:
         yield h
-    finally:
-        h.stop.set()
-        if h.thread is not None:
-            h.thread.join(timeout=10)
-        h.kubelet.stop()
 
 
 def schedule_and_bind(client: Any, state: ClusterState, name: str, gpus: int, mem: int,

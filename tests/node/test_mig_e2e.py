@@ -6,8 +6,6 @@ pod is deleted. NVML is the fake inventory's MIG table."""
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -19,8 +17,7 @@ from hami.core.state import ClusterState
 from hami.deviceplugin import allocate as al
 from hami.deviceplugin.kube import KubeApi, KubeError
 from hami.deviceplugin.migdriver import fake_mig_uuid
-from tests.node.conftest import PluginHarness, short_tmpdir, start_plugin
-from tests.node.fakes import FakeKubelet
+from tests.node.conftest import PluginHarness, plugin_on_api
 from tests.node.test_mig_plugin import A100, CONFIG, MIG_NODE, a100_entry, placements, wait
 
 pytestmark = pytest.mark.e2e
@@ -34,32 +31,9 @@ MIG = "hami.io/vgpu-mig-allocations"
 
 @pytest.fixture
 def real_mig(kube_client: Any) -> Iterator[PluginHarness]:  # noqa: F811
-    from lightkube.resources.core_v1 import Node, Pod
-
-    from hami.testing.controlplane import create_gpu_node
-
-    for p in kube_client.list(Pod, namespace="default"):
-        kube_client.delete(Pod, p.metadata.name, namespace="default", grace_period=0)
-    with contextlib.suppress(Exception):  # absent on the first run
-        kube_client.delete(Node, NODE)
-    create_gpu_node(kube_client, NODE, gpus=7)
-    root = short_tmpdir()
-    h = PluginHarness(root=root, inventory=root / "inv.yaml", kubelet=FakeKubelet(root / "dp"),
-                      kube=KubeApi(kube_client), hook_path=root / "hook",  # type: ignore[arg-type]
-                      lock_dir=root / "vgpulock", stop=threading.Event())
-    h.write_inventory({"gpus": [a100_entry()]})
-    h.kubelet.start()
-    start_plugin(h, config_yaml=CONFIG, node_config=MIG_NODE, register_interval_s=0.5,
-                 mig_apply_lock=root / "hami" / "hami-mig-apply.lock", mig_reconcile_s=0.3)
-    h.kubelet.wait_registered()
-    h.kubelet.wait_list(lambda d: len(d) == 7)
-    try:
+    with plugin_on_api(kube_client, NODE, 7, {"gpus": [a100_entry()]}, replicas=7,
+                       config_yaml=CONFIG, node_config=MIG_NODE, mig_reconcile_s=0.3) as h:
         yield h
-    finally:
-        h.stop.set()
-        if h.thread is not None:
-            h.thread.join(timeout=10)
-        h.kubelet.stop()
 
 
 def test_mig_allocate_and_reconcile_through_the_api(real_mig: PluginHarness,
