@@ -7,7 +7,7 @@ compare-and-swap writes (JSON merge patch carrying the node's ``resourceVersion`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
@@ -82,31 +82,7 @@ class NodeLocks:
         Raises:
             LockError: contention past the window, a malformed lock, or an API error.
         """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.retry_timeout.total_seconds()
-        delay = 0.05
-        while True:
-            try:
-                await self._try(node, namespace, name)
-                return
-            except LockError as exc:
-                if not exc.contention or loop.time() >= deadline:
-                    if exc.contention and self.retry_timeout > timedelta(0):
-                        raise LockError(f"timed out after {self.retry_timeout.total_seconds():g}s "
-                                        f"waiting for node {node} to be unlocked: {CONTENTION}") from None
-                    raise
-            wait = min(delay, max(0.0, deadline - loop.time()))
-            if self.wait_change is not None:
-                await self.wait_change(node, wait)
-            else:
-                await asyncio.sleep(wait)
-            delay = min(delay * 2, 0.5)
-
-    async def try_once(self, node: str, namespace: str, name: str) -> None:
-        """One attempt of :meth:`acquire`, no retry (for callers that retry several locks
-        together). Raises :class:`LockError` (``contention`` set when another pod holds
-        the lock)."""
-        await self._try(node, namespace, name)
+        await acquire_all([self], node, namespace, name)
 
     async def _try(self, node: str, namespace: str, name: str) -> None:
         mutex = self._mutex.setdefault(node, asyncio.Lock())
@@ -191,3 +167,44 @@ class NodeLocks:
             if exc.conflict:
                 return False
             raise LockError(f"failed to patch node {node}: {exc.message}") from None
+
+
+async def acquire_all(lock_sets: Sequence[NodeLocks], node: str, namespace: str,
+                      name: str) -> list[NodeLocks]:
+    """Take every lock in ``lock_sets`` for ``namespace/name`` (spec §4.11), retrying
+    contention as a whole for the first set's retry window: after a contended attempt the
+    locks already taken are released before waiting, so a pod waiting for one vendor's
+    lock holds none of the node's others meanwhile. Returns the locks taken.
+
+    Raises:
+        LockError: contention past the window, a malformed lock, or an API error; no lock
+            of ``lock_sets`` is then held.
+    """
+    if not lock_sets:
+        return []
+    first = lock_sets[0]
+    loop = asyncio.get_running_loop()
+    window = first.retry_timeout.total_seconds()
+    deadline = loop.time() + window
+    delay = 0.05
+    while True:
+        held: list[NodeLocks] = []
+        try:
+            for locks in lock_sets:
+                await locks._try(node, namespace, name)
+                held.append(locks)
+            return held
+        except LockError as exc:
+            for locks in reversed(held):
+                await locks.release(node, namespace, name)
+            if not exc.contention or loop.time() >= deadline:
+                if exc.contention and window > 0:
+                    raise LockError(f"timed out after {window:g}s waiting for node {node} "
+                                    f"to be unlocked: {CONTENTION}") from None
+                raise
+        wait = min(delay, max(0.0, deadline - loop.time()))
+        if first.wait_change is not None:
+            await first.wait_change(node, wait)
+        else:
+            await asyncio.sleep(wait)
+        delay = min(delay * 2, 0.5)

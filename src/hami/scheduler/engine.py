@@ -45,7 +45,7 @@ from hami.core.request import RequestError
 from hami.core.state import TERMINAL_PHASES, ClusterState, pod_uid
 from hami.extender.wire import BindArgs, FilterArgs, filter_result
 from hami.kube import KubeError
-from hami.scheduler.binder import LockError, NodeLocks
+from hami.scheduler.binder import LockError, NodeLocks, acquire_all
 from hami.scheduler.events import (
     BINDING_FAILED,
     BINDING_SUCCEED,
@@ -612,8 +612,7 @@ class Engine:
         entry = self._pod_entry(args)
         held: list[NodeLocks] = []
         try:
-            held = await self._acquire_all(self._bind_locks(entry), args.node, ns,
-                                           args.pod_name)
+            held = await acquire_all(self._bind_locks(entry), args.node, ns, args.pod_name)
             if entry is not None:
                 await self.kube.patch_pod(ns, args.pod_name, {"metadata": {"annotations": {
                     names.BIND_PHASE: "allocating", names.BIND_TIME: str(int(time.time()))}}})
@@ -628,38 +627,6 @@ class Engine:
                          f"Successfully binding node [{args.node}] to {ns}/{args.pod_name}",
                          warning=False)
         return {"Error": ""}
-
-    async def _acquire_all(self, lock_sets: list[NodeLocks], node: str, ns: str,
-                           name: str) -> list[NodeLocks]:
-        """Take every lock of a bind (spec §4.11). Several locks are retried as a whole:
-        on contention the ones already taken are released before waiting, so a pod
-        waiting for one vendor's lock does not hold the node's other locks meanwhile.
-        Returns the locks taken; on failure none is held. Raises :class:`LockError`."""
-        if len(lock_sets) <= 1:
-            for locks in lock_sets:
-                await locks.acquire(node, ns, name)
-            return list(lock_sets)
-        loop = asyncio.get_running_loop()
-        window = lock_sets[0].retry_timeout.total_seconds()
-        deadline = loop.time() + window
-        delay = 0.05
-        while True:
-            held: list[NodeLocks] = []
-            try:
-                for locks in lock_sets:
-                    await locks.try_once(node, ns, name)
-                    held.append(locks)
-                return held
-            except LockError as exc:
-                for locks in reversed(held):
-                    await locks.release(node, ns, name)
-                if not exc.contention or loop.time() >= deadline:
-                    if exc.contention and window > 0:
-                        raise LockError(f"timed out after {window:g}s waiting for node {node}"
-                                        f" to be unlocked: {exc}") from None
-                    raise
-            await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
-            delay = min(delay * 2, 0.5)
 
     def _bind_locks(self, entry: Any) -> list[NodeLocks]:
         """The node locks a bind takes (spec §4.11): per vendor that a regular container
