@@ -173,8 +173,10 @@ async def acquire_all(lock_sets: Sequence[NodeLocks], node: str, namespace: str,
                       name: str) -> list[NodeLocks]:
     """Take every lock in ``lock_sets`` for ``namespace/name`` (spec §4.11), retrying
     contention as a whole for the first set's retry window: after a contended attempt the
-    locks already taken are released before waiting, so a pod waiting for one vendor's
-    lock holds none of the node's others meanwhile. Returns the locks taken.
+    locks already taken are released before waiting (then with a plain back-off: the
+    release itself is a node change, so waking on node changes would spin), so a pod
+    waiting for one vendor's lock holds none of the node's others meanwhile. Returns the
+    locks taken.
 
     Raises:
         LockError: contention past the window, a malformed lock, or an API error; no lock
@@ -203,8 +205,8 @@ async def acquire_all(lock_sets: Sequence[NodeLocks], node: str, namespace: str,
                                     f"to be unlocked: {CONTENTION}") from None
                 raise
         wait = min(delay, max(0.0, deadline - loop.time()))
-        if first.wait_change is not None:
+        if first.wait_change is not None and not held:
             await first.wait_change(node, wait)
-        else:
+        else:  # our own release just changed the node: a watch wake-up would spin
             await asyncio.sleep(wait)
         delay = min(delay * 2, 0.5)
