@@ -104,6 +104,17 @@ def test_topology_aware_picks_best_linked_pair_and_loneliest_single():
     assert [d.uuid for d in single.devices] == ["GPU-1"]
 
 
+def test_topology_aware_with_only_negative_pair_scores_picks_the_least_negative_pair():
+    # HAMi's score annotation allows negative pair scores; the best pair is then the least
+    # negative one (dev-1 + dev-2 at -1), never an empty pick (which placed a pod on no GPU).
+    scores = {"GPU-0": {"GPU-1": -5, "GPU-2": -3}, "GPU-1": {"GPU-0": -5, "GPU-2": -1},
+              "GPU-2": {"GPU-0": -3, "GPU-1": -1}}
+    pod = PodOptions(gpu_policy="topology-aware")
+    pair = fit_container([dev(0), dev(1), dev(2)], req(nums=2, mem=100),
+                         pod, NodeOptions(pair_scores=scores))
+    assert pair.ok and [d.uuid for d in pair.devices] == ["GPU-1", "GPU-2"]
+
+
 def test_quota_check_blocks_device():
     outcome = fit_container([dev(0)], req(mem=100), POD, NODE, quota_ok=lambda devs: False)
     assert outcome.reason == "1/1 ResourceQuotaNotFit"

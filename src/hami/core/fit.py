@@ -253,7 +253,9 @@ def _pair(scores: Mapping[str, Mapping[str, int]], a: str, b: str) -> int:
 def _topology_pick(collected: list[ContainerDevice], nums: int,
                    scores: Mapping[str, Mapping[str, int]]) -> tuple[ContainerDevice, ...]:
     """Topology-aware choice (spec §4.9 after the loop): one card -> the one least linked
-    to the others; several -> the first combination with the highest pair-score sum."""
+    to the others; several -> the first combination with the highest pair-score sum.
+    Pair scores may be negative (HAMi's score annotation allows it): the best combination
+    is then the least negative one, never none."""
     if len(collected) == nums:
         return tuple(collected)
     if nums == 1:
@@ -261,9 +263,9 @@ def _topology_pick(collected: list[ContainerDevice], nums: int,
             return sum(_pair(scores, c.uuid, o.uuid) for o in collected if o is not c)
         return (min(collected, key=linked),)
     best: tuple[ContainerDevice, ...] = ()
-    best_score = -1
+    best_score: int | None = None
     for combo in combinations(collected, nums):
         total = sum(_pair(scores, a.uuid, b.uuid) for a, b in combinations(combo, 2))
-        if total > best_score:
+        if best_score is None or total > best_score:
             best, best_score = combo, total
     return best
