@@ -76,8 +76,6 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
         if not counted:
             if phase in ("Succeeded", "Failed"):
                 why = f"phase {phase}"
-            elif meta.get("deletionTimestamp"):
-                why = "terminating"
             else:
                 why = f"undecodable {names.DEVICES_ALLOCATED}"
             unplaced.append({"namespace": ns, "name": name, "node": node, "reason": why})

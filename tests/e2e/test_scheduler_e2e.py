@@ -333,6 +333,36 @@ def test_sigkill_while_pods_stream_in(kube_client: Any, kube_scheduler: Any, gro
     assert len(bound) == total
 
 
+def test_terminating_pod_still_holds_its_gpu_after_a_restart(kube_client: Any, kube_scheduler: Any,
+                                                             group: str, hami: HamiProcess) -> None:
+    # Issue 11 item 3: one 24576 MiB card; a bound pod with 20000 MiB is deleted with a long
+    # grace period (no kubelet here, so it stays Terminating). A restarted scheduler must
+    # still count it: a 10000 MiB pod does not fit the card.
+    nodes(kube_client, group, 1, "term", gpus=1)
+    old = unique("old")
+    create(kube_client, pod_in(group, old, memory_mib=20000))
+    wait_bound(kube_client, old)
+    kube_client.delete(Pod, old, namespace="default", grace_period=3600)
+    wait_until(lambda: bool(get(kube_client, old)["metadata"].get("deletionTimestamp")),
+               timeout_s=10, what=f"{old} Terminating")
+    hami.kill()
+    hami.start()
+    new = unique("new")
+    create(kube_client, pod_in(group, new, memory_mib=10000))
+    seen: dict[str, str] = {}
+
+    def unschedulable() -> bool:
+        seen["msg"] = unschedulable_message(get(kube_client, new)) or ""
+        return bool(seen["msg"])
+
+    wait_until(unschedulable, timeout_s=60, what=f"{new} Unschedulable")
+    assert "CardInsufficientMemory" in seen["msg"], seen["msg"]
+    assert not get(kube_client, new)["spec"].get("nodeName")
+    # Once the Terminating pod is gone its card is free again.
+    kube_client.delete(Pod, old, namespace="default", grace_period=0)
+    assert wait_bound(kube_client, new, timeout_s=90)["spec"]["nodeName"]
+
+
 # ---------------------------------------------------------------- field cases
 def _local(dt: datetime) -> str:
     return dt.strftime("%Y-%m-%d %H:%M:%S")

@@ -51,12 +51,14 @@ def test_membership_rules():
     assert not state.upsert_pod(foreign)
     # undecodable allocation: not cached, nothing charged
     assert not state.upsert_pod(bound_pod("c", allocated="G0,NVIDIA,lots,0:;"))
-    # Terminating pods keep their charge but are never newly added
+    # Terminating pods keep their charge, and one seen first while Terminating (a cold
+    # start) is charged too: it holds its devices until it is gone
     assert state.upsert_pod(bound_pod("a", deletionTimestamp="2026-01-01T00:00:00Z"))
-    assert not state.upsert_pod(bound_pod("d", deletionTimestamp="2026-01-01T00:00:00Z"))
-    assert used(state) == [(1, 3000, 30)]
+    assert state.upsert_pod(bound_pod("d", deletionTimestamp="2026-01-01T00:00:00Z"))
+    assert used(state) == [(2, 6000, 60)]
     # terminal phases release
     assert not state.upsert_pod(bound_pod("a", phase="Succeeded"))
+    assert not state.upsert_pod(bound_pod("d", phase="Failed"))
     assert used(state) == [(0, 0, 0)]
     # re-adding the same pod twice charges once
     state.upsert_pod(bound_pod("e"))
@@ -64,6 +66,30 @@ def test_membership_rules():
     assert used(state) == [(1, 3000, 30)]
     state.remove_pod("u-e")
     assert used(state) == [(0, 0, 0)]
+
+
+def test_terminating_pod_counts_the_same_after_a_cold_start():
+    # A Running pod with a long grace period holds 20000 MiB of a 24576 MiB card: a
+    # scheduler that starts while it is Terminating must see the card as the one that
+    # watched it all along does, and refuse a 10000 MiB pod there.
+    register = json.dumps([{"id": "GPU-0", "count": 10, "devmem": 24576, "devcore": 100,
+                            "type": "NVIDIA-A10", "health": True}])
+    pod = bound_pod("old", allocated="GPU-0,NVIDIA,20000,0:;")
+    incremental, cold = ClusterState(), ClusterState()
+    incremental.upsert_node(node(register=register))
+    incremental.upsert_pod(pod)
+    terminating = bound_pod("old", allocated="GPU-0,NVIDIA,20000,0:;",
+                            deletionTimestamp="2026-01-01T00:00:00Z")
+    incremental.upsert_pod(terminating)
+    cold.upsert_node(node(register=register))
+    cold.upsert_pod(terminating)
+    assert used(cold) == used(incremental) == [(1, 20000, 0)]
+    new = {"kind": "Pod", "metadata": {"name": "new", "namespace": "ns", "uid": "u-new"},
+           "spec": {"containers": [{"name": "c", "resources": {"limits": {
+               "nvidia.com/gpu": 1, "nvidia.com/gpumem": 10000}}}]}}
+    decision = cold.filter(new, ["n"])
+    assert decision.result.node is None
+    assert "CardInsufficientMemory" in decision.result.failed_nodes["n"]
 
 
 def test_init_container_usage_shrinks_once_they_finish():

@@ -171,8 +171,9 @@ class ClusterState:
 
         Counted: pods with ``hami.io/vgpu-node`` whose ``hami.io/vgpu-devices-allocated``
         and every other registered vendor's allocated annotation decode, not
-        Succeeded/Failed. A Terminating pod keeps its charge but is never newly added.
-        When every init container has finished the charge shrinks to the app containers.
+        Succeeded/Failed. A Terminating pod (``deletionTimestamp`` set) still holds its
+        devices until it is gone, so it is counted whether it was seen before or is seen
+        first now (a cold start); HAMi never newly adds one (docs/decisions.md). When every init container has finished the charge shrinks to the app containers.
         Returns whether the pod is charged.
         """
         meta = _meta(pod)
@@ -187,8 +188,6 @@ class ClusterState:
         if existing is not None:
             self._shrink_when_init_done(pod, uid)
             return True
-        if meta.get("deletionTimestamp"):
-            return False
         try:
             devices = decode_pod_devices(annotations.get(names.DEVICES_ALLOCATED, ""))
             vendor_devices = {word: grant for word, vendor in self.vendors.items()
