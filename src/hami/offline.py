@@ -207,6 +207,14 @@ def _schedule_one(state: ClusterState, pod: Mapping[str, Any],
                           + ("" if state.vendors else
                              " (other vendors need --device-config with their sections)"))
         return entry
+    wanted = state.config.scheduler_name
+    scheduler = (verdict.pod.get("spec") or {}).get("schedulerName") or ""
+    if wanted and scheduler != wanted:
+        # kube-scheduler calls hami's extender only for pods of hami's profile: a pod the
+        # webhook left with another scheduler is never placed or charged here.
+        entry["error"] = (f"schedulerName is {scheduler!r}, not {wanted!r}: "
+                          "not scheduled by hami")
+        return entry
     entry["node"] = decision.result.node
     entry["annotations"] = decision.annotations
     if decision.result.node is None:

@@ -201,3 +201,54 @@ def test_malformed_objects_are_a_clear_error_never_a_crash(bad: dict[str, Any]) 
     config = SchedulerConfig(registry=build_registry({"nvidia": {}, "hygon": {}}))
     report = schedule(objects, config)
     assert report["nodes"] == {"n1": ""}
+
+
+# ---------------------------------------------------------------- issue 11 regressions
+TOPOLOGY_FILE = """
+apiVersion: v1
+kind: Node
+metadata:
+  name: node-1
+  annotations:
+    hami.io/node-nvidia-register: '[{"id":"dev-0","index":0,"count":10,"devmem":8192,"devcore":100,"type":"NVIDIA","health":true},{"id":"dev-1","index":1,"count":10,"devmem":8192,"devcore":100,"type":"NVIDIA","health":true},{"id":"dev-2","index":2,"count":10,"devmem":8192,"devcore":100,"type":"NVIDIA","health":true}]'
+    hami.io/node-nvidia-score: '[{"uuid":"dev-0","score":{"dev-1":-5,"dev-2":-3}},{"uuid":"dev-1","score":{"dev-0":-5,"dev-2":-1}},{"uuid":"dev-2","score":{"dev-0":-3,"dev-1":-1}}]'
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: topo2, namespace: default, annotations: {hami.io/gpu-scheduler-policy: topology-aware}}
+spec:
+  containers:
+  - name: c0
+    image: x
+    resources: {limits: {nvidia.com/gpu: 2, nvidia.com/gpumem: 100, nvidia.com/gpucores: 10}}
+"""
+
+
+def test_topology_aware_with_negative_pair_scores_places_the_best_pair():
+    pod = schedule(load_objects(TOPOLOGY_FILE))["pods"][0]
+    assert pod["node"] == "node-1"
+    assert pod["annotations"]["hami.io/vgpu-devices-allocated"] == \
+        "dev-2,NVIDIA,100,10:dev-1,NVIDIA,100,10:;"
+
+
+def test_pod_of_another_scheduler_is_reported_and_never_charged():
+    other = gpu_pod("other", 16000)
+    other["spec"]["schedulerName"] = "other"
+    report = schedule([node("gpu-1"), other, gpu_pod("a", 16000), gpu_pod("b", 16000)])
+    pods = {p["name"]: p for p in report["pods"]}
+    assert pods["other"]["admission"]["message"] == "pod already has different scheduler assigned"
+    assert pods["other"]["node"] is None and pods["other"]["annotations"] == {}
+    assert "not scheduled by hami" in pods["other"]["error"]
+    # the two cards are still free for the two hami pods that follow
+    assert pods["a"]["node"] == pods["b"]["node"] == "gpu-1"
+
+
+def test_terminating_pod_in_the_file_still_holds_its_card():
+    register = json.dumps([{"id": "GPU-0", "count": 10, "devmem": 24576, "devcore": 100,
+                            "type": "NVIDIA-A10", "health": True}])
+    old = gpu_pod("old", 20000, "gpu-1", "GPU-0,NVIDIA,20000,0:;")
+    old["metadata"]["deletionTimestamp"] = "2026-12-01T10:00:00Z"
+    old["status"] = {"phase": "Running"}
+    pod = schedule([node("gpu-1", register), old, gpu_pod("new", 10000)])["pods"][0]
+    assert pod["node"] is None
+    assert "CardInsufficientMemory" in pod["failed_nodes"]["gpu-1"]
