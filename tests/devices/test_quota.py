@@ -69,3 +69,28 @@ def test_fit_time_quota() -> None:
     out = fit_pod(REG, reqs, devices, quota=q, namespace="ns")
     assert out.reason == "2/2 ResourceQuotaNotFit"
     assert fit_pod(REG, reqs, devices, quota=q, namespace="elsewhere").ok
+
+
+def test_every_quota_object_of_a_namespace_applies() -> None:
+    """Issue 11 §4 for other vendors: the tightest limit per resource name holds in either
+    write order; deleting or loosening one quota leaves the others in force."""
+    platform = {"limits.hygon.com/dcumem": "1000"}
+    tenant = {"limits.hygon.com/dcumem": "5000", "limits.hygon.com/dcucores": "50"}
+    for order in (("platform", platform), ("tenant", tenant)), (("tenant", tenant),
+                                                                ("platform", platform)):
+        q = VendorQuota(REG)
+        for name, hard in order:
+            q.set_quota("team-a", name, hard)
+        assert q.limit("team-a", "hygon.com/dcumem") == 1000, order
+        assert q.limit("team-a", "hygon.com/dcucores") == 50, order
+        assert not q.fits("team-a", "DCU", 3000, 0), order  # 1000 x memoryFactor 2 = 2000
+        q.remove_quota("team-a", "tenant")
+        assert q.limit("team-a", "hygon.com/dcumem") == 1000, order
+        assert q.limit("team-a", "hygon.com/dcucores") is None, order
+        assert not q.fits("team-a", "DCU", 3000, 0) and q.fits("team-a", "DCU", 2000, 100)
+        q.set_quota("team-a", "tenant", tenant)
+        q.set_quota("team-a", "platform", {"limits.hygon.com/dcumem": "8000"})  # loosened
+        assert q.limit("team-a", "hygon.com/dcumem") == 5000, order
+        q.remove_quota("team-a", "platform")
+        assert q.limited() == [("team-a", "hygon.com/dcucores", 50, 0),
+                               ("team-a", "hygon.com/dcumem", 5000, 0)]

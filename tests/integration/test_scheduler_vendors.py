@@ -5,6 +5,7 @@ webhook through every vendor. Real aiohttp server, in-memory Kubernetes API."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from datetime import UTC, datetime, timedelta
@@ -306,5 +307,58 @@ def test_a_broken_vendor_annotation_on_a_registered_node_is_reported(config_file
             vendors = {d.vendor for d, *_ in h.engine.state.ledger.device_usage("m1")}
             assert vendors == {"DCU"}
             assert h.engine.node_reasons["m1"].startswith("registered without node m1:")
+
+    run(scenario)
+
+
+def test_every_resource_quota_of_a_namespace_applies(config_file: str) -> None:
+    """Issue 11 §4 through the informer: quotas ``platform`` (1000) and ``tenant`` (5000) in
+    ``team-a`` on GPU and DCU memory. A 3000 MiB pod of either vendor is refused by the
+    webhook and the filter, also after ``tenant`` is deleted (watch) or written again after
+    ``platform`` (watch); once ``platform`` is gone (seen by a relist) it fits."""
+    def quota(name: str, mib: int) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "ResourceQuota",
+                "metadata": {"name": name, "namespace": "team-a"},
+                "spec": {"hard": {"limits.nvidia.com/gpumem": str(mib),
+                                  "limits.hygon.com/dcumem": str(mib)}}}
+
+    nv = pod("nv", {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}, namespace="team-a")
+    dcu = pod("dcu", {"hygon.com/dcunum": "1", "hygon.com/dcumem": "3000"}, namespace="team-a")
+
+    async def refused(h: Any) -> list[str]:
+        """The webhook's and the filter's answer for each pod ("" = admitted / placed)."""
+        out = []
+        for p in (nv, dcu):
+            resp = (await h.post("/webhook", _review(p)))["response"]
+            out.append("" if resp["allowed"] else resp["status"]["message"].split(":")[0])
+            result = await h.filter(kube.put("Pod", p), ["mixed-1"])
+            out.append((result["FailedNodes"] or {}).get("mixed-1", ""))
+            kube.delete("Pod", p)
+        await h.settle()
+        return out
+
+    no = ["exceeding resource quota", "2/2 ResourceQuotaNotFit"] * 2  # 2 GPUs, 2 DCUs
+    kube = FakeKube()
+
+    async def scenario() -> None:
+        kube.put("Node", mixed_node("mixed-1"))
+        kube.put("ResourceQuota", quota("platform", 1000))
+        kube.put("ResourceQuota", quota("tenant", 5000))
+        async with serving(kube, device_config_file=config_file) as h:
+            assert await refused(h) == no  # initial list
+            kube.delete("ResourceQuota", quota("tenant", 0))
+            await h.settle()
+            assert await refused(h) == no
+            kube.put("ResourceQuota", quota("tenant", 5000))  # now written after platform
+            await h.settle()
+            assert await refused(h) == no
+            kube.delete("ResourceQuota", quota("platform", 0), silent=True)
+            kube.break_watches(410)
+            for _ in range(50):
+                await asyncio.sleep(0.05)
+                if h.engine.counters.relists["ResourceQuota"] >= 2:
+                    break
+            await h.settle()
+            assert await refused(h) == ["", "", "", ""]
 
     run(scenario)

@@ -252,3 +252,24 @@ def test_terminating_pod_in_the_file_still_holds_its_card():
     pod = schedule([node("gpu-1", register), old, gpu_pod("new", 10000)])["pods"][0]
     assert pod["node"] is None
     assert "CardInsufficientMemory" in pod["failed_nodes"]["gpu-1"]
+
+
+def quota(name, hard, namespace="team"):
+    return {"apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": name, "namespace": namespace}, "spec": {"hard": hard}}
+
+
+def test_several_quotas_in_a_namespace_all_apply():
+    """Issue 11 §4: with quotas ``platform`` (1000 MiB) and ``tenant`` (5000 MiB) in the file,
+    in either order, a 3000 MiB pod is refused and a 1000 MiB one placed; then the
+    namespace is full."""
+    quotas = [quota("platform", {"limits.nvidia.com/gpumem": "1000"}),
+              quota("tenant", {"limits.nvidia.com/gpumem": "5000"})]
+    for ordered in (quotas, quotas[::-1]):
+        report = schedule([node("gpu-1"), *ordered, gpu_pod("big", 3000), gpu_pod("fits", 1000),
+                           gpu_pod("one-more", 1)])
+        pods = {p["name"]: p for p in report["pods"]}
+        assert not pods["big"]["admission"]["allowed"], ordered
+        assert pods["big"]["admission"]["message"].startswith("exceeding resource quota")
+        assert pods["fits"]["node"] == "gpu-1"
+        assert not pods["one-more"]["admission"]["allowed"]  # 1000 MiB of 1000 are used

@@ -91,3 +91,64 @@ def test_sources_list_applied_quotas():
     quota.set_quota("b", "q2", {"limits.nvidia.com/gpucores": 1})
     quota.remove_quota("a", "q1")
     assert quota.sources() == [("b", "q2")]
+
+
+PLATFORM = {"limits.nvidia.com/gpumem": 1000}
+TENANT = {"limits.nvidia.com/gpumem": 5000, "limits.nvidia.com/gpucores": 50}
+
+
+def test_every_quota_object_of_a_namespace_applies_in_either_order():
+    """Issue 11 §4: two ResourceQuotas in ``team-a``; the tightest limit per resource holds
+    whichever was written last, and deleting one leaves the other in force."""
+    for order in (("platform", PLATFORM), ("tenant", TENANT)), (("tenant", TENANT),
+                                                                ("platform", PLATFORM)):
+        quota = QuotaLedger()
+        for name, hard in order:
+            quota.set_quota("team-a", name, hard)
+        got = quota.quota("team-a")
+        assert (got.memory_limit_mib, got.cores_limit_percent) == (1000, 50), order
+        assert not quota.fits("team-a", 3000, 0), order
+        quota.remove_quota("team-a", "tenant")
+        got = quota.quota("team-a")
+        assert (got.memory_limit_mib, got.cores_limit_percent) == (1000, None), order
+        assert not quota.fits("team-a", 3000, 0) and quota.fits("team-a", 1000, 100), order
+
+
+def test_updating_or_deleting_the_tight_quota_falls_back_to_the_others():
+    quota = QuotaLedger(NvidiaConfig(memory_factor=2))
+    quota.set_quota("team-a", "platform", PLATFORM)
+    quota.set_quota("team-a", "tenant", TENANT)
+    quota.set_quota("team-a", "extra", {"limits.nvidia.com/gpumem": 3000})
+    assert quota.quota("team-a").memory_limit_mib == 2000  # 1000 x memoryFactor
+    quota.set_quota("team-a", "platform", {"limits.nvidia.com/gpumem": 4000})  # loosened
+    assert quota.quota("team-a").memory_limit_mib == 6000  # "extra" is now the tightest
+    quota.remove_quota("team-a", "extra")
+    assert quota.quota("team-a").memory_limit_mib == 8000
+    quota.set_quota("team-a", "platform", {"limits.cpu": 4})  # no longer limits GPU memory
+    assert quota.quota("team-a").memory_limit_mib == 10000
+    quota.remove_quota("team-a", "tenant")
+    assert not quota.limited("team-a")
+    assert quota.sources() == [("team-a", "platform")]
+
+
+def test_two_quotas_through_the_webhook_and_the_filter():
+    """A 3000 MiB pod in ``team-a`` under quotas of 1000 and 5000 MiB is refused by the
+    webhook and by the filter in both orders, also after ``tenant`` is deleted."""
+    def quota(name, hard):
+        return {"metadata": {"namespace": "team-a", "name": name}, "spec": {"hard": hard}}
+
+    for order in ((quota("platform", PLATFORM), quota("tenant", TENANT)),
+                  (quota("tenant", TENANT), quota("platform", PLATFORM))):
+        state = one_gpu_node("NVIDIA-A10", 24576)
+        for q in order:
+            state.upsert_quota(q)
+        big = pod("big", [container(gpu=1, gpumem=3000)], namespace="team-a")
+        for step in ("both", "tenant deleted"):
+            verdict = admit(big, state.config, state.quota)
+            assert not verdict.allowed and "quota" in verdict.message, step
+            decision = state.filter(big)
+            assert decision.result.node is None, step
+            assert "ResourceQuotaNotFit" in decision.result.failed_nodes["node-a"], step
+            state.remove_quota(quota("tenant", {}))
+        state.remove_quota(quota("platform", {}))
+        assert state.filter(big).result.node == "node-a"

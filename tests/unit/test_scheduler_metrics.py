@@ -90,3 +90,22 @@ def test_quota_metrics_cover_other_vendors() -> None:
         if legacy:
             old = {s.labels["quotaName"]: s.value for s in fams["QuotaUsed"]}
             assert old == used
+
+
+def test_quota_limit_metric_reports_the_tightest_of_several_quotas() -> None:
+    """Issue 11 §4: with two ResourceQuotas in a namespace the limit that applies is the
+    tightest, for NVIDIA and for other vendors; the metric reports that one."""
+    from hami.core.config import SchedulerConfig
+    from hami.devices.registry import build_registry
+
+    state = ClusterState(SchedulerConfig(registry=build_registry({"nvidia": {}, "hygon": {}})))
+    for name, value in (("platform", "1000"), ("tenant", "5000")):
+        state.upsert_quota({"metadata": {"name": name, "namespace": "team-a"}, "spec": {"hard": {
+            "limits.hygon.com/dcumem": value, "limits.nvidia.com/gpumem": value}}})
+    metrics = SchedulerMetrics()
+    metrics.attach(SimpleNamespace(state=state, config=state.config))  # type: ignore[arg-type]
+    text = generate_latest(metrics.registry).decode()
+    fams = {f.name: f.samples for f in text_string_to_metric_families(text)}
+    limits = {s.labels["quota_name"]: s.value for s in fams["hami_resource_quota_limit"]}
+    assert limits == {"nvidia.com/gpumem": 1000, "hygon.com/dcumem": 1000}
+    assert len(fams["hami_resource_quota_limit"]) == 2

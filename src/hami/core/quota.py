@@ -5,6 +5,10 @@ Source: ``shared/specs/hami-scheduler-spec.md`` §5.2. A ResourceQuota's
 ``["limits.nvidia.com/gpucores"]`` (percent of one GPU, summed over GPUs) cap what the
 pods of a namespace may hold. An explicit 0 blocks every request (field case B08); only
 an absent key means unlimited. A multi-GPU container is charged once per GPU.
+
+Several ResourceQuota objects in one namespace all apply, as in Kubernetes: the effective
+limit of a resource is the smallest one any of them sets, and deleting one leaves the
+others in force (HAMi lets the last one written win; see ``docs/decisions.md``).
 """
 
 from __future__ import annotations
@@ -43,32 +47,34 @@ class QuotaLedger:
         return self._namespaces.setdefault(namespace, NamespaceQuota())
 
     def set_quota(self, namespace: str, name: str, hard: Mapping[str, Any]) -> None:
-        """Apply a ResourceQuota's ``spec.hard`` (add, or update = delete old + add new;
-        last writer wins between quota objects of one namespace).
+        """Apply the ResourceQuota ``name``'s ``spec.hard`` (add, or update: its earlier
+        limits are replaced; other quota objects of the namespace are untouched).
 
         Keys other than ``limits.<memory name>`` and ``limits.<core name>`` are ignored, as
-        are values that are not exact integers (HAMi does the same).
+        are values that are not exact integers (HAMi does the same). The namespace's
+        effective limit per resource is then the smallest over all its quota objects.
         """
         mem = _limit(hard, "limits." + self._config.resource_memory_name)
         cores = _limit(hard, "limits." + self._config.resource_core_name)
         if mem is not None and self._config.memory_factor > 1:
             mem *= self._config.memory_factor
-        self.remove_quota(namespace, name)  # an update is delete(old) + add(new)
         self._sources[(namespace, name)] = (mem, cores)
-        ns = self._ns(namespace)
-        if mem is not None:
-            ns.memory_limit_mib = mem
-        if cores is not None:
-            ns.cores_limit_percent = cores
+        self._recompute(namespace)
 
     def remove_quota(self, namespace: str, name: str) -> None:
-        """Forget a deleted ResourceQuota: its limits become unset; usage stays."""
-        mem, cores = self._sources.pop((namespace, name), (None, None))
+        """Forget a deleted ResourceQuota: the namespace's other quota objects still
+        apply (a resource none of them sets becomes unlimited); usage stays."""
+        if self._sources.pop((namespace, name), None) is not None:
+            self._recompute(namespace)
+
+    def _recompute(self, namespace: str) -> None:
+        """Effective limits of ``namespace``: per resource the tightest over its quotas."""
+        limits = [lim for (ns, _), lim in self._sources.items() if ns == namespace]
+        mems = [mem for mem, _ in limits if mem is not None]
+        cores = [c for _, c in limits if c is not None]
         ns = self._ns(namespace)
-        if mem is not None:
-            ns.memory_limit_mib = None
-        if cores is not None:
-            ns.cores_limit_percent = None
+        ns.memory_limit_mib = min(mems) if mems else None
+        ns.cores_limit_percent = min(cores) if cores else None
 
     def sources(self) -> list[tuple[str, str]]:
         """``(namespace, name)`` of every ResourceQuota applied (for a relist to find the

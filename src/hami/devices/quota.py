@@ -3,7 +3,9 @@
 Usage and limits are tracked per namespace per *resource name*; only the memory and core
 names of registered vendors are tracked. ``limits.<name>`` of a ResourceQuota's
 ``spec.hard`` sets a limit (integers only; an explicit 0 blocks); a vendor's memory limit
-is multiplied by its ``memoryFactor``. The NVIDIA-only :class:`hami.core.quota.QuotaLedger`
+is multiplied by its ``memoryFactor``. Several ResourceQuotas of one namespace all apply:
+per resource the tightest limit counts, and deleting one leaves the others in force (HAMi
+lets the last one written win; see ``docs/decisions.md``). The NVIDIA-only :class:`hami.core.quota.QuotaLedger`
 stays the core's for NVIDIA; :class:`hami.core.state.ClusterState` keeps this ledger for
 the registry's other vendors (webhook pre-check, fit-time check, usage of placed pods).
 """
@@ -47,8 +49,9 @@ class VendorQuota:
         return self._data.setdefault(namespace, {}).setdefault(name, _Entry())
 
     def set_quota(self, namespace: str, quota_name: str, hard: Mapping[str, Any]) -> None:
-        """Add or update a ResourceQuota (update = delete old + add new; last writer wins)."""
-        self.remove_quota(namespace, quota_name)
+        """Add or update the ResourceQuota ``quota_name`` (its earlier limits are replaced;
+        other quota objects of the namespace are untouched). Per resource the namespace's
+        effective limit is the smallest over all its quota objects that set it."""
         limits: dict[str, int] = {}
         for name in self._tracked():
             key = "limits." + name
@@ -60,17 +63,28 @@ class VendorQuota:
                 continue
             if value is not None:
                 limits[name] = value
+        old = self._sources.get((namespace, quota_name), {})
         self._sources[(namespace, quota_name)] = limits
-        for name, value in limits.items():
-            self._entry(namespace, name).limit = value
+        self._recompute(namespace, set(old) | set(limits))
 
     def remove_quota(self, namespace: str, quota_name: str) -> None:
-        """Forget a ResourceQuota: its limits become unset, usage stays."""
-        for name in self._sources.pop((namespace, quota_name), {}):
-            self._entry(namespace, name).limit = None
+        """Forget a ResourceQuota: the namespace's other quota objects still apply (a
+        resource none of them sets becomes unlimited); usage stays."""
+        old = self._sources.pop((namespace, quota_name), None)
+        if old:
+            self._recompute(namespace, set(old))
+
+    def _recompute(self, namespace: str, names: set[str]) -> None:
+        """Effective limit of each of ``names`` in ``namespace``: the tightest set by any
+        of the namespace's quota objects, None when none sets it."""
+        for name in names:
+            values = [limits[name] for (ns, _), limits in self._sources.items()
+                      if ns == namespace and name in limits]
+            self._entry(namespace, name).limit = min(values) if values else None
 
     def limit(self, namespace: str, name: str) -> int | None:
-        """The raw limit of ``name`` (None = unset)."""
+        """The effective limit of ``name``: the tightest of the namespace's quota objects
+        (None = unset; memoryFactor not applied)."""
         entry = self._data.get(namespace, {}).get(name)
         return None if entry is None else entry.limit
 
