@@ -425,3 +425,35 @@ def test_failure_token_events_and_role_label() -> None:
             assert labels["hami.io/scheduler-role"] == "leader"
 
     run(scenario)
+
+
+def test_unknown_policy_annotations_fall_back_to_the_configured_policy_with_an_event() -> None:
+    """Issue 11 item 5: a pod that bypassed the webhook with unknown policy annotations is
+    placed by the configured policies (GPU binpack here; HAMi falls back to spread) and a
+    Warning event per annotation says so."""
+    allocated = "hami.io/vgpu-devices-allocated"
+
+    async def scenario() -> None:
+        async with serving(cluster("n1"), gpu_scheduler_policy="binpack") as h:
+            first = h.kube.put("Pod", gpu_pod("first", memory_mib=1000))
+            assert (await h.filter(first, ["n1"]))["NodeNames"] == ["n1"]
+            odd = h.kube.put("Pod", gpu_pod("odd", memory_mib=1000, annotations={
+                "hami.io/gpu-scheduler-policy": "bogus",
+                "hami.io/node-scheduler-policy": "sideways"}))
+            assert (await h.filter(odd, ["n1"]))["NodeNames"] == ["n1"]
+            await h.settle()
+            ann = {name: h.kube.pod(name)["metadata"]["annotations"] for name in ("first", "odd")}
+            assert ann["odd"][allocated] == ann["first"][allocated]  # binpack: the used card
+            warned = [e for e in h.kube.events if e["reason"] == "UnknownSchedulerPolicy"]
+            assert [(e["type"], e["involvedObject"]["name"]) for e in warned] == [
+                ("Warning", "odd"), ("Warning", "odd")]
+            node_msg, gpu_msg = (e["message"] for e in warned)
+            assert node_msg.startswith("unknown hami.io/node-scheduler-policy value 'sideways'")
+            assert node_msg.endswith("the configured node policy 'binpack' was used")
+            assert gpu_msg.startswith("unknown hami.io/gpu-scheduler-policy value 'bogus'; "
+                                      "valid values: spread, binpack, topology-aware")
+            assert gpu_msg.endswith("the configured GPU policy 'binpack' was used")
+            reasons = [e["reason"] for e in h.kube.events]
+            assert reasons.count("FilteringSucceed") == 2
+
+    run(scenario)

@@ -156,3 +156,42 @@ def test_container_without_resources_gets_no_empty_patch():
     result = admit(p, CONFIG)
     assert all("/containers/1" not in op["path"] for op in result.patch)
     assert "resources" not in result.pod["spec"]["containers"][1]
+
+
+GPU_POLICY = "hami.io/gpu-scheduler-policy"
+NODE_POLICY = "hami.io/node-scheduler-policy"
+GPU_VALID = ("valid values: spread, binpack, topology-aware, mutex, fragmentation-aware, numa, "
+             "or a comma list of them (e.g. numa,binpack)")
+NODE_VALID = "valid values: binpack, spread, fragmentation-aware"
+
+
+@pytest.mark.parametrize(("key", "value", "valid"), [
+    (GPU_POLICY, "bogus", GPU_VALID),
+    (GPU_POLICY, "binpack,bogus", GPU_VALID),
+    (GPU_POLICY, "binpack,", GPU_VALID),
+    (NODE_POLICY, "bogus", NODE_VALID),
+    (NODE_POLICY, "binpack,spread", NODE_VALID),
+])
+def test_unknown_policy_annotation_denied_with_the_valid_values(key, value, valid):
+    """Issue 11 item 5: HAMi admits any value and then places with its fallback policy."""
+    result = admit(pod("pol", [container(gpu=1, gpumem=1000)], annotations={key: value}), CONFIG)
+    assert not result.allowed and result.code == 403
+    assert result.message == f"unknown {key} value {value!r}; {valid}"
+    assert result.patch == []
+
+
+def test_both_unknown_policies_named_in_one_denial_known_ones_admitted():
+    result = admit(pod("pol", [container(gpu=1)], annotations={
+        GPU_POLICY: "fast", NODE_POLICY: "Spread"}), CONFIG)
+    assert not result.allowed
+    assert result.message == (f"unknown {NODE_POLICY} value 'Spread'; {NODE_VALID}; "
+                              f"unknown {GPU_POLICY} value 'fast'; {GPU_VALID}")
+    for known in ({GPU_POLICY: "topology-aware", NODE_POLICY: "spread"},
+                  {GPU_POLICY: "numa,binpack"}, {GPU_POLICY: "binpack, numa"},
+                  {GPU_POLICY: "numa"}, {GPU_POLICY: "mutex"},
+                  {GPU_POLICY: "fragmentation-aware", NODE_POLICY: "fragmentation-aware"},
+                  {GPU_POLICY: "", NODE_POLICY: "  "}):  # empty: not set
+        assert admit(pod("pol", [container(gpu=1)], annotations=known), CONFIG).allowed, known
+    # a pod that asks for no device is not placed by hami: its annotations are not judged
+    cpu = admit(pod("cpu", [container()], annotations={GPU_POLICY: "bogus"}), CONFIG)
+    assert cpu.allowed and cpu.patch == []

@@ -188,3 +188,58 @@ def test_b24_two_gpus_are_two_distinct_cards():
     d2 = state2.filter(pod("needs-two", [container(gpu=2, gpumem=10000)]))
     assert d2.result.node is None
 
+
+
+def gpus_of(decision):
+    return [dev.uuid for ctr in decision.result.devices for dev in ctr]
+
+
+def test_unknown_gpu_policy_annotation_keeps_the_configured_policy():
+    """Issue 11 item 5: with GPU policy binpack configured, ``bogus`` used to mean spread."""
+    state = cluster(nodes=1, gpus=2, policy=SchedulingPolicy(gpu_policy="binpack"))
+    first = gpus_of(place(state, pod("a", [container(gpu=1, gpumem=1000)])))
+
+    def second(value):
+        return state.filter(pod("b", [container(gpu=1, gpumem=1000)],
+                                annotations={names.GPU_SCHEDULER_POLICY: value}))
+
+    assert gpus_of(second("spread")) != first  # the two policies differ here
+    bogus = second("bogus")
+    assert gpus_of(bogus) == first  # binpack: the used card
+    assert gpus_of(second("")) == first and second("").result.policy_warnings == ()
+    (warning,) = bogus.result.policy_warnings
+    assert "hami.io/gpu-scheduler-policy value 'bogus'" in warning
+    assert "spread, binpack, topology-aware, mutex, fragmentation-aware, numa" in warning
+    assert warning.endswith("the configured GPU policy 'binpack' was used")
+    for chain in ("binpack,numa", " spread , binpack", "topology-aware"):
+        assert second(chain).result.policy_warnings == ()
+    assert second("binpack,").result.policy_warnings != ()  # an empty entry is not a policy
+
+
+def test_unknown_node_policy_annotation_keeps_the_configured_policy():
+    """Issue 11 item 5: with node policy spread configured, ``bogus`` used to mean binpack."""
+    state = cluster(policy=SchedulingPolicy(node_policy="spread"))
+    first = place(state, pod("a", [container(gpu=1, gpumem=1000)])).result.node
+
+    def second(value):
+        return state.filter(pod("b", [container(gpu=1, gpumem=1000)],
+                                annotations={names.NODE_SCHEDULER_POLICY: value}))
+
+    assert second("binpack").result.node == first  # the two policies differ here
+    bogus = second("bogus")
+    assert bogus.result.node != first  # spread: an unused node
+    (warning,) = bogus.result.policy_warnings
+    assert "hami.io/node-scheduler-policy value 'bogus'" in warning
+    assert "valid values: binpack, spread, fragmentation-aware;" in warning
+    assert warning.endswith("the configured node policy 'spread' was used")
+
+
+def test_both_unknown_policy_annotations_warn_once_each():
+    state = cluster()
+    d = state.filter(pod("b", [container(gpu=1, gpumem=1000)], annotations={
+        names.NODE_SCHEDULER_POLICY: "x" * 500, names.GPU_SCHEDULER_POLICY: "Binpack"}))
+    assert d.result.node is not None
+    node_warning, gpu_warning = d.result.policy_warnings
+    assert "node-scheduler-policy value '" + "x" * 64 + "...'" in node_warning
+    assert "x" * 65 not in node_warning  # tenant input is quoted, not copied whole
+    assert "gpu-scheduler-policy value 'Binpack'" in gpu_warning  # names are case-sensitive

@@ -4,7 +4,9 @@ Source: ``shared/specs/hami-scheduler-spec.md`` §3 (``MutateAdmission`` per ven
 and messages follow HAMi; where HAMi lets a malformed value through (it accepts a
 ``gpumem-percentage`` of 101 or 2^32+50 and leaves the pod Pending with a misleading
 reason, field case B09) we deny at admission with a message naming the container, the
-resource and the valid range.
+resource and the valid range. Likewise a ``hami.io/gpu-scheduler-policy`` or
+``hami.io/node-scheduler-policy`` annotation with an unknown value, which HAMi silently
+replaces by its own fallback policy, is denied with a message listing the valid values.
 
 Vendors: every container goes through NVIDIA's mutation and then through every other
 registered vendor's ``MutateAdmission`` (CommonWord order); a vendor's ``AdmissionError``
@@ -22,7 +24,7 @@ from typing import Any
 import jsonpatch
 
 from hami.api import names
-from hami.core.config import NvidiaConfig, SchedulerConfig
+from hami.core.config import NvidiaConfig, SchedulerConfig, unknown_policies
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.quota import QuotaLedger
 from hami.core.request import (
@@ -162,7 +164,9 @@ def admit(pod: Mapping[str, Any], config: SchedulerConfig,
 
     Returns an :class:`AdmissionResult`; never raises on malformed pods: a bad device
     value (any vendor) is a 403 denial with a message, a pod that is not an object is a
-    400. ``vendor_quota`` is the other vendors' namespace quota (the pre-check of §5.2).
+    400. A pod that asks for devices with an unknown scheduler-policy annotation is denied
+    (403, the message lists the valid values). ``vendor_quota`` is the other vendors'
+    namespace quota (the pre-check of §5.2).
     With ``with_patch=False`` (the simulator, which writes nothing back) the JSON Patch
     is not computed; every decision is the same.
     """
@@ -192,6 +196,9 @@ def admit(pod: Mapping[str, Any], config: SchedulerConfig,
         privileged = next((c for c in ordered if _privileged(c)), None)
         if privileged is not None:
             return _deny(f"container {privileged.get('name', '?')} is privileged", pod)
+        unknown = unknown_policies(_annotations(pod))
+        if unknown:
+            return _deny("; ".join(unknown.values()), pod)
         if config.scheduler_name:
             mspec["schedulerName"] = config.scheduler_name
             if mspec.get("nodeName"):
@@ -220,6 +227,13 @@ def admit(pod: Mapping[str, Any], config: SchedulerConfig,
         patch += _prefixed(jsonpatch.make_patch(dict(before), mutated["metadata"]).patch,
                            "/metadata")
     return AdmissionResult(allowed=True, patch=patch, pod=mutated)
+
+
+def _annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The pod's annotations, or none when metadata or annotations are not objects."""
+    meta = pod.get("metadata")
+    annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+    return annotations if isinstance(annotations, Mapping) else {}
 
 
 def _prefixed(ops: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ enter that code.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -41,7 +41,7 @@ from hami.core.codec import (
     parse_scoring_weights,
 )
 from hami.core.collapse import collapse, total
-from hami.core.config import SchedulingPolicy
+from hami.core.config import SchedulingPolicy, effective_policies
 from hami.core.fit import (
     DEVICE_TYPE_NOT_FOUND,
     NODE_INSUFFICIENT_DEVICE,
@@ -94,6 +94,9 @@ class FilterResult:
     entry per container, ``()`` for containers without that vendor: the padding is on
     the vendor key, docs/vendors.md) and ``failed_nodes`` the reason per node that was
     found unfit (filled completely only when nothing fits, as HAMi does).
+    ``policy_warnings`` has one message per policy annotation whose unknown value was
+    ignored for the configured policy (:func:`hami.core.config.effective_policies`); the
+    shells report them (an Event, ``hami schedule``'s ``warnings``).
     """
 
     node: str | None
@@ -103,6 +106,7 @@ class FilterResult:
     score: float = 0.0
     mig: tuple[MigAllocation, ...] = ()
     vendor_devices: Mapping[str, PodSingleDevice] = field(default_factory=dict)
+    policy_warnings: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,14 +150,6 @@ NODE_ORDERS: dict[str, NodeOrder] = {
     "spread": _spread_nodes,
     "fragmentation-aware": LiveFragmentationOrder(),
 }
-
-
-def effective_policies(request: PodRequest, policy: SchedulingPolicy) -> tuple[str, str]:
-    """``(node_policy, gpu_policy)`` after the pod's annotation overrides (spec §2.2)."""
-    ann = request.annotations
-    node_policy = ann.get(names.NODE_SCHEDULER_POLICY, "").strip() or policy.node_policy
-    gpu_policy = ann.get(names.GPU_SCHEDULER_POLICY, "").strip() or policy.gpu_policy
-    return node_policy, gpu_policy
 
 
 def _weights(request: PodRequest) -> ScoringWeights:
@@ -449,18 +445,29 @@ def filter_pod(request: PodRequest, ledger: UsageLedger, node_names: Sequence[st
     reports no reasons skips that work; the decision is the same). ``vendors`` (the
     registry's non-NVIDIA backends) and ``vendor_quota`` serve the requests in
     ``request.vendors``; a vendor requested but not given fails every node with
-    ``Device type not found``.
+    ``Device type not found``. A policy annotation with an unknown value is ignored for
+    the configured policy and named in the result's ``policy_warnings``.
 
     Raises:
         FilterError: the pod's ``hami.io/device-scoring-weights`` annotation is malformed.
     """
     if not request.wants_devices:
         return FilterResult(node=None, passthrough=True)
-    policy = policy or SchedulingPolicy()
-    node_policy, gpu_policy = effective_policies(request, policy)
+    chosen = effective_policies(request.annotations, policy or SchedulingPolicy())
     ctx = FilterContext(ledger, request,
-                        PodOptions.from_annotations(request.annotations, gpu_policy),
-                        _weights(request), dict(vendors or {}), vendor_quota, node_policy)
+                        PodOptions.from_annotations(request.annotations, chosen.gpu_policy),
+                        _weights(request), dict(vendors or {}), vendor_quota,
+                        chosen.node_policy)
+    result = _filter(ctx, node_names, quota, node_orders, explain)
+    if chosen.warnings:
+        return replace(result, policy_warnings=chosen.warnings)
+    return result
+
+
+def _filter(ctx: FilterContext, node_names: Sequence[str] | None, quota: QuotaLedger | None,
+            node_orders: Mapping[str, NodeOrder] | None, explain: bool) -> FilterResult:
+    """:func:`filter_pod` once the pod's policies and options are resolved."""
+    ledger, request = ctx.ledger, ctx.request
     failed: dict[str, str] = {}
     idx = ledger.indices(node_names)
     if node_names is not None and (idx < 0).any():
@@ -472,7 +479,7 @@ def filter_pod(request: PodRequest, ledger: UsageLedger, node_names: Sequence[st
     orders = {**NODE_ORDERS, **node_orders} if node_orders else NODE_ORDERS
     if request.vendors:
         return _filter_vendors(ctx, idx, possible, orders, quota, failed, explain)
-    order = orders.get(node_policy, _binpack_nodes)(ctx, idx[possible])
+    order = orders.get(ctx.node_policy, _binpack_nodes)(ctx, idx[possible])
     for i in order:
         entry = ledger.node(ledger.node_name(int(i)))
         assert entry is not None

@@ -51,6 +51,7 @@ from hami.scheduler.events import (
     BINDING_SUCCEED,
     FILTERING_FAILED,
     FILTERING_SUCCEED,
+    UNKNOWN_SCHEDULER_POLICY,
     EventSink,
 )
 from hami.scheduler.registration import check_node
@@ -491,6 +492,8 @@ class Engine:
             self.events.emit(meta, FILTERING_FAILED, str(exc), warning=True)
             return filter_result(error=str(exc))
         result = decision.result
+        for warning in result.policy_warnings:
+            self.events.emit(meta, UNKNOWN_SCHEDULER_POLICY, warning, warning=True)
         if result.passthrough:
             return filter_result(node_names=args.node_names)
         if result.node is None:

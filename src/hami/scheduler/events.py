@@ -1,4 +1,4 @@
-"""Kubernetes Events on pods (spec §10 reasons), sent in the background.
+"""Kubernetes Events on pods (spec §10 reasons, and ours below), sent in the background.
 
 Events are best effort (HAMi logs and goes on when one fails): they are queued and a
 worker posts them, so a slow apiserver never adds to filter or bind latency. When the
@@ -20,6 +20,10 @@ FILTERING_FAILED = "FilteringFailed"
 FILTERING_SUCCEED = "FilteringSucceed"
 BINDING_FAILED = "BindingFailed"
 BINDING_SUCCEED = "BindingSucceed"
+#: Ours (Warning): a pod's ``hami.io/gpu-scheduler-policy`` or
+#: ``hami.io/node-scheduler-policy`` value is unknown (the webhook was bypassed), so the
+#: filter used the configured policy; one event per annotation and filter.
+UNKNOWN_SCHEDULER_POLICY = "UnknownSchedulerPolicy"
 
 
 class EventWriter(Protocol):
