@@ -243,3 +243,16 @@ def test_both_unknown_policy_annotations_warn_once_each():
     assert "node-scheduler-policy value '" + "x" * 64 + "...'" in node_warning
     assert "x" * 65 not in node_warning  # tenant input is quoted, not copied whole
     assert "gpu-scheduler-policy value 'Binpack'" in gpu_warning  # names are case-sensitive
+
+
+def test_gpu_policy_flag_takes_the_chains_pods_may_use():
+    """``--gpu-scheduler-policy numa,binpack`` (a chain the chart documents and a pod
+    annotation may hold) used to stop the scheduler at start-up."""
+    from hami.core.config import ConfigError
+    from hami.scheduler.settings import SchedulerSettings
+
+    for value in ("numa,binpack", "numa", "binpack, numa", "mutex"):
+        SchedulerSettings(gpu_scheduler_policy=value).validate()
+    for value in ("bogus", "binpack,", "Binpack"):
+        with pytest.raises(ConfigError, match="numa or a comma list"):
+            SchedulerSettings(gpu_scheduler_policy=value).validate()

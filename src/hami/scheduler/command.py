@@ -30,7 +30,7 @@ def scheduler(
     key_file: Annotated[str, typer.Option("--key-file", "--key_file", help="TLS key")] = "",
     scheduler_name: Annotated[str, typer.Option(help="schedulerName the webhook sets")] = "hami-scheduler",
     node_scheduler_policy: Annotated[str, typer.Option(help="binpack | spread | fragmentation-aware")] = "binpack",
-    gpu_scheduler_policy: Annotated[str, typer.Option(help="spread | binpack | topology-aware | mutex | fragmentation-aware")] = "spread",
+    gpu_scheduler_policy: Annotated[str, typer.Option(help="spread | binpack | topology-aware | mutex | fragmentation-aware | numa, or a comma list (numa,binpack)")] = "spread",
     metrics_bind_address: Annotated[str, typer.Option(help="metrics listen address ('' or 0: off)")] = ":9395",
     node_label_selector: Annotated[str, typer.Option(help="only nodes with these labels, k=v,...")] = "",
     kubeconfig: Annotated[str, typer.Option(help="kubeconfig (default $KUBECONFIG, else in-cluster)")] = "",

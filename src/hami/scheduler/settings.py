@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from hami.core.config import GPU_POLICIES, NODE_POLICIES, ConfigError, SchedulerConfig
+from hami.core.config import GPU_POLICY_WORDS, NODE_POLICIES, ConfigError, SchedulerConfig
 
 
 def default_identity() -> str:
@@ -81,8 +81,9 @@ class SchedulerSettings:
         if self.node_scheduler_policy not in NODE_POLICIES:
             raise ConfigError(f"--node-scheduler-policy must be one of {', '.join(NODE_POLICIES)}")
         for part in self.gpu_scheduler_policy.split(","):
-            if part.strip() not in GPU_POLICIES:
-                raise ConfigError(f"--gpu-scheduler-policy must be among {', '.join(GPU_POLICIES)}")
+            if part.strip() not in GPU_POLICY_WORDS:
+                raise ConfigError(f"--gpu-scheduler-policy must be among "
+                                  f"{', '.join(GPU_POLICY_WORDS)} or a comma list of them")
         if bool(self.cert_file) != bool(self.key_file):
             raise ConfigError("--cert-file and --key-file go together")
         if self.leader_elect_renew_deadline >= self.leader_elect_lease_duration:
