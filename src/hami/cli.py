@@ -83,7 +83,6 @@ def _print_table(report: dict) -> None:  # type: ignore[type-arg]
                                if k.endswith("-allocated") and v) or "-"
         else:
             detail = pod["error"] or "; ".join(f"{n}: {r}" for n, r in pod["failed_nodes"].items())
-        detail = "\n".join([detail, *(f"warning: {w}" for w in pod.get("warnings", ()))])
         table.add_row(f"{pod['namespace']}/{pod['name']}", verdict, pod["node"] or "-", detail)
     console = Console()
     console.print(table)

@@ -7,8 +7,7 @@ annotation of any registered vendor (``hami.io/vgpu-devices-allocated``,
 ``hami.io/dcu-devices-allocated``, ...) are existing usage; every other pod is admitted
 (the webhook's logic, every vendor) and then scheduled in file order, each seeing the
 decisions before it. The decisions come from :class:`hami.core.state.ClusterState`, the
-same code as the live ``/filter``. A pod labelled ``hami.io/webhook: ignore`` skips
-admission, as the chart's webhook object selector makes the API server do. The vendors are those of ``--device-config`` (its
+same code as the live ``/filter``. The vendors are those of ``--device-config`` (its
 sections, spec §7.1; ``--enable-ascend`` / ``--enable-iluvatar`` for ``vnpus`` and
 ``iluvatars``); without a device config only NVIDIA is known.
 
@@ -29,9 +28,7 @@ JSON output schema (stable; ``schema`` is bumped on any incompatible change)::
                           ...every other granted vendor's annotations,
                           e.g. "hami.io/dcu-devices-allocated": str},  # {} when unscheduled
           "failed_nodes": {"<node>": "<HAMi reason>"},               # {} when scheduled
-          "error": str,                                              # "" unless the pod is unusable
-          "warnings": [str]   # policy annotations the filter ignored for the configured
-                              # policy (the live scheduler's UnknownSchedulerPolicy events)
+          "error": str                                               # "" unless the pod is unusable
         }
       ]
     }
@@ -46,7 +43,7 @@ from typing import Any
 import yaml
 
 from hami.api import names
-from hami.core.admission import AdmissionResult, admit
+from hami.core.admission import admit
 from hami.core.config import SchedulerConfig
 from hami.core.filter import FilterError
 from hami.core.request import RequestError
@@ -193,14 +190,8 @@ def _schedule_one(state: ClusterState, pod: Mapping[str, Any],
     meta = pod.get("metadata") or {}
     entry: dict[str, Any] = {"namespace": meta.get("namespace") or "default",
                              "name": meta.get("name") or "", "node": None,
-                             "annotations": {}, "failed_nodes": {}, "error": "",
-                             "warnings": []}
-    labels = meta.get("labels")
-    if isinstance(labels, Mapping) and labels.get(names.WEBHOOK_IGNORE_LABEL) == "ignore":
-        verdict = AdmissionResult(allowed=True, pod=dict(pod), message=(
-            f"webhook not invoked: pod labelled {names.WEBHOOK_IGNORE_LABEL}=ignore"))
-    else:
-        verdict = admit(pod, state.config, state.quota, vendor_quota=state.vendor_quota)
+                             "annotations": {}, "failed_nodes": {}, "error": ""}
+    verdict = admit(pod, state.config, state.quota, vendor_quota=state.vendor_quota)
     entry["admission"] = {"allowed": verdict.allowed, "message": verdict.message,
                           "patch": verdict.patch}
     if not verdict.allowed:
@@ -224,7 +215,6 @@ def _schedule_one(state: ClusterState, pod: Mapping[str, Any],
         entry["error"] = (f"schedulerName is {scheduler!r}, not {wanted!r}: "
                           "not scheduled by hami")
         return entry
-    entry["warnings"] = list(decision.result.policy_warnings)
     entry["node"] = decision.result.node
     entry["annotations"] = decision.annotations
     if decision.result.node is None:
