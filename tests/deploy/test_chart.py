@@ -75,6 +75,7 @@ def test_default_objects(default: list[dict[str, Any]]) -> None:
         ("Service", "hami-scheduler"), ("Service", "hami-device-plugin-monitor"),
         ("Deployment", "hami-scheduler"), ("DaemonSet", "hami-device-plugin"),
         ("MutatingWebhookConfiguration", "hami-scheduler-webhook"),
+        ("NetworkPolicy", "hami-scheduler"),
     }
     for obj in default:
         scoped = obj["kind"] not in ("ClusterRole", "ClusterRoleBinding",
@@ -297,6 +298,29 @@ def test_services_and_ports(default: list[dict[str, Any]]) -> None:
     assert mon["spec"]["type"] == "NodePort"
     (port,) = mon["spec"]["ports"]
     assert (port["port"], port["nodePort"], port["targetPort"]) == (9394, 31992, "metrics")
+
+
+def test_network_policy_publishes_only_the_webhook_and_metrics(default: list[dict[str, Any]]) -> None:
+    policy = find(default, "NetworkPolicy", "hami-scheduler")
+    pod_labels = find(default, "Deployment", "hami-scheduler")["spec"]["template"]["metadata"]["labels"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector and all(pod_labels.get(k) == v for k, v in selector.items())
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    ports = [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]]
+    assert ports == ["http", "metrics"]
+    ext = container(find(default, "Deployment", "hami-scheduler")["spec"]["template"]["spec"],
+                    "vgpu-scheduler-extender")
+    assert "--extender-allow-remote" not in ext["args"]  # kube-scheduler is in the pod
+    peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    scoped = find(render({"networkPolicy": {"metricsFrom": peers}}), "NetworkPolicy")
+    assert scoped["spec"]["ingress"][1]["from"] == peers
+    assert not any(o["kind"] == "NetworkPolicy" for o in render({"networkPolicy": {"enabled": False}}))
+
+
+def test_outside_kube_scheduler_reaches_the_extender() -> None:
+    objs = render({"scheduler": {"kubeScheduler": {"enabled": False}}})
+    spec = find(objs, "Deployment", "hami-scheduler")["spec"]["template"]["spec"]
+    assert "--extender-allow-remote" in container(spec, "vgpu-scheduler-extender")["args"]
 
 
 def test_ha_certmanager_values(ha: list[dict[str, Any]]) -> None:

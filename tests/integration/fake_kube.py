@@ -133,6 +133,9 @@ class FakeKube:
         want = (patch.get("metadata") or {}).get("resourceVersion")
         if want is not None and want != current["metadata"]["resourceVersion"]:
             raise KubeError(409, "the object has been modified")
+        uid = (patch.get("metadata") or {}).get("uid")
+        if uid is not None and uid != current["metadata"].get("uid"):
+            raise KubeError(422, "metadata.uid: Invalid value: field is immutable")
         return self.put(kind, merge_patch(current, patch))
 
     async def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> JSON:
@@ -148,6 +151,9 @@ class FakeKube:
         pod = self.objects["Pod"].get((namespace, name))
         if pod is None:
             raise KubeError(404, f'pods "{name}" not found')
+        if uid and uid != pod["metadata"].get("uid"):
+            raise KubeError(409, f"Precondition failed: UID in precondition: {uid}, "
+                                 f"UID in object meta: {pod['metadata'].get('uid')}")
         if (pod.get("spec") or {}).get("nodeName"):
             raise KubeError(409, f"pod {name} is already assigned to node")
         self.put("Pod", merge_patch(pod, {"spec": {"nodeName": node}}))

@@ -85,7 +85,8 @@ def test_pod_without_gpu_passes_through_untouched() -> None:
     async def scenario() -> None:
         async with serving(cluster("n1")) as h:
             pod = h.kube.put("Pod", {"metadata": {"name": "plain", "namespace": "default"},
-                                     "spec": {"containers": [{"name": "c", "image": "x"}]}})
+                                     "spec": {"schedulerName": "hami-scheduler",
+                                              "containers": [{"name": "c", "image": "x"}]}})
             result = await h.filter(pod, ["n1", "n2"])
             assert result["NodeNames"] == ["n1", "n2"] and result["Error"] == ""
             assert "patch pod" not in h.kube.calls

@@ -56,6 +56,9 @@ def scheduler(
     register_interval: Annotated[str, typer.Option(help="node registration/health period")] = "15s",
     events: Annotated[bool, typer.Option(help="post Kubernetes Events for filter/bind")] = True,
     async_annotation_patch: Annotated[bool, typer.Option(help="answer /filter before its annotation patch lands (/bind waits for it)")] = True,
+    extender_allow_remote: Annotated[bool, typer.Option(
+        help="also answer /filter, /bind and /status from non-loopback peers (kube-scheduler "
+             "outside this pod); without it only 127.0.0.1/::1 may call them")] = False,
     debug: Annotated[bool, typer.Option(help="verbose logs")] = False,
 ) -> None:
     """Run the scheduler extender + mutating webhook (HAMi's hami-scheduler)."""
@@ -87,7 +90,8 @@ def scheduler(
             device_config_file=device_config_file,
             enable_ascend=enable_ascend, enable_iluvatar=enable_iluvatar,
             register_interval=_duration(register_interval, "--register-interval"),
-            events=events, async_annotation_patch=async_annotation_patch, debug=debug)
+            events=events, async_annotation_patch=async_annotation_patch,
+            extender_allow_remote=extender_allow_remote, debug=debug)
         settings.validate()
         settings.scheduler_config()
     except ConfigError as exc:

@@ -54,6 +54,7 @@ from hami.scheduler.events import (
     UNKNOWN_SCHEDULER_POLICY,
     EventSink,
 )
+from hami.scheduler.podcache import PendingPods, UnknownPod
 from hami.scheduler.registration import check_node
 from hami.scheduler.settings import SchedulerSettings
 from hami.webhook.review import review
@@ -62,6 +63,8 @@ log = logging.getLogger("hami.scheduler")
 
 JSON = dict[str, Any]
 KINDS = ("Node", "ResourceQuota", "Pod")
+#: A failed filter patch is reported by the pod's bind within this time, then forgotten.
+PENDING_PATCH_TTL_S = 600.0
 
 
 class KubeApi(Protocol):
@@ -163,6 +166,10 @@ class Counters:
     watch_errors: int = 0
     patch_failures: int = 0
     apply_errors: int = 0
+    #: /filter and /bind requests refused because they named a pod hami may not place.
+    unknown_pods: int = 0
+    #: /filter, /bind and /status requests refused because the peer was not loopback.
+    remote_refused: int = 0
 
 
 class Engine:
@@ -187,6 +194,8 @@ class Engine:
         self._committed_at: dict[str, float] = {}
         self._quotas: set[tuple[str, str]] = set()
         self._pending_patch: dict[str, asyncio.Future[str]] = {}
+        #: Pods waiting for hami: /filter decides on these, never on the request body.
+        self.pending = PendingPods(settings.scheduler_name)
         self._resource_version: dict[str, str] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[Any]] = set()
@@ -322,6 +331,7 @@ class Engine:
             for ns, qname in list(self._quotas - listed):
                 self.apply(kind, "DELETED", {"metadata": {"namespace": ns, "name": qname}})
         elif kind == "Pod":
+            self.pending.forget_unlisted(listed)
             for entry in list(self.state.ledger.pods()):
                 if entry.uid not in listed and self._committed_at.get(entry.uid, -1.0) < listed_at:
                     self.state.remove_pod(entry.uid)
@@ -329,6 +339,7 @@ class Engine:
 
     def _apply_pod(self, pod: Mapping[str, Any], deleted: bool) -> None:
         uid = pod_uid(pod)
+        self.pending.apply(pod, deleted)
         if deleted:
             self.state.remove_pod(uid)
             self._committed_at.pop(uid, None)
@@ -481,7 +492,13 @@ class Engine:
         not_ready = await self._ready()
         if not_ready:
             return filter_result(error=not_ready)
-        pod = args.pod
+        try:
+            pod = await self.pending.resolve(args.pod, self.kube.get_pod)
+        except UnknownPod as exc:
+            self.counters.unknown_pods += 1
+            return filter_result(error=str(exc))
+        except KubeError as exc:
+            return filter_result(error=f"cannot read the pod: {exc.message}")
         meta = _meta(pod)
         weights = (meta.get("annotations") or {}).get(names.DEVICE_SCORING_WEIGHTS)
         try:
@@ -495,6 +512,7 @@ class Engine:
         for warning in result.policy_warnings:
             self.events.emit(meta, UNKNOWN_SCHEDULER_POLICY, warning, warning=True)
         if result.passthrough:
+            self.pending.filtered(pod_uid(pod))
             return filter_result(node_names=args.node_names)
         if result.node is None:
             self._unschedulable_events(meta, result.failed_nodes, len(args.node_names or ()))
@@ -503,7 +521,10 @@ class Engine:
         annotations = {**decision.annotations, names.VGPU_TIME: str(int(time.time()))}
         entry = self.state.commit(pod, decision)
         self._committed_at[uid] = time.monotonic()
-        patch = {"metadata": {"annotations": annotations,
+        self.pending.filtered(uid)
+        # The UID makes the patch a precondition: a pod recreated under the same name
+        # in between is refused by the API server (the UID is immutable).
+        patch = {"metadata": {"uid": uid, "annotations": annotations,
                               "labels": {names.VGPU_NODE: result.node}}}
         n = len(args.node_names or ())
         success = (f"find fit node({result.node}), {n - 1} nodes not fit, 1 nodes "
@@ -545,7 +566,16 @@ class Engine:
         """A written patch is forgotten; a failed one stays until the bind (which then
         fails) or the next filter of the pod, or its deletion, consumes it."""
         failed = task.cancelled() or task.exception() is not None or bool(task.result())
-        if self._pending_patch.get(uid) is task and not failed:
+        if self._pending_patch.get(uid) is not task:
+            return
+        if not failed:
+            del self._pending_patch[uid]
+        else:  # kept for the bind to report, but not for ever (a pod that never binds)
+            asyncio.get_running_loop().call_later(
+                PENDING_PATCH_TTL_S, self._expire_patch, uid, task)
+
+    def _expire_patch(self, uid: str, task: asyncio.Future[str]) -> None:
+        if self._pending_patch.get(uid) is task:
             del self._pending_patch[uid]
 
     def _unschedulable_events(self, meta: Mapping[str, Any], failed: Mapping[str, str],
@@ -593,11 +623,21 @@ class Engine:
             self.counters.binds += 1
             self.observer.bind_done(time.perf_counter() - started, error)
 
-    def _pod_entry(self, args: BindArgs) -> Any:
-        entry = self.state.ledger.pod(args.pod_uid) if args.pod_uid else None
-        if entry is None:
-            entry = self.state.ledger.pod(f"{args.pod_namespace or 'default'}/{args.pod_name}")
-        return entry
+    def _bind_refusal(self, args: BindArgs) -> str:
+        """Why ``/bind`` must not bind this pod ("" when it may): only a pod with a UID
+        (the Binding carries it as a precondition) that this scheduler charged on that
+        node, or that this replica's ``/filter`` passed through, is bound."""
+        who = f"pod {args.pod_namespace or 'default'}/{args.pod_name}"
+        if not args.pod_uid:
+            return f"{who}: the bind request carries no pod UID"
+        entry = self.state.ledger.pod(args.pod_uid)
+        if entry is not None:
+            if entry.node != args.node:
+                return f"{who} was placed on node {entry.node}, not {args.node}"
+            return ""
+        if self.pending.was_filtered(args.pod_uid):
+            return ""
+        return f"{who} with UID {args.pod_uid} was not filtered by this scheduler"
 
     async def _bind(self, args: BindArgs) -> JSON:
         not_ready = await self._ready()
@@ -605,20 +645,25 @@ class Engine:
             return {"Error": not_ready}
         ns = args.pod_namespace or "default"
         meta = {"namespace": ns, "name": args.pod_name, "uid": args.pod_uid}
-        pending = self._pending_patch.pop(args.pod_uid, None) if args.pod_uid else None
+        refusal = self._bind_refusal(args)
+        if refusal:
+            self.counters.unknown_pods += 1
+            return {"Error": refusal}
+        pending = self._pending_patch.pop(args.pod_uid, None)
         if pending is not None:
             error = (await asyncio.gather(pending, return_exceptions=True))[0]
             if error:
                 message = str(error)
                 self.events.emit(meta, BINDING_FAILED, message, warning=True)
                 return {"Error": message}
-        entry = self._pod_entry(args)
+        entry = self.state.ledger.pod(args.pod_uid)
         held: list[NodeLocks] = []
         try:
             held = await acquire_all(self._bind_locks(entry), args.node, ns, args.pod_name)
             if entry is not None:
-                await self.kube.patch_pod(ns, args.pod_name, {"metadata": {"annotations": {
-                    names.BIND_PHASE: "allocating", names.BIND_TIME: str(int(time.time()))}}})
+                await self.kube.patch_pod(ns, args.pod_name, {"metadata": {
+                    "uid": args.pod_uid, "annotations": {
+                        names.BIND_PHASE: "allocating", names.BIND_TIME: str(int(time.time()))}}})
             await self.kube.bind(ns, args.pod_name, args.pod_uid, args.node)
         except (LockError, KubeError) as exc:
             message = exc.message if isinstance(exc, KubeError) else str(exc)
@@ -626,6 +671,7 @@ class Engine:
                 await locks.release(args.node, ns, args.pod_name)
             self.events.emit(meta, BINDING_FAILED, message, warning=True)
             return {"Error": message}
+        self.pending.bound(args.pod_uid)
         self.events.emit(meta, BINDING_SUCCEED,
                          f"Successfully binding node [{args.node}] to {ns}/{args.pod_name}",
                          warning=False)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -61,8 +62,28 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def is_loopback(remote: str | None) -> bool:
+    """The peer address is this host's loopback (``127.0.0.0/8``, ``::1``, or an
+    IPv4-mapped loopback); None or a non-IP peer (a Unix socket) is not."""
+    if not remote:
+        return False
+    try:
+        address = ipaddress.ip_address(remote.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
 def build_app(engine: Engine, settings: SchedulerSettings) -> web.Application:
-    """The main application (routes of spec §4.1)."""
+    """The main application (routes of spec §4.1).
+
+    ``/filter``, ``/bind`` and ``/status`` answer only loopback peers (kube-scheduler runs
+    in the same pod and calls ``127.0.0.1``) unless ``extender_allow_remote`` is set:
+    anyone else gets 403, so the Service that publishes ``/webhook`` does not publish
+    the extender.
+    """
     limit = settings.max_body_bytes
 
     def guarded(handler: Callable[[bytes], Awaitable[Any]],
@@ -106,13 +127,30 @@ def build_app(engine: Engine, settings: SchedulerSettings) -> web.Application:
     async def status(request: web.Request) -> web.Response:
         return _json(engine.snapshot())
 
+    def local_only(handler: Callable[[web.Request], Awaitable[web.Response]],
+                   refusal: Callable[[str], Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
+        if settings.extender_allow_remote:
+            return handler
+
+        async def handle(request: web.Request) -> web.Response:
+            if is_loopback(request.remote):
+                return await handler(request)
+            engine.counters.remote_refused += 1
+            message = (f"{request.path} answers kube-scheduler on the loopback interface "
+                       f"only; refused {request.remote}")
+            response = _json(refusal(message))
+            response.set_status(403)
+            return response
+        return handle
+
     app = web.Application(client_max_size=limit)
-    app.router.add_post("/filter", guarded(do_filter, lambda m: filter_result(error=m)))
-    app.router.add_post("/bind", guarded(do_bind, bind_result))
+    app.router.add_post("/filter", local_only(
+        guarded(do_filter, lambda m: filter_result(error=m)), lambda m: filter_result(error=m)))
+    app.router.add_post("/bind", local_only(guarded(do_bind, bind_result), bind_result))
     app.router.add_post("/webhook", guarded(do_webhook, webhook_error))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    app.router.add_get("/status", status)
+    app.router.add_get("/status", local_only(status, lambda m: {"error": m}))
     return app
 
 

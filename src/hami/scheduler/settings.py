@@ -62,6 +62,9 @@ class SchedulerSettings:
     enable_iluvatar: bool = False
     register_interval: timedelta = timedelta(seconds=15)
     max_body_bytes: int = 1 << 20
+    #: Serve /filter, /bind and /status to non-loopback peers too (kube-scheduler in
+    #: another pod). Off: anyone who reaches the Service could forge placements.
+    extender_allow_remote: bool = False
     events: bool = True
     #: Answer /filter once the decision is charged, with its annotation patch in flight;
     #: /bind waits for that patch. False: /filter answers after the patch (HAMi's order).
