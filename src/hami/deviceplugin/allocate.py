@@ -55,7 +55,10 @@ class ContainerView:
 @dataclass(frozen=True, slots=True)
 class PodView:
     """The parts of a Pod the plugin reads. ``containers`` = init containers, then
-    regular containers (the order of the pod device string, spec §2.4)."""
+    regular containers (the order of the pod device string, spec §2.4).
+    ``container_states``: container name (init or regular) -> ``"running"``,
+    ``"waiting"`` or ``"terminated"``, from ``status.(init)containerStatuses[].state``; a
+    container the kubelet has not reported yet is absent."""
 
     namespace: str
     name: str
@@ -67,6 +70,7 @@ class PodView:
     n_init: int = 0
     labels: Mapping[str, str] = field(default_factory=dict)
     resource_version: str = ""
+    container_states: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

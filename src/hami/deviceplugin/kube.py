@@ -35,6 +35,24 @@ def make_client(kubeconfig: Path | None = None) -> Any:
     return Client(field_manager="hami-node")
 
 
+def container_states(status: Any) -> dict[str, str]:
+    """Container name -> ``"running"`` / ``"waiting"`` / ``"terminated"`` from a lightkube
+    ``PodStatus`` (init and regular container statuses); a status with no state set is
+    left out. ``status`` None gives ``{}``."""
+    out: dict[str, str] = {}
+    if status is None:
+        return out
+    for cs in [*(status.initContainerStatuses or []), *(status.containerStatuses or [])]:
+        state = cs.state
+        if state is None or not cs.name:
+            continue
+        for name in ("running", "terminated", "waiting"):
+            if getattr(state, name, None) is not None:
+                out[cs.name] = name
+                break
+    return out
+
+
 def pod_view(pod: Any) -> PodView:
     """PodView from a lightkube ``Pod`` (init containers first; literal env values only)."""
     meta, spec = pod.metadata, pod.spec
@@ -48,7 +66,8 @@ def pod_view(pod: Any) -> PodView:
         node_name=(spec.nodeName or "") if spec else "",
         phase=(pod.status.phase or "Pending") if pod.status else "Pending",
         annotations=dict(meta.annotations or {}), containers=containers, n_init=len(init),
-        labels=dict(meta.labels or {}), resource_version=meta.resourceVersion or "")
+        labels=dict(meta.labels or {}), resource_version=meta.resourceVersion or "",
+        container_states=container_states(pod.status))
 
 
 def _api_error(exc: Exception) -> KubeError:

@@ -16,6 +16,7 @@ import typer
 from hami.deviceplugin.allocate import VGPU_NODE, PodView
 from hami.monitor.feedback import ContainerFeedback, observe
 from hami.monitor.lister import ContainerLister
+from hami.monitor.pods import pod_finished
 
 log = logging.getLogger("hami.monitor")
 
@@ -65,7 +66,12 @@ class PodCache:
         self.labelled = [p for p in self.on_node if p.labels.get(VGPU_NODE) == self.node]
 
     def live_uids(self) -> set[str] | None:
+        """UIDs of the node's pods; None before the first successful list."""
         return None if self.on_node is None else {p.uid for p in self.on_node}
+
+    def finished_uids(self) -> set[str]:
+        """UIDs of the node's Succeeded or Failed pods (their files are not read)."""
+        return {p.uid for p in self.on_node or () if pod_finished(p)}
 
     def labelled_pods(self) -> Sequence[PodView]:
         return self.labelled
@@ -130,7 +136,7 @@ def run_monitor(*, node: str, hook_path: Path, kube: Any, stop: threading.Event,
         while not stop.is_set():
             started = time.monotonic()
             pods.refresh()
-            lister.update(pods.live_uids())
+            lister.update(pods.live_uids(), pods.finished_uids())
             if mig_lock.exists():
                 log.info("MIG apply lock present: feedback paused")
             else:

@@ -7,7 +7,9 @@ memory-mapped read-write, shared, for the container's lifetime; the monitor writ
 
 Robustness beyond HAMi: before every read the file's size is compared with the mapping's;
 a file that shrank (reading it would raise SIGBUS) or grew is unmapped and reloaded at the
-next update, so one bad file never takes the monitor or other containers down.
+next update, so one bad file never takes the monitor or other containers down. The
+files of finished pods (Succeeded, Failed) are unmapped while their directories stay
+until the pod is deleted (see :mod:`hami.monitor.pods`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -187,8 +190,14 @@ class ContainerLister:
     lock: threading.RLock = field(default_factory=threading.RLock)
     errors: dict[str, str] = field(default_factory=dict)
 
-    def update(self, live_pod_uids: set[str] | None) -> None:
-        """One scan. ``live_pod_uids`` None means "pod list unknown": nothing is removed."""
+    def update(self, live_pod_uids: AbstractSet[str] | None,
+               finished_pod_uids: AbstractSet[str] = frozenset()) -> None:
+        """One scan. ``live_pod_uids`` None means "pod list unknown": nothing is removed.
+
+        A directory of a pod in ``finished_pod_uids`` (Succeeded or Failed, still present)
+        is neither loaded nor kept mapped, so it has no series and the feedback loop
+        leaves it alone; the directory itself stays until the pod is gone.
+        """
         try:
             entries = list(os.scandir(self.root))
         except OSError as exc:
@@ -208,6 +217,10 @@ class ContainerLister:
                 seen.add(e.name)
                 if live_pod_uids is not None and parts[0] not in live_pod_uids:
                     self._maybe_remove(e.name, Path(e.path))
+                    continue
+                if parts[0] in finished_pod_uids:
+                    self._forget(e.name)
+                    self.errors.pop(e.name, None)
                     continue
                 loaded = self.containers.get(e.name)
                 if loaded is not None:

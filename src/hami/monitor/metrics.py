@@ -2,7 +2,8 @@
 
 Everything is computed at scrape time by :class:`MonitorCollector` from the loaded cache
 files, the cached pod list and (when present) NVML. Every family except
-``hami_build_info`` carries the constant label ``zone="vGPU"``.
+``hami_build_info`` carries the constant label ``zone="vGPU"``. Per-container families
+(MIG info included) cover running containers only (:func:`hami.monitor.pods.container_running`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from prometheus_client.utils import floatToGoString as _float_to_go
 
 from hami.deviceplugin.allocate import PodView
 from hami.monitor.lister import ContainerLister
+from hami.monitor.pods import container_running, pod_finished
 from hami.monitor.region import Region
 
 log = logging.getLogger(__name__)
@@ -257,10 +259,12 @@ class MonitorCollector(Collector):
         now = int(self.clock())
         z = ZONE[1]
         for pod in self.pods():
+            if pod_finished(pod):
+                continue
             names = [c.name for c in pod.containers]
             for ctr in pod.containers[pod.n_init:]:
                 entry = regions.get(f"{pod.uid}_{ctr.name}")
-                if entry is None:
+                if entry is None or not container_running(pod, ctr.name):
                     continue
                 region = entry[1]
                 for i in range(region.device_count):
@@ -291,7 +295,8 @@ class MonitorCollector(Collector):
                             leg["lk"].add_metric(lv, max(now - region.last_kernel_time, 0))
             for m in mig_entries(pod):
                 idx = m.get("containerIndex", -1)
-                if not isinstance(idx, int) or not 0 <= idx < len(names):
+                if (not isinstance(idx, int) or not 0 <= idx < len(names)
+                        or not container_running(pod, names[idx])):
                     continue
                 base = [pod.namespace, pod.name, names[idx], str(m.get("deviceIndex", 0)),
                         str(m.get("gpuUUID", ""))]
