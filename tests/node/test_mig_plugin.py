@@ -250,6 +250,7 @@ def test_allocate_creates_planned_instance_and_writes_back(harness: PluginHarnes
         p = harness.kube.pods[("default", name)]
         body = pod(name, [container(gpu=1, gpumem=1)], annotations=dict(p.annotations))
         body["spec"]["nodeName"] = NODE
+        body["spec"]["schedulerName"] = "hami-scheduler"
         body["status"] = {"phase": "Running"}
         assert fresh.upsert_pod(body)
     assert sorted(fresh.ledger.mig_occupied(NODE)[A100], key=lambda x: x.start) == [P(0, 2), P(6, 1)]

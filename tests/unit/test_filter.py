@@ -134,6 +134,7 @@ def test_b04_init_containers_take_the_peak():
     # once init containers finished, the init-only reservation is released
     done = dict(variant)
     done["metadata"] = {**variant["metadata"], "annotations": d.annotations}
+    done["spec"] = {**variant["spec"], "schedulerName": "hami-scheduler"}
     done["status"] = {"phase": "Running", "initContainerStatuses": [
         {"name": f"init-{i}", "state": {"terminated": {"exitCode": 0}}} for i in range(3)]}
     state.upsert_pod(done)

@@ -74,6 +74,7 @@ def test_full_gpu_is_infeasible_and_restart_reconstructs_reservations():
     fresh = mig_cluster()
     running = dict(big)
     running["metadata"] = {**big["metadata"], "annotations": d.annotations}
+    running["spec"] = {**big["spec"], "schedulerName": "hami-scheduler"}
     running["status"] = {"phase": "Running"}
     assert fresh.upsert_pod(running)
     assert fresh.ledger.mig_occupied("m") == {"GPU-mig": [P(0, 8)]}
@@ -99,6 +100,7 @@ def running(name, allocated, mig_json=None):
         annotations[names.MIG_ALLOCATIONS] = mig_json
     p = pod(name, [container(gpu=1, gpumem=3000)], annotations=annotations)
     p["spec"]["nodeName"] = "m"
+    p["spec"]["schedulerName"] = "hami-scheduler"
     p["status"] = {"phase": "Running"}
     return p
 

@@ -32,6 +32,7 @@ def gpu_pod(name, mem, node_name=None, allocated=None, **extra):
              "nvidia.com/gpu": 1, "nvidia.com/gpumem": mem, **extra}}}]}}
     if node_name:
         p["spec"]["nodeName"] = node_name
+        p["spec"]["schedulerName"] = "hami-scheduler"
         p["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"] = allocated
     return p
 

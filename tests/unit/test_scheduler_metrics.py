@@ -26,11 +26,11 @@ def samples(legacy: bool) -> dict[str, list]:
     state.upsert_node({"metadata": {"name": "n", "annotations": {names.NODE_REGISTER: REGISTER}}})
     state.upsert_pod({"metadata": {"name": "p", "namespace": "ns", "uid": "u", "annotations": {
         names.VGPU_NODE: "n", names.DEVICES_ALLOCATED: "GPU-m,NVIDIA,4864,15:;",
-        names.MIG_ALLOCATIONS: MIG}}, "spec": {"containers": [{"name": "c"}]},
+        names.MIG_ALLOCATIONS: MIG}}, "spec": {"schedulerName": "hami-scheduler", "containers": [{"name": "c"}]},
         "status": {"phase": "Running"}})
     state.upsert_pod({"metadata": {"name": "q", "namespace": "ns", "uid": "v", "annotations": {
         names.VGPU_NODE: "n", names.DEVICES_ALLOCATED: "GPU-s,NVIDIA,4000,30:;"}},
-        "spec": {"containers": [{"name": "c"}]}, "status": {"phase": "Running"}})
+        "spec": {"schedulerName": "hami-scheduler", "containers": [{"name": "c"}]}, "status": {"phase": "Running"}})
     metrics = SchedulerMetrics(legacy=legacy)
     metrics.attach(SimpleNamespace(state=state, config=state.config))  # type: ignore[arg-type]
     text = generate_latest(metrics.registry).decode()

@@ -20,7 +20,8 @@ def bound_pod(name="p", allocated="G0,NVIDIA,3000,30:;", phase="Running", **meta
     ann = {names.VGPU_NODE: "n", names.DEVICES_ALLOCATED: allocated}
     return {"kind": "Pod", "metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}",
                                         "annotations": ann, **meta},
-            "spec": {"containers": [{"name": "c"}]}, "status": {"phase": phase}}
+            "spec": {"schedulerName": "hami-scheduler", "containers": [{"name": "c"}]},
+            "status": {"phase": phase}}
 
 
 def used(state):
@@ -90,6 +91,21 @@ def test_terminating_pod_counts_the_same_after_a_cold_start():
     decision = cold.filter(new, ["n"])
     assert decision.result.node is None
     assert "CardInsufficientMemory" in decision.result.failed_nodes["n"]
+
+
+def test_pod_of_another_scheduler_never_reserves_devices():
+    # Anyone who may create a pod could write hami's allocation annotation on a pod of
+    # another scheduler and mark a node's cards as full; such a pod is never charged.
+    state = ClusterState()
+    state.upsert_node(node())
+    forged = bound_pod("squatter", allocated="G0,NVIDIA,10000,100:;")
+    forged["spec"]["schedulerName"] = "default-scheduler"
+    assert not state.upsert_pod(forged)
+    del forged["spec"]["schedulerName"]
+    assert not state.upsert_pod(forged)
+    assert used(state) == [(0, 0, 0)]
+    assert state.quota.namespaces().get("ns") is None or \
+        state.quota.namespaces()["ns"].memory_used_mib == 0
 
 
 def test_init_container_usage_shrinks_once_they_finish():

@@ -105,7 +105,8 @@ def _pod(word: str, limits: Mapping[str, Any], annotations: Mapping[str, str]) -
     return {"kind": "Pod",
             "metadata": {"name": f"pod-{word.lower()}", "namespace": "ns", "uid": f"uid-{word}",
                          "annotations": dict(annotations)},
-            "spec": {"containers": [{"name": "c", "resources": {"limits": dict(limits)}}]}}
+            "spec": {"schedulerName": "hami-scheduler",
+                     "containers": [{"name": "c", "resources": {"limits": dict(limits)}}]}}
 
 
 @pytest.mark.parametrize("word", sorted(CASES))

@@ -169,9 +169,12 @@ class ClusterState:
     def upsert_pod(self, pod: Mapping[str, Any]) -> bool:
         """Apply HAMi's membership rules (spec §4.3) to an added or updated Pod.
 
-        Counted: pods with ``hami.io/vgpu-node`` whose ``hami.io/vgpu-devices-allocated``
-        and every other registered vendor's allocated annotation decode, not
-        Succeeded/Failed. A Terminating pod (``deletionTimestamp`` set) still holds its
+        Counted: pods of hami's scheduler (``spec.schedulerName`` equal to the configured
+        name; any pod when it is empty) with ``hami.io/vgpu-node`` whose
+        ``hami.io/vgpu-devices-allocated`` and every other registered vendor's allocated
+        annotation decode, not Succeeded/Failed. A pod of another scheduler never
+        reserves devices, whatever its annotations say (HAMi counts it: anyone who may
+        create a pod could mark a node's cards as full; docs/decisions.md). A Terminating pod (``deletionTimestamp`` set) still holds its
         devices until it is gone, so it is counted whether it was seen before or is seen
         first now (a cold start); HAMi never newly adds one (docs/decisions.md). When every init container has finished the charge shrinks to the app containers.
         Returns whether the pod is charged.
@@ -182,7 +185,7 @@ class ClusterState:
         node = annotations.get(names.VGPU_NODE)
         phase = (pod.get("status") or {}).get("phase")
         existing = self.ledger.pod(uid)
-        if not node or phase in TERMINAL_PHASES:
+        if not node or phase in TERMINAL_PHASES or not self._ours(pod):
             self.remove_pod(uid)
             return False
         if existing is not None:
@@ -206,6 +209,12 @@ class ClusterState:
                     vendor_devices=vendor_devices)
         self._shrink_when_init_done(pod, uid)
         return True
+
+    def _ours(self, pod: Mapping[str, Any]) -> bool:
+        """The pod is scheduled by hami (its schedulerName is the configured one)."""
+        wanted = self.config.scheduler_name
+        spec = pod.get("spec")
+        return not wanted or (isinstance(spec, Mapping) and spec.get("schedulerName") == wanted)
 
     def _shrink_when_init_done(self, pod: Mapping[str, Any], uid: str) -> None:
         """Once every init container has finished, charge the app containers only."""
