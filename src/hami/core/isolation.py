@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 from hami.api import names
@@ -69,11 +70,13 @@ PLUGIN_PATHS: tuple[str, ...] = ("/etc/ld.so.preload", "/tmp/vgpulock", "/tmp/li
                                  "/usr/bin/vgpuvalidator")
 
 
+@lru_cache(maxsize=16)
 def plugin_paths(hook_path: str) -> tuple[str, ...]:
     """Container paths the device plugin mounts (``hook_path`` is ``$HOOK_PATH``)."""
     return (normalise_path(f"{hook_path}/vgpu"), *PLUGIN_PATHS)
 
 
+@lru_cache(maxsize=4096)
 def normalise_path(path: str) -> str:
     """A mount path as the runtime resolves it lexically: rooted, ``//``, ``.``, ``..``
     and trailing ``/`` folded (``"//etc/./ld.so.preload/"`` -> ``"/etc/ld.so.preload"``)."""
