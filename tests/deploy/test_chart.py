@@ -211,8 +211,33 @@ def test_webhook_keeps_kube_system_safe(default: list[dict[str, Any]]) -> None:
     excluded = next(e for e in exprs if e["key"] == "kubernetes.io/metadata.name")
     assert excluded["operator"] == "NotIn"
     assert {"kube-system", NAMESPACE} <= set(excluded["values"])
-    assert hook["objectSelector"]["matchExpressions"] == [
-        {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}]
+
+
+def test_webhook_selects_pods_by_namespace_never_by_their_own_labels(
+        default: list[dict[str, Any]]) -> None:
+    """Issue 12 §3: a pod labelled hami.io/webhook=ignore skipped the webhook. Only a
+    namespace (or hami's own service accounts in its own namespace) is left out now."""
+    (hook,) = find(default, "MutatingWebhookConfiguration")["webhooks"]
+    assert "objectSelector" not in hook
+    (cond,) = hook["matchConditions"]
+    assert cond["expression"] == (
+        f'!(request.namespace == "{NAMESPACE}" && object.spec.serviceAccountName in '
+        '["hami-scheduler", "hami-device-plugin"])')
+    spec = find(default, "Deployment", "hami-scheduler")["spec"]["template"]["spec"]
+    ext = container(spec, "vgpu-scheduler-extender")
+    assert "--gpu-hook-path=/usr/local" in ext["args"]
+    assert not any(a.startswith("--other-gpu-schedulers") for a in ext["args"])
+    other = render({"scheduler": {"otherGpuSchedulers": ["volcano", "kai"]},
+                    "global": {"gpuHookPath": "/opt/hami"},
+                    "devicePlugin": {"libPath": "/opt/hami/vgpu"}})
+    args = container(find(other, "Deployment", "hami-scheduler")["spec"]["template"]["spec"],
+                     "vgpu-scheduler-extender")["args"]
+    assert "--other-gpu-schedulers=volcano,kai" in args and "--gpu-hook-path=/opt/hami" in args
+    (old_api,) = find(render(kube_version="v1.27.0"), "MutatingWebhookConfiguration")["webhooks"]
+    assert "matchConditions" not in old_api and "objectSelector" not in old_api
+    proc = helm("template", RELEASE, str(CHART), "--kube-version", "v1.37.2", "-n", NAMESPACE,
+                "--set", "scheduler.admissionWebhook.objectSelector.matchLabels.a=b")
+    assert proc.returncode != 0 and "objectSelector was removed" in proc.stderr
 
 
 def test_device_plugin_daemonset(default: list[dict[str, Any]]) -> None:
@@ -459,6 +484,9 @@ def test_release_in_default_namespace_does_not_exclude_default() -> None:
     excluded = next(e for e in hook["namespaceSelector"]["matchExpressions"]
                     if e["key"] == "kubernetes.io/metadata.name")["values"]
     assert excluded == ["kube-system"]
+    # hami's own pods are then left out by service account, which only pods of "default"
+    # (hami's namespace, shared with no tenant) can name
+    assert '!(request.namespace == "default" &&' in hook["matchConditions"][0]["expression"]
 
 
 def test_lib_path_must_follow_the_hook_path() -> None:

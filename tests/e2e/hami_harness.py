@@ -356,8 +356,8 @@ class ReadyForwarder:
 
 
 def webhook_configuration(name: str, url: str, ca_pem: bytes) -> dict[str, Any]:
-    """A MutatingWebhookConfiguration like HAMi's chart (CREATE pods), failurePolicy Fail
-    so a broken webhook shows in the test."""
+    """A MutatingWebhookConfiguration like our chart's (CREATE pods, selected by namespace
+    only), failurePolicy Fail so a broken webhook shows in the test."""
     import base64
 
     return {
@@ -372,8 +372,6 @@ def webhook_configuration(name: str, url: str, ca_pem: bytes) -> dict[str, Any]:
             "admissionReviewVersions": ["v1"], "sideEffects": "None",
             "failurePolicy": "Fail", "reinvocationPolicy": "Never", "timeoutSeconds": 10,
             "namespaceSelector": {"matchExpressions": [
-                {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}]},
-            "objectSelector": {"matchExpressions": [
                 {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}]},
         }],
     }

@@ -63,7 +63,10 @@ def tls(workdir: Path) -> Tls:
 
 @pytest.fixture(scope="module")
 def hami(control_plane: ControlPlane, tls: Tls, workdir: Path) -> Iterator[HamiProcess]:
-    proc = HamiProcess(control_plane, tls, workdir).start()
+    # the webhook refuses GPU pods of other schedulers unless they are allowed: this
+    # module's HA replicas and a "nobody" that never schedules
+    proc = HamiProcess(control_plane, tls, workdir,
+                       args=["--other-gpu-schedulers=hami-ha,nobody"]).start()
     yield proc
     proc.stop()
 
@@ -226,6 +229,44 @@ def test_webhook_leaves_pod_without_gpu_untouched(kube_client: Any, webhook: str
     assert created["spec"]["schedulerName"] == "default-scheduler"
     assert created["spec"]["containers"][0]["resources"] == {"requests": {"cpu": "1m"}}
     assert not annotations(created)
+
+
+def test_gpu_pod_that_skipped_the_webhook_is_refused_by_filter(kube_client: Any,
+                                                               kube_scheduler: Any,
+                                                               webhook: str, group: str) -> None:
+    """Issue 12 §3: a hostPID GPU pod that never met the webhook (its namespace is
+    excluded) and names hami's scheduler itself went through /filter and /bind. (This
+    apiserver refuses privileged pods itself, so the pod uses the other rules.)"""
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Namespace
+
+    from hami.testing.controlplane import ensure_namespace
+
+    nodes(kube_client, group, 1, "bypass")
+    namespace = unique("skipped")
+    kube_client.create(Namespace(metadata=ObjectMeta(name=namespace,
+                                                     labels={"hami.io/webhook": "ignore"})))
+    ensure_namespace(kube_client, namespace)
+    pod = pod_in(group, unique("evil"))
+    pod["metadata"]["namespace"] = namespace
+    pod["spec"]["hostPID"] = True
+    pod["spec"]["containers"][0]["env"] = [{"name": "LD_PRELOAD", "value": "/tmp/mine.so"}]
+    name = pod["metadata"]["name"]
+    create(kube_client, pod)
+    try:
+        def refused() -> bool:
+            return any("spec.hostPID is true" in (e.message or "") and
+                       "container main: env LD_PRELOAD is reserved" in (e.message or "")
+                       for e in kube_client.list(Event, namespace=namespace,
+                                                 fields={"involvedObject.name": name})
+                       if e.reason == "FilteringFailed")
+
+        wait_until(refused, timeout_s=60, what="FilteringFailed naming the rules")
+        live = kube_client.get(Pod, name, namespace=namespace).to_dict()
+        assert not live["spec"].get("nodeName")
+        assert "hami.io/vgpu-node" not in annotations(live)
+    finally:
+        kube_client.delete(Pod, name, namespace=namespace, grace_period=0)
 
 
 # -------------------------------------------------------------------- scheduling
@@ -496,9 +537,7 @@ def test_two_replicas_leader_killed_other_takes_over(control_plane: ControlPlane
         assert other.get("/readyz")[0] == 503
 
         def ha_pod(name: str) -> dict[str, Any]:
-            pod = pod_in(group, name, memory_mib=2000, scheduler_name="hami-ha")
-            pod["metadata"]["labels"]["hami.io/webhook"] = "ignore"
-            return pod
+            return pod_in(group, name, memory_mib=2000, scheduler_name="hami-ha")
 
         create(kube_client, ha_pod("ha-1"))
         assert wait_bound(kube_client, "ha-1")["metadata"]["annotations"]["hami.io/vgpu-node"]

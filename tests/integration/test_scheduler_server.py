@@ -309,6 +309,46 @@ def test_webhook_mutates_denies_and_ignores() -> None:
     run(scenario)
 
 
+def test_filter_repeats_the_webhook_s_isolation_checks() -> None:
+    """A GPU pod that never met the webhook (issue 12 §3: a label opted it out) is refused
+    by /filter with the webhook's own message; nothing is charged or written."""
+    async def scenario() -> None:
+        async with serving(cluster("n1")) as h:
+            before = ledger_snapshot(h.engine)
+            attacks = []
+            for i, change in enumerate([
+                    {"hostPID": True},
+                    {"containers": [{"name": "main", "image": "x",
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                                     "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT_0",
+                                              "value": "80g"}]}]},
+                    {"containers": [{"name": "main", "image": "x",
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                                     "volumeMounts": [{"name": "v",
+                                                       "mountPath": "/etc//ld.so.preload"}]}]},
+                    {"containers": [{"name": "main", "image": "x",
+                                     "securityContext": {"privileged": True},
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}]):
+                pod = gpu_pod(f"evil-{i}", memory_mib=1000)
+                pod["metadata"]["labels"] = {"hami.io/webhook": "ignore"}
+                pod["spec"].update(change)
+                attacks.append(pod)
+            for pod in attacks:
+                live = h.kube.put("Pod", pod)
+                webhook = (await h.post("/webhook", _review(pod)))["response"]
+                assert not webhook["allowed"]
+                result = await h.filter(live, ["n1"])
+                assert result["Error"] == webhook["status"]["message"], result
+                assert result["NodeNames"] is None
+                name = pod["metadata"]["name"]
+                assert "hami.io/vgpu-node" not in h.kube.pod(name)["metadata"]["annotations"]
+            assert ledger_snapshot(h.engine) == before
+            await h.settle()
+            assert not [e for e in h.kube.events if e["reason"] == "FilteringSucceed"]
+
+    run(scenario)
+
+
 def test_leader_election_hands_over() -> None:
     async def scenario() -> None:
         kube = FakeKube()

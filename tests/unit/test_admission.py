@@ -50,9 +50,16 @@ def test_pod_without_gpu_is_untouched():
     assert "schedulerName" not in result.pod["spec"]
 
 
-def test_other_scheduler_is_left_alone():
-    result = admit(pod(containers=[container(gpu=1)], schedulerName="volcano"), CONFIG)
+def test_other_scheduler_is_left_alone_only_when_allowed():
+    """A GPU pod of another scheduler is refused (HAMi admits it unchecked) unless the
+    scheduler is allowed; then it is left alone."""
+    denied = admit(pod(containers=[container(gpu=1)], schedulerName="volcano"), CONFIG)
+    assert not denied.allowed and "schedulerName is 'volcano'" in denied.message
+    allowed = SchedulerConfig(other_gpu_schedulers=("volcano",))
+    result = admit(pod(containers=[container(gpu=1)], schedulerName="volcano"), allowed)
     assert result.allowed and result.patch == []
+    plain = admit(pod(containers=[container()], schedulerName="volcano"), CONFIG)
+    assert plain.allowed and plain.patch == []
 
 
 def test_default_scheduler_is_overwritten():

@@ -10,6 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from hami.cli import app
+from hami.core.config import SchedulerConfig
 from hami.offline import SCHEMA, InputError, load_objects, schedule
 
 REGISTER = json.dumps([
@@ -235,7 +236,8 @@ def test_topology_aware_with_negative_pair_scores_places_the_best_pair():
 def test_pod_of_another_scheduler_is_reported_and_never_charged():
     other = gpu_pod("other", 16000)
     other["spec"]["schedulerName"] = "other"
-    report = schedule([node("gpu-1"), other, gpu_pod("a", 16000), gpu_pod("b", 16000)])
+    config = SchedulerConfig(other_gpu_schedulers=("other",))
+    report = schedule([node("gpu-1"), other, gpu_pod("a", 16000), gpu_pod("b", 16000)], config)
     pods = {p["name"]: p for p in report["pods"]}
     assert pods["other"]["admission"]["message"] == "pod already has different scheduler assigned"
     assert pods["other"]["node"] is None and pods["other"]["annotations"] == {}

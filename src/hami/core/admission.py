@@ -12,6 +12,14 @@ Vendors: every container goes through NVIDIA's mutation and then through every o
 registered vendor's ``MutateAdmission`` (CommonWord order); a vendor's ``AdmissionError``
 is a denial with its message, and the quota pre-check runs per vendor
 (:meth:`hami.devices.quota.VendorQuota.admission_denial`).
+
+Isolation (ours, :mod:`hami.core.isolation`, the same checks ``/filter`` repeats): a pod
+that asks for devices is refused for host PID/IPC, privileged containers, capabilities
+that undo the plugin's mounts, and reserved env, envFrom or mounts in GPU containers; a
+container without a GPU ends with ``NVIDIA_VISIBLE_DEVICES=none`` even when the pod set
+another value. A pod of another scheduler that asks for devices is refused unless its
+schedulerName is listed in ``SchedulerConfig.other_gpu_schedulers`` (HAMi admits it
+unchecked); otherwise such a pod only gets the ``NVIDIA_VISIBLE_DEVICES`` rule.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from typing import Any
 import jsonpatch
 
 from hami.api import names
+from hami.core import isolation
 from hami.core.config import NvidiaConfig, SchedulerConfig, unknown_policies
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.quota import QuotaLedger
@@ -117,8 +126,8 @@ def mutate_container(container: dict[str, Any], pod: Mapping[str, Any],
         resources["limits"] = limits
         container["resources"] = resources
         has_resource = True
-    if not has_resource and config.overwrite_env:
-        _append_env(container, names.ENV_VISIBLE_DEVICES, "none")
+    if config.overwrite_env and container_request(container, config) is None:
+        isolation.hide_gpus(container)  # ours: also for nvidia.com/gpu: 0 (HAMi: key present)
     return has_resource
 
 
@@ -137,10 +146,6 @@ def _skip(pod: Mapping[str, Any], config: SchedulerConfig) -> bool:
     return bool(current) and (
         current != names.DEFAULT_SCHEDULER or not config.force_overwrite_default_scheduler
     ) and (not config.scheduler_name or current != config.scheduler_name)
-
-
-def _privileged(container: Mapping[str, Any]) -> bool:
-    return bool((container.get("securityContext") or {}).get("privileged"))
 
 
 def _copy_for_mutation(pod: Mapping[str, Any], metadata: bool = False) -> dict[str, Any]:
@@ -176,8 +181,7 @@ def admit(pod: Mapping[str, Any], config: SchedulerConfig,
     if not spec.get("containers"):
         return _deny("pod has no containers", pod)
     if _skip(pod, config):
-        return AdmissionResult(allowed=True, message="pod already has different scheduler "
-                               "assigned", pod=dict(pod))
+        return _admit_foreign(pod, config, with_patch)
     vendors = config.vendors()
     mutated = _copy_for_mutation(pod, metadata=bool(vendors))
     mspec = mutated["spec"]
@@ -193,9 +197,9 @@ def admit(pod: Mapping[str, Any], config: SchedulerConfig,
     except (RequestError, QuantityError, AdmissionError) as exc:
         return _deny(str(exc), pod)
     if has_resource:
-        privileged = next((c for c in ordered if _privileged(c)), None)
-        if privileged is not None:
-            return _deny(f"container {privileged.get('name', '?')} is privileged", pod)
+        problems = isolation.violations(mutated, config)
+        if problems:
+            return _deny(isolation.message(problems), pod)
         unknown = unknown_policies(_annotations(pod))
         if unknown:
             return _deny("; ".join(unknown.values()), pod)
@@ -234,6 +238,32 @@ def _annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = pod.get("metadata")
     annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
     return annotations if isinstance(annotations, Mapping) else {}
+
+
+def _admit_foreign(pod: Mapping[str, Any], config: SchedulerConfig,
+                   with_patch: bool) -> AdmissionResult:
+    """A pod of another scheduler: refused when it asks for devices and its scheduler is
+    not allowed; else unchanged but for ``NVIDIA_VISIBLE_DEVICES=none`` (``overwriteEnv``)
+    in containers that name no NVIDIA resource."""
+    scheduler = str(pod["spec"].get("schedulerName"))
+    allowed = scheduler in config.other_gpu_schedulers or scheduler == names.DEFAULT_SCHEDULER
+    if not allowed and isolation.asks_for_devices(pod, config):
+        return _deny(f"pod asks for GPUs but its schedulerName is {scheduler!r}: GPU pods "
+                     f"must be scheduled by {config.scheduler_name!r} (or a scheduler the "
+                     "hami scheduler allows with --other-gpu-schedulers)", pod)
+    unchanged = AdmissionResult(allowed=True, message="pod already has different scheduler "
+                                "assigned", pod=dict(pod))
+    if not config.nvidia.overwrite_env:
+        return unchanged
+    mutated = _copy_for_mutation(pod)
+    mspec = mutated["spec"]
+    for container in [*(mspec.get("initContainers") or []), *mspec["containers"]]:
+        if isinstance(container, dict) and not isolation.asks_for_nvidia(container,
+                                                                         config.nvidia):
+            isolation.hide_gpus(container)
+    patch = (_prefixed(jsonpatch.make_patch(dict(pod["spec"]), mspec).patch, "/spec")
+             if with_patch else [])
+    return AdmissionResult(allowed=True, message=unchanged.message, patch=patch, pod=mutated)
 
 
 def _prefixed(ops: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:

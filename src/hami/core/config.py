@@ -201,6 +201,11 @@ class SchedulerConfig:
     """Everything the pure scheduler needs: the NVIDIA section, policy defaults, the
     webhook's scheduler-name settings (spec §3 step 3 and §7.4) and the vendor registry.
 
+    ``hook_path`` is the device plugin's ``$HOOK_PATH`` (it mounts ``<hook_path>/vgpu``
+    into GPU containers; :mod:`hami.core.isolation` keeps pods' volumes off it).
+    ``other_gpu_schedulers`` are schedulerNames besides hami's whose pods may ask for GPUs;
+    the webhook admits them unchanged (HAMi admits every other scheduler's pod).
+
     ``registry`` is HAMi's device map (``hami.devices.registry.build_registry`` of the
     device config, spec §7.1, §9), built once by the shell. NVIDIA is always served by the
     core's own path from ``nvidia`` (request, webhook, Fit with MIG and topology, the
@@ -213,6 +218,8 @@ class SchedulerConfig:
     policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
     scheduler_name: str = "hami-scheduler"
     force_overwrite_default_scheduler: bool = True
+    hook_path: str = "/usr/local"
+    other_gpu_schedulers: tuple[str, ...] = ()
     registry: Mapping[str, Vendor] | None = field(default=None, hash=False)
 
     def vendors(self) -> dict[str, Vendor]:

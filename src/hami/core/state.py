@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hami.api import names
+from hami.core import isolation
 from hami.core.codec import (
     CodecError,
     MigAllocation,
@@ -345,11 +346,16 @@ class ClusterState:
         ``predicate-time``); the core reads no clock.
 
         Raises:
-            RequestError: the pod's device request is malformed.
+            RequestError: the pod's device request is malformed, or the pod breaks a rule
+                of :mod:`hami.core.isolation` (the webhook's checks, repeated here).
             FilterError: a pod annotation the filter reads is malformed, or two vendors
                 would write one pod annotation differently (a device config error).
         """
         request = pod_request(pod, self.config.nvidia, self.vendors)
+        if request.wants_devices:
+            problems = isolation.violations(pod, self.config, request.containers)
+            if problems:
+                raise RequestError(isolation.message(problems))
         uid = pod_uid(pod)
         earlier = self.ledger.pod(uid) if request.wants_devices else None
         earlier_vendors = self.vendor_devices.get(uid)

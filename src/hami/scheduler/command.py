@@ -39,6 +39,11 @@ def scheduler(
     node_lock_timeout: Annotated[str, typer.Option(help="node lock expiry")] = "5m",
     node_lock_retry_timeout: Annotated[str, typer.Option(help="how long bind waits for a locked node (0: no wait)")] = "28s",
     force_overwrite_default_scheduler: Annotated[bool, typer.Option(help="webhook replaces default-scheduler")] = True,
+    gpu_hook_path: Annotated[str, typer.Option(
+        help="the device plugin's HOOK_PATH: GPU containers may not mount volumes on <it>/vgpu")] = "/usr/local",
+    other_gpu_schedulers: Annotated[str, typer.Option(
+        help="schedulerNames besides ours whose GPU pods the webhook admits unchecked, a,b "
+             "(default: none; such pods are refused)")] = "",
     leader_elect: Annotated[bool, typer.Option(help="run several replicas, one leader")] = False,
     leader_elect_resource_name: Annotated[str, typer.Option(help="Lease name")] = "hami-scheduler",
     leader_elect_resource_namespace: Annotated[str, typer.Option(help="Lease namespace")] = "kube-system",
@@ -80,6 +85,9 @@ def scheduler(
             node_lock_timeout=_duration(node_lock_timeout, "--node-lock-timeout"),
             node_lock_retry_timeout=_duration(node_lock_retry_timeout, "--node-lock-retry-timeout"),
             force_overwrite_default_scheduler=force_overwrite_default_scheduler,
+            gpu_hook_path=gpu_hook_path,
+            other_gpu_schedulers=tuple(n.strip() for n in other_gpu_schedulers.split(",")
+                                       if n.strip()),
             leader_elect=leader_elect, leader_elect_resource_name=leader_elect_resource_name,
             leader_elect_resource_namespace=leader_elect_resource_namespace,
             leader_elect_lease_duration=_duration(leader_elect_lease_duration, "--leader-elect-lease-duration"),

@@ -48,6 +48,10 @@ class SchedulerSettings:
     node_lock_timeout: timedelta = timedelta(minutes=5)
     node_lock_retry_timeout: timedelta = timedelta(seconds=28)
     force_overwrite_default_scheduler: bool = True
+    #: The device plugin's $HOOK_PATH: GPU containers may not mount volumes on <it>/vgpu.
+    gpu_hook_path: str = "/usr/local"
+    #: schedulerNames besides ours whose GPU pods the webhook admits (unchecked, as HAMi).
+    other_gpu_schedulers: tuple[str, ...] = ()
     leader_elect: bool = False
     leader_elect_resource_name: str = "hami-scheduler"
     leader_elect_resource_namespace: str = "kube-system"
@@ -87,6 +91,8 @@ class SchedulerSettings:
             if part.strip() not in GPU_POLICY_WORDS:
                 raise ConfigError(f"--gpu-scheduler-policy must be among "
                                   f"{', '.join(GPU_POLICY_WORDS)} or a comma list of them")
+        if not self.gpu_hook_path.startswith("/"):
+            raise ConfigError(f"--gpu-hook-path must be absolute, got {self.gpu_hook_path!r}")
         if bool(self.cert_file) != bool(self.key_file):
             raise ConfigError("--cert-file and --key-file go together")
         if self.leader_elect_renew_deadline >= self.leader_elect_lease_duration:
@@ -103,7 +109,9 @@ class SchedulerSettings:
                                   self.scheduler_name, enable_ascend=self.enable_ascend,
                                   enable_iluvatar=self.enable_iluvatar)
         return replace(config,
-                       force_overwrite_default_scheduler=self.force_overwrite_default_scheduler)
+                       force_overwrite_default_scheduler=self.force_overwrite_default_scheduler,
+                       hook_path=self.gpu_hook_path,
+                       other_gpu_schedulers=self.other_gpu_schedulers)
 
 
 def parse_label_selector(text: str) -> dict[str, str]:

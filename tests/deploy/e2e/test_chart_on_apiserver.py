@@ -253,3 +253,93 @@ def test_certgen_replicas_starting_together_share_one_secret(prepared: Any) -> N
         assert sorted(r[1] for r in results).count("created") == 1
     finally:
         prepared.delete(Secret, "race-tls", namespace=NAMESPACE)
+
+
+# -- webhook selection ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def chart_webhook(prepared: Any, control_plane: ControlPlane,
+                  tmp_path: Path) -> Iterator[Any]:
+    """The chart's MutatingWebhookConfiguration as rendered for a release in ``default``
+    (so ``default`` is selected and hami's own service accounts there are left out), with
+    only its URL, CA bundle and failurePolicy (Fail, so nothing slips through unseen)
+    swapped for a real ``hami scheduler`` process."""
+    from tests.e2e.hami_harness import HamiProcess, Tls
+
+    tls = Tls(tmp_path / "tls")
+    hami = HamiProcess(control_plane, tls, tmp_path, name="chart-webhook").start()
+    config = find(render(namespace="default"), "MutatingWebhookConfiguration")
+    config["metadata"]["name"] = f"chart-webhook-{uuid.uuid4().hex[:6]}"
+    (hook,) = config["webhooks"]
+    hook["clientConfig"] = {"url": f"{hami.url}/webhook",
+                            "caBundle": base64.b64encode(tls.ca_pem).decode()}
+    hook["failurePolicy"] = "Fail"
+    prepared.create(codecs.from_dict(config))
+    time.sleep(1.0)  # the apiserver's webhook informer
+    try:
+        yield prepared
+    finally:
+        prepared.delete(MutatingWebhookConfiguration, config["metadata"]["name"])
+        hami.stop()
+
+
+def test_chart_webhook_selects_by_namespace_so_a_pod_label_opts_nothing_out(
+        chart_webhook: Any) -> None:
+    """Issue 12 §3: with HAMi's objectSelector a pod labelled ``hami.io/webhook=ignore``
+    skipped the webhook, and a hostPID GPU pod that turns its limits off was admitted.
+    (This apiserver refuses privileged pods itself, so the attack uses the other rules.)"""
+    from lightkube.resources.core_v1 import Namespace, ServiceAccount
+
+    from tests.e2e.hami_harness import gpu_pod
+
+    client = chart_webhook
+    tenant, opted_out = (f"tenant-{uuid.uuid4().hex[:6]}", f"optout-{uuid.uuid4().hex[:6]}")
+    ensure_namespace(client, tenant)
+    client.create(Namespace(metadata=ObjectMeta(name=opted_out,
+                                                labels={"hami.io/webhook": "ignore"})))
+    ensure_namespace(client, opted_out)
+    for ns in ("default", tenant):
+        client.create(ServiceAccount(metadata=ObjectMeta(name="hami-device-plugin",
+                                                         namespace=ns)))
+    created: list[tuple[str, str]] = []
+
+    def attack(namespace: str, account: str | None = None, **kw: Any) -> dict[str, Any]:
+        pod = gpu_pod(f"evil-{uuid.uuid4().hex[:6]}", namespace=namespace,
+                      node_selector={"e2e": "nowhere"}, **kw)
+        pod["metadata"]["labels"] = {"hami.io/webhook": "ignore"}
+        pod["spec"]["hostPID"] = True
+        pod["spec"]["containers"][0]["env"] = [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]
+        if account:
+            pod["spec"]["serviceAccountName"] = account
+        return pod
+
+    def create_pod(pod: dict[str, Any]) -> Any:
+        obj = client.create(codecs.from_dict(pod))
+        created.append((pod["metadata"]["namespace"], pod["metadata"]["name"]))
+        return obj
+
+    try:
+        for namespace, account in (("default", None), (tenant, None),
+                                   (tenant, "hami-device-plugin")):
+            with pytest.raises(ApiError) as err:
+                create_pod(attack(namespace, account))
+            message = err.value.status.message
+            assert "spec.hostPID is true" in message, message
+            assert "container main: env CUDA_DISABLE_CONTROL is reserved" in message
+        labelled = attack("default")
+        labelled["spec"]["hostPID"] = False
+        del labelled["spec"]["containers"][0]["env"]
+        mutated = create_pod(labelled)
+        assert mutated.spec.schedulerName == "hami-scheduler"  # still mutated
+        # what stays out: a namespace the admin excluded, and hami's own service account in
+        # hami's own namespace (here "default")
+        assert create_pod(attack(opted_out)).spec.schedulerName == "default-scheduler"
+        own = create_pod(attack("default", "hami-device-plugin"))
+        assert own.spec.schedulerName == "default-scheduler"
+    finally:
+        for namespace, name in created:
+            client.delete(Pod, name, namespace=namespace, grace_period=0)
+        client.delete(ServiceAccount, "hami-device-plugin", namespace="default")
+        for ns in (tenant, opted_out):
+            client.delete(Namespace, ns)
