@@ -221,6 +221,20 @@ def test_webhook_refuses_privileged_gpu_pod(kube_client: Any, webhook: str, grou
     assert "denied the request" in err.value.status.message
 
 
+def test_webhook_removes_allocation_annotations_a_pod_creator_wrote(kube_client: Any, webhook: str,
+                                                                   group: str) -> None:
+    forged = {"hami.io/vgpu-node": "gpu-x", "hami.io/bind-phase": "allocating",
+              "hami.io/vgpu-devices-to-allocate": "GPU-x,NVIDIA,81920,100:;",
+              "hami.io/vgpu-devices-allocated": "GPU-x,NVIDIA,81920,100:;", "team": "kept"}
+    for scheduler in (None, "other-scheduler"):  # hami's pod, and one of another scheduler
+        pod = pod_in(group, unique("forged"), gpus=0, node_selector={GROUP: "nowhere"},
+                     scheduler_name=scheduler, annotations=forged)
+        pod["metadata"]["labels"]["hami.io/vgpu-node"] = "gpu-x"
+        created = create(kube_client, pod).to_dict()
+        assert annotations(created) == {"team": "kept"}
+        assert "hami.io/vgpu-node" not in created["metadata"]["labels"]
+
+
 def test_webhook_leaves_pod_without_gpu_untouched(kube_client: Any, webhook: str,
                                                   group: str) -> None:
     pod = pod_in(group, unique("plain"), gpus=0, node_selector={GROUP: "nowhere"},

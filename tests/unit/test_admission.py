@@ -202,3 +202,37 @@ def test_both_unknown_policies_named_in_one_denial_known_ones_admitted():
     # a pod that asks for no device is not placed by hami: its annotations are not judged
     cpu = admit(pod("cpu", [container()], annotations={GPU_POLICY: "bogus"}), CONFIG)
     assert cpu.allowed and cpu.patch == []
+
+
+FORGED = {"hami.io/vgpu-node": "gpu-1", "hami.io/vgpu-devices-to-allocate": "GPU-0,NVIDIA,81920,100:;",
+          "hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,81920,100:;",
+          "hami.io/bind-phase": "allocating", "hami.io/bind-time": "1700000000",
+          "hami.io/dcu-devices-allocated": "DCU-0,DCU,1000,10:;", "team": "kept"}
+
+
+@pytest.mark.parametrize("scheduler", [None, "hami-scheduler", "default-scheduler", "other"])
+def test_allocation_annotations_written_by_the_pod_creator_are_removed(scheduler):
+    # Field report: a pod of another scheduler created with a self-written allocation was
+    # served it by the device plugin. Whatever the scheduler, the webhook removes hami's
+    # allocation annotations and label; other annotations stay.
+    original = pod(containers=[container()], annotations=dict(FORGED))
+    original["metadata"]["labels"] = {"hami.io/vgpu-node": "gpu-1", "app": "x"}
+    if scheduler:
+        original["spec"]["schedulerName"] = scheduler
+    result = admit(original, CONFIG)
+    assert result.allowed
+    patched = jsonpatch.apply_patch(original, result.patch)
+    assert patched["metadata"]["annotations"] == {  # DCU is not a registered vendor here
+        "team": "kept", "hami.io/dcu-devices-allocated": FORGED["hami.io/dcu-devices-allocated"]}
+    assert patched["metadata"]["labels"] == {"app": "x"}
+    assert "removed annotation hami.io/bind-phase" in result.message
+
+
+def test_registered_vendors_allocation_annotations_are_removed_too():
+    from tests.unit.test_vendor_dispatch import REGISTRY
+
+    original = pod(containers=[container(gpu=1)], annotations=dict(FORGED))
+    result = admit(original, SchedulerConfig(registry=REGISTRY))
+    patched = jsonpatch.apply_patch(original, result.patch)
+    assert patched["metadata"]["annotations"] == {"team": "kept"}
+    assert patched["spec"]["schedulerName"] == "hami-scheduler"

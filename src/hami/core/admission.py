@@ -34,6 +34,7 @@ import jsonpatch
 from hami.api import names
 from hami.core import isolation
 from hami.core.config import NvidiaConfig, SchedulerConfig, unknown_policies
+from hami.core.provenance import strip_allocation
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.quota import QuotaLedger
 from hami.core.request import (
@@ -165,6 +166,28 @@ def _copy_for_mutation(pod: Mapping[str, Any], metadata: bool = False) -> dict[s
 def admit(pod: Mapping[str, Any], config: SchedulerConfig,
           quota: QuotaLedger | None = None, *, with_patch: bool = True,
           vendor_quota: VendorQuota | None = None) -> AdmissionResult:
+    """Decide one Pod CREATE: :func:`decide` on the pod without the allocation
+    annotations and labels a pod creator may not write (removed for every pod, whatever
+    its scheduler, :func:`hami.core.provenance.strip_allocation`); the removal is the
+    first part of the patch and the result's message names what was removed."""
+    if not isinstance(pod, Mapping):
+        return _deny("pod is not an object", {}, code=400)
+    clean, removed = strip_allocation(pod, config)
+    result = decide(clean, config, quota, with_patch=with_patch, vendor_quota=vendor_quota)
+    if not removed or not result.allowed:
+        return result
+    note = f"removed {', '.join(removed)} (only hami's scheduler writes them)"
+    patch = result.patch
+    if with_patch:
+        before, after = dict(pod.get("metadata") or {}), dict(clean["metadata"])
+        patch = _prefixed(jsonpatch.make_patch(before, after).patch, "/metadata") + patch
+    message = f"{result.message}; {note}" if result.message else note
+    return AdmissionResult(allowed=True, message=message, patch=patch, pod=result.pod)
+
+
+def decide(pod: Mapping[str, Any], config: SchedulerConfig,
+           quota: QuotaLedger | None = None, *, with_patch: bool = True,
+           vendor_quota: VendorQuota | None = None) -> AdmissionResult:
     """Decide one Pod CREATE (spec §3 decision sequence, every registered vendor).
 
     Returns an :class:`AdmissionResult`; never raises on malformed pods: a bad device
