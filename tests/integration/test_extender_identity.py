@@ -225,3 +225,22 @@ def test_extender_answers_loopback_peers_only() -> None:
                 await runner.cleanup()
 
     run(scenario)
+
+
+def test_filter_signs_what_it_writes(tmp_path) -> None:
+    from hami.core.config import SchedulerConfig
+    from hami.core.provenance import SIGNATURE, allocation_keys, verify
+
+    (tmp_path / "current").write_text("k" * 64)
+
+    async def scenario() -> None:
+        async with serving(cluster("n1"), allocation_key_dir=str(tmp_path)) as h:
+            pod = h.kube.put("Pod", gpu_pod("signed", memory_mib=1000))
+            assert (await h.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+            await h.settle()
+            ann = h.kube.pod("signed")["metadata"]["annotations"]
+            assert ann[SIGNATURE].startswith("v1:")
+            keys = allocation_keys(SchedulerConfig())
+            verify([b"k" * 64], pod["metadata"]["uid"], "n1", ann, keys)
+
+    run(scenario)

@@ -34,6 +34,8 @@ DEVICES_ALLOCATED: Final = "hami.io/vgpu-devices-allocated"
 MIG_ALLOCATIONS: Final = "hami.io/vgpu-mig-allocations"
 BIND_PHASE: Final = "hami.io/bind-phase"
 BIND_TIME: Final = "hami.io/bind-time"
+#: hami only: the scheduler's HMAC over the allocation (HAMi components ignore it).
+ALLOCATION_SIGNATURE: Final = "hami.io/vgpu-allocation-signature"
 
 # Pod annotations set by users (spec §2.2).
 USE_GPUTYPE: Final = "nvidia.com/use-gputype"

@@ -64,9 +64,13 @@ def scheduler(
     extender_allow_remote: Annotated[bool, typer.Option(
         help="also answer /filter, /bind and /status from non-loopback peers (kube-scheduler "
              "outside this pod); without it only 127.0.0.1/::1 may call them")] = False,
+    allocation_key_dir: Annotated[str, typer.Option(
+        help="directory of the allocation-signing key shared with the device plugins "
+             "(files 'current', 'previous'); empty: allocations are written unsigned")] = "",
     debug: Annotated[bool, typer.Option(help="verbose logs")] = False,
 ) -> None:
     """Run the scheduler extender + mutating webhook (HAMi's hami-scheduler)."""
+    from hami.keyring import KeyRing, KeyRingError
     from hami.scheduler.server import serve
     from hami.scheduler.settings import SchedulerSettings, parse_label_selector
 
@@ -99,10 +103,13 @@ def scheduler(
             enable_ascend=enable_ascend, enable_iluvatar=enable_iluvatar,
             register_interval=_duration(register_interval, "--register-interval"),
             events=events, async_annotation_patch=async_annotation_patch,
-            extender_allow_remote=extender_allow_remote, debug=debug)
+            extender_allow_remote=extender_allow_remote,
+            allocation_key_dir=allocation_key_dir, debug=debug)
         settings.validate()
         settings.scheduler_config()
-    except ConfigError as exc:
+        if settings.allocation_key_dir:
+            KeyRing(settings.allocation_key_dir)
+    except (ConfigError, KeyRingError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     asyncio.run(serve(settings))

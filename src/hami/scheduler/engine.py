@@ -41,9 +41,11 @@ from typing import Any, Protocol
 from hami.api import names
 from hami.core.codec import CodecError, parse_scoring_weights
 from hami.core.filter import FilterError
+from hami.core.provenance import SIGNATURE, allocation_keys, sign
 from hami.core.request import RequestError
 from hami.core.state import TERMINAL_PHASES, ClusterState, pod_uid
 from hami.extender.wire import BindArgs, FilterArgs, filter_result
+from hami.keyring import KeyRing
 from hami.kube import KubeError
 from hami.scheduler.binder import LockError, NodeLocks, acquire_all
 from hami.scheduler.events import (
@@ -196,6 +198,9 @@ class Engine:
         self._pending_patch: dict[str, asyncio.Future[str]] = {}
         #: Pods waiting for hami: /filter decides on these, never on the request body.
         self.pending = PendingPods(settings.scheduler_name)
+        #: Signs every allocation /filter writes (device plugins verify it); None: unsigned.
+        self.keyring = KeyRing(settings.allocation_key_dir) if settings.allocation_key_dir else None
+        self._allocation_keys = allocation_keys(self.config)
         self._resource_version: dict[str, str] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[Any]] = set()
@@ -519,6 +524,9 @@ class Engine:
             return filter_result(failed=result.failed_nodes)
         uid = pod_uid(pod)
         annotations = {**decision.annotations, names.VGPU_TIME: str(int(time.time()))}
+        if self.keyring is not None:
+            annotations[SIGNATURE] = sign(self.keyring.signing_key(), uid, result.node,
+                                          annotations, self._allocation_keys)
         entry = self.state.commit(pod, decision)
         self._committed_at[uid] = time.monotonic()
         self.pending.filtered(uid)

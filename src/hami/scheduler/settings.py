@@ -69,6 +69,10 @@ class SchedulerSettings:
     #: Serve /filter, /bind and /status to non-loopback peers too (kube-scheduler in
     #: another pod). Off: anyone who reaches the Service could forge placements.
     extender_allow_remote: bool = False
+    #: Directory with the allocation-signing key (``current``, ``previous``); "" = the
+    #: scheduler writes unsigned allocations (device plugins then need
+    #: ``--trust-unsigned-allocations``).
+    allocation_key_dir: str = ""
     events: bool = True
     #: Answer /filter once the decision is charged, with its annotation patch in flight;
     #: /bind waits for that patch. False: /filter answers after the patch (HAMi's order).
