@@ -197,6 +197,75 @@ def patch_ca_bundle(client: Any, webhook: str, ca_pem: bytes) -> int:
     return len(ops)
 
 
+def new_allocation_key() -> str:
+    """64 hex digits (256 bits) from the OS's CSPRNG."""
+    import secrets
+
+    return secrets.token_hex(32)
+
+
+def allocation_key_step(data: dict[str, str] | None, rotate: bool) -> dict[str, str] | None:
+    """The allocation-key Secret's next ``data`` (base64 values), or None to keep it.
+
+    No ``current``: a new one. ``rotate`` without ``next``: add a new ``next`` (every
+    verifier learns it before anyone signs with it). ``rotate`` with ``next``: promote it
+    to ``current`` and keep the old ``current`` as ``previous`` (see :mod:`hami.keyring`).
+    """
+    data = dict(data or {})
+    if not data.get("current"):
+        data["current"] = base64.b64encode(new_allocation_key().encode()).decode()
+        data.pop("next", None)
+        return data
+    if not rotate:
+        return None
+    if data.get("next"):
+        data["previous"], data["current"] = data["current"], data.pop("next")
+    else:
+        data["next"] = base64.b64encode(new_allocation_key().encode()).decode()
+    return data
+
+
+def ensure_allocation_key(client: Any, namespace: str, secret: str, *,
+                          rotate: bool = False) -> str:
+    """Create the allocation-key Secret when it is missing or has no ``current`` key, and
+    with ``rotate`` take one rotation step (:func:`allocation_key_step`); a
+    compare-and-swap on the Secret's resourceVersion, retried on conflicts. Returns
+    ``created``, ``kept``, ``next added`` or ``rotated``.
+    """
+    from lightkube import ApiError
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Secret
+
+    for _attempt in range(5):
+        try:
+            live = client.get(Secret, secret, namespace=namespace)
+        except ApiError as err:
+            if err.status.code != 404:
+                raise
+            live = None
+        data = allocation_key_step(live.data if live is not None else None, rotate)
+        if data is None:
+            return "kept"
+        action = ("created" if live is None or not (live.data or {}).get("current")
+                  else "rotated" if "previous" in data and not data.get("next")
+                  else "next added")
+        try:
+            if live is None:
+                client.create(Secret(metadata=ObjectMeta(
+                    name=secret, namespace=namespace,
+                    labels={"app.kubernetes.io/component": "hami-scheduler"}),
+                    type="Opaque", data=data))
+            else:
+                live.data = data
+                client.replace(live)
+        except ApiError as err:
+            if err.status.code == 409:
+                continue
+            raise
+        return action
+    raise RuntimeError(f"secret {namespace}/{secret}: gave up after repeated conflicts")
+
+
 def write_files(bundle: TlsBundle, out_dir: Path) -> None:
     """Write ``tls.crt``, ``tls.key`` (mode 0600) and ``ca.crt`` into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -212,30 +281,46 @@ def write_files(bundle: TlsBundle, out_dir: Path) -> None:
 def certgen(
     namespace: Annotated[str, typer.Option(envvar="POD_NAMESPACE",
                                            help="namespace of the Secret and Service")],
-    secret: Annotated[str, typer.Option(help="Secret holding ca.crt, tls.crt, tls.key")],
-    service: Annotated[str, typer.Option(help="Service the webhook is called through")],
+    secret: Annotated[str, typer.Option(help="Secret holding ca.crt, tls.crt, tls.key")] = "",
+    service: Annotated[str, typer.Option(help="Service the webhook is called through")] = "",
     webhook: Annotated[str, typer.Option(help="MutatingWebhookConfiguration to patch "
                                          "('' = none)")] = "",
     out_dir: Annotated[Path | None, typer.Option(help="also write the files here")] = None,
     validity_days: Annotated[int, typer.Option(min=31)] = 3650,
     kubeconfig: Annotated[Path | None, typer.Option(envvar="KUBECONFIG")] = None,
+    allocation_key_secret: Annotated[str, typer.Option(
+        help="Secret of the allocation-signing key: created when missing")] = "",
+    rotate_allocation_key: Annotated[bool, typer.Option(
+        help="one rotation step of the allocation key: the first run adds 'next', a run "
+             "after kubelet synced it (a few minutes) makes it 'current'")] = False,
 ) -> None:
-    """Create or reuse the webhook's self-signed TLS and patch the webhook's caBundle."""
+    """Create or reuse the webhook's self-signed TLS and patch the webhook's caBundle;
+    create (and rotate) the allocation-signing key."""
     from lightkube import ApiError, Client, KubeConfig
 
     try:
         config = KubeConfig.from_file(kubeconfig) if kubeconfig else None
         client = Client(config, field_manager="hami-certgen", trust_env=False)
-        hosts = service_hosts(service, namespace)
-        bundle, action = ensure_secret(client, namespace, secret, hosts,
-                                       validity_days=validity_days)
-        typer.echo(f"secret {namespace}/{secret}: {action}")
-        if out_dir is not None:
-            write_files(bundle, out_dir)
-            typer.echo(f"wrote {out_dir}/tls.crt, tls.key, ca.crt")
-        if webhook:
-            changed = patch_ca_bundle(client, webhook, bundle.ca_crt)
-            typer.echo(f"webhook {webhook}: caBundle {'patched' if changed else 'up to date'}")
+        if secret and not service:
+            raise RuntimeError("--secret needs --service (the names the certificate covers)")
+        if rotate_allocation_key and not allocation_key_secret:
+            raise RuntimeError("--rotate-allocation-key needs --allocation-key-secret")
+        if allocation_key_secret:
+            action = ensure_allocation_key(client, namespace, allocation_key_secret,
+                                           rotate=rotate_allocation_key)
+            typer.echo(f"secret {namespace}/{allocation_key_secret}: {action}")
+        if secret:
+            hosts = service_hosts(service, namespace)
+            bundle, action = ensure_secret(client, namespace, secret, hosts,
+                                           validity_days=validity_days)
+            typer.echo(f"secret {namespace}/{secret}: {action}")
+            if out_dir is not None:
+                write_files(bundle, out_dir)
+                typer.echo(f"wrote {out_dir}/tls.crt, tls.key, ca.crt")
+            if webhook:
+                changed = patch_ca_bundle(client, webhook, bundle.ca_crt)
+                typer.echo(f"webhook {webhook}: caBundle "
+                           f"{'patched' if changed else 'up to date'}")
     except (ApiError, OSError, RuntimeError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -1,11 +1,13 @@
 """The allocation-signing keys shared by the scheduler and the device plugins.
 
-The chart keeps them in one Secret (``hami certgen`` creates and rotates it) mounted
-read-only into the scheduler and every device-plugin pod; the directory holds ``current``
-and, during a rotation, ``previous``: text files of at least 32 characters (certgen
-writes 64 hex digits). The scheduler signs with ``current``; a device plugin accepts both
-until kubelet's volume sync drops ``previous``. Files are re-read when they change, so a
-rotation needs no restart.
+The chart keeps them in one Secret (created by the chart, rotated by ``hami certgen
+--rotate-allocation-key``) mounted read-only into the scheduler and every device-plugin
+pod; the directory holds ``current`` and, around a rotation, ``next`` and ``previous``:
+text files of at least 32 characters (64 hex digits as written). The scheduler signs
+with ``current``; a device plugin accepts all three, so a rotation is two steps that
+never refuse a valid allocation: the first adds ``next`` (everyone learns it within
+kubelet's volume sync), the second makes it ``current`` and keeps the old one as
+``previous``. Files are re-read when they change, so a rotation needs no restart.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-CURRENT, PREVIOUS = "current", "previous"
+CURRENT, NEXT, PREVIOUS = "current", "next", "previous"
 MIN_KEY_CHARS = 32
 
 
@@ -42,7 +44,7 @@ class KeyRing:
 
     def _stat(self) -> tuple[tuple[float, int], ...]:
         out = []
-        for name in (CURRENT, PREVIOUS):
+        for name in (CURRENT, NEXT, PREVIOUS):
             try:
                 st = (self.directory / name).stat()
                 out.append((st.st_mtime, st.st_size))
@@ -61,12 +63,13 @@ class KeyRing:
             raise KeyRingError(f"the allocation key {self.directory / CURRENT} has "
                                f"{len(current)} characters; at least {MIN_KEY_CHARS} needed")
         keys = [current]
-        try:
-            previous = (self.directory / PREVIOUS).read_bytes().strip()
-        except OSError:
-            previous = b""
-        if len(previous) >= MIN_KEY_CHARS and previous != current:
-            keys.append(previous)
+        for name in (NEXT, PREVIOUS):
+            try:
+                other = (self.directory / name).read_bytes().strip()
+            except OSError:
+                continue
+            if len(other) >= MIN_KEY_CHARS and other not in keys:
+                keys.append(other)
         self._keys, self._stamp = tuple(keys), stamp
 
     def _refresh(self) -> None:
@@ -84,6 +87,6 @@ class KeyRing:
         return self._keys[0]
 
     def verifying_keys(self) -> tuple[bytes, ...]:
-        """The keys a signature may be made with: ``current``, then ``previous``."""
+        """The keys a signature may be made with: ``current``, ``next``, ``previous``."""
         self._refresh()
         return self._keys

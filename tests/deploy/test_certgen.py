@@ -42,3 +42,42 @@ def test_bad_secret_data() -> None:
     assert TlsBundle.from_secret_data(None) is None
     assert TlsBundle.from_secret_data({"ca.crt": "!!", "tls.crt": "", "tls.key": ""}) is None
     assert TlsBundle.from_secret_data({"tls.crt": "", "tls.key": ""}) is None
+
+
+def test_allocation_key_rotation_never_refuses_a_valid_signature(tmp_path) -> None:
+    """Two steps: 'next' is accepted everywhere before anyone signs with it; then it
+    becomes 'current' and the old key stays accepted as 'previous'."""
+    import base64
+
+    from hami.certgen import allocation_key_step
+    from hami.core.config import SchedulerConfig
+    from hami.core.provenance import allocation_keys, sign, verify
+    from hami.keyring import KeyRing
+
+    keys = allocation_keys(SchedulerConfig())
+    ann = {"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,1000,0:;"}
+
+    def mount(data):  # what kubelet writes into the Secret volume
+        for name in ("current", "next", "previous"):
+            path = tmp_path / name
+            if name in data:
+                path.write_bytes(base64.b64decode(data[name]))
+            elif path.exists():
+                path.unlink()
+        return KeyRing(tmp_path)
+
+    first = allocation_key_step(None, rotate=False)
+    assert allocation_key_step(first, rotate=False) is None  # kept
+    ring = mount(first)
+    old_signature = sign(ring.signing_key(), "u", "n", ann, keys)
+    step1 = allocation_key_step(first, rotate=True)
+    assert step1["current"] == first["current"] and step1["next"]
+    ring = mount(step1)
+    assert ring.signing_key() == base64.b64decode(first["current"])  # still signs with old
+    step2 = allocation_key_step(step1, rotate=True)
+    assert step2["current"] == step1["next"] and step2["previous"] == first["current"]
+    assert "next" not in step2
+    new_signature = sign(base64.b64decode(step2["current"]), "u", "n", ann, keys)
+    # a device plugin that has step 1 accepts the new signature, one with step 2 the old
+    verify(mount(step1).verifying_keys(), "u", "n", {**ann, "hami.io/vgpu-allocation-signature": new_signature}, keys)
+    verify(mount(step2).verifying_keys(), "u", "n", {**ann, "hami.io/vgpu-allocation-signature": old_signature}, keys)

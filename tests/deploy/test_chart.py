@@ -75,7 +75,7 @@ def test_default_objects(default: list[dict[str, Any]]) -> None:
         ("Service", "hami-scheduler"), ("Service", "hami-device-plugin-monitor"),
         ("Deployment", "hami-scheduler"), ("DaemonSet", "hami-device-plugin"),
         ("MutatingWebhookConfiguration", "hami-scheduler-webhook"),
-        ("NetworkPolicy", "hami-scheduler"),
+        ("NetworkPolicy", "hami-scheduler"), ("Secret", "hami-allocation-key"),
     }
     for obj in default:
         scoped = obj["kind"] not in ("ClusterRole", "ClusterRoleBinding",
@@ -340,6 +340,26 @@ def test_network_policy_publishes_only_the_webhook_and_metrics(default: list[dic
     scoped = find(render({"networkPolicy": {"metricsFrom": peers}}), "NetworkPolicy")
     assert scoped["spec"]["ingress"][1]["from"] == peers
     assert not any(o["kind"] == "NetworkPolicy" for o in render({"networkPolicy": {"enabled": False}}))
+
+
+def test_allocation_key_secret_reaches_the_scheduler(default: list[dict[str, Any]]) -> None:
+    import base64
+
+    secret = find(default, "Secret", "hami-allocation-key")
+    assert len(base64.b64decode(secret["data"]["current"])) == 64
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    spec = find(default, "Deployment", "hami-scheduler")["spec"]["template"]["spec"]
+    ext = container(spec, "vgpu-scheduler-extender")
+    assert "--allocation-key-dir=/etc/hami/allocation-key" in ext["args"]
+    mount = next(m for m in ext["volumeMounts"] if m["name"] == "allocation-key")
+    assert mount["readOnly"] and mount["mountPath"] == "/etc/hami/allocation-key"
+    volume = next(v for v in spec["volumes"] if v["name"] == "allocation-key")
+    assert volume["secret"]["secretName"] == "hami-allocation-key"
+    off = render({"allocationSigning": {"enabled": False}})
+    assert not any(o["kind"] == "Secret" for o in off)
+    ext_off = container(find(off, "Deployment", "hami-scheduler")["spec"]["template"]["spec"],
+                        "vgpu-scheduler-extender")
+    assert not any(a.startswith("--allocation-key-dir") for a in ext_off["args"])
 
 
 def test_outside_kube_scheduler_reaches_the_extender() -> None:

@@ -21,6 +21,10 @@
 {{- default .Release.Namespace .Values.namespaceOverride -}}
 {{- end -}}
 
+{{- define "hami.allocationKeySecret" -}}
+{{- printf "%s-allocation-key" (include "hami.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "hami.scheduler" -}}
 {{- printf "%s-scheduler" (include "hami.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
