@@ -154,7 +154,14 @@ def bench_monitor(cp: ControlPlane, work: Path, containers: int, scrapes: int,
     client = Client(config=KubeConfig.from_file(str(cp.kubeconfig)))
     pods = list(client.list(Pod, namespace="default", labels={al.VGPU_NODE: NODE}))
     assert len(pods) >= containers, "allocate bench creates the pods the monitor reports"
+    from lightkube.types import PatchType
+
+    both = f"{GPUS[0]},NVIDIA,1000,10:{GPUS[1]},NVIDIA,1000,10:;"
     for p in pods[:containers]:
+        # the monitor reports only the GPUs a pod was granted: grant the two of the file
+        client.patch(Pod, p.metadata.name, {"metadata": {"annotations": {
+            "hami.io/vgpu-devices-allocated": both}}}, namespace="default",
+            patch_type=PatchType.MERGE)
         d = root / f"{p.metadata.uid}_main"
         d.mkdir(parents=True, exist_ok=True)
         (d / "libvgpu.so").touch()

@@ -47,7 +47,7 @@ def test_monitor_metrics_pass_promtool(tmp_path: Path) -> None:
     from hami.deviceplugin.allocate import ContainerView, PodView
     from hami.monitor.lister import ContainerLister
     from hami.monitor.metrics import HostGpu, MonitorCollector
-    from tests.node.regionfile import Proc, RegionSpec, build
+    from tests.node.regionfile import Proc, RegionSpec, allocated, build
 
     u0, u1 = "GPU-aaaaaaaa-1111-2222-3333-444444444444", "GPU-bbbbbbbb-1111-2222-3333-4444"
     d = tmp_path / "containers" / "uid1_main"
@@ -63,7 +63,8 @@ def test_monitor_metrics_pass_promtool(tmp_path: Path) -> None:
                         "profile": "1g.10gb", "placement": {"start": 0, "size": 1},
                         "migUUID": "MIG-x", "gpuInstanceID": 3, "computeInstanceID": 0}])
     pod = PodView("ns1", "p1", "uid1", "node-a", "Running",
-                  {"hami.io/vgpu-mig-allocations": migs}, (ContainerView("main"),), 0)
+                  {"hami.io/vgpu-mig-allocations": migs, **allocated((u0, u1))},
+                  (ContainerView("main"),), 0)
 
     class Host:
         def gpus(self) -> list[HostGpu]:

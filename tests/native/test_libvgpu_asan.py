@@ -72,3 +72,24 @@ def test_valgrind_memcheck(env: Env) -> None:
     p = subprocess.run(cmd, env=env.environ(CUDA_DEVICE_MEMORY_LIMIT="48m", CUDA_DEVICE_SM_LIMIT="50"),
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
+
+
+def test_asan_limits_file_and_host_pid_rounds(asan_env: Env) -> None:
+    """The limits-file reader (valid, oversized, too many lines, malformed) and the
+    retried host-PID detection, with nothing but the preload in the environment."""
+    d = asan_env.tmp / "vgpu"
+    d.mkdir(exist_ok=True)
+    shutil.copy(asan_env.build / "libvgpu.so", d / "libvgpu.so")
+    env = {k: v for k, v in asan_env.environ().items() if not k.startswith("CUDA_")}
+    env["LD_PRELOAD"] = env["LD_PRELOAD"].replace(str(asan_env.build / "libvgpu.so"), str(d / "libvgpu.so"))
+    cases = [f"CUDA_DEVICE_MEMORY_LIMIT_0=48m\nCUDA_DEVICE_SM_LIMIT=30\n# comment\n\n"
+             f"CUDA_DEVICE_MEMORY_SHARED_CACHE={d}/x.cache",
+             "K=" + "v" * 20000, "".join(f"K{i}=1\n" for i in range(100)), "=\n", "CUDA_DEVICE_SM_LIMIT_0=101\n"]
+    for i, text in enumerate(cases):
+        (d / "limits.env").write_text(text)
+        p = subprocess.run([str(asan_env.build / "tests" / "vgtest"), "init", "alloc", "mem", str(49 * MiB), "2",
+                            "info"], env={**env, "VGPU_STUB_PID_OFFSET": "1000",
+                                          "VGPU_STUB_STATE": str(asan_env.tmp / f"lim{i}")},
+                           capture_output=True, text=True, timeout=120)
+        _clean(p)
+        assert p.returncode == 0, p.stderr

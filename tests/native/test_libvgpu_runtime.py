@@ -73,10 +73,15 @@ def test_log_levels(env: Env) -> None:
     assert "[HAMI-core ERROR (pid:" in err.stderr
 
 
-def test_unusable_region_path_falls_back_to_process_limits(env: Env) -> None:
-    p = env.run("init", "alloc", "mem", str(LIMIT + 1), "2", "alloc", "mem", str(LIMIT), "0",
+def test_unusable_region_path_fails_closed(env: Env) -> None:
+    """Without the shared region each process would have the whole limit to itself: a
+    limited container refuses device allocations; an unlimited one runs uncounted."""
+    p = env.run("init", "alloc", "mem", str(LIMIT + 1), "2", "alloc", "mem", "4096", "2",
                 CUDA_DEVICE_MEMORY_LIMIT="48m", CUDA_DEVICE_MEMORY_SHARED_CACHE="/nonexistent/dir/x.cache")
-    assert "limits apply to this process only" in p.stderr
+    assert "refusing every device allocation" in p.stderr
+    p = env.run("init", "alloc", "mem", str(LIMIT + 1), "0",
+                CUDA_DEVICE_MEMORY_SHARED_CACHE="/nonexistent/dir/x.cache")
+    assert "refusing" not in p.stderr
 
 
 def test_first_process_fixes_the_limits(env: Env) -> None:

@@ -80,3 +80,13 @@ def read_feedback(data: bytes, version: int = 1) -> tuple[int, int]:
     off = 2_008_900 if version == 1 else 1_197_884
     sw, rk = struct.unpack_from("<ii", data, off)
     return sw, rk
+
+
+ALLOCATED = "hami.io/vgpu-devices-allocated"
+
+
+def allocated(*containers: tuple[str, ...], mem_mib: int = 1000, cores: int = 10) -> dict[str, str]:
+    """``{"hami.io/vgpu-devices-allocated": ...}`` granting container k (init containers
+    first) the GPUs ``containers[k]``, in the scheduler's format (spec §2.4)."""
+    value = "".join("".join(f"{u},NVIDIA,{mem_mib},{cores}:" for u in c) + ";" for c in containers)
+    return {ALLOCATED: value}

@@ -18,7 +18,7 @@ from hami.monitor.command import feedback_tick, parse_bind
 from hami.monitor.feedback import ContainerFeedback, observe
 from hami.monitor.lister import ContainerLister, pick_cache_file, split_dir_name
 from hami.monitor.metrics import HostGpu, MonitorCollector
-from tests.node.regionfile import Proc, RegionSpec, build, read_feedback
+from tests.node.regionfile import Proc, RegionSpec, allocated, build, read_feedback
 
 U0 = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 U1 = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
@@ -52,9 +52,14 @@ class FakeHost:
 
 
 def pod(uid: str, name: str, containers: tuple[str, ...], n_init: int = 0,
-        annotations: dict[str, str] | None = None) -> PodView:
-    return PodView("ns1", name, uid, "node-a", "Running", annotations or {},
-                   tuple(ContainerView(c) for c in containers), n_init)
+        annotations: dict[str, str] | None = None, gpus: tuple[str, ...] = (U0, U1),
+        priority: int | None = None) -> PodView:
+    """A Running pod whose every container was granted ``gpus`` (allocation annotation)
+    and, when given, has ``CUDA_TASK_PRIORITY=priority`` in its spec."""
+    env = {} if priority is None else {"CUDA_TASK_PRIORITY": str(priority)}
+    return PodView("ns1", name, uid, "node-a", "Running",
+                   {**allocated(*(gpus for _ in containers)), **(annotations or {})},
+                   tuple(ContainerView(c, env) for c in containers), n_init)
 
 
 # --- names and cache picking ------------------------------------------------------------
@@ -157,7 +162,7 @@ def test_v0_legacy_file_and_uuid_rules(tmp_path: Path) -> None:
     lister = ContainerLister(root)
     lister.update({"u"})
     assert lister.containers["u_c"].version == 0
-    m = scrape(MonitorCollector("n", lister, lambda: [pod("u", "p", ("c",))]))
+    m = scrape(MonitorCollector("n", lister, lambda: [pod("u", "p", ("c",), gpus=(U0, "X" * 60))]))
     used = m["hami_vgpu_memory_used_bytes"]
     # device 1 has no UUID: skipped; device 2's label is the first 40 characters
     assert [(lbl["vdevice_index"], lbl["device_uuid"], v) for lbl, v in used] == [
@@ -243,14 +248,16 @@ def test_corrupt_file_skipped_others_reported(tmp_path: Path, name: str, data: b
     lister.update({"good", "bad"})
     pods = [pod("good", "g", ("c",)), pod("bad", "b", ("c",))]
     m = scrape(MonitorCollector("n", lister, lambda: pods))
-    feedback_tick(lister)
+    feedback_tick(lister, pods)
     good = [(lbl["pod"], v) for lbl, v in m.get("hami_vgpu_memory_used_bytes", [])]
     assert ("g", 77.0) in good
     assert all(p == "g" for p, _ in good) or name.startswith("random")
     lister.close()
 
 
-def test_file_truncated_and_grown_while_mapped(tmp_path: Path) -> None:
+def test_file_truncated_regrown_and_grown(tmp_path: Path) -> None:
+    """The file is read with pread: a truncated file drops the series (no fault), the same
+    file regrown is read again without reopening, a longer file is still a v1 region."""
     root = tmp_path / "c"
     path = put(root, "u_c", build(RegionSpec(uuids=(U0,), procs=[Proc(used={0: (0, 0, 0, 0, 3)})])))
     lister = ContainerLister(root)
@@ -258,19 +265,21 @@ def test_file_truncated_and_grown_while_mapped(tmp_path: Path) -> None:
     pods = [pod("u", "p", ("c",))]
     col = MonitorCollector("n", lister, lambda: pods)
     assert scrape(col)["hami_vgpu_memory_used_bytes"][0][1] == 3.0
-    os.truncate(path, 4096)                 # reading the mapping now would SIGBUS
+    os.truncate(path, 4096)                 # a mapping would SIGBUS on the next read
     assert "hami_vgpu_memory_used_bytes" not in scrape(col)
-    feedback_tick(lister)                   # writes refused, no crash
-    lister.update({"u"})                    # reloaded -> too small -> skipped
-    assert "u_c" not in lister.containers
+    feedback_tick(lister, pods)             # no crash, nothing written past the end
+    assert path.stat().st_size == 4096
+    lister.update({"u"})
     path.write_bytes(bytes(build(RegionSpec(uuids=(U0,), procs=[Proc(used={0: (0, 0, 0, 0, 4)})]))))
-    lister.update({"u"})
     assert scrape(col)["hami_vgpu_memory_used_bytes"][0][1] == 4.0
-    with open(path, "ab") as f:             # grows while mapped
+    with open(path, "ab") as f:
         f.write(b"\0" * 4096)
-    assert "hami_vgpu_memory_used_bytes" not in scrape(col)
-    lister.update({"u"})
     assert scrape(col)["hami_vgpu_memory_used_bytes"][0][1] == 4.0
+    path.unlink()                           # replaced by another file: reopened at update
+    path.write_bytes(bytes(build(RegionSpec(uuids=(U0,), procs=[Proc(used={0: (0, 0, 0, 0, 5)})]))))
+    lister.update({"u"})
+    assert scrape(col)["hami_vgpu_memory_used_bytes"][0][1] == 5.0
+    lister.close()
 
 
 def test_growing_file_during_creation(tmp_path: Path) -> None:
@@ -331,11 +340,13 @@ def test_feedback_tick_by_tick_on_files(tmp_path: Path) -> None:
     legacy = put(root, "o_c", build(RegionSpec(version=0, uuids=(U1,), priority=1, recent_kernel=2)))
     lister = ContainerLister(root)
     lister.update({"h", "l", "o"})
-    feedback_tick(lister)                       # tick 1: hi active -> lo blocked
+    pods = [pod("h", "h", ("c",), gpus=(U0,), priority=0), pod("l", "l", ("c",), gpus=(U0,), priority=1),
+            pod("o", "o", ("c",), gpus=(U1,), priority=1)]
+    feedback_tick(lister, pods)                 # tick 1: hi active -> lo blocked
     assert read_feedback(hi.read_bytes()) == (0, 1)
     assert read_feedback(lo.read_bytes()) == (1, -1)
     assert read_feedback(legacy.read_bytes(), version=0) == (0, 1)
-    feedback_tick(lister)                       # tick 2: hi decays to 0 -> lo unblocked
+    feedback_tick(lister, pods)                 # tick 2: hi decays to 0 -> lo unblocked
     assert read_feedback(hi.read_bytes()) == (0, 0)
     assert read_feedback(lo.read_bytes()) == (0, 0)
     assert read_feedback(legacy.read_bytes(), version=0) == (0, 0)
@@ -343,7 +354,7 @@ def test_feedback_tick_by_tick_on_files(tmp_path: Path) -> None:
     with open(lo, "r+b") as f:
         f.seek(2_008_904)
         f.write((2).to_bytes(4, "little"))
-    feedback_tick(lister)
+    feedback_tick(lister, pods)
     assert read_feedback(lo.read_bytes()) == (0, 1)
     lister.close()
 
@@ -363,7 +374,7 @@ def test_render_matches_prometheus_client_and_http(tmp_path: Path) -> None:
                                       procs=[Proc(used={0: (1, 2, 3, 4, 5)}, sm_util={1: 3})])))
     lister = ContainerLister(root)
     lister.update({"u"})
-    weird = PodView('n"s\\', "p\nq", "u", "n", "Running", {}, (ContainerView("c"),))
+    weird = PodView('n"s\\', "p\nq", "u", "n", "Running", allocated((U0, U1)), (ContainerView("c"),))
     col = MonitorCollector("node-a", lister, lambda: [weird], FakeHost(), legacy=True,
                            clock=lambda: 20.0)
     reg = CollectorRegistry(auto_describe=False)

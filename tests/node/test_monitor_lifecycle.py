@@ -32,7 +32,7 @@ from hami.monitor.command import feedback_tick, run_monitor
 from hami.monitor.lister import ContainerLister
 from hami.monitor.metrics import MonitorCollector
 from tests.node.fakes import FakeKube
-from tests.node.regionfile import Proc, RegionSpec, build, read_feedback
+from tests.node.regionfile import Proc, RegionSpec, allocated, build, read_feedback
 from tests.node.test_monitor import U0, U1, put, scrape
 
 VGPU_NODE = {"hami.io/vgpu-node": "node-a"}
@@ -68,10 +68,11 @@ def test_finished_pod_not_reported_nor_fed_back_dir_kept_until_deleted(tmp_path:
         uuids=(U0,), limits={0: 3000}, priority=1, recent_kernel=2,
         procs=[Proc(pid=8, used={0: (0, 0, 7, 0, 7)}, sm_util={0: 10})])))
     kube = FakeKube()
-    kube.add_pod(PodView("ns", "finished", "done", "node-a", "Succeeded", VGPU_NODE,
-                         (ContainerView("main"),), labels=VGPU_NODE))
-    kube.add_pod(PodView("ns", "busy", "run", "node-a", "Running", VGPU_NODE,
-                         (ContainerView("main"),), labels=VGPU_NODE))
+    kube.add_pod(PodView("ns", "finished", "done", "node-a", "Succeeded",
+                         {**VGPU_NODE, **allocated((U0,))},
+                         (ContainerView("main", {"CUDA_TASK_PRIORITY": "0"}),), labels=VGPU_NODE))
+    kube.add_pod(PodView("ns", "busy", "run", "node-a", "Running", {**VGPU_NODE, **allocated((U0,))},
+                         (ContainerView("main", {"CUDA_TASK_PRIORITY": "1"}),), labels=VGPU_NODE))
     port, stop = _port(), threading.Event()
     t = threading.Thread(target=run_monitor, kwargs=dict(
         node="node-a", hook_path=hook, kube=kube, stop=stop, bind=f"127.0.0.1:{port}",
@@ -99,7 +100,7 @@ def test_pod_finishing_unmaps_its_file_and_keeps_the_directory(tmp_path: Path) -
     root = tmp_path / "c"
     path = put(root, "u_c", build(RegionSpec(uuids=(U0,), procs=[Proc(used={0: (0, 0, 3, 0, 3)})])))
     lister = ContainerLister(root)
-    pods = [PodView("ns", "p", "u", "node-a", "Running", {}, (ContainerView("c"),))]
+    pods = [PodView("ns", "p", "u", "node-a", "Running", allocated((U0,)), (ContainerView("c"),))]
     col = MonitorCollector("node-a", lister, lambda: pods)
     lister.update({"u"}, set())
     assert scrape(col)["hami_vgpu_memory_used_bytes"][0][1] == 3.0
@@ -145,7 +146,8 @@ def test_series_only_for_running_containers(tmp_path: Path) -> None:
             '"migUUID":"MIG-main","gpuInstanceID":3,"computeInstanceID":0},'
             '{"containerIndex":2,"deviceIndex":0,"gpuUUID":"GPU-m","profile":"1g.10gb",'
             '"migUUID":"MIG-side","gpuInstanceID":4,"computeInstanceID":0}]')
-    p = PodView("ns", "p", "u", "node-a", "Running", {"hami.io/vgpu-mig-allocations": migs},
+    p = PodView("ns", "p", "u", "node-a", "Running",
+                {"hami.io/vgpu-mig-allocations": migs, **allocated(*((U0, U1) for _ in names))},
                 tuple(ContainerView(n) for n in names), n_init=1,
                 container_states={"init": "terminated", "main": "running",
                                   "side": "terminated", "crash": "waiting"})
@@ -159,7 +161,7 @@ def test_series_only_for_running_containers(tmp_path: Path) -> None:
         assert shown == expected, family
     assert [lbl["mig_uuid"] for lbl, _ in m["hami_mig_device_info"]] == ["MIG-main"]
     # the feedback loop still acts on a live pod's stopped containers (they may restart)
-    assert {c.key for c in feedback_tick(lister)} == {f"u_{n}" for n in names}
+    assert {c.key for c in feedback_tick(lister, [p])} == {f"u_{n}" for n in names}
 
 
 def test_pod_view_reads_container_states() -> None:

@@ -18,6 +18,7 @@ from hami.deviceplugin.allocate import ContainerView, PodView
 from hami.monitor.command import feedback_tick
 from hami.monitor.lister import ContainerLister
 from hami.monitor.metrics import MonitorCollector
+from tests.node.regionfile import allocated
 
 pytestmark = pytest.mark.native
 
@@ -74,14 +75,15 @@ def test_c_written_region_metrics_and_feedback(container: tuple[Path, subprocess
     lister.update({"uid1"})
     assert set(lister.containers) == {"uid1_main"}
     cf = lister.containers["uid1_main"]
-    assert cf.size == 2_008_953 and cf.version == 1
+    assert cf.path.stat().st_size == 2_008_953 and cf.version == 1
     region = cf.read()
     assert region.version == (1, 2)
     assert region.uuids[:2] == (STUB_UUID0, STUB_UUID1)
     assert region.limit_bytes[:2] == (48 * MiB, 32 * MiB)
     assert region.sm_limit_percent[:2] == (50, 50)
     assert region.priority == 0
-    pod = PodView("ns", "p", "uid1", "node-a", "Running", {}, (ContainerView("main"),))
+    pod = PodView("ns", "p", "uid1", "node-a", "Running", allocated((STUB_UUID0, STUB_UUID1)),
+                  (ContainerView("main", {"CUDA_TASK_PRIORITY": "0"}),))
     reg = CollectorRegistry(auto_describe=False)
     reg.register(MonitorCollector("node-a", lister, lambda: [pod]))
     samples = {}
@@ -99,7 +101,7 @@ def test_c_written_region_metrics_and_feedback(container: tuple[Path, subprocess
     assert samples["hami_container_last_kernel_elapsed_seconds"]["0"][1] >= 0
     # feedback: alone on its GPUs -> utilization_switch 0 (the library created it as 1)
     assert region.utilization_switch == 1
-    feedback_tick(lister)
+    feedback_tick(lister, [pod])
     after = cf.read()
     assert after.utilization_switch == 0
     assert after.recent_kernel == max(region.recent_kernel - 1, 0)

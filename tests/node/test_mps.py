@@ -165,7 +165,8 @@ def test_mps_node_registers_mode_mps_and_allocates_like_hami_core(harness: Plugi
     assert [(m.container_path, m.host_path, m.read_only) for m in c.mounts] == [
         (f"{h}/vgpu/libvgpu.so", f"{h}/vgpu/libvgpu.so", True),
         (f"{h}/vgpu", f"{h}/vgpu/containers/uid-p_c", False),
-        ("/tmp/vgpulock", str(harness.lock_dir), False),
+        (f"{h}/vgpu/limits.env", f"{h}/vgpu/containers/uid-p_c.plugin/limits.env", True),
+        ("/tmp/vgpulock", f"{h}/vgpu/containers/uid-p_c.plugin/vgpulock", False),
         ("/etc/ld.so.preload", f"{h}/vgpu/ld.so.preload", True)]
     cache_dir = Path(f"{h}/vgpu/containers/uid-p_c")                # host side, as hami-core
     assert cache_dir.is_dir() and (cache_dir.stat().st_mode & 0o777) == 0o777
@@ -186,7 +187,7 @@ def test_mps_plumbing_through_allocate(harness: PluginHarness) -> None:
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=3000M,1=4000M"}
     mounts = [(m.container_path, m.host_path, m.read_only) for m in c.mounts]
     assert mounts[-2:] == [(str(pipe), str(pipe), False), ("/dev/shm", str(shm), False)]
-    assert mounts[3] == ("/etc/ld.so.preload", f"{harness.hook_path}/vgpu/ld.so.preload", True)
+    assert mounts[4] == ("/etc/ld.so.preload", f"{harness.hook_path}/vgpu/ld.so.preload", True)
 
 
 def test_bad_mps_config_stops_the_plugin(harness: PluginHarness) -> None:

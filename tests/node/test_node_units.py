@@ -219,7 +219,7 @@ def test_monitor_loop_serves_and_removes(tmp_path: Path) -> None:
     from hami.deviceplugin.allocate import ContainerView, PodView
     from hami.monitor.command import run_monitor
     from tests.node.fakes import FakeKube
-    from tests.node.regionfile import Proc, RegionSpec, build
+    from tests.node.regionfile import Proc, RegionSpec, allocated, build
 
     hook = tmp_path / "vgpu"
     for key in ("live_main", "gone_main"):
@@ -228,7 +228,8 @@ def test_monitor_loop_serves_and_removes(tmp_path: Path) -> None:
         (d / "x.cache").write_bytes(bytes(build(RegionSpec(
             uuids=("GPU-a",), procs=[Proc(used={0: (0, 0, 5, 0, 5)})]))))
     kube = FakeKube()
-    kube.add_pod(PodView("ns", "p", "live", "node-a", "Running", {"hami.io/vgpu-node": "node-a"},
+    kube.add_pod(PodView("ns", "p", "live", "node-a", "Running",
+                         {"hami.io/vgpu-node": "node-a", **allocated(("GPU-a",))},
                          (ContainerView("main"),), labels={"hami.io/vgpu-node": "node-a"}))
     kube.add_pod(PodView("ns", "unlabelled", "live2", "node-a", "Running", {},
                          (ContainerView("main"),)))

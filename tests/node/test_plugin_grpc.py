@@ -164,7 +164,8 @@ def test_allocate_full_flow(harness: PluginHarness) -> None:
     assert [(m.container_path, m.host_path, m.read_only) for m in c.mounts] == [
         (f"{h}/vgpu/libvgpu.so", f"{h}/vgpu/libvgpu.so", True),
         (f"{h}/vgpu", f"{h}/vgpu/containers/uid-p_c", False),
-        ("/tmp/vgpulock", str(harness.lock_dir), False),
+        (f"{h}/vgpu/limits.env", f"{h}/vgpu/containers/uid-p_c.plugin/limits.env", True),
+        ("/tmp/vgpulock", f"{h}/vgpu/containers/uid-p_c.plugin/vgpulock", False),
         ("/etc/ld.so.preload", f"{h}/vgpu/ld.so.preload", True)]
     d = Path(f"{h}/vgpu/containers/uid-p_c")
     assert d.is_dir() and (d.stat().st_mode & 0o777) == 0o777

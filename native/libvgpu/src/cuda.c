@@ -215,8 +215,13 @@ static inline CUresult settle(CUresult r, int kind, uint64_t key, uint64_t size,
 }
 #define OOM(what, dev, size)                                                                     \
     do {                                                                                         \
+        if (vg_deny) {                                                                           \
+            LOG_WARN("%s: %llu bytes on device %d refused (fail closed, see the error above)",  \
+                     what, (unsigned long long)(size), dev);                                     \
+            return CUDA_ERROR_OUT_OF_MEMORY;                                                     \
+        }                                                                                        \
         LOG_WARN("%s: %llu bytes on device %d would exceed the limit %llu (in use %llu)", what,  \
-                 (unsigned long long)(size), dev, (unsigned long long)vg_region->limit[dev],     \
+                 (unsigned long long)(size), dev, (unsigned long long)vg_limit[dev],     \
                  (unsigned long long)vg_usage(dev));                                             \
         return CUDA_ERROR_OUT_OF_MEMORY;                                                         \
     } while (0)
@@ -273,7 +278,7 @@ VG_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     REAL_OR_MISSING(cuDeviceTotalMem_v2);
     CUresult r = CU_REAL(cuDeviceTotalMem_v2)(bytes, dev);
     if (r == CUDA_SUCCESS && bytes && dev >= 0 && dev < VG_MAXDEV) {
-        uint64_t lim = vg_region->limit[dev];
+        uint64_t lim = vg_limit[dev];
         if (lim && lim < *bytes) *bytes = lim;
     }
     return r;
@@ -294,7 +299,7 @@ VG_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     CUresult r = CU_REAL(cuMemGetInfo_v2)(&rf, &rt);
     if (r != CUDA_SUCCESS) return r;
     int dev = cur_dev();
-    uint64_t lim = vg_region->limit[dev];
+    uint64_t lim = vg_limit[dev];
     if (lim) {
         uint64_t total = lim < rt ? lim : rt;
         uint64_t used = usage_fresh(dev);

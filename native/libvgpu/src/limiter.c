@@ -153,7 +153,7 @@ void vg_watcher_start(void) {
     g_ndev = n;
     int any = 0;
     for (int d = 0; d < VG_MAXDEV; d++) {
-        g_sm[d] = (int)vg_region->sm_limit[d];
+        g_sm[d] = (int)vg_sm_limit[d];
         int sms = 0, thr = 0;
         if (d < n && vg_cuda_real[VGC_cuDeviceGetAttribute]) {
             CU_REAL(cuDeviceGetAttribute)(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d);

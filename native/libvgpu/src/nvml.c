@@ -4,7 +4,6 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <sys/file.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,7 +126,7 @@ static uint64_t slice_of(nvmlDevice_t d, uint64_t *used) {
     if (!NHAVE(nvmlDeviceGetIndex) || NVML_REAL(nvmlDeviceGetIndex)(d, &idx) != NVML_SUCCESS) return 0;
     int c = vg_nvml_to_cuda((int)idx);
     if (c < 0) return 0;
-    uint64_t lim = vg_region->limit[c];
+    uint64_t lim = vg_limit[c];
     if (!lim) return 0;
     vg_reclaim_dead();
     uint64_t u = vg_usage(c);
@@ -168,9 +167,42 @@ static int list_procs(nvmlDevice_t d, nvmlProcessInfo_v1_t *buf, unsigned cap) {
     return (int)n;
 }
 
+/* One detection round: the PIDs NVML lists on device d before and after this
+ * process retains its primary context on CUDA device 0. Returns the host PID
+ * (0 = none), sets *ctxsize; *fresh = how many PIDs appeared. */
+static int detect_round(nvmlDevice_t d, nvmlProcessInfo_v1_t *before, nvmlProcessInfo_v1_t *after, unsigned cap,
+                        uint64_t *ctxsize, int *fresh) {
+    int nb = list_procs(d, before, cap), na = -1;
+    CUcontext ctx;
+    int retained = nb >= 0 && CU_REAL(cuDevicePrimaryCtxRetain)(&ctx, 0) == CUDA_SUCCESS;
+    if (retained) na = list_procs(d, after, cap);
+    int hostpid = 0;
+    *fresh = 0;
+    for (int i = 0; i < na && !hostpid; i++)
+        if ((int)after[i].pid == vg_pid) { hostpid = vg_pid; *ctxsize = after[i].usedGpuMemory; }
+    for (int i = 0; i < na && !hostpid; i++) {
+        int seen = 0;
+        for (int j = 0; j < nb; j++) if (before[j].pid == after[i].pid) { seen = 1; break; }
+        if (!seen && ++*fresh == 1) *ctxsize = after[i].usedGpuMemory;
+    }
+    if (!hostpid && *fresh == 1)
+        for (int i = 0; i < na; i++) {
+            int seen = 0;
+            for (int j = 0; j < nb; j++) if (before[j].pid == after[i].pid) { seen = 1; break; }
+            if (!seen) { hostpid = (int)after[i].pid; break; }
+        }
+    if (retained) CU_REAL(cuDevicePrimaryCtxRelease_v2)(0);
+    return hostpid;
+}
+
 /* Host PID = the PID that appears in NVML's process list when this process
  * retains its first context (spec A.6.6). Serialised per container with
- * sem_postinit. */
+ * sem_postinit. Containers sharing a GPU are not serialised: HAMi took a
+ * node-wide flock on /tmp/vgpulock/lock, a file every GPU container can
+ * hold or pre-create, so one tenant could stall or skip everyone's detection.
+ * Instead, a round in which more than one PID appeared (another process
+ * created its context at the same time) is not trusted and is retried after
+ * a random pause; a round in which exactly one appeared names ours. */
 static void detect_host_pid(void) {
     if (vg_nvml_load() != 0 || !NHAVE(nvmlDeviceGetComputeRunningProcesses) || !NHAVE(nvmlInit_v2)) return;
     if (NVML_REAL(nvmlInit_v2)() != NVML_SUCCESS) return;
@@ -190,31 +222,17 @@ static void detect_host_pid(void) {
     }
     if (!locked) { LOG_WARN("host PID detection skipped (sem_postinit busy)"); return; }
 
-    /* node-wide: containers sharing a GPU must not detect at the same time
-     * (the device plugin mounts the host's /tmp/vgpulock into every container) */
-    int nodefd = open("/tmp/vgpulock/lock", O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-    if (nodefd >= 0) {
-        int tries = 0;
-        while (flock(nodefd, LOCK_EX | LOCK_NB) != 0 && tries++ < 1000) usleep(10000); /* at most ~10 s */
-    }
-
-    enum { CAP = 1024 };
+    enum { CAP = 1024, ROUNDS = 8 };
     nvmlProcessInfo_v1_t *before = calloc(CAP, sizeof *before), *after = calloc(CAP, sizeof *after);
-    int nb = before ? list_procs(d, before, CAP) : -1, na = -1;
-    CUcontext ctx;
-    int retained = nb >= 0 && CU_REAL(cuDevicePrimaryCtxRetain)(&ctx, 0) == CUDA_SUCCESS;
-    if (retained) na = list_procs(d, after, CAP);
-    int hostpid = 0;
+    int hostpid = 0, fresh = 0;
     uint64_t ctxsize = 0;
-    for (int i = 0; i < na && !hostpid; i++)
-        if ((int)after[i].pid == vg_pid) { hostpid = vg_pid; ctxsize = after[i].usedGpuMemory; }
-    for (int i = 0; i < na && !hostpid; i++) {
-        int seen = 0;
-        for (int j = 0; j < nb; j++) if (before[j].pid == after[i].pid) { seen = 1; break; }
-        if (!seen) { hostpid = (int)after[i].pid; ctxsize = after[i].usedGpuMemory; }
+    unsigned seed = (unsigned)vg_pid ^ (unsigned)time(NULL);
+    for (int round = 0; before && after && round < ROUNDS && !hostpid; round++) {
+        hostpid = detect_round(d, before, after, CAP, &ctxsize, &fresh);
+        if (hostpid || fresh < 2) break;
+        LOG_DEBUG("host PID detection: %d processes appeared at once; retrying", fresh);
+        usleep((useconds_t)(20000 + rand_r(&seed) % 80000) * (useconds_t)(round + 1));
     }
-    if (retained) CU_REAL(cuDevicePrimaryCtxRelease_v2)(0);
-    if (nodefd >= 0) close(nodefd); /* releases the flock */
     sem_post(&vg_region->sem_postinit);
     free(before);
     free(after);

@@ -57,8 +57,8 @@ static void region_init_fields(vg_region_t *r) {
     r->sm_init_flag = 0;
     r->owner_pid = 0;
     for (int i = 0; i < VG_MAXDEV; i++) {
-        r->limit[i] = vg_env_mem_limit(i);
-        r->sm_limit[i] = vg_env_sm_limit(i);
+        r->limit[i] = vg_limit[i];
+        r->sm_limit[i] = vg_sm_limit[i];
     }
     sem_init(&r->sem, 1, 1);
     sem_init(&r->sem_postinit, 1, 1);
@@ -96,12 +96,30 @@ static void exit_handler(void) {
     }
 }
 
+/* An existing region may lower this process's limits (the first process of the
+ * container fixed them, as in HAMi), never raise or remove them: its bytes are
+ * writable by every process of the container. */
+static void adopt_lower_limits(const vg_region_t *r, const char *path) {
+    for (int i = 0; i < VG_MAXDEV; i++) {
+        uint64_t reg = r->limit[i], own = vg_limit[i];
+        if (reg && (!own || reg < own)) {
+            if (own) LOG_WARN("device %d: region limit %llu differs from environment %llu; the region wins", i,
+                              (unsigned long long)reg, (unsigned long long)own);
+            vg_limit[i] = reg;
+        } else if (own && reg != own) {
+            LOG_WARN("device %d: region %s has limit %llu, this process %llu; the lower one applies", i, path,
+                     (unsigned long long)reg, (unsigned long long)own);
+        }
+        uint64_t sm = r->sm_limit[i];
+        if (sm > 0 && sm < vg_sm_limit[i]) vg_sm_limit[i] = sm;
+    }
+}
+
 static int region_attach_file(void) {
-    const char *path = getenv("CUDA_DEVICE_MEMORY_SHARED_CACHE");
-    if (!path || !*path) path = "/tmp/cudevshr.cache";
+    const char *path = vg_cache_path();
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (fd < 0) {
-        LOG_ERROR("cannot open shared region %s: %s; limits apply to this process only", path, strerror(errno));
+        LOG_ERROR("cannot open shared region %s: %s", path, strerror(errno));
         return -1;
     }
     struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = sizeof(vg_region_t)};
@@ -119,17 +137,12 @@ static int region_attach_file(void) {
         region_init_fields(r);
         LOG_INFO("created shared region %s", path);
     } else if (r->major_version != VG_MAJOR) {
-        LOG_ERROR("shared region %s has version %u.%u, expected %d.%d; limits apply to this process only", path,
-                  r->major_version, r->minor_version, VG_MAJOR, VG_MINOR);
+        LOG_ERROR("shared region %s has version %u.%u, expected %d.%d", path, r->major_version, r->minor_version,
+                  VG_MAJOR, VG_MINOR);
         munmap(r, sizeof *r);
         goto fail;
     } else {
-        for (int i = 0; i < VG_MAXDEV; i++) {
-            uint64_t e = vg_env_mem_limit(i);
-            if (e && e != r->limit[i])
-                LOG_WARN("device %d: region limit %llu differs from environment %llu; the region wins", i,
-                         (unsigned long long)r->limit[i], (unsigned long long)e);
-        }
+        adopt_lower_limits(r, path);
     }
     __atomic_store_n(&r->last_kernel_time, (uint64_t)time(NULL), __ATOMIC_RELAXED);
     fl.l_type = F_UNLCK;
@@ -139,7 +152,7 @@ static int region_attach_file(void) {
     g_shared = 1;
     return 0;
 fail:
-    LOG_ERROR("shared region %s unusable (%s); limits apply to this process only", path, strerror(errno));
+    LOG_ERROR("shared region %s unusable (%s)", path, strerror(errno));
     fl.l_type = F_UNLCK;
     fcntl(fd, F_SETLK, &fl);
     close(fd);
@@ -152,7 +165,11 @@ int vg_region_ensure(void) {
     if (!vg_region) {
         vg_log_init();
         vg_policy = vg_env_policy();
+        vg_limits_init();
         if (region_attach_file() != 0) {
+            /* without the shared region every process would get the whole limit */
+            if (vg_has_limit()) vg_fail_closed("no usable shared region for a limited container");
+            else LOG_WARN("no shared region: this process is not counted with the others (no limit is set)");
             vg_region_t *r = region_private();
             if (!r) { pthread_mutex_unlock(&g_init_mu); return -1; }
             g_shared = 0;
@@ -280,6 +297,8 @@ int vg_slot_ensure(void) {
     vg_slot_t *s;
     if (idx < 0) {
         LOG_ERROR("shared region full (%d process slots); this process is not counted", VG_MAXPROC);
+        /* an uncounted process would see only the others' usage: never unlimited */
+        if (vg_has_limit()) vg_fail_closed("no process slot in the shared region for a limited container");
         s = &g_private_slot;
         memset(s, 0, sizeof *s);
     } else {
@@ -301,7 +320,7 @@ int vg_slot_ensure(void) {
 int vg_reserve_slow(int dev, uint64_t bytes) {
     /* over the limit: reclaim slots of dead processes once and re-check */
     vg_devmem_t *m = &vg_slot->used[dev];
-    if (vg_reclaim_dead() > 0 && vg_usage(dev) <= vg_region->limit[dev]) return 0;
+    if (vg_reclaim_dead() > 0 && vg_usage(dev) <= vg_limit[dev]) return 0;
     __atomic_fetch_sub(&m->total, bytes, __ATOMIC_SEQ_CST);
     return -1;
 }

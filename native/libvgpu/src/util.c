@@ -125,39 +125,53 @@ int vg_parse_percent(const char *s, uint64_t *out) {
     return 0;
 }
 
-/* value of NAME_<dev> if set and valid, else NAME if valid, else dflt */
-static uint64_t env_lookup(const char *name, int dev, uint64_t dflt, int (*parse)(const char *, uint64_t *),
-                           const char *what) {
+/* value of NAME_<dev> if set and valid, else NAME if valid, else dflt; names are
+ * looked up with get(ctx, name) (the environment or the limits file). An invalid
+ * value is logged and ignored, and sets *bad when bad is not NULL. */
+static uint64_t lookup(vg_getter_t get, void *ctx, const char *name, int dev, uint64_t dflt,
+                       int (*parse)(const char *, uint64_t *), const char *what, int *bad) {
     char key[64];
     uint64_t v;
     snprintf(key, sizeof key, "%s_%d", name, dev);
-    const char *s = getenv(key);
+    const char *s = get(ctx, key);
     if (s && *s) {
         if (parse(s, &v) == 0) {
             if (v > 0) return v;
         } else {
+            if (bad) *bad = 1;
             LOG_ERROR("invalid %s=\"%s\" (%s); ignoring it", key, s, what);
         }
     }
-    s = getenv(name);
+    s = get(ctx, name);
     if (s && *s) {
         if (parse(s, &v) == 0) {
             if (v > 0) return v;
-        } else if (dev == 0) {
-            LOG_ERROR("invalid %s=\"%s\" (%s); ignoring it", name, s, what);
+        } else {
+            if (bad) *bad = 1;
+            if (dev == 0) LOG_ERROR("invalid %s=\"%s\" (%s); ignoring it", name, s, what);
         }
     }
     return dflt;
 }
 
-uint64_t vg_env_mem_limit(int dev) {
-    return env_lookup("CUDA_DEVICE_MEMORY_LIMIT", dev, 0, vg_parse_bytes,
-                      "expected bytes with optional k/m/g/t, Ki/Mi/Gi/Ti suffix; no limit applied");
+static const char *env_get(void *ctx, const char *name) {
+    (void)ctx;
+    return getenv(name);
 }
 
-uint64_t vg_env_sm_limit(int dev) {
-    return env_lookup("CUDA_DEVICE_SM_LIMIT", dev, 100, vg_parse_percent, "expected a percentage 0..100; using 100");
+uint64_t vg_lookup_mem_limit(vg_getter_t get, void *ctx, int dev, int *bad) {
+    return lookup(get, ctx, "CUDA_DEVICE_MEMORY_LIMIT", dev, 0, vg_parse_bytes,
+                  "expected bytes with optional k/m/g/t, Ki/Mi/Gi/Ti suffix; no limit applied", bad);
 }
+
+uint64_t vg_lookup_sm_limit(vg_getter_t get, void *ctx, int dev, int *bad) {
+    return lookup(get, ctx, "CUDA_DEVICE_SM_LIMIT", dev, 100, vg_parse_percent,
+                  "expected a percentage 0..100; using 100", bad);
+}
+
+uint64_t vg_env_mem_limit(int dev) { return vg_lookup_mem_limit(env_get, NULL, dev, NULL); }
+
+uint64_t vg_env_sm_limit(int dev) { return vg_lookup_sm_limit(env_get, NULL, dev, NULL); }
 
 int vg_env_policy(void) {
     const char *s = getenv("GPU_CORE_UTILIZATION_POLICY");

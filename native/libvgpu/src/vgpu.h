@@ -79,6 +79,22 @@ VG_HIDDEN int vg_parse_bytes(const char *s, uint64_t *out);
 VG_HIDDEN int vg_parse_percent(const char *s, uint64_t *out);
 VG_HIDDEN uint64_t vg_env_mem_limit(int dev);
 VG_HIDDEN uint64_t vg_env_sm_limit(int dev);
+typedef const char *(*vg_getter_t)(void *ctx, const char *name);
+VG_HIDDEN uint64_t vg_lookup_mem_limit(vg_getter_t get, void *ctx, int dev, int *bad);
+VG_HIDDEN uint64_t vg_lookup_sm_limit(vg_getter_t get, void *ctx, int dev, int *bad);
+
+/* ------------------------------------------------- process limits (limits.c)
+ * This process's limits: the environment, capped by the read-only limits file the
+ * device plugin mounts next to the library (VG_LIMITS_FILE); a shared region can
+ * only lower them. vg_deny: refuse every device allocation (fail closed). */
+#define VG_LIMITS_FILE "limits.env"
+VG_HIDDEN extern uint64_t vg_limit[VG_MAXDEV];    /* bytes, 0 = no limit */
+VG_HIDDEN extern uint64_t vg_sm_limit[VG_MAXDEV]; /* percent, 100 = no limit */
+VG_HIDDEN extern int vg_deny;
+VG_HIDDEN void vg_limits_init(void);
+VG_HIDDEN const char *vg_cache_path(void);
+VG_HIDDEN int vg_has_limit(void);
+VG_HIDDEN void vg_fail_closed(const char *why);
 enum { VG_POLICY_DEFAULT = 0, VG_POLICY_FORCE = 1, VG_POLICY_DISABLE = 2 };
 VG_HIDDEN int vg_env_policy(void);
 
@@ -117,8 +133,9 @@ static inline uint64_t vg_usage(int dev) {
  */
 static inline int vg_reserve(int dev, uint64_t bytes, int cat) {
     if (UNLIKELY(dev < 0 || dev >= VG_MAXDEV)) return 0;
+    if (UNLIKELY(vg_deny) && bytes) return -1;
     vg_devmem_t *m = &vg_slot->used[dev];
-    uint64_t limit = vg_region->limit[dev];
+    uint64_t limit = vg_limit[dev];
     if (limit && bytes > limit) return -1;
     __atomic_fetch_add(&m->total, bytes, __ATOMIC_SEQ_CST);
     if (limit && UNLIKELY(vg_usage(dev) > limit) && vg_reserve_slow(dev, bytes) != 0) return -1;

@@ -144,8 +144,12 @@ static void ctx_charge(int dev, int delta) {
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     if (dev < 0 || dev >= st_get()->ndev) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_mu);
-    if (g_primary_refs[dev]++ == 0) { g_primary[dev].dev = dev; g_primary[dev].primary = 1; ctx_charge(dev, 1); }
+    int created = g_primary_refs[dev]++ == 0;
+    if (created) { g_primary[dev].dev = dev; g_primary[dev].primary = 1; ctx_charge(dev, 1); }
     pthread_mutex_unlock(&g_mu);
+    /* VGPU_STUB_RETAIN_DELAY_MS: a slow context creation (the process is already
+     * listed by NVML meanwhile), to widen races between processes */
+    if (created && getenv("VGPU_STUB_RETAIN_DELAY_MS")) usleep((useconds_t)atoi(getenv("VGPU_STUB_RETAIN_DELAY_MS")) * 1000u);
     *pctx = (CUcontext)&g_primary[dev];
     return CUDA_SUCCESS;
 }

@@ -72,7 +72,10 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigne
     if (!dev_of(d, &i) || !count) return NVML_ERROR_INVALID_ARGUMENT;
     stub_state_t *s = st_get();
     st_dev_used((int)i, 1); /* reap dead processes */
-    for (int k = 0; k < STUB_MAXPROC; k++) {
+    /* VGPU_STUB_NVML_REVERSE: list newest records first (NVML's order is unspecified) */
+    int rev = getenv("VGPU_STUB_NVML_REVERSE") != NULL;
+    for (int k0 = 0; k0 < STUB_MAXPROC; k0++) {
+        int k = rev ? STUB_MAXPROC - 1 - k0 : k0;
         stub_proc_t *p = &s->procs[k];
         int pid = atomic_load(&p->pid);
         if (pid <= 0 || atomic_load(&p->ctx[i]) <= 0) continue;

@@ -7,6 +7,9 @@
  *   VGPU_STUB_MEM_MB       physical memory per device in MiB (default 16384)
  *   VGPU_STUB_CTX_MB       memory a context occupies in MiB (default 0)
  *   VGPU_STUB_NS_PER_BLOCK busy time a launch costs per grid block (default 0)
+ * Per process: VGPU_STUB_PID_OFFSET (NVML reports pid + offset, a PID namespace),
+ *   VGPU_STUB_RETAIN_DELAY_MS (a primary context takes that long to create, listed
+ *   by NVML from its start), VGPU_STUB_NVML_REVERSE (process lists newest first).
  */
 #ifndef STUB_STATE_H
 #define STUB_STATE_H

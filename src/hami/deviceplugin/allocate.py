@@ -84,7 +84,9 @@ class Mount:
 
 @dataclass(frozen=True, slots=True)
 class ContainerPlan:
-    """The answer for one kubelet container request, plus the host directory to create."""
+    """The answer for one kubelet container request, plus the host directories to create
+    afresh (``host_dirs``, mode 0777) and the read-only files to write (``host_files``:
+    ``(host path, text)``, mode 0444)."""
 
     envs: dict[str, str]
     mounts: tuple[Mount, ...]
@@ -92,6 +94,7 @@ class ContainerPlan:
     entry_index: int
     container_name: str
     devices: tuple[ContainerDevice, ...]
+    host_files: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,9 +111,11 @@ class AllocationPlan:
 class NodeSettings:
     """Host facts for building responses (spec §B.5).
 
-    ``hook_path``: ``$HOOK_PATH`` (chart ``/usr/local``); ``lock_dir``: host path of
-    ``/tmp/vgpulock``; ``versioned_lib``: True when ``<H>/vgpu/libvgpu.so.<version>``
-    exists; ``license``: True when ``<H>/vgpu/license`` exists.
+    ``hook_path``: ``$HOOK_PATH`` (chart ``/usr/local``); ``lock_dir``: ignored (HAMi
+    mounts this one host directory at ``/tmp/vgpulock`` in every container; here each
+    container gets its own, see :func:`container_plan`); ``versioned_lib``: True when
+    ``<H>/vgpu/libvgpu.so.<version>`` exists; ``license``: True when ``<H>/vgpu/license``
+    exists.
     """
 
     hook_path: str = "/usr/local"
@@ -252,11 +257,26 @@ def go_parse_bool_true(value: str | None) -> bool:
     return value in _GO_TRUE
 
 
+#: Name of the limits file libvgpu reads next to itself (``<H>/vgpu/limits.env`` in the
+#: container; native/libvgpu/src/limits.c).
+LIMITS_FILE = "limits.env"
+#: The env names libvgpu also reads from the limits file.
+LIMIT_ENVS = ("CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_SHARED_CACHE")
+
+
 def container_plan(devices: Sequence[ContainerDevice], pod: PodView, entry_index: int,
                    cfg: PluginConfig, node: NodeSettings, cache_name: str) -> ContainerPlan:
     """Envs, mounts and host dirs for one container (exact strings of spec §B.5; in
     mode ``mps`` with our MPS plumbing enabled, plus :func:`hami.deviceplugin.mps.client_env`
     and its mounts after HAMi's).
+
+    Beyond HAMi, two mounts come from ``<H>/vgpu/containers/<podUID>_<ctr>.plugin/``, a
+    host directory no container sees (so no container can swap a mount source for a
+    symlink before a restart): ``limits.env`` (the limit, SM and cache-path variables
+    as ``KEY=VALUE`` lines) read-only at ``<H>/vgpu/limits.env``, where libvgpu finds its
+    limits even in a process that lost its environment; and the container's own
+    ``vgpulock`` directory at ``/tmp/vgpulock`` instead of one host directory writable by
+    every GPU container. The monitor removes the directory with the pod's.
 
     ``cache_name`` is the random UUIDv4 of ``CUDA_DEVICE_MEMORY_SHARED_CACHE``.
     Raises :class:`AllocateError` when the entry has no matching container.
@@ -286,11 +306,15 @@ def container_plan(devices: Sequence[ContainerDevice], pod: PodView, entry_index
     if cfg.disable_core_limit:
         envs["GPU_CORE_UTILIZATION_POLICY"] = "disable"
     cache_dir = f"{vgpu}/containers/{pod.uid}_{ctr.name}"
+    private = f"{cache_dir}.plugin"  # container names are DNS labels: no '.', no clash
+    lock_dir = f"{private}/vgpulock"
+    limits = "".join(f"{k}={v}\n" for k, v in envs.items() if k.startswith(LIMIT_ENVS))
     lib = f"{vgpu}/libvgpu.so.{node.version}" if node.versioned_lib else f"{vgpu}/libvgpu.so"
     mounts = [
         Mount(f"{vgpu}/libvgpu.so", lib, True),
         Mount(vgpu, cache_dir, False),
-        Mount("/tmp/vgpulock", node.lock_dir, False),
+        Mount(f"{vgpu}/{LIMITS_FILE}", f"{private}/{LIMITS_FILE}", True),
+        Mount("/tmp/vgpulock", lock_dir, False),
     ]
     if not go_parse_bool_true(ctr.env.get("CUDA_DISABLE_CONTROL")):
         mounts.append(Mount("/etc/ld.so.preload", f"{vgpu}/ld.so.preload", True))
@@ -300,8 +324,8 @@ def container_plan(devices: Sequence[ContainerDevice], pod: PodView, entry_index
     if mps.active(cfg.operating_mode, cfg.mps):  # ours, opt-in: docs/mps.md
         envs.update(mps.client_env(devices, cfg.mps))
         mounts.extend(Mount(*m) for m in mps.client_mounts(cfg.mps))
-    return ContainerPlan(envs, tuple(mounts), (cache_dir, node.lock_dir), entry_index,
-                         ctr.name, tuple(devices))
+    return ContainerPlan(envs, tuple(mounts), (cache_dir, lock_dir), entry_index,
+                         ctr.name, tuple(devices), ((f"{private}/{LIMITS_FILE}", limits),))
 
 
 def plan_allocation(pod: PodView, requests: Sequence[Sequence[str]], cfg: PluginConfig,

@@ -58,7 +58,8 @@ def device_plugin(
     backend: Annotated[str, typer.Option(help="nvml | fake")] = "nvml",
     fake_inventory: Annotated[Path | None, typer.Option(help="YAML inventory for --backend fake")] = None,
     kubeconfig: Annotated[Path | None, typer.Option(envvar="KUBECONFIG")] = None,
-    lock_dir: Annotated[str, typer.Option(help="host path mounted at /tmp/vgpulock")] = "/tmp/vgpulock",
+    lock_dir: Annotated[str, typer.Option(
+        help="ignored (kept for compatibility): each container gets its own /tmp/vgpulock")] = "/tmp/vgpulock",
     register_interval: Annotated[float, typer.Option(help="seconds between register passes")] = 30.0,
     install_lib_dir: Annotated[Path | None, typer.Option(
         "--install-lib", help="install libvgpu.so + ld.so.preload into DIR and exit")] = None,

@@ -5,6 +5,7 @@ health loops (hami-core-spec §B.1-§B.6). Decisions live in :mod:`.allocate`,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -229,6 +230,7 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
                                     c.container_name, sorted(phys),
                                     [d.uuid for d in c.devices])
                 make_host_dirs(c.host_dirs)
+                write_host_files(c.host_files)
             # One merge patch: the emptied entries and, when nothing is left (the plan was
             # computed from the pod as read under the plugin mutex, the only writer of
             # this annotation), bind-phase success. HAMi patches, re-reads, then patches
@@ -278,13 +280,31 @@ def _response(c: al.ContainerPlan) -> pb.ContainerAllocateResponse:
 
 
 def make_host_dirs(dirs: tuple[str, ...]) -> None:
-    """``rm -rf`` + ``mkdir 0777`` the container cache dir; ``mkdir 0777`` the lock dir."""
-    cache_dir, lock_dir = dirs
-    shutil.rmtree(cache_dir, ignore_errors=True)
-    os.makedirs(cache_dir, exist_ok=True)
-    os.chmod(cache_dir, 0o777)
-    os.makedirs(lock_dir, exist_ok=True)
-    os.chmod(lock_dir, 0o777)
+    """``rm -rf`` + ``mkdir 0777`` each directory: the container's cache dir and its own
+    lock dir (parents, such as the plugin-only ``<ctr>.plugin`` dir, get the default
+    mode). Raises ``OSError``."""
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d, exist_ok=True)
+        os.chmod(d, 0o777)
+
+
+def write_host_files(files: tuple[tuple[str, str], ...]) -> None:
+    """Write each ``(path, text)`` as a mode-0444 file, atomically (temporary file, then
+    rename), creating the parent directory. Raises ``OSError``."""
+    for path, text in files:
+        parent = os.path.dirname(path)
+        os.makedirs(parent, exist_ok=True)
+        tmp = f"{path}.tmp"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
+        try:
+            os.write(fd, text.encode())
+            os.fchmod(fd, 0o444)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
 
 
 # --- lifecycle -----------------------------------------------------------------------------

@@ -16,21 +16,29 @@ import typer
 from hami.deviceplugin.allocate import VGPU_NODE, PodView
 from hami.monitor.feedback import ContainerFeedback, observe
 from hami.monitor.lister import ContainerLister
-from hami.monitor.pods import pod_finished
+from hami.monitor.pods import DEFAULT_PRIORITY, container_grants, pod_finished
 
 log = logging.getLogger("hami.monitor")
 
 MIG_APPLY_LOCK = Path("/tmp/hami/hami-mig-apply.lock")
 
 
-def feedback_tick(lister: ContainerLister) -> list[ContainerFeedback]:
+def feedback_tick(lister: ContainerLister, pods: Sequence[PodView]) -> list[ContainerFeedback]:
     """Read every container, apply :func:`observe`, write the changed fields (§C.6).
-    Returns the new values (for tests and logs)."""
+
+    ``pods``: the node's pods. A container's GPUs and priority come from its pod
+    (:func:`hami.monitor.pods.container_grants`), never from its region; a container of
+    no listed pod shares no GPU (it is only ever unblocked). Returns the new values (for
+    tests and logs)."""
+    grants = {f"{p.uid}_{name}": g for p in pods for name, g in container_grants(p).items()}
     with lister.lock:
         regions = lister.read_all()
-        inputs = [ContainerFeedback(key, tuple(u for u in r.uuids if u), r.priority,
-                                    r.recent_kernel, r.utilization_switch)
-                  for key, (_, r) in regions.items()]
+        inputs = []
+        for key, (_, r) in regions.items():
+            g = grants.get(key)
+            inputs.append(ContainerFeedback(key, g.uuids if g else (),
+                                            g.priority if g else DEFAULT_PRIORITY,
+                                            r.recent_kernel, r.utilization_switch))
         result = observe(inputs)
         for old, new in zip(inputs, result, strict=True):
             cf = regions[old.key][0]
@@ -39,7 +47,7 @@ def feedback_tick(lister: ContainerLister) -> list[ContainerFeedback]:
                     cf.write_int32("recent_kernel", new.recent_kernel)
                 if new.utilization_switch != old.utilization_switch:
                     cf.write_int32("utilization_switch", new.utilization_switch)
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError) as exc:  # RegionError is a ValueError
                 log.warning("feedback write to %s failed: %s", old.key, exc)
     return result
 
@@ -139,8 +147,8 @@ def run_monitor(*, node: str, hook_path: Path, kube: Any, stop: threading.Event,
             lister.update(pods.live_uids(), pods.finished_uids())
             if mig_lock.exists():
                 log.info("MIG apply lock present: feedback paused")
-            else:
-                feedback_tick(lister)
+            elif pods.on_node is not None:  # no grants known before the first pod list
+                feedback_tick(lister, pods.on_node)
             stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
     finally:
         if server is not None:

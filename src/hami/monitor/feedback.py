@@ -2,6 +2,8 @@
 
 Every 5 s :func:`observe` turns each container's region fields into new values of
 ``recent_kernel`` and ``utilization_switch``; the shell writes the ones that changed.
+A priority is any int; the counts are kept per priority value (HAMi grows a list to the
+largest priority, which a huge value would make exhaust memory).
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class ContainerFeedback:
-    """One container's region fields: ``uuids`` are its valid device UUIDs (NUL padding
-    stripped), ``priority`` lower = higher priority (0 high, 1 low)."""
+    """One container: ``uuids`` are the GPUs it was granted and ``priority`` its task
+    priority (lower = higher; 0 high, 1 low), both from its pod
+    (:func:`hami.monitor.pods.container_grants`); ``recent_kernel`` and
+    ``utilization_switch`` are the current values of its region's fields."""
 
     key: str
     uuids: tuple[str, ...]
@@ -32,7 +36,7 @@ def observe(containers: Sequence[ContainerFeedback]) -> list[ContainerFeedback]:
     ``utilization_switch`` = 1 when blocking or another container of the same priority is
     active on a shared GPU (the container itself counts as one), else 0.
     """
-    active: dict[str, list[int]] = {}
+    active: dict[str, dict[int, int]] = {}  # uuid -> priority -> active containers
     after1 = []
     for c in containers:
         rk = c.recent_kernel
@@ -40,10 +44,8 @@ def observe(containers: Sequence[ContainerFeedback]) -> list[ContainerFeedback]:
             rk -= 1
             if rk > 0 and c.priority >= 0:
                 for u in c.uuids:
-                    counts = active.setdefault(u, [])
-                    if len(counts) < c.priority + 1:
-                        counts.extend([0] * (c.priority + 1 - len(counts)))
-                    counts[c.priority] += 1
+                    counts = active.setdefault(u, {})
+                    counts[c.priority] = counts.get(c.priority, 0) + 1
         after1.append(rk)
     out = []
     for c, rk in zip(containers, after1, strict=True):
@@ -53,9 +55,9 @@ def observe(containers: Sequence[ContainerFeedback]) -> list[ContainerFeedback]:
             if u not in active:
                 continue
             counts = active[u]
-            if any(counts[j] > 0 for j in range(min(c.priority, len(counts)))):
+            if any(n > 0 for p, n in counts.items() if p < c.priority):
                 blocking = True
-            if 0 <= c.priority < len(counts) and counts[c.priority] > 1:
+            if c.priority >= 0 and counts.get(c.priority, 0) > 1:
                 same = True
         if blocking and rk >= 0:
             rk = -1

@@ -1,24 +1,33 @@
-"""Finding, mapping and forgetting container cache files (hami-core-spec §C.2, §D).
+"""Finding, reading and forgetting container cache files (hami-core-spec §C.2, §D).
 
 Layout on the host: ``$HOOK_PATH/containers/<podUID>_<container>/<uuid4>.cache`` (the
-monitor's ``HOOK_PATH`` is the plugin's ``$HOOK_PATH/vgpu``). Each cache file is
-memory-mapped read-write, shared, for the container's lifetime; the monitor writes only
+monitor's ``HOOK_PATH`` is the plugin's ``$HOOK_PATH/vgpu``). The monitor writes only
 ``recent_kernel`` and ``utilization_switch`` (spec §D).
 
-Robustness beyond HAMi: before every read the file's size is compared with the mapping's;
-a file that shrank (reading it would raise SIGBUS) or grew is unmapped and reloaded at the
-next update, so one bad file never takes the monitor or other containers down. The
-files of finished pods (Succeeded, Failed) are unmapped while their directories stay
+Cache files are written by the containers, so every byte of them is hostile input.
+HAMi maps each file read-write for the container's lifetime; a container that
+truncates its file makes the next read fault (SIGBUS kills the monitor for every
+container of the node). Here no container file is ever mapped:
+
+* a file is opened without following symlinks (``O_PATH | O_NOFOLLOW`` relative to the
+  directory's descriptor), must be a regular file (never a FIFO or a device node the
+  container made), and only then reopened read-write through ``/proc/self/fd``;
+* every read is a ``pread`` of the fields the monitor needs after an ``fstat``; a short
+  read (the file shrank meanwhile) or any malformed content drops that container's
+  series for that scrape or tick, with one log line per new error;
+* the two feedback fields are written with ``pwrite`` at their offsets;
+* a file replaced by another (new inode) is reopened at the next update.
+
+The files of finished pods (Succeeded, Failed) are closed while their directories stay
 until the pod is deleted (see :mod:`hami.monitor.pods`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import mmap
 import os
 import shutil
+import stat
 import struct
 import threading
 import time
@@ -27,7 +36,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hami.monitor.region import V1_SIZE, Region, RegionError, detect_layout, parse_region
+from hami.monitor.region import V1_SIZE, Region, RegionError, read_region
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +46,9 @@ WRITABLE_OFFSETS = {
     0: {"utilization_switch": 1_197_884, "recent_kernel": 1_197_888},
 }
 
+#: Errors a hostile or half-written file can cause while it is read or parsed.
+READ_ERRORS = (RegionError, OSError, struct.error, ValueError, IndexError, OverflowError)
+
 
 class CacheError(RuntimeError):
     """A container directory or cache file cannot be used (logged, retried next tick)."""
@@ -44,68 +56,93 @@ class CacheError(RuntimeError):
 
 @dataclass
 class CacheFile:
-    """One mapped cache file. ``version`` is the layout (0 legacy, 1 current)."""
+    """One open cache file. ``version`` is the layout of the last read (0 legacy, 1
+    current); ``ino``/``dev`` identify the file that was opened."""
 
     key: str
     pod_uid: str
     container: str
     path: Path
-    size: int
     version: int
     fd: int
-    mm: mmap.mmap
+    ino: int = 0
+    dev: int = 0
     closed: bool = False
 
-    def check_size(self) -> None:
-        """Raise :class:`RegionError` when the file's size differs from the mapping's."""
-        size = os.fstat(self.fd).st_size
-        if size != self.size:
-            raise RegionError(f"{self.path}: size changed {self.size} -> {size} bytes")
+    def same_file(self) -> bool:
+        """True while ``path`` still names the opened file (not removed or replaced)."""
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return False
+        return (st.st_ino, st.st_dev) == (self.ino, self.dev)
 
     def read(self) -> Region:
-        """Parse the region now. Raises :class:`RegionError` (corrupt/changed/closed)."""
+        """Parse the region now with ``pread``. Raises :class:`RegionError` (corrupt,
+        truncated, closed, not a regular file); never faults."""
         if self.closed:
-            raise RegionError(f"{self.path}: unmapped")
-        self.check_size()
+            raise RegionError(f"{self.path}: closed")
+        fd = self.fd
         try:
-            return _parse(self.mm, self.path)
-        finally:
-            self.release_pages()
-
-    def release_pages(self) -> None:
-        """Drop this mapping's page-table entries (``MADV_DONTNEED``; for a shared file
-        mapping the data stays in the page cache). Large page-cache folios would otherwise
-        keep ~0.5 MiB per container resident after a read of a few fields."""
-        with contextlib.suppress(OSError, ValueError):
-            self.mm.madvise(mmap.MADV_DONTNEED)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise RegionError("not a regular file")
+            region = read_region(lambda off, n: os.pread(fd, n, off), st.st_size)
+        except READ_ERRORS as exc:
+            raise RegionError(f"{self.path}: {exc}") from None
+        self.version = 1 if region.version != (0, 0) else 0
+        return region
 
     def write_int32(self, name: str, value: int) -> None:
-        """Store ``recent_kernel`` or ``utilization_switch`` (little-endian int32)."""
-        self.check_size()
-        struct.pack_into("<i", self.mm, WRITABLE_OFFSETS[self.version][name], value)
-        self.release_pages()
+        """Store ``recent_kernel`` or ``utilization_switch`` (little-endian int32) with
+        ``pwrite``; raises :class:`RegionError` when the file is now too short for it."""
+        if self.closed:
+            raise RegionError(f"{self.path}: closed")
+        off = WRITABLE_OFFSETS[self.version][name]
+        if os.fstat(self.fd).st_size < off + 4:
+            raise RegionError(f"{self.path}: shrank below the {name} field")
+        if os.pwrite(self.fd, struct.pack("<i", value), off) != 4:
+            raise RegionError(f"{self.path}: short write of {name}")
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        try:
-            self.mm.close()
-        except BufferError:  # a view is still alive somewhere: the GC unmaps it later
-            log.warning("%s: mapping still referenced, left to the garbage collector", self.path)
-        finally:
-            os.close(self.fd)
+        os.close(self.fd)
 
 
-def _parse(mm: mmap.mmap, path: Path) -> Region:
-    """Parse ``mm``; errors are re-raised *outside* the except block so that no traceback
-    frame keeps a memoryview of the mapping alive (which would make ``close`` fail)."""
-    err = None
+def open_regular(directory_fd: int, name: str) -> int:
+    """Open ``name`` in the directory ``directory_fd`` read-write, only if it is a regular
+    file and not a symlink; returns the descriptor. Raises :class:`RegionError`.
+
+    The entry is first opened with ``O_PATH | O_NOFOLLOW`` (no device, FIFO or symlink
+    target is ever opened), checked with ``fstat``, then that same inode is reopened
+    through ``/proc/self/fd`` (a rename in between cannot substitute another file).
+    """
     try:
-        return parse_region(mm)  # type: ignore[arg-type]  # mmap has the buffer protocol
-    except (RegionError, struct.error, ValueError, IndexError, OverflowError) as exc:
-        err = str(exc)
-    raise RegionError(f"{path}: {err}")
+        pfd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory_fd)
+    except OSError as exc:
+        raise RegionError(f"{name}: {exc}") from None
+    try:
+        st = os.fstat(pfd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RegionError(f"{name}: not a regular file")
+        try:
+            fd = os.open(f"/proc/self/fd/{pfd}", os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:  # no /proc: open by name, still refusing symlinks
+            fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                         | os.O_CLOEXEC, dir_fd=directory_fd)
+        except OSError as exc:
+            raise RegionError(f"{name}: {exc}") from None
+    except OSError as exc:
+        raise RegionError(f"{name}: {exc}") from None
+    finally:
+        os.close(pfd)
+    st2 = os.fstat(fd)
+    if not stat.S_ISREG(st2.st_mode) or (st2.st_ino, st2.st_dev) != (st.st_ino, st.st_dev):
+        os.close(fd)
+        raise RegionError(f"{name}: replaced while opening")
+    return fd
 
 
 def split_dir_name(name: str) -> tuple[str, str] | None:
@@ -133,46 +170,37 @@ def pick_cache_file(names: Iterable[str]) -> str | None:
 
 
 def open_cache(key: str, directory: Path) -> CacheFile | None:
-    """Map the cache file of one container directory; None when there is none yet.
+    """Open the cache file of one container directory; None when there is none yet.
 
     Raises :class:`CacheError` / :class:`RegionError` (too small, bad magic, unknown
-    version) — the caller logs and retries next tick.
+    version, not a regular file) — the caller logs and retries next tick.
     """
     parts = split_dir_name(key)
     if parts is None:
         return None
     try:
-        name = pick_cache_file(os.listdir(directory))
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         raise CacheError(f"{directory}: {exc}") from None
-    if name is None:
-        return None
-    path = directory / name
     try:
-        fd = os.open(path, os.O_RDWR)
-    except OSError as exc:
-        raise CacheError(f"{path}: {exc}") from None
+        try:
+            name = pick_cache_file(os.listdir(dfd))
+        except OSError as exc:
+            raise CacheError(f"{directory}: {exc}") from None
+        if name is None:
+            return None
+        fd = open_regular(dfd, name)
+    finally:
+        os.close(dfd)
+    st = os.fstat(fd)
+    cf = CacheFile(key, parts[0], parts[1], directory / name, 1 if st.st_size >= V1_SIZE else 0,
+                   fd, st.st_ino, st.st_dev)
     try:
-        size = os.fstat(fd).st_size
-        if size < 12:
-            raise RegionError(f"{path}: {size} bytes, too small")
-        mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        mm.madvise(mmap.MADV_RANDOM)
-    except (OSError, ValueError, RegionError) as exc:
-        os.close(fd)
-        raise RegionError(str(exc)) from None
-    err = None
-    try:
-        detect_layout(mm)  # type: ignore[arg-type]
-    except RegionError as exc:
-        err = str(exc)
-    mm.madvise(mmap.MADV_DONTNEED)
-    if err is not None:  # raised outside the handler: no frame keeps a view of ``mm``
-        mm.close()
-        os.close(fd)
-        raise RegionError(f"{path}: {err}")
-    version = 1 if size >= V1_SIZE else 0
-    return CacheFile(key, parts[0], parts[1], path, size, version, fd, mm)
+        cf.read()  # a file that is not a region yet is retried next tick
+    except RegionError:
+        cf.close()
+        raise
+    return cf
 
 
 @dataclass
@@ -189,6 +217,8 @@ class ContainerLister:
     containers: dict[str, CacheFile] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
     errors: dict[str, str] = field(default_factory=dict)
+    read_errors: dict[str, str] = field(default_factory=dict)
+    read_errors_total: int = 0
 
     def update(self, live_pod_uids: AbstractSet[str] | None,
                finished_pod_uids: AbstractSet[str] = frozenset()) -> None:
@@ -222,14 +252,14 @@ class ContainerLister:
                     self._forget(e.name)
                     self.errors.pop(e.name, None)
                     continue
+                if "." in parts[1]:  # not a container (names are DNS labels): plugin files
+                    continue
                 loaded = self.containers.get(e.name)
                 if loaded is not None:
-                    try:
-                        loaded.check_size()
+                    if loaded.same_file():
                         continue
-                    except (RegionError, OSError) as exc:
-                        log.warning("reloading %s: %s", e.name, exc)
-                        self._forget(e.name)
+                    log.info("reopening %s: its cache file was removed or replaced", e.name)
+                    self._forget(e.name)
                 try:
                     cf = open_cache(e.name, Path(e.path))
                 except (CacheError, RegionError) as exc:
@@ -256,19 +286,27 @@ class ContainerLister:
         log.info("removed %s (pod gone)", path)
 
     def _forget(self, key: str) -> None:
+        self.read_errors.pop(key, None)
         cf = self.containers.pop(key, None)
         if cf is not None:
             cf.close()
 
     def read_all(self) -> dict[str, tuple[CacheFile, Region]]:
-        """Parse every loaded file; corrupt or changed ones are logged and skipped."""
+        """Parse every loaded file; a corrupt, truncated or foreign one is left out (its
+        container has no series this time), counted in ``read_errors_total`` and logged
+        once per distinct error."""
         out = {}
         with self.lock:
             for key, cf in list(self.containers.items()):
                 try:
                     out[key] = (cf, cf.read())
-                except (RegionError, OSError) as exc:
-                    log.warning("skipping %s: %s", key, exc)
+                except RegionError as exc:
+                    self.read_errors_total += 1
+                    if self.read_errors.get(key) != str(exc):
+                        log.warning("skipping %s: %s", key, exc)
+                    self.read_errors[key] = str(exc)
+                    continue
+                self.read_errors.pop(key, None)
         return out
 
     def close(self) -> None:

@@ -3,7 +3,10 @@
 Everything is computed at scrape time by :class:`MonitorCollector` from the loaded cache
 files, the cached pod list and (when present) NVML. Every family except
 ``hami_build_info`` carries the constant label ``zone="vGPU"``. Per-container families
-(MIG info included) cover running containers only (:func:`hami.monitor.pods.container_running`).
+(MIG info included) cover running containers only (:func:`hami.monitor.pods.container_running`),
+and per-device series only GPUs granted to the container by its pod's allocation
+annotation (:func:`hami.monitor.pods.container_grants`): the region's UUIDs are written
+by the container and only pick which granted GPU each device index is.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from prometheus_client.utils import floatToGoString as _float_to_go
 
 from hami.deviceplugin.allocate import PodView
 from hami.monitor.lister import ContainerLister
-from hami.monitor.pods import container_running, pod_finished
+from hami.monitor.pods import container_grants, container_running, pod_finished
 from hami.monitor.region import Region
 
 log = logging.getLogger(__name__)
@@ -262,12 +265,18 @@ class MonitorCollector(Collector):
             if pod_finished(pod):
                 continue
             names = [c.name for c in pod.containers]
+            grants = container_grants(pod)
             for ctr in pod.containers[pod.n_init:]:
                 entry = regions.get(f"{pod.uid}_{ctr.name}")
                 if entry is None or not container_running(pod, ctr.name):
                     continue
                 region = entry[1]
+                granted = grants[ctr.name].uuids
                 for i in range(region.device_count):
+                    # the region names the device of each index; only GPUs the pod was
+                    # granted are reported (a container cannot label another GPU)
+                    if region.uuids[i] not in granted:
+                        continue
                     uuid = metric_uuid(region.uuids[i])
                     if uuid is None:
                         continue

@@ -6,10 +6,22 @@ process slots were never released) keeps reporting its last memory use until the
 deleted. Here series exist only while a container can run: none once its pod is
 Succeeded or Failed, none while the kubelet reports the container terminated or waiting.
 The cache directory itself is kept until the pod is deleted, as in HAMi.
+
+What a container was granted (:func:`container_grants`) comes from the pod, never from
+the cache file the container writes: its GPUs from the allocation annotation
+``hami.io/vgpu-devices-allocated`` (written by the scheduler), its priority from the
+``CUDA_TASK_PRIORITY`` env of its spec (the webhook sets it from the
+``nvidia.com/priority`` limit). HAMi's monitor takes both from the shared region, so a
+tenant could claim priority 0 on a GPU it does not even use and block others there.
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+
+from hami.api import names
+from hami.core.codec import CodecError, decode_pod_devices
 from hami.deviceplugin.allocate import PodView
 
 #: Pod phases after which no container of the pod runs again.
@@ -29,3 +41,44 @@ def container_running(pod: PodView, name: str) -> bool:
     if pod_finished(pod):
         return False
     return pod.container_states.get(name, "running") == "running"
+
+
+#: Priority of a container whose spec sets none (libvgpu's region default, spec §A.2).
+DEFAULT_PRIORITY = 1
+_PRIORITY = re.compile(r"\s*(\d{1,10})\s*")
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What one container was granted: ``uuids`` its GPUs in grant order (duplicates
+    removed), ``priority`` (0 high, larger = lower, :data:`DEFAULT_PRIORITY` unset)."""
+
+    uuids: tuple[str, ...]
+    priority: int
+
+
+def task_priority(value: str | None) -> int:
+    """``CUDA_TASK_PRIORITY`` as the monitor uses it: a decimal integer 0..2^31-1;
+    unset, malformed or negative values give :data:`DEFAULT_PRIORITY` (HAMi's ``atoi``
+    lets a negative priority exempt a container from blocking)."""
+    m = _PRIORITY.fullmatch(value or "")
+    if m is None or int(m.group(1)) > 2**31 - 1:
+        return DEFAULT_PRIORITY
+    return int(m.group(1))
+
+
+def container_grants(pod: PodView) -> dict[str, Grant]:
+    """Container name -> :class:`Grant` for every container of ``pod`` (init containers
+    included). Entry k of ``hami.io/vgpu-devices-allocated`` belongs to container k
+    (init containers first, spec §2.4); a missing or undecodable annotation grants no
+    GPU (the container then shares no GPU with anyone in the feedback loop and has no
+    per-device series)."""
+    try:
+        entries = decode_pod_devices(pod.annotations.get(names.DEVICES_ALLOCATED, ""))
+    except (CodecError, ValueError, IndexError, TypeError):
+        entries = ()
+    out = {}
+    for k, ctr in enumerate(pod.containers):
+        uuids = tuple(dict.fromkeys(d.uuid for d in entries[k] if d.uuid)) if k < len(entries) else ()
+        out[ctr.name] = Grant(uuids, task_priority(ctr.env.get(names.ENV_TASK_PRIORITY)))
+    return out

@@ -1,7 +1,8 @@
 """Reader of libvgpu's shared-region cache file (hami-core-spec §A.6, §C.2-C.3).
 
-Pure parsing with :mod:`struct` from any bytes-like object (``bytes``, ``mmap``,
-``memoryview``); nothing here opens files or takes the region's locks.
+Pure parsing with :mod:`struct` from a bytes-like image of the file or through a
+``read(offset, length)`` callable (the monitor passes ``os.pread``: it never maps a file a
+container can truncate under it); nothing here opens files or takes the region's locks.
 
 Two layouts are understood:
 
@@ -18,6 +19,7 @@ rejected. All integers are little-endian.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MAGIC = 19920718
@@ -135,10 +137,14 @@ class Region:
         return sum(p.sm_util_percent[device] for p in self.active_procs())
 
 
-def detect_layout(buf: bytes | bytearray | memoryview) -> _Layout:
-    """Return the layout of ``buf`` or raise :class:`RegionError` (§C.2 rules)."""
-    size = len(buf)
-    if size < 12:
+def detect_layout(buf: bytes | bytearray | memoryview, size: int | None = None) -> _Layout:
+    """Return the layout of a region or raise :class:`RegionError` (§C.2 rules).
+
+    ``buf`` holds at least the region's first 12 bytes; ``size`` is the file's size in
+    bytes (default ``len(buf)``).
+    """
+    size = len(buf) if size is None else size
+    if size < 12 or len(buf) < 12:
         raise RegionError(f"region too small: {size} bytes")
     magic, major = struct.unpack_from("<iI", buf, 0)
     if magic != MAGIC:
@@ -150,39 +156,65 @@ def detect_layout(buf: bytes | bytearray | memoryview) -> _Layout:
     raise RegionError(f"unknown region: size {size} bytes, major version {major}")
 
 
-def parse_region(buf: bytes | bytearray | memoryview) -> Region:
-    """Parse a whole region file image.
+#: ``read(offset, length) -> bytes``: at most ``length`` bytes of the file at ``offset``
+#: (fewer at the end of the file), e.g. ``os.pread`` on a file descriptor.
+Reader = Callable[[int, int], "bytes | bytearray | memoryview"]
 
-    ``buf``: the file's bytes or an mmap of it (the trailing extra byte of the
-    on-disk file is ignored). Raises :class:`RegionError` (a ``ValueError``)
-    when the buffer is truncated, has the wrong magic, an unknown version, or
-    an out-of-range ``proc_num``/``device_num``.
+
+def parse_region(buf: bytes | bytearray | memoryview) -> Region:
+    """Parse a whole region file image (``bytes``, ``bytearray`` or ``memoryview``).
+
+    The trailing extra byte of the on-disk file is ignored. Raises :class:`RegionError`
+    (a ``ValueError``) when the buffer is truncated, has the wrong magic, an unknown
+    version, or an out-of-range ``proc_num``/``device_num``.
     """
     mv = memoryview(buf)
-    lay = detect_layout(mv)
+    return read_region(lambda off, n: mv[off:off + n], len(mv))
+
+
+def _exact(read: Reader, off: int, n: int) -> memoryview:
+    data = memoryview(read(off, n))
+    if len(data) != n:
+        raise RegionError(f"short read: {len(data)} of {n} bytes at offset {off} (file truncated?)")
+    return data
+
+
+def read_region(read: Reader, size: int) -> Region:
+    """Parse a region of ``size`` bytes through ``read`` (three reads: the header up to the
+    process slots, the trailer fields, and the ``proc_num`` slots in use).
+
+    Only what the monitor reads is fetched (a few kB for a container with a few
+    processes, at most ~2 MB). Raises :class:`RegionError` like :func:`parse_region`, also
+    when a read returns fewer bytes than asked (the file shrank meanwhile).
+    """
+    lay = detect_layout(_exact(read, 0, min(size, 12)) if size >= 12 else b"", size)
+    head = _exact(read, 0, lay.off_procs)
+    tail_len = 24 if lay.off_last_kernel_time else 16
+    tail = _exact(read, lay.off_proc_num, tail_len)
     if lay.version == 1:
-        _, major, minor = struct.unpack_from("<iII", mv, 0)
-        (owner_pid,) = struct.unpack_from("<Q", mv, 16)
+        _, major, minor = struct.unpack_from("<iII", head, 0)
+        (owner_pid,) = struct.unpack_from("<Q", head, 16)
     else:
         major, minor = 0, 0
-        (owner_pid,) = struct.unpack_from("<Q", mv, 8)
-    (device_num,) = struct.unpack_from("<Q", mv, lay.off_device_num)
+        (owner_pid,) = struct.unpack_from("<Q", head, 8)
+    (device_num,) = struct.unpack_from("<Q", head, lay.off_device_num)
     if device_num > 1024:
         raise RegionError(f"corrupt region: device_num {device_num}")
     ndev = min(device_num, MAX_DEVICES)
     uuids = tuple(
-        bytes(mv[lay.off_uuids + i * UUID_LEN : lay.off_uuids + (i + 1) * UUID_LEN])
+        bytes(head[lay.off_uuids + i * UUID_LEN : lay.off_uuids + (i + 1) * UUID_LEN])
         .split(b"\0", 1)[0]
         .decode("utf-8", "replace")
         for i in range(ndev)
     )
-    limits = struct.unpack_from(f"<{MAX_DEVICES}Q", mv, lay.off_limit)
-    sm_limits = struct.unpack_from(f"<{MAX_DEVICES}Q", mv, lay.off_sm_limit)
-    proc_num, util_switch, recent_kernel, priority = struct.unpack_from("<4i", mv, lay.off_proc_num)
+    limits = struct.unpack_from(f"<{MAX_DEVICES}Q", head, lay.off_limit)
+    sm_limits = struct.unpack_from(f"<{MAX_DEVICES}Q", head, lay.off_sm_limit)
+    proc_num, util_switch, recent_kernel, priority = struct.unpack_from("<4i", tail, 0)
     if not 0 <= proc_num <= MAX_PROCS:
         raise RegionError(f"corrupt region: proc_num {proc_num}")
-    lkt = struct.unpack_from("<Q", mv, lay.off_last_kernel_time)[0] if lay.off_last_kernel_time else 0
-    procs = tuple(_parse_slot(mv, lay, i) for i in range(proc_num))
+    lkt = struct.unpack_from("<Q", tail, 16)[0] if lay.off_last_kernel_time else 0
+    slots = _exact(read, lay.off_procs, proc_num * lay.slot_size) if proc_num else memoryview(b"")
+    procs = tuple(_parse_slot(slots, lay, i) for i in range(proc_num))
     return Region(
         version=(major, minor),
         device_count=ndev,
@@ -200,7 +232,8 @@ def parse_region(buf: bytes | bytearray | memoryview) -> Region:
 
 
 def _parse_slot(mv: memoryview, lay: _Layout, index: int) -> ProcessSlot:
-    base = lay.off_procs + index * lay.slot_size
+    """Slot ``index`` of ``mv``, which holds the slots from the first one on."""
+    base = index * lay.slot_size
     pid, host_pid = struct.unpack_from("<ii", mv, base)
     nfields = lay.devmem_size // 8
     devices = []
@@ -216,7 +249,7 @@ def _parse_slot(mv: memoryview, lay: _Layout, index: int) -> ProcessSlot:
     return ProcessSlot(index, pid, host_pid, status, tuple(devices), tuple(monitor), sm)
 
 
-# offsets of the fields the monitor writes (§C.3, §D), for mmap users
+# offsets of the fields the monitor writes (§C.3, §D), for writers of test images
 V1_OFFSETS = {
     "recent_kernel": 2_008_904,
     "utilization_switch": 2_008_900,

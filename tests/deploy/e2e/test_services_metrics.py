@@ -71,6 +71,17 @@ def _monitor(control_plane: ControlPlane, hook: Path, node: str, log_path: Path,
         log.close()
 
 
+GPU = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
+
+
+def _granted(*containers: str) -> dict[str, str]:
+    """The scheduler's allocation annotation granting :data:`GPU` to each container (the
+    monitor reports only granted GPUs)."""
+    from tests.node.regionfile import allocated
+
+    return allocated(*((GPU,) for _ in containers))
+
+
 def _cache_dir(hook: Path, uid: str, container: str, used_bytes: int) -> Path:
     from tests.node.regionfile import Proc, RegionSpec, build
 
@@ -78,7 +89,7 @@ def _cache_dir(hook: Path, uid: str, container: str, used_bytes: int) -> Path:
     d.mkdir(parents=True)
     (d / "libvgpu.so").touch()
     (d / "0a1b.cache").write_bytes(build(RegionSpec(
-        uuids=("GPU-aaaaaaaa-1111-2222-3333-444444444444",), limits={0: 3000 << 20},
+        uuids=(GPU,), limits={0: 3000 << 20},
         last_kernel_time=int(time.time()) - 5,
         procs=[Proc(pid=10, used={0: (100 << 20, 0, used_bytes - (100 << 20), 0, used_bytes)},
                     sm_util={0: 30})])))
@@ -92,7 +103,8 @@ def test_monitor_serves_promtool_clean_metrics(control_plane: ControlPlane, kube
     node = f"mon-{uuid.uuid4().hex[:6]}"
     name = f"gpu-user-{uuid.uuid4().hex[:6]}"
     pod = kube_client.create(Pod(
-        metadata=ObjectMeta(name=name, namespace="default", labels={"hami.io/vgpu-node": node}),
+        metadata=ObjectMeta(name=name, namespace="default", labels={"hami.io/vgpu-node": node},
+                            annotations=_granted("main")),
         spec=PodSpec(nodeName=node, containers=[Container(name="main", image="x")])))
     hook = tmp_path / "vgpu"
     _cache_dir(hook, pod.metadata.uid, "main", 1000 << 20)
@@ -128,7 +140,8 @@ def test_monitor_reports_running_containers_only(control_plane: ControlPlane, ku
     pods = {}
     for name, ctrs in ((busy, ("main", "side")), (done, ("main",))):
         pods[name] = kube_client.create(Pod(
-            metadata=ObjectMeta(name=name, namespace="default", labels=labels),
+            metadata=ObjectMeta(name=name, namespace="default", labels=labels,
+                                annotations=_granted(*ctrs)),
             spec=PodSpec(nodeName=node, containers=[Container(name=c, image="x") for c in ctrs])))
     busy_main = _cache_dir(hook, pods[busy].metadata.uid, "main", 1000 << 20)
     busy_side = _cache_dir(hook, pods[busy].metadata.uid, "side", 2000 << 20)
