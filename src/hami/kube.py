@@ -27,6 +27,8 @@ from lightkube.generic_resource import (
 )
 from lightkube.types import PatchType, on_error_raise
 
+from hami.kubehttp import DEFAULT_WATCH_IDLE_TIMEOUT_S, async_transport, watch_timeout_for
+
 JSON = dict[str, Any]
 
 
@@ -46,6 +48,14 @@ class KubeError(Exception):
     @property
     def conflict(self) -> bool:
         return self.code == 409
+
+
+class WatchIdle(KubeError):
+    """A watch delivered no event and no bookmark within its idle deadline: restart it
+    from the last resourceVersion (code 0: no HTTP status)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0, message)
 
 
 class _Pod(GenericNamespacedResource):
@@ -93,23 +103,36 @@ def _plain(obj: Any) -> JSON:
 class Kube:
     """Async access to the API objects the scheduler reads and writes."""
 
-    def __init__(self, client: AsyncClient, *, max_inflight: int = 32) -> None:
+    def __init__(self, client: AsyncClient, *, max_inflight: int = 32,
+                 watch_timeout_s: int = 300) -> None:
         # Typed as Any: the generic resources here are plain dicts, which lightkube's
         # overloads (written for its models) do not describe.
         self.client: Any = client
         # kube-scheduler binds without bound; a burst of binds must not become a burst of
         # thousands of concurrent writes on the apiserver (HAMi has --kube-qps for this).
         self._inflight = asyncio.Semaphore(max_inflight)
+        #: ``timeoutSeconds`` of each watch request (the API server ends the watch then,
+        #: sending a bookmark just before; lightkube reconnects from the last version).
+        self.watch_timeout_s = watch_timeout_s
 
     @classmethod
     def connect(cls, kubeconfig: str | Path | None = None, *, timeout_s: float = 10.0,
-                field_manager: str = "hami-scheduler", max_inflight: int = 32) -> Kube:
-        """From a kubeconfig file (``$KUBECONFIG`` when None), else the in-cluster config."""
+                field_manager: str = "hami-scheduler", max_inflight: int = 32,
+                watch_idle_timeout_s: float = DEFAULT_WATCH_IDLE_TIMEOUT_S) -> Kube:
+        """From a kubeconfig file (``$KUBECONFIG`` when None), else the in-cluster config.
+
+        Watches ask for bookmarks and end with :class:`WatchIdle` after
+        ``watch_idle_timeout_s`` seconds without a byte; every connection has TCP
+        keepalive (:mod:`hami.kubehttp`). Watch requests last half the idle deadline
+        (:func:`~hami.kubehttp.watch_timeout_for`), so a healthy quiet watch is renewed
+        by the API server before the deadline could cut it."""
         path = kubeconfig or os.environ.get("KUBECONFIG")
         config = KubeConfig.from_file(path) if path else KubeConfig.from_env()
+        transport = async_transport(config.get(), idle_timeout_s=watch_idle_timeout_s)
         client = AsyncClient(config, field_manager=field_manager, trust_env=False,
-                             timeout=httpx2.Timeout(timeout_s))
-        return cls(client, max_inflight=max_inflight)
+                             timeout=httpx2.Timeout(timeout_s), transport=transport)
+        return cls(client, max_inflight=max_inflight,
+                   watch_timeout_s=watch_timeout_for(watch_idle_timeout_s))
 
     async def close(self) -> None:
         await self.client.close()
@@ -133,18 +156,22 @@ class Kube:
             raise _error(exc) from None
 
     async def watch(self, kind: str, resource_version: str,
-                    server_timeout_s: int = 300) -> AsyncIterator[tuple[str, JSON]]:
-        """Events after ``resource_version``; raises :class:`KubeError` (410 when the
-        version is too old, so the caller relists)."""
+                    server_timeout_s: int | None = None) -> AsyncIterator[tuple[str, JSON]]:
+        """Events after ``resource_version``, BOOKMARK events included (they carry only a
+        resourceVersion). Raises :class:`WatchIdle` when the connection stayed silent past
+        the idle deadline (resume from the last version), :class:`KubeError` otherwise
+        (410 when the version is too old, so the caller relists)."""
         res = KINDS[kind]
         kwargs: dict[str, Any] = {"resource_version": resource_version,
-                                  "server_timeout": server_timeout_s,
+                                  "server_timeout": server_timeout_s or self.watch_timeout_s,
                                   "on_error": on_error_raise}
         if issubclass(res, lkres.NamespacedResource):
             kwargs["namespace"] = ALL
         try:
             async for kind_of_event, obj in self.client.watch(res, **kwargs):
                 yield kind_of_event, _plain(obj)
+        except httpx2.ReadTimeout as exc:
+            raise WatchIdle(f"{kind} watch silent past its idle deadline ({exc})") from None
         except (ApiError, httpx2.HTTPError, OSError) as exc:
             raise _error(exc) from None
 
@@ -224,4 +251,4 @@ def dumps(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), default=str)[:2000]
 
 
-__all__ = ["JSON", "Kube", "KubeError"]
+__all__ = ["JSON", "Kube", "KubeError", "WatchIdle"]

@@ -66,13 +66,18 @@ def device_plugin(
     lib_path: Annotated[Path, typer.Option(help="libvgpu.so to install")] = DEFAULT_LIB,
     mig_apply_lock: Annotated[Path, typer.Option(
         help="MIG apply lock file (operatingmode mig)")] = Path("/tmp/hami/hami-mig-apply.lock"),
+    watch_idle_timeout: Annotated[float, typer.Option(
+        help="seconds without an event or bookmark after which the node watch is "
+             "resumed on a new connection")] = 120.0,
     verbose: Annotated[int, typer.Option("-v", help="log verbosity")] = 0,
 ) -> None:
     """Kubelet device plugin: advertise GPU replicas, answer Allocate (hami-core-spec §B)."""
     from hami import __version__
+    from hami.netlimits import raise_open_files_limit
 
     logging.basicConfig(level=logging.DEBUG if verbose > 2 else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    raise_open_files_limit()
     if install_lib_dir is not None:
         try:
             for p in install_lib(install_lib_dir, lib_path, __version__):
@@ -91,7 +96,8 @@ def device_plugin(
                    config_file=config_file, node_config_file=node_config_file,
                    backend_kind=backend, fake_inventory=fake_inventory, kubeconfig=kubeconfig,
                    lock_dir=lock_dir, register_interval_s=register_interval, stop=stop,
-                   install_signals=True, version=__version__, mig_apply_lock=mig_apply_lock)
+                   install_signals=True, version=__version__, mig_apply_lock=mig_apply_lock,
+                   watch_idle_timeout_s=watch_idle_timeout)
     except Exception as exc:  # noqa: BLE001 - report and exit non-zero
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -103,15 +109,16 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
                register_interval_s: float, stop: threading.Event,
                install_signals: bool = False, version: str = "0.1.0",
                kube_api: object | None = None, mig_apply_lock: Path | None = None,
-               mig_reconcile_s: float = 5.0) -> None:
+               mig_reconcile_s: float = 5.0, watch_idle_timeout_s: float = 120.0) -> None:
     """Build and run every loop until ``stop`` is set (SIGINT/SIGTERM set it; SIGHUP
     restarts the gRPC server). ``kube_api`` replaces the lightkube client (tests).
 
     In ``operatingmode: mig`` the GPUs' MIG profiles are read through the backend and the
     allowlist (:mod:`hami.deviceplugin.mig`), a reconciler runs every ``mig_reconcile_s``
     and ``mig_apply_lock`` (default ``/tmp/hami/hami-mig-apply.lock``) pauses
-    registration and health checks while instances change. Raises ``PluginConfigError``
-    when mig mode has no ``migProfileAllowlist``."""
+    registration and health checks while instances change. The node watch restarts after
+    ``watch_idle_timeout_s`` seconds without an event or bookmark. Raises
+    ``PluginConfigError`` when mig mode has no ``migProfileAllowlist``."""
     from hami.deviceplugin import allocate as al
     from hami.deviceplugin import mig as migmod
     from hami.deviceplugin import mps
@@ -127,6 +134,7 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
         PluginServer,
         health_loop,
     )
+    from hami.kubehttp import watch_timeout_for
 
     cfg = from_device_config(config_file.read_text() if config_file else None)
     if node_config_file is not None and node_config_file.exists():
@@ -137,7 +145,9 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
                                 "devices.nvidia.migProfileAllowlist)")
     gpu_backend = open_backend(backend_kind, fake_inventory)
     gpus = gpu_backend.devices()
-    kube = kube_api if isinstance(kube_api, KubeApi) else KubeApi(make_client(kubeconfig))
+    kube = kube_api if isinstance(kube_api, KubeApi) else KubeApi(
+        make_client(kubeconfig, watch_idle_timeout_s=watch_idle_timeout_s),
+        watch_timeout_s=watch_timeout_for(watch_idle_timeout_s))
     lock_path = mig_apply_lock or migmod.DEFAULT_APPLY_LOCK
     mig_manager = None
     if cfg.operating_mode == "mig":

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hami.deviceplugin.allocate import NODE_LOCK, VGPU_NODE, ContainerView, PodView
+from hami.kubehttp import DEFAULT_WATCH_IDLE_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +27,21 @@ class KubeError(RuntimeError):
         self.code = code
 
 
-def make_client(kubeconfig: Path | None = None) -> Any:
-    """A lightkube ``Client``: from ``kubeconfig``, else ``$KUBECONFIG``/in-cluster."""
+def make_client(kubeconfig: Path | None = None, *,
+                watch_idle_timeout_s: float = DEFAULT_WATCH_IDLE_TIMEOUT_S) -> Any:
+    """A lightkube ``Client``: from ``kubeconfig``, else in-cluster/``$KUBECONFIG``.
+
+    Watches ask for bookmarks and raise ``httpx2.ReadTimeout`` after
+    ``watch_idle_timeout_s`` seconds without a byte; connections have TCP keepalive
+    (:mod:`hami.kubehttp`)."""
     from lightkube import Client, KubeConfig
 
-    if kubeconfig is not None:
-        return Client(config=KubeConfig.from_file(str(kubeconfig)), field_manager="hami-node")
-    return Client(field_manager="hami-node")
+    from hami.kubehttp import sync_transport
+
+    config = KubeConfig.from_file(str(kubeconfig)) if kubeconfig is not None \
+        else KubeConfig.from_env()
+    transport = sync_transport(config.get(), idle_timeout_s=watch_idle_timeout_s)
+    return Client(config=config, field_manager="hami-node", transport=transport)
 
 
 def container_states(status: Any) -> dict[str, str]:
@@ -78,13 +87,16 @@ def _api_error(exc: Exception) -> KubeError:
 class KubeApi:
     """The handful of calls the device plugin and the monitor make."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, *, watch_timeout_s: int = 300) -> None:
         self.client = client
         self.node_watch: NodeWatch | None = None
+        #: ``timeoutSeconds`` of the node watch's requests (see
+        #: :func:`hami.kubehttp.watch_timeout_for`).
+        self.watch_timeout_s = watch_timeout_s
 
     def start_node_watch(self, node: str, stop: threading.Event) -> NodeWatch:
         """Keep a watched copy of the node (the plugin reads the node lock from it)."""
-        self.node_watch = NodeWatch(self.client, node)
+        self.node_watch = NodeWatch(self.client, node, self.watch_timeout_s)
         threading.Thread(target=self.node_watch.run, args=(stop,), name="node-watch",
                          daemon=True).start()
         return self.node_watch
@@ -239,18 +251,24 @@ def _rv_newer(a: str, b: str) -> bool:
 class NodeWatch:
     """A watched copy of one Node's ``(annotations, resourceVersion)``.
 
-    Readers get None while the watch is (re)connecting. Our own patch responses are
-    :meth:`offer`-ed so a read right after our write is never older than it. A stale copy
-    is harmless for Allocate: the lock owner it names is re-read live and only used when
-    it still has devices to allocate; otherwise the pods of the node are listed live.
+    Readers get None while the watch is (re)connecting after an error. Our own patch
+    responses are :meth:`offer`-ed so a read right after our write is never older than
+    it. A stale copy is harmless for Allocate: the lock owner it names is re-read live and
+    only used when it still has devices to allocate; otherwise the pods of the node are
+    listed live. A watch silent past the client's idle deadline (no event, no bookmark)
+    is resumed at once from the last resourceVersion seen, keeping the copy; BOOKMARK
+    events only move that version and prove the watch alive (``bookmarks`` counts them).
     """
 
-    def __init__(self, client: Any, node: str) -> None:
+    def __init__(self, client: Any, node: str, server_timeout_s: int = 300) -> None:
         self.client = client
         self.node = node
+        self.server_timeout_s = server_timeout_s
         self._value: tuple[dict[str, str], str] | None = None
         self._lock = threading.Lock()
         self.events = 0
+        self.bookmarks = 0
+        self.idle_restarts = 0
 
     def get(self) -> tuple[dict[str, str], str] | None:
         with self._lock:
@@ -262,12 +280,21 @@ class NodeWatch:
                 self._value = (dict(annotations), rv)
 
     def run(self, stop: threading.Event) -> None:
+        import httpx2
         from lightkube.resources.core_v1 import Node
 
+        resume: str | None = None  # after an idle deadline: the last version seen
         while not stop.is_set():
             try:
                 for kind, obj in self.client.watch(Node, fields={"metadata.name": self.node},
-                                                   server_timeout=300):
+                                                   server_timeout=self.server_timeout_s,
+                                                   resource_version=resume):
+                    resume = (obj.metadata.resourceVersion if obj.metadata else None) or resume
+                    if kind == "BOOKMARK":
+                        self.bookmarks += 1
+                        if stop.is_set():
+                            return
+                        continue
                     self.events += 1
                     if kind == "DELETED":
                         with self._lock:
@@ -277,8 +304,15 @@ class NodeWatch:
                                    obj.metadata.resourceVersion or "")
                     if stop.is_set():
                         return
+            except httpx2.ReadTimeout:
+                # Resume after the last version seen: a change (or the node's deletion)
+                # made while the connection was silent arrives on the new watch.
+                self.idle_restarts += 1
+                log.info("node watch %s silent past its idle deadline; resuming from %s",
+                         self.node, resume)
             except Exception as exc:  # noqa: BLE001 - reconnect; readers fall back to GET
                 log.info("node watch %s restarting: %s", self.node, exc)
+                resume = None  # 410 and the like: start over with the node's current state
                 with self._lock:
                     self._value = None
                 stop.wait(1.0)

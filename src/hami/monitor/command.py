@@ -17,6 +17,7 @@ from hami.deviceplugin.allocate import VGPU_NODE, PodView
 from hami.monitor.feedback import ContainerFeedback, observe
 from hami.monitor.lister import ContainerLister
 from hami.monitor.pods import DEFAULT_PRIORITY, container_grants, pod_finished
+from hami.netlimits import LimitedHTTPServer, ServerLimits, raise_open_files_limit
 
 log = logging.getLogger("hami.monitor")
 
@@ -88,12 +89,20 @@ class PodCache:
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def serve_metrics(collector: Any, addr: str, port: int) -> Any:
-    """Serve ``collector.render()`` on ``http://addr:port/metrics`` in a daemon thread
-    (the same bytes prometheus-client's ``generate_latest`` would produce)."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+#: The monitor's ``/metrics`` listener: request head within 10 s, at most 64 open
+#: connections from other hosts (Prometheus scrapes one at a time).
+METRICS_LIMITS = ServerLimits(header_timeout_s=10.0, body_timeout_s=10.0,
+                              max_remote_connections=64)
 
-    class Handler(BaseHTTPRequestHandler):
+
+def serve_metrics(collector: Any, addr: str, port: int,
+                  limits: ServerLimits = METRICS_LIMITS) -> Any:
+    """Serve ``collector.render()`` on ``http://addr:port/metrics`` in a daemon thread
+    (the same bytes prometheus-client's ``generate_latest`` would produce), with
+    ``limits`` (:class:`~hami.netlimits.LimitedHTTPServer`: a request head deadline,
+    socket timeouts, a cap on remote connections)."""
+
+    class Handler(LimitedHTTPServer.handler_base()):  # type: ignore[misc]
         def do_GET(self) -> None:  # noqa: N802 - http.server API
             if self.path.split("?", 1)[0] not in ("/metrics", "/"):
                 self.send_error(404)
@@ -113,8 +122,7 @@ def serve_metrics(collector: Any, addr: str, port: int) -> Any:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             return
 
-    server = ThreadingHTTPServer((addr, port), Handler)
-    server.daemon_threads = True
+    server = LimitedHTTPServer((addr, port), Handler, limits, name="monitor metrics")
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server
 
@@ -170,6 +178,7 @@ def monitor(
 
     logging.basicConfig(level=logging.DEBUG if verbose > 2 else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    raise_open_files_limit()
     if "HOOK_PATH" not in os.environ:
         typer.echo("error: HOOK_PATH must be set", err=True)
         raise typer.Exit(2)

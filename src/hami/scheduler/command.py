@@ -67,15 +67,27 @@ def scheduler(
     allocation_key_dir: Annotated[str, typer.Option(
         help="directory of the allocation-signing key shared with the device plugins "
              "(files 'current', 'previous'); empty: allocations are written unsigned")] = "",
+    http_header_timeout: Annotated[str, typer.Option(
+        help="a request head must arrive within this time of the connection or of the "
+             "previous response; also the idle keep-alive timeout")] = "10s",
+    http_body_timeout: Annotated[str, typer.Option(
+        help="a request body must arrive within this time of its head (0: no deadline)")] = "10s",
+    http_max_connections: Annotated[int, typer.Option(
+        help="open connections from non-loopback peers per listener beyond which new ones "
+             "are closed at once (0: no cap); loopback peers are never refused")] = 256,
+    watch_idle_timeout: Annotated[str, typer.Option(
+        help="restart an API watch that brought no event or bookmark for this long")] = "2m",
     debug: Annotated[bool, typer.Option(help="verbose logs")] = False,
 ) -> None:
     """Run the scheduler extender + mutating webhook (HAMi's hami-scheduler)."""
     from hami.keyring import KeyRing, KeyRingError
+    from hami.netlimits import raise_open_files_limit
     from hami.scheduler.server import serve
     from hami.scheduler.settings import SchedulerSettings, parse_label_selector
 
     logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    raise_open_files_limit()
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     try:
@@ -104,7 +116,12 @@ def scheduler(
             register_interval=_duration(register_interval, "--register-interval"),
             events=events, async_annotation_patch=async_annotation_patch,
             extender_allow_remote=extender_allow_remote,
-            allocation_key_dir=allocation_key_dir, debug=debug)
+            allocation_key_dir=allocation_key_dir,
+            http_header_timeout=_duration(http_header_timeout, "--http-header-timeout"),
+            http_body_timeout=_duration(http_body_timeout, "--http-body-timeout"),
+            http_max_connections=http_max_connections,
+            watch_idle_timeout=_duration(watch_idle_timeout, "--watch-idle-timeout"),
+            debug=debug)
         settings.validate()
         settings.scheduler_config()
         if settings.allocation_key_dir:

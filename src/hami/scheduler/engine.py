@@ -46,7 +46,7 @@ from hami.core.request import RequestError
 from hami.core.state import TERMINAL_PHASES, ClusterState, pod_uid
 from hami.extender.wire import BindArgs, FilterArgs, filter_result
 from hami.keyring import KeyRing
-from hami.kube import KubeError
+from hami.kube import KubeError, WatchIdle
 from hami.scheduler.binder import LockError, NodeLocks, acquire_all
 from hami.scheduler.events import (
     BINDING_FAILED,
@@ -166,6 +166,8 @@ class Counters:
     binds: int = 0
     relists: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     watch_errors: int = 0
+    #: Watches restarted from their last resourceVersion after their idle deadline.
+    watch_idle_restarts: int = 0
     patch_failures: int = 0
     apply_errors: int = 0
     #: /filter and /bind requests refused because they named a pod hami may not place.
@@ -294,6 +296,13 @@ class Engine:
                 continue  # the server closed the watch normally: resume from the last version
             except asyncio.CancelledError:
                 raise
+            except WatchIdle as exc:
+                # Silent connection (no event, no bookmark): a new watch from the last
+                # version sees what happened meanwhile; a 410 on it relists below.
+                self.counters.watch_idle_restarts += 1
+                log.info("watch %s: %s; restarting from resourceVersion %s", kind, exc,
+                            self._resource_version[kind])
+                continue
             except Exception as exc:
                 self.counters.watch_errors += 1
                 log.warning("watch %s: %s; relisting", kind, exc)

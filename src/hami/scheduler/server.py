@@ -4,6 +4,9 @@ One aiohttp application serves ``/filter``, ``/bind``, ``/webhook``, ``/healthz`
 ``/readyz`` (spec §4.1); a second one serves ``/metrics`` on its own port (spec §8).
 With ``--cert-file/--key-file`` the main server speaks TLS and re-reads the pair when
 either file changes (new connections get the new certificate).
+Both listeners have deadlines for the request head and body and a cap on remote
+connections (:mod:`hami.scheduler.listener`); large AdmissionReviews are decided on a
+worker thread so that ``/filter`` is not held up behind them.
 Errors become HTTP replies only here: every handler answers 200 with the extender's
 ``Error`` field or an AdmissionReview status, never an exception page, and the server
 goes on serving whatever the body.
@@ -13,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import json
 import logging
 import os
@@ -32,11 +34,20 @@ from hami.extender.wire import (
     parse_bind_args,
     parse_filter_args,
 )
+from hami.netlimits import is_loopback
 from hami.scheduler.engine import Engine
+from hami.scheduler.listener import LimitedSite, runner
 from hami.scheduler.metrics import SchedulerMetrics
 from hami.scheduler.settings import SchedulerSettings, parse_bind
 
 log = logging.getLogger("hami.scheduler.server")
+
+#: AdmissionReviews of at least this many bytes are decided on a worker thread, so that a
+#: large pod (hundreds of containers) does not stall ``/filter`` for its duration.
+OFFLOAD_ADMISSION_BYTES = 64 * 1024
+#: Most AdmissionReviews decided on worker threads at once (each holds the GIL while it
+#: runs; more would take the event loop's turns).
+OFFLOAD_ADMISSION_SLOTS = 2
 
 
 def _json(payload: Any) -> web.Response:
@@ -48,32 +59,32 @@ class BodyTooLarge(Exception):
     pass
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """The request body, refusing more than ``limit`` bytes (HAMi reads through 1 MiB)."""
+class BodyTimeout(Exception):
+    pass
+
+
+async def read_body(request: web.Request, limit: int, timeout_s: float | None = None) -> bytes:
+    """The request body, refusing more than ``limit`` bytes (HAMi reads through 1 MiB).
+
+    Raises:
+        BodyTooLarge: more than ``limit`` bytes (announced or sent).
+        BodyTimeout: the body was not complete ``timeout_s`` seconds after this call.
+    """
     if request.content_length is not None and request.content_length > limit:
         raise BodyTooLarge(f"request body of {request.content_length} bytes exceeds {limit}")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.content.iter_chunked(65536):
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"request body exceeds {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def is_loopback(remote: str | None) -> bool:
-    """The peer address is this host's loopback (``127.0.0.0/8``, ``::1``, or an
-    IPv4-mapped loopback); None or a non-IP peer (a Unix socket) is not."""
-    if not remote:
-        return False
     try:
-        address = ipaddress.ip_address(remote.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.content.iter_chunked(65536):
+                size += len(chunk)
+                if size > limit:
+                    raise BodyTooLarge(f"request body exceeds {limit} bytes")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BodyTimeout(f"request body not complete after {timeout_s:g} s "
+                          f"({size} bytes read)") from None
+    return b"".join(chunks)
 
 
 def build_app(engine: Engine, settings: SchedulerSettings) -> web.Application:
@@ -85,13 +96,28 @@ def build_app(engine: Engine, settings: SchedulerSettings) -> web.Application:
     the extender.
     """
     limit = settings.max_body_bytes
+    body_timeout_s = settings.http_body_timeout.total_seconds() or None
+    admission_slots = asyncio.Semaphore(OFFLOAD_ADMISSION_SLOTS)
 
     def guarded(handler: Callable[[bytes], Awaitable[Any]],
                 on_error: Callable[[str], Any]) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
             try:
-                body = await read_body(request, limit)
-                return _json(await handler(body))
+                body = await read_body(request, limit, body_timeout_s)
+                result = await handler(body)
+                if isinstance(result, bytes):
+                    return web.Response(body=result, content_type="application/json")
+                return _json(result)
+            except BodyTimeout as exc:
+                # Too slow to be kube-scheduler or the API server: drop the connection now
+                # (a reply would have to wait for the rest of the trickle to be drained).
+                log.warning("%s from %s: %s; connection closed", request.path,
+                            request.remote, exc)
+                if request.transport is not None:
+                    request.transport.close()
+                response = _json(on_error(str(exc)))
+                response.set_status(408)
+                return response
             except (BodyTooLarge, WireError) as exc:
                 return _json(on_error(str(exc)))
             except asyncio.CancelledError:
@@ -107,8 +133,16 @@ def build_app(engine: Engine, settings: SchedulerSettings) -> web.Application:
     async def do_bind(body: bytes) -> Any:
         return await engine.bind(parse_bind_args(body))
 
+    def admit_encoded(body: bytes) -> bytes:
+        return json.dumps(engine.admit(body), separators=(",", ":")).encode()
+
     async def do_webhook(body: bytes) -> Any:
-        return engine.admit(body)
+        if len(body) < OFFLOAD_ADMISSION_BYTES:
+            return engine.admit(body)
+        # The decision reads the quota ledgers only (dict lookups, safe while the event
+        # loop updates them); decoding, mutating and diffing a large pod is what takes time.
+        async with admission_slots:
+            return await asyncio.to_thread(admit_encoded, body)
 
     def webhook_error(message: str) -> Any:
         return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
@@ -213,7 +247,8 @@ async def serve(settings: SchedulerSettings, *, kube: Any = None,
     if kube is None:
         kube = Kube.connect(settings.kubeconfig or None,
                             timeout_s=settings.kube_timeout.total_seconds() or 10.0,
-                            max_inflight=settings.kube_max_inflight)
+                            max_inflight=settings.kube_max_inflight,
+                            watch_idle_timeout_s=settings.watch_idle_timeout.total_seconds())
     metrics = SchedulerMetrics(legacy=settings.legacy_metrics)
     engine = Engine(settings, kube, observer=metrics)
     metrics.attach(engine)
@@ -226,19 +261,19 @@ async def serve(settings: SchedulerSettings, *, kube: Any = None,
     tls = TlsReloader(settings.cert_file, settings.key_file) if settings.cert_file else None
     runners: list[web.AppRunner] = []
     ports: dict[str, int] = {}
+    limits = settings.server_limits()
     host, port = parse_bind(settings.http_bind)
-    runner = web.AppRunner(build_app(engine, settings), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=tls.context if tls else None,
-                       reuse_address=True)
-    await site.start()
-    runners.append(runner)
-    ports["http"] = _bound_port(runner)
+    main_runner = runner(build_app(engine, settings), limits)
+    await main_runner.setup()
+    await LimitedSite(main_runner, host, port, limits, ssl_context=tls.context if tls else None,
+                      name="extender/webhook listener").start()
+    runners.append(main_runner)
+    ports["http"] = _bound_port(main_runner)
     if settings.metrics_bind_address not in ("", "0"):
         mhost, mport = parse_bind(settings.metrics_bind_address)
-        mrunner = web.AppRunner(build_metrics_app(metrics), access_log=None)
+        mrunner = runner(build_metrics_app(metrics), limits)
         await mrunner.setup()
-        await web.TCPSite(mrunner, mhost, mport, reuse_address=True).start()
+        await LimitedSite(mrunner, mhost, mport, limits, name="metrics listener").start()
         runners.append(mrunner)
         ports["metrics"] = _bound_port(mrunner)
     tasks: list[asyncio.Task[Any]] = []

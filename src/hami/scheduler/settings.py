@@ -10,6 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from hami.core.config import GPU_POLICY_WORDS, NODE_POLICIES, ConfigError, SchedulerConfig
+from hami.netlimits import ServerLimits
 
 
 def default_identity() -> str:
@@ -66,6 +67,18 @@ class SchedulerSettings:
     enable_iluvatar: bool = False
     register_interval: timedelta = timedelta(seconds=15)
     max_body_bytes: int = 1 << 20
+    #: A request head must be complete this long after the connection (or its TLS
+    #: handshake) opened or after the previous response; idle keep-alive connections
+    #: close after it too.
+    http_header_timeout: timedelta = timedelta(seconds=10)
+    #: A request body must be complete this long after its head (0: no deadline).
+    http_body_timeout: timedelta = timedelta(seconds=10)
+    #: Open connections from non-loopback peers per listener beyond which new ones are
+    #: closed at once (0: no cap). Loopback peers (kube-scheduler) are never refused.
+    http_max_connections: int = 256
+    #: A watch that delivers no event and no bookmark for this long is restarted from its
+    #: last resourceVersion (the API server sends a bookmark about once a minute).
+    watch_idle_timeout: timedelta = timedelta(seconds=120)
     #: Serve /filter, /bind and /status to non-loopback peers too (kube-scheduler in
     #: another pod). Off: anyone who reaches the Service could forge placements.
     extender_allow_remote: bool = False
@@ -101,6 +114,18 @@ class SchedulerSettings:
             raise ConfigError("--cert-file and --key-file go together")
         if self.leader_elect_renew_deadline >= self.leader_elect_lease_duration:
             raise ConfigError("--leader-elect-renew-deadline must be below the lease duration")
+        if self.http_header_timeout <= timedelta(0):
+            raise ConfigError("--http-header-timeout must be positive")
+        if self.http_body_timeout < timedelta(0) or self.http_max_connections < 0:
+            raise ConfigError("--http-body-timeout and --http-max-connections must not be negative")
+        if self.watch_idle_timeout <= timedelta(0):
+            raise ConfigError("--watch-idle-timeout must be positive")
+
+    def server_limits(self) -> ServerLimits:
+        """The deadlines and connection cap of both listeners."""
+        return ServerLimits(header_timeout_s=self.http_header_timeout.total_seconds(),
+                            body_timeout_s=self.http_body_timeout.total_seconds(),
+                            max_remote_connections=self.http_max_connections)
 
     def scheduler_config(self) -> SchedulerConfig:
         """The core's config (device config file, policies, webhook scheduler name)."""

@@ -1,0 +1,207 @@
+"""Limits of the processes and servers hami runs where the pod network can reach them.
+
+* :func:`raise_open_files_limit`: every long-running command raises its soft
+  ``RLIMIT_NOFILE`` to the hard limit at start (a container often starts with a soft limit
+  of 1024; a thousand idle sockets would then lock kube-scheduler out of the extender).
+* :class:`ConnectionGate`: counts one listener's open connections by peer and refuses a
+  new non-loopback one beyond a cap; loopback peers (kube-scheduler in the scheduler pod)
+  are never refused, so remote connections cannot starve them.
+* :class:`LimitedHTTPServer`: the standard library's threading HTTP server with that gate,
+  a deadline for the request head and a socket timeout (the monitor's ``/metrics``).
+
+The aiohttp listener of the scheduler uses the same gate
+(:mod:`hami.scheduler.listener`). Stdlib only: the node components import this too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import resource
+import socket
+import sys
+import threading
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+log = logging.getLogger("hami.netlimits")
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise this process's soft ``RLIMIT_NOFILE`` to its hard limit.
+
+    Returns ``(soft_before, soft_after)``. Never raises: where the limit cannot be changed
+    (no such resource, EPERM) it logs and returns the unchanged value twice.
+    """
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError) as exc:
+        log.warning("cannot read RLIMIT_NOFILE: %s", exc)
+        return 0, 0
+    target = hard
+    if target == soft:
+        return soft, soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (OSError, ValueError) as exc:
+        log.warning("cannot raise RLIMIT_NOFILE from %d to %d: %s", soft, target, exc)
+        return soft, soft
+    log.info("open files limit raised from %d to %d", soft, target)
+    return soft, target
+
+
+def is_loopback(remote: str | None) -> bool:
+    """The peer address is this host's loopback (``127.0.0.0/8``, ``::1``, or an
+    IPv4-mapped loopback); None or a non-IP peer (a Unix socket) is not."""
+    if not remote:
+        return False
+    try:
+        address = ipaddress.ip_address(remote.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+@dataclass(frozen=True, slots=True)
+class ServerLimits:
+    """Deadlines and the connection cap of one listener.
+
+    ``header_timeout_s``: the request head must be complete this many seconds after the
+    connection opened (after the TLS handshake, which has the same deadline) or after the
+    previous response; the same time closes an idle keep-alive connection.
+    ``body_timeout_s``: the whole request body must arrive within this many seconds of its
+    head. ``max_remote_connections``: open non-loopback connections beyond which a new one
+    is closed at once (0: no cap); loopback peers are never refused.
+    """
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 10.0
+    max_remote_connections: int = 256
+
+
+class ConnectionGate:
+    """Open connections of one listener, counted by peer kind (thread-safe).
+
+    :meth:`admit` before a connection is served, :meth:`release` once it is closed (only
+    for admitted ones). ``refused`` counts refusals.
+    """
+
+    def __init__(self, max_remote: int, name: str = "listener") -> None:
+        self.max_remote = max_remote
+        self.name = name
+        self.remote = 0
+        self.loopback = 0
+        self.refused = 0
+        self._lock = threading.Lock()
+
+    def admit(self, peer: str | None) -> bool:
+        """True (and counted) unless ``peer`` is not loopback and ``max_remote`` remote
+        connections are already open."""
+        local = is_loopback(peer)
+        with self._lock:
+            if local:
+                self.loopback += 1
+                return True
+            if self.max_remote > 0 and self.remote >= self.max_remote:
+                self.refused += 1
+                refused = self.refused
+            else:
+                self.remote += 1
+                return True
+        if refused == 1 or refused % 1000 == 0:
+            log.warning("%s: %d remote connections open, refused %s (%d refused so far)",
+                        self.name, self.max_remote, peer, refused)
+        return False
+
+    def release(self, peer: str | None) -> None:
+        """One admitted connection from ``peer`` closed."""
+        with self._lock:
+            if is_loopback(peer):
+                self.loopback = max(0, self.loopback - 1)
+            else:
+                self.remote = max(0, self.remote - 1)
+
+
+class _DeadlineHandler(BaseHTTPRequestHandler):
+    """A request handler whose request head must arrive within the server's deadline
+    (a timer shuts the socket down otherwise); every socket operation also times out."""
+
+    server: LimitedHTTPServer
+
+    def setup(self) -> None:
+        self.timeout = self.server.limits.header_timeout_s
+        super().setup()
+        self._expired = False
+        self._head_deadline = threading.Timer(self.server.limits.header_timeout_s,
+                                              self._expire)
+        self._head_deadline.daemon = True
+        self._head_deadline.start()
+
+    def _expire(self) -> None:
+        self._expired = True
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()  # reads the header lines too
+        self._head_deadline.cancel()
+        if self._expired:  # the head was cut short by the deadline: not a request
+            self.close_connection = True
+            return False
+        return ok
+
+    def finish(self) -> None:
+        self._head_deadline.cancel()
+        super().finish()
+
+
+class LimitedHTTPServer(ThreadingHTTPServer):
+    """``ThreadingHTTPServer`` with :class:`ServerLimits`: a thread per admitted
+    connection, none for a refused one. ``handler`` must derive from the handler class
+    :meth:`handler_base` returns (it adds the request head deadline)."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: Any, limits: ServerLimits,
+                 name: str = "http") -> None:
+        self.limits = limits
+        self.gate = ConnectionGate(limits.max_remote_connections, name)
+        self._admitted: dict[int, str | None] = {}
+        self._admitted_lock = threading.Lock()
+        super().__init__(address, handler)
+
+    @staticmethod
+    def handler_base() -> type[BaseHTTPRequestHandler]:
+        return _DeadlineHandler
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        peer = client_address[0] if isinstance(client_address, tuple) else None
+        if not self.gate.admit(peer):
+            return False
+        with self._admitted_lock:
+            self._admitted[id(request)] = peer
+        return True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A peer that went away (or was cut off) is no error worth a traceback."""
+        if isinstance(sys.exc_info()[1], OSError):
+            log.debug("%s: connection from %s ended: %s", self.gate.name, client_address,
+                      sys.exc_info()[1])
+            return
+        log.exception("%s: request from %s failed", self.gate.name, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._admitted_lock:
+            admitted = id(request) in self._admitted
+            peer = self._admitted.pop(id(request), None)
+        if admitted:
+            self.gate.release(peer)
+        super().shutdown_request(request)
+
+
+__all__ = ["ConnectionGate", "LimitedHTTPServer", "ServerLimits", "is_loopback",
+           "raise_open_files_limit"]

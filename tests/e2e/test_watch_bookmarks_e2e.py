@@ -1,0 +1,70 @@
+"""The real API server sends BOOKMARK events to hami's watches (issue 12 §5) and both
+clients take them in stride: the scheduler's async watch (generic objects) and the
+device plugin's node watch (lightkube's typed Node). A watch without a resourceVersion
+gets one at once, after its initial events (``k8s.io/initial-events-end``); the API
+server sends the others shortly before a watch's ``timeoutSeconds`` runs out. Without
+``allowWatchBookmarks`` (which hami's transports add) none would come."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from hami.testing.controlplane import ControlPlane, create_gpu_node, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def test_scheduler_watch_receives_bookmarks(control_plane: ControlPlane, kube_client: Any) -> None:
+    from hami.kube import Kube
+
+    name = f"bookmark-{uuid.uuid4().hex[:6]}"
+    create_gpu_node(kube_client, name, gpus=1)
+
+    async def scenario() -> list[tuple[str, str]]:
+        kube = Kube.connect(control_plane.kubeconfig, watch_idle_timeout_s=30.0)
+        try:
+            seen: list[tuple[str, str]] = []
+
+            async def collect() -> None:
+                async for event, obj in kube.watch("Node", "", server_timeout_s=10):
+                    seen.append((event, str(obj["metadata"].get("resourceVersion"))))
+                    if event == "BOOKMARK":
+                        return
+
+            await asyncio.wait_for(collect(), 20)
+            return seen
+        finally:
+            await kube.close()
+
+    seen = asyncio.run(scenario())
+    assert seen[-1][0] == "BOOKMARK" and seen[-1][1].isdigit(), seen
+
+
+def test_device_plugin_node_watch_keeps_annotations_across_bookmarks(
+        control_plane: ControlPlane, kube_client: Any) -> None:
+    from hami.deviceplugin.kube import NodeWatch, make_client
+
+    name = f"bookmark-{uuid.uuid4().hex[:6]}"
+    create_gpu_node(kube_client, name, gpus=1, annotations={"hami.io/mutex.lock": "held"})
+    client = make_client(control_plane.kubeconfig, watch_idle_timeout_s=30.0)
+    watch = NodeWatch(client, name, server_timeout_s=10)
+    stop = threading.Event()
+    thread = threading.Thread(target=watch.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: watch.bookmarks >= 1, timeout_s=20, what="a bookmark on the node watch")
+        cached = watch.get()
+        assert cached is not None and cached[0].get("hami.io/mutex.lock") == "held", cached
+        assert watch.idle_restarts == 0
+    finally:
+        stop.set()
+        deadline = time.monotonic() + 10
+        while thread.is_alive() and time.monotonic() < deadline:
+            thread.join(0.5)
+        client.close()

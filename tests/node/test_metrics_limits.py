@@ -1,0 +1,98 @@
+"""The monitor's ``/metrics`` listener on the pod network (issue 12 §5): a request head
+must arrive within the deadline, a silent connection is closed, and connections from
+other hosts beyond the cap are closed at once while loopback peers are still served."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from hami.monitor.command import serve_metrics
+from hami.netlimits import ServerLimits
+
+DEADLINE_S = 1.0
+SLACK_S = 4.0
+
+
+class _Collector:
+    def render(self) -> bytes:
+        return b"hami_up 1\n"
+
+
+@contextlib.contextmanager
+def metrics_server(host: str, limits: ServerLimits) -> Iterator[int]:
+    server = serve_metrics(_Collector(), host, 0, limits)
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def closed_after(sock: socket.socket, limit_s: float) -> float:
+    """Seconds until the peer closes ``sock`` (EOF or reset); failing after ``limit_s``."""
+    started = time.monotonic()
+    sock.settimeout(0.1)
+    while time.monotonic() - started < limit_s:
+        try:
+            if not sock.recv(65536):
+                return time.monotonic() - started
+        except TimeoutError:
+            continue
+        except ConnectionError:
+            return time.monotonic() - started
+    raise AssertionError(f"connection still open after {limit_s} s")
+
+
+def get(host: str, port: int) -> bytes:
+    with socket.create_connection((host, port), timeout=10) as sock:
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+        return data
+
+
+def test_head_deadline_and_silent_connections() -> None:
+    limits = ServerLimits(header_timeout_s=DEADLINE_S, max_remote_connections=8)
+    with metrics_server("127.0.0.1", limits) as port:
+        opened = time.monotonic()
+        silent = socket.create_connection(("127.0.0.1", port))
+        trickle = socket.create_connection(("127.0.0.1", port))
+        trickle.sendall(b"GET /metrics HTTP/1.1\r\n")
+        while time.monotonic() - opened < DEADLINE_S / 2:
+            trickle.sendall(b"X")  # a header byte every 0.1 s, never finished
+            time.sleep(0.1)
+        closed_after(trickle, DEADLINE_S + SLACK_S)
+        trickle_s = time.monotonic() - opened
+        closed_after(silent, DEADLINE_S + SLACK_S)
+        print(f"monitor: trickle closed {trickle_s:.2f} s after it opened")
+        assert trickle_s >= DEADLINE_S * 0.9
+        assert get("127.0.0.1", port).endswith(b"hami_up 1\n")
+        silent.close()
+        trickle.close()
+
+
+def test_remote_cap_leaves_loopback_served() -> None:
+    from tests.integration.test_extender_identity import _non_loopback_address
+
+    address = _non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to call from")
+    limits = ServerLimits(header_timeout_s=30.0, max_remote_connections=2)
+    with metrics_server("0.0.0.0", limits) as port:
+        held = [socket.create_connection((address, port)) for _ in range(2)]
+        time.sleep(0.2)
+        over = socket.create_connection((address, port))
+        seconds = closed_after(over, SLACK_S)
+        print(f"monitor: connection over the remote cap closed after {seconds:.3f} s")
+        assert get("127.0.0.1", port).endswith(b"hami_up 1\n")
+        held[0].close()
+        time.sleep(0.3)
+        assert get(address, port).endswith(b"hami_up 1\n")
+        for sock in [over, *held[1:]]:
+            sock.close()
