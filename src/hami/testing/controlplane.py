@@ -66,6 +66,18 @@ HOST = "127.0.0.1"
 #: Names of the binaries this module runs.
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
 
+#: Audit policy of the test apiserver: the requests of service accounts (the identities
+#: hami's components run as in the chart's RBAC tests), metadata only; nothing else.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+        {"level": "None"},
+    ],
+}
+
 #: Default seconds to wait for one component to become healthy.
 DEFAULT_TIMEOUT_S = 90.0
 
@@ -264,6 +276,7 @@ class ControlPlane:
         self.pki_dir = self.workdir / "pki"
         self.log_dir = self.workdir / "logs"
         self.kubeconfig = self.workdir / "kubeconfig"
+        self.audit_log = self.log_dir / "audit.log"
         self.apiserver_port = 0
         self.etcd_port = 0
         self.startup_seconds: dict[str, float] = {}
@@ -369,6 +382,29 @@ class ControlPlane:
             ctx.load_cert_chain(self.pki_dir / "admin.crt", self.pki_dir / "admin.key")
             self._ssl_context = ctx
         return self._ssl_context
+
+    def audit_events(self, username: str | None = None) -> list[dict[str, Any]]:
+        """The apiserver's audit events so far (see :data:`AUDIT_POLICY`: requests made by
+        service accounts, at ``Metadata`` level), oldest first, optionally only those of
+        ``username`` (e.g. ``system:serviceaccount:ns:name``).
+
+        Each event is audit.k8s.io/v1 ``Event`` JSON: ``verb`` (the RBAC verb: get, list,
+        watch, create, update, patch, delete), ``objectRef`` (``apiGroup``, ``resource``,
+        ``subresource``, ``namespace``, ``name``), ``responseStatus.code``, ``stage``.
+        """
+        try:
+            lines = self.audit_log.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        events = []
+        for line in lines:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a line still being written
+            if username is None or event.get("user", {}).get("username") == username:
+                events.append(event)
+        return events
 
     # -- kube-scheduler ----------------------------------------------------------------
 
@@ -572,6 +608,9 @@ class ControlPlane:
     def _start_apiserver(self, timeout_s: float) -> None:
         self.apiserver_port = free_port()
         pki = self.pki_dir
+        audit_policy = self.workdir / "audit-policy.yaml"
+        audit_policy.write_text(yaml.safe_dump(AUDIT_POLICY, sort_keys=False))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
         comp = self._spawn(
             "kube-apiserver",
             [
@@ -595,6 +634,8 @@ class ControlPlane:
                 f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
                 f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
                 "--authorization-mode=Node,RBAC",
+                f"--audit-policy-file={audit_policy}",
+                f"--audit-log-path={self.audit_log}",
                 # The "kubernetes" Service endpoints would be 127.0.0.1, which Endpoints
                 # validation rejects; nothing in the tests needs them.
                 "--endpoint-reconciler-type=none",
