@@ -64,6 +64,7 @@ def test_default_objects(default: list[dict[str, Any]]) -> None:
     names = {(o["kind"], o["metadata"]["name"]) for o in default}
     assert names == {
         ("ServiceAccount", "hami-scheduler"), ("ServiceAccount", "hami-device-plugin"),
+        ("ServiceAccount", "hami-kube-scheduler"), ("Secret", "hami-kube-scheduler-token"),
         ("ConfigMap", "hami-scheduler-config"), ("ConfigMap", "hami-scheduler-device"),
         ("ConfigMap", "hami-device-plugin-config"),
         ("ClusterRole", "hami-scheduler"), ("ClusterRole", "hami-device-plugin"),
@@ -71,15 +72,22 @@ def test_default_objects(default: list[dict[str, Any]]) -> None:
         ("ClusterRoleBinding", "hami-scheduler-kube-scheduler"),
         ("ClusterRoleBinding", "hami-scheduler-volume-scheduler"),
         ("Role", "hami-scheduler"), ("RoleBinding", "hami-scheduler"),
+        ("Role", "hami-scheduler-kube-scheduler"), ("RoleBinding", "hami-scheduler-kube-scheduler"),
         ("RoleBinding", "hami-scheduler-auth-reader"),
         ("Service", "hami-scheduler"), ("Service", "hami-device-plugin-monitor"),
         ("Deployment", "hami-scheduler"), ("DaemonSet", "hami-device-plugin"),
         ("MutatingWebhookConfiguration", "hami-scheduler-webhook"),
         ("NetworkPolicy", "hami-scheduler"), ("Secret", "hami-allocation-key"),
+        ("ValidatingAdmissionPolicy", "hami-allocations"),
+        ("ValidatingAdmissionPolicyBinding", "hami-allocations"),
+        ("ValidatingAdmissionPolicy", "hami-service-accounts"),
+        ("ValidatingAdmissionPolicyBinding", "hami-service-accounts"),
     }
     for obj in default:
         scoped = obj["kind"] not in ("ClusterRole", "ClusterRoleBinding",
-                                     "MutatingWebhookConfiguration", "RuntimeClass")
+                                     "MutatingWebhookConfiguration", "RuntimeClass",
+                                     "ValidatingAdmissionPolicy",
+                                     "ValidatingAdmissionPolicyBinding")
         ns = obj["metadata"].get("namespace")
         if obj["kind"] == "RoleBinding" and obj["metadata"]["name"].endswith("auth-reader"):
             assert ns == "kube-system"

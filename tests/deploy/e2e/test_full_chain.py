@@ -1,11 +1,14 @@
 """The whole chain as the chart deploys it, on the real apiserver, each component with the
-chart's ServiceAccount and RBAC and the chart's configuration:
+chart's ServiceAccount, RBAC and admission policies and the chart's configuration (the
+device plugin with a token bound to its pod on the node, as the kubelet mounts it;
+kube-scheduler with its own account):
 
 device plugin (fake GPUs, a fake kubelet; chart device config + per-node override)
 registers the node -> kube-scheduler (chart KubeSchedulerConfiguration) asks the hami
 scheduler (chart args) -> Filter + Bind -> the kubelet calls Allocate -> the device plugin
 answers with the slice's env and mounts, marks ``bind-phase=success`` and releases the
-node lock.
+node lock. Afterwards the apiserver's audit log shows no request of these accounts was
+refused, and every request the hami components made is in tests/deploy/api_calls.py.
 """
 
 from __future__ import annotations
@@ -29,37 +32,48 @@ pytest.importorskip("hami.scheduler.command")
 pytest.importorskip("hami.deviceplugin.command")
 pytest.importorskip("grpc")
 
-from lightkube import ApiError, codecs  # noqa: E402
-from lightkube.models.authentication_v1 import TokenRequestSpec  # noqa: E402
-from lightkube.models.meta_v1 import ObjectMeta  # noqa: E402
-from lightkube.resources.core_v1 import Node, Pod, ServiceAccountToken  # noqa: E402
+from lightkube import codecs  # noqa: E402
+from lightkube.resources.core_v1 import Node, Pod  # noqa: E402
 
 from hami.testing.controlplane import (  # noqa: E402
     ControlPlane,
     create_gpu_node,
-    ensure_namespace,
     free_port,
     wait_until,
 )
+from tests.deploy import api_calls  # noqa: E402
 from tests.deploy.chart import NAMESPACE, HelmMissing, container, find, helm_binary, render  # noqa: E402
+from tests.deploy.e2e import accounts  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
-RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 GPU_A = "GPU-chain000-1111-2222-3333-444444444444"
 GPU_B = "GPU-chain001-1111-2222-3333-444444444444"
+ACCOUNTS = {api_calls.SCHEDULER: "hami-scheduler", api_calls.DEVICE_PLUGIN: "hami-device-plugin",
+            api_calls.KUBE_SCHEDULER: "hami-kube-scheduler"}
 
 
-def sa_kubeconfig(client: Any, admin: Path, sa: str, out: Path) -> Path:
-    token = client.create(ServiceAccountToken(
-        metadata=ObjectMeta(name=sa, namespace=NAMESPACE),
-        spec=TokenRequestSpec(audiences=[], expirationSeconds=3600)), sa, namespace=NAMESPACE)
-    cfg = yaml.safe_load(admin.read_text())
-    cfg["users"] = [{"name": sa, "user": {"token": token.status.token}}]
-    for ctx in cfg["contexts"]:
-        ctx["context"]["user"] = sa
-    out.write_text(yaml.safe_dump(cfg))
-    return out
+def audit_findings(cp: ControlPlane) -> list[str]:
+    """Requests of the chart's accounts the apiserver refused (403), and requests of the
+    hami components that tests/deploy/api_calls.py does not list."""
+    found = []
+    for component, account in ACCOUNTS.items():
+        user = f"system:serviceaccount:{NAMESPACE}:{account}"
+        table = {(c.verb, c.resource, c.group) for c in api_calls.CALLS[component]}
+        events = cp.audit_events(user)
+        if not events:
+            found.append(f"{account}: no request in the audit log")
+        for event in events:
+            ref = event.get("objectRef") or {}
+            resource = ref.get("resource", "") + (f"/{ref['subresource']}"
+                                                  if ref.get("subresource") else "")
+            what = (event["verb"], resource, ref.get("apiGroup", ""))
+            if (event.get("responseStatus") or {}).get("code") == 403:
+                found.append(f"{account}: refused {what} {ref.get('namespace', '')}"
+                             f"/{ref.get('name', '')}")
+            elif component != api_calls.KUBE_SCHEDULER and what not in table:
+                found.append(f"{account}: not in the table {what}")
+    return sorted(set(found))
 
 
 @dataclass
@@ -91,19 +105,28 @@ def chain(control_plane: ControlPlane, kube_client: Any) -> Iterator[Chain]:
     objs = render({"scheduler": {"httpPort": port,
                                  "metricsBindAddress": f"127.0.0.1:{metrics_port}"},
                    "devicePlugin": {"nodeConfiguration": {"config": json.dumps(node_config)}}})
-    ensure_namespace(kube_client, NAMESPACE)
-    for doc in objs:
-        if doc["kind"] in RBAC_KINDS:
-            try:
-                kube_client.create(codecs.from_dict(doc))
-            except ApiError as err:
-                if err.status.code != 409:
-                    raise
+    applied = accounts.apply(kube_client, objs)
     work = short_tmpdir()
-    sched_kcfg = sa_kubeconfig(kube_client, control_plane.kubeconfig, "hami-scheduler",
-                               work / "kubeconfig-scheduler")
-    dp_kcfg = sa_kubeconfig(kube_client, control_plane.kubeconfig, "hami-device-plugin",
-                            work / "kubeconfig-device-plugin")
+    # The node as kubelet shows it (4 replicas x 2 GPUs), and the device plugin's pod on it:
+    # the kubelet's token for that pod names the node, which the admission policy holds
+    # the plugin to.
+    create_gpu_node(kube_client, node, gpus=8, labels={"gpu": "on"})
+    plugin_pod = kube_client.create(codecs.from_dict({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"hami-device-plugin-{uuid.uuid4().hex[:5]}",
+                     "namespace": NAMESPACE},
+        "spec": {"nodeName": node, "serviceAccountName": "hami-device-plugin",
+                 "containers": [{"name": "device-plugin", "image": "hami"}]}}))
+    sched_kcfg = accounts.kubeconfig(control_plane, "hami-scheduler",
+                                     accounts.token(kube_client, "hami-scheduler"),
+                                     work / "kubeconfig-scheduler")
+    kube_sched_kcfg = accounts.kubeconfig(control_plane, "hami-kube-scheduler",
+                                          accounts.token(kube_client, "hami-kube-scheduler"),
+                                          work / "kubeconfig-kube-scheduler")
+    dp_kcfg = accounts.kubeconfig(control_plane, "hami-device-plugin",
+                                  accounts.token(kube_client, "hami-device-plugin",
+                                                 bound_pod=plugin_pod),
+                                  work / "kubeconfig-device-plugin")
     device_cfg = work / "device-config.yaml"
     device_cfg.write_text(find(objs, "ConfigMap", "hami-scheduler-device")["data"]
                           ["device-config.yaml"])
@@ -112,8 +135,6 @@ def chain(control_plane: ControlPlane, kube_client: Any) -> Iterator[Chain]:
                         ["config.json"])
     write_files(generate(service_hosts("hami-scheduler", NAMESPACE)), work / "tls")
 
-    # The node as kubelet shows it (4 replicas x 2 GPUs), the device plugin on it.
-    create_gpu_node(kube_client, node, gpus=8, labels={"gpu": "on"})
     inventory = work / "inv.yaml"
     inventory.write_text(yaml.safe_dump({"gpus": [
         {"model": "Tesla T4", "memory_mib": 15360, "uuids": [GPU_A]},
@@ -155,7 +176,7 @@ def chain(control_plane: ControlPlane, kube_client: Any) -> Iterator[Chain]:
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         config = yaml.safe_load(find(objs, "ConfigMap", "hami-scheduler-config")
                                 ["data"]["config.yaml"])
-        config["clientConnection"] = {"kubeconfig": str(sched_kcfg)}
+        config["clientConnection"] = {"kubeconfig": str(kube_sched_kcfg)}
         (work / "scheduler.yaml").write_text(yaml.safe_dump(config))
         procs.append(subprocess.Popen(
             [str(control_plane.binaries["kube-scheduler"]), f"--config={work / 'scheduler.yaml'}",
@@ -166,6 +187,7 @@ def chain(control_plane: ControlPlane, kube_client: Any) -> Iterator[Chain]:
         assert not errors, errors
         for log in ("hami-scheduler.log", "kube-scheduler.log"):
             assert "forbidden" not in (work / log).read_text().lower(), log
+        assert not audit_findings(control_plane)
     finally:
         for p in procs:
             p.terminate()
@@ -176,7 +198,9 @@ def chain(control_plane: ControlPlane, kube_client: Any) -> Iterator[Chain]:
         for p in kube_client.list(Pod, namespace="default"):
             if (p.metadata.annotations or {}).get("hami.io/vgpu-node") == node:
                 kube_client.delete(Pod, p.metadata.name, namespace="default", grace_period=0)
+        kube_client.delete(Pod, plugin_pod.metadata.name, namespace=NAMESPACE, grace_period=0)
         kube_client.delete(Node, node)
+        accounts.remove(kube_client, applied)
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -45,6 +45,26 @@
 {{- default (include "hami.scheduler" .) .Values.scheduler.serviceAccountName -}}
 {{- end -}}
 
+{{/* kube-scheduler's own ServiceAccount (not the hami scheduler's: kube-scheduler's
+built-in role deletes pods, the hami scheduler's may not). */}}
+{{- define "hami.kubeScheduler.serviceAccountName" -}}
+{{- default (printf "%s-kube-scheduler" (include "hami.fullname" .) | trunc 63 | trimSuffix "-") .Values.scheduler.kubeScheduler.serviceAccountName -}}
+{{- end -}}
+
+{{/* The Secret holding kube-scheduler's ServiceAccount token. */}}
+{{- define "hami.kubeScheduler.tokenSecret" -}}
+{{- printf "%s-kube-scheduler-token" (include "hami.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Kubernetes user names of hami's two ServiceAccounts (admission policies). */}}
+{{- define "hami.scheduler.user" -}}
+{{- printf "system:serviceaccount:%s:%s" (include "hami.namespace" .) (include "hami.scheduler.serviceAccountName" .) -}}
+{{- end -}}
+
+{{- define "hami.device-plugin.user" -}}
+{{- printf "system:serviceaccount:%s:%s" (include "hami.namespace" .) (include "hami.device-plugin.serviceAccountName" .) -}}
+{{- end -}}
+
 {{- define "hami.device-plugin.serviceAccountName" -}}
 {{- default (include "hami.device-plugin" .) .Values.devicePlugin.serviceAccountName -}}
 {{- end -}}
@@ -199,4 +219,42 @@ The hami process leads iff that Lease's holder is its pod, so the active kube-sc
 always calls a leading extender in its own pod (HAMi's rule, spec 4.13). */}}
 {{- define "hami.extenderLease" -}}
 {{- .Values.schedulerName -}}
+{{- end -}}
+
+{{/* Every pod annotation that carries an allocation or its progress, as a JSON list: HAMi's
+NVIDIA keys and the allocated / to-allocate keys of each vendor the device config enables
+(the vendors enabled under devices.vendors, or the sections of device-config.content),
+plus admissionPolicy.extraAllocationKeys. The hami scheduler derives the same list from
+the device config it reads (hami.core.provenance.allocation_keys); a test compares them. */}}
+{{- define "hami.allocationKeys" -}}
+{{- $vendorKeys := dict
+  "amd" (list "hami.io/amd-devices-allocated" "hami.io/amd-devices-to-allocate")
+  "awsneuron" (list "hami.io/aws-neuron-devices-allocated")
+  "biren" (list "hami.io/Biren-devices-allocated" "hami.io/Biren-devices-to-allocate")
+  "cambricon" (list "hami.io/cambricon-mlu-devices-allocated" "hami.io/cambricon-mlu-devices-to-allocate")
+  "enflame" (list "hami.io/enflame-gcu-devices-allocated" "hami.io/enflame-gcu-devices-to-allocate" "hami.io/enflame-vgpu-devices-allocated")
+  "hygon" (list "hami.io/dcu-devices-allocated" "hami.io/dcu-devices-to-allocate")
+  "kunlun" (list "hami.io/kunlun-allocated" "hami.io/xpu-devices-allocated" "hami.io/xpu-devices-to-allocate")
+  "metax" (list "hami.io/metax-gpu-devices-allocated" "hami.io/metax-gpu-devices-to-allocate" "hami.io/metax-sgpu-devices-allocated" "hami.io/metax-sgpu-devices-to-allocate")
+  "mthreads" (list "hami.io/mthreads-vgpu-devices-allocated")
+  "vastai" (list "hami.io/Vastai-devices-allocated" "hami.io/Vastai-devices-to-allocate")
+-}}
+{{- $keys := list "hami.io/vgpu-node" "hami.io/vgpu-time" "hami.io/vgpu-devices-to-allocate" "hami.io/vgpu-devices-allocated" "hami.io/vgpu-mig-allocations" "hami.io/bind-phase" "hami.io/bind-time" "hami.io/vgpu-allocation-signature" -}}
+{{- $content := index .Values "device-config" "content" -}}
+{{- if $content -}}
+{{- $doc := fromYaml $content -}}
+{{- range $section, $v := $doc }}
+{{- if and (hasKey $vendorKeys $section) (not (kindIs "invalid" $v)) }}
+{{- $keys = concat $keys (index $vendorKeys $section) -}}
+{{- end }}
+{{- end }}
+{{- else -}}
+{{- range $vendor, $v := .Values.devices.vendors }}
+{{- if and $v.enabled (hasKey $vendorKeys $vendor) }}
+{{- $keys = concat $keys (index $vendorKeys $vendor) -}}
+{{- end }}
+{{- end }}
+{{- end -}}
+{{- $keys = concat $keys (.Values.admissionPolicy.extraAllocationKeys | default list) -}}
+{{- $keys | uniq | sortAlpha | toJson -}}
 {{- end -}}

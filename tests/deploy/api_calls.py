@@ -1,0 +1,164 @@
+"""Every Kubernetes API call hami's in-cluster components make, read off the code.
+
+The chart's RBAC is checked against this table in both directions
+(``tests/deploy/test_rbac.py``: every call is allowed, every granted verb is some call's),
+the table against the code (every API-layer method is in it, and only the API-layer
+modules talk to the apiserver), and against what the real components do on the real
+apiserver (``tests/deploy/e2e/test_full_chain.py`` reads the audit log).
+
+A call names the object it touches when the code always touches the same one (``name``:
+a key of :func:`chart_names`); ``scope`` is ``"cluster"`` for cluster-scoped objects and
+calls in any namespace, ``"release"`` for calls in the release namespace only; ``when``
+is the chart setting that makes the component make the call (``None``: always).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+#: Components (one ServiceAccount each in the chart).
+SCHEDULER, DEVICE_PLUGIN, KUBE_SCHEDULER = "hami-scheduler", "hami-device-plugin", "kube-scheduler"
+
+
+@dataclass(frozen=True)
+class Call:
+    """One kind of request: RBAC ``verb`` on ``resource`` (``pods/binding`` for a
+    subresource) of API ``group``."""
+
+    verb: str
+    resource: str
+    group: str = ""
+    scope: str = "cluster"
+    name: str | None = None
+    when: str | None = None
+    where: tuple[str, ...] = ()
+
+
+_KUBE = "hami.kube:Kube"
+_NODE = "hami.deviceplugin.kube:KubeApi"
+
+CALLS: dict[str, tuple[Call, ...]] = {
+    # hami scheduler (extender, webhook) and its certgen init step
+    SCHEDULER: (
+        # engine.resync / engine._watch: the node, pod and quota caches
+        Call("list", "nodes", where=(f"{_KUBE}.list",)),
+        Call("watch", "nodes", where=(f"{_KUBE}.watch",)),
+        Call("list", "pods", where=(f"{_KUBE}.list",)),
+        Call("watch", "pods", where=(f"{_KUBE}.watch",)),
+        Call("list", "resourcequotas", where=(f"{_KUBE}.list",)),
+        Call("watch", "resourcequotas", where=(f"{_KUBE}.watch",)),
+        # binder: the node lock; podcache / engine.bind: a pod the watch has not shown
+        Call("get", "nodes", where=(f"{_KUBE}.get_node",)),
+        Call("get", "pods", where=(f"{_KUBE}.get_pod",)),
+        # engine: handshake annotations; binder: hami.io/mutex.lock
+        Call("patch", "nodes", where=(f"{_KUBE}.patch_node",)),
+        # engine: allocation annotations at filter, bind-phase at bind, scheduler-role label
+        Call("patch", "pods", where=(f"{_KUBE}.patch_pod",)),
+        Call("create", "pods/binding", where=(f"{_KUBE}.bind",)),
+        # events.EventSink: core/v1 Events in the pod's namespace
+        Call("create", "events", where=(f"{_KUBE}.create_event",)),
+        # election.LeaderElector.tick with --leader-elect-follow: read kube-scheduler's Lease
+        Call("get", "leases", "coordination.k8s.io", scope="release", name="lease",
+             when="leaderElect", where=(f"{_KUBE}.get_lease",)),
+        # certgen: the TLS Secret and the webhook's caBundle
+        Call("get", "secrets", scope="release", name="tls", when="certgen",
+             where=("hami.certgen:ensure_secret",)),
+        Call("create", "secrets", scope="release", when="certgen",
+             where=("hami.certgen:ensure_secret",)),
+        Call("update", "secrets", scope="release", name="tls", when="certgen",
+             where=("hami.certgen:ensure_secret",)),
+        Call("get", "mutatingwebhookconfigurations", "admissionregistration.k8s.io",
+             name="webhook", when="certgen-webhook", where=("hami.certgen:patch_ca_bundle",)),
+        Call("patch", "mutatingwebhookconfigurations", "admissionregistration.k8s.io",
+             name="webhook", when="certgen-webhook", where=("hami.certgen:patch_ca_bundle",)),
+    ),
+    # device plugin and monitor
+    DEVICE_PLUGIN: (
+        Call("get", "nodes", where=(f"{_NODE}.get_node_annotations", f"{_NODE}.node_annotations",
+                                     f"{_NODE}.release_node_lock")),
+        # NodeWatch.run: fieldSelector metadata.name=<its node>
+        Call("watch", "nodes", where=(f"{_NODE}.start_node_watch",
+                                      "hami.deviceplugin.kube:NodeWatch.run")),
+        Call("patch", "nodes", where=(f"{_NODE}.patch_node_annotations",
+                                      f"{_NODE}.release_node_lock")),
+        Call("get", "pods", where=(f"{_NODE}.get_pod",)),
+        # fieldSelector spec.nodeName=<its node> (Allocate, MIG, the monitor)
+        Call("list", "pods", where=(f"{_NODE}.pods_on_node", f"{_NODE}.pods_labelled_for")),
+        Call("patch", "pods", where=(f"{_NODE}.patch_pod_annotations",)),
+    ),
+    # kube-scheduler: its leader Lease, which the built-in system:kube-scheduler role does
+    # not cover by name (that role grants the rest, including the Lease's create).
+    KUBE_SCHEDULER: (
+        Call("get", "leases", "coordination.k8s.io", scope="release", name="lease",
+             when="leaderElect"),
+        Call("update", "leases", "coordination.k8s.io", scope="release", name="lease",
+             when="leaderElect"),
+    ),
+}
+
+#: Methods of the API layer whose calls the chart's components never make, and why.
+NOT_IN_CHART = {
+    f"{_KUBE}.create_lease": "own leader election; the chart runs --leader-elect-follow",
+    f"{_KUBE}.replace_lease": "own leader election; the chart runs --leader-elect-follow",
+    f"{_KUBE}.close": "no request",
+    f"{_KUBE}.connect": "no request",
+    "hami.deviceplugin.kube:NodeWatch.get": "no request: the watched copy",
+    "hami.deviceplugin.kube:NodeWatch.offer": "no request: the watched copy",
+}
+
+#: The API layer: the only modules that import lightkube (besides ``hami top``, which runs
+#: with the user's own kubeconfig, and the test helpers).
+API_MODULES = {"hami.kube": ("Kube",), "hami.deviceplugin.kube": ("KubeApi", "NodeWatch"),
+               "hami.certgen": ()}
+OUTSIDE_CHART = {"hami.top": "hami top runs with the user's kubeconfig (list nodes, pods, "
+                             "resourcequotas)"}
+
+
+def chart_names(objs: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """The objects the calls name, as the rendered chart configures the code: ``lease``
+    (kube-scheduler's leader Lease, which the hami scheduler follows), ``tls`` (certgen's
+    Secret), ``webhook`` (the MutatingWebhookConfiguration certgen patches)."""
+    out: dict[str, str] = {}
+    for arg in _args(objs, "vgpu-scheduler-extender"):
+        if arg.startswith("--leader-elect-resource-name="):
+            out["lease"] = arg.split("=", 1)[1]
+    for arg in _args(objs, "certgen", init=True):
+        if arg.startswith("--secret="):
+            out["tls"] = arg.split("=", 1)[1]
+        if arg.startswith("--webhook="):
+            out["webhook"] = arg.split("=", 1)[1]
+    return out
+
+
+def chart_settings(objs: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The ``when`` conditions the rendered chart meets."""
+    out = set()
+    extender = _args(objs, "vgpu-scheduler-extender")
+    if "--leader-elect" in extender:
+        assert "--leader-elect-follow" in extender, "the table assumes the follow mode"
+        out.add("leaderElect")
+    certgen = _args(objs, "certgen", init=True)
+    if certgen:
+        out.add("certgen")
+        if any(a.startswith("--webhook=") for a in certgen):
+            out.add("certgen-webhook")
+    return out
+
+
+def active(component: str, objs: Sequence[Mapping[str, Any]]) -> list[Call]:
+    """The calls ``component`` makes with this rendered chart."""
+    settings = chart_settings(objs)
+    return [c for c in CALLS[component] if c.when is None or c.when in settings]
+
+
+def _args(objs: Sequence[Mapping[str, Any]], container: str, *, init: bool = False) -> list[str]:
+    for obj in objs:
+        if obj["kind"] != "Deployment":
+            continue
+        spec = obj["spec"]["template"]["spec"]
+        for c in spec.get("initContainers" if init else "containers") or []:
+            if c["name"] == container:
+                return [str(a) for a in c.get("args") or []]
+    return []
