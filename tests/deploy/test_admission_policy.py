@@ -114,4 +114,21 @@ def test_no_policy_where_the_api_is_missing_or_when_disabled() -> None:
     kinds = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     assert not [o for o in render(kube_version="v1.29.4") if o["kind"] in kinds]
     assert not [o for o in render({"admissionPolicy": {"enabled": False}}) if o["kind"] in kinds]
-    assert len([o for o in render(kube_version="v1.30.0") if o["kind"] in kinds]) == 4
+    assert len([o for o in render(kube_version="v1.30.0") if o["kind"] in kinds]) == 6
+
+
+def test_certgen_writes_only_tls_secrets() -> None:
+    """certgen may create any Secret in the release namespace (RBAC cannot limit a create
+    by name); a service-account-token Secret would get a token of another account there
+    (kube-scheduler's, which deletes pods)."""
+    objs = render()
+    spec = find(objs, "ValidatingAdmissionPolicy", "hami-scheduler-secrets")["spec"]
+    assert spec["matchConditions"][0]["expression"] == (
+        f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:hami-scheduler"')
+    assert spec["matchConstraints"]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}}
+    assert [v["expression"] for v in spec["validations"]] == ['object.type == "kubernetes.io/tls"']
+    # no certgen, no Secret rights, no policy
+    for values in ({"scheduler": {"certManager": {"enabled": True}}},
+                   {"scheduler": {"patch": {"enabled": False}}}):
+        assert not [o for o in render(values) if o["metadata"]["name"] == "hami-scheduler-secrets"]

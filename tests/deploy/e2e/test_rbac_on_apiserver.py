@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from lightkube import ApiError, codecs
-from lightkube.resources.core_v1 import Namespace, Node, Pod
+from lightkube.resources.core_v1 import Namespace, Node, Pod, Secret
 from lightkube.types import PatchType
 
 from hami.testing.controlplane import (
@@ -209,6 +209,11 @@ def test_scheduler_account_changes_only_hami_metadata(tenant: tuple[str, Any],
                 "finalizers")
         refused(lambda: scheduler.delete(Pod, "victim", namespace=ns),
                 "cannot delete resource")
+        # a Binding's annotations land on the pod: only hami.io/ ones
+        binding = pod_binding("victim", ns, node)
+        binding.metadata.annotations = {"owner": "hami"}
+        refused(lambda: scheduler.create(binding, name="victim", namespace=ns),
+                "annotation owner")
         merge(scheduler, Node, node, {"metadata": {"annotations": {
             "hami.io/node-handshake": "Requesting_2025.01.01 00:00:00"}}})
         refused(lambda: merge(scheduler, Node, node, {"spec": {"unschedulable": True}}),
@@ -219,8 +224,22 @@ def test_scheduler_account_changes_only_hami_metadata(tenant: tuple[str, Any],
         assert pod.spec.containers[0].image == "registry.k8s.io/pause:3.10"
         assert pod.metadata.annotations["owner"] == "tenant"
         assert not kube_client.get(Node, node).spec.unschedulable
+        # certgen's Secret rights give no other account's token
+        sa_token = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
+                    "metadata": {"name": f"steal-{uuid.uuid4().hex[:6]}", "namespace": NAMESPACE,
+                                 "annotations": {"kubernetes.io/service-account.name":
+                                                 KUBE_SCHEDULER_SA}}}
+        refused(lambda: scheduler.create(codecs.from_dict(sa_token)),
+                "may write only kubernetes.io/tls Secrets")
+        tls = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+               "metadata": {"name": f"tls-{uuid.uuid4().hex[:6]}", "namespace": NAMESPACE},
+               "data": {"tls.crt": "", "tls.key": ""}}
+        scheduler.create(codecs.from_dict(tls))
+        kube_client.delete(Secret, tls["metadata"]["name"], namespace=NAMESPACE)
         # kube-scheduler keeps its own rights (it preempts: deletes pods) on its own account
         kube_sched = token_client(kube_client, control_plane, KUBE_SCHEDULER_SA)
+        scheduler.create(pod_binding("victim", ns, node), name="victim", namespace=ns)
+        assert kube_client.get(Pod, "victim", namespace=ns).spec.nodeName == node
         kube_sched.delete(Pod, "victim", namespace=ns)
     finally:
         kube_client.delete(Node, node)
