@@ -104,6 +104,8 @@ NOT_IN_CHART = {
     f"{_KUBE}.replace_lease": "own leader election; the chart runs --leader-elect-follow",
     f"{_KUBE}.close": "no request",
     f"{_KUBE}.connect": "no request",
+    "hami.certgen:ensure_allocation_key": "an admin rotates the allocation key with "
+                                          "`hami certgen` and their own credentials",
     "hami.deviceplugin.kube:NodeWatch.get": "no request: the watched copy",
     "hami.deviceplugin.kube:NodeWatch.offer": "no request: the watched copy",
 }

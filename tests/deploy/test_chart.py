@@ -82,6 +82,8 @@ def test_default_objects(default: list[dict[str, Any]]) -> None:
         ("ValidatingAdmissionPolicyBinding", "hami-allocations"),
         ("ValidatingAdmissionPolicy", "hami-service-accounts"),
         ("ValidatingAdmissionPolicyBinding", "hami-service-accounts"),
+        ("ValidatingAdmissionPolicy", "hami-scheduler-secrets"),
+        ("ValidatingAdmissionPolicyBinding", "hami-scheduler-secrets"),
     }
     for obj in default:
         scoped = obj["kind"] not in ("ClusterRole", "ClusterRoleBinding",
@@ -364,7 +366,8 @@ def test_allocation_key_secret_reaches_the_scheduler(default: list[dict[str, Any
     volume = next(v for v in spec["volumes"] if v["name"] == "allocation-key")
     assert volume["secret"]["secretName"] == "hami-allocation-key"
     off = render({"allocationSigning": {"enabled": False}})
-    assert not any(o["kind"] == "Secret" for o in off)
+    assert not any(o["kind"] == "Secret" and o["metadata"]["name"] == "hami-allocation-key"
+                   for o in off)
     ext_off = container(find(off, "Deployment", "hami-scheduler")["spec"]["template"]["spec"],
                         "vgpu-scheduler-extender")
     assert not any(a.startswith("--allocation-key-dir") for a in ext_off["args"])

@@ -383,10 +383,12 @@ class ControlPlane:
             self._ssl_context = ctx
         return self._ssl_context
 
-    def audit_events(self, username: str | None = None) -> list[dict[str, Any]]:
+    def audit_events(self, username: str | None = None, *,
+                     since: _dt.datetime | None = None) -> list[dict[str, Any]]:
         """The apiserver's audit events so far (see :data:`AUDIT_POLICY`: requests made by
         service accounts, at ``Metadata`` level), oldest first, optionally only those of
-        ``username`` (e.g. ``system:serviceaccount:ns:name``).
+        ``username`` (e.g. ``system:serviceaccount:ns:name``) and those received at or
+        after ``since`` (an aware datetime).
 
         Each event is audit.k8s.io/v1 ``Event`` JSON: ``verb`` (the RBAC verb: get, list,
         watch, create, update, patch, delete), ``objectRef`` (``apiGroup``, ``resource``,
@@ -402,8 +404,17 @@ class ControlPlane:
                 event = json.loads(line)
             except ValueError:
                 continue  # a line still being written
-            if username is None or event.get("user", {}).get("username") == username:
-                events.append(event)
+            if username is not None and event.get("user", {}).get("username") != username:
+                continue
+            if since is not None:
+                stamp = str(event.get("requestReceivedTimestamp") or "")
+                try:
+                    received = _dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+                except ValueError:
+                    continue
+                if received < since:
+                    continue
+            events.append(event)
         return events
 
     # -- kube-scheduler ----------------------------------------------------------------

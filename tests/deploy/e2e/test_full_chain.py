@@ -13,6 +13,7 @@ refused, and every request the hami components made is in tests/deploy/api_calls
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +55,14 @@ ACCOUNTS = {api_calls.SCHEDULER: "hami-scheduler", api_calls.DEVICE_PLUGIN: "ham
             api_calls.KUBE_SCHEDULER: "hami-kube-scheduler"}
 
 
-def audit_findings(cp: ControlPlane) -> list[str]:
-    """Requests of the chart's accounts the apiserver refused (403), and requests of the
-    hami components that tests/deploy/api_calls.py does not list."""
+def audit_findings(cp: ControlPlane, since: datetime) -> list[str]:
+    """Requests of the chart's accounts since ``since`` that the apiserver refused (403),
+    and requests of the hami components that tests/deploy/api_calls.py does not list."""
     found = []
     for component, account in ACCOUNTS.items():
         user = f"system:serviceaccount:{NAMESPACE}:{account}"
         table = {(c.verb, c.resource, c.group) for c in api_calls.CALLS[component]}
-        events = cp.audit_events(user)
+        events = cp.audit_events(user, since=since)
         if not events:
             found.append(f"{account}: no request in the audit log")
         for event in events:
@@ -105,6 +107,7 @@ def chain(control_plane: ControlPlane, kube_client: Any) -> Iterator[Chain]:
     objs = render({"scheduler": {"httpPort": port,
                                  "metricsBindAddress": f"127.0.0.1:{metrics_port}"},
                    "devicePlugin": {"nodeConfiguration": {"config": json.dumps(node_config)}}})
+    started = datetime.now(UTC)
     applied = accounts.apply(kube_client, objs)
     work = short_tmpdir()
     # The node as kubelet shows it (4 replicas x 2 GPUs), and the device plugin's pod on it:
@@ -162,14 +165,19 @@ def chain(control_plane: ControlPlane, kube_client: Any) -> Iterator[Chain]:
         kubelet.wait_registered()
         kubelet.wait_list(lambda d: len(d) == 8)  # per-node override: split 4, not 10
 
-        # hami scheduler with the chart's own args, TLS paths and kubeconfig swapped in.
+        # hami scheduler with the chart's own args, TLS paths, allocation key (the
+        # chart's Secret, as mounted) and kubeconfig swapped in.
+        key_dir = work / "allocation-key"
+        key_dir.mkdir()
+        for name, value in find(objs, "Secret", "hami-allocation-key")["data"].items():
+            (key_dir / name).write_bytes(base64.b64decode(value))
         spec = find(objs, "Deployment")["spec"]["template"]["spec"]
         args = [a for a in container(spec, "vgpu-scheduler-extender")["args"]
                 if not a.startswith(("--cert_file", "--key_file", "--device-config-file",
-                                     "--http_bind"))]
+                                     "--http_bind", "--allocation-key-dir"))]
         args += [f"--http_bind=127.0.0.1:{port}", f"--cert_file={work / 'tls/tls.crt'}",
                  f"--key_file={work / 'tls/tls.key'}", f"--device-config-file={device_cfg}",
-                 f"--kubeconfig={sched_kcfg}"]
+                 f"--kubeconfig={sched_kcfg}", f"--allocation-key-dir={key_dir}"]
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "hami.scheduler.command", *args],
             stdout=open(work / "hami-scheduler.log", "wb"),  # noqa: SIM115
@@ -187,7 +195,7 @@ def chain(control_plane: ControlPlane, kube_client: Any) -> Iterator[Chain]:
         assert not errors, errors
         for log in ("hami-scheduler.log", "kube-scheduler.log"):
             assert "forbidden" not in (work / log).read_text().lower(), log
-        assert not audit_findings(control_plane)
+        assert not audit_findings(control_plane, started)
     finally:
         for p in procs:
             p.terminate()
