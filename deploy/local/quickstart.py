@@ -205,9 +205,14 @@ def run(stack: Stack, workdir: Path, bindir: Path, helm: str, *, keep: bool,
     print(f"    extender URL {sched_cfg['extenders'][0]['urlPrefix']}; webhook registered")
     admin_kubeconfig = kubeconfig
     if not admin:
-        step("apply the chart's ServiceAccounts and RBAC; hami and kube-scheduler use them")
-        kubeconfig = service_account_kubeconfig(client, objs, admin_kubeconfig, workdir)
-        sched_cfg["clientConnection"] = {"kubeconfig": kubeconfig}
+        step("apply the chart's ServiceAccounts, RBAC and admission policies; hami and "
+             "kube-scheduler use their accounts")
+        apply_chart_rbac(client, objs)
+        spec = objs[("Deployment", "hami-scheduler")]["spec"]["template"]["spec"]
+        kubeconfig = service_account_kubeconfig(client, spec["serviceAccountName"],
+                                                admin_kubeconfig, workdir)
+        sched_cfg["clientConnection"] = {"kubeconfig": service_account_kubeconfig(
+            client, _kube_scheduler_account(objs), admin_kubeconfig, workdir)}
         (workdir / "scheduler-config.yaml").write_text(yaml.safe_dump(sched_cfg, sort_keys=False))
 
     step("hami certgen: self-signed CA + serving certificate, caBundle patched")
@@ -284,23 +289,35 @@ def _chart_args(objs: dict[tuple[str, str], Any]) -> list[str]:
     return list(ext["args"])
 
 
-RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
+              "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 
 
-def service_account_kubeconfig(client: Any, objs: dict[tuple[str, str], Any], admin: str,
-                               workdir: Path) -> str:
-    """Create the chart's RBAC objects for real and return a kubeconfig that authenticates
-    as the scheduler's ServiceAccount (a bound token), so that everything after this runs
-    with exactly the rights the chart grants."""
+def apply_chart_rbac(client: Any, objs: dict[tuple[str, str], Any]) -> None:
+    """Create the chart's accounts, RBAC and admission policies for real."""
     from lightkube import codecs
-    from lightkube.models.authentication_v1 import TokenRequestSpec
-    from lightkube.models.meta_v1 import ObjectMeta
-    from lightkube.resources.core_v1 import ServiceAccountToken
 
     for (kind, _name), doc in objs.items():
         if kind in RBAC_KINDS:
             client.create(codecs.from_dict(doc))
-    sa = objs[("Deployment", "hami-scheduler")]["spec"]["template"]["spec"]["serviceAccountName"]
+    print(f"    {sum(k in RBAC_KINDS for k, _ in objs)} RBAC and policy objects")
+
+
+def _kube_scheduler_account(objs: dict[tuple[str, str], Any]) -> str:
+    """kube-scheduler's own ServiceAccount: the one its token Secret is for."""
+    (name,) = [d["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+               for (kind, _n), d in objs.items()
+               if kind == "Secret" and d.get("type") == "kubernetes.io/service-account-token"]
+    return str(name)
+
+
+def service_account_kubeconfig(client: Any, sa: str, admin: str, workdir: Path) -> str:
+    """A kubeconfig that authenticates as ServiceAccount ``sa`` of the release namespace (a
+    fresh token), so that what runs with it has exactly the rights the chart grants."""
+    from lightkube.models.authentication_v1 import TokenRequestSpec
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import ServiceAccountToken
+
     token = client.create(ServiceAccountToken(
         metadata=ObjectMeta(name=sa, namespace=NAMESPACE),
         spec=TokenRequestSpec(audiences=[], expirationSeconds=24 * 3600)), sa,
@@ -312,8 +329,7 @@ def service_account_kubeconfig(client: Any, objs: dict[tuple[str, str], Any], ad
         ctx["context"]["user"] = sa
     path = workdir / f"kubeconfig-{sa}"
     path.write_text(yaml.safe_dump(cfg))
-    print(f"    {sum(k in RBAC_KINDS for k, _ in objs)} RBAC objects; "
-          f"token of {NAMESPACE}/{sa} -> {path}")
+    print(f"    token of {NAMESPACE}/{sa} -> {path}")
     return str(path)
 
 

@@ -33,8 +33,10 @@ def test_quickstart_schedules_a_pod(tmp_path: Path) -> None:
     assert "bound to gpu-0; hami.io/vgpu-devices-allocated = GPU-quickstart-" in out
     assert "default/cuda-slice(3000,30)" in out  # hami top
     assert "SUCCESS" in out
-    # Everything after the RBAC step ran as the chart's ServiceAccount: its rights suffice.
-    assert "token of hami-system/hami-scheduler" in out
+    # Everything after the RBAC step ran as the chart's ServiceAccounts (kube-scheduler
+    # with its own) under the chart's admission policies: their rights suffice.
+    assert "token of hami-system/hami-scheduler " in out
+    assert "token of hami-system/hami-kube-scheduler " in out
     for log in ("hami-scheduler.log", "kube-scheduler.log"):
         text = (tmp_path / log).read_text()
         assert "forbidden" not in text.lower(), text[-3000:]
