@@ -78,6 +78,7 @@ def test_default_objects(default: list[dict[str, Any]]) -> None:
         ("Deployment", "hami-scheduler"), ("DaemonSet", "hami-device-plugin"),
         ("MutatingWebhookConfiguration", "hami-scheduler-webhook"),
         ("NetworkPolicy", "hami-scheduler"), ("Secret", "hami-allocation-key"),
+        ("NetworkPolicy", "hami-device-plugin"),
         ("ValidatingAdmissionPolicy", "hami-allocations"),
         ("ValidatingAdmissionPolicyBinding", "hami-allocations"),
         ("ValidatingAdmissionPolicy", "hami-service-accounts"),
@@ -347,7 +348,8 @@ def test_network_policy_publishes_only_the_webhook_and_metrics(default: list[dic
                     "vgpu-scheduler-extender")
     assert "--extender-allow-remote" not in ext["args"]  # kube-scheduler is in the pod
     peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
-    scoped = find(render({"networkPolicy": {"metricsFrom": peers}}), "NetworkPolicy")
+    scoped = find(render({"networkPolicy": {"metricsFrom": peers}}), "NetworkPolicy",
+                  "hami-scheduler")
     assert scoped["spec"]["ingress"][1]["from"] == peers
     assert not any(o["kind"] == "NetworkPolicy" for o in render({"networkPolicy": {"enabled": False}}))
 
@@ -525,3 +527,26 @@ def test_lib_path_must_follow_the_hook_path() -> None:
     proc = helm("template", RELEASE, str(CHART), "--kube-version", "v1.37.2",
                 "--set", "devicePlugin.libPath=/opt/elsewhere")
     assert proc.returncode != 0 and "must be <global.gpuHookPath>/vgpu" in proc.stderr
+
+
+def test_network_policy_lets_only_scrapers_reach_the_device_plugin(
+        default: list[dict[str, Any]]) -> None:
+    """Issue 12 §6: the monitor's per-pod metrics (every namespace's pods on the node) were
+    open to the whole pod network; with networkPolicy.metricsFrom only the scrapers named
+    there reach them, and nothing else reaches the device-plugin pods."""
+    policy = find(default, "NetworkPolicy", "hami-device-plugin")
+    pod = find(default, "DaemonSet", "hami-device-plugin")["spec"]["template"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector and all(pod["metadata"]["labels"].get(k) == v for k, v in selector.items())
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert "metrics" in [p["name"] for p in container(pod["spec"], "vgpu-monitor")["ports"]]
+    peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    scoped = find(render({"networkPolicy": {"metricsFrom": peers}}), "NetworkPolicy",
+                  "hami-device-plugin")
+    assert scoped["spec"]["ingress"][0]["from"] == peers
+    quiet = find(render({"devicePlugin": {"monitor": {"enabled": False}}}), "NetworkPolicy",
+                 "hami-device-plugin")
+    assert quiet["spec"]["ingress"] == []
+
