@@ -91,6 +91,11 @@ def test_policies_name_exactly_hamis_accounts() -> None:
                      f'"system:serviceaccount:{NAMESPACE}:d"])')
     alloc, own = users({"devicePlugin": {"enabled": False}})
     assert alloc == f'!(request.userInfo.username in ["{sched}"])'
+    # other vendors' device plugins may be allowed to write allocations, no more
+    vendor = "system:serviceaccount:kube-system:cambricon-device-plugin"
+    alloc_x, own_x = users({"admissionPolicy": {"extraWriters": [vendor]}})
+    assert alloc_x == f'!(request.userInfo.username in ["{sched}","{plugin}","{vendor}"])'
+    assert own_x == f'request.userInfo.username in ["{sched}","{plugin}"]'
     # kube-scheduler's own account is no exception: it never writes allocations
     assert "kube-scheduler" not in alloc + own
 
