@@ -115,7 +115,9 @@ NOT_IN_CHART = {
 API_MODULES = {"hami.kube": ("Kube",), "hami.deviceplugin.kube": ("KubeApi", "NodeWatch"),
                "hami.certgen": ()}
 OUTSIDE_CHART = {"hami.top": "hami top runs with the user's kubeconfig (list nodes, pods, "
-                             "resourcequotas)"}
+                             "resourcequotas)",
+                 "hami.kubehttp": "builds the API layer's HTTP transports (keepalive, watch "
+                                  "idle deadline); makes no request itself"}
 
 
 def chart_names(objs: Sequence[Mapping[str, Any]]) -> dict[str, str]:
