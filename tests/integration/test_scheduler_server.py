@@ -246,6 +246,81 @@ def test_bind_lock_contention_and_dangling_owner_b01_b02() -> None:
     run(scenario)
 
 
+def _waiting_owner(kube: FakeKube, lock_age: timedelta, node_name: str = "n1") -> dict:
+    """Pod ns1/pod-a bound to ``node_name`` and still waiting for Allocate (bind-phase
+    allocating), holding n1's lock written ``lock_age`` ago."""
+    a = gpu_pod("pod-a", namespace="ns1", memory_mib=1000, annotations={
+        "hami.io/vgpu-node": node_name, "hami.io/bind-phase": "allocating",
+        "hami.io/bind-time": "1"})
+    a["spec"]["nodeName"] = node_name
+    a = kube.put("Pod", a)
+    n1 = kube.node("n1")
+    n1["metadata"]["annotations"]["hami.io/mutex.lock"] = (
+        f"{stamp(datetime.now(UTC) - lock_age)},ns1,pod-a")
+    kube.put("Node", n1)
+    return a
+
+
+@pytest.mark.parametrize("finish", ["success", "failed", "deleted", "running", "other node"])
+def test_expired_lock_is_not_taken_from_a_pod_waiting_for_allocate(finish: str) -> None:
+    """Issue 11 item 7: pod A's lock is past --node-lock-timeout but A's Allocate has not
+    come yet: B's bind is refused with contention (and released nothing) until A is done
+    allocating, gone or elsewhere; then B takes the lock over."""
+    async def scenario() -> None:
+        kube = cluster("n1")
+        async with serving(kube) as h:
+            a = _waiting_owner(kube, timedelta(minutes=6))
+            b = kube.put("Pod", gpu_pod("pod-b", namespace="ns2", memory_mib=3000))
+            assert (await h.filter(b, ["n1"]))["NodeNames"] == ["n1"]
+            result = await h.bind(b, "n1")
+            assert result["Error"].endswith("node lock contention"), result
+            assert kube.node("n1")["metadata"]["annotations"]["hami.io/mutex.lock"].endswith(
+                ",ns1,pod-a")
+            assert not kube.pod("pod-b", "ns2")["spec"].get("nodeName")
+            assert h.engine.locks.takeovers == 0
+            if finish == "deleted":
+                kube.delete("Pod", a)
+            elif finish == "running":
+                kube.put("Pod", {**a, "status": {"phase": "Running"}})
+            elif finish == "other node":
+                kube.put("Pod", {**a, "spec": {**a["spec"], "nodeName": "n2"}})
+            else:
+                a["metadata"]["annotations"]["hami.io/bind-phase"] = finish
+                kube.put("Pod", a)
+            assert (await h.bind(b, "n1"))["Error"] == ""
+            assert kube.node("n1")["metadata"]["annotations"]["hami.io/mutex.lock"].endswith(
+                ",ns2,pod-b")
+            assert kube.pod("pod-b", "ns2")["spec"]["nodeName"] == "n1"
+            assert h.engine.locks.takeovers == 1
+
+    run(scenario)
+
+
+def test_expired_lock_wait_is_bounded_and_legacy_locks_expire() -> None:
+    """A lock whose owner stays 'allocating' is taken over once older than 6 lock
+    timeouts; a lock naming no owner expires after one timeout, as in HAMi."""
+    async def scenario() -> None:
+        kube = cluster("n1")
+        async with serving(kube) as h:
+            _waiting_owner(kube, timedelta(minutes=29))
+            b = kube.put("Pod", gpu_pod("pod-b", namespace="ns2", memory_mib=3000))
+            await h.filter(b, ["n1"])
+            assert (await h.bind(b, "n1"))["Error"].endswith("node lock contention")
+            _waiting_owner(kube, timedelta(minutes=31))  # A never got its Allocate
+            assert (await h.bind(b, "n1"))["Error"] == ""
+            assert h.engine.locks.takeovers == 1
+            n1 = kube.node("n1")
+            n1["metadata"]["annotations"]["hami.io/mutex.lock"] = stamp(
+                datetime.now(UTC) - timedelta(minutes=6))
+            kube.put("Node", n1)
+            c = kube.put("Pod", gpu_pod("pod-c", namespace="ns2", memory_mib=1000))
+            await h.filter(c, ["n1"])
+            assert (await h.bind(c, "n1"))["Error"] == ""
+            assert h.engine.locks.takeovers == 2
+
+    run(scenario)
+
+
 def test_bind_waits_for_a_released_lock() -> None:
     async def scenario() -> None:
         kube = cluster("n1")

@@ -13,9 +13,12 @@ from hami.scheduler.nodelock import (
     LockAction,
     contention_message,
     lock_step,
+    max_lock_age,
+    owner_awaits_allocate,
     owner_is_dangling,
     parse_go_duration,
     release_step,
+    waiting_message,
 )
 from hami.scheduler.registration import check_node
 
@@ -34,9 +37,16 @@ def stamp(dt: datetime) -> str:
     (f"{stamp(NOW)},team-x,worker", LockAction.HELD),
     (f"{stamp(NOW)},team-x,worker-123", LockAction.CHECK_OWNER),
     (f"{stamp(NOW)},team-x,work", LockAction.CHECK_OWNER),
-    (f"{stamp(NOW - timedelta(minutes=6))},team-x,worker-123", LockAction.TAKE_OVER),
+    # expired: the owner may still wait for Allocate, so it is asked first ...
+    (f"{stamp(NOW - timedelta(minutes=6))},team-x,worker-123", LockAction.CHECK_WAITING),
+    # ... unless the lock is ours, or older than max_lock_age (6 x 5m)
+    (f"{stamp(NOW - timedelta(minutes=6))},team-x,worker", LockAction.TAKE_OVER),
+    (f"{stamp(NOW - timedelta(minutes=29))},team-x,worker-123", LockAction.CHECK_WAITING),
+    (f"{stamp(NOW - timedelta(minutes=31))},team-x,worker-123", LockAction.TAKE_OVER),
     (stamp(NOW), LockAction.CONTENDED),  # legacy: no owner to check
-    (stamp(NOW - timedelta(minutes=6)), LockAction.TAKE_OVER),
+    (stamp(NOW - timedelta(minutes=6)), LockAction.TAKE_OVER),  # legacy: expiry as in HAMi
+    (f"{stamp(NOW)},team-x,", LockAction.CONTENDED),  # incomplete owner: like legacy
+    (f"{stamp(NOW - timedelta(minutes=6))},,worker-123", LockAction.TAKE_OVER),
     ("garbage", LockAction.MALFORMED),
     ("a,b", LockAction.MALFORMED),
     (f"{stamp(NOW)},a,b,c", LockAction.MALFORMED),
@@ -64,6 +74,49 @@ def test_b02_dangling_owner_is_taken_over() -> None:
     assert owner_is_dangling({"status": {"phase": "Succeeded"}})
     assert not owner_is_dangling({"status": {"phase": "Pending"}})
     assert not owner_is_dangling({"status": {}})
+
+
+def _owner(phase: str | None = "Pending", node_name: str | None = "n1",
+           vgpu_node: str | None = "n1", bind_phase: str | None = "allocating") -> dict:
+    ann = {k: v for k, v in (("hami.io/vgpu-node", vgpu_node),
+                              ("hami.io/bind-phase", bind_phase)) if v is not None}
+    return {"metadata": {"name": "pod-a", "namespace": "ns1", "annotations": ann},
+            "spec": {"nodeName": node_name} if node_name is not None else {},
+            "status": {"phase": phase} if phase is not None else {}}
+
+
+@pytest.mark.parametrize(("owner", "waits"), [
+    (_owner(), True),                                   # bound, Allocate not seen yet
+    (_owner(node_name=None), True),                     # lock taken, Binding not written yet
+    (_owner(phase=None), True),
+    (None, False),                                      # gone
+    (_owner(phase="Failed"), False),                    # terminal
+    (_owner(phase="Succeeded"), False),
+    (_owner(phase="Running"), False),                   # admitted: its Allocate is done
+    (_owner(bind_phase="success"), False),              # the device plugin served it
+    (_owner(bind_phase="failed"), False),               # ... or refused it
+    (_owner(bind_phase=None), False),
+    (_owner(node_name="n2", vgpu_node="n2"), False),    # on another node
+    (_owner(node_name="n2", vgpu_node="n1"), False),    # bound elsewhere: spec.nodeName wins
+    (_owner(node_name=None, vgpu_node="n2"), False),
+    (_owner(node_name=None, vgpu_node=None), False),
+    ({"metadata": "x", "spec": [], "status": 3}, False),  # junk never raises
+])
+def test_expired_lock_is_kept_while_its_owner_waits_for_allocate(owner: dict | None,
+                                                                 waits: bool) -> None:
+    """Issue 11 item 7: an expired lock is only taken from an owner that is gone,
+    finished allocating (success/failed, or running) or not on this node."""
+    assert owner_awaits_allocate(owner, "n1") is waits
+
+
+def test_waiting_lock_message_is_contention() -> None:
+    lock = lock_step(f"{stamp(NOW - timedelta(minutes=6))},ns1,pod-a", NOW, FIVE_MIN,
+                     "ns2", "pod-b").lock
+    assert lock is not None
+    msg = waiting_message("n1", lock, FIVE_MIN)
+    assert msg == ("node n1 is locked by ns1/pod-a, which still waits for the device plugin's "
+                   "Allocate (kept up to 30m0s): node lock contention")
+    assert max_lock_age(FIVE_MIN) == timedelta(minutes=30)
 
 
 def test_release_of_unparsable_or_absent_lock() -> None:

@@ -1,7 +1,8 @@
 """Node lock acquisition and release against the API (spec §4.11, B01, B02).
 
-The decisions are :mod:`hami.scheduler.nodelock`'s; this module does the reads and the
-compare-and-swap writes (JSON merge patch carrying the node's ``resourceVersion``).
+The decisions are :mod:`hami.scheduler.nodelock`'s; this module does the reads (the node,
+and the lock's owner pod when a decision needs it) and the compare-and-swap writes (JSON
+merge patch carrying the node's ``resourceVersion``).
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from hami.scheduler.nodelock import (
     LockAction,
     contention_message,
     lock_step,
+    owner_awaits_allocate,
     owner_is_dangling,
     release_step,
+    waiting_message,
 )
 
 _CAS_ATTEMPTS = 5
@@ -106,6 +109,11 @@ class NodeLocks:
                     owner = await self._owner(step.lock.namespace, step.lock.name)
                     if not owner_is_dangling(owner):
                         raise LockError(contention_message(node, self.timeout))
+                if step.action is LockAction.CHECK_WAITING:
+                    assert step.lock is not None
+                    owner = await self._owner(step.lock.namespace, step.lock.name)
+                    if owner_awaits_allocate(owner, node):
+                        raise LockError(waiting_message(node, step.lock, self.timeout))
                 if step.action is not LockAction.SET:
                     self.takeovers += 1
                 written = encode_node_lock(now, namespace, name)
