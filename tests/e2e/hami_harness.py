@@ -218,9 +218,15 @@ class HamiProcess:
                 self.kill()
 
 
+#: Pods with this label are left alone by :class:`FakeAllocator` (their Allocate is "late";
+#: the test finishes them itself).
+LATE_ALLOCATE = "e2e.hami.io/late-allocate"
+
+
 class FakeAllocator:
     """The API side of the device plugin's Allocate for bound pods (spec §11): set
-    ``hami.io/bind-phase=success`` and release the node lock this pod holds."""
+    ``hami.io/bind-phase=success`` and release the node lock this pod holds. Pods
+    labelled :data:`LATE_ALLOCATE` are skipped."""
 
     def __init__(self, cp: ControlPlane) -> None:
         self.cp = cp
@@ -259,6 +265,8 @@ class FakeAllocator:
         ann = pod.metadata.annotations or {}
         key = (pod.metadata.namespace, pod.metadata.name, ann.get("hami.io/bind-time"))
         if not pod.spec.nodeName or ann.get("hami.io/bind-phase") != "allocating":
+            return False
+        if LATE_ALLOCATE in (pod.metadata.labels or {}):
             return False
         if key in self._seen:
             return False

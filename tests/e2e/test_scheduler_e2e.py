@@ -35,6 +35,7 @@ from hami.testing.controlplane import ControlPlane, SchedulerHandle, wait_until
 from hami.testing.scheduler_config import ExtenderConfig
 
 from .hami_harness import (
+    LATE_ALLOCATE,
     FakeAllocator,
     HamiProcess,
     ReadyForwarder,
@@ -453,6 +454,61 @@ def test_b02_lock_of_a_deleted_pod_is_taken_over_at_once(kube_client: Any, kube_
     create(kube_client, pod_in(group, name, memory_mib=8000))
     wait_bound(kube_client, name, timeout_s=30)
     assert time.monotonic() - t0 < 15
+
+
+def _late_owner(client: Any, group: str, node: str, age: timedelta) -> tuple[str, str]:
+    """A pod bound to ``node`` whose Allocate has not come (bind-phase allocating, left
+    alone by the FakeAllocator), holding the node lock written ``age`` ago."""
+    owner = unique("pod-a")
+    pod = pod_in(group, owner, memory_mib=1000, annotations={
+        "hami.io/vgpu-node": node, "hami.io/bind-phase": "allocating",
+        "hami.io/bind-time": str(int(time.time() - age.total_seconds()))})
+    pod["metadata"]["labels"][LATE_ALLOCATE] = "true"
+    pod["spec"]["nodeName"] = node  # bound already: kube-scheduler leaves it alone
+    create(client, pod)
+    lock = f"{(datetime.now(UTC) - age).strftime('%Y-%m-%dT%H:%M:%SZ')},default,{owner}"
+    client.patch(Node, node, {"metadata": {"annotations": {"hami.io/mutex.lock": lock}}},
+                 patch_type=PatchType.MERGE)
+    return owner, lock
+
+
+def test_expired_lock_is_kept_while_its_owner_waits_for_allocate(
+        kube_client: Any, kube_scheduler: Any, group: str) -> None:
+    """Issue 11 item 7: pod A is bound, its Allocate is late and its lock is past
+    --node-lock-timeout (5m). Pod B's bind must not take the lock over (the device plugin
+    could then serve A with B's limits): it fails with contention until A's bind-phase
+    becomes success, or A is deleted; then B binds."""
+    [name] = nodes(kube_client, group, 1, "late")
+    owner, lock = _late_owner(kube_client, group, name, timedelta(minutes=10))
+    b = unique("pod-b")
+    create(kube_client, pod_in(group, b, memory_mib=3000))
+
+    def refused() -> bool:
+        return any(e.reason == "BindingFailed" and "node lock contention" in (e.message or "")
+                   for e in kube_client.list(Event, namespace="default",
+                                             fields={"involvedObject.name": b}))
+
+    wait_until(refused, timeout_s=60, what=f"{b} refused with node lock contention")
+    assert kube_client.get(Node, name).metadata.annotations["hami.io/mutex.lock"] == lock
+    assert not get(kube_client, b)["spec"].get("nodeName")
+    # A's Allocate comes at last (the device plugin writes success; its lock is not
+    # released here, as if the plugin died right after): B takes the lock over.
+    kube_client.patch(Pod, owner, {"metadata": {"annotations": {
+        "hami.io/bind-phase": "success"}}}, namespace="default", patch_type=PatchType.MERGE)
+    assert wait_bound(kube_client, b, timeout_s=60)["spec"]["nodeName"] == name
+
+    # Second round on the same node: the waiting owner is deleted instead.
+    wait_until(lambda: "hami.io/mutex.lock" not in (
+        kube_client.get(Node, name).metadata.annotations or {}), timeout_s=20,
+        what="B's lock released by the allocator")
+    owner2, lock2 = _late_owner(kube_client, group, name, timedelta(minutes=10))
+    c = unique("pod-c")
+    create(kube_client, pod_in(group, c, memory_mib=2000))
+    time.sleep(6)
+    assert kube_client.get(Node, name).metadata.annotations["hami.io/mutex.lock"] == lock2
+    assert not get(kube_client, c)["spec"].get("nodeName")
+    kube_client.delete(Pod, owner2, namespace="default", grace_period=0)
+    assert wait_bound(kube_client, c, timeout_s=60)["spec"]["nodeName"] == name
 
 
 def test_b20_deleted_handshake_node_comes_back(kube_client: Any, kube_scheduler: Any,

@@ -140,27 +140,61 @@ def test_two_pods_bound_at_once_real_api(real: PluginHarness, kube_client: Any) 
 
     state = registered_state(real, kube_client)
     a1 = schedule_and_bind(kube_client, state, "small", gpus=1, mem=1000, cores=10)
-    a2 = schedule_and_bind(kube_client, state, "large", gpus=1, mem=7000, cores=70,
+    a2 = schedule_and_bind(kube_client, state, "large", gpus=2, mem=7000, cores=70,
                            take_lock=False)
     u_small = al.decode_entries(al.PodView("d", "s", "", annotations=a1))[0][0].uuid
-    u_large = al.decode_entries(al.PodView("d", "l", "", annotations=a2))[0][0].uuid
+    u_large = [d.uuid for d in al.decode_entries(al.PodView("d", "l", "", annotations=a2))[0]]
     results: dict[str, Any] = {}
 
-    def go(name: str, uuid: str) -> None:
-        results[name] = real.kubelet.allocate([f"{uuid}-7"]).container_responses[0].envs
+    def go(name: str, ids: list[str]) -> None:
+        results[name] = real.kubelet.allocate(ids).container_responses[0].envs
 
-    ts = [threading.Thread(target=go, args=("large", u_large)),
-          threading.Thread(target=go, args=("small", u_small))]
+    # kubelet admits both at once, 'large' first although the lock names 'small'
+    ts = [threading.Thread(target=go, args=("large", [f"{u}-7" for u in u_large])),
+          threading.Thread(target=go, args=("small", [f"{u_small}-7"]))]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
-    if u_small != u_large:
-        assert results["large"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "7000m"
-        assert results["small"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
-    else:  # same GPU: the kubelet's IDs cannot tell them apart; each still gets one grant
-        assert sorted(r["CUDA_DEVICE_MEMORY_LIMIT_0"] for r in results.values()) == \
-            ["1000m", "7000m"]
+    assert results["large"]["CUDA_DEVICE_MEMORY_LIMIT_1"] == "7000m"
+    assert results["large"]["NVIDIA_VISIBLE_DEVICES"] == ",".join(u_large)
+    assert results["small"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
     for name in ("small", "large"):
         assert kube_client.get(Pod, name, namespace="default").metadata.annotations[
             al.BIND_PHASE] == "success"
+
+
+def test_two_pods_of_one_size_are_never_swapped_real_api(real: PluginHarness,  # noqa: F811
+                                                         kube_client: Any) -> None:  # noqa: F811
+    """Issue 11 item 7: two pods of one size wait for Allocate at once (the later one's
+    bind took an expired lock over): an Allocate could be for either, so it is refused
+    and nothing is written; once kubelet has failed the pod it was admitting, the other
+    one gets its own grant."""
+    import grpc
+    from lightkube.resources.core_v1 import Node, Pod
+
+    from hami.testing.controlplane import set_pod_phase
+
+    state = registered_state(real, kube_client)
+    a = schedule_and_bind(kube_client, state, "late", gpus=1, mem=1000, cores=10,
+                          take_lock=False)
+    schedule_and_bind(kube_client, state, "owner", gpus=1, mem=3000, cores=30)
+    ids = real.kubelet.preferred([i for i, _ in real.kubelet.latest], 1)
+    with pytest.raises(grpc.RpcError) as err:                 # kubelet admitting 'late'
+        real.kubelet.allocate(ids)
+    assert "cannot tell which pod" in err.value.details()
+    for name in ("late", "owner"):
+        ann = kube_client.get(Pod, name, namespace="default").metadata.annotations
+        assert ann[al.BIND_PHASE] == "allocating" and ann[al.DEVICES_TO_ALLOCATE] != ";"
+    assert (kube_client.get(Node, E2E_NODE).metadata.annotations or {})[
+        al.NODE_LOCK].endswith(",default,owner")
+    # kubelet fails the pod whose admission failed
+    set_pod_phase(kube_client, "late", "default", "Failed")
+    envs = real.kubelet.allocate(real.kubelet.preferred(
+        [i for i, _ in real.kubelet.latest], 1)).container_responses[0].envs
+    assert envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+    owner = kube_client.get(Pod, "owner", namespace="default").metadata.annotations
+    assert owner[al.BIND_PHASE] == "success"
+    late = kube_client.get(Pod, "late", namespace="default").metadata.annotations
+    assert late[al.DEVICES_TO_ALLOCATE] == a[al.DEVICES_TO_ALLOCATE]
+    wait_unlocked(kube_client)

@@ -73,23 +73,41 @@ REPL = {f"{u}-{i}": u for u in (A, B) for i in range(10)}
     ((None, [pod("x", f"{A},NVIDIA,1,0:;", node="other")], [[f"{A}-1"]]), None),
     ((None, [pod("x", ";")], [[f"{A}-1"]]), None),
     ((None, [pod("x", f"{A},NVIDIA,1,0:;", bind_phase="success")], [[f"{A}-1"]]), "x"),
-    # two pods bound at once: the one whose GPUs match the kubelet's IDs wins
-    ((pod("a", f"{A},NVIDIA,1000,10:;"), [pod("a", f"{A},NVIDIA,1000,10:;"),
-                                         pod("b", f"{B},NVIDIA,2000,20:;")], [[f"{B}-4"]]), "b"),
-    ((None, [pod("a", f"{A},NVIDIA,1,0:;", bind_time="5"),
-             pod("b", f"{B},NVIDIA,1,0:;", bind_time="1")], [[f"{A}-0"]]), "a"),
-    # no exact match: count match first, then the lock owner, then older bind-time
+    # an owner that is not pending on this node is not the pod being admitted
+    ((pod("own", f"{A},NVIDIA,1,0:;", phase="Running"), [], [[f"{A}-0"]]), None),
+    ((pod("own", f"{A},NVIDIA,1,0:;", node="other"), [], [[f"{A}-0"]]), None),
+    # the only pod waiting is served even when its counts differ (the count check then
+    # fails that pod, as in HAMi)
+    ((pod("own", f"{A},NVIDIA,1,0:;"), [], [[f"{A}-0", f"{B}-0"]]), "own"),
+    # several pods wait: only one whose next entries have the requested counts is served
     ((None, [pod("a", f"{A},NVIDIA,1,0:{B},NVIDIA,1,0:;", bind_time="1"),
              pod("b", f"{A},NVIDIA,1,0:;", bind_time="9")], [["x-1"]]), "b"),
-    ((pod("b", f"{A},NVIDIA,1,0:;", bind_time="9"),
-      [pod("a", f"{A},NVIDIA,1,0:;", bind_time="1")], [["x-1"]]), "b"),
+    ((pod("a", f"{A},NVIDIA,1,0:;"), [pod("a", f"{A},NVIDIA,1,0:;"),
+                                     pod("b", f"{A},NVIDIA,1,0:{B},NVIDIA,1,0:;")],
+      [[f"{A}-1", f"{B}-2"]]), "b"),
+    # ... else nobody: the kubelet's IDs come from our own preferred allocation, which
+    # had to guess as well, so neither the lock nor matching GPUs tell the pods apart
+    # (issue 11 item 7: pod A was served pod B's 3000 MiB on their shared GPU)
+    ((pod("b", f"{A},NVIDIA,3000,0:;", bind_time="9"),
+      [pod("a", f"{A},NVIDIA,1000,0:;", bind_time="1")], [[f"{A}-3"]]), "!"),
+    ((pod("a", f"{A},NVIDIA,1000,10:;"), [pod("a", f"{A},NVIDIA,1000,10:;"),
+                                         pod("b", f"{B},NVIDIA,2000,20:;")], [[f"{B}-4"]]), "!"),
+    ((None, [pod("a", f"{A},NVIDIA,1,0:;", bind_time="5"),
+             pod("b", f"{B},NVIDIA,1,0:;", bind_time="1")], [[f"{A}-0"]]), "!"),
     ((None, [pod("b", f"{A},NVIDIA,1,0:;", bind_time="9"),
-             pod("a", f"{A},NVIDIA,1,0:;", bind_time="1")], [["x-1"]]), "a"),
+             pod("a", f"{A},NVIDIA,1,0:;", bind_time="1")], [["x-1"]]), "!"),
+    ((None, [pod("a", f"{A},NVIDIA,1,0:;"), pod("b", f"{B},NVIDIA,1,0:;")],
+      [[f"{A}-0", f"{B}-0"]]), "!"),                   # none fits: still nobody's
     # an owner with nothing left is stale: use the pending pod
     ((pod("own", ";"), [pod("x", f"{A},NVIDIA,1,0:;")], [[f"{A}-0"]]), "x"),
 ])
 def test_choose_pod(case: tuple, expected: str | None) -> None:
     owner, candidates, request = case
+    if expected == "!":
+        with pytest.raises(al.AllocateError, match="cannot tell which pod") as err:
+            al.choose_pod(request, owner, candidates, NODE, REPL)
+        assert "default/a" in str(err.value) and "default/b" in str(err.value)
+        return
     chosen = al.choose_pod(request, owner, candidates, NODE, REPL)
     assert (chosen.name if chosen else None) == expected
 

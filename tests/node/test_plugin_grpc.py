@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -264,25 +265,58 @@ def test_field_case_b15(harness: PluginHarness) -> None:
 def test_two_pods_allocated_at_once_keep_their_limits(harness: PluginHarness) -> None:
     up(harness)
     bound_pod(harness, "small", f"{A},NVIDIA,1000,10:;", bind_time="100")
-    bound_pod(harness, "large", f"{B},NVIDIA,9000,90:;", bind_time="100", lock=False)
+    bound_pod(harness, "large", f"{A},NVIDIA,9000,90:{B},NVIDIA,9000,90:;", bind_time="100",
+              lock=False)
     results: dict[str, dict[str, str]] = {}
 
     def go(name: str, ids: list[str]) -> None:
         results[name] = dict(harness.kubelet.allocate(ids).container_responses[0].envs)
 
-    # kubelet serves 'large' first although the lock names 'small'
-    threads = [threading.Thread(target=go, args=("large", [f"{B}-3"])),
+    # kubelet serves 'large' first although the lock names 'small': told apart by counts
+    threads = [threading.Thread(target=go, args=("large", [f"{A}-3", f"{B}-3"])),
                threading.Thread(target=go, args=("small", [f"{A}-5"]))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert results["large"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "9000m"
-    assert results["large"]["NVIDIA_VISIBLE_DEVICES"] == B
+    assert results["large"]["CUDA_DEVICE_MEMORY_LIMIT_1"] == "9000m"
+    assert results["large"]["NVIDIA_VISIBLE_DEVICES"] == f"{A},{B}"
     assert results["small"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
     assert results["small"]["CUDA_DEVICE_SM_LIMIT"] == "10"
     for name in ("small", "large"):
         assert harness.kube.pods[("default", name)].annotations[al.BIND_PHASE] == "success"
+    wait(lambda: al.NODE_LOCK not in harness.kube.nodes[NODE][0], what="lock release")
+
+
+def test_late_allocate_is_never_served_the_lock_owners_entry(harness: PluginHarness) -> None:
+    """Issue 11 item 7: pod-a (1000 MiB) was bound first but its Allocate is late; the
+    scheduler let pod-b (3000 MiB, same GPU) take the lock over. kubelet now admits
+    pod-a: the request (one replica of GPU A, picked from our own preferred answer) fits
+    both pods, so the plugin must refuse rather than hand pod-a pod-b's 3000 MiB."""
+    up(harness)
+    bound_pod(harness, "pod-a", f"{A},NVIDIA,1000,10:;", bind_time="100", lock=False)
+    bound_pod(harness, "pod-b", f"{A},NVIDIA,3000,30:;", bind_time="200")   # lock: pod-b
+    avail = [i for i, _ in harness.kubelet.latest]
+    ids = harness.kubelet.preferred(avail, 1)
+    assert [al.physical_uuid(i) for i in ids] == [A]
+    with pytest.raises(grpc.RpcError) as err:                  # kubelet admitting pod-a
+        harness.kubelet.allocate(ids)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "cannot tell which pod" in err.value.details()
+    for name, value in (("pod-a", f"{A},NVIDIA,1000,10:;"), ("pod-b", f"{A},NVIDIA,3000,30:;")):
+        ann = harness.kube.pods[("default", name)].annotations
+        assert (ann[al.DEVICES_TO_ALLOCATE], ann[al.BIND_PHASE]) == (value, "allocating")
+    assert harness.kube.nodes[NODE][0][al.NODE_LOCK].endswith(",default,pod-b")
+    assert not Path(f"{harness.hook_path}/vgpu/containers/uid-pod-a_c").exists()
+    # kubelet rejects pod-a (phase Failed); pod-b's own Allocate is then unambiguous
+    harness.kube.add_pod(replace(harness.kube.pods[("default", "pod-a")], phase="Failed"))
+    envs = harness.kubelet.allocate(harness.kubelet.preferred(avail, 1)).container_responses[0]
+    assert envs.envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+    assert envs.envs["CUDA_DEVICE_SM_LIMIT"] == "30"
+    assert envs.mounts[1].host_path.endswith("/uid-pod-b_c")
+    assert harness.kube.pods[("default", "pod-b")].annotations[al.BIND_PHASE] == "success"
+    assert harness.kube.pods[("default", "pod-a")].annotations[al.DEVICES_TO_ALLOCATE] == (
+        f"{A},NVIDIA,1000,10:;")
     wait(lambda: al.NODE_LOCK not in harness.kube.nodes[NODE][0], what="lock release")
 
 
@@ -333,9 +367,8 @@ def test_lagging_node_watch_still_serves_and_releases(harness: PluginHarness) ->
     up(harness)
     bound_pod(harness, "p", f"{A},NVIDIA,1000,10:;")
     harness.kube.add_pod(al.PodView("default", "other", "uid-o", NODE, "Pending", {
-        al.DEVICES_TO_ALLOCATE: f"{B},NVIDIA,5,5:;", al.VGPU_NODE: NODE,
+        al.DEVICES_TO_ALLOCATE: f"{A},NVIDIA,5,5:{B},NVIDIA,5,5:;", al.VGPU_NODE: NODE,
         al.BIND_PHASE: "allocating", al.BIND_TIME: "1"}, (al.ContainerView("c"),)))
     envs = harness.kubelet.allocate([f"{A}-0"]).container_responses[0].envs
     assert envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
-    assert "list_pods" not in harness.kube.calls      # the live node read found the owner
     wait(lambda: al.NODE_LOCK not in harness.kube.nodes[NODE][0], what="lock release")

@@ -9,11 +9,14 @@ Deliberate decisions beyond HAMi v2.10 (docs: field case B15 and the concurrency
 
 * **Which pod.** HAMi takes the node-lock owner, else the first pending pod in
   bind-phase allocating/success. Kubelet requests carry no pod identity, so when two pods
-  are bound to the node at once HAMi can hand one pod's limits to the other. Here every
-  candidate (lock owner + pending pods of the node that still have devices to allocate) is
-  ranked: a pod whose next entries name exactly the physical GPUs of the kubelet's IDs
-  wins; then one whose device counts match; the lock owner before others; older bind-time
-  first. A pod with nothing left to allocate is never chosen.
+  wait for Allocate on the node at once HAMi can hand one pod's limits to the other. The
+  device IDs do not tell them apart either: kubelet takes them from our own
+  GetPreferredAllocation answer, which had to guess the pod the same way. Here the pod is
+  served only when it is the one pod that can be meant: the only pod of the node waiting
+  for devices (lock owner or pending pod), or the only one whose next entries have the
+  requested device counts. Otherwise Allocate fails without touching any pod (kubelet
+  rejects the pod it was admitting; the other one is served on its own Allocate). A pod
+  with nothing left to allocate, or not pending on this node, is never chosen.
 * **Whose GPUs.** The annotation is authoritative: the container gets the annotated GPUs
   even when the kubelet picked replicas of other GPUs (B15). GetPreferredAllocation is
   always offered and answers one replica per annotated GPU, so kubelet's record agrees.
@@ -223,30 +226,43 @@ def match_rank(pod: PodView, requests: Sequence[Sequence[str]],
     return 2 if exact else 1
 
 
+def waits_here(pod: PodView, node: str) -> bool:
+    """The lock owner may be the pod kubelet is admitting: it is ``Pending`` on ``node``
+    (``spec.nodeName``: kubelet only admits pods bound to it) and has devices left."""
+    return pod.phase == "Pending" and pod.node_name == node and bool(pending_entries(pod))
+
+
 def choose_pod(requests: Sequence[Sequence[str]], owner: PodView | None,
                candidates: Sequence[PodView], node: str,
                replicas: Mapping[str, str] | None = None) -> PodView | None:
-    """The pod this Allocate serves (see module docstring), or None.
+    """The pod this Allocate serves (see module docstring), or None when no pod waits.
 
-    ``owner`` is the lock owner (if any, fetched by the shell); ``candidates`` the pods
-    bound to ``node`` (the shell may pass [] when ``owner`` is an exact match).
+    ``owner`` is the lock owner (if any), ``candidates`` the pods bound to ``node``. The
+    pool is the owner (when :func:`waits_here`) and every :func:`is_candidate`; its only
+    pod is served (a count mismatch then fails that pod, as in HAMi), else its only pod
+    whose next entries have the requested device counts (:func:`match_rank` > 0).
+
+    Raises:
+        AllocateError: several pods could be meant (none of them is to be marked failed:
+            the kubelet fails the one it was admitting).
     """
     pool: dict[tuple[str, str], PodView] = {}
-    if owner is not None and pending_entries(owner):
+    if owner is not None and waits_here(owner, node):
         pool[(owner.namespace, owner.name)] = owner
     for p in candidates:
         if is_candidate(p, node):
             pool.setdefault((p.namespace, p.name), p)
-    if not pool:
-        return None
-    owner_key = (owner.namespace, owner.name) if owner is not None else None
-
-    def key(p: PodView) -> tuple[int, int, int, str, str]:
-        return (-match_rank(p, requests, replicas),
-                0 if (p.namespace, p.name) == owner_key else 1,
-                _bind_time(p), p.namespace, p.name)
-
-    return min(pool.values(), key=key)
+    if len(pool) <= 1:
+        return next(iter(pool.values()), None)
+    fits = [p for p in pool.values() if match_rank(p, requests, replicas) > 0]
+    if len(fits) == 1:
+        return fits[0]
+    waiting = ", ".join(f"{ns}/{name}" for ns, name in sorted(pool))
+    raise AllocateError(
+        f"cannot tell which pod this Allocate is for: {waiting} all wait for devices on "
+        f"node {node} and {'fit' if fits else 'none fits'} the request "
+        f"{[len(ids) for ids in requests]} device(s); refusing rather than serving one "
+        f"pod another pod's devices")
 
 
 # --- response (§B.5) ---------------------------------------------------------------------
@@ -437,9 +453,11 @@ def preferred_rank(pod: PodView, requests: Sequence[PreferredRequest],
 def choose_preferred_pod(requests: Sequence[PreferredRequest], owner: PodView | None,
                          candidates: Sequence[PodView], node: str,
                          replicas: Mapping[str, str] | None = None) -> PodView | None:
-    """Like :func:`choose_pod`, for GetPreferredAllocation."""
+    """The pod whose GPUs GetPreferredAllocation prefers: like :func:`choose_pod`'s pool,
+    best :func:`preferred_rank` first, then the lock owner, then older bind-time. Only a
+    preference: Allocate still refuses when several pods could be meant."""
     pool: dict[tuple[str, str], PodView] = {}
-    if owner is not None and pending_entries(owner):
+    if owner is not None and waits_here(owner, node):
         pool[(owner.namespace, owner.name)] = owner
     for p in candidates:
         if is_candidate(p, node):

@@ -253,11 +253,11 @@ class NodeWatch:
 
     Readers get None while the watch is (re)connecting after an error. Our own patch
     responses are :meth:`offer`-ed so a read right after our write is never older than
-    it. A stale copy is harmless for Allocate: the lock owner it names is re-read live and
-    only used when it still has devices to allocate; otherwise the pods of the node are
-    listed live. A watch silent past the client's idle deadline (no event, no bookmark)
-    is resumed at once from the last resourceVersion seen, keeping the copy; BOOKMARK
-    events only move that version and prove the watch alive (``bookmarks`` counts them).
+    it. A stale copy is harmless for Allocate: the lock owner it names is re-read live,
+    and every Pending pod of the node is considered besides. A watch silent past the
+    client's idle deadline (no event, no bookmark) is resumed at once from the last
+    resourceVersion seen, keeping the copy; BOOKMARK events only move that version and
+    prove the watch alive (``bookmarks`` counts them).
     """
 
     def __init__(self, client: Any, node: str, server_timeout_s: int = 300) -> None:

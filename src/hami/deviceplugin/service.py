@@ -145,28 +145,20 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
         return pb.PreStartContainerResponse()
 
     # -- pod lookup ------------------------------------------------------------------------
-    def _lookup(self, rank: Callable[[al.PodView], int]
-                ) -> tuple[al.PodView | None, list[al.PodView], tuple[dict[str, str], str]]:
-        """``(lock owner, candidate pods, node snapshot)`` for one call.
+    def _lookup(self) -> tuple[al.PodView | None, list[al.PodView], tuple[dict[str, str], str]]:
+        """``(lock owner, pods of the node, node snapshot)`` for one call.
 
-        The lock owner comes from the watched node (or a GET); when it is not an exact
-        match (``rank == 2``) and the node view came from the watch, the node is read live
-        once (the watch may lag the scheduler's lock); only then are the node's pods listed.
+        The pods are always listed live: a pod is served only when no other pod of the
+        node could be the one kubelet is admitting (:func:`.allocate.choose_pod`). The lock
+        owner is taken from that list; the node comes from the watch when it is live (it
+        may lag the scheduler's lock; the owner then only joins as a pending pod).
         Raises :class:`KubeError`.
         """
         node_meta = self.kube.node_annotations(self.node)
+        pods = self.kube.pods_on_node(self.node)
         key = al.lock_owner(node_meta[0].get(al.NODE_LOCK))
-        owner = self.kube.get_pod(*key) if key else None
-        if owner is not None and rank(owner) == 2:
-            return owner, [], node_meta
-        if self.kube.node_watch is not None:
-            node_meta = self.kube.get_node_annotations(self.node)
-            live_key = al.lock_owner(node_meta[0].get(al.NODE_LOCK))
-            if live_key != key:
-                owner = self.kube.get_pod(*live_key) if live_key else None
-                if owner is not None and rank(owner) == 2:
-                    return owner, [], node_meta
-        return owner, self.kube.pods_on_node(self.node), node_meta
+        owner = next((p for p in pods if (p.namespace, p.name) == key), None)
+        return owner, pods, node_meta
 
     # -- GetPreferredAllocation --------------------------------------------------------
     def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,
@@ -178,8 +170,7 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
         try:
             with self.mutex:
                 self.settle()
-                owner, candidates, _ = self._lookup(
-                    lambda p: al.preferred_rank(p, reqs, replicas))
+                owner, candidates, _ = self._lookup()
                 pod = al.choose_preferred_pod(reqs, owner, candidates, self.node, replicas)
         except KubeError as exc:
             log.warning("GetPreferredAllocation: pod lookup failed, answering without it: %s", exc)
@@ -209,11 +200,10 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
             raise al.AllocateError("operatingmode mig: no MIG manager (no MIG GPU registered)")
         replicas = self.state.replicas
         try:
-            owner, candidates, node_meta = self._lookup(
-                lambda p: al.match_rank(p, reqs, replicas))
+            owner, candidates, node_meta = self._lookup()
         except KubeError as exc:
             raise al.AllocateError(f"pod lookup failed: {exc}") from None
-        pod = al.choose_pod(reqs, owner, candidates, self.node, replicas)
+        pod = al.choose_pod(reqs, owner, candidates, self.node, replicas)  # raises: ambiguous
         if pod is None:
             raise al.AllocateError(f"no pending pod with devices to allocate on node {self.node}")
         if self.mig is not None:
