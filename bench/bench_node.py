@@ -4,8 +4,10 @@ Runs the real processes against a real control plane (etcd + kube-apiserver from
 ``hack/k8s/build.sh``):
 
 * ``hami device-plugin`` (fake GPU backend) as a child process; this process plays the
-  kubelet. Each measured Allocate = kubelet gRPC call -> plugin: GET node, GET lock-owner
-  pod, PATCH to-allocate, PATCH bind-phase, PATCH node lock (all real API round trips).
+  kubelet (and, after each Allocate, marks the pod Running as kubelet would once its
+  containers start). Each measured Allocate = kubelet gRPC call -> plugin: node from its
+  watch, LIST of the node's Pending pods, PATCH to-allocate + bind-phase; the node lock
+  is released after the answer (all real API round trips).
 * ``hami monitor`` as a child process over 100 container directories with 1.2 cache files
   (2 processes x 2 GPUs each) and 100 matching pods; each measured scrape is an HTTP GET
   of ``/metrics``.
@@ -43,6 +45,7 @@ from hami.testing.controlplane import (  # noqa: E402
     create_gpu_node,
     die_with_parent,
     free_port,
+    set_pod_phase,
 )
 
 NODE = "bench-node"
@@ -120,6 +123,7 @@ def bench_allocate(cp: ControlPlane, client: Any, work: Path, n: int) -> dict[st
             resp = kubelet.allocate([f"{g}-{k % 10}"])
             lat.append((time.perf_counter() - t0) * 1000)
             assert resp.container_responses[0].envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+            set_pod_phase(client, name, "default", "Running")
         pod = client.get(Pod, f"b{n - 1}", namespace="default")
         assert pod.metadata.annotations[al.BIND_PHASE] == "success"
         # the API alone, same client stack, for context: one GET and one merge PATCH

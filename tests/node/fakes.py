@@ -63,6 +63,11 @@ class FakeKube(KubeApi):
             self.calls.append("list_pods")
             return [p for p in self.pods.values() if p.node_name == node]
 
+    def pending_pods_on_node(self, node: str) -> list[PodView]:
+        with self.lock:
+            self.calls.append("list_pods")
+            return [p for p in self.pods.values() if p.node_name == node and p.phase == "Pending"]
+
     def pods_labelled_for(self, node: str) -> list[PodView]:
         with self.lock:
             return [p for p in self.pods.values() if p.annotations.get(VGPU_NODE) == node]

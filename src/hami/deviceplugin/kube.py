@@ -149,6 +149,20 @@ class KubeApi:
         except Exception as exc:  # noqa: BLE001 - transport (connect/TLS/timeout): retryable
             raise KubeError(f"{type(exc).__name__}: {exc}") from None
 
+    def pending_pods_on_node(self, node: str) -> list[PodView]:
+        """Pods with ``spec.nodeName == node`` and ``status.phase == Pending`` (the pods
+        that may still get an Allocate; few, unlike all pods of the node)."""
+        from lightkube import ApiError
+        from lightkube.resources.core_v1 import Pod
+
+        try:
+            return [pod_view(p) for p in self.client.list(
+                Pod, namespace="*", fields={"spec.nodeName": node, "status.phase": "Pending"})]
+        except ApiError as exc:
+            raise _api_error(exc) from None
+        except Exception as exc:  # noqa: BLE001 - transport (connect/TLS/timeout): retryable
+            raise KubeError(f"{type(exc).__name__}: {exc}") from None
+
     def pods_labelled_for(self, node: str) -> list[PodView]:
         """Pods labelled ``hami.io/vgpu-node=<node>`` (the monitor's selection, §C.4)."""
         from lightkube import ApiError

@@ -148,14 +148,14 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
     def _lookup(self) -> tuple[al.PodView | None, list[al.PodView], tuple[dict[str, str], str]]:
         """``(lock owner, pods of the node, node snapshot)`` for one call.
 
-        The pods are always listed live: a pod is served only when no other pod of the
-        node could be the one kubelet is admitting (:func:`.allocate.choose_pod`). The lock
-        owner is taken from that list; the node comes from the watch when it is live (it
-        may lag the scheduler's lock; the owner then only joins as a pending pod).
+        The node's Pending pods are always listed live: a pod is served only when no other
+        pod of the node could be the one kubelet is admitting (:func:`.allocate.choose_pod`).
+        The lock owner is taken from that list; the node comes from the watch when it is
+        live (it may lag the scheduler's lock; the owner then only joins as a pending pod).
         Raises :class:`KubeError`.
         """
         node_meta = self.kube.node_annotations(self.node)
-        pods = self.kube.pods_on_node(self.node)
+        pods = self.kube.pending_pods_on_node(self.node)
         key = al.lock_owner(node_meta[0].get(al.NODE_LOCK))
         owner = next((p for p in pods if (p.namespace, p.name) == key), None)
         return owner, pods, node_meta
