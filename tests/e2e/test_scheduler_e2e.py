@@ -464,7 +464,10 @@ def _late_owner(client: Any, group: str, node: str, age: timedelta) -> tuple[str
         "hami.io/vgpu-node": node, "hami.io/bind-phase": "allocating",
         "hami.io/bind-time": str(int(time.time() - age.total_seconds()))})
     pod["metadata"]["labels"][LATE_ALLOCATE] = "true"
-    pod["spec"]["nodeName"] = node  # bound already: kube-scheduler leaves it alone
+    # created bound (as if hami had bound it earlier): kube-scheduler leaves it alone and
+    # the webhook, which denies GPU pods with a node, is skipped
+    pod["metadata"]["labels"]["hami.io/webhook"] = "ignore"
+    pod["spec"]["nodeName"] = node
     create(client, pod)
     lock = f"{(datetime.now(UTC) - age).strftime('%Y-%m-%dT%H:%M:%SZ')},default,{owner}"
     client.patch(Node, node, {"metadata": {"annotations": {"hami.io/mutex.lock": lock}}},
