@@ -96,6 +96,40 @@ def wait_unlocked(client: Any, timeout_s: float = 10.0) -> None:
         time.sleep(0.05)
 
 
+def watched(h: PluginHarness, present: set[str], absent: frozenset[str] | set[str] = frozenset(),
+            timeout_s: float = 10.0) -> None:
+    """Wait until the plugin's pod watch shows the ``present`` pods and not the ``absent``
+    ones (as kubelet, which admits a pod only once its own watch delivered it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert h.kube.pod_watch is not None
+        names = {p.name for p in h.kube.pod_watch.pods() or []}
+        if present <= names and not absent & names:
+            return
+        assert time.monotonic() < deadline, f"pod watch shows {sorted(names)}"
+        time.sleep(0.02)
+
+
+def test_pod_watch_follows_the_nodes_pending_pods(real: PluginHarness,  # noqa: F811
+                                                  kube_client: Any) -> None:  # noqa: F811
+    from lightkube.resources.core_v1 import Pod
+
+    from hami.testing.controlplane import set_pod_phase
+
+    state = registered_state(real, kube_client)
+    for name in ("w1", "w2"):
+        schedule_and_bind(kube_client, state, name, gpus=1, mem=1000, cores=10, take_lock=False)
+    watched(real, {"w1", "w2"})
+    set_pod_phase(kube_client, "w1", "default", "Running")      # leaves Pending: dropped
+    kube_client.delete(Pod, "w2", namespace="default", grace_period=0)
+    watched(real, set(), {"w1", "w2"})
+    schedule_and_bind(kube_client, state, "w3", gpus=1, mem=1000, cores=10, take_lock=False)
+    watched(real, {"w3"})
+    # our own patch is seen at once (offered), never overwritten by an older event
+    patched = real.kube.patch_pod_annotations("default", "w3", {"x": "1"})
+    assert {p.name: p for p in real.kube.pod_watch.pods() or []}["w3"] == patched
+
+
 def test_scheduled_pod_allocated_end_to_end(real: PluginHarness, kube_client: Any) -> None:  # noqa: F811
     from lightkube.resources.core_v1 import Pod
 
@@ -179,6 +213,7 @@ def test_two_pods_of_one_size_are_never_swapped_real_api(real: PluginHarness,  #
     a = schedule_and_bind(kube_client, state, "late", gpus=1, mem=1000, cores=10,
                           take_lock=False)
     schedule_and_bind(kube_client, state, "owner", gpus=1, mem=3000, cores=30)
+    watched(real, {"late", "owner"})
     ids = real.kubelet.preferred([i for i, _ in real.kubelet.latest], 1)
     with pytest.raises(grpc.RpcError) as err:                 # kubelet admitting 'late'
         real.kubelet.allocate(ids)
@@ -190,6 +225,7 @@ def test_two_pods_of_one_size_are_never_swapped_real_api(real: PluginHarness,  #
         al.NODE_LOCK].endswith(",default,owner")
     # kubelet fails the pod whose admission failed
     set_pod_phase(kube_client, "late", "default", "Failed")
+    watched(real, {"owner"}, {"late"})
     envs = real.kubelet.allocate(real.kubelet.preferred(
         [i for i, _ in real.kubelet.latest], 1)).container_responses[0].envs
     assert envs["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"

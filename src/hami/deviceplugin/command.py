@@ -164,6 +164,7 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
         mps_daemon = MpsControlDaemon(cfg.mps, [d.uuid for d in state.devices])
     if kube.client is not None:
         kube.start_node_watch(node_name, stop)
+        kube.start_pod_watch(node_name, stop)
     vgpu = Path(hook_path) / "vgpu"
     settings = al.NodeSettings(hook_path=hook_path, lock_dir=lock_dir, version=version,
                                versioned_lib=(vgpu / f"libvgpu.so.{version}").exists(),

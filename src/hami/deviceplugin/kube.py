@@ -93,6 +93,7 @@ class KubeApi:
         #: ``timeoutSeconds`` of the node watch's requests (see
         #: :func:`hami.kubehttp.watch_timeout_for`).
         self.watch_timeout_s = watch_timeout_s
+        self.pod_watch: PodWatch | None = None
 
     def start_node_watch(self, node: str, stop: threading.Event) -> NodeWatch:
         """Keep a watched copy of the node (the plugin reads the node lock from it)."""
@@ -100,6 +101,21 @@ class KubeApi:
         threading.Thread(target=self.node_watch.run, args=(stop,), name="node-watch",
                          daemon=True).start()
         return self.node_watch
+
+    def start_pod_watch(self, node: str, stop: threading.Event) -> PodWatch:
+        """Keep a watched copy of the node's Pending pods (Allocate reads it)."""
+        self.pod_watch = PodWatch(self.client, node, self.watch_timeout_s)
+        threading.Thread(target=self.pod_watch.run, args=(stop,), name="pod-watch",
+                         daemon=True).start()
+        return self.pod_watch
+
+    def pending_pods(self, node: str) -> list[PodView]:
+        """The node's Pending pods: the watched copy when it is live, else a LIST."""
+        if self.pod_watch is not None:
+            cached = self.pod_watch.pods()
+            if cached is not None:
+                return cached
+        return self.pending_pods_on_node(node)
 
     def node_annotations(self, node: str) -> tuple[dict[str, str], str]:
         """The watched node when the watch is live, else a GET (same return shape)."""
@@ -192,8 +208,11 @@ class KubeApi:
         if VGPU_NODE in annotations:
             meta["labels"] = {VGPU_NODE: annotations[VGPU_NODE]}
         try:
-            return pod_view(self.client.patch(Pod, name, {"metadata": meta},
-                                              namespace=namespace, patch_type=PatchType.MERGE))
+            patched = pod_view(self.client.patch(Pod, name, {"metadata": meta},
+                                                 namespace=namespace, patch_type=PatchType.MERGE))
+            if self.pod_watch is not None:
+                self.pod_watch.offer(patched)
+            return patched
         except ApiError as exc:
             raise _api_error(exc) from None
         except Exception as exc:  # noqa: BLE001 - transport (connect/TLS/timeout): retryable
@@ -329,4 +348,88 @@ class NodeWatch:
                 resume = None  # 410 and the like: start over with the node's current state
                 with self._lock:
                     self._value = None
+                stop.wait(1.0)
+
+
+class PodWatch:
+    """A watched copy of the Pending pods bound to one node (``spec.nodeName``), as
+    :class:`PodView` by ``(namespace, name)``.
+
+    Informer-style: a LIST gives the pods and its resourceVersion, a watch from there
+    keeps them (a pod that leaves Pending arrives as DELETED: the field selector no longer
+    matches). A watch silent past the client's idle deadline is resumed from the last
+    resourceVersion seen, keeping the copy (BOOKMARK events only move that version); on
+    any other error the copy is dropped, readers get None (and list live), and a new LIST
+    rebuilds it. Our own patch responses are :meth:`offer`-ed. Why a watch: a consistent
+    LIST waits for the apiserver's cache to catch up with the latest write (tens of ms
+    right after a Binding); the watched copy answers at once, and Allocate re-reads the
+    pod it serves live.
+    """
+
+    def __init__(self, client: Any, node: str, server_timeout_s: int = 300) -> None:
+        self.client = client
+        self.node = node
+        self.server_timeout_s = server_timeout_s
+        self.fields = {"spec.nodeName": node, "status.phase": "Pending"}
+        self._pods: dict[tuple[str, str], PodView] | None = None
+        self._lock = threading.Lock()
+        self.events = 0
+        self.bookmarks = 0
+
+    def pods(self) -> list[PodView] | None:
+        with self._lock:
+            return None if self._pods is None else list(self._pods.values())
+
+    def offer(self, pod: PodView) -> None:
+        """Take a newer copy of a pod (an event, or our own patch response)."""
+        with self._lock:
+            if self._pods is None:
+                return
+            key = (pod.namespace, pod.name)
+            old = self._pods.get(key)
+            if old is not None and not _rv_newer(pod.resource_version, old.resource_version):
+                return
+            if pod.node_name == self.node and pod.phase == "Pending":
+                self._pods[key] = pod
+            else:
+                self._pods.pop(key, None)
+
+    def run(self, stop: threading.Event) -> None:
+        import httpx2
+        from lightkube.resources.core_v1 import Pod
+
+        resume: str | None = None  # the last version seen; None: list again
+        while not stop.is_set():
+            try:
+                if resume is None:
+                    listing = self.client.list(Pod, namespace="*", fields=self.fields)
+                    pods = {(v.namespace, v.name): v for v in map(pod_view, listing)}
+                    with self._lock:
+                        self._pods = pods
+                    resume = listing.resourceVersion
+                for kind, obj in self.client.watch(Pod, namespace="*", fields=self.fields,
+                                                   server_timeout=self.server_timeout_s,
+                                                   resource_version=resume):
+                    resume = (obj.metadata.resourceVersion if obj.metadata else None) or resume
+                    if kind == "BOOKMARK":
+                        self.bookmarks += 1
+                    elif kind == "DELETED":
+                        self.events += 1
+                        with self._lock:
+                            if self._pods is not None:
+                                self._pods.pop((obj.metadata.namespace or "",
+                                                obj.metadata.name or ""), None)
+                    else:
+                        self.events += 1
+                        self.offer(pod_view(obj))
+                    if stop.is_set():
+                        return
+            except httpx2.ReadTimeout:
+                log.info("pod watch %s silent past its idle deadline; resuming from %s",
+                         self.node, resume)
+            except Exception as exc:  # noqa: BLE001 - relist; readers fall back to LIST
+                log.info("pod watch %s restarting: %s", self.node, exc)
+                resume = None
+                with self._lock:
+                    self._pods = None
                 stop.wait(1.0)

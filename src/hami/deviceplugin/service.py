@@ -12,7 +12,7 @@ import shutil
 import threading
 import time
 import uuid as uuidlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,19 +146,45 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
 
     # -- pod lookup ------------------------------------------------------------------------
     def _lookup(self) -> tuple[al.PodView | None, list[al.PodView], tuple[dict[str, str], str]]:
-        """``(lock owner, pods of the node, node snapshot)`` for one call.
+        """``(lock owner, the node's other Pending pods, node snapshot)`` for one call.
 
-        The node's Pending pods are always listed live: a pod is served only when no other
-        pod of the node could be the one kubelet is admitting (:func:`.allocate.choose_pod`).
-        The lock owner is taken from that list; the node comes from the watch when it is
-        live (it may lag the scheduler's lock; the owner then only joins as a pending pod).
-        Raises :class:`KubeError`.
+        The node and its Pending pods come from the watches when they are live (else a
+        GET and a LIST); the lock owner is read live. Every Pending pod is needed: a pod
+        is served only when no other pod of the node could be the one kubelet is
+        admitting (:func:`.allocate.choose_pod`). Raises :class:`KubeError`.
         """
         node_meta = self.kube.node_annotations(self.node)
-        pods = self.kube.pending_pods_on_node(self.node)
         key = al.lock_owner(node_meta[0].get(al.NODE_LOCK))
-        owner = next((p for p in pods if (p.namespace, p.name) == key), None)
+        owner = self.kube.get_pod(*key) if key else None
+        pods = [p for p in self.kube.pending_pods(self.node) if (p.namespace, p.name) != key]
         return owner, pods, node_meta
+
+    def _choose(self, reqs: list[list[str]], replicas: Mapping[str, str]
+                ) -> tuple[al.PodView, tuple[dict[str, str], str]]:
+        """The pod this Allocate serves, read live, and the node snapshot.
+
+        Raises :class:`.allocate.AllocateError` (no pod, several pods could be meant, or
+        the pods changed under us; no pod is then marked failed).
+        """
+        try:
+            owner, others, node_meta = self._lookup()
+            pod = al.choose_pod(reqs, owner, others, self.node, replicas)
+            if pod is None:
+                raise al.AllocateError(
+                    f"no pending pod with devices to allocate on node {self.node}")
+            if pod is owner:
+                return pod, node_meta
+            # A watched copy: decide again on the live pod before serving it.
+            live = self.kube.get_pod(pod.namespace, pod.name)
+        except KubeError as exc:
+            raise al.AllocateError(f"pod lookup failed: {exc}") from None
+        key = (pod.namespace, pod.name)
+        others = [p for p in others if (p.namespace, p.name) != key]
+        again = al.choose_pod(reqs, owner, [*others, *([live] if live else [])],
+                              self.node, replicas)
+        if live is None or again is None or (again.namespace, again.name) != key:
+            raise al.AllocateError(f"{pod.namespace}/{pod.name} changed during Allocate")
+        return again, node_meta
 
     # -- GetPreferredAllocation --------------------------------------------------------
     def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,
@@ -170,8 +196,8 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
         try:
             with self.mutex:
                 self.settle()
-                owner, candidates, _ = self._lookup()
-                pod = al.choose_preferred_pod(reqs, owner, candidates, self.node, replicas)
+                owner, others, _ = self._lookup()
+                pod = al.choose_preferred_pod(reqs, owner, others, self.node, replicas)
         except KubeError as exc:
             log.warning("GetPreferredAllocation: pod lookup failed, answering without it: %s", exc)
         answer = al.preferred_allocation(pod, reqs, replicas)
@@ -199,13 +225,7 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
         if self.state.cfg.operating_mode == "mig" and self.mig is None:
             raise al.AllocateError("operatingmode mig: no MIG manager (no MIG GPU registered)")
         replicas = self.state.replicas
-        try:
-            owner, candidates, node_meta = self._lookup()
-        except KubeError as exc:
-            raise al.AllocateError(f"pod lookup failed: {exc}") from None
-        pod = al.choose_pod(reqs, owner, candidates, self.node, replicas)  # raises: ambiguous
-        if pod is None:
-            raise al.AllocateError(f"no pending pod with devices to allocate on node {self.node}")
+        pod, node_meta = self._choose(reqs, replicas)
         if self.mig is not None:
             return self._allocate_mig(pod, reqs, node_meta)
         try:
