@@ -320,6 +320,22 @@ def test_late_allocate_is_never_served_the_lock_owners_entry(harness: PluginHarn
     wait(lambda: al.NODE_LOCK not in harness.kube.nodes[NODE][0], what="lock release")
 
 
+def test_pod_that_changed_since_it_was_listed_is_not_served(harness: PluginHarness,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod picked from the node's pod list is read again before it is served; if it no
+    longer waits (here: its entry was taken meanwhile) nothing is served or marked."""
+    up(harness)
+    bound_pod(harness, "p", f"{A},NVIDIA,1000,10:;", lock=False)
+    listed = harness.kube.pods[("default", "p")]
+    monkeypatch.setattr(harness.kube, "get_pod", lambda ns, name: replace(
+        listed, annotations={**listed.annotations, al.DEVICES_TO_ALLOCATE: ";"}))
+    with pytest.raises(grpc.RpcError) as err:
+        harness.kubelet.allocate([f"{A}-0"])
+    assert "default/p changed during Allocate" in err.value.details()
+    assert harness.kube.pods[("default", "p")].annotations[al.BIND_PHASE] == "allocating"
+    assert "patch_pod" not in harness.kube.calls
+
+
 # --- fuzzed annotations ------------------------------------------------------------------------
 
 _piece = st.sampled_from([A, B, "NVIDIA", "1000", "-5", "x", "", ",", ":", ";", "99999999999",
