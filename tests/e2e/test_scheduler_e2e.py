@@ -31,7 +31,7 @@ from lightkube.types import PatchType
 from hami.core.codec import decode_node_devices, decode_pod_devices
 from hami.core.config import SchedulerConfig
 from hami.offline import schedule
-from hami.testing.controlplane import ControlPlane, SchedulerHandle, wait_until
+from hami.testing.controlplane import ControlPlane, SchedulerHandle, bind_pod, wait_until
 from hami.testing.scheduler_config import ExtenderConfig
 
 from .hami_harness import (
@@ -458,17 +458,19 @@ def test_b02_lock_of_a_deleted_pod_is_taken_over_at_once(kube_client: Any, kube_
 
 def _late_owner(client: Any, group: str, node: str, age: timedelta) -> tuple[str, str]:
     """A pod bound to ``node`` whose Allocate has not come (bind-phase allocating, left
-    alone by the FakeAllocator), holding the node lock written ``age`` ago."""
+    alone by the FakeAllocator), holding the node lock written ``age`` ago. It is made the
+    way hami's Bind leaves a pod (the webhook removes such annotations at creation, and a
+    GPU pod with a node is refused): created for another scheduler, bound, annotated."""
     owner = unique("pod-a")
-    pod = pod_in(group, owner, memory_mib=1000, annotations={
-        "hami.io/vgpu-node": node, "hami.io/bind-phase": "allocating",
-        "hami.io/bind-time": str(int(time.time() - age.total_seconds()))})
+    pod = pod_in(group, owner, memory_mib=1000, node_selector={GROUP: "nowhere"})
     pod["metadata"]["labels"][LATE_ALLOCATE] = "true"
-    # created bound (as if hami had bound it earlier): kube-scheduler leaves it alone and
-    # the webhook, which denies GPU pods with a node, is skipped
-    pod["metadata"]["labels"]["hami.io/webhook"] = "ignore"
-    pod["spec"]["nodeName"] = node
+    pod["spec"]["schedulerName"] = "nobody"  # kube-scheduler leaves it alone
     create(client, pod)
+    bind_pod(client, owner, "default", node)
+    client.patch(Pod, owner, {"metadata": {"annotations": {
+        "hami.io/vgpu-node": node, "hami.io/bind-phase": "allocating",
+        "hami.io/bind-time": str(int(time.time() - age.total_seconds()))}}},
+        namespace="default", patch_type=PatchType.MERGE)
     lock = f"{(datetime.now(UTC) - age).strftime('%Y-%m-%dT%H:%M:%SZ')},default,{owner}"
     client.patch(Node, node, {"metadata": {"annotations": {"hami.io/mutex.lock": lock}}},
                  patch_type=PatchType.MERGE)
