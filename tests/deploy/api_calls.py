@@ -84,8 +84,14 @@ CALLS: dict[str, tuple[Call, ...]] = {
         Call("patch", "nodes", where=(f"{_NODE}.patch_node_annotations",
                                       f"{_NODE}.release_node_lock")),
         Call("get", "pods", where=(f"{_NODE}.get_pod",)),
-        # fieldSelector spec.nodeName=<its node> (Allocate, MIG, the monitor)
-        Call("list", "pods", where=(f"{_NODE}.pods_on_node", f"{_NODE}.pods_labelled_for")),
+        # fieldSelector spec.nodeName=<its node> (Allocate, MIG, the monitor; Allocate's
+        # PodWatch and its fallback add status.phase=Pending)
+        Call("list", "pods", where=(f"{_NODE}.pods_on_node", f"{_NODE}.pods_labelled_for",
+                                     f"{_NODE}.pending_pods_on_node", f"{_NODE}.pending_pods",
+                                     "hami.deviceplugin.kube:PodWatch.run")),
+        # PodWatch.run: the Pending pods of its node (fieldSelector as the list above)
+        Call("watch", "pods", where=(f"{_NODE}.start_pod_watch",
+                                     "hami.deviceplugin.kube:PodWatch.run")),
         Call("patch", "pods", where=(f"{_NODE}.patch_pod_annotations",)),
     ),
     # kube-scheduler: its leader Lease, which the built-in system:kube-scheduler role does
@@ -108,11 +114,13 @@ NOT_IN_CHART = {
                                           "`hami certgen` and their own credentials",
     "hami.deviceplugin.kube:NodeWatch.get": "no request: the watched copy",
     "hami.deviceplugin.kube:NodeWatch.offer": "no request: the watched copy",
+    "hami.deviceplugin.kube:PodWatch.pods": "no request: the watched copy",
+    "hami.deviceplugin.kube:PodWatch.offer": "no request: the watched copy",
 }
 
 #: The API layer: the only modules that import lightkube (besides ``hami top``, which runs
 #: with the user's own kubeconfig, and the test helpers).
-API_MODULES = {"hami.kube": ("Kube",), "hami.deviceplugin.kube": ("KubeApi", "NodeWatch"),
+API_MODULES = {"hami.kube": ("Kube",), "hami.deviceplugin.kube": ("KubeApi", "NodeWatch", "PodWatch"),
                "hami.certgen": ()}
 OUTSIDE_CHART = {"hami.top": "hami top runs with the user's kubeconfig (list nodes, pods, "
                              "resourcequotas)",
