@@ -50,11 +50,9 @@ def test_allocation_key_rotation_never_refuses_a_valid_signature(tmp_path) -> No
     import base64
 
     from hami.certgen import allocation_key_step
-    from hami.core.config import SchedulerConfig
-    from hami.core.provenance import allocation_keys, sign, verify
+    from hami.core.provenance import sign, verify
     from hami.keyring import KeyRing
 
-    keys = allocation_keys(SchedulerConfig())
     ann = {"hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,1000,0:;"}
 
     def mount(data):  # what kubelet writes into the Secret volume
@@ -69,7 +67,7 @@ def test_allocation_key_rotation_never_refuses_a_valid_signature(tmp_path) -> No
     first = allocation_key_step(None, rotate=False)
     assert allocation_key_step(first, rotate=False) is None  # kept
     ring = mount(first)
-    old_signature = sign(ring.signing_key(), "u", "n", ann, keys)
+    old_signature = sign(ring.signing_key(), "u", "n", ann)
     step1 = allocation_key_step(first, rotate=True)
     assert step1["current"] == first["current"] and step1["next"]
     ring = mount(step1)
@@ -77,7 +75,7 @@ def test_allocation_key_rotation_never_refuses_a_valid_signature(tmp_path) -> No
     step2 = allocation_key_step(step1, rotate=True)
     assert step2["current"] == step1["next"] and step2["previous"] == first["current"]
     assert "next" not in step2
-    new_signature = sign(base64.b64decode(step2["current"]), "u", "n", ann, keys)
+    new_signature = sign(base64.b64decode(step2["current"]), "u", "n", ann)
     # a device plugin that has step 1 accepts the new signature, one with step 2 the old
-    verify(mount(step1).verifying_keys(), "u", "n", {**ann, "hami.io/vgpu-allocation-signature": new_signature}, keys)
-    verify(mount(step2).verifying_keys(), "u", "n", {**ann, "hami.io/vgpu-allocation-signature": old_signature}, keys)
+    verify(mount(step1).verifying_keys(), "u", "n", {**ann, "hami.io/vgpu-allocation-signature": new_signature})
+    verify(mount(step2).verifying_keys(), "u", "n", {**ann, "hami.io/vgpu-allocation-signature": old_signature})

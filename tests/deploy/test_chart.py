@@ -367,6 +367,18 @@ def test_allocation_key_secret_reaches_the_scheduler(default: list[dict[str, Any
     assert mount["readOnly"] and mount["mountPath"] == "/etc/hami/allocation-key"
     volume = next(v for v in spec["volumes"] if v["name"] == "allocation-key")
     assert volume["secret"]["secretName"] == "hami-allocation-key"
+    ds = find(default, "DaemonSet", "hami-device-plugin")["spec"]["template"]["spec"]
+    plugin = container(ds, "device-plugin")
+    assert "--allocation-key-dir=/etc/hami/allocation-key" in plugin["args"]
+    assert "--scheduler-name=hami-scheduler" in plugin["args"]
+    assert "--trust-unsigned-allocations" not in plugin["args"]
+    assert any(m["name"] == "allocation-key" and m["readOnly"] for m in plugin["volumeMounts"])
+    assert next(v for v in ds["volumes"] if v["name"] == "allocation-key")["secret"][
+        "secretName"] == "hami-allocation-key"
+    migrating = render({"allocationSigning": {"trustUnsignedAllocations": True}})
+    args = container(find(migrating, "DaemonSet")["spec"]["template"]["spec"], "device-plugin")["args"]
+    assert "--trust-unsigned-allocations" in args
+    assert not any(a.startswith("--allocation-key-dir") for a in args)
     off = render({"allocationSigning": {"enabled": False}})
     assert not any(o["kind"] == "Secret" and o["metadata"]["name"] == "hami-allocation-key"
                    for o in off)

@@ -411,12 +411,12 @@ def test_terminating_pod_still_holds_its_gpu_after_a_restart(kube_client: Any, k
         seen["msg"] = unschedulable_message(get(kube_client, new)) or ""
         return bool(seen["msg"])
 
-    wait_until(unschedulable, timeout_s=60, what=f"{new} Unschedulable")
+    wait_until(unschedulable, timeout_s=150, what=f"{new} Unschedulable")
     assert "CardInsufficientMemory" in seen["msg"], seen["msg"]
     assert not get(kube_client, new)["spec"].get("nodeName")
     # Once the Terminating pod is gone its card is free again.
     kube_client.delete(Pod, old, namespace="default", grace_period=0)
-    assert wait_bound(kube_client, new, timeout_s=90)["spec"]["nodeName"]
+    assert wait_bound(kube_client, new, timeout_s=180)["spec"]["nodeName"]
 
 
 # ---------------------------------------------------------------- field cases

@@ -228,8 +228,7 @@ def test_extender_answers_loopback_peers_only() -> None:
 
 
 def test_filter_signs_what_it_writes(tmp_path) -> None:
-    from hami.core.config import SchedulerConfig
-    from hami.core.provenance import SIGNATURE, allocation_keys, verify
+    from hami.core.provenance import SIGNATURE, verify
 
     (tmp_path / "current").write_text("k" * 64)
 
@@ -240,7 +239,6 @@ def test_filter_signs_what_it_writes(tmp_path) -> None:
             await h.settle()
             ann = h.kube.pod("signed")["metadata"]["annotations"]
             assert ann[SIGNATURE].startswith("v1:")
-            keys = allocation_keys(SchedulerConfig())
-            verify([b"k" * 64], pod["metadata"]["uid"], "n1", ann, keys)
+            verify([b"k" * 64], pod["metadata"]["uid"], "n1", ann)
 
     run(scenario)

@@ -7,10 +7,8 @@ import json
 import pytest
 
 from hami.api import names
-from hami.core.config import SchedulerConfig
-from hami.core.provenance import SignatureError, allocation_keys, key_id, sign, verify
+from hami.core.provenance import SignatureError, key_id, sign, verify
 
-KEYS = allocation_keys(SchedulerConfig())
 CURRENT, PREVIOUS, FOREIGN = b"k" * 32, b"p" * 32, b"x" * 32
 MIG = [{"containerIndex": 0, "deviceIndex": 0, "gpuUUID": "GPU-m", "profile": "1g.5gb",
         "placement": {"start": 6, "size": 1}}]
@@ -25,7 +23,7 @@ def written() -> dict[str, str]:
 
 def signed(key: bytes = CURRENT, uid: str = "u1", node: str = "n1") -> dict[str, str]:
     ann = written()
-    ann[names.ALLOCATION_SIGNATURE] = sign(key, uid, node, ann, KEYS)
+    ann[names.ALLOCATION_SIGNATURE] = sign(key, uid, node, ann)
     return ann
 
 
@@ -36,7 +34,7 @@ def test_signature_survives_what_the_device_plugin_rewrites() -> None:
     ann[names.BIND_PHASE], ann[names.BIND_TIME] = "success", "1700000001"
     mig = [dict(MIG[0], migUUID="MIG-1", gpuInstanceID=9, computeInstanceID=0)]
     ann[names.MIG_ALLOCATIONS] = json.dumps(mig)  # runtime identity written back
-    verify([CURRENT], "u1", "n1", ann, KEYS)
+    verify([CURRENT], "u1", "n1", ann)
 
 
 @pytest.mark.parametrize(("change", "why"), [
@@ -50,19 +48,19 @@ def test_signature_survives_what_the_device_plugin_rewrites() -> None:
 def test_forged_or_changed_allocations_are_refused(change: dict[str, str], why: str) -> None:
     ann = {**signed(), **change}
     with pytest.raises(SignatureError, match=why):
-        verify([CURRENT, PREVIOUS], "u1", "n1", ann, KEYS)
+        verify([CURRENT, PREVIOUS], "u1", "n1", ann)
 
 
 def test_a_signature_is_bound_to_its_pod_node_and_key() -> None:
     ann = signed()
     for uid, node in (("u2", "n1"), ("u1", "n2")):  # copied onto another pod or node
         with pytest.raises(SignatureError, match="does not match"):
-            verify([CURRENT], uid, node, ann, KEYS)
+            verify([CURRENT], uid, node, ann)
     with pytest.raises(SignatureError, match="not accepted"):
-        verify([CURRENT], "u1", "n1", signed(FOREIGN), KEYS)
-    verify([CURRENT, PREVIOUS], "u1", "n1", signed(PREVIOUS), KEYS)  # during a rotation
+        verify([CURRENT], "u1", "n1", signed(FOREIGN))
+    verify([CURRENT, PREVIOUS], "u1", "n1", signed(PREVIOUS))  # during a rotation
     with pytest.raises(SignatureError, match="not accepted"):
-        verify([CURRENT], "u1", "n1", signed(PREVIOUS), KEYS)  # after it
+        verify([CURRENT], "u1", "n1", signed(PREVIOUS))  # after it
 
 
 def test_to_allocate_may_only_lag_the_signed_grant() -> None:

@@ -89,15 +89,18 @@ def key_id(key: bytes) -> str:
     return hashlib.sha256(key).hexdigest()[:8]
 
 
-def _signed_message(uid: str, node: str, annotations: Mapping[str, str],
-                    keys: frozenset[str]) -> bytes:
-    """The canonical bytes a signature covers: pod UID, node, and every allocation
-    annotation in ``keys`` that the pod carries (sorted), except the ones the device
-    plugin rewrites after the grant: the to-allocate string (it empties its entries),
-    ``bind-phase``/``bind-time``, the filter time and the signature itself. MIG reservations are covered by what the scheduler
-    chose (GPU, profile, placement), not by the runtime identity written back later."""
+#: What a signature covers: the node and the NVIDIA grant the device plugin serves. The
+#: to-allocate string lags it (:func:`check_to_allocate`); ``bind-phase``/``bind-time``
+#: and the filter time are progress, not grant.
+SIGNED_KEYS = (names.VGPU_NODE, names.DEVICES_ALLOCATED, names.MIG_ALLOCATIONS)
+
+
+def _signed_message(uid: str, node: str, annotations: Mapping[str, str]) -> bytes:
+    """The canonical bytes a signature covers: pod UID, node, and the :data:`SIGNED_KEYS`
+    the pod carries. MIG reservations count by what the scheduler chose (GPU, profile,
+    placement), not by the runtime identity the device plugin writes back later."""
     covered: dict[str, str] = {}
-    for key in sorted(keys - _MUTABLE):
+    for key in SIGNED_KEYS:
         if key not in annotations:
             continue
         value = annotations[key]
@@ -106,10 +109,6 @@ def _signed_message(uid: str, node: str, annotations: Mapping[str, str],
         covered[key] = value
     return json.dumps({"v": _VERSION, "uid": uid, "node": node, "annotations": covered},
                       sort_keys=True, separators=(",", ":")).encode()
-
-
-_MUTABLE = frozenset({names.DEVICES_TO_ALLOCATE, names.BIND_PHASE, names.BIND_TIME,
-                      names.VGPU_TIME, names.ALLOCATION_SIGNATURE})
 
 
 def _mig_plan(value: str) -> str:
@@ -121,15 +120,14 @@ def _mig_plan(value: str) -> str:
                         m.placement.start, m.placement.size] for m in plans])
 
 
-def sign(key: bytes, uid: str, node: str, annotations: Mapping[str, str],
-         keys: frozenset[str]) -> str:
+def sign(key: bytes, uid: str, node: str, annotations: Mapping[str, str]) -> str:
     """``v1:<key id>:<HMAC-SHA256 hex>`` over :func:`_signed_message` (RFC 2104 HMAC)."""
-    mac = hmac.new(key, _signed_message(uid, node, annotations, keys), hashlib.sha256)
+    mac = hmac.new(key, _signed_message(uid, node, annotations), hashlib.sha256)
     return f"{_VERSION}:{key_id(key)}:{mac.hexdigest()}"
 
 
 def verify(verifying_keys: Iterable[bytes], uid: str, node: str,
-           annotations: Mapping[str, str], keys: frozenset[str]) -> None:
+           annotations: Mapping[str, str]) -> None:
     """Check ``annotations[SIGNATURE]`` for this pod UID and node.
 
     ``verifying_keys`` are the keys currently accepted (the current one and, during a
@@ -148,7 +146,7 @@ def verify(verifying_keys: Iterable[bytes], uid: str, node: str,
     kid, _, mac = rest.partition(":")
     if version != _VERSION or not kid or not mac:
         raise SignatureError(f"malformed {SIGNATURE} annotation")
-    message = _signed_message(uid, node, annotations, keys)
+    message = _signed_message(uid, node, annotations)
     for key in verifying_keys:
         if key_id(key) != kid:
             continue

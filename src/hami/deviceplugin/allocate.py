@@ -61,7 +61,8 @@ class PodView:
     regular containers (the order of the pod device string, spec §2.4).
     ``container_states``: container name (init or regular) -> ``"running"``,
     ``"waiting"`` or ``"terminated"``, from ``status.(init)containerStatuses[].state``; a
-    container the kubelet has not reported yet is absent."""
+    container the kubelet has not reported yet is absent. ``scheduler_name``:
+    ``spec.schedulerName``."""
 
     namespace: str
     name: str
@@ -74,6 +75,7 @@ class PodView:
     labels: Mapping[str, str] = field(default_factory=dict)
     resource_version: str = ""
     container_states: Mapping[str, str] = field(default_factory=dict)
+    scheduler_name: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,9 @@ from typing import Annotated
 
 import typer
 
+from hami.deviceplugin.guard import AllocationGuard
+from hami.keyring import KeyRing
+
 log = logging.getLogger("hami.deviceplugin")
 
 #: Where the libvgpu build lands in the repository (native/libvgpu/Makefile).
@@ -69,6 +72,14 @@ def device_plugin(
     watch_idle_timeout: Annotated[float, typer.Option(
         help="seconds without an event or bookmark after which the node watch is "
              "resumed on a new connection")] = 120.0,
+    allocation_key_dir: Annotated[Path | None, typer.Option(
+        help="directory of the allocation key shared with the scheduler (files 'current', "
+             "'next', 'previous'): only allocations hami's scheduler signed are served")] = None,
+    trust_unsigned_allocations: Annotated[bool, typer.Option(
+        help="serve allocations without checking who wrote them (HAMi's behaviour; for a "
+             "migration from HAMi)")] = False,
+    scheduler_name: Annotated[str, typer.Option(
+        help="schedulerName of the pods whose allocations are served")] = "hami-scheduler",
     verbose: Annotated[int, typer.Option("-v", help="log verbosity")] = 0,
 ) -> None:
     """Kubelet device plugin: advertise GPU replicas, answer Allocate (hami-core-spec §B)."""
@@ -97,10 +108,29 @@ def device_plugin(
                    backend_kind=backend, fake_inventory=fake_inventory, kubeconfig=kubeconfig,
                    lock_dir=lock_dir, register_interval_s=register_interval, stop=stop,
                    install_signals=True, version=__version__, mig_apply_lock=mig_apply_lock,
-                   watch_idle_timeout_s=watch_idle_timeout)
+                   watch_idle_timeout_s=watch_idle_timeout,
+                   guard=_guard(allocation_key_dir, trust_unsigned_allocations, scheduler_name))
     except Exception as exc:  # noqa: BLE001 - report and exit non-zero
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+
+
+def _guard(key_dir: Path | None, trust_unsigned: bool,
+           scheduler_name: str) -> AllocationGuard | None:
+    """The Allocate guard the flags ask for (None: allocations are not authenticated).
+
+    Raises:
+        hami.keyring.KeyRingError: ``key_dir`` has no usable ``current`` key.
+    """
+    if trust_unsigned:
+        log.warning("--trust-unsigned-allocations: allocations are served without "
+                    "checking that hami's scheduler wrote them")
+        return None
+    if key_dir is None:
+        log.warning("no --allocation-key-dir: allocations are served without checking "
+                    "that hami's scheduler wrote them")
+        return None
+    return AllocationGuard(KeyRing(key_dir), scheduler_name)
 
 
 def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_socket: Path,
@@ -109,7 +139,8 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
                register_interval_s: float, stop: threading.Event,
                install_signals: bool = False, version: str = "0.1.0",
                kube_api: object | None = None, mig_apply_lock: Path | None = None,
-               mig_reconcile_s: float = 5.0, watch_idle_timeout_s: float = 120.0) -> None:
+               mig_reconcile_s: float = 5.0, watch_idle_timeout_s: float = 120.0,
+               guard: AllocationGuard | None = None) -> None:
     """Build and run every loop until ``stop`` is set (SIGINT/SIGTERM set it; SIGHUP
     restarts the gRPC server). ``kube_api`` replaces the lightkube client (tests).
 
@@ -171,6 +202,7 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
                                license=(vgpu / "license").exists())
     servicer = DevicePluginServicer(state, kube, node_name, settings, stop)
     servicer.mig = mig_manager
+    servicer.guard = guard
     server = PluginServer(servicer, plugin_dir, kubelet_socket, cfg.resource_name)
 
     def paused() -> bool:

@@ -76,7 +76,8 @@ def pod_view(pod: Any) -> PodView:
         phase=(pod.status.phase or "Pending") if pod.status else "Pending",
         annotations=dict(meta.annotations or {}), containers=containers, n_init=len(init),
         labels=dict(meta.labels or {}), resource_version=meta.resourceVersion or "",
-        container_states=container_states(pod.status))
+        container_states=container_states(pod.status),
+        scheduler_name=(spec.schedulerName or "") if spec else "")
 
 
 def _api_error(exc: Exception) -> KubeError:

@@ -24,6 +24,7 @@ from hami.core.model import DeviceInfo, MigProfile
 from hami.deviceplugin import allocate as al
 from hami.deviceplugin.config import PluginConfig
 from hami.deviceplugin.discovery import GpuBackend, PhysicalGpu
+from hami.deviceplugin.guard import AllocationGuard
 from hami.deviceplugin.health import HealthPolicy, gpus_to_mark
 from hami.deviceplugin.kube import KubeApi, KubeError
 from hami.deviceplugin.mig import MigManager
@@ -109,6 +110,8 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
         self.stats = AllocateStats()
         #: Set in ``operatingmode: mig`` (:class:`hami.deviceplugin.mig.MigManager`).
         self.mig: MigManager | None = None
+        #: Refuses allocations hami's scheduler did not sign; None serves them all (HAMi).
+        self.guard: AllocationGuard | None = None
         self.new_cache_name: Callable[[], str] = lambda: str(uuidlib.uuid4())
         # Node-lock releases run after the response is sent; the next Allocate waits for
         # the previous release first, so the lock is always settled when a pod is chosen.
@@ -226,6 +229,12 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
             raise al.AllocateError("operatingmode mig: no MIG manager (no MIG GPU registered)")
         replicas = self.state.replicas
         pod, node_meta = self._choose(reqs, replicas)
+        if self.guard is not None:
+            try:
+                self.guard.check(pod, self.node)
+            except al.AllocateError:
+                self._fail(pod, node_meta)
+                raise
         if self.mig is not None:
             return self._allocate_mig(pod, reqs, node_meta)
         try:

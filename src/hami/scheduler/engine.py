@@ -41,7 +41,7 @@ from typing import Any, Protocol
 from hami.api import names
 from hami.core.codec import CodecError, parse_scoring_weights
 from hami.core.filter import FilterError
-from hami.core.provenance import SIGNATURE, allocation_keys, sign
+from hami.core.provenance import SIGNATURE, sign
 from hami.core.request import RequestError
 from hami.core.state import TERMINAL_PHASES, ClusterState, pod_uid
 from hami.extender.wire import BindArgs, FilterArgs, filter_result
@@ -202,7 +202,6 @@ class Engine:
         self.pending = PendingPods(settings.scheduler_name)
         #: Signs every allocation /filter writes (device plugins verify it); None: unsigned.
         self.keyring = KeyRing(settings.allocation_key_dir) if settings.allocation_key_dir else None
-        self._allocation_keys = allocation_keys(self.config)
         self._resource_version: dict[str, str] = {}
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[Any]] = set()
@@ -535,7 +534,7 @@ class Engine:
         annotations = {**decision.annotations, names.VGPU_TIME: str(int(time.time()))}
         if self.keyring is not None:
             annotations[SIGNATURE] = sign(self.keyring.signing_key(), uid, result.node,
-                                          annotations, self._allocation_keys)
+                                          annotations)
         entry = self.state.commit(pod, decision)
         self._committed_at[uid] = time.monotonic()
         self.pending.filtered(uid)

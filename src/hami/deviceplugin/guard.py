@@ -1,0 +1,41 @@
+"""Which allocations the device plugin serves: only those hami's scheduler wrote.
+
+An Allocate serves what the chosen pod's annotations say; the webhook strips
+hand-written ones at creation and the chart's admission policy refuses later edits, and
+this guard makes the plugin itself refuse what it cannot authenticate: the pod's
+``spec.schedulerName`` must be hami's, its ``hami.io/vgpu-allocation-signature`` must
+verify (HMAC over pod UID, node and grant, :mod:`hami.core.provenance`) with a key of
+the shared key directory (:mod:`hami.keyring`), and the to-allocate string may only lag
+the signed grant. ``--trust-unsigned-allocations`` turns the guard off (HAMi-written
+allocations during a migration from HAMi, or pods of a scheduler such as Volcano's
+vGPU plugin that writes HAMi's annotations).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hami.core.provenance import SignatureError, check_to_allocate, verify
+from hami.deviceplugin.allocate import AllocateError, PodView
+from hami.keyring import KeyRing
+
+
+@dataclass(frozen=True)
+class AllocationGuard:
+    """Refuses allocations not written by ``scheduler_name`` with a key of ``keyring``."""
+
+    keyring: KeyRing
+    scheduler_name: str = "hami-scheduler"
+
+    def check(self, pod: PodView, node: str) -> None:
+        """Raises :class:`AllocateError` (with the reason) unless the pod's allocation is
+        hami's scheduler's, signed for this pod and node."""
+        who = f"{pod.namespace}/{pod.name}"
+        if pod.scheduler_name != self.scheduler_name:
+            raise AllocateError(f"{who}: schedulerName {pod.scheduler_name!r} is not "
+                                f"{self.scheduler_name!r}; its allocation is not served")
+        try:
+            verify(self.keyring.verifying_keys(), pod.uid, node, pod.annotations)
+            check_to_allocate(pod.annotations)
+        except SignatureError as exc:
+            raise AllocateError(f"{who}: {exc}") from None

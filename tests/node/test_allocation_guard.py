@@ -1,0 +1,90 @@
+"""The device plugin serves only allocations hami's scheduler signed (issue 12 §2),
+through the real gRPC server behind the fake kubelet."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from hami.api import names
+from hami.core.provenance import SIGNATURE, sign
+from hami.deviceplugin import allocate as al
+from hami.deviceplugin.guard import AllocationGuard
+from hami.keyring import KeyRing
+from tests.node.conftest import NODE, PluginHarness
+from tests.node.test_plugin_grpc import A, up
+
+KEY = b"s" * 64
+
+
+def pod_with(h: PluginHarness, name: str, grant: str, *, signed_grant: str | None = None,
+             key: bytes = KEY, scheduler: str = "hami-scheduler", to_allocate: str | None = None,
+             node: str = NODE) -> None:
+    """A bound pod holding the node lock; its allocation signed over ``signed_grant``
+    (default: ``grant``) for ``node``, or unsigned when ``key`` is empty."""
+    annotations = {al.DEVICES_TO_ALLOCATE: to_allocate or grant, names.DEVICES_ALLOCATED: grant,
+                   al.VGPU_NODE: NODE, al.BIND_PHASE: "allocating", al.BIND_TIME: "100"}
+    if key:
+        annotations[SIGNATURE] = sign(key, f"uid-{name}", node,
+                                      {**annotations, names.DEVICES_ALLOCATED: signed_grant or grant})
+    h.kube.add_pod(al.PodView("default", name, f"uid-{name}", NODE, "Pending", annotations,
+                              (al.ContainerView("c", {}),), 0, scheduler_name=scheduler))
+    h.kube.patch_node_annotations(NODE, {al.NODE_LOCK: f"2026-11-29T08:00:00Z,default,{name}"})
+
+
+@pytest.fixture
+def guarded(harness: PluginHarness, tmp_path) -> PluginHarness:  # type: ignore[no-untyped-def]
+    (tmp_path / "current").write_bytes(KEY)
+    up(harness, guard=AllocationGuard(KeyRing(tmp_path)))
+    return harness
+
+
+def refused(h: PluginHarness, why: str) -> None:
+    with pytest.raises(grpc.RpcError) as err:
+        h.kubelet.allocate([f"{A}-0"])
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert why in err.value.details(), err.value.details()
+    assert h.kube.pods[("default", "p")].annotations[al.BIND_PHASE] == "failed"
+
+
+def test_signed_allocation_is_served(guarded: PluginHarness) -> None:
+    pod_with(guarded, "p", f"{A},NVIDIA,1000,10:;")
+    env = guarded.kubelet.allocate([f"{A}-0"]).container_responses[0].envs
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+
+
+def test_hand_written_allocation_is_refused(guarded: PluginHarness) -> None:
+    pod_with(guarded, "p", f"{A},NVIDIA,81920,100:;", key=b"")
+    refused(guarded, "was not written by hami's scheduler")
+
+
+def test_allocation_changed_after_signing_is_refused(guarded: PluginHarness) -> None:
+    pod_with(guarded, "p", f"{A},NVIDIA,81920,100:;", signed_grant=f"{A},NVIDIA,1000,10:;")
+    refused(guarded, "does not match its signature")
+
+
+def test_signature_of_another_node_or_key_is_refused(guarded: PluginHarness) -> None:
+    pod_with(guarded, "p", f"{A},NVIDIA,1000,10:;", node="elsewhere")
+    refused(guarded, "does not match its signature")
+
+
+def test_signature_by_a_foreign_key_is_refused(guarded: PluginHarness) -> None:
+    pod_with(guarded, "p", f"{A},NVIDIA,1000,10:;", key=b"f" * 64)
+    refused(guarded, "not accepted")
+
+
+def test_pod_of_another_scheduler_is_refused(guarded: PluginHarness) -> None:
+    pod_with(guarded, "p", f"{A},NVIDIA,1000,10:;", scheduler="default-scheduler")
+    refused(guarded, "schedulerName 'default-scheduler'")
+
+
+def test_to_allocate_beyond_the_signed_grant_is_refused(guarded: PluginHarness) -> None:
+    pod_with(guarded, "p", f"{A},NVIDIA,1000,10:;", to_allocate=f"{A},NVIDIA,81920,100:;")
+    refused(guarded, "differs from the signed")
+
+
+def test_without_the_guard_unsigned_allocations_are_served(harness: PluginHarness) -> None:
+    up(harness)  # --trust-unsigned-allocations, or no key directory: HAMi's behaviour
+    pod_with(harness, "p", f"{A},NVIDIA,3000,10:;", key=b"")
+    env = harness.kubelet.allocate([f"{A}-0"]).container_responses[0].envs
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
