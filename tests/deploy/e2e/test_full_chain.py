@@ -37,6 +37,8 @@ pytest.importorskip("grpc")
 from lightkube import codecs  # noqa: E402
 from lightkube.resources.core_v1 import Node, Pod  # noqa: E402
 
+from hami.deviceplugin.guard import AllocationGuard  # noqa: E402
+from hami.keyring import KeyRing  # noqa: E402
 from hami.testing.controlplane import (  # noqa: E402
     ControlPlane,
     create_gpu_node,
@@ -147,6 +149,15 @@ def chain(control_plane: ControlPlane, kube_client: Any) -> Iterator[Chain]:
     stop = threading.Event()
     errors: list[BaseException] = []
     hook = work / "hook"
+    # The chart's allocation key Secret, as mounted into the scheduler and the plugin: the
+    # plugin serves only what the scheduler signed.
+    key_dir = work / "allocation-key"
+    key_dir.mkdir()
+    for name, value in find(objs, "Secret", "hami-allocation-key")["data"].items():
+        (key_dir / name).write_bytes(base64.b64decode(value))
+    dp_args = container(find(objs, "DaemonSet")["spec"]["template"]["spec"], "device-plugin")["args"]
+    assert "--allocation-key-dir=/etc/hami/allocation-key" in dp_args
+    guard = AllocationGuard(KeyRing(key_dir), "hami-scheduler")
 
     def plugin() -> None:
         try:
@@ -154,7 +165,8 @@ def chain(control_plane: ControlPlane, kube_client: Any) -> Iterator[Chain]:
                        kubelet_socket=kubelet.socket, config_file=device_cfg,
                        node_config_file=node_cfg, backend_kind="fake",
                        fake_inventory=inventory, kubeconfig=dp_kcfg,
-                       lock_dir=str(work / "vgpulock"), register_interval_s=0.5, stop=stop)
+                       lock_dir=str(work / "vgpulock"), register_interval_s=0.5, stop=stop,
+                       guard=guard)
         except BaseException as exc:  # noqa: BLE001 - surfaced below
             errors.append(exc)
 
@@ -167,10 +179,6 @@ def chain(control_plane: ControlPlane, kube_client: Any) -> Iterator[Chain]:
 
         # hami scheduler with the chart's own args, TLS paths, allocation key (the
         # chart's Secret, as mounted) and kubeconfig swapped in.
-        key_dir = work / "allocation-key"
-        key_dir.mkdir()
-        for name, value in find(objs, "Secret", "hami-allocation-key")["data"].items():
-            (key_dir / name).write_bytes(base64.b64decode(value))
         spec = find(objs, "Deployment")["spec"]["template"]["spec"]
         args = [a for a in container(spec, "vgpu-scheduler-extender")["args"]
                 if not a.startswith(("--cert_file", "--key_file", "--device-config-file",
@@ -236,6 +244,7 @@ def test_device_plugin_to_allocate_through_the_chart(chain: Chain, kube_client: 
     pod = kube_client.get(Pod, name, namespace="default")
     ann = pod.metadata.annotations
     assert ann["hami.io/bind-phase"] == "allocating"
+    assert ann["hami.io/vgpu-allocation-signature"].startswith("v1:")  # what the plugin checks
     lock = kube_client.get(Node, chain.node).metadata.annotations["hami.io/mutex.lock"]
     assert lock.endswith(f",default,{name}")
 
