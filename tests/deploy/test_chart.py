@@ -344,6 +344,13 @@ def test_network_policy_publishes_only_the_webhook_and_metrics(default: list[dic
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     ports = [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]]
     assert ports == ["http", "metrics"]
+    # metrics name every GPU pod of every namespace: not open to the pod network by default
+    default_from = [{"namespaceSelector": {"matchLabels": {"hami.io/metrics-scraper": "true"}}}]
+    assert policy["spec"]["ingress"][1]["from"] == default_from
+    plugin_policy = find(default, "NetworkPolicy", "hami-device-plugin")
+    assert plugin_policy["spec"]["ingress"][0]["from"] == default_from
+    assert "from" not in find(render({"networkPolicy": {"metricsFrom": []}}),
+                              "NetworkPolicy", "hami-scheduler")["spec"]["ingress"][1]
     ext = container(find(default, "Deployment", "hami-scheduler")["spec"]["template"]["spec"],
                     "vgpu-scheduler-extender")
     assert "--extender-allow-remote" not in ext["args"]  # kube-scheduler is in the pod
