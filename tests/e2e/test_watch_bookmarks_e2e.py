@@ -53,13 +53,15 @@ def test_device_plugin_node_watch_keeps_annotations_across_bookmarks(
 
     name = f"bookmark-{uuid.uuid4().hex[:6]}"
     create_gpu_node(kube_client, name, gpus=1, annotations={"hami.io/mutex.lock": "held"})
-    client = make_client(control_plane.kubeconfig, watch_idle_timeout_s=30.0)
-    watch = NodeWatch(client, name, server_timeout_s=10)
+    client = make_client(control_plane.kubeconfig, watch_idle_timeout_s=120.0)
+    # A resumed watch gets its bookmark shortly before its timeoutSeconds (73.6 s of 75
+    # measured on v1.37.2; none within 60 s): a 75 s watch always sees one.
+    watch = NodeWatch(client, name, server_timeout_s=75)
     stop = threading.Event()
     thread = threading.Thread(target=watch.run, args=(stop,), daemon=True)
     thread.start()
     try:
-        wait_until(lambda: watch.bookmarks >= 1, timeout_s=60, what="a bookmark on the node watch")
+        wait_until(lambda: watch.bookmarks >= 1, timeout_s=100, what="a bookmark on the node watch")
         cached = watch.get()
         assert cached is not None and cached[0].get("hami.io/mutex.lock") == "held", cached
         assert watch.idle_restarts == 0
