@@ -136,6 +136,19 @@ def still_good(bundle: TlsBundle, hosts: Sequence[str], *,
     return remaining > dt.timedelta(days=RENEW_BEFORE_DAYS)
 
 
+def _get_secret(client: Any, namespace: str, name: str) -> Any:
+    """The Secret, or None when it does not exist (other API errors raise)."""
+    from lightkube import ApiError
+    from lightkube.resources.core_v1 import Secret
+
+    try:
+        return client.get(Secret, name, namespace=namespace)
+    except ApiError as err:
+        if err.status.code != 404:
+            raise
+        return None
+
+
 def ensure_secret(client: Any, namespace: str, secret: str, hosts: Sequence[str], *,
                   validity_days: int = 3650) -> tuple[TlsBundle, str]:
     """Return the bundle stored in Secret ``namespace/secret``, creating or renewing it.
@@ -148,12 +161,7 @@ def ensure_secret(client: Any, namespace: str, secret: str, hosts: Sequence[str]
     from lightkube.resources.core_v1 import Secret
 
     for _attempt in range(5):
-        try:
-            live = client.get(Secret, secret, namespace=namespace)
-        except ApiError as err:
-            if err.status.code != 404:
-                raise
-            live = None
+        live = _get_secret(client, namespace, secret)
         if live is not None:
             bundle = TlsBundle.from_secret_data(live.data)
             if bundle is not None and still_good(bundle, hosts):
@@ -237,12 +245,7 @@ def ensure_allocation_key(client: Any, namespace: str, secret: str, *,
     from lightkube.resources.core_v1 import Secret
 
     for _attempt in range(5):
-        try:
-            live = client.get(Secret, secret, namespace=namespace)
-        except ApiError as err:
-            if err.status.code != 404:
-                raise
-            live = None
+        live = _get_secret(client, namespace, secret)
         data = allocation_key_step(live.data if live is not None else None, rotate)
         if data is None:
             return "kept"

@@ -255,6 +255,36 @@ def test_certgen_replicas_starting_together_share_one_secret(prepared: Any) -> N
         prepared.delete(Secret, "race-tls", namespace=NAMESPACE)
 
 
+def test_certgen_rotates_the_allocation_key_in_two_steps(prepared: Any) -> None:
+    """Created once, kept, then rotated through ``next`` on the real API server; the
+    Secret always holds a ``current`` key and two replicas racing create one key."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from hami.certgen import ensure_allocation_key
+
+    name = f"alloc-key-{uuid.uuid4().hex[:6]}"
+
+    def data() -> dict[str, str]:
+        return dict(prepared.get(Secret, name, namespace=NAMESPACE).data or {})
+
+    try:
+        with ThreadPoolExecutor(3) as pool:
+            actions = list(pool.map(lambda _: ensure_allocation_key(prepared, NAMESPACE, name),
+                                    range(3)))
+        assert sorted(actions).count("created") == 1 and set(actions) <= {"created", "kept"}
+        first = data()
+        assert set(first) == {"current"} and len(base64.b64decode(first["current"])) == 64
+        assert ensure_allocation_key(prepared, NAMESPACE, name) == "kept"
+        assert ensure_allocation_key(prepared, NAMESPACE, name, rotate=True) == "next added"
+        step1 = data()
+        assert step1["current"] == first["current"] and step1["next"] != first["current"]
+        assert ensure_allocation_key(prepared, NAMESPACE, name, rotate=True) == "rotated"
+        step2 = data()
+        assert step2 == {"current": step1["next"], "previous": first["current"]}
+    finally:
+        prepared.delete(Secret, name, namespace=NAMESPACE)
+
+
 # -- webhook selection ---------------------------------------------------------------------
 
 
