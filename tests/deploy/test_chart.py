@@ -394,6 +394,23 @@ def test_allocation_key_secret_reaches_the_scheduler(default: list[dict[str, Any
     assert not any(a.startswith("--allocation-key-dir") for a in ext_off["args"])
 
 
+def test_containers_without_gpu_are_hidden_from_gpus_by_default(tmp_path: Path) -> None:
+    """The chart's default device config makes the webhook end every GPU-less container
+    with NVIDIA_VISIBLE_DEVICES=none, even one that set it to all itself."""
+    from hami.core.admission import admit
+    from hami.settings import scheduler_config
+
+    path = tmp_path / "device-config.yaml"
+    path.write_text(find(render(), "ConfigMap", "hami-scheduler-device")["data"]["device-config.yaml"])
+    config = scheduler_config(path, "binpack", "spread", "hami-scheduler")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "t"},
+           "spec": {"containers": [{"name": "c", "image": "cuda",
+                                    "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}
+    env = admit(pod, config).pod["spec"]["containers"][0]["env"]
+    assert env[-1] == {"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} not in env
+
+
 def test_outside_kube_scheduler_reaches_the_extender() -> None:
     objs = render({"scheduler": {"kubeScheduler": {"enabled": False}}})
     spec = find(objs, "Deployment", "hami-scheduler")["spec"]["template"]["spec"]
