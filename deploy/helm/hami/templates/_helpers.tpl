@@ -129,7 +129,8 @@ imagePullSecrets:
 {{- end }}
 {{- end -}}
 
-{{/* The NVIDIA resources kube-scheduler leaves to the extender (spec §1.1). */}}
+{{/* The NVIDIA resources kube-scheduler leaves to the extender (ignoredByScheduler, as
+HAMi's chart does). */}}
 {{- define "hami.managedResources" -}}
 {{- $names := list .Values.resourceName .Values.resourceMem .Values.resourceMemPercentage .Values.resourceCores .Values.resourcePriority -}}
 {{- range $vendor, $v := .Values.devices.vendors }}
@@ -177,7 +178,7 @@ extenders:
       {{- end }}
 {{- end -}}
 
-{{/* device-config.yaml (spec §7.1, nvidia section). */}}
+{{/* device-config.yaml (HAMi's device config, nvidia section). */}}
 {{- define "hami.deviceConfig" -}}
 {{- if (index .Values "device-config" "content") -}}
 {{ index .Values "device-config" "content" }}
@@ -216,7 +217,8 @@ nvidia:
 
 {{/* The Lease the hami scheduler follows: kube-scheduler's own (named after the profile).
 The hami process leads iff that Lease's holder is its pod, so the active kube-scheduler
-always calls a leading extender in its own pod (HAMi's rule, spec 4.13). */}}
+always calls a leading extender in its own pod (HAMi's rule: lead iff the kube-scheduler
+Lease's holder is this host). */}}
 {{- define "hami.extenderLease" -}}
 {{- .Values.schedulerName -}}
 {{- end -}}
