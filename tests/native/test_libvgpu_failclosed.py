@@ -147,13 +147,14 @@ needs_mount_ns = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare")
 
 def in_node_ns(env: Env, lockdir: Path, *args: str, **kv: str) -> subprocess.Popen[str]:
     """vgtest in a private mount namespace where ``lockdir`` is ``/tmp/vgpulock`` (the
-    host's /tmp is not touched: the namespace gets its own /tmp with the test dir bound
-    back)."""
-    t = str(env.tmp)
-    script = ('set -e; mount --make-rprivate /; mount --bind "$T" /mnt; mount -t tmpfs tmpfs /tmp; '
-              'mkdir -p "$T" /tmp/vgpulock; mount --bind /mnt "$T"; mount --bind "$L" /tmp/vgpulock; '
-              'exec "$@"')
-    e = env.environ(T=t, L=str(lockdir), **kv)
+    host's /tmp is not touched: the namespace gets its own /tmp with the test dir and the
+    build dir bound back when they live under /tmp, as a checkout in /tmp does)."""
+    keep = " ".join(str(p) for p in (env.tmp, env.build))
+    script = ('set -e; mount --make-rprivate /; mount --bind /tmp /mnt; mount -t tmpfs tmpfs /tmp; '
+              'for p in $KEEP; do case "$p" in /tmp/*) mkdir -p "$p"; '
+              'mount --bind "/mnt${p#/tmp}" "$p";; esac; done; '
+              'mkdir -p /tmp/vgpulock; mount --bind "$L" /tmp/vgpulock; exec "$@"')
+    e = env.environ(KEEP=keep, L=str(lockdir), **kv)
     return subprocess.Popen(["unshare", "-m", "sh", "-c", script, "sh", str(env.build / "tests" / "vgtest"),
                              *args], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
 
