@@ -214,7 +214,9 @@ def test_webhook_keeps_kube_system_safe(default: list[dict[str, Any]]) -> None:
     assert hook["failurePolicy"] == "Ignore" and hook["sideEffects"] == "None"
     assert hook["timeoutSeconds"] == 10 and hook["reinvocationPolicy"] == "Never"
     assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                              "resources": ["pods"], "scope": "Namespaced"}]
+                              "resources": ["pods"], "scope": "Namespaced"},
+                             {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                              "resources": ["pods/ephemeralcontainers"], "scope": "Namespaced"}]
     assert hook["clientConfig"]["service"] == {"name": "hami-scheduler", "namespace": NAMESPACE,
                                                "path": "/webhook", "port": 443}
     exprs = hook["namespaceSelector"]["matchExpressions"]

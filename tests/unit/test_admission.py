@@ -236,3 +236,34 @@ def test_registered_vendors_allocation_annotations_are_removed_too():
     patched = jsonpatch.apply_patch(original, result.patch)
     assert patched["metadata"]["annotations"] == {"team": "kept"}
     assert patched["spec"]["schedulerName"] == "hami-scheduler"
+
+
+def test_added_ephemeral_containers_are_hidden_from_gpus_through_the_review():
+    import base64
+    import json
+    from dataclasses import replace
+
+    from hami.webhook.review import review
+
+    config = replace(CONFIG, nvidia=replace(CONFIG.nvidia, overwrite_env=True))
+    old = pod(containers=[container()])
+    old["spec"]["ephemeralContainers"] = [{"name": "first", "image": "x"}]
+    new = json.loads(json.dumps(old))
+    new["spec"]["ephemeralContainers"].append(
+        {"name": "debugger", "image": "cuda",
+         "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]})
+
+    def ask(sub_resource, operation, cfg=config):
+        body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                "request": {"uid": "u", "kind": {"kind": "Pod"}, "subResource": sub_resource,
+                            "operation": operation, "object": new, "oldObject": old}}
+        return review(json.dumps(body).encode(), cfg, None)["response"]
+
+    response = ask("ephemeralcontainers", "UPDATE")
+    patched = jsonpatch.apply_patch(new, json.loads(base64.b64decode(response["patch"])))
+    first, added = patched["spec"]["ephemeralContainers"]
+    assert first == {"name": "first", "image": "x"}  # existing ones are immutable
+    assert added["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]
+    assert "patch" not in ask("ephemeralcontainers", "UPDATE", CONFIG)  # overwriteEnv off
+    for other in (("", "UPDATE"), ("status", "UPDATE"), ("", "DELETE")):
+        assert ask(*other)["allowed"] and "patch" not in ask(*other)

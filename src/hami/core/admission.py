@@ -330,3 +330,34 @@ def _quota_denial(pod: Mapping[str, Any], config: SchedulerConfig,
         return ""
     return (f"exceeding resource quota: namespace {request.namespace} asks for {mem} MiB "
             f"and {cores}% cores of GPU beyond its limits.nvidia.com quota")
+
+
+def admit_ephemeral(pod: Mapping[str, Any], old_pod: Mapping[str, Any] | None,
+                    config: SchedulerConfig, *, with_patch: bool = True) -> AdmissionResult:
+    """Decide an UPDATE of ``pods/ephemeralcontainers`` (``kubectl debug``).
+
+    Ephemeral containers cannot request resources, so they never get a GPU; where the
+    NVIDIA runtime is the node's default, one whose image sets
+    ``NVIDIA_VISIBLE_DEVICES=all`` (every CUDA base image) would still see every GPU of
+    the node. With ``overwriteEnv`` each *added* ephemeral container (one not in
+    ``old_pod``; existing ones are immutable) gets ``NVIDIA_VISIBLE_DEVICES=none`` as its
+    last entry of that name, as GPU-less containers do at CREATE. Never raises; a body
+    that is not a pod is a 400.
+    """
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    if not isinstance(spec, Mapping):
+        return _deny("pod is not an object", {}, code=400)
+    ephemeral = spec.get("ephemeralContainers")
+    if not config.nvidia.overwrite_env or not isinstance(ephemeral, list):
+        return AdmissionResult(allowed=True, pod=dict(pod))
+    old_spec = old_pod.get("spec") if isinstance(old_pod, Mapping) else None
+    old_list = old_spec.get("ephemeralContainers") if isinstance(old_spec, Mapping) else None
+    existing = {c.get("name") for c in old_list or [] if isinstance(c, Mapping)}
+    mutated_list = copy.deepcopy(ephemeral)
+    for container in mutated_list:
+        if isinstance(container, dict) and container.get("name") not in existing:
+            isolation.hide_gpus(container)
+    mutated = {**pod, "spec": {**spec, "ephemeralContainers": mutated_list}}
+    patch = (_prefixed(jsonpatch.make_patch(list(ephemeral), mutated_list).patch,
+                       "/spec/ephemeralContainers") if with_patch else [])
+    return AdmissionResult(allowed=True, patch=patch, pod=mutated)

@@ -1,6 +1,8 @@
 """AdmissionReview (admission.k8s.io v1 and v1beta1) in and out (spec §3).
 
-:func:`review` wraps the pure :func:`hami.core.admission.admit`; it never raises: a body
+:func:`review` wraps the pure :func:`hami.core.admission.admit` for Pod CREATE and
+:func:`~hami.core.admission.admit_ephemeral` for ``pods/ephemeralcontainers`` UPDATE (other
+operations and subresources are allowed unchanged); it never raises: a body
 that is not an AdmissionReview gets a response with ``allowed: false`` and code 400
 (and the webhook's ``failurePolicy`` decides what the apiserver does with it).
 """
@@ -12,7 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from hami.core.admission import admit
+from hami.core.admission import admit, admit_ephemeral
 from hami.core.config import SchedulerConfig
 from hami.core.quota import QuotaLedger
 from hami.devices.quota import VendorQuota
@@ -61,8 +63,18 @@ def review(body: bytes, config: SchedulerConfig, quota: QuotaLedger | None,
     if not isinstance(pod, Mapping):
         return _response(str(api_version), str(uid), False, code=400,
                          message="invalid AdmissionReview: request.object is not a Pod")
+    sub_resource = str(request.get("subResource") or "")
+    operation = str(request.get("operation") or "")
+    ephemeral = (sub_resource, operation) == ("ephemeralcontainers", "UPDATE")
+    if not ephemeral and (sub_resource or operation not in ("", "CREATE")):
+        return _response(str(api_version), str(uid), True,
+                         message="neither a pod creation nor an ephemeral container")
     try:
-        result = admit(pod, config, quota, vendor_quota=vendor_quota)
+        if ephemeral:
+            old = request.get("oldObject")
+            result = admit_ephemeral(pod, old if isinstance(old, Mapping) else None, config)
+        else:
+            result = admit(pod, config, quota, vendor_quota=vendor_quota)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         return _response(str(api_version), str(uid), False, code=400,
                          message=f"malformed pod: {type(exc).__name__}: {str(exc)[:200]}")

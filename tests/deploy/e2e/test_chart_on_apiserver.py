@@ -373,3 +373,58 @@ def test_chart_webhook_selects_by_namespace_so_a_pod_label_opts_nothing_out(
         client.delete(ServiceAccount, "hami-device-plugin", namespace="default")
         for ns in (tenant, opted_out):
             client.delete(Namespace, ns)
+
+
+def test_kubectl_debug_container_is_hidden_from_the_nodes_gpus(
+        prepared: Any, control_plane: ControlPlane, tmp_path: Path) -> None:
+    """An ephemeral container (``kubectl debug``) cannot request a GPU, but where the
+    NVIDIA runtime is the node's default one whose image sets NVIDIA_VISIBLE_DEVICES=all
+    sees every GPU. The chart's webhook (its rules and device config, a real ``hami
+    scheduler``) makes NVIDIA_VISIBLE_DEVICES=none the added container's last value."""
+    from lightkube.resources.core_v1 import PodEphemeralcontainers
+
+    from tests.e2e.hami_harness import HamiProcess, Tls
+
+    objs = render(namespace="default")
+    device_config = tmp_path / "device-config.yaml"
+    device_config.write_text(find(objs, "ConfigMap", "hami-scheduler-device")["data"]
+                             ["device-config.yaml"])
+    tls = Tls(tmp_path / "tls")
+    hami = HamiProcess(control_plane, tls, tmp_path, name="debug-webhook",
+                       args=[f"--device-config-file={device_config}"]).start()
+    config = find(objs, "MutatingWebhookConfiguration")
+    config["metadata"]["name"] = f"debug-webhook-{uuid.uuid4().hex[:6]}"
+    (hook,) = config["webhooks"]
+    assert {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+            "resources": ["pods/ephemeralcontainers"], "scope": "Namespaced"} in hook["rules"]
+    hook["clientConfig"] = {"url": f"{hami.url}/webhook",
+                            "caBundle": base64.b64encode(tls.ca_pem).decode()}
+    hook["failurePolicy"] = "Fail"
+    prepared.create(codecs.from_dict(config))
+    time.sleep(1.0)  # the apiserver's webhook informer
+    name = f"debug-me-{uuid.uuid4().hex[:6]}"
+    try:
+        prepared.create(codecs.from_dict({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeSelector": {"e2e": "nowhere"},
+                     "containers": [{"name": "app", "image": "x"}]}}))
+        debug = {"name": "debugger", "image": "nvidia/cuda",
+                 "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}
+        for _ in range(10):  # kube-scheduler may update the pod's status in between
+            body = prepared.get(Pod, name, namespace="default").to_dict()
+            body["spec"]["ephemeralContainers"] = [debug]
+            try:
+                prepared.replace(PodEphemeralcontainers.from_dict(
+                    {**body, "kind": "Pod", "apiVersion": "v1"}), name=name, namespace="default")
+                break
+            except ApiError as err:
+                if err.status.code != 409:
+                    raise
+                time.sleep(0.2)
+        after = prepared.get(Pod, name, namespace="default")
+        (added,) = after.spec.ephemeralContainers
+        assert [(e.name, e.value) for e in added.env] == [("NVIDIA_VISIBLE_DEVICES", "none")]
+    finally:
+        prepared.delete(Pod, name, namespace="default", grace_period=0)
+        prepared.delete(MutatingWebhookConfiguration, config["metadata"]["name"])
+        hami.stop()
