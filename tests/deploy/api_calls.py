@@ -64,7 +64,7 @@ CALLS: dict[str, tuple[Call, ...]] = {
              when="leaderElect", where=(f"{_KUBE}.get_lease",)),
         # certgen: the TLS Secret and the webhook's caBundle
         Call("get", "secrets", scope="release", name="tls", when="certgen",
-             where=("hami.certgen:ensure_secret",)),
+             where=("hami.certgen:_get_secret",)),
         Call("create", "secrets", scope="release", when="certgen",
              where=("hami.certgen:ensure_secret",)),
         Call("update", "secrets", scope="release", name="tls", when="certgen",
