@@ -84,46 +84,68 @@ class ServerLimits:
 
 
 class ConnectionGate:
-    """Open connections of one listener, counted by peer kind (thread-safe).
+    """Open connections of one listener, counted by peer kind and remote address
+    (thread-safe).
 
-    :meth:`admit` before a connection is served, :meth:`release` once it is closed (only
-    for admitted ones). ``refused`` counts refusals.
+    Loopback peers (kube-scheduler in the same pod) are never refused. A remote peer is
+    admitted while fewer than ``max_remote`` remote connections are open and it holds
+    fewer than ``max_per_peer`` itself (default ``max(4, max_remote // 8)``), so one pod
+    cannot take the whole pool; and a peer holding fewer than ``reserve_per_peer``
+    (default ``min(4, max_remote // 64)``: 4 for the default 256, none for tiny caps) is
+    admitted even when the pool is full, so a flood from other addresses cannot lock the
+    API server out of the webhook. :meth:`admit` before a connection is served,
+    :meth:`release` once it is closed (only for admitted ones); ``refused`` counts
+    refusals.
     """
 
-    def __init__(self, max_remote: int, name: str = "listener") -> None:
+    def __init__(self, max_remote: int, name: str = "listener", *,
+                 max_per_peer: int | None = None, reserve_per_peer: int | None = None) -> None:
         self.max_remote = max_remote
+        self.max_per_peer = max_per_peer if max_per_peer is not None else max(4, max_remote // 8)
+        self.reserve_per_peer = (reserve_per_peer if reserve_per_peer is not None
+                                 else min(4, max_remote // 64))
         self.name = name
         self.remote = 0
         self.loopback = 0
         self.refused = 0
+        self._per_peer: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def admit(self, peer: str | None) -> bool:
-        """True (and counted) unless ``peer`` is not loopback and ``max_remote`` remote
-        connections are already open."""
+        """True (and counted) when ``peer`` may open one more connection (see above)."""
         local = is_loopback(peer)
+        key = peer or ""
         with self._lock:
             if local:
                 self.loopback += 1
                 return True
-            if self.max_remote > 0 and self.remote >= self.max_remote:
-                self.refused += 1
-                refused = self.refused
-            else:
+            held = self._per_peer.get(key, 0)
+            pool_ok = self.max_remote <= 0 or (self.remote < self.max_remote
+                                               and held < self.max_per_peer)
+            if pool_ok or held < self.reserve_per_peer:
                 self.remote += 1
+                self._per_peer[key] = held + 1
                 return True
+            self.refused += 1
+            refused = self.refused
         if refused == 1 or refused % 1000 == 0:
-            log.warning("%s: %d remote connections open, refused %s (%d refused so far)",
-                        self.name, self.max_remote, peer, refused)
+            log.warning("%s: %d remote connections open (%d from %s), refused one "
+                        "(%d refused so far)", self.name, self.remote, held, peer, refused)
         return False
 
     def release(self, peer: str | None) -> None:
         """One admitted connection from ``peer`` closed."""
+        key = peer or ""
         with self._lock:
             if is_loopback(peer):
                 self.loopback = max(0, self.loopback - 1)
+                return
+            self.remote = max(0, self.remote - 1)
+            held = self._per_peer.get(key, 0) - 1
+            if held > 0:
+                self._per_peer[key] = held
             else:
-                self.remote = max(0, self.remote - 1)
+                self._per_peer.pop(key, None)
 
 
 class _DeadlineHandler(BaseHTTPRequestHandler):

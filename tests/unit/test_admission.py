@@ -267,3 +267,29 @@ def test_added_ephemeral_containers_are_hidden_from_gpus_through_the_review():
     assert "patch" not in ask("ephemeralcontainers", "UPDATE", CONFIG)  # overwriteEnv off
     for other in (("", "UPDATE"), ("status", "UPDATE"), ("", "DELETE")):
         assert ask(*other)["allowed"] and "patch" not in ask(*other)
+
+
+def test_ephemeral_container_cannot_bring_privilege_into_a_gpu_pod():
+    from hami.core.admission import admit_ephemeral
+
+    def debug(**ctx):
+        return {"name": "dbg", "image": "x", "securityContext": ctx}
+
+    gpu = pod(containers=[container(gpu=1, gpumem=1000)])
+    for ctx, why in (({"privileged": True}, "is privileged"),
+                     ({"capabilities": {"add": ["SYS_ADMIN"]}}, "SYS_ADMIN is not allowed"),
+                     ({"capabilities": {"add": ["cap_dac_read_search"]}}, "not allowed")):
+        new = {**gpu, "spec": {**gpu["spec"], "ephemeralContainers": [debug(**ctx)]}}
+        result = admit_ephemeral(new, gpu, CONFIG)
+        assert not result.allowed and result.code == 403 and why in result.message, result
+    # a harmless debug container, and any container on a pod without GPUs, pass
+    plain = pod(containers=[container()])
+    ok = {**gpu, "spec": {**gpu["spec"], "ephemeralContainers": [debug(runAsUser=1000)]}}
+    assert admit_ephemeral(ok, gpu, CONFIG).allowed
+    other = {**plain, "spec": {**plain["spec"],
+                               "ephemeralContainers": [debug(privileged=True)]}}
+    assert admit_ephemeral(other, plain, CONFIG).allowed
+    # an ephemeral container that already existed is not judged again
+    assert admit_ephemeral(other | {"spec": {**gpu["spec"], "ephemeralContainers": [
+        debug(privileged=True)]}}, {**gpu, "spec": {**gpu["spec"], "ephemeralContainers": [
+            debug(privileged=True)]}}, CONFIG).allowed

@@ -341,18 +341,27 @@ def admit_ephemeral(pod: Mapping[str, Any], old_pod: Mapping[str, Any] | None,
     ``NVIDIA_VISIBLE_DEVICES=all`` (every CUDA base image) would still see every GPU of
     the node. With ``overwriteEnv`` each *added* ephemeral container (one not in
     ``old_pod``; existing ones are immutable) gets ``NVIDIA_VISIBLE_DEVICES=none`` as its
-    last entry of that name, as GPU-less containers do at CREATE. Never raises; a body
-    that is not a pod is a 400.
+    last entry of that name, as GPU-less containers do at CREATE. On a pod that asks for
+    devices an added ephemeral container that is privileged or adds a denied capability
+    is refused (403, :func:`hami.core.isolation.ephemeral_violations`). Never raises; a
+    body that is not a pod is a 400.
     """
     spec = pod.get("spec") if isinstance(pod, Mapping) else None
     if not isinstance(spec, Mapping):
         return _deny("pod is not an object", {}, code=400)
     ephemeral = spec.get("ephemeralContainers")
-    if not config.nvidia.overwrite_env or not isinstance(ephemeral, list):
+    if not isinstance(ephemeral, list):
         return AdmissionResult(allowed=True, pod=dict(pod))
     old_spec = old_pod.get("spec") if isinstance(old_pod, Mapping) else None
     old_list = old_spec.get("ephemeralContainers") if isinstance(old_spec, Mapping) else None
     existing = {c.get("name") for c in old_list or [] if isinstance(c, Mapping)}
+    if isolation.asks_for_devices(pod, config):
+        problems = [p for c in ephemeral if isinstance(c, Mapping) and c.get("name") not in existing
+                    for p in isolation.ephemeral_violations(c)]
+        if problems:
+            return _deny(isolation.message(problems), pod)
+    if not config.nvidia.overwrite_env:
+        return AdmissionResult(allowed=True, pod=dict(pod))
     mutated_list = copy.deepcopy(ephemeral)
     for container in mutated_list:
         if isinstance(container, dict) and container.get("name") not in existing:

@@ -159,6 +159,13 @@ def violations(pod: Mapping[str, Any], config: SchedulerConfig,
     return problems
 
 
+def ephemeral_violations(container: Mapping[str, Any]) -> list[str]:
+    """The rules for an ephemeral container added to a pod that asks for devices: not
+    privileged, none of the denied capabilities (it could enter the GPU containers'
+    mount namespace and undo the plugin's mounts). Never raises."""
+    return _security_problems(container, f"(ephemeral) {container.get('name', '?')}")
+
+
 def message(problems: Sequence[str]) -> str:
     """One denial message from :func:`violations` (the first five, then a count)."""
     text = "; ".join(problems[:5])
