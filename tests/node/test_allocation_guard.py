@@ -88,3 +88,43 @@ def test_without_the_guard_unsigned_allocations_are_served(harness: PluginHarnes
     pod_with(harness, "p", f"{A},NVIDIA,3000,10:;", key=b"")
     env = harness.kubelet.allocate([f"{A}-0"]).container_responses[0].envs
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+
+
+def test_a_pod_without_hamis_allocation_waiting_on_the_node_blocks_serving(
+        guarded: PluginHarness) -> None:
+    # A tenant pod of another scheduler (or created with spec.nodeName while the webhook
+    # was down) asks for the GPU resource on the node while a hami pod waits for its
+    # Allocate: kubelet's request names no pod, so serving the hami pod's grant here could
+    # hand the tenant's container that slice.
+    pod_with(guarded, "p", f"{A},NVIDIA,20480,50:;")
+    guarded.kube.add_pod(al.PodView("tenant", "squatter", "uid-squatter", NODE, "Pending", {},
+                                    (al.ContainerView("c", {}),), 0,
+                                    scheduler_name="default-scheduler",
+                                    resource_names=frozenset({"nvidia.com/gpu"})))
+    with pytest.raises(grpc.RpcError) as err:
+        guarded.kubelet.allocate([f"{A}-0"])
+    assert "pods without hami's allocation wait for nvidia.com/gpu" in err.value.details()
+    assert "tenant/squatter" in err.value.details()
+    victim = guarded.kube.pods[("default", "p")].annotations
+    assert victim[al.BIND_PHASE] == "allocating" and victim[al.DEVICES_TO_ALLOCATE]
+    # once the stranger is gone, the hami pod is served its own grant
+    guarded.kube.delete_pod("tenant", "squatter")
+    env = guarded.kubelet.allocate([f"{A}-0"]).container_responses[0].envs
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "20480m"
+
+
+def test_pod_view_lists_the_resources_its_containers_name() -> None:
+    from lightkube.models.core_v1 import Container, PodSpec, ResourceRequirements
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Pod
+
+    from hami.deviceplugin.kube import pod_view
+
+    pod = Pod(metadata=ObjectMeta(name="p", namespace="n", uid="u"),
+              spec=PodSpec(schedulerName="other", containers=[
+                  Container(name="a", resources=ResourceRequirements(limits={"nvidia.com/gpu": "1"})),
+                  Container(name="b", resources=ResourceRequirements(requests={"cpu": "1"})),
+                  Container(name="c")]))
+    view = pod_view(pod)
+    assert view.resource_names == frozenset({"nvidia.com/gpu", "cpu"})
+    assert view.scheduler_name == "other"

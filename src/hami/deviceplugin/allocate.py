@@ -62,7 +62,8 @@ class PodView:
     ``container_states``: container name (init or regular) -> ``"running"``,
     ``"waiting"`` or ``"terminated"``, from ``status.(init)containerStatuses[].state``; a
     container the kubelet has not reported yet is absent. ``scheduler_name``:
-    ``spec.schedulerName``."""
+    ``spec.schedulerName``; ``resource_names``: every resource named in a container's
+    limits or requests."""
 
     namespace: str
     name: str
@@ -76,6 +77,7 @@ class PodView:
     resource_version: str = ""
     container_states: Mapping[str, str] = field(default_factory=dict)
     scheduler_name: str = ""
+    resource_names: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,17 @@ class AllocationGuard:
     keyring: KeyRing
     scheduler_name: str = "hami-scheduler"
 
+    def signed_for(self, pod: PodView, node: str) -> bool:
+        """The pod carries hami's allocation for ``node`` (its scheduler and a valid
+        signature), whatever its progress."""
+        if pod.scheduler_name != self.scheduler_name:
+            return False
+        try:
+            verify(self.keyring.verifying_keys(), pod.uid, node, pod.annotations)
+        except SignatureError:
+            return False
+        return True
+
     def check(self, pod: PodView, node: str) -> None:
         """Raises :class:`AllocateError` (with the reason) unless the pod's allocation is
         hami's scheduler's, signed for this pod and node."""

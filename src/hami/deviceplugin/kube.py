@@ -77,7 +77,10 @@ def pod_view(pod: Any) -> PodView:
         annotations=dict(meta.annotations or {}), containers=containers, n_init=len(init),
         labels=dict(meta.labels or {}), resource_version=meta.resourceVersion or "",
         container_states=container_states(pod.status),
-        scheduler_name=(spec.schedulerName or "") if spec else "")
+        scheduler_name=(spec.schedulerName or "") if spec else "",
+        resource_names=frozenset(
+            str(k) for c in init + regular if c.resources is not None
+            for part in (c.resources.limits, c.resources.requests) for k in (part or {})))
 
 
 def _api_error(exc: Exception) -> KubeError:

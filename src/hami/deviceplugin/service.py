@@ -171,6 +171,7 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
         """
         try:
             owner, others, node_meta = self._lookup()
+            self._refuse_unsigned_waiters(others)
             pod = al.choose_pod(reqs, owner, others, self.node, replicas)
             if pod is None:
                 raise al.AllocateError(
@@ -188,6 +189,24 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
         if live is None or again is None or (again.namespace, again.name) != key:
             raise al.AllocateError(f"{pod.namespace}/{pod.name} changed during Allocate")
         return again, node_meta
+
+    def _refuse_unsigned_waiters(self, pending: list[al.PodView]) -> None:
+        """With the guard on: kubelet's request names no pod, so when a Pending pod of
+        this node asks for the plugin's resource without hami's signed allocation (a pod
+        of another scheduler, or one created with ``spec.nodeName``), this Allocate may
+        be for it; serving a waiting hami pod's grant would hand that pod another pod's
+        slice. Raises :class:`.allocate.AllocateError` (no pod is marked failed)."""
+        if self.guard is None:
+            return
+        resource = self.state.cfg.resource_name
+        strangers = sorted(f"{p.namespace}/{p.name}" for p in pending
+                           if resource in p.resource_names
+                           and not self.guard.signed_for(p, self.node))
+        if strangers:
+            raise al.AllocateError(
+                f"pods without hami's allocation wait for {resource} on node {self.node}: "
+                f"{', '.join(strangers)}; refusing rather than serving one pod another "
+                "pod's devices")
 
     # -- GetPreferredAllocation --------------------------------------------------------
     def GetPreferredAllocation(self, request: pb.PreferredAllocationRequest,
