@@ -333,6 +333,18 @@ def test_observe_rules(inputs: list[ContainerFeedback], expected: list[tuple[int
     assert [(c.recent_kernel, c.utilization_switch) for c in observe(inputs)] == expected
 
 
+def test_a_forged_recent_kernel_blocks_neighbours_for_one_tick_only() -> None:
+    # The region is the container's own file: a priority-0 tenant that writes 2^31-1 into
+    # its recent_kernel once (and launches nothing) must not keep a priority-1 neighbour on
+    # its GPU blocked; libvgpu itself writes 2 at each launch.
+    state = [fb("attacker", (U0,), 0, 2**31 - 1), fb("victim", (U0,), 1, 2)]
+    victim_rk = []
+    for _ in range(3):
+        state = observe(state)
+        victim_rk.append(state[1].recent_kernel)
+    assert victim_rk == [-1, 0, 0]
+
+
 def test_feedback_tick_by_tick_on_files(tmp_path: Path) -> None:
     root = tmp_path / "c"
     hi = put(root, "h_c", build(RegionSpec(uuids=(U0,), priority=0, recent_kernel=2)))

@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+#: What libvgpu stores in ``recent_kernel`` at every kernel launch.
+LAUNCH_MARK = 2
+
 
 @dataclass(frozen=True, slots=True)
 class ContainerFeedback:
@@ -29,7 +32,10 @@ class ContainerFeedback:
 def observe(containers: Sequence[ContainerFeedback]) -> list[ContainerFeedback]:
     """One tick; returns every container with its new field values.
 
-    Pass 1: ``rk > 0`` -> ``rk - 1``; if still > 0 the container is *active* at its
+    Pass 1: ``rk`` above :data:`LAUNCH_MARK` (the value libvgpu writes at each launch) is
+    taken as :data:`LAUNCH_MARK` (the region is the container's own file: one write of
+    2^31-1 would otherwise keep it "active", and its lower-priority neighbours blocked,
+    for ever); ``rk > 0`` -> ``rk - 1``; if still > 0 the container is *active* at its
     priority on each of its GPUs (only priorities >= 0 count).
     Pass 2: *blocking* = a strictly higher-priority container is active on a shared GPU:
     then ``recent_kernel`` -1 (if it was >= 0); otherwise a negative value becomes 0.
@@ -39,7 +45,7 @@ def observe(containers: Sequence[ContainerFeedback]) -> list[ContainerFeedback]:
     active: dict[str, dict[int, int]] = {}  # uuid -> priority -> active containers
     after1 = []
     for c in containers:
-        rk = c.recent_kernel
+        rk = min(c.recent_kernel, LAUNCH_MARK)
         if rk > 0:
             rk -= 1
             if rk > 0 and c.priority >= 0:
