@@ -8,7 +8,7 @@ annotation of any registered vendor (``hami.io/vgpu-devices-allocated``,
 (the webhook's logic, every vendor) and then scheduled in file order, each seeing the
 decisions before it. The decisions come from :class:`hami.core.state.ClusterState`, the
 same code as the live ``/filter``. The vendors are those of ``--device-config`` (its
-sections, spec §7.1; ``--enable-ascend`` / ``--enable-iluvatar`` for ``vnpus`` and
+sections, HAMi v2.10; ``--enable-ascend`` / ``--enable-iluvatar`` for ``vnpus`` and
 ``iluvatars``); without a device config only NVIDIA is known.
 
 JSON output schema (stable; ``schema`` is bumped on any incompatible change)::

@@ -13,7 +13,7 @@ from hami.devices.registry import Registry, build_registry
 
 
 def read_device_config(path: Path | None) -> dict[str, Any]:
-    """HAMi's device config YAML (``device-config.yaml``, spec §7.1) as a mapping; ``{}``
+    """HAMi's device config YAML (``device-config.yaml``, HAMi v2.10) as a mapping; ``{}``
     for None.
 
     Raises:
@@ -49,7 +49,7 @@ def load_device_config(path: Path | None) -> NvidiaConfig:
 
 def device_registry(raw: Mapping[str, Any], *, enable_ascend: bool = False,
                     enable_iluvatar: bool = False) -> Registry | None:
-    """The vendor registry of a device config (spec §7.1, §7.4 ``--enable-ascend``,
+    """The vendor registry of a device config (HAMi v2.10 ``--enable-ascend``,
     ``--enable-iluvatar``); None when the config has no section at all (no file: the
     NVIDIA-only defaults).
 
@@ -71,7 +71,7 @@ def scheduler_config(device_config: Path | None = None, node_policy: str = "binp
                      scheduler_name: str = "hami-scheduler", *,
                      enable_ascend: bool = False,
                      enable_iluvatar: bool = False) -> SchedulerConfig:
-    """One settings object from the flags HAMi's scheduler takes (spec §7.4); the device
+    """One settings object from the flags HAMi's scheduler takes (HAMi v2.10); the device
     config's vendor sections become the registry (built once, here).
 
     Raises:

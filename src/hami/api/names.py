@@ -1,13 +1,13 @@
 """Annotation keys, label keys, resource names and env var names of HAMi v2.10.
 
-Source: ``shared/specs/hami-scheduler-spec.md`` §1.1, §2.1, §2.2 and
-``shared/specs/hami-core-spec.md`` §A.2, §B.5. These strings are the wire contract with
+Source: and
+HAMi-core 1.2. These strings are the wire contract with
 HAMi components in mixed clusters; change none of them.
 """
 
 from typing import Final
 
-# Resource names (defaults; the device config may rename them, spec §1.1).
+# Resource names (defaults; the device config may rename them, HAMi v2.10).
 RESOURCE_COUNT: Final = "nvidia.com/gpu"
 RESOURCE_MEMORY: Final = "nvidia.com/gpumem"
 RESOURCE_MEMORY_PERCENTAGE: Final = "nvidia.com/gpumem-percentage"
@@ -19,14 +19,14 @@ MODE_HAMI_CORE: Final = "hami-core"
 MODE_MIG: Final = "mig"
 MODE_MPS: Final = "mps"
 
-# Node annotations (spec §2.1).
+# Node annotations (HAMi v2.10).
 NODE_REGISTER: Final = "hami.io/node-nvidia-register"
 NODE_SCORE: Final = "hami.io/node-nvidia-score"
 NODE_HANDSHAKE: Final = "hami.io/node-handshake"
 NODE_LOCK: Final = "hami.io/mutex.lock"
 NODE_DEVICE_CORDON: Final = "hami.io/device-cordon"
 
-# Pod annotations / labels written by the scheduler (spec §2.2).
+# Pod annotations / labels written by the scheduler (HAMi v2.10).
 VGPU_NODE: Final = "hami.io/vgpu-node"
 VGPU_TIME: Final = "hami.io/vgpu-time"
 DEVICES_TO_ALLOCATE: Final = "hami.io/vgpu-devices-to-allocate"
@@ -37,7 +37,7 @@ BIND_TIME: Final = "hami.io/bind-time"
 #: hami only: the scheduler's HMAC over the allocation (HAMi components ignore it).
 ALLOCATION_SIGNATURE: Final = "hami.io/vgpu-allocation-signature"
 
-# Pod annotations set by users (spec §2.2).
+# Pod annotations set by users (HAMi v2.10).
 USE_GPUTYPE: Final = "nvidia.com/use-gputype"
 NOUSE_GPUTYPE: Final = "nvidia.com/nouse-gputype"
 USE_GPUUUID: Final = "nvidia.com/use-gpuuuid"
@@ -49,7 +49,7 @@ NODE_SCHEDULER_POLICY: Final = "hami.io/node-scheduler-policy"
 DEVICE_SCORING_WEIGHTS: Final = "hami.io/device-scoring-weights"
 WEBHOOK_IGNORE_LABEL: Final = "hami.io/webhook"
 
-# Env vars injected by the webhook (spec §3).
+# Env vars injected by the webhook (HAMi v2.10).
 ENV_TASK_PRIORITY: Final = "CUDA_TASK_PRIORITY"
 ENV_CORE_POLICY: Final = "GPU_CORE_UTILIZATION_POLICY"
 ENV_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"

@@ -1,6 +1,6 @@
 """The mutating webhook's decision as a pure function: Pod in, JSON patch or denial out.
 
-Source: ``shared/specs/hami-scheduler-spec.md`` §3 (``MutateAdmission`` per vendor). Steps
+Source (HAMi v2.10): (``MutateAdmission`` per vendor). Steps
 and messages follow HAMi; where HAMi lets a malformed value through (it accepts a
 ``gpumem-percentage`` of 101 or 2^32+50 and leaves the pod Pending with a misleading
 reason, field case B09) we deny at admission with a message naming the container, the
@@ -95,7 +95,7 @@ def _validate(container: Mapping[str, Any], config: NvidiaConfig) -> None:
 
 def mutate_container(container: dict[str, Any], pod: Mapping[str, Any],
                      config: NvidiaConfig) -> bool:
-    """HAMi's NVIDIA ``MutateAdmission`` for one container, in place (spec §3).
+    """HAMi's NVIDIA ``MutateAdmission`` for one container, in place (HAMi v2.10).
 
     Returns True when the container asks for NVIDIA devices (after the count has been
     added for a memory- or cores-only request).
@@ -188,13 +188,13 @@ def admit(pod: Mapping[str, Any], config: SchedulerConfig,
 def decide(pod: Mapping[str, Any], config: SchedulerConfig,
            quota: QuotaLedger | None = None, *, with_patch: bool = True,
            vendor_quota: VendorQuota | None = None) -> AdmissionResult:
-    """Decide one Pod CREATE (spec §3 decision sequence, every registered vendor).
+    """Decide one Pod CREATE (HAMi v2.10 decision sequence, every registered vendor).
 
     Returns an :class:`AdmissionResult`; never raises on malformed pods: a bad device
     value (any vendor) is a 403 denial with a message, a pod that is not an object is a
     400. A pod that asks for devices with an unknown scheduler-policy annotation is denied
     (403, the message lists the valid values). ``vendor_quota`` is the other vendors'
-    namespace quota (the pre-check of §5.2).
+    namespace quota (HAMi's admission pre-check).
     With ``with_patch=False`` (the simulator, which writes nothing back) the JSON Patch
     is not computed; every decision is the same.
     """
@@ -300,7 +300,7 @@ def _prefixed(ops: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
 
 def _vendor_quota_denial(pod: Mapping[str, Any], vendors: Mapping[str, Vendor],
                          quota: VendorQuota) -> str:
-    """The §5.2 pre-check for every other vendor (max of app sum and init max)."""
+    """The HAMi v2.10 pre-check for every other vendor (max of app sum and init max)."""
     namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
     requests = pod_requests(vendors, pod)
     denial = quota.admission_denial(namespace, requests)
@@ -312,7 +312,7 @@ def _vendor_quota_denial(pod: Mapping[str, Any], vendors: Mapping[str, Vendor],
 
 def _quota_denial(pod: Mapping[str, Any], config: SchedulerConfig,
                   quota: QuotaLedger) -> str:
-    """``fitResourceQuota`` (spec §5.2): max(sum of app, max of init) of memory and cores."""
+    """``fitResourceQuota`` (HAMi v2.10): max(sum of app, max of init) of memory and cores."""
     request = pod_request(pod, config.nvidia)
     init_mem = init_cores = app_mem = app_cores = 0
     for position, c in enumerate(request.containers):

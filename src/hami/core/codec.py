@@ -4,9 +4,9 @@ Pure: no I/O, no clock, no logging. Every decoder raises only :class:`CodecError
 ``ValueError``) on malformed input, whatever the input; encoders raise it for values the
 wire format cannot carry (a separator inside a field, an integer outside its Go type).
 
-Sources (``shared/specs/hami-scheduler-spec.md``): §2.1 handshake and node score, §2.3 node
-register (JSON and legacy), §2.4 pod device string, §2.5 node lock, §4.6 scoring weights,
-§6.5 MIG allocations. Go's ``strconv``/``encoding/json`` rules live in :mod:`.gowire`.
+Sources (HAMi v2.10): handshake and node score, node
+register (JSON and legacy), pod device string, node lock, scoring weights,
+MIG allocations. Go's ``strconv``/``encoding/json`` rules live in :mod:`.gowire`.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ _JSON_SPACE: Final = " \t\n\r"
 _LEGACY_INDEX: Final = ("int", 0, 2**63 - 1)
 
 
-# --- node register annotation (§2.3) ----------------------------------------------------
+# --- node register annotation (HAMi v2.10) ----------------------------------------------------
 
 _PROFILE: Final = {
     "name": as_string,
@@ -127,7 +127,7 @@ _DEVICE: Final = {
 
 
 def decode_node_devices(value: str, vendor: str = NVIDIA) -> tuple[DeviceInfo, ...]:
-    """Decode ``hami.io/node-nvidia-register`` in either form (spec §2.3).
+    """Decode ``hami.io/node-nvidia-register`` in either form (HAMi v2.10).
 
     A value whose first non-blank character is ``[`` or ``{``, or that is ``null``, is
     read as JSON (:func:`decode_node_devices_json`); anything else as the legacy
@@ -142,7 +142,7 @@ def decode_node_devices(value: str, vendor: str = NVIDIA) -> tuple[DeviceInfo, .
 
 
 def decode_node_devices_json(value: str, vendor: str = NVIDIA) -> tuple[DeviceInfo, ...]:
-    """Decode the JSON node register array with Go ``encoding/json`` semantics (§2.3).
+    """Decode the JSON node register array with Go ``encoding/json`` semantics (HAMi v2.10).
 
     Unknown keys are ignored, keys match case-insensitively, missing keys are zero values
     (a missing ``health`` is *unhealthy*, a missing ``mode`` is ``""``). ``count``,
@@ -199,7 +199,7 @@ def _profile_from(f: dict[str, object]) -> MigProfile:
 
 
 def encode_node_devices(devices: Iterable[DeviceInfo]) -> str:
-    """HAMi's JSON node register value, byte-identical to Go's ``json.Marshal`` (§2.3).
+    """HAMi's JSON node register value, byte-identical to Go's ``json.Marshal`` (HAMi v2.10).
 
     Keys in order ``id, index, count, devmem, devcore, type, numa, mode, migProfiles,
     health``; each omitted when zero/empty/false; no spaces; ``vendor`` is not written.
@@ -251,7 +251,7 @@ def decode_node_devices_legacy(value: str, vendor: str = NVIDIA) -> tuple[Device
     """Decode the legacy ``id,count,devmem,devcore,type,numa,health[,index,mode]:`` form.
 
     Devices are separated by ``:`` (empty segments skipped); 7 fields mean index 0 and
-    mode ``hami-core``. Errors (§2.3, HAMi's texts): ``node annotation missing device
+    mode ``hami-core``. Errors (HAMi v2.10's texts): ``node annotation missing device
     separator``, ``malformed node annotation segment: "<seg>"``, ``unexpected field count N
     in node annotation``, ``invalid <count|memory|core|health|numa|index> field: <strconv
     error>``, ``index field must not be negative: N``, and ``no gpu found on node``.
@@ -293,7 +293,8 @@ def _field(parse: Callable[[], int], name: str) -> int:
 
 
 def encode_node_devices_legacy(devices: Iterable[DeviceInfo]) -> str:
-    """The legacy 9-field form ``id,count,devmem,devcore,type,numa,health,index,mode:`` (§2.3).
+    """The legacy 9-field form ``id,count,devmem,devcore,type,numa,health,index,mode:`` (HAMi
+    v2.10).
 
     Every device is terminated by ``:``; no devices encode to ``""``. Raises
     :class:`CodecError` for a ``,`` or ``:`` inside a text field, MIG profiles (the form
@@ -320,7 +321,7 @@ def encode_node_devices_legacy(devices: Iterable[DeviceInfo]) -> str:
     return "".join(out)
 
 
-# --- pod device string (§2.4) -----------------------------------------------------------
+# --- pod device string (HAMi v2.10) -----------------------------------------------------------
 
 
 def encode_pod_devices(pod: PodSingleDevice) -> str:
@@ -342,7 +343,7 @@ def _device_entry(d: ContainerDevice) -> str:
 
 
 def decode_pod_devices(value: str) -> PodSingleDevice:
-    """Decode a pod device string (``hami.io/vgpu-devices-allocated``/``-to-allocate``, §2.4).
+    """Decode a pod device string (``hami.io/vgpu-devices-allocated``/``-to-allocate``, HAMi v2.10).
 
     Containers are split on ``;`` keeping empty entries, so ``;GPU-a,NVIDIA,1000,0:;;;;``
     is five containers with a device only in the second (field case B14). **Decision:**

@@ -1,4 +1,4 @@
-"""``hami.io/vgpu-mig-allocations`` values and MIG placement JSON (spec §6.5, §2.3).
+"""``hami.io/vgpu-mig-allocations`` values and MIG placement JSON (HAMi v2.10).
 
 Pure; part of :mod:`hami.core.codec`, which re-exports everything public here.
 """
@@ -52,7 +52,7 @@ class MigRuntimeIdentity:
 
 @dataclass(frozen=True, slots=True)
 class MigAllocation:
-    """One MIG reservation of ``hami.io/vgpu-mig-allocations`` (§6.5).
+    """One MIG reservation of ``hami.io/vgpu-mig-allocations`` (HAMi v2.10).
 
     ``container_index``/``device_index`` are positions in the pod device list (init
     containers first); ``runtime`` is ``None`` until the device plugin realizes it.
@@ -97,7 +97,7 @@ def _check_mig(i: int, a: MigAllocation, partial: bool, seen: set[tuple[int, int
 
 
 def decode_mig_allocations(value: str) -> tuple[MigAllocation, ...]:
-    """Decode ``hami.io/vgpu-mig-allocations`` (§6.5); ``""`` and ``null`` are ``()``.
+    """Decode ``hami.io/vgpu-mig-allocations`` (HAMi v2.10); ``""`` and ``null`` are ``()``.
 
     Raises :class:`CodecError`: bad JSON/types (indices int, ``start``/``size`` and the
     instance ids uint32), ``MIG allocation N is incomplete`` (negative index, empty
@@ -148,7 +148,7 @@ def _mig_from(f: dict[str, object], runtime: MigRuntimeIdentity | None) -> MigAl
 
 
 def encode_mig_allocations(allocations: Sequence[MigAllocation]) -> str:
-    """The JSON HAMi writes; ``""`` (write no annotation) when there is none (§6.5).
+    """The JSON HAMi writes; ``""`` (write no annotation) when there is none (HAMi v2.10).
 
     Keys ``containerIndex, deviceIndex, gpuUUID, profile, placement{start,size}`` then,
     when ``runtime`` is set, ``migUUID, gpuInstanceID, computeInstanceID``. Raises

@@ -1,4 +1,4 @@
-"""Node pair-score and device-scoring-weights annotation values (spec §2.1, §4.6).
+"""Node pair-score and device-scoring-weights annotation values (HAMi v2.10).
 
 Pure; part of :mod:`hami.core.codec`, which re-exports everything public here.
 """
@@ -28,7 +28,7 @@ __all__ = [
     "parse_scoring_weights",
 ]
 
-# --- node pair scores (§2.1, §4.9) ------------------------------------------------------
+# --- node pair scores (HAMi v2.10) ------------------------------------------------------
 
 _PAIR_SCORE: Final = {"uuid": as_string, "score": as_int_map(INT64)}
 
@@ -58,12 +58,12 @@ def decode_node_scores(value: str) -> dict[str, dict[str, int]]:
     return scores
 
 
-# --- device scoring weights (§4.6) ------------------------------------------------------
+# --- device scoring weights (HAMi v2.10) ------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class ScoringWeights:
-    """Weights of the slot, core and memory terms of the device score (§4.6), int64 >= 0."""
+    """Weights of the slot, core and memory terms of the device score (HAMi v2.10), int64 >= 0."""
 
     slot: int = 1
     core: int = 1
@@ -71,7 +71,7 @@ class ScoringWeights:
 
 
 def parse_scoring_weights(value: str) -> ScoringWeights:
-    """Parse ``hami.io/device-scoring-weights`` (``slot=1,core=1,memory=3``, §4.6).
+    """Parse ``hami.io/device-scoring-weights`` (``slot=1,core=1,memory=3``, HAMi v2.10).
 
     Exactly three ``,`` entries of ``key=value`` (blanks trimmed, any order), keys
     ``slot``/``core``/``memory``, int64 values >= 0, not all zero. An absent annotation

@@ -1,4 +1,4 @@
-"""Node lock and handshake annotation values (spec §2.5, §2.1, §4.11, §4.13).
+"""Node lock and handshake annotation values (HAMi v2.10).
 
 Pure; part of :mod:`hami.core.codec`, which re-exports everything public here.
 """
@@ -27,12 +27,12 @@ __all__ = [
     "is_handshake_requesting",
 ]
 
-# --- node lock (§2.5) -------------------------------------------------------------------
+# --- node lock (HAMi v2.10) -------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class NodeLock:
-    """A parsed ``hami.io/mutex.lock`` value: when and by which pod (§2.5, §4.11).
+    """A parsed ``hami.io/mutex.lock`` value: when and by which pod (HAMi v2.10).
 
     ``time`` is timezone-aware. A legacy value (time only) has empty namespace and name.
     """
@@ -101,7 +101,7 @@ def _parse_rfc3339(text: str) -> datetime:
 
 
 def encode_node_lock(now: datetime, namespace: str, name: str) -> str:
-    """``<RFC3339>,<namespace>,<name>`` as HAMi's Bind writes it (§2.5).
+    """``<RFC3339>,<namespace>,<name>`` as HAMi's Bind writes it (HAMi v2.10).
 
     ``now`` must be timezone-aware; it is written with seconds precision in its own
     offset, ``Z`` for UTC (Go ``time.RFC3339``): ``2026-08-21T06:20:39Z``,
@@ -114,7 +114,7 @@ def encode_node_lock(now: datetime, namespace: str, name: str) -> str:
 
 
 def decode_node_lock(value: str) -> NodeLock:
-    """Parse a node lock value (§2.5).
+    """Parse a node lock value (HAMi v2.10).
 
     Without ``,`` the whole value is an RFC3339 time (legacy form; namespace and name
     ``""``); otherwise exactly three ``,`` parts are required. Raises :class:`CodecError`:
@@ -130,7 +130,7 @@ def decode_node_lock(value: str) -> NodeLock:
     return NodeLock(_parse_rfc3339(parts[0]), parts[1], parts[2])
 
 
-# --- handshake (§2.1, §4.13) ------------------------------------------------------------
+# --- handshake (HAMi v2.10) ------------------------------------------------------------
 
 
 class Handshake(NamedTuple):
@@ -148,7 +148,7 @@ def encode_handshake(now: datetime) -> str:
 
 
 def decode_handshake(value: str) -> Handshake:
-    """Split a handshake value into state and time; never raises (§4.13)."""
+    """Split a handshake value into state and time; never raises (HAMi v2.10)."""
     state, _, stamp = value.partition("_")
     match = _DATETIME.fullmatch(stamp)
     if match is None:

@@ -1,10 +1,10 @@
 """Init-container collapse: what a pod really holds on each GPU (HAMi ``initContainer.go``).
 
-Source: ``shared/specs/hami-scheduler-spec.md`` §5.1. Init containers run one after
+Source: HAMi v2.10. Init containers run one after
 another, so per GPU a pod needs the *peak* of its init containers or the *sum* of its app
 containers, whichever is larger (field case B04).
 
-Divergence from HAMi (spec §12 quirks 1 and 8): positions are classified with the pod's
+Divergence from HAMi (HAMi v2.10 quirks 1 and 8): positions are classified with the pod's
 real init-container count, never with a list whose GPU-less containers were dropped, so a
 GPU-less init container cannot make an app container's usage disappear (field case B06).
 """
@@ -54,7 +54,7 @@ def pod_charges(devices: PodSingleDevice, n_init: int) -> tuple[DeviceCharge, ..
 
 
 def app_only_charges(devices: PodSingleDevice, n_init: int) -> tuple[DeviceCharge, ...]:
-    """What the pod holds once every init container has finished (spec §4.3 shrink)."""
+    """What the pod holds once every init container has finished (HAMi v2.10 shrink)."""
     return collapse((False, ctr) for pos, ctr in enumerate(devices) if pos >= n_init)
 
 

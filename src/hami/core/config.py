@@ -1,7 +1,7 @@
 """Settings of the NVIDIA backend and of scheduling, as one immutable object.
 
-Source: ``shared/specs/hami-scheduler-spec.md`` §1.1-§1.2 (``nvidia:`` section of the
-device config), §7.1 and §7.4 (scheduler flags). Loading YAML or flags happens in the
+Source (HAMi v2.10): (``nvidia:`` section of the
+device config), (scheduler flags). Loading YAML or flags happens in the
 shells; the core only sees these values.
 """
 
@@ -23,7 +23,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class NvidiaConfig:
-    """The ``nvidia:`` section of HAMi's device config (chart defaults, spec §1.2).
+    """The ``nvidia:`` section of HAMi's device config (chart defaults, HAMi v2.10).
 
     Resource names may be renamed by the operator (e.g. ``hami.io/gpu``); every request
     parser and the webhook read them from here. ``default_memory_mib`` 0 means "the
@@ -99,11 +99,11 @@ def _coerce(key: str, value: Any, type_name: str) -> Any:
     return float(value)
 
 
-#: Node policies (spec §4.8) and GPU policies (spec §4.7) this build knows.
+#: Node policies (HAMi v2.10) and GPU policies (HAMi v2.10) this build knows.
 NODE_POLICIES = ("binpack", "spread", "fragmentation-aware")
 GPU_POLICIES = ("spread", "binpack", "topology-aware", "mutex", "fragmentation-aware")
 #: What a GPU policy may hold: one of these words or a comma list of them, e.g.
-#: ``numa,binpack`` (spec §4.7: a chain, or bare ``numa``).
+#: ``numa,binpack`` (HAMi v2.10: a chain, or bare ``numa``).
 GPU_POLICY_WORDS = (*GPU_POLICIES, "numa")
 #: Characters of an unknown policy value quoted in a message (the value is tenant input).
 _SHOWN_CHARS = 64
@@ -117,7 +117,7 @@ def policy_value_known(key: str, value: object) -> bool:
     A node policy must be one of :data:`NODE_POLICIES`; a GPU policy a comma list whose
     every entry (trimmed, case-sensitive) is one of :data:`GPU_POLICY_WORDS`, so an empty
     entry (``binpack,``) is unknown. A value that is not a string is unknown. HAMi itself
-    accepts anything and falls back silently (spec §4.7, §4.8); we do not
+    accepts anything and falls back silently (HAMi v2.10); we do not
     (``docs/decisions.md``). Any other ``key`` raises ``KeyError``.
     """
     if value is None:
@@ -157,7 +157,7 @@ def unknown_policies(annotations: Mapping[str, object]) -> dict[str, str]:
 @dataclass(frozen=True, slots=True)
 class SchedulingPolicy:
     """Cluster-wide scheduling defaults (flags ``--node-scheduler-policy`` binpack and
-    ``--gpu-scheduler-policy`` spread, spec §7.4); pods may override both by annotation."""
+    ``--gpu-scheduler-policy`` spread, HAMi v2.10); pods may override both by annotation."""
 
     node_policy: str = "binpack"
     gpu_policy: str = "spread"
@@ -174,7 +174,7 @@ class EffectivePolicies:
 
 def effective_policies(annotations: Mapping[str, object],
                        policy: SchedulingPolicy) -> EffectivePolicies:
-    """The node and GPU policies after the pod's annotation overrides (spec §2.2).
+    """The node and GPU policies after the pod's annotation overrides (HAMi v2.10).
 
     An empty annotation is "not set". An unknown value (one the webhook denies, so only a
     pod that bypassed it gets here) is ignored: the configured policy applies and a
@@ -199,7 +199,7 @@ def effective_policies(annotations: Mapping[str, object],
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     """Everything the pure scheduler needs: the NVIDIA section, policy defaults, the
-    webhook's scheduler-name settings (spec §3 step 3 and §7.4) and the vendor registry.
+    webhook's scheduler-name settings (HAMi v2.10 step 3 and HAMi v2.10) and the vendor registry.
 
     ``hook_path`` is the device plugin's ``$HOOK_PATH`` (it mounts ``<hook_path>/vgpu``
     into GPU containers; :mod:`hami.core.isolation` keeps pods' volumes off it).
@@ -207,7 +207,7 @@ class SchedulerConfig:
     the webhook admits them unchanged (HAMi admits every other scheduler's pod).
 
     ``registry`` is HAMi's device map (``hami.devices.registry.build_registry`` of the
-    device config, spec §7.1, §9), built once by the shell. NVIDIA is always served by the
+    device config, HAMi v2.10), built once by the shell. NVIDIA is always served by the
     core's own path from ``nvidia`` (request, webhook, Fit with MIG and topology, the
     vectorised prefilter); the registry's other vendors (``DCU``, ``MLU``, ``Ascend910B3``,
     ...) are dispatched through their backends. None or a registry with NVIDIA alone means

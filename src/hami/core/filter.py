@@ -1,11 +1,11 @@
 """The filter decision: which node and which GPUs for one pod (HAMi ``Scheduler.Filter``).
 
-Source: ``shared/specs/hami-scheduler-spec.md`` §4.2 (flow), §4.4 (calcScore: init
+Source (HAMi v2.10): (flow), (calcScore: init
 containers on fresh copies, app containers cumulative, node score = pre-existing usage),
-§4.8 (node ordering). The live extender, ``hami schedule`` and the simulator all call
+(node ordering). The live extender, ``hami schedule`` and the simulator all call
 :func:`filter_pod`.
 
-How it stays fast: the node score does not depend on the pod being placed (spec §12
+How it stays fast: the node score does not depend on the pod being placed (HAMi v2.10
 quirk 3, kept), so instead of fitting every node and sorting, we (1) drop in one
 vectorised pass every node that cannot host some container even alone (a necessary
 condition of the exact check), (2) order the remaining nodes by the node policy, and
@@ -13,7 +13,7 @@ condition of the exact check), (2) order the remaining nodes by the node policy,
 The answer is the one HAMi would choose; exact reasons for every node are computed only
 when no node fits (that is when ``FailedNodes`` is reported).
 
-Other vendors (spec §4.4, §4.5, §9): a pod whose containers also ask for registered
+Other vendors (HAMi v2.10): a pod whose containers also ask for registered
 non-NVIDIA vendors (``PodRequest.vendors``) takes the same loop; the prefilter then only
 covers its NVIDIA containers, and :func:`fit_node` fits each container's NVIDIA request
 with the core's Fit and then each other vendor's request, in CommonWord order, through the
@@ -72,7 +72,7 @@ from hami.devices.quota import VendorQuota
 NODE_UNREGISTERED = "node unregistered"
 INSUFFICIENT_CPU = "Insufficient cpu"
 INSUFFICIENT_MEMORY = "Insufficient memory"
-#: ``OverrideScore`` weight of a policy-neutral vendor's ScoreNode (spec §4.4 step 5).
+#: ``OverrideScore`` weight of a policy-neutral vendor's ScoreNode (HAMi v2.10 step 5).
 POLICY_NEUTRAL_WEIGHT = 10000.0
 
 BoolArray = npt.NDArray[np.bool_]
@@ -114,7 +114,7 @@ class FilterContext:
     """What the policies need to rank candidates for one pod.
 
     ``vendors`` are the registered non-NVIDIA backends by CommonWord and ``vendor_quota``
-    their namespace quota (spec §5.2); both only matter for pods that ask for them.
+    their namespace quota (HAMi v2.10); both only matter for pods that ask for them.
     ``node_policy`` is the effective node policy (for policy-neutral ScoreNode signs).
     """
 
@@ -141,7 +141,7 @@ def _spread_nodes(ctx: FilterContext, idx: IntArray) -> IntArray:
     return idx[np.argsort(scores, kind="stable")]
 
 
-#: Node policies (spec §4.8): binpack takes the most used node, spread the least used;
+#: Node policies (HAMi v2.10): binpack takes the most used node, spread the least used;
 #: ties keep the caller's node order. ``fragmentation-aware`` (ours, after FGD, USENIX
 #: ATC'23) takes the node where the expected fragmentation of the running workload's task
 #: mix grows least; the mix is learned from the pods the ledger holds.
@@ -248,7 +248,7 @@ class NodeFit:
     """Exact fit of a whole pod on one node: the grant, or the reason it does not fit.
 
     ``vendor_devices``: the other vendors' grants; ``score_extra``: the sum of their
-    ``ScoreNode`` values (already weighted for policy-neutral vendors, §4.4 step 5).
+    ``ScoreNode`` values (already weighted for policy-neutral vendors, step 5).
     """
 
     devices: PodSingleDevice | None
@@ -259,7 +259,7 @@ class NodeFit:
 
 
 def fit_node(ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger | None = None) -> NodeFit:
-    """Exact HAMi fit of every container of the pod on one node (spec §4.4 steps 1-2)."""
+    """Exact HAMi fit of every container of the pod on one node (HAMi v2.10 steps 1-2)."""
     ledger, request = ctx.ledger, ctx.request
     i = entry.index
     if not bool(_resources_fit(ledger, request, np.array([i]))[0]):
@@ -300,7 +300,7 @@ def _hold_pod_mig(outcome: FitOutcome, is_init: bool, occupied: dict[str, list[M
     """Keep a container's MIG instances out of the pod's other containers' way.
 
     Init containers are fitted on fresh copies of the node (their usage is not summed,
-    spec §5.1), but the device plugin creates every instance of the pod at Allocate, so
+    HAMi v2.10), but the device plugin creates every instance of the pod at Allocate, so
     all of a pod's placements must be disjoint: later fresh copies (``occupied``) and the
     app containers' state see them. App containers' own placements are already in
     ``app_state`` (:func:`_fit_nvidia`).
@@ -334,7 +334,7 @@ def _fit_nvidia(ctx: FilterContext, req: ContainerDeviceRequest, state: list[Dev
 def _fit_node_vendors(ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger | None,
                       fresh: Callable[[], list[DeviceState]], app_state: list[DeviceState],
                       node: NodeOptions, occupied: dict[str, list[MigPlacement]]) -> NodeFit:
-    """:func:`fit_node` for a pod that asks for other vendors too (spec §4.4, §4.5).
+    """:func:`fit_node` for a pod that asks for other vendors too (HAMi v2.10).
 
     Per container (init containers on fresh copies, app containers cumulative): the
     NVIDIA request first (the core's Fit, MIG included), then every other vendor's in
@@ -399,7 +399,7 @@ def _fit_node_vendors(ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger |
 
 def _vendor_scores(ctx: FilterContext, entry: NodeEntry, base: list[DeviceState],
                    allocation: Mapping[str, PodSingleDevice]) -> float:
-    """Σ ``ScoreNode`` of the granted vendors over the node's pre-existing usage (§4.4
+    """Σ ``ScoreNode`` of the granted vendors over the node's pre-existing usage (HAMi v2.10
     step 5); policy-neutral vendors weigh x10000, x-10000 under node policy spread."""
     extra = 0.0
     fit_ctx = FitContext(ctx.request.annotations, entry.annotations, entry.name,
@@ -502,7 +502,7 @@ def _filter(ctx: FilterContext, node_names: Sequence[str] | None, quota: QuotaLe
 def _filter_vendors(ctx: FilterContext, idx: IntArray, possible: BoolArray,
                     orders: Mapping[str, NodeOrder], quota: QuotaLedger | None,
                     failed: dict[str, str], explain: bool) -> FilterResult:
-    """The node loop for a pod that asks for other vendors (spec §4.2 steps 5-7, §4.8).
+    """The node loop for a pod that asks for other vendors (HAMi v2.10 steps 5-7, HAMi v2.10).
 
     Candidates are ranked by the node policy as for NVIDIA (the fragmentation-aware
     order knows GPU shares only, so binpack ranks vendor pods there). Without a scoring

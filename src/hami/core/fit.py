@@ -1,7 +1,7 @@
 """NVIDIA ``Fit``: can one container's request be met on one node, and with which GPUs?
 
-Source: ``shared/specs/hami-scheduler-spec.md`` §4.5 (fitInDevices), §4.9 (the exact check
-order), §10 (reason tokens and ``GenReason``). Devices come in best-first order (the GPU
+Source (HAMi v2.10): (fitInDevices), (the exact check
+order), (reason tokens and ``GenReason``). Devices come in best-first order (the GPU
 policy's ranking, :mod:`hami.core.score`); HAMi walks a worst-first list from its end,
 which is the same thing.
 
@@ -21,7 +21,7 @@ from hami.api import names
 from hami.core.mig import choose_instance, replay
 from hami.core.model import ContainerDevice, ContainerDeviceRequest, DeviceInfo, MigPlacement
 
-# Reason tokens (spec §10).
+# Reason tokens (HAMi v2.10).
 CARD_TYPE_MISMATCH = "CardTypeMismatch"
 CARD_UUID_MISMATCH = "CardUuidMismatch"
 CARD_TIME_SLICING_EXHAUSTED = "CardTimeSlicingExhausted"
@@ -66,7 +66,7 @@ def policy_contains(policy: str, word: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class PodOptions:
-    """A pod's device options from its annotations (spec §2.2), parsed once per filter."""
+    """A pod's device options from its annotations (HAMi v2.10), parsed once per filter."""
 
     use_types: tuple[str, ...] = ()
     nouse_types: tuple[str, ...] = ()
@@ -110,7 +110,7 @@ class PodOptions:
 
 @dataclass(frozen=True, slots=True)
 class NodeOptions:
-    """Per-node inputs of Fit: cordoned UUIDs and topology pair scores (spec §2.1)."""
+    """Per-node inputs of Fit: cordoned UUIDs and topology pair scores (HAMi v2.10)."""
 
     cordoned: frozenset[str] = frozenset()
     pair_scores: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
@@ -129,7 +129,7 @@ class FitOutcome:
 
 def gen_reason(counts: Mapping[str, int], cards: int) -> str:
     """HAMi ``GenReason``: ``"<n>/<cards> <Token>"`` items sorted as plain strings, joined
-    by ``", "`` (spec §10; quirk 10 kept: ``"10/12 X"`` sorts before ``"2/12 Y"``)."""
+    by ``", "`` (HAMi v2.10; quirk 10 kept: ``"10/12 X"`` sorts before ``"2/12 Y"``)."""
     return ", ".join(sorted(f"{n}/{cards} {token}" for token, n in counts.items() if n))
 
 
@@ -139,7 +139,7 @@ QuotaCheck = Callable[[Sequence[ContainerDevice]], bool]
 def fit_container(devices: Sequence[DeviceState], request: ContainerDeviceRequest,
                   pod: PodOptions, node: NodeOptions,
                   quota_ok: QuotaCheck | None = None) -> FitOutcome:
-    """Choose ``request.nums`` distinct GPUs among ``devices`` (best first), spec §4.9.
+    """Choose ``request.nums`` distinct GPUs among ``devices`` (best first), HAMi v2.10.
 
     ``quota_ok(collected + [candidate])`` decides the quota step (10); None skips it.
     Returns a :class:`FitOutcome`; the reason on failure is a ``GenReason`` string over the
@@ -216,7 +216,7 @@ def fit_container(devices: Sequence[DeviceState], request: ContainerDeviceReques
             profile_name, placement, memory, mig_cores = instance
             candidate = ContainerDevice(info.uuid, names.NVIDIA, memory, mig_cores, info.index)
             mig.append((len(collected), profile_name, placement))
-            i -= 1  # a MIG GPU may give this container several instances (spec §6.3)
+            i -= 1  # a MIG GPU may give this container several instances (HAMi v2.10)
         collected.append(candidate)
         if not topology:
             need -= 1
@@ -231,7 +231,7 @@ def fit_container(devices: Sequence[DeviceState], request: ContainerDeviceReques
 
 def _mig_instance(dev: DeviceState, collected: Sequence[ContainerDevice],
                   memory_mib: int) -> tuple[str, MigPlacement, int, int] | None:
-    """The MIG rule (spec §6.2): replay this container's instances already taken on this
+    """The MIG rule (HAMi v2.10): replay this container's instances already taken on this
     GPU, then find one for ``memory_mib``. Returns ``(profile, placement, profile memory,
     profile cores)`` or None."""
     profiles = dev.info.mig_profiles
@@ -252,7 +252,7 @@ def _pair(scores: Mapping[str, Mapping[str, int]], a: str, b: str) -> int:
 
 def _topology_pick(collected: list[ContainerDevice], nums: int,
                    scores: Mapping[str, Mapping[str, int]]) -> tuple[ContainerDevice, ...]:
-    """Topology-aware choice (spec §4.9 after the loop): one card -> the one least linked
+    """Topology-aware choice (HAMi v2.10 after the loop): one card -> the one least linked
     to the others; several -> the first combination with the highest pair-score sum.
     Pair scores may be negative (HAMi's score annotation allows it): the best combination
     is then the least negative one, never none."""

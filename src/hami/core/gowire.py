@@ -1,7 +1,7 @@
 """Go's text conventions that HAMi's wire formats inherit, reproduced exactly.
 
 HAMi writes and reads its annotations with Go's ``strconv`` and ``encoding/json``; a value
-is only byte-compatible if those libraries' rules are followed (spec §2.3, §2.4). This
+is only byte-compatible if those libraries' rules are followed (HAMi v2.10). This
 module holds them: integer and bool parsing with Go's error texts, ``strconv.Quote``,
 ``strings.TrimSpace``, ``json.Marshal`` string escaping, and a ``json.Unmarshal`` into a
 declared struct shape (unknown keys ignored, keys matched case-insensitively, ``null``

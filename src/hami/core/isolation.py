@@ -6,7 +6,7 @@ them again on every pod that asks for devices, so a pod that never met the webho
 namespace it does not select, an outage with ``failurePolicy: Ignore``, a pod created
 before hami was installed) is refused with the same message instead of being placed.
 
-Why each rule exists (source: ``shared/specs/hami-core-spec.md`` §A.2, §B.5; HAMi's
+Why each rule exists (source: HAMi-core 1.2; HAMi's
 webhook refuses privileged containers only):
 
 * **Env of GPU containers.** Kubelet puts the container's own ``env`` after the device

@@ -1,6 +1,6 @@
 """The usage ledger: every registered GPU's capacity and usage, kept incrementally.
 
-Source: ``shared/specs/hami-scheduler-spec.md`` §4.3 (which pods count and how) and §5.1.
+Source (HAMi v2.10): (which pods count and how) and HAMi v2.10.
 HAMi rebuilds per-node usage from every cached pod on each filter; here a pod is charged
 once when it is added and released once when it is removed, so a filter decision costs
 O(candidate nodes x GPUs) however many pods run.
@@ -62,7 +62,7 @@ class PodEntry:
     cpu_milli: int = 0
     memory_mib: int = 0
     shrunk: bool = False
-    #: MIG instances the pod holds: ``(gpu uuid, placement)`` (spec §6.4).
+    #: MIG instances the pod holds: ``(gpu uuid, placement)`` (HAMi v2.10).
     mig: tuple[tuple[str, MigPlacement], ...] = ()
 
 
@@ -81,7 +81,7 @@ class UsageLedger:
         self._ncap = capacity
         for name in DEVICE_FIELDS:
             setattr(self, name, np.zeros(capacity, dtype=np.int64))
-        #: Usable: registered healthy and not failed closed by a MIG mismatch (§6.4).
+        #: Usable: registered healthy and not failed closed by a MIG mismatch (HAMi v2.10).
         self.healthy: BoolArray = np.zeros(capacity, dtype=np.bool_)
         #: As registered by the device plugin.
         self.registered_healthy: BoolArray = np.zeros(capacity, dtype=np.bool_)
@@ -96,7 +96,7 @@ class UsageLedger:
         self._pods_on: dict[str, set[str]] = {}
         self._types: dict[str, int] = {}
         self._mig: dict[int, list[tuple[str, MigPlacement]]] = {}
-        #: Device index -> uids of the pods whose MIG records disagree with it (§6.4).
+        #: Device index -> uids of the pods whose MIG records disagree with it (HAMi v2.10).
         self._mig_faults: dict[int, set[str]] = {}
         #: Removed nodes' node index and device rows ``(index, offset, count)``, reused
         #: when the same node registers again.
@@ -357,7 +357,7 @@ class UsageLedger:
                 self.healthy[d] = bool(self.registered_healthy[d]) and d not in self._mig_faults
 
     def _mig_mismatches(self, entry: PodEntry, node: NodeEntry) -> set[int]:
-        """Devices of ``node`` that ``entry``'s MIG records make unusable (spec §6.4).
+        """Devices of ``node`` that ``entry``'s MIG records make unusable (HAMi v2.10).
 
         HAMi pairs each of the pod's device entries on a GPU with one of its MIG
         reservations there and fails closed when they disagree, because the GPU's
@@ -397,7 +397,7 @@ class UsageLedger:
                  int(self.used_cores[o + i])) for i, dev in enumerate(entry.devices)]
 
     def mig_faults(self, name: str) -> dict[str, tuple[str, ...]]:
-        """GPUs of a node failed closed by MIG mismatches: UUID -> the pod uids (§6.4)."""
+        """GPUs of a node failed closed by MIG mismatches: UUID -> the pod uids (HAMi v2.10)."""
         entry = self._nodes[name]
         return {dev.uuid: tuple(sorted(self._mig_faults[entry.offset + i]))
                 for i, dev in enumerate(entry.devices) if entry.offset + i in self._mig_faults}
@@ -423,7 +423,7 @@ class UsageLedger:
                        + int(self.sum_used_memory[index]) / mem)
 
     def node_scores(self) -> npt.NDArray[np.float64]:
-        """HAMi's node score for every node index (spec §4.4 step 3):
+        """HAMi's node score for every node index (HAMi v2.10 step 3):
         ``10 x (used slots/slots + used cores/cores + used memory/memory)``, 0 when a
         denominator is 0."""
         n = self.node_count

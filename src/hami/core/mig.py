@@ -1,7 +1,7 @@
 """Dynamic MIG: which profile and placement a memory need takes on a GPU.
 
-Source: ``shared/specs/hami-scheduler-spec.md`` §6.2 (profile and placement selection),
-§6.3 (scheduler decisions). A GPU in ``mig`` mode registers its profiles with their
+Source (HAMi v2.10): (profile and placement selection),
+(scheduler decisions). A GPU in ``mig`` mode registers its profiles with their
 possible placements (slice ranges); an instance occupies ``[start, start + size)`` and two
 instances on one GPU must not overlap.
 """

@@ -1,7 +1,7 @@
 """The scheduling vocabulary as frozen values (HAMi v2.10 terms, units in names).
 
-Source: ``shared/specs/hami-scheduler-spec.md`` §1.3 (requests), §2.3 (node devices),
-§2.4 (pod devices), §4.3 (usage). Memory is always MiB after ``memoryFactor``; cores are
+Source (HAMi v2.10): (requests), (node devices),
+(pod devices), (usage). Memory is always MiB after ``memoryFactor``; cores are
 percent of one physical GPU (100 = whole GPU when ``deviceCoreScaling`` is 1).
 """
 
@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-#: ``MemPercentagereq`` sentinel meaning "no percentage given" (spec §1.3 step 3).
+#: ``MemPercentagereq`` sentinel meaning "no percentage given" (HAMi v2.10 step 3).
 PERCENT_UNSET = 101
 
 
 @dataclass(frozen=True, slots=True)
 class MigPlacement:
-    """A MIG placement: GPU slices ``[start, start + size)`` (spec §6.2)."""
+    """A MIG placement: GPU slices ``[start, start + size)`` (HAMi v2.10)."""
 
     start: int
     size: int
@@ -28,7 +28,7 @@ class MigPlacement:
 
 @dataclass(frozen=True, slots=True)
 class MigProfile:
-    """One MIG profile a GPU can host (node register ``migProfiles`` entry, spec §2.3)."""
+    """One MIG profile a GPU can host (node register ``migProfiles`` entry, HAMi v2.10)."""
 
     name: str
     memory_mib: int
@@ -39,7 +39,7 @@ class MigProfile:
 
 @dataclass(frozen=True, slots=True)
 class DeviceInfo:
-    """One physical GPU as registered by a node's device plugin (spec §2.3, §7.3).
+    """One physical GPU as registered by a node's device plugin (HAMi v2.10).
 
     ``memory_mib`` and ``cores_percent`` are already multiplied by the node's memory and
     core scaling; ``split_count`` is the number of tasks that may share the GPU.
@@ -60,7 +60,7 @@ class DeviceInfo:
 
 @dataclass(frozen=True, slots=True)
 class ContainerDeviceRequest:
-    """What one container asks of one vendor (HAMi ``ContainerDeviceRequest``, spec §1.3).
+    """What one container asks of one vendor (HAMi ``ContainerDeviceRequest``, HAMi v2.10).
 
     ``memory_percent`` is :data:`PERCENT_UNSET` (101) when no percentage applies; a
     ``memory_mib`` of 0 with a set percentage means "that share of each chosen card".
@@ -73,7 +73,7 @@ class ContainerDeviceRequest:
     cores_percent: int = 0
 
     def memory_on(self, device_memory_mib: int) -> int:
-        """MiB this request books on a card of ``device_memory_mib`` (spec §4.9 step 9).
+        """MiB this request books on a card of ``device_memory_mib`` (HAMi v2.10 step 9).
 
         The percentage is applied with integer floor after the multiplication, so 20 % of
         32768 MiB is 6553 MiB (field case B23) and 100 % is exactly the card.
@@ -87,7 +87,7 @@ class ContainerDeviceRequest:
 
 @dataclass(frozen=True, slots=True)
 class ContainerDevice:
-    """One device granted to one container (an entry of the pod device string, §2.4)."""
+    """One device granted to one container (an entry of the pod device string, HAMi v2.10)."""
 
     uuid: str
     type: str
@@ -104,7 +104,7 @@ PodSingleDevice = tuple[ContainerDevices, ...]
 
 @dataclass(frozen=True, slots=True)
 class DeviceCharge:
-    """The usage a pod holds on one GPU after init-container collapse (spec §5.1).
+    """The usage a pod holds on one GPU after init-container collapse (HAMi v2.10).
 
     ``slots`` is how many of the GPU's ``split_count`` task slots the pod occupies.
     """
@@ -126,7 +126,7 @@ class PodRequest:
 
     ``vendors`` holds, per container in the same order, the requests of the registered
     vendors other than NVIDIA keyed by CommonWord (``{"DCU": ...}``; ``{}`` for none);
-    it is ``()`` when no such vendor is registered or no container asks for one (§1.3
+    it is ``()`` when no such vendor is registered or no container asks for one (HAMi v2.10
     ``Resourcereqs``: one request per vendor per container).
     """
 

@@ -1,7 +1,7 @@
 """Kubernetes resource quantities ("16Gi", "500m", "1e3") as exact numbers.
 
 Source: Kubernetes ``resource.Quantity`` grammar and ``ParseQuantity`` semantics, used by
-HAMi when it reads container limits (``shared/specs/hami-scheduler-spec.md`` §1.3)::
+HAMi when it reads container limits (HAMi v2.10)::
 
     quantity ::= [sign] number [suffix]
     number   ::= digits | digits "." [digits] | "." digits
@@ -64,7 +64,7 @@ class QuantityError(ValueError):
 
 
 def parse_quantity(value: str | int | float) -> Fraction:
-    """Parse a Kubernetes quantity into its exact value (spec §1.3).
+    """Parse a Kubernetes quantity into its exact value (HAMi v2.10).
 
     ``value`` is the quantity text (``"16Gi"``, ``"500m"``, ``"1e3"``, ``"-2"``) or a JSON
     number (``int`` or ``float``; a float is read through its shortest ``repr``). The result
@@ -88,7 +88,7 @@ def parse_quantity(value: str | int | float) -> Fraction:
 def to_int_exact(quantity: Fraction) -> int | None:
     """The quantity as an ``int`` when it is a whole number within int64, else ``None``.
 
-    This is HAMi's "must be an exact int64" rule (``Quantity.AsInt64``, spec §1.3):
+    This is HAMi's "must be an exact int64" rule (``Quantity.AsInt64``, HAMi v2.10):
     ``"2"`` and ``"2k"`` are exact, ``"1.5"`` and ``"500m"`` are not.
     """
     if quantity.denominator != 1 or not INT64_MIN <= quantity.numerator <= INT64_MAX:

@@ -1,6 +1,6 @@
 """Namespace GPU quota (HAMi ``pkg/device/quota.go``).
 
-Source: ``shared/specs/hami-scheduler-spec.md`` §5.2. A ResourceQuota's
+Source: HAMi v2.10. A ResourceQuota's
 ``spec.hard["limits.nvidia.com/gpumem"]`` (MiB, times ``memoryFactor``) and
 ``["limits.nvidia.com/gpucores"]`` (percent of one GPU, summed over GPUs) cap what the
 pods of a namespace may hold. An explicit 0 blocks every request (field case B08); only

@@ -1,6 +1,6 @@
 """Pod spec -> per-container device requests (HAMi ``GenerateResourceRequests``).
 
-Source: ``shared/specs/hami-scheduler-spec.md`` §1.3 and ``Resourcereqs`` (init containers
+Source: and ``Resourcereqs`` (init containers
 first, then regular containers).
 
 Deliberate divergence from HAMi: where HAMi silently turns a malformed value into an
@@ -74,7 +74,7 @@ def _int_value(container: Mapping[str, Any], name: str) -> int | None:
 def container_request(
     container: Mapping[str, Any], config: NvidiaConfig
 ) -> ContainerDeviceRequest | None:
-    """One container's NVIDIA request, or ``None`` when it asks for no GPU (spec §1.3).
+    """One container's NVIDIA request, or ``None`` when it asks for no GPU (HAMi v2.10).
 
     Returns ``ContainerDeviceRequest(nums, "NVIDIA", memory_mib, memory_percent,
     cores_percent)``; memory is multiplied by ``memory_factor``. A percentage above 100
@@ -147,7 +147,7 @@ def _pod_cpu_memory(init: Sequence[Any], app: Sequence[Any]) -> tuple[int, int]:
 def vendor_requests(pod: Mapping[str, Any], vendors: Mapping[str, Vendor]
                     ) -> tuple[Mapping[str, ContainerDeviceRequest], ...]:
     """Per container (init first) the requests of ``vendors`` (non-NVIDIA backends keyed by
-    CommonWord), ``()`` when no container asks for any (spec §1.3 ``Resourcereqs``, §9
+    CommonWord), ``()`` when no container asks for any (HAMi v2.10 ``Resourcereqs``, HAMi v2.10
     ``GenerateResourceRequests``).
 
     Raises:

@@ -1,7 +1,8 @@
 """Device scores and GPU policies: in which order a node's GPUs are tried.
 
-Source: ``shared/specs/hami-scheduler-spec.md`` §4.6 (device score; the weights
-annotation is parsed by :func:`hami.core.codec.parse_scoring_weights`), §4.7 (GPU-level ordering). Policies are
+Source (HAMi v2.10): (device score; the weights
+annotation is parsed by :func:`hami.core.codec.parse_scoring_weights`), (GPU-level ordering).
+Policies are
 small key functions in :data:`GPU_ORDERS`; :func:`order_devices` is the one loop around
 them. Node-level policies live in :mod:`hami.core.filter`.
 
@@ -9,7 +10,7 @@ HAMi sorts a "worst first" list and takes GPUs from its end; we return the rever
 that same stable sort ("best first"), so ties resolve exactly as in HAMi for up to 12
 GPUs (Go's insertion sort is stable there): the higher NUMA node, then the higher index.
 
-Divergence (spec §12 quirk 2): HAMi's device score never counts the request itself in
+Divergence (HAMi v2.10 quirk 2): HAMi's device score never counts the request itself in
 production because it compares the request type ``NVIDIA`` with the card model for
 equality; we count it (vendor match), which only matters between cards of different
 sizes on one node.
@@ -28,7 +29,7 @@ def device_score(dev: DeviceState, request: ContainerDeviceRequest,
                  weights: ScoringWeights) -> float:
     """``10 x (Wslot (1+used)/split + Wcore (cores+used)/total + Wmem (mem+used)/total)``.
 
-    Returns 0 for a GPU with no slots, cores or memory (spec §4.6).
+    Returns 0 for a GPU with no slots, cores or memory (HAMi v2.10).
     """
     info = dev.info
     if info.split_count == 0 or info.cores_percent == 0 or info.memory_mib == 0:
@@ -55,7 +56,7 @@ def _mutex(d: DeviceState, s: float) -> tuple[float, ...]:
 
 
 #: Single GPU policies as HAMi ``Less`` keys (ascending = worst first). Unknown names and
-#: ``topology-aware`` rank like ``spread`` (spec §4.7); ``fragmentation-aware`` ranks like
+#: ``topology-aware`` rank like ``spread`` (HAMi v2.10); ``fragmentation-aware`` ranks like
 #: ``binpack`` inside a node: the fullest card that fits leaves the most whole cards free.
 GPU_ORDERS: dict[str, SortKey] = {
     "spread": _spread,
@@ -87,7 +88,7 @@ def _chain(policy: str, numa_bind: bool) -> SortKey:
 
 def order_devices(devices: Sequence[DeviceState], request: ContainerDeviceRequest,
                   pod: PodOptions, weights: ScoringWeights) -> list[DeviceState]:
-    """A node's GPUs best first under the pod's GPU policy (spec §4.7)."""
+    """A node's GPUs best first under the pod's GPU policy (HAMi v2.10)."""
     policy = pod.gpu_policy
     if "," in policy or policy.strip() == "numa":
         key = _chain(policy, pod.numa_bind)

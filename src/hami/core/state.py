@@ -1,7 +1,7 @@
 """Cluster state as the scheduler sees it: nodes, pods holding GPUs, quotas.
 
-Source: ``shared/specs/hami-scheduler-spec.md`` §4.2 (filter flow), §4.3 (which pods
-count), §4.13 (node registration), §5.2 (quota), §9 (vendors). Kubernetes objects come
+Source (HAMi v2.10): (filter flow), (which pods
+count), (node registration), (quota), (vendors). Kubernetes objects come
 in as JSON-shaped mappings; this module decides, the shells (watch loops, the offline
 scheduler, the simulator) only feed it objects and write out its decisions.
 
@@ -46,7 +46,7 @@ TERMINAL_PHASES = ("Succeeded", "Failed")
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """A filter decision and the pod annotations that record it (spec §2.2, §4.10).
+    """A filter decision and the pod annotations that record it (HAMi v2.10).
 
     ``annotations`` holds ``hami.io/vgpu-node`` and, when a node was chosen, every
     granted vendor's ``PatchAnnotations``: NVIDIA's ``hami.io/vgpu-devices-to-allocate``
@@ -96,7 +96,7 @@ class ClusterState:
         self.quota = QuotaLedger(self.config.nvidia)
         #: The registered vendors other than NVIDIA (CommonWord -> backend).
         self.vendors = self.config.vendors()
-        #: Their namespace quota (spec §5.2); None when only NVIDIA is registered.
+        #: Their namespace quota (HAMi v2.10); None when only NVIDIA is registered.
         self.vendor_quota = VendorQuota(self.vendors) if self.vendors else None
         #: MIG reservations per charged pod uid, as decoded (runtime identity included).
         self.mig: dict[str, tuple[MigAllocation, ...]] = {}
@@ -111,10 +111,10 @@ class ClusterState:
                     vendors: Collection[str] | None = None) -> str:
         """Register a Node's devices: NVIDIA's ``hami.io/node-nvidia-register`` annotation
         and every other registered vendor's ``GetNodeDevices`` (register annotation or
-        node capacity, spec §2.1, §2.3, §9).
+        node capacity, HAMi v2.10).
 
         ``vendors`` limits which CommonWords are read (the shell's per-vendor health
-        check, §4.13); None reads all. A vendor whose annotation is malformed is skipped
+        check, HAMi v2.10); None reads all. A vendor whose annotation is malformed is skipped
         (its reason is kept in :attr:`vendor_reasons`) and the others still register.
         Returns "" when some device was registered, else the reason (the node is then
         removed, so no pod is placed on devices it no longer reports). A UUID reported twice
@@ -168,7 +168,7 @@ class ClusterState:
 
     # ------------------------------------------------------------------ pods
     def upsert_pod(self, pod: Mapping[str, Any]) -> bool:
-        """Apply HAMi's membership rules (spec §4.3) to an added or updated Pod.
+        """Apply HAMi's membership rules (HAMi v2.10) to an added or updated Pod.
 
         Counted: pods of hami's scheduler (``spec.schedulerName`` equal to the configured
         name; any pod when it is empty) with ``hami.io/vgpu-node`` whose
@@ -201,7 +201,7 @@ class ClusterState:
         try:
             mig = decode_mig_allocations(annotations.get(names.MIG_ALLOCATIONS, "") or "[]")
         except CodecError:
-            mig = ()  # HAMi ignores a bad MIG annotation too (spec §6.4)
+            mig = ()  # HAMi ignores a bad MIG annotation too (HAMi v2.10)
         spec = pod.get("spec") or {}
         n_init = len(spec.get("initContainers") or [])
         self.charge(uid, str(node), devices, n_init,
@@ -259,7 +259,7 @@ class ClusterState:
         return tuple(tuple(d for d in c if d.uuid not in theirs) for c in entry.devices)
 
     def lock_vendors(self, uid: str) -> tuple[str, ...]:
-        """CommonWords whose node lock a bind of the pod takes, sorted (spec §4.11: a
+        """CommonWords whose node lock a bind of the pod takes, sorted (HAMi v2.10: a
         vendor locks only when a regular container, not an init container, holds its
         devices)."""
         entry = self.ledger.pod(uid)
@@ -339,7 +339,7 @@ class ClusterState:
     # ---------------------------------------------------------------- filter
     def filter(self, pod: Mapping[str, Any], node_names: Sequence[str] | None = None, *,
                now_ns: int = 0) -> Decision:
-        """Decide node and devices for a pod (spec §4.2 steps 1-8), without charging it.
+        """Decide node and devices for a pod (HAMi v2.10 steps 1-8), without charging it.
 
         The pod's own earlier charge (a retried filter) is released first, as HAMi does.
         ``now_ns`` is the clock (Unix ns) for vendors that write it (Ascend, Mthreads

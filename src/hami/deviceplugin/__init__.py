@@ -1,1 +1,1 @@
-"""``hami device-plugin``: the kubelet device plugin (hami-core-spec §B)."""
+"""``hami device-plugin``: the kubelet device plugin (HAMi-core 1.2)."""

@@ -1,4 +1,4 @@
-"""Allocate and GetPreferredAllocation decisions (hami-core-spec §B.4-§B.6). Pure.
+"""Allocate and GetPreferredAllocation decisions (HAMi-core 1.2). Pure.
 
 The shell (:mod:`hami.deviceplugin.service`) fetches pods, calls these functions, applies
 the returned host actions and annotation patches. Nothing here does I/O; randomness (the
@@ -58,7 +58,7 @@ class ContainerView:
 @dataclass(frozen=True, slots=True)
 class PodView:
     """The parts of a Pod the plugin reads. ``containers`` = init containers, then
-    regular containers (the order of the pod device string, spec §2.4).
+    regular containers (the order of the pod device string, HAMi v2.10).
     ``container_states``: container name (init or regular) -> ``"running"``,
     ``"waiting"`` or ``"terminated"``, from ``status.(init)containerStatuses[].state``; a
     container the kubelet has not reported yet is absent. ``scheduler_name``:
@@ -116,7 +116,7 @@ class AllocationPlan:
 
 @dataclass(frozen=True, slots=True)
 class NodeSettings:
-    """Host facts for building responses (spec §B.5).
+    """Host facts for building responses (HAMi-core 1.2).
 
     ``hook_path``: ``$HOOK_PATH`` (chart ``/usr/local``); ``lock_dir``: ignored (HAMi
     mounts this one host directory at ``/tmp/vgpulock`` in every container; here each
@@ -154,12 +154,12 @@ def physical_uuid(device_id: str, replicas: Mapping[str, str] | None = None) -> 
     return device_id
 
 
-# --- pod selection (§B.4) ----------------------------------------------------------------
+# --- pod selection (HAMi-core 1.2) ----------------------------------------------------------------
 
 
 def lock_owner(value: str | None) -> tuple[str, str] | None:
     """``(namespace, name)`` named by a ``hami.io/mutex.lock`` value; None when absent,
-    legacy (time only) or malformed (spec §2.5)."""
+    legacy (time only) or malformed (HAMi v2.10)."""
     if not value or "," not in value:
         return None
     parts = value.split(",")
@@ -194,7 +194,7 @@ def pending_entries(pod: PodView) -> list[int]:
 
 
 def is_candidate(pod: PodView, node: str) -> bool:
-    """HAMi's pending-pod test (spec §B.4 step 2) plus "something is left to allocate"."""
+    """HAMi's pending-pod test (HAMi-core 1.2 step 2) plus "something is left to allocate"."""
     a = pod.annotations
     return (pod.phase == "Pending" and BIND_TIME in a
             and a.get(BIND_PHASE) in ("allocating", "success")
@@ -269,7 +269,7 @@ def choose_pod(requests: Sequence[Sequence[str]], owner: PodView | None,
         f"pod another pod's devices")
 
 
-# --- response (§B.5) ---------------------------------------------------------------------
+# --- response (HAMi-core 1.2) ---------------------------------------------------------------------
 
 
 def go_parse_bool_true(value: str | None) -> bool:
@@ -286,7 +286,7 @@ LIMIT_ENVS = ("CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_
 
 def container_plan(devices: Sequence[ContainerDevice], pod: PodView, entry_index: int,
                    cfg: PluginConfig, node: NodeSettings, cache_name: str) -> ContainerPlan:
-    """Envs, mounts and host dirs for one container (exact strings of spec §B.5; in
+    """Envs, mounts and host dirs for one container (exact strings of HAMi-core 1.2; in
     mode ``mps`` with our MPS plumbing enabled, plus :func:`hami.deviceplugin.mps.client_env`
     and its mounts after HAMi's).
 
@@ -383,7 +383,7 @@ def mig_passthrough(ids: Sequence[str]) -> dict[str, str]:
     return {"NVIDIA_VISIBLE_DEVICES": ",".join(ids)}
 
 
-# --- GetPreferredAllocation (§B.4) -------------------------------------------------------
+# --- GetPreferredAllocation (HAMi-core 1.2) -------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,7 +82,7 @@ def device_plugin(
         help="schedulerName of the pods whose allocations are served")] = "hami-scheduler",
     verbose: Annotated[int, typer.Option("-v", help="log verbosity")] = 0,
 ) -> None:
-    """Kubelet device plugin: advertise GPU replicas, answer Allocate (hami-core-spec §B)."""
+    """Kubelet device plugin: advertise GPU replicas, answer Allocate (HAMi-core 1.2)."""
     from hami import __version__
     from hami.netlimits import raise_open_files_limit
 
@@ -172,7 +172,7 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
         cfg = apply_node_config(cfg, node_config_file.read_text(), node_name)
     if cfg.operating_mode == "mig" and not cfg.mig_allowlist:  # a config error: say it first
         raise PluginConfigError("operatingmode mig needs nvidia.migProfileAllowlist in the "
-                                "device config (hami-scheduler-spec §6.1; the chart's "
+                                "device config (HAMi v2.10; the chart's "
                                 "devices.nvidia.migProfileAllowlist)")
     gpu_backend = open_backend(backend_kind, fake_inventory)
     gpus = gpu_backend.devices()

@@ -1,5 +1,5 @@
 """Device-plugin settings: the ``nvidia:`` section of the device config plus the per-node
-override ``/config/config.json`` (hami-core-spec §B.1; hami-scheduler-spec §7.2-§7.3).
+override ``/config/config.json`` (HAMi-core 1.2 and HAMi v2.10).
 
 Pure: the loaders take already-read text; nothing here touches files.
 """
@@ -25,7 +25,7 @@ class PluginConfigError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class MigAllowEntry:
-    """One ``migProfileAllowlist`` entry (hami-scheduler-spec §6.1): GPUs whose model
+    """One ``migProfileAllowlist`` entry (HAMi v2.10): GPUs whose model
     contains one of ``models`` may host the MIG ``profiles`` (``<N>g.<anything>``)."""
 
     models: tuple[str, ...]
@@ -33,7 +33,7 @@ class MigAllowEntry:
 
 
 def parse_mig_allowlist(raw: Any) -> tuple[MigAllowEntry, ...]:
-    """Validate ``migProfileAllowlist`` (spec §6.1): a list of ``{models, profiles}``, both
+    """Validate ``migProfileAllowlist`` (HAMi v2.10): a list of ``{models, profiles}``, both
     non-empty lists of strings; each profile has a ``.`` and its part before the first
     ``.`` has at least 2 characters and ends with ``g``. ``None`` is ``()``.
     Raises :class:`PluginConfigError`."""
@@ -69,7 +69,7 @@ class PluginConfig:
     ``device_memory_scaling`` multiplies the advertised MiB (> 1 = oversubscription);
     ``device_core_scaling`` x 100 is the advertised ``devcore``; ``device_split_count`` is
     both the registered ``count`` and the number of kubelet replicas per GPU.
-    ``filter_uuids``/``filter_indices`` exclude GPUs from registration (spec §7.2).
+    ``filter_uuids``/``filter_indices`` exclude GPUs from registration (HAMi v2.10).
     ``preconfigured_memory_mib`` is used when the backend cannot report memory.
     """
 
@@ -91,7 +91,7 @@ class PluginConfig:
 
     @property
     def oversubscribed(self) -> bool:
-        """True when ``CUDA_OVERSUBSCRIBE=true`` must be injected (scaling > 1, spec §B.5)."""
+        """True when ``CUDA_OVERSUBSCRIBE=true`` must be injected (scaling > 1, HAMi-core 1.2)."""
         return self.device_memory_scaling > 1
 
 

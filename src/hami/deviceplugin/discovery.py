@@ -1,4 +1,4 @@
-"""GPU discovery behind one small interface, two backends (hami-core-spec §B.2-§B.3).
+"""GPU discovery behind one small interface, two backends (HAMi-core 1.2).
 
 * :class:`NvmlBackend` — ``nvidia-ml-py``: UUID, index, name, total memory, NUMA node from
   ``/sys/bus/pci/devices/<busid>/numa_node``, MIG capability; health from NVML events.
@@ -212,7 +212,7 @@ class FakeBackend:
 
 
 def numa_node_of(bus_id: str, sysfs: Path = Path("/sys/bus/pci/devices")) -> int:
-    """NUMA node of a PCI device from sysfs; missing/unreadable/negative -> 0 (spec §B.3).
+    """NUMA node of a PCI device from sysfs; missing/unreadable/negative -> 0 (HAMi-core 1.2).
 
     ``bus_id`` is NVML's ``00000000:3B:00.0``; sysfs names use a 4-digit domain,
     lower case (``0000:3b:00.0``).
@@ -329,7 +329,7 @@ def open_backend(kind: str, inventory: Path | None) -> GpuBackend:
 
 def filter_gpus(gpus: Iterable[PhysicalGpu], uuids: frozenset[str],
                 indices: frozenset[int]) -> list[PhysicalGpu]:
-    """Drop GPUs named by ``filterdevices`` (by UUID or NVML index, spec §7.2)."""
+    """Drop GPUs named by ``filterdevices`` (by UUID or NVML index, HAMi v2.10)."""
     return [g for g in gpus if g.uuid not in uuids and g.index not in indices]
 
 

@@ -1,4 +1,4 @@
-"""Which NVML events make a GPU unhealthy (hami-core-spec §B.2; NVIDIA ``rm/health.go``).
+"""Which NVML events make a GPU unhealthy (HAMi-core 1.2; NVIDIA ``rm/health.go``).
 
 Pure decisions; the event loops live in :mod:`hami.deviceplugin.discovery`.
 

@@ -184,7 +184,7 @@ class KubeApi:
             raise KubeError(f"{type(exc).__name__}: {exc}") from None
 
     def pods_labelled_for(self, node: str) -> list[PodView]:
-        """Pods labelled ``hami.io/vgpu-node=<node>`` (the monitor's selection, §C.4)."""
+        """Pods labelled ``hami.io/vgpu-node=<node>`` (the monitor's selection, HAMi-core 1.2)."""
         from lightkube import ApiError
         from lightkube.resources.core_v1 import Pod
 
@@ -200,7 +200,7 @@ class KubeApi:
                               annotations: Mapping[str, str | None],
                               resource_version: str | None = None) -> PodView:
         """JSON merge patch of pod annotations; ``hami.io/vgpu-node`` is mirrored into the
-        labels (spec §B.6). With ``resource_version`` the patch is a compare-and-swap
+        labels (HAMi-core 1.2). With ``resource_version`` the patch is a compare-and-swap
         (409 -> :class:`KubeError` with ``code`` 409). Returns the patched pod."""
         from lightkube import ApiError
         from lightkube.resources.core_v1 import Pod
@@ -246,7 +246,7 @@ class KubeApi:
                           known: tuple[dict[str, str], str] | None = None,
                           attempts: int = 5) -> bool:
         """Remove ``hami.io/mutex.lock`` if it names this pod (or is legacy), with a
-        resourceVersion CAS and retries (hami-scheduler-spec §4.11 ReleaseNodeLock).
+        resourceVersion CAS and retries (HAMi v2.10 ReleaseNodeLock).
 
         ``known`` is a recent ``(annotations, resourceVersion)`` to skip the first GET.
         Returns True when the lock is gone or not ours; False after ``attempts`` failures.

@@ -1,5 +1,4 @@
-"""Dynamic MIG in the device plugin (``operatingmode: mig``; hami-core-spec §B.7,
-hami-scheduler-spec §6.1, §6.5).
+"""Dynamic MIG in the device plugin (``operatingmode: mig``; HAMi-core 1.2 and HAMi v2.10).
 
 * Registration: :func:`gpu_profiles` turns a GPU's NVML GI profiles and the
   ``migProfileAllowlist`` into the ``count`` and ``migProfiles`` of its register entry.
@@ -41,11 +40,11 @@ from hami.deviceplugin.migdriver import GiProfileInfo, MigDriver, MigDriverError
 
 log = logging.getLogger(__name__)
 
-#: Pod annotation the scheduler writes for MIG pods (hami-scheduler-spec §6.5).
+#: Pod annotation the scheduler writes for MIG pods (HAMi v2.10).
 MIG_ALLOCATIONS = "hami.io/vgpu-mig-allocations"
-#: HAMi's apply lock (hami-core-spec §B.7).
+#: HAMi's apply lock (HAMi-core 1.2).
 DEFAULT_APPLY_LOCK = Path("/tmp/hami/hami-mig-apply.lock")
-#: Reconciler period (hami-core-spec §B.7).
+#: Reconciler period (HAMi-core 1.2).
 RECONCILE_INTERVAL_S = 5.0
 #: Pod phases whose containers are gone.
 _DONE_PHASES = ("Succeeded", "Failed")
@@ -60,7 +59,7 @@ def profile_slices(name: str) -> int | None:
     return int(head[:-1])
 
 
-# --- registration (§6.1) ------------------------------------------------------------------
+# --- registration (HAMi v2.10) ------------------------------------------------------------------
 
 
 def allow_entry(model: str, allowlist: Sequence[MigAllowEntry]) -> MigAllowEntry | None:
@@ -70,7 +69,7 @@ def allow_entry(model: str, allowlist: Sequence[MigAllowEntry]) -> MigAllowEntry
 
 def gpu_profiles(model: str, infos: Sequence[GiProfileInfo],
                  allowlist: Sequence[MigAllowEntry]) -> tuple[int, tuple[MigProfile, ...]]:
-    """``(count, migProfiles)`` to register for one GPU (hami-scheduler-spec §6.1).
+    """``(count, migProfiles)`` to register for one GPU (HAMi v2.10).
 
     The profiles are those of the first allowlist entry matching ``model`` (NVML name),
     in allowlist order, that the GPU supports: the name prefix ``<N>g`` selects the

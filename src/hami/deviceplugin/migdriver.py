@@ -1,5 +1,4 @@
-"""MIG instance operations behind the discovery interface (hami-core-spec §B.7;
-hami-scheduler-spec §6.1).
+"""MIG instance operations behind the discovery interface (HAMi-core 1.2 and HAMi v2.10).
 
 Two implementations of :class:`MigDriver`:
 

@@ -1,8 +1,8 @@
 """Operating mode ``mps``: HAMi's behaviour plus our opt-in NVIDIA MPS plumbing. Pure.
 
-HAMi v2.10 (hami-core-spec §B.7): a node with ``operatingmode: mps`` registers its GPUs
+HAMi v2.10 (HAMi-core 1.2): a node with ``operatingmode: mps`` registers its GPUs
 with ``mode: "mps"`` and Allocate answers exactly as in ``hami-core`` (libvgpu env +
-mounts, §B.5). Nothing else happens; that stays the default here.
+mounts, HAMi-core 1.2). Nothing else happens; that stays the default here.
 
 Ours (not in HAMi), opt-in per node with an ``mps`` object in the node's
 ``config.json`` entry (``docs/mps.md``)::
@@ -83,7 +83,7 @@ class MpsSettings:
 _SYSTEM_DIRS = frozenset({"/", "/bin", "/boot", "/dev", "/dev/shm", "/etc", "/home", "/lib",
                           "/lib64", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys",
                           "/tmp", "/usr", "/usr/bin", "/usr/lib", "/usr/local", "/var"})
-#: Container paths of the hami-core mounts (spec §B.5) an MPS directory may not overlap.
+#: Container paths of the hami-core mounts (HAMi-core 1.2) an MPS directory may not overlap.
 _HAMI_MOUNTS = ("/usr/local/vgpu", "/tmp/vgpulock", "/etc/ld.so.preload", "/tmp/license",
                 "/usr/bin/vgpuvalidator")
 

@@ -1,5 +1,5 @@
 """The node register annotation ``hami.io/node-nvidia-register`` and the kubelet device
-list (hami-core-spec §B.2-§B.3; hami-scheduler-spec §2.3, §7.3). Pure.
+list (HAMi-core 1.2 and HAMi v2.10). Pure.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def device_type(name: str) -> str:
 def registered_memory_mib(gpu: PhysicalGpu, cfg: PluginConfig) -> int:
     """MiB to advertise: ``floor(bytes / 2^20)``, x ``deviceMemoryScaling`` (truncated)
     when the scaling is not 1 and the mode is not MIG; ``preConfiguredDeviceMemory`` when
-    the memory is unknown (spec §7.3)."""
+    the memory is unknown (HAMi v2.10)."""
     mib = cfg.preconfigured_memory_mib if gpu.memory_bytes is None else gpu.memory_bytes // 2**20
     if cfg.device_memory_scaling != 1 and cfg.operating_mode != "mig":
         mib = int(mib * cfg.device_memory_scaling)
@@ -40,7 +40,7 @@ def node_devices(gpus: Iterable[PhysicalGpu], cfg: PluginConfig,
     ``unhealthy`` holds UUIDs the health loop marked down (they stay registered with
     ``health`` false, so the scheduler stops placing on them). In ``mig`` mode ``mig``
     maps a GPU UUID to ``(count, migProfiles)`` (:func:`hami.deviceplugin.mig.gpu_profiles`);
-    GPUs without an entry are not registered (hami-scheduler-spec §6.1).
+    GPUs without an entry are not registered (HAMi v2.10).
     """
     out = []
     for g in gpus:
@@ -73,7 +73,7 @@ def encode_register(devices: Sequence[DeviceInfo]) -> str:
 
 
 def replica_ids(gpu_uuid: str, split_count: int) -> list[str]:
-    """The kubelet device IDs of one GPU: ``<UUID>-0 .. <UUID>-<count-1>`` (spec §B.2)."""
+    """The kubelet device IDs of one GPU: ``<UUID>-0 .. <UUID>-<count-1>`` (HAMi-core 1.2)."""
     return [f"{gpu_uuid}-{i}" for i in range(split_count)]
 
 

@@ -1,5 +1,5 @@
 """The device plugin process: gRPC servicer, kubelet registration, node annotation and
-health loops (hami-core-spec §B.1-§B.6). Decisions live in :mod:`.allocate`,
+health loops (HAMi-core 1.2). Decisions live in :mod:`.allocate`,
 :mod:`.register` and :mod:`.health`; this module only moves data.
 """
 
@@ -67,7 +67,7 @@ class DeviceState:
         self.replicas = replica_map(self.devices)
 
     def mark_unhealthy(self, uuids: frozenset[str]) -> bool:
-        """Mark GPUs down (no recovery, spec §B.2); True when something changed."""
+        """Mark GPUs down (no recovery, HAMi-core 1.2); True when something changed."""
         with self.cond:
             new = set(uuids) - self.unhealthy
             if not new:
@@ -272,7 +272,7 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
             # One merge patch: the emptied entries and, when nothing is left (the plan was
             # computed from the pod as read under the plugin mutex, the only writer of
             # this annotation), bind-phase success. HAMi patches, re-reads, then patches
-            # again; the outcome is the same with one round trip less (spec §B.6).
+            # again; the outcome is the same with one round trip less (HAMi-core 1.2).
             update = {al.DEVICES_TO_ALLOCATE: plan.to_allocate}
             if plan.complete:
                 update[al.BIND_PHASE] = "success"
@@ -288,7 +288,7 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
 
     def _allocate_mig(self, pod: al.PodView, reqs: list[list[str]],
                       node_meta: tuple[dict[str, str], str]) -> pb.AllocateResponse:
-        """MIG mode: instances, MIG UUIDs, write-back (:mod:`.mig`); then §B.6 as usual."""
+        """MIG mode: instances, MIG UUIDs, write-back (:mod:`.mig`); then HAMi-core 1.2 as usual."""
         assert self.mig is not None
         try:
             result = self.mig.allocate(pod, reqs)
@@ -435,7 +435,7 @@ class PluginServer:
 
 class NodeRegistrar:
     """Patches ``hami.io/node-nvidia-register`` every ``interval_s`` when it changed
-    (spec §B.3); after an error retries in 5 s. :meth:`kick` forces an early pass."""
+    (HAMi-core 1.2); after an error retries in 5 s. :meth:`kick` forces an early pass."""
 
     def __init__(self, state: DeviceState, kube: KubeApi, node: str,
                  interval_s: float = 30.0, retry_s: float = 5.0,
@@ -455,7 +455,7 @@ class NodeRegistrar:
 
     def once(self) -> bool:
         """Patch if changed. Returns True on success (or nothing to do); False (retry
-        soon) while ``paused`` (the MIG apply lock exists, spec §B.7)."""
+        soon) while ``paused`` (the MIG apply lock exists, HAMi-core 1.2)."""
         if self.paused():
             return False
         value = encode_register(self.state.devices)
@@ -488,7 +488,7 @@ def health_loop(backend: GpuBackend, state: DeviceState, policy: HealthPolicy,
                 on_change: Callable[[], None], stop: threading.Event,
                 paused: Callable[[], bool] = lambda: False) -> None:
     """Wait for NVML (or fake) events; mark GPUs unhealthy per :mod:`.health` rules.
-    Events that arrive while ``paused`` (MIG apply lock, spec §B.2/§B.7) are dropped."""
+    Events that arrive while ``paused`` (MIG apply lock, HAMi-core 1.2) are dropped."""
     if policy.disabled:
         log.info("health checks disabled")
         stop.wait()

@@ -1,4 +1,4 @@
-"""Vendor device backends behind one Protocol (spec §9): NVIDIA (adapter over the core),
+"""Vendor device backends behind one Protocol (HAMi v2.10): NVIDIA (adapter over the core),
 AMD, Ascend, AWS Neuron, Biren, Cambricon, Enflame, Hygon, Iluvatar, Kunlunxin, MetaX,
 Moore Threads, Vastai. See ``docs/vendors.md``."""
 

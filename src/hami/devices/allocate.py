@@ -1,16 +1,15 @@
 """One pod, several vendors: requests, the per-node fit, the node score and the pod
-annotations, consistently across vendors (spec §1.3 ``Resourcereqs``, §3 step 4, §4.4,
-§4.5, §4.10, §2.2).
+annotations, consistently across vendors (HAMi v2.10 ``Resourcereqs``, step 4, HAMi v2.10).
 
 * Containers are init containers first, then regular ones; each has a request per vendor.
 * Init containers are fitted on fresh copies of the node usage; regular containers
-  cumulatively on one copy (§4.4 steps 1-2). Within a container, vendors are fitted in
+  cumulatively on one copy (HAMi v2.10 steps 1-2). Within a container, vendors are fitted in
   CommonWord order (Go map order is random; any deterministic order is allowed).
 * A vendor only ever sees its own devices (``DeviceInfo.vendor``), so a container gets
   only devices of the vendors it asked for.
 * The allocation is one :data:`PodSingleDevice` per vendor with one entry per container
   (``()`` for containers without that vendor's devices): the padding is on the vendor
-  key (the pre-``9e75c87f`` behaviour of §4.4, chosen deliberately: it keeps each
+  key (the pre-``9e75c87f`` behaviour of HAMi v2.10, chosen deliberately: it keeps each
   vendor's string positional, so the device plugin maps entries to the right containers).
 """
 
@@ -83,7 +82,7 @@ def pod_requests(registry: Mapping[str, Vendor], pod: Mapping[str, Any]) -> PodD
 
 
 def mutate_pod(registry: Mapping[str, Vendor], pod: dict[str, Any]) -> bool:
-    """§3 step 4: every vendor's ``MutateAdmission`` on every init then regular container,
+    """HAMi v2.10 step 4: every vendor's ``MutateAdmission`` on every init then regular container,
     in place; returns ``hasResource`` (OR of all results).
 
     Raises:
@@ -109,7 +108,7 @@ class NodeAllocation:
 
 def default_node_score(devices: Sequence[DeviceState]) -> float:
     """``ComputeDefaultScore`` of the pre-existing usage over every vendor's devices
-    (§4.4 step 3), float32: ``10 (Σused/Σcount + Σcores/Σtotal + Σmem/Σtotal)``."""
+    (HAMi v2.10 step 3), float32: ``10 (Σused/Σcount + Σcores/Σtotal + Σmem/Σtotal)``."""
     f32 = np.float32
     count = sum(d.info.split_count for d in devices)
     cores = sum(d.info.cores_percent for d in devices)
@@ -134,11 +133,12 @@ def fit_pod(registry: Mapping[str, Vendor], requests: PodDeviceRequests,
             gpu_policy: str = "spread", node_policy: str = "binpack",
             weights: ScoringWeights | None = None,
             quota: QuotaSource | None = None, namespace: str = "default") -> NodeAllocation:
-    """Fit every container of a pod on one node across vendors (§4.4, §4.5).
+    """Fit every container of a pod on one node across vendors (HAMi v2.10).
 
     ``devices`` are all devices of the node (every vendor) with their existing usage;
     they are not modified. ``quota`` (a :class:`hami.devices.quota.VendorQuota`) adds
-    the fit-time quota check of every vendor (§5.2). The score is the node's pre-existing default score plus each
+    the fit-time quota check of every vendor (HAMi v2.10). The score is the node's pre-existing
+    default score plus each
     granted vendor's ``ScoreNode`` (policy-neutral vendors x10000, x-10000 under spread).
     """
     node_anns = node_annotations or {}
@@ -191,7 +191,7 @@ def fit_pod(registry: Mapping[str, Vendor], requests: PodDeviceRequests,
 
 def pod_patch(registry: Mapping[str, Vendor], allocation: Mapping[str, PodSingleDevice],
               ctx: PatchContext) -> dict[str, str]:
-    """The pod annotations of every vendor's ``PatchAnnotations`` (§4.2 step 8), merged.
+    """The pod annotations of every vendor's ``PatchAnnotations`` (HAMi v2.10 step 8), merged.
 
     Raises:
         ValueError: two vendors write different values under one key (a config error:
@@ -210,7 +210,7 @@ def merge_allocation(allocation: Mapping[str, PodSingleDevice], n_containers: in
                      ) -> PodSingleDevice:
     """All vendors' grants as one :data:`PodSingleDevice` (container by container, vendors
     in CommonWord order). UUIDs are unique across vendors, so the usage ledger can charge
-    this merged value exactly as it charges an NVIDIA-only pod (§4.3, §5.1)."""
+    this merged value exactly as it charges an NVIDIA-only pod (HAMi v2.10)."""
     merged: list[ContainerDevices] = [() for _ in range(n_containers)]
     for word in sorted(allocation):
         for pos, container in enumerate(allocation[word]):
@@ -242,7 +242,8 @@ def choose_node(registry: Mapping[str, Vendor], requests: PodDeviceRequests,
                 gpu_policy: str = "spread", node_policy: str = "binpack",
                 weights: ScoringWeights | None = None, quota: QuotaSource | None = None,
                 namespace: str = "default") -> Choice:
-    """The multi-vendor filter over candidate nodes (§4.2 steps 5-7, §4.8): fit every node,
+    """The multi-vendor filter over candidate nodes (HAMi v2.10 steps 5-7, HAMi v2.10): fit every
+    node,
     then binpack takes the highest score and spread the lowest (ties: the first node)."""
     fits: list[tuple[float, int, str, NodeAllocation]] = []
     failed: dict[str, str] = {}

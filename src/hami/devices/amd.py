@@ -1,14 +1,14 @@
 """AMD (CommonWord ``AMD``).
 
-Source: spec §2.1 (``hami.io/node-amd-register``, JSON form of §2.3), §2.2
-(``hami.io/amd-devices-…``), §7.1 (``amd:`` resource names), §8 (AMD core metrics
-normalised), §9: ``amd.com/gpu``, optional ``amd.com/gpumem`` (MiB) and ``amd.com/gpucores``
+Source (HAMi v2.10): (``hami.io/node-amd-register``, JSON form of HAMi v2.10),
+(``hami.io/amd-devices-…``), (``amd:`` resource names), (AMD core metrics
+normalised): ``amd.com/gpu``, optional ``amd.com/gpumem`` (MiB) and ``amd.com/gpucores``
 (a 1-100 percentage; the webhook rejects others; omitted => 100) converted per card to
 compute units ``min(Totalcore, max(1, Totalcore x pct / 100))``; omitted or zero memory =>
 the whole card; filters ``amd.com/use|nouse-gputype``, ``amd.com/use-gpu-uuid|nouse-gpu-uuid``;
 the allocation's ``Type`` is the card model. ``devcore`` of a card is its CU count.
 
-The Fit is the §4.9 order with the CU conversion in place of the 100-percent core rules
+The Fit is the HAMi v2.10 order with the CU conversion in place of the 100-percent core rules
 (which do not apply to CU counts); the exclusive-card rule uses "all CUs" instead.
 """
 
@@ -42,13 +42,13 @@ FILTERS = Filters(use_type="amd.com/use-gputype", nouse_type="amd.com/nouse-gput
 
 
 def compute_units(total_cus: int, percent: int) -> int:
-    """CUs for a core percentage on a card of ``total_cus`` (§9)."""
+    """CUs for a core percentage on a card of ``total_cus`` (HAMi v2.10)."""
     return min(total_cus, max(1, total_cus * percent // 100))
 
 
 @dataclass(frozen=True, slots=True)
 class AmdConfig:
-    """The ``amd:`` section (§7.1)."""
+    """The ``amd:`` section (HAMi v2.10)."""
 
     resource_count_name: str = "amd.com/gpu"
     resource_memory_name: str = "amd.com/gpumem"

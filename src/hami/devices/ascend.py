@@ -1,12 +1,12 @@
 """Huawei Ascend vNPU (one backend per ``vnpus.configs`` entry, ``--enable-ascend``).
 
-Source: spec §2.1 (register ``hami.io/node-register-<CommonWord>`` JSON, handshake
-``hami.io/node-handshake-<CommonWord>``, node annotation ``hami-vnpu-core``), §2.2
-(``hami.io/<CommonWord>-devices-to-allocate|allocated``), §7.1 (``vnpus``: ``configs[]``
-keys), §9: memory rounded up to the smallest template unless pod annotation
+Source (HAMi v2.10): (register ``hami.io/node-register-<CommonWord>`` JSON, handshake
+``hami.io/node-handshake-<CommonWord>``, node annotation ``hami-vnpu-core``),
+(``hami.io/<CommonWord>-devices-to-allocate|allocated``), (``vnpus``: ``configs[]``
+keys): memory rounded up to the smallest template unless pod annotation
 ``huawei.com/vnpu-mode: hami-core``; multi-device requests use whole cards; the ``-core``
 resource only in hami-core mode; 910C super-pod counts are 1 or even (1 becomes 2);
-``ModeNotFit`` (§10); writes ``huawei.com/<CommonWord>`` runtime JSON and ``predicate-time``.
+``ModeNotFit`` (HAMi v2.10); writes ``huawei.com/<CommonWord>`` runtime JSON and ``predicate-time``.
 Template values below are HAMi's documented ``device-template`` examples.
 
 Our choices (docs/vendors.md): a hami-core pod fits only nodes whose ``hami-vnpu-core`` is
@@ -55,7 +55,7 @@ class Template:
 
 @dataclass(frozen=True, slots=True)
 class AscendConfig:
-    """One ``vnpus.configs[]`` entry (§7.1)."""
+    """One ``vnpus.configs[]`` entry (HAMi v2.10)."""
 
     chip_name: str
     common_word: str

@@ -1,7 +1,7 @@
 """AWS Neuron (CommonWord ``AWSNeuron``).
 
-Source: spec §2.2 (only ``hami.io/aws-neuron-devices-allocated``), §7.1 (``awsneuron:``
-``resourceCountName``/``resourceCoreName``), §9: ``aws.amazon.com/neuron`` (whole devices)
+Source (HAMi v2.10): (only ``hami.io/aws-neuron-devices-allocated``), (``awsneuron:``
+``resourceCountName``/``resourceCoreName``): ``aws.amazon.com/neuron`` (whole devices)
 and ``aws.amazon.com/neuroncore`` (1 or an even number), devices from node capacity,
 writes ``AWS_NEURON_IDS`` and ``aws.amazon.com/predicate-node``. From HAMi's AWS Neuron
 guide: one core is half a device, device UUIDs are ``<node>-AWSNeuron-<index>``, several
@@ -49,7 +49,7 @@ FILTERS = Filters(use_uuid="aws.amazon.com/use-gpuuuid", nouse_uuid="aws.amazon.
 
 @dataclass(frozen=True, slots=True)
 class NeuronConfig:
-    """The ``awsneuron:`` section (§7.1)."""
+    """The ``awsneuron:`` section (HAMi v2.10)."""
 
     resource_count_name: str = "aws.amazon.com/neuron"
     resource_core_name: str = "aws.amazon.com/neuroncore"

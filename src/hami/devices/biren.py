@@ -1,5 +1,5 @@
-"""Biren (CommonWord ``Biren``), spec §2.1 (``hami.io/node-biren-register``,
-``hami.io/node-handshake-biren``), §2.2, §9 (count-only; filters ``birentech.com/*``).
+"""Biren (CommonWord ``Biren``), (``hami.io/node-biren-register``,
+``hami.io/node-handshake-biren``), (count-only; filters ``birentech.com/*``).
 Resource ``birentech.com/gpu`` (HAMi's Biren guide)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ COMMON_WORD = "Biren"
 RESOURCE_COUNT = "birentech.com/gpu"
 REGISTER = "hami.io/node-biren-register"
 HANDSHAKE = "hami.io/node-handshake-biren"
-#: Key names by analogy with the other vendors (§9 names only the ``birentech.com/`` prefix).
+# : Key names by analogy with the other vendors (HAMi v2.10 names only the ``birentech.com/``
+# prefix).
 FILTERS = Filters(use_type="birentech.com/use-gputype", nouse_type="birentech.com/nouse-gputype",
                   use_uuid="birentech.com/use-gpuuuid", nouse_uuid="birentech.com/nouse-gpuuuid")
 

@@ -1,7 +1,7 @@
 """Cambricon MLU (CommonWord ``MLU``), dynamic SMLU sharing.
 
-Source: spec §2.1 (own lock ``cambricon.com/dsmlu.lock``, RFC3339 value), §2.2
-(``hami.io/cambricon-mlu-devices-…``), §7.1 (``cambricon:`` resource names), §9 (devices
+Source (HAMi v2.10): (own lock ``cambricon.com/dsmlu.lock``, RFC3339 value),
+(``hami.io/cambricon-mlu-devices-…``), (``cambricon:`` resource names), (devices
 synthesised from node capacity of the core resource, one device per 100 vcore; vmemory
 unit 256 MiB; ``CAMBRICON_DSMLU_PROFILE`` = ``<idx>_<cores>_<mem/256>`` and
 ``CAMBRICON_DSMLU_ASSIGNED``). Resource names and the "vmlu > 1 means whole cards" rule
@@ -47,7 +47,7 @@ FILTERS = Filters(use_type="cambricon.com/use-mlutype", nouse_type="cambricon.co
 
 @dataclass(frozen=True, slots=True)
 class CambriconConfig:
-    """The ``cambricon:`` section (§7.1)."""
+    """The ``cambricon:`` section (HAMi v2.10)."""
 
     resource_count_name: str = "cambricon.com/vmlu"
     resource_memory_name: str = "cambricon.com/mlu.smlu.vmemory"

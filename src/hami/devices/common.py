@@ -1,12 +1,12 @@
 """What the vendor backends share: a base class with HAMi's defaults, resource parsing,
 user filter annotations, and the adapter that runs the core NVIDIA ``Fit`` for vendors whose
-rules are the same (spec §9: Hygon DCU, Iluvatar, ... "NVIDIA-like Fit").
+rules are the same (HAMi v2.10: Hygon DCU, Iluvatar, ... "NVIDIA-like Fit").
 
 The core :func:`hami.core.fit.fit_container` hard-codes two NVIDIA facts: the request type
 must be ``NVIDIA`` and the user's type filters are ``nvidia.com/use-gputype``. The adapter
 :func:`generic_fit` feeds it masked copies of the devices (type ``NVIDIA``, or a type the
 pod options reject when this vendor's own filter rejects the card) so that the check order
-and the reason counting stay exactly HAMi's (§4.9) and nothing is copied (a
+and the reason counting stay exactly HAMi's (HAMi v2.10) and nothing is copied (a
 ``vendor``/``type_ok`` parameter of the core Fit would make the masking unnecessary).
 """
 
@@ -86,7 +86,7 @@ def annotation(pod: Mapping[str, Any], key: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class Filters:
-    """The pod annotation keys a vendor reads to include/exclude cards (§2.2, §9).
+    """The pod annotation keys a vendor reads to include/exclude cards (HAMi v2.10).
 
     Empty keys mean the vendor has no such filter. Types match case-insensitively by
     substring (HAMi ``CheckType``), UUIDs exactly (``CheckUUID``).
@@ -120,7 +120,7 @@ class Filters:
 
 def generic_fit(devices: Sequence[DeviceState], request: ContainerDeviceRequest,
                 ctx: FitContext, filters: Filters, alloc_type: str) -> FitOutcome:
-    """HAMi's NVIDIA ``Fit`` (§4.9) for another vendor, through the core implementation.
+    """HAMi's NVIDIA ``Fit`` (HAMi v2.10) for another vendor, through the core implementation.
 
     ``devices`` are this vendor's devices, best first. The granted entries carry
     ``alloc_type`` (the CommonWord, or what the vendor's device plugin expects).
@@ -197,7 +197,7 @@ class BaseVendor:
         return in_limits(container, self.resource_names().count)
 
     def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
-        """Default: the JSON register annotation (§2.3); ``()`` when absent."""
+        """Default: the JSON register annotation (HAMi v2.10); ``()`` when absent."""
         if not self.register_key:
             return ()
         raw = node_annotations(node).get(self.register_key)
@@ -222,7 +222,7 @@ class BaseVendor:
         return 0.0
 
     def pod_annotations(self, grant: PodSingleDevice, ctx: PatchContext) -> dict[str, str]:
-        """Default ``PatchAnnotations``: the pod device string (§2.4) under the vendor's
+        """Default ``PatchAnnotations``: the pod device string (HAMi v2.10) under the vendor's
         to-allocate and allocated keys, only when some device was granted."""
         if not any(grant):
             return {}

@@ -1,8 +1,8 @@
-"""Vendors whose requests are a bare device count: Vastai and Biren (spec §9).
+"""Vendors whose requests are a bare device count: Vastai and Biren (HAMi v2.10).
 
 A request is always 100 % of each card's memory and 0 cores; devices come from a JSON
-register annotation (§2.3); the allocation is written under
-``hami.io/<CommonWord>-devices-to-allocate|allocated`` (§2.2). Memory or core resources
+register annotation (HAMi v2.10); the allocation is written under
+``hami.io/<CommonWord>-devices-to-allocate|allocated`` (HAMi v2.10). Memory or core resources
 are not accepted (the vendors' guides: "you cannot specify the memory size").
 """
 

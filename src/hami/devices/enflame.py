@@ -1,9 +1,9 @@
 """Enflame: ``GCU`` (whole ``enflame.com/gcu``) and ``Enflame`` (shared vGCU).
 
-Source: spec §2.1 (Enflame DRS reads ``enflame.com/gcu-drs-capacity``), §2.2
+Source (HAMi v2.10): (Enflame DRS reads ``enflame.com/gcu-drs-capacity``),
 (``hami.io/enflame-gcu-devices-…``; ``Enflame`` only ``hami.io/enflame-vgpu-devices-allocated``),
-§7.1 (``enflame:`` ``resourceNameGCU``, ``resourceNameDRSGCU``, ``resourceNameGCUMemory``,
-``resourceNameGCUCore``, ``resourceNameVGCU``, ``resourceNameVGCUPercentage``), §9 (whole
+(``enflame:`` ``resourceNameGCU``, ``resourceNameDRSGCU``, ``resourceNameGCUMemory``,
+``resourceNameGCUCore``, ``resourceNameVGCU``, ``resourceNameVGCUPercentage``), (whole
 GCUs from capacity; writes ``enflame.com/gcu-assigned*``). HAMi's Enflame guide: a share is
 ``enflame.com/vgcu: 1`` plus ``enflame.com/vgcu-percentage`` (1 % of memory and cores,
 default 100); only one vGCU per container; UUIDs ``<node>-enflame-<i>``; filters
@@ -42,7 +42,7 @@ FILTERS = Filters(use_uuid="enflame.com/use-gpuuuid", nouse_uuid="enflame.com/no
 
 @dataclass(frozen=True, slots=True)
 class EnflameConfig:
-    """The ``enflame:`` section (§7.1), the names this backend reads."""
+    """The ``enflame:`` section (HAMi v2.10), the names this backend reads."""
 
     resource_name_gcu: str = "enflame.com/gcu"
     resource_name_vgcu: str = "enflame.com/vgcu"

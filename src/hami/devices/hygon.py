@@ -1,8 +1,8 @@
 """Hygon DCU (CommonWord ``DCU``).
 
-Source: spec §2.1 (``hami.io/node-dcu-register``, legacy CSV form of §2.3; handshake
-``hami.io/node-handshake-dcu``), §2.2 (``hami.io/dcu-devices-…``), §7.1 (``hygon:`` keys
-including ``memoryFactor``), §9 (type filters ``hygon.com/use|nouse-dcutype``, UUID filters
+Source (HAMi v2.10): (``hami.io/node-dcu-register``, legacy CSV form of HAMi v2.10; handshake
+``hami.io/node-handshake-dcu``), (``hami.io/dcu-devices-…``), (``hygon:`` keys
+including ``memoryFactor``), (type filters ``hygon.com/use|nouse-dcutype``, UUID filters
 ``hygon.com/use|nouse-gpuuuid``, NVIDIA-like Fit). Resource names are the HAMi defaults
 ``hygon.com/dcunum``, ``hygon.com/dcumem`` (MiB), ``hygon.com/dcucores`` (percent).
 """
@@ -37,7 +37,7 @@ FILTERS = Filters(use_type="hygon.com/use-dcutype", nouse_type="hygon.com/nouse-
 
 @dataclass(frozen=True, slots=True)
 class HygonConfig:
-    """The ``hygon:`` section of the device config (§7.1)."""
+    """The ``hygon:`` section of the device config (HAMi v2.10)."""
 
     resource_count_name: str = "hygon.com/dcunum"
     resource_memory_name: str = "hygon.com/dcumem"

@@ -1,9 +1,9 @@
 """Iluvatar (one backend per chip, ``--enable-iluvatar``).
 
-Source: spec §2.1 (register ``hami.io/node-<CommonWord>-register`` in the legacy CSV form,
-handshake ``hami.io/node-handshake-<CommonWord>``), §2.2 (``hami.io/<CommonWord>-devices-
-to-allocate|allocated``), §7.1 (``iluvatars[]``: chipName, commonWord, resource names), §9
-(vMem unit 256 MiB, NVIDIA-like Fit). Default chip entries are HAMi's chart values.
+Source (HAMi v2.10): (register ``hami.io/node-<CommonWord>-register`` in the legacy CSV form,
+handshake ``hami.io/node-handshake-<CommonWord>``), (``hami.io/<CommonWord>-devices-
+to-allocate|allocated``), (``iluvatars[]``: chipName, commonWord, resource names), (vMem unit 256
+MiB, NVIDIA-like Fit). Default chip entries are HAMi's chart values.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from hami.devices.common import (
 )
 from hami.devices.protocol import ResourceNames
 
-#: One unit of ``<chip>.vMem`` is 256 MiB (§9).
+#: One unit of ``<chip>.vMem`` is 256 MiB (HAMi v2.10).
 MEMORY_UNIT_MIB = 256
 
 
 @dataclass(frozen=True, slots=True)
 class IluvatarConfig:
-    """One ``iluvatars[]`` entry (§7.1)."""
+    """One ``iluvatars[]`` entry (HAMi v2.10)."""
 
     chip_name: str
     common_word: str

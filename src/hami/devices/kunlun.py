@@ -1,9 +1,9 @@
 """Kunlunxin: ``kunlun`` (whole XPUs) and ``XPU`` (vXPU shares).
 
-Source: spec §2.1 (``hami.io/node-register-xpu`` JSON, ``hami.io/node-handshake-xpu``),
-§2.2 (``hami.io/xpu-devices-…``; whole XPUs only ``hami.io/kunlun-allocated``), §7.1
-(``kunlun:`` ``resourceCountName``, ``resourceVCountName``, ``resourceVMemoryName``), §9
-(whole XPU ``kunlunxin.com/xpu`` from capacity with topology groups and
+Source (HAMi v2.10): (``hami.io/node-register-xpu`` JSON, ``hami.io/node-handshake-xpu``),
+(``hami.io/xpu-devices-…``; whole XPUs only ``hami.io/kunlun-allocated``), (``kunlun:``
+``resourceCountName``, ``resourceVCountName``, ``resourceVMemoryName``), (whole XPU
+``kunlunxin.com/xpu`` from capacity with topology groups and
 ``BAIDU_COM_DEVICE_IDX``; vXPU ``kunlunxin.com/vxpu`` + ``-memory`` with memory templates,
 max 98304). HAMi's Kunlunxin guides add: whole requests are 1, 2, 4 or 8 cards and 1, 2
 or 4 must stay within one NUMA half (cards 0-3 / 4-7), fragmentation minimised; vXPU
@@ -62,7 +62,7 @@ XPU_FILTERS = Filters(use_uuid="hami.io/use-xpu-uuid", nouse_uuid="hami.io/no-us
 
 @dataclass(frozen=True, slots=True)
 class KunlunConfig:
-    """The ``kunlun:`` section (§7.1)."""
+    """The ``kunlun:`` section (HAMi v2.10)."""
 
     resource_count_name: str = "kunlunxin.com/xpu"
     resource_vcount_name: str = "kunlunxin.com/vxpu"

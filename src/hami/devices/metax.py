@@ -1,15 +1,15 @@
 """MetaX: ``Metax-GPU`` (whole GPUs) and ``Metax-SGPU`` (shares).
 
-Source: spec §2.1 (Metax sGPU reads ``metax-tech.com/node-gpu-devices``; Metax GPU reads
-``metax-tech.com/gpu.topology.losses`` / ``.scores``), §2.2 (``hami.io/metax-gpu-devices-…``,
-``hami.io/metax-sgpu-devices-…``), §7.1 (``metax:`` ``resourceCountName``,
+Source (HAMi v2.10): (Metax sGPU reads ``metax-tech.com/node-gpu-devices``; Metax GPU reads
+``metax-tech.com/gpu.topology.losses`` / ``.scores``), (``hami.io/metax-gpu-devices-…``,
+``hami.io/metax-sgpu-devices-…``), (``metax:`` ``resourceCountName``,
 ``resourceVCountName``, ``resourceVMemoryName``, ``resourceVCoreName``,
-``sgpuTopologyAware``), §4.4 step 5 (policy-neutral ScoreNode x 10000), §9:
+``sgpuTopologyAware``), step 5 (policy-neutral ScoreNode x 10000):
 ``metax-tech.com/sgpu``, ``vcore`` (percent), ``vmemory`` in GiB; QoS policies
 ``best-effort|fixed-share|burst-share``.
 
 Our choices (docs/vendors.md): the sGPU node annotation is read in HAMi's JSON register
-form (§2.3) -- the spec does not give its format; whole GPUs come from node capacity
+form (HAMi v2.10) -- the spec does not give its format; whole GPUs come from node capacity
 (``<node>-metax-gpu-<i>``); the QoS policy is pod annotation ``metax-tech.com/sgpu-qos-policy``
 validated at admission. Not done: the topology losses/scores and the sGPU ScoreNode (both
 return 0), the app class.
@@ -51,7 +51,7 @@ SGPU_FILTERS = Filters(use_uuid="metax-tech.com/use-gpuuuid", nouse_uuid="metax-
 
 @dataclass(frozen=True, slots=True)
 class MetaxConfig:
-    """The ``metax:`` section (§7.1)."""
+    """The ``metax:`` section (HAMi v2.10)."""
 
     resource_count_name: str = "metax-tech.com/gpu"
     resource_vcount_name: str = "metax-tech.com/sgpu"

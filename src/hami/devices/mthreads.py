@@ -1,7 +1,7 @@
 """Moore Threads (CommonWord ``Mthreads``).
 
-Source: spec §2.2 (only ``hami.io/mthreads-vgpu-devices-allocated`` is written), §7.1
-(``mthreads:`` resource names), §9: ``mthreads.com/vgpu``, ``mthreads.com/sgpu-memory``
+Source (HAMi v2.10): (only ``hami.io/mthreads-vgpu-devices-allocated`` is written), (``mthreads:``
+resource names): ``mthreads.com/vgpu``, ``mthreads.com/sgpu-memory``
 (512 MiB units, legal values 2, 4, 8, 16, 32, 64, 96), ``mthreads.com/sgpu-core``; a count
 above 1 forces whole cards; the webhook writes ``mthreads.com/request-gpu-num``; the
 scheduler writes ``mthreads.com/gpu-index`` (device indices), ``mthreads.com/predicate-time``
@@ -46,7 +46,7 @@ PREDICATE_NODE = "mthreads.com/predicate-node"
 
 @dataclass(frozen=True, slots=True)
 class MthreadsConfig:
-    """The ``mthreads:`` section (§7.1)."""
+    """The ``mthreads:`` section (HAMi v2.10)."""
 
     resource_count_name: str = "mthreads.com/vgpu"
     resource_memory_name: str = "mthreads.com/sgpu-memory"

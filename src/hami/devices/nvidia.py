@@ -1,6 +1,6 @@
 """NVIDIA as a :class:`~hami.devices.protocol.Vendor`: an adapter over :mod:`hami.core`.
 
-Source: spec §1 (resources), §2.1-§2.4 (keys and encodings), §3 (webhook), §4.9 (Fit).
+Source (HAMi v2.10): (resources), (keys and encodings), (webhook), (Fit).
 Nothing is re-implemented here: requests, mutation, node decoding and Fit are the core's.
 """
 

@@ -1,8 +1,8 @@
 """The vendor device interface (HAMi ``pkg/device/devices.go`` ``Devices``) as one Protocol.
 
-Source: ``shared/specs/hami-scheduler-spec.md`` §9 (the interface and the vendor summaries),
-§2.1-§2.2 (per-vendor keys), §4.4-§4.5 (how the filter calls a vendor), §5.2 (quota names),
-§10 (reason vocabulary). Everything here is pure: no clock, no API calls. What HAMi reads
+Source (HAMi v2.10): (the interface and the vendor summaries),
+(per-vendor keys), (how the filter calls a vendor), (quota names),
+(reason vocabulary). Everything here is pure: no clock, no API calls. What HAMi reads
 from the clock (``predicate-time``) is passed in through :class:`PatchContext`.
 
 Mapping of HAMi's Go methods to ours:
@@ -41,7 +41,7 @@ from hami.core.model import (
 
 
 class AdmissionError(ValueError):
-    """A container's value for a vendor resource is invalid (webhook answers 500, §3 step 4).
+    """A container's value for a vendor resource is invalid (webhook answers 500, step 4).
 
     Also raised by :meth:`Vendor.container_request` for values that cannot be a request
     (HAMi would silently drop the request; we refuse, as :mod:`hami.core.request` does).
@@ -50,7 +50,7 @@ class AdmissionError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class ResourceNames:
-    """``GetResourceNames()``: the names quota and the webhook care about (§5.2, §7.1).
+    """``GetResourceNames()``: the names quota and the webhook care about (HAMi v2.10).
 
     ``memory_factor`` multiplies quota limits of ``memory`` (only Hygon and NVIDIA have
     one in HAMi; 1 elsewhere). ``memory_unit_mib`` is how many MiB one unit of the memory
@@ -71,7 +71,7 @@ class ResourceNames:
 
 @dataclass(frozen=True, slots=True)
 class FitContext:
-    """What a vendor's Fit may read besides the devices and the request (§4.5, §4.9).
+    """What a vendor's Fit may read besides the devices and the request (HAMi v2.10).
 
     ``allocated`` is what this pod already got from this vendor on this node, one entry
     per earlier container (HAMi's ``allocated`` argument). ``quota_ok`` is the fit-time
@@ -104,7 +104,7 @@ class PatchContext:
 
 @runtime_checkable
 class Vendor(Protocol):
-    """One accelerator vendor's scheduler-side behaviour (spec §9)."""
+    """One accelerator vendor's scheduler-side behaviour (HAMi v2.10)."""
 
     @property
     def common_word(self) -> str:
@@ -113,7 +113,7 @@ class Vendor(Protocol):
 
     @property
     def handshake_key(self) -> str:
-        """Node annotation of the register handshake (§2.1)."""
+        """Node annotation of the register handshake (HAMi v2.10)."""
         ...
 
     @property
@@ -134,12 +134,12 @@ class Vendor(Protocol):
 
     @property
     def allocated_key(self) -> str:
-        """Pod annotation the scheduler's pod informer reads back (§2.2)."""
+        """Pod annotation the scheduler's pod informer reads back (HAMi v2.10)."""
         ...
 
     @property
     def policy_neutral(self) -> bool:
-        """HAMi's "policy-neutral" marker: ScoreNode is scaled by ±10000 (§4.4 step 5)."""
+        """HAMi's "policy-neutral" marker: ScoreNode is scaled by ±10000 (HAMi v2.10 step 5)."""
         ...
 
     def resource_names(self) -> ResourceNames:
@@ -194,7 +194,7 @@ class Vendor(Protocol):
         ...
 
     def decode_allocation(self, annotations: Mapping[str, str]) -> PodSingleDevice:
-        """This vendor's allocation read back from a pod's annotations (pod informer, §4.3).
+        """This vendor's allocation read back from a pod's annotations (pod informer, HAMi v2.10).
 
         Raises:
             hami.core.gowire.CodecError: the annotation is malformed.

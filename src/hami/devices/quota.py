@@ -1,4 +1,4 @@
-"""Namespace quota for every vendor (HAMi ``pkg/device/quota.go``, spec §5.2).
+"""Namespace quota for every vendor (HAMi ``pkg/device/quota.go``, HAMi v2.10).
 
 Usage and limits are tracked per namespace per *resource name*; only the memory and core
 names of registered vendors are tracked. ``limits.<name>`` of a ResourceQuota's
@@ -90,7 +90,7 @@ class VendorQuota:
 
     def limited(self) -> list[tuple[str, str, int, int]]:
         """``(namespace, resource name, limit, used)`` for every resource with a limit set,
-        sorted (what the quota metrics report, spec §8)."""
+        sorted (what the quota metrics report, HAMi v2.10)."""
         return sorted((ns, name, e.limit, e.used) for ns, entries in self._data.items()
                       for name, e in entries.items() if e.limit is not None)
 
@@ -132,7 +132,7 @@ class VendorQuota:
 
     def add_usage(self, namespace: str, allocation: Mapping[str, PodSingleDevice],
                   n_init: int = 0) -> None:
-        """Charge a placed pod (its collapsed allocation, §5.1)."""
+        """Charge a placed pod (its collapsed allocation, HAMi v2.10)."""
         self._charge(namespace, allocation, n_init, 1)
 
     def remove_usage(self, namespace: str, allocation: Mapping[str, PodSingleDevice],
@@ -162,7 +162,7 @@ class VendorQuota:
 
     def fit_check(self, namespace: str, vendor: str, placed: Sequence[ContainerDevices],
                   n_init: int, position: int) -> QuotaCheck | None:
-        """The fit-time check for the container at ``position`` (§5.2 ``fitQuota``): the
+        """The fit-time check for the container at ``position`` (HAMi v2.10 ``fitQuota``): the
         pod's earlier grants of this vendor plus the candidates, collapsed with the real
         init count. None when the namespace has no limit on this vendor."""
         v = self.registry.get(vendor)

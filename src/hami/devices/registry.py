@@ -1,10 +1,10 @@
 """The device registry (HAMi ``device.DevicesMap``), keyed by CommonWord, built from the
-device config (spec §7.1; §7.4 ``--enable-ascend`` / ``--enable-iluvatar``).
+device config (HAMi v2.10 ``--enable-ascend`` / ``--enable-iluvatar``).
 
 A vendor is registered when its section is present in the config (an empty mapping is
 enough to take the defaults); Ascend and Iluvatar additionally need their flag. NVIDIA is
 the adapter over :mod:`hami.core`. Iteration is sorted by CommonWord (HAMi's lock order,
-§4.11; Go map order is otherwise random).
+HAMi v2.10; Go map order is otherwise random).
 """
 
 from __future__ import annotations

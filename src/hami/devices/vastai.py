@@ -1,7 +1,7 @@
-"""Vastai (CommonWord ``Vastai``), spec §2.1 (``hami.io/node-va-register``,
-``hami.io/node-handshake-va``), §2.2, §9 (count-only; filters ``vastaitech.com/*``).
+"""Vastai (CommonWord ``Vastai``), (``hami.io/node-va-register``,
+``hami.io/node-handshake-va``), (count-only; filters ``vastaitech.com/*``).
 
-Not done: the ``die`` allocation strategy carried in device custom info (§9); the JSON
+Not done: the ``die`` allocation strategy carried in device custom info (HAMi v2.10); the JSON
 codec of the core does not return ``custominfo``, so dies are scheduled as cards.
 """
 
@@ -14,7 +14,8 @@ COMMON_WORD = "Vastai"
 RESOURCE_COUNT = "vastaitech.com/va"
 REGISTER = "hami.io/node-va-register"
 HANDSHAKE = "hami.io/node-handshake-va"
-#: Key names by analogy with the other vendors (§9 names only the ``vastaitech.com/`` prefix).
+# : Key names by analogy with the other vendors (HAMi v2.10 names only the ``vastaitech.com/``
+# prefix).
 FILTERS = Filters(use_type="vastaitech.com/use-gputype", nouse_type="vastaitech.com/nouse-gputype",
                   use_uuid="vastaitech.com/use-gpuuuid", nouse_uuid="vastaitech.com/nouse-gpuuuid")
 

@@ -1,1 +1,1 @@
-"""The scheduler-extender HTTP surface (``/filter``, ``/bind``; spec §4.1)."""
+"""The scheduler-extender HTTP surface (``/filter``, ``/bind``; HAMi v2.10)."""

@@ -1,4 +1,4 @@
-"""Extender v1 wire shapes (``k8s.io/kube-scheduler/extender/v1``, spec §4.1).
+"""Extender v1 wire shapes (``k8s.io/kube-scheduler/extender/v1``, HAMi v2.10).
 
 The Go types have no JSON tags, so the Go field names are on the wire and Go decodes
 keys case-insensitively; this module does the same. Parsers return a value or raise

@@ -1,4 +1,4 @@
-"""``hami monitor``: typer-compatible entry point and the 5 s loop (hami-core-spec §C)."""
+"""``hami monitor``: typer-compatible entry point and the 5 s loop (HAMi-core 1.2)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ MIG_APPLY_LOCK = Path("/tmp/hami/hami-mig-apply.lock")
 
 
 def feedback_tick(lister: ContainerLister, pods: Sequence[PodView]) -> list[ContainerFeedback]:
-    """Read every container, apply :func:`observe`, write the changed fields (§C.6).
+    """Read every container, apply :func:`observe`, write the changed fields (HAMi-core 1.2).
 
     ``pods``: the node's pods. A container's GPUs and priority come from its pod
     (:func:`hami.monitor.pods.container_grants`), never from its region; a container of
@@ -171,7 +171,7 @@ def monitor(
     kubeconfig: Annotated[Path | None, typer.Option(envvar="KUBECONFIG")] = None,
     verbose: Annotated[int, typer.Option("-v", help="log verbosity")] = 0,
 ) -> None:
-    """vGPU monitor: per-container metrics and the priority feedback loop (spec §C)."""
+    """vGPU monitor: per-container metrics and the priority feedback loop (HAMi-core 1.2)."""
     from hami import __version__
     from hami.deviceplugin.kube import KubeApi, make_client
     from hami.monitor.metrics import NoHostGpus, NvmlHostGpus

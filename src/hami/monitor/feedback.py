@@ -1,4 +1,4 @@
-"""The priority feedback loop's decisions (hami-core-spec §C.6, HAMi ``feedback.go``). Pure.
+"""The priority feedback loop's decisions (HAMi-core 1.2, HAMi ``feedback.go``). Pure.
 
 Every 5 s :func:`observe` turns each container's region fields into new values of
 ``recent_kernel`` and ``utilization_switch``; the shell writes the ones that changed.

@@ -1,8 +1,8 @@
-"""Finding, reading and forgetting container cache files (hami-core-spec §C.2, §D).
+"""Finding, reading and forgetting container cache files (HAMi-core 1.2).
 
 Layout on the host: ``$HOOK_PATH/containers/<podUID>_<container>/<uuid4>.cache`` (the
 monitor's ``HOOK_PATH`` is the plugin's ``$HOOK_PATH/vgpu``). The monitor writes only
-``recent_kernel`` and ``utilization_switch`` (spec §D).
+``recent_kernel`` and ``utilization_switch`` (HAMi-core 1.2).
 
 Cache files are written by the containers, so every byte of them is hostile input.
 HAMi maps each file read-write for the container's lifetime; a container that
@@ -40,7 +40,7 @@ from hami.monitor.region import V1_SIZE, Region, RegionError, read_region
 
 log = logging.getLogger(__name__)
 
-#: Offsets of the int32 fields the monitor writes, per layout version (spec §A.6.1).
+#: Offsets of the int32 fields the monitor writes, per layout version (HAMi-core 1.2).
 WRITABLE_OFFSETS = {
     1: {"utilization_switch": 2_008_900, "recent_kernel": 2_008_904},
     0: {"utilization_switch": 1_197_884, "recent_kernel": 1_197_888},

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the vGPU monitor, HAMi's names, labels and units (spec §C.4).
+"""Prometheus metrics of the vGPU monitor, HAMi's names, labels and units (HAMi-core 1.2).
 
 Everything is computed at scrape time by :class:`MonitorCollector` from the loaded cache
 files, the cached pod list and (when present) NVML. Every family except

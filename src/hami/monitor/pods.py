@@ -43,7 +43,7 @@ def container_running(pod: PodView, name: str) -> bool:
     return pod.container_states.get(name, "running") == "running"
 
 
-#: Priority of a container whose spec sets none (libvgpu's region default, spec §A.2).
+#: Priority of a container whose spec sets none (libvgpu's region default, HAMi-core 1.2).
 DEFAULT_PRIORITY = 1
 _PRIORITY = re.compile(r"\s*(\d{1,10})\s*")
 
@@ -70,7 +70,7 @@ def task_priority(value: str | None) -> int:
 def container_grants(pod: PodView) -> dict[str, Grant]:
     """Container name -> :class:`Grant` for every container of ``pod`` (init containers
     included). Entry k of ``hami.io/vgpu-devices-allocated`` belongs to container k
-    (init containers first, spec §2.4); a missing or undecodable annotation grants no
+    (init containers first, HAMi v2.10); a missing or undecodable annotation grants no
     GPU (the container then shares no GPU with anyone in the feedback loop and has no
     per-device series)."""
     try:

@@ -1,4 +1,4 @@
-"""Reader of libvgpu's shared-region cache file (hami-core-spec §A.6, §C.2-C.3).
+"""Reader of libvgpu's shared-region cache file (HAMi-core 1.2).
 
 Pure parsing with :mod:`struct` from a bytes-like image of the file or through a
 ``read(offset, length)`` callable (the monitor passes ``os.pread``: it never maps a file a
@@ -6,12 +6,12 @@ container can truncate under it); nothing here opens files or takes the region's
 
 Two layouts are understood:
 
-* **v1** (major 1, minors 0-2; §A.6.1): struct size 2,008,952 bytes, file size
+* **v1** (major 1, minors 0-2; HAMi-core 1.2): struct size 2,008,952 bytes, file size
   2,008,953. 16 devices, 1024 process slots of 1960 bytes.
-* **v0** (legacy, no version fields; §A.6.1 "Version history"): struct size
+* **v0** (legacy, no version fields; HAMi-core 1.2 "Version history"): struct size
   1,197,896 bytes, slots of 1168 bytes, no ``last_kernel_time``.
 
-Version detection follows the HAMi monitor (§C.2): ``1,197,896 <= size <
+Version detection follows the HAMi monitor (HAMi-core 1.2): ``1,197,896 <= size <
 2,008,952`` is v0; ``major == 1 and size >= 2,008,952`` is v1; anything else is
 rejected. All integers are little-endian.
 """
@@ -60,7 +60,7 @@ _V0 = _Layout(0, 48, 56, 1592, 1720, 1848, 1168, 40, 648, 776, 24, 1160, 1_197_8
 
 @dataclass(frozen=True)
 class DeviceUsage:
-    """One process's usage of one device, in bytes (slot ``used[i]``, §A.4.1).
+    """One process's usage of one device, in bytes (slot ``used[i]``, HAMi-core 1.2).
 
     ``context_bytes`` + ``module_bytes`` + ``data_bytes`` normally equal
     ``used_memory_bytes`` (the slot's ``total``).
@@ -75,7 +75,7 @@ class DeviceUsage:
 
 @dataclass(frozen=True)
 class ProcessSlot:
-    """One process slot (§A.6.1 ``shrreg_proc_slot_t``).
+    """One process slot (HAMi-core 1.2 ``shrreg_proc_slot_t``).
 
     ``pid``: PID inside the container; ``host_pid``: PID on the host (0 when
     unknown); ``status``: 1 running, 2 suspended, 0 exited. ``devices`` has 16
@@ -117,28 +117,31 @@ class Region:
     owner_pid: int
 
     def active_procs(self) -> tuple[ProcessSlot, ...]:
-        """Slots the monitor counts: those with ``status != 0`` (§C.3)."""
+        """Slots the monitor counts: those with ``status != 0`` (HAMi-core 1.2)."""
         return tuple(p for p in self.procs if p.status != 0)
 
     def used_memory_bytes(self, device: int) -> int:
-        """Container usage of ``device`` in bytes: sum of ``total`` over active slots (§C.3 MemoryTotal)."""
+        """Container usage of ``device`` in bytes: sum of ``total`` over active slots (HAMi-core
+        1.2 MemoryTotal)."""
         return sum(p.devices[device].used_memory_bytes for p in self.active_procs())
 
     def context_bytes(self, device: int) -> int:
-        """Sum of context bytes on ``device`` over active slots (§C.3 ContextSize)."""
+        """Sum of context bytes on ``device`` over active slots (HAMi-core 1.2 ContextSize)."""
         return sum(p.devices[device].context_bytes for p in self.active_procs())
 
     def data_bytes(self, device: int) -> int:
-        """Sum of data ("buffer") bytes on ``device`` over active slots (§C.3 BufferSize)."""
+        """Sum of data ("buffer") bytes on ``device`` over active slots (HAMi-core 1.2
+        BufferSize)."""
         return sum(p.devices[device].data_bytes for p in self.active_procs())
 
     def sm_util_percent(self, device: int) -> int:
-        """Sum of per-process SM utilisation on ``device`` over active slots (§C.3 SmUtil)."""
+        """Sum of per-process SM utilisation on ``device`` over active slots (HAMi-core 1.2
+        SmUtil)."""
         return sum(p.sm_util_percent[device] for p in self.active_procs())
 
 
 def detect_layout(buf: bytes | bytearray | memoryview, size: int | None = None) -> _Layout:
-    """Return the layout of a region or raise :class:`RegionError` (§C.2 rules).
+    """Return the layout of a region or raise :class:`RegionError` (HAMi-core 1.2 rules).
 
     ``buf`` holds at least the region's first 12 bytes; ``size`` is the file's size in
     bytes (default ``len(buf)``).
@@ -249,7 +252,7 @@ def _parse_slot(mv: memoryview, lay: _Layout, index: int) -> ProcessSlot:
     return ProcessSlot(index, pid, host_pid, status, tuple(devices), tuple(monitor), sm)
 
 
-# offsets of the fields the monitor writes (§C.3, §D), for writers of test images
+# offsets of the fields the monitor writes (HAMi-core 1.2), for writers of test images
 V1_OFFSETS = {
     "recent_kernel": 2_008_904,
     "utilization_switch": 2_008_900,

@@ -1,4 +1,4 @@
-"""Node lock acquisition and release against the API (spec §4.11, B01, B02).
+"""Node lock acquisition and release against the API (HAMi v2.10, B01, B02).
 
 The decisions are :mod:`hami.scheduler.nodelock`'s; this module does the reads (the node,
 and the lock's owner pod when a decision needs it) and the compare-and-swap writes (JSON
@@ -52,7 +52,7 @@ def _lock_of(node: Mapping[str, Any], key: str = names.NODE_LOCK) -> tuple[str |
 class NodeLocks:
     """``acquire``/``release`` of a node lock annotation for pods: HAMi's generic
     ``hami.io/mutex.lock`` (``<RFC3339>,<ns>,<pod>``), or a vendor's own key (Cambricon
-    ``cambricon.com/dsmlu.lock``, spec §2.1) whose value is the RFC3339 time alone
+    ``cambricon.com/dsmlu.lock``, HAMi v2.10) whose value is the RFC3339 time alone
     (``owner_in_value=False``: no owner to check, so such a lock is only taken over
     once it is older than ``timeout``, and released only if it still holds the value
     this scheduler wrote).
@@ -179,7 +179,7 @@ class NodeLocks:
 
 async def acquire_all(lock_sets: Sequence[NodeLocks], node: str, namespace: str,
                       name: str) -> list[NodeLocks]:
-    """Take every lock in ``lock_sets`` for ``namespace/name`` (spec §4.11), retrying
+    """Take every lock in ``lock_sets`` for ``namespace/name`` (HAMi v2.10), retrying
     contention as a whole for the first set's retry window: after a contended attempt the
     locks already taken are released before waiting (then with a plain back-off: the
     release itself is a node change, so waking on node changes would spin), so a pod

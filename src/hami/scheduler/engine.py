@@ -6,7 +6,7 @@ so there are no threads and no locks around the ledger. A filter decides and cha
 the ledger in one synchronous step before it awaits the pod patch; a failed patch undoes
 the charge.
 
-Membership rules (spec §4.3) are the core's (:meth:`ClusterState.upsert_pod`); this
+Membership rules (HAMi v2.10) are the core's (:meth:`ClusterState.upsert_pod`); this
 shell only decides *when* to apply them:
 
 * a pod event without ``hami.io/vgpu-node`` that is not terminal is ignored (HAMi's
@@ -15,7 +15,7 @@ shell only decides *when* to apply them:
   listed object and releases pods, nodes and quotas that are gone, except charges made
   by a filter after the list was taken.
 
-Vendors (the registry of the device config, spec §9): registration checks every
+Vendors (the registry of the device config, HAMi v2.10): registration checks every
 vendor's handshake on its own key and registers the devices of the healthy ones, the
 pod informer charges every vendor's allocated annotation (the core decodes them),
 ``/filter`` writes every vendor's annotations, ``/bind`` takes the node lock of every
@@ -148,7 +148,7 @@ def _quota_key(quota: Mapping[str, Any]) -> tuple[str, str]:
 
 def _slim_node(node: Mapping[str, Any]) -> JSON:
     """What the engine keeps of a Node: name, version, labels, annotations, allocatable
-    and capacity (vendors such as Cambricon synthesise devices from capacity, §9)."""
+    and capacity (vendors such as Cambricon synthesise devices from capacity, HAMi v2.10)."""
     meta = _meta(node)
     status = node.get("status") or {}
     return {"metadata": {"name": meta.get("name"), "resourceVersion": meta.get("resourceVersion"),
@@ -221,7 +221,7 @@ class Engine:
                     wait_change=self._wait_node_change, cached=self.nodes.get,
                     annotation=key, owner_in_value=False)
         self._lock_keys = frozenset({names.NODE_LOCK, *self.vendor_locks})
-        #: Last allocatable count per (node, CommonWord) of the other vendors (§4.13).
+        #: Last allocatable count per (node, CommonWord) of the other vendors (HAMi v2.10).
         self._vendor_reported: dict[tuple[str, str], int] = {}
 
     # ------------------------------------------------------------ lifecycle
@@ -389,7 +389,7 @@ class Engine:
             changed.set()
 
     def register(self, name: str) -> None:
-        """Health check and (re)registration of one node (spec §4.13), per vendor."""
+        """Health check and (re)registration of one node (HAMi v2.10), per vendor."""
         node = self.nodes.get(name)
         if node is None:
             return
@@ -486,7 +486,7 @@ class Engine:
         return ""
 
     async def filter(self, args: FilterArgs) -> JSON:
-        """``/filter``: ExtenderArgs -> ExtenderFilterResult (spec §4.2, §4.12)."""
+        """``/filter``: ExtenderArgs -> ExtenderFilterResult (HAMi v2.10)."""
         started = time.perf_counter()
         outcome = "error"
         try:
@@ -596,7 +596,7 @@ class Engine:
 
     def _unschedulable_events(self, meta: Mapping[str, Any], failed: Mapping[str, str],
                               n: int) -> None:
-        """HAMi's FilteringFailed events: one per failure token, then the summary (§10)."""
+        """HAMi's FilteringFailed events: one per failure token, then the summary (HAMi v2.10)."""
         for token, nodes in sorted(failure_tokens(failed).items()):
             self.events.emit(meta, FILTERING_FAILED,
                              f"{len(nodes)} nodes {token}({','.join(sorted(nodes))})",
@@ -606,7 +606,7 @@ class Engine:
 
     def simulate(self, args: FilterArgs) -> JSON:
         """Full ``Nodes`` in the args: decide on those nodes alone, with zero usage and no
-        side effects (spec §4.12)."""
+        side effects (HAMi v2.10)."""
         scratch = ClusterState(self.config)
         assert args.nodes is not None
         names_in = []
@@ -628,7 +628,7 @@ class Engine:
 
     # ---------------------------------------------------------------- bind
     async def bind(self, args: BindArgs) -> JSON:
-        """``/bind``: node lock, bind-phase, Binding (spec §4.11)."""
+        """``/bind``: node lock, bind-phase, Binding (HAMi v2.10)."""
         started = time.perf_counter()
         error = "error"
         try:
@@ -694,7 +694,7 @@ class Engine:
         return {"Error": ""}
 
     def _bind_locks(self, entry: Any) -> list[NodeLocks]:
-        """The node locks a bind takes (spec §4.11): per vendor that a regular container
+        """The node locks a bind takes (HAMi v2.10): per vendor that a regular container
         uses, in CommonWord order, the vendor's own lock or the generic one (taken once:
         it is re-entrant for the same pod anyway)."""
         if entry is None:
@@ -710,7 +710,7 @@ class Engine:
 
     # ------------------------------------------------------------- webhook
     def admit(self, body: bytes) -> JSON:
-        """``/webhook``: AdmissionReview -> AdmissionReview (spec §3), every vendor."""
+        """``/webhook``: AdmissionReview -> AdmissionReview (HAMi v2.10), every vendor."""
         return review(body, self.config, self.state.quota, self.state.vendor_quota)
 
     # -------------------------------------------------------------- status

@@ -1,4 +1,4 @@
-"""Kubernetes Events on pods (spec §10 reasons, and ours below), sent in the background.
+"""Kubernetes Events on pods (HAMi v2.10 reasons, and ours below), sent in the background.
 
 Events are best effort (HAMi logs and goes on when one fails): they are queued and a
 worker posts them, so a slow apiserver never adds to filter or bind latency. When the

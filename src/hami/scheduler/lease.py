@@ -69,7 +69,7 @@ def release_spec(spec: Mapping[str, Any], identity: str, now: datetime) -> dict[
 
 
 def follows_as_leader(spec: Mapping[str, Any] | None, hostname: str, now: datetime) -> bool:
-    """HAMi's rule (spec §4.13) for a process that does not elect itself: it leads iff the
+    """HAMi's rule (HAMi v2.10) for a process that does not elect itself: it leads iff the
     kube-scheduler Lease's holder identity starts with this host's name (kube-scheduler
     writes ``<hostname>_<uuid>``) and the lease has not expired. So the hami process in the
     same pod as the active kube-scheduler is the one that decides."""

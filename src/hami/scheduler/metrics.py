@@ -1,4 +1,4 @@
-"""Prometheus metrics of the scheduler (spec §8), on their own port.
+"""Prometheus metrics of the scheduler (HAMi v2.10), on their own port.
 
 Gauges are computed at scrape time from the engine's ledger and quota (HAMi's names,
 labels and the constant ``zone="vGPU"`` label), in a private registry (no process or
@@ -118,7 +118,7 @@ class _ClusterCollector(Collector):
 
     def _mig(self) -> Iterator[Metric]:
         """``hami_node_gpu_mig_instance_info``: 1 per MIG reservation the device plugin has
-        realised (MIG UUID, GPU and compute instance ids known), spec §8."""
+        realised (MIG UUID, GPU and compute instance ids known), HAMi v2.10."""
         info = _family("hami_node_gpu_mig_instance_info", "MIG instance placed on a GPU",
                        ["node", "device_uuid", "device_index", "mig_uuid", "profile",
                         "gpu_instance_id", "compute_instance_id", "placement_start",
@@ -141,7 +141,7 @@ class _ClusterCollector(Collector):
         yield info
 
     def _legacy(self) -> Iterator[Metric]:
-        """The pre-2.5 names HAMi still serves with ``--legacy-metrics`` (spec §8)."""
+        """The pre-2.5 names HAMi still serves with ``--legacy-metrics`` (HAMi v2.10)."""
         dev = ["nodeid", "deviceuuid", "deviceidx", "devicetype"]
         fams = {
             "GPUDeviceMemoryLimit": _family("GPUDeviceMemoryLimit", "GPU device memory limit", dev),
@@ -216,7 +216,7 @@ class _ClusterCollector(Collector):
 
     def _quota_rows(self) -> Iterator[tuple[str, str, int, int]]:
         """``(namespace, resource, limit, used)`` of every limited quota resource: NVIDIA's
-        memory and cores, then every other vendor's (spec §5.2, §8)."""
+        memory and cores, then every other vendor's (HAMi v2.10)."""
         names = self.engine.config.nvidia
         for ns, q in self.engine.state.quota.namespaces().items():
             for rname, lim, use in ((names.resource_memory_name, q.memory_limit_mib,

@@ -1,4 +1,4 @@
-"""The node-lock protocol as pure decisions (spec §4.11, field cases B01, B02).
+"""The node-lock protocol as pure decisions (HAMi v2.10, field cases B01, B02).
 
 ``hami.io/mutex.lock`` on a Node = ``<RFC3339>,<namespace>,<pod>``. Given the current value
 (or None), the clock and who is asking, :func:`lock_step` says what the caller must do;
@@ -143,7 +143,7 @@ def release_step(value: str | None, namespace: str, name: str, *, force: bool = 
 
 
 def contention_message(node: str, timeout: timedelta) -> str:
-    """HAMi's message for a lock held by someone else (spec §4.11)."""
+    """HAMi's message for a lock held by someone else (HAMi v2.10)."""
     return f"node {node} has been locked within {_go_duration(timeout)}: {CONTENTION}"
 
 

@@ -1,4 +1,4 @@
-"""Node health and handshake as pure decisions (spec §4.13, field cases B20, B25).
+"""Node health and handshake as pure decisions (HAMi v2.10, field cases B20, B25).
 
 The device plugin writes ``hami.io/node-nvidia-register`` and answers the scheduler's
 ``hami.io/node-handshake`` = ``Requesting_<time>`` by re-registering. For each node and
@@ -65,7 +65,7 @@ def _handshake(value: str | None, allocatable: int, now: datetime) -> tuple[bool
 def check_node(node: Mapping[str, Any], reported: int | None, now: datetime, *,
                handshake_key: str = names.NODE_HANDSHAKE,
                resource: str = names.RESOURCE_COUNT) -> NodeHealth:
-    """HAMi's ``CheckHealth`` for one node and one vendor (spec §4.13 step 2): NVIDIA by
+    """HAMi's ``CheckHealth`` for one node and one vendor (HAMi v2.10 step 2): NVIDIA by
     default; another vendor passes its handshake annotation (``hami.io/node-handshake-dcu``,
     ...) and its count resource (``hygon.com/dcunum``, ...), the generic rule is the same.
 

@@ -1,7 +1,7 @@
 """The HTTP(S) servers of ``hami scheduler``: extender, webhook, health, metrics.
 
 One aiohttp application serves ``/filter``, ``/bind``, ``/webhook``, ``/healthz`` and
-``/readyz`` (spec §4.1); a second one serves ``/metrics`` on its own port (spec §8).
+``/readyz`` (HAMi v2.10); a second one serves ``/metrics`` on its own port (HAMi v2.10).
 With ``--cert-file/--key-file`` the main server speaks TLS and re-reads the pair when
 either file changes (new connections get the new certificate).
 Both listeners have deadlines for the request head and body and a cap on remote
@@ -88,7 +88,7 @@ async def read_body(request: web.Request, limit: int, timeout_s: float | None = 
 
 
 def build_app(engine: Engine, settings: SchedulerSettings) -> web.Application:
-    """The main application (routes of spec §4.1).
+    """The main application (HAMi v2.10's routes).
 
     ``/filter``, ``/bind`` and ``/status`` answer only loopback peers (kube-scheduler runs
     in the same pod and calls ``127.0.0.1``) unless ``extender_allow_remote`` is set:

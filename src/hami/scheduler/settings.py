@@ -1,4 +1,4 @@
-"""One settings object for ``hami scheduler`` (flags with HAMi's names, spec §7.4)."""
+"""One settings object for ``hami scheduler`` (flags with HAMi's names, HAMi v2.10)."""
 
 from __future__ import annotations
 
@@ -59,10 +59,10 @@ class SchedulerSettings:
     leader_elect_lease_duration: timedelta = timedelta(seconds=15)
     leader_elect_renew_deadline: timedelta = timedelta(seconds=10)
     leader_elect_retry_period: timedelta = timedelta(seconds=2)
-    #: Do not elect: lead iff the Lease (kube-scheduler's) is held by this host (§4.13).
+    #: Do not elect: lead iff the Lease (kube-scheduler's) is held by this host (HAMi v2.10).
     leader_elect_follow: bool = False
     device_config_file: str = ""
-    #: ``--enable-ascend`` / ``--enable-iluvatar`` (spec §7.4): register those vendors.
+    #: ``--enable-ascend`` / ``--enable-iluvatar`` (HAMi v2.10): register those vendors.
     enable_ascend: bool = False
     enable_iluvatar: bool = False
     register_interval: timedelta = timedelta(seconds=15)
@@ -94,7 +94,7 @@ class SchedulerSettings:
     pod_name: str = field(default_factory=lambda: os.environ.get("POD_NAME", ""))
     pod_namespace: str = field(default_factory=lambda: os.environ.get("POD_NAMESPACE", ""))
     debug: bool = False
-    #: Also serve HAMi's pre-2.5 metric names (spec §8).
+    #: Also serve HAMi's pre-2.5 metric names (HAMi v2.10).
     legacy_metrics: bool = False
 
     def validate(self) -> None:

@@ -36,7 +36,7 @@ def capacity_milli(ledger: UsageLedger) -> int:
 def allocated_milli(ledger: UsageLedger) -> int:
     """GPU booked by pods, milli-GPU: used cores over card cores, summed (1000 per card).
 
-    A card counts at most 1000: MIG profiles' cores are rounded up (spec §6.1), so seven
+    A card counts at most 1000: MIG profiles' cores are rounded up (HAMi v2.10), so seven
     ``1g`` instances of an A100 book 105 of its 100 cores.
     """
     n = ledger.size

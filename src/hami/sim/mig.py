@@ -1,21 +1,21 @@
 """MIG-capable GPU models for the simulator: profiles, placements, card memory.
 
-A live node learns its MIG profiles from NVML (spec §6.1: the first
+A live node learns its MIG profiles from NVML (HAMi v2.10: the first
 ``migProfileAllowlist`` entry whose ``models`` list holds a substring of the GPU model
 selects the profile names; memory, SM share and placements come from NVML). A simulated
 node has no NVML, so this module carries what NVML reports for the GPUs of the chart's
-default allowlist (``hami-scheduler-spec.md`` §6.1) that a simulated cluster can use:
+default allowlist (HAMi v2.10) that a simulated cluster can use:
 
 * profile names: the chart's default allowlist for the model;
 * ``memory_mib``: the GPU instance's memory as ``nvidia-smi mig -lgip`` lists it (GiB with
   two decimals, converted to MiB); the card's memory is what ``nvidia-smi`` shows, or the
   marketed size where we have no listing (A30);
-* ``cores_percent``: ``ceil(profile SMs x 100 / SMs of the full-GPU profile)`` (spec §6.1);
+* ``cores_percent``: ``ceil(profile SMs x 100 / SMs of the full-GPU profile)`` (HAMi v2.10);
 * placements: the GPU-instance placements NVML returns (``[start, start + size)`` in
   memory slices; A100/H100 have 8 slices and 7 compute slices, A30 has 4).
 
 A MIG-mode GPU registers with its full card memory (``devmem``, unscaled), ``devcore``
-100 and ``count`` = the most instances any profile can have (spec §6.1), which is what
+100 and ``count`` = the most instances any profile can have (HAMi v2.10), which is what
 :func:`mig_device` builds.
 """
 
@@ -33,7 +33,7 @@ class MigModel:
     """One MIG-capable GPU model.
 
     ``aliases`` are matched as case-insensitive substrings of a node's ``model`` column
-    (the allowlist rule of spec §6.1); ``card_memory_mib`` is the whole card's memory.
+    (the allowlist rule of HAMi v2.10); ``card_memory_mib`` is the whole card's memory.
     """
 
     name: str
@@ -116,7 +116,7 @@ def require_mig_model(model: str, node: str = "") -> MigModel:
 
 
 def mig_device(uuid: str, index: int, device_type: str, model: MigModel) -> DeviceInfo:
-    """A MIG-mode GPU as its device plugin registers it (spec §6.1, §2.3)."""
+    """A MIG-mode GPU as its device plugin registers it (HAMi v2.10)."""
     return DeviceInfo(uuid=uuid, index=index, split_count=model.max_instances,
                       memory_mib=model.card_memory_mib, cores_percent=100, type=device_type,
                       mode=names.MODE_MIG, mig_profiles=model.profiles)

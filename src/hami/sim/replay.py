@@ -23,7 +23,7 @@ prefilter already excluded).
 MIG-mode nodes (a node list's ``mode`` column, :mod:`hami.sim.mig`) register their GPUs
 as the device plugin does in MIG mode; a pod's memory percentage is resolved on the card's
 memory and the filter picks the smallest MIG profile with at least that much memory and a
-free placement (spec §6.2, §6.3). The grant is charged with the profile's memory and cores
+free placement (HAMi v2.10). The grant is charged with the profile's memory and cores
 and its placement is reserved on the GPU, exactly as
 :meth:`hami.core.state.ClusterState.commit` charges it, so two instances never overlap.
 
@@ -61,7 +61,7 @@ IntArray = npt.NDArray[np.int64]
 
 #: Ours: FGD-style node order plus the GPU policy of the same name.
 FRAGMENTATION_AWARE = "fragmentation-aware"
-#: HAMi node and GPU policies (spec §4.7, §4.8).
+#: HAMi node and GPU policies (HAMi v2.10).
 HAMI_NODE_POLICIES = ("binpack", "spread")
 HAMI_GPU_POLICIES = ("binpack", "spread", "topology-aware", "mutex")
 #: Every policy ``hami simulate`` knows: ``<node-policy>/<gpu-policy>`` and ours.
@@ -192,7 +192,7 @@ class MigUsage:
 
     ``instances`` MIG instances are held by ``pods`` pods (``profiles``: instances per
     profile name). The unallocated shares are over the MIG GPUs only, counted on what the
-    instances really take: the profiles' cores (``core`` of spec §6.1, a card is 100;
+    instances really take: the profiles' cores (``core`` of HAMi v2.10, a card is 100;
     capped at the card, since seven rounded-up ``1g`` shares of an A100 add up to 105)
     and the profiles' memory (MiB) against the cards' memory.
     """

@@ -1,6 +1,6 @@
 """Loading the Alibaba GPU trace ``cluster-trace-gpu-v2023`` ("openb") into typed records.
 
-The CSV layout is described in ``shared/data/openb/README.md``: node lists have the header
+The CSV layout is the trace's (github.com/alibaba/clusterdata): node lists have the header
 ``sn,cpu_milli,memory_mib,gpu,model`` (a node list of the user's own may add a sixth column
 ``mode``: ``hami-core``, the default when empty, or ``mig``); pod lists have either 11 columns
 (``name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,
@@ -23,7 +23,7 @@ from hami.sim.mig import MigModelError, require_mig_model
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 #: A node list with the GPUs' operating mode (ours, not in the trace).
 NODE_COLUMNS_MODE = (*NODE_COLUMNS, "mode")
-#: Values of the ``mode`` column (spec §7.2 ``operatingmode``; mps is not simulated).
+#: Values of the ``mode`` column (HAMi v2.10 ``operatingmode``; mps is not simulated).
 NODE_MODES = ("hami-core", "mig")
 POD_COLUMNS_5 = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 POD_COLUMNS_11 = (*POD_COLUMNS_5, "gpu_spec", "qos", "pod_phase", "creation_time",

@@ -2,7 +2,7 @@
 
 Pure functions, no I/O: the e2e control plane writes the result to a file for
 kube-scheduler, and a Helm chart renderer can emit the same document. The extender
-settings are the ones HAMi's chart uses (spec §4.1): ``filterVerb: filter``,
+settings are the ones HAMi's chart uses (HAMi v2.10): ``filterVerb: filter``,
 ``bindVerb: bind``, ``nodeCacheCapable: true``, ``weight: 1``, ``httpTimeout: 30s``,
 HTTPS with ``tlsConfig.insecure: true``, and the NVIDIA resources as
 ``managedResources`` with ``ignoredByScheduler: true`` (kube-scheduler then neither
@@ -21,7 +21,7 @@ SCHEDULER_CONFIG_API_VERSION = "kubescheduler.config.k8s.io/v1"
 #: Scheduler name of the hami profile; pods opt in with ``spec.schedulerName``.
 HAMI_SCHEDULER_NAME = "hami-scheduler"
 
-#: Extended resources the hami extender manages (NVIDIA, spec §1.1).
+#: Extended resources the hami extender manages (NVIDIA, HAMi v2.10).
 HAMI_MANAGED_RESOURCES: tuple[str, ...] = (
     "nvidia.com/gpu",
     "nvidia.com/gpumem",

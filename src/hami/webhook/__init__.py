@@ -1,1 +1,1 @@
-"""The mutating admission webhook HTTP surface (``/webhook``; spec §3)."""
+"""The mutating admission webhook HTTP surface (``/webhook``; HAMi v2.10)."""

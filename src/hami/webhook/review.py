@@ -1,4 +1,4 @@
-"""AdmissionReview (admission.k8s.io v1 and v1beta1) in and out (spec §3).
+"""AdmissionReview (admission.k8s.io v1 and v1beta1) in and out (HAMi v2.10).
 
 :func:`review` wraps the pure :func:`hami.core.admission.admit` for Pod CREATE and
 :func:`~hami.core.admission.admit_ephemeral` for ``pods/ephemeralcontainers`` UPDATE (other
@@ -41,7 +41,7 @@ def _response(api_version: str, uid: str, allowed: bool, *, code: int = 200,
 def review(body: bytes, config: SchedulerConfig, quota: QuotaLedger | None,
            vendor_quota: VendorQuota | None = None) -> JSON:
     """The AdmissionReview reply for a request body (``vendor_quota``: the other
-    vendors' namespace quota, §5.2)."""
+    vendors' namespace quota, HAMi v2.10)."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
