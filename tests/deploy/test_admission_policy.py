@@ -6,25 +6,18 @@ tests/deploy/e2e/test_rbac_on_apiserver.py."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.deploy.chart import NAMESPACE, HelmMissing, find, helm_binary, render
+from tests.deploy.chart import NAMESPACE, find, render
 
 ALLOCATIONS, ACCOUNTS = "hami-allocations", "hami-service-accounts"
 
+pytestmark = pytest.mark.usefixtures("require_helm")
 
-@pytest.fixture(scope="module", autouse=True)
-def _helm() -> None:
-    try:
-        helm_binary()
-    except HelmMissing as err:
-        if os.environ.get("HAMI_DEPLOY_REQUIRED") == "1":
-            pytest.fail(str(err))
-        pytest.skip(str(err))
+
 
 
 def variable(policy: dict[str, Any], name: str) -> str:

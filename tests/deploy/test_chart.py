@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,26 +13,16 @@ from tests.deploy.chart import (
     CI_VALUES,
     NAMESPACE,
     RELEASE,
-    HelmMissing,
     container,
     find,
     helm,
-    helm_binary,
     render,
     scheduler_config,
 )
 
-REQUIRED = os.environ.get("HAMI_DEPLOY_REQUIRED") == "1"
+pytestmark = pytest.mark.usefixtures("require_helm")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _helm() -> None:
-    try:
-        helm_binary()
-    except HelmMissing as err:
-        if REQUIRED:
-            pytest.fail(str(err))
-        pytest.skip(str(err))
 
 
 @pytest.fixture(scope="module")

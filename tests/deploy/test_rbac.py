@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +19,8 @@ from tests.deploy.api_calls import DEVICE_PLUGIN, KUBE_SCHEDULER, SCHEDULER, Cal
 from tests.deploy.chart import (
     CI_VALUES,
     NAMESPACE,
-    HelmMissing,
     container,
     find,
-    helm_binary,
     render,
 )
 
@@ -38,15 +35,9 @@ CASES: dict[str, tuple[dict[str, Any] | None, list[Path]]] = {
 ACCOUNTS = {SCHEDULER: "hami-scheduler", DEVICE_PLUGIN: "hami-device-plugin",
             KUBE_SCHEDULER: "hami-kube-scheduler"}
 
+pytestmark = pytest.mark.usefixtures("require_helm")
 
-@pytest.fixture(scope="module", autouse=True)
-def _helm() -> None:
-    try:
-        helm_binary()
-    except HelmMissing as err:
-        if os.environ.get("HAMI_DEPLOY_REQUIRED") == "1":
-            pytest.fail(str(err))
-        pytest.skip(str(err))
+
 
 
 @pytest.fixture(scope="module", params=sorted(CASES))

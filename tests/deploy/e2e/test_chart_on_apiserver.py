@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import subprocess
 import time
 import urllib.request
@@ -39,10 +38,10 @@ from hami.testing.controlplane import (
     free_port,
     wait_until,
 )
-from tests.deploy.chart import CI_VALUES, NAMESPACE, HelmMissing, find, helm_binary, render
+from tests.deploy.chart import CI_VALUES, NAMESPACE, find, render
 from tests.e2e.recording_extender import RecordingExtender
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("require_helm")]
 
 #: Stand-in CRDs: (group, version, kind, plural).
 CRDS = [
@@ -57,14 +56,6 @@ VALUES = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _helm() -> None:
-    try:
-        helm_binary()
-    except HelmMissing as err:
-        if os.environ.get("HAMI_DEPLOY_REQUIRED") == "1":
-            pytest.fail(str(err))
-        pytest.skip(str(err))
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ and as each of hami's service accounts with real tokens (issue 12 §2, §6):
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,11 +28,11 @@ from hami.testing.controlplane import (
     ensure_namespace,
     pod_binding,
 )
-from tests.deploy.chart import NAMESPACE, HelmMissing, helm_binary, render
+from tests.deploy.chart import NAMESPACE, render
 from tests.deploy.e2e import accounts
 from tests.deploy.e2e.accounts import token_client
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("require_helm")]
 
 SCHEDULER_SA, PLUGIN_SA, KUBE_SCHEDULER_SA = (
     "hami-scheduler", "hami-device-plugin", "hami-kube-scheduler")
@@ -71,14 +70,6 @@ def pod_doc(name: str, namespace: str, *, node: str | None = None,
             "spec": spec}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _helm() -> None:
-    try:
-        helm_binary()
-    except HelmMissing as err:
-        if os.environ.get("HAMI_DEPLOY_REQUIRED") == "1":
-            pytest.fail(str(err))
-        pytest.skip(str(err))
 
 
 @pytest.fixture(scope="module")
