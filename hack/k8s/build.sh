@@ -44,12 +44,13 @@ done
 declare -A pkgs=(
 	[kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
 	[kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler
+	[kubelet]=k8s.io/kubernetes/cmd/kubelet
 	[etcd]=./cmd/etcd
 )
 
 export GOCACHE="$(dirname "$bindir")/go-build"
 cd "$here"
-for name in kube-apiserver kube-scheduler etcd; do
+for name in kube-apiserver kube-scheduler kubelet etcd; do
 	if [[ -x "$bindir/$name" ]]; then
 		echo "build.sh: $name present in $bindir"
 		continue

@@ -282,6 +282,7 @@ class ControlPlane:
         self.startup_seconds: dict[str, float] = {}
         self._components: list[Component] = []
         self._admin: KeyPair | None = None
+        self._ca: CertificateAuthority | None = None
         self._ca_pem = b""
         self._ssl_context: ssl.SSLContext | None = None
         self._schedulers: list[SchedulerHandle] = []
@@ -541,49 +542,50 @@ class ControlPlane:
             self.pki_dir, "front-proxy-client"
         )
         self._admin = admin
+        self._ca = ca
         self._ca_pem = ca.cert_pem
 
     def _write_kubeconfig(self) -> None:
         assert self._admin is not None, "_write_pki() first"
+        self._write_client_kubeconfig(self.kubeconfig, "hami-e2e-admin", self._admin)
 
+    def _write_client_kubeconfig(self, path: Path, user: str, pair: KeyPair) -> None:
         def b64(data: bytes) -> str:
             return base64.b64encode(data).decode()
 
         doc = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [
-                {
-                    "name": "hami-e2e",
-                    "cluster": {
-                        "server": self.server,
-                        "certificate-authority-data": b64(self._ca_pem),
-                    },
-                }
-            ],
-            "users": [
-                {
-                    "name": "hami-e2e-admin",
-                    "user": {
-                        "client-certificate-data": b64(self._admin.cert_pem),
-                        "client-key-data": b64(self._admin.key_pem),
-                    },
-                }
-            ],
-            "contexts": [
-                {
-                    "name": "hami-e2e",
-                    "context": {
-                        "cluster": "hami-e2e",
-                        "user": "hami-e2e-admin",
-                        "namespace": "default",
-                    },
-                }
-            ],
+            "clusters": [{"name": "hami-e2e", "cluster": {
+                "server": self.server, "certificate-authority-data": b64(self._ca_pem)}}],
+            "users": [{"name": user, "user": {
+                "client-certificate-data": b64(pair.cert_pem),
+                "client-key-data": b64(pair.key_pem)}}],
+            "contexts": [{"name": "hami-e2e", "context": {
+                "cluster": "hami-e2e", "user": user, "namespace": "default"}}],
             "current-context": "hami-e2e",
         }
-        self.kubeconfig.touch(mode=0o600)
-        self.kubeconfig.write_text(yaml.safe_dump(doc, sort_keys=False))
+        path.touch(mode=0o600)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    def client_kubeconfig(self, path: Path, user: str, groups: Sequence[str] = ()) -> Path:
+        """Write a kubeconfig at ``path`` for a client certificate with CN ``user`` and
+        O ``groups`` (Kubernetes' x509 user and groups), signed by this cluster's CA;
+        e.g. ``system:node:<name>`` in ``system:nodes`` for a kubelet. Returns ``path``.
+
+        Raises:
+            ControlPlaneError: the control plane has not been started.
+        """
+        if self._ca is None or not self.apiserver_port:
+            raise ControlPlaneError("start() the control plane first")
+        pair = self._ca.issue(user, groups=list(groups), client=True)
+        self._write_client_kubeconfig(path, user, pair)
+        return path
+
+    @property
+    def ca_file(self) -> Path:
+        """The cluster CA certificate (PEM) that signs every client and serving cert."""
+        return self.pki_dir / "ca.crt"
 
     def _start_etcd(self, timeout_s: float) -> None:
         self.etcd_port = free_port()

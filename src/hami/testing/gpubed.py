@@ -1,0 +1,366 @@
+"""hami on a real node: the whole chain with no GPU, for tests and ``make cluster-node``.
+
+:class:`GpuBed` starts, in order:
+
+1. a :class:`~hami.testing.controlplane.ControlPlane` (etcd, kube-apiserver, the default
+   kube-scheduler);
+2. ``hami scheduler`` (extender + admission webhook, HTTPS with a throw-away CA), its
+   MutatingWebhookConfiguration (CREATE pods, failurePolicy Fail, as the chart's), and a
+   second kube-scheduler whose ``hami-scheduler`` profile calls its ``/filter`` and
+   ``/bind``; allocations are signed with a key shared with the device plugin;
+3. a :class:`~hami.testing.node.RealNode` (containerd + kubelet) with the pause and GPU
+   test images of :mod:`hami.testing.images`;
+4. inside the node's mount namespace, ``hami device-plugin`` on the fake GPU backend
+   (an inventory YAML: the node's "GPUs") with libvgpu installed in its hook path, and
+   ``hami monitor`` reading the containers' cache files.
+
+GPU pods use :func:`gpu_test_pod`: the test image, where the stub CUDA driver plays the
+card. The stub keeps its device state in a file on the node (``STUB_DIR``, a hostPath),
+so every container on the node shares one "physical" GPU set, as containers share a real
+one; libvgpu preloaded by ``/etc/ld.so.preload`` enforces the slice exactly as on a GPU.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hami.testing import images
+from hami.testing.controlplane import (
+    HOST,
+    Component,
+    ControlPlane,
+    ControlPlaneError,
+    SchedulerHandle,
+    ensure_namespace,
+    free_port,
+    wait_until,
+)
+from hami.testing.node import RealNode, ensure_root_ca
+from hami.testing.pki import CertificateAuthority
+from hami.testing.scheduler_config import ExtenderConfig
+
+#: The node directory (a hostPath in GPU test pods) where the stub driver keeps the
+#: cards' state (allocations, clock), shared by every container on the node.
+STUB_DIR = "/var/lib/hami-stub-gpu"
+SCHEDULER_NAME = "hami-scheduler"
+REPO = Path(__file__).resolve().parents[3]
+
+
+def default_inventory(gpus: int = 2, memory_mib: int = 16384) -> dict[str, Any]:
+    """A fake-backend inventory of ``gpus`` identical cards (``memory_mib`` each)."""
+    return {"gpus": [{"model": "NVIDIA A100-PCIE-16GB", "memory_mib": memory_mib, "numa": 0,
+                      "uuids": [f"GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd"]}
+                     for i in range(gpus)]}
+
+
+class GpuBed:
+    """Control plane + hami scheduler/webhook + one real node with hami's node agents.
+
+    Args:
+        workdir: everything (logs under ``logs/``, the node under ``node/``); a short
+            temp dir by default.
+        node_name: the Node's name.
+        inventory: the fake GPUs (see :func:`default_inventory`).
+        plugin_args, scheduler_args: extra arguments for ``hami device-plugin`` and
+            ``hami scheduler``.
+        libvgpu_build: ``native/libvgpu/build`` (``make native``).
+
+    Raises:
+        NodeUnavailable: from :meth:`start` when this machine cannot run a node.
+        ControlPlaneError: a process died or did not become ready.
+    """
+
+    def __init__(self, workdir: Path | None = None, *, node_name: str = "gpu-node-0",
+                 inventory: Mapping[str, Any] | None = None,
+                 plugin_args: Sequence[str] = (), scheduler_args: Sequence[str] = (),
+                 libvgpu_build: Path | None = None) -> None:
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hb", dir="/tmp"))
+        self.node_name = node_name
+        self.inventory = dict(inventory or default_inventory())
+        self.plugin_args = list(plugin_args)
+        self.scheduler_args = list(scheduler_args)
+        self.libvgpu_build = libvgpu_build or REPO / "native" / "libvgpu" / "build"
+        self.hook_path = self.workdir / "hook"
+        self.key_dir = self.workdir / "allocation-key"
+        self.cp: ControlPlane | None = None
+        self.node: RealNode | None = None
+        self.scheduler: Component | None = None
+        self.kube_scheduler: SchedulerHandle | None = None
+        self.plugin: Component | None = None
+        self.monitor: Component | None = None
+        self.scheduler_port = 0
+        self.monitor_port = 0
+        self.timings: dict[str, float] = {}
+
+    # -- hami processes ----------------------------------------------------------------
+
+    def _hami(self) -> list[str]:
+        script = Path(sys.executable).parent / "hami"  # the venv's console script
+        return [str(script)] if script.exists() else [sys.executable, "-m", "hami.cli"]
+
+    def _env(self) -> dict[str, str]:
+        src = str(REPO / "src")
+        return {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+    def _start_scheduler(self, cp: ControlPlane) -> None:
+        tls = self.workdir / "tls"
+        tls.mkdir(parents=True, exist_ok=True)
+        ca = CertificateAuthority.create("hami-bed-ca")
+        (tls / "ca.crt").write_bytes(ca.cert_pem)
+        cert, key = ca.issue("hami-scheduler", ip_sans=[HOST], dns_sans=["localhost"],
+                             server=True).write(tls, "serving")
+        self.scheduler_port = free_port()
+        argv = [*self._hami(), "scheduler", f"--kubeconfig={cp.kubeconfig}",
+                f"--http_bind={HOST}:{self.scheduler_port}", f"--cert-file={cert}",
+                f"--key-file={key}", f"--metrics-bind-address={HOST}:{free_port()}",
+                f"--allocation-key-dir={self.key_dir}", "--register-interval=2s",
+                *self.scheduler_args]
+        self.scheduler = cp._spawn("hami-scheduler", argv)  # noqa: SLF001 - same package
+        url = f"https://{HOST}:{self.scheduler_port}"
+        ctx = ssl.create_default_context(cafile=str(tls / "ca.crt"))
+        self.timings["hami-scheduler"] = self.scheduler.wait_healthy(
+            lambda: _https_ok(url + "/readyz", ctx), "/readyz", 60)
+        client = cp.client()
+        try:
+            from lightkube import codecs
+
+            client.create(codecs.from_dict(webhook_configuration("hami-bed", url, ca.cert_pem)))
+        finally:
+            client.close()
+        time.sleep(1.0)  # the apiserver's webhook informer
+        self.kube_scheduler = cp.start_scheduler(scheduler_name=SCHEDULER_NAME,
+                                                 extender=ExtenderConfig(url))
+
+    def install_lib(self) -> None:
+        """``hami device-plugin --install-lib``: libvgpu.so and ld.so.preload into the
+        hook path, as the chart's init step does."""
+        subprocess.run([*self._hami(), "device-plugin", "--install-lib",
+                        str(self.hook_path / "vgpu"),
+                        f"--lib-path={self.libvgpu_build / 'libvgpu.so'}"],
+                       check=True, env=self._env(), capture_output=True)
+
+    def start_plugin(self, extra: Sequence[str] = ()) -> Component:
+        """Start (or restart) ``hami device-plugin`` in the node's namespace and wait until
+        the kubelet advertises its replicas on the Node."""
+        assert self.node is not None and self.cp is not None
+        inv = self.workdir / "inventory.yaml"
+        inv.write_text(yaml.safe_dump(self.inventory))
+        self.plugin = self.node.spawn("device-plugin", [
+            *self._hami(), "device-plugin", f"--node-name={self.node_name}",
+            f"--hook-path={self.hook_path}", "--backend=fake", f"--fake-inventory={inv}",
+            f"--kubeconfig={self.cp.kubeconfig}", "--register-interval=1",
+            f"--allocation-key-dir={self.key_dir}",
+            f"--node-config-file={self.workdir / 'node-config.json'}",
+            *self.plugin_args, *extra], env=self._env())
+        client = self.cp.client()
+        try:
+            self.timings["device-plugin"] = self.plugin.wait_healthy(
+                lambda: _gpu_allocatable(client, self.node_name) > 0, "nvidia.com/gpu on the Node",
+                60)
+        finally:
+            client.close()
+        return self.plugin
+
+    def start_monitor(self) -> Component:
+        """Start ``hami monitor`` in the node's namespace (HOOK_PATH, NODE_NAME set)."""
+        assert self.node is not None and self.cp is not None
+        self.monitor_port = free_port()
+        env = {**self._env(), "HOOK_PATH": str(self.hook_path), "NODE_NAME": self.node_name}
+        self.monitor = self.node.spawn("monitor", [
+            *self._hami(), "monitor", f"--metrics-bind-addr={HOST}:{self.monitor_port}",
+            f"--kubeconfig={self.cp.kubeconfig}"], env=env)
+        self.monitor.wait_healthy(lambda: bool(self.monitor_metrics()), "/metrics", 60)
+        return self.monitor
+
+    def monitor_metrics(self) -> str:
+        """The monitor's ``/metrics`` text, or "" when it does not answer."""
+        try:
+            with urllib.request.urlopen(f"http://{HOST}:{self.monitor_port}/metrics",
+                                        timeout=5) as r:
+                return str(r.read().decode())
+        except OSError:
+            return ""
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> GpuBed:
+        """Start everything (see the module docstring); stop it all again on failure."""
+        t0 = time.monotonic()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.key_dir.mkdir(exist_ok=True)
+        (self.key_dir / "current").write_text(secrets.token_hex(32))
+        self.cp = ControlPlane(workdir=self.workdir / "k8s")
+        try:
+            self.cp.start()
+            client = self.cp.client()
+            try:
+                ensure_root_ca(client, "default", self.cp.ca_file)
+            finally:
+                client.close()
+            self._start_scheduler(self.cp)
+            imgs = [images.build_pause(self.workdir / "images", _k8s_version()),
+                    images.build_gpu_test_image(self.workdir / "images", self.libvgpu_build)]
+            self.node = RealNode(self.cp, self.node_name, self.workdir / "node", images=imgs)
+            self.node.start()
+            self.install_lib()
+            self.start_plugin()
+            self.start_monitor()
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["total"] = time.monotonic() - t0
+        return self
+
+    def client(self, namespace: str = "default") -> Any:
+        """A cluster-admin ``lightkube.Client``."""
+        assert self.cp is not None, "start() first"
+        return self.cp.client(namespace)
+
+    def prepare_namespace(self, name: str) -> None:
+        """Namespace + default ServiceAccount + kube-root-ca.crt (no controller manager)."""
+        assert self.cp is not None
+        client = self.cp.client()
+        try:
+            ensure_namespace(client, name)
+            ensure_root_ca(client, name, self.cp.ca_file)
+        finally:
+            client.close()
+
+    def check_alive(self) -> None:
+        """Raise if any process of the bed exited unasked (message has its log tail)."""
+        assert self.cp is not None and self.node is not None
+        self.cp.check_alive()
+        self.node.check_alive()
+
+    def stop(self) -> None:
+        """Stop the node (its containers first), then the control plane."""
+        if self.node is not None:
+            self.node.stop()
+        if self.cp is not None:
+            self.cp.stop()
+
+    def __enter__(self) -> GpuBed:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def gpu_test_pod(name: str, command: str, *, gpus: int = 1, memory_mib: int | None = None,
+                 cores_percent: int | None = None, node: str | None = None,
+                 containers: int = 1, stub_devices: int = 2, stub_memory_mib: int = 16384,
+                 annotations: Mapping[str, str] | None = None,
+                 extra_env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A Pod manifest (dict) running ``sh -c command`` in the GPU test image, with
+    ``nvidia.com/gpu`` (+ ``gpumem`` MiB, ``gpucores`` percent) per container, the stub
+    driver's state on the node's :data:`STUB_DIR`, restartPolicy Never.
+
+    ``containers`` > 1 makes containers ``c0``, ``c1``, ... each with the same request
+    and command (``$HAMI_CONTAINER`` tells them apart).
+    """
+    limits: dict[str, str] = {"nvidia.com/gpu": str(gpus)}
+    if memory_mib is not None:
+        limits["nvidia.com/gpumem"] = str(memory_mib)
+    if cores_percent is not None:
+        limits["nvidia.com/gpucores"] = str(cores_percent)
+    env = {"VGPU_STUB_STATE": f"{STUB_DIR}/state", "VGPU_STUB_DEVICES": str(stub_devices),
+           "VGPU_STUB_MEM_MB": str(stub_memory_mib), **dict(extra_env or {})}
+    ctrs = []
+    for i in range(containers):
+        name_i = "c" if containers == 1 else f"c{i}"
+        ctrs.append({
+            "name": name_i, "image": images.GPU_TEST_IMAGE, "imagePullPolicy": "Never",
+            "command": ["sh", "-c", command],
+            "env": [{"name": k, "value": v} for k, v in {**env, "HAMI_CONTAINER": name_i}.items()],
+            "resources": {"limits": limits},
+            "volumeMounts": [{"name": "stub-gpu", "mountPath": STUB_DIR}],
+        })
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": ctrs,
+        "volumes": [{"name": "stub-gpu",
+                     "hostPath": {"path": STUB_DIR, "type": "DirectoryOrCreate"}}],
+    }
+    if node is not None:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "annotations": dict(annotations or {})}, "spec": spec}
+
+
+def webhook_configuration(name: str, url: str, ca_pem: bytes) -> dict[str, Any]:
+    """A MutatingWebhookConfiguration like the chart's: CREATE pods, selected by
+    namespace only, failurePolicy Fail (a broken webhook shows), 10 s timeout."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": "vgpu.hami.io",
+            "clientConfig": {"url": f"{url}/webhook",
+                             "caBundle": base64.b64encode(ca_pem).decode()},
+            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                       "resources": ["pods"]}],
+            "admissionReviewVersions": ["v1"], "sideEffects": "None",
+            "failurePolicy": "Fail", "reinvocationPolicy": "Never", "timeoutSeconds": 10,
+            "namespaceSelector": {"matchExpressions": [
+                {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}]},
+        }],
+    }
+
+
+def _k8s_version() -> str:
+    from hami.testing.controlplane import KUBERNETES_VERSION
+
+    return KUBERNETES_VERSION
+
+
+def _https_ok(url: str, ctx: ssl.SSLContext) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=ctx) as r:
+            return bool(r.status == 200)
+    except OSError:
+        return False
+
+
+def _gpu_allocatable(client: Any, node: str) -> int:
+    from lightkube import ApiError
+    from lightkube.resources.core_v1 import Node
+
+    try:
+        n = client.get(Node, node)
+    except ApiError:
+        return 0
+    return int((n.status.allocatable or {}).get("nvidia.com/gpu", "0")) if n.status else 0
+
+
+def wait_pod_done(client: Any, name: str, namespace: str = "default",
+                  timeout_s: float = 60.0) -> Any:
+    """Wait until Pod ``name`` is Succeeded or Failed; return it.
+
+    Raises:
+        ControlPlaneError: timeout (the message has the pod's status).
+    """
+    from lightkube.resources.core_v1 import Pod
+
+    last: list[Any] = [None]
+
+    def done() -> bool:
+        last[0] = client.get(Pod, name, namespace=namespace)
+        return bool(last[0].status and last[0].status.phase in ("Succeeded", "Failed"))
+
+    try:
+        wait_until(done, timeout_s=timeout_s, what=f"pod {namespace}/{name} finished")
+    except ControlPlaneError as err:
+        raise ControlPlaneError(f"{err}; status: {last[0].status if last[0] else None}") from None
+    return last[0]

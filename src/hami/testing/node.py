@@ -1,0 +1,469 @@
+"""A real Kubernetes node for the test bed: kubelet, containerd and runc on this machine.
+
+The kubelet's device-plugin directory (``/var/lib/kubelet/device-plugins``) and pod-log
+directory (``/var/log/pods``) are hard-coded in the kubelet, and containerd's shims and
+network namespaces live under ``/run``. So every node process runs inside one private
+mount namespace (``unshare --mount``) whose ``/var/lib``, ``/var/log``,
+``/run/containerd`` and ``/run/netns`` are fresh tmpfs mounts: nothing touches the
+machine's own ``/var``, and containerd shares the namespace with the kubelet (the
+kubelet's projected-token and emptyDir mounts must be visible to the runtime). Further
+node processes (``hami device-plugin``, ``hami monitor``) join it with ``nsenter``; the
+test process reads the namespace's files through ``/proc/<holder>/root``.
+
+Pods get an IP from the CNI ``bridge`` plugin (host-local IPAM, no masquerade). The
+kubelet authenticates as ``system:node:<name>`` (group ``system:nodes``), so the API
+server's Node authorizer and NodeRestriction admission apply to it as in a cluster.
+
+There is no kube-controller-manager: :meth:`RealNode.start` removes the
+``node.kubernetes.io/not-ready`` taint once the node is Ready, and
+:func:`ensure_root_ca` publishes ``kube-root-ca.crt`` for pods' projected tokens.
+
+Settings taken from the kubelet's documented configuration (``KubeletConfiguration``
+v1beta1): ``cgroupDriver: cgroupfs`` and ``failCgroupV1: false`` (the kubelet refuses
+cgroup v1 by default since 1.35), ``failSwapOn: false``, ``AlwaysAllow`` authorization
+with anonymous authentication off, eviction and image-GC thresholds lowered so a busy
+CI disk never evicts the test pods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hami.testing.controlplane import (
+    HOST,
+    Component,
+    ControlPlane,
+    ControlPlaneError,
+    die_with_parent,
+    free_port,
+    wait_until,
+)
+from hami.testing.nodeprereq import NodeUnavailable, cgroup_subsystems, missing_prerequisites
+
+__all__ = ["NodeUnavailable", "RealNode", "ensure_root_ca", "missing_prerequisites"]
+
+#: Directories that get a fresh tmpfs inside the node's mount namespace.
+PRIVATE_DIRS = ("/var/lib", "/var/log", "/run/containerd", "/run/netns")
+CNI_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
+
+
+def _cni_bin_dir() -> str:
+    for d in CNI_BIN_DIRS:
+        if (Path(d) / "bridge").exists():
+            return d
+    return CNI_BIN_DIRS[0]
+
+
+class RealNode:
+    """containerd + kubelet registered as Node ``name`` with the control plane ``cp``.
+
+    Args:
+        cp: a started :class:`~hami.testing.controlplane.ControlPlane`.
+        name: the Node name (``--hostname-override``).
+        workdir: configs, logs, containerd socket and CNI state; a short temp dir by
+            default (Unix socket paths must stay under 108 bytes).
+        images: ``docker-archive`` tarballs imported into containerd's ``k8s.io``
+            namespace before the kubelet starts (see :mod:`hami.testing.images`); one of
+            them must be ``sandbox_image``.
+        sandbox_image: the pod sandbox ("pause") image name; never pulled.
+        subnet_index: third octet of the pod subnet ``10.244.<i>.0/24``.
+
+    Raises:
+        NodeUnavailable: from :meth:`start` when this machine lacks root, cgroups or a
+            tool (the message lists what).
+    """
+
+    def __init__(self, cp: ControlPlane, name: str, workdir: Path | None = None, *,
+                 images: Sequence[Any] = (), sandbox_image: str = "hami.local/pause:test",
+                 subnet_index: int = 77, verbosity: int = 1) -> None:
+        self.cp = cp
+        self.name = name
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hk", dir="/tmp"))
+        self.log_dir = self.workdir / "logs"
+        self.images = list(images)
+        self.sandbox_image = sandbox_image
+        self.subnet = f"10.244.{subnet_index}.0/24"
+        self.verbosity = verbosity
+        digest = hashlib.sha256(f"{name}{self.workdir}".encode()).hexdigest()[:8]
+        self.bridge = f"hk{digest}"
+        self.cgroup_root = f"/hami-node-{digest}"
+        self.containerd_socket = self.workdir / "containerd.sock"
+        #: built by hack/k8s/build.sh next to kube-apiserver
+        self.kubelet_binary = cp.binaries["kube-apiserver"].parent / "kubelet"
+        self.kubelet_port = 0
+        self.healthz_port = 0
+        self.holder: subprocess.Popen[bytes] | None = None
+        self.containerd: Component | None = None
+        self.kubelet: Component | None = None
+        self.startup_seconds: dict[str, float] = {}
+        self._components: list[Component] = []
+
+    # -- namespace -------------------------------------------------------------------
+
+    def host_path(self, path: str | Path) -> Path:
+        """``path`` as the node's processes see it, readable from outside the namespace."""
+        assert self.holder is not None, "start() first"
+        return Path(f"/proc/{self.holder.pid}/root") / str(path).lstrip("/")
+
+    def spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
+              cwd: Path | None = None) -> Component:
+        """Start ``argv`` inside the node's mount namespace (``nsenter``); its output goes
+        to ``<workdir>/logs/<name>.log`` (appended across restarts)."""
+        assert self.holder is not None, "start() first"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{name}.log"
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                ["nsenter", f"--target={self.holder.pid}", "--mount", "--", *argv],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                cwd=cwd or self.workdir, env=dict(env) if env is not None else None,
+                start_new_session=True, preexec_fn=die_with_parent)
+        comp = Component(name, proc, log_path)
+        self._components.append(comp)
+        return comp
+
+    def run(self, argv: Sequence[str], *, timeout_s: float = 60.0) -> str:
+        """Run ``argv`` inside the namespace to completion; return its stdout.
+
+        Raises:
+            ControlPlaneError: non-zero exit (message has its output).
+        """
+        assert self.holder is not None, "start() first"
+        p = subprocess.run(["nsenter", f"--target={self.holder.pid}", "--mount", "--", *argv],
+                           capture_output=True, text=True, timeout=timeout_s)
+        if p.returncode != 0:
+            raise ControlPlaneError(f"{' '.join(argv)}: exit {p.returncode}\n{p.stdout}{p.stderr}")
+        return p.stdout
+
+    def _start_holder(self) -> None:
+        script = "set -e\n" + "".join(
+            f"mkdir -p {d} && mount -t tmpfs -o mode=0755 hami-node {d}\n" for d in PRIVATE_DIRS
+        ) + "mkdir -p /var/lib/kubelet/device-plugins /var/log/pods\necho ready\nexec sleep infinity\n"
+        for d in PRIVATE_DIRS:  # mount points must exist; empty directories on the host
+            Path(d).mkdir(parents=True, exist_ok=True)
+        self.holder = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            start_new_session=True, preexec_fn=die_with_parent)
+        assert self.holder.stdout is not None
+        line = self.holder.stdout.readline()
+        if line.strip() != b"ready":
+            err = self.holder.stderr.read().decode(errors="replace") if self.holder.stderr else ""
+            raise NodeUnavailable(f"cannot make a private mount namespace: {err.strip()}")
+
+    # -- containerd ------------------------------------------------------------------
+
+    def _write_cni(self) -> Path:
+        conf_dir = self.workdir / "cni" / "net.d"
+        conf_dir.mkdir(parents=True, exist_ok=True)
+        conflist = {
+            "cniVersion": "1.0.0", "name": f"hami-{self.name}",
+            "plugins": [{
+                "type": "bridge", "bridge": self.bridge, "isGateway": True, "ipMasq": False,
+                "ipam": {"type": "host-local", "ranges": [[{"subnet": self.subnet}]],
+                         "dataDir": str(self.workdir / "cni" / "ipam")},
+            }],
+        }
+        (conf_dir / "10-hami.conflist").write_text(json.dumps(conflist, indent=1))
+        return conf_dir
+
+    def _write_containerd_config(self) -> Path:
+        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        cfg = self.workdir / "containerd.toml"
+        cfg.write_text(f"""version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+[grpc]
+  address = "{self.containerd_socket}"
+[ttrpc]
+  address = "{self.containerd_socket}.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "/var/lib/containerd-opt"
+[{cri}]
+  sandbox_image = "{self.sandbox_image}"
+  enable_selinux = false
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+  [{cri}.containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [{cri}.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [{cri}.containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [{cri}.cni]
+    bin_dir = "{_cni_bin_dir()}"
+    conf_dir = "{self._write_cni()}"
+    max_conf_num = 1
+""")
+        return cfg
+
+    def ctr(self, *args: str, timeout_s: float = 120.0) -> str:
+        """``ctr -n k8s.io <args>`` against this node's containerd; returns stdout."""
+        return self.run(["ctr", f"--address={self.containerd_socket}", "-n", "k8s.io", *args],
+                        timeout_s=timeout_s)
+
+    def _start_containerd(self, timeout_s: float) -> None:
+        cfg = self._write_containerd_config()
+        self.containerd = self.spawn("containerd", ["containerd", f"--config={cfg}"])
+        self.startup_seconds["containerd"] = self.containerd.wait_healthy(
+            lambda: self.containerd_socket.exists() and self._ctr_ok(), "socket", timeout_s)
+        t0 = time.monotonic()
+        for archive in self.images:
+            self.ctr("images", "import", "--no-unpack=false", str(archive.path))
+        self.startup_seconds["images"] = time.monotonic() - t0
+
+    def _ctr_ok(self) -> bool:
+        try:
+            self.ctr("version", timeout_s=10)
+        except (ControlPlaneError, subprocess.TimeoutExpired):
+            return False
+        return True
+
+    # -- kubelet ---------------------------------------------------------------------
+
+    def _prepare_cgroups(self) -> None:
+        """Create the kubelet's cgroup root in every v1 hierarchy (the kubelet refuses a
+        root that does not exist); cpuset needs its cpus/mems copied from the parent."""
+        for sub, mount in cgroup_subsystems().items():
+            d = Path(mount) / self.cgroup_root.lstrip("/")
+            d.mkdir(exist_ok=True)
+            if sub == "cpuset":
+                for f in ("cpuset.cpus", "cpuset.mems"):
+                    if not (d / f).read_text().strip():
+                        (d / f).write_text((Path(mount) / f).read_text())
+
+    def _write_kubelet_config(self) -> Path:
+        self.kubelet_port = free_port()
+        self.healthz_port = free_port()
+        cfg = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "address": HOST, "port": self.kubelet_port, "readOnlyPort": 0,
+            "healthzBindAddress": HOST, "healthzPort": self.healthz_port,
+            "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False},
+                               "x509": {"clientCAFile": str(self.cp.ca_file)}},
+            "authorization": {"mode": "AlwaysAllow"},
+            "cgroupDriver": "cgroupfs", "failCgroupV1": False, "failSwapOn": False,
+            "cgroupRoot": self.cgroup_root,
+            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+            "nodeStatusUpdateFrequency": "2s", "nodeStatusReportFrequency": "10s",
+            "syncFrequency": "10s", "fileCheckFrequency": "10s",
+            "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%",
+                             "nodefs.inodesFree": "1%", "imagefs.available": "1%"},
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+            "maxPods": 50, "serializeImagePulls": False, "resolvConf": "",
+            "registerNode": True, "enableDebuggingHandlers": True,
+            "containerLogMaxSize": "1Mi", "shutdownGracePeriod": "0s",
+        }
+        path = self.workdir / "kubelet-config.yaml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        return path
+
+    def start_kubelet(self, timeout_s: float = 120.0) -> Component:
+        """Start (or restart after :meth:`stop_kubelet`) the kubelet and wait until the
+        Node is Ready; then remove the not-ready taint nobody else would remove."""
+        cfg = self.workdir / "kubelet-config.yaml"
+        if not cfg.exists():
+            cfg = self._write_kubelet_config()
+        kubeconfig = self.workdir / "kubelet.kubeconfig"
+        if not kubeconfig.exists():
+            self.cp.client_kubeconfig(kubeconfig, f"system:node:{self.name}", ["system:nodes"])
+        self.kubelet = self.spawn("kubelet", [
+            str(self.kubelet_binary),
+            f"--config={cfg}", f"--kubeconfig={kubeconfig}",
+            f"--hostname-override={self.name}", f"--node-ip={HOST}",
+            f"--cert-dir={self.workdir / 'kubelet-pki'}", f"--v={self.verbosity}",
+        ])
+        t0 = time.monotonic()
+        client = self.cp.client()
+        try:
+            self.kubelet.wait_healthy(lambda: _node_ready(client, self.name), "Node Ready",
+                                      timeout_s)
+            _remove_not_ready_taint(client, self.name)
+        finally:
+            client.close()
+        self.startup_seconds["kubelet"] = time.monotonic() - t0
+        return self.kubelet
+
+    def stop_kubelet(self) -> None:
+        """Stop the kubelet only (pods keep running under containerd, as on a node)."""
+        if self.kubelet is not None:
+            self.kubelet.stop()
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self, timeout_s: float = 180.0) -> RealNode:
+        """Namespace, containerd (images imported), kubelet; wait for Node Ready.
+
+        Raises:
+            NodeUnavailable: prerequisites missing (nothing was started).
+            ControlPlaneError: a process died or did not become healthy in time; what
+                was started is stopped and the workdir with the logs is kept.
+        """
+        missing = missing_prerequisites(kubelet=self.kubelet_binary)
+        if missing:
+            raise NodeUnavailable("cannot run a real node here: " + "; ".join(missing))
+        t0 = time.monotonic()
+        try:
+            self._start_holder()
+            self._prepare_cgroups()
+            self._start_containerd(timeout_s)
+            self.start_kubelet(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds["total"] = time.monotonic() - t0
+        return self
+
+    def check_alive(self) -> None:
+        """Raise :class:`ControlPlaneError` if a node process exited unasked."""
+        for comp in self._components:
+            comp.check_alive()
+
+    def stop(self) -> None:
+        """Kill every container, stop the node's processes, remove its cgroups, bridge
+        and namespace. Safe to call twice."""
+        if self.kubelet is not None:
+            self.kubelet.stop()
+        self._kill_cgroup_tasks()
+        for comp in reversed(self._components):
+            comp.stop(timeout_s=5)
+        self._kill_namespace_processes()
+        if self.holder is not None and self.holder.poll() is None:
+            self.holder.kill()
+            self.holder.wait()
+        self._remove_cgroups()
+        if shutil.which("ip"):
+            subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
+
+    def _cgroup_dirs(self) -> Iterable[Path]:
+        for mount in cgroup_subsystems().values():
+            root = Path(mount) / self.cgroup_root.lstrip("/")
+            if root.is_dir():
+                yield from sorted((p for p in root.rglob("*") if p.is_dir()),
+                                  key=lambda p: -len(p.parts))
+                yield root
+
+    def _kill_cgroup_tasks(self) -> None:
+        for _ in range(20):
+            pids = set()
+            for d in self._cgroup_dirs():
+                with contextlib.suppress(OSError):
+                    pids.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+
+    def _kill_namespace_processes(self) -> None:
+        if self.holder is None or self.holder.poll() is not None:
+            return
+        try:
+            ns = os.readlink(f"/proc/{self.holder.pid}/ns/mnt")
+        except OSError:
+            return
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) in (os.getpid(), self.holder.pid):
+                continue
+            with contextlib.suppress(OSError):
+                if os.readlink(entry / "ns" / "mnt") == ns:
+                    os.kill(int(entry.name), signal.SIGKILL)
+
+    def _remove_cgroups(self) -> None:
+        for d in self._cgroup_dirs():
+            with contextlib.suppress(OSError):
+                d.rmdir()
+
+    def __enter__(self) -> RealNode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- reading what ran ------------------------------------------------------------
+
+    def container_log(self, namespace: str, pod: str, container: str) -> str:
+        """The kubelet's log file of a container's latest run (``/var/log/pods``), or ""."""
+        base = self.host_path("/var/log/pods")
+        for d in base.glob(f"{namespace}_{pod}_*/{container}"):
+            runs = sorted(d.glob("*.log"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1)
+            if runs:
+                return "".join(_cri_log_message(ln) for ln in runs[-1].read_text().splitlines())
+        return ""
+
+
+def _cri_log_message(line: str) -> str:
+    """The message of one CRI log line ``<time> <stream> <P|F> <message>``."""
+    parts = line.split(" ", 3)
+    if len(parts) < 4:
+        return ""
+    return parts[3] + ("\n" if parts[2] == "F" else "")
+
+
+def _node_ready(client: Any, name: str) -> bool:
+    from lightkube import ApiError
+    from lightkube.resources.core_v1 import Node
+
+    try:
+        node = client.get(Node, name)
+    except ApiError:
+        return False
+    return any(c.type == "Ready" and c.status == "True"
+               for c in (node.status.conditions or []) if node.status)
+
+
+def _remove_not_ready_taint(client: Any, name: str) -> None:
+    """What the node-lifecycle controller does once the node is Ready."""
+    from lightkube.resources.core_v1 import Node
+
+    def done() -> bool:
+        node = client.get(Node, name)
+        taints = [t for t in (node.spec.taints or [])
+                  if t.key != "node.kubernetes.io/not-ready"]
+        if len(taints) == len(node.spec.taints or []):
+            return True
+        client.patch(Node, name, {"spec": {"taints": [t.to_dict() for t in taints] or None}},
+                     patch_type=_merge())
+        return False
+
+    wait_until(done, timeout_s=30, what="not-ready taint removed")
+
+
+def _merge() -> Any:
+    from lightkube.types import PatchType
+
+    return PatchType.MERGE
+
+
+def ensure_root_ca(client: Any, namespace: str, ca_file: Path) -> None:
+    """Create ``kube-root-ca.crt`` in ``namespace`` (kube-controller-manager's root-CA
+    publisher does it in a cluster); pods' projected service-account volumes need it.
+    An existing one is left alone."""
+    from lightkube import ApiError
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import ConfigMap
+
+    try:
+        client.create(ConfigMap(metadata=ObjectMeta(name="kube-root-ca.crt", namespace=namespace),
+                                data={"ca.crt": ca_file.read_text()}))
+    except ApiError as err:
+        if err.status.code != 409:
+            raise

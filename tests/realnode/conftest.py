@@ -1,0 +1,78 @@
+"""The real-node bed (hami.testing.gpubed): one per test module, shared by its tests.
+
+Needs root, cgroup v1, containerd, runc, the CNI plugins and the kubelet built by
+hack/k8s/build.sh. Without them the tests skip with one line saying what is missing;
+with ``HAMI_NODE_REQUIRED=1`` (CI, ``make test``) they fail instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from hami.testing.controlplane import BinariesMissing, default_bin_dir
+from hami.testing.gpubed import GpuBed, wait_pod_done
+from hami.testing.images import missing_tools
+from hami.testing.nodeprereq import missing_prerequisites
+
+pytestmark = pytest.mark.e2e
+
+
+def unavailable() -> str | None:
+    """Why the bed cannot run here, or None."""
+    reasons = missing_prerequisites(default_bin_dir() / "kubelet")
+    tools = missing_tools()
+    if tools:
+        reasons.append("missing image tools " + ", ".join(tools) +
+                       " (Debian: umoci skopeo busybox-static)")
+    if not (default_bin_dir() / "kube-apiserver").exists():
+        reasons.append(f"no kube-apiserver in {default_bin_dir()} (run hack/k8s/build.sh)")
+    return "; ".join(reasons) or None
+
+
+def skip_or_fail(reason: str) -> None:
+    if os.environ.get("HAMI_NODE_REQUIRED") == "1":
+        pytest.fail(f"real node required (HAMI_NODE_REQUIRED=1): {reason}")
+    pytest.skip(f"real node: {reason}")
+
+
+@contextlib.contextmanager
+def running_bed(**kwargs: Any) -> Iterator[GpuBed]:
+    """A started :class:`GpuBed`; skipped (or failed in CI) where it cannot run."""
+    reason = unavailable()
+    if reason:
+        skip_or_fail(reason)
+    bed = GpuBed(**kwargs)
+    try:
+        bed.start()
+    except BinariesMissing as err:
+        skip_or_fail(str(err))
+    try:
+        yield bed
+    finally:
+        bed.stop()
+
+
+@pytest.fixture(scope="module")
+def bed() -> Iterator[GpuBed]:
+    with running_bed() as b:
+        yield b
+
+
+@pytest.fixture
+def client(bed: GpuBed) -> Iterator[Any]:
+    c = bed.client()
+    yield c
+    c.close()
+
+
+def run_pod(client: Any, manifest: dict[str, Any], timeout_s: float = 90.0) -> Any:
+    """Create the pod, wait until it finished; return it."""
+    from lightkube import codecs
+
+    client.create(codecs.from_dict(manifest))
+    return wait_pod_done(client, manifest["metadata"]["name"], timeout_s=timeout_s)
