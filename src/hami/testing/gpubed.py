@@ -180,7 +180,7 @@ class GpuBed:
         self.monitor_port = free_port()
         env = {**self._env(), "HOOK_PATH": str(self.hook_path), "NODE_NAME": self.node_name}
         self.monitor = self.node.spawn("monitor", [
-            *self._hami(), "monitor", f"--metrics-bind-addr={HOST}:{self.monitor_port}",
+            *self._hami(), "monitor", f"--metrics-bind-address={HOST}:{self.monitor_port}",
             f"--kubeconfig={self.cp.kubeconfig}"], env=env)
         self.monitor.wait_healthy(lambda: bool(self.monitor_metrics()), "/metrics", 60)
         return self.monitor
