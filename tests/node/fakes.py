@@ -98,10 +98,17 @@ class FakeKube(KubeApi):
             self.pods[(namespace, name)] = p
             return copy.deepcopy(p)
 
+    def delete_node(self, name: str) -> None:
+        with self.lock:
+            self.nodes.pop(name, None)
+
     def patch_node_annotations(self, node: str, annotations: Any,
-                               resource_version: str | None = None) -> None:
+                               resource_version: str | None = None
+                               ) -> tuple[dict[str, str], str]:
         with self.lock:
             self.calls.append("patch_node")
+            if node not in self.nodes:  # the API server: a merge patch of a missing object
+                raise KubeError(f'nodes "{node}" not found', 404)
             ann, rv = self.nodes[node]
             if resource_version and resource_version != str(rv):
                 raise KubeError("conflict", 409)
@@ -112,6 +119,7 @@ class FakeKube(KubeApi):
                 else:
                     ann[k] = v
             self.nodes[node] = (ann, rv + 1)
+            return dict(ann), str(rv + 1)
 
 
 class FakeKubelet(pbg.RegistrationServicer):

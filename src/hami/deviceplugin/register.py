@@ -72,6 +72,17 @@ def encode_register(devices: Sequence[DeviceInfo]) -> str:
     return encode_node_devices(devices)
 
 
+def annotations_to_write(wanted: Mapping[str, str], current: Mapping[str, str]
+                         ) -> dict[str, str]:
+    """The part of ``wanted`` (annotation key -> value) that the Node's ``current``
+    annotations do not carry exactly: absent (the Node was deleted and re-created, or
+    someone removed the key) or different (someone altered it). Empty: nothing to write.
+
+    Ours: HAMi compares with the value it sent last and so never repairs the Node until
+    the plugin restarts."""
+    return {key: value for key, value in wanted.items() if current.get(key) != value}
+
+
 def replica_ids(gpu_uuid: str, split_count: int) -> list[str]:
     """The kubelet device IDs of one GPU: ``<UUID>-0 .. <UUID>-<count-1>`` (HAMi-core 1.2)."""
     return [f"{gpu_uuid}-{i}" for i in range(split_count)]

@@ -29,6 +29,7 @@ from hami.deviceplugin.health import HealthPolicy, gpus_to_mark
 from hami.deviceplugin.kube import KubeApi, KubeError
 from hami.deviceplugin.mig import MigManager
 from hami.deviceplugin.register import (
+    annotations_to_write,
     encode_register,
     kubelet_devices,
     node_devices,
@@ -434,8 +435,14 @@ class PluginServer:
 
 
 class NodeRegistrar:
-    """Patches ``hami.io/node-nvidia-register`` every ``interval_s`` when it changed
-    (HAMi-core 1.2); after an error retries in 5 s. :meth:`kick` forces an early pass."""
+    """Keeps ``hami.io/node-nvidia-register`` on the Node (HAMi-core 1.2: a pass every
+    ``interval_s`` seconds, ``retry_s`` after an error; :meth:`kick` forces an early pass).
+
+    Ours: each pass compares the value with the Node's annotations (the node watch's copy,
+    a GET while the watch reconnects), not with the value sent last, so a Node deleted and
+    re-created, or an annotation removed or altered by someone else, is re-written on the
+    next pass; a pass where the Node carries the value writes nothing. While the Node is
+    missing (404) that is logged once and the pass is retried."""
 
     def __init__(self, state: DeviceState, kube: KubeApi, node: str,
                  interval_s: float = 30.0, retry_s: float = 5.0,
@@ -446,31 +453,48 @@ class NodeRegistrar:
         self.node = node
         self.interval_s = interval_s
         self.retry_s = retry_s
-        self.last_sent: str | None = None
         self.patches = 0
+        self.node_missing = False
         self._kick = threading.Event()
 
     def kick(self) -> None:
         self._kick.set()
 
+    def wanted(self) -> dict[str, str]:
+        """Annotation key -> value this plugin keeps on its Node."""
+        return {NODE_REGISTER: encode_register(self.state.devices)}
+
     def once(self) -> bool:
-        """Patch if changed. Returns True on success (or nothing to do); False (retry
-        soon) while ``paused`` (the MIG apply lock exists, HAMi-core 1.2)."""
+        """Read the Node, patch what differs. Returns True on success (or nothing to do);
+        False (retry soon) after an API error, while the Node is missing, or while
+        ``paused`` (the MIG apply lock exists, HAMi-core 1.2)."""
         if self.paused():
             return False
-        value = encode_register(self.state.devices)
-        if value == self.last_sent:
-            return True
+        wanted = self.wanted()
         try:
-            self.kube.patch_node_annotations(self.node, {NODE_REGISTER: value})
+            current, _rv = self.kube.node_annotations(self.node)
+            patch = annotations_to_write(wanted, current)
+            if patch:
+                after = self.kube.patch_node_annotations(self.node, patch)
+                if after is not None and self.kube.node_watch is not None:
+                    self.kube.node_watch.offer(*after)  # the next pass must not re-send it
+                self.patches += 1
         except KubeError as exc:
-            log.warning("node register patch failed: %s", exc)
+            if exc.code != 404:
+                log.warning("node register failed (will retry): %s", exc)
+            elif not self.node_missing:
+                self.node_missing = True
+                log.warning("node %s not found (deleted?): registering again once it is "
+                            "back: %s", self.node, exc)
             return False
-        self.last_sent = value
-        self.patches += 1
+        if self.node_missing:
+            self.node_missing = False
+            log.info("node %s is back: registered again", self.node)
         return True
 
     def run(self, stop: threading.Event) -> None:
+        """Passes until ``stop``; after a failed pass the next comes after ``retry_s``,
+        never later than ``interval_s``."""
         while not stop.is_set():
             try:
                 ok = self.once()
@@ -478,7 +502,7 @@ class NodeRegistrar:
                 log.exception("node register pass failed")
                 ok = False
             self._kick.clear()
-            wait = self.interval_s if ok else self.retry_s
+            wait = self.interval_s if ok else min(self.retry_s, self.interval_s)
             deadline = time.monotonic() + wait
             while not stop.is_set() and not self._kick.is_set() and time.monotonic() < deadline:
                 stop.wait(min(0.2, wait))
