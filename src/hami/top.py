@@ -50,6 +50,8 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
     ``unplaced`` (pods that carry hami annotations the scheduler would not count, with
     why) and ``quotas`` (namespaces with a GPU quota or GPU usage).
     """
+    from hami.offline import user_reason
+
     state = ClusterState(config)
     node_list = list(nodes)
     unregistered = []
@@ -58,7 +60,7 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
         reason = state.upsert_node(node)
         annotations = meta.get("annotations") or {}
         if reason and names.NODE_REGISTER in annotations:
-            unregistered.append({"name": meta.get("name", ""), "reason": reason})
+            unregistered.append({"name": meta.get("name", ""), "reason": user_reason(reason)})
     for quota in quotas:
         state.upsert_quota(quota)
     pod_names: dict[str, tuple[str, str]] = {}
