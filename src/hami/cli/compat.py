@@ -179,10 +179,10 @@ class HamiCommand(TyperCommand):
         self.params.extend(_params_of(_compat_function(list(self.hami_flags.values()))))
         self.aliases = {a: c for a, c in ALIASES.items() if a not in own and c in own}
 
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         return super().parse_args(ctx, normalize(args, self.params, self.aliases))
 
-    def invoke(self, ctx: typer.Context) -> Any:
+    def invoke(self, ctx: Any) -> Any:
         from hami.logs import setup_logging
 
         common = {k: ctx.params.pop(k) for k in _COMMON if k in ctx.params}
