@@ -36,6 +36,7 @@ JSON output schema (stable; ``schema`` is bumped on any incompatible change)::
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -54,6 +55,34 @@ SCHEMA = "hami.schedule/v1"
 
 class InputError(ValueError):
     """The cluster file cannot be read as Kubernetes objects."""
+
+
+_UNMARSHAL = re.compile(r"json: cannot unmarshal (\w+)(?: (\S+))? into Go struct field "
+                        r"\w+\.(\w+) of type (\S+)")
+_LEGACY = ("node annotation missing device separator", "malformed node annotation segment",
+           "unexpected field count", "field: ")
+
+
+def user_reason(reason: str) -> str:
+    """A node registration failure in the user's terms: what is wrong with the device
+    register annotation, with the scheduler's own wording (HAMi's, which events and logs
+    keep) in parentheses. Other reasons are returned unchanged."""
+    detail = reason.split(": ", 1)[1] if reason.startswith("node ") and ": " in reason \
+        else reason
+    match = _UNMARSHAL.search(detail)
+    if match:
+        got, value, field, want = match.groups()
+        shown = f"{got} {value}" if value else got
+        where = detail.split(": json:", 1)[0].removeprefix("node register annotation ")
+        return (f"the device register annotation's {where}: field {field!r} must be of "
+                f"type {want}, got {shown} ({detail})")
+    if "invalid JSON" in detail:
+        return f"the device register annotation is not valid JSON ({detail})"
+    if any(marker in detail for marker in _LEGACY):
+        return ("the device register annotation is neither a JSON list of devices nor "
+                "HAMi's older id,count,devmem,devcore,type,numa,health: text form "
+                f"({detail})")
+    return reason
 
 
 def load_objects(text: str) -> list[dict[str, Any]]:
@@ -160,7 +189,7 @@ def schedule(objects: Iterable[Mapping[str, Any]],
         if obj.get("kind") == "Node":
             name = (obj.get("metadata") or {}).get("name", "")
             node_names.append(name)
-            report["nodes"][name] = state.upsert_node(obj)
+            report["nodes"][name] = user_reason(state.upsert_node(obj))
             skipped = state.vendor_reasons.get(name) or {}
             if not report["nodes"][name] and skipped:
                 report["node_warnings"][name] = "; ".join(skipped[w] for w in sorted(skipped))

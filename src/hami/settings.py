@@ -70,15 +70,31 @@ def scheduler_config(device_config: Path | None = None, node_policy: str = "binp
                      gpu_policy: str = "spread",
                      scheduler_name: str = "hami-scheduler", *,
                      enable_ascend: bool = False,
-                     enable_iluvatar: bool = False) -> SchedulerConfig:
+                     enable_iluvatar: bool = False,
+                     default_memory_mib: int | None = None,
+                     default_cores_percent: int | None = None,
+                     default_gpu_num: int | None = None) -> SchedulerConfig:
     """One settings object from the flags HAMi's scheduler takes (HAMi v2.10); the device
-    config's vendor sections become the registry (built once, here).
+    config's vendor sections become the registry (built once, here). ``default_*``
+    (HAMi's ``--default-mem``, ``--default-cores``, ``--default-gpu``) replace the device
+    config's ``defaultMemory``, ``defaultCores``, ``defaultGPUNum`` when not None.
 
     Raises:
-        ConfigError: unreadable device config or a bad value in it.
+        ConfigError: unreadable device config, a bad value in it, or a negative default.
     """
+    from dataclasses import replace
+
     raw = read_device_config(device_config)
-    return SchedulerConfig(nvidia=_nvidia_section(raw, device_config),
+    nvidia = _nvidia_section(raw, device_config)
+    overrides = {k: v for k, v in (("default_memory_mib", default_memory_mib),
+                                   ("default_cores_percent", default_cores_percent),
+                                   ("default_gpu_num", default_gpu_num)) if v is not None}
+    for key, value in overrides.items():
+        if value < 0:
+            flag = {"default_memory_mib": "--default-mem", "default_cores_percent":
+                    "--default-cores", "default_gpu_num": "--default-gpu"}[key]
+            raise ConfigError(f"{flag} must be 0 or more, got {value}")
+    return SchedulerConfig(nvidia=replace(nvidia, **overrides),
                            policy=SchedulingPolicy(node_policy, gpu_policy),
                            scheduler_name=scheduler_name,
                            registry=device_registry(raw, enable_ascend=enable_ascend,

@@ -50,6 +50,8 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
     ``unplaced`` (pods that carry hami annotations the scheduler would not count, with
     why) and ``quotas`` (namespaces with a GPU quota or GPU usage).
     """
+    from hami.offline import user_reason
+
     state = ClusterState(config)
     node_list = list(nodes)
     unregistered = []
@@ -58,7 +60,7 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
         reason = state.upsert_node(node)
         annotations = meta.get("annotations") or {}
         if reason and names.NODE_REGISTER in annotations:
-            unregistered.append({"name": meta.get("name", ""), "reason": reason})
+            unregistered.append({"name": meta.get("name", ""), "reason": user_reason(reason)})
     for quota in quotas:
         state.upsert_quota(quota)
     pod_names: dict[str, tuple[str, str]] = {}
@@ -205,14 +207,22 @@ def render_table(view: Mapping[str, Any], *, width: int | None = None) -> str:
 def list_objects(client: Any, namespace: str | None = None) -> tuple[list[dict[str, Any]], ...]:
     """Nodes, Pods and ResourceQuotas from the cluster as plain dicts (lightkube).
 
-    ResourceQuotas that the caller may not list are skipped (empty list).
+    Pods of every namespace are listed even with ``namespace`` (a GPU's usage counts every
+    pod on it); only when that is forbidden (403) are the namespace's own pods listed.
+    ResourceQuotas are those of ``namespace`` (every one without it); ones the caller may
+    not list are skipped (empty list).
     """
     from lightkube import ApiError
     from lightkube.resources.core_v1 import Node, Pod, ResourceQuota
 
     ns = namespace or "*"
     nodes = [n.to_dict() for n in client.list(Node)]
-    pods = [p.to_dict() for p in client.list(Pod, namespace=ns)]
+    try:
+        pods = [p.to_dict() for p in client.list(Pod, namespace="*")]
+    except ApiError as err:
+        if err.status.code != 403 or namespace is None:
+            raise
+        pods = [p.to_dict() for p in client.list(Pod, namespace=ns)]
     try:
         quotas = [q.to_dict() for q in client.list(ResourceQuota, namespace=ns)]
     except ApiError as err:
@@ -222,38 +232,75 @@ def list_objects(client: Any, namespace: str | None = None) -> tuple[list[dict[s
     return nodes, pods, quotas
 
 
+def narrow(view: dict[str, Any], namespace: str | None, wanted_nodes: list[str] | None,
+           all_nodes: list[str]) -> dict[str, Any]:
+    """The view restricted for ``-n`` and ``--node``: usage figures stay the whole
+    cluster's (a card used by another namespace is not shown free), only the pods listed
+    are ``namespace``'s; nodes are those named.
+
+    Raises:
+        ValueError: a named node does not exist, or has no GPU registered by hami.
+    """
+    if wanted_nodes:
+        known = set(all_nodes)
+        registered = {n["name"] for n in view["nodes"]}
+        for name in wanted_nodes:
+            if name not in known:
+                raise ValueError(f"node {name!r} does not exist")
+            if name not in registered:
+                raise ValueError(f"node {name!r} has no GPU registered by hami's device "
+                                 "plugin")
+        view["nodes"] = [n for n in view["nodes"] if n["name"] in set(wanted_nodes)]
+    if namespace:
+        for n in view["nodes"]:
+            listed = set()
+            for d in n["devices"]:
+                d["pods"] = [p for p in d["pods"] if p["namespace"] == namespace]
+                listed |= {p["name"] for p in d["pods"]}
+            n["pods"] = len(listed)
+        view["unplaced"] = [p for p in view["unplaced"] if p["namespace"] == namespace]
+        view["quotas"] = [q for q in view["quotas"] if q["namespace"] == namespace]
+    return view
+
+
 def top(
     output: Annotated[TopOutput, typer.Option("-o", "--output", help="table | json")] = TopOutput.table,
     kubeconfig: Annotated[Path | None, typer.Option(envvar="KUBECONFIG",
                                                     help="default: in-cluster or ~/.kube/config")] = None,
     context: Annotated[str | None, typer.Option(help="kubeconfig context")] = None,
-    namespace: Annotated[str | None, typer.Option("-n", "--namespace",
-                                                  help="only pods of this namespace")] = None,
+    namespace: Annotated[str | None, typer.Option(
+        "-n", "--namespace", help="only pods and quotas of this namespace (GPU usage is "
+        "still every namespace's)")] = None,
     node: Annotated[list[str] | None, typer.Option("--node", help="only these nodes (repeatable)")] = None,
-    device_config: Annotated[Path | None, typer.Option(help="HAMi device-config.yaml (resource "
-                                                       "names for quotas)")] = None,
+    device_config_file: Annotated[Path | None, typer.Option(
+        "--device-config-file", help="HAMi device-config.yaml (resource names for quotas)")
+    ] = None,
 ) -> None:
     """GPUs of the cluster: allocated memory, cores and tasks vs capacity, and their pods."""
-    from lightkube import ApiError, Client, ConfigError, KubeConfig
+    from lightkube import ApiError, Client, KubeConfig
 
     from hami.core.config import ConfigError as HamiConfigError
+    from hami.kubehint import kube_hint
     from hami.settings import load_device_config
 
     try:
-        config = SchedulerConfig(nvidia=load_device_config(device_config))
+        config = SchedulerConfig(nvidia=load_device_config(device_config_file))
         kc = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
         client = Client(kc.get(context_name=context) if context else kc, trust_env=False)
         nodes, pods, quotas = list_objects(client, namespace)
-    except (ApiError, ConfigError, HamiConfigError, OSError) as exc:
+    except (ApiError, HamiConfigError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    except Exception as exc:  # transport errors of the HTTP client (refused, TLS, DNS)
-        typer.echo(f"error: cannot reach the API server: {exc}", err=True)
+    except Exception as exc:  # kubeconfig, transport errors (refused, TLS, DNS), files
+        typer.echo(f"error: {kube_hint(exc) or exc}", err=True)
         raise typer.Exit(2) from None
     view = cluster_view(nodes, pods, quotas, config)
-    if node:
-        wanted = set(node)
-        view["nodes"] = [n for n in view["nodes"] if n["name"] in wanted]
+    try:
+        view = narrow(view, namespace, node,
+                      [str(_meta(n).get("name") or "") for n in nodes])
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     if output is TopOutput.json:
         typer.echo(json.dumps(view, indent=2))
     else:

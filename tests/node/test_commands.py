@@ -23,7 +23,7 @@ def test_flags() -> None:
     opts = {name: {o for p in sub.params for o in p.opts}
             for name, sub in cmd.commands.items()}  # type: ignore[attr-defined]
     assert {"--node-name", "--backend", "--fake-inventory", "--install-lib", "--kubelet-socket",
-            "--config-file", "--node-config-file", "--hook-path"} <= opts["device-plugin"]
+            "--device-config-file", "--node-config-file", "--hook-path"} <= opts["device-plugin"]
     assert {"--metrics-bind-address", "--legacy-metrics"} <= opts["monitor"]
     assert CliRunner().invoke(app(), ["monitor", "--help"]).exit_code == 0
 

@@ -53,7 +53,7 @@ CLUSTER = [
 def test_schedule_sees_existing_usage_and_earlier_decisions():
     report = schedule(CLUSTER)
     assert report["schema"] == SCHEMA
-    assert report["nodes"]["gpu-1"] == "" and "broken" in report["nodes"]["broken"]
+    assert report["nodes"]["gpu-1"] == "" and "not valid JSON" in report["nodes"]["broken"]
     pods = {p["name"]: p for p in report["pods"]}
     first = pods["first"]
     assert first["admission"]["allowed"] and first["node"] == "gpu-1"  # binpack: used node

@@ -329,7 +329,7 @@ def _quota_denial(pod: Mapping[str, Any], config: SchedulerConfig,
     if quota.fits(request.namespace, mem, cores):
         return ""
     return (f"exceeding resource quota: namespace {request.namespace} asks for {mem} MiB "
-            f"and {cores}% cores of GPU beyond its limits.nvidia.com quota")
+            f"and {cores}% cores of GPU; {quota.describe(request.namespace)}")
 
 
 def admit_ephemeral(pod: Mapping[str, Any], old_pod: Mapping[str, Any] | None,

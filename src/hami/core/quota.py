@@ -103,6 +103,26 @@ class QuotaLedger:
         return not (ns.cores_limit_percent is not None
                     and ns.cores_used_percent + cores_percent > ns.cores_limit_percent)
 
+    def describe(self, namespace: str) -> str:
+        """The namespace's limits in words, for a denial: per limited resource the
+        ResourceQuota that sets it (the tightest), the limit and the use, e.g.
+        ``ResourceQuota team/gpu: limits.nvidia.com/gpumem 8192 MiB (6000 in use)``;
+        "" when nothing is limited."""
+        ns = self._namespaces.get(namespace, NamespaceQuota())
+        parts = []
+        for pos, limit, used, key, unit in (
+                (0, ns.memory_limit_mib, ns.memory_used_mib,
+                 self._config.resource_memory_name, " MiB"),
+                (1, ns.cores_limit_percent, ns.cores_used_percent,
+                 self._config.resource_core_name, "%")):
+            if limit is None:
+                continue
+            owner = min(name for (q_ns, name), lim in self._sources.items()
+                        if q_ns == namespace and lim[pos] == limit)
+            parts.append(f"ResourceQuota {namespace}/{owner}: limits.{key} {limit}{unit} "
+                         f"({used}{unit} in use)")
+        return "; ".join(parts)
+
     def charge(self, namespace: str, memory_mib: int, cores_percent: int) -> None:
         """Add a placed pod's usage."""
         ns = self._ns(namespace)

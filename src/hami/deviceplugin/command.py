@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from hami.deviceplugin.guard import AllocationGuard
+from hami.durations import seconds
 from hami.keyring import KeyRing
 
 log = logging.getLogger("hami.deviceplugin")
@@ -55,7 +56,8 @@ def device_plugin(
         "/var/lib/kubelet/device-plugins"),
     kubelet_socket: Annotated[Path | None, typer.Option(envvar="KUBELET_SOCKET",
                                                         help="default <dir>/kubelet.sock")] = None,
-    config_file: Annotated[Path | None, typer.Option(help="HAMi device-config.yaml")] = None,
+    config_file: Annotated[Path | None, typer.Option(
+        "--device-config-file", help="HAMi device-config.yaml")] = None,
     node_config_file: Annotated[Path, typer.Option(help="per-node JSON override")] = Path(
         "/config/config.json"),
     backend: Annotated[str, typer.Option(help="nvml | fake")] = "nvml",
@@ -63,15 +65,18 @@ def device_plugin(
     kubeconfig: Annotated[Path | None, typer.Option(envvar="KUBECONFIG")] = None,
     lock_dir: Annotated[str, typer.Option(
         help="ignored (kept for compatibility): each container gets its own /tmp/vgpulock")] = "/tmp/vgpulock",
-    register_interval: Annotated[float, typer.Option(help="seconds between register passes")] = 30.0,
+    register_interval: Annotated[float, typer.Option(
+        parser=seconds, metavar="DURATION",
+        help="time between register passes (30s, or seconds: 30)")] = 30.0,
     install_lib_dir: Annotated[Path | None, typer.Option(
         "--install-lib", help="install libvgpu.so + ld.so.preload into DIR and exit")] = None,
     lib_path: Annotated[Path, typer.Option(help="libvgpu.so to install")] = DEFAULT_LIB,
     mig_apply_lock: Annotated[Path, typer.Option(
         help="MIG apply lock file (operatingmode mig)")] = Path("/tmp/hami/hami-mig-apply.lock"),
     watch_idle_timeout: Annotated[float, typer.Option(
-        help="seconds without an event or bookmark after which the node watch is "
-             "resumed on a new connection")] = 120.0,
+        parser=seconds, metavar="DURATION",
+        help="time without an event or bookmark after which the node watch is "
+             "resumed on a new connection (2m, or seconds: 120)")] = 120.0,
     allocation_key_dir: Annotated[Path | None, typer.Option(
         help="directory of the allocation key shared with the scheduler (files 'current', "
              "'next', 'previous'): only allocations hami's scheduler signed are served")] = None,
@@ -80,14 +85,11 @@ def device_plugin(
              "migration from HAMi)")] = False,
     scheduler_name: Annotated[str, typer.Option(
         help="schedulerName of the pods whose allocations are served")] = "hami-scheduler",
-    verbose: Annotated[int, typer.Option("-v", help="log verbosity")] = 0,
 ) -> None:
     """Kubelet device plugin: advertise GPU replicas, answer Allocate (HAMi-core 1.2)."""
     from hami import __version__
     from hami.netlimits import raise_open_files_limit
 
-    logging.basicConfig(level=logging.DEBUG if verbose > 2 else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     raise_open_files_limit()
     if install_lib_dir is not None:
         try:
@@ -111,7 +113,9 @@ def device_plugin(
                    watch_idle_timeout_s=watch_idle_timeout,
                    guard=_guard(allocation_key_dir, trust_unsigned_allocations, scheduler_name))
     except Exception as exc:  # noqa: BLE001 - report and exit non-zero
-        typer.echo(f"error: {exc}", err=True)
+        from hami.kubehint import kube_hint
+
+        typer.echo(f"error: {kube_hint(exc) or exc}", err=True)
         raise typer.Exit(1) from None
 
 

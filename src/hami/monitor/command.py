@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import time
@@ -14,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from hami.deviceplugin.allocate import VGPU_NODE, PodView
+from hami.durations import seconds
 from hami.monitor.feedback import ContainerFeedback, observe
 from hami.monitor.lister import ContainerLister
 from hami.monitor.pods import DEFAULT_PRIORITY, container_grants, pod_finished
@@ -166,39 +166,53 @@ def run_monitor(*, node: str, hook_path: Path, kube: Any, stop: threading.Event,
 
 
 def monitor(
+    hook_path: Annotated[Path | None, typer.Option(
+        envvar="HOOK_PATH", show_envvar=True,
+        help="required: the directory holding the containers' vGPU caches "
+             "(<it>/containers; the chart sets <global.gpuHookPath>/vgpu)")] = None,
+    node_name: Annotated[str, typer.Option(
+        envvar="NODE_NAME", show_envvar=True,
+        help="required: this node (the chart sets it from spec.nodeName)")] = "",
     metrics_bind_address: Annotated[str, typer.Option(help="host:port of /metrics")] = ":9394",
     legacy_metrics: Annotated[bool, typer.Option(help="also emit HAMi's legacy names")] = False,
-    kubeconfig: Annotated[Path | None, typer.Option(envvar="KUBECONFIG")] = None,
-    verbose: Annotated[int, typer.Option("-v", help="log verbosity")] = 0,
+    kubeconfig: Annotated[Path | None, typer.Option(
+        envvar="KUBECONFIG", show_envvar=True,
+        help="kubeconfig (default: in-cluster, else ~/.kube/config)")] = None,
+    resync_interval: Annotated[float, typer.Option(
+        envvar="HAMI_RESYNC_INTERVAL", show_envvar=True, parser=seconds, metavar="DURATION",
+        help="how long a container's cache of a pod that is gone is kept (5m, or "
+             "seconds)")] = 300.0,
 ) -> None:
-    """vGPU monitor: per-container metrics and the priority feedback loop (HAMi-core 1.2)."""
+    """vGPU monitor: per-container metrics and the priority feedback loop (HAMi-core 1.2).
+
+    Needs HOOK_PATH and NODE_NAME (environment, or --hook-path and --node-name), NVML
+    for the host GPU metrics (optional) and read access to the node's pods."""
     from hami import __version__
     from hami.deviceplugin.kube import KubeApi, make_client
     from hami.monitor.metrics import NoHostGpus, NvmlHostGpus
 
-    logging.basicConfig(level=logging.DEBUG if verbose > 2 else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     raise_open_files_limit()
-    if "HOOK_PATH" not in os.environ:
-        typer.echo("error: HOOK_PATH must be set", err=True)
+    if hook_path is None:
+        typer.echo("error: HOOK_PATH (or --hook-path) must be set: the directory holding "
+                   "containers/ with the vGPU caches, e.g. /usr/local/vgpu", err=True)
         raise typer.Exit(2)
-    node = os.environ.get("NODE_NAME", "")
-    if not node:
-        typer.echo("error: NODE_NAME must be set", err=True)
+    if not node_name:
+        typer.echo("error: NODE_NAME (or --node-name) must be set to this node's name",
+                   err=True)
         raise typer.Exit(2)
-    grace = _duration_s(os.environ.get("HAMI_RESYNC_INTERVAL", "5m"))
     try:
         host: Any = NvmlHostGpus()
     except Exception as exc:  # noqa: BLE001 - no driver: container metrics only
         log.warning("NVML unavailable, host metrics off: %s", exc)
         host = NoHostGpus()
+    kube = KubeApi(make_client(kubeconfig))
     MIG_APPLY_LOCK.parent.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    run_monitor(node=node, hook_path=Path(os.environ["HOOK_PATH"]),
-                kube=KubeApi(make_client(kubeconfig)), stop=stop, bind=metrics_bind_address,
-                legacy=legacy_metrics, grace_s=grace, host=host, version=__version__)
+    run_monitor(node=node_name, hook_path=hook_path, kube=kube, stop=stop,
+                bind=metrics_bind_address, legacy=legacy_metrics, grace_s=resync_interval,
+                host=host, version=__version__)
 
 
 def _duration_s(text: str) -> float:

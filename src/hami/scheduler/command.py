@@ -14,12 +14,12 @@ from hami.core.config import ConfigError
 
 
 def _duration(text: str, flag: str) -> timedelta:
-    from hami.scheduler.nodelock import parse_go_duration
+    from hami.durations import parse_duration
 
     try:
-        return parse_go_duration(text)
-    except ValueError:
-        raise typer.BadParameter(f"{flag}: {text!r} is not a duration such as 5m, 28s, 500ms") from None
+        return parse_duration(text)
+    except ValueError as exc:
+        raise typer.BadParameter(f"{flag}: {exc}") from None
 
 
 def scheduler(
@@ -77,7 +77,15 @@ def scheduler(
              "are closed at once (0: no cap); loopback peers are never refused")] = 256,
     watch_idle_timeout: Annotated[str, typer.Option(
         help="restart an API watch that brought no event or bookmark for this long")] = "2m",
-    debug: Annotated[bool, typer.Option(help="verbose logs")] = False,
+    default_mem: Annotated[int | None, typer.Option(
+        "--default-mem", help="MiB a GPU container gets when it names no memory "
+        "(overrides the device config's defaultMemory; 0: the whole card)")] = None,
+    default_cores: Annotated[int | None, typer.Option(
+        "--default-cores", help="core percent a GPU container gets when it names none "
+        "(overrides defaultCores)")] = None,
+    default_gpu: Annotated[int | None, typer.Option(
+        "--default-gpu", help="GPUs a container asking only for memory or cores gets "
+        "(overrides defaultGPUNum)")] = None,
 ) -> None:
     """Run the scheduler extender + mutating webhook (HAMi's hami-scheduler)."""
     from hami.keyring import KeyRing, KeyRingError
@@ -85,11 +93,7 @@ def scheduler(
     from hami.scheduler.server import serve
     from hami.scheduler.settings import SchedulerSettings, parse_label_selector
 
-    logging.basicConfig(level=logging.DEBUG if debug else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     raise_open_files_limit()
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    logging.getLogger("httpx2").setLevel(logging.WARNING)
     try:
         settings = SchedulerSettings(
             http_bind=http_bind, cert_file=cert_file, key_file=key_file,
@@ -121,7 +125,9 @@ def scheduler(
             http_body_timeout=_duration(http_body_timeout, "--http-body-timeout"),
             http_max_connections=http_max_connections,
             watch_idle_timeout=_duration(watch_idle_timeout, "--watch-idle-timeout"),
-            debug=debug)
+            default_memory_mib=default_mem, default_cores_percent=default_cores,
+            default_gpu_num=default_gpu,
+            debug=logging.getLogger("hami").isEnabledFor(logging.DEBUG))
         settings.validate()
         settings.scheduler_config()
         if settings.allocation_key_dir:

@@ -87,7 +87,7 @@ class LeaderElector:
 
     async def _set(self, leader: bool) -> None:
         if leader != self.leader:
-            log.warning("%s leadership of %s/%s", "acquired" if leader else "lost",
+            log.info("%s leadership of %s/%s", "acquired" if leader else "lost",
                         self.namespace, self.name)
             self.leader = leader
             try:

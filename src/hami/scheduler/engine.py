@@ -47,6 +47,7 @@ from hami.core.state import TERMINAL_PHASES, ClusterState, pod_uid
 from hami.extender.wire import BindArgs, FilterArgs, filter_result
 from hami.keyring import KeyRing
 from hami.kube import KubeError, WatchIdle
+from hami.scheduler import decisionlog
 from hami.scheduler.binder import LockError, NodeLocks, acquire_all
 from hami.scheduler.events import (
     BINDING_FAILED,
@@ -100,6 +101,20 @@ class _NoObserver:
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, Mapping) else {}
+
+
+def _review_pod(body: bytes) -> tuple[str, str]:
+    """Namespace and name (or generateName) of an AdmissionReview's pod, for the log of
+    a denial; ``("", "")`` when the body says neither."""
+    import json
+
+    try:
+        request = json.loads(body).get("request") or {}
+        meta = (request.get("object") or {}).get("metadata") or {}
+        return (str(request.get("namespace") or meta.get("namespace") or ""),
+                str(meta.get("name") or meta.get("generateName") or ""))
+    except (ValueError, AttributeError, TypeError, RecursionError):
+        return "", ""
 
 
 def _ordered(node_names: list[str] | None) -> list[str] | None:
@@ -502,15 +517,20 @@ class Engine:
     async def _filter(self, args: FilterArgs) -> JSON:
         if args.nodes is not None:
             return self.simulate(args)
+        started = time.perf_counter()
+        n = len(args.node_names or ())
         not_ready = await self._ready()
         if not_ready:
+            decisionlog.filter_other(_meta(args.pod), "error", not_ready, n)
             return filter_result(error=not_ready)
         try:
             pod = await self.pending.resolve(args.pod, self.kube.get_pod)
         except UnknownPod as exc:
             self.counters.unknown_pods += 1
+            decisionlog.filter_other(_meta(args.pod), "error", str(exc), n)
             return filter_result(error=str(exc))
         except KubeError as exc:
+            decisionlog.filter_other(_meta(args.pod), "error", exc.message, n)
             return filter_result(error=f"cannot read the pod: {exc.message}")
         meta = _meta(pod)
         weights = (meta.get("annotations") or {}).get(names.DEVICE_SCORING_WEIGHTS)
@@ -520,15 +540,19 @@ class Engine:
             decision = self.state.filter(pod, _ordered(args.node_names), now_ns=time.time_ns())
         except (RequestError, FilterError, CodecError) as exc:
             self.events.emit(meta, FILTERING_FAILED, str(exc), warning=True)
+            decisionlog.filter_other(meta, "error", str(exc), n)
             return filter_result(error=str(exc))
         result = decision.result
         for warning in result.policy_warnings:
             self.events.emit(meta, UNKNOWN_SCHEDULER_POLICY, warning, warning=True)
         if result.passthrough:
             self.pending.filtered(pod_uid(pod))
+            decisionlog.filter_other(meta, "passthrough", candidates=n)
             return filter_result(node_names=args.node_names)
         if result.node is None:
-            self._unschedulable_events(meta, result.failed_nodes, len(args.node_names or ()))
+            self._unschedulable_events(meta, result.failed_nodes, n)
+            decisionlog.filter_unschedulable(meta, result.failed_nodes, n,
+                                             time.perf_counter() - started)
             return filter_result(failed=result.failed_nodes)
         uid = pod_uid(pod)
         annotations = {**decision.annotations, names.VGPU_TIME: str(int(time.time()))}
@@ -542,7 +566,8 @@ class Engine:
         # in between is refused by the API server (the UID is immutable).
         patch = {"metadata": {"uid": uid, "annotations": annotations,
                               "labels": {names.VGPU_NODE: result.node}}}
-        n = len(args.node_names or ())
+        decisionlog.filter_placed(meta, result.node, decision.annotations, result.score, n,
+                                  time.perf_counter() - started)
         success = (f"find fit node({result.node}), {n - 1} nodes not fit, 1 nodes "
                    f"fit({result.node}:{result.score:.2f})")
         write = self._write_allocation(meta, uid, entry, patch, success,
@@ -656,26 +681,37 @@ class Engine:
         return f"{who} with UID {args.pod_uid} was not filtered by this scheduler"
 
     async def _bind(self, args: BindArgs) -> JSON:
+        started = time.perf_counter()
+        reply, lock_wait_s = await self._bind_locked(args)
+        decisionlog.bind(args.pod_namespace or "default", args.pod_name, args.node,
+                         lock_wait_s, str(reply["Error"]), time.perf_counter() - started)
+        return reply
+
+    async def _bind_locked(self, args: BindArgs) -> tuple[JSON, float]:
+        """The bind's reply and the seconds it waited for the node lock(s)."""
         not_ready = await self._ready()
         if not_ready:
-            return {"Error": not_ready}
+            return {"Error": not_ready}, 0.0
         ns = args.pod_namespace or "default"
         meta = {"namespace": ns, "name": args.pod_name, "uid": args.pod_uid}
         refusal = self._bind_refusal(args)
         if refusal:
             self.counters.unknown_pods += 1
-            return {"Error": refusal}
+            return {"Error": refusal}, 0.0
         pending = self._pending_patch.pop(args.pod_uid, None)
         if pending is not None:
             error = (await asyncio.gather(pending, return_exceptions=True))[0]
             if error:
                 message = str(error)
                 self.events.emit(meta, BINDING_FAILED, message, warning=True)
-                return {"Error": message}
+                return {"Error": message}, 0.0
         entry = self.state.ledger.pod(args.pod_uid)
         held: list[NodeLocks] = []
+        lock_started = time.perf_counter()
+        lock_wait_s = 0.0
         try:
             held = await acquire_all(self._bind_locks(entry), args.node, ns, args.pod_name)
+            lock_wait_s = time.perf_counter() - lock_started
             if entry is not None:
                 await self.kube.patch_pod(ns, args.pod_name, {"metadata": {
                     "uid": args.pod_uid, "annotations": {
@@ -686,12 +722,12 @@ class Engine:
             for locks in reversed(held):  # HAMi releases acquired vendors in reverse
                 await locks.release(args.node, ns, args.pod_name)
             self.events.emit(meta, BINDING_FAILED, message, warning=True)
-            return {"Error": message}
+            return {"Error": message}, lock_wait_s or time.perf_counter() - lock_started
         self.pending.bound(args.pod_uid)
         self.events.emit(meta, BINDING_SUCCEED,
                          f"Successfully binding node [{args.node}] to {ns}/{args.pod_name}",
                          warning=False)
-        return {"Error": ""}
+        return {"Error": ""}, lock_wait_s
 
     def _bind_locks(self, entry: Any) -> list[NodeLocks]:
         """The node locks a bind takes (HAMi v2.10): per vendor that a regular container
@@ -710,8 +746,16 @@ class Engine:
 
     # ------------------------------------------------------------- webhook
     def admit(self, body: bytes) -> JSON:
-        """``/webhook``: AdmissionReview -> AdmissionReview (HAMi v2.10), every vendor."""
-        return review(body, self.config, self.state.quota, self.state.vendor_quota)
+        """``/webhook``: AdmissionReview -> AdmissionReview (HAMi v2.10), every vendor; a
+        denial is logged (:func:`decisionlog.admission_denied`)."""
+        reply = review(body, self.config, self.state.quota, self.state.vendor_quota)
+        response = reply.get("response") or {}
+        if response.get("allowed") is False:
+            status = response.get("status") or {}
+            namespace, name = _review_pod(body)
+            decisionlog.admission_denied(namespace, name, int(status.get("code") or 0),
+                                         str(status.get("message") or ""))
+        return reply
 
     # -------------------------------------------------------------- status
     def ready(self) -> bool:

@@ -223,7 +223,7 @@ class TlsReloader:
             if self._mtimes() == self._stamp:
                 return False
             self.load()
-            log.warning("reloaded TLS certificate %s", self.cert_file)
+            log.info("reloaded TLS certificate %s", self.cert_file)
             return True
         except (OSError, ssl.SSLError) as exc:  # half-written files: keep the old pair
             log.warning("TLS reload failed, keeping the old certificate: %s", exc)
@@ -285,7 +285,7 @@ async def serve(settings: SchedulerSettings, *, kube: Any = None,
         if settings.leader_elect:
             elector = LeaderElector(kube, settings, engine.set_leader)
             tasks.append(asyncio.create_task(elector.run(), name="leader-election"))
-        log.warning("hami scheduler serving on %s (metrics %s), %s", ports.get("http"),
+        log.info("hami scheduler serving on %s (metrics %s), %s", ports.get("http"),
                     ports.get("metrics"), engine.snapshot())
         if started:
             started(ports)

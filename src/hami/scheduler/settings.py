@@ -94,6 +94,11 @@ class SchedulerSettings:
     pod_name: str = field(default_factory=lambda: os.environ.get("POD_NAME", ""))
     pod_namespace: str = field(default_factory=lambda: os.environ.get("POD_NAMESPACE", ""))
     debug: bool = False
+    #: HAMi's ``--default-mem``, ``--default-cores``, ``--default-gpu``: replace the device
+    #: config's ``defaultMemory`` (MiB), ``defaultCores`` (percent), ``defaultGPUNum``.
+    default_memory_mib: int | None = None
+    default_cores_percent: int | None = None
+    default_gpu_num: int | None = None
     #: Also serve HAMi's pre-2.5 metric names (HAMi v2.10).
     legacy_metrics: bool = False
 
@@ -136,7 +141,10 @@ class SchedulerSettings:
         path = Path(self.device_config_file) if self.device_config_file else None
         config = scheduler_config(path, self.node_scheduler_policy, self.gpu_scheduler_policy,
                                   self.scheduler_name, enable_ascend=self.enable_ascend,
-                                  enable_iluvatar=self.enable_iluvatar)
+                                  enable_iluvatar=self.enable_iluvatar,
+                                  default_memory_mib=self.default_memory_mib,
+                                  default_cores_percent=self.default_cores_percent,
+                                  default_gpu_num=self.default_gpu_num)
         return replace(config,
                        force_overwrite_default_scheduler=self.force_overwrite_default_scheduler,
                        hook_path=self.gpu_hook_path,

@@ -58,16 +58,23 @@ def parse_seeds(text: str) -> list[int]:
     for part in (p.strip() for p in text.split(",")):
         if not part:
             continue
-        if "-" in part[1:]:
-            lo_text, hi_text = part.split("-", 1) if part[0] != "-" else ("", "")
-            lo, hi = int(lo_text), int(hi_text)
-            if hi < lo:
-                raise ValueError(f"descending seed range {part!r}")
-            seeds.extend(range(lo, hi + 1))
-        else:
-            seeds.append(int(part))
+        try:
+            if "-" in part[1:]:
+                lo_text, hi_text = part.split("-", 1) if part[0] != "-" else ("", "")
+                lo, hi = int(lo_text), int(hi_text)
+                if hi < lo:
+                    raise ValueError(f"--seeds: the range {part!r} runs backwards; write "
+                                     f"it low-high, e.g. {hi}-{lo}")
+                seeds.extend(range(lo, hi + 1))
+            else:
+                seeds.append(int(part))
+        except ValueError as exc:
+            if str(exc).startswith("--seeds"):
+                raise
+            raise ValueError(f"--seeds: {part!r} is not a seed; give whole numbers such as "
+                             "42, a list 42,43 or a range 42-51") from None
     if not seeds:
-        raise ValueError("no seed given")
+        raise ValueError("--seeds: no seed given; e.g. 42, 42,43 or 42-51")
     return list(dict.fromkeys(seeds))
 
 

@@ -74,6 +74,19 @@ def test_top_namespace_filter(known_cluster: None, control_plane: ControlPlane) 
     result = run_top(control_plane, "-o", "json", "-n", "team-a", "--node", "top-b")
     view = json.loads(result.output)
     assert view["nodes"][0]["pods"] == 0  # team-b's pods are not listed
+    # ... but the cards they use are not shown free (issue 14).
+    expected = next(n for n in EXPECTED["nodes"] if n["name"] == "top-b")
+    assert view["nodes"][0]["memory_mib"] == expected["memory_mib"]
+    gpu0 = view["nodes"][0]["devices"][0]
+    assert gpu0["memory_mib"]["used"] == 40960 and gpu0["pods"] == []
+
+
+def test_top_unknown_node_is_an_error(known_cluster: None, control_plane: ControlPlane) -> None:
+    result = run_top(control_plane, "--node", "nosuch")
+    assert result.exit_code == 1
+    assert "node 'nosuch' does not exist" in result.output
+    result = run_top(control_plane, "--node", "top-cpu")
+    assert result.exit_code == 1 and "no GPU registered" in result.output
 
 
 def test_top_reports_unreachable_cluster(tmp_path: Any) -> None:

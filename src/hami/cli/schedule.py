@@ -1,0 +1,123 @@
+"""``hami schedule``: the offline dry run of admission and scheduling, for people."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+
+class Output(StrEnum):
+    """Output formats of ``hami schedule``."""
+
+    json = "json"
+    table = "table"
+
+
+def schedule_command(
+    file: Annotated[Path, typer.Option("-f", "--file", help="YAML/JSON stream of Nodes, Pods, "
+                                       "ResourceQuotas ('-' for stdin)")],
+    device_config_file: Annotated[Path | None, typer.Option(
+        "--device-config-file", help="HAMi device-config.yaml")] = None,
+    node_scheduler_policy: Annotated[str, typer.Option(
+        "--node-scheduler-policy", help="binpack | spread | fragmentation-aware")] = "binpack",
+    gpu_scheduler_policy: Annotated[str, typer.Option(
+        "--gpu-scheduler-policy", help="spread | binpack | topology-aware | mutex | "
+        "fragmentation-aware | numa, or a comma list (numa,binpack)")] = "spread",
+    scheduler_name: Annotated[str, typer.Option(help="schedulerName the webhook sets")] = "hami-scheduler",
+    output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
+    enable_ascend: Annotated[bool, typer.Option(help="register the device config's vnpus (Ascend) vendors")] = False,
+    enable_iluvatar: Annotated[bool, typer.Option(help="register the device config's iluvatars vendors")] = False,
+    default_mem: Annotated[int | None, typer.Option(
+        "--default-mem", help="MiB a GPU container gets when it names no memory "
+        "(overrides the device config's defaultMemory; 0: the whole card)")] = None,
+    default_cores: Annotated[int | None, typer.Option(
+        "--default-cores", help="core percent a GPU container gets when it names none "
+        "(overrides defaultCores)")] = None,
+    default_gpu: Annotated[int | None, typer.Option(
+        "--default-gpu", help="GPUs a container asking only for memory or cores gets "
+        "(overrides defaultGPUNum)")] = None,
+) -> None:
+    """Dry-run admission and scheduling of the pending pods in a cluster file."""
+    from hami.core.config import GPU_POLICIES, NODE_POLICIES, ConfigError
+    from hami.offline import InputError, load_objects, schedule
+    from hami.settings import scheduler_config
+
+    if node_scheduler_policy not in NODE_POLICIES:
+        typer.echo(f"error: --node-scheduler-policy must be one of {', '.join(NODE_POLICIES)}, "
+                   f"got {node_scheduler_policy!r}", err=True)
+        raise typer.Exit(2)
+    bad = [p for p in gpu_scheduler_policy.split(",") if p.strip() not in (*GPU_POLICIES, "numa")]
+    if bad:
+        typer.echo(f"error: --gpu-scheduler-policy entries must be among "
+                   f"{', '.join(GPU_POLICIES)}, numa; got {', '.join(map(repr, bad))}", err=True)
+        raise typer.Exit(2)
+    try:
+        text = sys.stdin.read() if str(file) == "-" else file.read_text()
+        config = scheduler_config(device_config_file, node_scheduler_policy,
+                                  gpu_scheduler_policy, scheduler_name,
+                                  enable_ascend=enable_ascend, enable_iluvatar=enable_iluvatar,
+                                  default_memory_mib=default_mem,
+                                  default_cores_percent=default_cores,
+                                  default_gpu_num=default_gpu)
+        objects = load_objects(text)
+        report = schedule(objects, config)
+    except (OSError, InputError, ConfigError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if output is Output.json:
+        typer.echo(json.dumps(report, indent=2, sort_keys=False))
+    else:
+        print_table(report)
+    if not report["pods"]:
+        kinds = sorted({str(o.get("kind")) for o in objects})
+        typer.echo(f"{file}: no pending pods to schedule (the file holds "
+                   f"{len(objects)} objects: {', '.join(kinds) or 'none'}); add Pods "
+                   "without spec.nodeName", err=True)
+
+
+def _patch_lines(patch: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for op in patch:
+        value = op.get("value")
+        shown = "" if "value" not in op else "=" + (value if isinstance(value, str)
+                                                   else json.dumps(value, separators=(",", ":")))
+        lines.append(f"{op.get('op')} {op.get('path')}{shown}")
+    return lines
+
+
+def print_table(report: dict[str, Any]) -> None:
+    """The report as a table: per pod its admission (verdict and the patch the webhook
+    applies), its node (``unschedulable`` when no node fits) and its devices or why not."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="hami schedule (dry run)")
+    for col in ("pod", "admission", "node", "devices / reason"):
+        table.add_column(col, overflow="fold")
+    for pod in report["pods"]:
+        adm = pod["admission"]
+        verdict = "allowed" if adm["allowed"] else f"denied: {adm['message']}"
+        if adm["allowed"] and adm.get("patch"):
+            verdict += "\npatch:\n" + "\n".join(_patch_lines(adm["patch"]))
+        if pod["node"]:
+            node = pod["node"]
+            detail = "\n".join(f"{k.removeprefix('hami.io/')}={v}"
+                               for k, v in pod["annotations"].items()
+                               if k.endswith("-allocated") and v) or "-"
+        else:
+            reasons = "; ".join(f"{n}: {r}" for n, r in pod["failed_nodes"].items())
+            node = "unschedulable" if adm["allowed"] and not pod["error"] else "-"
+            detail = pod["error"] or reasons or ("no node in the file" if node != "-" else "-")
+        table.add_row(f"{pod['namespace']}/{pod['name']}", verdict, node, detail)
+    console = Console()
+    console.print(table)
+    for name, why in report["nodes"].items():
+        if why:
+            console.print(f"node {name} not registered: {why}", soft_wrap=True)
+    for name, why in report.get("node_warnings", {}).items():
+        console.print(f"node {name} registered without some devices: {why}", soft_wrap=True)

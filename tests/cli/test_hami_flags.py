@@ -1,0 +1,193 @@
+"""HAMi's flags, the common options and one vocabulary on every ``hami`` command."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from hami import __version__
+from hami.cli import app
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+#: HAMi v2.10's chart: the extender's arguments with its default values and extraArgs.
+SCHEDULER_CHART_ARGS = [
+    "--http_bind=0.0.0.0:9443", "--cert_file=/tls/tls.crt", "--key_file=/tls/tls.key",
+    "--scheduler-name=hami-scheduler", "--metrics-bind-address=:9395",
+    "--node-scheduler-policy=binpack", "--gpu-scheduler-policy=spread",
+    "--force-overwrite-default-scheduler=true", "--device-config-file=/device-config.yaml",
+    "--leader-elect=true", "--leader-elect-resource-name=hami-scheduler",
+    "--leader-elect-resource-namespace=kube-system",
+    "--device-plugin-namespace=kube-system",
+    "--device-plugin-service-account=hami-device-plugin", "--enable-ascend=true",
+    "--enable-iluvatar=true", "--node-label-selector=gpu=on", "--legacy-metrics=true",
+    "--kube-qps=5", "--kube-burst=10", "--kube-timeout=10", "--node-lock-retry-timeout=28s",
+    "--debug", "-v=4"]
+DEVICE_PLUGIN_CHART_ARGS = ["--config-file=/device-config.yaml", "--mig-strategy=none",
+                            "--disable-core-limit=false", "-v=4"]
+MONITOR_CHART_ARGS = ["--legacy-metrics=true", "-v=4"]
+COMMON_HAMI_FLAGS = ["-v=2", "--v=3", "-v", "4", "--debug", "--kube-qps=5", "--kube-burst",
+                     "10", "--default-mem=1024", "--default-cores=10", "--default-gpu=1",
+                     "--profiling"]
+COMMANDS = ["schedule", "scheduler", "simulate", "device-plugin", "monitor", "top", "certgen",
+            "version"]
+
+
+def parse(name: str, args: list[str]) -> dict:
+    """Parse ``hami <name> args`` exactly as the command line would, without running it."""
+    group = typer.main.get_command(app)
+    cmd = group.commands[name]  # type: ignore[attr-defined]
+    ctx = cmd.make_context(name, list(args), parent=group.make_context("hami", [name]))
+    return dict(ctx.params)
+
+
+@pytest.mark.parametrize(("name", "args"), [("scheduler", SCHEDULER_CHART_ARGS),
+                                            ("device-plugin", DEVICE_PLUGIN_CHART_ARGS),
+                                            ("monitor", MONITOR_CHART_ARGS)])
+def test_hami_chart_arguments_parse(name: str, args: list[str]) -> None:
+    params = parse(name, args)
+    assert params["verbosity"] == 4
+
+
+def test_chart_values_reach_the_scheduler() -> None:
+    params = parse("scheduler", SCHEDULER_CHART_ARGS)
+    assert params["leader_elect"] is True and params["enable_ascend"] is True
+    assert params["force_overwrite_default_scheduler"] is True
+    assert params["debug"] is True and params["legacy_metrics"] is True
+    assert params["device_config_file"] == "/device-config.yaml"
+    off = parse("scheduler", ["--force-overwrite-default-scheduler=false", "--leader-elect=0"])
+    assert off["force_overwrite_default_scheduler"] is False and off["leader_elect"] is False
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_command_takes_hamis_common_flags(name: str) -> None:
+    required = {"schedule": ["-f", "x"], "certgen": ["--namespace", "ns"]}.get(name, [])
+    params = parse(name, [*COMMON_HAMI_FLAGS, *required])
+    assert params["verbosity"] == 4 and params["debug"] is True
+
+
+def test_bad_boolean_value_is_a_usage_error() -> None:
+    result = CliRunner().invoke(app, ["monitor", "--legacy-metrics=maybe"])
+    assert result.exit_code == 2
+    assert "--legacy-metrics=maybe: expected true or false" in result.output
+
+
+def test_flag_without_effect_warns_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HOOK_PATH", raising=False)
+    env = {**os.environ, "PYTHONPATH": SRC}
+    env.pop("HOOK_PATH", None)
+    proc = subprocess.run([sys.executable, "-m", "hami.cli", "monitor", "--profiling",
+                           "--kube-qps=5", "-v=4"], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert proc.returncode == 2
+    warnings = [line for line in proc.stderr.splitlines() if "has no effect" in line]
+    assert len(warnings) == 2, proc.stderr
+    assert any("--profiling has no effect in hami monitor" in w for w in warnings)
+    assert all("level=warning" in w for w in warnings)
+    assert "HOOK_PATH" in proc.stderr.splitlines()[-1]
+    assert "Traceback" not in proc.stderr
+
+
+def test_default_flags_are_honoured_by_schedule(tmp_path: Path) -> None:
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("""
+kind: Node
+metadata:
+  name: n1
+  annotations:
+    hami.io/node-handshake: "Requesting_2024.01.01 00:00:00"
+    hami.io/node-nvidia-register: '[{"id":"GPU-a","count":10,"devmem":16000,"devcore":100,"type":"NVIDIA-T4","health":true,"numa":0,"mode":"hami-core","index":0}]'
+---
+kind: Pod
+metadata: {name: p, namespace: default, uid: u1}
+spec:
+  containers:
+  - name: c
+    resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpucores: 20}}
+""")
+    out = CliRunner().invoke(app, ["schedule", "-f", str(cluster), "-o", "json",
+                                   "--default-mem=1234", "--default-cores=7"])
+    assert out.exit_code == 0, out.output
+    assert "GPU-a,NVIDIA,1234,20:;" in out.stdout, out.stdout
+    plain = CliRunner().invoke(app, ["schedule", "-f", str(cluster), "-o", "json"])
+    assert "GPU-a,NVIDIA,16000,20:;" in plain.stdout, plain.stdout
+
+
+def test_version_everywhere_and_h_is_help() -> None:
+    runner = CliRunner()
+    for args in (["--version"], ["version"], *([c, "--version"] for c in COMMANDS)):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, (args, result.output)
+        assert result.stdout.strip() == f"hami {__version__}", args
+    for args in (["-h"], ["scheduler", "-h"], ["device-plugin", "-h"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0 and "Usage" in result.stdout, args
+
+
+def test_one_vocabulary_old_spellings_still_work() -> None:
+    for cmd, old, new, value, key in [
+            ("schedule", "--node-policy", "--node-scheduler-policy", "spread",
+             "node_scheduler_policy"),
+            ("schedule", "--gpu-policy", "--gpu-scheduler-policy", "binpack",
+             "gpu_scheduler_policy"),
+            ("schedule", "--device-config", "--device-config-file", "d.yaml",
+             "device_config_file"),
+            ("top", "--device-config", "--device-config-file", "d.yaml", "device_config_file"),
+            ("device-plugin", "--config-file", "--device-config-file", "d.yaml", "config_file"),
+            ("scheduler", "--config-file", "--device-config-file", "d.yaml",
+             "device_config_file"),
+            ("scheduler", "--node-policy", "--node-scheduler-policy", "spread",
+             "node_scheduler_policy")]:
+        extra = ["-f", "x"] if cmd == "schedule" else []
+        for spelling in ([f"{old}={value}"], [old, value], [new, value]):
+            assert str(parse(cmd, [*spelling, *extra])[key]) == value, (cmd, spelling)
+    group = typer.main.get_command(app)
+    help_text = CliRunner().invoke(app, ["schedule", "--help"], env={"COLUMNS": "200"}).stdout
+    assert "--node-scheduler-policy" in help_text and "--node-policy " not in help_text
+    assert group is not None
+
+
+def test_durations_take_go_units_or_seconds() -> None:
+    for text in ("30s", "30", "30.0", "0.5m"):
+        assert parse("device-plugin", ["--register-interval", text])["register_interval"] == 30.0
+    assert parse("device-plugin", ["--watch-idle-timeout=2m"])["watch_idle_timeout"] == 120.0
+    assert parse("monitor", ["--resync-interval=90"])["resync_interval"] == 90.0
+    bad = CliRunner().invoke(app, ["device-plugin", "--register-interval", "soon"])
+    assert bad.exit_code == 2 and "is not a duration" in bad.output
+
+
+def test_monitor_help_names_its_environment() -> None:
+    text = CliRunner().invoke(app, ["monitor", "--help"], env={"COLUMNS": "200"}).stdout
+    for word in ("HOOK_PATH", "NODE_NAME", "--metrics-bind-address", "--legacy-metrics",
+                 "HAMI_RESYNC_INTERVAL"):
+        assert word in text, word
+
+
+@pytest.mark.parametrize("argv", [
+    ["scheduler", "--metrics-bind-address=", "--http_bind=127.0.0.1:0"],
+    ["top"],
+    ["certgen", "--namespace", "x", "--secret", "s", "--service", "svc"],
+    ["monitor"],
+    ["device-plugin", "--backend", "fake", "--node-name", "n"],
+])
+def test_no_kubeconfig_is_one_line_with_what_to_do(argv: list[str], tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_", "KUBECONFIG"))}
+    env.update({"PYTHONPATH": SRC, "HOME": str(tmp_path), "HOOK_PATH": str(tmp_path),
+                "NODE_NAME": "n"})
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("gpus: []\n")
+    if argv[0] == "device-plugin":
+        argv = [*argv, "--fake-inventory", str(inventory)]
+    proc = subprocess.run([sys.executable, "-m", "hami.cli", *argv], capture_output=True,
+                          text=True, env=env, timeout=60, cwd=tmp_path)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if "level=" not in line]
+    assert len(errors) == 1, proc.stderr
+    assert "KUBECONFIG" in errors[0] and "--kubeconfig" in errors[0], errors
+    assert "Traceback" not in proc.stderr

@@ -1,0 +1,81 @@
+"""Messages in the user's terms on ``hami schedule`` and ``hami simulate`` (issue 14 §4)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from hami.cli import app
+
+REGISTER = json.dumps([{"id": "GPU-a0", "index": 0, "count": 10, "devmem": 16384,
+                        "devcore": 100, "type": "NVIDIA-Tesla T4", "health": True}])
+
+
+def node(name: str, register: str = REGISTER) -> dict:
+    return {"kind": "Node", "metadata": {"name": name, "annotations": {
+        "hami.io/node-nvidia-register": register}}}
+
+
+def pod(name: str, mem: int) -> dict:
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": "team"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {
+                "nvidia.com/gpu": 1, "nvidia.com/gpumem": mem}}}]}}
+
+
+def run_schedule(tmp_path: Path, objects: list[dict], *args: str) -> object:
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump_all(objects))
+    return CliRunner().invoke(app, ["schedule", "-f", str(path), *args],
+                              env={"COLUMNS": "250"})
+
+
+def test_table_says_unschedulable_and_shows_the_patch(tmp_path: Path) -> None:
+    result = run_schedule(tmp_path, [node("n1"), pod("fits", 1000), pod("huge", 99999)])
+    assert result.exit_code == 0, result.output
+    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines()
+            if line.startswith("│ team/")}
+    assert "│ unschedulable" in rows["team/huge"] and "CardInsufficientMemory" in rows["team/huge"]
+    assert "│ n1" in rows["team/fits"]
+    assert "add /spec/schedulerName=hami-scheduler" in result.stdout
+
+
+def test_quota_denial_names_the_quota_its_limit_and_use(tmp_path: Path) -> None:
+    quota = {"kind": "ResourceQuota", "metadata": {"name": "gpu-quota", "namespace": "team"},
+             "spec": {"hard": {"limits.nvidia.com/gpumem": "3000"}}}
+    result = run_schedule(tmp_path, [node("n1"), quota, pod("first", 2000), pod("second", 2000)],
+                          "-o", "json")
+    denied = json.loads(result.stdout)["pods"][1]["admission"]
+    assert not denied["allowed"]
+    assert "ResourceQuota team/gpu-quota" in denied["message"]
+    assert "limits.nvidia.com/gpumem 3000 MiB (2000 MiB in use)" in denied["message"]
+    assert "asks for 2000 MiB" in denied["message"]
+
+
+def test_a_file_without_pods_says_so(tmp_path: Path) -> None:
+    result = run_schedule(tmp_path, [node("n1")])
+    assert result.exit_code == 0
+    assert "no pending pods to schedule" in result.stderr and "Node" in result.stderr
+
+
+def test_bad_node_annotation_is_explained(tmp_path: Path) -> None:
+    result = run_schedule(tmp_path, [node("a", "{not json"), node("b", "hello"),
+                                     node("c", '[{"id": 5}]'), pod("p", 10)])
+    out = " ".join(result.stdout.split())
+    assert "node a not registered: the device register annotation is not valid JSON" in out
+    assert ("node b not registered: the device register annotation is neither a JSON list "
+            "of devices nor HAMi's older") in out
+    assert "field 'id' must be of type string, got number 5" in out
+
+
+def test_bad_seeds_are_explained() -> None:
+    for seeds, words in (("abc", "'abc' is not a seed; give whole numbers such as 42"),
+                         ("5-3", "the range '5-3' runs backwards"),
+                         (",", "no seed given")):
+        result = CliRunner().invoke(app, ["simulate", "--seeds", seeds, "--no-progress"],
+                                    env={"COLUMNS": "250"})
+        assert result.exit_code == 2
+        assert words in result.output, result.output
+        assert "invalid literal" not in result.output
