@@ -96,25 +96,45 @@ annotations:
 {{- end }}
 {{- end -}}
 
-{{/* Image reference: <registry>/<repository>:<tag>; global.imageRegistry wins. */}}
+{{/* Image of a hami container: [<registry>/]<repository>:<tag>, the names `make images
+REGISTRY=<registry> TAG=<tag>` builds. Arguments: (list $ <image values> <default repository>).
+- registry: global.imageRegistry, else the image's own registry, else none;
+- repository: the image's own, except HAMi's image (projecthami/hami, set by a HAMi values
+  file), which cannot run hami: then the default repository;
+- tag: the image's own (not with HAMi's repository), else global.hamiImageTag, else the
+  chart's appVersion. HAMi's global.imageTag names a HAMi release (v2.10.0) and is not used:
+  no hami image carries HAMi's version. */}}
 {{- define "hami.image" -}}
 {{- $root := index . 0 -}}
 {{- $img := index . 1 -}}
-{{- $tag := default (default $root.Chart.AppVersion $root.Values.global.imageTag) $img.tag -}}
-{{- $registry := default $img.registry $root.Values.global.imageRegistry -}}
+{{- $repo := $img.repository | default "" | toString -}}
+{{- $tag := $img.tag | default "" | toString | trim -}}
+{{- if or (not $repo) (include "hami.isHamiGoImage" $repo) -}}
+{{- $repo = index . 2 -}}
+{{- $tag = "" -}}
+{{- end -}}
+{{- $tag = $tag | default ($root.Values.global.hamiImageTag | default "" | toString | trim) | default $root.Chart.AppVersion -}}
+{{- $registry := default ($img.registry | default "") $root.Values.global.imageRegistry -}}
 {{- if $registry -}}
-{{- printf "%s/%s:%s" $registry $img.repository $tag -}}
+{{- printf "%s/%s:%s" (trimSuffix "/" $registry) $repo $tag -}}
 {{- else -}}
-{{- printf "%s:%s" $img.repository $tag -}}
+{{- printf "%s:%s" $repo $tag -}}
 {{- end -}}
 {{- end -}}
 
-{{/* kube-scheduler image; the tag defaults to the cluster's version (vX.Y.Z). */}}
+{{/* Non-empty when a repository is HAMi's Go image (projecthami/hami, any registry). */}}
+{{- define "hami.isHamiGoImage" -}}
+{{- if or (eq . "projecthami/hami") (hasSuffix "/projecthami/hami" .) -}}true{{- end -}}
+{{- end -}}
+
+{{/* kube-scheduler image; the tag: image.tag, else HAMi's older scheduler.kubeScheduler.imageTag,
+else the cluster's version (vX.Y.Z). global.imageRegistry applies here too (mirror it). */}}
 {{- define "hami.kubeScheduler.image" -}}
-{{- $img := .Values.scheduler.kubeScheduler.image -}}
-{{- $tag := default (regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version) $img.tag -}}
+{{- $ks := .Values.scheduler.kubeScheduler -}}
+{{- $img := $ks.image -}}
+{{- $tag := $img.tag | default ($ks.imageTag | default "" | toString | trim) | default (regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version) -}}
 {{- $registry := default $img.registry .Values.global.imageRegistry -}}
-{{- printf "%s/%s:%s" $registry $img.repository $tag -}}
+{{- printf "%s/%s:%s" (trimSuffix "/" $registry) $img.repository $tag -}}
 {{- end -}}
 
 {{- define "hami.imagePullSecrets" -}}
