@@ -149,16 +149,15 @@ imagePullSecrets:
 {{- end }}
 {{- end -}}
 
-{{/* The NVIDIA resources kube-scheduler leaves to the extender (ignoredByScheduler, as
-HAMi's chart does). */}}
+{{/* The resources kube-scheduler leaves to the extender (ignoredByScheduler, as HAMi's
+chart does): NVIDIA's and those of every enabled vendor. */}}
 {{- define "hami.managedResources" -}}
 {{- $names := list .Values.resourceName .Values.resourceMem .Values.resourceMemPercentage .Values.resourceCores .Values.resourcePriority -}}
-{{- range $vendor, $v := .Values.devices.vendors }}
-{{- if $v.enabled }}
+{{- range $section, $v := include "hami.vendorSections" . | fromJson }}
 {{- $names = concat $names $v.resources -}}
 {{- end }}
-{{- end }}
-{{- $names | toJson -}}
+{{- $names = concat $names (include "hami.chipResources" . | fromJsonArray) -}}
+{{- $names | uniq | toJson -}}
 {{- end -}}
 
 {{/* URL prefix kube-scheduler calls: the hami scheduler in the same pod. */}}
@@ -198,7 +197,8 @@ extenders:
       {{- end }}
 {{- end -}}
 
-{{/* device-config.yaml (HAMi's device config, nvidia section). */}}
+{{/* device-config.yaml (HAMi's device config): the nvidia section and one per enabled
+vendor (_vendors.tpl). */}}
 {{- define "hami.deviceConfig" -}}
 {{- if (index .Values "device-config" "content") -}}
 {{ index .Values "device-config" "content" }}
@@ -227,10 +227,15 @@ nvidia:
   migProfileAllowlist:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-{{- range $vendor, $v := .Values.devices.vendors }}
-{{- if $v.enabled }}
-{{ $vendor }}: {{ toYaml ($v.config | default dict) | nindent 2 }}
+{{- range $section, $v := include "hami.vendorSections" . | fromJson }}
+{{ $section }}: {{ toYaml $v.config | nindent 2 }}
 {{- end }}
+{{- if .Values.devices.iluvatar.enabled }}
+iluvatars: {{ toYaml .Values.devices.iluvatar.configs | nindent 2 }}
+{{- end }}
+{{- if .Values.devices.ascend.enabled }}
+vnpus:
+  configs: {{ toYaml .Values.devices.ascend.configs | nindent 4 }}
 {{- end }}
 {{- end -}}
 {{- end -}}
@@ -245,7 +250,8 @@ Lease's holder is this host). */}}
 
 {{/* Every pod annotation that carries an allocation or its progress, as a JSON list: HAMi's
 NVIDIA keys and the allocated / to-allocate keys of each vendor the device config enables
-(the vendors enabled under devices.vendors, or the sections of device-config.content),
+(the vendors enabled under devices.vendors, devices.ascend and devices.iluvatar, or the
+sections of device-config.content),
 plus admissionPolicy.extraAllocationKeys. The hami scheduler derives the same list from
 the device config it reads (hami.core.provenance.allocation_keys); a test compares them. */}}
 {{- define "hami.allocationKeys" -}}
@@ -270,12 +276,24 @@ the device config it reads (hami.core.provenance.allocation_keys); a test compar
 {{- $keys = concat $keys (index $vendorKeys $section) -}}
 {{- end }}
 {{- end }}
+{{- if and .Values.devices.ascend.enabled (kindIs "map" $doc.vnpus) }}
+{{- range $doc.vnpus.configs | default list }}
+{{- $keys = concat $keys (list (printf "hami.io/%s-devices-allocated" .commonWord) (printf "hami.io/%s-devices-to-allocate" .commonWord)) -}}
+{{- end }}
+{{- end }}
+{{- if .Values.devices.iluvatar.enabled }}
+{{- range $doc.iluvatars | default list }}
+{{- $word := .commonWord | default .chipName -}}
+{{- $keys = concat $keys (list (printf "hami.io/%s-devices-allocated" $word) (printf "hami.io/%s-devices-to-allocate" $word)) -}}
+{{- end }}
+{{- end }}
 {{- else -}}
-{{- range $vendor, $v := .Values.devices.vendors }}
-{{- if and $v.enabled (hasKey $vendorKeys $vendor) }}
-{{- $keys = concat $keys (index $vendorKeys $vendor) -}}
+{{- range $section, $v := include "hami.vendorSections" . | fromJson }}
+{{- if hasKey $vendorKeys $section }}
+{{- $keys = concat $keys (index $vendorKeys $section) -}}
 {{- end }}
 {{- end }}
+{{- $keys = concat $keys (include "hami.chipAllocationKeys" . | fromJsonArray) -}}
 {{- end -}}
 {{- $keys = concat $keys (.Values.admissionPolicy.extraAllocationKeys | default list) -}}
 {{- $keys | uniq | sortAlpha | toJson -}}
