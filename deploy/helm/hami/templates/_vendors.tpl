@@ -89,3 +89,108 @@ hami.io/<CommonWord>-devices-allocated and -to-allocate. */}}
 {{- end }}
 {{- $keys | toJson -}}
 {{- end -}}
+
+{{/* Keys of a HAMi values file that this chart does not use, each with the reason, as a
+JSON list of "key: reason" (NOTES.txt lists them). Keys the chart does not define are
+listed when present; global.imageTag, HAMi's image repository and a few HAMi values with
+no counterpart are listed when set. */}}
+{{- define "hami.ignoredHamiKeys" -}}
+{{- $certJob := "certificates come from the scheduler pod's init container (hami certgen), not a Job" -}}
+{{- $nvdp := "an NVIDIA device-plugin option hami's device plugin does not have" -}}
+{{- $ascendPlugin := "the chart does not install Ascend's device plugin" -}}
+{{- $old := "a key of older HAMi charts" -}}
+{{- $reasons := dict
+  "podSecurityPolicy" "PodSecurityPolicy is gone since Kubernetes 1.25"
+  "mockDevicePlugin" "hami has no mock device plugin"
+  "dra" "hami has no DRA driver"
+  "hami-dra" "hami has no DRA driver"
+  "platform" "no OpenShift objects are rendered"
+  "imagePullSecrets" "use global.imagePullSecrets"
+  "version" $old
+  "global.managedNodeSelectorEnable" "use devicePlugin.nvidiaNodeSelector and scheduler.nodeSelector"
+  "global.managedNodeSelector" "use devicePlugin.nvidiaNodeSelector and scheduler.nodeSelector"
+  "scheduler.kubeQPS" "hami's API client is not rate limited"
+  "scheduler.kubeBurst" "hami's API client is not rate limited"
+  "scheduler.kubeScheduler.extraArgs" "the pre-1.22 Policy file; extraNewArgs is used"
+  "scheduler.kubeScheduler.imagePullPolicy" "use scheduler.kubeScheduler.image.pullPolicy"
+  "scheduler.extender.imagePullPolicy" "use scheduler.extender.image.pullPolicy"
+  "scheduler.admissionWebhook.objectSelector" "pods are selected by namespace only"
+  "scheduler.patch.image" $certJob
+  "scheduler.patch.imageNew" $certJob
+  "scheduler.patch.imagePullPolicy" $certJob
+  "scheduler.patch.priorityClassName" $certJob
+  "scheduler.patch.podAnnotations" $certJob
+  "scheduler.patch.nodeSelector" $certJob
+  "scheduler.patch.tolerations" $certJob
+  "scheduler.patch.runAsUser" $certJob
+  "scheduler.service.monitorTargetPort" "follows scheduler.metricsBindAddress"
+  "scheduler.service.httpTargetPort" "follows scheduler.httpPort"
+  "scheduler.customWebhook" "use scheduler.admissionWebhook.customURL"
+  "scheduler.mutatingWebhookConfiguration" "use scheduler.admissionWebhook.failurePolicy"
+  "scheduler.defaultMem" "use devices.nvidia.defaultMemory"
+  "scheduler.defaultCores" "use devices.nvidia.defaultCores"
+  "scheduler.defaultGPUNum" "use devices.nvidia.defaultGPUNum"
+  "devicePlugin.imagePullPolicy" "use devicePlugin.image.pullPolicy"
+  "devicePlugin.monitor.image" "the monitor runs from devicePlugin.image"
+  "devicePlugin.monitorimage" "the monitor runs from devicePlugin.image"
+  "devicePlugin.monitorctrPath" "use devicePlugin.monitor.ctrPath"
+  "devicePlugin.nvidianodeSelector" "use devicePlugin.nvidiaNodeSelector"
+  "devicePlugin.vgpuMonitor" "use devicePlugin.monitor.resources"
+  "devicePlugin.gpuOperatorToolkitReady" "the device plugin does not wait for the GPU Operator's validations"
+  "devicePlugin.migStrategy" "set migstrategy per node in devicePlugin.nodeConfiguration"
+  "devicePlugin.passDeviceSpecsEnabled" $nvdp
+  "devicePlugin.deviceListStrategy" $nvdp
+  "devicePlugin.nvidiaHookPath" $nvdp
+  "devicePlugin.nvidiaDriverRoot" $nvdp
+  "devicePlugin.gdrcopyEnabled" $nvdp
+  "devicePlugin.gdsEnabled" $nvdp
+  "devicePlugin.mofedEnabled" $nvdp
+  "devicePlugin.numaRefit" $nvdp
+  "devicePlugin.hostPIDBroker" $nvdp
+  "devicePlugin.selinux" $nvdp
+  "devices.ascend.image" $ascendPlugin
+  "devices.ascend.imagePullPolicy" $ascendPlugin
+  "devices.ascend.extraArgs" $ascendPlugin
+  "devices.ascend.nodeSelector" $ascendPlugin
+  "devices.ascend.tolerations" $ascendPlugin
+  "devices.ascend.resources" $ascendPlugin
+  "iluvatarResourceName" "set per chip in devices.iluvatar.configs"
+  "iluvatarResourceMem" "set per chip in devices.iluvatar.configs"
+  "iluvatarResourceCore" "set per chip in devices.iluvatar.configs"
+  "enflameResourceNameDRSGCU" "hami's Enflame support has no DRS profiles"
+  "enflameResourceNameGCUMemory" "hami's Enflame support has no DRS profiles"
+  "enflameResourceNameGCUCore" "hami's Enflame support has no DRS profiles"
+-}}
+{{- $out := list -}}
+{{- range $path, $reason := $reasons }}
+{{- $node := $.Values -}}
+{{- $found := true -}}
+{{- range splitList "." $path }}
+{{- if and $found (kindIs "map" $node) (hasKey $node .) }}
+{{- $node = index $node . -}}
+{{- else }}
+{{- $found = false -}}
+{{- end }}
+{{- end }}
+{{- if $found }}
+{{- $out = append $out (printf "%s: %s" $path $reason) -}}
+{{- end }}
+{{- end }}
+{{- with .Values.global.imageTag }}
+{{- $out = append $out (printf "global.imageTag=%v: a HAMi release tag; the hami images use global.hamiImageTag, else %s" . $.Chart.AppVersion) -}}
+{{- end }}
+{{- range $path, $img := dict "scheduler.extender.image" .Values.scheduler.extender.image "devicePlugin.image" .Values.devicePlugin.image }}
+{{- if include "hami.isHamiGoImage" ($img.repository | default "" | toString) }}
+{{- $out = append $out (printf "%s.repository=%s: HAMi's image, which cannot run hami; hami's own image is used" $path $img.repository) -}}
+{{- end }}
+{{- end }}
+{{- with .Values.devices.ascend }}
+{{- if .hamiVnpuCore }}
+{{- $out = append $out "devices.ascend.hamiVnpuCore: annotate each soft-partitioned node with hami-vnpu-core=true instead" -}}
+{{- end }}
+{{- if .runtimeClassName }}
+{{- $out = append $out "devices.ascend.runtimeClassName: the webhook sets no RuntimeClass on Ascend pods" -}}
+{{- end }}
+{{- end }}
+{{- $out | sortAlpha | toJson -}}
+{{- end -}}
