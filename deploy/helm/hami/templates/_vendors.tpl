@@ -18,7 +18,7 @@ section. A key set in devices.vendors.<section>.config wins. */}}
 {{- end -}}
 
 {{/* JSON {section: {"config": {...}, "resources": [...]}} of the enabled vendors of
-devices.vendors. A vendor is enabled when devices.vendors.<section>.enabled is true and
+devices.vendors; resources also name every resource*Name the config sets. A vendor is enabled when devices.vendors.<section>.enabled is true and
 HAMi's devices.<section>.enabled, where a values file sets it, is true too. */}}
 {{- define "hami.vendorSections" -}}
 {{- $root := . -}}
@@ -38,6 +38,11 @@ HAMi's devices.<section>.enabled, where a values file sets it, is true too. */}}
 {{- $_ := set $config $key (toString $value) -}}
 {{- $resources = append $resources (toString $value) -}}
 {{- end }}
+{{- end }}
+{{- end }}
+{{- range $key, $value := $config }}
+{{- if and (hasPrefix "resource" $key) (kindIs "string" $value) }}
+{{- $resources = append $resources $value -}}
 {{- end }}
 {{- end }}
 {{- $_ := set $out $section (dict "config" $config "resources" ($resources | uniq)) -}}
