@@ -5,16 +5,25 @@ BIN := $(VENV)/bin
 
 .PHONY: setup simulate test lint native k8s helm cluster e2e images clean
 
-$(BIN)/hami: pyproject.toml
+# Two stamps: `make simulate` needs hami and its runtime packages only; `make setup` (and
+# everything that tests) adds the developer tools. pip prints what it installs.
+$(VENV)/.hami-runtime: pyproject.toml
+	@echo "make: installing hami and its runtime packages into $(VENV) (first time: a minute or two)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
-	@touch $(BIN)/hami
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e .
+	@touch $@
 
-setup: $(BIN)/hami
+$(VENV)/.hami-dev: $(VENV)/.hami-runtime
+	@echo "make: installing the developer tools (pytest, ruff, mypy, import-linter, ...)"
+	$(BIN)/pip install -e '.[dev]'
+	@touch $@
 
-simulate: setup
+setup: $(VENV)/.hami-dev
+
+simulate: $(VENV)/.hami-runtime
 	$(BIN)/hami simulate
+	@echo "make: run further commands with $(BIN)/hami (or: . $(BIN)/activate; hami --help)"
 
 native:
 	@if [ -f native/libvgpu/Makefile ]; then $(MAKE) -C native/libvgpu; fi
