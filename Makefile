@@ -5,16 +5,25 @@ BIN := $(VENV)/bin
 
 .PHONY: setup simulate test lint native k8s helm cluster e2e images clean
 
-$(BIN)/hami: pyproject.toml
+# Two stamps: `make simulate` needs hami and its runtime packages only; `make setup` (and
+# everything that tests) adds the developer tools. pip prints what it installs.
+$(VENV)/.hami-runtime: pyproject.toml
+	@echo "make: installing hami and its runtime packages into $(VENV) (first time: a minute or two)"
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
-	@touch $(BIN)/hami
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e .
+	@touch $@
 
-setup: $(BIN)/hami
+$(VENV)/.hami-dev: $(VENV)/.hami-runtime
+	@echo "make: installing the developer tools (pytest, ruff, mypy, import-linter, ...)"
+	$(BIN)/pip install -e '.[dev]'
+	@touch $@
 
-simulate: setup
+setup: $(VENV)/.hami-dev
+
+simulate: $(VENV)/.hami-runtime
 	$(BIN)/hami simulate
+	@echo "make: run further commands with $(BIN)/hami (or: . $(BIN)/activate; hami --help)"
 
 native:
 	@if [ -f native/libvgpu/Makefile ]; then $(MAKE) -C native/libvgpu; fi
@@ -39,13 +48,18 @@ lint: setup
 test: setup native k8s helm lint
 	HAMI_E2E_REQUIRED=1 HAMI_DEPLOY_REQUIRED=1 $(BIN)/pytest
 
-REGISTRY ?= hami
+# Image names: [<REGISTRY>/]hami/hami-scheduler:<TAG> and [<REGISTRY>/]hami/hami-device-plugin:<TAG>,
+# the names the chart renders with --set global.imageRegistry=<REGISTRY> (docs/install.md).
+# Any engine with a docker-compatible `build` works: docker (with or without BuildKit),
+# podman, buildah.
+REGISTRY ?=
 TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-ENGINE ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null)
+IMAGE_PREFIX = $(if $(REGISTRY),$(REGISTRY)/)hami
+ENGINE ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null || command -v buildah 2>/dev/null)
 images:
-	@test -n "$(ENGINE)" || { echo "make images: no container engine (docker or podman)"; exit 1; }
-	DOCKER_BUILDKIT=1 $(ENGINE) build -f deploy/docker/scheduler.Dockerfile -t $(REGISTRY)/hami-scheduler:$(TAG) .
-	DOCKER_BUILDKIT=1 $(ENGINE) build -f deploy/docker/device-plugin.Dockerfile -t $(REGISTRY)/hami-device-plugin:$(TAG) .
+	@test -n "$(ENGINE)" || { echo "make images: no container engine (docker, podman or buildah)"; exit 1; }
+	$(ENGINE) build -f deploy/docker/scheduler.Dockerfile -t $(IMAGE_PREFIX)/hami-scheduler:$(TAG) .
+	$(ENGINE) build -f deploy/docker/device-plugin.Dockerfile -t $(IMAGE_PREFIX)/hami-device-plugin:$(TAG) .
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info

@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # hami device-plugin image: `hami device-plugin`, `hami monitor` and libvgpu.so.
 # Build from the repository root:  docker build -f deploy/docker/device-plugin.Dockerfile .
 # (`make images` does this when a container engine exists.)

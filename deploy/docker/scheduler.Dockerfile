@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # hami scheduler image: `hami scheduler` (extender + webhook) and `hami certgen`.
 # Build from the repository root:  docker build -f deploy/docker/scheduler.Dockerfile .
 # (`make images` does this when a container engine exists.)

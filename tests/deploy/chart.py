@@ -100,3 +100,23 @@ def container(pod_spec: Mapping[str, Any], name: str, *, init: bool = False) -> 
     hits = [c for c in pod_spec.get(key) or [] if c["name"] == name]
     assert len(hits) == 1, f"container {name}"
     return dict(hits[0])
+
+
+def render_notes(values: Mapping[str, Any] | None = None, *, files: Sequence[Path] = ()) -> str:
+    """NOTES.txt as `helm install` prints it (helm template skips NOTES.txt: a copy of the
+    chart renders it into a ConfigMap instead)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        chart = Path(tmp) / "hami"
+        shutil.copytree(CHART, chart)
+        (chart / "notes.tpl").write_text((CHART / "templates" / "NOTES.txt").read_text())
+        (chart / "templates" / "zz-notes.yaml").write_text(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: rendered-notes\n"
+            'data:\n  NOTES.txt: {{ tpl (.Files.Get "notes.tpl") . | toJson }}\n')
+        proc = helm("template", RELEASE, str(chart), "--namespace", NAMESPACE,
+                    "--kube-version", KUBE_VERSION, "--show-only", "templates/zz-notes.yaml",
+                    *_set_args(values, files))
+    if proc.returncode != 0:
+        raise AssertionError(f"helm template failed:\n{proc.stderr}")
+    return str(yaml.safe_load(proc.stdout)["data"]["NOTES.txt"])

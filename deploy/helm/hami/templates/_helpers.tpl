@@ -96,25 +96,45 @@ annotations:
 {{- end }}
 {{- end -}}
 
-{{/* Image reference: <registry>/<repository>:<tag>; global.imageRegistry wins. */}}
+{{/* Image of a hami container: [<registry>/]<repository>:<tag>, the names `make images
+REGISTRY=<registry> TAG=<tag>` builds. Arguments: (list $ <image values> <default repository>).
+- registry: global.imageRegistry, else the image's own registry, else none;
+- repository: the image's own, except HAMi's image (projecthami/hami, set by a HAMi values
+  file), which cannot run hami: then the default repository;
+- tag: the image's own (not with HAMi's repository), else global.hamiImageTag, else the
+  chart's appVersion. HAMi's global.imageTag names a HAMi release (v2.10.0) and is not used:
+  no hami image carries HAMi's version. */}}
 {{- define "hami.image" -}}
 {{- $root := index . 0 -}}
 {{- $img := index . 1 -}}
-{{- $tag := default (default $root.Chart.AppVersion $root.Values.global.imageTag) $img.tag -}}
-{{- $registry := default $img.registry $root.Values.global.imageRegistry -}}
+{{- $repo := $img.repository | default "" | toString -}}
+{{- $tag := $img.tag | default "" | toString | trim -}}
+{{- if or (not $repo) (include "hami.isHamiGoImage" $repo) -}}
+{{- $repo = index . 2 -}}
+{{- $tag = "" -}}
+{{- end -}}
+{{- $tag = $tag | default ($root.Values.global.hamiImageTag | default "" | toString | trim) | default $root.Chart.AppVersion -}}
+{{- $registry := default ($img.registry | default "") $root.Values.global.imageRegistry -}}
 {{- if $registry -}}
-{{- printf "%s/%s:%s" $registry $img.repository $tag -}}
+{{- printf "%s/%s:%s" (trimSuffix "/" $registry) $repo $tag -}}
 {{- else -}}
-{{- printf "%s:%s" $img.repository $tag -}}
+{{- printf "%s:%s" $repo $tag -}}
 {{- end -}}
 {{- end -}}
 
-{{/* kube-scheduler image; the tag defaults to the cluster's version (vX.Y.Z). */}}
+{{/* Non-empty when a repository is HAMi's Go image (projecthami/hami, any registry). */}}
+{{- define "hami.isHamiGoImage" -}}
+{{- if or (eq . "projecthami/hami") (hasSuffix "/projecthami/hami" .) -}}true{{- end -}}
+{{- end -}}
+
+{{/* kube-scheduler image; the tag: image.tag, else HAMi's older scheduler.kubeScheduler.imageTag,
+else the cluster's version (vX.Y.Z). global.imageRegistry applies here too (mirror it). */}}
 {{- define "hami.kubeScheduler.image" -}}
-{{- $img := .Values.scheduler.kubeScheduler.image -}}
-{{- $tag := default (regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version) $img.tag -}}
+{{- $ks := .Values.scheduler.kubeScheduler -}}
+{{- $img := $ks.image -}}
+{{- $tag := $img.tag | default ($ks.imageTag | default "" | toString | trim) | default (regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version) -}}
 {{- $registry := default $img.registry .Values.global.imageRegistry -}}
-{{- printf "%s/%s:%s" $registry $img.repository $tag -}}
+{{- printf "%s/%s:%s" (trimSuffix "/" $registry) $img.repository $tag -}}
 {{- end -}}
 
 {{- define "hami.imagePullSecrets" -}}
@@ -129,16 +149,15 @@ imagePullSecrets:
 {{- end }}
 {{- end -}}
 
-{{/* The NVIDIA resources kube-scheduler leaves to the extender (ignoredByScheduler, as
-HAMi's chart does). */}}
+{{/* The resources kube-scheduler leaves to the extender (ignoredByScheduler, as HAMi's
+chart does): NVIDIA's and those of every enabled vendor. */}}
 {{- define "hami.managedResources" -}}
 {{- $names := list .Values.resourceName .Values.resourceMem .Values.resourceMemPercentage .Values.resourceCores .Values.resourcePriority -}}
-{{- range $vendor, $v := .Values.devices.vendors }}
-{{- if $v.enabled }}
+{{- range $section, $v := include "hami.vendorSections" . | fromJson }}
 {{- $names = concat $names $v.resources -}}
 {{- end }}
-{{- end }}
-{{- $names | toJson -}}
+{{- $names = concat $names (include "hami.chipResources" . | fromJsonArray) -}}
+{{- $names | uniq | toJson -}}
 {{- end -}}
 
 {{/* URL prefix kube-scheduler calls: the hami scheduler in the same pod. */}}
@@ -178,7 +197,8 @@ extenders:
       {{- end }}
 {{- end -}}
 
-{{/* device-config.yaml (HAMi's device config, nvidia section). */}}
+{{/* device-config.yaml (HAMi's device config): the nvidia section and one per enabled
+vendor (_vendors.tpl). */}}
 {{- define "hami.deviceConfig" -}}
 {{- if (index .Values "device-config" "content") -}}
 {{ index .Values "device-config" "content" }}
@@ -207,10 +227,15 @@ nvidia:
   migProfileAllowlist:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-{{- range $vendor, $v := .Values.devices.vendors }}
-{{- if $v.enabled }}
-{{ $vendor }}: {{ toYaml ($v.config | default dict) | nindent 2 }}
+{{- range $section, $v := include "hami.vendorSections" . | fromJson }}
+{{ $section }}: {{ toYaml $v.config | nindent 2 }}
 {{- end }}
+{{- if .Values.devices.iluvatar.enabled }}
+iluvatars: {{ toYaml .Values.devices.iluvatar.configs | nindent 2 }}
+{{- end }}
+{{- if .Values.devices.ascend.enabled }}
+vnpus:
+  configs: {{ toYaml .Values.devices.ascend.configs | nindent 4 }}
 {{- end }}
 {{- end -}}
 {{- end -}}
@@ -225,7 +250,8 @@ Lease's holder is this host). */}}
 
 {{/* Every pod annotation that carries an allocation or its progress, as a JSON list: HAMi's
 NVIDIA keys and the allocated / to-allocate keys of each vendor the device config enables
-(the vendors enabled under devices.vendors, or the sections of device-config.content),
+(the vendors enabled under devices.vendors, devices.ascend and devices.iluvatar, or the
+sections of device-config.content),
 plus admissionPolicy.extraAllocationKeys. The hami scheduler derives the same list from
 the device config it reads (hami.core.provenance.allocation_keys); a test compares them. */}}
 {{- define "hami.allocationKeys" -}}
@@ -250,12 +276,24 @@ the device config it reads (hami.core.provenance.allocation_keys); a test compar
 {{- $keys = concat $keys (index $vendorKeys $section) -}}
 {{- end }}
 {{- end }}
+{{- if and .Values.devices.ascend.enabled (kindIs "map" $doc.vnpus) }}
+{{- range $doc.vnpus.configs | default list }}
+{{- $keys = concat $keys (list (printf "hami.io/%s-devices-allocated" .commonWord) (printf "hami.io/%s-devices-to-allocate" .commonWord)) -}}
+{{- end }}
+{{- end }}
+{{- if .Values.devices.iluvatar.enabled }}
+{{- range $doc.iluvatars | default list }}
+{{- $word := .commonWord | default .chipName -}}
+{{- $keys = concat $keys (list (printf "hami.io/%s-devices-allocated" $word) (printf "hami.io/%s-devices-to-allocate" $word)) -}}
+{{- end }}
+{{- end }}
 {{- else -}}
-{{- range $vendor, $v := .Values.devices.vendors }}
-{{- if and $v.enabled (hasKey $vendorKeys $vendor) }}
-{{- $keys = concat $keys (index $vendorKeys $vendor) -}}
+{{- range $section, $v := include "hami.vendorSections" . | fromJson }}
+{{- if hasKey $vendorKeys $section }}
+{{- $keys = concat $keys (index $vendorKeys $section) -}}
 {{- end }}
 {{- end }}
+{{- $keys = concat $keys (include "hami.chipAllocationKeys" . | fromJsonArray) -}}
 {{- end -}}
 {{- $keys = concat $keys (.Values.admissionPolicy.extraAllocationKeys | default list) -}}
 {{- $keys | uniq | sortAlpha | toJson -}}
