@@ -178,6 +178,8 @@ class PaperReplay:
         self.rng = np.random.default_rng(seed)
         self.frag = FragmentationState(dist, self.cluster.models)
         self._choose = CHOOSERS[policy]
+        #: FGD: per task shape, each node's least growth, its device and the node version.
+        self.fgd_cache: dict[Task, tuple[FloatArray, IntArray, IntArray]] = {}
 
     def refresh(self) -> FragmentationState:
         """The fragmentation statistics brought up to date with the cluster."""
@@ -265,21 +267,36 @@ def _bestfit(r: PaperReplay, task: Task, cand: IntArray, gpus: BoolArray) -> tup
 def _fgd(r: PaperReplay, task: Task, cand: IntArray, gpus: BoolArray) -> tuple[int, list[int]]:
     state = r.refresh()
     c = r.cluster
+    n = c.size
+    best, device, seen = r.fgd_cache.setdefault(
+        task, (np.full(n, np.inf), np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)))
+    stale = cand[seen[cand] != state.node_version[cand]]
+    if stale.size:  # only nodes changed since this task shape was last scored
+        seen[stale] = state.node_version[stale]
+        if not task.share:
+            best[stale] = state.delta_nodes(stale, request_milli=task.gpu_milli,
+                                            num_gpu=task.num_gpu, cpu_milli=task.cpu_milli,
+                                            memory_mib=task.memory_mib)
+        else:
+            free = c.free_flat()
+            devices = state.devices_of(stale)
+            devices = devices[free[devices] >= task.gpu_milli]
+            best[stale] = np.inf
+            if devices.size:
+                delta = state.delta_devices(devices, c.node_of, free,
+                                            request_milli=task.gpu_milli,
+                                            cpu_milli=task.cpu_milli,
+                                            memory_mib=task.memory_mib)
+                # per node, the device with the least growth (ties: lowest index)
+                order = np.lexsort((devices, delta, c.node_of[devices]))
+                nodes_sorted = c.node_of[devices[order]]
+                first = np.concatenate([[True], nodes_sorted[1:] != nodes_sorted[:-1]])
+                best[nodes_sorted[first]] = delta[order][first]
+                device[nodes_sorted[first]] = devices[order][first]
+    node = r.pick(cand, best[cand])
     if not task.share:
-        delta = state.delta_nodes(cand, request_milli=task.gpu_milli, num_gpu=task.num_gpu,
-                                  cpu_milli=task.cpu_milli, memory_mib=task.memory_mib)
-        return _then_tightest(r, task, r.pick(cand, delta), gpus)
-    width = c.gpu_free.shape[1]
-    ok_node = np.zeros(c.size, dtype=np.bool_)
-    ok_node[cand] = True
-    flat = c.device_index
-    usable = ok_node[c.node_of] & gpus.ravel()[flat]
-    devices = np.flatnonzero(usable)  # positions in the flat device view
-    delta = state.delta_devices(devices, c.node_of, c.free_flat(),
-                                request_milli=task.gpu_milli, cpu_milli=task.cpu_milli,
-                                memory_mib=task.memory_mib)
-    chosen = r.pick(devices, delta)
-    return int(c.node_of[chosen]), [int(flat[chosen] % width)]
+        return _then_tightest(r, task, node, gpus)
+    return node, [int(c.device_index[device[node]] % c.gpu_free.shape[1])]
 
 
 CHOOSERS: dict[str, Chooser] = {
