@@ -3,10 +3,10 @@ the paper's own resource model, for side-by-side runs with ours in ``hami simula
 
 Written from the paper's descriptions (§2.3, §6.1 "Baselines"), not from its code:
 
-* ``Random``: a feasible node chosen uniformly at random;
-* ``DotProd``: the node whose free resources align least with the task's demand (the
-  dot product of the node's free CPU and GPU with the task's request, each normalised by
-  the node's capacity);
+* ``Random``: a feasible node and, inside it, fitting GPUs chosen uniformly at random;
+* ``DotProd``: the node whose free resources align best with the task's demand (the
+  largest dot product of the node's free CPU and GPU with the task's request, each
+  normalised by the node's capacity, as in Tetris);
 * ``GpuClustering``: tasks with the same GPU request are kept together: a node that
   already runs only tasks of this request first, then an empty node, then the rest;
 * ``GpuPacking``: a partly used GPU first, then a free GPU of a node already in use,
@@ -20,7 +20,7 @@ The resource model is the paper's: a task asks ``num_gpu`` GPUs with ``gpu_milli
 (per GPU, 1000 = a whole card) each, plus CPU and memory; a GPU holds any number of
 tasks whose shares add up to at most 1000 (no task-count limit, no GPU memory).
 A GPU model constraint (``gpu_spec``) allows only nodes of those models. Inside the
-chosen node every baseline takes, for a share, the fitting GPU with the least free share
+chosen node every other baseline takes, for a share, the fitting GPU with the least free share
 (ties: lowest index) and, for whole GPUs, the lowest-indexed free ones; ``FGD`` takes the
 GPU with the least fragmentation growth. Ties between equally good nodes are broken at
 random (seeded), as kube-scheduler does among its top-scored nodes.
@@ -216,7 +216,9 @@ def _then_tightest(r: PaperReplay, task: Task, node: int,
 
 
 def _random(r: PaperReplay, task: Task, cand: IntArray, gpus: BoolArray) -> tuple[int, list[int]]:
-    return _then_tightest(r, task, int(cand[r.rng.integers(cand.size)]), gpus)
+    node = int(cand[r.rng.integers(cand.size)])
+    cols = r.rng.permutation(np.flatnonzero(gpus[node]))
+    return node, [int(g) for g in cols[: task.num_gpu]]
 
 
 def _gpu_free_total(c: PaperCluster, cand: IntArray) -> FloatArray:
@@ -229,7 +231,7 @@ def _dotprod(r: PaperReplay, task: Task, cand: IntArray, gpus: BoolArray) -> tup
     gpu_cap = np.maximum(c.gpu_count[cand], 1) * float(WHOLE)
     score = (task.cpu_milli * c.cpu_free[cand] / c.cpu_total[cand] ** 2
              + task.num_gpu * task.gpu_milli * _gpu_free_total(c, cand) / gpu_cap ** 2)
-    return _then_tightest(r, task, r.pick(cand, score), gpus)
+    return _then_tightest(r, task, r.pick(cand, -score), gpus)
 
 
 def _clustering(r: PaperReplay, task: Task, cand: IntArray,
