@@ -13,7 +13,7 @@ from hami.sim.workload import prepare_workload
 
 pytestmark = pytest.mark.trace
 
-SEED42_UNALLOCATED_AT_100 = 5.15
+SEED42_UNALLOCATED_AT_100 = 4.71
 
 
 def test_default_replay_is_sane_reproducible_and_beats_bestfit(trace_dir: Path) -> None:
