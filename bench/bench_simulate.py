@@ -1,4 +1,5 @@
-"""Time and peak memory of one replay of the openb ``default`` workload, per policy.
+"""Time and peak memory of one replay of the openb ``default`` workload, per policy
+(the paper's six schedulers, HAMi's policies and ours: ``--policies all``).
 
 Usage::
 
@@ -32,7 +33,8 @@ TARGET_MIB = 500.0
 
 
 def one(trace: str, workload: str, policy: str, seed: int, use_tracemalloc: bool) -> dict:
-    from hami.sim.replay import Replayer, workload_distribution
+    from hami.sim.paper import PAPER_POLICIES, run_paper
+    from hami.sim.replay import CURVE_POINTS, REPORT_POINTS, Replayer, workload_distribution
     from hami.sim.trace import load_trace
     from hami.sim.workload import prepare_workload
 
@@ -46,14 +48,19 @@ def one(trace: str, workload: str, policy: str, seed: int, use_tracemalloc: bool
 
         tracemalloc.start()
     c1 = time.process_time()
-    replayer = Replayer(nodes, policy, dist)
-    res = replayer.run(wl, seed)
+    if policy in PAPER_POLICIES:
+        alloc, _, _, failed, _ = run_paper(nodes, wl, policy, dist, seed, CURVE_POINTS,
+                                           REPORT_POINTS)
+        at100 = 100.0 - alloc[100]
+    else:
+        res = Replayer(nodes, policy, dist).run(wl, seed)
+        at100, failed = res.unallocated(100), res.failed
     t2 = time.perf_counter()
     c2 = time.process_time()
-    out = {"policy": policy, "seed": seed, "pods": res.pods, "load_s": round(t1 - t0, 3),
+    out = {"policy": policy, "seed": seed, "pods": len(wl), "load_s": round(t1 - t0, 3),
            "replay_s": round(t2 - t1, 3), "replay_cpu_s": round(c2 - c1, 3),
            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-           "unallocated_at_100": round(res.unallocated(100), 3), "failed": res.failed}
+           "unallocated_at_100": round(at100, 3), "failed": failed}
     if use_tracemalloc:
         out["tracemalloc_peak_mib"] = round(tracemalloc.get_traced_memory()[1] / 2**20, 1)
     return out

@@ -28,7 +28,10 @@ def test_seed_and_policy_parsing() -> None:
         parse_seeds("5-3")
     with pytest.raises(ValueError):
         parse_seeds(",")
-    assert len(parse_policies("all")) == 9
+    assert len(parse_policies("all")) == 15
+    assert parse_policies("paper") == ["Random", "DotProd", "GpuClustering", "GpuPacking",
+                                       "BestFit", "FGD", "fragmentation-aware"]
+    assert parse_policies("FGD,BestFit") == ["FGD", "BestFit"]
     assert parse_policies("spread/spread, fragmentation-aware") == [
         "spread/spread", "fragmentation-aware"]
     with pytest.raises(ValueError):

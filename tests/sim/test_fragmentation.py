@@ -228,3 +228,16 @@ def test_live_order_relearns_the_mix_for_another_ledger():
         assert order._scorer is not None
         seen.append(tuple(order._scorer.dist.gpu_milli))
     assert seen[0] != seen[1]
+
+
+def test_scorer_breaks_equal_growth_towards_the_node_with_less_free_gpu() -> None:
+    # n2 keeps one free GPU (three hold whole-GPU pods); n0 and n1 two. A 300m share
+    # grows F by 350 everywhere (A: 0; B: the 700 left is a sliver, 0.5 x 700), so the
+    # packing tie-break decides: n2 (1000 free) before n0 and n1 (2000 each).
+    led = ledger()
+    for g in range(3):
+        led.add_pod(f"w{g}", "n2", ((ContainerDevice(f"n2-g{g}", "NVIDIA", 16384, 100),),))
+    p = Placement(request_milli=300, num_gpu=1, cpu_milli=1000, memory_mib=0)
+    scorer = FragmentationScorer(DIST)
+    assert list(scorer.node_deltas(led, p, np.arange(3))) == pytest.approx([350, 350, 350])
+    assert list(scorer.order(led, p, np.arange(3))) == [2, 0, 1]

@@ -20,9 +20,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from hami.sim import metrics, report
 from hami.sim.mig import MIG_MODELS
+from hami.sim.paper import PAPER_POLICIES, run_paper
 from hami.sim.replay import (
     ALL_POLICIES,
+    CURVE_POINTS,
     DEFAULT_SPLIT_COUNT,
+    FRAGMENTATION_AWARE,
     REPORT_POINTS,
     Replayer,
     ReplayResult,
@@ -79,12 +82,24 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def parse_policies(text: str) -> list[str]:
-    """``"all"`` or a comma list of policy names (validated)."""
+    """``"all"`` (the paper's six schedulers, HAMi's policies and ours), ``"paper"`` (the
+    paper's six and ours) or a comma list of policy names (validated).
+
+    Raises:
+        ValueError: an unknown policy name.
+    """
     if text.strip() in ("", "all"):
-        return list(ALL_POLICIES)
+        return [*PAPER_POLICIES, *ALL_POLICIES]
+    if text.strip() == "paper":
+        return [*PAPER_POLICIES, FRAGMENTATION_AWARE]
     out = [p.strip() for p in text.split(",") if p.strip()]
     for p in out:
-        parse_policy(p)
+        if p not in PAPER_POLICIES:
+            try:
+                parse_policy(p)
+            except ValueError:
+                raise ValueError(f"unknown policy {p!r}; known: "
+                                 f"{', '.join((*PAPER_POLICIES, *ALL_POLICIES))}") from None
     return list(dict.fromkeys(out))
 
 
@@ -125,9 +140,20 @@ class Simulation:
                     cb = advance
                 else:
                     cb = None
+                if policy in PAPER_POLICIES:
+                    results.append(self._run_paper(policy, seed, workloads[seed], dist, cb))
+                    continue
                 replayer = Replayer(self.nodes, policy, dist, self.split_count)
                 results.append(replayer.run(workloads[seed], seed, cb))
         return results
+
+    def _run_paper(self, policy: str, seed: int, pods: list[TracePod], dist: Any,
+                   progress: Any) -> ReplayResult:
+        """One of the paper's schedulers on its own resource model (:mod:`hami.sim.paper`)."""
+        allocation, frag, scheduled, failed, seconds = run_paper(
+            self.nodes, pods, policy, dist, seed, CURVE_POINTS, REPORT_POINTS, progress)
+        return ReplayResult(policy, seed, len(pods), scheduled, failed, self.capacity_milli,
+                            allocation, frag, seconds)
 
 
 def simulate(
@@ -147,8 +173,10 @@ def simulate(
         help="Seeds: '42', '42,43' or '42-51' (the paper's). Default: one seed (42 for a "
         "trace, 0 for the synthetic default).")] = None,
     policies: Annotated[str, typer.Option(
-        help="'all' or a comma list of <node>/<gpu> HAMi policies (node: binpack, spread; "
-        "gpu: binpack, spread, topology-aware, mutex) and fragmentation-aware.")] = "all",
+        help="'all', 'paper' (the FGD paper's six schedulers and ours) or a comma list of: "
+        f"{', '.join(PAPER_POLICIES)} (the paper's, on its resource model), "
+        "<node>/<gpu> HAMi policies (node: binpack, spread; gpu: binpack, spread, "
+        "topology-aware, mutex) and fragmentation-aware.")] = "all",
     split_count: Annotated[int, typer.Option(
         "--split-count", help=f"Tasks per GPU (deviceSplitCount), at least {MIN_SPLIT_COUNT}"
         " (the trace's smallest share is 5 %).")] = DEFAULT_SPLIT_COUNT,
@@ -209,6 +237,12 @@ def simulate(
                 raise ValueError(f"--nodes: {nodes_file} has no GPU node")
             settings["node_file"] = str(nodes_file)
             title += f", nodes from {nodes_file.name}"
+        if any(n.mode == "mig" for n in nodes):  # the paper's model has no MIG
+            asked = [p for p in policy_list if p in PAPER_POLICIES]
+            if asked and policies.strip() not in ("", "all", "paper"):
+                raise ValueError(f"{', '.join(asked)}: the paper's schedulers do not model "
+                                 "MIG-mode nodes")
+            policy_list = [p for p in policy_list if p not in PAPER_POLICIES]
     except (TraceError, ValueError) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from None
