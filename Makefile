@@ -46,7 +46,7 @@ lint: setup
 	$(BIN)/lint-imports
 
 test: setup native k8s helm lint
-	HAMI_E2E_REQUIRED=1 HAMI_DEPLOY_REQUIRED=1 $(BIN)/pytest
+	HAMI_E2E_REQUIRED=1 HAMI_DEPLOY_REQUIRED=1 HAMI_NODE_REQUIRED=1 $(BIN)/pytest
 
 # Image names: [<REGISTRY>/]hami/hami-scheduler:<TAG> and [<REGISTRY>/]hami/hami-device-plugin:<TAG>,
 # the names the chart renders with --set global.imageRegistry=<REGISTRY> (docs/install.md).

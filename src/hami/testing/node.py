@@ -79,7 +79,8 @@ class RealNode:
             namespace before the kubelet starts (see :mod:`hami.testing.images`); one of
             them must be ``sandbox_image``.
         sandbox_image: the pod sandbox ("pause") image name; never pulled.
-        subnet_index: third octet of the pod subnet ``10.244.<i>.0/24``.
+        subnet_index: third octet of the pod subnet ``10.244.<i>.0/24`` (default: derived
+            from the name and workdir, so nodes of parallel sessions differ).
 
     Raises:
         NodeUnavailable: from :meth:`start` when this machine lacks root, cgroups or a
@@ -88,16 +89,18 @@ class RealNode:
 
     def __init__(self, cp: ControlPlane, name: str, workdir: Path | None = None, *,
                  images: Sequence[Any] = (), sandbox_image: str = "hami.local/pause:test",
-                 subnet_index: int = 77, verbosity: int = 1) -> None:
+                 subnet_index: int | None = None, verbosity: int = 1) -> None:
         self.cp = cp
         self.name = name
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hk", dir="/tmp"))
         self.log_dir = self.workdir / "logs"
         self.images = list(images)
         self.sandbox_image = sandbox_image
-        self.subnet = f"10.244.{subnet_index}.0/24"
         self.verbosity = verbosity
         digest = hashlib.sha256(f"{name}{self.workdir}".encode()).hexdigest()[:8]
+        if subnet_index is None:  # nodes of parallel test sessions must not share a subnet
+            subnet_index = 16 + int(digest, 16) % 224
+        self.subnet = f"10.244.{subnet_index}.0/24"
         self.bridge = f"hk{digest}"
         self.cgroup_root = f"/hami-node-{digest}"
         self.containerd_socket = self.workdir / "containerd.sock"
