@@ -65,8 +65,19 @@ def bed() -> Iterator[GpuBed]:
 
 @pytest.fixture
 def client(bed: GpuBed) -> Iterator[Any]:
+    """Admin client; the test's pods in ``default`` are deleted afterwards (and waited
+    for), so a failed test does not hold the next one's GPUs."""
+    from lightkube.resources.core_v1 import Pod
+
+    from hami.testing.controlplane import wait_until
+
     c = bed.client()
     yield c
+    for p in c.list(Pod, namespace="default"):
+        with contextlib.suppress(Exception):
+            c.delete(Pod, p.metadata.name, namespace="default", grace_period=0)
+    wait_until(lambda: not list(c.list(Pod, namespace="default")), timeout_s=60,
+               what="the test's pods deleted")
     c.close()
 
 

@@ -71,10 +71,10 @@ static CUresult charge(int dev, uint64_t size) {
     if (size > s->mem_total || st_dev_used(dev, 0) + size > s->mem_total) {
         if (size > s->mem_total || st_dev_used(dev, 1) + size > s->mem_total) return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    atomic_fetch_add(&me->mem[dev], size);
+    atomic_fetch_add(&me->mem[st_phys(dev)], size);
     return CUDA_SUCCESS;
 }
-static void uncharge(int dev, uint64_t size) { atomic_fetch_sub(&st_me()->mem[dev], size); }
+static void uncharge(int dev, uint64_t size) { atomic_fetch_sub(&st_me()->mem[st_phys(dev)], size); }
 
 static CUresult alloc_common(CUdeviceptr *p, size_t size, int dev) {
     if (!p) return CUDA_ERROR_INVALID_VALUE;
@@ -100,24 +100,24 @@ static CUresult free_common(uint64_t key) {
 
 EXPORT CUresult cuInit(unsigned int flags) { (void)flags; st_me(); return CUDA_SUCCESS; }
 EXPORT CUresult cuDriverGetVersion(int *v) { if (!v) return CUDA_ERROR_INVALID_VALUE; *v = 12040; return CUDA_SUCCESS; }
-EXPORT CUresult cuDeviceGetCount(int *c) { *c = st_get()->ndev; return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceGetCount(int *c) { *c = st_nvis(); return CUDA_SUCCESS; }
 EXPORT CUresult cuDeviceGet(CUdevice *d, int ord) {
-    if (ord < 0 || ord >= st_get()->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    if (ord < 0 || ord >= st_nvis()) return CUDA_ERROR_INVALID_DEVICE;
     *d = ord; return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetAttribute(int *pi, int attr, CUdevice dev) {
-    if (dev < 0 || dev >= st_get()->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    if (dev < 0 || dev >= st_nvis()) return CUDA_ERROR_INVALID_DEVICE;
     if (attr == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) *pi = 10;
     else if (attr == CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR) *pi = 1024;
     else *pi = 0;
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice dev) {
-    if (dev < 0 || dev >= st_get()->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    if (dev < 0 || dev >= st_nvis()) return CUDA_ERROR_INVALID_DEVICE;
     *b = st_get()->mem_total; return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetUuid(unsigned char u[16], CUdevice dev) {
-    memset(u, 0, 16); u[0] = 0x5a; u[1] = 0x1e; u[15] = (unsigned char)dev; return CUDA_SUCCESS;
+    memset(u, 0, 16); u[0] = 0x5a; u[1] = 0x1e; u[15] = (unsigned char)st_phys(dev); return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
     *pool = (CUmemoryPool)(uintptr_t)(0x9000 + dev); return CUDA_SUCCESS;
@@ -125,7 +125,7 @@ EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) { return cuDeviceGetMemPool(pool, dev); }
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *p) {
     if (!pool || !p || p->location.type != CU_MEM_LOCATION_TYPE_DEVICE || p->location.id < 0 ||
-        p->location.id >= st_get()->ndev)
+        p->location.id >= st_nvis())
         return CUDA_ERROR_INVALID_VALUE;
     *pool = (CUmemoryPool)(uintptr_t)(0x9000 + p->location.id);
     return CUDA_SUCCESS;
@@ -137,12 +137,13 @@ EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) 
 
 static void ctx_charge(int dev, int delta) {
     stub_proc_t *me = st_me();
-    atomic_fetch_add(&me->ctx[dev], delta);
-    if (delta > 0) atomic_fetch_add(&me->mem[dev], st_get()->ctx_bytes);
-    else atomic_fetch_sub(&me->mem[dev], st_get()->ctx_bytes);
+    int phys = st_phys(dev);
+    atomic_fetch_add(&me->ctx[phys], delta);
+    if (delta > 0) atomic_fetch_add(&me->mem[phys], st_get()->ctx_bytes);
+    else atomic_fetch_sub(&me->mem[phys], st_get()->ctx_bytes);
 }
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
-    if (dev < 0 || dev >= st_get()->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    if (dev < 0 || dev >= st_nvis()) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_mu);
     int created = g_primary_refs[dev]++ == 0;
     if (created) { g_primary[dev].dev = dev; g_primary[dev].primary = 1; ctx_charge(dev, 1); }
@@ -154,7 +155,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
-    if (dev < 0 || dev >= st_get()->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    if (dev < 0 || dev >= st_nvis()) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_mu);
     CUresult r = CUDA_SUCCESS;
     if (g_primary_refs[dev] == 0) r = CUDA_ERROR_INVALID_CONTEXT;
@@ -169,7 +170,7 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     return CUDA_SUCCESS;
 }
 static CUresult ctx_create(CUcontext *pctx, CUdevice dev) {
-    if (dev < 0 || dev >= st_get()->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    if (dev < 0 || dev >= st_nvis()) return CUDA_ERROR_INVALID_DEVICE;
     stub_state_t *s = st_get();
     if (s->ctx_bytes && st_dev_used(dev, 1) + s->ctx_bytes > s->mem_total) return CUDA_ERROR_OUT_OF_MEMORY;
     stub_ctx_t *c = calloc(1, sizeof *c);
@@ -229,7 +230,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUm
     if (!h || !prop || n == 0) return CUDA_ERROR_INVALID_VALUE;
     uint64_t key = atomic_fetch_add(&st_get()->next_handle, 1) | (1ull << 62);
     if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
-        if (prop->location.id < 0 || prop->location.id >= st_get()->ndev) return CUDA_ERROR_INVALID_DEVICE;
+        if (prop->location.id < 0 || prop->location.id >= st_nvis()) return CUDA_ERROR_INVALID_DEVICE;
         CUresult r = charge(prop->location.id, n);
         if (r) return r;
         pthread_mutex_lock(&g_mu); tab_put(key, n, prop->location.id); pthread_mutex_unlock(&g_mu);
@@ -289,7 +290,7 @@ static CUresult launch(uint64_t blocks) {
         while (st_now_ns() < t1) { }
         t1 = st_now_ns();
         uint64_t i = atomic_fetch_add(&me->ring_head, 1) % STUB_RING;
-        me->ring[i].dev = cur_dev();
+        me->ring[i].dev = st_phys(cur_dev());
         me->ring[i].start_ns = t0;
         me->ring[i].end_ns = t1;
     }

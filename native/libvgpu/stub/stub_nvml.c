@@ -9,15 +9,12 @@
 typedef struct { unsigned idx; } ndev_t;
 static ndev_t g_devs[STUB_MAXDEV];
 
-/* VGPU_STUB_PID_OFFSET simulates a PID namespace: NVML reports host PIDs */
-static unsigned host_pid(int pid) {
-    const char *o = getenv("VGPU_STUB_PID_OFFSET");
-    return (unsigned)pid + (o ? (unsigned)atoi(o) : 0u);
-}
+/* the host PID NVML reports for a record (see stub_state.h: PID offset, unique) */
+static unsigned host_pid(stub_proc_t *p) { return (unsigned)atomic_load(&p->hostpid); }
 
 static int dev_of(nvmlDevice_t d, unsigned *idx) {
     ndev_t *p = (ndev_t *)d;
-    if (p < g_devs || p >= g_devs + st_get()->ndev) return 0;
+    if (p < g_devs || p >= g_devs + st_nvis()) return 0;
     *idx = p->idx;
     return 1;
 }
@@ -27,10 +24,10 @@ EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInit_v2(); }
 EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int f) { (void)f; return nvmlInit_v2(); }
 EXPORT nvmlReturn_t nvmlShutdown(void) { return NVML_SUCCESS; }
 EXPORT const char *nvmlErrorString(nvmlReturn_t r) { return r == NVML_SUCCESS ? "Success" : "stub error"; }
-EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *c) { *c = (unsigned)st_get()->ndev; return NVML_SUCCESS; }
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *c) { *c = (unsigned)st_nvis(); return NVML_SUCCESS; }
 EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *c) { return nvmlDeviceGetCount_v2(c); }
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d) {
-    if (i >= (unsigned)st_get()->ndev) return NVML_ERROR_INVALID_ARGUMENT;
+    if (i >= (unsigned)st_nvis()) return NVML_ERROR_INVALID_ARGUMENT;
     g_devs[i].idx = i;
     *d = (nvmlDevice_t)&g_devs[i];
     return NVML_SUCCESS;
@@ -43,7 +40,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int l
     unsigned i;
     if (!dev_of(d, &i)) return NVML_ERROR_INVALID_ARGUMENT;
     if (len < 41) return NVML_ERROR_INSUFFICIENT_SIZE;
-    snprintf(uuid, len, "GPU-5a1e0000-0000-4000-8000-%012x", i);
+    st_uuid(st_phys((int)i), uuid, len);
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int len) {
@@ -78,8 +75,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigne
         int k = rev ? STUB_MAXPROC - 1 - k0 : k0;
         stub_proc_t *p = &s->procs[k];
         int pid = atomic_load(&p->pid);
-        if (pid <= 0 || atomic_load(&p->ctx[i]) <= 0) continue;
-        if (n < *count && infos) { infos[n].pid = host_pid(pid); infos[n].usedGpuMemory = atomic_load(&p->mem[i]); }
+        if (pid <= 0 || atomic_load(&p->ctx[st_phys((int)i)]) <= 0) continue;
+        if (n < *count && infos) { infos[n].pid = host_pid(p); infos[n].usedGpuMemory = atomic_load(&p->mem[st_phys((int)i)]); }
         n++;
     }
     nvmlReturn_t r = n > *count ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
@@ -104,7 +101,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessU
         for (uint64_t j = 0; j < STUB_RING && j < head; j++) {
             stub_busy_t *b = &p->ring[(head - 1 - j) % STUB_RING];
             if (b->end_ns <= from) break;
-            if (b->dev != (int)i) continue;
+            if (b->dev != st_phys((int)i)) continue;
             uint64_t st = b->start_ns > from ? b->start_ns : from;
             uint64_t en = b->end_ns < now ? b->end_ns : now;
             if (en > st) { busy += en - st; any = 1; }
@@ -112,7 +109,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessU
         if (!any) continue;
         if (u && n < *count) {
             memset(&u[n], 0, sizeof u[n]);
-            u[n].pid = host_pid(pid);
+            u[n].pid = host_pid(p);
             u[n].timeStamp = now / 1000;
             u[n].smUtil = (unsigned)(busy * 100 / (now - from));
         }

@@ -8,8 +8,19 @@
  *   VGPU_STUB_CTX_MB       memory a context occupies in MiB (default 0)
  *   VGPU_STUB_NS_PER_BLOCK busy time a launch costs per grid block (default 0)
  * Per process: VGPU_STUB_PID_OFFSET (NVML reports pid + offset, a PID namespace),
+ *   VGPU_STUB_UNIQUE_HOST_PIDS (NVML reports a host PID unique in the state file, as
+ *   the driver does for processes of different containers whose own PIDs are equal),
+ *   VGPU_STUB_RUNTIME=nvidia (the stub also plays the NVIDIA container runtime: a
+ *   process sees only the devices NVIDIA_VISIBLE_DEVICES names, by UUID or index, in
+ *   that order, as ordinals 0..n-1; the shared state keeps physical indices),
  *   VGPU_STUB_RETAIN_DELAY_MS (a primary context takes that long to create, listed
  *   by NVML from its start), VGPU_STUB_NVML_REVERSE (process lists newest first).
+ *
+ * A process record belongs to (pid, PID namespace). With a state file, the owner holds
+ * a POSIX lock on one byte past the mapped state (offset = its record index) for its
+ * lifetime: a record is live while that lock is held, which also works for processes
+ * of other PID namespaces (containers sharing one state file on a node), where a pid
+ * number says nothing. Without a state file, liveness is /proc/<pid>.
  */
 #ifndef STUB_STATE_H
 #define STUB_STATE_H
@@ -27,7 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define STUB_MAGIC 0x53545542u
+#define STUB_MAGIC 0x53545543u
 #define STUB_MAXDEV 16
 #define STUB_MAXPROC 32
 #define STUB_RING 2048
@@ -39,6 +50,8 @@ typedef struct {
 
 typedef struct {
     _Atomic int32_t pid;
+    _Atomic int32_t hostpid;               /* what NVML reports */
+    _Atomic uint64_t pidns;                /* inode of the owner's PID namespace */
     _Atomic int32_t ctx[STUB_MAXDEV];      /* live contexts on device */
     _Atomic uint64_t mem[STUB_MAXDEV];     /* bytes held on device */
     _Atomic uint64_t launches;
@@ -54,12 +67,15 @@ typedef struct {
     uint64_t ns_per_block;
     _Atomic uint64_t launches;
     _Atomic uint64_t next_handle;
+    _Atomic int32_t next_hostpid;
+    int32_t pad_;
     stub_proc_t procs[STUB_MAXPROC];
 } stub_state_t;
 
 static stub_state_t *g_st;
 static stub_proc_t *g_me;
 static int g_me_pid;
+static int g_fd = -1; /* the state file, kept open for the record locks */
 
 static uint64_t st_env_u64(const char *name, uint64_t dflt) {
     const char *v = getenv(name);
@@ -104,7 +120,7 @@ static stub_state_t *st_get(void) {
     const char *path = getenv("VGPU_STUB_STATE");
     stub_state_t *s = MAP_FAILED;
     if (path && *path) {
-        int fd = open(path, O_RDWR | O_CREAT, 0666);
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
         if (fd >= 0) {
             flock(fd, LOCK_EX);
             struct stat sb;
@@ -115,7 +131,7 @@ static stub_state_t *st_get(void) {
             s = mmap(NULL, sizeof(stub_state_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
             if (s != MAP_FAILED && s->magic != STUB_MAGIC) st_init_fields(s);
             flock(fd, LOCK_UN);
-            close(fd);
+            if (s != MAP_FAILED) g_fd = fd; else close(fd);
         }
     }
     if (s == MAP_FAILED) {
@@ -129,24 +145,65 @@ static stub_state_t *st_get(void) {
 
 static void st_fork_child(void) { g_me = NULL; }
 
+static uint64_t st_pidns(void) {
+    struct stat sb;
+    return stat("/proc/self/ns/pid", &sb) == 0 ? (uint64_t)sb.st_ino : 0;
+}
+
+static int st_record_lock(int idx, short type, int cmd, struct flock *out) {
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)sizeof(stub_state_t) + idx;
+    fl.l_len = 1;
+    int r = fcntl(g_fd, cmd, &fl);
+    if (out) *out = fl;
+    return r;
+}
+
+/* is record idx owned by a live process? Our own record always is: POSIX locks do not
+ * conflict within one process, so F_GETLK cannot show it (and each stub library has
+ * its own g_me). */
+static int st_slot_alive(stub_state_t *s, int idx) {
+    stub_proc_t *p = &s->procs[idx];
+    int pid = atomic_load(&p->pid);
+    if (pid <= 0) return 0;
+    if (p == g_me || (pid == getpid() && atomic_load(&p->pidns) == st_pidns())) return 1;
+    if (g_fd < 0) return st_pid_alive(pid);
+    struct flock fl;
+    if (st_record_lock(idx, F_WRLCK, F_GETLK, &fl) != 0) return st_pid_alive(pid);
+    return fl.l_type != F_UNLCK;
+}
+
 /* this process's record; the cached pointer is dropped in a forked child */
 __attribute__((unused)) static stub_proc_t *st_me(void) {
     if (g_me) return g_me;
     static int atfork;
     if (!atfork) { atfork = 1; pthread_atfork(NULL, NULL, st_fork_child); }
     int pid = getpid();
+    uint64_t ns = st_pidns();
     stub_state_t *s = st_get();
-    for (int i = 0; i < STUB_MAXPROC; i++)
-        if (atomic_load(&s->procs[i].pid) == pid) { g_me = &s->procs[i]; g_me_pid = pid; return g_me; }
+    for (int i = 0; i < STUB_MAXPROC; i++)  /* ours already (exec keeps pid and namespace) */
+        if (atomic_load(&s->procs[i].pid) == pid && atomic_load(&s->procs[i].pidns) == ns) {
+            if (g_fd >= 0) st_record_lock(i, F_WRLCK, F_SETLK, NULL);
+            g_me = &s->procs[i]; g_me_pid = pid; return g_me;
+        }
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i < STUB_MAXPROC; i++) {
             stub_proc_t *p = &s->procs[i];
             int32_t cur = atomic_load(&p->pid);
-            if (cur != 0 && (pass == 0 || st_pid_alive(cur))) continue;
+            if (cur != 0 && (pass == 0 || cur < 0 || st_slot_alive(s, i))) continue;
             if (atomic_compare_exchange_strong(&p->pid, &cur, -1)) {
+                if (g_fd >= 0) st_record_lock(i, F_WRLCK, F_SETLK, NULL);
                 for (int d = 0; d < STUB_MAXDEV; d++) { p->ctx[d] = 0; p->mem[d] = 0; }
                 p->launches = 0;
                 p->ring_head = 0;
+                atomic_store(&p->pidns, ns);
+                if (getenv("VGPU_STUB_UNIQUE_HOST_PIDS"))
+                    atomic_store(&p->hostpid, 3000000 + atomic_fetch_add(&s->next_hostpid, 1));
+                else
+                    atomic_store(&p->hostpid, pid + (int)st_env_u64("VGPU_STUB_PID_OFFSET", 0));
                 atomic_store(&p->pid, pid);
                 g_me = p; g_me_pid = pid;
                 return p;
@@ -157,14 +214,63 @@ __attribute__((unused)) static stub_proc_t *st_me(void) {
     abort();
 }
 
-/* bytes held on dev by live processes; check_alive reaps dead records (slow) */
-static uint64_t st_dev_used(int dev, int check_alive) {
+/* the UUID of physical device phys (NVML's text form) */
+static void st_uuid(int phys, char *buf, size_t len) {
+    snprintf(buf, len, "GPU-5a1e0000-0000-4000-8000-%012x", phys);
+}
+
+/* the devices this process sees: ordinal -> physical index (see VGPU_STUB_RUNTIME) */
+static int g_vis_n = -1;
+static int g_vis[STUB_MAXDEV];
+
+static void st_visible_init(void) {
     stub_state_t *s = st_get();
+    const char *rt = getenv("VGPU_STUB_RUNTIME");
+    const char *v = getenv("NVIDIA_VISIBLE_DEVICES");
+    g_vis_n = 0;
+    if (!rt || strcmp(rt, "nvidia") || !v || !strcmp(v, "all")) {
+        for (int i = 0; i < s->ndev; i++) g_vis[g_vis_n++] = i;
+        return;
+    }
+    char list[1024];
+    snprintf(list, sizeof list, "%s", v);
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok && g_vis_n < STUB_MAXDEV;
+         tok = strtok_r(NULL, ",", &save)) {
+        for (int i = 0; i < s->ndev; i++) {
+            char u[64];
+            st_uuid(i, u, sizeof u);
+            char *end = NULL;
+            long idx = strtol(tok, &end, 10);
+            if (!strcmp(tok, u) || (end && *end == 0 && end != tok && idx == i)) {
+                g_vis[g_vis_n++] = i;
+                break;
+            }
+        }
+    }
+}
+
+/* number of devices this process sees */
+__attribute__((unused)) static int st_nvis(void) {
+    if (g_vis_n < 0) st_visible_init();
+    return g_vis_n;
+}
+
+/* physical index of ordinal dev (dev must be < st_nvis()) */
+static int st_phys(int dev) {
+    if (g_vis_n < 0) st_visible_init();
+    return (dev >= 0 && dev < g_vis_n) ? g_vis[dev] : dev;
+}
+
+/* bytes held on (visible) device dev by live processes; check_alive reaps dead
+ * records (slow) */
+static uint64_t st_dev_used(int vis, int check_alive) {
+    stub_state_t *s = st_get();
+    int dev = st_phys(vis);
     uint64_t used = 0;
     for (int i = 0; i < STUB_MAXPROC; i++) {
         int pid = atomic_load(&s->procs[i].pid);
         if (pid <= 0) continue;
-        if (check_alive && !st_pid_alive(pid)) {
+        if (check_alive && !st_slot_alive(s, i)) {
             for (int d = 0; d < STUB_MAXDEV; d++) { s->procs[i].mem[d] = 0; s->procs[i].ctx[d] = 0; }
             continue;
         }

@@ -59,11 +59,17 @@ SCHEDULER_NAME = "hami-scheduler"
 REPO = Path(__file__).resolve().parents[3]
 
 
+def stub_uuid(index: int) -> str:
+    """The UUID the stub driver gives its physical device ``index`` (NVML text form)."""
+    return f"GPU-5a1e0000-0000-4000-8000-{index:012x}"
+
+
 def default_inventory(gpus: int = 2, memory_mib: int = 16384) -> dict[str, Any]:
-    """A fake-backend inventory of ``gpus`` identical cards (``memory_mib`` each)."""
+    """A fake-backend inventory of ``gpus`` identical cards (``memory_mib`` each) with
+    the stub driver's UUIDs, so the device plugin advertises the cards the containers'
+    driver shows."""
     return {"gpus": [{"model": "NVIDIA A100-PCIE-16GB", "memory_mib": memory_mib, "numa": 0,
-                      "uuids": [f"GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd"]}
-                     for i in range(gpus)]}
+                      "uuids": [stub_uuid(i)]} for i in range(gpus)]}
 
 
 class GpuBed:
@@ -175,10 +181,16 @@ class GpuBed:
         return self.plugin
 
     def start_monitor(self) -> Component:
-        """Start ``hami monitor`` in the node's namespace (HOOK_PATH, NODE_NAME set)."""
+        """Start ``hami monitor`` in the node's namespace (HOOK_PATH, NODE_NAME set) and
+        wait until ``/metrics`` answers."""
         assert self.node is not None and self.cp is not None
         self.monitor_port = free_port()
-        env = {**self._env(), "HOOK_PATH": str(self.hook_path), "NODE_NAME": self.node_name}
+        # HAMi's monitor reads HOOK_PATH as the directory holding containers/ (the
+        # chart sets <gpuHookPath>/vgpu), the device plugin's --hook-path is its parent
+        # HAMI_RESYNC_INTERVAL: how long the directory of a deleted pod is kept (5 min
+        # by default, as HAMi); short here so tests see the clean-up
+        env = {**self._env(), "HOOK_PATH": str(self.hook_path / "vgpu"),
+               "NODE_NAME": self.node_name, "HAMI_RESYNC_INTERVAL": "5s"}
         self.monitor = self.node.spawn("monitor", [
             *self._hami(), "monitor", f"--metrics-bind-address={HOST}:{self.monitor_port}",
             f"--kubeconfig={self.cp.kubeconfig}"], env=env)
@@ -276,8 +288,16 @@ def gpu_test_pod(name: str, command: str, *, gpus: int = 1, memory_mib: int | No
         limits["nvidia.com/gpumem"] = str(memory_mib)
     if cores_percent is not None:
         limits["nvidia.com/gpucores"] = str(cores_percent)
+    # the stub's processes of different containers get distinct host PIDs in NVML, as
+    # the driver gives them (their own PIDs, each in a fresh PID namespace, coincide)
+    # the card's clock: 10 us per grid block (a 100-block launch takes 1 ms); read by the
+    # process that creates the state, so every pod passes it. VGPU_STUB_RUNTIME=nvidia:
+    # the container sees only the cards NVIDIA_VISIBLE_DEVICES names, as the NVIDIA
+    # container runtime arranges on a GPU node.
     env = {"VGPU_STUB_STATE": f"{STUB_DIR}/state", "VGPU_STUB_DEVICES": str(stub_devices),
-           "VGPU_STUB_MEM_MB": str(stub_memory_mib), **dict(extra_env or {})}
+           "VGPU_STUB_RUNTIME": "nvidia",
+           "VGPU_STUB_MEM_MB": str(stub_memory_mib), "VGPU_STUB_UNIQUE_HOST_PIDS": "1",
+           "VGPU_STUB_NS_PER_BLOCK": "10000", **dict(extra_env or {})}
     ctrs = []
     for i in range(containers):
         name_i = "c" if containers == 1 else f"c{i}"
@@ -285,7 +305,7 @@ def gpu_test_pod(name: str, command: str, *, gpus: int = 1, memory_mib: int | No
             "name": name_i, "image": images.GPU_TEST_IMAGE, "imagePullPolicy": "Never",
             "command": ["sh", "-c", command],
             "env": [{"name": k, "value": v} for k, v in {**env, "HAMI_CONTAINER": name_i}.items()],
-            "resources": {"limits": limits},
+            "resources": {"limits": dict(limits)},
             "volumeMounts": [{"name": "stub-gpu", "mountPath": STUB_DIR}],
         })
     spec: dict[str, Any] = {

@@ -1,0 +1,168 @@
+"""GPU slices enforced in real containers.
+
+The whole chain: webhook -> kube-scheduler + hami extender (filter, bind) -> the real
+kubelet's GetPreferredAllocation/Allocate on hami's device plugin -> containerd/runc start
+the container with the injected env, mounts and /etc/ld.so.preload -> libvgpu on the stub
+CUDA driver, whose state file on the node is the "physical" card every container shares.
+The monitor reads the containers' cache files from the hook path.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from lightkube import codecs
+from lightkube.resources.core_v1 import Pod
+from prometheus_client.parser import text_string_to_metric_families
+
+from hami.testing.controlplane import wait_until
+from hami.testing.gpubed import GpuBed, gpu_test_pod, wait_pod_done
+from tests.realnode.conftest import run_pod
+
+MiB = 1 << 20
+SHOW_ENV = "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|CUDA_DEVICE_[A-Z_0-9]*)=' | sort"
+
+
+def lines(log: str, tag: str) -> list[list[int]]:
+    """Numeric fields of the lines starting with ``tag`` (vgtest's output)."""
+    return [[int(x) for x in ln.split()[1:]] for ln in log.splitlines() if ln.split()[:1] == [tag]]
+
+
+def env_of(log: str) -> dict[str, str]:
+    return dict(ln.split("=", 1) for ln in log.splitlines() if "=" in ln and ln.split("=")[0].isupper())
+
+
+def rates(log: str) -> list[float]:
+    return [float(ln.split()[1]) for ln in log.splitlines() if ln.startswith("rate ")]
+
+
+def log_of(bed: GpuBed, pod: str, container: str = "c") -> str:
+    assert bed.node is not None
+    return bed.node.container_log("default", pod, container)
+
+
+def delete(client: Any, *names: str) -> None:
+    for n in names:
+        client.delete(Pod, n, grace_period=0)
+    wait_until(lambda: not {p.metadata.name for p in client.list(Pod)} & set(names),
+               timeout_s=60, what=f"pods {names} gone")
+
+
+def test_memory_slice_at_the_limit_succeeds_one_byte_over_fails(bed: GpuBed, client: Any) -> None:
+    t0 = time.monotonic()
+    pod = run_pod(client, gpu_test_pod(
+        "mem-512", f"vgtest init info nvml 0 alloc mem {512 * MiB} 0 alloc mem 1 2 info",
+        memory_mib=512))
+    elapsed = time.monotonic() - t0
+    log = log_of(bed, "mem-512")
+    assert pod.status.phase == "Succeeded", log
+    info = lines(log, "info")
+    assert info[0][:2] == [512 * MiB, 512 * MiB]  # cuMemGetInfo: free, total = the slice
+    assert info[1][:2] == [0, 512 * MiB]  # full after exactly 512 MiB; one byte more was OOM
+    (nvml,) = lines(log, "nvml")
+    assert nvml[1] == 512 * MiB  # NVML total is the slice too
+    print(f"pod create to Succeeded: {elapsed:.1f} s")
+    delete(client, "mem-512")
+
+
+def test_two_containers_of_one_pod_each_get_their_own_limit(bed: GpuBed, client: Any) -> None:
+    manifest = gpu_test_pod("two-ctr", f"{SHOW_ENV}; vgtest init info", containers=2,
+                            memory_mib=700)
+    manifest["spec"]["containers"][1]["resources"]["limits"]["nvidia.com/gpumem"] = "900"
+    pod = run_pod(client, manifest)
+    assert pod.status.phase == "Succeeded"
+    for ctr, mib in (("c0", 700), ("c1", 900)):
+        log = log_of(bed, "two-ctr", ctr)
+        assert env_of(log)["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{mib}m", log
+        assert lines(log, "info")[0][1] == mib * MiB, log
+    assert env_of(log_of(bed, "two-ctr", "c0"))["CUDA_DEVICE_MEMORY_SHARED_CACHE"] != \
+        env_of(log_of(bed, "two-ctr", "c1"))["CUDA_DEVICE_MEMORY_SHARED_CACHE"]
+    delete(client, "two-ctr")
+
+
+def test_two_pods_sharing_one_card_each_get_their_own_limit(bed: GpuBed, client: Any) -> None:
+    binpack = {"hami.io/gpu-scheduler-policy": "binpack"}
+    names = {"share-a": 1100, "share-b": 1300}
+    for name, mib in names.items():
+        client.create(codecs.from_dict(gpu_test_pod(
+            name, f"{SHOW_ENV}; vgtest init info alloc mem {mib * MiB} 0 alloc mem 1 2 info"
+                  "; sleep 2", memory_mib=mib, annotations=binpack)))
+    seen = {}
+    for name, mib in names.items():
+        pod = wait_pod_done(client, name, timeout_s=90)
+        log = log_of(bed, name)
+        assert pod.status.phase == "Succeeded", log
+        info = lines(log, "info")
+        assert info[0][1] == mib * MiB and info[1][:2] == [0, mib * MiB], log
+        seen[name] = env_of(log)["NVIDIA_VISIBLE_DEVICES"]
+        # the container got the card the scheduler wrote down for this pod
+        assert seen[name] in pod.metadata.annotations["hami.io/vgpu-devices-allocated"]
+    assert seen["share-a"] == seen["share-b"]  # binpack: one card, two slices
+    delete(client, *names)
+
+
+def test_sm_limit_cuts_the_launch_rate_of_sharing_containers_only(bed: GpuBed, client: Any) -> None:
+    """Two pods with ``gpucores: 30`` busy on one card are held to about 30 % of the
+    stub's launch rate (the monitor's feedback loop sees them contend); a pod on the other
+    card without a cores limit is not."""
+    binpack = {"hami.io/gpu-scheduler-policy": "binpack"}
+    cmd = "vgtest init rate 4 100 rate 4 100 rate 4 100"
+    for name in ("sm-a", "sm-b"):
+        client.create(codecs.from_dict(gpu_test_pod(name, cmd, memory_mib=4000, cores_percent=30,
+                                                    annotations=binpack)))
+    client.create(codecs.from_dict(gpu_test_pod("sm-free", cmd, memory_mib=15000)))
+    done = {n: wait_pod_done(client, n, timeout_s=120) for n in ("sm-a", "sm-b", "sm-free")}
+    assert all(p.status.phase == "Succeeded" for p in done.values())
+    free = max(rates(log_of(bed, "sm-free")))
+    assert free > 400, log_of(bed, "sm-free")  # about 1 ms per launch unlimited
+    for name in ("sm-a", "sm-b"):
+        limited = rates(log_of(bed, name))[-1]  # after the limiter converged
+        assert 0.15 <= limited / free <= 0.45, (name, limited, free)
+    delete(client, "sm-a", "sm-b", "sm-free")
+
+
+def _container_series(bed: GpuBed, family: str) -> dict[tuple[str, str], float]:
+    out = {}
+    for fam in text_string_to_metric_families(bed.monitor_metrics()):
+        for s in fam.samples:
+            if s.name == family:
+                out[(s.labels["pod"], s.labels["container"])] = s.value
+    return out
+
+
+def test_monitor_reports_real_containers_and_deletion_frees_the_card(bed: GpuBed,
+                                                                     client: Any) -> None:
+    """Two pods fill both cards; the monitor shows each one's used and limit bytes from
+    its cache file; a third whole-card pod waits. Deleting one pod removes its series and
+    its cache directory, the scheduler releases its memory, and the waiting pod runs on
+    the freed card."""
+    hold = f"vgtest init alloc mem {300 * MiB} 0 echo allocated hold"
+    for name in ("full-a", "full-b"):
+        client.create(codecs.from_dict(gpu_test_pod(name, hold, memory_mib=16384)))
+    for name in ("full-a", "full-b"):
+        wait_until(lambda n=name: "allocated" in log_of(bed, n), timeout_s=90,
+                   what=f"{name} allocated")
+    wait_until(lambda: {("full-a", "c"), ("full-b", "c")} <=
+               set(_container_series(bed, "hami_vgpu_memory_used_bytes")),
+               timeout_s=30, what="monitor series of both pods")
+    used = _container_series(bed, "hami_vgpu_memory_used_bytes")
+    limit = _container_series(bed, "hami_vgpu_memory_limit_bytes")
+    assert used[("full-a", "c")] >= 300 * MiB and limit[("full-a", "c")] == 16384 * MiB
+    client.create(codecs.from_dict(gpu_test_pod("waiter", f"{SHOW_ENV}; vgtest init info",
+                                                memory_mib=16384)))
+    time.sleep(3)
+    assert client.get(Pod, "waiter").status.phase == "Pending"  # no card has room
+    a = client.get(Pod, "full-a")
+    a_card = a.metadata.annotations["hami.io/vgpu-devices-allocated"].split(",")[0]
+    cache_dir = bed.hook_path / "vgpu" / "containers" / f"{a.metadata.uid}_c"
+    assert cache_dir.is_dir()
+    delete(client, "full-a")
+    wait_until(lambda: ("full-a", "c") not in _container_series(bed, "hami_vgpu_memory_used_bytes"),
+               timeout_s=30, what="full-a's series gone")
+    wait_until(lambda: not cache_dir.exists(), timeout_s=30, what="full-a's cache dir removed")
+    pod = wait_pod_done(client, "waiter", timeout_s=90)
+    assert pod.status.phase == "Succeeded", log_of(bed, "waiter")
+    assert env_of(log_of(bed, "waiter"))["NVIDIA_VISIBLE_DEVICES"] in a_card
+    assert lines(log_of(bed, "waiter"), "info")[0][1] == 16384 * MiB
+    delete(client, "full-b", "waiter")
