@@ -49,3 +49,19 @@ def test_configuration_reference_names_real_values() -> None:
     for key in re.findall(r"`([a-zA-Z]+(?:\.[a-zA-Z-]+)+)`", text):
         if key.split(".")[0] in values and not key.endswith((".yaml", ".json", ".md")):
             assert _has(values, key) or _has(values, key.rsplit(".", 1)[0]), key
+
+
+USER_TEXT = [ROOT / "README.md", *DOCS, *sorted((ROOT / "docs").rglob("*.yaml")),
+             *sorted((ROOT / "deploy").rglob("*.yaml")), *sorted((ROOT / "deploy").rglob("*.txt"))]
+
+
+@pytest.mark.parametrize("path", USER_TEXT, ids=lambda p: str(p.relative_to(ROOT)))
+def test_docs_use_the_current_option_names(path: Path) -> None:
+    """The hidden old spellings (``--node-policy``, ``--device-config``, ...) appear only
+    where a line says they are the old spellings."""
+    from hami.cli.compat import ALIASES
+
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        for old, new in ALIASES.items():
+            if re.search(re.escape(old) + r"(?![\w-])", line) and "old spelling" not in line:
+                raise AssertionError(f"{path.relative_to(ROOT)}:{n} uses {old}; write {new}")
