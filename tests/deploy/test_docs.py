@@ -10,10 +10,10 @@ import yaml
 
 from tests.deploy.chart import CHART, ROOT
 
-DOCS = sorted((ROOT / "docs").glob("*.md"))
+DOCS = sorted((ROOT / "docs").rglob("*.md"))
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve(doc: Path) -> None:
     for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
         if "://" in target:
@@ -65,3 +65,19 @@ def test_docs_use_the_current_option_names(path: Path) -> None:
         for old, new in ALIASES.items():
             if re.search(re.escape(old) + r"(?![\w-])", line) and "old spelling" not in line:
                 raise AssertionError(f"{path.relative_to(ROOT)}:{n} uses {old}; write {new}")
+
+
+def test_vendor_guide_covers_every_chart_vendor() -> None:
+    """docs/vendors.md is a user guide: every vendor the chart can enable, with its resource
+    names and how to enable it; the design history lives in docs/dev/."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["devices"]
+    guide = (ROOT / "docs" / "vendors.md").read_text()
+    for key, vendor in values["vendors"].items():
+        assert f"(`{key}`" in guide, key
+        for resource in vendor["resources"]:
+            assert f"`{resource}" in guide, resource
+    for key in ("ascend", "iluvatar"):
+        assert f"--set devices.{key}.enabled=true" in guide
+    assert "--set devices.vendors." in guide and "```yaml" in guide
+    assert "## The interface" not in guide  # the developer's part is in docs/dev
+    assert "## The interface" in (ROOT / "docs" / "dev" / "vendors-design.md").read_text()
