@@ -81,3 +81,17 @@ def test_vendor_guide_covers_every_chart_vendor() -> None:
     assert "--set devices.vendors." in guide and "```yaml" in guide
     assert "## The interface" not in guide  # the developer's part is in docs/dev
     assert "## The interface" in (ROOT / "docs" / "dev" / "vendors-design.md").read_text()
+
+
+CITATIONS = re.compile(r"shared/(specs|design|data)|spec §|hami-core-spec|ARCHITECTURE\.md")
+
+
+def test_no_user_text_cites_files_outside_the_repository() -> None:
+    """README, docs, deploy, native READMEs and src (help texts, messages, docstrings)
+    never point readers at the project's private notes."""
+    roots = [ROOT / "README.md", ROOT / "native" / "libvgpu" / "README.md",
+             *(p for d in ("docs", "deploy", "src") for p in (ROOT / d).rglob("*")
+               if p.is_file() and p.suffix in (".md", ".py", ".yaml", ".txt", ".tpl", ".json"))]
+    found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in roots
+             for n, line in enumerate(p.read_text().splitlines(), 1) if CITATIONS.search(line)]
+    assert not found, "\n".join(found)
