@@ -95,3 +95,14 @@ def test_no_user_text_cites_files_outside_the_repository() -> None:
     found = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in roots
              for n, line in enumerate(p.read_text().splitlines(), 1) if CITATIONS.search(line)]
     assert not found, "\n".join(found)
+
+
+def test_readme_schedule_example_places_its_pod() -> None:
+    from hami.offline import load_objects, schedule
+
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"```yaml\n(.*?)```", readme, re.S)
+    assert block is not None
+    report = schedule(load_objects(block.group(1)))
+    assert [(p["namespace"], p["name"], p["node"]) for p in report["pods"]] == [
+        ("default", "slice", "gpu-1")]
