@@ -127,13 +127,68 @@ class Stack:
                     os.killpg(proc.pid, signal.SIGKILL)
 
 
+#: What the Go builds take the first time on a 2-core machine; afterwards they are cached.
+FIRST_BUILD = {"kubernetes": "about 10 minutes on 2 cores", "helm": "a few minutes"}
+#: Seconds without output from a build after which a "still building" line is printed.
+HEARTBEAT_S = 30.0
+
+
+def run_build(argv: list[str], what: str, heartbeat_s: float = HEARTBEAT_S) -> str:
+    """Run a build script, echo its lines as they come, and print a line with the elapsed
+    time whenever it has been quiet for ``heartbeat_s`` seconds (a Go build prints nothing
+    for minutes). Returns its last output line (the scripts print their bin directory
+    last). Raises SystemExit when the script fails."""
+    import queue
+    import threading
+
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1)
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    last = ""
+    while True:
+        try:
+            line = lines.get(timeout=heartbeat_s)
+        except queue.Empty:
+            minutes, seconds = divmod(int(time.monotonic() - start), 60)
+            print(f"    ... still building {what} ({minutes}m{seconds:02d}s so far)", flush=True)
+            continue
+        if line is None:
+            break
+        last = line or last
+        print(f"    {line}", flush=True)
+    if proc.wait() != 0:
+        raise SystemExit(f"{argv[0]} failed (exit {proc.returncode}); its output is above")
+    return last
+
+
+def _missing(build: Path, names: tuple[str, ...]) -> bool:
+    bindir = Path(subprocess.run([str(build), "--print-dir"], check=True, capture_output=True,
+                                 text=True).stdout.strip())
+    return not all((bindir / n).is_file() for n in names)
+
+
 def build_tools() -> tuple[Path, str]:
-    step("build kube-apiserver, kube-scheduler, etcd and helm from their Go modules (once)")
-    k8s = subprocess.run([str(ROOT / "hack/k8s/build.sh")], check=True, capture_output=True,
-                         text=True).stdout.strip().splitlines()[-1]
-    helm_dir = subprocess.run([str(ROOT / "hack/helm/build.sh")], check=True,
-                              capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    print(f"    {k8s}\n    {helm_dir}")
+    k8s_build, helm_build = ROOT / "hack/k8s/build.sh", ROOT / "hack/helm/build.sh"
+    need_k8s = _missing(k8s_build, ("kube-apiserver", "kube-scheduler", "kubelet", "etcd"))
+    need_helm = _missing(helm_build, ("helm",))
+    if need_k8s or need_helm:
+        todo = [f"Kubernetes ({FIRST_BUILD['kubernetes']})"] * need_k8s \
+            + [f"helm ({FIRST_BUILD['helm']})"] * need_helm
+        step(f"first run: building {' and '.join(todo)} from their Go modules; cached in "
+             "~/.cache/hami afterwards")
+    else:
+        step("kube-apiserver, kube-scheduler, etcd and helm: already built (~/.cache/hami)")
+    k8s = run_build([str(k8s_build)], "Kubernetes")
+    helm_dir = run_build([str(helm_build)], "helm")
     return Path(k8s), str(Path(helm_dir) / "helm")
 
 

@@ -7,7 +7,7 @@ annotation of any registered vendor (``hami.io/vgpu-devices-allocated``,
 ``hami.io/dcu-devices-allocated``, ...) are existing usage; every other pod is admitted
 (the webhook's logic, every vendor) and then scheduled in file order, each seeing the
 decisions before it. The decisions come from :class:`hami.core.state.ClusterState`, the
-same code as the live ``/filter``. The vendors are those of ``--device-config`` (its
+same code as the live ``/filter``. The vendors are those of ``--device-config-file`` (its
 sections, HAMi v2.10; ``--enable-ascend`` / ``--enable-iluvatar`` for ``vnpus`` and
 ``iluvatars``); without a device config only NVIDIA is known.
 
@@ -234,7 +234,7 @@ def _schedule_one(state: ClusterState, pod: Mapping[str, Any],
         known = ", ".join(["NVIDIA", *sorted(state.vendors)])
         entry["error"] = (f"pod requests no device of {known}; left to kube-scheduler"
                           + ("" if state.vendors else
-                             " (other vendors need --device-config with their sections)"))
+                             " (other vendors need --device-config-file with their sections)"))
         return entry
     wanted = state.config.scheduler_name
     scheduler = (verdict.pod.get("spec") or {}).get("schedulerName") or ""

@@ -58,6 +58,8 @@ def test_a_file_without_pods_says_so(tmp_path: Path) -> None:
     result = run_schedule(tmp_path, [node("n1")])
     assert result.exit_code == 0
     assert "no pending pods to schedule" in result.stderr and "Node" in result.stderr
+    assert "holds 1 object: Node" in result.stderr
+    assert "dry run" not in result.stdout  # no empty table before the message
 
 
 def test_bad_node_annotation_is_explained(tmp_path: Path) -> None:

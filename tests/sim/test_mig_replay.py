@@ -208,8 +208,8 @@ def test_cli_simulates_a_cluster_with_mig_nodes(tmp_path: Path) -> None:
     for entry in doc["policies"].values():
         mig = entry["mig"]
         assert mig["gpus"] == 20
-        assert set(mig) == {"gpus", "instances", "pods", "unallocated_cores_percent",
-                            "unallocated_memory_percent", "profiles"}
+        assert set(mig) == {"seed", "gpus", "instances", "pods", "unallocated_cores_percent",
+                            "unallocated_memory_percent", "profiles_at", "profiles"}
         assert mig["instances"]["100"] > 0 and mig["pods"]["100"] <= mig["instances"]["100"]
         assert all(0 <= v <= 100 for v in mig["unallocated_cores_percent"].values())
         known = {p.name for m in MIG_MODELS for p in m.profiles}

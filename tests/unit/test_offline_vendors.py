@@ -135,7 +135,7 @@ def test_without_device_config_only_nvidia_is_known() -> None:
     assert out["nodes"]["mixed-1"] == ""
     assert pods(out)["dcu-infer"]["error"] == (
         "pod requests no device of NVIDIA; left to kube-scheduler"
-        " (other vendors need --device-config with their sections)")
+        " (other vendors need --device-config-file with their sections)")
     mixed = pods(out)["cuda-and-dcu"]  # the DCU container is not HAMi's business then
     assert mixed["node"] == "gpu-1"  # binpack: the node cuda-train already uses
     assert mixed["annotations"]["hami.io/vgpu-devices-allocated"] == "GPU-a100-0,NVIDIA,4000,0:;;"

@@ -71,12 +71,13 @@ def schedule_command(
         raise typer.Exit(2) from None
     if output is Output.json:
         typer.echo(json.dumps(report, indent=2, sort_keys=False))
-    else:
+    elif report["pods"]:  # an empty table says nothing; the line below does
         print_table(report)
     if not report["pods"]:
         kinds = sorted({str(o.get("kind")) for o in objects})
+        count = f"{len(objects)} object{'' if len(objects) == 1 else 's'}"
         typer.echo(f"{file}: no pending pods to schedule (the file holds "
-                   f"{len(objects)} objects: {', '.join(kinds) or 'none'}); add Pods "
+                   f"{count}: {', '.join(kinds) or 'none'}); add Pods "
                    "without spec.nodeName", err=True)
 
 

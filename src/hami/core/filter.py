@@ -92,8 +92,8 @@ class FilterResult:
     the NVIDIA grant per container (init first; every entry ``()`` for a pod without
     NVIDIA requests), ``vendor_devices`` the other vendors' grants by CommonWord (one
     entry per container, ``()`` for containers without that vendor: the padding is on
-    the vendor key, docs/vendors.md) and ``failed_nodes`` the reason per node that was
-    found unfit (filled completely only when nothing fits, as HAMi does).
+    the vendor key, docs/dev/vendors-design.md) and ``failed_nodes`` the reason per node
+    that was found unfit (filled completely only when nothing fits, as HAMi does).
     ``policy_warnings`` has one message per policy annotation whose unknown value was
     ignored for the configured policy (:func:`hami.core.config.effective_policies`); the
     shells report them (an Event, ``hami schedule``'s ``warnings``).

@@ -9,7 +9,7 @@ resource only in hami-core mode; 910C super-pod counts are 1 or even (1 becomes 
 ``ModeNotFit`` (HAMi v2.10); writes ``huawei.com/<CommonWord>`` runtime JSON and ``predicate-time``.
 Template values below are HAMi's documented ``device-template`` examples.
 
-Our choices (docs/vendors.md): a hami-core pod fits only nodes whose ``hami-vnpu-core`` is
+Our choices (docs/dev/vendors-design.md): a hami-core pod fits only nodes whose ``hami-vnpu-core`` is
 ``true`` and a template pod only the others; a template share books
 ``aiCore(template) x 100 / aiCore(chip)`` percent of cores; the runtime JSON is a list of
 ``{"UUID": <card>, "temp": <template or "">}``; super-pod modules are the NPU pairs

@@ -7,7 +7,7 @@ unit 256 MiB; ``CAMBRICON_DSMLU_PROFILE`` = ``<idx>_<cores>_<mem/256>`` and
 ``CAMBRICON_DSMLU_ASSIGNED``). Resource names and the "vmlu > 1 means whole cards" rule
 are HAMi's Cambricon guide; ``cambricon.com/use|nouse-mlutype`` likewise.
 
-Our choices where the spec is silent (see docs/vendors.md): device UUID
+Our choices where HAMi is silent (see docs/dev/vendors-design.md): device UUID
 ``<node>-cambricon-mlu-<i>``, memory per device = memory capacity / devices (in 256 MiB
 units), 100 share slots per device, ``CAMBRICON_DSMLU_ASSIGNED`` written ``false`` (the
 device plugin flips it), one profile per granted device joined by ``,``.

@@ -9,9 +9,9 @@ GCUs from capacity; writes ``enflame.com/gcu-assigned*``). HAMi's Enflame guide:
 default 100); only one vGCU per container; UUIDs ``<node>-enflame-<i>``; filters
 ``enflame.com/use-gpuuuid`` / ``nouse-gpuuuid``.
 
-Our choices (docs/vendors.md): shared cards are synthesised from the capacity of the
+Our choices (docs/dev/vendors-design.md): shared cards are synthesised from the capacity of the
 percentage resource (100 units per card); ``enflame.com/gcu-assigned`` is written ``false``.
-Not done: DRS profiles from ``enflame.com/gcu-drs-capacity`` (format not in the spec).
+Not done: DRS profiles from ``enflame.com/gcu-drs-capacity`` (format not known to us).
 """
 
 from __future__ import annotations

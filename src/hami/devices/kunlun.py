@@ -13,7 +13,7 @@ filters ``hami.io/use-xpu-uuid`` / ``hami.io/no-use-xpu-uuid``.
 Fragmentation is measured by MTF ("minimized tasks to fill", HAMi's Kunlunxin topology
 guide): the Fit takes the valid card set leaving the smallest MTF, and ScoreNode is
 ``MTF(before) - MTF(after)`` (higher is better: a smaller increase of MTF). HAMi's exact
-score scale is not in the spec; ours is documented in docs/vendors.md.
+score scale is not known to us; ours is documented in docs/dev/vendors-design.md.
 """
 
 from __future__ import annotations

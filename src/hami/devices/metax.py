@@ -8,8 +8,8 @@ Source (HAMi v2.10): (Metax sGPU reads ``metax-tech.com/node-gpu-devices``; Meta
 ``metax-tech.com/sgpu``, ``vcore`` (percent), ``vmemory`` in GiB; QoS policies
 ``best-effort|fixed-share|burst-share``.
 
-Our choices (docs/vendors.md): the sGPU node annotation is read in HAMi's JSON register
-form (HAMi v2.10) -- the spec does not give its format; whole GPUs come from node capacity
+Our choices (docs/dev/vendors-design.md): the sGPU node annotation is read in HAMi's JSON register
+form (HAMi v2.10) -- its real format is not known to us; whole GPUs come from node capacity
 (``<node>-metax-gpu-<i>``); the QoS policy is pod annotation ``metax-tech.com/sgpu-qos-policy``
 validated at admission. Not done: the topology losses/scores and the sGPU ScoreNode (both
 return 0), the app class.

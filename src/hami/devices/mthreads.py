@@ -7,7 +7,7 @@ above 1 forces whole cards; the webhook writes ``mthreads.com/request-gpu-num``;
 scheduler writes ``mthreads.com/gpu-index`` (device indices), ``mthreads.com/predicate-time``
 (UnixNano) and ``mthreads.com/predicate-node``.
 
-Our choices where the spec is silent (docs/vendors.md): devices come from node capacity,
+Our choices where HAMi is silent (docs/dev/vendors-design.md): devices come from node capacity,
 ``sgpu-core`` capacity / 16 cards (16 core units per card, the MTT S4000 example of the
 vendor guide), memory = ``sgpu-memory`` capacity x 512 MiB / cards, UUID
 ``<node>-mthreads-<i>``; ``sgpu-core`` is in those core units; a memory value outside the

@@ -7,6 +7,7 @@ on a fresh machine with no files.
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from dataclasses import dataclass, field
@@ -45,8 +46,12 @@ from hami.sim.trace import (
 )
 from hami.sim.workload import DEFAULT_TUNE, prepare_workload
 
-#: Where the project keeps the trace (relative to the repository root); never committed.
-SHARED_TRACE_DIR = "../shared/data/openb"
+#: Environment variable that gives ``--trace`` when the option is not on the command line.
+TRACE_ENV = "HAMI_TRACE_DIR"
+#: Added to a "not found" error of --trace: where the trace comes from.
+TRACE_HINT = ("--trace (or $HAMI_TRACE_DIR) names the folder cluster-trace-gpu-v2023/csv of "
+              "https://github.com/alibaba/clusterdata; the README's 'hami simulate' section "
+              "says how to get it")
 #: The minimum tasks per GPU the trace needs (its smallest share is 50 milli).
 MIN_SPLIT_COUNT = 20
 
@@ -158,8 +163,10 @@ class Simulation:
 
 def simulate(
     trace: Annotated[Path | None, typer.Option(
-        "--trace", help="Trace directory (openb CSVs). Omit to run the embedded synthetic "
-        "openb-like default.", file_okay=False)] = None,
+        "--trace", envvar=TRACE_ENV, help="Directory of the Alibaba GPU trace's openb "
+        "CSVs: the folder cluster-trace-gpu-v2023/csv of the alibaba/clusterdata repository "
+        "on GitHub (about 15 MB, not shipped with hami; the README says how to get it). "
+        "Omit to run the embedded synthetic openb-like default.", file_okay=False)] = None,
     nodes_file: Annotated[Path | None, typer.Option(
         "--nodes", help="Node list CSV replacing the trace's (or the synthetic) cluster: "
         "sn,cpu_milli,memory_mib,gpu,model[,mode]; mode hami-core (default) or mig "
@@ -196,7 +203,9 @@ def simulate(
 ) -> None:
     """Replay a cluster trace through admission, filter/score and bind, and report how
     well each policy packs GPUs (unallocated GPU % vs arrived demand, as in Weng et al.,
-    USENIX ATC'23)."""
+    USENIX ATC'23). The table's columns are described below; --json has the same values
+    (schema hami.simulate/v1). With MIG-mode nodes (--nodes) a second table shows how the
+    MIG GPUs are used at 100 % arrived demand."""
     err = Console(stderr=True)
     try:
         if plot is not None and not plot.resolve().parent.is_dir():
@@ -244,7 +253,10 @@ def simulate(
                                  "MIG-mode nodes")
             policy_list = [p for p in policy_list if p not in PAPER_POLICIES]
     except (TraceError, ValueError) as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
+        message = str(exc)
+        if trace is not None and isinstance(exc, TraceError) and "not found" in message:
+            message += f" ({TRACE_HINT})"
+        err.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from None
     sim = Simulation(nodes, pods, policy_list, seed_list, split_count, tune)
     settings.update({"seeds": seed_list, "policies": policy_list, "split_count": split_count,
@@ -276,3 +288,7 @@ def simulate(
     if plot is not None:
         path = report.write_plot(plot, summary, title, reference)
         err.print(f"plot written to {path}")
+
+
+simulate.__doc__ = (f"{inspect.cleandoc(simulate.__doc__ or '')}\n\nThe table's columns:\n\n"
+                    f"{report.columns_help()}")

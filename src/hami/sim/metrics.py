@@ -116,27 +116,46 @@ def summarize(results: Sequence[Any], points: Sequence[int]) -> dict[str, dict[s
     return out
 
 
-def summarize_mig(results: Sequence[Any], points: Sequence[int]) -> dict[str, Any]:
-    """Median over seeds of the MIG-mode GPUs' usage (:class:`~hami.sim.replay.MigUsage`).
+#: The arrived-demand point (%) that picks the MIG report's replay (:func:`summarize_mig`).
+MIG_POINT = 100
 
-    Returns ``gpus``; per point of ``points`` ``instances``, ``pods``,
-    ``unallocated_cores`` and ``unallocated_memory`` (%, NaN where the point was never
-    reached); ``profiles``: median instances per profile name at the end of the replay.
+
+def summarize_mig(results: Sequence[Any], points: Sequence[int]) -> dict[str, Any]:
+    """The MIG-mode GPUs' usage (:class:`~hami.sim.replay.MigUsage`) of one replay: the
+    seed whose number of MIG instances at :data:`MIG_POINT` % arrived demand is the median
+    (the lower one for an even number of seeds).
+
+    One replay rather than per-column medians, so that the columns agree: the instances are
+    the sum of the instances per profile, and the unallocated shares are what those
+    profiles leave (medians over seeds are not additive).
+
+    Returns ``seed``, ``gpus``; per point of ``points`` ``instances``, ``pods``,
+    ``unallocated_cores``, ``unallocated_memory`` (%, NaN where the point was never
+    reached) and ``profiles_at`` (instances per profile name); ``profiles``: instances
+    per profile name at the end of the replay.
     """
-    def median(values: Iterable[float]) -> float:
-        finite = [v for v in values if not math.isnan(v)]
-        return float(np.median(finite)) if finite else float("nan")
+    def key(r: Any) -> tuple[float, int]:
+        usage = r.mig.get(MIG_POINT)
+        return (usage.instances if usage is not None else -1.0, r.seed)
+
+    mine = sorted((r for r in results if r.mig_final is not None), key=key)
+    if not mine:
+        return {"seed": None, "gpus": 0, "instances": {}, "pods": {},
+                "unallocated_cores": {}, "unallocated_memory": {}, "profiles_at": {},
+                "profiles": {}}
+    rep = mine[(len(mine) - 1) // 2]
 
     def at(point: int, attr: str) -> float:
-        return median(float(getattr(r.mig[point], attr)) for r in results if point in r.mig)
+        usage = rep.mig.get(point)
+        return float(getattr(usage, attr)) if usage is not None else float("nan")
 
-    finals = [r.mig_final for r in results if r.mig_final is not None]
-    names = sorted({name for f in finals for name in f.profiles})
     return {
-        "gpus": finals[0].gpus if finals else 0,
+        "seed": rep.seed,
+        "gpus": rep.mig_final.gpus,
         "instances": {p: at(p, "instances") for p in points},
         "pods": {p: at(p, "pods") for p in points},
         "unallocated_cores": {p: at(p, "unallocated_cores_percent") for p in points},
         "unallocated_memory": {p: at(p, "unallocated_memory_percent") for p in points},
-        "profiles": {n: median(float(f.profiles.get(n, 0)) for f in finals) for n in names},
+        "profiles_at": {p: dict(rep.mig[p].profiles) for p in points if p in rep.mig},
+        "profiles": dict(rep.mig_final.profiles),
     }

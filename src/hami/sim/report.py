@@ -26,11 +26,13 @@ JSON schema (``hami simulate --json``), version ``hami.simulate/v1``::
           "seconds": 5.1,                 # median wall time of one replay
           "per_seed": {"42": {"unallocated_gpu_percent": {...}, "failed_pods": 2448}},
           "mig": {                        # only when the node list has MIG-mode nodes
+            "seed": 42,                   # the replay these values come from (below)
             "gpus": 16,                   # MIG-mode GPUs
             "instances": {"10": 12.0, ...},                   # MIG instances held
             "pods": {"10": 12.0, ...},                        # pods holding them
             "unallocated_cores_percent": {"10": 80.5, ...},   # of the MIG GPUs' cores
             "unallocated_memory_percent": {"10": 81.2, ...},  # of the MIG GPUs' memory
+            "profiles_at": {"10": {"1g.5gb": 12}, ...},       # instances per profile
             "profiles": {"1g.5gb": 40.0, "7g.40gb": 2.0}      # instances at the end
           }
         }
@@ -42,8 +44,10 @@ JSON schema (``hami simulate --json``), version ``hami.simulate/v1``::
 
 A value that was never reached (arrived demand stops short of a point) is ``null``.
 With a node list of one's own (``--nodes``) ``settings`` also holds ``"node_file"``, and
-``"mig_gpus"`` when some nodes are in MIG mode; MIG values are medians over seeds, and the
-unallocated shares count what the chosen profiles really take (their memory and cores).
+``"mig_gpus"`` when some nodes are in MIG mode; MIG values come from one replay, the seed
+whose MIG instance count at 100 % arrived demand is the median (so that instances, profiles
+and unallocated shares agree), and the unallocated shares count what the chosen profiles
+really take (their memory and cores).
 Policies are ``<node-policy>/<gpu-policy>`` for HAMi's policies and
 ``fragmentation-aware`` for ours.
 """
@@ -57,6 +61,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from hami.sim.metrics import MIG_POINT
 
 SCHEMA = "hami.simulate/v1"
 #: The plot's right panel starts at this arrived-demand point.
@@ -100,11 +106,13 @@ def to_json(settings: Mapping[str, Any], summary: Mapping[str, Mapping[str, Any]
         if "mig" in s:
             m = s["mig"]
             policies[policy]["mig"] = {
+                "seed": m["seed"],
                 "gpus": m["gpus"],
                 "instances": _keyed(m["instances"], points),
                 "pods": _keyed(m["pods"], points),
                 "unallocated_cores_percent": _keyed(m["unallocated_cores"], points),
                 "unallocated_memory_percent": _keyed(m["unallocated_memory"], points),
+                "profiles_at": {str(p): dict(v) for p, v in m["profiles_at"].items()},
                 "profiles": {k: _num(v) for k, v in m["profiles"].items()},
             }
     doc: dict[str, Any] = {"schema": SCHEMA, "settings": {**settings, "points": list(points)},
@@ -119,16 +127,41 @@ def _fmt(value: float) -> str:
     return "-" if value is None or math.isnan(value) else f"{value:.2f}"
 
 
+#: What each column of the main table means (printed under it and in ``--help``).
+COLUMNS: tuple[tuple[str, str], ...] = (
+    ("policy", "Random, DotProd, GpuClustering, GpuPacking, BestFit and FGD are the FGD "
+     "paper's schedulers on its resource model; <node>/<gpu> are HAMi's node and GPU "
+     "scheduler policies; fragmentation-aware is ours. 'paper X' rows (dimmed) are the "
+     "paper's published figures, shown with a trace that holds them."),
+    ("50% .. 130%", "unallocated GPU, as % of the cluster's GPU capacity, when the arrived "
+     "GPU demand (every pod submitted so far, placed or not) first reaches that % of the "
+     f"capacity; lower is better. Below {TABLE_FROM} % nearly everything fits (--json has "
+     "every point from 10 %)."),
+    ("frag@100", "fragmented GPU at 100 % arrived demand, as % of capacity: idle GPU that "
+     "the workload's pods (its mix of GPU shares) could not use, because it lies in pieces "
+     "smaller than they ask or on nodes short of CPU or memory; the FGD paper's measure, "
+     "averaged over the workload's mix; at most the 100% column."),
+    ("failed", "pods never placed, of all pods replayed (the workload inflated to --tune "
+     "x capacity)."),
+    ("s/run", "wall time of one replay, seconds."),
+)
+
+
+def columns_help() -> str:
+    """:data:`COLUMNS` as paragraphs ``column: meaning`` (for ``--help``)."""
+    return "\n\n".join(f"{name}: {text}" for name, text in COLUMNS)
+
+
 def render_table(summary: Mapping[str, Mapping[str, Any]], points: Sequence[int],
                  title: str, reference: Mapping[str, Mapping[int, float]] | None = None,
                  console: Console | None = None) -> Table:
     """One row per policy: unallocated GPU % at each arrived-demand point (median over
     seeds), fragmentation at 100 %, failed pods and time per replay; best at 100 % in
-    bold. Paper reference rows (if given) come last, dimmed."""
+    bold. Paper reference rows (if given) come last, dimmed. With a console, the table is
+    followed by what each column means (:data:`COLUMNS`)."""
     points = [p for p in points if p >= TABLE_FROM] or list(points)
-    table = Table(title=title, caption="Unallocated GPU (% of capacity) at arrived GPU "
-                  f"demand (% of capacity; below {TABLE_FROM} % nearly everything fits, "
-                  "see --json); lower is better. Median over seeds.")
+    table = Table(title=title, caption="Median over seeds; lower is better; the best at "
+                  "100 % in bold. Columns:")
     table.add_column("policy", no_wrap=True)
     for p in points:
         table.add_column(f"{p}%", justify="right", no_wrap=True)
@@ -148,35 +181,39 @@ def render_table(summary: Mapping[str, Mapping[str, Any]], points: Sequence[int]
                       "", "", "", style="dim")
     if console is not None:
         console.print(table)
+        for name, text in COLUMNS:
+            console.print(f"  [bold]{name}[/bold]: {text}", highlight=False)
     return table
-
-
-#: The MIG table reads the usage at this arrived-demand point.
-MIG_POINT = 100
 
 
 def render_mig_table(summary: Mapping[str, Mapping[str, Any]],
                      console: Console | None = None) -> Table | None:
-    """One row per policy: the MIG-mode GPUs' instances, pods and unallocated cores and
-    memory (% of those GPUs, on the profiles' real sizes) at :data:`MIG_POINT` % arrived
-    demand, and the instances per profile at the end. None when no policy has MIG data."""
+    """One row per policy: the MIG-mode GPUs' instances, pods, unallocated cores and
+    memory (% of those GPUs, on the profiles' real sizes) and instances per profile, all at
+    :data:`MIG_POINT` % arrived demand and all from one replay (the ``seed`` column, see
+    :func:`hami.sim.metrics.summarize_mig`), so the profiles add up to the instances. None
+    when no policy has MIG data."""
     rows = {k: v["mig"] for k, v in summary.items() if "mig" in v}
     if not rows:
         return None
     gpus = next(iter(rows.values()))["gpus"]
     table = Table(title=f"MIG-mode GPUs ({gpus}) at {MIG_POINT} % arrived demand",
-                  caption="Unallocated = not held by a MIG instance, counted on the chosen "
-                  "profiles' cores and memory. Profiles: instances at the end of the replay. "
-                  "Median over seeds.")
+                  caption="instances: MIG instances held; pods: pods holding them (a pod "
+                  "may hold several); unalloc cores/memory %: of the MIG GPUs, not held by "
+                  "an instance, on the chosen profiles' real sizes; profiles: the instances "
+                  "by profile (they add up to instances). One replay per policy: the seed "
+                  "with the median instance count.")
     table.add_column("policy", no_wrap=True)
+    table.add_column("seed", justify="right")
     for name in ("instances", "pods", "unalloc cores %", "unalloc memory %"):
         table.add_column(name, justify="right")
     table.add_column("profiles")
     for policy, m in rows.items():
-        profiles = ", ".join(f"{n} x{v:g}" for n, v in m["profiles"].items() if v) or "-"
+        held = m["profiles_at"].get(MIG_POINT, {})
+        profiles = ", ".join(f"{n} x{v:g}" for n, v in sorted(held.items()) if v) or "-"
         count = m["instances"].get(MIG_POINT, math.nan)
         pods = m["pods"].get(MIG_POINT, math.nan)
-        table.add_row(policy, "-" if math.isnan(count) else f"{count:g}",
+        table.add_row(policy, str(m["seed"]), "-" if math.isnan(count) else f"{count:g}",
                       "-" if math.isnan(pods) else f"{pods:g}",
                       _fmt(m["unallocated_cores"].get(MIG_POINT, math.nan)),
                       _fmt(m["unallocated_memory"].get(MIG_POINT, math.nan)), profiles)
@@ -185,22 +222,42 @@ def render_mig_table(summary: Mapping[str, Mapping[str, Any]],
     return table
 
 
-def write_plot(path: str | Path, summary: Mapping[str, Mapping[str, Any]], title: str,
-               reference: Mapping[str, Mapping[int, float]] | None = None) -> Path:
-    """Unallocated GPU % against arrived demand, one line per policy (paper Fig. 9a);
-    reference curves dashed. Uses the Agg backend (no display needed)."""
+#: Marker shapes, one per line in turn, so that lines lying on each other stay visible.
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "*", "h", "p", "d", "8", "H")
+#: A marker every this many arrived-demand points.
+MARK_EVERY = 10
+
+
+def coinciding(curves: Mapping[str, Mapping[int, float]]) -> list[list[str]]:
+    """Names of ``curves`` grouped by identical curves (same points, values equal to 1e-6
+    or both NaN), in first-seen order; a curve unlike every other is a group of one."""
+    groups: dict[tuple[tuple[int, float | None], ...], list[str]] = {}
+    for name, curve in curves.items():
+        key = tuple((p, None if math.isnan(v) else round(v, 6)) for p, v in sorted(curve.items()))
+        groups.setdefault(key, []).append(name)
+    return list(groups.values())
+
+
+def plot_figure(summary: Mapping[str, Mapping[str, Any]], title: str,
+                reference: Mapping[str, Mapping[int, float]] | None = None) -> Any:
+    """The matplotlib figure of :func:`write_plot`: unallocated GPU % against arrived
+    demand, all points and a zoom from :data:`ZOOM_FROM` %. Policies whose curves are
+    identical share one line labelled ``a = b``; every line has its own marker; the
+    legend sits right of both panels, off the data. The caller closes the figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5), dpi=110,
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), dpi=110,
                              gridspec_kw={"width_ratios": [1, 1.3]})
     colors = plt.get_cmap("tab20")(range(20))
+    curves = {policy: dict(s.get("unallocated_full") or s["unallocated"])
+              for policy, s in summary.items()}
     lines: list[tuple[str, dict[int, float], dict[str, Any]]] = []
-    for i, (policy, s) in enumerate(summary.items()):
-        ours = policy == "fragmentation-aware"
-        lines.append((policy, s.get("unallocated_full") or s["unallocated"],
+    for i, group in enumerate(coinciding(curves)):
+        ours = "fragmentation-aware" in group
+        lines.append((" = ".join(group), curves[group[0]],
                       {"color": "black" if ours else colors[(2 * i) % 20],
                        "linewidth": 2.4 if ours else 1.3}))
     for j, (name, curve) in enumerate((reference or {}).items()):
@@ -209,9 +266,12 @@ def write_plot(path: str | Path, summary: Mapping[str, Mapping[str, Any]], title
                        "linewidth": 1.0}))
     for ax, lo in zip(axes, (0, ZOOM_FROM), strict=True):
         top = 0.0
-        for label, curve, style in lines:
+        for k, (label, curve, style) in enumerate(lines):
             xs = [p for p in sorted(curve) if p >= lo and not math.isnan(curve[p])]
-            ax.plot(xs, [curve[p] for p in xs], label=label, **style)
+            marks = [n for n, x in enumerate(xs) if x % MARK_EVERY == 0]
+            ax.plot(xs, [curve[p] for p in xs], label=label if lo == 0 else None,
+                    marker=MARKERS[k % len(MARKERS)], markevery=marks, markersize=4,
+                    markerfacecolor="none", **style)
             top = max([top, *(curve[p] for p in xs)])
         ax.set_xlim(lo, 130)
         ax.set_xlabel("Arrived GPU demand (% of capacity)")
@@ -221,9 +281,21 @@ def write_plot(path: str | Path, summary: Mapping[str, Mapping[str, Any]], title
             ax.set_ylim(0, min(top, 100 - ZOOM_FROM + 5) * 1.05 or 1)
             ax.set_title(f"zoom: {ZOOM_FROM}..130 %")
     axes[0].set_title(title, fontsize=9)
-    axes[1].legend(fontsize=7, loc="upper right", ncol=2)
+    merged = any(" = " in label for label, _, _ in lines)
+    fig.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 0.95),
+               title="'a = b': identical curves" if merged else None, title_fontsize=7)
     fig.tight_layout()
+    return fig
+
+
+def write_plot(path: str | Path, summary: Mapping[str, Mapping[str, Any]], title: str,
+               reference: Mapping[str, Mapping[int, float]] | None = None) -> Path:
+    """Write :func:`plot_figure` (paper Fig. 9a; reference curves dashed) to a PNG. Uses the
+    Agg backend (no display needed)."""
+    import matplotlib.pyplot as plt
+
+    fig = plot_figure(summary, title, reference)
     out = Path(path)
-    fig.savefig(out)
+    fig.savefig(out, bbox_inches="tight")
     plt.close(fig)
     return out
