@@ -82,6 +82,9 @@ class GpuBed:
         inventory: the fake GPUs (see :func:`default_inventory`).
         plugin_args, scheduler_args: extra arguments for ``hami device-plugin`` and
             ``hami scheduler``.
+        device_config: HAMi's device-config YAML for both (``--device-config-file``).
+        node_config: the per-node JSON override of the device plugin (HAMi's
+            ``config.json``: ``{"nodeconfig": [{"name": ..., "operatingmode": ...}]}``).
         libvgpu_build: ``native/libvgpu/build`` (``make native``).
 
     Raises:
@@ -92,6 +95,7 @@ class GpuBed:
     def __init__(self, workdir: Path | None = None, *, node_name: str = "gpu-node-0",
                  inventory: Mapping[str, Any] | None = None,
                  plugin_args: Sequence[str] = (), scheduler_args: Sequence[str] = (),
+                 device_config: str | None = None, node_config: str | None = None,
                  libvgpu_build: Path | None = None) -> None:
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hb", dir="/tmp"))
         self.node_name = node_name
@@ -99,6 +103,8 @@ class GpuBed:
         self.plugin_args = list(plugin_args)
         self.scheduler_args = list(scheduler_args)
         self.libvgpu_build = libvgpu_build or REPO / "native" / "libvgpu" / "build"
+        self.device_config = device_config
+        self.node_config = node_config
         self.hook_path = self.workdir / "hook"
         self.key_dir = self.workdir / "allocation-key"
         self.cp: ControlPlane | None = None
@@ -133,7 +139,7 @@ class GpuBed:
                 f"--http_bind={HOST}:{self.scheduler_port}", f"--cert-file={cert}",
                 f"--key-file={key}", f"--metrics-bind-address={HOST}:{free_port()}",
                 f"--allocation-key-dir={self.key_dir}", "--register-interval=2s",
-                *self.scheduler_args]
+                *self._device_config_args(), *self.scheduler_args]
         self.scheduler = cp._spawn("hami-scheduler", argv)  # noqa: SLF001 - same package
         url = f"https://{HOST}:{self.scheduler_port}"
         ctx = ssl.create_default_context(cafile=str(tls / "ca.crt"))
@@ -150,6 +156,13 @@ class GpuBed:
         self.kube_scheduler = cp.start_scheduler(scheduler_name=SCHEDULER_NAME,
                                                  extender=ExtenderConfig(url))
 
+    def _device_config_args(self) -> list[str]:
+        if self.device_config is None:
+            return []
+        path = self.workdir / "device-config.yaml"
+        path.write_text(self.device_config)
+        return [f"--device-config-file={path}"]
+
     def install_lib(self) -> None:
         """``hami device-plugin --install-lib``: libvgpu.so and ld.so.preload into the
         hook path, as the chart's init step does."""
@@ -164,13 +177,15 @@ class GpuBed:
         assert self.node is not None and self.cp is not None
         inv = self.workdir / "inventory.yaml"
         inv.write_text(yaml.safe_dump(self.inventory))
+        if self.node_config is not None:
+            (self.workdir / "node-config.json").write_text(self.node_config)
         self.plugin = self.node.spawn("device-plugin", [
             *self._hami(), "device-plugin", f"--node-name={self.node_name}",
             f"--hook-path={self.hook_path}", "--backend=fake", f"--fake-inventory={inv}",
             f"--kubeconfig={self.cp.kubeconfig}", "--register-interval=1",
             f"--allocation-key-dir={self.key_dir}",
             f"--node-config-file={self.workdir / 'node-config.json'}",
-            *self.plugin_args, *extra], env=self._env())
+            *self._device_config_args(), *self.plugin_args, *extra], env=self._env())
         client = self.cp.client()
         try:
             self.timings["device-plugin"] = self.plugin.wait_healthy(

@@ -290,7 +290,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         self.kubelet = self.spawn("kubelet", [
             str(self.kubelet_binary),
             f"--config={cfg}", f"--kubeconfig={kubeconfig}",
-            f"--hostname-override={self.name}", f"--node-ip={HOST}",
+            f"--hostname-override={self.name}",
             f"--cert-dir={self.workdir / 'kubelet-pki'}", f"--v={self.verbosity}",
         ])
         t0 = time.monotonic()
