@@ -34,8 +34,17 @@ k8s:
 helm:
 	hack/helm/build.sh
 
+# `make cluster NODE=real`: a real node (kubelet, containerd, runc) running hami's device
+# plugin, monitor and libvgpu, with hami's scheduler and webhook (root, cgroup v1 and
+# Debian's containerd runc containernetworking-plugins umoci skopeo busybox-static).
+NODE ?= api
 cluster: setup k8s
+ifeq ($(NODE),real)
+	$(MAKE) native
+	$(BIN)/python -m hami.testing.gpubed up
+else
 	$(BIN)/python -m hami.testing.controlplane up --gpu-node gpu-0
+endif
 
 e2e: setup k8s
 	HAMI_E2E_REQUIRED=1 $(BIN)/pytest -m e2e
