@@ -141,8 +141,14 @@ def test_monitor_reports_real_containers_and_deletion_frees_the_card(bed: GpuBed
     for name in ("full-a", "full-b"):
         client.create(codecs.from_dict(gpu_test_pod(name, hold, memory_mib=16384)))
     for name in ("full-a", "full-b"):
-        wait_until(lambda n=name: "allocated" in log_of(bed, n), timeout_s=90,
-                   what=f"{name} allocated")
+        try:
+            wait_until(lambda n=name: "allocated" in log_of(bed, n), timeout_s=90,
+                       what=f"{name} allocated")
+        except AssertionError:
+            raise
+        except Exception as err:  # the pods' states say where it stuck
+            states = {n: client.get(Pod, n).status for n in ("full-a", "full-b")}
+            raise AssertionError(f"{err}; {states}; log: {log_of(bed, name)!r}") from None
     wait_until(lambda: {("full-a", "c"), ("full-b", "c")} <=
                set(_container_series(bed, "hami_vgpu_memory_used_bytes")),
                timeout_s=30, what="monitor series of both pods")
