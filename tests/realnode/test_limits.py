@@ -172,3 +172,30 @@ def test_monitor_reports_real_containers_and_deletion_frees_the_card(bed: GpuBed
     assert env_of(log_of(bed, "waiter"))["NVIDIA_VISIBLE_DEVICES"] in a_card
     assert lines(log_of(bed, "waiter"), "info")[0][1] == 16384 * MiB
     delete(client, "full-b", "waiter")
+
+
+def test_two_gpu_pod_gets_both_cards_each_with_its_slice(bed: GpuBed, client: Any) -> None:
+    """``gpu: 2, gpumem: 3000, gpucores: 25``: the real kubelet's device choice and
+    GetPreferredAllocation end in a container that sees exactly the two cards the
+    scheduler wrote down, 3000 MiB on each; the bind completes (bind-phase success,
+    nothing left to allocate) and the node lock is released."""
+    from lightkube.resources.core_v1 import Node
+
+    pod = run_pod(client, gpu_test_pod(
+        "two-gpu", f"{SHOW_ENV}; vgtest init info dev 1 info", gpus=2, memory_mib=3000,
+        cores_percent=25))
+    log = log_of(bed, "two-gpu")
+    assert pod.status.phase == "Succeeded", log
+    env = env_of(log)
+    # HAMi's encoding: containers separated by ';', a container's devices by ':'
+    first_container = pod.metadata.annotations["hami.io/vgpu-devices-allocated"].split(";")[0]
+    granted = [d.split(",")[0] for d in first_container.split(":") if d]
+    assert env["NVIDIA_VISIBLE_DEVICES"].split(",") == granted and len(set(granted)) == 2
+    assert (env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_MEMORY_LIMIT_1"]) == \
+        ("3000m", "3000m")
+    assert env["CUDA_DEVICE_SM_LIMIT"] == "25"
+    assert [i[1] for i in lines(log, "info")] == [3000 * MiB, 3000 * MiB]
+    assert pod.metadata.annotations["hami.io/bind-phase"] == "success"
+    assert pod.metadata.annotations["hami.io/vgpu-devices-to-allocate"].strip(";") == ""
+    assert "hami.io/mutex.lock" not in (client.get(Node, bed.node_name).metadata.annotations
+                                        or {})
