@@ -52,9 +52,6 @@ REGISTER = "hami.io/node-nvidia-register"
 ALLOCATED = "hami.io/vgpu-devices-allocated"
 REGISTERED_LINE = "registered nvidia.com/gpu with kubelet"
 
-#: name -> seconds; printed at the end of each test (run with -s to see them)
-FIGURES: dict[str, float] = {}
-
 
 def checked(memory_mib: int, barrier: str | None = None) -> str:
     """Shell: exit 3 unless ``CUDA_DEVICE_MEMORY_LIMIT_0`` is this pod's ``<n>m``, 4 unless
@@ -125,16 +122,16 @@ def assert_own_limit(bed: GpuBed, name: str, memory_mib: int, pod: Any) -> None:
     assert f"limit={memory_mib}m" in log and f" {memory_mib * MiB} 0" in log, log
 
 
-def report(test: str, **figures: float) -> None:
-    FIGURES.update({f"{test}.{k}": v for k, v in figures.items()})
-    print(f"\n[{test}] " + ", ".join(f"{k}={v:.1f}s" for k, v in figures.items()))
+def report(test: str, note: str = "", **seconds: float) -> None:
+    """Print the test's figures (seen with ``pytest -s``)."""
+    print(f"\n[{test}] " + ", ".join(f"{k}={v:.1f}s" for k, v in seconds.items()) + note)
 
 
 # -- 1. device plugin killed while pods are being created ----------------------------------
 
 
 def test_plugin_killed_while_pods_are_created(bed: GpuBed, client: Any) -> None:
-    sizes = {f"dp-{i}": 1101 + 101 * i for i in range(7)}  # distinct slices, all fit
+    sizes = {f"dp-{i}": 1101 + 101 * i for i in range(8)}  # distinct slices, all fit
     names = list(sizes)
     created: dict[str, float] = {}
     for n in names[:3]:
@@ -168,8 +165,9 @@ def test_plugin_killed_while_pods_are_created(bed: GpuBed, client: Any) -> None:
                            for cs in pod.status.containerStatuses or []), pod.status
     for n in names[5:]:
         assert outcomes[n] == ("Succeeded", ""), outcomes
-    assert outcomes[names[0]][0] in ("Succeeded", "Failed")
-    report("plugin-restart", plugin_down=down_s, reregistered_after_start=registered_s,
+    failed = sum(1 for p, _ in outcomes.values() if p == "Failed")
+    report("plugin-restart", note=f" ({failed} of {len(names)} refused by the kubelet)",
+           plugin_down=down_s, reregistered_after_start=registered_s,
            last_pod_create_to_done=time.monotonic() - created[names[-1]])
 
 
@@ -294,4 +292,4 @@ def test_scheduler_killed_during_burst_promises_no_card_twice(bed: GpuBed, clien
     to_running = sorted(running[n] - created[n] for n in sizes)
     report("scheduler-restart", scheduler_restart=restart_s,
            first_create_to_running=to_running[0], median_create_to_running=to_running[4],
-           last_create_to_running=to_running[-1], bound_at_kill=float(bound_at_kill))
+           last_create_to_running=to_running[-1], note=f" ({bound_at_kill} of 10 bound at the kill)")
