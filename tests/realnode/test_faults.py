@@ -44,7 +44,8 @@ from lightkube.resources.core_v1 import Node, Pod
 
 from hami.core.codec import decode_pod_devices
 from hami.testing.controlplane import wait_until
-from hami.testing.gpubed import STUB_DIR, GpuBed, gpu_test_pod, kill, wait_pod_done
+from hami.testing.gpubed import GpuBed, kill
+from hami.testing.gpupods import STUB_DIR, gpu_test_pod, wait_pod_done
 
 MiB = 1 << 20
 CARD_MIB = 16384  # default_inventory's cards
