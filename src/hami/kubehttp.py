@@ -12,6 +12,11 @@ with ``watch=true``:
 * set the read timeout to ``watch_idle_timeout_s``: no byte for that long (no event and
   no bookmark) raises ``httpx2.ReadTimeout``, and the caller restarts the watch from its
   last resourceVersion.
+* ask for an uncompressed body (``Accept-Encoding: identity``): when a watch's first
+  write is large (the initial events of a watch without resourceVersion) kube-apiserver
+  v1.37 gzips the stream, each later event as a gzip member of its own, and httpx2's
+  decoder reads only the first member, so every later event would be lost without an
+  error (``tests/e2e/test_watch_compression_e2e.py``).
 
 Every connection, watch or not, has TCP keepalive (probe after 30 s idle, every 10 s,
 dropped after 3 unanswered probes), so a peer that vanished is noticed by the kernel.
@@ -56,10 +61,12 @@ def is_watch(request: httpx2.Request) -> bool:
 
 
 def prepare_watch(request: httpx2.Request, idle_timeout_s: float) -> None:
-    """Bookmarks and the idle deadline on a watch request (in place); others untouched."""
+    """Bookmarks, the idle deadline and no compression on a watch request (in place);
+    others untouched."""
     if not is_watch(request):
         return
     request.url = request.url.copy_merge_params({"allowWatchBookmarks": "true"})
+    request.headers["Accept-Encoding"] = "identity"
     timeouts = dict(request.extensions.get("timeout") or {})
     timeouts["read"] = idle_timeout_s
     request.extensions = {**request.extensions, "timeout": timeouts}

@@ -355,6 +355,17 @@ class NodeWatch:
                 stop.wait(1.0)
 
 
+def _raw_pod_resource() -> Any:
+    """Pods as plain dicts (lightkube's generic resource), for the pod watch."""
+    from lightkube.generic_resource import GenericNamespacedResource
+    from lightkube.generic_resource import create_api_info as api_info
+
+    class RawPod(GenericNamespacedResource):
+        _api_info = api_info("", "v1", "Pod", "pods")
+
+    return RawPod
+
+
 class PodWatch:
     """A watched copy of the Pending pods bound to one node (``spec.nodeName``), as
     :class:`PodView` by ``(namespace, name)``.
@@ -402,6 +413,7 @@ class PodWatch:
         import httpx2
         from lightkube.resources.core_v1 import Pod
 
+        raw_pod = _raw_pod_resource()
         resume: str | None = None  # the last version seen; None: list again
         while not stop.is_set():
             try:
@@ -411,21 +423,24 @@ class PodWatch:
                     with self._lock:
                         self._pods = pods
                     resume = listing.resourceVersion
-                for kind, obj in self.client.watch(Pod, namespace="*", fields=self.fields,
+                # Plain dicts: a BOOKMARK's Pod has ``spec.containers: null``, which the
+                # typed Pod refuses; the events with a whole pod are typed below.
+                for kind, obj in self.client.watch(raw_pod, namespace="*", fields=self.fields,
                                                    server_timeout=self.server_timeout_s,
                                                    resource_version=resume):
-                    resume = (obj.metadata.resourceVersion if obj.metadata else None) or resume
+                    meta = obj.get("metadata") or {}
+                    resume = meta.get("resourceVersion") or resume
                     if kind == "BOOKMARK":
                         self.bookmarks += 1
                     elif kind == "DELETED":
                         self.events += 1
                         with self._lock:
                             if self._pods is not None:
-                                self._pods.pop((obj.metadata.namespace or "",
-                                                obj.metadata.name or ""), None)
+                                self._pods.pop((meta.get("namespace") or "",
+                                                meta.get("name") or ""), None)
                     else:
                         self.events += 1
-                        self.offer(pod_view(obj))
+                        self.offer(pod_view(Pod.from_dict(dict(obj))))
                     if stop.is_set():
                         return
             except httpx2.ReadTimeout:

@@ -110,6 +110,7 @@ class GpuBed:
         self.plugin: Component | None = None
         self.monitor: Component | None = None
         self.scheduler_port = 0
+        self._scheduler_argv: list[str] = []
         self.monitor_port = 0
         self.timings: dict[str, float] = {}
 
@@ -136,11 +137,9 @@ class GpuBed:
                 f"--key-file={key}", f"--metrics-bind-address={HOST}:{free_port()}",
                 f"--allocation-key-dir={self.key_dir}", "--register-interval=2s",
                 *self._device_config_args(), *self.scheduler_args]
-        self.scheduler = cp._spawn("hami-scheduler", argv)  # noqa: SLF001 - same package
+        self._scheduler_argv = argv
+        self._spawn_scheduler()
         url = f"https://{HOST}:{self.scheduler_port}"
-        ctx = ssl.create_default_context(cafile=str(tls / "ca.crt"))
-        self.timings["hami-scheduler"] = self.scheduler.wait_healthy(
-            lambda: _https_ok(url + "/readyz", ctx), "/readyz", 60)
         client = cp.client()
         try:
             from lightkube import codecs
@@ -158,6 +157,22 @@ class GpuBed:
         path = self.workdir / "device-config.yaml"
         path.write_text(self.device_config)
         return [f"--device-config-file={path}"]
+
+    def _spawn_scheduler(self) -> None:
+        assert self.cp is not None
+        self.scheduler = self.cp._spawn("hami-scheduler", self._scheduler_argv)  # noqa: SLF001
+        ctx = ssl.create_default_context(cafile=str(self.workdir / "tls" / "ca.crt"))
+        self.timings["hami-scheduler"] = self.scheduler.wait_healthy(
+            lambda: _https_ok(f"https://{HOST}:{self.scheduler_port}/readyz", ctx), "/readyz", 60)
+
+    def restart_scheduler(self) -> Component:
+        """SIGKILL ``hami scheduler`` (no clean shutdown, as a node loss or OOM kill) and
+        start it again with the same arguments, port and certificate; wait for ``/readyz``.
+        The webhook and the kube-scheduler's extender keep pointing at it."""
+        assert self.scheduler is not None
+        kill(self.scheduler)
+        self._spawn_scheduler()
+        return self.scheduler
 
     def install_lib(self) -> None:
         """``hami device-plugin --install-lib``: libvgpu.so and ld.so.preload into the
@@ -280,6 +295,15 @@ class GpuBed:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def kill(component: Component) -> None:
+    """SIGKILL ``component`` and reap it; marks it stopped so :meth:`GpuBed.check_alive`
+    does not report it."""
+    component.stopped = True
+    if component.process.poll() is None:
+        component.process.kill()
+    component.process.wait()
 
 
 def _k8s_version() -> str:
