@@ -19,7 +19,7 @@ import hashlib
 import os
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,8 +82,10 @@ def pause_source(k8s_version: str) -> Path:
     return src
 
 
-def _pack(rootfs: Path, name: str, entrypoint: Sequence[str], work: Path) -> ImageArchive:
-    """One-layer image from ``rootfs`` with ``entrypoint``, as a docker-archive tarball."""
+def _pack(rootfs: Path, name: str, entrypoint: Sequence[str], work: Path,
+          env: Mapping[str, str] | None = None) -> ImageArchive:
+    """One-layer image from ``rootfs`` with ``entrypoint`` (and ``env``, the image's
+    environment), as a docker-archive tarball."""
     layout = work / "oci"
     tag = hashlib.sha256(name.encode()).hexdigest()[:12]
     if not layout.exists():
@@ -94,6 +96,8 @@ def _pack(rootfs: Path, name: str, entrypoint: Sequence[str], work: Path) -> Ima
     argv = ["umoci", "config", "--image", ref, "--os", "linux", "--architecture", "amd64"]
     for part in entrypoint:
         argv += ["--config.entrypoint", part]
+    for key, value in (env or {}).items():
+        argv += ["--config.env", f"{key}={value}"]
     _run(argv)
     out = work / f"{tag}.tar"
     out.unlink(missing_ok=True)
