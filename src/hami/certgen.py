@@ -302,7 +302,9 @@ def certgen(
     from lightkube import ApiError, Client, KubeConfig
 
     try:
-        config = KubeConfig.from_file(kubeconfig) if kubeconfig else None
+        # in the chart's pod: the ServiceAccount (lightkube's Client(None) with
+        # trust_env=False would read ~/.kube/config only)
+        config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
         client = Client(config, field_manager="hami-certgen", trust_env=False)
         if secret and not service:
             raise RuntimeError("--secret needs --service (the names the certificate covers)")

@@ -79,3 +79,27 @@ def test_allocation_key_rotation_never_refuses_a_valid_signature(tmp_path) -> No
     # a device plugin that has step 1 accepts the new signature, one with step 2 the old
     verify(mount(step1).verifying_keys(), "u", "n", {**ann, "hami.io/vgpu-allocation-signature": new_signature})
     verify(mount(step2).verifying_keys(), "u", "n", {**ann, "hami.io/vgpu-allocation-signature": old_signature})
+
+
+def test_without_kubeconfig_certgen_uses_the_pods_service_account(monkeypatch, tmp_path) -> None:
+    """In the chart's pod there is no kubeconfig: the ServiceAccount's in-cluster config
+    must be used (lightkube's Client(None, trust_env=False) reads only ~/.kube/config)."""
+    from lightkube import KubeConfig
+    from typer.testing import CliRunner
+
+    from hami.cli import app
+
+    used: list[str] = []
+
+    def in_cluster(*args: object, **kwargs: object) -> KubeConfig:
+        used.append("service account")
+        return KubeConfig.from_server("https://127.0.0.1:1")  # nothing listens there
+
+    monkeypatch.setattr(KubeConfig, "from_service_account", classmethod(
+        lambda cls, *a, **k: in_cluster()))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    result = CliRunner().invoke(app, ["certgen", "--namespace", "ns",
+                                      "--allocation-key-secret", "key"])
+    assert used == ["service account"], result.output
+    assert "no Kubernetes configuration" not in result.output
