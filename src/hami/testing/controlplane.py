@@ -62,6 +62,9 @@ KUBERNETES_VERSION = "v1.37.2"
 
 #: Loopback address every component listens on.
 HOST = "127.0.0.1"
+#: ClusterIP of the ``kubernetes`` Service (first address of the service range); the
+#: apiserver's serving certificate names it, so in-cluster clients can verify it.
+KUBERNETES_SERVICE_IP = "10.96.0.1"
 
 #: Names of the binaries this module runs.
 BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
@@ -254,6 +257,9 @@ class ControlPlane:
             ``keep_workdir`` is false.
         keep_workdir: keep the directory (and its logs) after :meth:`stop`.
         verbosity: klog ``-v`` level of the Kubernetes components.
+        apiserver_args: further kube-apiserver flags (e.g.
+            ``--enable-aggregator-routing=true``: webhooks are called on a Service's
+            endpoint addresses instead of its ClusterIP, which needs no kube-proxy).
 
     Raises:
         BinariesMissing: from the constructor, when the binaries are not built.
@@ -266,6 +272,7 @@ class ControlPlane:
         *,
         keep_workdir: bool = False,
         verbosity: int = 1,
+        apiserver_args: Sequence[str] = (),
     ) -> None:
         self.binaries = find_binaries(bin_dir)
         self._own_workdir = workdir is None
@@ -273,6 +280,7 @@ class ControlPlane:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.keep_workdir = keep_workdir
         self.verbosity = verbosity
+        self.apiserver_args = list(apiserver_args)
         self.pki_dir = self.workdir / "pki"
         self.log_dir = self.workdir / "logs"
         self.kubeconfig = self.workdir / "kubeconfig"
@@ -527,9 +535,10 @@ class ControlPlane:
         self.pki_dir.mkdir(parents=True, exist_ok=True)
         ca = CertificateAuthority.create("hami-e2e-ca")
         (self.pki_dir / "ca.crt").write_bytes(ca.cert_pem)
-        ca.issue("hami-e2e-serving", ip_sans=[HOST], dns_sans=["localhost"], server=True).write(
-            self.pki_dir, "serving"
-        )
+        dns = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+               "kubernetes.default.svc.cluster.local"]
+        ca.issue("hami-e2e-serving", ip_sans=[HOST, KUBERNETES_SERVICE_IP], dns_sans=dns,
+                 server=True).write(self.pki_dir, "serving")
         admin = ca.issue("hami-e2e-admin", groups=["system:masters"], client=True)
         admin.write(self.pki_dir, "admin")
         service_account_keys().write(self.pki_dir, "sa")  # sa.crt holds the public key
@@ -655,6 +664,7 @@ class ControlPlane:
                 "--enable-priority-and-fairness=false",
                 "--profiling=false",
                 f"--v={self.verbosity}",
+                *self.apiserver_args,
             ],
         )
         self._write_kubeconfig()

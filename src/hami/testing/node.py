@@ -175,7 +175,10 @@ class RealNode:
         conflist = {
             "cniVersion": "1.0.0", "name": f"hami-{self.name}",
             "plugins": [{
-                "type": "bridge", "bridge": self.bridge, "isGateway": True, "ipMasq": False,
+                # default route via the bridge: pods reach the host (and through it the
+                # apiserver, see hami.testing.podnet) as on a cluster node
+                "type": "bridge", "bridge": self.bridge, "isGateway": True,
+                "isDefaultGateway": True, "ipMasq": False,
                 "ipam": {"type": "host-local", "ranges": [[{"subnet": self.subnet}]],
                          "dataDir": str(self.workdir / "cni" / "ipam")},
             }],
