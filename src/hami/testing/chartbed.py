@@ -40,7 +40,7 @@ from hami.testing.controlplane import (
     ensure_namespace,
     wait_until,
 )
-from hami.testing.gpubed import REPO, default_inventory
+from hami.testing.gpubed import REPO
 from hami.testing.node import RealNode, ensure_root_ca
 
 CHART = REPO / "deploy" / "helm" / "hami"
@@ -51,7 +51,17 @@ NAMESPACE = "hami-system"
 HOOK_PATH = "/var/lib/hami-hook"
 
 
-def test_values(inventory_path: Path) -> dict[str, Any]:
+def stub_inventory(gpus: int = 2, memory_mib: int = 16384) -> dict[str, Any]:
+    """A fake-backend inventory naming the stub driver's own cards (UUIDs
+    ``GPU-5a1e0000-0000-4000-8000-<index as 12 hex digits>``, as ``stub_nvml.c`` reports
+    them), so what the device plugin advertises and grants is what libvgpu and the
+    monitor see in the containers: the monitor reports only granted UUIDs."""
+    return {"gpus": [{"model": "NVIDIA A100-PCIE-16GB", "memory_mib": memory_mib, "numa": 0,
+                      "uuids": [f"GPU-5a1e0000-0000-4000-8000-{i:012x}"]}
+                     for i in range(gpus)]}
+
+
+def chart_test_values(inventory_path: Path) -> dict[str, Any]:
     """Chart values for the test node: the locally built images (never pulled), the hook
     path above, and ``--backend=fake --fake-inventory=<inventory_path>`` for the device
     plugin. The inventory must lie under ``/tmp``: the chart mounts the node's ``/tmp``
@@ -99,11 +109,11 @@ class ChartBed:
     """Control plane + real node + the hami chart (see the module docstring).
 
     Args:
-        workdir: everything (must lie under /tmp, see :func:`test_values`); a new temp
+        workdir: everything (must lie under /tmp, see :func:`chart_test_values`); a new temp
             dir by default.
         node_name: the Node's name.
-        inventory: the fake GPUs (:func:`~hami.testing.gpubed.default_inventory`).
-        values: chart values merged over :func:`test_values`.
+        inventory: the fake GPUs (default :func:`stub_inventory`).
+        values: chart values merged over :func:`chart_test_values`.
         libvgpu_build: ``native/libvgpu/build`` (``make native``).
 
     Raises:
@@ -119,7 +129,7 @@ class ChartBed:
         if not str(self.workdir.resolve()).startswith("/tmp/"):
             raise ValueError(f"workdir {self.workdir} must lie under /tmp")
         self.node_name = node_name
-        self.inventory = dict(inventory or default_inventory())
+        self.inventory = dict(inventory or stub_inventory())
         self.extra_values = dict(values or {})
         self.libvgpu_build = libvgpu_build or REPO / "native" / "libvgpu" / "build"
         self.cp: ControlPlane | None = None
@@ -192,7 +202,7 @@ class ChartBed:
         inv = self.workdir / "inventory.yaml"
         inv.write_text(yaml.safe_dump(self.inventory))
         values = self.workdir / "values.yaml"
-        values.write_text(yaml.safe_dump(_merge(test_values(inv), self.extra_values)))
+        values.write_text(yaml.safe_dump(_merge(chart_test_values(inv), self.extra_values)))
         t0 = time.monotonic()
         p = subprocess.run(
             [helm_binary(), "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
