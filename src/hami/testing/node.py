@@ -362,9 +362,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         for mount in cgroup_subsystems().values():
             root = Path(mount) / self.cgroup_root.lstrip("/")
             if root.is_dir():
-                yield from sorted((p for p in root.rglob("*") if p.is_dir()),
-                                  key=lambda p: -len(p.parts))
-                yield root
+                # bottom-up; os.walk skips directories that vanish while it walks (the
+                # kubelet and runc remove pod cgroups as containers die), rglob raised
+                for d, _, _ in os.walk(root, topdown=False):
+                    yield Path(d)
 
     def _kill_cgroup_tasks(self) -> None:
         for _ in range(20):
