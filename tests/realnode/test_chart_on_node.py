@@ -17,7 +17,7 @@ import pytest
 
 from hami.testing.chartbed import HOOK_PATH, NAMESPACE, ChartBed
 from hami.testing.controlplane import BinariesMissing, ensure_namespace
-from hami.testing.gpubed import gpu_test_pod, wait_pod_done
+from hami.testing.gpupods import gpu_test_pod, wait_pod_done
 from hami.testing.node import ensure_root_ca
 from tests.realnode.conftest import skip_or_fail, unavailable
 
