@@ -289,14 +289,23 @@ class ChartBed:
         return "\n".join(lines)
 
     def stop(self) -> None:
-        """Node (containers first), the Service route, then the control plane."""
-        if self.node is not None:
-            self.node.stop()
-        if self._undo_route is not None:
-            self._undo_route()
-            self._undo_route = None
-        if self.cp is not None:
-            self.cp.stop()
+        """Node (containers first), the Service route, then the control plane; each step
+        runs even when an earlier one failed. The image archives (about 1 GB) are
+        removed; configs and logs stay in the workdir."""
+        import shutil
+
+        try:
+            if self.node is not None:
+                self.node.stop()
+        finally:
+            try:
+                if self._undo_route is not None:
+                    self._undo_route()
+                    self._undo_route = None
+            finally:
+                if self.cp is not None:
+                    self.cp.stop()
+                shutil.rmtree(self.workdir / "images", ignore_errors=True)
 
     def __enter__(self) -> ChartBed:
         return self.start()
