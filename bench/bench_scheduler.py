@@ -1,9 +1,11 @@
 """Benchmarks of ``hami scheduler``.
 
-1. ``throughput``: pods per second through the real kube-scheduler + hami (real
-   control plane: etcd, kube-apiserver, kube-scheduler; hami as its own process; a fake
-   device-plugin Allocate releases node locks) at 100 and 1,000 nodes, and the filter /
-   bind latency percentiles read from hami's own Prometheus histograms.
+1. ``throughput``: a burst of pods through the real kube-scheduler alone (``vanilla``)
+   and with hami as its extender (``binpack``, ``spread``), side by side at 100 and 1,000
+   nodes (real control plane: etcd, kube-apiserver, kube-scheduler; hami as its own
+   process; a fake device-plugin Allocate releases node locks): pods/s and the ratio to
+   vanilla, create-to-bound latency per pod, API requests per pod by verb (the API
+   server's own counters), CPU per pod by process, and hami's filter/bind histograms.
 2. ``memory``: resident memory of a scheduler process whose caches hold 5,000 nodes and
    40,000 GPU pods (fed through the same list/relist path as in production, from an
    in-memory API stand-in so the 2-core machine does not also have to run etcd with
@@ -11,7 +13,7 @@
 
 Usage::
 
-    PYTHONPATH=src python bench/bench_scheduler.py throughput --nodes 100 1000 --pods 500
+    PYTHONPATH=src python bench/bench_scheduler.py throughput --nodes 100 1000 --pods 400
     PYTHONPATH=src python bench/bench_scheduler.py memory --nodes 5000 --pods 40000
 
 Targets (2-core machine, control plane included): >= 50 pods/s at 1,000 nodes; extender
@@ -66,145 +68,124 @@ def percentile(buckets: list[tuple[float, float]], q: float) -> float:
 
 
 # ------------------------------------------------------------------ throughput
-def throughput(node_counts: list[int], pods: int, policy: str,
-               hami_args: list[str] | None = None,
-               precreate: bool = False,
-               client_qps: float | None = None) -> list[dict[str, Any]]:
+MODES = ("vanilla", "binpack", "spread")
+
+
+def run_bed(n_nodes: int, pods: int, mode: str, hami_args: list[str] | None = None,
+            client_qps: float | None = None) -> dict[str, Any]:
+    """One burst of ``pods`` pods on a fresh control plane with ``n_nodes`` nodes.
+
+    ``mode`` ``vanilla``: kube-scheduler alone, pods asking for no GPU (the ceiling of the
+    bed); ``binpack``/``spread``: kube-scheduler with hami as its extender under that node
+    policy, GPU pods, a fake device-plugin Allocate releasing the node locks. The clock
+    starts before the first create and stops when the last pod is seen bound.
+    """
+    from bench.sched_bed import BoundWatcher, CpuMeter, api_requests, per_pod, quantiles_ms
     from lightkube import codecs
-    from lightkube.resources.core_v1 import Pod
     from tests.e2e.hami_harness import FakeAllocator, HamiProcess, Tls, gpu_pod, make_gpu_node
 
-    from hami.testing.controlplane import ControlPlane, wait_until
-    from hami.testing.scheduler_config import ExtenderConfig
+    from hami.testing.controlplane import ControlPlane
+    from hami.testing.scheduler_config import CLIENT_QPS, ExtenderConfig
 
-    results = []
-    for n_nodes in node_counts:
-        work = Path(tempfile.mkdtemp(prefix="hami-bench-"))
-        with ControlPlane(workdir=work / "k8s") as cp:
-            cp.start(default_scheduler=False)
-            client = cp.client()
-            t0 = time.monotonic()
-            make_gpu_node(client, "node-00000")  # warm lightkube/msgspec types in one thread
-            with ThreadPoolExecutor(8) as pool:
-                list(pool.map(lambda i, c=client: make_gpu_node(c, f"node-{i:05d}"),
-                              range(1, n_nodes)))
-            nodes_s = time.monotonic() - t0
+    work = Path(tempfile.mkdtemp(prefix="hami-bench-"))
+    with ControlPlane(workdir=work / "k8s") as cp:
+        cp.start(default_scheduler=False)
+        client = cp.client()
+        t0 = time.monotonic()
+        make_gpu_node(client, "node-00000")  # warm lightkube/msgspec types in one thread
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i, c=client: make_gpu_node(c, f"node-{i:05d}"),
+                          range(1, n_nodes)))
+        nodes_s = time.monotonic() - t0
+        limits: dict[str, Any] = {} if client_qps is None else {
+            "client_qps": client_qps, "client_burst": int(2 * client_qps)}
+        hami = allocator = None
+        if mode == "vanilla":
+            specs = [gpu_pod(f"p{i:05d}", gpus=0) for i in range(pods)]
+            ks = cp.start_scheduler(**limits)
+        else:
             tls = Tls(work / "tls")
-            hami = HamiProcess(cp, tls, work, args=[f"--node-scheduler-policy={policy}",
+            hami = HamiProcess(cp, tls, work, args=[f"--node-scheduler-policy={mode}",
                                                     "--register-interval=15s",
                                                     *(hami_args or [])]).start()
             allocator = FakeAllocator(cp).start()
             specs = [gpu_pod(f"p{i:05d}", memory_mib=1000 + (i % 7) * 500,
                              cores=(i % 3) * 10 or None, scheduler_name="hami-scheduler")
                      for i in range(pods)]
-            objs = [codecs.from_dict(p) for p in specs]  # msgspec: first decodes not thread-safe
+            ks = cp.start_scheduler(scheduler_name="hami-scheduler",
+                                    extender=ExtenderConfig(hami.url), **limits)
+        objs = [codecs.from_dict(p) for p in specs]  # msgspec: first decodes not thread-safe
+        procs = {c.name: c.process.pid for c in cp._components if c.process.poll() is None}
+        if hami is not None and hami.process is not None:
+            procs["hami"] = hami.process.pid
+        watcher = BoundWatcher(cp).start()
+        time.sleep(1.0)  # the watch is open and every component idle
+        created_at: dict[str, float] = {}
 
-            def create_all(c: Any = client, objs: list[Any] = objs) -> float:
-                started = time.monotonic()
-                with ThreadPoolExecutor(8) as pool:
-                    list(pool.map(c.create, objs))
-                return time.monotonic() - started
+        def create(obj: Any, c: Any = client) -> None:
+            created_at[obj.metadata.name] = time.monotonic()
+            c.create(obj)
 
-            limits: dict[str, Any] = {} if client_qps is None else {
-                "client_qps": client_qps, "client_burst": int(2 * client_qps)}
-            from hami.testing.scheduler_config import CLIENT_QPS
-            if precreate:  # all pods Pending first; the clock starts with kube-scheduler
-                created_s = create_all()
-                t0 = time.monotonic()
-                ks = cp.start_scheduler(scheduler_name="hami-scheduler",
-                                        extender=ExtenderConfig(hami.url), **limits)
-            else:
-                ks = cp.start_scheduler(scheduler_name="hami-scheduler",
-                                        extender=ExtenderConfig(hami.url), **limits)
-                t0 = time.monotonic()
-                created_s = create_all()
-
-            def all_bound(c: Any = client) -> bool:
-                try:
-                    return sum(1 for p in c.list(Pod, namespace="default")
-                               if p.spec.nodeName) >= pods
-                except Exception:  # a busy apiserver: ask again
-                    return False
-
-            wait_until(all_bound, timeout_s=1200, what="all pods bound")
-            elapsed = time.monotonic() - t0
+        meter = CpuMeter(procs)
+        before = api_requests(cp)
+        meter.start()
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(create, objs))
+        created_s = time.monotonic() - t0
+        watcher.wait(pods, timeout_s=1200)
+        elapsed = max(watcher.bound_at.values()) - t0
+        time.sleep(1.0)  # the last Allocate and events land (they count per pod too)
+        cpu = meter.stop(pods)
+        after = api_requests(cp)
+        watcher.stop()
+        latency = [watcher.bound_at[n] - created_at[n] for n in created_at]
+        result: dict[str, Any] = {
+            "mode": mode, "nodes": n_nodes, "pods": pods, "hami_args": hami_args or [],
+            "kube_scheduler_qps": client_qps or CLIENT_QPS,
+            "pods_per_s": round(pods / elapsed, 1), "seconds": round(elapsed, 1),
+            "create_seconds": round(created_s, 1), "node_setup_seconds": round(nodes_s, 1),
+            "create_to_bound_ms": quantiles_ms(latency),
+            "api_per_pod": per_pod(before, after, pods),
+            "cpu_ms_per_pod": cpu,
+            "load_avg": os.getloadavg()[0],
+        }
+        if hami is not None:
             text = hami.metrics()
             filt = histogram(text, "hami_scheduler_filter_duration_seconds")
             bind = histogram(text, "hami_scheduler_bind_duration_seconds")
             status = hami.status()
-            rss = _rss_kib(hami.process.pid if hami.process else 0)
-            cpu = _cpu_s(hami.process.pid if hami.process else 0)
-            result = {
-                "nodes": n_nodes, "pods": pods, "node_policy": policy,
-                "hami_args": hami_args or [], "precreated": precreate,
-                "kube_scheduler_qps": client_qps or CLIENT_QPS,
-                "pods_per_s": round(pods / elapsed, 1), "seconds": round(elapsed, 1),
-                "create_seconds": round(created_s, 1), "node_setup_seconds": round(nodes_s, 1),
-                "filter_ms": {q: round(1000 * percentile(filt, q), 2) for q in (0.5, 0.9, 0.99)},
-                "bind_ms": {q: round(1000 * percentile(bind, q), 2) for q in (0.5, 0.9, 0.99)},
+            result.update({
+                "filter_ms": {q: round(1000 * percentile(filt, q), 2) for q in (0.5, 0.99)},
+                "bind_ms": {q: round(1000 * percentile(bind, q), 2) for q in (0.5, 0.99)},
                 "filters": status.get("counters", {}).get("filters"),
                 "binds": status.get("counters", {}).get("binds"),
-                "scheduler_rss_mib": round(rss / 1024, 1),
-                "scheduler_cpu_s": round(cpu, 1),
-                "load_avg": os.getloadavg()[0],
-            }
-            print(json.dumps(result), flush=True)
-            results.append(result)
-            ks.stop()
+                "scheduler_rss_mib": round(_rss_kib(procs["hami"]) / 1024, 1)})
+        ks.stop()
+        if allocator is not None:
             allocator.stop()
+        if hami is not None:
             hami.stop()
-    return results
+    return result
 
 
-def baseline(node_counts: list[int], pods: int, precreate: bool = False) -> list[dict[str, Any]]:
-    """The same control plane and pod stream without hami: the default kube-scheduler
-    binding pods that ask for no GPU. The ceiling this machine allows."""
-    from lightkube import codecs
-    from lightkube.resources.core_v1 import Pod
-    from tests.e2e.hami_harness import gpu_pod, make_gpu_node
-
-    from hami.testing.controlplane import ControlPlane, wait_until
-
+def throughput(node_counts: list[int], pods: int, modes: list[str],
+               hami_args: list[str] | None = None,
+               client_qps: float | None = None) -> list[dict[str, Any]]:
+    """Every mode at every node count, one fresh bed each; hami's modes also as a ratio
+    to ``vanilla`` (when it ran) at the same size."""
     results = []
     for n_nodes in node_counts:
-        work = Path(tempfile.mkdtemp(prefix="hami-bench-"))
-        with ControlPlane(workdir=work / "k8s") as cp:
-            cp.start(default_scheduler=not precreate)
-            client = cp.client()
-            make_gpu_node(client, "node-00000")
-            with ThreadPoolExecutor(8) as pool:
-                list(pool.map(lambda i, c=client: make_gpu_node(c, f"node-{i:05d}"),
-                              range(1, n_nodes)))
-            objs = [codecs.from_dict(gpu_pod(f"p{i:05d}", gpus=0)) for i in range(pods)]
-            t0 = time.monotonic()
-            with ThreadPoolExecutor(8) as pool:
-                list(pool.map(client.create, objs))
-            created_s = time.monotonic() - t0
-            if precreate:
-                t0 = time.monotonic()
-                cp.start_scheduler()
-
-            def all_bound(c: Any = client) -> bool:
-                return sum(1 for p in c.list(Pod, namespace="default") if p.spec.nodeName) >= pods
-
-            wait_until(all_bound, timeout_s=1200, what="all pods bound")
-            elapsed = time.monotonic() - t0
-            result = {"baseline": "kube-scheduler without hami", "nodes": n_nodes, "pods": pods,
-                      "precreated": precreate,
-                      "pods_per_s": round(pods / elapsed, 1), "seconds": round(elapsed, 1),
-                      "create_seconds": round(created_s, 1), "load_avg": os.getloadavg()[0]}
+        vanilla = None
+        for mode in modes:
+            result = run_bed(n_nodes, pods, mode, hami_args, client_qps)
+            if mode == "vanilla":
+                vanilla = result
+            elif vanilla is not None:
+                result["ratio_to_vanilla"] = round(result["pods_per_s"] / vanilla["pods_per_s"], 2)
             print(json.dumps(result), flush=True)
             results.append(result)
     return results
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 def _rss_kib(pid: int) -> int:
@@ -299,12 +280,10 @@ def main() -> None:
     sub = parser.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("throughput")
     t.add_argument("--nodes", type=int, nargs="+", default=[100, 1000])
-    t.add_argument("--pods", type=int, default=500)
-    t.add_argument("--node-policy", default="binpack")
-    t.add_argument("--baseline", action="store_true", help="no hami: default kube-scheduler")
+    t.add_argument("--pods", type=int, default=400)
+    t.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
+                   help="vanilla: kube-scheduler alone; binpack/spread: hami's node policy")
     t.add_argument("--hami-arg", action="append", default=[], help="extra hami scheduler flag")
-    t.add_argument("--precreate", action="store_true",
-                   help="create every pod first, then start kube-scheduler (scheduling only)")
     t.add_argument("--client-qps", type=float, default=None,
                    help="kube-scheduler clientConnection.qps (burst = 2x); default: the chart's")
     m = sub.add_parser("memory")
@@ -312,11 +291,8 @@ def main() -> None:
     m.add_argument("--pods", type=int, default=40000)
     args = parser.parse_args()
     os.environ.setdefault("PYTHONHASHSEED", "0")
-    if args.cmd == "throughput" and args.baseline:
-        baseline(args.nodes, args.pods, args.precreate)
-    elif args.cmd == "throughput":
-        throughput(args.nodes, args.pods, args.node_policy, args.hami_arg, args.precreate,
-                   args.client_qps)
+    if args.cmd == "throughput":
+        throughput(args.nodes, args.pods, args.modes, args.hami_arg, args.client_qps)
     else:
         memory(args.nodes, args.pods)
 
