@@ -25,7 +25,7 @@ def api_requests(cp: Any) -> dict[str, float]:
     """``apiserver_request_total`` summed by ``"VERB resource[/subresource]"`` (the API
     server's own count of what it served, every client together)."""
     url = f"{cp.server}/metrics"
-    with urllib.request.urlopen(url, context=cp.ssl_context, timeout=30) as reply:
+    with urllib.request.urlopen(url, context=cp.ssl_context(), timeout=30) as reply:
         text = reply.read().decode()
     out: dict[str, float] = {}
     for match in _REQUEST.finditer(text):
