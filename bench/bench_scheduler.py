@@ -135,7 +135,7 @@ def run_bed(n_nodes: int, pods: int, mode: str, hami_args: list[str] | None = No
         created_s = time.monotonic() - t0
         watcher.wait(pods, timeout_s=1200)
         elapsed = max(watcher.bound_at.values()) - t0
-        time.sleep(1.0)  # the last Allocate and events land (they count per pod too)
+        time.sleep(3.0)  # the last Allocate and queued events land (they count per pod too)
         cpu = meter.stop(pods)
         after = api_requests(cp)
         watcher.stop()

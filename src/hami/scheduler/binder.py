@@ -25,6 +25,7 @@ from hami.scheduler.nodelock import (
     release_step,
     waiting_message,
 )
+from hami.scheduler.nodequeue import NodeWaiters
 
 _CAS_ATTEMPTS = 5
 
@@ -58,19 +59,34 @@ class NodeLocks:
     this scheduler wrote).
 
     ``wait_change(node, seconds)`` is awaited between retries; the scheduler wires it to
-    its node watch so a released lock is seen at once instead of after a poll.
+    its node watch so a released lock is seen at once instead of after a poll. With
+    ``waiters`` instead, binds wait in line (:class:`~hami.scheduler.nodequeue.NodeWaiters`:
+    one node change wakes the longest waiter only).
+
+    ``cached(node)`` is the node as the watch last showed it (read before any GET; a stale
+    copy costs a 409 at most); the node a lock write of this object returned is used over
+    it until the watch shows a newer version, so consecutive binds on one node do not
+    write against a version they know is stale. ``owner_live(node, ns, name)`` is True
+    when the scheduler's caches know the lock's owner as a live pod placed on that node:
+    a contended lock is then contention without a GET of the owner (False: GET it).
     """
 
     def __init__(self, api: NodeApi, *, timeout: timedelta, retry_timeout: timedelta,
                  wait_change: Callable[[str, float], Any] | None = None,
                  cached: Callable[[str], Mapping[str, Any] | None] | None = None,
                  now: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 annotation: str = names.NODE_LOCK, owner_in_value: bool = True) -> None:
+                 annotation: str = names.NODE_LOCK, owner_in_value: bool = True,
+                 owner_live: Callable[[str, str, str], bool] | None = None,
+                 waiters: NodeWaiters | None = None) -> None:
         self.api = api
         self.timeout = timeout
         self.retry_timeout = retry_timeout
         self.wait_change = wait_change
         self.cached = cached
+        self.owner_live = owner_live
+        self.waiters = waiters
+        #: Per node: (resourceVersion written against, the node our write returned).
+        self._wrote: dict[str, tuple[str, Mapping[str, Any]]] = {}
         self.now = now
         self.annotation = annotation
         self.owner_in_value = owner_in_value
@@ -92,7 +108,7 @@ class NodeLocks:
         async with mutex:
             for attempt in range(_CAS_ATTEMPTS):
                 # First from the watch cache (saves a GET); a stale copy only costs a 409.
-                obj = self.cached(node) if self.cached is not None and attempt == 0 else None
+                obj = self._latest(node) if attempt == 0 else None
                 if obj is None or not (obj.get("metadata") or {}).get("resourceVersion"):
                     obj = await self._get(node)
                 value, rv = _lock_of(obj, self.annotation)
@@ -106,6 +122,9 @@ class NodeLocks:
                     raise LockError(contention_message(node, self.timeout))
                 if step.action is LockAction.CHECK_OWNER:
                     assert step.lock is not None
+                    if self.owner_live is not None and self.owner_live(
+                            node, step.lock.namespace, step.lock.name):
+                        raise LockError(contention_message(node, self.timeout))
                     owner = await self._owner(step.lock.namespace, step.lock.name)
                     if not owner_is_dangling(owner):
                         raise LockError(contention_message(node, self.timeout))
@@ -126,6 +145,30 @@ class NodeLocks:
                         self._written[node] = (namespace, name, written)
                     return
             raise LockError(contention_message(node, self.timeout))
+
+    def seen(self, node: str, resource_version: str) -> None:
+        """The watch delivered ``node`` at ``resource_version``: forget our write's copy
+        unless that is still the version our write replaced."""
+        wrote = self._wrote.get(node)
+        if wrote is not None and wrote[0] != resource_version:
+            del self._wrote[node]
+
+    def locked_by_write(self) -> list[str]:
+        """Nodes this object wrote a lock on that the watch has not shown yet."""
+        return [node for node, (_, obj) in self._wrote.items()
+                if _lock_of(obj, self.annotation)[0]]
+
+    def _latest(self, node: str) -> Mapping[str, Any] | None:
+        """The watch's copy of ``node``, or what our last lock write returned while the
+        watch still shows the version that write replaced."""
+        obj = self.cached(node) if self.cached is not None else None
+        wrote = self._wrote.get(node)
+        if wrote is not None:
+            rv = str((obj or {}).get("metadata", {}).get("resourceVersion") or "")
+            if obj is None or rv == wrote[0]:
+                return wrote[1]
+            del self._wrote[node]  # the watch moved past our write
+        return obj
 
     async def release(self, node: str, namespace: str, name: str, *, force: bool = False) -> bool:
         """Remove the lock if it is exactly ``namespace/name``'s (or ``force``); returns
@@ -169,7 +212,10 @@ class NodeLocks:
     async def _cas(self, node: str, patch: Mapping[str, Any]) -> bool:
         """True when written, False on a resourceVersion conflict (re-read and retry)."""
         try:
-            await self.api.patch_node(node, patch)
+            written = await self.api.patch_node(node, patch)
+            rv = str(patch.get("metadata", {}).get("resourceVersion") or "")
+            if rv and isinstance(written, Mapping) and written.get("metadata"):
+                self._wrote[node] = (rv, written)
             return True
         except KubeError as exc:
             if exc.conflict:
@@ -197,6 +243,7 @@ async def acquire_all(lock_sets: Sequence[NodeLocks], node: str, namespace: str,
     window = first.retry_timeout.total_seconds()
     deadline = loop.time() + window
     delay = 0.05
+    ticket = first.waiters.ticket() if first.waiters is not None else 0
     while True:
         held: list[NodeLocks] = []
         try:
@@ -213,7 +260,9 @@ async def acquire_all(lock_sets: Sequence[NodeLocks], node: str, namespace: str,
                                     f"to be unlocked: {CONTENTION}") from None
                 raise
         wait = min(delay, max(0.0, deadline - loop.time()))
-        if first.wait_change is not None and not held:
+        if first.waiters is not None and not held:
+            await first.waiters.wait(node, wait, ticket)
+        elif first.wait_change is not None and not held:
             await first.wait_change(node, wait)
         else:  # our own release just changed the node: a watch wake-up would spin
             await asyncio.sleep(wait)

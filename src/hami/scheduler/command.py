@@ -61,6 +61,9 @@ def scheduler(
     register_interval: Annotated[str, typer.Option(help="node registration/health period")] = "15s",
     events: Annotated[bool, typer.Option(help="post Kubernetes Events for filter/bind")] = True,
     async_annotation_patch: Annotated[bool, typer.Option(help="answer /filter before its annotation patch lands (/bind waits for it)")] = True,
+    avoid_busy_nodes: Annotated[bool, typer.Option(
+        help="place a pod on a node without a bind in flight when one fits (a burst then "
+             "does not queue behind one node's lock)")] = True,
     extender_allow_remote: Annotated[bool, typer.Option(
         help="also answer /filter, /bind and /status from non-loopback peers (kube-scheduler "
              "outside this pod); without it only 127.0.0.1/::1 may call them")] = False,
@@ -119,6 +122,7 @@ def scheduler(
             enable_ascend=enable_ascend, enable_iluvatar=enable_iluvatar,
             register_interval=_duration(register_interval, "--register-interval"),
             events=events, async_annotation_patch=async_annotation_patch,
+            avoid_busy_nodes=avoid_busy_nodes,
             extender_allow_remote=extender_allow_remote,
             allocation_key_dir=allocation_key_dir,
             http_header_timeout=_duration(http_header_timeout, "--http-header-timeout"),

@@ -27,7 +27,6 @@ pre-checks quota through every vendor.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import gc
 import logging
@@ -57,6 +56,7 @@ from hami.scheduler.events import (
     UNKNOWN_SCHEDULER_POLICY,
     EventSink,
 )
+from hami.scheduler.nodequeue import InFlight, NodeWaiters
 from hami.scheduler.podcache import PendingPods, UnknownPod
 from hami.scheduler.registration import check_node
 from hami.scheduler.settings import SchedulerSettings
@@ -209,10 +209,15 @@ class Engine:
         self.nodes: dict[str, JSON] = {}
         self.node_reasons: dict[str, str] = {}
         self._reported: dict[str, int] = {}
-        self._node_changed: dict[str, asyncio.Event] = {}
+        #: Binds waiting for a node's lock, woken one per node change.
+        self.waiters = NodeWaiters()
+        #: Pods placed by /filter whose /bind has not finished (busy nodes, see _filter).
+        self.inflight = InFlight(settings.node_lock_retry_timeout.total_seconds() + 30.0)
         self._committed_at: dict[str, float] = {}
         self._quotas: set[tuple[str, str]] = set()
         self._pending_patch: dict[str, asyncio.Future[str]] = {}
+        #: Pods whose filter patch (written by this process) carried bind-phase/bind-time.
+        self._phase_written: set[str] = set()
         #: Pods waiting for hami: /filter decides on these, never on the request body.
         self.pending = PendingPods(settings.scheduler_name)
         #: Signs every allocation /filter writes (device plugins verify it); None: unsigned.
@@ -223,8 +228,8 @@ class Engine:
         self.events = EventSink(kube, settings.scheduler_name, enabled=settings.events)
         self.locks = NodeLocks(kube, timeout=settings.node_lock_timeout,
                                retry_timeout=settings.node_lock_retry_timeout,
-                               wait_change=self._wait_node_change,
-                               cached=self.nodes.get)
+                               waiters=self.waiters, cached=self.nodes.get,
+                               owner_live=self._owner_live)
         #: Vendors' own node locks by annotation key (Cambricon; value: RFC3339 alone).
         self.vendor_locks: dict[str, NodeLocks] = {}
         for vendor in self.state.vendors.values():
@@ -233,9 +238,11 @@ class Engine:
                 self.vendor_locks[key] = NodeLocks(
                     kube, timeout=settings.node_lock_timeout,
                     retry_timeout=settings.node_lock_retry_timeout,
-                    wait_change=self._wait_node_change, cached=self.nodes.get,
+                    waiters=self.waiters, cached=self.nodes.get,
                     annotation=key, owner_in_value=False)
         self._lock_keys = frozenset({names.NODE_LOCK, *self.vendor_locks})
+        #: (node, lock annotation) pairs the node watch shows set.
+        self._locked: set[tuple[str, str]] = set()
         #: Last allocatable count per (node, CommonWord) of the other vendors (HAMi v2.10).
         self._vendor_reported: dict[tuple[str, str], int] = {}
 
@@ -372,6 +379,8 @@ class Engine:
             self.state.remove_pod(uid)
             self._committed_at.pop(uid, None)
             self._pending_patch.pop(uid, None)
+            self._phase_written.discard(uid)
+            self.inflight.done(uid)
             return
         annotations = _meta(pod).get("annotations") or {}
         phase = (pod.get("status") or {}).get("phase")
@@ -386,6 +395,8 @@ class Engine:
     def _apply_node(self, node: Mapping[str, Any], deleted: bool) -> None:
         name = str(_meta(node).get("name") or "")
         if deleted or not self._selected(node):
+            for key, _ in self._all_locks():
+                self._locked.discard((name, key))
             self.state.remove_node(name)
             self.nodes.pop(name, None)
             self._reported.pop(name, None)
@@ -396,12 +407,18 @@ class Engine:
             slim = _slim_node(node)
             old = self.nodes.get(name)
             self.nodes[name] = slim
+            rv = str(slim["metadata"].get("resourceVersion") or "")
+            annotations = slim["metadata"]["annotations"]
+            for key, locks in self._all_locks():
+                locks.seen(name, rv)
+                if annotations.get(key):
+                    self._locked.add((name, key))
+                else:
+                    self._locked.discard((name, key))
             if old is None or (_registration_view(old, self._lock_keys)
                                != _registration_view(slim, self._lock_keys)):
                 self.register(name)  # not for lock-only changes (two per bind)
-        changed = self._node_changed.get(name)
-        if changed is not None:
-            changed.set()
+        self.waiters.changed(name)
 
     def register(self, name: str) -> None:
         """Health check and (re)registration of one node (HAMi v2.10), per vendor."""
@@ -478,12 +495,6 @@ class Engine:
         except KubeError as exc:
             log.info("handshake on node %s not written: %s", name, exc)
 
-    async def _wait_node_change(self, name: str, seconds: float) -> None:
-        event = self._node_changed.setdefault(name, asyncio.Event())
-        event.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), seconds)
-
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
         self._background.add(task)
@@ -537,7 +548,7 @@ class Engine:
         try:
             if weights is not None:
                 parse_scoring_weights(str(weights))  # before the core drops an earlier charge
-            decision = self.state.filter(pod, _ordered(args.node_names), now_ns=time.time_ns())
+            decision = self._decide(pod, _ordered(args.node_names))
         except (RequestError, FilterError, CodecError) as exc:
             self.events.emit(meta, FILTERING_FAILED, str(exc), warning=True)
             decisionlog.filter_other(meta, "error", str(exc), n)
@@ -555,12 +566,18 @@ class Engine:
                                              time.perf_counter() - started)
             return filter_result(failed=result.failed_nodes)
         uid = pod_uid(pod)
-        annotations = {**decision.annotations, names.VGPU_TIME: str(int(time.time()))}
+        now_s = str(int(time.time()))
+        annotations = {**decision.annotations, names.VGPU_TIME: now_s}
         if self.keyring is not None:
             annotations[SIGNATURE] = sign(self.keyring.signing_key(), uid, result.node,
                                           annotations)
+        # The bind's progress marks ride on this patch (HAMi writes them at /bind, one more
+        # pod write per pod): device plugins only look at pods bound to their node, and
+        # only a bind that holds the node lock writes the Binding.
+        annotations.update({names.BIND_PHASE: "allocating", names.BIND_TIME: now_s})
         entry = self.state.commit(pod, decision)
         self._committed_at[uid] = time.monotonic()
+        self.inflight.add(uid, result.node)
         self.pending.filtered(uid)
         # The UID makes the patch a precondition: a pod recreated under the same name
         # in between is refused by the API server (the UID is immutable).
@@ -596,10 +613,12 @@ class Engine:
             if self.state.ledger.pod(uid) is entry:
                 self.state.remove_pod(uid)
                 self._committed_at.pop(uid, None)
+                self.inflight.done(uid)
             self.counters.patch_failures += 1
             message = f"patch pod annotations failed: {exc.message}"
             self.events.emit(meta, FILTERING_FAILED, message, warning=True)
             return message
+        self._phase_written.add(uid)
         self.events.emit(meta, FILTERING_SUCCEED, success, warning=False)
         return ""
 
@@ -682,7 +701,10 @@ class Engine:
 
     async def _bind(self, args: BindArgs) -> JSON:
         started = time.perf_counter()
-        reply, lock_wait_s = await self._bind_locked(args)
+        try:
+            reply, lock_wait_s = await self._bind_locked(args)
+        finally:
+            self.inflight.done(args.pod_uid)  # bound (the node lock shows it) or failed
         decisionlog.bind(args.pod_namespace or "default", args.pod_name, args.node,
                          lock_wait_s, str(reply["Error"]), time.perf_counter() - started)
         return reply
@@ -712,7 +734,8 @@ class Engine:
         try:
             held = await acquire_all(self._bind_locks(entry), args.node, ns, args.pod_name)
             lock_wait_s = time.perf_counter() - lock_started
-            if entry is not None:
+            if entry is not None and args.pod_uid not in self._phase_written:
+                # a charge from before a restart: its filter patch may not carry them
                 await self.kube.patch_pod(ns, args.pod_name, {"metadata": {
                     "uid": args.pod_uid, "annotations": {
                         names.BIND_PHASE: "allocating", names.BIND_TIME: str(int(time.time()))}}})
@@ -724,10 +747,44 @@ class Engine:
             self.events.emit(meta, BINDING_FAILED, message, warning=True)
             return {"Error": message}, lock_wait_s or time.perf_counter() - lock_started
         self.pending.bound(args.pod_uid)
+        self._phase_written.discard(args.pod_uid)
         self.events.emit(meta, BINDING_SUCCEED,
                          f"Successfully binding node [{args.node}] to {ns}/{args.pod_name}",
                          warning=False)
         return {"Error": ""}, lock_wait_s
+
+    def _all_locks(self) -> list[tuple[str, NodeLocks]]:
+        return [(names.NODE_LOCK, self.locks), *self.vendor_locks.items()]
+
+    def _owner_live(self, node: str, namespace: str, name: str) -> bool:
+        """The lock owner ``namespace/name`` is a pod this scheduler charges on ``node``
+        (the pod watch drops charges of deleted and finished pods)."""
+        return any(p.namespace == namespace and p.name == name
+                   for p in self.state.ledger.pods_on(node))
+
+    def busy_nodes(self) -> set[str]:
+        """Nodes with a bind in flight: a pod placed by /filter whose /bind has not
+        finished, or a node lock held (as the watch or our own lock write shows it) until
+        the device plugin's Allocate releases it."""
+        busy = self.inflight.nodes()
+        busy.update(node for node, _ in self._locked)
+        for _, locks in self._all_locks():
+            busy.update(locks.locked_by_write())
+        return busy
+
+    def _decide(self, pod: Mapping[str, Any], node_names: list[str] | None) -> Any:
+        """The filter's decision; with ``avoid_busy_nodes``, among the candidates without a
+        bind in flight first (:meth:`busy_nodes`: a bind there would wait for the node
+        lock), on all candidates when none of those fits."""
+        now_ns = time.time_ns()
+        if self.settings.avoid_busy_nodes and node_names:
+            busy = self.busy_nodes()
+            free = [n for n in node_names if n not in busy]
+            if free and len(free) < len(node_names):
+                decision = self.state.filter(pod, free, now_ns=now_ns)
+                if decision.result.node is not None:
+                    return decision
+        return self.state.filter(pod, node_names, now_ns=now_ns)
 
     def _bind_locks(self, entry: Any) -> list[NodeLocks]:
         """The node locks a bind takes (HAMi v2.10): per vendor that a regular container
