@@ -18,6 +18,11 @@ with ``watch=true``:
   decoder reads only the first member, so every later event would be lost without an
   error (``tests/e2e/test_watch_compression_e2e.py``).
 
+The async pool is bounded (:data:`DEFAULT_POOL_CONNECTIONS`): httpx2's pool looks at
+every idle connection (a socket poll each) whenever a request starts or ends, so a pool
+that grew to one connection per concurrent request in a burst spends more CPU on that
+than on the requests; a few kept-alive connections carry the same load.
+
 Every connection, watch or not, has TCP keepalive (probe after 30 s idle, every 10 s,
 dropped after 3 unanswered probes), so a peer that vanished is noticed by the kernel.
 TLS settings are lightkube's own (:func:`lightkube.config.client_adapter.verify_cluster`).
@@ -35,6 +40,9 @@ from lightkube.config.kubeconfig import SingleConfig
 
 #: Seconds without an event or bookmark before a watch is restarted.
 DEFAULT_WATCH_IDLE_TIMEOUT_S = 120.0
+#: Connections of the async pool to the API server, watches included (each open watch
+#: holds one; requests beyond the rest wait for a free one).
+DEFAULT_POOL_CONNECTIONS = 12
 
 
 def watch_timeout_for(idle_timeout_s: float) -> int:
@@ -109,15 +117,20 @@ def _verify(config: SingleConfig | None, trust_env: bool) -> Any:
 
 
 def async_transport(config: SingleConfig | None, *, idle_timeout_s: float = DEFAULT_WATCH_IDLE_TIMEOUT_S,
-                    trust_env: bool = False) -> AsyncKubeTransport:
+                    trust_env: bool = False,
+                    pool_connections: int = DEFAULT_POOL_CONNECTIONS) -> AsyncKubeTransport:
     """The transport for a lightkube ``AsyncClient`` on ``config`` (pass it as
     ``transport=``; TLS verification and client certificates come from ``config``).
+    ``pool_connections``: most connections open at once, watches included; keep it above
+    the number of watches the client holds open.
 
     Raises:
         lightkube.ConfigError: no config (a kubeconfig without current context) or no user.
     """
+    limits = httpx2.Limits(max_connections=pool_connections,
+                           max_keepalive_connections=pool_connections)
     inner = httpx2.AsyncHTTPTransport(verify=_verify(config, trust_env), trust_env=trust_env,
-                                      socket_options=keepalive_options())
+                                      socket_options=keepalive_options(), limits=limits)
     return AsyncKubeTransport(inner, idle_timeout_s)
 
 
@@ -129,6 +142,6 @@ def sync_transport(config: SingleConfig | None, *, idle_timeout_s: float = DEFAU
     return KubeTransport(inner, idle_timeout_s)
 
 
-__all__ = ["DEFAULT_WATCH_IDLE_TIMEOUT_S", "AsyncKubeTransport", "KubeTransport",
+__all__ = ["DEFAULT_POOL_CONNECTIONS", "DEFAULT_WATCH_IDLE_TIMEOUT_S", "AsyncKubeTransport", "KubeTransport",
            "async_transport", "keepalive_options", "prepare_watch", "sync_transport",
            "watch_timeout_for"]
