@@ -151,9 +151,9 @@ def test_failed_filter_patch_is_forgotten_after_its_ttl(monkeypatch) -> None:
     import asyncio
 
     from hami.kube import KubeError
-    from hami.scheduler import engine as engine_module
+    from hami.scheduler import filterflow
 
-    monkeypatch.setattr(engine_module, "PENDING_PATCH_TTL_S", 0.2)
+    monkeypatch.setattr(filterflow, "PENDING_PATCH_TTL_S", 0.2)
 
     async def scenario() -> None:
         async with serving(cluster("n1")) as h:

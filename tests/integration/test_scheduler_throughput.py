@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from hami.core.codec import encode_node_lock

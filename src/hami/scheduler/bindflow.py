@@ -1,0 +1,153 @@
+"""``/bind`` of the extender (HAMi v2.10): node lock(s), then the Binding; and where the
+filter should not send a burst (nodes with a bind in flight)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from hami.api import names
+from hami.extender.wire import BindArgs
+from hami.kube import KubeError
+from hami.scheduler import decisionlog
+from hami.scheduler.binder import LockError, NodeLocks, acquire_all
+from hami.scheduler.events import BINDING_FAILED, BINDING_SUCCEED
+from hami.scheduler.parts import EngineParts
+
+JSON = dict[str, Any]
+
+
+class BindFlow(EngineParts):
+    """The engine's ``/bind`` (a mixin of :class:`~hami.scheduler.engine.Engine`)."""
+
+    async def bind(self, args: BindArgs) -> JSON:
+        """``/bind``: node lock, bind-phase, Binding (HAMi v2.10)."""
+        started = time.perf_counter()
+        error = "error"
+        try:
+            reply = await self._bind(args)
+            error = "error" if reply["Error"] else "bound"
+            return reply
+        finally:
+            self.counters.binds += 1
+            self.observer.bind_done(time.perf_counter() - started, error)
+
+    def _bind_refusal(self, args: BindArgs) -> str:
+        """Why ``/bind`` must not bind this pod ("" when it may): only a pod with a UID
+        (the Binding carries it as a precondition) that this scheduler charged on that
+        node, or that this replica's ``/filter`` passed through, is bound."""
+        who = f"pod {args.pod_namespace or 'default'}/{args.pod_name}"
+        if not args.pod_uid:
+            return f"{who}: the bind request carries no pod UID"
+        entry = self.state.ledger.pod(args.pod_uid)
+        if entry is not None:
+            if entry.node != args.node:
+                return f"{who} was placed on node {entry.node}, not {args.node}"
+            return ""
+        if self.pending.was_filtered(args.pod_uid):
+            return ""
+        return f"{who} with UID {args.pod_uid} was not filtered by this scheduler"
+
+    async def _bind(self, args: BindArgs) -> JSON:
+        started = time.perf_counter()
+        try:
+            reply, lock_wait_s = await self._bind_locked(args)
+        finally:
+            self.inflight.done(args.pod_uid)  # bound (the node lock shows it) or failed
+        decisionlog.bind(args.pod_namespace or "default", args.pod_name, args.node,
+                         lock_wait_s, str(reply["Error"]), time.perf_counter() - started)
+        return reply
+
+    async def _bind_locked(self, args: BindArgs) -> tuple[JSON, float]:
+        """The bind's reply and the seconds it waited for the node lock(s)."""
+        not_ready = await self._ready()
+        if not_ready:
+            return {"Error": not_ready}, 0.0
+        ns = args.pod_namespace or "default"
+        meta = {"namespace": ns, "name": args.pod_name, "uid": args.pod_uid}
+        refusal = self._bind_refusal(args)
+        if refusal:
+            self.counters.unknown_pods += 1
+            return {"Error": refusal}, 0.0
+        pending = self._pending_patch.pop(args.pod_uid, None)
+        if pending is not None:
+            error = (await asyncio.gather(pending, return_exceptions=True))[0]
+            if error:
+                message = str(error)
+                self.events.emit(meta, BINDING_FAILED, message, warning=True)
+                return {"Error": message}, 0.0
+        entry = self.state.ledger.pod(args.pod_uid)
+        held: list[NodeLocks] = []
+        lock_started = time.perf_counter()
+        lock_wait_s = 0.0
+        try:
+            held = await acquire_all(self._bind_locks(entry), args.node, ns, args.pod_name)
+            lock_wait_s = time.perf_counter() - lock_started
+            if entry is not None and args.pod_uid not in self._phase_written:
+                # a charge from before a restart: its filter patch may not carry them
+                await self.kube.patch_pod(ns, args.pod_name, {"metadata": {
+                    "uid": args.pod_uid, "annotations": {
+                        names.BIND_PHASE: "allocating", names.BIND_TIME: str(int(time.time()))}}})
+            await self.kube.bind(ns, args.pod_name, args.pod_uid, args.node)
+        except (LockError, KubeError) as exc:
+            message = exc.message if isinstance(exc, KubeError) else str(exc)
+            for locks in reversed(held):  # HAMi releases acquired vendors in reverse
+                await locks.release(args.node, ns, args.pod_name)
+            self.events.emit(meta, BINDING_FAILED, message, warning=True)
+            return {"Error": message}, lock_wait_s or time.perf_counter() - lock_started
+        self.pending.bound(args.pod_uid)
+        self._phase_written.discard(args.pod_uid)
+        self.events.emit(meta, BINDING_SUCCEED,
+                         f"Successfully binding node [{args.node}] to {ns}/{args.pod_name}",
+                         warning=False)
+        return {"Error": ""}, lock_wait_s
+
+    def _all_locks(self) -> list[tuple[str, NodeLocks]]:
+        return [(names.NODE_LOCK, self.locks), *self.vendor_locks.items()]
+
+    def _owner_live(self, node: str, namespace: str, name: str) -> bool:
+        """The lock owner ``namespace/name`` is a pod this scheduler charges on ``node``
+        (the pod watch drops charges of deleted and finished pods)."""
+        return any(p.namespace == namespace and p.name == name
+                   for p in self.state.ledger.pods_on(node))
+
+    def busy_nodes(self) -> set[str]:
+        """Nodes with a bind in flight: a pod placed by /filter whose /bind has not
+        finished, or a node lock held (as the watch or our own lock write shows it) until
+        the device plugin's Allocate releases it."""
+        busy = self.inflight.nodes()
+        busy.update(node for node, _ in self._locked)
+        for _, locks in self._all_locks():
+            busy.update(locks.locked_by_write())
+        return busy
+
+    def _decide(self, pod: Mapping[str, Any], node_names: list[str] | None) -> Any:
+        """The filter's decision; with ``avoid_busy_nodes``, among the candidates without a
+        bind in flight first (:meth:`busy_nodes`: a bind there would wait for the node
+        lock), on all candidates when none of those fits."""
+        now_ns = time.time_ns()
+        if self.settings.avoid_busy_nodes and node_names:
+            busy = self.busy_nodes()
+            free = [n for n in node_names if n not in busy]
+            if free and len(free) < len(node_names):
+                decision = self.state.filter(pod, free, now_ns=now_ns)
+                if decision.result.node is not None:
+                    return decision
+        return self.state.filter(pod, node_names, now_ns=now_ns)
+
+    def _bind_locks(self, entry: Any) -> list[NodeLocks]:
+        """The node locks a bind takes (HAMi v2.10): per vendor that a regular container
+        uses, in CommonWord order, the vendor's own lock or the generic one (taken once:
+        it is re-entrant for the same pod anyway)."""
+        if entry is None:
+            return []
+        out: list[NodeLocks] = []
+        for word in self.state.lock_vendors(entry.uid):
+            vendor = self.state.vendors.get(word)
+            key = vendor.lock_annotation if vendor is not None else None
+            locks = self.vendor_locks.get(key, self.locks) if key else self.locks
+            if locks not in out:
+                out.append(locks)
+        return out
