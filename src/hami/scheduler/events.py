@@ -3,6 +3,12 @@
 Events are best effort (HAMi logs and goes on when one fails): they are queued and a
 worker posts them, so a slow apiserver never adds to filter or bind latency. When the
 queue is full new events are dropped and counted.
+
+Under load the queue aggregates: a Normal event about a pod whose earlier Normal event
+is still queued joins that event (the later reason, both messages, ``count`` 2) instead
+of becoming a second write, so a burst costs the API server one hami event per pod
+(``FilteringSucceed`` + ``BindingSucceed`` as one ``BindingSucceed``) while a quiet
+scheduler posts both as HAMi does. Warnings are never merged.
 """
 
 from __future__ import annotations
@@ -59,6 +65,10 @@ class EventSink:
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(max_queued)
         self.dropped = 0
         self.sent = 0
+        #: Normal events that joined a queued one instead of being posted.
+        self.merged = 0
+        #: The queued Normal event per pod (namespace, name, uid), while it waits.
+        self._queued: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -75,15 +85,32 @@ class EventSink:
              warning: bool) -> None:
         if not self.enabled:
             return
+        event = pod_event(pod_meta, reason, message, warning=warning, component=self.component)
+        obj = event["involvedObject"]
+        key = (obj["namespace"], obj["name"], obj["uid"])
+        queued = None if warning else self._queued.get(key)
+        if queued is not None:
+            queued["reason"] = reason
+            queued["message"] = f"{queued['message']}; {event['message']}"[:1024]
+            queued["lastTimestamp"] = event["lastTimestamp"]
+            queued["count"] += 1
+            self.merged += 1
+            return
         try:
-            self.queue.put_nowait(pod_event(pod_meta, reason, message, warning=warning,
-                                            component=self.component))
+            self.queue.put_nowait(event)
         except asyncio.QueueFull:
             self.dropped += 1
+            return
+        if not warning:
+            self._queued[key] = event
 
     async def _run(self) -> None:
         while True:
             event = await self.queue.get()
+            obj = event["involvedObject"]
+            key = (obj["namespace"], obj["name"], obj["uid"])
+            if self._queued.get(key) is event:
+                del self._queued[key]
             try:
                 await self.writer.create_event(event)
                 self.sent += 1

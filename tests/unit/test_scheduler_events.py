@@ -1,0 +1,69 @@
+"""The event queue aggregates a pod's Normal events while they wait (a burst costs one
+event write per pod), and posts them one by one when it keeps up."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+from hami.scheduler.events import BINDING_SUCCEED, FILTERING_FAILED, FILTERING_SUCCEED, EventSink
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.posted: list[dict[str, Any]] = []
+
+    async def create_event(self, event: Mapping[str, Any]) -> None:
+        self.posted.append(dict(event))
+
+
+def pod(name: str) -> dict[str, str]:
+    return {"namespace": "default", "name": name, "uid": f"uid-{name}"}
+
+
+async def drain(sink: EventSink) -> None:
+    for _ in range(50):
+        if sink.queue.empty():
+            break
+        await asyncio.sleep(0)
+    await asyncio.sleep(0)
+
+
+def test_a_pods_queued_normal_events_are_posted_as_one() -> None:
+    async def scenario() -> None:
+        writer = Recorder()
+        sink = EventSink(writer, "hami-scheduler")
+        # the worker is behind (not started): both wait in the queue
+        sink.emit(pod("a"), FILTERING_SUCCEED, "find fit node(n1)", warning=False)
+        sink.emit(pod("b"), FILTERING_SUCCEED, "find fit node(n2)", warning=False)
+        sink.emit(pod("a"), BINDING_SUCCEED, "Successfully binding node [n1]", warning=False)
+        sink.emit(pod("a"), FILTERING_FAILED, "patch failed", warning=True)
+        assert sink.queue.qsize() == 3 and sink.merged == 1
+        sink.start()
+        await drain(sink)
+        await sink.stop()
+        got = [(e["involvedObject"]["name"], e["reason"], e["message"], e["count"])
+               for e in writer.posted]
+        assert got == [
+            ("a", BINDING_SUCCEED, "find fit node(n1); Successfully binding node [n1]", 2),
+            ("b", FILTERING_SUCCEED, "find fit node(n2)", 1),
+            ("a", FILTERING_FAILED, "patch failed", 1)]
+
+    asyncio.run(scenario())
+
+
+def test_an_event_already_taken_by_the_worker_is_not_joined() -> None:
+    async def scenario() -> None:
+        writer = Recorder()
+        sink = EventSink(writer, "hami-scheduler")
+        sink.start()
+        sink.emit(pod("a"), FILTERING_SUCCEED, "find fit node(n1)", warning=False)
+        await drain(sink)
+        sink.emit(pod("a"), BINDING_SUCCEED, "Successfully binding node [n1]", warning=False)
+        await drain(sink)
+        await sink.stop()
+        assert [e["reason"] for e in writer.posted] == [FILTERING_SUCCEED, BINDING_SUCCEED]
+        assert sink.merged == 0
+
+    asyncio.run(scenario())
