@@ -134,6 +134,19 @@ def test_a_burst_is_placed_on_nodes_without_a_bind_in_flight() -> None:
     run(scenario)
 
 
+def test_a_burst_larger_than_the_nodes_is_spread_evenly_over_their_queues() -> None:
+    async def scenario() -> None:
+        kube = cluster("n1", "n2", "n3")
+        async with serving(kube, node_scheduler_policy="binpack") as h:
+            pods = [kube.put("Pod", gpu_pod(f"p{i}", memory_mib=1000)) for i in range(7)]
+            placed = [(await h.filter(p, ["n1", "n2", "n3"]))["NodeNames"][0] for p in pods]
+            # every node takes a second pod before any takes a third
+            assert placed == ["n1", "n2", "n3", "n1", "n2", "n3", "n1"]
+            assert h.engine.busy_nodes() == {"n1": 3, "n2": 2, "n3": 2}
+
+    run(scenario)
+
+
 def test_a_busy_node_is_still_chosen_when_no_other_fits() -> None:
     async def scenario() -> None:
         kube = FakeKube()
@@ -143,7 +156,7 @@ def test_a_busy_node_is_still_chosen_when_no_other_fits() -> None:
             a = kube.put("Pod", gpu_pod("a", memory_mib=1000))
             two = kube.put("Pod", gpu_pod("two", gpus=2, memory_mib=1000))
             assert (await h.filter(a, ["n1", "n2"]))["NodeNames"] == ["n1"]
-            assert h.engine.busy_nodes() == {"n1"}
+            assert h.engine.busy_nodes() == {"n1": 1}
             # only n1 has two GPUs: the busy node rather than no node
             assert (await h.filter(two, ["n1", "n2"]))["NodeNames"] == ["n1"]
 
@@ -167,7 +180,7 @@ def test_a_node_locked_by_someone_else_is_busy() -> None:
         lock = encode_node_lock(datetime.now(UTC), "other", "pod")
         await kube.patch_node("n1", {"metadata": {"annotations": {LOCK: lock}}})
         async with serving(kube, node_scheduler_policy="binpack") as h:
-            assert h.engine.busy_nodes() == {"n1"}
+            assert h.engine.busy_nodes() == {"n1": 1}
             pod = kube.put("Pod", gpu_pod("a", memory_mib=1000))
             assert (await h.filter(pod, ["n1", "n2"]))["NodeNames"] == ["n2"]
 
@@ -210,10 +223,10 @@ def test_in_flight_entries_end_with_the_bind_or_their_time() -> None:
     inflight.add("u2", "n1")
     inflight.add("u3", "n2")
     inflight.add("u3", "n3")  # placed again elsewhere
-    assert inflight.nodes() == {"n1", "n3"}
+    assert inflight.counts() == {"n1": 2, "n3": 1}
     inflight.done("u1")
-    assert inflight.nodes() == {"n1", "n3"}
+    assert inflight.counts() == {"n1": 1, "n3": 1}
     inflight.done("u2")
-    assert inflight.nodes() == {"n3"}
+    assert inflight.counts() == {"n3": 1}
     now[0] = 11.0
-    assert inflight.nodes() == set() and len(inflight) == 0
+    assert inflight.counts() == {} and len(inflight) == 0

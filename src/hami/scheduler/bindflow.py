@@ -113,28 +113,34 @@ class BindFlow(EngineParts):
         return any(p.namespace == namespace and p.name == name
                    for p in self.state.ledger.pods_on(node))
 
-    def busy_nodes(self) -> set[str]:
-        """Nodes with a bind in flight: a pod placed by /filter whose /bind has not
-        finished, or a node lock held (as the watch or our own lock write shows it) until
-        the device plugin's Allocate releases it."""
-        busy = self.inflight.nodes()
-        busy.update(node for node, _ in self._locked)
+    def busy_nodes(self) -> dict[str, int]:
+        """Binds in flight per node (nodes without any are left out): pods placed by
+        /filter whose /bind has not finished, plus one for a node lock held (as the watch
+        or our own lock write shows it) until the device plugin's Allocate releases it."""
+        busy = self.inflight.counts()
+        locked = {node for node, _ in self._locked}
         for _, locks in self._all_locks():
-            busy.update(locks.locked_by_write())
+            locked.update(locks.locked_by_write())
+        for node in locked:
+            busy[node] = busy.get(node, 0) + 1
         return busy
 
     def _decide(self, pod: Mapping[str, Any], node_names: list[str] | None) -> Any:
-        """The filter's decision; with ``avoid_busy_nodes``, among the candidates without a
-        bind in flight first (:meth:`busy_nodes`: a bind there would wait for the node
-        lock), on all candidates when none of those fits."""
+        """The filter's decision; with ``avoid_busy_nodes``, among the candidates with the
+        fewest binds in flight first (:meth:`busy_nodes`: a bind behind others waits for
+        the node lock), on all candidates when none of those fits."""
         now_ns = time.time_ns()
         if self.settings.avoid_busy_nodes and node_names:
             busy = self.busy_nodes()
-            free = [n for n in node_names if n not in busy]
-            if free and len(free) < len(node_names):
-                decision = self.state.filter(pod, free, now_ns=now_ns)
-                if decision.result.node is not None:
-                    return decision
+            if busy:
+                levels = [busy.get(n, 0) for n in node_names]
+                least = min(levels)
+                if least < max(levels):
+                    calm = [n for n, level in zip(node_names, levels, strict=True)
+                            if level == least]
+                    decision = self.state.filter(pod, calm, now_ns=now_ns)
+                    if decision.result.node is not None:
+                        return decision
         return self.state.filter(pod, node_names, now_ns=now_ns)
 
     def _bind_locks(self, entry: Any) -> list[NodeLocks]:

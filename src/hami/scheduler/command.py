@@ -62,8 +62,8 @@ def scheduler(
     events: Annotated[bool, typer.Option(help="post Kubernetes Events for filter/bind")] = True,
     async_annotation_patch: Annotated[bool, typer.Option(help="answer /filter before its annotation patch lands (/bind waits for it)")] = True,
     avoid_busy_nodes: Annotated[bool, typer.Option(
-        help="place a pod on a node without a bind in flight when one fits (a burst then "
-             "does not queue behind one node's lock)")] = True,
+        help="place a pod among the nodes with the fewest binds in flight when one fits "
+             "(a burst then does not queue behind one node's lock)")] = True,
     extender_allow_remote: Annotated[bool, typer.Option(
         help="also answer /filter, /bind and /status from non-loopback peers (kube-scheduler "
              "outside this pod); without it only 127.0.0.1/::1 may call them")] = False,

@@ -50,15 +50,16 @@ class InFlight:
             if not pods:
                 del self._by_node[node]
 
-    def nodes(self) -> set[str]:
-        """Nodes with at least one bind in flight (expired entries are dropped)."""
+    def counts(self) -> dict[str, int]:
+        """Binds in flight per node, nodes without any left out (expired entries are
+        dropped)."""
         cutoff = self.clock() - self.ttl_s
-        out = set()
+        out = {}
         for node, pods in list(self._by_node.items()):
             for uid in [u for u, at in pods.items() if at < cutoff]:
                 self.done(uid)
             if pods:
-                out.add(node)
+                out[node] = len(pods)
         return out
 
     def __len__(self) -> int:

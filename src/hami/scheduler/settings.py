@@ -90,8 +90,8 @@ class SchedulerSettings:
     #: Answer /filter once the decision is charged, with its annotation patch in flight;
     #: /bind waits for that patch. False: /filter answers after the patch (HAMi's order).
     async_annotation_patch: bool = True
-    #: /filter places a pod on a node without a bind in flight when one fits, so a burst
-    #: does not queue behind one node's lock (binpack would stack it on the fullest node).
+    #: /filter places a pod among the nodes with the fewest binds in flight when one fits,
+    #: so a burst does not queue behind one node's lock (binpack would stack it there).
     avoid_busy_nodes: bool = True
     identity: str = field(default_factory=default_identity)
     pod_name: str = field(default_factory=lambda: os.environ.get("POD_NAME", ""))
