@@ -80,7 +80,14 @@ def run_bed(n_nodes: int, pods: int, mode: str, hami_args: list[str] | None = No
     policy, GPU pods, a fake device-plugin Allocate releasing the node locks. The clock
     starts before the first create and stops when the last pod is seen bound.
     """
-    from bench.sched_bed import BoundWatcher, CpuMeter, api_requests, per_pod, quantiles_ms
+    from bench.sched_bed import (
+        BoundWatcher,
+        CpuMeter,
+        api_requests,
+        per_pod,
+        quantiles_ms,
+        settle,
+    )
     from lightkube import codecs
     from tests.e2e.hami_harness import FakeAllocator, HamiProcess, Tls, gpu_pod, make_gpu_node
 
@@ -135,9 +142,8 @@ def run_bed(n_nodes: int, pods: int, mode: str, hami_args: list[str] | None = No
         created_s = time.monotonic() - t0
         watcher.wait(pods, timeout_s=1200)
         elapsed = max(watcher.bound_at.values()) - t0
-        time.sleep(3.0)  # the last Allocate and queued events land (they count per pod too)
+        after = settle(cp)  # the last Allocates and queued events land (they count too)
         cpu = meter.stop(pods)
-        after = api_requests(cp)
         watcher.stop()
         latency = [watcher.bound_at[n] - created_at[n] for n in created_at]
         result: dict[str, Any] = {

@@ -38,6 +38,22 @@ def api_requests(cp: Any) -> dict[str, float]:
     return out
 
 
+def settle(cp: Any, quiet_s: float = 2.0, timeout_s: float = 60.0) -> dict[str, float]:
+    """:func:`api_requests` once no write has reached the API server for ``quiet_s``
+    (the fake Allocates and the queued events of the last pods are done), or after
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    last = api_requests(cp)
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        now = api_requests(cp)
+        writes = [k for k in now if k.split(" ")[0] in WRITE_VERBS and "leases" not in k]
+        if all(now.get(k) == last.get(k) for k in writes):
+            return now
+        last = now
+    return last
+
+
 def per_pod(before: dict[str, float], after: dict[str, float], pods: int,
             skip: Iterable[str] = ()) -> dict[str, Any]:
     """Requests per pod between two :func:`api_requests` snapshots: by verb and resource
