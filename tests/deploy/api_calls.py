@@ -54,7 +54,8 @@ CALLS: dict[str, tuple[Call, ...]] = {
         Call("get", "pods", where=(f"{_KUBE}.get_pod",)),
         # engine: handshake annotations; binder: hami.io/mutex.lock
         Call("patch", "nodes", where=(f"{_KUBE}.patch_node",)),
-        # engine: allocation annotations at filter, bind-phase at bind, scheduler-role label
+        # filterflow: allocation annotations and bind-phase at filter (bindflow: bind-phase
+        # for a charge from before a restart); engine: scheduler-role label
         Call("patch", "pods", where=(f"{_KUBE}.patch_pod",)),
         Call("create", "pods/binding", where=(f"{_KUBE}.bind",)),
         # events.EventSink: core/v1 Events in the pod's namespace
