@@ -85,6 +85,7 @@ def run_bed(n_nodes: int, pods: int, mode: str, hami_args: list[str] | None = No
         CpuMeter,
         api_requests,
         per_pod,
+        plain_watch_client,
         quantiles_ms,
         settle,
     )
@@ -97,6 +98,8 @@ def run_bed(n_nodes: int, pods: int, mode: str, hami_args: list[str] | None = No
     work = Path(tempfile.mkdtemp(prefix="hami-bench-"))
     with ControlPlane(workdir=work / "k8s") as cp:
         cp.start(default_scheduler=False)
+        # the harness's watches (bound times, fake Allocate) must not lose events
+        cp.client = lambda namespace="default", cp=cp: plain_watch_client(cp, namespace)
         client = cp.client()
         t0 = time.monotonic()
         make_gpu_node(client, "node-00000")  # warm lightkube/msgspec types in one thread

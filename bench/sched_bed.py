@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 import threading
 import time
 import urllib.request
@@ -66,6 +67,28 @@ def per_pod(before: dict[str, float], after: dict[str, float], pods: int,
     writes = sum(v for k, v in by_key.items() if k.split(" ")[0] in WRITE_VERBS)
     reads = sum(v for k, v in by_key.items() if k.split(" ")[0] in ("GET", "LIST"))
     return {"writes": round(writes, 2), "reads": round(reads, 2), "by_verb": by_key}
+
+
+def plain_watch_client(cp: Any, namespace: str = "default") -> Any:
+    """``cp.client()`` whose watches ask for an uncompressed body. kube-apiserver gzips a
+    watch whose first write is large (a watch resumed after its server timeout replays
+    the events since, hundreds in a burst) one gzip member per event, and the client
+    decodes only the first member: the harness's pod watches (bound times, the fake
+    Allocate) lost events and lagged by a watch period."""
+    import httpx2
+    from lightkube import Client, KubeConfig
+
+    class Identity(httpx2.HTTPTransport):
+        def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+            if request.url.params.get("watch") in ("true", "1"):
+                request.headers["Accept-Encoding"] = "identity"
+            return super().handle_request(request)
+
+    config = KubeConfig.from_file(cp.kubeconfig)
+    ctx = ssl.create_default_context(cafile=str(cp.pki_dir / "ca.crt"))
+    ctx.load_cert_chain(cp.pki_dir / "admin.crt", cp.pki_dir / "admin.key")
+    return Client(config, namespace=namespace, field_manager="hami-e2e", trust_env=False,
+                  transport=Identity(verify=ctx))
 
 
 def cpu_seconds(pid: int) -> float:
