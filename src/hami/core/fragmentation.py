@@ -31,7 +31,7 @@ Three layers:
   on GPUs too small for class ``k``), ``C[k]`` (GPUs usable by ``k``) and ``F``, refreshed
   only for the nodes whose usage changed;
 * :class:`FragmentationScorer` (fixed distribution, the simulator) and
-  :class:`LiveFragmentationOrder` (distribution learned from running pods): node-order
+  :class:`LiveFragmentationOrder` (distribution learned online from the requests): node-order
   hooks for the filter loop, signature ``(ctx: FilterContext, idx: IntArray) -> IntArray``
   like ``hami.core.filter.NODE_ORDERS`` entries. Per request shape and node the growth
   is cached and recomputed only for changed nodes.
