@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from hami.core.model import ContainerDevice, ContainerDeviceRequest
+from hami.core.vendor import FitContext, PatchContext
 from hami.devices.amd import Amd, compute_units
 from hami.devices.common import AdmissionError
-from hami.devices.protocol import FitContext, PatchContext
 from tests.devices.util import ctr, dev, node, state
 
 A = Amd()

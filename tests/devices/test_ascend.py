@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from hami.core.model import ContainerDeviceRequest
+from hami.core.vendor import FitContext, PatchContext
 from hami.devices.ascend import ASCEND_310P, ASCEND_910B3, Ascend, AscendConfig
 from hami.devices.common import AdmissionError
-from hami.devices.protocol import FitContext, PatchContext
 from tests.devices.util import ctr, dev, pod, state
 
 A = Ascend(ASCEND_310P)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from hami.core.model import ContainerDeviceRequest
+from hami.core.vendor import FitContext, PatchContext
 from hami.devices.biren import biren
-from hami.devices.protocol import FitContext, PatchContext
 from hami.devices.vastai import vastai
 from tests.devices.util import ctr, node, state
 

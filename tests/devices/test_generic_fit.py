@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from hami.core.fit import DeviceState, NodeOptions, PodOptions, fit_container
 from hami.core.model import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo
+from hami.core.vendor import FitContext
 from hami.devices.common import Filters, generic_fit
-from hami.devices.protocol import FitContext
 
 FILTERS = Filters(use_type="x/use", nouse_type="x/nouse", use_uuid="x/use-uuid",
                   nouse_uuid="x/nouse-uuid")

@@ -6,9 +6,9 @@ import pytest
 
 from hami.core.gowire import CodecError
 from hami.core.model import ContainerDeviceRequest
+from hami.core.vendor import FitContext, PatchContext
 from hami.devices.common import AdmissionError
 from hami.devices.hygon import Hygon, HygonConfig
-from hami.devices.protocol import FitContext, PatchContext
 from tests.devices.util import ctr, dev, node, state
 
 H = Hygon()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from hami.core.model import ContainerDevice, ContainerDeviceRequest
+from hami.core.vendor import FitContext, PatchContext
 from hami.devices.iluvatar import Iluvatar, IluvatarConfig
-from hami.devices.protocol import FitContext, PatchContext
 from tests.devices.util import ctr, node, state
 
 ILU = Iluvatar(IluvatarConfig.for_chip("MR-V100"))

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from hami.core.model import ContainerDeviceRequest
+from hami.core.vendor import FitContext
 from hami.devices.common import AdmissionError
 from hami.devices.metax import QOS_POLICIES, MetaxGpu, MetaxSgpu
-from hami.devices.protocol import FitContext
 from tests.devices.util import ctr, node, pod, state
 
 S = MetaxSgpu()

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from hami.core.model import ContainerDeviceRequest
+from hami.core.vendor import FitContext, PatchContext
 from hami.devices.common import AdmissionError
 from hami.devices.mthreads import LEGAL_MEMORY_UNITS, Mthreads
-from hami.devices.protocol import FitContext, PatchContext
 from tests.devices.util import ctr, node, pod, state
 
 T = Mthreads()

@@ -7,18 +7,15 @@ from typing import Any
 
 from hami.core.fit import DeviceState
 from hami.core.model import ContainerDevice
+from hami.core.vendor import PatchContext
+from hami.core.vendors import merge_allocation, mutate_pod, pod_patch, pod_requests
 from hami.devices.allocate import (
     DEVICE_TYPE_NOT_FOUND,
     NodeView,
     choose_node,
     default_node_score,
     fit_pod,
-    merge_allocation,
-    mutate_pod,
-    pod_patch,
-    pod_requests,
 )
-from hami.devices.protocol import PatchContext
 from hami.devices.registry import build_registry
 from tests.devices.util import ctr, dev, pod, state
 

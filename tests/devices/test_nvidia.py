@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from hami.core.model import ContainerDeviceRequest
+from hami.core.vendor import FitContext, PatchContext
 from hami.devices.common import AdmissionError
 from hami.devices.nvidia import Nvidia
-from hami.devices.protocol import FitContext, PatchContext
 from tests.devices.util import ctr, dev, node, state
 
 N = Nvidia()

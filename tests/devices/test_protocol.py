@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hami.devices.protocol import Vendor
+from hami.core.vendor import Vendor
 from hami.devices.registry import build_registry
 
 FULL = {"nvidia": {}, "hygon": {}, "cambricon": {}, "mthreads": {}, "amd": {},

@@ -4,8 +4,9 @@ limits, explicit 0 blocks, webhook pre-check max(app sum, init max), fit-time ch
 from __future__ import annotations
 
 from hami.core.model import ContainerDevice
-from hami.devices.allocate import fit_pod, pod_requests
-from hami.devices.quota import VendorQuota
+from hami.core.vendor_quota import VendorQuota
+from hami.core.vendors import pod_requests
+from hami.devices.allocate import fit_pod
 from hami.devices.registry import build_registry
 from tests.devices.util import ctr, dev, pod, state
 

@@ -11,7 +11,7 @@ replaces by its own fallback policy, is denied with a message listing the valid 
 Vendors: every container goes through NVIDIA's mutation and then through every other
 registered vendor's ``MutateAdmission`` (CommonWord order); a vendor's ``AdmissionError``
 is a denial with its message, and the quota pre-check runs per vendor
-(:meth:`hami.devices.quota.VendorQuota.admission_denial`).
+(:meth:`hami.core.vendor_quota.VendorQuota.admission_denial`).
 
 Isolation (ours, :mod:`hami.core.isolation`, the same checks ``/filter`` repeats): a pod
 that asks for devices is refused for host PID/IPC, privileged containers, capabilities
@@ -44,9 +44,9 @@ from hami.core.request import (
     quantity,
     resource_value,
 )
-from hami.devices.allocate import pod_requests
-from hami.devices.protocol import AdmissionError, Vendor
-from hami.devices.quota import VendorQuota
+from hami.core.vendor import AdmissionError, Vendor
+from hami.core.vendor_quota import VendorQuota
+from hami.core.vendors import pod_requests
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hami.api import names
-
-if TYPE_CHECKING:  # the vendor backends import this module; only the type is needed here
-    from hami.devices.protocol import Vendor
+from hami.core.vendor import Vendor
 
 
 class ConfigError(ValueError):

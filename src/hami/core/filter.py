@@ -65,9 +65,8 @@ from hami.core.model import (
 )
 from hami.core.quota import QuotaLedger
 from hami.core.score import order_devices
-from hami.devices.common import BaseVendor
-from hami.devices.protocol import FitContext, Vendor
-from hami.devices.quota import VendorQuota
+from hami.core.vendor import FitContext, Vendor
+from hami.core.vendor_quota import VendorQuota
 
 NODE_UNREGISTERED = "node unregistered"
 INSUFFICIENT_CPU = "Insufficient cpu"
@@ -417,14 +416,8 @@ def _vendor_scores(ctx: FilterContext, entry: NodeEntry, base: list[DeviceState]
 def _scores_nodes(vendors: Mapping[str, Vendor], words: Sequence[str]) -> bool:
     """True when a requested vendor's ``ScoreNode`` can be non-zero (it overrides the
     default 0, or it is policy-neutral), so the first fitting node is not enough."""
-    default = BaseVendor.score_node
-    for word in words:
-        vendor = vendors.get(word)
-        if vendor is None:
-            continue
-        if vendor.policy_neutral or getattr(type(vendor), "score_node", default) is not default:
-            return True
-    return False
+    return any(vendor.scores_nodes for word in words
+               if (vendor := vendors.get(word)) is not None)
 
 
 # ------------------------------------------------------------------ the loop

@@ -14,14 +14,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hami.core.config import NvidiaConfig
 from hami.core.model import PERCENT_UNSET, ContainerDeviceRequest, PodRequest
 from hami.core.quantity import QuantityError, parse_quantity, to_int_exact, to_mib, to_milli
-
-if TYPE_CHECKING:
-    from hami.devices.protocol import Vendor
+from hami.core.vendor import AdmissionError, Vendor
+from hami.core.vendors import pod_requests
 
 INT32_MAX = 2**31 - 1
 
@@ -155,10 +154,6 @@ def vendor_requests(pod: Mapping[str, Any], vendors: Mapping[str, Vendor]
     """
     if not vendors:
         return ()
-    # Imported here: the backends import this module (resource parsing).
-    from hami.devices.allocate import pod_requests
-    from hami.devices.protocol import AdmissionError
-
     try:
         per_container = pod_requests(vendors, pod).containers
     except (AdmissionError, QuantityError) as exc:

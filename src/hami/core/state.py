@@ -37,9 +37,9 @@ from hami.core.ledger import PodEntry, UsageLedger
 from hami.core.model import DeviceInfo, PodRequest, PodSingleDevice
 from hami.core.quota import QuotaLedger
 from hami.core.request import RequestError, pod_request
-from hami.devices.allocate import merge_allocation, pod_patch
-from hami.devices.protocol import PatchContext
-from hami.devices.quota import VendorQuota
+from hami.core.vendor import PatchContext
+from hami.core.vendor_quota import VendorQuota
+from hami.core.vendors import merge_allocation, pod_patch
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 

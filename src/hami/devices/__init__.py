@@ -3,7 +3,7 @@ AMD, Ascend, AWS Neuron, Biren, Cambricon, Enflame, Hygon, Iluvatar, Kunlunxin, 
 Moore Threads, Vastai. See ``docs/vendors.md`` (users) and
 ``docs/dev/vendors-design.md`` (how the scheduler serves them)."""
 
-from hami.devices.protocol import (
+from hami.core.vendor import (
     AdmissionError,
     FitContext,
     PatchContext,

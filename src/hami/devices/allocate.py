@@ -17,83 +17,30 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from hami.core.codec import ScoringWeights
 from hami.core.fit import NODE_INSUFFICIENT_DEVICE, DeviceState, PodOptions, QuotaCheck
-from hami.core.model import ContainerDeviceRequest, ContainerDevices, PodSingleDevice
+from hami.core.model import ContainerDevices, PodSingleDevice
 from hami.core.score import order_devices
-from hami.devices.ascend import Ascend
-from hami.devices.protocol import FitContext, PatchContext, Vendor
+from hami.core.vendor import FitContext, Vendor
+from hami.core.vendors import PodDeviceRequests
 
 DEVICE_TYPE_NOT_FOUND = "Device type not found"
 
 
 class QuotaSource(Protocol):
-    """What the fit needs of a quota ledger (:class:`hami.devices.quota.VendorQuota`)."""
+    """What the fit needs of a quota ledger (:class:`hami.core.vendor_quota.VendorQuota`)."""
 
     def fit_check(self, namespace: str, vendor: str, placed: Sequence[ContainerDevices],
                   n_init: int, position: int) -> QuotaCheck | None:
         """The fit-time check for one container of one vendor, None when unlimited."""
         ...
+
+
 POLICY_NEUTRAL_WEIGHT = 10000.0
-
-
-@dataclass(frozen=True, slots=True)
-class PodDeviceRequests:
-    """Per container (init first) the request of each vendor it asks for."""
-
-    containers: tuple[Mapping[str, ContainerDeviceRequest], ...]
-    n_init: int = 0
-
-    @property
-    def vendors(self) -> tuple[str, ...]:
-        """CommonWords requested by any container, sorted."""
-        return tuple(sorted({w for c in self.containers for w in c}))
-
-
-def _containers(pod: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
-    spec = pod.get("spec") or {}
-    return list(spec.get("initContainers") or []), list(spec.get("containers") or [])
-
-
-def pod_requests(registry: Mapping[str, Vendor], pod: Mapping[str, Any]) -> PodDeviceRequests:
-    """Every container's requests of every registered vendor (``Resourcereqs``).
-
-    Raises:
-        hami.devices.protocol.AdmissionError: a vendor value is malformed.
-    """
-    anns = (pod.get("metadata") or {}).get("annotations") or {}
-    init, app = _containers(pod)
-    out = []
-    for container in [*init, *app]:
-        reqs: dict[str, ContainerDeviceRequest] = {}
-        for word, vendor in sorted(registry.items()):
-            if isinstance(vendor, Ascend):
-                req = vendor.request_for_pod(container, anns)
-            else:
-                req = vendor.container_request(container)
-            if req is not None and req.nums > 0:
-                reqs[word] = req
-        out.append(reqs)
-    return PodDeviceRequests(tuple(out), len(init))
-
-
-def mutate_pod(registry: Mapping[str, Vendor], pod: dict[str, Any]) -> bool:
-    """HAMi v2.10 step 4: every vendor's ``MutateAdmission`` on every init then regular container,
-    in place; returns ``hasResource`` (OR of all results).
-
-    Raises:
-        hami.devices.protocol.AdmissionError: from the first vendor that refuses a value.
-    """
-    init, app = _containers(pod)
-    has = False
-    for container in [*init, *app]:
-        for _, vendor in sorted(registry.items()):
-            has = vendor.mutate_admission(container, pod) or has
-    return has
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +83,7 @@ def fit_pod(registry: Mapping[str, Vendor], requests: PodDeviceRequests,
     """Fit every container of a pod on one node across vendors (HAMi v2.10).
 
     ``devices`` are all devices of the node (every vendor) with their existing usage;
-    they are not modified. ``quota`` (a :class:`hami.devices.quota.VendorQuota`) adds
+    they are not modified. ``quota`` (a :class:`hami.core.vendor_quota.VendorQuota`) adds
     the fit-time quota check of every vendor (HAMi v2.10). The score is the node's pre-existing
     default score plus each
     granted vendor's ``ScoreNode`` (policy-neutral vendors x10000, x-10000 under spread).
@@ -187,35 +134,6 @@ def fit_pod(registry: Mapping[str, Vendor], requests: PodDeviceRequests,
             extra *= -POLICY_NEUTRAL_WEIGHT if node_policy == "spread" else POLICY_NEUTRAL_WEIGHT
         score += extra
     return NodeAllocation(True, result, score=score)
-
-
-def pod_patch(registry: Mapping[str, Vendor], allocation: Mapping[str, PodSingleDevice],
-              ctx: PatchContext) -> dict[str, str]:
-    """The pod annotations of every vendor's ``PatchAnnotations`` (HAMi v2.10 step 8), merged.
-
-    Raises:
-        ValueError: two vendors write different values under one key (a config error:
-            two vendors configured with the same keys).
-    """
-    out: dict[str, str] = {}
-    for word in sorted(allocation):
-        for key, value in registry[word].pod_annotations(allocation[word], ctx).items():
-            if key in out and out[key] != value:
-                raise ValueError(f"vendors disagree on pod annotation {key}")
-            out[key] = value
-    return out
-
-
-def merge_allocation(allocation: Mapping[str, PodSingleDevice], n_containers: int
-                     ) -> PodSingleDevice:
-    """All vendors' grants as one :data:`PodSingleDevice` (container by container, vendors
-    in CommonWord order). UUIDs are unique across vendors, so the usage ledger can charge
-    this merged value exactly as it charges an NVIDIA-only pod (HAMi v2.10)."""
-    merged: list[ContainerDevices] = [() for _ in range(n_containers)]
-    for word in sorted(allocation):
-        for pos, container in enumerate(allocation[word]):
-            merged[pos] = merged[pos] + tuple(container)
-    return tuple(merged)
 
 
 @dataclass(frozen=True, slots=True)

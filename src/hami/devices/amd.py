@@ -22,6 +22,7 @@ from typing import Any
 from hami.core import fit as f
 from hami.core.fit import DeviceState, FitOutcome, gen_reason
 from hami.core.model import ContainerDevice, ContainerDeviceRequest
+from hami.core.vendor import FitContext, ResourceNames
 from hami.devices.common import (
     AdmissionError,
     BaseVendor,
@@ -30,7 +31,6 @@ from hami.devices.common import (
     int_resource,
     memory_request,
 )
-from hami.devices.protocol import FitContext, ResourceNames
 
 COMMON_WORD = "AMD"
 REGISTER = "hami.io/node-amd-register"

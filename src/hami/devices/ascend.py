@@ -27,6 +27,7 @@ from typing import Any
 from hami.api import names
 from hami.core.fit import DeviceState, FitOutcome, gen_reason
 from hami.core.model import PERCENT_UNSET, ContainerDeviceRequest, PodSingleDevice
+from hami.core.vendor import FitContext, PatchContext, ResourceNames
 from hami.devices.common import (
     AdmissionError,
     BaseVendor,
@@ -35,7 +36,6 @@ from hami.devices.common import (
     in_limits,
     int_resource,
 )
-from hami.devices.protocol import FitContext, PatchContext, ResourceNames
 
 VNPU_MODE = "huawei.com/vnpu-mode"
 NODE_VNPU_CORE = "hami-vnpu-core"

@@ -26,6 +26,7 @@ from hami.core.model import (
     DeviceInfo,
     PodSingleDevice,
 )
+from hami.core.vendor import FitContext, PatchContext, ResourceNames
 from hami.devices.common import (
     AdmissionError,
     BaseVendor,
@@ -35,7 +36,6 @@ from hami.devices.common import (
     in_limits,
     int_resource,
 )
-from hami.devices.protocol import FitContext, PatchContext, ResourceNames
 
 COMMON_WORD = "AWSNeuron"
 CORES_PER_DEVICE = 2

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hami.core.model import ContainerDeviceRequest, DeviceInfo, PodSingleDevice
+from hami.core.vendor import PatchContext, ResourceNames
 from hami.devices.common import (
     AdmissionError,
     BaseVendor,
@@ -31,7 +32,6 @@ from hami.devices.common import (
     memory_request,
     whole_request,
 )
-from hami.devices.protocol import PatchContext, ResourceNames
 
 COMMON_WORD = "MLU"
 MEMORY_UNIT_MIB = 256

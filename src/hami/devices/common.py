@@ -30,7 +30,7 @@ from hami.core.model import (
 )
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import quantity, resource_value
-from hami.devices.protocol import AdmissionError, FitContext, PatchContext, ResourceNames
+from hami.core.vendor import AdmissionError, FitContext, PatchContext, ResourceNames
 
 INT32_MAX = 2**31 - 1
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}
@@ -190,6 +190,16 @@ class BaseVendor:
 
     def container_request(self, container: Mapping[str, Any]) -> ContainerDeviceRequest | None:
         raise NotImplementedError
+
+    def request_for_pod(self, container: Mapping[str, Any],
+                        pod_annotations: Mapping[str, str]) -> ContainerDeviceRequest | None:
+        """Default: the pod's annotations do not change the request."""
+        return self.container_request(container)
+
+    @property
+    def scores_nodes(self) -> bool:
+        """True when the backend overrides :meth:`score_node` or is policy-neutral."""
+        return self.policy_neutral or type(self).score_node is not BaseVendor.score_node
 
     def mutate_admission(self, container: dict[str, Any], pod: dict[str, Any]) -> bool:
         """Default: validate the values; True when the count resource is in limits."""

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from hami.core.model import ContainerDeviceRequest
+from hami.core.vendor import ResourceNames
 from hami.devices.common import BaseVendor, Filters, int_resource
-from hami.devices.protocol import ResourceNames
 
 
 class CountOnlyVendor(BaseVendor):

@@ -15,6 +15,7 @@ from typing import Any
 
 from hami.core.codec import decode_node_devices_legacy
 from hami.core.model import ContainerDeviceRequest, DeviceInfo
+from hami.core.vendor import ResourceNames
 from hami.devices.common import (
     AdmissionError,
     BaseVendor,
@@ -24,7 +25,6 @@ from hami.devices.common import (
     memory_request,
     node_annotations,
 )
-from hami.devices.protocol import ResourceNames
 
 COMMON_WORD = "DCU"
 REGISTER = "hami.io/node-dcu-register"

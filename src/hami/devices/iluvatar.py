@@ -14,6 +14,7 @@ from typing import Any
 
 from hami.core.codec import decode_node_devices_legacy
 from hami.core.model import ContainerDeviceRequest, DeviceInfo
+from hami.core.vendor import ResourceNames
 from hami.devices.common import (
     AdmissionError,
     BaseVendor,
@@ -22,7 +23,6 @@ from hami.devices.common import (
     memory_request,
     node_annotations,
 )
-from hami.devices.protocol import ResourceNames
 
 #: One unit of ``<chip>.vMem`` is 256 MiB (HAMi v2.10).
 MEMORY_UNIT_MIB = 256

@@ -33,6 +33,7 @@ from hami.core.model import (
     DeviceInfo,
     PodSingleDevice,
 )
+from hami.core.vendor import FitContext, PatchContext, ResourceNames
 from hami.devices.common import (
     AdmissionError,
     BaseVendor,
@@ -42,7 +43,6 @@ from hami.devices.common import (
     in_limits,
     int_resource,
 )
-from hami.devices.protocol import FitContext, PatchContext, ResourceNames
 
 KUNLUN = "kunlun"
 XPU = "XPU"

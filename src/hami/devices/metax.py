@@ -23,6 +23,7 @@ from typing import Any
 
 from hami.core.codec import decode_node_devices_json
 from hami.core.model import ContainerDeviceRequest, DeviceInfo
+from hami.core.vendor import ResourceNames
 from hami.devices.common import (
     AdmissionError,
     BaseVendor,
@@ -36,7 +37,6 @@ from hami.devices.common import (
     node_annotations,
     whole_request,
 )
-from hami.devices.protocol import ResourceNames
 
 GPU = "Metax-GPU"
 SGPU = "Metax-SGPU"

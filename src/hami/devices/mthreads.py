@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hami.core.model import ContainerDeviceRequest, DeviceInfo, PodSingleDevice
+from hami.core.vendor import PatchContext, ResourceNames
 from hami.devices.common import (
     AdmissionError,
     BaseVendor,
@@ -30,7 +31,6 @@ from hami.devices.common import (
     int_resource,
     memory_request,
 )
-from hami.devices.protocol import PatchContext, ResourceNames
 
 COMMON_WORD = "Mthreads"
 MEMORY_UNIT_MIB = 512

@@ -1,4 +1,4 @@
-"""NVIDIA as a :class:`~hami.devices.protocol.Vendor`: an adapter over :mod:`hami.core`.
+"""NVIDIA as a :class:`~hami.core.vendor.Vendor`: an adapter over :mod:`hami.core`.
 
 Source (HAMi v2.10): (resources), (keys and encodings), (webhook), (Fit).
 Nothing is re-implemented here: requests, mutation, node decoding and Fit are the core's.
@@ -17,8 +17,8 @@ from hami.core.fit import DeviceState, FitOutcome, NodeOptions, PodOptions, fit_
 from hami.core.model import ContainerDeviceRequest, DeviceInfo
 from hami.core.quantity import QuantityError
 from hami.core.request import RequestError, container_request
+from hami.core.vendor import AdmissionError, FitContext, ResourceNames
 from hami.devices.common import BaseVendor, node_annotations
-from hami.devices.protocol import AdmissionError, FitContext, ResourceNames
 
 
 class Nvidia(BaseVendor):

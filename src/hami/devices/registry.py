@@ -14,6 +14,7 @@ from dataclasses import fields
 from typing import Any, TypeVar
 
 from hami.core.config import ConfigError, NvidiaConfig
+from hami.core.vendor import Vendor
 from hami.devices.amd import Amd, AmdConfig
 from hami.devices.ascend import Ascend, AscendConfig
 from hami.devices.awsneuron import AwsNeuron, NeuronConfig
@@ -26,7 +27,6 @@ from hami.devices.kunlun import Kunlun, KunlunConfig, KunlunVxpu
 from hami.devices.metax import MetaxConfig, MetaxGpu, MetaxSgpu
 from hami.devices.mthreads import Mthreads, MthreadsConfig
 from hami.devices.nvidia import Nvidia
-from hami.devices.protocol import Vendor
 from hami.devices.vastai import vastai
 
 SECTIONS = ("nvidia", "metax", "hygon", "cambricon", "mthreads", "iluvatars", "enflame",

@@ -17,7 +17,7 @@ from typing import Any
 from hami.core.admission import admit, admit_ephemeral
 from hami.core.config import SchedulerConfig
 from hami.core.quota import QuotaLedger
-from hami.devices.quota import VendorQuota
+from hami.core.vendor_quota import VendorQuota
 
 JSON = dict[str, Any]
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")

@@ -13,11 +13,11 @@ HAMi                      here
 ``CommonWord()``          :attr:`Vendor.common_word`
 ``GetResourceNames()``    :meth:`Vendor.resource_names`
 ``MutateAdmission``       :meth:`Vendor.mutate_admission` (raises :class:`AdmissionError`)
-``GenerateResourceReqs``  :meth:`Vendor.container_request` (None = no request)
+``GenerateResourceReqs``  :meth:`Vendor.request_for_pod` (None = no request)
 ``GetNodeDevices``        :meth:`Vendor.node_devices` (raises ``CodecError``)
 ``Fit``                   :meth:`Vendor.fit` -> :class:`hami.core.fit.FitOutcome`
 ``AddResourceUsage``      :meth:`Vendor.add_usage`
-``ScoreNode``             :meth:`Vendor.score_node`
+``ScoreNode``             :meth:`Vendor.score_node` (:attr:`Vendor.scores_nodes`)
 ``PatchAnnotations``      :meth:`Vendor.pod_annotations`
 ``LockNode``              :attr:`Vendor.lock_annotation` (None = generic node lock)
 ``CheckHealth``           :attr:`Vendor.handshake_key` (the handshake loop is generic)
@@ -160,6 +160,22 @@ class Vendor(Protocol):
         Raises:
             AdmissionError: a value is malformed.
         """
+        ...
+
+    def request_for_pod(self, container: Mapping[str, Any],
+                        pod_annotations: Mapping[str, str]) -> ContainerDeviceRequest | None:
+        """:meth:`container_request` given the pod's annotations (``GenerateResourceRequests``
+        sees the whole pod: Ascend's ``huawei.com/vnpu-mode`` chooses its request shape).
+
+        Raises:
+            AdmissionError: a value is malformed.
+        """
+        ...
+
+    @property
+    def scores_nodes(self) -> bool:
+        """True when :meth:`score_node` can be non-zero or the vendor is policy-neutral,
+        so the filter must fit every candidate instead of taking the first that fits."""
         ...
 
     def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:

@@ -20,8 +20,8 @@ from hami.core.collapse import collapse, total
 from hami.core.fit import QuotaCheck
 from hami.core.model import ContainerDevice, ContainerDevices, PodSingleDevice
 from hami.core.quantity import QuantityError, parse_quantity, to_int_exact
-from hami.devices.allocate import PodDeviceRequests
-from hami.devices.protocol import Vendor
+from hami.core.vendor import Vendor
+from hami.core.vendors import PodDeviceRequests
 
 
 @dataclass(slots=True)
