@@ -10,6 +10,8 @@ cluster fills as in production), and the peak memory of a ledger holding 5,000 n
 
 Targets (2-core machine): p99 <= 10 ms at 1,000 nodes and <= 50 ms at 5,000 nodes, the
 same with 0 or 8 pods per node; ledger <= 200 MiB at 5,000 nodes / 40,000 pods.
+A mixed pod (one container asking for an NVIDIA GPU and a Hygon DCU) on 1,000 nodes that
+have both, next to an NVIDIA-only pod on the same cluster: the mixed pod within 1.5x.
 Then the node policies side by side at 1,000 nodes x 8 pods: ``fragmentation-aware``
 (the policy ``hami simulate`` reports as ours, learning the task mix from running pods)
 within 2x the p99 of ``binpack``.
@@ -22,11 +24,13 @@ import random
 import statistics
 import time
 import tracemalloc
+from collections.abc import Callable
 from typing import Any
 
 from hami.core.config import SchedulerConfig, SchedulingPolicy
 from hami.core.model import ContainerDevice, DeviceInfo
 from hami.core.state import ClusterState
+from hami.devices.registry import build_registry
 
 MODELS = [("NVIDIA-A100-SXM4-40GB", 40960), ("NVIDIA-Tesla-T4", 15360), ("NVIDIA-A10", 24576)]
 
@@ -46,6 +50,41 @@ def build(nodes: int, pods_per_node: int, policy: SchedulingPolicy, seed: int = 
                                       rng.choice([0, 10, 20])),),)
             state.charge(f"run-{n}-{k}", f"node-{n:05d}", grant, 0, namespace="bench")
     return state
+
+
+def build_mixed(nodes: int, pods_per_node: int, seed: int = 1) -> ClusterState:
+    """:func:`build` with 4 Hygon DCUs per node besides the 8 GPUs (NVIDIA + DCU registered)."""
+    rng = random.Random(seed)
+    registry = build_registry({"nvidia": {}, "hygon": {}})
+    state = ClusterState(SchedulerConfig(registry=registry))
+    for n in range(nodes):
+        model, mem = MODELS[n % len(MODELS)]
+        gpus = [DeviceInfo(f"GPU-{n:05d}-{i}", i, 10, mem, 100, model) for i in range(8)]
+        dcus = [DeviceInfo(f"DCU-{n:05d}-{i}", i, 4, 65520, 100, "DCU-Z100", vendor="DCU")
+                for i in range(4)]
+        state.ledger.add_node(f"node-{n:05d}", gpus + dcus)
+    for n in range(nodes):
+        for k in range(pods_per_node):
+            grant = ((ContainerDevice(f"GPU-{n:05d}-{rng.randrange(8)}", "NVIDIA",
+                                      rng.choice([1024, 2048, 4096]), rng.choice([0, 10, 20])),),)
+            state.charge(f"run-{n}-{k}", f"node-{n:05d}", grant, 0, namespace="bench")
+    return state
+
+
+def mixed_pod(i: int, rng: random.Random, with_dcu: bool) -> dict:
+    """:func:`pending_pod`, plus one DCU share in the same container when ``with_dcu``."""
+    pod = pending_pod(i, rng)
+    if with_dcu:
+        limits = pod["spec"]["containers"][0]["resources"]["limits"]
+        limits.update({"hygon.com/dcunum": 1, "hygon.com/dcumem": rng.choice([1024, 2048]),
+                       "hygon.com/dcucores": rng.choice([0, 10])})
+    return pod
+
+
+def mixed_latency(nodes: int, decisions: int, with_dcu: bool) -> tuple[float, float]:
+    """p50, p99 (ms) of NVIDIA-only or NVIDIA+DCU pods on the :func:`build_mixed` cluster."""
+    state = build_mixed(nodes, 8)
+    return timed(state, lambda i, rng: mixed_pod(i, rng, with_dcu), decisions)
 
 
 def pending_pod(i: int, rng: random.Random) -> dict:
@@ -72,11 +111,18 @@ def log_decision(pod: dict, decision: Any, candidates: int, seconds: float) -> N
 def latency(nodes: int, pods_per_node: int, decisions: int, log: bool = False,
             policy: SchedulingPolicy | None = None) -> tuple[float, float]:
     state = build(nodes, pods_per_node, policy or SchedulingPolicy())
+    return timed(state, pending_pod, decisions, log)
+
+
+def timed(state: ClusterState, make_pod: Callable[[int, random.Random], dict],
+          decisions: int, log: bool = False) -> tuple[float, float]:
+    """p50, p99 (ms) of ``decisions`` filters of ``make_pod(i, rng)`` pods, each placed
+    pod committed so the cluster fills as in production."""
     names = state.ledger.node_names()
     rng = random.Random(7)
     samples = []
     for i in range(decisions):
-        pod = pending_pod(i, rng)
+        pod = make_pod(i, rng)
         t0 = time.perf_counter()
         decision = state.filter(pod, names)
         if log:
@@ -116,6 +162,11 @@ def main() -> None:
         for per_node in (0, 8):
             p50, p99 = latency(nodes, per_node, decisions, args.log)
             print(f"{nodes:>6} {per_node:>9} {p50:>8.2f} {p99:>8.2f}")
+    only = mixed_latency(1000, decisions, with_dcu=False)
+    mixed = mixed_latency(1000, decisions, with_dcu=True)
+    print(f"1000 nodes x (8 GPU + 4 DCU), NVIDIA pod   p50 {only[0]:6.2f} ms  p99 {only[1]:6.2f} ms")
+    print(f"1000 nodes x (8 GPU + 4 DCU), NVIDIA+DCU   p50 {mixed[0]:6.2f} ms  p99 {mixed[1]:6.2f} ms"
+          f"  ({mixed[0] / only[0]:.2f}x p50, {mixed[1] / only[1]:.2f}x p99)")
     base = None
     for node_policy in ("binpack", "spread", "fragmentation-aware"):
         gpu = "fragmentation-aware" if node_policy == "fragmentation-aware" else "binpack"

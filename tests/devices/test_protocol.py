@@ -84,3 +84,23 @@ def test_only_cambricon_has_its_own_lock() -> None:
 
 def test_only_metax_sgpu_is_policy_neutral() -> None:
     assert [w for w, v in REGISTRY.items() if v.policy_neutral] == ["Metax-SGPU"]
+
+
+def test_scores_nodes_only_where_score_node_can_be_non_zero() -> None:
+    """The filter fits every candidate only for these vendors (HAMi v2.10 step 5)."""
+    assert sorted(w for w, v in REGISTRY.items() if v.scores_nodes) == ["Metax-SGPU", "kunlun"]
+
+
+def test_ascend_request_reads_the_pod_annotation() -> None:
+    """``request_for_pod`` replaces the filter's isinstance(Ascend) dispatch."""
+    ascend = build_registry({"vnpus": [{"chipName": "910B3", "commonWord": "Ascend910B3",
+                                        "aiCore": 20, "templates": [
+                                            {"name": "vir05_1c_16g", "memory": 16384,
+                                             "aiCore": 5}]}]}, enable_ascend=True)
+    vendor = ascend["Ascend910B3"]
+    container = {"name": "c", "resources": {"limits": {
+        "huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B3-memory": 1000}}}
+    template = vendor.request_for_pod(container, {})
+    hami_core = vendor.request_for_pod(container, {"huawei.com/vnpu-mode": "hami-core"})
+    assert template is not None and template.memory_mib == 16384
+    assert hami_core is not None and hami_core.memory_mib == 1000

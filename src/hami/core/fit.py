@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from itertools import combinations
 
 from hami.api import names
+from hami.core.codec_scores import decode_node_scores
+from hami.core.gowire import CodecError
 from hami.core.mig import choose_instance, replay
 from hami.core.model import ContainerDevice, ContainerDeviceRequest, DeviceInfo, MigPlacement
 
@@ -114,6 +116,21 @@ class NodeOptions:
 
     cordoned: frozenset[str] = frozenset()
     pair_scores: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+    @classmethod
+    def from_annotations(cls, annotations: Mapping[str, str]) -> NodeOptions:
+        """From a node's annotations: ``hami.io/device-cordon`` (comma list, trimmed) and
+        ``hami.io/node-nvidia-score`` (a malformed value counts as no scores)."""
+        cordon = annotations.get(names.NODE_DEVICE_CORDON, "")
+        cordoned = frozenset(p.strip() for p in cordon.split(",") if p.strip())
+        scores: Mapping[str, Mapping[str, int]] = {}
+        raw = annotations.get(names.NODE_SCORE)
+        if raw:
+            try:
+                scores = decode_node_scores(raw)
+            except CodecError:
+                scores = {}
+        return cls(cordoned=cordoned, pair_scores=scores)
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ BoolArray = npt.NDArray[np.bool_]
 
 #: Per-device integer arrays, in the order they are allocated.
 DEVICE_FIELDS = ("total_memory_mib", "used_memory_mib", "total_cores", "used_cores",
-                 "split_count", "used_slots", "node_of", "numa", "type_id")
+                 "split_count", "used_slots", "node_of", "numa", "type_id", "vendor_id")
 #: Per-node integer arrays.
 NODE_FIELDS = ("cpu_milli_total", "cpu_milli_used", "memory_mib_total", "memory_mib_used",
                "sum_split", "sum_used_slots", "sum_total_cores", "sum_used_cores",
@@ -102,6 +102,9 @@ class UsageLedger:
         #: when the same node registers again.
         self._vacated: dict[str, tuple[int, int, int]] = {}
         self.type_names: list[str] = []
+        #: CommonWord -> the small integer in :attr:`vendor_id`.
+        self._vendor_ids: dict[str, int] = {}
+        self._vendor_counts: tuple[int, dict[str, IntArray]] = (-1, {})
         self.version = 0
         #: Bumped on every pod addition or removal (cheap "has the mix changed" signal).
         self.version_pods = 0
@@ -116,6 +119,7 @@ class UsageLedger:
     node_of: IntArray
     numa: IntArray
     type_id: IntArray
+    vendor_id: IntArray
     cpu_milli_total: IntArray
     cpu_milli_used: IntArray
     memory_mib_total: IntArray
@@ -167,6 +171,21 @@ class UsageLedger:
             self.type_names.append(type_name)
         return idx
 
+    def vendor_device_counts(self, vendor: str) -> IntArray:
+        """Per node index (length :attr:`node_count`): how many devices of ``vendor`` (a
+        CommonWord) the node registered; cached until a node is added or removed."""
+        version, cache = self._vendor_counts
+        if version != self.version:
+            cache = {}
+            self._vendor_counts = (self.version, cache)
+        counts = cache.get(vendor)
+        if counts is None:
+            n, vid = self.size, self._vendor_ids.get(vendor, -1)
+            rows = (self.vendor_id[:n] == vid) & (self.node_of[:n] >= 0)
+            counts = cache[vendor] = np.bincount(self.node_of[:n][rows],
+                                                 minlength=self.node_count)
+        return counts
+
     def add_node(self, name: str, devices: Sequence[DeviceInfo], *,
                  cpu_milli: int | None = None, memory_mib: int | None = None,
                  annotations: Mapping[str, str] | None = None) -> None:
@@ -217,6 +236,7 @@ class UsageLedger:
             self.node_of[d] = index
             self.numa[d] = dev.numa
             self.type_id[d] = self.type_index(dev.type)
+            self.vendor_id[d] = self._vendor_ids.setdefault(dev.vendor, len(self._vendor_ids))
             self.healthy[d] = self.registered_healthy[d] = dev.health
             self.mig_mode[d] = dev.mode == "mig"
         self._nodes[name] = entry

@@ -11,7 +11,7 @@ from typing import Any
 
 from hami.api import names
 from hami.core.admission import mutate_container
-from hami.core.codec import CodecError, decode_node_devices, decode_node_scores
+from hami.core.codec import decode_node_devices
 from hami.core.config import NvidiaConfig
 from hami.core.fit import DeviceState, FitOutcome, NodeOptions, PodOptions, fit_container
 from hami.core.model import ContainerDeviceRequest, DeviceInfo
@@ -58,14 +58,6 @@ class Nvidia(BaseVendor):
 
     def fit(self, devices: Sequence[DeviceState], request: ContainerDeviceRequest,
             ctx: FitContext) -> FitOutcome:
-        scores: Mapping[str, Mapping[str, int]] = {}
-        raw = ctx.node_annotations.get(names.NODE_SCORE)
-        if raw:
-            try:
-                scores = decode_node_scores(raw)
-            except CodecError:
-                scores = {}
         pod = PodOptions.from_annotations(ctx.pod_annotations, ctx.gpu_policy)
         return fit_container(devices, request, pod,
-                             NodeOptions(cordoned=ctx.cordoned, pair_scores=scores),
-                             ctx.quota_ok)
+                             NodeOptions.from_annotations(ctx.node_annotations), ctx.quota_ok)

@@ -1,0 +1,259 @@
+"""The exact fit of one pod on one node, every vendor in one container loop (HAMi v2.10
+``Fit`` per container, steps 1-2 of the filter).
+
+Per container (init containers on fresh copies of the node's usage, app containers
+cumulatively on one copy): the GPU-share request (``PodRequest.containers``: the core's
+Fit, MIG and topology included) first, then every other requested vendor's in CommonWord
+order through its backend (``Vendor.fit`` on that vendor's devices only, ``add_usage``,
+the vendor's fit-time quota check). The node score adds each granted vendor's
+``ScoreNode`` (policy-neutral vendors x10000, x-10000 under spread).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from hami.core.codec import MigAllocation, ScoringWeights
+from hami.core.collapse import collapse, total
+from hami.core.fit import (
+    DEVICE_TYPE_NOT_FOUND,
+    NODE_INSUFFICIENT_DEVICE,
+    DeviceState,
+    FitOutcome,
+    NodeOptions,
+    PodOptions,
+    QuotaCheck,
+    fit_container,
+)
+from hami.core.ledger import NodeEntry, UsageLedger
+from hami.core.model import (
+    ContainerDevice,
+    ContainerDeviceRequest,
+    ContainerDevices,
+    PodRequest,
+    PodSingleDevice,
+)
+from hami.core.prefilter import resources_fit
+from hami.core.quota import QuotaLedger
+from hami.core.score import order_devices
+from hami.core.vendor import FitContext, Vendor
+from hami.core.vendor_quota import VendorQuota
+
+INSUFFICIENT_CPU = "Insufficient cpu"
+INSUFFICIENT_MEMORY = "Insufficient memory"
+#: ``OverrideScore`` weight of a policy-neutral vendor's ScoreNode (HAMi v2.10 step 5).
+POLICY_NEUTRAL_WEIGHT = 10000.0
+
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, slots=True)
+class FilterContext:
+    """What the policies need to rank candidates for one pod.
+
+    ``vendors`` are the registered backends other than the GPU-share path, by CommonWord,
+    and ``vendor_quota`` their namespace quota (HAMi v2.10); both only matter for pods
+    that ask for them. ``node_policy`` is the effective node policy (for policy-neutral
+    ScoreNode signs).
+    """
+
+    ledger: UsageLedger
+    request: PodRequest
+    pod: PodOptions
+    weights: ScoringWeights
+    vendors: Mapping[str, Vendor] = field(default_factory=dict)
+    vendor_quota: VendorQuota | None = None
+    node_policy: str = "binpack"
+
+
+#: Node policies: candidate node indices (input order) -> the same indices best first.
+NodeOrder = Callable[[FilterContext, IntArray], IntArray]
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFit:
+    """Exact fit of a whole pod on one node: the grant, or the reason it does not fit.
+
+    ``vendor_devices``: the other vendors' grants; ``score_extra``: the sum of their
+    ``ScoreNode`` values (already weighted for policy-neutral vendors, step 5).
+    """
+
+    devices: PodSingleDevice | None
+    reason: str = ""
+    mig: tuple[MigAllocation, ...] = ()
+    vendor_devices: Mapping[str, PodSingleDevice] = field(default_factory=dict)
+    score_extra: float = 0.0
+
+
+def _quota_check(quota: QuotaLedger | None, request: PodRequest,
+                 placed: list[tuple[bool, ContainerDevices]], is_init: bool) -> QuotaCheck | None:
+    if quota is None or not quota.limited(request.namespace):
+        return None
+
+    def check(devices: Sequence[ContainerDevice]) -> bool:
+        mem, cores = total(collapse([*placed, (is_init, tuple(devices))]))
+        return quota.fits(request.namespace, mem, cores)
+
+    return check
+
+
+class _PodFit:
+    """The working state of one pod's fit on one node (the grants so far)."""
+
+    def __init__(self, ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger | None):
+        self.ctx, self.entry, self.quota = ctx, entry, quota
+        ledger, request = ctx.ledger, ctx.request
+        self.base = ledger.device_usage(entry.name)
+        self.occupied = ledger.mig_occupied(entry.name)
+        self.node = NodeOptions.from_annotations(entry.annotations)
+        n = len(request.containers)
+        self.grant: list[ContainerDevices] = [() for _ in range(n)]
+        self.vgrant: dict[str, list[ContainerDevices]] = {w: [() for _ in range(n)]
+                                                          for w in request.vendor_words}
+        self.placed: list[tuple[bool, ContainerDevices]] = []
+        self.mig: list[MigAllocation] = []
+        self.app_state = self.fresh()
+
+    def fresh(self) -> list[DeviceState]:
+        """The node's devices with their pre-existing usage (and this pod's MIG holds)."""
+        occupied = self.occupied
+        return [DeviceState(*b, mig_occupied=list(occupied.get(b[0].uuid, ())))
+                for b in self.base]
+
+    def share(self, pos: int, req: ContainerDeviceRequest, state: list[DeviceState],
+              is_init: bool) -> str:
+        """Fit container ``pos``'s GPU-share request; "" or the reason it does not fit."""
+        ctx = self.ctx
+        quota_ok = _quota_check(self.quota, ctx.request, self.placed, is_init)
+        ordered = order_devices(state, req, ctx.pod, ctx.weights)
+        outcome = fit_container(ordered, req, ctx.pod, self.node, quota_ok)
+        if not outcome.ok:
+            return outcome.reason
+        if not is_init:
+            _charge(state, outcome)
+        self.grant[pos] = outcome.devices
+        for device_index, profile, placement in outcome.mig:
+            self.mig.append(MigAllocation(pos, device_index,
+                                          outcome.devices[device_index].uuid, profile,
+                                          placement))
+        self._hold_pod_mig(outcome, is_init)
+        self.placed.append((is_init, outcome.devices))
+        return ""
+
+    def _hold_pod_mig(self, outcome: FitOutcome, is_init: bool) -> None:
+        """Keep a container's MIG instances out of the pod's other containers' way.
+
+        Init containers are fitted on fresh copies of the node (their usage is not
+        summed, HAMi v2.10), but the device plugin creates every instance of the pod at
+        Allocate, so all of a pod's placements must be disjoint: later fresh copies
+        (``occupied``) and the app containers' state see them. App containers' own
+        placements are already in ``app_state`` (:func:`_charge`).
+        """
+        for device_index, _, placement in outcome.mig:
+            uuid = outcome.devices[device_index].uuid
+            self.occupied.setdefault(uuid, []).append(placement)
+            if is_init:
+                for d in self.app_state:
+                    if d.info.uuid == uuid:
+                        d.mig_occupied.append(placement)
+
+    def vendor(self, pos: int, word: str, vreq: ContainerDeviceRequest,
+               state: list[DeviceState]) -> str:
+        """Fit container ``pos``'s request of vendor ``word``; "" or the reason."""
+        ctx, request, entry = self.ctx, self.ctx.request, self.entry
+        backend = ctx.vendors.get(word)
+        if backend is None:
+            return DEVICE_TYPE_NOT_FOUND
+        mine = [d for d in state if d.info.vendor == word]
+        if vreq.nums > len(mine):
+            return NODE_INSUFFICIENT_DEVICE
+        earlier = tuple(self.vgrant[word][:pos])
+        check = (ctx.vendor_quota.fit_check(request.namespace, word, earlier,
+                                            request.n_init, pos)
+                 if ctx.vendor_quota is not None else None)
+        fit_ctx = FitContext(request.annotations, entry.annotations, entry.name,
+                             ctx.pod.gpu_policy, allocated=earlier, quota_ok=check)
+        options = PodOptions(gpu_policy=ctx.pod.gpu_policy)
+        outcome = backend.fit(order_devices(mine, vreq, options, ctx.weights), vreq, fit_ctx)
+        if not outcome.ok:
+            return outcome.reason
+        by_uuid = {d.info.uuid: d for d in mine}
+        for dev in outcome.devices:
+            target = by_uuid.get(dev.uuid)
+            if target is None:
+                return f'Device with UUID "{dev.uuid}" not found on node {entry.name} after Fit'
+            backend.add_usage(target, dev)
+        self.vgrant[word][pos] = outcome.devices
+        return ""
+
+    def vendor_scores(self, allocation: Mapping[str, PodSingleDevice]) -> float:
+        """Σ ``ScoreNode`` of the granted vendors over the node's pre-existing usage (HAMi
+        v2.10 step 5); policy-neutral vendors weigh x10000, x-10000 under spread."""
+        ctx, entry = self.ctx, self.entry
+        if not allocation:
+            return 0.0
+        extra = 0.0
+        base = self.fresh()
+        fit_ctx = FitContext(ctx.request.annotations, entry.annotations, entry.name,
+                             ctx.pod.gpu_policy)
+        for word, pod_grant in allocation.items():
+            backend = ctx.vendors[word]
+            value = backend.score_node([d for d in base if d.info.vendor == word], pod_grant,
+                                       fit_ctx)
+            if backend.policy_neutral:
+                value *= (-POLICY_NEUTRAL_WEIGHT if ctx.node_policy == "spread"
+                          else POLICY_NEUTRAL_WEIGHT)
+            extra += value
+        return extra
+
+
+def _charge(state: list[DeviceState], outcome: FitOutcome) -> None:
+    """Add an app container's GPU-share grant (and its MIG instances) to ``state``."""
+    by_uuid = {d.info.uuid: d for d in state}
+    for dev in outcome.devices:
+        d = by_uuid[dev.uuid]
+        d.used_slots += 1
+        d.used_memory_mib += dev.used_memory_mib
+        d.used_cores += dev.used_cores_percent
+    for device_index, _, placement in outcome.mig:
+        by_uuid[outcome.devices[device_index].uuid].mig_occupied.append(placement)
+
+
+def fit_node(ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger | None = None) -> NodeFit:
+    """Exact HAMi fit of every container of the pod on one node (HAMi v2.10 steps 1-2).
+
+    ``quota`` is the GPU-share namespace quota (``ctx.vendor_quota`` the other vendors').
+    """
+    ledger, request = ctx.ledger, ctx.request
+    i = entry.index
+    if not bool(resources_fit(ledger, request, np.array([i]))[0]):
+        cpu_short = (ledger.cpu_milli_total[i] >= 0 and
+                     ledger.cpu_milli_used[i] + request.cpu_milli > ledger.cpu_milli_total[i])
+        return NodeFit(None, INSUFFICIENT_CPU if cpu_short else INSUFFICIENT_MEMORY)
+    pod = _PodFit(ctx, entry, quota)
+    for pos, req in enumerate(request.containers):
+        vreqs = request.vendors[pos] if pos < len(request.vendors) else {}
+        wants_share = req is not None and req.nums > 0
+        if not wants_share and not vreqs:
+            continue
+        is_init = pos < request.n_init
+        state = pod.fresh() if is_init else pod.app_state
+        if req is not None and wants_share and (reason := pod.share(pos, req, state, is_init)):
+            return NodeFit(None, reason)
+        for word in sorted(vreqs):
+            if reason := pod.vendor(pos, word, vreqs[word], state):
+                return NodeFit(None, reason)
+    vendor_devices = {w: tuple(g) for w, g in pod.vgrant.items()}
+    return NodeFit(tuple(pod.grant), mig=tuple(pod.mig), vendor_devices=vendor_devices,
+                   score_extra=pod.vendor_scores(vendor_devices))
+
+
+def scores_nodes(vendors: Mapping[str, Vendor], words: Sequence[str]) -> bool:
+    """True when a requested vendor's ``ScoreNode`` can be non-zero (it overrides the
+    default 0, or it is policy-neutral), so the first fitting node is not enough."""
+    return any(vendor.scores_nodes for word in words
+               if (vendor := vendors.get(word)) is not None)

@@ -1,0 +1,88 @@
+"""The vectorised prefilter: nodes that cannot host some container's request even alone.
+
+A necessary condition of the exact fit (:mod:`hami.core.nodefit`), computed in one numpy
+pass over the ledger's device rows, whatever vendor they belong to:
+
+* a GPU-share request (``PodRequest.containers``, HAMi's NVIDIA rules) needs ``nums``
+  devices each of which could hold it on its own (slots, memory, cores, exclusivity,
+  type filters, MIG instances);
+* any other vendor's request (``PodRequest.vendors``) needs at least ``nums`` devices of
+  that vendor on the node (what every backend's Fit starts with; its own rules follow in
+  the exact fit);
+* the pod's CPU and memory requests fit the node's free capacity.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from hami.core.fit import PodOptions
+from hami.core.ledger import UsageLedger
+from hami.core.model import PERCENT_UNSET, ContainerDeviceRequest, PodRequest
+
+BoolArray = npt.NDArray[np.bool_]
+IntArray = npt.NDArray[np.int64]
+
+
+def device_mask(ledger: UsageLedger, req: ContainerDeviceRequest, pod: PodOptions) -> BoolArray:
+    """Devices that could host the share request ``req`` on their own (length
+    ``ledger.size``); necessary for the exact Fit."""
+    n = ledger.size
+    tot_mem, tot_cores = ledger.total_memory_mib[:n], ledger.total_cores[:n]
+    used_slots, used_cores = ledger.used_slots[:n], ledger.used_cores[:n]
+    cores = min(req.cores_percent, 100)
+    if req.memory_mib > 0:
+        memreq: IntArray | int = req.memory_mib
+    elif req.memory_percent != PERCENT_UNSET:
+        memreq = tot_mem * req.memory_percent // 100
+    else:
+        memreq = 0
+    ok: BoolArray = ledger.healthy[:n] & (used_slots < ledger.split_count[:n])
+    ok &= tot_mem - ledger.used_memory_mib[:n] >= memreq
+    ok &= tot_cores - used_cores >= cores
+    if cores == 100:
+        ok &= ~((tot_cores == 100) & (used_slots > 0))
+    if cores == 0:
+        ok &= ~((tot_cores != 0) & (used_cores == tot_cores))
+    if "mutex" in pod.gpu_policy.split(","):
+        ok &= used_slots == 0
+    allowed = [i for i, t in enumerate(ledger.type_names)
+               if req.type.lower() in t.lower() and pod.type_ok(t)]
+    if len(allowed) < len(ledger.type_names):
+        ok &= np.isin(ledger.type_id[:n], allowed)
+    return ok
+
+
+def node_mask(ledger: UsageLedger, request: PodRequest, pod: PodOptions) -> BoolArray:
+    """Per node index (length ``ledger.node_count``): True when every container's
+    request passes its device prefilter and the CPU/memory check does."""
+    count = ledger.node_count
+    mask: BoolArray = ledger.node_active[:count].copy()
+    n = ledger.size
+    node_of = ledger.node_of[:n]
+    for req in request.containers:
+        if req is None or req.nums <= 0:
+            continue
+        ok = device_mask(ledger, req, pod)
+        weight = np.where(ledger.mig_mode[:n], ledger.split_count[:n] - ledger.used_slots[:n], 1)
+        per_node = np.bincount(node_of[ok], weights=weight[ok], minlength=count)[:count]
+        mask &= per_node >= req.nums
+    needed: dict[str, int] = {}
+    for reqs in request.vendors:
+        for word, vreq in reqs.items():
+            needed[word] = max(needed.get(word, 0), vreq.nums)
+    for word, nums in needed.items():
+        mask &= ledger.vendor_device_counts(word)[:count] >= nums
+    mask &= resources_fit(ledger, request, slice(0, count))
+    return mask
+
+
+def resources_fit(ledger: UsageLedger, request: PodRequest, idx: IntArray | slice) -> BoolArray:
+    """Per node of ``idx``: the pod's CPU and memory requests fit (a total of -1 is not
+    checked)."""
+    cpu_total, mem_total = ledger.cpu_milli_total[idx], ledger.memory_mib_total[idx]
+    cpu_ok = (cpu_total < 0) | (ledger.cpu_milli_used[idx] + request.cpu_milli <= cpu_total)
+    mem_ok = (mem_total < 0) | (ledger.memory_mib_used[idx] + request.memory_mib <= mem_total)
+    result: BoolArray = cpu_ok & mem_ok
+    return result
