@@ -7,11 +7,10 @@ import pytest
 
 from hami.core.model import ContainerDeviceRequest
 from hami.core.vendor import FitContext, PatchContext
-from hami.devices.biren import biren
-from hami.devices.vastai import vastai
+from hami.devices.countonly import COUNT_ONLY
 from tests.devices.util import ctr, node, state
 
-V, B = vastai(), biren()
+V, B = COUNT_ONLY["vastai"].vendor(), COUNT_ONLY["biren"].vendor()
 
 
 @pytest.mark.parametrize(("vendor", "resource", "word", "register", "prefix"), [

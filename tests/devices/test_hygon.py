@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from hami.core.gowire import CodecError
 from hami.core.model import ContainerDeviceRequest
 from hami.core.vendor import FitContext, PatchContext
 from hami.devices.common import AdmissionError
-from hami.devices.hygon import Hygon, HygonConfig
+from hami.devices.shares import HYGON, ShareVendor
 from tests.devices.util import ctr, dev, node, state
 
-H = Hygon()
+H = ShareVendor(HYGON)
 
 
 @pytest.mark.parametrize(("limits", "factor", "want"), [
@@ -23,7 +25,7 @@ H = Hygon()
     ({"hygon.com/dcumem": 1000}, 1, None),
 ])
 def test_request(limits: dict[str, int], factor: int, want: ContainerDeviceRequest | None) -> None:
-    assert Hygon(HygonConfig(memory_factor=factor)).container_request(ctr(limits)) == want
+    assert ShareVendor(HYGON, replace(HYGON.defaults, memory_factor=factor)).container_request(ctr(limits)) == want
 
 
 @pytest.mark.parametrize("limits", [

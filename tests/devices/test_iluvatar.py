@@ -6,10 +6,10 @@ import pytest
 
 from hami.core.model import ContainerDevice, ContainerDeviceRequest
 from hami.core.vendor import FitContext, PatchContext
-from hami.devices.iluvatar import Iluvatar, IluvatarConfig
+from hami.devices.shares import ShareVendor, iluvatar
 from tests.devices.util import ctr, node, state
 
-ILU = Iluvatar(IluvatarConfig.for_chip("MR-V100"))
+ILU = ShareVendor(iluvatar("MR-V100"))
 
 
 def test_names() -> None:

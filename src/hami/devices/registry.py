@@ -10,7 +10,7 @@ HAMi v2.10; Go map order is otherwise random).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any, TypeVar
 
 from hami.core.config import ConfigError, NvidiaConfig
@@ -18,16 +18,14 @@ from hami.core.vendor import Vendor
 from hami.devices.amd import Amd, AmdConfig
 from hami.devices.ascend import Ascend, AscendConfig
 from hami.devices.awsneuron import AwsNeuron, NeuronConfig
-from hami.devices.biren import biren
-from hami.devices.cambricon import Cambricon, CambriconConfig
+from hami.devices.cambricon import Cambricon
+from hami.devices.countonly import COUNT_ONLY
 from hami.devices.enflame import EnflameConfig, EnflameShare, Gcu
-from hami.devices.hygon import Hygon, HygonConfig
-from hami.devices.iluvatar import Iluvatar, IluvatarConfig
 from hami.devices.kunlun import Kunlun, KunlunConfig, KunlunVxpu
 from hami.devices.metax import MetaxConfig, MetaxGpu, MetaxSgpu
 from hami.devices.mthreads import Mthreads, MthreadsConfig
 from hami.devices.nvidia import Nvidia
-from hami.devices.vastai import vastai
+from hami.devices.shares import CAMBRICON, HYGON, ShareNames, ShareRow, ShareVendor, iluvatar
 
 SECTIONS = ("nvidia", "metax", "hygon", "cambricon", "mthreads", "iluvatars", "enflame",
             "kunlun", "awsneuron", "amd", "vastai", "biren", "vnpus")
@@ -48,8 +46,9 @@ _ALIASES = {"resourceNameGcu": "resourceNameGCU", "resourceNameVgcu": "resourceN
             "resourceVcoreName": "resourceVCoreName"}
 
 
-def section(cls: type[T], raw: Mapping[str, Any] | None) -> T:
-    """A config dataclass from its camelCase YAML mapping (unknown keys ignored).
+def section(cls: type[T], raw: Mapping[str, Any] | None, base: T | None = None) -> T:
+    """A config dataclass from its camelCase YAML mapping (unknown keys ignored); fields
+    the mapping does not set keep ``base``'s values (the class defaults without one).
 
     Raises:
         ConfigError: a value has the wrong type.
@@ -67,7 +66,18 @@ def section(cls: type[T], raw: Mapping[str, Any] | None) -> T:
             if not ok:
                 raise ConfigError(f"{key} must be of type {want}, got {value!r}")
             values[fld.name] = value
-    return cls(**values)
+    return replace(base, **values) if base is not None else cls(**values)  # type: ignore[type-var]
+
+
+def _share_names(row: ShareRow, raw: Mapping[str, Any]) -> ShareNames:
+    """A share vendor's section over its row's defaults (``memoryFactor`` only where the
+    vendor has one).
+
+    Raises:
+        ConfigError: a value has the wrong type.
+    """
+    names = section(ShareNames, raw, row.defaults)
+    return names if row.has_memory_factor else replace(names, memory_factor=1)
 
 
 class Registry(Mapping[str, Vendor]):
@@ -118,9 +128,9 @@ def build_registry(config: Mapping[str, Any], *, enable_ascend: bool = False,
     if (raw := present("nvidia")) is not None:
         reg.add(Nvidia(NvidiaConfig.from_mapping(raw)))
     if (raw := present("hygon")) is not None:
-        reg.add(Hygon(section(HygonConfig, raw)))
+        reg.add(ShareVendor(HYGON, _share_names(HYGON, raw)))
     if (raw := present("cambricon")) is not None:
-        reg.add(Cambricon(section(CambriconConfig, raw)))
+        reg.add(Cambricon(_share_names(CAMBRICON, raw)))
     if (raw := present("mthreads")) is not None:
         reg.add(Mthreads(section(MthreadsConfig, raw)))
     if (raw := present("amd")) is not None:
@@ -139,16 +149,15 @@ def build_registry(config: Mapping[str, Any], *, enable_ascend: bool = False,
         ecfg = section(EnflameConfig, raw)
         reg.add(Gcu(ecfg))
         reg.add(EnflameShare(ecfg))
-    if (raw := present("vastai")) is not None:
-        reg.add(vastai(str(raw.get("resourceCountName") or "vastaitech.com/va")))
-    if (raw := present("biren")) is not None:
-        reg.add(biren(str(raw.get("resourceCountName") or "birentech.com/gpu")))
+    for key, row in COUNT_ONLY.items():
+        if (raw := present(key)) is not None:
+            reg.add(row.vendor(str(raw.get("resourceCountName") or row.count_name)))
     if enable_iluvatar:
         for entry in config.get("iluvatars") or ():
             chip = str(entry.get("chipName") or entry.get("commonWord"))
-            base = IluvatarConfig.for_chip(chip)
-            reg.add(Iluvatar(IluvatarConfig(
-                chip, str(entry.get("commonWord") or chip),
+            row = iluvatar(chip, str(entry.get("commonWord") or chip))
+            base = row.defaults
+            reg.add(ShareVendor(row, ShareNames(
                 str(entry.get("resourceCountName") or base.resource_count_name),
                 str(entry.get("resourceMemoryName") or base.resource_memory_name),
                 str(entry.get("resourceCoreName") or base.resource_core_name))))

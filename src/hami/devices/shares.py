@@ -1,0 +1,170 @@
+"""Vendors whose behaviour is "shares of a card": one table, one generic backend.
+
+A row (:class:`ShareRow`) declares a vendor: its CommonWord, annotation keys, user
+filters, resource names and units, the admission limit on cores and where its devices
+come from (a JSON or legacy CSV register annotation, or node capacity). Requests,
+admission, node devices, the NVIDIA-like Fit and the pod annotations are then the
+generic ones of :class:`ShareVendor` (HAMi v2.10: Hygon DCU, Iluvatar, Cambricon, ...);
+a vendor module exists only for behaviour that is really its own (Cambricon's DSMLU
+profile annotations, for example), as a subclass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hami.core.codec import decode_node_devices_json, decode_node_devices_legacy
+from hami.core.model import ContainerDeviceRequest, DeviceInfo
+from hami.core.vendor import ResourceNames
+from hami.devices.common import (
+    INT32_MAX,
+    AdmissionError,
+    BaseVendor,
+    Filters,
+    capacity,
+    capacity_devices,
+    in_limits,
+    int_resource,
+    memory_request,
+    node_annotations,
+    whole_request,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ShareNames:
+    """A vendor's section of the device config: resource names and ``memoryFactor``."""
+
+    resource_count_name: str
+    resource_memory_name: str
+    resource_core_name: str
+    memory_factor: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ShareRow:
+    """One vendor of the table.
+
+    ``register`` is where its devices come from: ``"json"`` or ``"legacy"`` (the
+    ``register_key`` node annotation) or ``"capacity"`` (``capacity(core name) //
+    cores_per_device`` devices, the memory capacity split evenly, UUIDs
+    ``<node>-<uuid_word>-<i>``). ``memory_unit_mib``: MiB per unit of the memory resource.
+    ``max_cores``: the largest core value admission accepts. ``many_whole``: a request for
+    more than one device is for whole cards (memory and cores apply to one shared card).
+    ``has_memory_factor``: the section's ``memoryFactor`` is honoured (else always 1).
+    """
+
+    common_word: str
+    handshake_key: str
+    allocated_key: str
+    defaults: ShareNames
+    to_allocate_key: str | None = None
+    register: str = "json"
+    register_key: str | None = None
+    lock_annotation: str | None = None
+    filters: Filters = Filters()
+    memory_unit_mib: int = 1
+    max_cores: int = 100
+    many_whole: bool = False
+    has_memory_factor: bool = False
+    cores_per_device: int = 100
+    uuid_word: str = ""
+
+
+class ShareVendor(BaseVendor):
+    """The generic backend of a :class:`ShareRow`."""
+
+    def __init__(self, row: ShareRow, names: ShareNames | None = None) -> None:
+        self.row = row
+        self.config = names or row.defaults
+        self.common_word = row.common_word
+        self.handshake_key = row.handshake_key
+        self.register_key = row.register_key
+        self.lock_annotation = row.lock_annotation
+        self.to_allocate_key = row.to_allocate_key
+        self.allocated_key = row.allocated_key
+        self.filters = row.filters
+
+    def resource_names(self) -> ResourceNames:
+        c = self.config
+        return ResourceNames(c.resource_count_name, c.resource_memory_name,
+                             c.resource_core_name, max(c.memory_factor, 1),
+                             memory_unit_mib=self.row.memory_unit_mib)
+
+    def mutate_admission(self, container: dict[str, Any], pod: dict[str, Any]) -> bool:
+        name = self.config.resource_core_name
+        cores = int_resource(container, name)
+        if cores is not None and cores > self.row.max_cores:
+            raise AdmissionError(f"invalid {name} value {cores} in container "
+                                 f"{container.get('name', '?')}: must be "
+                                 f"0..{self.row.max_cores}")
+        self.container_request(container)
+        return in_limits(container, self.config.resource_count_name)
+
+    def container_request(self, container: Mapping[str, Any]) -> ContainerDeviceRequest | None:
+        c, row = self.config, self.row
+        nums = int_resource(container, c.resource_count_name)
+        if not nums:
+            return None
+        if row.many_whole and nums > 1:
+            return whole_request(nums, row.common_word)
+        scale = row.memory_unit_mib * max(c.memory_factor, 1)
+        units = int_resource(container, c.resource_memory_name) or 0
+        if units > INT32_MAX // scale:
+            raise AdmissionError(f"{c.resource_memory_name} of container "
+                                 f"{container.get('name', '?')} is too large: {units} "
+                                 f"(x{scale} MiB overflows int32)")
+        cores = int_resource(container, c.resource_core_name) or 0
+        return memory_request(nums, row.common_word, units * scale, cores)
+
+    def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
+        row = self.row
+        if row.register == "capacity":
+            count = capacity(node, self.config.resource_core_name) // row.cores_per_device
+            if count == 0:
+                return ()
+            units = capacity(node, self.config.resource_memory_name) // count
+            return capacity_devices(node, count, row.common_word, row.common_word,
+                                    units * row.memory_unit_mib, row.cores_per_device,
+                                    split=row.cores_per_device, uuid_word=row.uuid_word)
+        raw = node_annotations(node).get(row.register_key or "")
+        if raw is None:
+            return ()
+        if row.register == "legacy":
+            return decode_node_devices_legacy(raw, row.common_word)
+        return decode_node_devices_json(raw, row.common_word)
+
+
+#: Hygon DCU: legacy CSV register, ``memoryFactor`` (HAMi v2.10).
+HYGON = ShareRow(
+    "DCU", "hami.io/node-handshake-dcu", "hami.io/dcu-devices-allocated",
+    ShareNames("hygon.com/dcunum", "hygon.com/dcumem", "hygon.com/dcucores"),
+    to_allocate_key="hami.io/dcu-devices-to-allocate", register="legacy",
+    register_key="hami.io/node-dcu-register", has_memory_factor=True,
+    filters=Filters(use_type="hygon.com/use-dcutype", nouse_type="hygon.com/nouse-dcutype",
+                    use_uuid="hygon.com/use-gpuuuid", nouse_uuid="hygon.com/nouse-gpuuuid"))
+
+#: Cambricon MLU: devices from capacity (one per 100 vcore), 256 MiB units, own node lock;
+#: more than one vmlu is whole cards (HAMi v2.10). Its profile annotations: cambricon.py.
+CAMBRICON = ShareRow(
+    "MLU", "hami.io/node-handshake-mlu", "hami.io/cambricon-mlu-devices-allocated",
+    ShareNames("cambricon.com/vmlu", "cambricon.com/mlu.smlu.vmemory",
+               "cambricon.com/mlu.smlu.vcore"),
+    to_allocate_key="hami.io/cambricon-mlu-devices-to-allocate", register="capacity",
+    lock_annotation="cambricon.com/dsmlu.lock", memory_unit_mib=256, many_whole=True,
+    uuid_word="cambricon-mlu",
+    filters=Filters(use_type="cambricon.com/use-mlutype",
+                    nouse_type="cambricon.com/nouse-mlutype"))
+
+def iluvatar(chip: str, common_word: str | None = None) -> ShareRow:
+    """The row of one Iluvatar chip family: ``hami.io/node-<CW>-register`` (legacy CSV),
+    ``iluvatar.ai/<chip>-vgpu``, ``.vMem`` (256 MiB units), ``.vCore`` (HAMi v2.10)."""
+    word = common_word or chip
+    return ShareRow(
+        word, f"hami.io/node-handshake-{word}", f"hami.io/{word}-devices-allocated",
+        ShareNames(f"iluvatar.ai/{chip}-vgpu", f"iluvatar.ai/{chip}.vMem",
+                   f"iluvatar.ai/{chip}.vCore"),
+        to_allocate_key=f"hami.io/{word}-devices-to-allocate", register="legacy",
+        register_key=f"hami.io/node-{word}-register", memory_unit_mib=256)
