@@ -8,11 +8,12 @@ import pytest
 from hami.core.model import ContainerDeviceRequest
 from hami.core.vendor import FitContext, PatchContext
 from hami.devices.common import AdmissionError
-from hami.devices.enflame import EnflameShare, Gcu
+from hami.devices.enflame import EnflameShare
+from hami.devices.shares import ENFLAME_GCU, WholeCardVendor
 from tests.devices.util import ctr, node, state
 
 E = EnflameShare()
-G = Gcu()
+G = WholeCardVendor(ENFLAME_GCU)
 
 
 @pytest.mark.parametrize(("limits", "want"), [

@@ -10,11 +10,12 @@ import pytest
 from hami.core.model import ContainerDeviceRequest
 from hami.core.vendor import FitContext
 from hami.devices.common import AdmissionError
-from hami.devices.metax import QOS_POLICIES, MetaxGpu, MetaxSgpu
+from hami.devices.metax import QOS_POLICIES, MetaxSgpu
+from hami.devices.shares import METAX_GPU, WholeCardVendor
 from tests.devices.util import ctr, node, pod, state
 
 S = MetaxSgpu()
-G = MetaxGpu()
+G = WholeCardVendor(METAX_GPU)
 
 
 @pytest.mark.parametrize(("limits", "want"), [

@@ -1,4 +1,5 @@
-"""Enflame: ``GCU`` (whole ``enflame.com/gcu``) and ``Enflame`` (shared vGCU).
+"""Enflame: ``Enflame`` (shared vGCU) here; whole ``GCU`` cards are the row
+:data:`hami.devices.shares.ENFLAME_GCU`.
 
 Source (HAMi v2.10): (Enflame DRS reads ``enflame.com/gcu-drs-capacity``),
 (``hami.io/enflame-gcu-devices-…``; ``Enflame`` only ``hami.io/enflame-vgpu-devices-allocated``),
@@ -30,10 +31,8 @@ from hami.devices.common import (
     capacity_devices,
     in_limits,
     int_resource,
-    whole_request,
 )
 
-GCU = "GCU"
 ENFLAME = "Enflame"
 DRS_CAPACITY = "enflame.com/gcu-drs-capacity"
 ASSIGNED = "enflame.com/gcu-assigned"
@@ -47,30 +46,6 @@ class EnflameConfig:
     resource_name_gcu: str = "enflame.com/gcu"
     resource_name_vgcu: str = "enflame.com/vgcu"
     resource_name_vgcu_percentage: str = "enflame.com/vgcu-percentage"
-
-
-class Gcu(BaseVendor):
-    """Whole Enflame GCUs from node capacity."""
-
-    common_word = GCU
-    handshake_key = "hami.io/node-handshake-gcu"
-    to_allocate_key = "hami.io/enflame-gcu-devices-to-allocate"
-    allocated_key = "hami.io/enflame-gcu-devices-allocated"
-    filters = FILTERS
-
-    def __init__(self, config: EnflameConfig | None = None) -> None:
-        self.config = config or EnflameConfig()
-
-    def resource_names(self) -> ResourceNames:
-        return ResourceNames(self.config.resource_name_gcu)
-
-    def container_request(self, container: Mapping[str, Any]) -> ContainerDeviceRequest | None:
-        nums = int_resource(container, self.config.resource_name_gcu)
-        return whole_request(nums, GCU) if nums else None
-
-    def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
-        count = capacity(node, self.config.resource_name_gcu)
-        return capacity_devices(node, count, GCU, GCU, 0, 100, uuid_word="enflame")
 
 
 class EnflameShare(BaseVendor):

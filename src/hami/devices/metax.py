@@ -1,4 +1,5 @@
-"""MetaX: ``Metax-GPU`` (whole GPUs) and ``Metax-SGPU`` (shares).
+"""MetaX: ``Metax-SGPU`` (shares) here; whole ``Metax-GPU`` cards are the row
+:data:`hami.devices.shares.METAX_GPU`.
 
 Source (HAMi v2.10): (Metax sGPU reads ``metax-tech.com/node-gpu-devices``; Metax GPU reads
 ``metax-tech.com/gpu.topology.losses`` / ``.scores``), (``hami.io/metax-gpu-devices-…``,
@@ -29,16 +30,12 @@ from hami.devices.common import (
     BaseVendor,
     Filters,
     annotation,
-    capacity,
-    capacity_devices,
     in_limits,
     int_resource,
     memory_request,
     node_annotations,
-    whole_request,
 )
 
-GPU = "Metax-GPU"
 SGPU = "Metax-SGPU"
 GIB = 1024
 SGPU_NODE_DEVICES = "metax-tech.com/node-gpu-devices"
@@ -58,29 +55,6 @@ class MetaxConfig:
     resource_vmemory_name: str = "metax-tech.com/vmemory"
     resource_vcore_name: str = "metax-tech.com/vcore"
     sgpu_topology_aware: bool = False
-
-
-class MetaxGpu(BaseVendor):
-    """Whole MetaX GPUs from node capacity."""
-
-    common_word = GPU
-    handshake_key = "hami.io/node-handshake-metax-gpu"
-    to_allocate_key = "hami.io/metax-gpu-devices-to-allocate"
-    allocated_key = "hami.io/metax-gpu-devices-allocated"
-
-    def __init__(self, config: MetaxConfig | None = None) -> None:
-        self.config = config or MetaxConfig()
-
-    def resource_names(self) -> ResourceNames:
-        return ResourceNames(self.config.resource_count_name)
-
-    def container_request(self, container: Mapping[str, Any]) -> ContainerDeviceRequest | None:
-        nums = int_resource(container, self.config.resource_count_name)
-        return whole_request(nums, GPU) if nums else None
-
-    def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
-        count = capacity(node, self.config.resource_count_name)
-        return capacity_devices(node, count, GPU, GPU, 0, 100, split=1, uuid_word="metax-gpu")
 
 
 class MetaxSgpu(BaseVendor):

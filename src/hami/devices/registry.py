@@ -20,12 +20,22 @@ from hami.devices.ascend import Ascend, AscendConfig
 from hami.devices.awsneuron import AwsNeuron, NeuronConfig
 from hami.devices.cambricon import Cambricon
 from hami.devices.countonly import COUNT_ONLY
-from hami.devices.enflame import EnflameConfig, EnflameShare, Gcu
+from hami.devices.enflame import EnflameConfig, EnflameShare
 from hami.devices.kunlun import Kunlun, KunlunConfig, KunlunVxpu
-from hami.devices.metax import MetaxConfig, MetaxGpu, MetaxSgpu
+from hami.devices.metax import MetaxConfig, MetaxSgpu
 from hami.devices.mthreads import Mthreads, MthreadsConfig
 from hami.devices.nvidia import Nvidia
-from hami.devices.shares import CAMBRICON, HYGON, ShareNames, ShareRow, ShareVendor, iluvatar
+from hami.devices.shares import (
+    CAMBRICON,
+    ENFLAME_GCU,
+    HYGON,
+    METAX_GPU,
+    ShareNames,
+    ShareRow,
+    ShareVendor,
+    WholeCardVendor,
+    iluvatar,
+)
 
 SECTIONS = ("nvidia", "metax", "hygon", "cambricon", "mthreads", "iluvatars", "enflame",
             "kunlun", "awsneuron", "amd", "vastai", "biren", "vnpus")
@@ -143,11 +153,11 @@ def build_registry(config: Mapping[str, Any], *, enable_ascend: bool = False,
         reg.add(KunlunVxpu(kcfg))
     if (raw := present("metax")) is not None:
         mcfg = section(MetaxConfig, raw)
-        reg.add(MetaxGpu(mcfg))
+        reg.add(WholeCardVendor(METAX_GPU, mcfg.resource_count_name))
         reg.add(MetaxSgpu(mcfg))
     if (raw := present("enflame")) is not None:
         ecfg = section(EnflameConfig, raw)
-        reg.add(Gcu(ecfg))
+        reg.add(WholeCardVendor(ENFLAME_GCU, ecfg.resource_name_gcu))
         reg.add(EnflameShare(ecfg))
     for key, row in COUNT_ONLY.items():
         if (raw := present(key)) is not None:
@@ -155,9 +165,9 @@ def build_registry(config: Mapping[str, Any], *, enable_ascend: bool = False,
     if enable_iluvatar:
         for entry in config.get("iluvatars") or ():
             chip = str(entry.get("chipName") or entry.get("commonWord"))
-            row = iluvatar(chip, str(entry.get("commonWord") or chip))
-            base = row.defaults
-            reg.add(ShareVendor(row, ShareNames(
+            chip_row = iluvatar(chip, str(entry.get("commonWord") or chip))
+            base = chip_row.defaults
+            reg.add(ShareVendor(chip_row, ShareNames(
                 str(entry.get("resourceCountName") or base.resource_count_name),
                 str(entry.get("resourceMemoryName") or base.resource_memory_name),
                 str(entry.get("resourceCoreName") or base.resource_core_name))))

@@ -168,3 +168,54 @@ def iluvatar(chip: str, common_word: str | None = None) -> ShareRow:
                    f"iluvatar.ai/{chip}.vCore"),
         to_allocate_key=f"hami.io/{word}-devices-to-allocate", register="legacy",
         register_key=f"hami.io/node-{word}-register", memory_unit_mib=256)
+
+
+@dataclass(frozen=True, slots=True)
+class WholeRow:
+    """A vendor of whole cards counted in node capacity: ``count_name`` devices, UUIDs
+    ``<node>-<uuid_word>-<i>``, every request all of a card's memory and cores."""
+
+    common_word: str
+    handshake_key: str
+    allocated_key: str
+    to_allocate_key: str
+    count_name: str
+    uuid_word: str
+    filters: Filters = Filters()
+
+
+class WholeCardVendor(BaseVendor):
+    """The generic backend of a :class:`WholeRow` (``count_name`` may rename the count)."""
+
+    def __init__(self, row: WholeRow, count_name: str | None = None) -> None:
+        self.row = row
+        self.count_name = count_name or row.count_name
+        self.common_word = row.common_word
+        self.handshake_key = row.handshake_key
+        self.to_allocate_key = row.to_allocate_key
+        self.allocated_key = row.allocated_key
+        self.filters = row.filters
+
+    def resource_names(self) -> ResourceNames:
+        return ResourceNames(self.count_name)
+
+    def container_request(self, container: Mapping[str, Any]) -> ContainerDeviceRequest | None:
+        nums = int_resource(container, self.count_name)
+        return whole_request(nums, self.common_word) if nums else None
+
+    def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
+        word = self.common_word
+        return capacity_devices(node, capacity(node, self.count_name), word, word, 0, 100,
+                                uuid_word=self.row.uuid_word)
+
+
+#: Whole Enflame GCUs (HAMi v2.10; the shared vGCU is enflame.py).
+ENFLAME_GCU = WholeRow(
+    "GCU", "hami.io/node-handshake-gcu", "hami.io/enflame-gcu-devices-allocated",
+    "hami.io/enflame-gcu-devices-to-allocate", "enflame.com/gcu", "enflame",
+    Filters(use_uuid="enflame.com/use-gpuuuid", nouse_uuid="enflame.com/nouse-gpuuuid"))
+
+#: Whole MetaX GPUs (HAMi v2.10; the sGPU shares are metax.py).
+METAX_GPU = WholeRow(
+    "Metax-GPU", "hami.io/node-handshake-metax-gpu", "hami.io/metax-gpu-devices-allocated",
+    "hami.io/metax-gpu-devices-to-allocate", "metax-tech.com/gpu", "metax-gpu")
