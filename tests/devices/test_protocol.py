@@ -104,3 +104,9 @@ def test_ascend_request_reads_the_pod_annotation() -> None:
     hami_core = vendor.request_for_pod(container, {"huawei.com/vnpu-mode": "hami-core"})
     assert template is not None and template.memory_mib == 16384
     assert hami_core is not None and hami_core.memory_mib == 1000
+
+
+def test_share_prefilter_only_for_the_nvidia_like_fit() -> None:
+    """Vendors with their own Fit are prefiltered by device count only."""
+    own_fit = sorted(w for w, v in REGISTRY.items() if not v.share_prefilter)
+    assert own_fit == ["AMD", "AWSNeuron", "Ascend910B3", "NVIDIA", "kunlun"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hami.core.config import SchedulerConfig
 from hami.core.fit import PodOptions
 from hami.core.ledger import UsageLedger
-from hami.core.model import ContainerDeviceRequest, DeviceInfo, PodRequest
+from hami.core.model import ContainerDevice, ContainerDeviceRequest, DeviceInfo, PodRequest
 from hami.core.prefilter import node_mask
 from hami.core.state import ClusterState
 from hami.devices.registry import build_registry
@@ -66,3 +66,16 @@ def test_mixed_pod_same_node_and_reasons_with_the_prefilter() -> None:
     assert result.node is None
     assert result.failed_nodes == {"gpu-only": "NodeInsufficientDevice",
                                    "mixed": "NodeInsufficientDevice"}
+
+
+def test_prefilter_drops_nodes_whose_share_vendor_devices_are_full() -> None:
+    """A DCU request (the NVIDIA-like Fit) is checked against free slots, memory and
+    cores of the node's DCUs, not just their number."""
+    registry = build_registry({"nvidia": {}, "hygon": {}})
+    led = UsageLedger()
+    led.add_node("full", gpus("full", 2) + dcus("full", 1))
+    led.add_node("free", gpus("free", 2) + dcus("free", 1))
+    led.add_pod("big", "full", ((ContainerDevice("full-dcu-0", "DCU", 65000, 0),),))
+    request = mixed_request(1)
+    assert node_mask(led, request, PodOptions(), registry).tolist() == [False, True]
+    assert node_mask(led, request, PodOptions()).tolist() == [True, True]  # count only

@@ -166,7 +166,7 @@ def _filter(ctx: FilterContext, node_names: Sequence[str] | None, quota: QuotaLe
             if i < 0:
                 failed[name] = NODE_UNREGISTERED
         idx = idx[idx >= 0]
-    possible = node_mask(ledger, request, ctx.pod)[idx]
+    possible = node_mask(ledger, request, ctx.pod, ctx.vendors)[idx]
     orders = {**NODE_ORDERS, **node_orders} if node_orders else NODE_ORDERS
     rank = orders.get(ctx.node_policy, _binpack_nodes)
     if request.vendors and ctx.node_policy == "fragmentation-aware":

@@ -171,6 +171,13 @@ class UsageLedger:
             self.type_names.append(type_name)
         return idx
 
+    def vendor_rows(self, vendor: str) -> BoolArray:
+        """Per device row (length :attr:`size`): registered to ``vendor`` (a CommonWord)."""
+        n = self.size
+        rows: BoolArray = ((self.vendor_id[:n] == self._vendor_ids.get(vendor, -1))
+                           & (self.node_of[:n] >= 0))
+        return rows
+
     def vendor_device_counts(self, vendor: str) -> IntArray:
         """Per node index (length :attr:`node_count`): how many devices of ``vendor`` (a
         CommonWord) the node registered; cached until a node is added or removed."""
@@ -180,9 +187,7 @@ class UsageLedger:
             self._vendor_counts = (self.version, cache)
         counts = cache.get(vendor)
         if counts is None:
-            n, vid = self.size, self._vendor_ids.get(vendor, -1)
-            rows = (self.vendor_id[:n] == vid) & (self.node_of[:n] >= 0)
-            counts = cache[vendor] = np.bincount(self.node_of[:n][rows],
+            counts = cache[vendor] = np.bincount(self.node_of[:self.size][self.vendor_rows(vendor)],
                                                  minlength=self.node_count)
         return counts
 

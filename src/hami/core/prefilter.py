@@ -6,13 +6,17 @@ pass over the ledger's device rows, whatever vendor they belong to:
 * a GPU-share request (``PodRequest.containers``, HAMi's NVIDIA rules) needs ``nums``
   devices each of which could hold it on its own (slots, memory, cores, exclusivity,
   type filters, MIG instances);
-* any other vendor's request (``PodRequest.vendors``) needs at least ``nums`` devices of
-  that vendor on the node (what every backend's Fit starts with; its own rules follow in
-  the exact fit);
+* any other vendor's request (``PodRequest.vendors``) needs ``nums`` of that vendor's
+  devices that could each hold it, by the same share rules (without the NVIDIA type and
+  policy filters) when the vendor's Fit follows them (``Vendor.share_prefilter``), else
+  ``nums`` of its devices at all (what every backend's Fit starts with; its own rules
+  follow in the exact fit);
 * the pod's CPU and memory requests fit the node's free capacity.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import numpy as np
 import numpy.typing as npt
@@ -20,6 +24,7 @@ import numpy.typing as npt
 from hami.core.fit import PodOptions
 from hami.core.ledger import UsageLedger
 from hami.core.model import PERCENT_UNSET, ContainerDeviceRequest, PodRequest
+from hami.core.vendor import Vendor
 
 BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
@@ -28,6 +33,20 @@ IntArray = npt.NDArray[np.int64]
 def device_mask(ledger: UsageLedger, req: ContainerDeviceRequest, pod: PodOptions) -> BoolArray:
     """Devices that could host the share request ``req`` on their own (length
     ``ledger.size``); necessary for the exact Fit."""
+    n = ledger.size
+    ok = share_mask(ledger, req)
+    if "mutex" in pod.gpu_policy.split(","):
+        ok &= ledger.used_slots[:n] == 0
+    allowed = [i for i, t in enumerate(ledger.type_names)
+               if req.type.lower() in t.lower() and pod.type_ok(t)]
+    if len(allowed) < len(ledger.type_names):
+        ok &= np.isin(ledger.type_id[:n], allowed)
+    return ok
+
+
+def share_mask(ledger: UsageLedger, req: ContainerDeviceRequest) -> BoolArray:
+    """Devices whose free slots, memory and cores could hold ``req`` (the share rules
+    of :func:`hami.core.fit.fit_container` that do not depend on the pod's filters)."""
     n = ledger.size
     tot_mem, tot_cores = ledger.total_memory_mib[:n], ledger.total_cores[:n]
     used_slots, used_cores = ledger.used_slots[:n], ledger.used_cores[:n]
@@ -45,18 +64,15 @@ def device_mask(ledger: UsageLedger, req: ContainerDeviceRequest, pod: PodOption
         ok &= ~((tot_cores == 100) & (used_slots > 0))
     if cores == 0:
         ok &= ~((tot_cores != 0) & (used_cores == tot_cores))
-    if "mutex" in pod.gpu_policy.split(","):
-        ok &= used_slots == 0
-    allowed = [i for i, t in enumerate(ledger.type_names)
-               if req.type.lower() in t.lower() and pod.type_ok(t)]
-    if len(allowed) < len(ledger.type_names):
-        ok &= np.isin(ledger.type_id[:n], allowed)
     return ok
 
 
-def node_mask(ledger: UsageLedger, request: PodRequest, pod: PodOptions) -> BoolArray:
+def node_mask(ledger: UsageLedger, request: PodRequest, pod: PodOptions,
+              vendors: Mapping[str, Vendor] | None = None) -> BoolArray:
     """Per node index (length ``ledger.node_count``): True when every container's
-    request passes its device prefilter and the CPU/memory check does."""
+    request passes its device prefilter and the CPU/memory check does. ``vendors`` (by
+    CommonWord) tells which requested vendors follow the share rules
+    (``Vendor.share_prefilter``); the others' requests are checked by device count."""
     count = ledger.node_count
     mask: BoolArray = ledger.node_active[:count].copy()
     n = ledger.size
@@ -71,7 +87,12 @@ def node_mask(ledger: UsageLedger, request: PodRequest, pod: PodOptions) -> Bool
     needed: dict[str, int] = {}
     for reqs in request.vendors:
         for word, vreq in reqs.items():
-            needed[word] = max(needed.get(word, 0), vreq.nums)
+            backend = (vendors or {}).get(word)
+            if backend is not None and backend.share_prefilter:
+                ok = share_mask(ledger, vreq) & ledger.vendor_rows(word)
+                mask &= np.bincount(node_of[ok], minlength=count)[:count] >= vreq.nums
+            else:
+                needed[word] = max(needed.get(word, 0), vreq.nums)
     for word, nums in needed.items():
         mask &= ledger.vendor_device_counts(word)[:count] >= nums
     mask &= resources_fit(ledger, request, slice(0, count))

@@ -173,6 +173,13 @@ class Vendor(Protocol):
         ...
 
     @property
+    def share_prefilter(self) -> bool:
+        """True when this vendor's Fit follows the GPU-share rules (slots, memory, cores,
+        exclusive cards: :func:`hami.core.fit.fit_container`), so the vectorised share
+        prefilter is a necessary condition of it; else only its device count is checked."""
+        ...
+
+    @property
     def scores_nodes(self) -> bool:
         """True when :meth:`score_node` can be non-zero or the vendor is policy-neutral,
         so the filter must fit every candidate instead of taking the first that fits."""

@@ -197,6 +197,11 @@ class BaseVendor:
         return self.container_request(container)
 
     @property
+    def share_prefilter(self) -> bool:
+        """True while the backend keeps the NVIDIA-like Fit (:func:`generic_fit`)."""
+        return type(self).fit is BaseVendor.fit
+
+    @property
     def scores_nodes(self) -> bool:
         """True when the backend overrides :meth:`score_node` or is policy-neutral."""
         return self.policy_neutral or type(self).score_node is not BaseVendor.score_node
