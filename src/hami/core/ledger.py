@@ -104,7 +104,7 @@ class UsageLedger:
         self.type_names: list[str] = []
         #: CommonWord -> the small integer in :attr:`vendor_id`.
         self._vendor_ids: dict[str, int] = {}
-        self._vendor_counts: tuple[int, dict[str, IntArray]] = (-1, {})
+        self._vendor_counts: tuple[int, dict[str, tuple[BoolArray, IntArray]]] = (-1, {})
         self.version = 0
         #: Bumped on every pod addition or removal (cheap "has the mix changed" signal).
         self.version_pods = 0
@@ -172,24 +172,27 @@ class UsageLedger:
         return idx
 
     def vendor_rows(self, vendor: str) -> BoolArray:
-        """Per device row (length :attr:`size`): registered to ``vendor`` (a CommonWord)."""
-        n = self.size
-        rows: BoolArray = ((self.vendor_id[:n] == self._vendor_ids.get(vendor, -1))
-                           & (self.node_of[:n] >= 0))
-        return rows
+        """Per device row (length :attr:`size`): registered to ``vendor`` (a CommonWord);
+        cached until a node is added or removed (do not modify)."""
+        return self._vendor_cache(vendor)[0]
 
     def vendor_device_counts(self, vendor: str) -> IntArray:
         """Per node index (length :attr:`node_count`): how many devices of ``vendor`` (a
-        CommonWord) the node registered; cached until a node is added or removed."""
+        CommonWord) the node registered; cached like :meth:`vendor_rows`."""
+        return self._vendor_cache(vendor)[1]
+
+    def _vendor_cache(self, vendor: str) -> tuple[BoolArray, IntArray]:
         version, cache = self._vendor_counts
         if version != self.version:
             cache = {}
             self._vendor_counts = (self.version, cache)
-        counts = cache.get(vendor)
-        if counts is None:
-            counts = cache[vendor] = np.bincount(self.node_of[:self.size][self.vendor_rows(vendor)],
-                                                 minlength=self.node_count)
-        return counts
+        hit = cache.get(vendor)
+        if hit is None:
+            n = self.size
+            rows = (self.vendor_id[:n] == self._vendor_ids.get(vendor, -1)) & (self.node_of[:n] >= 0)
+            hit = cache[vendor] = (rows, np.bincount(self.node_of[:n][rows],
+                                                     minlength=self.node_count))
+        return hit
 
     def add_node(self, name: str, devices: Sequence[DeviceInfo], *,
                  cpu_milli: int | None = None, memory_mib: int | None = None,

@@ -194,16 +194,17 @@ class _PodFit:
         """Σ ``ScoreNode`` of the granted vendors over the node's pre-existing usage (HAMi
         v2.10 step 5); policy-neutral vendors weigh x10000, x-10000 under spread."""
         ctx, entry = self.ctx, self.entry
-        if not allocation:
-            return 0.0
+        scoring = [w for w in allocation if ctx.vendors[w].scores_nodes]
+        if not scoring:
+            return 0.0  # every ScoreNode is the default 0
         extra = 0.0
         base = self.fresh()
         fit_ctx = FitContext(ctx.request.annotations, entry.annotations, entry.name,
                              ctx.pod.gpu_policy)
-        for word, pod_grant in allocation.items():
+        for word in scoring:
             backend = ctx.vendors[word]
-            value = backend.score_node([d for d in base if d.info.vendor == word], pod_grant,
-                                       fit_ctx)
+            value = backend.score_node([d for d in base if d.info.vendor == word],
+                                       allocation[word], fit_ctx)
             if backend.policy_neutral:
                 value *= (-POLICY_NEUTRAL_WEIGHT if ctx.node_policy == "spread"
                           else POLICY_NEUTRAL_WEIGHT)
