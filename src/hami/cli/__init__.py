@@ -44,6 +44,7 @@ def _register() -> None:
     from hami.certgen import certgen
     from hami.cli.schedule import schedule_command
     from hami.deviceplugin.command import device_plugin
+    from hami.dra.command import dra_plugin
     from hami.monitor.command import monitor
     from hami.scheduler.command import scheduler
     from hami.sim.command import simulate
@@ -52,6 +53,7 @@ def _register() -> None:
     app.command("schedule", cls=HamiCommand)(schedule_command)
     app.command("scheduler", cls=HamiCommand)(scheduler)
     app.command("device-plugin", cls=HamiCommand)(device_plugin)
+    app.command("dra-plugin", cls=HamiCommand)(dra_plugin)
     app.command("monitor", cls=HamiCommand)(monitor)
     app.command("top", cls=HamiCommand)(top)
     app.command("certgen", cls=HamiCommand)(certgen)

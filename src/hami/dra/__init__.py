@@ -1,0 +1,1 @@
+"""DRA mode: ResourceSlices, the kubelet DRA plugin and the webhook translation."""

@@ -1,0 +1,62 @@
+"""``hami dra-plugin``: the DRA node agent (ResourceSlice + kubelet DRA plugin)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hami.durations import seconds
+
+
+def dra_plugin(
+    node_name: Annotated[str, typer.Option(envvar="NODE_NAME", help="this node")] = "",
+    hook_path: Annotated[str, typer.Option(envvar="HOOK_PATH", help="host dir holding vgpu/")] = "/usr/local",
+    config_file: Annotated[Path | None, typer.Option(
+        "--device-config-file", help="HAMi device-config.yaml")] = None,
+    node_config_file: Annotated[Path, typer.Option(help="per-node JSON override")] = Path(
+        "/config/config.json"),
+    backend: Annotated[str, typer.Option(help="nvml | fake")] = "nvml",
+    fake_inventory: Annotated[Path | None, typer.Option(help="YAML inventory for --backend fake")] = None,
+    kubeconfig: Annotated[Path | None, typer.Option(envvar="KUBECONFIG")] = None,
+    registry_dir: Annotated[Path, typer.Option(help="kubelet plugin registry directory")] = Path(
+        "/var/lib/kubelet/plugins_registry"),
+    plugin_dir: Annotated[Path, typer.Option(help="directory of the DRA socket")] = Path(
+        "/var/lib/kubelet/plugins/gpu.hami.io"),
+    cdi_dir: Annotated[Path, typer.Option(help="CDI spec directory of the runtime")] = Path(
+        "/var/run/cdi"),
+    publish_interval: Annotated[float, typer.Option(
+        parser=seconds, metavar="DURATION",
+        help="time between ResourceSlice checks (10s, or seconds: 10)")] = 10.0,
+    kubelet_plugin: Annotated[bool, typer.Option(
+        help="serve the kubelet DRA plugin sockets (--no-kubelet-plugin: publish only)")] = True,
+) -> None:
+    """DRA mode node agent: publish this node's GPUs as one ResourceSlice and prepare
+    claims for the kubelet (CDI specs with HAMi-core's limits)."""
+    from hami import __version__
+    from hami.deviceplugin.config import apply_node_config, from_device_config
+    from hami.deviceplugin.discovery import open_backend
+    from hami.deviceplugin.kube import make_client
+    from hami.dra.kubeletplugin import PluginPaths
+    from hami.dra.node import DraAgent, run_agent, settings_for
+
+    if not node_name:
+        typer.echo("error: NODE_NAME is required", err=True)
+        raise typer.Exit(2)
+    try:
+        cfg = from_device_config(config_file.read_text() if config_file else None)
+        if node_config_file.exists():
+            cfg = apply_node_config(cfg, node_config_file.read_text(), node_name)
+        agent = DraAgent(node_name, open_backend(backend, fake_inventory), cfg,
+                         make_client(kubeconfig))
+        run_agent(agent, PluginPaths(registry_dir, plugin_dir, cdi_dir),
+                  settings_for(hook_path, __version__), stop=threading.Event(),
+                  publish_interval_s=publish_interval, kubelet_plugin=kubelet_plugin,
+                  install_signals=True)
+    except Exception as exc:  # noqa: BLE001 - report and exit non-zero
+        from hami.kubehint import kube_hint
+
+        typer.echo(f"error: {kube_hint(exc) or exc}", err=True)
+        raise typer.Exit(1) from None

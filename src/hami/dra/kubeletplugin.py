@@ -1,0 +1,206 @@
+"""The DRA kubelet plugin: plugin registration (v1 ``GetInfo``) and ``DRAPlugin`` v1.
+
+Two gRPC servers on unix sockets, as the kubelet expects of a DRA driver (Kubernetes
+v1.37):
+
+* ``<registry dir>/gpu.hami.io-reg.sock`` (kubelet ``plugins_registry``): ``GetInfo``
+  answers type ``DRAPlugin``, the driver name, the DRA socket path and the service
+  ``v1.DRAPlugin``.
+* ``<plugin dir>/dra.sock``: ``NodePrepareResources`` reads each claim from the API
+  (its UID must match the kubelet's), turns its allocation into a CDI spec
+  (:mod:`hami.dra.cdi`), creates the claim's cache and lock directories and limits file,
+  and writes the spec atomically to ``<cdi dir>/gpu.hami.io-<uid>.json``; the answer names
+  the CDI device ``gpu.hami.io/claim=<uid>`` for every allocated card.
+  ``NodeUnprepareResources`` removes the spec and the claim's directories. Both are
+  idempotent (the kubelet retries them). A claim's failure is its own ``error``; the
+  other claims of the call are still served.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from hami.deviceplugin.allocate import NodeSettings
+from hami.deviceplugin.config import PluginConfig
+from hami.deviceplugin.service import make_host_dirs, write_host_files
+from hami.dra import cdi
+from hami.dra.registration import api_pb2 as regpb
+from hami.dra.registration import api_pb2_grpc as reggrpc
+from hami.dra.slices import DRIVER
+from hami.dra.v1 import api_pb2 as pb
+from hami.dra.v1 import api_pb2_grpc as pbgrpc
+
+log = logging.getLogger(__name__)
+
+#: The gRPC service the plugin offers (``k8s.io/kubelet/pkg/apis/dra/v1.DRAPluginService``).
+DRA_SERVICE = "v1.DRAPlugin"
+#: Fetch a claim: (namespace, name) -> the ResourceClaim as a dict, or None when absent.
+ClaimGetter = Callable[[str, str], Mapping[str, Any] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class PluginPaths:
+    """Where the plugin lives on the host: ``registry_dir`` (kubelet
+    ``plugins_registry``), ``plugin_dir`` (holds ``dra.sock``), ``cdi_dir`` (the CDI spec
+    directory of the container runtime)."""
+
+    registry_dir: Path = Path("/var/lib/kubelet/plugins_registry")
+    plugin_dir: Path = Path(f"/var/lib/kubelet/plugins/{DRIVER}")
+    cdi_dir: Path = Path("/var/run/cdi")
+
+    @property
+    def registration_socket(self) -> Path:
+        """``<registry_dir>/gpu.hami.io-reg.sock``."""
+        return self.registry_dir / f"{DRIVER}-reg.sock"
+
+    @property
+    def dra_socket(self) -> Path:
+        """``<plugin_dir>/dra.sock``."""
+        return self.plugin_dir / "dra.sock"
+
+
+class DraNode(pbgrpc.DRAPluginServicer):
+    """``NodePrepareResources``/``NodeUnprepareResources`` for one node.
+
+    ``uuids`` returns the node's device name -> GPU UUID map now (from discovery);
+    ``get_claim`` reads a ResourceClaim; ``cfg``/``settings`` are the device plugin's.
+    """
+
+    def __init__(self, node: str, get_claim: ClaimGetter, uuids: Callable[[], Mapping[str, str]],
+                 cfg: PluginConfig, settings: NodeSettings, cdi_dir: Path) -> None:
+        self.node = node
+        self.get_claim = get_claim
+        self.uuids = uuids
+        self.cfg = cfg
+        self.settings = settings
+        self.cdi_dir = cdi_dir
+        self._lock = threading.Lock()
+
+    def prepare(self, namespace: str, name: str, uid: str) -> list[pb.Device]:
+        """Prepare one claim; returns the devices of the answer. Raises :class:`cdi.ClaimError`."""
+        claim = self.get_claim(namespace, name)
+        if claim is None:
+            raise cdi.ClaimError(f"ResourceClaim {namespace}/{name} not found")
+        got_uid = (claim.get("metadata") or {}).get("uid")
+        if got_uid != uid:
+            raise cdi.ClaimError(f"ResourceClaim {namespace}/{name} has UID {got_uid}, "
+                                 f"the kubelet asked for {uid}")
+        cards = cdi.allocated_cards(claim, self.node)
+        spec_path = self.cdi_dir / cdi.spec_file_name(uid)
+        if not spec_path.exists():  # prepared before: keep its cache file name
+            plan = cdi.claim_plan(uid, namespace, name, cards, self.uuids(), self.cfg,
+                                  self.settings, str(uuid.uuid4()))
+            make_host_dirs(plan.host_dirs)
+            write_host_files(plan.host_files)
+            _write_json(spec_path, cdi.cdi_spec(uid, plan))
+        dev_id = cdi.cdi_device_id(uid)
+        out = []
+        for c in cards:
+            d = pb.Device(request_names=[c.request], pool_name=c.pool, device_name=c.device,
+                          cdi_device_ids=[dev_id])
+            if c.share_id:
+                d.share_id = c.share_id
+            out.append(d)
+        return out
+
+    def unprepare(self, uid: str) -> None:
+        """Remove the claim's CDI spec and its directories (nothing there is fine).
+        Raises :class:`cdi.ClaimError` on a malformed UID, ``OSError`` on I/O errors."""
+        if not cdi._UID.match(uid):
+            raise cdi.ClaimError(f"malformed claim UID {uid!r}")
+        (self.cdi_dir / cdi.spec_file_name(uid)).unlink(missing_ok=True)
+        base = f"{self.settings.hook_path.rstrip('/')}/vgpu/containers/{uid}_claim"
+        for d in (base, f"{base}.plugin"):
+            shutil.rmtree(d, ignore_errors=True)
+
+    def NodePrepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC
+        """Prepare every claim of the request; each claim's result (devices or error)
+        keyed by its UID."""
+        resp = pb.NodePrepareResourcesResponse()
+        with self._lock:
+            for claim in request.claims:
+                try:
+                    devices = self.prepare(claim.namespace, claim.name, claim.uid)
+                    resp.claims[claim.uid].devices.extend(devices)
+                except (cdi.ClaimError, OSError, ValueError) as exc:
+                    log.warning("prepare %s/%s (%s): %s", claim.namespace, claim.name,
+                                claim.uid, exc)
+                    resp.claims[claim.uid].error = str(exc)
+        return resp
+
+    def NodeUnprepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC
+        """Unprepare every claim of the request; errors per claim UID."""
+        resp = pb.NodeUnprepareResourcesResponse()
+        with self._lock:
+            for claim in request.claims:
+                try:
+                    self.unprepare(claim.uid)
+                    resp.claims[claim.uid].error = ""
+                except (cdi.ClaimError, OSError) as exc:
+                    resp.claims[claim.uid].error = str(exc)
+        return resp
+
+
+class Registration(reggrpc.RegistrationServicer):
+    """The kubelet's plugin watcher asks who we are (``GetInfo``) and reports the outcome
+    (``NotifyRegistrationStatus``, kept in :attr:`registered`/:attr:`error`)."""
+
+    def __init__(self, endpoint: Path) -> None:
+        self.endpoint = endpoint
+        self.registered = threading.Event()
+        self.error = ""
+
+    def GetInfo(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC
+        """``PluginInfo``: type ``DRAPlugin``, our driver, the DRA socket, ``v1.DRAPlugin``."""
+        return regpb.PluginInfo(type="DRAPlugin", name=DRIVER, endpoint=str(self.endpoint),
+                                supported_versions=[DRA_SERVICE])
+
+    def NotifyRegistrationStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """Record the kubelet's verdict."""
+        self.error = request.error
+        if request.plugin_registered:
+            self.registered.set()
+        else:
+            log.error("kubelet refused the DRA plugin: %s", request.error)
+        return regpb.RegistrationStatusResponse()
+
+
+def serve(node: DraNode, paths: PluginPaths) -> tuple[Any, Registration]:
+    """Start both servers (removing stale sockets first); returns ``(server, registration)``.
+    Stop with ``server.stop(grace)``. Raises ``OSError``/``RuntimeError`` when a socket
+    cannot be bound."""
+    for p in (paths.registration_socket, paths.dra_socket):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.unlink(missing_ok=True)
+    paths.cdi_dir.mkdir(parents=True, exist_ok=True)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    pbgrpc.add_DRAPluginServicer_to_server(node, server)  # type: ignore[no-untyped-call]
+    reg = Registration(paths.dra_socket)
+    reggrpc.add_RegistrationServicer_to_server(reg, server)  # type: ignore[no-untyped-call]
+    # One server, both sockets: the kubelet calls each service only on its own socket.
+    for p in (paths.dra_socket, paths.registration_socket):
+        if not server.add_insecure_port(f"unix://{p}"):
+            raise RuntimeError(f"cannot listen on {p}")
+    server.start()
+    return server, reg
+
+
+def _write_json(path: Path, doc: Any) -> None:
+    """Write ``doc`` to ``path`` atomically (temporary file in the same directory, then
+    rename), mode 0644: the runtime must never read half a spec."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)

@@ -1,0 +1,151 @@
+"""The DRA node agent: publishes the node's ResourceSlice and serves the kubelet plugin.
+
+``hami dra-plugin`` runs it on every GPU node that DRA mode manages (instead of
+``hami device-plugin``: the two must not manage the same cards). The slice is rebuilt
+from discovery every ``publish_interval_s`` and written only when it changed (a new pool
+generation each time), so a GPU that turns unhealthy gets its taint within one interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hami.core.model import DeviceInfo
+from hami.deviceplugin.allocate import NodeSettings
+from hami.deviceplugin.config import PluginConfig
+from hami.deviceplugin.discovery import DiscoveryError, GpuBackend
+from hami.deviceplugin.register import node_devices
+from hami.dra import slices
+from hami.dra.kubeletplugin import DraNode, PluginPaths, serve
+
+log = logging.getLogger(__name__)
+
+
+class SlicePublisher:
+    """Keeps ``<node>-gpu.hami.io`` equal to :func:`hami.dra.slices.resource_slice`
+    (lightkube ``client``; the slice is owned by the Node object)."""
+
+    def __init__(self, client: Any, node: str) -> None:
+        self.client = client
+        self.node = node
+        self.generation = 0
+        self._node_uid = ""
+
+    def _current(self) -> tuple[dict[str, Any] | None, str]:
+        from lightkube import ApiError
+        from lightkube.resources.resource_v1 import ResourceSlice
+
+        try:
+            obj = self.client.get(ResourceSlice, slices.slice_name(self.node))
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None, ""
+            raise
+        doc = obj.to_dict()
+        return doc, str(doc["metadata"].get("resourceVersion") or "")
+
+    def sync(self, devices: Sequence[DeviceInfo], cordoned: frozenset[str] = frozenset()) -> bool:
+        """Create or replace the slice when it differs; True when it wrote. Raises
+        lightkube's ``ApiError`` or :class:`hami.dra.slices.SliceError`."""
+        from lightkube import codecs
+        from lightkube.resources.core_v1 import Node
+
+        if not self._node_uid:
+            self._node_uid = str(self.client.get(Node, self.node).metadata.uid or "")
+        current, rv = self._current()
+        if current is not None:
+            self.generation = max(self.generation,
+                                  int((current["spec"].get("pool") or {}).get("generation") or 0))
+        wanted = slices.resource_slice(self.node, devices, generation=self.generation + 1,
+                                       cordoned=cordoned,
+                                       owner={"name": self.node, "uid": self._node_uid})
+        if not slices.slice_changed(current, wanted):
+            return False
+        if current is None:
+            self.client.create(codecs.from_dict(wanted))
+        else:
+            wanted["metadata"]["resourceVersion"] = rv
+            self.client.replace(codecs.from_dict(wanted))
+        self.generation += 1
+        log.info("published ResourceSlice %s generation %d (%d GPUs)",
+                 slices.slice_name(self.node), self.generation, len(wanted["spec"]["devices"]))
+        return True
+
+
+@dataclass
+class DraAgent:
+    """The node agent's parts (see :func:`run_agent`)."""
+
+    node: str
+    backend: GpuBackend
+    cfg: PluginConfig
+    client: Any
+
+    def devices(self) -> tuple[DeviceInfo, ...]:
+        """The registered cards now (:func:`hami.deviceplugin.register.node_devices`)."""
+        return node_devices(self.backend.devices(), self.cfg)
+
+    def uuids(self) -> Mapping[str, str]:
+        """Device name (``gpu-<index>``) -> GPU UUID of every registered card."""
+        return {slices.device_name(d.index): d.uuid for d in self.devices()}
+
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The ResourceClaim as a dict, None when it does not exist."""
+        from lightkube import ApiError
+        from lightkube.resources.resource_v1 import ResourceClaim
+
+        try:
+            return dict(self.client.get(ResourceClaim, name, namespace=namespace).to_dict())
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise
+
+    def publish_loop(self, stop: threading.Event, interval_s: float) -> None:
+        """Publish now and every ``interval_s`` until ``stop``; errors are logged and retried."""
+        publisher = SlicePublisher(self.client, self.node)
+        while not stop.is_set():
+            try:
+                publisher.sync(self.devices())
+            except (DiscoveryError, slices.SliceError) as exc:
+                log.error("cannot publish the ResourceSlice: %s", exc)
+            except Exception as exc:  # noqa: BLE001 - API errors: retry next interval
+                log.warning("ResourceSlice update failed (retrying): %s", exc)
+            stop.wait(interval_s)
+
+
+def run_agent(agent: DraAgent, paths: PluginPaths, settings: NodeSettings, *,
+              stop: threading.Event, publish_interval_s: float = 10.0,
+              kubelet_plugin: bool = True, install_signals: bool = False) -> None:
+    """Publish the slice and (with ``kubelet_plugin``) serve the kubelet plugin sockets
+    until ``stop`` is set (SIGTERM/SIGINT set it with ``install_signals``)."""
+    if install_signals:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+    server = None
+    if kubelet_plugin:
+        node = DraNode(agent.node, agent.get_claim, agent.uuids, agent.cfg, settings,
+                       paths.cdi_dir)
+        server, _ = serve(node, paths)
+        log.info("DRA plugin listening on %s (registration %s)", paths.dra_socket,
+                 paths.registration_socket)
+    try:
+        agent.publish_loop(stop, publish_interval_s)
+    finally:
+        if server is not None:
+            server.stop(2).wait()
+        agent.backend.close()
+
+
+def settings_for(hook_path: str, version: str) -> NodeSettings:
+    """Allocate's host facts for ``hook_path`` (versioned lib and license files checked)."""
+    vgpu = Path(hook_path) / "vgpu"
+    return NodeSettings(hook_path=hook_path, version=version,
+                        versioned_lib=(vgpu / f"libvgpu.so.{version}").exists(),
+                        license=(vgpu / "license").exists())

@@ -1,0 +1,72 @@
+"""The DRA kubelet plugin over its real unix sockets (the kubelet side is a gRPC client
+built from our protos; the claim comes from a stub getter: the e2e test reads it from a
+real apiserver)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import grpc
+
+from hami.deviceplugin.allocate import NodeSettings
+from hami.deviceplugin.config import PluginConfig
+from hami.dra.kubeletplugin import DraNode, PluginPaths, serve
+from hami.dra.registration import api_pb2 as regpb
+from hami.dra.registration import api_pb2_grpc as reggrpc
+from hami.dra.v1 import api_pb2 as pb
+from hami.dra.v1 import api_pb2_grpc as pbgrpc
+
+CLAIM = {
+    "metadata": {"uid": "uid-1", "namespace": "ns", "name": "c"},
+    "status": {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": "gpu.hami.io", "pool": "n1", "device": "gpu-1",
+         "shareID": "s-1", "consumedCapacity": {"memory": "2Gi", "cores": "25", "shares": "1"}},
+    ]}}},
+}
+
+
+def test_prepare_and_unprepare_over_the_sockets(tmp_path: Path) -> None:
+    paths = PluginPaths(tmp_path / "reg", tmp_path / "plug", tmp_path / "cdi")
+    hook = tmp_path / "hook"
+    claims = {("ns", "c"): CLAIM}
+    node = DraNode("n1", lambda ns, n: claims.get((ns, n)), lambda: {"gpu-1": "GPU-b"},
+                   PluginConfig(), NodeSettings(hook_path=str(hook)), paths.cdi_dir)
+    server, _ = serve(node, paths)
+    try:
+        with grpc.insecure_channel(f"unix://{paths.registration_socket}") as ch:
+            info = reggrpc.RegistrationStub(ch).GetInfo(  # type: ignore[no-untyped-call]
+                regpb.InfoRequest(), timeout=5)
+        assert (info.type, info.name, info.endpoint, list(info.supported_versions)) == (
+            "DRAPlugin", "gpu.hami.io", str(paths.dra_socket), ["v1.DRAPlugin"])
+        with grpc.insecure_channel(f"unix://{paths.dra_socket}") as ch:
+            stub = pbgrpc.DRAPluginStub(ch)  # type: ignore[no-untyped-call]
+            req = pb.NodePrepareResourcesRequest(claims=[
+                pb.Claim(namespace="ns", name="c", uid="uid-1"),
+                pb.Claim(namespace="ns", name="gone", uid="uid-2"),
+                pb.Claim(namespace="ns", name="c", uid="uid-other")])
+            resp = stub.NodePrepareResources(req, timeout=5)
+            ok = resp.claims["uid-1"]
+            assert ok.error == ""
+            (dev,) = ok.devices
+            assert (list(dev.request_names), dev.pool_name, dev.device_name, dev.share_id,
+                    list(dev.cdi_device_ids)) == (["gpu"], "n1", "gpu-1", "s-1",
+                                                  ["gpu.hami.io/claim=uid-1"])
+            assert "not found" in resp.claims["uid-2"].error
+            assert "has UID uid-1" in resp.claims["uid-other"].error
+            spec_file = paths.cdi_dir / "gpu.hami.io-uid-1.json"
+            env = json.loads(spec_file.read_text())["devices"][0]["containerEdits"]["env"]
+            assert "CUDA_DEVICE_MEMORY_LIMIT_0=2048m" in env and "CUDA_DEVICE_SM_LIMIT=25" in env
+            limits = hook / "vgpu/containers/uid-1_claim.plugin/limits.env"
+            assert "CUDA_DEVICE_MEMORY_LIMIT_0=2048m" in limits.read_text()
+            again = stub.NodePrepareResources(pb.NodePrepareResourcesRequest(
+                claims=[pb.Claim(namespace="ns", name="c", uid="uid-1")]), timeout=5)
+            assert again.claims["uid-1"].error == ""  # idempotent
+            un = stub.NodeUnprepareResources(pb.NodeUnprepareResourcesRequest(
+                claims=[pb.Claim(namespace="ns", name="c", uid="uid-1"),
+                        pb.Claim(namespace="ns", name="x", uid="../evil")]), timeout=5)
+            assert un.claims["uid-1"].error == ""
+            assert "malformed" in un.claims["../evil"].error
+            assert not spec_file.exists() and not limits.parent.exists()
+    finally:
+        server.stop(0)
