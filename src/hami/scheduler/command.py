@@ -52,6 +52,9 @@ def scheduler(
     leader_elect_retry_period: Annotated[str, typer.Option(help="retry period")] = "2s",
     legacy_metrics: Annotated[bool, typer.Option(
         help="also serve HAMi's legacy metric names (GPUDeviceMemoryLimit, ...)")] = False,
+    dra_mode: Annotated[bool, typer.Option(
+        help="DRA mode: the webhook turns nvidia.com/gpu, gpumem and gpucores into "
+             "ResourceClaimTemplates for kube-scheduler (docs/dra.md)")] = False,
     leader_elect_follow: Annotated[bool, typer.Option(
         help="with --leader-elect: do not elect, follow the named Lease of kube-scheduler "
              "and lead iff its holder is this host (HAMi's rule)")] = False,
@@ -116,7 +119,7 @@ def scheduler(
             leader_elect_lease_duration=_duration(leader_elect_lease_duration, "--leader-elect-lease-duration"),
             leader_elect_renew_deadline=_duration(leader_elect_renew_deadline, "--leader-elect-renew-deadline"),
             leader_elect_retry_period=_duration(leader_elect_retry_period, "--leader-elect-retry-period"),
-            leader_elect_follow=leader_elect_follow,
+            leader_elect_follow=leader_elect_follow, dra_mode=dra_mode,
             legacy_metrics=legacy_metrics,
             device_config_file=device_config_file,
             enable_ascend=enable_ascend, enable_iluvatar=enable_iluvatar,

@@ -87,13 +87,14 @@ async def read_body(request: web.Request, limit: int, timeout_s: float | None = 
     return b"".join(chunks)
 
 
-def build_app(engine: Engine, settings: SchedulerSettings) -> web.Application:
+def build_app(engine: Engine, settings: SchedulerSettings,
+              dra_webhook: Callable[[bytes], Awaitable[Any]] | None = None) -> web.Application:
     """The main application (HAMi v2.10's routes).
 
     ``/filter``, ``/bind`` and ``/status`` answer only loopback peers (kube-scheduler runs
     in the same pod and calls ``127.0.0.1``) unless ``extender_allow_remote`` is set:
     anyone else gets 403, so the Service that publishes ``/webhook`` does not publish
-    the extender.
+    the extender. ``dra_webhook`` (DRA mode, :mod:`hami.dra.webhook`) answers ``/webhook``.
     """
     limit = settings.max_body_bytes
     body_timeout_s = settings.http_body_timeout.total_seconds() or None
@@ -137,6 +138,8 @@ def build_app(engine: Engine, settings: SchedulerSettings) -> web.Application:
         return json.dumps(engine.admit(body), separators=(",", ":")).encode()
 
     async def do_webhook(body: bytes) -> Any:
+        if dra_webhook is not None:
+            return await dra_webhook(body)
         if len(body) < OFFLOAD_ADMISSION_BYTES:
             return engine.admit(body)
         # The decision reads the quota ledgers only (dict lookups, safe while the event
@@ -263,7 +266,12 @@ async def serve(settings: SchedulerSettings, *, kube: Any = None,
     ports: dict[str, int] = {}
     limits = settings.server_limits()
     host, port = parse_bind(settings.http_bind)
-    main_runner = runner(build_app(engine, settings), limits)
+    dra_webhook = None
+    if settings.dra_mode:
+        from hami.dra.webhook import DraWebhook
+
+        dra_webhook = DraWebhook(kube.client, engine.config, engine.admit, engine.state.quota)
+    main_runner = runner(build_app(engine, settings, dra_webhook), limits)
     await main_runner.setup()
     await LimitedSite(main_runner, host, port, limits, ssl_context=tls.context if tls else None,
                       name="extender/webhook listener").start()

@@ -61,6 +61,8 @@ class SchedulerSettings:
     leader_elect_retry_period: timedelta = timedelta(seconds=2)
     #: Do not elect: lead iff the Lease (kube-scheduler's) is held by this host (HAMi v2.10).
     leader_elect_follow: bool = False
+    #: DRA mode: ``/webhook`` turns GPU requests into ResourceClaimTemplates (hami.dra).
+    dra_mode: bool = False
     device_config_file: str = ""
     #: ``--enable-ascend`` / ``--enable-iluvatar`` (HAMi v2.10): register those vendors.
     enable_ascend: bool = False

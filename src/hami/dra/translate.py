@@ -1,0 +1,201 @@
+"""DRA mode admission: ``nvidia.com/gpu``/``gpumem``/``gpucores`` into a claim. Pure.
+
+Users keep writing HAMi's resources. In DRA mode the webhook turns each GPU container's
+request into a ResourceClaimTemplate (one per distinct request, shared by every pod
+that asks the same, named by a hash of its spec) and a reference to it in the pod
+(``spec.resourceClaims[]`` + the container's ``resources.claims[]``); the GPU resources
+leave the container. The resourceclaim controller of kube-controller-manager then makes
+one ResourceClaim per pod, owned by the pod (deleted with it), and kube-scheduler
+allocates it from the slices (:mod:`hami.dra.slices`).
+
+The claim request: ``count`` = ``nvidia.com/gpu`` (after HAMi's defaults and its
+exclusive-card rule), capacity ``memory`` = ``gpumem`` MiB (none: the whole card),
+``cores`` = ``gpucores``; CEL selectors for ``nvidia.com/use-gputype`` /
+``nouse-gputype`` (case-insensitive substring, as HAMi) and ``use-gpuuuid`` /
+``nouse-gpuuuid``; several cards get ``distinctAttribute: gpu.hami.io/uuid``.
+
+Refused (403): ``gpumem-percentage`` below 100 unless every card of the class has one
+size (``uniform_memory_mib``); a pod over its namespace's GPU memory/cores quota.
+Left alone: pods that already use claims, pods that ask for no NVIDIA GPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from hami.api import names
+from hami.core.admission import mutate_container
+from hami.core.config import NvidiaConfig
+from hami.core.model import PERCENT_UNSET
+from hami.core.quota import QuotaLedger
+from hami.core.request import RequestError, container_request
+from hami.dra.slices import DRIVER
+
+#: The DeviceClass every translated request names (shipped with the chart).
+DEVICE_CLASS = DRIVER
+#: Label on the templates the webhook creates.
+TEMPLATE_LABEL = "hami.io/dra-template"
+_SAFE = re.compile(r"^[A-Za-z0-9 ._:/+-]{1,128}$")
+
+
+class TranslateError(ValueError):
+    """The pod cannot be translated; the message is the denial."""
+
+
+@dataclass(frozen=True, slots=True)
+class Translation:
+    """``pod``: the mutated pod; ``templates``: template name -> ResourceClaimTemplate
+    (dict, without namespace) to exist before the pod is created; ``memory_mib`` and
+    ``cores_percent``: what the pod books for the namespace quota (HAMi's sum of app
+    containers, max of init containers)."""
+
+    pod: dict[str, Any]
+    templates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    memory_mib: int = 0
+    cores_percent: int = 0
+
+
+def uses_claims(pod: Mapping[str, Any]) -> bool:
+    """True when the pod already names ResourceClaims (left alone in DRA mode)."""
+    spec = pod.get("spec") or {}
+    if spec.get("resourceClaims"):
+        return True
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        if isinstance(c, Mapping) and ((c.get("resources") or {}).get("claims")):
+            return True
+    return False
+
+
+def _cel_list(values: tuple[str, ...], what: str) -> str:
+    for v in values:
+        if not _SAFE.match(v):
+            raise TranslateError(f"{what} value {v!r} has characters other than letters, "
+                                 "digits and ' ._:/+-'")
+    return "[" + ", ".join(json.dumps(v) for v in values) + "]"
+
+
+def _csv(value: Any, lower: bool = False) -> tuple[str, ...]:
+    if not isinstance(value, str):
+        return ()
+    return tuple(p.strip().lower() if lower else p.strip() for p in value.split(",") if p.strip())
+
+
+def selectors(annotations: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """CEL selectors for the pod's type and UUID annotations (HAMi's matching rules).
+    Raises :class:`TranslateError` on values that cannot go into CEL safely."""
+    attrs = f'device.attributes["{DRIVER}"]'
+    out = []
+    for key, neg, attr, lower in ((names.USE_GPUTYPE, False, "type", True),
+                                  (names.NOUSE_GPUTYPE, True, "type", True),
+                                  (names.USE_GPUUUID, False, "uuid", False),
+                                  (names.NOUSE_GPUUUID, True, "uuid", False)):
+        values = _csv(annotations.get(key), lower)
+        if not values:
+            continue
+        lst = _cel_list(values, key)
+        if lower:
+            test = f"{lst}.exists(t, {attrs}.type.lowerAscii().contains(t))"
+        else:
+            test = f"{attrs}.uuid in {lst}"
+        out.append({"cel": {"expression": f"!({test})" if neg else test}})
+    return out
+
+
+def claim_spec(nums: int, memory_mib: int, cores_percent: int,
+               sel: list[dict[str, Any]]) -> dict[str, Any]:
+    """The ResourceClaim spec of one container: ``memory_mib`` 0 = the whole card."""
+    requests: dict[str, str] = {"cores": str(cores_percent)}
+    if memory_mib:
+        requests["memory"] = f"{memory_mib}Mi"
+    exactly: dict[str, Any] = {"deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount",
+                               "count": nums, "capacity": {"requests": requests}}
+    if sel:
+        exactly["selectors"] = sel
+    spec: dict[str, Any] = {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+    if nums > 1:
+        spec["devices"]["constraints"] = [{"requests": ["gpu"],
+                                           "distinctAttribute": f"{DRIVER}/uuid"}]
+    return spec
+
+
+def template_for(spec: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``(name, ResourceClaimTemplate)``: the name is ``hami-gpu-`` + 16 hex digits of the
+    spec's SHA-256, so pods asking the same share one template."""
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    name = f"hami-gpu-{digest}"
+    return name, {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                  "metadata": {"name": name, "labels": {TEMPLATE_LABEL: "true"}},
+                  "spec": {"spec": copy.deepcopy(dict(spec))}}
+
+
+def translate(pod: Mapping[str, Any], config: NvidiaConfig, *,
+              uniform_memory_mib: int | None = None,
+              quota: QuotaLedger | None = None) -> Translation | None:
+    """The DRA form of ``pod``, or None when it is left alone (uses claims already, or
+    asks for no NVIDIA GPU).
+
+    Raises:
+        TranslateError: a percentage request without one card size, a value CEL cannot
+            carry, a malformed GPU value, or a namespace quota overrun.
+    """
+    if uses_claims(pod):
+        return None
+    mutated = copy.deepcopy(dict(pod))
+    spec = mutated.get("spec") or {}
+    annotations = (mutated.get("metadata") or {}).get("annotations") or {}
+    n_init = len(spec.get("initContainers") or [])
+    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    sel = selectors(annotations)
+    templates: dict[str, dict[str, Any]] = {}
+    claims: list[dict[str, str]] = []
+    app_mem = app_cores = init_mem = init_cores = 0
+    for pos, c in enumerate(containers):
+        if not isinstance(c, dict):
+            raise TranslateError("container is not an object")
+        try:
+            mutate_container(c, mutated, config)
+            req = container_request(c, config)
+        except RequestError as exc:
+            raise TranslateError(str(exc)) from None
+        if req is None:
+            continue
+        memory_mib = req.memory_mib
+        if req.memory_percent not in (PERCENT_UNSET, 100):
+            if not uniform_memory_mib:
+                raise TranslateError(
+                    f"{config.resource_memory_percentage_name} in container {c.get('name')}: "
+                    "DRA mode cannot book a share of a card whose size it does not know "
+                    "(the cards differ in size); ask for "
+                    f"{config.resource_memory_name} in MiB instead")
+            memory_mib = uniform_memory_mib * req.memory_percent // 100
+        name, template = template_for(claim_spec(req.nums, memory_mib, req.cores_percent, sel))
+        templates[name] = template
+        claim_ref = f"gpu-{pos}"
+        claims.append({"name": claim_ref, "resourceClaimTemplateName": name})
+        resources = c.setdefault("resources", {})
+        for part in ("limits", "requests"):
+            values = resources.get(part)
+            if isinstance(values, dict):
+                for key in [k for k in values if k.startswith("nvidia.com/")]:
+                    del values[key]
+        resources.setdefault("claims", []).append({"name": claim_ref})
+        booked_mem = (memory_mib or uniform_memory_mib or 0) * req.nums
+        if pos < n_init:
+            init_mem, init_cores = max(init_mem, booked_mem), max(init_cores, req.cores_percent * req.nums)
+        else:
+            app_mem, app_cores = app_mem + booked_mem, app_cores + req.cores_percent * req.nums
+    if not claims:
+        return None
+    spec["resourceClaims"] = claims
+    mem, cores = max(app_mem, init_mem), max(app_cores, init_cores)
+    namespace = str((mutated.get("metadata") or {}).get("namespace") or "default")
+    if quota is not None and (mem or cores) and not quota.fits(namespace, mem, cores):
+        raise TranslateError(f"exceeding resource quota: namespace {namespace} asks for {mem} "
+                             f"MiB and {cores}% cores of GPU; {quota.describe(namespace)}")
+    return Translation(mutated, templates, mem, cores)

@@ -1,0 +1,150 @@
+"""``/webhook`` in DRA mode (``hami scheduler --dra-mode``): the shell around
+:func:`hami.dra.translate.translate`.
+
+For a Pod CREATE that asks for NVIDIA GPUs and names no claims: refuse what the normal
+webhook refuses for isolation (host PID, privileged, ...), translate, make sure each
+ResourceClaimTemplate exists in the pod's namespace (create; "already exists" is fine:
+the name is a hash of the spec), and answer with the JSON Patch. A namespace with a GPU
+memory or cores ResourceQuota is checked against the claims already made there from our
+templates (their requests: ResourceQuota itself counts only devices). Every other request
+(pods without GPUs, other operations) goes to the normal webhook; pods that already use
+claims are admitted unchanged.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import jsonpatch
+
+from hami.core import isolation
+from hami.core.config import SchedulerConfig
+from hami.core.quantity import QuantityError, to_int_exact
+from hami.core.quota import QuotaLedger
+from hami.core.request import quantity
+from hami.dra import translate as tr
+
+log = logging.getLogger(__name__)
+JSON = dict[str, Any]
+MIB = 2**20
+
+
+def _reply(api_version: str, uid: str, allowed: bool, message: str = "",
+           patch: list[JSON] | None = None, code: int = 403) -> JSON:
+    resp: JSON = {"uid": uid, "allowed": allowed}
+    if not allowed:
+        resp["status"] = {"code": code, "message": message, "reason": "Forbidden",
+                          "status": "Failure"}
+    elif message:
+        resp["status"] = {"code": 200, "message": message}
+    if patch:
+        resp["patchType"] = "JSONPatch"
+        resp["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
+    return {"apiVersion": api_version, "kind": "AdmissionReview", "response": resp}
+
+
+def claim_booking(claim: Mapping[str, Any]) -> tuple[int, int]:
+    """``(memory MiB, cores percent)`` a ResourceClaim of ours books for the quota:
+    count x requested capacity of each request (the whole-card default counts 0 MiB)."""
+    mem = cores = 0
+    for req in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        ex = req.get("exactly") or {} if isinstance(req, Mapping) else {}
+        count = int(ex.get("count") or 1)
+        wanted = (ex.get("capacity") or {}).get("requests") or {}
+        try:
+            mem += count * to_int_exact(quantity(wanted.get("memory", 0))) // MIB
+            cores += count * to_int_exact(quantity(wanted.get("cores", 0)))
+        except (QuantityError, ValueError, TypeError):
+            continue
+    return mem, cores
+
+
+class DraWebhook:
+    """Callable for the ``/webhook`` route. ``client``: lightkube ``AsyncClient``;
+    ``fallback``: the normal webhook (body -> reply) for requests DRA mode leaves to it;
+    ``quota``: the scheduler's namespace quota ledger (limits only are used)."""
+
+    def __init__(self, client: Any, config: SchedulerConfig, fallback: Callable[[bytes], JSON],
+                 quota: QuotaLedger | None = None, uniform_memory_mib: int | None = None) -> None:
+        self.client = client
+        self.config = config
+        self.fallback = fallback
+        self.quota = quota
+        self.uniform_memory_mib = uniform_memory_mib
+
+    async def _namespace_ledger(self, namespace: str) -> QuotaLedger | None:
+        """A ledger with the namespace's limits and the bookings of its current claims."""
+        if self.quota is None or not self.quota.limited(namespace):
+            return None
+        from lightkube.resources.resource_v1 import ResourceClaim
+
+        limits = self.quota.quota(namespace)
+        ledger = QuotaLedger(self.config.nvidia)
+        hard = {}
+        if limits.memory_limit_mib is not None:
+            hard[f"limits.{self.config.nvidia.resource_memory_name}"] = limits.memory_limit_mib
+        if limits.cores_limit_percent is not None:
+            hard[f"limits.{self.config.nvidia.resource_core_name}"] = limits.cores_limit_percent
+        ledger.set_quota(namespace, "gpu", hard)
+        async for claim in self.client.list(ResourceClaim, namespace=namespace,
+                                            labels={tr.TEMPLATE_LABEL: "true"}):
+            mem, cores = claim_booking(claim.to_dict())
+            ledger.charge(namespace, mem, cores)
+        return ledger
+
+    async def _ensure(self, namespace: str, template: JSON) -> None:
+        from lightkube import ApiError, codecs
+
+        doc = {**template, "metadata": {**template["metadata"], "namespace": namespace}}
+        try:
+            await self.client.create(codecs.from_dict(doc), namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code != 409:
+                raise
+
+    async def __call__(self, body: bytes) -> JSON:
+        """The AdmissionReview reply (never raises on bad input: 400/403 replies)."""
+        try:
+            doc = json.loads(body)
+            request = doc["request"]
+            pod = request["object"]
+            api_version = str(doc.get("apiVersion") or "admission.k8s.io/v1")
+            uid = str(request.get("uid") or "")
+            creates_pod = ((request.get("kind") or {}).get("kind") in (None, "Pod")
+                           and not request.get("subResource")
+                           and request.get("operation") in (None, "", "CREATE"))
+            if not isinstance(pod, dict):
+                raise TypeError("request.object is not an object")
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            return self.fallback(body)
+        if not creates_pod or not isolation.asks_for_devices(pod, self.config):
+            return self.fallback(body)
+        if tr.uses_claims(pod):
+            return _reply(api_version, uid, True, "pod uses ResourceClaims: left alone")
+        try:
+            problems = isolation.violations(pod, self.config)
+            if problems:
+                return _reply(api_version, uid, False, isolation.message(problems))
+            namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+            ledger = await self._namespace_ledger(namespace)
+            result = tr.translate(pod, self.config.nvidia, quota=ledger,
+                                  uniform_memory_mib=self.uniform_memory_mib)
+        except tr.TranslateError as exc:
+            return _reply(api_version, uid, False, str(exc))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            return _reply(api_version, uid, False, f"malformed pod: {exc}", code=400)
+        if result is None:
+            return self.fallback(body)
+        for template in result.templates.values():
+            await self._ensure(namespace, template)
+        patch = jsonpatch.make_patch(pod, result.pod).patch
+        return _reply(api_version, uid, True, patch=patch)
+
+
+def route(webhook: DraWebhook) -> Callable[[bytes], Awaitable[JSON]]:
+    """The handler the scheduler's ``/webhook`` route calls in DRA mode."""
+    return webhook.__call__

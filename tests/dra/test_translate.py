@@ -1,0 +1,115 @@
+"""DRA mode admission: HAMi's GPU resources become a ResourceClaimTemplate reference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hami.core.config import NvidiaConfig
+from hami.core.quota import QuotaLedger
+from hami.dra import translate as tr
+from hami.dra.webhook import claim_booking
+
+CFG = NvidiaConfig()
+
+
+def _pod(limits: dict[str, Any], annotations: dict[str, str] | None = None,
+         init: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "x",
+                                            "resources": {"limits": dict(limits)}}]}
+    if init:
+        spec["initContainers"] = init
+    return {"metadata": {"name": "p", "namespace": "team", "annotations": annotations or {}},
+            "spec": spec}
+
+
+def _request(t: tr.Translation) -> dict[str, Any]:
+    (template,) = t.templates.values()
+    return template["spec"]["spec"]["devices"]["requests"][0]["exactly"]  # type: ignore[no-any-return]
+
+
+def test_memory_and_cores_become_capacity_requests() -> None:
+    t = tr.translate(_pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000,
+                           "nvidia.com/gpucores": 30, "cpu": "1"}), CFG)
+    assert t is not None
+    ex = _request(t)
+    assert ex["count"] == 1 and ex["deviceClassName"] == "gpu.hami.io"
+    assert ex["capacity"] == {"requests": {"memory": "3000Mi", "cores": "30"}}
+    (name,) = t.templates
+    ctr = t.pod["spec"]["containers"][0]
+    assert ctr["resources"]["limits"] == {"cpu": "1"}
+    assert ctr["resources"]["claims"] == [{"name": "gpu-0"}]
+    assert t.pod["spec"]["resourceClaims"] == [{"name": "gpu-0", "resourceClaimTemplateName": name}]
+    assert (t.memory_mib, t.cores_percent) == (3000, 30)
+    assert "constraints" not in next(iter(t.templates.values()))["spec"]["spec"]["devices"]
+
+
+def test_same_request_same_template_and_multi_gpu_distinct() -> None:
+    a = tr.translate(_pod({"nvidia.com/gpu": 2, "nvidia.com/gpumem": 1000}), CFG)
+    b = tr.translate(_pod({"nvidia.com/gpu": 2, "nvidia.com/gpumem": 1000}), CFG)
+    assert a is not None and b is not None and a.templates.keys() == b.templates.keys()
+    devices = next(iter(a.templates.values()))["spec"]["spec"]["devices"]
+    assert devices["constraints"] == [{"requests": ["gpu"], "distinctAttribute": "gpu.hami.io/uuid"}]
+    assert _request(a)["count"] == 2
+
+
+def test_whole_card_when_no_memory_and_exclusive_cores() -> None:
+    t = tr.translate(_pod({"nvidia.com/gpu": 1}), CFG)
+    assert t is not None
+    # HAMi's rule: a count alone is an exclusive card (gpucores 100), memory: whole card
+    assert _request(t)["capacity"] == {"requests": {"cores": "100"}}
+
+
+def test_type_and_uuid_annotations_become_cel_selectors() -> None:
+    t = tr.translate(_pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 10}, {
+        "nvidia.com/use-gputype": "A100,H100", "nvidia.com/nouse-gpuuuid": "GPU-x"}), CFG)
+    assert t is not None
+    exprs = [s["cel"]["expression"] for s in _request(t)["selectors"]]
+    assert exprs == [
+        '["a100", "h100"].exists(t, device.attributes["gpu.hami.io"].type.lowerAscii().contains(t))',
+        '!(device.attributes["gpu.hami.io"].uuid in ["GPU-x"])']
+
+
+def test_cel_injection_refused() -> None:
+    with pytest.raises(tr.TranslateError, match="characters"):
+        tr.translate(_pod({"nvidia.com/gpu": 1}, {"nvidia.com/use-gpuuuid": 'x"] || true || ["'}),
+                     CFG)
+
+
+def test_percentage_refused_unless_one_card_size() -> None:
+    pod = _pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 25})
+    with pytest.raises(tr.TranslateError, match="gpumem-percentage.*does not know"):
+        tr.translate(pod, CFG)
+    t = tr.translate(pod, CFG, uniform_memory_mib=16000)
+    assert t is not None and _request(t)["capacity"]["requests"]["memory"] == "4000Mi"
+
+
+def test_pods_with_claims_or_without_gpus_left_alone() -> None:
+    with_claims = _pod({"nvidia.com/gpu": 1})
+    with_claims["spec"]["resourceClaims"] = [{"name": "x", "resourceClaimName": "mine"}]
+    assert tr.translate(with_claims, CFG) is None
+    assert tr.translate(_pod({"cpu": "1"}), CFG) is None
+
+
+def test_quota_enforced_at_admission() -> None:
+    quota = QuotaLedger(CFG)
+    quota.set_quota("team", "gpu", {"limits.nvidia.com/gpumem": 4000})
+    quota.charge("team", 3000, 0)
+    with pytest.raises(tr.TranslateError, match="exceeding resource quota"):
+        tr.translate(_pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1001}), CFG, quota=quota)
+    assert tr.translate(_pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}), CFG,
+                        quota=quota) is not None
+
+
+def test_malformed_values_are_denials() -> None:
+    with pytest.raises(tr.TranslateError):
+        tr.translate(_pod({"nvidia.com/gpu": 1, "nvidia.com/gpucores": 150}), CFG)
+
+
+def test_claim_booking_counts_requests() -> None:
+    t = tr.translate(_pod({"nvidia.com/gpu": 2, "nvidia.com/gpumem": 1000,
+                           "nvidia.com/gpucores": 10}), CFG)
+    assert t is not None
+    claim = {"spec": next(iter(t.templates.values()))["spec"]["spec"]}
+    assert claim_booking(claim) == (2000, 20)
