@@ -91,10 +91,10 @@ def selectors(annotations: Mapping[str, Any]) -> list[dict[str, Any]]:
     Raises :class:`TranslateError` on values that cannot go into CEL safely."""
     attrs = f'device.attributes["{DRIVER}"]'
     out = []
-    for key, neg, attr, lower in ((names.USE_GPUTYPE, False, "type", True),
-                                  (names.NOUSE_GPUTYPE, True, "type", True),
-                                  (names.USE_GPUUUID, False, "uuid", False),
-                                  (names.NOUSE_GPUUUID, True, "uuid", False)):
+    for key, neg, lower in ((names.USE_GPUTYPE, False, True),
+                            (names.NOUSE_GPUTYPE, True, True),
+                            (names.USE_GPUUUID, False, False),
+                            (names.NOUSE_GPUUUID, True, False)):
         values = _csv(annotations.get(key), lower)
         if not values:
             continue

@@ -56,8 +56,8 @@ def claim_booking(claim: Mapping[str, Any]) -> tuple[int, int]:
         count = int(ex.get("count") or 1)
         wanted = (ex.get("capacity") or {}).get("requests") or {}
         try:
-            mem += count * to_int_exact(quantity(wanted.get("memory", 0))) // MIB
-            cores += count * to_int_exact(quantity(wanted.get("cores", 0)))
+            mem += count * (to_int_exact(quantity(wanted.get("memory", 0))) or 0) // MIB
+            cores += count * (to_int_exact(quantity(wanted.get("cores", 0))) or 0)
         except (QuantityError, ValueError, TypeError):
             continue
     return mem, cores
