@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Build kube-apiserver, kube-scheduler and etcd for the e2e tests, once.
+# Build kube-apiserver, kube-scheduler, kubelet, kube-controller-manager and etcd for the
+# e2e tests, once.
 #
 # The Kubernetes release is the one pinned in go.mod beside this script; its source
 # comes through the Go module proxy into the Go module cache, never into this repo.
@@ -44,13 +45,14 @@ done
 declare -A pkgs=(
 	[kube-apiserver]=k8s.io/kubernetes/cmd/kube-apiserver
 	[kube-scheduler]=k8s.io/kubernetes/cmd/kube-scheduler
+	[kube-controller-manager]=k8s.io/kubernetes/cmd/kube-controller-manager
 	[kubelet]=k8s.io/kubernetes/cmd/kubelet
 	[etcd]=./cmd/etcd
 )
 
 export GOCACHE="$(dirname "$bindir")/go-build"
 cd "$here"
-for name in kube-apiserver kube-scheduler kubelet etcd; do
+for name in kube-apiserver kube-scheduler kubelet kube-controller-manager etcd; do
 	if [[ -x "$bindir/$name" ]]; then
 		echo "build.sh: $name present in $bindir"
 		continue

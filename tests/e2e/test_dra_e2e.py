@@ -1,0 +1,295 @@
+"""DRA mode on the real control plane: etcd, kube-apiserver, the default kube-scheduler
+(which allocates the claims itself) and kube-controller-manager with only the
+resourceclaim controller. hami's parts run in-process: the slice publisher, the DRA
+webhook (its AdmissionReview answer is applied as the apiserver would) and the kubelet
+plugin on its real unix sockets. No GPUs: the cards come from a fake inventory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import random
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import jsonpatch
+import pytest
+
+from hami.core.config import SchedulerConfig
+from hami.deviceplugin.allocate import NodeSettings
+from hami.deviceplugin.config import PluginConfig
+from hami.deviceplugin.discovery import FakeBackend
+from hami.dra.kubeletplugin import DraNode, PluginPaths, serve
+from hami.dra.node import DraAgent, SlicePublisher
+from hami.dra.slices import DRIVER, MIB
+from hami.dra.v1 import api_pb2 as pb
+from hami.dra.v1 import api_pb2_grpc as pbgrpc
+from hami.dra.webhook import DraWebhook
+from hami.testing.controllers import start_controller_manager
+from hami.testing.controlplane import (
+    BinariesMissing,
+    ControlPlane,
+    create_gpu_node,
+    ensure_namespace,
+)
+
+from .conftest import REQUIRED
+
+pytestmark = pytest.mark.e2e
+
+NODES = 5
+CARDS = 4
+CARD_MIB = 16384
+SPLIT = 10
+NS = "dra"
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Control plane + kube-controller-manager + nodes with published slices + the class."""
+    try:
+        cp = ControlPlane(workdir=tmp_path_factory.mktemp("k8s-dra"))
+    except BinariesMissing as err:
+        pytest.fail(str(err)) if REQUIRED else pytest.skip(str(err))
+    cp.start()
+    try:
+        try:
+            start_controller_manager(cp)
+        except BinariesMissing as err:
+            pytest.fail(str(err)) if REQUIRED else pytest.skip(str(err))
+        client = cp.client()
+        ensure_namespace(client, NS)
+        from lightkube import codecs
+
+        client.create(codecs.from_dict({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
+        inventory = tmp_path_factory.mktemp("inv")
+        agents = {}
+        for n in range(NODES):
+            name = f"dra-{n}"
+            create_gpu_node(client, name, gpus=0)
+            path = inventory / f"{name}.yaml"
+            model = "NVIDIA A100-SXM4-80GB" if n % 2 == 0 else "Tesla T4"
+            path.write_text(json.dumps({"gpus": [{
+                "model": model, "memory_mib": CARD_MIB, "count": CARDS,
+                "uuids": [f"GPU-{name}-{i}" for i in range(CARDS)]}]}))
+            agent = DraAgent(name, FakeBackend(path), PluginConfig(device_split_count=SPLIT), client)
+            assert SlicePublisher(client, name).sync(agent.devices())
+            agents[name] = agent
+        yield {"cp": cp, "client": client, "agents": agents}
+    finally:
+        cp.stop()
+
+
+def _admit(cp: ControlPlane, pod: dict[str, Any]) -> dict[str, Any]:
+    """Send the pod through the DRA webhook and apply its patch; returns the pod to create."""
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+              "request": {"uid": "u", "kind": {"kind": "Pod"}, "operation": "CREATE",
+                          "object": pod}}
+
+    async def run() -> dict[str, Any]:
+        client = cp.async_client()
+        try:
+            hook = DraWebhook(client, SchedulerConfig(), lambda b: {"response": {"allowed": True}})
+            return await hook(json.dumps(review).encode())
+        finally:
+            await client.close()
+
+    resp = asyncio.run(run())["response"]
+    assert resp["allowed"], resp
+    if "patch" not in resp:
+        return pod
+    return jsonpatch.apply_patch(pod, json.loads(base64.b64decode(resp["patch"])))  # type: ignore[no-any-return]
+
+
+def _gpu_pod(name: str, limits: dict[str, Any], annotations: dict[str, str] | None = None
+             ) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS, "annotations": annotations or {}},
+            "spec": {"containers": [{"name": "c", "image": "pause",
+                                     "resources": {"limits": limits}}]}}
+
+
+def _create(bed: dict[str, Any], pod: dict[str, Any]) -> None:
+    from lightkube import codecs
+
+    bed["client"].create(codecs.from_dict(_admit(bed["cp"], pod)))
+
+
+def _claims(client: Any) -> list[dict[str, Any]]:
+    from lightkube.resources.resource_v1 import ResourceClaim
+
+    return [c.to_dict() for c in client.list(ResourceClaim, namespace=NS)]
+
+
+def _pods(client: Any) -> list[Any]:
+    from lightkube.resources.core_v1 import Pod
+
+    return list(client.list(Pod, namespace=NS))
+
+
+def _wait(check: Any, timeout_s: float = 120.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _results(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    alloc = (claim.get("status") or {}).get("allocation") or {}
+    return ((alloc.get("devices") or {}).get("results")) or []
+
+
+def _q(v: Any) -> int:
+    from hami.core.quantity import to_int_exact
+    from hami.core.request import quantity
+
+    return int(to_int_exact(quantity(v)) or 0)
+
+
+def _delete_all(client: Any) -> None:
+    from lightkube.resources.core_v1 import Pod
+
+    for p in _pods(client):
+        client.delete(Pod, p.metadata.name, namespace=NS, grace_period=0)
+    _wait(lambda: not _pods(client), what="pods deleted")
+    _wait(lambda: not any(_results(c) for c in _claims(client)), what="claims deallocated")
+
+
+def test_slices_published(bed: dict[str, Any]) -> None:
+    from lightkube.resources.resource_v1 import ResourceSlice
+
+    slices = {s.spec.nodeName: s.to_dict() for s in bed["client"].list(ResourceSlice)}
+    assert set(slices) == {f"dra-{n}" for n in range(NODES)}
+    dev = slices["dra-1"]["spec"]["devices"][2]
+    assert dev["name"] == "gpu-2" and dev["allowMultipleAllocations"] is True
+    assert _q(dev["capacity"]["memory"]["value"]) == CARD_MIB * MIB
+    assert dev["attributes"]["uuid"] == {"string": "GPU-dra-1-2"}
+    assert dev["attributes"]["productName"] == {"string": "Tesla T4"}
+    # unchanged cards: no new write
+    agent = bed["agents"]["dra-1"]
+    assert not SlicePublisher(bed["client"], "dra-1").sync(agent.devices())
+
+
+def test_200_pods_never_exceed_card_capacity(bed: dict[str, Any]) -> None:
+    rng = random.Random(18)
+    for i in range(200):
+        _create(bed, _gpu_pod(f"many-{i}", {"nvidia.com/gpu": 1,
+                                            "nvidia.com/gpumem": rng.randrange(1000, 5000, 100),
+                                            "nvidia.com/gpucores": rng.choice([0, 10, 20, 30])}))
+    client = bed["client"]
+
+    def settled() -> list[Any] | None:
+        pods = _pods(client)
+        done = [p for p in pods if p.spec.nodeName or any(
+            c.type == "PodScheduled" and c.reason == "Unschedulable"
+            for c in (p.status.conditions or []))]
+        return pods if len(done) == 200 else None
+
+    pods = _wait(settled, timeout_s=300, what="200 pods scheduled or unschedulable")
+    scheduled = [p for p in pods if p.spec.nodeName]
+    unschedulable = [p for p in pods if not p.spec.nodeName]
+    assert len(scheduled) >= 100, len(scheduled)
+    for p in unschedulable:
+        (cond,) = [c for c in p.status.conditions if c.type == "PodScheduled"]
+        assert "cannot allocate all claims" in cond.message, cond.message
+    used: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    allocated = 0
+    for claim in _claims(client):
+        for r in _results(claim):
+            allocated += 1
+            for key, value in r["consumedCapacity"].items():
+                used[(r["pool"], r["device"])][key] += _q(value)
+    assert allocated == len(scheduled)
+    for card, sums in used.items():
+        assert sums["memory"] <= CARD_MIB * MIB, (card, sums)
+        assert sums["cores"] <= 100, (card, sums)
+        assert sums["shares"] <= SPLIT, (card, sums)
+    _delete_all(client)
+
+
+def test_multi_gpu_distinct_cards_and_selectors(bed: dict[str, Any]) -> None:
+    client = bed["client"]
+    _create(bed, _gpu_pod("two", {"nvidia.com/gpu": 2, "nvidia.com/gpumem": 1000}))
+    _create(bed, _gpu_pod("pinned", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000},
+                          {"nvidia.com/use-gpuuuid": "GPU-dra-3-1"}))
+    _create(bed, _gpu_pod("typed", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000},
+                          {"nvidia.com/use-gputype": "t4"}))
+    _create(bed, _gpu_pod("nowhere", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000},
+                          {"nvidia.com/use-gpuuuid": "GPU-none"}))
+
+    def by_pod() -> dict[str, list[dict[str, Any]]] | None:
+        out = {}
+        for c in _claims(client):
+            owner = (c["metadata"].get("ownerReferences") or [{}])[0].get("name")
+            if _results(c):
+                out[owner] = _results(c)
+        return out if len(out) == 3 else None
+
+    got = _wait(by_pod, what="three claims allocated")
+    assert len({r["device"] for r in got["two"]}) == 2 and len({r["pool"] for r in got["two"]}) == 1
+    assert [(r["pool"], r["device"]) for r in got["pinned"]] == [("dra-3", "gpu-1")]
+    assert got["typed"][0]["pool"] in ("dra-1", "dra-3")  # the T4 nodes
+    from lightkube.resources.core_v1 import Pod
+
+    nowhere = _wait(lambda: [c for c in client.get(Pod, "nowhere", namespace=NS).status.conditions
+                             or [] if c.reason == "Unschedulable"], what="nowhere unschedulable")
+    assert "cannot allocate all claims" in nowhere[0].message
+    _delete_all(client)
+
+
+def test_deletion_frees_capacity(bed: dict[str, Any]) -> None:
+    client = bed["client"]
+    pin = {"nvidia.com/use-gpuuuid": "GPU-dra-0-0"}
+    _create(bed, _gpu_pod("whole", {"nvidia.com/gpu": 1}, pin))  # exclusive: cores 100
+    from lightkube.resources.core_v1 import Pod
+
+    _wait(lambda: client.get(Pod, "whole", namespace=NS).spec.nodeName, what="whole bound")
+    _create(bed, _gpu_pod("next", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 100,
+                                   "nvidia.com/gpucores": 1}, pin))
+    _wait(lambda: [c for c in client.get(Pod, "next", namespace=NS).status.conditions or []
+                   if c.reason == "Unschedulable"], what="next unschedulable")
+    client.delete(Pod, "whole", namespace=NS, grace_period=0)
+    _wait(lambda: client.get(Pod, "next", namespace=NS).spec.nodeName, what="next bound after delete")
+    _delete_all(client)
+
+
+def test_node_prepare_over_grpc_writes_cdi_limits(bed: dict[str, Any], tmp_path: Path) -> None:
+    client = bed["client"]
+    _create(bed, _gpu_pod("prep", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000,
+                                   "nvidia.com/gpucores": 25}))
+    claim = _wait(lambda: next((c for c in _claims(client) if _results(c)), None),
+                  what="claim allocated")
+    node = claim["status"]["allocation"]["devices"]["results"][0]["pool"]
+    agent = bed["agents"][node]
+    paths = PluginPaths(tmp_path / "reg", tmp_path / "plug", tmp_path / "cdi")
+    server, _ = serve(DraNode(node, agent.get_claim, agent.uuids, agent.cfg,
+                              NodeSettings(hook_path=str(tmp_path / "hook")), paths.cdi_dir), paths)
+    try:
+        meta = claim["metadata"]
+        with grpc.insecure_channel(f"unix://{paths.dra_socket}") as ch:
+            stub = pbgrpc.DRAPluginStub(ch)  # type: ignore[no-untyped-call]
+            resp = stub.NodePrepareResources(pb.NodePrepareResourcesRequest(claims=[
+                pb.Claim(namespace=NS, name=meta["name"], uid=meta["uid"])]), timeout=10)
+        result = resp.claims[meta["uid"]]
+        assert result.error == ""
+        assert result.devices[0].share_id == claim["status"]["allocation"]["devices"]["results"][0]["shareID"]
+        spec = json.loads((paths.cdi_dir / f"{DRIVER}-{meta['uid']}.json").read_text())
+        env = spec["devices"][0]["containerEdits"]["env"]
+        device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
+        assert f"NVIDIA_VISIBLE_DEVICES={agent.uuids()[device]}" in env
+        assert "CUDA_DEVICE_MEMORY_LIMIT_0=3000m" in env and "CUDA_DEVICE_SM_LIMIT=25" in env
+    finally:
+        server.stop(0)
+        _delete_all(client)
