@@ -88,13 +88,16 @@ async def read_body(request: web.Request, limit: int, timeout_s: float | None = 
 
 
 def build_app(engine: Engine, settings: SchedulerSettings,
-              dra_webhook: Callable[[bytes], Awaitable[Any]] | None = None) -> web.Application:
+              dra_webhook: Callable[[bytes], Awaitable[Any]] | None = None,
+              dra_prioritize: Callable[[bytes], Awaitable[Any]] | None = None,
+              ) -> web.Application:
     """The main application (HAMi v2.10's routes).
 
     ``/filter``, ``/bind`` and ``/status`` answer only loopback peers (kube-scheduler runs
     in the same pod and calls ``127.0.0.1``) unless ``extender_allow_remote`` is set:
     anyone else gets 403, so the Service that publishes ``/webhook`` does not publish
-    the extender. ``dra_webhook`` (DRA mode, :mod:`hami.dra.webhook`) answers ``/webhook``.
+    the extender. DRA mode (:mod:`hami.dra`): ``dra_webhook`` answers ``/webhook`` and
+    ``dra_prioritize`` serves ``/prioritize`` (loopback only, like the extender).
     """
     limit = settings.max_body_bytes
     body_timeout_s = settings.http_body_timeout.total_seconds() or None
@@ -185,6 +188,9 @@ def build_app(engine: Engine, settings: SchedulerSettings,
         guarded(do_filter, lambda m: filter_result(error=m)), lambda m: filter_result(error=m)))
     app.router.add_post("/bind", local_only(guarded(do_bind, bind_result), bind_result))
     app.router.add_post("/webhook", guarded(do_webhook, webhook_error))
+    if dra_prioritize is not None:
+        app.router.add_post("/prioritize", local_only(guarded(dra_prioritize, lambda m: []),
+                                                      lambda m: []))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/status", local_only(status, lambda m: {"error": m}))
@@ -266,12 +272,14 @@ async def serve(settings: SchedulerSettings, *, kube: Any = None,
     ports: dict[str, int] = {}
     limits = settings.server_limits()
     host, port = parse_bind(settings.http_bind)
-    dra_webhook = None
+    dra_webhook = dra_prioritize = None
     if settings.dra_mode:
+        from hami.dra.prioritize import DraPrioritizer
         from hami.dra.webhook import DraWebhook
 
         dra_webhook = DraWebhook(kube.client, engine.config, engine.admit, engine.state.quota)
-    main_runner = runner(build_app(engine, settings, dra_webhook), limits)
+        dra_prioritize = DraPrioritizer(kube.client, settings.node_scheduler_policy)
+    main_runner = runner(build_app(engine, settings, dra_webhook, dra_prioritize), limits)
     await main_runner.setup()
     await LimitedSite(main_runner, host, port, limits, ssl_context=tls.context if tls else None,
                       name="extender/webhook listener").start()

@@ -1,0 +1,38 @@
+"""``/prioritize`` in DRA mode: the extender verb kube-scheduler calls after its own
+filtering (configure the extender with ``prioritizeVerb: prioritize`` and no filter or
+bind verb). Lists our ResourceSlices and the allocated ResourceClaims and answers
+:func:`hami.dra.policy.node_scores` for the candidate nodes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hami.dra import policy
+from hami.extender.wire import WireError, parse_filter_args
+
+
+class DraPrioritizer:
+    """Callable ``body -> HostPriorityList``; ``client`` is a lightkube ``AsyncClient``,
+    ``node_policy`` ``binpack`` or ``spread`` (the scheduler's ``--node-scheduler-policy``).
+    A malformed body is an empty list (kube-scheduler then ignores this extender's scores)."""
+
+    def __init__(self, client: Any, node_policy: str) -> None:
+        if node_policy not in policy.POLICIES:
+            raise ValueError(f"unknown node policy {node_policy!r}")
+        self.client = client
+        self.node_policy = node_policy
+
+    async def __call__(self, body: bytes) -> list[dict[str, Any]]:
+        """Scores for the nodes of the ExtenderArgs in ``body``."""
+        from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
+        try:
+            args = parse_filter_args(body)
+        except WireError:
+            return []
+        names = args.node_names if args.node_names is not None else [
+            str((n.get("metadata") or {}).get("name")) for n in args.nodes or []]
+        slices = [s.to_dict() async for s in self.client.list(ResourceSlice)]
+        claims = [c.to_dict() async for c in self.client.list(ResourceClaim, namespace="*")]
+        return policy.node_scores(names, policy.memory_use(slices, claims), self.node_policy)
