@@ -57,7 +57,7 @@ def test_prepare_and_unprepare_over_the_sockets(tmp_path: Path) -> None:
             spec_file = paths.cdi_dir / "gpu.hami.io-uid-1.json"
             env = json.loads(spec_file.read_text())["devices"][0]["containerEdits"]["env"]
             assert "CUDA_DEVICE_MEMORY_LIMIT_0=2048m" in env and "CUDA_DEVICE_SM_LIMIT=25" in env
-            limits = hook / "vgpu/containers/uid-1_claim.plugin/limits.env"
+            limits = hook / "vgpu/claims/uid-1.plugin/limits.env"
             assert "CUDA_DEVICE_MEMORY_LIMIT_0=2048m" in limits.read_text()
             again = stub.NodePrepareResources(pb.NodePrepareResourcesRequest(
                 claims=[pb.Claim(namespace="ns", name="c", uid="uid-1")]), timeout=5)

@@ -87,8 +87,11 @@ def test_cdi_spec_carries_allocate_limits() -> None:
     mounts = {m["containerPath"]: m for m in spec["devices"][0]["containerEdits"]["mounts"]}
     assert "ro" in mounts["/usr/local/vgpu/libvgpu.so"]["options"]
     assert "ro" in mounts["/etc/ld.so.preload"]["options"]
-    assert mounts["/usr/local/vgpu"]["hostPath"] == "/usr/local/vgpu/containers/c-1_claim"
+    assert mounts["/usr/local/vgpu"]["hostPath"] == "/usr/local/vgpu/claims/c-1"
     assert "rw" in mounts["/usr/local/vgpu"]["options"]
+    # the monitor removes containers/<uid>_* of UIDs that are no pod: claims live elsewhere
+    paths = [m["hostPath"] for m in mounts.values()] + list(plan.host_dirs)
+    assert not any("/vgpu/containers/" in p for p in paths), paths
 
 
 @pytest.mark.parametrize("claim, message", [

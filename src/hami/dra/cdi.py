@@ -8,14 +8,16 @@ container (:func:`hami.deviceplugin.allocate.container_plan`): ``NVIDIA_VISIBLE_
 ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` (MiB, one per card in request order),
 ``CUDA_DEVICE_SM_LIMIT``, the shared-cache path, the per-claim cache directory, the
 limits file, ``libvgpu.so`` and ``/etc/ld.so.preload`` read-only. The claim takes the
-place of the pod container: the cache directory is ``<H>/vgpu/containers/<claimUID>_claim``.
+place of the pod container; its host directories live under ``<H>/vgpu/claims/<claimUID>``
+(cache) and ``<claimUID>.plugin`` (limits file, lock dir), not under ``containers/``,
+whose entries the monitor removes when no pod of that UID exists.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hami.core.model import ContainerDevice
@@ -25,6 +27,7 @@ from hami.deviceplugin.allocate import (
     AllocateError,
     ContainerPlan,
     ContainerView,
+    Mount,
     NodeSettings,
     PodView,
     container_plan,
@@ -122,9 +125,25 @@ def claim_plan(claim_uid: str, namespace: str, name: str, cards: Sequence[Alloca
     view = PodView(namespace=namespace, name=name, uid=claim_uid,
                    containers=(ContainerView(name="claim"),))
     try:
-        return container_plan(devices, view, 0, cfg, node, cache_name)
+        plan = container_plan(devices, view, 0, cfg, node, cache_name)
     except AllocateError as exc:
         raise ClaimError(str(exc)) from None
+    old, new = f"/containers/{claim_uid}_claim", f"/claims/{claim_uid}"
+
+    def moved(path: str) -> str:
+        return path.replace(old, new, 1)
+
+    return replace(plan,
+                   mounts=tuple(Mount(m.container_path, moved(m.host_path), m.read_only)
+                                for m in plan.mounts),
+                   host_dirs=tuple(moved(d) for d in plan.host_dirs),
+                   host_files=tuple((moved(p), t) for p, t in plan.host_files))
+
+
+def claim_dirs(hook_path: str, claim_uid: str) -> tuple[str, str]:
+    """The claim's host directories: cache dir and plugin-private dir."""
+    base = f"{hook_path.rstrip('/')}/vgpu/claims/{claim_uid}"
+    return base, f"{base}.plugin"
 
 
 def cdi_device_id(claim_uid: str) -> str:

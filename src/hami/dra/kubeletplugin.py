@@ -121,8 +121,7 @@ class DraNode(pbgrpc.DRAPluginServicer):
         if not cdi._UID.match(uid):
             raise cdi.ClaimError(f"malformed claim UID {uid!r}")
         (self.cdi_dir / cdi.spec_file_name(uid)).unlink(missing_ok=True)
-        base = f"{self.settings.hook_path.rstrip('/')}/vgpu/containers/{uid}_claim"
-        for d in (base, f"{base}.plugin"):
+        for d in cdi.claim_dirs(self.settings.hook_path, uid):
             shutil.rmtree(d, ignore_errors=True)
 
     def NodePrepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC
