@@ -1,0 +1,137 @@
+"""Pods per second in DRA mode against extender mode, same bed, same pods, one run.
+
+DRA mode: real control plane (etcd, kube-apiserver, the default kube-scheduler, which
+allocates the claims) + kube-controller-manager with the resourceclaim controller; every
+node publishes hami's ResourceSlice (4 cards of 24 GiB, split 10, as the extender bench's
+nodes); each pod is what hami's DRA webhook makes of ``nvidia.com/gpu: 1`` +
+``gpumem`` + ``gpucores`` (templates created once, as the webhook does). The clock runs
+from the first pod creation until every pod is bound. Extender mode: the
+``throughput`` run of ``bench_scheduler.py`` with the same node count and pod mix.
+
+Usage::
+
+    PYTHONPATH=src python bench/bench_dra.py --nodes 100 --pods 500 [--no-extender]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
+
+GPUS, CARD_MIB, SPLIT = 4, 24576, 10
+
+
+def pod_limits(i: int) -> dict[str, int]:
+    """The extender bench's pod mix (bench_scheduler.throughput)."""
+    limits = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000 + (i % 7) * 500}
+    if (i % 3) * 10:
+        limits["nvidia.com/gpucores"] = (i % 3) * 10
+    return limits
+
+
+def dra_throughput(n_nodes: int, pods: int) -> dict[str, Any]:
+    """One DRA-mode run; returns the result row (also printed as JSON)."""
+    from lightkube import codecs
+    from lightkube.resources.core_v1 import Pod
+
+    from hami.core.config import NvidiaConfig
+    from hami.core.model import DeviceInfo
+    from hami.dra.node import SlicePublisher
+    from hami.dra.slices import DRIVER
+    from hami.dra.translate import translate
+    from hami.testing.controllers import start_controller_manager
+    from hami.testing.controlplane import ControlPlane, create_gpu_node, wait_until
+
+    work = Path(tempfile.mkdtemp(prefix="hami-bench-dra-"))
+    with ControlPlane(workdir=work / "k8s") as cp:
+        cp.start(default_scheduler=False)
+        start_controller_manager(cp)
+        client = cp.client()
+        client.create(codecs.from_dict({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
+        t0 = time.monotonic()
+
+        def make_node(i: int) -> None:
+            name = f"node-{i:05d}"
+            create_gpu_node(client, name, gpus=0)
+            cards = [DeviceInfo(uuid=f"GPU-{name}-{g}", index=g, split_count=SPLIT,
+                                memory_mib=CARD_MIB, cores_percent=100, type="NVIDIA-Tesla T4",
+                                numa=0, mode="hami-core", health=True) for g in range(GPUS)]
+            SlicePublisher(client, name).sync(cards)
+
+        make_node(0)
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(make_node, range(1, n_nodes)))
+        nodes_s = time.monotonic() - t0
+        templates: dict[str, Any] = {}
+        objs = []
+        for i in range(pods):
+            pod = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": f"p{i:05d}", "namespace": "default"},
+                   "spec": {"containers": [{"name": "c", "image": "pause",
+                                            "resources": {"limits": pod_limits(i)}}]}}
+            result = translate(pod, NvidiaConfig())
+            assert result is not None
+            templates.update(result.templates)
+            objs.append(codecs.from_dict(result.pod))
+        for tmpl in templates.values():
+            client.create(codecs.from_dict(tmpl), namespace="default")
+        ks = cp.start_scheduler()
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(client.create, objs))
+        created_s = time.monotonic() - t0
+
+        def all_bound() -> bool:
+            try:
+                return sum(1 for p in client.list(Pod, namespace="default")
+                           if p.spec.nodeName) >= pods
+            except Exception:  # noqa: BLE001 - a busy apiserver: ask again
+                return False
+
+        wait_until(all_bound, timeout_s=1200, what="all pods bound")
+        elapsed = time.monotonic() - t0
+        ks.stop()
+    row = {"mode": "dra", "nodes": n_nodes, "pods": pods,
+           "pods_per_s": round(pods / elapsed, 1), "seconds": round(elapsed, 1),
+           "create_seconds": round(created_s, 1), "node_setup_seconds": round(nodes_s, 1),
+           "load_avg": os.getloadavg()[0]}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main() -> None:
+    """Run DRA mode (and extender mode unless ``--no-extender``) per node count."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, nargs="+", default=[100])
+    ap.add_argument("--pods", type=int, default=500)
+    ap.add_argument("--no-extender", action="store_true")
+    args = ap.parse_args()
+    rows = []
+    for n in args.nodes:
+        rows.append(dra_throughput(n, args.pods))
+        if not args.no_extender:
+            sys.path.insert(0, str(ROOT / "bench"))
+            from bench_scheduler import throughput
+
+            ext = throughput([n], args.pods, "binpack")[0]
+            rows.append({"mode": "extender", **ext})
+            print(json.dumps({"nodes": n, "dra_over_extender":
+                              round(rows[-2]["pods_per_s"] / ext["pods_per_s"], 2)}), flush=True)
+    print(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
