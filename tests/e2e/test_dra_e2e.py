@@ -192,18 +192,17 @@ def test_200_pods_never_exceed_card_capacity(bed: dict[str, Any]) -> None:
 
     def settled() -> list[Any] | None:
         pods = _pods(client)
+        # Unschedulable for lack of capacity, not a transient "claim not created yet"
         done = [p for p in pods if p.spec.nodeName or any(
             c.type == "PodScheduled" and c.reason == "Unschedulable"
+            and "cannot allocate all claims" in (c.message or "")
             for c in (p.status.conditions or []))]
         return pods if len(done) == 200 else None
 
     pods = _wait(settled, timeout_s=300, what="200 pods scheduled or unschedulable")
     scheduled = [p for p in pods if p.spec.nodeName]
     unschedulable = [p for p in pods if not p.spec.nodeName]
-    assert len(scheduled) >= 100, len(scheduled)
-    for p in unschedulable:
-        (cond,) = [c for c in p.status.conditions if c.type == "PodScheduled"]
-        assert "cannot allocate all claims" in cond.message, cond.message
+    assert len(scheduled) >= 50 and unschedulable, (len(scheduled), len(unschedulable))
     used: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     allocated = 0
     for claim in _claims(client):
@@ -243,9 +242,9 @@ def test_multi_gpu_distinct_cards_and_selectors(bed: dict[str, Any]) -> None:
     assert got["typed"][0]["pool"] in ("dra-1", "dra-3")  # the T4 nodes
     from lightkube.resources.core_v1 import Pod
 
-    nowhere = _wait(lambda: [c for c in client.get(Pod, "nowhere", namespace=NS).status.conditions
-                             or [] if c.reason == "Unschedulable"], what="nowhere unschedulable")
-    assert "cannot allocate all claims" in nowhere[0].message
+    _wait(lambda: [c for c in client.get(Pod, "nowhere", namespace=NS).status.conditions or []
+                   if c.reason == "Unschedulable" and "cannot allocate all claims" in c.message],
+          what="nowhere unschedulable for the DynamicResources reason")
     _delete_all(client)
 
 
@@ -259,7 +258,8 @@ def test_deletion_frees_capacity(bed: dict[str, Any]) -> None:
     _create(bed, _gpu_pod("next", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 100,
                                    "nvidia.com/gpucores": 1}, pin))
     _wait(lambda: [c for c in client.get(Pod, "next", namespace=NS).status.conditions or []
-                   if c.reason == "Unschedulable"], what="next unschedulable")
+                   if c.reason == "Unschedulable" and "cannot allocate all claims" in c.message],
+          what="next unschedulable")
     client.delete(Pod, "whole", namespace=NS, grace_period=0)
     _wait(lambda: client.get(Pod, "next", namespace=NS).spec.nodeName, what="next bound after delete")
     _delete_all(client)
