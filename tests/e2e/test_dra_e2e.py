@@ -182,6 +182,48 @@ def test_slices_published(bed: dict[str, Any]) -> None:
     assert not SlicePublisher(bed["client"], "dra-1").sync(agent.devices())
 
 
+def test_xid_event_taints_the_card(bed: dict[str, Any], tmp_path: Path) -> None:
+    """A critical XID (fake backend event) marks the card unhealthy through the device
+    plugin's health rules; the publish loop republishes it with the taint at once."""
+    import threading
+
+    from lightkube.resources.core_v1 import Node
+    from lightkube.resources.resource_v1 import ResourceSlice
+
+    client = bed["client"]
+    create_gpu_node(client, "dra-sick", gpus=0)
+    inv = tmp_path / "sick.yaml"
+    inv.write_text(json.dumps({"gpus": [{"model": "Tesla T4", "memory_mib": 1024, "count": 2,
+                                         "uuids": ["GPU-sick-0", "GPU-sick-1"]}],
+                               "xid_events": [{"uuid": "GPU-sick-1", "xid": 79}]}))
+    agent = DraAgent("dra-sick", FakeBackend(inv), PluginConfig(), client)
+    stop = threading.Event()
+    threads = [threading.Thread(target=agent.health_loop, args=(stop,), daemon=True),
+               threading.Thread(target=agent.publish_loop, args=(stop, 3600.0), daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        def taints() -> Any:
+            try:
+                s = client.get(ResourceSlice, "dra-sick-gpu.hami.io").to_dict()
+            except Exception:  # noqa: BLE001 - not published yet
+                return None
+            devs = {d["name"]: d.get("taints") for d in s["spec"]["devices"]}
+            return devs if devs.get("gpu-1") else None
+
+        devs = _wait(taints, timeout_s=30, what="gpu-1 tainted")
+        assert devs["gpu-0"] is None
+        assert [(t["key"], t["effect"]) for t in devs["gpu-1"]] == [
+            ("gpu.hami.io/unhealthy", "NoSchedule")]
+    finally:
+        stop.set()
+        agent.kick.set()
+        for t in threads:
+            t.join(timeout=10)
+        client.delete(ResourceSlice, "dra-sick-gpu.hami.io")
+        client.delete(Node, "dra-sick")
+
+
 def test_200_pods_never_exceed_card_capacity(bed: dict[str, Any]) -> None:
     rng = random.Random(18)
     for i in range(200):

@@ -9,10 +9,11 @@ generation each time), so a GPU that turns unhealthy gets its taint within one i
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -80,16 +81,34 @@ class SlicePublisher:
 
 @dataclass
 class DraAgent:
-    """The node agent's parts (see :func:`run_agent`)."""
+    """The node agent's parts (see :func:`run_agent`). ``unhealthy``: UUIDs the health
+    loop marked down (NVML or fake XID events, the device plugin's rules); ``kick`` wakes
+    the publish loop when it changes."""
 
     node: str
     backend: GpuBackend
     cfg: PluginConfig
     client: Any
+    unhealthy: frozenset[str] = frozenset()
+    kick: threading.Event = field(default_factory=threading.Event)
 
     def devices(self) -> tuple[DeviceInfo, ...]:
         """The registered cards now (:func:`hami.deviceplugin.register.node_devices`)."""
-        return node_devices(self.backend.devices(), self.cfg)
+        return node_devices(self.backend.devices(), self.cfg, self.unhealthy)
+
+    def health_loop(self, stop: threading.Event) -> None:
+        """Mark cards unhealthy on health events until ``stop`` (the device plugin's
+        :func:`hami.deviceplugin.service.health_loop`, rules from the environment)."""
+        from hami.deviceplugin.health import policy_from_env
+        from hami.deviceplugin.service import DeviceState, health_loop
+
+        state = DeviceState(self.backend.devices(), self.cfg)
+
+        def changed() -> None:
+            self.unhealthy = frozenset(state.unhealthy)
+            self.kick.set()
+
+        health_loop(self.backend, state, policy_from_env(os.environ), changed, stop)
 
     def uuids(self) -> Mapping[str, str]:
         """Device name (``gpu-<index>``) -> GPU UUID of every registered card."""
@@ -117,7 +136,8 @@ class DraAgent:
                 log.error("cannot publish the ResourceSlice: %s", exc)
             except Exception as exc:  # noqa: BLE001 - API errors: retry next interval
                 log.warning("ResourceSlice update failed (retrying): %s", exc)
-            stop.wait(interval_s)
+            self.kick.wait(interval_s)
+            self.kick.clear()
 
 
 def run_agent(agent: DraAgent, paths: PluginPaths, settings: NodeSettings, *,
@@ -129,6 +149,14 @@ def run_agent(agent: DraAgent, paths: PluginPaths, settings: NodeSettings, *,
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
     server = None
+    health = threading.Thread(target=agent.health_loop, args=(stop,), name="health", daemon=True)
+    health.start()
+
+    def wake_on_stop() -> None:
+        stop.wait()
+        agent.kick.set()
+
+    threading.Thread(target=wake_on_stop, name="wake", daemon=True).start()
     if kubelet_plugin:
         node = DraNode(agent.node, agent.get_claim, agent.uuids, agent.cfg, settings,
                        paths.cdi_dir)
@@ -140,6 +168,8 @@ def run_agent(agent: DraAgent, paths: PluginPaths, settings: NodeSettings, *,
     finally:
         if server is not None:
             server.stop(2).wait()
+        stop.set()
+        health.join(timeout=6)
         agent.backend.close()
 
 
