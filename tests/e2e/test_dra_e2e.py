@@ -164,7 +164,16 @@ def _delete_all(client: Any) -> None:
     for p in _pods(client):
         client.delete(Pod, p.metadata.name, namespace=NS, grace_period=0)
     _wait(lambda: not _pods(client), what="pods deleted")
-    _wait(lambda: not any(_results(c) for c in _claims(client)), what="claims deallocated")
+
+    def deallocated() -> bool:
+        left = [c for c in _claims(client) if _results(c)]
+        if left:
+            c = left[0]
+            print(len(left), c["metadata"]["name"], c["metadata"].get("deletionTimestamp"),
+                  c["status"].get("reservedFor"), c["metadata"].get("finalizers"))
+        return not left
+
+    _wait(deallocated, what="claims deallocated")
 
 
 def test_slices_published(bed: dict[str, Any]) -> None:
@@ -244,6 +253,7 @@ def test_200_pods_never_exceed_card_capacity(bed: dict[str, Any]) -> None:
     pods = _wait(settled, timeout_s=300, what="200 pods scheduled or unschedulable")
     scheduled = [p for p in pods if p.spec.nodeName]
     unschedulable = [p for p in pods if not p.spec.nodeName]
+    print(f"{len(scheduled)} scheduled, {len(unschedulable)} unschedulable")
     assert len(scheduled) >= 50 and unschedulable, (len(scheduled), len(unschedulable))
     used: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     allocated = 0

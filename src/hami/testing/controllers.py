@@ -2,7 +2,10 @@
 
 DRA mode needs the ``resourceclaim-controller``: it makes each pod's ResourceClaim from
 its ResourceClaimTemplate (owned by the pod), records it in the pod's status, removes
-deleted pods from ``reservedFor`` and deallocates claims nobody uses. The binary is built
+deleted pods from ``reservedFor`` and deallocates claims nobody uses. It also needs the
+``garbage-collector-controller``: a claim the scheduler allocated for a pod that was
+deleted meanwhile keeps its allocation (no consumer left to remove) until the collector
+deletes it with its owner; without it that card capacity is lost for good. The binary is built
 by ``hack/k8s/build.sh`` next to the others (``kube-controller-manager``).
 """
 
@@ -24,6 +27,8 @@ from hami.testing.controlplane import (
 )
 
 BINARY = "kube-controller-manager"
+#: The controllers DRA mode relies on (module docstring).
+DRA_CONTROLLERS = ("resourceclaim-controller", "garbage-collector-controller")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +54,7 @@ def find_controller_manager(bin_dir: Path | None = None) -> Path:
 
 
 def start_controller_manager(cp: ControlPlane,
-                             controllers: Sequence[str] = ("resourceclaim-controller",),
+                             controllers: Sequence[str] = DRA_CONTROLLERS,
                              *, timeout_s: float = DEFAULT_TIMEOUT_S) -> ControllerManager:
     """Start kube-controller-manager on ``cp`` running only ``controllers`` (no leader
     election, admin credentials); it stops with the control plane. Waits for ``/healthz``.
