@@ -345,3 +345,34 @@ def test_node_prepare_over_grpc_writes_cdi_limits(bed: dict[str, Any], tmp_path:
     finally:
         server.stop(0)
         _delete_all(client)
+
+
+def test_prioritize_verb_binpacks_nodes(bed: dict[str, Any], tmp_path: Path) -> None:
+    """hami scheduler --dra-mode as kube-scheduler's prioritize-only extender: with
+    binpack, pods asking half a card each follow the first one to its node (the default
+    plugins score these nodes alike, so without the verb they scatter)."""
+    from lightkube.resources.core_v1 import Pod
+
+    from hami.testing.scheduler_config import ExtenderConfig
+
+    from .hami_harness import HamiProcess, Tls
+
+    cp, client = bed["cp"], bed["client"]
+    hami = HamiProcess(cp, Tls(tmp_path / "tls"), tmp_path, args=[
+        "--dra-mode", "--node-scheduler-policy=binpack"]).start()
+    ks = cp.start_scheduler(scheduler_name="dra-prio", extender=ExtenderConfig(
+        hami.url, filter_verb=None, bind_verb=None, prioritize_verb="prioritize",
+        managed_resources=()))
+    try:
+        nodes = []
+        for i in range(6):
+            pod = _gpu_pod(f"prio-{i}", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 8192})
+            pod["spec"]["schedulerName"] = "dra-prio"
+            _create(bed, pod)
+            nodes.append(_wait(lambda n=f"prio-{i}": client.get(Pod, n, namespace=NS).spec.nodeName,
+                               what=f"prio-{i} bound"))
+        assert len(set(nodes)) == 1, nodes  # 6 x 8 GiB fit on one node's 4 x 16 GiB cards
+    finally:
+        ks.stop()
+        hami.stop()
+        _delete_all(client)

@@ -59,6 +59,7 @@ class ExtenderConfig:
             are appended as path segments (``<url_prefix>/filter``).
         filter_verb, bind_verb: path segments of the filter and bind calls; ``None``
             leaves the verb out (the scheduler then filters or binds by itself).
+        prioritize_verb: path segment of the prioritize call (DRA mode), or ``None``.
         node_cache_capable: when true kube-scheduler sends only ``NodeNames`` (not full
             Node objects) in ExtenderArgs and expects ``NodeNames`` back.
         weight: multiplier of the extender's priorities (unused without a prioritize verb).
@@ -72,6 +73,7 @@ class ExtenderConfig:
     url_prefix: str
     filter_verb: str | None = "filter"
     bind_verb: str | None = "bind"
+    prioritize_verb: str | None = None
     node_cache_capable: bool = True
     weight: int = 1
     http_timeout: str = "30s"
@@ -89,6 +91,8 @@ class ExtenderConfig:
             out["filterVerb"] = self.filter_verb
         if self.bind_verb:
             out["bindVerb"] = self.bind_verb
+        if self.prioritize_verb:
+            out["prioritizeVerb"] = self.prioritize_verb
         out["nodeCacheCapable"] = self.node_cache_capable
         out["weight"] = self.weight
         out["httpTimeout"] = self.http_timeout
