@@ -5,7 +5,8 @@ allocates the claims) + kube-controller-manager with the resourceclaim controlle
 node publishes hami's ResourceSlice (4 cards of 24 GiB, split 10, as the extender bench's
 nodes); each pod is what hami's DRA webhook makes of ``nvidia.com/gpu: 1`` +
 ``gpumem`` + ``gpucores`` (templates created once, as the webhook does). The clock runs
-from the first pod creation until every pod is bound. Extender mode: the
+from the first pod creation until the last pod is seen bound (the same pod watch as
+``bench_scheduler.py``). Extender mode: the
 ``throughput`` run of ``bench_scheduler.py`` with the same node count and pod mix.
 
 Usage::
@@ -41,8 +42,8 @@ def pod_limits(i: int) -> dict[str, int]:
 
 def dra_throughput(n_nodes: int, pods: int) -> dict[str, Any]:
     """One DRA-mode run; returns the result row (also printed as JSON)."""
+    from bench.sched_bed import BoundWatcher, plain_watch_client
     from lightkube import codecs
-    from lightkube.resources.core_v1 import Pod
 
     from hami.core.config import NvidiaConfig
     from hami.core.model import DeviceInfo
@@ -50,11 +51,13 @@ def dra_throughput(n_nodes: int, pods: int) -> dict[str, Any]:
     from hami.dra.slices import DRIVER
     from hami.dra.translate import translate
     from hami.testing.controllers import start_controller_manager
-    from hami.testing.controlplane import ControlPlane, create_gpu_node, wait_until
+    from hami.testing.controlplane import ControlPlane, create_gpu_node
 
     work = Path(tempfile.mkdtemp(prefix="hami-bench-dra-"))
     with ControlPlane(workdir=work / "k8s") as cp:
         cp.start(default_scheduler=False)
+        # the bound-time watch must not lose events (as bench_scheduler's beds)
+        cp.client = lambda namespace="default", cp=cp: plain_watch_client(cp, namespace)  # type: ignore[method-assign, misc]
         start_controller_manager(cp)
         client = cp.client()
         client.create(codecs.from_dict({
@@ -89,20 +92,15 @@ def dra_throughput(n_nodes: int, pods: int) -> dict[str, Any]:
         for tmpl in templates.values():
             client.create(codecs.from_dict(tmpl), namespace="default")
         ks = cp.start_scheduler()
+        watcher = BoundWatcher(cp).start()
+        time.sleep(1.0)  # the watch is open and every component idle
         t0 = time.monotonic()
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(client.create, objs))
         created_s = time.monotonic() - t0
-
-        def all_bound() -> bool:
-            try:
-                return sum(1 for p in client.list(Pod, namespace="default")
-                           if p.spec.nodeName) >= pods
-            except Exception:  # noqa: BLE001 - a busy apiserver: ask again
-                return False
-
-        wait_until(all_bound, timeout_s=1200, what="all pods bound")
-        elapsed = time.monotonic() - t0
+        watcher.wait(pods, timeout_s=1200)
+        elapsed = max(watcher.bound_at.values()) - t0
+        watcher.stop()
         ks.stop()
     row = {"mode": "dra", "nodes": n_nodes, "pods": pods,
            "pods_per_s": round(pods / elapsed, 1), "seconds": round(elapsed, 1),
@@ -123,11 +121,10 @@ def main() -> None:
     for n in args.nodes:
         rows.append(dra_throughput(n, args.pods))
         if not args.no_extender:
-            sys.path.insert(0, str(ROOT / "bench"))
-            from bench_scheduler import throughput
+            from bench.bench_scheduler import throughput
 
-            ext = throughput([n], args.pods, "binpack")[0]
-            rows.append({"mode": "extender", **ext})
+            ext = throughput([n], args.pods, ["binpack"])[0]
+            rows.append({**ext, "mode": "extender-binpack"})
             print(json.dumps({"nodes": n, "dra_over_extender":
                               round(rows[-2]["pods_per_s"] / ext["pods_per_s"], 2)}), flush=True)
     print(json.dumps(rows, indent=1))
