@@ -126,7 +126,14 @@ API_MODULES = {"hami.kube": ("Kube",), "hami.deviceplugin.kube": ("KubeApi", "No
 OUTSIDE_CHART = {"hami.top": "hami top runs with the user's kubeconfig (list nodes, pods, "
                              "resourcequotas)",
                  "hami.kubehttp": "builds the API layer's HTTP transports (keepalive, watch "
-                                  "idle deadline); makes no request itself"}
+                                  "idle deadline); makes no request itself",
+                 # DRA mode has no chart yet; docs/dra.md lists the permissions it needs
+                 "hami.dra.node": "DRA mode's node agent (ResourceSlices, claims): not in the "
+                                  "chart yet",
+                 "hami.dra.prioritize": "DRA mode's prioritize verb (lists slices and claims): "
+                                        "not in the chart yet",
+                 "hami.dra.webhook": "DRA mode's webhook (ResourceClaimTemplates, quota): not "
+                                     "in the chart yet"}
 
 
 def chart_names(objs: Sequence[Mapping[str, Any]]) -> dict[str, str]:
