@@ -49,7 +49,12 @@ from hami.testing.controlplane import (
     ControlPlaneError,
     die_with_parent,
     free_port,
-    wait_until,
+)
+from hami.testing.nodeapi import (
+    cri_log_message,
+    ensure_root_ca,
+    node_ready,
+    remove_not_ready_taint,
 )
 from hami.testing.nodeprereq import NodeUnavailable, cgroup_subsystems, missing_prerequisites
 
@@ -299,9 +304,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         t0 = time.monotonic()
         client = self.cp.client()
         try:
-            self.kubelet.wait_healthy(lambda: _node_ready(client, self.name), "Node Ready",
+            self.kubelet.wait_healthy(lambda: node_ready(client, self.name), "Node Ready",
                                       timeout_s)
-            _remove_not_ready_taint(client, self.name)
+            remove_not_ready_taint(client, self.name)
         finally:
             client.close()
         self.startup_seconds["kubelet"] = time.monotonic() - t0
@@ -413,64 +418,5 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         for d in base.glob(f"{namespace}_{pod}_*/{container}"):
             runs = sorted(d.glob("*.log"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1)
             if runs:
-                return "".join(_cri_log_message(ln) for ln in runs[-1].read_text().splitlines())
+                return "".join(cri_log_message(ln) for ln in runs[-1].read_text().splitlines())
         return ""
-
-
-def _cri_log_message(line: str) -> str:
-    """The message of one CRI log line ``<time> <stream> <P|F> <message>``."""
-    parts = line.split(" ", 3)
-    if len(parts) < 4:
-        return ""
-    return parts[3] + ("\n" if parts[2] == "F" else "")
-
-
-def _node_ready(client: Any, name: str) -> bool:
-    from lightkube import ApiError
-    from lightkube.resources.core_v1 import Node
-
-    try:
-        node = client.get(Node, name)
-    except ApiError:
-        return False
-    return any(c.type == "Ready" and c.status == "True"
-               for c in (node.status.conditions or []) if node.status)
-
-
-def _remove_not_ready_taint(client: Any, name: str) -> None:
-    """What the node-lifecycle controller does once the node is Ready."""
-    from lightkube.resources.core_v1 import Node
-
-    def done() -> bool:
-        node = client.get(Node, name)
-        taints = [t for t in (node.spec.taints or [])
-                  if t.key != "node.kubernetes.io/not-ready"]
-        if len(taints) == len(node.spec.taints or []):
-            return True
-        client.patch(Node, name, {"spec": {"taints": [t.to_dict() for t in taints] or None}},
-                     patch_type=_merge())
-        return False
-
-    wait_until(done, timeout_s=30, what="not-ready taint removed")
-
-
-def _merge() -> Any:
-    from lightkube.types import PatchType
-
-    return PatchType.MERGE
-
-
-def ensure_root_ca(client: Any, namespace: str, ca_file: Path) -> None:
-    """Create ``kube-root-ca.crt`` in ``namespace`` (kube-controller-manager's root-CA
-    publisher does it in a cluster); pods' projected service-account volumes need it.
-    An existing one is left alone."""
-    from lightkube import ApiError
-    from lightkube.models.meta_v1 import ObjectMeta
-    from lightkube.resources.core_v1 import ConfigMap
-
-    try:
-        client.create(ConfigMap(metadata=ObjectMeta(name="kube-root-ca.crt", namespace=namespace),
-                                data={"ca.crt": ca_file.read_text()}))
-    except ApiError as err:
-        if err.status.code != 409:
-            raise
