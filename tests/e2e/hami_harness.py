@@ -37,6 +37,7 @@ from hami.testing.controlplane import (
     free_port,
     wait_until,
 )
+from hami.testing.gpupods import webhook_configuration  # noqa: F401 - re-exported
 from hami.testing.pki import CertificateAuthority
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -363,23 +364,3 @@ class ReadyForwarder:
         self._sock.close()
 
 
-def webhook_configuration(name: str, url: str, ca_pem: bytes) -> dict[str, Any]:
-    """A MutatingWebhookConfiguration like our chart's (CREATE pods, selected by namespace
-    only), failurePolicy Fail so a broken webhook shows in the test."""
-    import base64
-
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": name},
-        "webhooks": [{
-            "name": "vgpu.hami.io",
-            "clientConfig": {"url": f"{url}/webhook",
-                             "caBundle": base64.b64encode(ca_pem).decode()},
-            "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                       "resources": ["pods"]}],
-            "admissionReviewVersions": ["v1"], "sideEffects": "None",
-            "failurePolicy": "Fail", "reinvocationPolicy": "Never", "timeoutSeconds": 10,
-            "namespaceSelector": {"matchExpressions": [
-                {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}]},
-        }],
-    }
