@@ -10,6 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
+from hami.scheduler.defaultopts import DefaultCores, DefaultGpu, DefaultMem
+
 
 class Output(StrEnum):
     """Output formats of ``hami schedule``."""
@@ -32,15 +34,9 @@ def schedule_command(
     output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
     enable_ascend: Annotated[bool, typer.Option(help="register the device config's vnpus (Ascend) vendors")] = False,
     enable_iluvatar: Annotated[bool, typer.Option(help="register the device config's iluvatars vendors")] = False,
-    default_mem: Annotated[int | None, typer.Option(
-        "--default-mem", help="MiB a GPU container gets when it names no memory "
-        "(overrides the device config's defaultMemory; 0: the whole card)")] = None,
-    default_cores: Annotated[int | None, typer.Option(
-        "--default-cores", help="core percent a GPU container gets when it names none "
-        "(overrides defaultCores)")] = None,
-    default_gpu: Annotated[int | None, typer.Option(
-        "--default-gpu", help="GPUs a container asking only for memory or cores gets "
-        "(overrides defaultGPUNum)")] = None,
+    default_mem: DefaultMem = None,
+    default_cores: DefaultCores = None,
+    default_gpu: DefaultGpu = None,
 ) -> None:
     """Dry-run admission and scheduling of the pending pods in a cluster file."""
     from hami.core.config import GPU_POLICIES, NODE_POLICIES, ConfigError

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from hami.core.config import ConfigError
+from hami.scheduler.defaultopts import DefaultCores, DefaultGpu, DefaultMem
 
 
 def _duration(text: str, flag: str) -> timedelta:
@@ -83,15 +84,9 @@ def scheduler(
              "are closed at once (0: no cap); loopback peers are never refused")] = 256,
     watch_idle_timeout: Annotated[str, typer.Option(
         help="restart an API watch that brought no event or bookmark for this long")] = "2m",
-    default_mem: Annotated[int | None, typer.Option(
-        "--default-mem", help="MiB a GPU container gets when it names no memory "
-        "(overrides the device config's defaultMemory; 0: the whole card)")] = None,
-    default_cores: Annotated[int | None, typer.Option(
-        "--default-cores", help="core percent a GPU container gets when it names none "
-        "(overrides defaultCores)")] = None,
-    default_gpu: Annotated[int | None, typer.Option(
-        "--default-gpu", help="GPUs a container asking only for memory or cores gets "
-        "(overrides defaultGPUNum)")] = None,
+    default_mem: DefaultMem = None,
+    default_cores: DefaultCores = None,
+    default_gpu: DefaultGpu = None,
 ) -> None:
     """Run the scheduler extender + mutating webhook (HAMi's hami-scheduler)."""
     from hami.keyring import KeyRing, KeyRingError
