@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -46,7 +45,7 @@ from hami.testing.controlplane import (  # noqa: E402
     wait_until,
 )
 from tests.deploy import api_calls  # noqa: E402
-from tests.deploy.chart import NAMESPACE, HelmMissing, container, find, helm_binary, render  # noqa: E402
+from tests.deploy.chart import NAMESPACE, container, find, render  # noqa: E402
 from tests.deploy.e2e import accounts  # noqa: E402
 
 pytestmark = pytest.mark.e2e
@@ -89,18 +88,12 @@ class Chain:
 
 
 @pytest.fixture
-def chain(control_plane: ControlPlane, kube_client: Any) -> Iterator[Chain]:
+def chain(control_plane: ControlPlane, kube_client: Any, require_helm: None) -> Iterator[Chain]:
     from hami.certgen import generate, service_hosts, write_files
     from hami.deviceplugin.command import run_plugin
     from tests.node.conftest import short_tmpdir
     from tests.node.fakes import FakeKubelet
 
-    try:
-        helm_binary()
-    except HelmMissing as err:
-        if os.environ.get("HAMI_DEPLOY_REQUIRED") == "1":
-            pytest.fail(str(err))
-        pytest.skip(str(err))
     node = f"chain-{uuid.uuid4().hex[:6]}"
     port, metrics_port = free_port(), free_port()
     node_config = {"nodeconfig": [{"name": node, "operatingmode": "hami-core",

@@ -3,26 +3,20 @@ plane, with the chart's KubeSchedulerConfiguration, webhook and device config.""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.deploy.chart import ROOT, HelmMissing, helm_binary
+from tests.deploy.chart import ROOT
 
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.usefixtures("require_helm")
 def test_quickstart_schedules_a_pod(tmp_path: Path) -> None:
     pytest.importorskip("hami.scheduler.command")
-    try:
-        helm_binary()
-    except HelmMissing as err:
-        if os.environ.get("HAMI_DEPLOY_REQUIRED") == "1":
-            pytest.fail(str(err))
-        pytest.skip(str(err))
     proc = subprocess.run([sys.executable, str(ROOT / "deploy/local/quickstart.py"),
                            "--workdir", str(tmp_path)], capture_output=True, text=True,
                           timeout=400)
