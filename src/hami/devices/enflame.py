@@ -10,6 +10,10 @@ GCUs from capacity; writes ``enflame.com/gcu-assigned*``). HAMi's Enflame guide:
 default 100); only one vGCU per container; UUIDs ``<node>-enflame-<i>``; filters
 ``enflame.com/use-gpuuuid`` / ``nouse-gpuuuid``.
 
+The shared vGCU's declarations are the row :data:`SHARE` (served by
+:class:`~hami.devices.shares.ShareVendor`); this module adds its request, devices and
+annotation.
+
 Our choices (docs/dev/vendors-design.md): shared cards are synthesised from the capacity of the
 percentage resource (100 units per card); ``enflame.com/gcu-assigned`` is written ``false``.
 Not done: DRS profiles from ``enflame.com/gcu-drs-capacity`` (format not known to us).
@@ -22,69 +26,55 @@ from dataclasses import dataclass
 from typing import Any
 
 from hami.core.model import ContainerDeviceRequest, DeviceInfo, PodSingleDevice
-from hami.core.vendor import PatchContext, ResourceNames
-from hami.devices.common import (
-    AdmissionError,
-    BaseVendor,
-    Filters,
-    capacity,
-    capacity_devices,
-    in_limits,
-    int_resource,
-)
+from hami.core.vendor import PatchContext
+from hami.devices.common import AdmissionError, capacity, capacity_devices, int_resource
+from hami.devices.shares import ENFLAME_GCU, ShareNames, ShareRow, ShareVendor
 
 ENFLAME = "Enflame"
 DRS_CAPACITY = "enflame.com/gcu-drs-capacity"
 ASSIGNED = "enflame.com/gcu-assigned"
-FILTERS = Filters(use_uuid="enflame.com/use-gpuuuid", nouse_uuid="enflame.com/nouse-gpuuuid")
+#: The shared vGCU: count ``vgcu``, memory and cores both ``vgcu-percentage``.
+SHARE = ShareRow(
+    ENFLAME, "hami.io/node-handshake-enflame", "hami.io/enflame-vgpu-devices-allocated",
+    ShareNames("enflame.com/vgcu", "enflame.com/vgcu-percentage", "enflame.com/vgcu-percentage"),
+    register="capacity", checked_cores=True, uuid_word="enflame",
+    filters=ENFLAME_GCU.filters)
 
 
 @dataclass(frozen=True, slots=True)
 class EnflameConfig:
     """The ``enflame:`` section (HAMi v2.10), the names this backend reads."""
 
-    resource_name_gcu: str = "enflame.com/gcu"
-    resource_name_vgcu: str = "enflame.com/vgcu"
-    resource_name_vgcu_percentage: str = "enflame.com/vgcu-percentage"
+    resource_name_gcu: str = ENFLAME_GCU.count_name
+    resource_name_vgcu: str = SHARE.defaults.resource_count_name
+    resource_name_vgcu_percentage: str = SHARE.defaults.resource_memory_name
 
 
-class EnflameShare(BaseVendor):
+class EnflameShare(ShareVendor):
     """Shared vGCU: a percentage of one card's memory and cores."""
 
-    common_word = ENFLAME
-    handshake_key = "hami.io/node-handshake-enflame"
-    allocated_key = "hami.io/enflame-vgpu-devices-allocated"
-    filters = FILTERS
-
     def __init__(self, config: EnflameConfig | None = None) -> None:
-        self.config = config or EnflameConfig()
-
-    def resource_names(self) -> ResourceNames:
-        c = self.config
-        return ResourceNames(c.resource_name_vgcu, c.resource_name_vgcu_percentage,
-                             c.resource_name_vgcu_percentage)
-
-    def mutate_admission(self, container: dict[str, Any], pod: dict[str, Any]) -> bool:
-        self.container_request(container)
-        return in_limits(container, self.config.resource_name_vgcu)
+        c = config or EnflameConfig()
+        pct = c.resource_name_vgcu_percentage
+        super().__init__(SHARE, ShareNames(c.resource_name_vgcu, pct, pct))
 
     def container_request(self, container: Mapping[str, Any]) -> ContainerDeviceRequest | None:
         c = self.config
-        nums = int_resource(container, c.resource_name_vgcu)
+        nums = int_resource(container, c.resource_count_name)
         if not nums:
             return None
         if nums != 1:
-            raise AdmissionError(f"{c.resource_name_vgcu} of container "
+            raise AdmissionError(f"{c.resource_count_name} of container "
                                  f"{container.get('name', '?')} must be 1, got {nums}")
-        pct = int_resource(container, c.resource_name_vgcu_percentage)
+        pct = int_resource(container, c.resource_core_name)
         pct = 100 if pct is None else pct
         if not 1 <= pct <= 100:
-            raise AdmissionError(f"{c.resource_name_vgcu_percentage} of container "
+            raise AdmissionError(f"{c.resource_core_name} of container "
                                  f"{container.get('name', '?')} must be 1..100, got {pct}")
         return ContainerDeviceRequest(1, ENFLAME, 0, pct, pct)
 
     def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
-        cards = capacity(node, self.config.resource_name_vgcu_percentage) // 100
+        cards = capacity(node, self.config.resource_core_name) // 100
         return capacity_devices(node, cards, ENFLAME, ENFLAME, 0, 100, split=100,
                                 uuid_word="enflame")
 

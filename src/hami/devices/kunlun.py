@@ -10,6 +10,11 @@ or 4 must stay within one NUMA half (cards 0-3 / 4-7), fragmentation minimised; 
 memory rounds to 24576 (1/4 card) or 49152 (1/2 card), above that a whole card; UUID
 filters ``hami.io/use-xpu-uuid`` / ``hami.io/no-use-xpu-uuid``.
 
+The declarations are the rows :data:`WHOLE` (whole XPUs, served by
+:class:`~hami.devices.shares.WholeCardVendor`) and :data:`hami.devices.shares.KUNLUN_VXPU`;
+this module adds the card sizes, the topology-aware Fit and ScoreNode, and the vXPU
+memory templates.
+
 Fragmentation is measured by MTF ("minimized tasks to fill", HAMi's Kunlunxin topology
 guide): the Fit takes the valid card set leaving the smallest MTF, and ScoreNode is
 ``MTF(before) - MTF(after)`` (higher is better: a smaller increase of MTF). HAMi's exact
@@ -25,49 +30,37 @@ from itertools import combinations
 from typing import Any
 
 from hami.core import fit as f
-from hami.core.fit import DeviceState, FitOutcome, gen_reason
+from hami.core.fit import DeviceState, FitOutcome
 from hami.core.model import (
     ContainerDevice,
     ContainerDeviceRequest,
     ContainerDevices,
-    DeviceInfo,
     PodSingleDevice,
 )
-from hami.core.vendor import FitContext, PatchContext, ResourceNames
-from hami.devices.common import (
-    AdmissionError,
-    BaseVendor,
-    Filters,
-    capacity,
-    capacity_devices,
-    in_limits,
-    int_resource,
-)
+from hami.core.vendor import FitContext, PatchContext
+from hami.devices.cardfit import finish_pick, indices, screened, too_few
+from hami.devices.common import AdmissionError, int_resource
+from hami.devices.shares import KUNLUN_VXPU, ShareNames, ShareVendor, WholeCardVendor, WholeRow
 
 KUNLUN = "kunlun"
-XPU = "XPU"
+XPU = KUNLUN_VXPU.common_word
 WHOLE_SIZES = (1, 2, 4, 8)
 GROUP_SIZE = 4
-KUNLUN_ALLOCATED = "hami.io/kunlun-allocated"
-KUNLUN_HANDSHAKE = "hami.io/node-handshake-kunlun"
 DEVICE_IDX = "BAIDU_COM_DEVICE_IDX"
-XPU_REGISTER = "hami.io/node-register-xpu"
-XPU_HANDSHAKE = "hami.io/node-handshake-xpu"
-XPU_TO_ALLOCATE = "hami.io/xpu-devices-to-allocate"
-XPU_ALLOCATED = "hami.io/xpu-devices-allocated"
 #: vXPU memory templates in MiB (1/4, 1/2, whole P800 card) and the share of cores each is.
 XPU_TEMPLATES = ((24576, 25), (49152, 50), (98304, 100))
-XPU_FILTERS = Filters(use_uuid="hami.io/use-xpu-uuid", nouse_uuid="hami.io/no-use-xpu-uuid")
+#: Whole XPUs: devices from capacity, ``<node>-kunlun-<i>``, only an allocated annotation.
+WHOLE = WholeRow(KUNLUN, "hami.io/node-handshake-kunlun", "hami.io/kunlun-allocated", None,
+                 "kunlunxin.com/xpu", KUNLUN)
 
 
 @dataclass(frozen=True, slots=True)
 class KunlunConfig:
     """The ``kunlun:`` section (HAMi v2.10)."""
 
-    resource_count_name: str = "kunlunxin.com/xpu"
-    resource_vcount_name: str = "kunlunxin.com/vxpu"
-    resource_vmemory_name: str = "kunlunxin.com/vxpu-memory"
-
+    resource_count_name: str = WHOLE.count_name
+    resource_vcount_name: str = KUNLUN_VXPU.defaults.resource_count_name
+    resource_vmemory_name: str = KUNLUN_VXPU.defaults.resource_memory_name
 
 def mtf(free: Iterable[int]) -> int:
     """Minimized Tasks to Fill: how many aligned tasks (8, 4, 2, 1 cards) fill the free
@@ -110,59 +103,34 @@ def topology_pick(free: Sequence[int], nums: int) -> tuple[int, ...] | None:
     return None if best is None else best[2]
 
 
-class Kunlun(BaseVendor):
-    """Whole Kunlunxin XPUs (CommonWord ``kunlun``)."""
-
-    common_word = KUNLUN
-    handshake_key = KUNLUN_HANDSHAKE
-    allocated_key = KUNLUN_ALLOCATED
+class Kunlun(WholeCardVendor):
+    """Whole Kunlunxin XPUs (CommonWord ``kunlun``): 1, 2, 4 or 8 cards, topology-aware."""
 
     def __init__(self, config: KunlunConfig | None = None) -> None:
-        self.config = config or KunlunConfig()
-
-    def resource_names(self) -> ResourceNames:
-        return ResourceNames(self.config.resource_count_name)
+        super().__init__(WHOLE, (config or KunlunConfig()).resource_count_name)
 
     def container_request(self, container: Mapping[str, Any]) -> ContainerDeviceRequest | None:
-        nums = int_resource(container, self.config.resource_count_name)
-        if not nums:
-            return None
-        if nums not in WHOLE_SIZES:
-            raise AdmissionError(f"{self.config.resource_count_name} of container "
+        nums = int_resource(container, self.count_name)
+        if nums and nums not in WHOLE_SIZES:
+            raise AdmissionError(f"{self.count_name} of container "
                                  f"{container.get('name', '?')} must be 1, 2, 4 or 8, got {nums}")
-        return ContainerDeviceRequest(nums, KUNLUN, 0, 100, 100)
-
-    def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
-        count = capacity(node, self.config.resource_count_name)
-        return capacity_devices(node, count, KUNLUN, KUNLUN, 0, 100, split=1)
+        return super().container_request(container)
 
     def fit(self, devices: Sequence[DeviceState], request: ContainerDeviceRequest,
             ctx: FitContext) -> FitOutcome:
-        if request.nums > len(devices):
-            return FitOutcome(False, reason=f.NODE_INSUFFICIENT_DEVICE)
+        if (short := too_few(devices, request.nums)) is not None:
+            return short
         counts: Counter[str] = Counter()
         free: dict[int, DeviceState] = {}
-        for dev in devices:
-            if not dev.info.health:
-                counts[f.CARD_NOT_HEALTH] += 1
-            elif dev.info.uuid in ctx.cordoned:
-                counts[f.CARD_CORDONED] += 1
-            elif dev.used_slots >= dev.info.split_count:
+        for dev in screened(devices, ctx, self.filters, counts):
+            if dev.used_slots >= dev.info.split_count:
                 counts[f.CARD_TIME_SLICING_EXHAUSTED] += 1
             else:
                 free[dev.info.index] = dev
         picked = topology_pick(sorted(free), request.nums)
-        if picked is None:
-            if free:
-                key = (f.ALLOCATED_CARDS_INSUFFICIENT_REQUEST if len(free) < request.nums
-                       else "CardNotFoundCustomFilterRule")
-                counts[key] += len(free)
-            return FitOutcome(False, reason=gen_reason(counts, len(devices)))
-        grant = tuple(ContainerDevice(free[i].info.uuid, KUNLUN, 0, 100, i) for i in picked)
-        if ctx.quota_ok is not None and not ctx.quota_ok(grant):
-            counts[f.RESOURCE_QUOTA_NOT_FIT] += len(grant)
-            return FitOutcome(False, reason=gen_reason(counts, len(devices)))
-        return FitOutcome(True, grant)
+        grant = None if picked is None else tuple(
+            ContainerDevice(free[i].info.uuid, KUNLUN, 0, 100, i) for i in picked)
+        return finish_pick(counts, len(free), request.nums, len(devices), grant, ctx)
 
     def score_node(self, devices: Sequence[DeviceState], grant: Sequence[ContainerDevices],
                    ctx: FitContext) -> float:
@@ -177,7 +145,7 @@ class Kunlun(BaseVendor):
     def pod_annotations(self, grant: PodSingleDevice, ctx: PatchContext) -> dict[str, str]:
         out = super().pod_annotations(grant, ctx)
         if out:
-            out[DEVICE_IDX] = ",".join(str(d.index) for container in grant for d in container)
+            out[DEVICE_IDX] = indices(grant)
         return out
 
 
@@ -191,31 +159,19 @@ def xpu_template(memory_mib: int) -> tuple[int, int]:
     return XPU_TEMPLATES[-1]
 
 
-class KunlunVxpu(BaseVendor):
+class KunlunVxpu(ShareVendor):
     """Kunlunxin vXPU shares (CommonWord ``XPU``), NVIDIA-like Fit on template sizes."""
 
-    common_word = XPU
-    handshake_key = XPU_HANDSHAKE
-    register_key = XPU_REGISTER
-    to_allocate_key = XPU_TO_ALLOCATE
-    allocated_key = XPU_ALLOCATED
-    filters = XPU_FILTERS
-
     def __init__(self, config: KunlunConfig | None = None) -> None:
-        self.config = config or KunlunConfig()
-
-    def resource_names(self) -> ResourceNames:
-        return ResourceNames(self.config.resource_vcount_name, self.config.resource_vmemory_name)
-
-    def mutate_admission(self, container: dict[str, Any], pod: dict[str, Any]) -> bool:
-        self.container_request(container)
-        return in_limits(container, self.config.resource_vcount_name)
+        c = config or KunlunConfig()
+        super().__init__(KUNLUN_VXPU, ShareNames(c.resource_vcount_name,
+                                                 c.resource_vmemory_name, ""))
 
     def container_request(self, container: Mapping[str, Any]) -> ContainerDeviceRequest | None:
-        nums = int_resource(container, self.config.resource_vcount_name)
+        nums = int_resource(container, self.config.resource_count_name)
         if not nums:
             return None
-        memory = int_resource(container, self.config.resource_vmemory_name) or 0
+        memory = int_resource(container, self.config.resource_memory_name) or 0
         size, cores = xpu_template(memory)
         if cores == 100:
             return ContainerDeviceRequest(nums, XPU, 0, 100, 100)

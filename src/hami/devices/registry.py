@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from hami.core.config import ConfigError, NvidiaConfig
 from hami.core.vendor import Vendor
-from hami.devices.amd import Amd, AmdConfig
+from hami.devices.amd import Amd
 from hami.devices.ascend import Ascend, AscendConfig
 from hami.devices.awsneuron import AwsNeuron, NeuronConfig
 from hami.devices.cambricon import Cambricon
@@ -23,13 +23,15 @@ from hami.devices.countonly import COUNT_ONLY
 from hami.devices.enflame import EnflameConfig, EnflameShare
 from hami.devices.kunlun import Kunlun, KunlunConfig, KunlunVxpu
 from hami.devices.metax import MetaxConfig, MetaxSgpu
-from hami.devices.mthreads import Mthreads, MthreadsConfig
+from hami.devices.mthreads import Mthreads
 from hami.devices.nvidia import Nvidia
 from hami.devices.shares import (
+    AMD,
     CAMBRICON,
     ENFLAME_GCU,
     HYGON,
     METAX_GPU,
+    MTHREADS,
     ShareNames,
     ShareRow,
     ShareVendor,
@@ -142,9 +144,9 @@ def build_registry(config: Mapping[str, Any], *, enable_ascend: bool = False,
     if (raw := present("cambricon")) is not None:
         reg.add(Cambricon(_share_names(CAMBRICON, raw)))
     if (raw := present("mthreads")) is not None:
-        reg.add(Mthreads(section(MthreadsConfig, raw)))
+        reg.add(Mthreads(_share_names(MTHREADS, raw)))
     if (raw := present("amd")) is not None:
-        reg.add(Amd(section(AmdConfig, raw)))
+        reg.add(Amd(_share_names(AMD, raw)))
     if (raw := present("awsneuron")) is not None:
         reg.add(AwsNeuron(section(NeuronConfig, raw)))
     if (raw := present("kunlun")) is not None:
