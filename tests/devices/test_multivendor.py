@@ -3,21 +3,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hami.core.fit import DeviceState
-from hami.core.model import ContainerDevice
+from hami.core.config import SchedulerConfig, SchedulingPolicy
+from hami.core.model import ContainerDevice, DeviceInfo
+from hami.core.state import ClusterState, Decision
 from hami.core.vendor import PatchContext
 from hami.core.vendors import merge_allocation, mutate_pod, pod_patch, pod_requests
-from hami.devices.allocate import (
-    DEVICE_TYPE_NOT_FOUND,
-    NodeView,
-    choose_node,
-    default_node_score,
-    fit_pod,
-)
-from hami.devices.registry import build_registry
-from tests.devices.util import ctr, dev, pod, state
+from hami.devices.registry import Registry, build_registry
+from tests.devices.util import ctr, dev, pod
 
 REG = build_registry({"nvidia": {}, "hygon": {}, "cambricon": {}, "mthreads": {}})
 
@@ -34,6 +29,26 @@ POD = pod(
     ctr({"nvidia.com/gpu": 2, "nvidia.com/gpumem": 3000}, name="cuda-app"),
     init=[ctr({"cambricon.com/vmlu": 1, "cambricon.com/mlu.smlu.vmemory": 4}, name="mlu-init")],
 )
+
+
+def cluster(nodes: Mapping[str, Sequence[DeviceInfo]], registry: Registry = REG,
+            node_policy: str = "binpack") -> ClusterState:
+    """The scheduler's state with ``nodes`` (name -> every vendor's devices)."""
+    st = ClusterState(SchedulerConfig(registry=registry,
+                                      policy=SchedulingPolicy(node_policy, "spread")))
+    for name, devices in nodes.items():
+        st.ledger.add_node(name, devices)
+    return st
+
+
+def decide(st: ClusterState, p: dict[str, Any], *node_names: str) -> Decision:
+    """The filter's decision for ``p`` among ``node_names`` (all nodes when none)."""
+    return st.filter(p, list(node_names) or st.ledger.node_names())
+
+
+def grants(decision: Decision) -> dict[str, Any]:
+    """Every vendor's grant of a decision, NVIDIA's included."""
+    return {**decision.result.vendor_devices, "NVIDIA": decision.result.devices}
 
 
 def test_requests_per_container_and_vendor() -> None:
@@ -53,26 +68,27 @@ def test_webhook_calls_every_vendor_on_every_container() -> None:
 
 def test_two_vendor_pod_is_consistent() -> None:
     reqs = pod_requests(REG, POD)
-    out = fit_pod(REG, reqs, state(NODE_DEVICES), node_name="n1")
-    assert out.ok, out.reason
-    assert sorted(out.devices) == ["DCU", "MLU", "NVIDIA"]
-    for word, grant in out.devices.items():
+    decision = decide(cluster({"n1": NODE_DEVICES}), POD)
+    assert decision.result.node == "n1", decision.result.failed_nodes
+    out = grants(decision)
+    assert sorted(decision.result.vendor_devices) == ["DCU", "MLU"]
+    for word, grant in out.items():
         assert len(grant) == 4  # one entry per container, init first
         for position, container in enumerate(grant):
             wanted = word in reqs.containers[position]
             assert bool(container) is wanted
             assert all(d.type == word for d in container)
-    assert {d.uuid for d in out.devices["NVIDIA"][3]} == {"GPU-0", "GPU-1"}
-    assert out.devices["DCU"][1] == (ContainerDevice("DCU-0", "DCU", 2000, 0),)
-    assert out.devices["MLU"][0] == (ContainerDevice("MLU-0", "MLU", 1024, 0),)
-    anns = pod_patch(REG, out.devices, PatchContext("n1", 7))
+    assert {d.uuid for d in out["NVIDIA"][3]} == {"GPU-0", "GPU-1"}
+    assert out["DCU"][1] == (ContainerDevice("DCU-0", "DCU", 2000, 0),)
+    assert out["MLU"][0] == (ContainerDevice("MLU-0", "MLU", 1024, 0),)
+    anns = decision.annotations
     assert anns["hami.io/dcu-devices-allocated"] == ";DCU-0,DCU,2000,0:;;;"
     assert anns["hami.io/cambricon-mlu-devices-allocated"] == "MLU-0,MLU,1024,0:;;;;"
     nv = anns["hami.io/vgpu-devices-allocated"]
     assert nv.startswith(";;;") and nv.count("NVIDIA,3000,0:") == 2
     assert anns["CAMBRICON_DSMLU_PROFILE"] == "0_0_4"
     # each vendor's string decodes back to the same positional allocation
-    for word, grant in out.devices.items():
+    for word, grant in out.items():
         decoded = REG[word].decode_allocation(anns)
         assert tuple(tuple(d.uuid for d in c) for c in decoded) == tuple(
             tuple(d.uuid for d in c) for c in grant)
@@ -82,61 +98,69 @@ def test_app_containers_accumulate_across_vendors_independently() -> None:
     p = pod(ctr({"hygon.com/dcunum": 1, "hygon.com/dcumem": 40000}, name="a"),
             ctr({"hygon.com/dcunum": 1, "hygon.com/dcumem": 40000}, name="b"),
             ctr({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 40000}, name="c"))
-    out = fit_pod(REG, pod_requests(REG, p), state(NODE_DEVICES))
-    assert not out.ok and out.reason == "1/1 CardInsufficientMemory"
+    out = decide(cluster({"n1": NODE_DEVICES}), p).result
+    assert out.node is None and out.failed_nodes == {"n1": "1/1 CardInsufficientMemory"}
     q = pod(ctr({"hygon.com/dcunum": 1, "hygon.com/dcumem": 30000}, name="a"),
             ctr({"hygon.com/dcunum": 1, "hygon.com/dcumem": 30000}, name="b"),
             ctr({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 40000}, name="c"))
-    assert fit_pod(REG, pod_requests(REG, q), state(NODE_DEVICES)).ok
+    assert decide(cluster({"n1": NODE_DEVICES}), q).result.node == "n1"
 
 
 def test_init_containers_use_fresh_copies() -> None:
     p = pod(ctr({"hygon.com/dcunum": 1, "hygon.com/dcumem": 60000}, name="app"),
             init=[ctr({"hygon.com/dcunum": 1, "hygon.com/dcumem": 60000}, name="i")])
-    out = fit_pod(REG, pod_requests(REG, p), state(NODE_DEVICES))
-    assert out.ok and out.devices["DCU"][0] and out.devices["DCU"][1]
+    out = decide(cluster({"n1": NODE_DEVICES}), p).result
+    assert out.node == "n1"
+    assert out.vendor_devices["DCU"][0] and out.vendor_devices["DCU"][1]
 
 
-def test_devices_are_not_modified() -> None:
-    devices = state(NODE_DEVICES)
-    fit_pod(REG, pod_requests(REG, POD), devices)
-    assert all(d.used_slots == 0 for d in devices)
+def test_the_filter_does_not_charge() -> None:
+    st = cluster({"n1": NODE_DEVICES})
+    assert decide(st, POD).result.node == "n1"
+    assert all(used == 0 for _, used, _, _ in st.ledger.device_usage("n1"))
 
 
-def test_unknown_vendor_and_missing_devices() -> None:
-    only_nvidia = build_registry({"nvidia": {}})
-    reqs = pod_requests(REG, POD)
-    assert fit_pod(only_nvidia, reqs, state(NODE_DEVICES)).reason == DEVICE_TYPE_NOT_FOUND
+def test_missing_devices() -> None:
     no_dcu = [d for d in NODE_DEVICES if d.vendor != "DCU"]
-    assert fit_pod(REG, reqs, state(no_dcu)).reason == "NodeInsufficientDevice"
+    out = decide(cluster({"n1": no_dcu}), POD).result
+    assert out.failed_nodes == {"n1": "NodeInsufficientDevice"}
 
 
 def test_default_node_score_over_all_vendors() -> None:
-    devices = [DeviceState(d, 0, 0, 0) for d in NODE_DEVICES]
-    assert default_node_score(devices) == 0.0
-    devices[2].used_slots, devices[2].used_cores = 2, 100
-    score = default_node_score(devices)
-    assert abs(score - 10 * (2 / 40 + 100 / 400)) < 1e-5
+    # binpack: usage of another vendor's device counts in the node score (HAMi's
+    # ComputeDefaultScore sums every device of the node), so the node with a busy DCU
+    # wins an NVIDIA-only pod; spread takes the idle node.
+    st = cluster({"idle": NODE_DEVICES, "dcu-busy": NODE_DEVICES}, node_policy="binpack")
+    dcu = pod(ctr({"hygon.com/dcunum": 1, "hygon.com/dcumem": 2000}))
+    dcu["metadata"]["uid"] = "dcu"
+    assert st.commit(dcu, decide(st, dcu, "dcu-busy")) is not None
+    gpu = pod(ctr({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}))
+    assert decide(st, gpu).result.node == "dcu-busy"
+    st.config = SchedulerConfig(registry=REG, policy=SchedulingPolicy("spread", "spread"))
+    assert decide(st, gpu).result.node == "idle"
 
 
 def test_merge_allocation_for_the_ledger() -> None:
-    out = fit_pod(REG, pod_requests(REG, POD), state(NODE_DEVICES))
-    merged = merge_allocation(out.devices, 4)
+    out = grants(decide(cluster({"n1": NODE_DEVICES}), POD))
+    merged = merge_allocation(out, 4)
     assert [sorted(d.uuid for d in c) for c in merged] == [
         ["MLU-0"], ["DCU-0"], [], ["GPU-0", "GPU-1"]]
 
 
 def test_choose_node_across_nodes() -> None:
-    reqs = pod_requests(REG, POD)
-    empty = NodeView("empty", state(NODE_DEVICES))
-    busy = NodeView("busy", state(NODE_DEVICES, {"GPU-0": (1, 1000, 0)}))
-    no_mlu = NodeView("no-mlu", state([d for d in NODE_DEVICES if d.vendor != "MLU"]))
-    binpack = choose_node(REG, reqs, [empty, busy, no_mlu])
-    assert binpack.node == "busy" and binpack.score > 0
-    spread = choose_node(REG, reqs, [empty, busy, no_mlu], node_policy="spread")
-    assert spread.node == "empty"
-    none = choose_node(REG, reqs, [no_mlu])
-    assert none.node is None and none.failed == {"no-mlu": "NodeInsufficientDevice"}
+    no_mlu = [d for d in NODE_DEVICES if d.vendor != "MLU"]
+    nodes = {"empty": NODE_DEVICES, "busy": NODE_DEVICES, "no-mlu": no_mlu}
+    for policy, chosen in (("binpack", "busy"), ("spread", "empty")):
+        st = cluster(nodes, node_policy=policy)
+        first = pod(ctr({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}))
+        first["metadata"]["uid"] = "first"
+        st.commit(first, decide(st, first, "busy"))
+        decision = decide(st, POD)
+        assert decision.result.node == chosen, policy
+        assert decision.result.score > 0 or policy == "spread"
+    st = cluster({"no-mlu": no_mlu})
+    none = decide(st, POD).result
+    assert none.node is None and none.failed_nodes == {"no-mlu": "NodeInsufficientDevice"}
 
 
 def test_webhook_error_names_the_vendor_value() -> None:

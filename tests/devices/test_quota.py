@@ -3,12 +3,13 @@ limits, explicit 0 blocks, webhook pre-check max(app sum, init max), fit-time ch
 
 from __future__ import annotations
 
+from hami.core.config import SchedulerConfig
 from hami.core.model import ContainerDevice
+from hami.core.state import ClusterState
 from hami.core.vendor_quota import VendorQuota
 from hami.core.vendors import pod_requests
-from hami.devices.allocate import fit_pod
 from hami.devices.registry import build_registry
-from tests.devices.util import ctr, dev, pod, state
+from tests.devices.util import ctr, dev, pod
 
 REG = build_registry({"nvidia": {}, "hygon": {"memoryFactor": 2}, "cambricon": {}})
 
@@ -60,16 +61,17 @@ def test_admission_precheck_per_vendor() -> None:
 
 
 def test_fit_time_quota() -> None:
-    q = VendorQuota(REG)
-    q.set_quota("ns", "rq", {"limits.hygon.com/dcucores": 50})
-    devices = state([dev("d0", "DCU"), dev("d1", "DCU", index=1)])
     p = pod(ctr({"hygon.com/dcunum": 1, "hygon.com/dcucores": 30}, name="a"),
             ctr({"hygon.com/dcunum": 1, "hygon.com/dcucores": 30}, name="b"))
-    reqs = pod_requests(REG, p)
-    assert fit_pod(REG, reqs, devices).ok
-    out = fit_pod(REG, reqs, devices, quota=q, namespace="ns")
-    assert out.reason == "2/2 ResourceQuotaNotFit"
-    assert fit_pod(REG, reqs, devices, quota=q, namespace="elsewhere").ok
+    for namespace, reason in (("ns", "2/2 ResourceQuotaNotFit"), ("elsewhere", "")):
+        st = ClusterState(SchedulerConfig(registry=REG))
+        st.ledger.add_node("n1", [dev("d0", "DCU"), dev("d1", "DCU", index=1)])
+        st.upsert_quota({"metadata": {"name": "rq", "namespace": "ns"},
+                         "spec": {"hard": {"limits.hygon.com/dcucores": 50}}})
+        p["metadata"]["namespace"] = namespace
+        out = st.filter(p, ["n1"]).result
+        assert out.failed_nodes == ({"n1": reason} if reason else {}), namespace
+        assert (out.node is None) is bool(reason)
 
 
 def test_every_quota_object_of_a_namespace_applies() -> None:
