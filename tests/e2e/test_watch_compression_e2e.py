@@ -90,3 +90,37 @@ def test_scheduler_watch_without_version_sees_later_events(
     finally:
         kube_client.delete(Node, name)
     assert seen == ["ADDED", "MODIFIED"], seen
+
+
+def test_harness_client_asks_for_identity_on_watches_only(
+        control_plane: ControlPlane, kube_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ControlPlane.client() (the harness's lightkube client, FakeAllocator's too) sends
+    ``Accept-Encoding: identity`` on a watch and leaves a GET's encoding alone. The spy
+    wraps httpx2's real transport: the requests still reach the API server."""
+    import httpx2
+    from lightkube.resources.core_v1 import Node
+
+    seen: list[tuple[str, str]] = []
+    real = httpx2.HTTPTransport.handle_request
+
+    def spy(self: httpx2.HTTPTransport, request: httpx2.Request) -> httpx2.Response:
+        kind = "watch" if request.url.params.get("watch") in ("true", "1") else request.method
+        seen.append((kind, request.headers.get("Accept-Encoding", "")))
+        return real(self, request)
+
+    name = f"gz-{uuid.uuid4().hex[:6]}"
+    create_gpu_node(kube_client, name, gpus=1)
+    client = control_plane.client()
+    monkeypatch.setattr(httpx2.HTTPTransport, "handle_request", spy)
+    try:
+        client.get(Node, name)
+        for _ in client.watch(Node, fields={"metadata.name": name}, server_timeout=1):
+            break
+    finally:
+        monkeypatch.undo()
+        client.close()
+        kube_client.delete(Node, name)
+    assert [kind for kind, _ in seen] == ["GET", "watch"], seen
+    assert seen[1][1] == "identity"
+    assert "gzip" in seen[0][1], seen
+

@@ -49,6 +49,7 @@ from typing import Any, TypeVar
 
 import yaml
 
+from hami.testing.kubeclients import admin_async_client, admin_client
 from hami.testing.pki import CertificateAuthority, KeyPair, service_account_keys
 from hami.testing.scheduler_config import (
     CLIENT_BURST,
@@ -360,26 +361,13 @@ class ControlPlane:
     # -- clients -----------------------------------------------------------------------
 
     def client(self, namespace: str = "default") -> Any:
-        """A ``lightkube.Client`` authenticated as cluster admin (system:masters)."""
-        from lightkube import Client, KubeConfig
-
-        return Client(
-            KubeConfig.from_file(self.kubeconfig),
-            namespace=namespace,
-            field_manager="hami-e2e",
-            trust_env=False,
-        )
+        """A ``lightkube.Client`` authenticated as cluster admin (system:masters); its
+        watches ask for uncompressed bodies (:mod:`hami.testing.kubeclients`)."""
+        return admin_client(self.kubeconfig, namespace)
 
     def async_client(self, namespace: str = "default") -> Any:
-        """A ``lightkube.AsyncClient`` authenticated as cluster admin."""
-        from lightkube import AsyncClient, KubeConfig
-
-        return AsyncClient(
-            KubeConfig.from_file(self.kubeconfig),
-            namespace=namespace,
-            field_manager="hami-e2e",
-            trust_env=False,
-        )
+        """A ``lightkube.AsyncClient`` authenticated as cluster admin, like :meth:`client`."""
+        return admin_async_client(self.kubeconfig, namespace)
 
     def ssl_context(self) -> ssl.SSLContext:
         """Client TLS context for the apiserver: trusts our CA, presents the admin cert.
