@@ -29,12 +29,9 @@ from __future__ import annotations
 import argparse
 import base64
 import datetime as _dt
-import functools
 import json
-import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -42,15 +39,39 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
 from hami.testing.kubeclients import admin_async_client, admin_client
+from hami.testing.kubeobjects import (
+    bind_pod,
+    create_gpu_node,
+    ensure_namespace,
+    node_is_ready,
+    node_ready_condition,
+    pod_binding,
+    set_node_status,
+    set_pod_phase,
+)
 from hami.testing.pki import CertificateAuthority, KeyPair, service_account_keys
+from hami.testing.processes import (
+    BINARIES,
+    DEFAULT_TIMEOUT_S,
+    HOST,
+    KUBERNETES_VERSION,
+    BinariesMissing,
+    Component,
+    ControlPlaneError,
+    SchedulerHandle,
+    default_bin_dir,
+    die_with_parent,
+    find_binaries,
+    free_port,
+    wait_until,
+)
 from hami.testing.scheduler_config import (
     CLIENT_BURST,
     CLIENT_QPS,
@@ -58,17 +79,9 @@ from hami.testing.scheduler_config import (
     render_scheduler_config,
 )
 
-#: The Kubernetes release built by hack/k8s/build.sh (must match hack/k8s/go.mod).
-KUBERNETES_VERSION = "v1.37.2"
-
-#: Loopback address every component listens on.
-HOST = "127.0.0.1"
 #: ClusterIP of the ``kubernetes`` Service (first address of the service range); the
 #: apiserver's serving certificate names it, so in-cluster clients can verify it.
 KUBERNETES_SERVICE_IP = "10.96.0.1"
-
-#: Names of the binaries this module runs.
-BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
 
 #: Audit policy of the test apiserver: the requests of service accounts (the identities
 #: hami's components run as in the chart's RBAC tests), metadata only; nothing else.
@@ -82,170 +95,9 @@ AUDIT_POLICY = {
     ],
 }
 
-#: Default seconds to wait for one component to become healthy.
-DEFAULT_TIMEOUT_S = 90.0
-
-_POLL_S = 0.1
 _PORT_ATTEMPTS = 3
+
 _T = TypeVar("_T")
-
-
-class ControlPlaneError(RuntimeError):
-    """A component failed to start, died, or did not become healthy in time."""
-
-
-class BinariesMissing(ControlPlaneError, FileNotFoundError):
-    """The Kubernetes binaries are not built; the message says how to build them."""
-
-
-def default_bin_dir() -> Path:
-    """Directory holding etcd, kube-apiserver and kube-scheduler.
-
-    ``$HAMI_K8S_BIN_DIR`` when set, else
-    ``${HAMI_CACHE_DIR:-~/.cache/hami}/k8s-<KUBERNETES_VERSION>/bin`` (build.sh's output).
-    """
-    explicit = os.environ.get("HAMI_K8S_BIN_DIR")
-    if explicit:
-        return Path(explicit)
-    cache = os.environ.get("HAMI_CACHE_DIR") or str(Path.home() / ".cache" / "hami")
-    return Path(cache) / f"k8s-{KUBERNETES_VERSION}" / "bin"
-
-
-def find_binaries(bin_dir: Path | None = None) -> dict[str, Path]:
-    """Paths of the three binaries in ``bin_dir`` (default :func:`default_bin_dir`).
-
-    Raises:
-        BinariesMissing: one of them is absent or not executable.
-    """
-    bin_dir = bin_dir or default_bin_dir()
-    found = {name: bin_dir / name for name in BINARIES}
-    missing = [n for n, p in found.items() if not os.access(p, os.X_OK)]
-    if missing:
-        raise BinariesMissing(
-            f"{', '.join(missing)} not found in {bin_dir}; build them with hack/k8s/build.sh "
-            "(or point HAMI_K8S_BIN_DIR at a directory that has them)"
-        )
-    return found
-
-
-def free_port(host: str = HOST) -> int:
-    """A TCP port that was free on ``host`` a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(
-    check: Callable[[], bool],
-    *,
-    timeout_s: float,
-    what: str,
-    alive: Callable[[], None] | None = None,
-) -> float:
-    """Poll ``check`` every 0.1 s until it returns true; return the seconds waited.
-
-    ``alive`` is called before each poll and should raise if the thing waited for died.
-
-    Raises:
-        ControlPlaneError: ``timeout_s`` passed first.
-    """
-    start = time.monotonic()
-    while True:
-        if alive is not None:
-            alive()
-        if check():
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout_s:
-            raise ControlPlaneError(f"timed out after {timeout_s:g}s waiting for {what}")
-        time.sleep(_POLL_S)
-
-
-def die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGTERM it when the parent thread dies.
-
-    So a test run killed with SIGKILL leaves no etcd/apiserver behind. Elsewhere a no-op.
-    """
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
-@dataclass
-class Component:
-    """A running child process with its log file."""
-
-    name: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-    stopped: bool = False  # set by stop(): its exit was asked for
-
-    def log_tail(self, lines: int = 40) -> str:
-        """The last ``lines`` lines of the component's log (stdout and stderr)."""
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def check_alive(self) -> None:
-        """Raise :class:`ControlPlaneError` with the log tail if the process has exited
-        without :meth:`stop` having been called."""
-        code = self.process.poll()
-        if code is not None and not self.stopped:
-            raise ControlPlaneError(
-                f"{self.name} exited with code {code}; log {self.log_path}:\n{self.log_tail()}"
-            )
-
-    def wait_healthy(self, check: Callable[[], bool], what: str, timeout_s: float) -> float:
-        """Poll ``check`` (see :func:`wait_until`) while the process lives; return seconds.
-
-        Raises:
-            ControlPlaneError: the process exited, or ``timeout_s`` passed; the message
-                has the log tail either way.
-        """
-        try:
-            return wait_until(
-                check, timeout_s=timeout_s, what=f"{self.name} {what}", alive=self.check_alive
-            )
-        except ControlPlaneError as err:
-            if self.process.poll() is not None:
-                raise  # check_alive's message has the tail already
-            raise ControlPlaneError(f"{err}; log {self.log_path}:\n{self.log_tail()}") from None
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout_s``; safe to call twice."""
-        self.stopped = True
-        if self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
-@dataclass
-class SchedulerHandle:
-    """A kube-scheduler started by :meth:`ControlPlane.start_scheduler`.
-
-    Attributes:
-        scheduler_name: the profile's ``schedulerName``.
-        config_path: the KubeSchedulerConfiguration file it runs with.
-        port: its HTTPS serving port on 127.0.0.1 (``/healthz``, ``/readyz``, ``/metrics``).
-        component: the process and its log.
-    """
-
-    scheduler_name: str
-    config_path: Path
-    port: int
-    component: Component
-
-    def stop(self) -> None:
-        """Stop this kube-scheduler (the control plane keeps running)."""
-        self.component.stop()
 
 
 class ControlPlane:
@@ -668,237 +520,6 @@ class ControlPlane:
             return False
 
 
-# -- API helpers (nodes, namespaces) -------------------------------------------------------
-
-
-def ensure_namespace(client: Any, name: str, *, timeout_s: float = 30.0) -> None:
-    """Make sure namespace ``name`` and its ``default`` ServiceAccount exist.
-
-    Without kube-controller-manager nobody creates the ``default`` ServiceAccount, and
-    the ServiceAccount admission plugin rejects pods in a namespace that lacks it.
-
-    Args:
-        client: a ``lightkube.Client``.
-        name: namespace name.
-        timeout_s: how long to retry while the apiserver's own bootstrap is still
-            creating the namespace (conflicts) or the namespace is terminating.
-
-    Raises:
-        lightkube.ApiError: an error other than AlreadyExists.
-    """
-    from lightkube import ApiError
-    from lightkube.models.meta_v1 import ObjectMeta
-    from lightkube.resources.core_v1 import Namespace, ServiceAccount
-
-    for obj in (
-        Namespace(metadata=ObjectMeta(name=name)),
-        ServiceAccount(metadata=ObjectMeta(name="default", namespace=name)),
-    ):
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                client.create(obj)
-                break
-            except ApiError as err:
-                if err.status.code == 409:  # AlreadyExists
-                    break
-                if err.status.code in (403, 404) and time.monotonic() < deadline:
-                    time.sleep(_POLL_S)  # namespace not there yet / being bootstrapped
-                    continue
-                raise
-
-
-def node_ready_condition(now: _dt.datetime | None = None) -> dict[str, str]:
-    """A ``Ready=True`` NodeCondition dict with heartbeat/transition times ``now`` (UTC)."""
-    stamp = (now or _dt.datetime.now(_dt.UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {
-        "type": "Ready",
-        "status": "True",
-        "reason": "KubeletReady",
-        "message": "hami e2e: node object without a kubelet",
-        "lastHeartbeatTime": stamp,
-        "lastTransitionTime": stamp,
-    }
-
-
-def create_gpu_node(
-    client: Any,
-    name: str,
-    *,
-    gpus: int,
-    annotations: Mapping[str, str] | None = None,
-    labels: Mapping[str, str] | None = None,
-    extra_capacity: Mapping[str, str] | None = None,
-    cpu: str = "64",
-    memory: str = "512Gi",
-    pods: str = "110",
-) -> Any:
-    """Create a Node with ``nvidia.com/gpu`` capacity through the API and mark it Ready.
-
-    The node is what a HAMi device plugin's node looks like to the scheduler: the given
-    annotations (e.g. ``hami.io/node-nvidia-register``), capacity = allocatable =
-    ``{cpu, memory, pods, nvidia.com/gpu: gpus, **extra_capacity}``, and a Ready=True
-    condition, written through the status subresource (a create ignores most status).
-
-    Args:
-        client: a ``lightkube.Client``.
-        name: node name (also its ``kubernetes.io/hostname`` label).
-        gpus: value of ``nvidia.com/gpu`` (HAMi advertises GPUs x device-split-count).
-        annotations, labels: extra metadata.
-        extra_capacity: more resources, quantity strings (e.g. ``{"nvidia.com/gpumem": "..."}``).
-        cpu, memory, pods: quantity strings of the ordinary resources.
-
-    Returns:
-        The Node as returned by the status patch (a lightkube ``Node``).
-
-    Raises:
-        lightkube.ApiError: e.g. 409 when a node of that name exists.
-    """
-    from lightkube.models.meta_v1 import ObjectMeta
-    from lightkube.resources.core_v1 import Node
-
-    all_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}
-    all_labels.update(labels or {})
-    client.create(
-        Node(metadata=ObjectMeta(name=name, labels=all_labels, annotations=dict(annotations or {})))
-    )
-    resources = {"cpu": cpu, "memory": memory, "pods": pods, "nvidia.com/gpu": str(gpus)}
-    resources.update(extra_capacity or {})
-    return set_node_status(client, name, capacity=resources)
-
-
-#: Taint the apiserver puts on new nodes and the node-lifecycle controller manages.
-NOT_READY_TAINT = "node.kubernetes.io/not-ready"
-
-
-def set_node_status(
-    client: Any, name: str, *, capacity: Mapping[str, str] | None = None, ready: bool = True
-) -> Any:
-    """Patch a Node's status (capacity/allocatable when given, Ready condition) and taints.
-
-    Does what kubelet and the node-lifecycle controller would do together: the Ready
-    condition gets ``status`` ``"True"``/``"False"`` with fresh heartbeat times, and the
-    ``node.kubernetes.io/not-ready:NoSchedule`` taint is removed (ready) or added (not
-    ready). Nothing in :class:`ControlPlane` checks heartbeats, so one call suffices.
-
-    Args:
-        client: a ``lightkube.Client``.
-        name: the node.
-        capacity: resource name -> quantity string, written to capacity and allocatable.
-        ready: the Ready condition to report.
-
-    Returns:
-        The Node after both patches.
-
-    Raises:
-        lightkube.ApiError: e.g. 404 for an unknown node, 409 if the node changed between
-            reading and patching its taints.
-    """
-    from lightkube.resources.core_v1 import Node
-    from lightkube.types import PatchType
-
-    condition = node_ready_condition()
-    if not ready:
-        condition.update(status="False", reason="KubeletNotReady")
-    status: dict[str, Any] = {"conditions": [condition]}
-    if capacity is not None:
-        status["capacity"] = dict(capacity)
-        status["allocatable"] = dict(capacity)
-    node = client.patch(Node.Status, name, {"status": status}, patch_type=PatchType.STRATEGIC)
-
-    taints = [t.to_dict() for t in (node.spec.taints or []) if t.key != NOT_READY_TAINT]
-    if not ready:
-        taints.append({"key": NOT_READY_TAINT, "effect": "NoSchedule"})
-    if len(taints) == len(node.spec.taints or []) and ready:
-        return node  # no not-ready taint to remove
-    patch = {
-        "metadata": {"resourceVersion": node.metadata.resourceVersion},  # fails on a race
-        "spec": {"taints": taints or None},
-    }
-    return client.patch(Node, name, patch, patch_type=PatchType.MERGE)
-
-
-@functools.cache
-def _pod_binding_class() -> type[Any]:
-    from lightkube.core import resource as lkres
-    from lightkube.generic_resource import Generic
-    from lightkube.resources.core_v1 import PodBinding
-
-    # Both bases define apiVersion/kind; Generic's dict-backed ones are the ones used.
-    class PodBindingRequest(lkres.NamespacedSubResource, Generic):  # type: ignore[misc]
-        _api_info = PodBinding._api_info
-
-    return PodBindingRequest
-
-
-def pod_binding(name: str, namespace: str, node: str) -> Any:
-    """A ``pods/binding`` request object for ``client.create(obj, name=..., namespace=...)``.
-
-    Works with ``lightkube.Client`` and ``AsyncClient``. lightkube's own ``PodBinding``
-    cannot be used: the apiserver answers a binding with a ``metav1.Status`` while the
-    OpenAPI spec (and so lightkube's model) says ``Binding``, and decoding that reply
-    fails on the missing ``target``. This object's reply decodes as a plain dict.
-    """
-    from lightkube.models.meta_v1 import ObjectMeta
-
-    return _pod_binding_class()(
-        apiVersion="v1",
-        kind="Binding",
-        metadata=ObjectMeta(name=name, namespace=namespace),
-        target={"apiVersion": "v1", "kind": "Node", "name": node},
-    )
-
-
-def bind_pod(client: Any, name: str, namespace: str, node: str) -> None:
-    """Bind pod ``namespace/name`` to ``node`` as a scheduler does (``pods/binding``).
-
-    Raises:
-        lightkube.ApiError: e.g. 409 when the pod is already bound, 404 for no pod.
-    """
-    client.create(pod_binding(name, namespace, node), name=name, namespace=namespace)
-
-
-def node_is_ready(node: Any) -> bool:
-    """True when a lightkube ``Node`` has condition Ready=True."""
-    for cond in (node.status.conditions if node.status else None) or []:
-        if cond.type == "Ready":
-            return bool(cond.status == "True")
-    return False
-
-
-def set_pod_phase(client: Any, name: str, namespace: str, phase: str) -> Any:
-    """Set a pod's ``status.phase`` as its kubelet would (no kubelet runs here).
-
-    Args:
-        client: a ``lightkube.Client``.
-        name, namespace: the pod.
-        phase: ``Pending``, ``Running``, ``Succeeded``, ``Failed`` or ``Unknown``.
-
-    Returns:
-        The patched Pod.
-
-    Raises:
-        ValueError: an unknown phase.
-        lightkube.ApiError: e.g. 404 for no such pod; 422 for a transition the apiserver
-            refuses (a pod cannot leave ``Succeeded``/``Failed``).
-    """
-    from lightkube.resources.core_v1 import Pod
-    from lightkube.types import PatchType
-
-    if phase not in ("Pending", "Running", "Succeeded", "Failed", "Unknown"):
-        raise ValueError(f"unknown pod phase {phase!r}")
-    return client.patch(
-        Pod.Status,
-        name,
-        {"status": {"phase": phase}},
-        namespace=namespace,
-        patch_type=PatchType.MERGE,
-    )
-
-
-# -- command line ---------------------------------------------------------------------------
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m hami.testing.controlplane up``: run a cluster until Ctrl-C/SIGTERM.
 
@@ -958,6 +579,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(err, file=sys.stderr)
                 return 1
     return 0
+
+
+__all__ = ["AUDIT_POLICY", "BINARIES", "DEFAULT_TIMEOUT_S", "HOST", "KUBERNETES_SERVICE_IP",
+           "KUBERNETES_VERSION", "BinariesMissing", "Component", "ControlPlane",
+           "ControlPlaneError", "SchedulerHandle", "bind_pod", "create_gpu_node",
+           "default_bin_dir", "die_with_parent", "ensure_namespace", "find_binaries",
+           "free_port", "main", "node_is_ready", "node_ready_condition", "pod_binding",
+           "set_node_status", "set_pod_phase", "wait_until"]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,187 @@
+"""The processes of the test control plane (:mod:`hami.testing.controlplane`): where the
+Kubernetes binaries are, free ports, waiting, and one running component with its log.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+#: The Kubernetes release built by hack/k8s/build.sh (must match hack/k8s/go.mod).
+KUBERNETES_VERSION = "v1.37.2"
+
+#: Loopback address every component listens on.
+HOST = "127.0.0.1"
+
+#: Names of the binaries this module runs.
+BINARIES = ("etcd", "kube-apiserver", "kube-scheduler")
+
+#: Default seconds to wait for one component to become healthy.
+DEFAULT_TIMEOUT_S = 90.0
+
+POLL_S = 0.1
+
+
+class ControlPlaneError(RuntimeError):
+    """A component failed to start, died, or did not become healthy in time."""
+
+
+class BinariesMissing(ControlPlaneError, FileNotFoundError):
+    """The Kubernetes binaries are not built; the message says how to build them."""
+
+
+def default_bin_dir() -> Path:
+    """Directory holding etcd, kube-apiserver and kube-scheduler.
+
+    ``$HAMI_K8S_BIN_DIR`` when set, else
+    ``${HAMI_CACHE_DIR:-~/.cache/hami}/k8s-<KUBERNETES_VERSION>/bin`` (build.sh's output).
+    """
+    explicit = os.environ.get("HAMI_K8S_BIN_DIR")
+    if explicit:
+        return Path(explicit)
+    cache = os.environ.get("HAMI_CACHE_DIR") or str(Path.home() / ".cache" / "hami")
+    return Path(cache) / f"k8s-{KUBERNETES_VERSION}" / "bin"
+
+
+def find_binaries(bin_dir: Path | None = None) -> dict[str, Path]:
+    """Paths of the three binaries in ``bin_dir`` (default :func:`default_bin_dir`).
+
+    Raises:
+        BinariesMissing: one of them is absent or not executable.
+    """
+    bin_dir = bin_dir or default_bin_dir()
+    found = {name: bin_dir / name for name in BINARIES}
+    missing = [n for n, p in found.items() if not os.access(p, os.X_OK)]
+    if missing:
+        raise BinariesMissing(
+            f"{', '.join(missing)} not found in {bin_dir}; build them with hack/k8s/build.sh "
+            "(or point HAMI_K8S_BIN_DIR at a directory that has them)"
+        )
+    return found
+
+
+def free_port(host: str = HOST) -> int:
+    """A TCP port that was free on ``host`` a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(
+    check: Callable[[], bool],
+    *,
+    timeout_s: float,
+    what: str,
+    alive: Callable[[], None] | None = None,
+) -> float:
+    """Poll ``check`` every 0.1 s until it returns true; return the seconds waited.
+
+    ``alive`` is called before each poll and should raise if the thing waited for died.
+
+    Raises:
+        ControlPlaneError: ``timeout_s`` passed first.
+    """
+    start = time.monotonic()
+    while True:
+        if alive is not None:
+            alive()
+        if check():
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout_s:
+            raise ControlPlaneError(f"timed out after {timeout_s:g}s waiting for {what}")
+        time.sleep(POLL_S)
+
+
+def die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when the parent thread dies.
+
+    So a test run killed with SIGKILL leaves no etcd/apiserver behind. Elsewhere a no-op.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+@dataclass
+class Component:
+    """A running child process with its log file."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    stopped: bool = False  # set by stop(): its exit was asked for
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of the component's log (stdout and stderr)."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def check_alive(self) -> None:
+        """Raise :class:`ControlPlaneError` with the log tail if the process has exited
+        without :meth:`stop` having been called."""
+        code = self.process.poll()
+        if code is not None and not self.stopped:
+            raise ControlPlaneError(
+                f"{self.name} exited with code {code}; log {self.log_path}:\n{self.log_tail()}"
+            )
+
+    def wait_healthy(self, check: Callable[[], bool], what: str, timeout_s: float) -> float:
+        """Poll ``check`` (see :func:`wait_until`) while the process lives; return seconds.
+
+        Raises:
+            ControlPlaneError: the process exited, or ``timeout_s`` passed; the message
+                has the log tail either way.
+        """
+        try:
+            return wait_until(
+                check, timeout_s=timeout_s, what=f"{self.name} {what}", alive=self.check_alive
+            )
+        except ControlPlaneError as err:
+            if self.process.poll() is not None:
+                raise  # check_alive's message has the tail already
+            raise ControlPlaneError(f"{err}; log {self.log_path}:\n{self.log_tail()}") from None
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout_s``; safe to call twice."""
+        self.stopped = True
+        if self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@dataclass
+class SchedulerHandle:
+    """A kube-scheduler started by :meth:`ControlPlane.start_scheduler`.
+
+    Attributes:
+        scheduler_name: the profile's ``schedulerName``.
+        config_path: the KubeSchedulerConfiguration file it runs with.
+        port: its HTTPS serving port on 127.0.0.1 (``/healthz``, ``/readyz``, ``/metrics``).
+        component: the process and its log.
+    """
+
+    scheduler_name: str
+    config_path: Path
+    port: int
+    component: Component
+
+    def stop(self) -> None:
+        """Stop this kube-scheduler (the control plane keeps running)."""
+        self.component.stop()
