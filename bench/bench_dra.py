@@ -9,9 +9,15 @@ from the first pod creation until the last pod is seen bound (the same pod watch
 ``bench_scheduler.py``). Extender mode: the
 ``throughput`` run of ``bench_scheduler.py`` with the same node count and pod mix.
 
+``--prioritize``: instead, the cost of one ``/prioritize`` call (DRA mode's node policy)
+on the same kind of bed without kube-scheduler: ``--nodes`` published slices and
+``--claims`` ResourceClaims, every call scoring all nodes; the listing variant (every
+call lists all slices and claims) against the watched one (:mod:`hami.dra.cache`).
+
 Usage::
 
     PYTHONPATH=src python bench/bench_dra.py --nodes 100 --pods 500 [--no-extender]
+    PYTHONPATH=src python bench/bench_dra.py --prioritize --nodes 100 1000 --claims 2000
 """
 
 from __future__ import annotations
@@ -110,13 +116,92 @@ def dra_throughput(n_nodes: int, pods: int) -> dict[str, Any]:
     return row
 
 
+def prioritize_cost(n_nodes: int, n_claims: int, calls: int = 20) -> dict[str, Any]:
+    """Milliseconds per ``/prioritize`` call, listing vs watched (median of ``calls``),
+    and the API requests each makes; returns the row (also printed as JSON)."""
+    import asyncio
+    import statistics
+
+    from lightkube import codecs
+
+    from hami.core.config import NvidiaConfig
+    from hami.core.model import DeviceInfo
+    from hami.dra.cache import DraObjects
+    from hami.dra.node import SlicePublisher
+    from hami.dra.prioritize import DraPrioritizer
+    from hami.dra.translate import translate
+    from hami.testing.controlplane import ControlPlane, create_gpu_node
+
+    work = Path(tempfile.mkdtemp(prefix="hami-bench-dra-prio-"))
+    with ControlPlane(workdir=work / "k8s") as cp:
+        cp.start(default_scheduler=False)
+        client = cp.client()
+        names = [f"node-{i:05d}" for i in range(n_nodes)]
+
+        def make_node(name: str) -> None:
+            create_gpu_node(client, name, gpus=0)
+            cards = [DeviceInfo(uuid=f"GPU-{name}-{g}", index=g, split_count=SPLIT,
+                                memory_mib=CARD_MIB, cores_percent=100, type="NVIDIA-Tesla T4",
+                                numa=0, mode="hami-core", health=True) for g in range(GPUS)]
+            SlicePublisher(client, name).sync(cards)
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(make_node, names))
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"},
+               "spec": {"containers": [{"name": "c", "image": "pause",
+                                        "resources": {"limits": pod_limits(1)}}]}}
+        result = translate(pod, NvidiaConfig())
+        assert result is not None
+        spec = next(iter(result.templates.values()))["spec"]["spec"]
+        claims = [codecs.from_dict({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                                    "metadata": {"name": f"c{i:05d}", "namespace": "default"},
+                                    "spec": spec}) for i in range(n_claims)]
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda c: client.create(c, namespace="default"), claims))
+        body = json.dumps({"Pod": pod, "NodeNames": names}).encode()
+
+        async def timed(watch: bool) -> tuple[float, list[dict[str, Any]]]:
+            aclient = cp.async_client()
+            try:
+                prio = DraPrioritizer(aclient, "binpack", watch=watch)
+                if watch:
+                    objs = DraObjects.shared(aclient)
+                    await asyncio.gather(*(e.wait() for e in objs.synced.values()))
+                times, scores = [], []
+                for _ in range(calls):
+                    t = time.perf_counter()
+                    scores = await prio(body)
+                    times.append((time.perf_counter() - t) * 1000)
+                if watch:
+                    await DraObjects.shared(aclient).stop()
+                return statistics.median(times), scores
+            finally:
+                await aclient.close()
+
+        listing_ms, a = asyncio.run(timed(False))
+        watched_ms, b = asyncio.run(timed(True))
+        assert a == b and len(a) == n_nodes
+    row = {"bench": "prioritize", "nodes": n_nodes, "claims": n_claims,
+           "listing_ms_per_call": round(listing_ms, 1), "watched_ms_per_call": round(watched_ms, 2),
+           "listing_requests_per_call": 2, "watched_requests_per_call": 0,
+           "load_avg": os.getloadavg()[0]}
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def main() -> None:
     """Run DRA mode (and extender mode unless ``--no-extender``) per node count."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--nodes", type=int, nargs="+", default=[100])
     ap.add_argument("--pods", type=int, default=500)
     ap.add_argument("--no-extender", action="store_true")
+    ap.add_argument("--prioritize", action="store_true",
+                    help="measure /prioritize per call, listing vs watched")
+    ap.add_argument("--claims", type=int, default=2000)
     args = ap.parse_args()
+    if args.prioritize:
+        print(json.dumps([prioritize_cost(n, args.claims) for n in args.nodes], indent=1))
+        return
     rows = []
     for n in args.nodes:
         rows.append(dra_throughput(n, args.pods))

@@ -130,10 +130,12 @@ OUTSIDE_CHART = {"hami.top": "hami top runs with the user's kubeconfig (list nod
                  # DRA mode has no chart yet; docs/dra.md lists the permissions it needs
                  "hami.dra.node": "DRA mode's node agent (ResourceSlices, claims): not in the "
                                   "chart yet",
-                 "hami.dra.prioritize": "DRA mode's prioritize verb (lists slices and claims): "
+                 "hami.dra.prioritize": "DRA mode's prioritize verb (slices and claims, watched): "
                                         "not in the chart yet",
                  "hami.dra.webhook": "DRA mode's webhook (ResourceClaimTemplates, quota): not "
-                                     "in the chart yet"}
+                                     "in the chart yet",
+                 "hami.dra.cache": "DRA mode's watched slices and claims (list/watch) for "
+                                   "/prioritize and the webhook: not in the chart yet"}
 
 
 def chart_names(objs: Sequence[Mapping[str, Any]]) -> dict[str, str]:

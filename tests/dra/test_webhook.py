@@ -1,5 +1,6 @@
 """The DRA webhook shell: AdmissionReview in, reply out (the API client is a stub that
-records template creations; the real apiserver path is in tests/e2e/test_dra_e2e.py)."""
+records template creations and lists the slices and claims it was given, as lightkube's
+AsyncClient does; the real apiserver path is in tests/e2e/test_dra_e2e.py)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,79 @@ import base64
 import json
 from typing import Any
 
+import pytest
+
 from hami.core.config import SchedulerConfig
-from hami.dra.webhook import DraWebhook
+from hami.core.quota import QuotaLedger
+from hami.dra.slices import MIB
+from hami.dra.webhook import DraWebhook, claim_booking
+
+
+class _Obj:
+    def __init__(self, doc: dict[str, Any]) -> None:
+        self.doc = doc
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.doc
+
+
+class _Listing:
+    """What ``AsyncClient.list`` returns: async iteration, then ``resourceVersion``."""
+
+    def __init__(self, docs: list[dict[str, Any]]) -> None:
+        self.docs = docs
+        self.resourceVersion = "1"
+
+    async def __aiter__(self) -> Any:
+        for d in self.docs:
+            yield _Obj(d)
 
 
 class _Client:
-    def __init__(self) -> None:
+    def __init__(self, slices: list[dict[str, Any]] | None = None,
+                 claims: list[dict[str, Any]] | None = None) -> None:
         self.created: list[Any] = []
+        self.slices = slices or []
+        self.claims = claims or []
+        self.lists: list[str] = []
+        self.objs: list[dict[str, Any]] = []
 
     async def create(self, obj: Any, namespace: str | None = None) -> None:
         self.created.append((namespace, obj.metadata.name))
+        self.objs.append(obj.to_dict())
+
+    def list(self, res: Any, namespace: str | None = None, labels: Any = None) -> _Listing:
+        self.lists.append(res.__name__)
+        if res.__name__ == "ResourceSlice":
+            return _Listing(self.slices)
+        return _Listing([c for c in self.claims if namespace in ("*", None)
+                         or c["metadata"]["namespace"] == namespace])
+
+    async def watch(self, res: Any, **kw: Any) -> Any:
+        await asyncio.Event().wait()  # nothing changes
+        yield None
+
+
+def _slice(node: str, *card_mib: int) -> dict[str, Any]:
+    return {"metadata": {"name": f"{node}-gpu.hami.io"},
+            "spec": {"driver": "gpu.hami.io", "nodeName": node, "pool": {"name": node},
+                     "devices": [{"name": f"gpu-{i}",
+                                  "capacity": {"memory": {"value": str(m * MIB)}}}
+                                 for i, m in enumerate(card_mib)]}}
+
+
+def _claim(name: str, requests: dict[str, str], consumed: dict[str, str] | None = None,
+           count: int = 1) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "metadata": {"name": name, "namespace": "ns", "labels": {"hami.io/dra-template": "true"}},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.hami.io", "count": count,
+            "capacity": {"requests": requests}}}]}}}
+    if consumed is not None:
+        doc["status"] = {"allocation": {"devices": {"results": [
+            {"request": "gpu", "driver": "gpu.hami.io", "pool": "n1", "device": "gpu-0",
+             "consumedCapacity": consumed}]}}}
+    return doc
 
 
 def _review(pod: Any, operation: str = "CREATE") -> bytes:
@@ -31,14 +95,14 @@ def _pod(limits: dict[str, Any], **spec: Any) -> dict[str, Any]:
             "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}], **spec}}
 
 
-def _hook(client: _Client) -> tuple[DraWebhook, list[bytes]]:
+def _hook(client: _Client, quota: QuotaLedger | None = None) -> tuple[DraWebhook, list[bytes]]:
     seen: list[bytes] = []
 
     def fallback(body: bytes) -> dict[str, Any]:
         seen.append(body)
         return {"response": {"uid": "", "allowed": True, "fallback": True}}
 
-    return DraWebhook(client, SchedulerConfig(), fallback), seen
+    return DraWebhook(client, SchedulerConfig(), fallback, quota), seen
 
 
 def test_gpu_pod_gets_claim_patch_and_template() -> None:
@@ -54,7 +118,7 @@ def test_gpu_pod_gets_claim_patch_and_template() -> None:
 
 
 def test_denials_and_pass_throughs() -> None:
-    client = _Client()
+    client = _Client([_slice("n1", 16384), _slice("n2", 15360)])
     hook, seen = _hook(client)
     pct = asyncio.run(hook(_review(_pod({"nvidia.com/gpu": 1,
                                          "nvidia.com/gpumem-percentage": 50}))))["response"]
@@ -69,3 +133,47 @@ def test_denials_and_pass_throughs() -> None:
                  _review(_pod({"nvidia.com/gpu": 1}), operation="UPDATE")):
         assert asyncio.run(hook(body))["response"].get("fallback")
     assert len(seen) == 4
+
+
+def test_percentage_accepted_when_every_published_card_has_one_size() -> None:
+    client = _Client([_slice("n1", 16384, 16384), _slice("n2", 16384)])
+    hook, _ = _hook(client)
+    resp = asyncio.run(hook(_review(_pod({"nvidia.com/gpu": 1,
+                                          "nvidia.com/gpumem-percentage": 25}))))["response"]
+    assert resp["allowed"], resp
+    (template,) = client.objs  # the template asks 25% of 16 GiB
+    (req,) = template["spec"]["spec"]["devices"]["requests"]
+    assert req["exactly"]["capacity"]["requests"]["memory"] == "4096Mi"
+
+
+def test_booking_allocated_whole_card_counts_the_card() -> None:
+    """An allocated claim books what it consumes: a whole-card claim (no memory asked)
+    its card's memory; one not allocated yet what it asks, a whole card the largest card."""
+    whole = _claim("w", {"cores": "0"}, consumed={"memory": f"{16384 * MIB}", "cores": "0"})
+    assert claim_booking(whole, 20000) == (16384, 0)
+    assert claim_booking(_claim("p", {"cores": "10"}, count=2), 20000) == (40000, 20)
+    assert claim_booking(_claim("m", {"memory": "2000Mi", "cores": "5"}), 20000) == (2000, 5)
+    shared = _claim("s", {"memory": "2000Mi"}, consumed={"memory": "3000Mi", "cores": "7"})
+    assert claim_booking(shared) == (3000, 7)
+
+
+@pytest.mark.parametrize(("claims", "limits", "allowed"), [
+    # a whole card allocated (16 GiB) + 2000 MiB asked and pending + 2000 MiB new > 20000
+    ([_claim("w", {"cores": "0"}, consumed={"memory": f"{16384 * MIB}", "cores": "0"}),
+      _claim("p", {"memory": "2000Mi"})], {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000},
+     False),
+    ([_claim("p", {"memory": "2000Mi"})], {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000},
+     True),
+    # a new whole-card pod books the largest card (16384) on top of 4000 pending
+    ([_claim("p", {"memory": "4000Mi"})], {"nvidia.com/gpu": 1}, False),
+])
+def test_namespace_quota_counts_whole_cards_and_pending_claims(
+        claims: list[dict[str, Any]], limits: dict[str, Any], allowed: bool) -> None:
+    quota = QuotaLedger(SchedulerConfig().nvidia)
+    quota.set_quota("ns", "gpu", {"limits.nvidia.com/gpumem": 20000})
+    client = _Client([_slice("n1", 16384, 16384), _slice("n2", 8192)], claims)
+    hook, _ = _hook(client, quota)
+    resp = asyncio.run(hook(_review(_pod(limits))))["response"]
+    assert resp["allowed"] is allowed, resp
+    if not allowed:
+        assert "exceeding resource quota" in resp["status"]["message"]

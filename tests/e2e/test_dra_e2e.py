@@ -318,6 +318,8 @@ def test_deletion_frees_capacity(bed: dict[str, Any]) -> None:
 
 
 def test_node_prepare_over_grpc_writes_cdi_limits(bed: dict[str, Any], tmp_path: Path) -> None:
+    from lightkube.resources.core_v1 import Pod
+
     client = bed["client"]
     _create(bed, _gpu_pod("prep", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000,
                                    "nvidia.com/gpucores": 25}))
@@ -327,7 +329,8 @@ def test_node_prepare_over_grpc_writes_cdi_limits(bed: dict[str, Any], tmp_path:
     agent = bed["agents"][node]
     paths = PluginPaths(tmp_path / "reg", tmp_path / "plug", tmp_path / "cdi")
     server, _ = serve(DraNode(node, agent.get_claim, agent.uuids, agent.cfg,
-                              NodeSettings(hook_path=str(tmp_path / "hook")), paths.cdi_dir), paths)
+                              NodeSettings(hook_path=str(tmp_path / "hook")), paths.cdi_dir,
+                              agent.get_pod), paths)
     try:
         meta = claim["metadata"]
         with grpc.insecure_channel(f"unix://{paths.dra_socket}") as ch:
@@ -342,6 +345,15 @@ def test_node_prepare_over_grpc_writes_cdi_limits(bed: dict[str, Any], tmp_path:
         device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
         assert f"NVIDIA_VISIBLE_DEVICES={agent.uuids()[device]}" in env
         assert "CUDA_DEVICE_MEMORY_LIMIT_0=3000m" in env and "CUDA_DEVICE_SM_LIMIT=25" in env
+        # the monitor's owner record: the pod of reservedFor and its container, read back
+        from hami.monitor.claims import parse_owner
+
+        record = tmp_path / "hook" / "vgpu" / "claims" / f"{meta['uid']}.plugin" / "owner.json"
+        owner = parse_owner(record.read_bytes(), meta["uid"])
+        pod = client.get(Pod, "prep", namespace=NS)
+        assert [(p.namespace, p.name, p.uid, p.containers) for p in owner.pods] == [
+            (NS, "prep", pod.metadata.uid, ("c",))]
+        assert owner.uuids == (agent.uuids()[device],)
     finally:
         server.stop(0)
         _delete_all(client)
@@ -376,3 +388,133 @@ def test_prioritize_verb_binpacks_nodes(bed: dict[str, Any], tmp_path: Path) -> 
         ks.stop()
         hami.stop()
         _delete_all(client)
+
+
+def test_watched_objects_follow_the_cluster(bed: dict[str, Any]) -> None:
+    """The scheduler's watched slices and claims (what /prioritize scores from) equal a
+    fresh listing after pods come and go."""
+    from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
+    from hami.dra import policy
+    from hami.dra.cache import DraObjects
+
+    cp, client = bed["cp"], bed["client"]
+
+    def listed() -> dict[str, tuple[int, int]]:
+        return policy.memory_use([s.to_dict() for s in client.list(ResourceSlice)],
+                                 [c.to_dict() for c in client.list(ResourceClaim, namespace="*")])
+
+    async def run() -> None:
+        aclient = cp.async_client()
+        objs = DraObjects(aclient)
+        objs.start()
+        try:
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in objs.synced.values())), 30)
+            assert objs.memory_use() == await asyncio.to_thread(listed)
+            assert objs.card_sizes_mib() == {CARD_MIB}
+            for i in range(3):
+                await asyncio.to_thread(_create, bed, _gpu_pod(
+                    f"watched-{i}", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000 * (i + 1)}))
+
+            async def used_total() -> int:
+                for _ in range(240):
+                    use = objs.memory_use() or {}
+                    total = sum(u for u, _ in use.values())
+                    if total == 6000 * MIB:
+                        return total
+                    await asyncio.sleep(0.5)
+                return -1
+
+            assert await used_total() == 6000 * MIB
+            assert objs.memory_use() == await asyncio.to_thread(listed)
+            await asyncio.to_thread(_delete_all, client)
+            for _ in range(240):
+                if sum(u for u, _ in (objs.memory_use() or {}).values()) == 0:
+                    break
+                await asyncio.sleep(0.5)
+            assert objs.memory_use() == await asyncio.to_thread(listed)
+            assert sum(u for u, _ in (objs.memory_use() or {}).values()) == 0
+        finally:
+            await objs.stop()
+            await aclient.close()
+
+    asyncio.run(run())
+
+
+def test_dra_plugin_command_registers_publishes_and_prepares(bed: dict[str, Any],
+                                                             tmp_path: Path) -> None:
+    """``hami dra-plugin`` as a real process (fake GPUs): it publishes the node's slice,
+    answers the kubelet's registration GetInfo, prepares a claim kube-scheduler allocated
+    on its node, and exits 0 on SIGTERM."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from lightkube.resources.resource_v1 import ResourceSlice
+
+    from hami.dra.registration import api_pb2 as regpb
+    from hami.dra.registration import api_pb2_grpc as reggrpc
+
+    cp, client = bed["cp"], bed["client"]
+    name = "dra-cli"
+    create_gpu_node(client, name, gpus=0)
+    inv = tmp_path / "inv.yaml"
+    inv.write_text(json.dumps({"gpus": [{"model": "Tesla T4", "memory_mib": 15360, "count": 2,
+                                         "uuids": ["GPU-cli-0", "GPU-cli-1"]}]}))
+    paths = PluginPaths(tmp_path / "reg", tmp_path / "plug", tmp_path / "cdi")
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hami.cli", "dra-plugin", "--node-name", name,
+         "--backend", "fake", "--fake-inventory", str(inv), "--kubeconfig", str(cp.kubeconfig),
+         "--hook-path", str(tmp_path / "hook"), "--registry-dir", str(paths.registry_dir),
+         "--plugin-dir", str(paths.plugin_dir), "--cdi-dir", str(paths.cdi_dir),
+         "--publish-interval", "1", "--node-config-file", str(tmp_path / "none.json")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        def published() -> Any:
+            from lightkube import ApiError
+
+            try:
+                return client.get(ResourceSlice, f"{name}-gpu.hami.io").to_dict()
+            except ApiError:
+                return None
+
+        slice_doc = _wait(published, timeout_s=60, what="the command's ResourceSlice")
+        assert [d["name"] for d in slice_doc["spec"]["devices"]] == ["gpu-0", "gpu-1"]
+        assert slice_doc["spec"]["nodeName"] == name
+        _wait(paths.registration_socket.exists, timeout_s=30, what="registration socket")
+        with grpc.insecure_channel(f"unix://{paths.registration_socket}") as ch:
+            reg = reggrpc.RegistrationStub(ch)  # type: ignore[no-untyped-call]
+            info = reg.GetInfo(regpb.InfoRequest(), timeout=10)
+            reg.NotifyRegistrationStatus(regpb.RegistrationStatus(plugin_registered=True),
+                                         timeout=10)
+        assert (info.type, info.name, info.endpoint) == ("DRAPlugin", DRIVER,
+                                                         str(paths.dra_socket))
+        _create(bed, _gpu_pod("cli", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000},
+                              {"nvidia.com/use-gpuuuid": "GPU-cli-1"}))
+        claim = _wait(lambda: next((c for c in _claims(client) if _results(c)), None),
+                      what="claim allocated on the command's node")
+        meta = claim["metadata"]
+        assert _results(claim)[0]["pool"] == name
+        with grpc.insecure_channel(f"unix://{paths.dra_socket}") as ch:
+            stub = pbgrpc.DRAPluginStub(ch)  # type: ignore[no-untyped-call]
+            resp = stub.NodePrepareResources(pb.NodePrepareResourcesRequest(claims=[
+                pb.Claim(namespace=NS, name=meta["name"], uid=meta["uid"])]), timeout=10)
+        assert resp.claims[meta["uid"]].error == ""
+        env_lines = json.loads((paths.cdi_dir / f"{DRIVER}-{meta['uid']}.json").read_text())[
+            "devices"][0]["containerEdits"]["env"]
+        assert "NVIDIA_VISIBLE_DEVICES=GPU-cli-1" in env_lines
+        assert "CUDA_DEVICE_MEMORY_LIMIT_0=2000m" in env_lines
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        out = proc.communicate()[0]
+        print(out)
+        _delete_all(client)
+        from lightkube.resources.core_v1 import Node
+
+        client.delete(Node, name)

@@ -55,3 +55,8 @@ ENV_CORE_POLICY: Final = "GPU_CORE_UTILIZATION_POLICY"
 ENV_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
 
 DEFAULT_SCHEDULER: Final = "default-scheduler"
+
+# DRA mode (hami only): the kubelet plugin's per-claim host directories under
+# <HOOK_PATH>/vgpu/claims/ and the owner record the monitor reads from the private one.
+DRA_CLAIMS_DIR: Final = "claims"
+DRA_OWNER_FILE: Final = "owner.json"

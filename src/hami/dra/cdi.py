@@ -11,6 +11,12 @@ limits file, ``libvgpu.so`` and ``/etc/ld.so.preload`` read-only. The claim take
 place of the pod container; its host directories live under ``<H>/vgpu/claims/<claimUID>``
 (cache) and ``<claimUID>.plugin`` (limits file, lock dir), not under ``containers/``,
 whose entries the monitor removes when no pod of that UID exists.
+
+Next to the limits file the plugin keeps the claim's owner record
+(:func:`owner_record`, ``<claimUID>.plugin/owner.json``): which pods and containers use
+the claim and which GPUs it holds, from the claim's ``status.reservedFor`` and the pods'
+specs. The monitor attributes the claim's shared region with it; no container can write
+there.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from hami.api import names
 from hami.core.model import ContainerDevice
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import quantity
@@ -142,7 +149,7 @@ def claim_plan(claim_uid: str, namespace: str, name: str, cards: Sequence[Alloca
 
 def claim_dirs(hook_path: str, claim_uid: str) -> tuple[str, str]:
     """The claim's host directories: cache dir and plugin-private dir."""
-    base = f"{hook_path.rstrip('/')}/vgpu/claims/{claim_uid}"
+    base = f"{hook_path.rstrip('/')}/vgpu/{names.DRA_CLAIMS_DIR}/{claim_uid}"
     return base, f"{base}.plugin"
 
 
@@ -172,3 +179,71 @@ def cdi_spec(claim_uid: str, plan: ContainerPlan) -> dict[str, Any]:
 def spec_file_name(claim_uid: str) -> str:
     """File name of a claim's CDI spec in the CDI directory (``/var/run/cdi``)."""
     return f"{DRIVER}-{claim_uid}.json"
+
+
+#: Layout version of :func:`owner_record` (the monitor refuses others).
+OWNER_VERSION = 1
+
+
+def reserved_pods(claim: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``(name, uid)`` of the pods in the claim's ``status.reservedFor`` (kube-scheduler
+    writes it; entries for other resources are skipped)."""
+    status = claim.get("status") if isinstance(claim, Mapping) else None
+    out = []
+    for r in (status.get("reservedFor") if isinstance(status, Mapping) else None) or []:
+        if (isinstance(r, Mapping) and r.get("resource") == "pods" and not r.get("apiGroup")
+                and r.get("name") and r.get("uid")):
+            out.append((str(r["name"]), str(r["uid"])))
+    return out
+
+
+def claim_containers(pod: Mapping[str, Any], claim_name: str) -> tuple[str, ...]:
+    """Names of the pod's containers (init containers first) that use the ResourceClaim
+    ``claim_name``: a container's ``resources.claims[].name`` names an entry of
+    ``spec.resourceClaims`` that is the claim itself (``resourceClaimName``) or made from
+    a template for it (``status.resourceClaimStatuses[].resourceClaimName``)."""
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    status = pod.get("status") if isinstance(pod, Mapping) else None
+    if not isinstance(spec, Mapping):
+        return ()
+    refs = {str(r.get("name")) for r in spec.get("resourceClaims") or []
+            if isinstance(r, Mapping) and r.get("resourceClaimName") == claim_name}
+    if isinstance(status, Mapping):
+        refs |= {str(r.get("name")) for r in status.get("resourceClaimStatuses") or []
+                 if isinstance(r, Mapping) and r.get("resourceClaimName") == claim_name}
+    out = []
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        if not isinstance(c, Mapping):
+            continue
+        used = (c.get("resources") or {}).get("claims") or []
+        if any(isinstance(u, Mapping) and str(u.get("name")) in refs for u in used):
+            out.append(str(c.get("name") or ""))
+    return tuple(out)
+
+
+def owner_record(claim: Mapping[str, Any], cards: Sequence[AllocatedCard],
+                 uuids: Mapping[str, str], pods: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The claim's owner record (JSON document) for the monitor::
+
+        {"version": 1, "claim": {"namespace", "name", "uid"},
+         "uuids": [GPU UUID of each card, allocation order],
+         "pods": [{"namespace", "name", "uid", "containers": [names]}]}
+
+    ``pods``: the Pod objects (dicts) named by ``status.reservedFor``; one whose UID
+    differs from its reservation is left out. Cards that are not this node's GPUs are
+    left out of ``uuids`` (:func:`claim_plan` refuses such a claim anyway)."""
+    meta = claim.get("metadata") or {}
+    namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    reserved = dict((uid, n) for n, uid in reserved_pods(claim))
+    out_pods = []
+    for pod in pods:
+        pm = pod.get("metadata") or {}
+        uid = str(pm.get("uid") or "")
+        if reserved.get(uid) != pm.get("name"):
+            continue
+        out_pods.append({"namespace": namespace, "name": reserved[uid], "uid": uid,
+                         "containers": list(claim_containers(pod, name))})
+    return {"version": OWNER_VERSION,
+            "claim": {"namespace": namespace, "name": name, "uid": str(meta.get("uid") or "")},
+            "uuids": [uuids[c.device] for c in cards if c.device in uuids],
+            "pods": out_pods}

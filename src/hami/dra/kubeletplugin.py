@@ -9,7 +9,9 @@ v1.37):
 * ``<plugin dir>/dra.sock``: ``NodePrepareResources`` reads each claim from the API
   (its UID must match the kubelet's), turns its allocation into a CDI spec
   (:mod:`hami.dra.cdi`), creates the claim's cache and lock directories and limits file,
-  and writes the spec atomically to ``<cdi dir>/gpu.hami.io-<uid>.json``; the answer names
+  writes the spec atomically to ``<cdi dir>/gpu.hami.io-<uid>.json`` and (re)writes the
+  claim's owner record for the monitor (:func:`hami.dra.cdi.owner_record`, from the pods
+  of ``status.reservedFor``, read through ``get_pod``); the answer names
   the CDI device ``gpu.hami.io/claim=<uid>`` for every allocated card.
   ``NodeUnprepareResources`` removes the spec and the claim's directories. Both are
   idempotent (the kubelet retries them). A claim's failure is its own ``error``; the
@@ -32,6 +34,7 @@ from typing import Any
 
 import grpc
 
+from hami.api import names
 from hami.deviceplugin.allocate import NodeSettings
 from hami.deviceplugin.config import PluginConfig
 from hami.deviceplugin.service import make_host_dirs, write_host_files
@@ -48,6 +51,8 @@ log = logging.getLogger(__name__)
 DRA_SERVICE = "v1.DRAPlugin"
 #: Fetch a claim: (namespace, name) -> the ResourceClaim as a dict, or None when absent.
 ClaimGetter = Callable[[str, str], Mapping[str, Any] | None]
+#: Fetch a pod: (namespace, name) -> the Pod as a dict, or None when absent.
+PodGetter = Callable[[str, str], Mapping[str, Any] | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,13 +80,16 @@ class DraNode(pbgrpc.DRAPluginServicer):
     """``NodePrepareResources``/``NodeUnprepareResources`` for one node.
 
     ``uuids`` returns the node's device name -> GPU UUID map now (from discovery);
-    ``get_claim`` reads a ResourceClaim; ``cfg``/``settings`` are the device plugin's.
+    ``get_claim`` reads a ResourceClaim, ``get_pod`` a Pod (None: the owner record names
+    the pods without their containers); ``cfg``/``settings`` are the device plugin's.
     """
 
     def __init__(self, node: str, get_claim: ClaimGetter, uuids: Callable[[], Mapping[str, str]],
-                 cfg: PluginConfig, settings: NodeSettings, cdi_dir: Path) -> None:
+                 cfg: PluginConfig, settings: NodeSettings, cdi_dir: Path,
+                 get_pod: PodGetter | None = None) -> None:
         self.node = node
         self.get_claim = get_claim
+        self.get_pod = get_pod
         self.uuids = uuids
         self.cfg = cfg
         self.settings = settings
@@ -99,12 +107,14 @@ class DraNode(pbgrpc.DRAPluginServicer):
                                  f"the kubelet asked for {uid}")
         cards = cdi.allocated_cards(claim, self.node)
         spec_path = self.cdi_dir / cdi.spec_file_name(uid)
+        uuids = self.uuids()
         if not spec_path.exists():  # prepared before: keep its cache file name
-            plan = cdi.claim_plan(uid, namespace, name, cards, self.uuids(), self.cfg,
+            plan = cdi.claim_plan(uid, namespace, name, cards, uuids, self.cfg,
                                   self.settings, str(uuid.uuid4()))
             make_host_dirs(plan.host_dirs)
             write_host_files(plan.host_files)
             _write_json(spec_path, cdi.cdi_spec(uid, plan))
+        self._write_owner(claim, cards, uuids)
         dev_id = cdi.cdi_device_id(uid)
         out = []
         for c in cards:
@@ -114,6 +124,27 @@ class DraNode(pbgrpc.DRAPluginServicer):
                 d.share_id = c.share_id
             out.append(d)
         return out
+
+    def _write_owner(self, claim: Mapping[str, Any], cards: list[cdi.AllocatedCard],
+                     uuids: Mapping[str, str]) -> None:
+        """(Re)write ``<claimUID>.plugin/owner.json``: a shared claim gains pods."""
+        meta = claim.get("metadata") or {}
+        namespace, uid = str(meta.get("namespace") or ""), str(meta.get("uid") or "")
+        pods = []
+        for pod_name, pod_uid in cdi.reserved_pods(claim):
+            pod = None
+            if self.get_pod is not None:
+                try:
+                    pod = self.get_pod(namespace, pod_name)
+                except Exception as exc:  # noqa: BLE001 - the record is for monitoring only
+                    log.warning("owner record of %s: cannot read pod %s/%s: %s", uid,
+                                namespace, pod_name, exc)
+            if pod is None:  # unknown containers: the record still names the pod
+                pod = {"metadata": {"name": pod_name, "uid": pod_uid}}
+            pods.append(pod)
+        private = Path(cdi.claim_dirs(self.settings.hook_path, uid)[1])
+        private.mkdir(parents=True, exist_ok=True)
+        _write_json(private / names.DRA_OWNER_FILE, cdi.owner_record(claim, cards, uuids, pods))
 
     def unprepare(self, uid: str) -> None:
         """Remove the claim's CDI spec and its directories (nothing there is fine).

@@ -126,6 +126,18 @@ class DraAgent:
                 return None
             raise
 
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Pod as a dict, None when it does not exist."""
+        from lightkube import ApiError
+        from lightkube.resources.core_v1 import Pod
+
+        try:
+            return dict(self.client.get(Pod, name, namespace=namespace).to_dict())
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise
+
     def publish_loop(self, stop: threading.Event, interval_s: float) -> None:
         """Publish now and every ``interval_s`` until ``stop``; errors are logged and retried."""
         publisher = SlicePublisher(self.client, self.node)
@@ -159,7 +171,7 @@ def run_agent(agent: DraAgent, paths: PluginPaths, settings: NodeSettings, *,
     threading.Thread(target=wake_on_stop, name="wake", daemon=True).start()
     if kubelet_plugin:
         node = DraNode(agent.node, agent.get_claim, agent.uuids, agent.cfg, settings,
-                       paths.cdi_dir)
+                       paths.cdi_dir, agent.get_pod)
         server, _ = serve(node, paths)
         log.info("DRA plugin listening on %s (registration %s)", paths.dra_socket,
                  paths.registration_socket)

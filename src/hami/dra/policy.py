@@ -33,23 +33,40 @@ def _q(raw: Any) -> int:
         return 0
 
 
+def slice_capacity(s: Mapping[str, Any]) -> tuple[str, int] | None:
+    """``(node, memory bytes of its cards)`` of one of our ResourceSlices; None for a
+    slice of another driver or without a node."""
+    spec = s.get("spec") or {}
+    if spec.get("driver") != DRIVER or not spec.get("nodeName"):
+        return None
+    total = sum(_q(((d.get("capacity") or {}).get(MEMORY) or {}).get("value"))
+                for d in spec.get("devices") or [] if isinstance(d, Mapping))
+    return str(spec["nodeName"]), total
+
+
+def claim_memory(c: Mapping[str, Any]) -> dict[str, int]:
+    """Node (pool) -> memory bytes the claim's allocation consumes on our cards."""
+    used: dict[str, int] = defaultdict(int)
+    alloc = (c.get("status") or {}).get("allocation") or {}
+    for r in (alloc.get("devices") or {}).get("results") or []:
+        if isinstance(r, Mapping) and r.get("driver") == DRIVER:
+            used[str(r.get("pool"))] += _q((r.get("consumedCapacity") or {}).get(MEMORY))
+    return dict(used)
+
+
 def memory_use(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]]
                ) -> dict[str, tuple[int, int]]:
     """Node -> ``(used bytes, capacity bytes)`` of our cards' ``memory``, from slice
     capacities and the ``consumedCapacity`` of allocated claims (results of our driver)."""
     cap: dict[str, int] = defaultdict(int)
     for s in slices:
-        spec = s.get("spec") or {}
-        if spec.get("driver") != DRIVER or not spec.get("nodeName"):
-            continue
-        for d in spec.get("devices") or []:
-            cap[str(spec["nodeName"])] += _q(((d.get("capacity") or {}).get(MEMORY) or {}).get("value"))
+        sc = slice_capacity(s)
+        if sc is not None:
+            cap[sc[0]] += sc[1]
     used: dict[str, int] = defaultdict(int)
     for c in claims:
-        alloc = (c.get("status") or {}).get("allocation") or {}
-        for r in (alloc.get("devices") or {}).get("results") or []:
-            if r.get("driver") == DRIVER:
-                used[str(r.get("pool"))] += _q((r.get("consumedCapacity") or {}).get(MEMORY))
+        for node, n in claim_memory(c).items():
+            used[node] += n
     return {node: (used.get(node, 0), total) for node, total in cap.items()}
 
 

@@ -1,7 +1,8 @@
 """``/prioritize`` in DRA mode: the extender verb kube-scheduler calls after its own
 filtering (configure the extender with ``prioritizeVerb: prioritize`` and no filter or
-bind verb). Lists our ResourceSlices and the allocated ResourceClaims and answers
-:func:`hami.dra.policy.node_scores` for the candidate nodes.
+bind verb). Answers :func:`hami.dra.policy.node_scores` for the candidate nodes from the
+watched ResourceSlices and ResourceClaims (:class:`hami.dra.cache.DraObjects`); until
+their first list has arrived, or with ``watch=False``, each call lists both kinds.
 """
 
 from __future__ import annotations
@@ -9,19 +10,27 @@ from __future__ import annotations
 from typing import Any
 
 from hami.dra import policy
+from hami.dra.cache import DraObjects
 from hami.extender.wire import WireError, parse_filter_args
 
 
 class DraPrioritizer:
     """Callable ``body -> HostPriorityList``; ``client`` is a lightkube ``AsyncClient``,
     ``node_policy`` ``binpack`` or ``spread`` (the scheduler's ``--node-scheduler-policy``).
-    A malformed body is an empty list (kube-scheduler then ignores this extender's scores)."""
+    A malformed body is an empty list (kube-scheduler then ignores this extender's scores).
+    ``watch``: read the cluster from :meth:`hami.dra.cache.DraObjects.shared` (started on
+    the first call) instead of listing on every call.
 
-    def __init__(self, client: Any, node_policy: str) -> None:
+    Raises:
+        ValueError: ``node_policy`` is not one of :data:`hami.dra.policy.POLICIES`.
+    """
+
+    def __init__(self, client: Any, node_policy: str, *, watch: bool = True) -> None:
         if node_policy not in policy.POLICIES:
             raise ValueError(f"unknown node policy {node_policy!r}")
         self.client = client
         self.node_policy = node_policy
+        self.watch = watch
 
     async def __call__(self, body: bytes) -> list[dict[str, Any]]:
         """Scores for the nodes of the ExtenderArgs in ``body``."""
@@ -33,6 +42,9 @@ class DraPrioritizer:
             return []
         names = args.node_names if args.node_names is not None else [
             str((n.get("metadata") or {}).get("name")) for n in args.nodes or []]
-        slices = [s.to_dict() async for s in self.client.list(ResourceSlice)]
-        claims = [c.to_dict() async for c in self.client.list(ResourceClaim, namespace="*")]
-        return policy.node_scores(names, policy.memory_use(slices, claims), self.node_policy)
+        use = DraObjects.shared(self.client).memory_use() if self.watch else None
+        if use is None:
+            slices = [s.to_dict() async for s in self.client.list(ResourceSlice)]
+            claims = [c.to_dict() async for c in self.client.list(ResourceClaim, namespace="*")]
+            use = policy.memory_use(slices, claims)
+        return policy.node_scores(names, use, self.node_policy)

@@ -136,9 +136,12 @@ def template_for(spec: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
 
 def translate(pod: Mapping[str, Any], config: NvidiaConfig, *,
               uniform_memory_mib: int | None = None,
-              quota: QuotaLedger | None = None) -> Translation | None:
+              quota: QuotaLedger | None = None,
+              whole_card_mib: int | None = None) -> Translation | None:
     """The DRA form of ``pod``, or None when it is left alone (uses claims already, or
-    asks for no NVIDIA GPU).
+    asks for no NVIDIA GPU). A request for a whole card (no ``gpumem``) books
+    ``whole_card_mib`` per card for the quota (the largest card it could get), else
+    ``uniform_memory_mib``, else 0.
 
     Raises:
         TranslateError: a percentage request without one card size, a value CEL cannot
@@ -185,7 +188,7 @@ def translate(pod: Mapping[str, Any], config: NvidiaConfig, *,
                 for key in [k for k in values if k.startswith("nvidia.com/")]:
                     del values[key]
         resources.setdefault("claims", []).append({"name": claim_ref})
-        booked_mem = (memory_mib or uniform_memory_mib or 0) * req.nums
+        booked_mem = (memory_mib or whole_card_mib or uniform_memory_mib or 0) * req.nums
         if pos < n_init:
             init_mem, init_cores = max(init_mem, booked_mem), max(init_cores, req.cores_percent * req.nums)
         else:

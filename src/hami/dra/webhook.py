@@ -6,7 +6,10 @@ webhook refuses for isolation (host PID, privileged, ...), translate, make sure 
 ResourceClaimTemplate exists in the pod's namespace (create; "already exists" is fine:
 the name is a hash of the spec), and answer with the JSON Patch. A namespace with a GPU
 memory or cores ResourceQuota is checked against the claims already made there from our
-templates (their requests: ResourceQuota itself counts only devices). Every other request
+templates (ResourceQuota itself counts only devices): an allocated claim books what it
+consumes, one not allocated yet what it asks, a whole card booking the largest
+published card's memory. Percentages are accepted when every published card has one
+size. Every other request
 (pods without GPUs, other operations) goes to the normal webhook; pods that already use
 claims are admitted unchanged.
 """
@@ -27,6 +30,8 @@ from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.quota import QuotaLedger
 from hami.core.request import quantity
 from hami.dra import translate as tr
+from hami.dra.cache import DraObjects, card_sizes_mib
+from hami.dra.slices import DRIVER
 
 log = logging.getLogger(__name__)
 JSON = dict[str, Any]
@@ -47,20 +52,52 @@ def _reply(api_version: str, uid: str, allowed: bool, message: str = "",
     return {"apiVersion": api_version, "kind": "AdmissionReview", "response": resp}
 
 
-def claim_booking(claim: Mapping[str, Any]) -> tuple[int, int]:
-    """``(memory MiB, cores percent)`` a ResourceClaim of ours books for the quota:
-    count x requested capacity of each request (the whole-card default counts 0 MiB)."""
+def claim_booking(claim: Mapping[str, Any], whole_card_mib: int = 0) -> tuple[int, int]:
+    """``(memory MiB, cores percent)`` a ResourceClaim of ours books for the quota.
+
+    Allocated (``status.allocation`` holds results of our driver): what the allocation
+    consumes (``consumedCapacity``: a whole-card claim books its card's memory).
+    Not allocated yet: what it asks, count x requested capacity of each request, a
+    request without ``memory`` (the whole card) booking ``whole_card_mib`` (the largest
+    card it could get). Malformed values count 0."""
+    alloc = (claim.get("status") or {}).get("allocation") or {}
+    results = [r for r in (alloc.get("devices") or {}).get("results") or []
+               if isinstance(r, Mapping) and r.get("driver") == DRIVER]
     mem = cores = 0
+    if results:
+        for r in results:
+            consumed = r.get("consumedCapacity") or {}
+            try:
+                mem += (to_int_exact(quantity(consumed.get("memory", 0))) or 0) // MIB
+                cores += to_int_exact(quantity(consumed.get("cores", 0))) or 0
+            except (QuantityError, ValueError, TypeError, AttributeError):
+                continue
+        return mem, cores
     for req in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
         ex = req.get("exactly") or {} if isinstance(req, Mapping) else {}
-        count = int(ex.get("count") or 1)
         wanted = (ex.get("capacity") or {}).get("requests") or {}
         try:
-            mem += count * (to_int_exact(quantity(wanted.get("memory", 0))) or 0) // MIB
+            count = int(ex.get("count") or 1)
+            memory = (to_int_exact(quantity(wanted["memory"])) or 0) // MIB \
+                if "memory" in wanted else whole_card_mib
+            mem += count * memory
             cores += count * (to_int_exact(quantity(wanted.get("cores", 0))) or 0)
-        except (QuantityError, ValueError, TypeError):
+        except (QuantityError, ValueError, TypeError, AttributeError):
             continue
     return mem, cores
+
+
+def _asks_percentage(pod: Mapping[str, Any], config: SchedulerConfig) -> bool:
+    """Some container names ``gpumem-percentage`` in its limits or requests."""
+    key = config.nvidia.resource_memory_percentage_name
+    spec = pod.get("spec") or {}
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        res = c.get("resources") if isinstance(c, Mapping) else None
+        if isinstance(res, Mapping) and any(
+                isinstance(part, Mapping) and key in part
+                for part in (res.get("limits"), res.get("requests"))):
+            return True
+    return False
 
 
 class DraWebhook:
@@ -76,8 +113,20 @@ class DraWebhook:
         self.quota = quota
         self.uniform_memory_mib = uniform_memory_mib
 
-    async def _namespace_ledger(self, namespace: str) -> QuotaLedger | None:
-        """A ledger with the namespace's limits and the bookings of its current claims."""
+    async def _card_sizes_mib(self) -> set[int]:
+        """Distinct memory sizes (MiB) of the published cards: from the watched slices
+        (:class:`hami.dra.cache.DraObjects`), or one LIST before the watch has synced."""
+        sizes = DraObjects.shared(self.client).card_sizes_mib()
+        if sizes is None:
+            from lightkube.resources.resource_v1 import ResourceSlice
+
+            sizes = card_sizes_mib([s.to_dict() async for s in self.client.list(ResourceSlice)])
+        return sizes
+
+    async def _namespace_ledger(self, namespace: str, whole_card_mib: int) -> QuotaLedger | None:
+        """A ledger with the namespace's limits and the bookings of its current claims,
+        allocated or not (:func:`claim_booking`; whole cards of unallocated claims at
+        ``whole_card_mib``)."""
         if self.quota is None or not self.quota.limited(namespace):
             return None
         from lightkube.resources.resource_v1 import ResourceClaim
@@ -92,7 +141,7 @@ class DraWebhook:
         ledger.set_quota(namespace, "gpu", hard)
         async for claim in self.client.list(ResourceClaim, namespace=namespace,
                                             labels={tr.TEMPLATE_LABEL: "true"}):
-            mem, cores = claim_booking(claim.to_dict())
+            mem, cores = claim_booking(claim.to_dict(), whole_card_mib)
             ledger.charge(namespace, mem, cores)
         return ledger
 
@@ -130,9 +179,16 @@ class DraWebhook:
             if problems:
                 return _reply(api_version, uid, False, isolation.message(problems))
             namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
-            ledger = await self._namespace_ledger(namespace)
+            uniform, largest = self.uniform_memory_mib, self.uniform_memory_mib or 0
+            limited = self.quota is not None and self.quota.limited(namespace)
+            if limited or (uniform is None and _asks_percentage(pod, self.config)):
+                sizes = await self._card_sizes_mib()
+                largest = max(sizes, default=0)
+                if uniform is None and len(sizes) == 1:
+                    uniform = largest
+            ledger = await self._namespace_ledger(namespace, largest)
             result = tr.translate(pod, self.config.nvidia, quota=ledger,
-                                  uniform_memory_mib=self.uniform_memory_mib)
+                                  uniform_memory_mib=uniform, whole_card_mib=largest)
         except tr.TranslateError as exc:
             return _reply(api_version, uid, False, str(exc))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -12,8 +13,10 @@ from typing import Annotated, Any
 
 import typer
 
+from hami.api import names
 from hami.deviceplugin.allocate import VGPU_NODE, PodView
 from hami.durations import seconds
+from hami.monitor.claims import ClaimLister, attribute, claim_key
 from hami.monitor.feedback import ContainerFeedback, observe
 from hami.monitor.lister import ContainerLister
 from hami.monitor.pods import DEFAULT_PRIORITY, container_grants, pod_finished
@@ -24,21 +27,31 @@ log = logging.getLogger("hami.monitor")
 MIG_APPLY_LOCK = Path("/tmp/hami/hami-mig-apply.lock")
 
 
-def feedback_tick(lister: ContainerLister, pods: Sequence[PodView]) -> list[ContainerFeedback]:
+def feedback_tick(lister: ContainerLister, pods: Sequence[PodView],
+                  claims: ClaimLister | None = None) -> list[ContainerFeedback]:
     """Read every container, apply :func:`observe`, write the changed fields (HAMi-core 1.2).
 
     ``pods``: the node's pods. A container's GPUs and priority come from its pod
     (:func:`hami.monitor.pods.container_grants`), never from its region; a container of
-    no listed pod shares no GPU (it is only ever unblocked). Returns the new values (for
-    tests and logs)."""
+    no listed pod shares no GPU (it is only ever unblocked). ``claims`` (DRA mode): each
+    claim's region takes part as one more container, its GPUs and priority from its
+    owner record and pod (:func:`hami.monitor.claims.attribute`). Returns the new values
+    (for tests and logs)."""
     grants = {f"{p.uid}_{name}": g for p in pods for name, g in container_grants(p).items()}
-    with lister.lock:
-        regions = lister.read_all()
+    claim_lock = claims.lock if claims is not None else contextlib.nullcontext()
+    with lister.lock, claim_lock:  # no file is closed while it is written
+        regions: dict[str, tuple[Any, Any]] = dict(lister.read_all())
         inputs = []
         for key, (_, r) in regions.items():
             g = grants.get(key)
             inputs.append(ContainerFeedback(key, g.uuids if g else (),
                                             g.priority if g else DEFAULT_PRIORITY,
+                                            r.recent_kernel, r.utilization_switch))
+        for uid, (cf, r, owner) in (claims.read_all() if claims is not None else {}).items():
+            use = attribute(owner, pods)
+            regions[claim_key(uid)] = (cf, r)
+            inputs.append(ContainerFeedback(claim_key(uid), use.uuids if use else (),
+                                            use.priority if use else DEFAULT_PRIORITY,
                                             r.recent_kernel, r.utilization_switch))
         result = observe(inputs)
         for old, new in zip(inputs, result, strict=True):
@@ -84,6 +97,11 @@ class PodCache:
 
     def labelled_pods(self) -> Sequence[PodView]:
         return self.labelled
+
+    def node_pods(self) -> Sequence[PodView]:
+        """Every pod of the node (DRA claims are attributed among them); [] before the
+        first successful list."""
+        return self.on_node or []
 
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -141,8 +159,10 @@ def run_monitor(*, node: str, hook_path: Path, kube: Any, stop: threading.Event,
     from hami.monitor.metrics import MonitorCollector
 
     lister = ContainerLister(hook_path / "containers", grace_s=grace_s)
+    claims = ClaimLister(hook_path / names.DRA_CLAIMS_DIR)
     pods = PodCache(kube, node)
-    collector = MonitorCollector(node, lister, pods.labelled_pods, host, legacy, version)
+    collector = MonitorCollector(node, lister, pods.labelled_pods, host, legacy, version,
+                                 claims=claims, node_pods=pods.node_pods)
     server = None
     if bind is not None:
         addr, port = parse_bind(bind)
@@ -153,15 +173,17 @@ def run_monitor(*, node: str, hook_path: Path, kube: Any, stop: threading.Event,
             started = time.monotonic()
             pods.refresh()
             lister.update(pods.live_uids(), pods.finished_uids())
+            claims.update()
             if mig_lock.exists():
                 log.info("MIG apply lock present: feedback paused")
             elif pods.on_node is not None:  # no grants known before the first pod list
-                feedback_tick(lister, pods.on_node)
+                feedback_tick(lister, pods.on_node, claims)
             stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
     finally:
         if server is not None:
             server.shutdown()
         lister.close()
+        claims.close()
     return server
 
 

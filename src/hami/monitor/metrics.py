@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString as _float_to_go
 
 from hami.deviceplugin.allocate import PodView
+from hami.monitor.claims import ClaimLister, attribute
 from hami.monitor.lister import ContainerLister
 from hami.monitor.pods import container_grants, container_running, pod_finished
 from hami.monitor.region import Region
@@ -172,14 +173,21 @@ def render_text(families: Sequence[Family]) -> bytes:
 
 
 class MonitorCollector(Collector):
-    """Scrape-time collector. ``pods`` returns the cached pods labelled for this node."""
+    """Scrape-time collector. ``pods`` returns the cached pods labelled for this node;
+    ``claims`` (DRA mode) the node's claim regions, attributed to ``node_pods`` (every
+    pod of the node: DRA pods carry no ``hami.io/vgpu-node`` label) with
+    :func:`hami.monitor.claims.attribute`, under the same family names."""
 
     def __init__(self, node: str, lister: ContainerLister, pods: Callable[[], Sequence[PodView]],
                  host: HostGpuSource | None = None, legacy: bool = False,
-                 version: str = "0.1.0", clock: Callable[[], float] = time.time) -> None:
+                 version: str = "0.1.0", clock: Callable[[], float] = time.time,
+                 claims: ClaimLister | None = None,
+                 node_pods: Callable[[], Sequence[PodView]] | None = None) -> None:
         self.node = node
         self.lister = lister
         self.pods = pods
+        self.claims = claims
+        self.node_pods = node_pods or pods
         self.host = host or NoHostGpus()
         self.legacy = legacy
         self.version = version
@@ -270,38 +278,8 @@ class MonitorCollector(Collector):
                 entry = regions.get(f"{pod.uid}_{ctr.name}")
                 if entry is None or not container_running(pod, ctr.name):
                     continue
-                region = entry[1]
-                granted = grants[ctr.name].uuids
-                for i in range(region.device_count):
-                    # the region names the device of each index; only GPUs the pod was
-                    # granted are reported (a container cannot label another GPU)
-                    if region.uuids[i] not in granted:
-                        continue
-                    uuid = metric_uuid(region.uuids[i])
-                    if uuid is None:
-                        continue
-                    lv = [pod.namespace, pod.name, ctr.name, str(i), uuid, z]
-                    total = region.used_memory_bytes(i)
-                    ctx, mod, buf = region.context_bytes(i), module_bytes(region, i), region.data_bytes(i)
-                    sm = region.sm_util_percent(i)
-                    fams["used"].add_metric(lv, total)
-                    fams["limit"].add_metric(lv, region.limit_bytes[i])
-                    fams["cmem"].add_metric(lv, total)
-                    fams["cutil"].add_metric(lv, sm)
-                    fams["ctx"].add_metric(lv, ctx)
-                    fams["mod"].add_metric(lv, mod)
-                    fams["buf"].add_metric(lv, buf)
-                    if region.last_kernel_time > 0:
-                        fams["lk"].add_metric(lv, max(now - region.last_kernel_time, 0))
-                    if self.legacy:
-                        leg["used"].add_metric(lv, total)
-                        leg["limit"].add_metric(lv, region.limit_bytes[i])
-                        off = total - ctx - mod - buf
-                        leg["desc"].add_metric([*lv[:5], str(ctx), str(mod), str(buf), str(off), z],
-                                               total)
-                        leg["util"].add_metric(lv, sm)
-                        if region.last_kernel_time > 0:
-                            leg["lk"].add_metric(lv, max(now - region.last_kernel_time, 0))
+                self._region_series(fams, leg, (pod.namespace, pod.name, ctr.name), entry[1],
+                                    grants[ctr.name].uuids, now)
             for m in mig_entries(pod):
                 idx = m.get("containerIndex", -1)
                 if (not isinstance(idx, int) or not 0 <= idx < len(names)
@@ -313,9 +291,51 @@ class MonitorCollector(Collector):
                                         str(m["gpuInstanceID"]), str(m["computeInstanceID"]), z], 1)
                 if self.legacy:
                     leg["mig"].add_metric([*base, str(m["gpuInstanceID"]), z], 1)
+        if self.claims is not None:
+            node_pods = self.node_pods()
+            for _, region, owner in self.claims.read_all().values():
+                use = attribute(owner, node_pods)
+                if use is not None:
+                    self._region_series(fams, leg, (use.pod.namespace, use.pod.name,
+                                                    use.container_label), region, use.uuids, now)
         yield from fams.values()
         if self.legacy:
             yield from leg.values()
+
+    def _region_series(self, fams: dict[str, Family], leg: dict[str, Family],
+                       who: tuple[str, str, str], region: Region, granted: Sequence[str],
+                       now: int) -> None:
+        """Per-device series of one region for ``who`` = (namespace, pod, container):
+        only devices whose region UUID is in ``granted`` (a container cannot label
+        another GPU)."""
+        z = ZONE[1]
+        for i in range(region.device_count):
+            if region.uuids[i] not in granted:
+                continue
+            uuid = metric_uuid(region.uuids[i])
+            if uuid is None:
+                continue
+            lv = [*who, str(i), uuid, z]
+            total = region.used_memory_bytes(i)
+            ctx, mod, buf = region.context_bytes(i), module_bytes(region, i), region.data_bytes(i)
+            sm = region.sm_util_percent(i)
+            fams["used"].add_metric(lv, total)
+            fams["limit"].add_metric(lv, region.limit_bytes[i])
+            fams["cmem"].add_metric(lv, total)
+            fams["cutil"].add_metric(lv, sm)
+            fams["ctx"].add_metric(lv, ctx)
+            fams["mod"].add_metric(lv, mod)
+            fams["buf"].add_metric(lv, buf)
+            if region.last_kernel_time > 0:
+                fams["lk"].add_metric(lv, max(now - region.last_kernel_time, 0))
+            if self.legacy:
+                leg["used"].add_metric(lv, total)
+                leg["limit"].add_metric(lv, region.limit_bytes[i])
+                off = total - ctx - mod - buf
+                leg["desc"].add_metric([*lv[:5], str(ctx), str(mod), str(buf), str(off), z], total)
+                leg["util"].add_metric(lv, sm)
+                if region.last_kernel_time > 0:
+                    leg["lk"].add_metric(lv, max(now - region.last_kernel_time, 0))
 
 
 def mig_entries(pod: PodView) -> list[dict[str, Any]]:

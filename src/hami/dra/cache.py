@@ -1,0 +1,179 @@
+"""Watched copies of the ResourceSlices and ResourceClaims for DRA mode's scheduler side.
+
+``/prioritize`` needs every node's card memory and what allocated claims consume;
+``/webhook`` needs a namespace's claims (quota) and the card sizes (whole-card bookings,
+percentages). Listing them on every call costs the API server a full LIST of both kinds
+per pod; :class:`DraObjects` lists each kind once and then follows a watch (bookmarks
+and idle deadline from :mod:`hami.kubehttp` when the client was made by
+:meth:`hami.kube.Kube.connect`), relisting after any watch error. The per-node memory
+totals are kept up to date at each event, so a score costs no pass over the cluster.
+
+Until the first list of a kind has arrived, callers get ``None`` (they list directly).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from hami.dra import policy
+from hami.dra.slices import DRIVER, MEMORY, MIB
+
+log = logging.getLogger(__name__)
+
+#: ``timeoutSeconds`` of each watch request: the API server ends the watch then and it
+#: is resumed from the last version (half of kubehttp's default idle deadline).
+WATCH_TIMEOUT_S = 60
+
+
+def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+class DraObjects:
+    """Our ResourceSlices and every ResourceClaim, watched (one instance per client:
+    :meth:`shared`). ``start`` begins the watches on the running event loop."""
+
+    _shared: ClassVar[weakref.WeakKeyDictionary[Any, DraObjects]] = weakref.WeakKeyDictionary()
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.slices: dict[tuple[str, str], dict[str, Any]] = {}
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.synced = {"slices": asyncio.Event(), "claims": asyncio.Event()}
+        self._cap: dict[tuple[str, str], tuple[str, int]] = {}
+        self._used_by_claim: dict[tuple[str, str], dict[str, int]] = {}
+        self._used: dict[str, int] = defaultdict(int)
+        self._tasks: list[asyncio.Task[None]] = []
+        #: Watch errors and relists, for tests and logs.
+        self.relists = 0
+
+    @classmethod
+    def shared(cls, client: Any) -> DraObjects:
+        """The instance for ``client`` (created and started on first use; the webhook and
+        ``/prioritize`` of one scheduler share it). Call from the event loop."""
+        obj = cls._shared.get(client)
+        if obj is None:
+            obj = cls._shared[client] = cls(client)
+        obj.start()
+        return obj
+
+    def start(self) -> None:
+        """Start both watches (no-op when running)."""
+        if self._tasks and not all(t.done() for t in self._tasks):
+            return
+        from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
+        self._tasks = [asyncio.ensure_future(self._run(ResourceSlice, "slices")),
+                       asyncio.ensure_future(self._run(ResourceClaim, "claims"))]
+
+    async def stop(self) -> None:
+        """Cancel the watches."""
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    # ---------------------------------------------------------------- events
+    def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
+        """One event (``ADDED``/``MODIFIED``/``DELETED``) of ``kind`` (``slices`` or
+        ``claims``); totals follow."""
+        key = _key(obj)
+        if kind == "slices":
+            self._cap.pop(key, None)
+            if event == "DELETED":
+                self.slices.pop(key, None)
+                return
+            if (obj.get("spec") or {}).get("driver") != DRIVER:
+                return
+            self.slices[key] = dict(obj)
+            sc = policy.slice_capacity(obj)
+            if sc is not None:
+                self._cap[key] = sc
+            return
+        for node, n in self._used_by_claim.pop(key, {}).items():
+            self._used[node] -= n
+        if event == "DELETED":
+            self.claims.pop(key, None)
+            return
+        self.claims[key] = dict(obj)
+        used = policy.claim_memory(obj)
+        if used:
+            self._used_by_claim[key] = used
+            for node, n in used.items():
+                self._used[node] += n
+
+    def _replace(self, kind: str, items: list[dict[str, Any]]) -> None:
+        store = self.slices if kind == "slices" else self.claims
+        listed = {_key(o) for o in items}
+        for key in [k for k in store if k not in listed]:
+            self.apply(kind, "DELETED", {"metadata": {"namespace": key[0], "name": key[1]}})
+        for o in items:
+            self.apply(kind, "ADDED", o)
+
+    async def _run(self, res: Any, kind: str) -> None:
+        namespaced = kind == "claims"
+        ns: dict[str, Any] = {"namespace": "*"} if namespaced else {}
+        delay = 0.2
+        while True:
+            try:
+                listing = self.client.list(res, **ns)
+                items = [o.to_dict() async for o in listing]
+                self._replace(kind, items)
+                version = str(listing.resourceVersion or "")
+                self.synced[kind].set()
+                delay = 0.2
+                async for event, obj in self.client.watch(res, resource_version=version,
+                                                          server_timeout=WATCH_TIMEOUT_S, **ns):
+                    if event in ("ADDED", "MODIFIED", "DELETED"):
+                        self.apply(kind, event, obj.to_dict())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - relist after any watch failure
+                self.relists += 1
+                log.info("DRA %s watch: %s; relisting", kind, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    # ---------------------------------------------------------------- reads
+    def memory_use(self) -> dict[str, tuple[int, int]] | None:
+        """:func:`hami.dra.policy.memory_use` from the watched objects; None before both
+        kinds were listed once."""
+        if not all(e.is_set() for e in self.synced.values()):
+            return None
+        cap: dict[str, int] = defaultdict(int)
+        for node, n in self._cap.values():
+            cap[node] += n
+        return {node: (self._used.get(node, 0), total) for node, total in cap.items()}
+
+    def claims_in(self, namespace: str) -> list[dict[str, Any]] | None:
+        """The namespace's ResourceClaims; None before the first list."""
+        if not self.synced["claims"].is_set():
+            return None
+        return [c for (ns, _), c in self.claims.items() if ns == namespace]
+
+    def card_sizes_mib(self) -> set[int] | None:
+        """The distinct ``memory`` capacities (MiB) of our published cards; None before
+        the first list."""
+        if not self.synced["slices"].is_set():
+            return None
+        return card_sizes_mib(self.slices.values())
+
+
+def card_sizes_mib(slices: Any) -> set[int]:
+    """Distinct card ``memory`` capacities (MiB, rounded down) of our slices' devices."""
+    out = set()
+    for s in slices:
+        spec = s.get("spec") or {}
+        if spec.get("driver") != DRIVER:
+            continue
+        for d in spec.get("devices") or []:
+            value = policy._q(((d.get("capacity") or {}).get(MEMORY) or {}).get("value"))
+            if value > 0:
+                out.add(value // MIB)
+    return out
