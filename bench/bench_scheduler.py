@@ -68,7 +68,10 @@ def percentile(buckets: list[tuple[float, float]], q: float) -> float:
 
 
 # ------------------------------------------------------------------ throughput
-MODES = ("vanilla", "binpack", "spread")
+#: ``-cdi``: the nodes advertise the device plugin's allocate mode ``cdi``
+#: (``hami.io/node-allocate-mode``): binds take no node lock, and the fake device plugin
+#: plays PreStartContainer (one ``bind-phase=success`` patch, no lock to release).
+MODES = ("vanilla", "binpack", "spread", "binpack-cdi", "spread-cdi")
 
 
 def run_bed(n_nodes: int, pods: int, mode: str, hami_args: list[str] | None = None,
@@ -77,7 +80,8 @@ def run_bed(n_nodes: int, pods: int, mode: str, hami_args: list[str] | None = No
 
     ``mode`` ``vanilla``: kube-scheduler alone, pods asking for no GPU (the ceiling of the
     bed); ``binpack``/``spread``: kube-scheduler with hami as its extender under that node
-    policy, GPU pods, a fake device-plugin Allocate releasing the node locks. The clock
+    policy, GPU pods, a fake device-plugin Allocate releasing the node locks;
+    ``binpack-cdi``/``spread-cdi``: the same with nodes in allocate mode ``cdi``. The clock
     starts before the first create and stops when the last pod is seen bound.
     """
     from bench.sched_bed import (
@@ -102,9 +106,12 @@ def run_bed(n_nodes: int, pods: int, mode: str, hami_args: list[str] | None = No
         cp.client = lambda namespace="default", cp=cp: plain_watch_client(cp, namespace)
         client = cp.client()
         t0 = time.monotonic()
-        make_gpu_node(client, "node-00000")  # warm lightkube/msgspec types in one thread
+        policy, _, allocate_mode = mode.partition("-")
+        node_ann = {"hami.io/node-allocate-mode": allocate_mode} if allocate_mode else None
+        make_gpu_node(client, "node-00000", annotations=node_ann)  # warm types in one thread
         with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda i, c=client: make_gpu_node(c, f"node-{i:05d}"),
+            list(pool.map(lambda i, c=client: make_gpu_node(c, f"node-{i:05d}",
+                                                            annotations=node_ann),
                           range(1, n_nodes)))
         nodes_s = time.monotonic() - t0
         limits: dict[str, Any] = {} if client_qps is None else {
@@ -115,10 +122,10 @@ def run_bed(n_nodes: int, pods: int, mode: str, hami_args: list[str] | None = No
             ks = cp.start_scheduler(**limits)
         else:
             tls = Tls(work / "tls")
-            hami = HamiProcess(cp, tls, work, args=[f"--node-scheduler-policy={mode}",
+            hami = HamiProcess(cp, tls, work, args=[f"--node-scheduler-policy={policy}",
                                                     "--register-interval=15s",
                                                     *(hami_args or [])]).start()
-            allocator = FakeAllocator(cp).start()
+            allocator = FakeAllocator(cp, lock_free=bool(allocate_mode)).start()
             specs = [gpu_pod(f"p{i:05d}", memory_mib=1000 + (i % 7) * 500,
                              cores=(i % 3) * 10 or None, scheduler_name="hami-scheduler")
                      for i in range(pods)]

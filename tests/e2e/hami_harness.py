@@ -227,10 +227,13 @@ LATE_ALLOCATE = "e2e.hami.io/late-allocate"
 class FakeAllocator:
     """The API side of the device plugin's Allocate for bound pods (spec §11): set
     ``hami.io/bind-phase=success`` and release the node lock this pod holds. Pods
-    labelled :data:`LATE_ALLOCATE` are skipped."""
+    labelled :data:`LATE_ALLOCATE` are skipped. With ``lock_free`` it plays allocate
+    mode ``cdi``'s PreStartContainer instead: one patch (``bind-phase=success``, the
+    to-allocate string emptied), no node read, no lock."""
 
-    def __init__(self, cp: ControlPlane) -> None:
+    def __init__(self, cp: ControlPlane, lock_free: bool = False) -> None:
         self.cp = cp
+        self.lock_free = lock_free
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="fake-allocator")
         self.allocated = 0
@@ -282,6 +285,19 @@ class FakeAllocator:
         if not pod.spec.nodeName or ann.get("hami.io/bind-phase") != "allocating":
             return
         ns, name, node = pod.metadata.namespace, pod.metadata.name, pod.spec.nodeName
+        if self.lock_free:
+            from hami.core.codec import decode_pod_devices, encode_pod_devices
+
+            try:
+                grant = decode_pod_devices(ann.get("hami.io/vgpu-devices-allocated", ""))
+                client.patch(Pod, name, {"metadata": {"annotations": {
+                    "hami.io/bind-phase": "success",
+                    "hami.io/vgpu-devices-to-allocate": encode_pod_devices(
+                        tuple(() for _ in grant))}}}, namespace=ns, patch_type=PatchType.MERGE)
+                self.allocated += 1
+            except Exception:
+                pass
+            return
         try:
             client.patch(Pod, name, {"metadata": {"annotations": {"hami.io/bind-phase": "success"}}},
                          namespace=ns, patch_type=PatchType.MERGE)

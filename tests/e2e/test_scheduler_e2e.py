@@ -356,6 +356,54 @@ def test_200_pods_at_once_never_overcommit(kube_client: Any, kube_scheduler: Any
     print(f"200 pods on 10x4 GPUs: {bound} bound, {200 - bound} unschedulable, {elapsed:.1f}s")
 
 
+def test_nodes_in_cdi_mode_bind_200_pods_without_a_node_lock(
+        kube_client: Any, kube_scheduler: Any, group: str, hami: HamiProcess,
+        control_plane: ControlPlane) -> None:
+    """Nodes whose device plugin advertises allocate mode ``cdi``: no node lock is ever
+    written on them, binds on one node overlap, and still no GPU is overcommitted."""
+    names = nodes(kube_client, group, 10, "cdi",
+                  annotations={"hami.io/node-allocate-mode": "cdi"})
+    locks_seen: list[tuple[str, str]] = []
+    watching = threading.Event()
+    stop = threading.Event()
+
+    def watch_locks() -> None:
+        client = control_plane.client()
+        while not stop.is_set():
+            with contextlib.suppress(Exception):
+                for _, node in client.watch(Node, labels={GROUP: group}, server_timeout=5):
+                    watching.set()
+                    lock = (node.metadata.annotations or {}).get("hami.io/mutex.lock")
+                    if lock:
+                        locks_seen.append((node.metadata.name, lock))
+                    if stop.is_set():
+                        return
+
+    watcher = threading.Thread(target=watch_locks, daemon=True)
+    watcher.start()
+    watching.wait(10)
+    rng = random.Random(11)
+    pods = []
+    for i in range(200):
+        kw: dict[str, Any] = {"memory_mib": rng.choice([1000, 2000, 4000, 6000, 8000, 12000])}
+        if rng.random() < 0.5:
+            kw["cores"] = rng.choice([5, 10, 20, 30, 50])
+        if rng.random() < 0.1:
+            kw["gpus"] = 2
+        pods.append(pod_in(group, f"f{i:03d}-{group}", **kw))
+    objs = [codecs.from_dict(p) for p in pods]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(kube_client.create, objs))
+    final = wait_settled(kube_client, group, 200, timeout_s=300)
+    stop.set()
+    holders = check_capacity(kube_client, names, final)
+    bound = sum(1 for p in final if p["spec"].get("nodeName"))
+    assert bound >= 100 and holders >= bound
+    assert locks_seen == []
+    for name in names:
+        assert "hami.io/mutex.lock" not in (kube_client.get(Node, name).metadata.annotations or {})
+
+
 def test_sigkill_while_pods_stream_in(kube_client: Any, kube_scheduler: Any, group: str,
                                       hami: HamiProcess) -> None:
     names = nodes(kube_client, group, 4, "crash")

@@ -24,6 +24,13 @@ NODE_REGISTER: Final = "hami.io/node-nvidia-register"
 NODE_SCORE: Final = "hami.io/node-nvidia-score"
 NODE_HANDSHAKE: Final = "hami.io/node-handshake"
 NODE_LOCK: Final = "hami.io/mutex.lock"
+#: Ours (not HAMi's): how the node's hami device plugin learns which pod an Allocate is
+#: for. Absent or ``node-lock``: HAMi's protocol (the scheduler holds the node lock until
+#: the plugin serves the pod); ``cdi``: per-container CDI devices filled in at
+#: PreStartContainer from the kubelet's pod-resources API, so binds take no node lock.
+NODE_ALLOCATE_MODE: Final = "hami.io/node-allocate-mode"
+ALLOCATE_MODE_NODE_LOCK: Final = "node-lock"
+ALLOCATE_MODE_CDI: Final = "cdi"
 NODE_DEVICE_CORDON: Final = "hami.io/device-cordon"
 
 # Pod annotations / labels written by the scheduler (HAMi v2.10).

@@ -85,6 +85,18 @@ def device_plugin(
              "migration from HAMi)")] = False,
     scheduler_name: Annotated[str, typer.Option(
         help="schedulerName of the pods whose allocations are served")] = "hami-scheduler",
+    allocate_mode: Annotated[str, typer.Option(
+        help="how Allocate learns the pod: 'node-lock' (HAMi's protocol: the scheduler "
+             "locks the node until Allocate) or 'cdi' (per-container CDI devices filled "
+             "in at PreStartContainer from the kubelet's pod-resources API; the node is "
+             "annotated so that hami's scheduler binds without the lock; needs a runtime "
+             "with CDI enabled)")] = "node-lock",
+    pod_resources_socket: Annotated[Path, typer.Option(
+        help="the kubelet's pod-resources socket (allocate mode cdi)")] = Path(
+        "/var/lib/kubelet/pod-resources/kubelet.sock"),
+    cdi_spec_dir: Annotated[Path, typer.Option(
+        help="CDI spec directory of the container runtime (allocate mode cdi)")] = Path(
+        "/var/run/cdi"),
 ) -> None:
     """Kubelet device plugin: advertise GPU replicas, answer Allocate (HAMi-core 1.2)."""
     from hami import __version__
@@ -111,7 +123,9 @@ def device_plugin(
                    lock_dir=lock_dir, register_interval_s=register_interval, stop=stop,
                    install_signals=True, version=__version__, mig_apply_lock=mig_apply_lock,
                    watch_idle_timeout_s=watch_idle_timeout,
-                   guard=_guard(allocation_key_dir, trust_unsigned_allocations, scheduler_name))
+                   guard=_guard(allocation_key_dir, trust_unsigned_allocations, scheduler_name),
+                   allocate_mode=allocate_mode, pod_resources_socket=pod_resources_socket,
+                   cdi_spec_dir=cdi_spec_dir)
     except Exception as exc:  # noqa: BLE001 - report and exit non-zero
         from hami.kubehint import kube_hint
 
@@ -144,7 +158,9 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
                install_signals: bool = False, version: str = "0.1.0",
                kube_api: object | None = None, mig_apply_lock: Path | None = None,
                mig_reconcile_s: float = 5.0, watch_idle_timeout_s: float = 120.0,
-               guard: AllocationGuard | None = None) -> None:
+               guard: AllocationGuard | None = None, allocate_mode: str = "node-lock",
+               pod_resources_socket: Path | None = None, cdi_spec_dir: Path | None = None,
+               cdi_sweep_s: float = 60.0) -> None:
     """Build and run every loop until ``stop`` is set (SIGINT/SIGTERM set it; SIGHUP
     restarts the gRPC server). ``kube_api`` replaces the lightkube client (tests).
 
@@ -152,8 +168,13 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
     allowlist (:mod:`hami.deviceplugin.mig`), a reconciler runs every ``mig_reconcile_s``
     and ``mig_apply_lock`` (default ``/tmp/hami/hami-mig-apply.lock``) pauses
     registration and health checks while instances change. The node watch restarts after
-    ``watch_idle_timeout_s`` seconds without an event or bookmark. Raises
-    ``PluginConfigError`` when mig mode has no ``migProfileAllowlist``."""
+    ``watch_idle_timeout_s`` seconds without an event or bookmark.
+
+    ``allocate_mode`` ``cdi`` (:mod:`hami.deviceplugin.cdimode`) asks the kubelet's
+    ``pod_resources_socket`` at PreStartContainer, writes CDI specs into ``cdi_spec_dir``
+    and sweeps stale ones every ``cdi_sweep_s``. Raises ``PluginConfigError`` when mig
+    mode has no ``migProfileAllowlist``, for an unknown allocate mode, and for mode
+    ``cdi`` with ``operatingmode: mig``."""
     from hami.deviceplugin import allocate as al
     from hami.deviceplugin import mig as migmod
     from hami.deviceplugin import mps
@@ -163,12 +184,12 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
     from hami.deviceplugin.kube import KubeApi, make_client
     from hami.deviceplugin.mpsdaemon import MpsControlDaemon, MpsDaemonError
     from hami.deviceplugin.service import (
-        DevicePluginServicer,
         DeviceState,
         NodeRegistrar,
         PluginServer,
         health_loop,
     )
+    from hami.deviceplugin.servicer import DevicePluginServicer
     from hami.kubehttp import watch_timeout_for
 
     cfg = from_device_config(config_file.read_text() if config_file else None)
@@ -178,6 +199,13 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
         raise PluginConfigError("operatingmode mig needs nvidia.migProfileAllowlist in the "
                                 "device config (HAMi v2.10; the chart's "
                                 "devices.nvidia.migProfileAllowlist)")
+    from hami.api import names
+
+    if allocate_mode not in (names.ALLOCATE_MODE_NODE_LOCK, names.ALLOCATE_MODE_CDI):
+        raise PluginConfigError(f"unknown allocate mode {allocate_mode!r} (node-lock, cdi)")
+    if allocate_mode == names.ALLOCATE_MODE_CDI and cfg.operating_mode == "mig":
+        raise PluginConfigError("allocate mode cdi does not serve operatingmode mig; use "
+                                "--allocate-mode node-lock")
     gpu_backend = open_backend(backend_kind, fake_inventory)
     gpus = gpu_backend.devices()
     kube = kube_api if isinstance(kube_api, KubeApi) else KubeApi(
@@ -207,13 +235,25 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
     servicer = DevicePluginServicer(state, kube, node_name, settings, stop)
     servicer.mig = mig_manager
     servicer.guard = guard
+    if allocate_mode == names.ALLOCATE_MODE_CDI:
+        from hami.deviceplugin.cdiallocate import (
+            DEFAULT_CDI_DIR,
+            DEFAULT_POD_RESOURCES_SOCKET,
+            CdiAllocator,
+            PodResourcesClient,
+        )
+
+        servicer.cdi = CdiAllocator(
+            state, kube, node_name, settings,
+            PodResourcesClient(pod_resources_socket or DEFAULT_POD_RESOURCES_SOCKET),
+            cdi_spec_dir or DEFAULT_CDI_DIR, guard, lambda: servicer.new_cache_name())
     server = PluginServer(servicer, plugin_dir, kubelet_socket, cfg.resource_name)
 
     def paused() -> bool:
         return mig_manager is not None and migmod.apply_lock_held(lock_path)
 
     registrar = NodeRegistrar(state, kube, node_name, interval_s=register_interval_s,
-                              paused=paused)
+                              paused=paused, allocate_mode=allocate_mode)
     if install_signals:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -224,6 +264,9 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
                                                    registrar.kick, stop, paused),
                          name="health", daemon=True),
     ]
+    if servicer.cdi is not None:
+        threads.append(threading.Thread(target=servicer.cdi.sweep_loop, args=(stop, cdi_sweep_s),
+                                        name="cdi-sweep", daemon=True))
     if mig_manager is not None:
         # The first pass (at start) adopts what pods reference and resets the rest.
         threads.append(threading.Thread(target=mig_manager.run, args=(stop, mig_reconcile_s),

@@ -72,11 +72,13 @@ def encode_register(devices: Sequence[DeviceInfo]) -> str:
     return encode_node_devices(devices)
 
 
-def annotations_to_write(wanted: Mapping[str, str], current: Mapping[str, str]
-                         ) -> dict[str, str]:
+def annotations_to_write(wanted: Mapping[str, str | None], current: Mapping[str, str]
+                         ) -> dict[str, str | None]:
     """The part of ``wanted`` (annotation key -> value) that the Node's ``current``
     annotations do not carry exactly: absent (the Node was deleted and re-created, or
-    someone removed the key) or different (someone altered it). Empty: nothing to write.
+    someone removed the key) or different (someone altered it); a wanted value None
+    means the key must be absent (written as None: a merge patch removes it). Empty:
+    nothing to write.
 
     Ours: HAMi compares with the value it sent last and so never repairs the Node until
     the plugin restarts."""

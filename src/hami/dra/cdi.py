@@ -158,16 +158,19 @@ def cdi_device_id(claim_uid: str) -> str:
     return f"{CDI_KIND}={claim_uid}"
 
 
-def cdi_spec(claim_uid: str, plan: ContainerPlan) -> dict[str, Any]:
+def cdi_spec(claim_uid: str, plan: ContainerPlan, *, kind: str = CDI_KIND,
+             annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The CDI spec (a JSON document) with one device named after the claim whose
     container edits are the plan's envs (``KEY=VALUE``) and bind mounts (read-only ones
-    with ``ro``)."""
+    with ``ro``). ``kind`` and spec-level ``annotations`` (CDI 0.6.0) are for the device
+    plugin's allocate mode ``cdi``, which names its devices differently."""
     mounts = [{"hostPath": m.host_path, "containerPath": m.container_path,
                "options": ["rbind", "ro" if m.read_only else "rw", "nosuid", "nodev"]}
               for m in plan.mounts]
     return {
         "cdiVersion": CDI_VERSION,
-        "kind": CDI_KIND,
+        "kind": kind,
+        **({"annotations": dict(annotations)} if annotations else {}),
         "devices": [{
             "name": claim_uid,
             "containerEdits": {"env": [f"{k}={v}" for k, v in plan.envs.items()],

@@ -20,9 +20,7 @@ v1.37):
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import shutil
 import threading
 import uuid
@@ -38,6 +36,7 @@ from hami.api import names
 from hami.deviceplugin.allocate import NodeSettings
 from hami.deviceplugin.config import PluginConfig
 from hami.deviceplugin.service import make_host_dirs, write_host_files
+from hami.deviceplugin.service import write_json_file as _write_json
 from hami.dra import cdi
 from hami.dra.registration import api_pb2 as regpb
 from hami.dra.registration import api_pb2_grpc as reggrpc
@@ -225,12 +224,3 @@ def serve(node: DraNode, paths: PluginPaths) -> tuple[Any, Registration]:
             raise RuntimeError(f"cannot listen on {p}")
     server.start()
     return server, reg
-
-
-def _write_json(path: Path, doc: Any) -> None:
-    """Write ``doc`` to ``path`` atomically (temporary file in the same directory, then
-    rename), mode 0644: the runtime must never read half a spec."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)

@@ -83,7 +83,8 @@ class BindFlow(EngineParts):
         lock_started = time.perf_counter()
         lock_wait_s = 0.0
         try:
-            held = await acquire_all(self._bind_locks(entry), args.node, ns, args.pod_name)
+            held = await acquire_all(self._bind_locks(entry, args.node), args.node, ns,
+                                     args.pod_name)
             lock_wait_s = time.perf_counter() - lock_started
             if entry is not None and args.pod_uid not in self._phase_written:
                 # a charge from before a restart: its filter patch may not carry them
@@ -113,17 +114,29 @@ class BindFlow(EngineParts):
         return any(p.namespace == namespace and p.name == name
                    for p in self.state.ledger.pods_on(node))
 
+    def lock_free(self, node: str) -> bool:
+        """The node's hami device plugin finds its pods without the node lock: the Node
+        says ``hami.io/node-allocate-mode: cdi`` (exactly; the plugin writes it, see
+        :mod:`hami.deviceplugin.cdimode`). A node can only say this of itself, and it
+        only spares the binds to that node their NVIDIA lock."""
+        node_obj = self.nodes.get(node)
+        meta = node_obj.get("metadata") if isinstance(node_obj, dict) else None
+        ann = meta.get("annotations") if isinstance(meta, dict) else None
+        return isinstance(ann, dict) and ann.get(names.NODE_ALLOCATE_MODE) == names.ALLOCATE_MODE_CDI
+
     def busy_nodes(self) -> dict[str, int]:
         """Binds in flight per node (nodes without any are left out): pods placed by
         /filter whose /bind has not finished, plus one for a node lock held (as the watch
-        or our own lock write shows it) until the device plugin's Allocate releases it."""
+        or our own lock write shows it) until the device plugin's Allocate releases it.
+        Nodes whose plugin needs no lock (:meth:`lock_free`) are never busy: their binds
+        do not wait for one another."""
         busy = self.inflight.counts()
         locked = {node for node, _ in self._locked}
         for _, locks in self._all_locks():
             locked.update(locks.locked_by_write())
         for node in locked:
             busy[node] = busy.get(node, 0) + 1
-        return busy
+        return {node: n for node, n in busy.items() if not self.lock_free(node)}
 
     def _decide(self, pod: Mapping[str, Any], node_names: list[str] | None) -> Any:
         """The filter's decision; with ``avoid_busy_nodes``, among the candidates with the
@@ -143,14 +156,19 @@ class BindFlow(EngineParts):
                         return decision
         return self.state.filter(pod, node_names, now_ns=now_ns)
 
-    def _bind_locks(self, entry: Any) -> list[NodeLocks]:
+    def _bind_locks(self, entry: Any, node: str) -> list[NodeLocks]:
         """The node locks a bind takes (HAMi v2.10): per vendor that a regular container
         uses, in CommonWord order, the vendor's own lock or the generic one (taken once:
-        it is re-entrant for the same pod anyway)."""
+        it is re-entrant for the same pod anyway). Ours: NVIDIA takes none on a node
+        whose plugin needs none (:meth:`lock_free`); another vendor that uses the generic
+        lock still takes it."""
         if entry is None:
             return []
         out: list[NodeLocks] = []
+        skip_nvidia = self.lock_free(node)
         for word in self.state.lock_vendors(entry.uid):
+            if word == names.NVIDIA and skip_nvidia:
+                continue
             vendor = self.state.vendors.get(word)
             key = vendor.lock_annotation if vendor is not None else None
             locks = self.vendor_locks.get(key, self.locks) if key else self.locks

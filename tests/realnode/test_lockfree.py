@@ -1,0 +1,79 @@
+"""Allocate mode ``cdi`` on the real kubelet and containerd 2.x with CDI: several pods
+bound to one node at once, with no node lock, each container gets its own limits (from
+its CDI spec, written at PreStartContainer from the kubelet's pod-resources API).
+
+Needs the real node with containerd 2.x (``RealNode.cdi_dir``); where the tree's real
+node has none, the test skips (fails with ``HAMI_NODE_REQUIRED=1``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from lightkube import codecs
+from lightkube.resources.core_v1 import Node, Pod
+
+from hami.api import names
+from hami.testing.gpubed import GpuBed, gpu_test_pod, wait_pod_done
+from tests.realnode.conftest import running_bed, skip_or_fail
+
+SHOW_ENV = "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|CUDA_DEVICE_[A-Z_0-9]*)=' | sort"
+PLUGIN_ARGS = ("--allocate-mode=cdi",
+               "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
+               "--cdi-spec-dir=/run/cdi")
+
+
+@pytest.fixture(scope="module")
+def bed() -> Iterator[GpuBed]:
+    from hami.testing import node as nodemod
+
+    if not hasattr(nodemod.RealNode, "cdi_dir"):
+        skip_or_fail("the real node has no containerd with CDI in this tree (RealNode.cdi_dir)")
+    with running_bed(plugin_args=PLUGIN_ARGS) as b:
+        yield b
+
+
+def env_of(log: str) -> dict[str, str]:
+    return dict(ln.split("=", 1) for ln in log.splitlines()
+                if "=" in ln and ln.split("=")[0].isupper())
+
+
+def test_pods_bound_to_one_node_at_once_each_get_their_own_limits(bed: GpuBed) -> None:
+    client = bed.client()
+    node = client.get(Node, bed.node_name)
+    assert (node.metadata.annotations or {}).get(names.NODE_ALLOCATE_MODE) == "cdi"
+    locks: list[str] = []
+    stop = threading.Event()
+
+    def watch_lock() -> None:
+        watcher = bed.client()
+        for _, n in watcher.watch(Node, fields={"metadata.name": bed.node_name},
+                                  server_timeout=60):
+            lock = (n.metadata.annotations or {}).get(names.NODE_LOCK)
+            if lock:
+                locks.append(lock)
+            if stop.is_set():
+                return
+
+    threading.Thread(target=watch_lock, daemon=True).start()
+    sizes = {f"lf-{i}": 256 * (i + 1) for i in range(4)}
+    for name, mib in sizes.items():  # created together: bound and started concurrently
+        client.create(codecs.from_dict(gpu_test_pod(name, f"{SHOW_ENV}; sleep 2",
+                                                    memory_mib=mib)))
+    got: dict[str, Any] = {}
+    for name in sizes:
+        pod = wait_pod_done(client, name, timeout_s=120)
+        assert bed.node is not None
+        log = bed.node.container_log("default", name, "c")
+        assert pod.status.phase == "Succeeded", log
+        got[name] = env_of(log)
+    stop.set()
+    for name, mib in sizes.items():
+        assert got[name]["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{mib}m", (name, got[name])
+        assert got[name]["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-"), got[name]
+        ann = client.get(Pod, name).metadata.annotations or {}
+        assert ann.get(names.BIND_PHASE) == "success", ann
+    assert locks == []
