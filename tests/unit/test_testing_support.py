@@ -104,3 +104,53 @@ def test_ca_issues_certificates_python_ssl_accepts(tmp_path: Path):
 def test_issue_needs_a_usage():
     with pytest.raises(ValueError):
         CertificateAuthority.create("ca").issue("nobody")
+
+
+def test_controlplane_module_still_runs_the_up_command():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "hami.testing.controlplane", "up", "--help"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "--gpu-node" in out.stdout and "--extender-url" in out.stdout
+
+
+def test_pki_and_kubeconfig_files(tmp_path: Path):
+    import yaml
+
+    from hami.testing.clusterconfig import KUBERNETES_SERVICE_IP, write_kubeconfig, write_pki
+
+    pki = write_pki(tmp_path)
+    names = {p.name for p in tmp_path.iterdir()}
+    for stem in ("serving", "admin", "sa", "front-proxy-client"):
+        assert {f"{stem}.crt", f"{stem}.key"} <= names
+    assert {"ca.crt", "front-proxy-ca.crt"} <= names
+    serving = x509.load_pem_x509_certificate((tmp_path / "serving.crt").read_bytes())
+    sans = serving.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert KUBERNETES_SERVICE_IP in {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)}
+    path = tmp_path / "kubeconfig"
+    write_kubeconfig(path, "https://127.0.0.1:1", pki.ca.cert_pem, "u", pki.admin)
+    assert path.stat().st_mode & 0o777 == 0o600
+    doc = yaml.safe_load(path.read_text())
+    assert doc["clusters"][0]["cluster"]["server"] == "https://127.0.0.1:1"
+    assert doc["users"][0]["name"] == "u"
+
+
+def test_audit_events_filter_by_user_and_time(tmp_path: Path):
+    import datetime as dt
+    import json
+
+    from hami.testing.clusterconfig import read_audit_events
+
+    log = tmp_path / "audit.log"
+    assert read_audit_events(log) == []
+    rows = [{"user": {"username": "a"}, "requestReceivedTimestamp": "2025-01-01T00:00:00Z"},
+            {"user": {"username": "b"}, "requestReceivedTimestamp": "2025-01-02T00:00:00Z"},
+            {"user": {"username": "a"}, "requestReceivedTimestamp": "2025-01-03T00:00:00Z"}]
+    log.write_text("\n".join(json.dumps(r) for r in rows) + '\n{"partial')
+    assert len(read_audit_events(log)) == 3
+    assert [e["requestReceivedTimestamp"][:10] for e in read_audit_events(log, "a")] == [
+        "2025-01-01", "2025-01-03"]
+    since = dt.datetime(2025, 1, 2, tzinfo=dt.UTC)
+    assert [e["user"]["username"] for e in read_audit_events(log, since=since)] == ["b", "a"]

@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from hami.core.collapse import app_only_charges, pod_charges
+from hami.core.migbook import MigBook
 from hami.core.model import DeviceCharge, DeviceInfo, MigPlacement, PodSingleDevice
 
 IntArray = npt.NDArray[np.int64]
@@ -95,9 +96,8 @@ class UsageLedger:
         self._pods: dict[str, PodEntry] = {}
         self._pods_on: dict[str, set[str]] = {}
         self._types: dict[str, int] = {}
-        self._mig: dict[int, list[tuple[str, MigPlacement]]] = {}
-        #: Device index -> uids of the pods whose MIG records disagree with it (HAMi v2.10).
-        self._mig_faults: dict[int, set[str]] = {}
+        #: MIG reservations and fail-closed GPUs per device row (HAMi v2.10).
+        self._migbook = MigBook()
         #: Removed nodes' node index and device rows ``(index, offset, count)``, reused
         #: when the same node registers again.
         self._vacated: dict[str, tuple[int, int, int]] = {}
@@ -268,9 +268,7 @@ class UsageLedger:
 
     def _drop_devices(self, entry: NodeEntry) -> None:
         span = slice(entry.offset, entry.offset + len(entry.devices))
-        for d in range(span.start, span.stop):
-            self._mig.pop(d, None)
-            self._mig_faults.pop(d, None)
+        self._migbook.drop(range(span.start, span.stop))
         self.healthy[span] = self.registered_healthy[span] = False
         self.node_of[span] = -1
         self.split_count[span] = 0
@@ -364,81 +362,26 @@ class UsageLedger:
             self.sum_used_memory[i] += sign * c.memory_mib
             self.sum_used_cores[i] += sign * c.cores_percent
             self.sum_used_slots[i] += sign * c.slots
-        for uuid, placement in entry.mig:
-            d = node.position.get(uuid)
-            if d is None:
-                continue
-            held = self._mig.setdefault(d, [])
-            if sign > 0:
-                held.append((entry.uid, placement))
-            else:
-                held.remove((entry.uid, placement))
-        if entry.mig or self.mig_mode[node.offset:node.offset + len(node.devices)].any():
-            for d in self._mig_mismatches(entry, node):
-                faulted = self._mig_faults.setdefault(d, set())
-                if sign > 0:
-                    faulted.add(entry.uid)
-                else:
-                    faulted.discard(entry.uid)
-                    if not faulted:
-                        del self._mig_faults[d]
-                self.healthy[d] = bool(self.registered_healthy[d]) and d not in self._mig_faults
-
-    def _mig_mismatches(self, entry: PodEntry, node: NodeEntry) -> set[int]:
-        """Devices of ``node`` that ``entry``'s MIG records make unusable (HAMi v2.10).
-
-        HAMi pairs each of the pod's device entries on a GPU with one of its MIG
-        reservations there and fails closed when they disagree, because the GPU's
-        instance geometry is then unknown: an entry on a ``mig`` GPU without a
-        reservation, or a reservation on a GPU that is not in ``mig`` mode, marks that GPU
-        unhealthy; a reservation for a GPU the node does not have marks every ``mig`` GPU
-        of the node. Extra reservations on a ``mig`` GPU are simply held.
-        """
-        reservations: dict[str, int] = {}
-        for uuid, _ in entry.mig:
-            reservations[uuid] = reservations.get(uuid, 0) + 1
-        entries: dict[str, int] = {}
-        for ctr in entry.devices:
-            for dev in ctr:
-                entries[dev.uuid] = entries.get(dev.uuid, 0) + 1
-        out: set[int] = set()
-        for uuid in reservations.keys() | entries.keys():
-            d = node.position.get(uuid)
-            if d is None:
-                if reservations.get(uuid):
-                    out.update(node.offset + i for i, dev in enumerate(node.devices)
-                               if dev.mode == "mig")
-            elif self.mig_mode[d]:
-                if entries.get(uuid, 0) > reservations.get(uuid, 0):
-                    out.add(d)
-            elif reservations.get(uuid):
-                out.add(d)
-        return out
+        self._migbook.apply(entry, node, sign, self.mig_mode, self.registered_healthy,
+                            self.healthy)
 
     # --------------------------------------------------------------- queries
     def device_usage(self, name: str) -> list[tuple[DeviceInfo, int, int, int]]:
         """``(device, used_slots, used_memory_mib, used_cores)`` for each GPU of a node."""
         entry = self._nodes[name]
         o = entry.offset
-        return [(replace(dev, health=False) if o + i in self._mig_faults else dev,
+        faults = self._migbook.faults
+        return [(replace(dev, health=False) if o + i in faults else dev,
                  int(self.used_slots[o + i]), int(self.used_memory_mib[o + i]),
                  int(self.used_cores[o + i])) for i, dev in enumerate(entry.devices)]
 
     def mig_faults(self, name: str) -> dict[str, tuple[str, ...]]:
         """GPUs of a node failed closed by MIG mismatches: UUID -> the pod uids (HAMi v2.10)."""
-        entry = self._nodes[name]
-        return {dev.uuid: tuple(sorted(self._mig_faults[entry.offset + i]))
-                for i, dev in enumerate(entry.devices) if entry.offset + i in self._mig_faults}
+        return self._migbook.node_faults(self._nodes[name])
 
     def mig_occupied(self, name: str) -> dict[str, list[MigPlacement]]:
         """MIG placements in use per GPU UUID of a node (only GPUs that have some)."""
-        entry = self._nodes[name]
-        out: dict[str, list[MigPlacement]] = {}
-        for i, dev in enumerate(entry.devices):
-            held = self._mig.get(entry.offset + i)
-            if held:
-                out[dev.uuid] = [p for _, p in held]
-        return out
+        return self._migbook.node_occupied(self._nodes[name])
 
     def node_score(self, index: int) -> float:
         """:meth:`node_scores` of one node."""

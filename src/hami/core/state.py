@@ -16,7 +16,6 @@ Device UUIDs are unique across vendors, so one usage ledger holds them all.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from hami.api import names
@@ -25,61 +24,20 @@ from hami.core.codec import (
     CodecError,
     MigAllocation,
     decode_mig_allocations,
-    decode_node_devices,
     decode_pod_devices,
-    encode_mig_allocations,
-    encode_pod_devices,
 )
 from hami.core.collapse import total
 from hami.core.config import SchedulerConfig
-from hami.core.filter import FilterError, FilterResult, filter_pod
+from hami.core.decision import Decision, decision_annotations
+from hami.core.filter import filter_pod
 from hami.core.ledger import PodEntry, UsageLedger
-from hami.core.model import DeviceInfo, PodRequest, PodSingleDevice
+from hami.core.model import PodSingleDevice
+from hami.core.noderegistration import read_node_devices
+from hami.core.podobjects import TERMINAL_PHASES, init_containers_done, meta_of, pod_uid
 from hami.core.quota import QuotaLedger
 from hami.core.request import RequestError, pod_request
-from hami.core.vendor import PatchContext
 from hami.core.vendor_quota import VendorQuota
-from hami.core.vendors import merge_allocation, pod_patch
-
-TERMINAL_PHASES = ("Succeeded", "Failed")
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """A filter decision and the pod annotations that record it (HAMi v2.10).
-
-    ``annotations`` holds ``hami.io/vgpu-node`` and, when a node was chosen, every
-    granted vendor's ``PatchAnnotations``: NVIDIA's ``hami.io/vgpu-devices-to-allocate``
-    and ``hami.io/vgpu-devices-allocated`` (and MIG JSON), e.g. Hygon's
-    ``hami.io/dcu-devices-…`` (the shell adds ``hami.io/vgpu-time``); empty otherwise.
-    """
-
-    result: FilterResult
-    request: PodRequest
-    annotations: dict[str, str] = field(default_factory=dict)
-
-
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
-def pod_uid(pod: Mapping[str, Any]) -> str:
-    """The pod's UID, or ``namespace/name`` when it has none yet (offline input)."""
-    meta = _meta(pod)
-    return str(meta.get("uid") or f"{meta.get('namespace') or 'default'}/{meta.get('name')}")
-
-
-def init_containers_done(pod: Mapping[str, Any]) -> bool:
-    """True when the pod has init containers and every one terminated with exit code 0."""
-    statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
-    if not statuses:
-        return False
-    for status in statuses:
-        terminated = (status.get("state") or {}).get("terminated")
-        if not terminated or terminated.get("exitCode") != 0:
-            return False
-    return True
+from hami.core.vendors import merge_allocation
 
 
 class ClusterState:
@@ -122,34 +80,9 @@ class ClusterState:
         capacity) registers once, the first time, so usage is never split over two copies
         of one card; the others are reported in :attr:`vendor_reasons`.
         """
-        meta = _meta(node)
-        name = str(meta.get("name") or "")
-        annotations = dict(meta.get("annotations") or {})
-        devices: list[DeviceInfo] = []
-        reasons: dict[str, str] = {}
-        if vendors is None or names.NVIDIA in vendors:
-            raw = annotations.get(names.NODE_REGISTER)
-            if raw is None:
-                reasons[names.NVIDIA] = f"annos not found {names.NODE_REGISTER}"
-            else:
-                try:
-                    devices.extend(decode_node_devices(raw))
-                except CodecError as exc:
-                    reasons[names.NVIDIA] = f"node {name}: {exc}"
-        for word, vendor in self.vendors.items():
-            if vendors is not None and word not in vendors:
-                continue
-            try:
-                found = vendor.node_devices(node)
-            except (CodecError, ValueError) as exc:
-                reasons[word] = f"node {name}: {word}: {exc}"
-                continue
-            devices.extend(found)
-        # a missing NVIDIA annotation is normal on another vendor's node; a broken one is not
-        skipped = {w: r for w, r in reasons.items()
-                   if w != names.NVIDIA or names.NODE_REGISTER in annotations}
-        devices = _unique_devices(name, devices, skipped)
-        self.vendor_reasons[name] = skipped
+        found = read_node_devices(node, self.vendors, vendors)
+        name, devices, reasons = found.name, found.devices, found.reasons
+        self.vendor_reasons[name] = found.skipped
         if not devices:
             self.ledger.remove_node(name)
             if not self.vendors:
@@ -158,7 +91,7 @@ class ClusterState:
             return "; ".join(why) or (f"no devices of {', '.join([names.NVIDIA, *self.vendors])}"
                                       " on the node")
         self.ledger.add_node(name, devices, cpu_milli=cpu_milli, memory_mib=memory_mib,
-                             annotations=annotations)
+                             annotations=found.annotations)
         return ""
 
     def remove_node(self, name: str) -> None:
@@ -180,7 +113,7 @@ class ClusterState:
         first now (a cold start); HAMi never newly adds one (docs/decisions.md). When every init container has finished the charge shrinks to the app containers.
         Returns whether the pod is charged.
         """
-        meta = _meta(pod)
+        meta = meta_of(pod)
         uid = pod_uid(pod)
         annotations = meta.get("annotations") or {}
         node = annotations.get(names.VGPU_NODE)
@@ -321,7 +254,7 @@ class ClusterState:
     # ---------------------------------------------------------------- quotas
     def upsert_quota(self, quota: Mapping[str, Any]) -> None:
         """Apply a ResourceQuota (its ``spec.hard``)."""
-        meta = _meta(quota)
+        meta = meta_of(quota)
         hard = (quota.get("spec") or {}).get("hard") or {}
         namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name"))
         self.quota.set_quota(namespace, name, hard)
@@ -330,7 +263,7 @@ class ClusterState:
 
     def remove_quota(self, quota: Mapping[str, Any]) -> None:
         """Forget a deleted ResourceQuota."""
-        meta = _meta(quota)
+        meta = meta_of(quota)
         namespace, name = str(meta.get("namespace") or "default"), str(meta.get("name"))
         self.quota.remove_quota(namespace, name)
         if self.vendor_quota is not None:
@@ -366,7 +299,7 @@ class ClusterState:
             result = filter_pod(request, self.ledger, node_names, self.config.policy,
                                 self.quota, vendors=self.vendors,
                                 vendor_quota=self.vendor_quota)
-            annotations = self._annotations(result, request, now_ns)
+            annotations = decision_annotations(result, request, self.vendors, now_ns)
         except Exception:
             if earlier is not None:  # a refused pod keeps what it held
                 self._restore(earlier, earlier_vendors)
@@ -374,30 +307,6 @@ class ClusterState:
                     self.mig[uid] = earlier_mig
             raise
         return Decision(result, request, annotations)
-
-    def _annotations(self, result: FilterResult, request: PodRequest,
-                     now_ns: int) -> dict[str, str]:
-        """``hami.io/vgpu-node`` plus every granted vendor's ``PatchAnnotations``."""
-        if result.node is None:
-            return {}
-        annotations = {names.VGPU_NODE: result.node}
-        if any(result.devices) or not result.vendor_devices:
-            encoded = encode_pod_devices(result.devices)
-            annotations[names.DEVICES_TO_ALLOCATE] = encoded
-            annotations[names.DEVICES_ALLOCATED] = encoded
-            if result.mig:
-                annotations[names.MIG_ALLOCATIONS] = encode_mig_allocations(result.mig)
-        if result.vendor_devices:
-            try:
-                written = pod_patch(self.vendors, result.vendor_devices,
-                                    PatchContext(result.node, now_ns, request.annotations))
-            except ValueError as exc:
-                raise FilterError(str(exc)) from None
-            for key, value in written.items():
-                if key in annotations and annotations[key] != value:
-                    raise FilterError(f"vendors disagree on pod annotation {key}")
-                annotations[key] = value
-        return annotations
 
     def commit(self, pod: Mapping[str, Any], decision: Decision) -> PodEntry | None:
         """Charge a decision (HAMi adds the pod to its cache right after filter)."""
@@ -411,18 +320,5 @@ class ClusterState:
                            vendor_devices=decision.result.vendor_devices)
 
 
-__all__ = ["ClusterState", "Decision", "RequestError", "pod_uid", "init_containers_done"]
-
-
-def _unique_devices(node: str, devices: list[DeviceInfo],
-                    skipped: dict[str, str]) -> list[DeviceInfo]:
-    """``devices`` without repeated UUIDs (the first entry wins); each vendor whose entries
-    were dropped gets a line in ``skipped`` (CommonWord -> reason)."""
-    seen: dict[str, DeviceInfo] = {}
-    for dev in devices:
-        first = seen.setdefault(dev.uuid, dev)
-        if first is not dev:
-            why = (f"node {node}: {dev.vendor}: device {dev.uuid} is already registered"
-                   f" (by {first.vendor}); the repeated entry is ignored")
-            skipped[dev.vendor] = f"{skipped[dev.vendor]}; {why}" if dev.vendor in skipped else why
-    return list(seen.values()) if len(seen) != len(devices) else devices
+__all__ = ["TERMINAL_PHASES", "ClusterState", "Decision", "RequestError", "init_containers_done",
+           "pod_uid"]

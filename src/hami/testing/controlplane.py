@@ -26,17 +26,12 @@ From Python::
 
 from __future__ import annotations
 
-import argparse
-import base64
 import datetime as _dt
 import json
 import shutil
-import signal
 import ssl
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -45,6 +40,17 @@ from typing import Any, TypeVar
 
 import yaml
 
+from hami.testing.clusterconfig import (
+    AUDIT_POLICY,
+    KUBERNETES_SERVICE_IP,
+    apiserver_argv,
+    etcd_argv,
+    read_audit_events,
+    scheduler_argv,
+    write_audit_policy,
+    write_kubeconfig,
+    write_pki,
+)
 from hami.testing.kubeclients import admin_async_client, admin_client
 from hami.testing.kubeobjects import (
     bind_pod,
@@ -56,7 +62,7 @@ from hami.testing.kubeobjects import (
     set_node_status,
     set_pod_phase,
 )
-from hami.testing.pki import CertificateAuthority, KeyPair, service_account_keys
+from hami.testing.pki import CertificateAuthority, KeyPair
 from hami.testing.processes import (
     BINARIES,
     DEFAULT_TIMEOUT_S,
@@ -70,6 +76,7 @@ from hami.testing.processes import (
     die_with_parent,
     find_binaries,
     free_port,
+    spawn,
     wait_until,
 )
 from hami.testing.scheduler_config import (
@@ -78,22 +85,6 @@ from hami.testing.scheduler_config import (
     ExtenderConfig,
     render_scheduler_config,
 )
-
-#: ClusterIP of the ``kubernetes`` Service (first address of the service range); the
-#: apiserver's serving certificate names it, so in-cluster clients can verify it.
-KUBERNETES_SERVICE_IP = "10.96.0.1"
-
-#: Audit policy of the test apiserver: the requests of service accounts (the identities
-#: hami's components run as in the chart's RBAC tests), metadata only; nothing else.
-AUDIT_POLICY = {
-    "apiVersion": "audit.k8s.io/v1",
-    "kind": "Policy",
-    "omitStages": ["RequestReceived"],
-    "rules": [
-        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
-        {"level": "None"},
-    ],
-}
 
 _PORT_ATTEMPTS = 3
 
@@ -243,28 +234,7 @@ class ControlPlane:
         watch, create, update, patch, delete), ``objectRef`` (``apiGroup``, ``resource``,
         ``subresource``, ``namespace``, ``name``), ``responseStatus.code``, ``stage``.
         """
-        try:
-            lines = self.audit_log.read_text().splitlines()
-        except FileNotFoundError:
-            return []
-        events = []
-        for line in lines:
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue  # a line still being written
-            if username is not None and event.get("user", {}).get("username") != username:
-                continue
-            if since is not None:
-                stamp = str(event.get("requestReceivedTimestamp") or "")
-                try:
-                    received = _dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-                except ValueError:
-                    continue
-                if received < since:
-                    continue
-            events.append(event)
-        return events
+        return read_audit_events(self.audit_log, username, since=since)
 
     # -- kube-scheduler ----------------------------------------------------------------
 
@@ -318,20 +288,9 @@ class ControlPlane:
             client_qps=client_qps, client_burst=client_burst,
         )
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        comp = self._spawn(
-            tag,
-            [
-                str(self.binaries["kube-scheduler"]),
-                f"--config={config_path}",
-                f"--bind-address={HOST}",
-                f"--secure-port={port}",
-                f"--tls-cert-file={self.pki_dir / 'serving.crt'}",
-                f"--tls-private-key-file={self.pki_dir / 'serving.key'}",
-                f"--authentication-kubeconfig={self.kubeconfig}",
-                f"--authorization-kubeconfig={self.kubeconfig}",
-                f"--v={self.verbosity}",
-            ],
-        )
+        comp = self._spawn(tag, scheduler_argv(
+            self.binaries["kube-scheduler"], config=config_path, port=port,
+            pki=self.pki_dir, kubeconfig=self.kubeconfig, verbosity=self.verbosity))
         self.startup_seconds[tag] = comp.wait_healthy(
             lambda: self._https_ok(f"https://{HOST}:{port}/readyz"), "/readyz", timeout_s
         )
@@ -355,67 +314,20 @@ class ControlPlane:
         raise AssertionError("unreachable")
 
     def _spawn(self, name: str, argv: Sequence[str]) -> Component:
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = self.log_dir / f"{name}.log"
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-                start_new_session=True,  # a Ctrl-C in the terminal reaches only us
-                preexec_fn=die_with_parent,
-            )
-        comp = Component(name, proc, log_path)
+        comp = spawn(name, argv, self.log_dir, self.workdir)
         self._components.append(comp)
         return comp
 
     def _write_pki(self) -> None:
-        self.pki_dir.mkdir(parents=True, exist_ok=True)
-        ca = CertificateAuthority.create("hami-e2e-ca")
-        (self.pki_dir / "ca.crt").write_bytes(ca.cert_pem)
-        dns = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-               "kubernetes.default.svc.cluster.local"]
-        ca.issue("hami-e2e-serving", ip_sans=[HOST, KUBERNETES_SERVICE_IP], dns_sans=dns,
-                 server=True).write(self.pki_dir, "serving")
-        admin = ca.issue("hami-e2e-admin", groups=["system:masters"], client=True)
-        admin.write(self.pki_dir, "admin")
-        service_account_keys().write(self.pki_dir, "sa")  # sa.crt holds the public key
-        # The aggregation layer's front proxy, as in kubeadm clusters; kube-scheduler's
-        # delegated authentication reads this CA from the apiserver and logs errors
-        # without it.
-        front_proxy_ca = CertificateAuthority.create("hami-e2e-front-proxy-ca")
-        (self.pki_dir / "front-proxy-ca.crt").write_bytes(front_proxy_ca.cert_pem)
-        front_proxy_ca.issue("front-proxy-client", client=True).write(
-            self.pki_dir, "front-proxy-client"
-        )
-        self._admin = admin
-        self._ca = ca
-        self._ca_pem = ca.cert_pem
+        pki = write_pki(self.pki_dir)
+        self._admin = pki.admin
+        self._ca = pki.ca
+        self._ca_pem = pki.ca.cert_pem
 
     def _write_kubeconfig(self) -> None:
         assert self._admin is not None, "_write_pki() first"
-        self._write_client_kubeconfig(self.kubeconfig, "hami-e2e-admin", self._admin)
-
-    def _write_client_kubeconfig(self, path: Path, user: str, pair: KeyPair) -> None:
-        def b64(data: bytes) -> str:
-            return base64.b64encode(data).decode()
-
-        doc = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "hami-e2e", "cluster": {
-                "server": self.server, "certificate-authority-data": b64(self._ca_pem)}}],
-            "users": [{"name": user, "user": {
-                "client-certificate-data": b64(pair.cert_pem),
-                "client-key-data": b64(pair.key_pem)}}],
-            "contexts": [{"name": "hami-e2e", "context": {
-                "cluster": "hami-e2e", "user": user, "namespace": "default"}}],
-            "current-context": "hami-e2e",
-        }
-        path.touch(mode=0o600)
-        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        write_kubeconfig(self.kubeconfig, self.server, self._ca_pem, "hami-e2e-admin",
+                         self._admin)
 
     def client_kubeconfig(self, path: Path, user: str, groups: Sequence[str] = ()) -> Path:
         """Write a kubeconfig at ``path`` for a client certificate with CN ``user`` and
@@ -428,7 +340,7 @@ class ControlPlane:
         if self._ca is None or not self.apiserver_port:
             raise ControlPlaneError("start() the control plane first")
         pair = self._ca.issue(user, groups=list(groups), client=True)
-        self._write_client_kubeconfig(path, user, pair)
+        write_kubeconfig(path, self.server, self._ca_pem, user, pair)
         return path
 
     @property
@@ -441,22 +353,8 @@ class ControlPlane:
         peer_port = free_port()
         shutil.rmtree(self.workdir / "etcd", ignore_errors=True)  # fresh after a port clash
         client_url = f"http://{HOST}:{self.etcd_port}"
-        peer_url = f"http://{HOST}:{peer_port}"
-        comp = self._spawn(
-            "etcd",
-            [
-                str(self.binaries["etcd"]),
-                "--name=hami-e2e",
-                f"--data-dir={self.workdir / 'etcd'}",
-                f"--listen-client-urls={client_url}",
-                f"--advertise-client-urls={client_url}",
-                f"--listen-peer-urls={peer_url}",
-                f"--initial-advertise-peer-urls={peer_url}",
-                f"--initial-cluster=hami-e2e={peer_url}",
-                "--unsafe-no-fsync=true",  # test data: durability does not matter
-                "--log-level=warn",
-            ],
-        )
+        comp = self._spawn("etcd", etcd_argv(self.binaries["etcd"], self.workdir / "etcd",
+                                             self.etcd_port, peer_port))
 
         def healthy() -> bool:
             try:
@@ -469,44 +367,12 @@ class ControlPlane:
 
     def _start_apiserver(self, timeout_s: float) -> None:
         self.apiserver_port = free_port()
-        pki = self.pki_dir
-        audit_policy = self.workdir / "audit-policy.yaml"
-        audit_policy.write_text(yaml.safe_dump(AUDIT_POLICY, sort_keys=False))
+        audit_policy = write_audit_policy(self.workdir / "audit-policy.yaml")
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        comp = self._spawn(
-            "kube-apiserver",
-            [
-                str(self.binaries["kube-apiserver"]),
-                f"--etcd-servers=http://{HOST}:{self.etcd_port}",
-                f"--bind-address={HOST}",
-                f"--advertise-address={HOST}",
-                f"--secure-port={self.apiserver_port}",
-                f"--tls-cert-file={pki / 'serving.crt'}",
-                f"--tls-private-key-file={pki / 'serving.key'}",
-                f"--client-ca-file={pki / 'ca.crt'}",
-                f"--service-account-key-file={pki / 'sa.crt'}",
-                f"--service-account-signing-key-file={pki / 'sa.key'}",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-                "--service-cluster-ip-range=10.96.0.0/16",
-                f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
-                "--requestheader-allowed-names=front-proxy-client",
-                "--requestheader-username-headers=X-Remote-User",
-                "--requestheader-group-headers=X-Remote-Group",
-                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-                f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
-                f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
-                "--authorization-mode=Node,RBAC",
-                f"--audit-policy-file={audit_policy}",
-                f"--audit-log-path={self.audit_log}",
-                # The "kubernetes" Service endpoints would be 127.0.0.1, which Endpoints
-                # validation rejects; nothing in the tests needs them.
-                "--endpoint-reconciler-type=none",
-                "--enable-priority-and-fairness=false",
-                "--profiling=false",
-                f"--v={self.verbosity}",
-                *self.apiserver_args,
-            ],
-        )
+        comp = self._spawn("kube-apiserver", apiserver_argv(
+            self.binaries["kube-apiserver"], etcd_port=self.etcd_port,
+            port=self.apiserver_port, pki=self.pki_dir, audit_policy=audit_policy,
+            audit_log=self.audit_log, verbosity=self.verbosity, extra=self.apiserver_args))
         self._write_kubeconfig()
         self.startup_seconds["kube-apiserver"] = comp.wait_healthy(
             lambda: self._https_ok(f"{self.server}/readyz"), "/readyz", timeout_s
@@ -520,74 +386,17 @@ class ControlPlane:
             return False
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hami.testing.controlplane up``: run a cluster until Ctrl-C/SIGTERM.
-
-    Prints the kubeconfig path (``export KUBECONFIG=...``) once everything is ready.
-    Returns the process exit code.
-    """
-    parser = argparse.ArgumentParser(prog="python -m hami.testing.controlplane")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    up = sub.add_parser("up", help="start etcd, kube-apiserver and kube-scheduler")
-    up.add_argument("--workdir", type=Path, help="state and logs (default: a new temp dir)")
-    up.add_argument("--bin-dir", type=Path, help="binaries (default: build.sh's cache dir)")
-    up.add_argument(
-        "--extender-url",
-        help="also run a kube-scheduler with profile hami-scheduler and this extender, "
-        "e.g. https://127.0.0.1:8443",
-    )
-    up.add_argument(
-        "--gpu-node",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="create a Ready node NAME with nvidia.com/gpu=10 (repeatable)",
-    )
-    up.add_argument("-v", "--verbosity", type=int, default=1)
-    args = parser.parse_args(argv)
-
-    try:
-        cp = ControlPlane(args.bin_dir, args.workdir, keep_workdir=True, verbosity=args.verbosity)
-    except BinariesMissing as err:
-        print(err, file=sys.stderr)
-        return 2
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-    signal.signal(signal.SIGINT, lambda signum, frame: stop.set())
-    with cp:
-        cp.start()
-        if args.extender_url:
-            cp.start_scheduler(
-                scheduler_name="hami-scheduler", extender=ExtenderConfig(args.extender_url)
-            )
-        client = cp.client()
-        for name in args.gpu_node:
-            create_gpu_node(client, name, gpus=10)
-        print(
-            f"control plane {KUBERNETES_VERSION} ready in "
-            f"{cp.startup_seconds['total']:.1f}s at {cp.server}"
-        )
-        parts = ", ".join(f"{k} {v:.1f}s" for k, v in cp.startup_seconds.items() if k != "total")
-        print(f"  ({parts})")
-        print(f"logs: {cp.log_dir}")
-        print(f"export KUBECONFIG={cp.kubeconfig}", flush=True)
-        # Wake twice a second to notice a dead component; a signal ends the wait at once.
-        while not stop.wait(0.5):
-            try:
-                cp.check_alive()
-            except ControlPlaneError as err:
-                print(err, file=sys.stderr)
-                return 1
-    return 0
-
-
 __all__ = ["AUDIT_POLICY", "BINARIES", "DEFAULT_TIMEOUT_S", "HOST", "KUBERNETES_SERVICE_IP",
            "KUBERNETES_VERSION", "BinariesMissing", "Component", "ControlPlane",
            "ControlPlaneError", "SchedulerHandle", "bind_pod", "create_gpu_node",
            "default_bin_dir", "die_with_parent", "ensure_namespace", "find_binaries",
-           "free_port", "main", "node_is_ready", "node_ready_condition", "pod_binding",
+           "free_port", "node_is_ready", "node_ready_condition", "pod_binding",
            "set_node_status", "set_pod_phase", "wait_until"]
 
 
 if __name__ == "__main__":
+    # ``python -m hami.testing.controlplane up``: the command lives in controlplane_cli,
+    # which imports this module (as hami.testing.controlplane, not as __main__).
+    from hami.testing.controlplane_cli import main
+
     sys.exit(main())

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,6 +164,25 @@ class Component:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+
+
+def spawn(name: str, argv: Sequence[str], log_dir: Path, cwd: Path) -> Component:
+    """Start ``argv`` as component ``name`` in its own session (a Ctrl-C in the terminal
+    reaches only the test process), stdout and stderr appended to ``log_dir/<name>.log``,
+    stdin closed, SIGTERMed when this process dies (:func:`die_with_parent`)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=True,  # a Ctrl-C in the terminal reaches only us
+            preexec_fn=die_with_parent,
+        )
+    return Component(name, proc, log_path)
 
 
 @dataclass
