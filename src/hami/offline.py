@@ -49,6 +49,7 @@ from hami.core.config import SchedulerConfig
 from hami.core.filter import FilterError
 from hami.core.request import RequestError
 from hami.core.state import ClusterState
+from hami.devices.registry import make_config
 
 SCHEMA = "hami.schedule/v1"
 
@@ -181,7 +182,7 @@ def _is_existing(pod: Mapping[str, Any], state: ClusterState) -> bool:
 def schedule(objects: Iterable[Mapping[str, Any]],
              config: SchedulerConfig | None = None) -> dict[str, Any]:
     """Run the dry run; returns the JSON-shaped report described in the module doc."""
-    state = ClusterState(config)
+    state = ClusterState(config or make_config())
     objects = list(objects)
     report: dict[str, Any] = {"schema": SCHEMA, "nodes": {}, "node_warnings": {}, "pods": []}
     node_names: list[str] = []

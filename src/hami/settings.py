@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from hami.core.config import ConfigError, NvidiaConfig, SchedulerConfig, SchedulingPolicy
-from hami.devices.registry import Registry, build_registry
+from hami.devices.registry import Registry, build_registry, nvidia_registry
 
 
 def read_device_config(path: Path | None) -> dict[str, Any]:
@@ -48,21 +48,24 @@ def load_device_config(path: Path | None) -> NvidiaConfig:
 
 
 def device_registry(raw: Mapping[str, Any], *, enable_ascend: bool = False,
-                    enable_iluvatar: bool = False) -> Registry | None:
+                    enable_iluvatar: bool = False,
+                    nvidia: NvidiaConfig | None = None) -> Registry:
     """The vendor registry of a device config (HAMi v2.10 ``--enable-ascend``,
-    ``--enable-iluvatar``); None when the config has no section at all (no file: the
+    ``--enable-iluvatar``), NVIDIA always in it (over ``nvidia`` when given, else the
+    config's section); NVIDIA alone when the config has no section at all (no file: the
     NVIDIA-only defaults).
 
     Raises:
         ConfigError: a section has a value of the wrong type.
     """
     if not raw:
-        return None
+        return nvidia_registry(nvidia or NvidiaConfig())
     try:
-        return build_registry(raw, enable_ascend=enable_ascend, enable_iluvatar=enable_iluvatar)
+        return build_registry(raw, enable_ascend=enable_ascend, enable_iluvatar=enable_iluvatar,
+                              nvidia=nvidia)
     except ConfigError as exc:
         if str(exc) == "all configurations are empty":
-            return None
+            return nvidia_registry(nvidia or NvidiaConfig())
         raise
 
 
@@ -94,8 +97,10 @@ def scheduler_config(device_config: Path | None = None, node_policy: str = "binp
             flag = {"default_memory_mib": "--default-mem", "default_cores_percent":
                     "--default-cores", "default_gpu_num": "--default-gpu"}[key]
             raise ConfigError(f"{flag} must be 0 or more, got {value}")
-    return SchedulerConfig(nvidia=replace(nvidia, **overrides),
+    nvidia = replace(nvidia, **overrides)
+    return SchedulerConfig(nvidia=nvidia,
                            policy=SchedulingPolicy(node_policy, gpu_policy),
                            scheduler_name=scheduler_name,
                            registry=device_registry(raw, enable_ascend=enable_ascend,
-                                                    enable_iluvatar=enable_iluvatar))
+                                                    enable_iluvatar=enable_iluvatar,
+                                                    nvidia=nvidia))

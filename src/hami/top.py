@@ -22,6 +22,7 @@ import typer
 from hami.api import names
 from hami.core.config import SchedulerConfig
 from hami.core.state import ClusterState
+from hami.devices.registry import make_config
 
 
 class TopOutput(StrEnum):
@@ -52,7 +53,7 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
     """
     from hami.offline import user_reason
 
-    state = ClusterState(config)
+    state = ClusterState(config or make_config())
     node_list = list(nodes)
     unregistered = []
     for node in node_list:
@@ -284,7 +285,7 @@ def top(
     from hami.settings import load_device_config
 
     try:
-        config = SchedulerConfig(nvidia=load_device_config(device_config_file))
+        config = make_config(nvidia=load_device_config(device_config_file))
         kc = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
         client = Client(kc.get(context_name=context) if context else kc, trust_env=False)
         nodes, pods, quotas = list_objects(client, namespace)

@@ -21,9 +21,9 @@ def test_sections_select_vendors() -> None:
 def test_ascend_and_iluvatar_need_their_flag() -> None:
     cfg = {"iluvatars": [{"chipName": "BI-V150", "commonWord": "BI-V150"}],
            "vnpus": {"configs": [{"commonWord": "Ascend310P"}]}}
-    assert list(build_registry(cfg)) == []
+    assert list(build_registry(cfg)) == ["NVIDIA"]
     assert list(build_registry(cfg, enable_ascend=True, enable_iluvatar=True)) == [
-        "Ascend310P", "BI-V150"]
+        "Ascend310P", "BI-V150", "NVIDIA"]
 
 
 @pytest.mark.parametrize(("cfg", "word", "count", "memory", "cores"), [
@@ -55,7 +55,9 @@ def test_wrong_type_is_a_config_error() -> None:
 
 def test_managed_resource_names() -> None:
     names = build_registry({"vastai": {}, "biren": {}}).resource_names()
-    assert names == {"vastaitech.com/va", "birentech.com/gpu"}
+    assert names == {"vastaitech.com/va", "birentech.com/gpu", "nvidia.com/gpu",
+                     "nvidia.com/gpumem", "nvidia.com/gpucores", "nvidia.com/gpumem-percentage",
+                     "nvidia.com/priority"}
 
 
 @pytest.mark.parametrize(("section", "resource"), [
@@ -80,3 +82,20 @@ def test_absurd_capacity_is_refused_not_expanded(section: str, resource: str, va
             assert "refused as a broken capacity" in str(exc)
             refused += 1
     assert refused >= 1
+
+
+def test_nvidia_is_always_registered_over_the_settings_given() -> None:
+    """NVIDIA is a backend of the registry like the others, present without its section;
+    the shell's settings (after its flags) replace the section's."""
+    from hami.core.config import NvidiaConfig
+    from hami.devices.registry import make_config
+
+    assert build_registry({"hygon": {}})["NVIDIA"].resource_names().count == "nvidia.com/gpu"
+    given = NvidiaConfig(default_memory_mib=512)
+    nvidia = build_registry({"nvidia": {"defaultMemory": 1}}, nvidia=given)["NVIDIA"]
+    assert nvidia.config == given  # type: ignore[attr-defined]
+    config = make_config(registry=build_registry({"nvidia": {"resourceCountName": "x/g"},
+                                                  "hygon": {}}))
+    assert config.nvidia.resource_count_name == "x/g" and set(config.registry) == {"DCU", "NVIDIA"}
+    config = make_config(nvidia=given, registry=build_registry({"hygon": {}}))
+    assert config.registry["NVIDIA"].config is given  # type: ignore[attr-defined]

@@ -204,12 +204,13 @@ class SchedulerConfig:
     ``other_gpu_schedulers`` are schedulerNames besides hami's whose pods may ask for GPUs;
     the webhook admits them unchanged (HAMi admits every other scheduler's pod).
 
-    ``registry`` is HAMi's device map (``hami.devices.registry.build_registry`` of the
-    device config, HAMi v2.10), built once by the shell. NVIDIA is always served by the
-    core's own path from ``nvidia`` (request, webhook, Fit with MIG and topology, the
-    vectorised prefilter); the registry's other vendors (``DCU``, ``MLU``, ``Ascend910B3``,
-    ...) are dispatched through their backends. None or a registry with NVIDIA alone means
-    an NVIDIA-only scheduler, exactly as before vendors were wired in.
+    ``registry`` is HAMi's device map (CommonWord -> backend), built once by the shell
+    (``hami.devices.registry.make_config`` / ``build_registry`` of the device config, HAMi
+    v2.10). The core reaches every vendor's rules through it, NVIDIA's included (the
+    request of ``PodRequest.containers`` and the webhook mutation are the ``NVIDIA``
+    backend's); ``nvidia`` holds that backend's settings the core still reads itself
+    (resource names for isolation and quota, ``overwriteEnv``, ``runtimeClassName``).
+    An empty registry registers no vendor: no pod asks for devices.
     """
 
     nvidia: NvidiaConfig = field(default_factory=NvidiaConfig)
@@ -218,7 +219,7 @@ class SchedulerConfig:
     force_overwrite_default_scheduler: bool = True
     hook_path: str = "/usr/local"
     other_gpu_schedulers: tuple[str, ...] = ()
-    registry: Mapping[str, Vendor] | None = field(default=None, hash=False)
+    registry: Mapping[str, Vendor] = field(default_factory=dict, hash=False)
 
     def vendors(self) -> dict[str, Vendor]:
         """The registered vendors other than NVIDIA, by CommonWord (sorted)."""

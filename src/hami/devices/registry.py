@@ -1,10 +1,15 @@
 """The device registry (HAMi ``device.DevicesMap``), keyed by CommonWord, built from the
 device config (HAMi v2.10 ``--enable-ascend`` / ``--enable-iluvatar``).
 
-A vendor is registered when its section is present in the config (an empty mapping is
-enough to take the defaults); Ascend and Iluvatar additionally need their flag. NVIDIA is
-the adapter over :mod:`hami.core`. Iteration is sorted by CommonWord (HAMi's lock order,
-HAMi v2.10; Go map order is otherwise random).
+NVIDIA is always registered (from its ``nvidia:`` section, or the chart defaults without
+one: hami schedules NVIDIA GPUs whatever else the config names). Any other vendor is
+registered when its section is present in the config (an empty mapping is enough to take
+the defaults); Ascend and Iluvatar additionally need their flag. Iteration is sorted by
+CommonWord (HAMi's lock order, HAMi v2.10; Go map order is otherwise random).
+
+:func:`make_config` is how the shells (and tests) build a
+:class:`~hami.core.config.SchedulerConfig`: the core reaches every vendor, NVIDIA
+included, only through the registry it is given.
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import fields, replace
 from typing import Any, TypeVar
 
-from hami.core.config import ConfigError, NvidiaConfig
+from hami.api import names as api_names
+from hami.core.config import ConfigError, NvidiaConfig, SchedulerConfig
 from hami.core.vendor import Vendor
 from hami.devices.amd import Amd
 from hami.devices.ascend import Ascend, AscendConfig
@@ -117,9 +123,38 @@ class Registry(Mapping[str, Vendor]):
         return {n for v in self._vendors.values() for n in v.resource_names().all()}
 
 
+def nvidia_registry(nvidia: NvidiaConfig | None = None) -> Registry:
+    """A registry of NVIDIA alone (``nvidia`` settings, the chart defaults for None): what
+    the scheduler serves without a device config."""
+    return Registry({api_names.NVIDIA: Nvidia(nvidia or NvidiaConfig())})
+
+
+def make_config(**fields: Any) -> SchedulerConfig:
+    """``SchedulerConfig(**fields)`` whose registry holds an NVIDIA backend that agrees with
+    ``config.nvidia``.
+
+    ``fields`` are :class:`~hami.core.config.SchedulerConfig`'s. The NVIDIA backend is
+    built over ``fields["nvidia"]`` when given (replacing the one of ``fields["registry"]``);
+    otherwise the registry's NVIDIA backend is kept and its settings become
+    ``config.nvidia``; with neither, the chart defaults. The other vendors are those of
+    ``fields["registry"]`` (none without one).
+    """
+    registry = Registry(fields.pop("registry", None) or {})
+    nvidia = fields.pop("nvidia", None)
+    backend = registry.get(api_names.NVIDIA)
+    if nvidia is None:
+        nvidia = backend.config if isinstance(backend, Nvidia) else NvidiaConfig()
+    if not isinstance(backend, Nvidia) or backend.config != nvidia:
+        registry.add(Nvidia(nvidia))
+    return SchedulerConfig(nvidia=nvidia, registry=registry, **fields)
+
+
 def build_registry(config: Mapping[str, Any], *, enable_ascend: bool = False,
-                   enable_iluvatar: bool = False) -> Registry:
-    """The registry for a device config (the YAML as a mapping).
+                   enable_iluvatar: bool = False,
+                   nvidia: NvidiaConfig | None = None) -> Registry:
+    """The registry for a device config (the YAML as a mapping). NVIDIA is always in it,
+    built over ``nvidia`` when given (the shell's settings after its flags), else over the
+    config's ``nvidia:`` section (the defaults without one).
 
     Raises:
         ConfigError: every section is absent (``all configurations are empty``) or a value
@@ -137,8 +172,8 @@ def build_registry(config: Mapping[str, Any], *, enable_ascend: bool = False,
             raise ConfigError(f"{key} must be a mapping")
         return raw
 
-    if (raw := present("nvidia")) is not None:
-        reg.add(Nvidia(NvidiaConfig.from_mapping(raw)))
+    reg.add(Nvidia(nvidia if nvidia is not None
+                   else NvidiaConfig.from_mapping(present("nvidia") or {})))
     if (raw := present("hygon")) is not None:
         reg.add(ShareVendor(HYGON, _share_names(HYGON, raw)))
     if (raw := present("cambricon")) is not None:

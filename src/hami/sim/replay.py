@@ -52,6 +52,7 @@ from hami.core.fragmentation import FragmentationScorer, Placement, WorkloadDist
 from hami.core.ledger import UsageLedger
 from hami.core.model import DeviceInfo, PodRequest
 from hami.core.request import pod_request
+from hami.devices.registry import make_config
 from hami.sim import metrics
 from hami.sim.mig import mig_device, mig_model, require_mig_model
 from hami.sim.trace import TraceNode, TracePod
@@ -249,7 +250,7 @@ class Replayer:
         self.capacity_milli = 1000 * sum(n.gpu for n in nodes)
         self.dist = dist
         nvidia = NvidiaConfig(device_split_count=split_count)
-        self.shapes = _Shapes(SchedulerConfig(nvidia=nvidia, policy=self.policy))
+        self.shapes = _Shapes(make_config(nvidia=nvidia, policy=self.policy))
         self.scorer = FragmentationScorer(dist)
         self.names = [self.ledger.node_name(i) for i in range(self.ledger.node_count)]
         self.allocated_milli = 0
