@@ -27,10 +27,10 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
-from hami.core.config import SchedulerConfig, SchedulingPolicy
+from hami.core.config import SchedulingPolicy
 from hami.core.model import ContainerDevice, DeviceInfo
 from hami.core.state import ClusterState
-from hami.devices.registry import build_registry
+from hami.devices.registry import build_registry, make_config
 
 MODELS = [("NVIDIA-A100-SXM4-40GB", 40960), ("NVIDIA-Tesla-T4", 15360), ("NVIDIA-A10", 24576)]
 
@@ -38,7 +38,7 @@ MODELS = [("NVIDIA-A100-SXM4-40GB", 40960), ("NVIDIA-Tesla-T4", 15360), ("NVIDIA
 def build(nodes: int, pods_per_node: int, policy: SchedulingPolicy, seed: int = 1) -> ClusterState:
     """A cluster of ``nodes`` x 8 GPUs with ``pods_per_node`` one-GPU pods already bound."""
     rng = random.Random(seed)
-    state = ClusterState(SchedulerConfig(policy=policy))
+    state = ClusterState(make_config(policy=policy))
     for n in range(nodes):
         model, mem = MODELS[n % len(MODELS)]
         state.ledger.add_node(f"node-{n:05d}", [DeviceInfo(f"GPU-{n:05d}-{i}", i, 10, mem, 100,
@@ -56,7 +56,7 @@ def build_mixed(nodes: int, pods_per_node: int, seed: int = 1) -> ClusterState:
     """:func:`build` with 4 Hygon DCUs per node besides the 8 GPUs (NVIDIA + DCU registered)."""
     rng = random.Random(seed)
     registry = build_registry({"nvidia": {}, "hygon": {}})
-    state = ClusterState(SchedulerConfig(registry=registry))
+    state = ClusterState(make_config(registry=registry))
     for n in range(nodes):
         model, mem = MODELS[n % len(MODELS)]
         gpus = [DeviceInfo(f"GPU-{n:05d}-{i}", i, 10, mem, 100, model) for i in range(8)]

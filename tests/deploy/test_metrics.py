@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from hami.devices.registry import make_config
 from tests.deploy.chart import ROOT
 from tests.deploy.metrics_names import ALL, EXTENSIONS, MONITOR, SCHEDULER
 
@@ -90,7 +91,7 @@ def test_scheduler_metrics_pass_promtool() -> None:
     from tests.deploy.top_cluster import objects
 
     nodes, pods, quotas = objects()
-    state = ClusterState()
+    state = ClusterState(make_config())
     for n in nodes:
         state.upsert_node(n)
     for q in quotas:

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hami.core.config import SchedulerConfig, SchedulingPolicy
+from hami.core.config import SchedulingPolicy
 from hami.core.model import ContainerDevice, DeviceInfo
 from hami.core.state import ClusterState, Decision
 from hami.core.vendor import PatchContext
 from hami.core.vendors import merge_allocation, mutate_pod, pod_patch, pod_requests
-from hami.devices.registry import Registry, build_registry
+from hami.devices.registry import Registry, build_registry, make_config
 from tests.devices.util import ctr, dev, pod
 
 REG = build_registry({"nvidia": {}, "hygon": {}, "cambricon": {}, "mthreads": {}})
@@ -34,7 +34,7 @@ POD = pod(
 def cluster(nodes: Mapping[str, Sequence[DeviceInfo]], registry: Registry = REG,
             node_policy: str = "binpack") -> ClusterState:
     """The scheduler's state with ``nodes`` (name -> every vendor's devices)."""
-    st = ClusterState(SchedulerConfig(registry=registry,
+    st = ClusterState(make_config(registry=registry,
                                       policy=SchedulingPolicy(node_policy, "spread")))
     for name, devices in nodes.items():
         st.ledger.add_node(name, devices)
@@ -136,7 +136,7 @@ def test_default_node_score_over_all_vendors() -> None:
     assert st.commit(dcu, decide(st, dcu, "dcu-busy")) is not None
     gpu = pod(ctr({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}))
     assert decide(st, gpu).result.node == "dcu-busy"
-    st.config = SchedulerConfig(registry=REG, policy=SchedulingPolicy("spread", "spread"))
+    st.config = make_config(registry=REG, policy=SchedulingPolicy("spread", "spread"))
     assert decide(st, gpu).result.node == "idle"
 
 

@@ -3,12 +3,11 @@ limits, explicit 0 blocks, webhook pre-check max(app sum, init max), fit-time ch
 
 from __future__ import annotations
 
-from hami.core.config import SchedulerConfig
 from hami.core.model import ContainerDevice
 from hami.core.state import ClusterState
 from hami.core.vendor_quota import VendorQuota
 from hami.core.vendors import pod_requests
-from hami.devices.registry import build_registry
+from hami.devices.registry import build_registry, make_config
 from tests.devices.util import ctr, dev, pod
 
 REG = build_registry({"nvidia": {}, "hygon": {"memoryFactor": 2}, "cambricon": {}})
@@ -64,7 +63,7 @@ def test_fit_time_quota() -> None:
     p = pod(ctr({"hygon.com/dcunum": 1, "hygon.com/dcucores": 30}, name="a"),
             ctr({"hygon.com/dcunum": 1, "hygon.com/dcucores": 30}, name="b"))
     for namespace, reason in (("ns", "2/2 ResourceQuotaNotFit"), ("elsewhere", "")):
-        st = ClusterState(SchedulerConfig(registry=REG))
+        st = ClusterState(make_config(registry=REG))
         st.ledger.add_node("n1", [dev("d0", "DCU"), dev("d1", "DCU", index=1)])
         st.upsert_quota({"metadata": {"name": "rq", "namespace": "ns"},
                          "spec": {"hard": {"limits.hygon.com/dcucores": 50}}})

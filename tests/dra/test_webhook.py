@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from hami.core.config import SchedulerConfig
 from hami.core.quota import QuotaLedger
+from hami.devices.registry import make_config
 from hami.dra.slices import MIB
 from hami.dra.webhook import DraWebhook, claim_booking
 
@@ -102,7 +102,7 @@ def _hook(client: _Client, quota: QuotaLedger | None = None) -> tuple[DraWebhook
         seen.append(body)
         return {"response": {"uid": "", "allowed": True, "fallback": True}}
 
-    return DraWebhook(client, SchedulerConfig(), fallback, quota), seen
+    return DraWebhook(client, make_config(), fallback, quota), seen
 
 
 def test_gpu_pod_gets_claim_patch_and_template() -> None:
@@ -169,7 +169,7 @@ def test_booking_allocated_whole_card_counts_the_card() -> None:
 ])
 def test_namespace_quota_counts_whole_cards_and_pending_claims(
         claims: list[dict[str, Any]], limits: dict[str, Any], allowed: bool) -> None:
-    quota = QuotaLedger(SchedulerConfig().nvidia)
+    quota = QuotaLedger(make_config().nvidia)
     quota.set_quota("ns", "gpu", {"limits.nvidia.com/gpumem": 20000})
     client = _Client([_slice("n1", 16384, 16384), _slice("n2", 8192)], claims)
     hook, _ = _hook(client, quota)

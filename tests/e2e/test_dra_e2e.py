@@ -21,10 +21,10 @@ import grpc
 import jsonpatch
 import pytest
 
-from hami.core.config import SchedulerConfig
 from hami.deviceplugin.allocate import NodeSettings
 from hami.deviceplugin.config import PluginConfig
 from hami.deviceplugin.discovery import FakeBackend
+from hami.devices.registry import make_config
 from hami.dra.kubeletplugin import DraNode, PluginPaths, serve
 from hami.dra.node import DraAgent, SlicePublisher
 from hami.dra.slices import DRIVER, MIB
@@ -98,7 +98,7 @@ def _admit(cp: ControlPlane, pod: dict[str, Any]) -> dict[str, Any]:
     async def run() -> dict[str, Any]:
         client = cp.async_client()
         try:
-            hook = DraWebhook(client, SchedulerConfig(), lambda b: {"response": {"allowed": True}})
+            hook = DraWebhook(client, make_config(), lambda b: {"response": {"allowed": True}})
             return await hook(json.dumps(review).encode())
         finally:
             await client.close()

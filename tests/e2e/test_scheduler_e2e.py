@@ -29,7 +29,7 @@ from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.types import PatchType
 
 from hami.core.codec import decode_node_devices, decode_pod_devices
-from hami.core.config import SchedulerConfig
+from hami.devices.registry import make_config
 from hami.offline import schedule
 from hami.testing.controlplane import ControlPlane, SchedulerHandle, bind_pod, wait_until
 from hami.testing.scheduler_config import ExtenderConfig
@@ -299,7 +299,7 @@ def test_pods_bound_with_the_offline_annotations(kube_client: Any, kube_schedule
                        key=lambda n: n["metadata"]["name"])
     for n in node_objs:
         n["kind"], n["apiVersion"] = "Node", "v1"
-    offline = schedule([*node_objs, *pods], SchedulerConfig())
+    offline = schedule([*node_objs, *pods], make_config())
     for pod, expected in zip(pods, offline["pods"], strict=True):
         live = get(kube_client, pod["metadata"]["name"])
         assert live["spec"]["nodeName"] == expected["node"]

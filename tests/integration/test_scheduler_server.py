@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from hami.core.config import SchedulerConfig
+from hami.devices.registry import make_config
 from hami.kube import KubeError
 from hami.offline import schedule
 from hami.scheduler.election import LeaderElector
@@ -38,7 +38,7 @@ def test_filter_then_bind_writes_the_offline_annotations() -> None:
 
     async def scenario() -> None:
         kube = cluster("n1", "n2")
-        offline = schedule([node("n1"), node("n2"), *pods], SchedulerConfig())
+        offline = schedule([node("n1"), node("n2"), *pods], make_config())
         async with serving(kube) as h:
             for pod, expected in zip(pods, offline["pods"], strict=True):
                 live = kube.put("Pod", pod)

@@ -18,6 +18,7 @@ import pytest
 
 from hami.core.state import ClusterState
 from hami.deviceplugin import allocate as al
+from hami.devices.registry import make_config
 from tests.node.conftest import PluginHarness, plugin_on_api
 
 pytestmark = pytest.mark.e2e
@@ -79,7 +80,7 @@ def registered_state(h: PluginHarness, client: Any) -> ClusterState:
         if "hami.io/node-nvidia-register" in (n.metadata.annotations or {}):
             break
         time.sleep(0.1)
-    state = ClusterState()
+    state = ClusterState(make_config())
     n = client.get(Node, E2E_NODE)
     reason = state.upsert_node({"metadata": {"name": E2E_NODE,
                                              "annotations": dict(n.metadata.annotations)}})

@@ -17,6 +17,7 @@ from hami.core.state import ClusterState
 from hami.deviceplugin import allocate as al
 from hami.deviceplugin.kube import KubeApi, KubeError
 from hami.deviceplugin.migdriver import fake_mig_uuid
+from hami.devices.registry import make_config
 from tests.node.conftest import PluginHarness, plugin_on_api
 from tests.node.test_mig_plugin import A100, CONFIG, MIG_NODE, a100_entry, placements, wait
 
@@ -43,7 +44,7 @@ def test_mig_allocate_and_reconcile_through_the_api(real_mig: PluginHarness,
 
     wait(lambda: "hami.io/node-nvidia-register" in (
         kube_client.get(Node, NODE).metadata.annotations or {}), what="register annotation")
-    state = ClusterState()
+    state = ClusterState(make_config())
     assert state.upsert_node({"metadata": {"name": NODE, "annotations": dict(
         kube_client.get(Node, NODE).metadata.annotations)}}) == ""
     body = {"apiVersion": "v1", "kind": "Pod",

@@ -23,6 +23,7 @@ from hami.core.state import ClusterState
 from hami.deviceplugin import allocate as al
 from hami.deviceplugin.config import PluginConfigError
 from hami.deviceplugin.migdriver import fake_mig_uuid
+from hami.devices.registry import make_config
 from tests.builders import container, pod
 from tests.node.conftest import NODE, PluginHarness, start_plugin
 
@@ -124,7 +125,7 @@ def schedule(h: PluginHarness, name: str, containers: list[dict[str, Any]],
     """Let the core scheduler place the pod on the node as the plugin registered it,
     then store it as bound (what the scheduler's bind leaves behind)."""
     if state is None:
-        state = ClusterState()
+        state = ClusterState(make_config())
         assert state.upsert_node({"metadata": {"name": NODE,
                                                "annotations": dict(h.kube.nodes[NODE][0])}}) == ""
     body = pod(name, containers, annotations=annotations)
@@ -244,7 +245,7 @@ def test_allocate_creates_planned_instance_and_writes_back(harness: PluginHarnes
     assert env2["NVIDIA_VISIBLE_DEVICES"] == fake_mig_uuid(A100, 2, 0) != mig_uuid
     assert placements(harness, A100) == [(1, 6, 1), (2, 0, 2)]
     # a restarted scheduler rebuilds both reservations from the written-back annotations
-    fresh = ClusterState()
+    fresh = ClusterState(make_config())
     fresh.upsert_node({"metadata": {"name": NODE, "annotations": dict(harness.kube.nodes[NODE][0])}})
     for name in ("p1", "p2"):
         p = harness.kube.pods[("default", name)]
@@ -258,7 +259,7 @@ def test_allocate_creates_planned_instance_and_writes_back(harness: PluginHarnes
 
 def test_init_and_app_containers_each_get_their_instance(harness: PluginHarness) -> None:
     mig_up(harness, [a100_entry()])
-    state = ClusterState()
+    state = ClusterState(make_config())
     state.upsert_node({"metadata": {"name": NODE, "annotations": dict(harness.kube.nodes[NODE][0])}})
     body = pod("multi", [container("a", gpu=1, gpumem=3000), container("b", gpu=1, gpumem=15000)])
     d = state.filter(body)

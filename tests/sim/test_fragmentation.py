@@ -20,6 +20,7 @@ from hami.core.fragmentation import (
 )
 from hami.core.ledger import UsageLedger
 from hami.core.model import ContainerDevice, DeviceInfo
+from hami.devices.registry import make_config
 
 # Two classes, equally likely: A = half a GPU, B = a whole GPU; both need 1000m CPU.
 DIST = WorkloadDistribution.from_tasks([1, 1], [500, 1000], [1000, 1000], [0, 0])
@@ -251,7 +252,7 @@ def test_live_order_relearns_the_mix_for_another_ledger():
     """The node policy in NODE_ORDERS is one object for the process: a second cluster state
     must not be scored with the first one's task mix."""
     from hami.core import filter as core_filter
-    from hami.core.config import SchedulerConfig, SchedulingPolicy
+    from hami.core.config import SchedulingPolicy
     from hami.core.fragmentation import LiveFragmentationOrder
     from hami.core.model import DeviceInfo
     from hami.core.request import pod_request
@@ -260,12 +261,12 @@ def test_live_order_relearns_the_mix_for_another_ledger():
     order = LiveFragmentationOrder()
     seen = []
     for share in (20, 100):
-        state = ClusterState(SchedulerConfig(policy=SchedulingPolicy("fragmentation-aware")))
+        state = ClusterState(make_config(policy=SchedulingPolicy("fragmentation-aware")))
         state.ledger.add_node("n", [DeviceInfo("G", 0, 10, 1000, 100, "NVIDIA-X")])
         pod = {"metadata": {"name": "p", "uid": f"u{share}"}, "spec": {"containers": [
             {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1,
                                                    "nvidia.com/gpucores": share}}}]}}
-        request = pod_request(pod, state.config.nvidia)
+        request = pod_request(pod, state.config.registry)
         core_filter.filter_pod(request, state.ledger, None, state.config.policy,
                                node_orders={"fragmentation-aware": order})
         assert order._scorer is not None

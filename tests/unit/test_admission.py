@@ -6,11 +6,12 @@ import jsonpatch
 import pytest
 
 from hami.core.admission import admit
-from hami.core.config import NvidiaConfig, SchedulerConfig
+from hami.core.config import NvidiaConfig
 from hami.core.quota import QuotaLedger
+from hami.devices.registry import make_config
 from tests.builders import container, pod
 
-CONFIG = SchedulerConfig()
+CONFIG = make_config()
 
 
 def limits_of(result, index=0):
@@ -55,7 +56,7 @@ def test_other_scheduler_is_left_alone_only_when_allowed():
     scheduler is allowed; then it is left alone."""
     denied = admit(pod(containers=[container(gpu=1)], schedulerName="volcano"), CONFIG)
     assert not denied.allowed and "schedulerName is 'volcano'" in denied.message
-    allowed = SchedulerConfig(other_gpu_schedulers=("volcano",))
+    allowed = make_config(other_gpu_schedulers=("volcano",))
     result = admit(pod(containers=[container(gpu=1)], schedulerName="volcano"), allowed)
     assert result.allowed and result.patch == []
     plain = admit(pod(containers=[container()], schedulerName="volcano"), CONFIG)
@@ -68,7 +69,7 @@ def test_default_scheduler_is_overwritten():
 
 
 def test_envs_and_runtime_class():
-    config = SchedulerConfig(nvidia=NvidiaConfig(gpu_core_policy="force",
+    config = make_config(nvidia=NvidiaConfig(gpu_core_policy="force",
                                                  runtime_class_name="nvidia",
                                                  overwrite_env=True))
     p = pod(containers=[container("g", gpu=1, priority=1), container("cpu")])
@@ -232,7 +233,7 @@ def test_registered_vendors_allocation_annotations_are_removed_too():
     from tests.unit.test_vendor_dispatch import REGISTRY
 
     original = pod(containers=[container(gpu=1)], annotations=dict(FORGED))
-    result = admit(original, SchedulerConfig(registry=REGISTRY))
+    result = admit(original, make_config(registry=REGISTRY))
     patched = jsonpatch.apply_patch(original, result.patch)
     assert patched["metadata"]["annotations"] == {"team": "kept"}
     assert patched["spec"]["schedulerName"] == "hami-scheduler"

@@ -6,16 +6,17 @@ import pytest
 
 from hami.api import names
 from hami.core.codec import decode_pod_devices
-from hami.core.config import SchedulerConfig, SchedulingPolicy
+from hami.core.config import SchedulingPolicy
 from hami.core.filter import FilterError
 from hami.core.model import DeviceInfo
 from hami.core.request import RequestError
 from hami.core.state import ClusterState
+from hami.devices.registry import make_config
 from tests.builders import container, pod
 
 
 def cluster(nodes=3, gpus=2, mem=16000, split=10, policy=SchedulingPolicy()):
-    state = ClusterState(SchedulerConfig(policy=policy))
+    state = ClusterState(make_config(policy=policy))
     for n in range(nodes):
         state.ledger.add_node(f"n{n}", [DeviceInfo(f"n{n}-G{i}", i, split, mem, 100, "NVIDIA-T4")
                                         for i in range(gpus)])
@@ -115,7 +116,7 @@ def init_job(name, n_init, gpumem, namespace="default"):
 
 def test_b04_init_containers_take_the_peak():
     """B04: three init containers of one card each need one card, not three, on top of the app."""
-    state = ClusterState()
+    state = ClusterState(make_config())
     gpu_node(state, "node-a", "NVIDIA-Tesla-T4", 15360, count=2)
     gpu_node(state, "node-b", "NVIDIA-Tesla-T4", 15360, count=3)
     nodes = []
@@ -143,7 +144,7 @@ def test_b04_init_containers_take_the_peak():
 
 def test_b10_zero_percent_books_whole_card():
     """B10: a 0 % memory share means "not set", so the whole card is booked, never 0 MiB."""
-    state = gpu_node(ClusterState(), "node-a", "NVIDIA-V100-32GB", 32768)
+    state = gpu_node(ClusterState(make_config()), "node-a", "NVIDIA-V100-32GB", 32768)
     zero = pod("zero-pct", [container(gpu=1, gpumem_percentage=0)])
     big = pod("big", [container(gpu=1, gpumem=30000)])
     d = place(state, zero)
@@ -153,7 +154,7 @@ def test_b10_zero_percent_books_whole_card():
 
 def test_b14_gpu_in_second_of_five_containers():
     """B14: only the second of five containers asks for a card; the annotation keeps container order."""
-    state = gpu_node(ClusterState(), "node-a", "NVIDIA-A10", 24576, prefix="GPU-aaaa-")
+    state = gpu_node(ClusterState(make_config()), "node-a", "NVIDIA-A10", 24576, prefix="GPU-aaaa-")
     five = pod("five", [container("c0"), container("c1", gpu=1, gpumem=1000), container("c2"),
                         container("c3"), container("c4")])
     d = place(state, five)
@@ -168,7 +169,7 @@ def test_b14_gpu_in_second_of_five_containers():
 
 def test_b23_percentage_floors_after_multiplying():
     """B23: 20 % of a 32768 MiB card is 6553 MiB (multiply first, then floor), not 0."""
-    state = gpu_node(ClusterState(), "node-a", "NVIDIA-V100-32GB", 32768)
+    state = gpu_node(ClusterState(make_config()), "node-a", "NVIDIA-V100-32GB", 32768)
     d = place(state, pod("pct20", [container(gpu=1, gpucores=50, gpumem_percentage=20)]))
     assert d.result.devices[0][0].used_memory_mib == 6553
     full = state.filter(pod("full", [container(gpu=1, gpumem_percentage=100)]))
@@ -178,7 +179,7 @@ def test_b23_percentage_floors_after_multiplying():
 def test_b24_two_gpus_are_two_distinct_cards():
     """B24: a container asking for two cards gets two physical cards, never two shares of one."""
     def two_a10s():
-        return gpu_node(ClusterState(), "node-a", "NVIDIA-A10", 24576, count=2, split=2)
+        return gpu_node(ClusterState(make_config()), "node-a", "NVIDIA-A10", 24576, count=2, split=2)
 
     state = two_a10s()
     d = place(state, pod("needs-two", [container(gpu=2)]))

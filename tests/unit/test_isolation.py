@@ -17,10 +17,11 @@ from hami.core.isolation import normalise_path, prefix_reaches_reserved
 from hami.core.model import DeviceInfo
 from hami.core.request import RequestError
 from hami.core.state import ClusterState
+from hami.devices.registry import make_config
 from tests.builders import container, pod
 
-CONFIG = SchedulerConfig()
-HIDING = SchedulerConfig(nvidia=NvidiaConfig(overwrite_env=True))
+CONFIG = make_config()
+HIDING = make_config(nvidia=NvidiaConfig(overwrite_env=True))
 
 
 def node(name: str) -> dict[str, Any]:
@@ -101,7 +102,7 @@ def test_env_names_are_case_sensitive_and_other_names_stay_allowed() -> None:
 
 
 def test_webhook_written_env_is_accepted_only_with_the_webhook_s_value() -> None:
-    config = SchedulerConfig(nvidia=NvidiaConfig(gpu_core_policy="force"))
+    config = make_config(nvidia=NvidiaConfig(gpu_core_policy="force"))
     same = pod(containers=[gpu(env=[{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"}])])
     assert admit(same, config).allowed
     escape = pod(containers=[gpu(env=[{"name": "GPU_CORE_UTILIZATION_POLICY",
@@ -115,7 +116,7 @@ def test_webhook_written_env_is_accepted_only_with_the_webhook_s_value() -> None
 
 
 def test_a_pod_the_webhook_mutated_passes_the_filter_s_checks() -> None:
-    config = SchedulerConfig(nvidia=NvidiaConfig(gpu_core_policy="force", overwrite_env=True))
+    config = make_config(nvidia=NvidiaConfig(gpu_core_policy="force", overwrite_env=True))
     p = pod(containers=[container("g", gpu=1, gpumem=3000, priority=1), container("side")])
     p["spec"]["containers"][1]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
     result = admit(p, config)
@@ -182,7 +183,7 @@ def test_mounts_above_or_beside_the_plugin_s_paths_are_allowed_and_hook_path_cou
     mounts = [{"name": str(i), "mountPath": p} for i, p in enumerate(
         ["/tmp", "/etc", "/usr/local", "/usr/local/vgpu2", "/etc/ld.so.preload.d", "/dev/shm"])]
     assert admit(pod(containers=[gpu(volumeMounts=mounts)]), CONFIG).allowed
-    elsewhere = SchedulerConfig(hook_path="/opt/hami/")
+    elsewhere = make_config(hook_path="/opt/hami/")
     attack = pod(containers=[gpu(volumeMounts=[{"name": "v", "mountPath": "/opt/hami/vgpu"}])])
     assert "lies on /opt/hami/vgpu" in denied(attack, elsewhere)
     assert normalise_path("//a/./b/../c/") == "/a/c"
@@ -263,9 +264,9 @@ def test_gpu_pod_of_another_scheduler_is_denied_unless_allowed() -> None:
         attack = pod(containers=[container("main", **limits)], schedulerName="mine",
                      nodeName="n1", hostPID=True)
         assert "schedulerName is 'mine'" in denied(attack)
-    allowed = SchedulerConfig(other_gpu_schedulers=("mine",))
+    allowed = make_config(other_gpu_schedulers=("mine",))
     assert admit(pod(containers=[gpu()], schedulerName="mine"), allowed).allowed
-    keep_default = SchedulerConfig(force_overwrite_default_scheduler=False)
+    keep_default = make_config(force_overwrite_default_scheduler=False)
     kept = admit(pod(containers=[gpu()], schedulerName="default-scheduler"), keep_default)
     assert kept.allowed and kept.patch == []
 

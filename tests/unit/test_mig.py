@@ -7,6 +7,7 @@ from hami.core.codec import decode_mig_allocations, decode_pod_devices
 from hami.core.mig import choose_instance
 from hami.core.model import DeviceInfo, MigPlacement, MigProfile
 from hami.core.state import ClusterState
+from hami.devices.registry import make_config
 from tests.builders import container, pod
 
 P = MigPlacement
@@ -29,7 +30,7 @@ def test_smallest_profile_with_free_placement():
 
 
 def mig_cluster():
-    state = ClusterState()
+    state = ClusterState(make_config())
     state.ledger.add_node("m", [DeviceInfo("GPU-mig", 0, 7, 40960, 100, "NVIDIA-A100-SXM4-40GB",
                                            mode="mig", mig_profiles=A100)])
     return state
@@ -87,7 +88,7 @@ HAMI_CORE_GPU = DeviceInfo("GPU-core", 1, 10, 40960, 100, "NVIDIA-A100-SXM4-40GB
 
 
 def two_gpu_cluster():
-    state = ClusterState()
+    state = ClusterState(make_config())
     state.ledger.add_node("m", [DeviceInfo("GPU-mig", 0, 7, 40960, 100, "NVIDIA-A100-SXM4-40GB",
                                            mode="mig", mig_profiles=A100), HAMI_CORE_GPU])
     return state
@@ -186,7 +187,7 @@ RTX_PRO_6000 = (
 
 
 def test_b18_two_instances_for_one_container_on_one_mig_gpu():
-    state = ClusterState()
+    state = ClusterState(make_config())
     state.ledger.add_node("node-a", [DeviceInfo("GPU-0", 0, 4, 98304, 100, "NVIDIA-RTX-PRO-6000",
                                                 mode="mig", mig_profiles=RTX_PRO_6000)])
     p = pod("two-mig", [container(gpu=2, gpumem=20000)], annotations={"nvidia.com/vgpu-mode": "mig"})
@@ -200,7 +201,7 @@ def test_b18_two_instances_for_one_container_on_one_mig_gpu():
     # the case's variant: without the vgpu-mode annotation it schedules the same way
     assert state.filter(pod("no-annotation", [container(gpu=2, gpumem=20000)])).result.node == "node-a"
     # a non-MIG request keeps "count <= physical GPUs"
-    plain = ClusterState()
+    plain = ClusterState(make_config())
     plain.ledger.add_node("n", [DeviceInfo("GPU-1", 0, 10, 98304, 100, "NVIDIA-RTX-PRO-6000")])
     assert plain.filter(pod("two", [container(gpu=2, gpumem=20000)])).result.node is None
 
@@ -228,7 +229,7 @@ def test_b19_percentage_resolved_before_slot_choice_and_no_accounting_on_reject(
 def test_topology_aware_policy_keeps_mig_reservations():
     """A MIG pod under the topology-aware GPU policy still gets its instances recorded, so
     the GPU is neither failed closed (§6.4) nor double booked (found by a new-user trial)."""
-    state = ClusterState()
+    state = ClusterState(make_config())
     state.ledger.add_node("m", [DeviceInfo(f"GPU-mig-{i}", i, 7, 40960, 100,
                                            "NVIDIA-A100-SXM4-40GB", mode="mig",
                                            mig_profiles=A100) for i in range(2)])
@@ -273,10 +274,9 @@ def test_init_and_app_instances_of_one_pod_never_overlap():
 
 
 def test_init_and_app_instances_stay_disjoint_in_a_multi_vendor_pod():
-    from hami.core.config import SchedulerConfig
     from hami.devices.registry import build_registry
 
-    state = ClusterState(SchedulerConfig(registry=build_registry({"nvidia": {}, "hygon": {}})))
+    state = ClusterState(make_config(registry=build_registry({"nvidia": {}, "hygon": {}})))
     node = {"metadata": {"name": "m", "annotations": {
         names.NODE_REGISTER: ('[{"id":"GPU-mig","index":0,"count":7,"devmem":40960,"devcore":100,'
                               '"type":"NVIDIA-A100-SXM4-40GB","numa":0,"mode":"mig","health":true,'

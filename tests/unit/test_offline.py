@@ -10,7 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from hami.cli import app
-from hami.core.config import SchedulerConfig
+from hami.devices.registry import make_config
 from hami.offline import SCHEMA, InputError, load_objects, schedule
 
 REGISTER = json.dumps([
@@ -119,7 +119,8 @@ def test_cli_refuses_unknown_policies_and_explains_unregistered_nodes(tmp_path):
 
 def test_gpumem_with_a_unit_says_what_is_expected():
     from hami.core.config import NvidiaConfig
-    from hami.core.request import RequestError, container_request
+    from hami.core.request import RequestError
+    from hami.devices.nvidia import container_request
 
     c = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": "16Gi"}}}
     with pytest.raises(RequestError, match="counts MiB, e.g. 16384 for 16 GiB"):
@@ -191,7 +192,6 @@ def test_malformed_objects_are_a_clear_error_never_a_crash(bad: dict[str, Any]) 
     """A hand-written file with a field of the wrong type (an empty YAML value is null,
     an unquoted number is an int) is refused with the field's path, or scheduled if the
     value is still meaningful; no other exception escapes (found by a breaker)."""
-    from hami.core.config import SchedulerConfig
     from hami.devices.registry import build_registry
 
     text = yaml.safe_dump_all([_NODE, bad])
@@ -200,7 +200,7 @@ def test_malformed_objects_are_a_clear_error_never_a_crash(bad: dict[str, Any]) 
     except InputError as exc:
         assert "must be" in str(exc)
         return
-    config = SchedulerConfig(registry=build_registry({"nvidia": {}, "hygon": {}}))
+    config = make_config(registry=build_registry({"nvidia": {}, "hygon": {}}))
     report = schedule(objects, config)
     assert report["nodes"] == {"n1": ""}
 
@@ -236,7 +236,7 @@ def test_topology_aware_with_negative_pair_scores_places_the_best_pair():
 def test_pod_of_another_scheduler_is_reported_and_never_charged():
     other = gpu_pod("other", 16000)
     other["spec"]["schedulerName"] = "other"
-    config = SchedulerConfig(other_gpu_schedulers=("other",))
+    config = make_config(other_gpu_schedulers=("other",))
     report = schedule([node("gpu-1"), other, gpu_pod("a", 16000), gpu_pod("b", 16000)], config)
     pods = {p["name"]: p for p in report["pods"]}
     assert pods["other"]["admission"]["message"] == "pod already has different scheduler assigned"

@@ -4,13 +4,12 @@ decides exactly as the exact fit does."""
 
 from __future__ import annotations
 
-from hami.core.config import SchedulerConfig
 from hami.core.fit import PodOptions
 from hami.core.ledger import UsageLedger
 from hami.core.model import ContainerDevice, ContainerDeviceRequest, DeviceInfo, PodRequest
 from hami.core.prefilter import node_mask
 from hami.core.state import ClusterState
-from hami.devices.registry import build_registry
+from hami.devices.registry import build_registry, make_config
 
 
 def gpus(node: str, n: int) -> list[DeviceInfo]:
@@ -53,7 +52,7 @@ def test_prefilter_drops_nodes_short_of_a_vendors_devices() -> None:
 
 def test_mixed_pod_same_node_and_reasons_with_the_prefilter() -> None:
     """Nodes the prefilter drops still get the exact fit's reason when nothing fits."""
-    state = ClusterState(SchedulerConfig(registry=build_registry({"nvidia": {}, "hygon": {}})))
+    state = ClusterState(make_config(registry=build_registry({"nvidia": {}, "hygon": {}})))
     state.ledger.add_node("gpu-only", gpus("gpu-only", 2))
     state.ledger.add_node("mixed", gpus("mixed", 1) + dcus("mixed", 1))
     pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u"},

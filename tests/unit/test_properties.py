@@ -9,10 +9,11 @@ from hypothesis import strategies as st
 
 from hami.core.admission import admit
 from hami.core.collapse import pod_charges
-from hami.core.config import SchedulerConfig, SchedulingPolicy
+from hami.core.config import SchedulingPolicy
 from hami.core.model import DeviceInfo
 from hami.core.request import RequestError
 from hami.core.state import ClusterState
+from hami.devices.registry import make_config
 from tests.builders import container, pod
 
 gpu = st.builds(lambda mem, split, cores: (mem, split, cores),
@@ -51,7 +52,7 @@ def check_capacity_and_consistency(state: ClusterState) -> None:
 @given(nodes=st.lists(node, min_size=1, max_size=4), steps=st.lists(step, max_size=25),
        node_policy=st.sampled_from(["binpack", "spread"]))
 def test_no_gpu_is_ever_overcommitted(nodes, steps, node_policy):
-    config = SchedulerConfig(policy=SchedulingPolicy(node_policy=node_policy))
+    config = make_config(policy=SchedulingPolicy(node_policy=node_policy))
     state = ClusterState(config)
     for n, gpus in enumerate(nodes):
         state.ledger.add_node(f"n{n}", [

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from hami.core.admission import admit
-from hami.core.config import NvidiaConfig, SchedulerConfig
+from hami.core.config import NvidiaConfig
 from hami.core.model import DeviceInfo
 from hami.core.quota import QuotaLedger
 from hami.core.state import ClusterState
+from hami.devices.registry import make_config
 from tests.builders import container, pod
 
 
@@ -29,7 +30,7 @@ def test_limits_usage_and_updates():
 
 def one_gpu_node(model, mem):
     """A scheduler whose only node, ``node-a``, has one idle card ``GPU-0``."""
-    state = ClusterState()
+    state = ClusterState(make_config())
     state.ledger.add_node("node-a", [DeviceInfo("GPU-0", 0, 10, mem, 100, model)])
     return state
 
@@ -71,7 +72,7 @@ def test_b06_percentage_pods_are_charged_in_full_with_or_without_init():
 
 
 def test_quota_charged_on_commit_and_released_on_delete():
-    state = ClusterState(SchedulerConfig())
+    state = ClusterState(make_config())
     state.ledger.add_node("n", [DeviceInfo("G0", 0, 10, 10000, 100, "NVIDIA-A10")])
     state.upsert_quota({"metadata": {"namespace": "ns", "name": "q"},
                         "spec": {"hard": {"limits.nvidia.com/gpumem": "6000"}}})

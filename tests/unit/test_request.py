@@ -6,7 +6,9 @@ import pytest
 
 from hami.core.config import NvidiaConfig
 from hami.core.model import PERCENT_UNSET, ContainerDeviceRequest
-from hami.core.request import RequestError, container_request, pod_request
+from hami.core.request import RequestError, pod_request
+from hami.devices.nvidia import container_request
+from hami.devices.registry import build_registry, nvidia_registry
 from tests.builders import container, pod
 
 R = ContainerDeviceRequest
@@ -67,9 +69,26 @@ def test_pod_request_orders_init_first_and_sums_cpu():
     p = pod(containers=[container("a", gpu=1, requests={"cpu": "500m", "memory": "1Gi"}),
                         container("b", requests={"cpu": "1", "memory": "512Mi"})],
             init=[container("i", gpu=1, gpumem=100, requests={"cpu": "2"})])
-    req = pod_request(p, NvidiaConfig())
+    req = pod_request(p, nvidia_registry())
     assert req.n_init == 1
     assert req.containers[0] == R(1, "NVIDIA", 100, PERCENT_UNSET, 0)
     assert req.containers[2] is None
     assert (req.cpu_milli, req.memory_mib) == (2000, 1536)
     assert req.wants_devices
+
+
+def test_pod_request_reads_nvidia_from_the_registry_backend():
+    """NVIDIA is a registry backend like the others: its settings are the backend's, and a
+    registry without it asks for no GPU (the core has no NVIDIA path of its own)."""
+    p = pod(containers=[container("a", gpu=1, gpumem=100)])
+    p["spec"]["containers"][0]["resources"]["limits"]["hygon.com/dcunum"] = 1
+    renamed = nvidia_registry(NvidiaConfig(memory_factor=4))
+    assert pod_request(p, renamed).containers[0] == R(1, "NVIDIA", 400, PERCENT_UNSET, 0)
+    both = build_registry({"hygon": {}})
+    req = pod_request(p, both)
+    assert req.containers[0] == R(1, "NVIDIA", 100, PERCENT_UNSET, 0)
+    assert set(req.vendors[0]) == {"DCU"}
+    without = {w: v for w, v in both.items() if w != "NVIDIA"}
+    req = pod_request(p, without)
+    assert req.containers == (None,) and set(req.vendors[0]) == {"DCU"}
+    assert not pod_request(p, {}).wants_devices

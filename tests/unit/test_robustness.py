@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from hami.api import names
 from hami.core.admission import admit
-from hami.core.config import SchedulerConfig
 from hami.core.filter import FilterError
 from hami.core.request import RequestError
 from hami.core.state import ClusterState
+from hami.devices.registry import make_config
 
 REGISTER = json.dumps([{"id": f"G{i}", "index": i, "count": 4, "devmem": 16000, "devcore": 100,
                         "type": "NVIDIA-T4", "numa": i % 2, "health": True} for i in range(4)])
@@ -52,7 +52,7 @@ def snapshot(state: ClusterState) -> list[tuple[int, int, int]]:
 @settings(max_examples=400, deadline=None)
 @given(pod=pods)
 def test_admission_and_filter_never_crash(pod):
-    state = ClusterState(SchedulerConfig())
+    state = ClusterState(make_config())
     state.upsert_node({"metadata": {"name": "n", "annotations": {
         names.NODE_REGISTER: REGISTER, names.NODE_SCORE: SCORES,
         names.NODE_DEVICE_CORDON: "G3"}}})
@@ -74,7 +74,7 @@ def test_admission_and_filter_never_crash(pod):
                                                     names.NODE_DEVICE_CORDON]),
                                    st.one_of(st.text(max_size=60), st.just(REGISTER))))
 def test_any_node_annotation_registers_or_gives_a_reason(annotations):
-    state = ClusterState()
+    state = ClusterState(make_config())
     reason = state.upsert_node({"metadata": {"name": "n", "annotations": annotations}})
     assert (reason == "") == (state.ledger.node("n") is not None)
     pod = {"metadata": {"name": "p", "uid": "u"}, "spec": {"containers": [
@@ -86,7 +86,7 @@ def test_any_node_annotation_registers_or_gives_a_reason(annotations):
 @settings(max_examples=300, deadline=None)
 @given(allocated=st.text(max_size=80), mig=st.text(max_size=40))
 def test_any_pod_annotation_is_counted_or_ignored(allocated, mig):
-    state = ClusterState()
+    state = ClusterState(make_config())
     state.upsert_node({"metadata": {"name": "n", "annotations": {names.NODE_REGISTER: REGISTER}}})
     pod = {"metadata": {"name": "p", "uid": "u", "annotations": {
         names.VGPU_NODE: "n", names.DEVICES_ALLOCATED: allocated, names.MIG_ALLOCATIONS: mig}},

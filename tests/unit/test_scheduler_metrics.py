@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hami.api import names
 from hami.core.state import ClusterState
+from hami.devices.registry import make_config
 from hami.scheduler.metrics import SchedulerMetrics
 
 REGISTER = json.dumps([{"id": "GPU-m", "count": 7, "devmem": 40960, "devcore": 100,
@@ -22,7 +23,7 @@ MIG = json.dumps([{"containerIndex": 0, "deviceIndex": 0, "gpuUUID": "GPU-m",
 
 
 def samples(legacy: bool) -> dict[str, list]:
-    state = ClusterState()
+    state = ClusterState(make_config())
     state.upsert_node({"metadata": {"name": "n", "annotations": {names.NODE_REGISTER: REGISTER}}})
     state.upsert_pod({"metadata": {"name": "p", "namespace": "ns", "uid": "u", "annotations": {
         names.VGPU_NODE: "n", names.DEVICES_ALLOCATED: "GPU-m,NVIDIA,4864,15:;",
@@ -64,10 +65,9 @@ def test_legacy_names_carry_the_same_values():
 def test_quota_metrics_cover_other_vendors() -> None:
     """``hami_resource_quota_used``/``_limit`` (and legacy ``QuotaUsed``) report every
     vendor's limited resources, not NVIDIA's alone (spec §5.2, §8; found by a breaker)."""
-    from hami.core.config import SchedulerConfig
     from hami.devices.registry import build_registry
 
-    state = ClusterState(SchedulerConfig(registry=build_registry({"nvidia": {}, "hygon": {}})))
+    state = ClusterState(make_config(registry=build_registry({"nvidia": {}, "hygon": {}})))
     state.upsert_node({"metadata": {"name": "n", "annotations": {
         names.NODE_REGISTER: REGISTER,
         "hami.io/node-dcu-register": "DCU-0,10,65520,100,DCU-Z100,0,true,0,hami-core:"}}})
@@ -95,10 +95,9 @@ def test_quota_metrics_cover_other_vendors() -> None:
 def test_quota_limit_metric_reports_the_tightest_of_several_quotas() -> None:
     """Issue 11 §4: with two ResourceQuotas in a namespace the limit that applies is the
     tightest, for NVIDIA and for other vendors; the metric reports that one."""
-    from hami.core.config import SchedulerConfig
     from hami.devices.registry import build_registry
 
-    state = ClusterState(SchedulerConfig(registry=build_registry({"nvidia": {}, "hygon": {}})))
+    state = ClusterState(make_config(registry=build_registry({"nvidia": {}, "hygon": {}})))
     for name, value in (("platform", "1000"), ("tenant", "5000")):
         state.upsert_quota({"metadata": {"name": name, "namespace": "team-a"}, "spec": {"hard": {
             "limits.hygon.com/dcumem": value, "limits.nvidia.com/gpumem": value}}})

@@ -6,6 +6,7 @@ import json
 
 from hami.api import names
 from hami.core.state import ClusterState
+from hami.devices.registry import make_config
 
 REGISTER = json.dumps([{"id": "G0", "count": 4, "devmem": 10000, "devcore": 100,
                         "type": "NVIDIA-A10", "health": True}])
@@ -29,7 +30,7 @@ def used(state):
 
 
 def test_registered_node_and_reasons_for_bad_ones():
-    state = ClusterState()
+    state = ClusterState(make_config())
     assert state.upsert_node(node()) == ""
     assert state.upsert_node(node("x", register=None)) == \
         "annos not found hami.io/node-nvidia-register"
@@ -42,7 +43,7 @@ def test_registered_node_and_reasons_for_bad_ones():
 
 
 def test_membership_rules():
-    state = ClusterState()
+    state = ClusterState(make_config())
     state.upsert_node(node())
     assert state.upsert_pod(bound_pod("a"))
     assert used(state) == [(1, 3000, 30)]
@@ -76,7 +77,7 @@ def test_terminating_pod_counts_the_same_after_a_cold_start():
     register = json.dumps([{"id": "GPU-0", "count": 10, "devmem": 24576, "devcore": 100,
                             "type": "NVIDIA-A10", "health": True}])
     pod = bound_pod("old", allocated="GPU-0,NVIDIA,20000,0:;")
-    incremental, cold = ClusterState(), ClusterState()
+    incremental, cold = ClusterState(make_config()), ClusterState(make_config())
     incremental.upsert_node(node(register=register))
     incremental.upsert_pod(pod)
     terminating = bound_pod("old", allocated="GPU-0,NVIDIA,20000,0:;",
@@ -96,7 +97,7 @@ def test_terminating_pod_counts_the_same_after_a_cold_start():
 def test_pod_of_another_scheduler_never_reserves_devices():
     # Anyone who may create a pod could write hami's allocation annotation on a pod of
     # another scheduler and mark a node's cards as full; such a pod is never charged.
-    state = ClusterState()
+    state = ClusterState(make_config())
     state.upsert_node(node())
     forged = bound_pod("squatter", allocated="G0,NVIDIA,10000,100:;")
     forged["spec"]["schedulerName"] = "default-scheduler"
@@ -109,7 +110,7 @@ def test_pod_of_another_scheduler_never_reserves_devices():
 
 
 def test_init_container_usage_shrinks_once_they_finish():
-    state = ClusterState()
+    state = ClusterState(make_config())
     state.upsert_node(node())
     pod = bound_pod("i", allocated="G0,NVIDIA,8000,0:;G0,NVIDIA,2000,10:;")
     pod["spec"]["initContainers"] = [{"name": "init"}]
@@ -126,7 +127,7 @@ def test_init_container_usage_shrinks_once_they_finish():
 
 
 def test_pods_on_unknown_nodes_count_once_the_node_registers():
-    state = ClusterState()
+    state = ClusterState(make_config())
     state.upsert_pod(bound_pod("early"))
     state.upsert_node(node())
     assert used(state) == [(1, 3000, 30)]
@@ -137,7 +138,7 @@ def test_a_refused_refilter_keeps_the_earlier_charge():
 
     from hami.core.filter import FilterError
 
-    state = ClusterState()
+    state = ClusterState(make_config())
     state.upsert_node(node())
     pod = bound_pod("w")
     pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": 1,
@@ -147,3 +148,23 @@ def test_a_refused_refilter_keeps_the_earlier_charge():
     with pytest.raises(FilterError):
         state.filter(pod)
     assert used(state) == [(1, 3000, 30)]
+
+
+def test_nvidia_is_scheduled_only_when_registered():
+    """The core has no NVIDIA path of its own: NVIDIA's requests and webhook mutation are
+    the registry's backend's, so a config whose registry lacks NVIDIA places no GPU pod."""
+    from hami.core.admission import admit
+    from hami.core.config import SchedulerConfig
+
+    node = {"metadata": {"name": "n1", "annotations": {
+        "hami.io/node-nvidia-register": "GPU-0,10,32768,100,NVIDIA-V100,0,true:"}}}
+    gpu_pod = {"metadata": {"name": "p", "namespace": "d", "uid": "u1"},
+               "spec": {"containers": [{"name": "c", "resources": {
+                   "limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}}}]}}
+    bare = ClusterState(SchedulerConfig(registry={}))
+    bare.upsert_node(node)
+    assert bare.filter(gpu_pod).result.passthrough
+    assert admit(gpu_pod, bare.config).pod["spec"].get("schedulerName") is None
+    state = ClusterState(make_config())
+    state.upsert_node(node)
+    assert state.filter(gpu_pod).result.node == "n1"

@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 
-from hami.core.config import SchedulerConfig
 from hami.core.state import ClusterState
-from hami.devices.registry import build_registry
+from hami.devices.registry import build_registry, make_config
 
 DEVICE_CONFIG: dict[str, Any] = {
     "nvidia": {}, "hygon": {}, "cambricon": {}, "mthreads": {}, "amd": {}, "awsneuron": {},
@@ -112,7 +111,7 @@ def _pod(word: str, limits: Mapping[str, Any], annotations: Mapping[str, str]) -
 @pytest.mark.parametrize("word", sorted(CASES))
 def test_vendor_pod_through_cluster_state(word: str) -> None:
     node_anns, capacity, limits, pod_anns, keys = CASES[word]
-    state = ClusterState(SchedulerConfig(registry=REGISTRY))
+    state = ClusterState(make_config(registry=REGISTRY))
     # a node of every other vendor too, so the pod must find its own vendor's node
     for other, (anns, cap, *_rest) in CASES.items():
         assert state.upsert_node(_node(other, anns, cap)) == "", other
@@ -130,7 +129,7 @@ def test_vendor_pod_through_cluster_state(word: str) -> None:
     uuids = {d.uuid for c in granted for d in c}
     assert uuids and all(used[u][0] >= 1 for u in uuids)
     # restart: a new scheduler reads the node and the annotated pod back
-    again = ClusterState(SchedulerConfig(registry=REGISTRY))
+    again = ClusterState(make_config(registry=REGISTRY))
     again.upsert_node(_node(word, node_anns, capacity))
     bound = {**pod, "metadata": {**pod["metadata"], "annotations": {**pod_anns, **anns}}}
     assert again.upsert_pod(bound) is True
@@ -149,7 +148,7 @@ MIXED_NODE = _node("mixed", {**CASES["NVIDIA"][0], **CASES["DCU"][0]}, {})
 
 
 def test_a_malformed_vendor_annotation_drops_only_that_vendor() -> None:
-    state = ClusterState(SchedulerConfig(registry=REGISTRY))
+    state = ClusterState(make_config(registry=REGISTRY))
     bad = _node("mixed", {**CASES["NVIDIA"][0], "hami.io/node-dcu-register": "no separator"}, {})
     assert state.upsert_node(bad) == ""
     assert [d.vendor for d, *_ in state.ledger.device_usage("node-mixed")] == ["NVIDIA"]
@@ -161,13 +160,13 @@ def test_a_malformed_vendor_annotation_drops_only_that_vendor() -> None:
 
 
 def test_only_the_vendors_said_healthy_register() -> None:
-    state = ClusterState(SchedulerConfig(registry=REGISTRY))
+    state = ClusterState(make_config(registry=REGISTRY))
     assert state.upsert_node(MIXED_NODE, vendors={"DCU"}) == ""
     assert [d.vendor for d, *_ in state.ledger.device_usage("node-mixed")] == ["DCU"]
 
 
 def test_a_malformed_vendor_pod_annotation_is_not_cached() -> None:
-    state = ClusterState(SchedulerConfig(registry=REGISTRY))
+    state = ClusterState(make_config(registry=REGISTRY))
     state.upsert_node(MIXED_NODE)
     pod = _pod("x", {}, {"hami.io/vgpu-node": "node-mixed",
                          "hami.io/dcu-devices-allocated": "DCU-0,DCU,notanumber,0:;"})
@@ -176,7 +175,7 @@ def test_a_malformed_vendor_pod_annotation_is_not_cached() -> None:
 
 
 def test_init_only_vendor_takes_no_lock_and_quota_shrinks_with_the_pod() -> None:
-    state = ClusterState(SchedulerConfig(registry=REGISTRY))
+    state = ClusterState(make_config(registry=REGISTRY))
     state.upsert_node(MIXED_NODE)
     state.upsert_quota({"metadata": {"name": "q", "namespace": "ns"},
                         "spec": {"hard": {"limits.hygon.com/dcumem": "100000"}}})
@@ -211,7 +210,7 @@ def test_kunlun_score_node_decides_between_equal_nodes(policy: str, order: list[
     """kunlun's ScoreNode (MTF decrease) is added to the node score, so every candidate
     is fitted: the default scores are equal here (0: the XPUs have no memory figure) and
     the first node in policy order would otherwise win."""
-    state = ClusterState(SchedulerConfig(registry=REGISTRY))
+    state = ClusterState(make_config(registry=REGISTRY))
     for name in ("a", "b"):
         state.upsert_node(_node(name, {}, {"kunlunxin.com/xpu": 8}))
     busy = _pod("busy", {"kunlunxin.com/xpu": 1}, {})
@@ -229,7 +228,7 @@ def test_a_device_reported_twice_registers_once() -> None:
     reported, and the card is never sold twice (found by a breaker)."""
     from hami.devices.registry import build_registry
 
-    state = ClusterState(SchedulerConfig(registry=build_registry({"nvidia": {}, "enflame": {}})))
+    state = ClusterState(make_config(registry=build_registry({"nvidia": {}, "enflame": {}})))
     node = {"kind": "Node", "metadata": {"name": "n", "annotations": {}},
             "status": {"capacity": {"enflame.com/gcu": 1, "enflame.com/vgcu-percentage": 100}}}
     assert state.upsert_node(node) == ""
@@ -244,7 +243,7 @@ def test_a_device_reported_twice_registers_once() -> None:
     state.commit(first, state.filter(first, ["n"]))
     assert state.filter(share("c"), ["n"]).result.node is None
 
-    nvidia = ClusterState()
+    nvidia = ClusterState(make_config())
     twice = ('[{"id":"X-0","index":0,"count":1,"devmem":1000,"devcore":100,"type":"NVIDIA-T4",'
              '"numa":0,"mode":"hami-core","health":true},{"id":"X-0","index":1,"count":1,'
              '"devmem":1000,"devcore":100,"type":"NVIDIA-T4","numa":0,"mode":"hami-core",'

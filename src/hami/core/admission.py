@@ -8,10 +8,10 @@ resource and the valid range. Likewise a ``hami.io/gpu-scheduler-policy`` or
 ``hami.io/node-scheduler-policy`` annotation with an unknown value, which HAMi silently
 replaces by its own fallback policy, is denied with a message listing the valid values.
 
-Vendors: every container goes through NVIDIA's mutation and then through every other
-registered vendor's ``MutateAdmission`` (CommonWord order); a vendor's ``AdmissionError``
-is a denial with its message, and the quota pre-check runs per vendor
-(:meth:`hami.core.vendor_quota.VendorQuota.admission_denial`).
+Vendors: every container goes through the registered NVIDIA backend's ``MutateAdmission``
+(``hami.devices.nvidia``) and then through every other registered vendor's (CommonWord
+order); a vendor's ``AdmissionError`` is a denial with its message, and the quota
+pre-check runs per vendor (:meth:`hami.core.vendor_quota.VendorQuota.admission_denial`).
 
 Isolation (ours, :mod:`hami.core.isolation`, the same checks ``/filter`` repeats): a pod
 that asks for devices is refused for host PID/IPC, privileged containers, capabilities
@@ -33,17 +33,11 @@ import jsonpatch
 
 from hami.api import names
 from hami.core import isolation
-from hami.core.config import NvidiaConfig, SchedulerConfig, unknown_policies
+from hami.core.config import SchedulerConfig, unknown_policies
 from hami.core.provenance import strip_allocation
-from hami.core.quantity import QuantityError, to_int_exact
+from hami.core.quantity import QuantityError
 from hami.core.quota import QuotaLedger
-from hami.core.request import (
-    RequestError,
-    container_request,
-    pod_request,
-    quantity,
-    resource_value,
-)
+from hami.core.request import RequestError, pod_request
 from hami.core.vendor import AdmissionError, Vendor
 from hami.core.vendor_quota import VendorQuota
 from hami.core.vendors import pod_requests
@@ -67,79 +61,6 @@ class AdmissionResult:
 
 def _deny(message: str, pod: Mapping[str, Any], code: int = 403) -> AdmissionResult:
     return AdmissionResult(allowed=False, message=message, code=code, pod=dict(pod))
-
-
-def _append_env(container: dict[str, Any], name: str, value: str) -> None:
-    env = container.setdefault("env", [])
-    if not any(e.get("name") == name for e in env):
-        env.append({"name": name, "value": value})
-
-
-def _validate(container: Mapping[str, Any], config: NvidiaConfig) -> None:
-    """Range checks on the GPU resources of one container (raises RequestError)."""
-    cname = container.get("name", "?")
-    for rname, upper in ((config.resource_memory_percentage_name, 100),
-                         (config.resource_core_name, 100)):
-        raw = resource_value(container, rname)
-        if raw is None:
-            continue
-        try:
-            value = to_int_exact(quantity(raw))
-        except QuantityError:
-            value = None
-        if value is None or value < 0 or value > upper:
-            raise RequestError(f"invalid {rname} value {raw} in container {cname}: "
-                               f"must be an integer between 0 and {upper}")
-    container_request(container, config)
-
-
-def mutate_container(container: dict[str, Any], pod: Mapping[str, Any],
-                     config: NvidiaConfig) -> bool:
-    """HAMi's NVIDIA ``MutateAdmission`` for one container, in place (HAMi v2.10).
-
-    Returns True when the container asks for NVIDIA devices (after the count has been
-    added for a memory- or cores-only request).
-
-    Raises:
-        RequestError: a GPU value is malformed or out of range.
-    """
-    _validate(container, config)
-    resources = container.get("resources") or {}
-    limits = resources.get("limits") or {}
-    requests = resources.get("requests") or {}
-    if config.resource_priority_name in limits:
-        _append_env(container, names.ENV_TASK_PRIORITY,
-                    str(limits[config.resource_priority_name]))
-    if config.gpu_core_policy and config.gpu_core_policy != "default":
-        _append_env(container, names.ENV_CORE_POLICY, config.gpu_core_policy)
-    has_resource = config.resource_count_name in limits
-    extras = (config.resource_core_name, config.resource_memory_name,
-              config.resource_memory_percentage_name)
-    if not has_resource and any(r in limits for r in extras) and config.default_gpu_num > 0:
-        limits[config.resource_count_name] = config.default_gpu_num
-        resources["limits"] = limits
-        container["resources"] = resources
-        has_resource = True
-    count_given = config.resource_count_name in limits or config.resource_count_name in requests
-    cores_given = config.resource_core_name in limits or config.resource_core_name in requests
-    if count_given and not cores_given and _is_exclusive(container, config):
-        limits[config.resource_core_name] = 100
-        resources["limits"] = limits
-        container["resources"] = resources
-        has_resource = True
-    if config.overwrite_env and container_request(container, config) is None:
-        isolation.hide_gpus(container)  # ours: also for nvidia.com/gpu: 0 (HAMi: key present)
-    return has_resource
-
-
-def _is_exclusive(container: Mapping[str, Any], config: NvidiaConfig) -> bool:
-    percent = resource_value(container, config.resource_memory_percentage_name)
-    if percent is not None:
-        value = to_int_exact(quantity(percent))
-        return value == 100
-    if not config.resource_memory_name:
-        return True
-    return resource_value(container, config.resource_memory_name) is None
 
 
 def _skip(pod: Mapping[str, Any], config: SchedulerConfig) -> bool:
@@ -205,6 +126,7 @@ def decide(pod: Mapping[str, Any], config: SchedulerConfig,
         return _deny("pod has no containers", pod)
     if _skip(pod, config):
         return _admit_foreign(pod, config, with_patch)
+    gpu = config.registry.get(names.NVIDIA)
     vendors = config.vendors()
     mutated = _copy_for_mutation(pod, metadata=bool(vendors))
     mspec = mutated["spec"]
@@ -214,7 +136,8 @@ def decide(pod: Mapping[str, Any], config: SchedulerConfig,
         for container in ordered:
             if not isinstance(container, dict):
                 return _deny("container is not an object", pod, code=400)
-            has_resource = mutate_container(container, mutated, config.nvidia) or has_resource
+            if gpu is not None:
+                has_resource = gpu.mutate_admission(container, mutated) or has_resource
             for vendor in vendors.values():
                 has_resource = vendor.mutate_admission(container, mutated) or has_resource
     except (RequestError, QuantityError, AdmissionError) as exc:
@@ -313,7 +236,8 @@ def _vendor_quota_denial(pod: Mapping[str, Any], vendors: Mapping[str, Vendor],
 def _quota_denial(pod: Mapping[str, Any], config: SchedulerConfig,
                   quota: QuotaLedger) -> str:
     """``fitResourceQuota`` (HAMi v2.10): max(sum of app, max of init) of memory and cores."""
-    request = pod_request(pod, config.nvidia)
+    gpu = config.registry.get(names.NVIDIA)
+    request = pod_request(pod, {names.NVIDIA: gpu} if gpu is not None else {})
     init_mem = init_cores = app_mem = app_cores = 0
     for position, c in enumerate(request.containers):
         if c is None:

@@ -42,7 +42,6 @@ from typing import Any
 from hami.api import names
 from hami.core.config import NvidiaConfig, SchedulerConfig
 from hami.core.model import ContainerDeviceRequest
-from hami.core.request import RequestError, container_request
 
 #: Env names the device plugin sets in GPU containers or libvgpu reads, and why.
 RESERVED_ENV: Mapping[str, str] = {
@@ -143,7 +142,7 @@ def violations(pod: Mapping[str, Any], config: SchedulerConfig,
                             f"the host's {what} namespace")
     containers = _containers(pod)
     if requests is None:
-        requests = [_nvidia_request(c, config.nvidia) for c in containers]
+        requests = [_nvidia_request(c, config) for c in containers]
     paths = plugin_paths(config.hook_path)
     for position, container in enumerate(containers):
         cname = str(container.get("name", "?"))
@@ -206,10 +205,13 @@ def _containers(pod: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def _nvidia_request(container: Mapping[str, Any],
-                    config: NvidiaConfig) -> ContainerDeviceRequest | None:
+                    config: SchedulerConfig) -> ContainerDeviceRequest | None:
+    """The registered NVIDIA backend's request of the container (None: none, or malformed,
+    which is refused elsewhere with its own message)."""
+    gpu = config.registry.get(names.NVIDIA)
     try:
-        return container_request(container, config)
-    except (RequestError, ValueError):  # refused elsewhere with its own message
+        return gpu.container_request(container) if gpu is not None else None
+    except ValueError:  # AdmissionError, QuantityError
         return None
 
 

@@ -1,12 +1,11 @@
-"""Pod spec -> per-container device requests (HAMi ``GenerateResourceRequests``).
+"""Pod spec -> per-container device requests of every registered vendor (HAMi
+``Resourcereqs``: init containers first, then regular containers), and the resource
+values every vendor's request parser reads (quantities, ``limits`` before ``requests``).
 
-Source: and ``Resourcereqs`` (init containers
-first, then regular containers).
-
-Deliberate divergence from HAMi: where HAMi silently turns a malformed value into an
-*empty* request (``nvidia.com/gpumem: 16Gi`` makes the container ask for no GPU at all,
-so it runs unconfined), we raise :class:`RequestError` with a message. The webhook turns
-that into a denial, the extender into a filter error; nothing is scheduled by accident.
+Vendor-neutral: each vendor's ``GenerateResourceRequests`` is its backend's
+(``Vendor.request_for_pod``; NVIDIA's is ``hami.devices.nvidia``). Where HAMi silently
+turns a malformed value into an *empty* request we raise :class:`RequestError` with a
+message; the webhook turns that into a denial, the extender into a filter error.
 """
 
 from __future__ import annotations
@@ -16,8 +15,8 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
-from hami.core.config import NvidiaConfig
-from hami.core.model import PERCENT_UNSET, ContainerDeviceRequest, PodRequest
+from hami.api import names
+from hami.core.model import ContainerDeviceRequest, PodRequest
 from hami.core.quantity import QuantityError, parse_quantity, to_int_exact, to_mib, to_milli
 from hami.core.vendor import AdmissionError, Vendor
 from hami.core.vendors import pod_requests
@@ -56,7 +55,12 @@ def resource_value(container: Mapping[str, Any], name: str) -> Any | None:
     return None
 
 
-def _int_value(container: Mapping[str, Any], name: str) -> int | None:
+def int_value(container: Mapping[str, Any], name: str) -> int | None:
+    """Resource ``name`` of the container as an exact integer, None when absent.
+
+    Raises:
+        RequestError: the value is not a quantity or not an integer.
+    """
     raw = resource_value(container, name)
     if raw is None:
         return None
@@ -68,54 +72,6 @@ def _int_value(container: Mapping[str, Any], name: str) -> int | None:
     if value is None:
         raise RequestError(f"{name} of container {cname} must be an integer, got {raw!r}")
     return value
-
-
-def container_request(
-    container: Mapping[str, Any], config: NvidiaConfig
-) -> ContainerDeviceRequest | None:
-    """One container's NVIDIA request, or ``None`` when it asks for no GPU (HAMi v2.10).
-
-    Returns ``ContainerDeviceRequest(nums, "NVIDIA", memory_mib, memory_percent,
-    cores_percent)``; memory is multiplied by ``memory_factor``. A percentage above 100
-    is clamped to 100 and one of 0 or below counts as unset (field cases B09, B10), so
-    that a container never books 0 MiB by accident.
-
-    Raises:
-        RequestError: a value is not an integer, is negative, or overflows int32.
-    """
-    cname = container.get("name", "?")
-    nums = _int_value(container, config.resource_count_name)
-    if nums is None or nums == 0:
-        return None
-    if nums < 0 or nums > INT32_MAX:
-        raise RequestError(f"{config.resource_count_name} of container {cname} must be "
-                           f"between 1 and {INT32_MAX}, got {nums}")
-    factor = max(config.memory_factor, 1)
-    memory = _int_value(container, config.resource_memory_name) or 0
-    if memory < 0 or memory > INT32_MAX // factor:
-        raw = resource_value(container, config.resource_memory_name)
-        hint = (f" ({raw!r} is {memory} units; {config.resource_memory_name} counts MiB, "
-                "e.g. 16384 for 16 GiB)" if isinstance(raw, str) and not raw.isdigit() else "")
-        raise RequestError(f"{config.resource_memory_name} of container {cname} must be "
-                           f"between 0 and {INT32_MAX // factor} MiB, got {memory}{hint}")
-    memory *= factor
-    percent = PERCENT_UNSET
-    raw_percent = _int_value(container, config.resource_memory_percentage_name)
-    if raw_percent is not None and raw_percent > 0:
-        percent = min(raw_percent, 100)
-    if percent == PERCENT_UNSET and memory == 0:
-        if config.default_memory_mib:
-            memory = config.default_memory_mib
-        else:
-            percent = 100
-    cores = _int_value(container, config.resource_core_name)
-    if cores is None:
-        cores = config.default_cores_percent
-    if cores < 0 or cores > INT32_MAX:
-        raise RequestError(f"{config.resource_core_name} of container {cname} must be "
-                           f"a non-negative percentage, got {cores}")
-    return ContainerDeviceRequest(nums=nums, memory_mib=memory, memory_percent=percent,
-                                  cores_percent=cores)
 
 
 def _containers(pod: Mapping[str, Any]) -> tuple[Sequence[Any], Sequence[Any]]:
@@ -161,21 +117,29 @@ def vendor_requests(pod: Mapping[str, Any], vendors: Mapping[str, Vendor]
     return per_container if any(per_container) else ()
 
 
-def pod_request(pod: Mapping[str, Any], config: NvidiaConfig,
-                vendors: Mapping[str, Vendor] | None = None) -> PodRequest:
-    """A Kubernetes Pod (JSON-shaped mapping) -> :class:`PodRequest`.
+def pod_request(pod: Mapping[str, Any], registry: Mapping[str, Vendor]) -> PodRequest:
+    """A Kubernetes Pod (JSON-shaped mapping) -> :class:`PodRequest`, over the vendors of
+    ``registry`` (CommonWord -> backend).
 
-    Containers are listed init containers first, then regular containers, each entry
-    ``None`` when it asks for no GPU (HAMi ``Resourcereqs``). ``vendors`` (the registry's
-    non-NVIDIA backends) fill :attr:`PodRequest.vendors`.
+    Containers are listed init containers first, then regular containers. The ``NVIDIA``
+    backend's requests fill :attr:`PodRequest.containers` (each entry ``None`` when the
+    container asks for no GPU, every entry ``None`` when NVIDIA is not registered); the
+    other backends' fill :attr:`PodRequest.vendors`.
 
     Raises:
         RequestError: any container's device, CPU or memory value is malformed.
     """
     meta = pod.get("metadata") or {}
     init, app = _containers(pod)
-    reqs = tuple(container_request(c, config) for c in [*init, *app])
+    gpu = registry.get(names.NVIDIA)
+    try:
+        reqs = tuple(gpu.container_request(c) if gpu is not None else None
+                     for c in [*init, *app])
+    except (AdmissionError, QuantityError) as exc:
+        raise RequestError(str(exc)) from None
     cpu, mem = _pod_cpu_memory(init, app)
+    others = ({w: v for w, v in registry.items() if w != names.NVIDIA}
+              if len(registry) > (gpu is not None) else None)
     return PodRequest(
         namespace=str(meta.get("namespace") or "default"),
         name=str(meta.get("name") or ""),
@@ -185,5 +149,5 @@ def pod_request(pod: Mapping[str, Any], config: NvidiaConfig,
         annotations=dict(meta.get("annotations") or {}),
         cpu_milli=cpu,
         memory_mib=mem,
-        vendors=vendor_requests(pod, vendors) if vendors else (),
+        vendors=vendor_requests(pod, others) if others else (),
     )

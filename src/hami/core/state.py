@@ -46,10 +46,13 @@ class ClusterState:
     Node methods return the reason a node was not (re)registered, pod methods whether
     the pod is now charged. None of them raise on malformed objects: a bad annotation
     excludes that one node or pod and the reason is returned.
+
+    ``config`` carries the vendor registry (``hami.devices.registry.make_config``); only
+    its vendors, NVIDIA included, are scheduled.
     """
 
-    def __init__(self, config: SchedulerConfig | None = None) -> None:
-        self.config = config or SchedulerConfig()
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
         self.ledger = UsageLedger()
         self.quota = QuotaLedger(self.config.nvidia)
         #: The registered vendors other than NVIDIA (CommonWord -> backend).
@@ -284,7 +287,7 @@ class ClusterState:
             FilterError: a pod annotation the filter reads is malformed, or two vendors
                 would write one pod annotation differently (a device config error).
         """
-        request = pod_request(pod, self.config.nvidia, self.vendors)
+        request = pod_request(pod, self.config.registry)
         if request.wants_devices:
             problems = isolation.violations(pod, self.config, request.containers)
             if problems:

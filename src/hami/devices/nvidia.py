@@ -1,7 +1,19 @@
-"""NVIDIA as a :class:`~hami.core.vendor.Vendor`: an adapter over :mod:`hami.core`.
+"""NVIDIA as a :class:`~hami.core.vendor.Vendor` (CommonWord ``NVIDIA``): its requests and
+its webhook mutation (HAMi v2.10 ``GenerateResourceRequests`` and ``MutateAdmission`` of
+the NVIDIA device), reached by the core only through the registry.
 
-Source (HAMi v2.10): (resources), (keys and encodings), (webhook), (Fit).
-Nothing is re-implemented here: requests, mutation, node decoding and Fit are the core's.
+Deliberate divergence from HAMi: where HAMi silently turns a malformed value into an
+*empty* request (``nvidia.com/gpumem: 16Gi`` makes the container ask for no GPU at all,
+so it runs unconfined), we raise :class:`~hami.core.request.RequestError` with a message
+(the backend methods raise it as :class:`~hami.core.vendor.AdmissionError`, same text).
+The webhook turns that into a denial, the extender into a filter error; nothing is
+scheduled by accident. Likewise a ``gpumem-percentage`` of 101 or 2^32+50, which HAMi
+accepts and leaves Pending with a misleading reason (field case B09), is denied at
+admission with a message naming the container, the resource and the valid range.
+
+The share Fit (slots, memory, cores, type and UUID filters, NUMA, MIG) is the core's
+(:func:`hami.core.fit.fit_container`), which the share-table vendors reuse too; node
+devices use the core's codec of HAMi's register annotation.
 """
 
 from __future__ import annotations
@@ -10,19 +22,141 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hami.api import names
-from hami.core.admission import mutate_container
+from hami.core import isolation
 from hami.core.codec import decode_node_devices
 from hami.core.config import NvidiaConfig
 from hami.core.fit import DeviceState, FitOutcome, NodeOptions, PodOptions, fit_container
-from hami.core.model import ContainerDeviceRequest, DeviceInfo
-from hami.core.quantity import QuantityError
-from hami.core.request import RequestError, container_request
+from hami.core.model import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo
+from hami.core.quantity import QuantityError, to_int_exact
+from hami.core.request import INT32_MAX, RequestError, int_value, quantity, resource_value
 from hami.core.vendor import AdmissionError, FitContext, ResourceNames
 from hami.devices.common import BaseVendor, node_annotations
 
 
+def container_request(
+    container: Mapping[str, Any], config: NvidiaConfig
+) -> ContainerDeviceRequest | None:
+    """One container's NVIDIA request, or ``None`` when it asks for no GPU (HAMi v2.10).
+
+    Returns ``ContainerDeviceRequest(nums, "NVIDIA", memory_mib, memory_percent,
+    cores_percent)``; memory is multiplied by ``memory_factor``. A percentage above 100
+    is clamped to 100 and one of 0 or below counts as unset (field cases B09, B10), so
+    that a container never books 0 MiB by accident.
+
+    Raises:
+        RequestError: a value is not an integer, is negative, or overflows int32.
+    """
+    cname = container.get("name", "?")
+    nums = int_value(container, config.resource_count_name)
+    if nums is None or nums == 0:
+        return None
+    if nums < 0 or nums > INT32_MAX:
+        raise RequestError(f"{config.resource_count_name} of container {cname} must be "
+                           f"between 1 and {INT32_MAX}, got {nums}")
+    factor = max(config.memory_factor, 1)
+    memory = int_value(container, config.resource_memory_name) or 0
+    if memory < 0 or memory > INT32_MAX // factor:
+        raw = resource_value(container, config.resource_memory_name)
+        hint = (f" ({raw!r} is {memory} units; {config.resource_memory_name} counts MiB, "
+                "e.g. 16384 for 16 GiB)" if isinstance(raw, str) and not raw.isdigit() else "")
+        raise RequestError(f"{config.resource_memory_name} of container {cname} must be "
+                           f"between 0 and {INT32_MAX // factor} MiB, got {memory}{hint}")
+    memory *= factor
+    percent = PERCENT_UNSET
+    raw_percent = int_value(container, config.resource_memory_percentage_name)
+    if raw_percent is not None and raw_percent > 0:
+        percent = min(raw_percent, 100)
+    if percent == PERCENT_UNSET and memory == 0:
+        if config.default_memory_mib:
+            memory = config.default_memory_mib
+        else:
+            percent = 100
+    cores = int_value(container, config.resource_core_name)
+    if cores is None:
+        cores = config.default_cores_percent
+    if cores < 0 or cores > INT32_MAX:
+        raise RequestError(f"{config.resource_core_name} of container {cname} must be "
+                           f"a non-negative percentage, got {cores}")
+    return ContainerDeviceRequest(nums=nums, memory_mib=memory, memory_percent=percent,
+                                  cores_percent=cores)
+
+
+def _append_env(container: dict[str, Any], name: str, value: str) -> None:
+    env = container.setdefault("env", [])
+    if not any(e.get("name") == name for e in env):
+        env.append({"name": name, "value": value})
+
+
+def _validate(container: Mapping[str, Any], config: NvidiaConfig) -> None:
+    """Range checks on the GPU resources of one container (raises RequestError)."""
+    cname = container.get("name", "?")
+    for rname, upper in ((config.resource_memory_percentage_name, 100),
+                         (config.resource_core_name, 100)):
+        raw = resource_value(container, rname)
+        if raw is None:
+            continue
+        try:
+            value = to_int_exact(quantity(raw))
+        except QuantityError:
+            value = None
+        if value is None or value < 0 or value > upper:
+            raise RequestError(f"invalid {rname} value {raw} in container {cname}: "
+                               f"must be an integer between 0 and {upper}")
+    container_request(container, config)
+
+
+def mutate_container(container: dict[str, Any], pod: Mapping[str, Any],
+                     config: NvidiaConfig) -> bool:
+    """HAMi's NVIDIA ``MutateAdmission`` for one container, in place (HAMi v2.10).
+
+    Returns True when the container asks for NVIDIA devices (after the count has been
+    added for a memory- or cores-only request).
+
+    Raises:
+        RequestError: a GPU value is malformed or out of range.
+        QuantityError: the memory percentage is not a quantity.
+    """
+    _validate(container, config)
+    resources = container.get("resources") or {}
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
+    if config.resource_priority_name in limits:
+        _append_env(container, names.ENV_TASK_PRIORITY,
+                    str(limits[config.resource_priority_name]))
+    if config.gpu_core_policy and config.gpu_core_policy != "default":
+        _append_env(container, names.ENV_CORE_POLICY, config.gpu_core_policy)
+    has_resource = config.resource_count_name in limits
+    extras = (config.resource_core_name, config.resource_memory_name,
+              config.resource_memory_percentage_name)
+    if not has_resource and any(r in limits for r in extras) and config.default_gpu_num > 0:
+        limits[config.resource_count_name] = config.default_gpu_num
+        resources["limits"] = limits
+        container["resources"] = resources
+        has_resource = True
+    count_given = config.resource_count_name in limits or config.resource_count_name in requests
+    cores_given = config.resource_core_name in limits or config.resource_core_name in requests
+    if count_given and not cores_given and _is_exclusive(container, config):
+        limits[config.resource_core_name] = 100
+        resources["limits"] = limits
+        container["resources"] = resources
+        has_resource = True
+    if config.overwrite_env and container_request(container, config) is None:
+        isolation.hide_gpus(container)  # ours: also for nvidia.com/gpu: 0 (HAMi: key present)
+    return has_resource
+
+
+def _is_exclusive(container: Mapping[str, Any], config: NvidiaConfig) -> bool:
+    percent = resource_value(container, config.resource_memory_percentage_name)
+    if percent is not None:
+        value = to_int_exact(quantity(percent))
+        return value == 100
+    if not config.resource_memory_name:
+        return True
+    return resource_value(container, config.resource_memory_name) is None
+
+
 class Nvidia(BaseVendor):
-    """HAMi's NVIDIA backend (CommonWord ``NVIDIA``)."""
+    """HAMi's NVIDIA backend (CommonWord ``NVIDIA``) over its settings ``config``."""
 
     common_word = names.NVIDIA
     handshake_key = names.NODE_HANDSHAKE

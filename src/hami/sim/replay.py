@@ -182,7 +182,7 @@ class _Shapes:
             result = admit(pod_manifest(pod), self.config)
             if not result.allowed:
                 raise AdmissionError(f"pod {pod.name} denied: {result.message}")
-            template = pod_request(result.pod, self.config.nvidia)
+            template = pod_request(result.pod, self.config.registry)
             self.cache[key] = template
         return dataclasses.replace(template, name=pod.name, uid=pod.name)
 
