@@ -8,6 +8,7 @@ import pytest
 
 from hami.core.config import NvidiaConfig
 from hami.core.quota import QuotaLedger
+from hami.devices.nvidia import Nvidia
 from hami.dra import translate as tr
 from hami.dra.webhook import claim_booking
 
@@ -93,7 +94,7 @@ def test_pods_with_claims_or_without_gpus_left_alone() -> None:
 
 
 def test_quota_enforced_at_admission() -> None:
-    quota = QuotaLedger(CFG)
+    quota = QuotaLedger(Nvidia(CFG).resource_names())
     quota.set_quota("team", "gpu", {"limits.nvidia.com/gpumem": 4000})
     quota.charge("team", 3000, 0)
     with pytest.raises(tr.TranslateError, match="exceeding resource quota"):

@@ -169,7 +169,7 @@ def test_booking_allocated_whole_card_counts_the_card() -> None:
 ])
 def test_namespace_quota_counts_whole_cards_and_pending_claims(
         claims: list[dict[str, Any]], limits: dict[str, Any], allowed: bool) -> None:
-    quota = QuotaLedger(make_config().nvidia)
+    quota = QuotaLedger(make_config().registry["NVIDIA"].resource_names())
     quota.set_quota("ns", "gpu", {"limits.nvidia.com/gpumem": 20000})
     client = _Client([_slice("n1", 16384, 16384), _slice("n2", 8192)], claims)
     hook, _ = _hook(client, quota)

@@ -7,12 +7,13 @@ from hami.core.config import NvidiaConfig
 from hami.core.model import DeviceInfo
 from hami.core.quota import QuotaLedger
 from hami.core.state import ClusterState
+from hami.devices.nvidia import Nvidia
 from hami.devices.registry import make_config
 from tests.builders import container, pod
 
 
 def test_limits_usage_and_updates():
-    quota = QuotaLedger(NvidiaConfig(memory_factor=2))
+    quota = QuotaLedger(Nvidia(NvidiaConfig(memory_factor=2)).resource_names())
     quota.set_quota("ns", "q", {"limits.nvidia.com/gpumem": 1000, "limits.nvidia.com/gpucores": 50,
                                 "limits.cpu": 4})
     assert quota.quota("ns").memory_limit_mib == 2000
@@ -116,7 +117,7 @@ def test_every_quota_object_of_a_namespace_applies_in_either_order():
 
 
 def test_updating_or_deleting_the_tight_quota_falls_back_to_the_others():
-    quota = QuotaLedger(NvidiaConfig(memory_factor=2))
+    quota = QuotaLedger(Nvidia(NvidiaConfig(memory_factor=2)).resource_names())
     quota.set_quota("team-a", "platform", PLATFORM)
     quota.set_quota("team-a", "tenant", TENANT)
     quota.set_quota("team-a", "extra", {"limits.nvidia.com/gpumem": 3000})

@@ -1,9 +1,11 @@
-"""Namespace GPU quota (HAMi ``pkg/device/quota.go``).
+"""Namespace quota of the GPU-share path (HAMi ``pkg/device/quota.go``).
 
-Source: HAMi v2.10. A ResourceQuota's
-``spec.hard["limits.nvidia.com/gpumem"]`` (MiB, times ``memoryFactor``) and
-``["limits.nvidia.com/gpucores"]`` (percent of one GPU, summed over GPUs) cap what the
-pods of a namespace may hold. An explicit 0 blocks every request (field case B08); only
+Source: HAMi v2.10. Vendor-neutral: the resource names are a backend's
+(:meth:`hami.core.vendor.Vendor.resource_names`; the scheduler passes the registered
+NVIDIA backend's, whose grants are ``PodRequest.containers``'). A ResourceQuota's
+``spec.hard["limits.<memory name>"]`` (e.g. ``limits.nvidia.com/gpumem``: MiB, times
+``memory_factor``) and ``["limits.<cores name>"]`` (percent of one card, summed over
+cards) cap what the pods of a namespace may hold. An explicit 0 blocks every request (field case B08); only
 an absent key means unlimited. A multi-GPU container is charged once per GPU.
 
 Several ResourceQuota objects in one namespace all apply, as in Kubernetes: the effective
@@ -17,8 +19,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hami.core.config import NvidiaConfig
+from hami.api import names
 from hami.core.quantity import QuantityError, parse_quantity, to_int_exact
+from hami.core.vendor import ResourceNames
+
+#: HAMi's default NVIDIA names (``nvidia.com/gpumem``, ``nvidia.com/gpucores``).
+DEFAULT_RESOURCES = ResourceNames(names.RESOURCE_COUNT, names.RESOURCE_MEMORY,
+                                  names.RESOURCE_CORES)
 
 
 @dataclass(slots=True)
@@ -35,11 +42,12 @@ class QuotaLedger:
     """GPU memory and core quota per namespace, with usage kept incrementally.
 
     Limits come from ResourceQuota objects (:meth:`set_quota` / :meth:`remove_quota`),
-    usage from placed pods (:meth:`charge` / :meth:`release`).
+    usage from placed pods (:meth:`charge` / :meth:`release`). ``resources`` names the
+    memory and cores resources and the memory factor (:data:`DEFAULT_RESOURCES` for None).
     """
 
-    def __init__(self, config: NvidiaConfig | None = None) -> None:
-        self._config = config or NvidiaConfig()
+    def __init__(self, resources: ResourceNames | None = None) -> None:
+        self._resources = resources or DEFAULT_RESOURCES
         self._namespaces: dict[str, NamespaceQuota] = {}
         self._sources: dict[tuple[str, str], tuple[int | None, int | None]] = {}
 
@@ -54,10 +62,10 @@ class QuotaLedger:
         are values that are not exact integers (HAMi does the same). The namespace's
         effective limit per resource is then the smallest over all its quota objects.
         """
-        mem = _limit(hard, "limits." + self._config.resource_memory_name)
-        cores = _limit(hard, "limits." + self._config.resource_core_name)
-        if mem is not None and self._config.memory_factor > 1:
-            mem *= self._config.memory_factor
+        mem = _limit(hard, "limits." + self._resources.memory)
+        cores = _limit(hard, "limits." + self._resources.cores)
+        if mem is not None and self._resources.memory_factor > 1:
+            mem *= self._resources.memory_factor
         self._sources[(namespace, name)] = (mem, cores)
         self._recompute(namespace)
 
@@ -112,9 +120,9 @@ class QuotaLedger:
         parts = []
         for pos, limit, used, key, unit in (
                 (0, ns.memory_limit_mib, ns.memory_used_mib,
-                 self._config.resource_memory_name, " MiB"),
+                 self._resources.memory, " MiB"),
                 (1, ns.cores_limit_percent, ns.cores_used_percent,
-                 self._config.resource_core_name, "%")):
+                 self._resources.cores, "%")):
             if limit is None:
                 continue
             owner = min(name for (q_ns, name), lim in self._sources.items()

@@ -54,7 +54,8 @@ class ClusterState:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.ledger = UsageLedger()
-        self.quota = QuotaLedger(self.config.nvidia)
+        gpu = self.config.registry.get(names.NVIDIA)
+        self.quota = QuotaLedger(gpu.resource_names() if gpu is not None else None)
         #: The registered vendors other than NVIDIA (CommonWord -> backend).
         self.vendors = self.config.vendors()
         #: Their namespace quota (HAMi v2.10); None when only NVIDIA is registered.

@@ -24,6 +24,7 @@ from typing import Any
 
 import jsonpatch
 
+from hami.api import names
 from hami.core import isolation
 from hami.core.config import SchedulerConfig
 from hami.core.quantity import QuantityError, to_int_exact
@@ -132,7 +133,7 @@ class DraWebhook:
         from lightkube.resources.resource_v1 import ResourceClaim
 
         limits = self.quota.quota(namespace)
-        ledger = QuotaLedger(self.config.nvidia)
+        ledger = QuotaLedger(self.config.registry[names.NVIDIA].resource_names())
         hard = {}
         if limits.memory_limit_mib is not None:
             hard[f"limits.{self.config.nvidia.resource_memory_name}"] = limits.memory_limit_mib
