@@ -89,8 +89,10 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         cp.stop()
 
 
-def _admit(cp: ControlPlane, pod: dict[str, Any]) -> dict[str, Any]:
-    """Send the pod through the DRA webhook and apply its patch; returns the pod to create."""
+def _admit(cp: ControlPlane, pod: dict[str, Any], scheduler_name: str = "") -> dict[str, Any]:
+    """Send the pod through the DRA webhook and apply its patch; returns the pod to create.
+    ``scheduler_name``: the webhook's (``--scheduler-name``); "" leaves the pod to the
+    default scheduler."""
     review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
               "request": {"uid": "u", "kind": {"kind": "Pod"}, "operation": "CREATE",
                           "object": pod}}
@@ -98,7 +100,8 @@ def _admit(cp: ControlPlane, pod: dict[str, Any]) -> dict[str, Any]:
     async def run() -> dict[str, Any]:
         client = cp.async_client()
         try:
-            hook = DraWebhook(client, SchedulerConfig(), lambda b: {"response": {"allowed": True}})
+            hook = DraWebhook(client, SchedulerConfig(scheduler_name=scheduler_name),
+                              lambda b: {"response": {"allowed": True}})
             return await hook(json.dumps(review).encode())
         finally:
             await client.close()
@@ -118,10 +121,10 @@ def _gpu_pod(name: str, limits: dict[str, Any], annotations: dict[str, str] | No
                                      "resources": {"limits": limits}}]}}
 
 
-def _create(bed: dict[str, Any], pod: dict[str, Any]) -> None:
+def _create(bed: dict[str, Any], pod: dict[str, Any], scheduler_name: str = "") -> None:
     from lightkube import codecs
 
-    bed["client"].create(codecs.from_dict(_admit(bed["cp"], pod)))
+    bed["client"].create(codecs.from_dict(_admit(bed["cp"], pod, scheduler_name)))
 
 
 def _claims(client: Any) -> list[dict[str, Any]]:
@@ -378,9 +381,9 @@ def test_prioritize_verb_binpacks_nodes(bed: dict[str, Any], tmp_path: Path) -> 
     try:
         nodes = []
         for i in range(6):
+            # the webhook sends the pod to the profile with the prioritize verb
             pod = _gpu_pod(f"prio-{i}", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 8192})
-            pod["spec"]["schedulerName"] = "dra-prio"
-            _create(bed, pod)
+            _create(bed, pod, scheduler_name="dra-prio")
             nodes.append(_wait(lambda n=f"prio-{i}": client.get(Pod, n, namespace=NS).spec.nodeName,
                                what=f"prio-{i} bound"))
         assert len(set(nodes)) == 1, nodes  # 6 x 8 GiB fit on one node's 4 x 16 GiB cards
