@@ -166,7 +166,7 @@ API_MODULES = {"hami.kube": ("Kube",), "hami.deviceplugin.kube": ("KubeApi", "No
                "hami.dra.cache": ("DraObjects",), "hami.dra.webhook": ("DraWebhook",),
                "hami.dra.prioritize": ("DraPrioritizer",)}
 OUTSIDE_CHART = {"hami.top": "hami top runs with the user's kubeconfig (list nodes, pods, "
-                             "resourcequotas, resourceclaims)",
+                             "resourcequotas, resourceslices, resourceclaims)",
                  "hami.kubehttp": "builds the API layer's HTTP transports (keepalive, watch "
                                   "idle deadline); makes no request itself"}
 

@@ -9,16 +9,16 @@ from typing import Any
 import pytest
 
 from tests.deploy.chart import (
+    CHART,
     CI_VALUES,
+    KUBE_VERSION,
     NAMESPACE,
+    RELEASE,
     container,
     find,
     helm,
     render,
     scheduler_config,
-    CHART,
-    RELEASE,
-    KUBE_VERSION,
 )
 
 pytestmark = pytest.mark.usefixtures("require_helm")

@@ -11,6 +11,8 @@ import asyncio
 import base64
 import json
 import random
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -320,6 +322,37 @@ def test_deletion_frees_capacity(bed: dict[str, Any]) -> None:
     _delete_all(client)
 
 
+def test_hami_top_shows_dra_claims_per_card(bed: dict[str, Any]) -> None:
+    """`hami top -o json` against the real cluster: the card kube-scheduler put two pods
+    on shows what their claims consume, and the pods (from reservedFor)."""
+    from lightkube.resources.core_v1 import Pod
+
+    client = bed["client"]
+    pin = {"nvidia.com/use-gpuuuid": "GPU-dra-2-3"}
+    _create(bed, _gpu_pod("top-1", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000,
+                                    "nvidia.com/gpucores": 20}, pin))
+    _create(bed, _gpu_pod("top-2", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000,
+                                    "nvidia.com/gpucores": 10}, pin))
+    for name in ("top-1", "top-2"):
+        _wait(lambda n=name: client.get(Pod, n, namespace=NS).spec.nodeName, what=f"{name} bound")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "hami.cli", "top", "-o", "json",
+                               "--kubeconfig", str(bed["cp"].kubeconfig), "--node", "dra-2"],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 0, proc.stderr
+        (node,) = json.loads(proc.stdout)["nodes"]
+        assert node["name"] == "dra-2" and node["mode"] == "dra" and node["gpus"] == CARDS
+        card = next(d for d in node["devices"] if d["uuid"] == "GPU-dra-2-3")
+        assert card["memory_mib"] == {"used": 5000, "total": CARD_MIB}
+        assert card["cores"] == {"used": 30, "total": 100}
+        assert card["tasks"] == {"used": 2, "total": SPLIT}
+        assert sorted((p["name"], p["memory_mib"], p["cores"]) for p in card["pods"]) == [
+            ("top-1", 3000, 20), ("top-2", 2000, 10)]
+        assert node["memory_mib"]["used"] == 5000 and node["pods"] == 2
+    finally:
+        _delete_all(client)
+
+
 def test_node_prepare_over_grpc_writes_cdi_limits(bed: dict[str, Any], tmp_path: Path) -> None:
     from lightkube.resources.core_v1 import Pod
 
@@ -451,8 +484,6 @@ def test_dra_plugin_command_registers_publishes_and_prepares(bed: dict[str, Any]
     on its node, and exits 0 on SIGTERM."""
     import os
     import signal
-    import subprocess
-    import sys
 
     from lightkube.resources.resource_v1 import ResourceSlice
 
