@@ -120,8 +120,9 @@ CALLS: dict[str, tuple[Call, ...]] = {
         # NodePrepareResources: the claim's allocation; the owner record: its pods
         Call("get", "resourceclaims", _DRA, where=(f"{_AGENT}.get_claim",)),
         Call("get", "pods", where=(f"{_AGENT}.get_pod",)),
-        # the Node's UID (the slice's owner)
-        Call("get", "nodes", where=("hami.dra.node:SlicePublisher.sync",)),
+        # the Node: its UID (the slice's owner) and its hami.io/device-cordon
+        Call("get", "nodes", where=("hami.dra.node:SlicePublisher.sync",
+                                    "hami.dra.node:SlicePublisher.cordoned")),
         # the monitor: the pods of its node (fieldSelector spec.nodeName)
         Call("list", "pods", when="dra-monitor", where=(f"{_NODE}.pods_on_node",)),
     ),

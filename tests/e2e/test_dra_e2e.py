@@ -322,6 +322,63 @@ def test_deletion_frees_capacity(bed: dict[str, Any]) -> None:
     _delete_all(client)
 
 
+def test_device_cordon_taints_the_card_in_the_slice(bed: dict[str, Any], tmp_path: Path) -> None:
+    """HAMi's device cordon (`hami.io/device-cordon` on the Node, a comma list of UUIDs)
+    taints the card in the ResourceSlice as an unhealthy card is (NoSchedule, value
+    `cordoned`): kube-scheduler no longer allocates it; uncordoning lifts the taint and
+    the waiting pod is placed on the card."""
+    import threading
+
+    from lightkube.resources.core_v1 import Node, Pod
+    from lightkube.resources.resource_v1 import ResourceSlice
+
+    client = bed["client"]
+    name = "dra-cordon"
+    create_gpu_node(client, name, gpus=0)
+    inv = tmp_path / "cordon.yaml"
+    inv.write_text(json.dumps({"gpus": [{"model": "Tesla T4", "memory_mib": 1024, "count": 2,
+                                         "uuids": ["GPU-cordon-0", "GPU-cordon-1"]}]}))
+    agent = DraAgent(name, FakeBackend(inv), PluginConfig(), client)
+    stop = threading.Event()
+    loop = threading.Thread(target=agent.publish_loop, args=(stop, 0.5), daemon=True)
+    loop.start()
+
+    def taints() -> dict[str, Any] | None:
+        try:
+            s = client.get(ResourceSlice, f"{name}-gpu.hami.io").to_dict()
+        except Exception:  # noqa: BLE001 - not published yet
+            return None
+        return {d["name"]: d.get("taints") for d in s["spec"]["devices"]}
+
+    try:
+        _wait(lambda: taints() == {"gpu-0": None, "gpu-1": None}, what="slice published")
+        client.patch(Node, name, {"metadata": {"annotations": {
+            "hami.io/device-cordon": " GPU-cordon-1 ,"}}})
+        devs = _wait(lambda: (t := taints()) and t["gpu-1"] and t, timeout_s=30,
+                     what="gpu-1 tainted")
+        assert devs["gpu-0"] is None
+        assert [(t["key"], t["value"], t["effect"]) for t in devs["gpu-1"]] == [
+            ("gpu.hami.io/unhealthy", "cordoned", "NoSchedule")]
+        _create(bed, _gpu_pod("on-cordoned", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 100},
+                              {"nvidia.com/use-gpuuuid": "GPU-cordon-1"}))
+        _wait(lambda: [c for c in client.get(Pod, "on-cordoned", namespace=NS).status.conditions
+                       or [] if c.reason == "Unschedulable"
+                       and "cannot allocate all claims" in c.message],
+              what="pod on the cordoned card unschedulable")
+        client.patch(Node, name, {"metadata": {"annotations": {"hami.io/device-cordon": None}}})
+        _wait(lambda: taints() == {"gpu-0": None, "gpu-1": None}, timeout_s=30,
+              what="taint lifted")
+        _wait(lambda: client.get(Pod, "on-cordoned", namespace=NS).spec.nodeName == name,
+              timeout_s=120, what="pod placed on the uncordoned card")
+    finally:
+        stop.set()
+        agent.kick.set()
+        loop.join(timeout=10)
+        _delete_all(client)
+        client.delete(ResourceSlice, f"{name}-gpu.hami.io")
+        client.delete(Node, name)
+
+
 def test_hami_top_shows_dra_claims_per_card(bed: dict[str, Any]) -> None:
     """`hami top -o json` against the real cluster: the card kube-scheduler put two pods
     on shows what their claims consume, and the pods (from reservedFor)."""
