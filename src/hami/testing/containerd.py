@@ -91,10 +91,9 @@ def find_containerd(bin_dir: Path | None = None) -> Containerd:
         OSError: it cannot be run (absent from ``PATH``: check
             :func:`hami.testing.nodeprereq.missing_prerequisites` first).
     """
-    chosen: Path | None = bin_dir or default_containerd_dir()
-    if os.environ.get("HAMI_CONTAINERD") == "system" or not all(
-            os.access(chosen / b, os.X_OK) for b in BINARIES):  # type: ignore[operator]
-        chosen = None
+    built = bin_dir or default_containerd_dir()
+    chosen = built if os.environ.get("HAMI_CONTAINERD") != "system" and all(
+        os.access(built / b, os.X_OK) for b in BINARIES) else None
     exe = str(chosen / "containerd") if chosen is not None else shutil.which("containerd")
     if exe is None:
         raise FileNotFoundError("containerd is neither built (hack/containerd/build.sh) "

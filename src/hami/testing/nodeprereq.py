@@ -110,7 +110,7 @@ def kill_cgroup_tasks(root: str) -> None:
     """SIGKILL every process in the cgroups under ``root`` until none is left (2 s at
     most)."""
     for _ in range(20):
-        pids = set()
+        pids: set[int] = set()
         for d in cgroup_dirs(root):
             with contextlib.suppress(OSError):
                 pids.update(int(x) for x in (d / "cgroup.procs").read_text().split())
