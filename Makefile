@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup simulate test lint native k8s helm cluster e2e images clean
+.PHONY: setup simulate test lint native k8s containerd helm cluster e2e images clean
 
 # Two stamps: `make simulate` needs hami and its runtime packages only; `make setup` (and
 # everything that tests) adds the developer tools. pip prints what it installs.
@@ -31,16 +31,20 @@ native:
 k8s:
 	hack/k8s/build.sh
 
+# containerd 2.x (CDI) for the real node; built once per version, like k8s.
+containerd:
+	hack/containerd/build.sh
+
 helm:
 	hack/helm/build.sh
 
-# `make cluster NODE=real`: a real node (kubelet, containerd, runc) running hami's device
+# `make cluster NODE=real`: a real node (kubelet, containerd 2.x, runc) running hami's device
 # plugin, monitor and libvgpu, with hami's scheduler and webhook (root, cgroup v1 and
-# Debian's containerd runc containernetworking-plugins umoci skopeo busybox-static).
+# Debian's runc containernetworking-plugins umoci skopeo busybox-static).
 NODE ?= api
 cluster: setup k8s
 ifeq ($(NODE),real)
-	$(MAKE) native
+	$(MAKE) native containerd
 	$(BIN)/python -m hami.testing.gpubed up
 else
 	$(BIN)/python -m hami.testing.controlplane up --gpu-node gpu-0
@@ -54,7 +58,7 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: setup native k8s helm lint
+test: setup native k8s containerd helm lint
 	HAMI_E2E_REQUIRED=1 HAMI_DEPLOY_REQUIRED=1 HAMI_NODE_REQUIRED=1 $(BIN)/pytest
 
 # Image names: [<REGISTRY>/]hami/hami-scheduler:<TAG> and [<REGISTRY>/]hami/hami-device-plugin:<TAG>,

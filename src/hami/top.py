@@ -1,5 +1,8 @@
 """``hami top``: nodes and GPUs with what is allocated on them, for people.
 
+DRA mode's nodes come from the ResourceSlices and the claims' allocations instead
+(:mod:`hami.dra.usage`).
+
 The view is computed by the pure core exactly as the scheduler computes usage: every Node
 goes through :meth:`ClusterState.upsert_node` (the ``hami.io/node-nvidia-register``
 annotation), every Pod through :meth:`ClusterState.upsert_pod` (HAMi's membership rules
@@ -42,15 +45,20 @@ def _pct(used: int, total: int) -> float:
 
 def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
                  quotas: Iterable[Mapping[str, Any]] = (),
-                 config: SchedulerConfig | None = None) -> dict[str, Any]:
+                 config: SchedulerConfig | None = None, *,
+                 slices: Iterable[Mapping[str, Any]] = (),
+                 claims: Iterable[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """Build the ``hami top`` view from plain Kubernetes objects (dicts as the API sends).
 
     Returns a JSON-ready dict: ``nodes`` (registered nodes with per-GPU capacity, usage
-    and pods), ``unregistered`` (nodes without a usable register annotation, with the
-    scheduler's reason; nodes that never ran the device plugin are left out),
-    ``unplaced`` (pods that carry hami annotations the scheduler would not count, with
-    why) and ``quotas`` (namespaces with a GPU quota or GPU usage).
+    and pods; DRA mode's nodes, from ``slices`` and the allocations of ``claims``, with
+    ``"mode": "dra"``, their cards with mode ``dra`` and each card's claims:
+    :func:`hami.dra.usage.dra_nodes`), ``unregistered`` (nodes without a usable register
+    annotation, with the scheduler's reason; nodes that never ran the device plugin are
+    left out), ``unplaced`` (pods that carry hami annotations the scheduler would not
+    count, with why) and ``quotas`` (namespaces with a GPU quota or GPU usage).
     """
+    from hami.dra.usage import dra_nodes
     from hami.offline import user_reason
 
     state = ClusterState(config or make_config())
@@ -130,6 +138,7 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
             "lock": lock,
             "devices": devices,
         })
+    out_nodes = sorted([*out_nodes, *dra_nodes(slices, claims)], key=lambda n: n["name"])
     quotas_out = []
     for ns, q in sorted(state.quota.namespaces().items()):
         if (q.memory_limit_mib is None and q.cores_limit_percent is None
@@ -233,6 +242,36 @@ def list_objects(client: Any, namespace: str | None = None) -> tuple[list[dict[s
     return nodes, pods, quotas
 
 
+def list_dra_objects(client: Any, namespace: str | None = None
+                     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """ResourceSlices and ResourceClaims (DRA mode) as plain dicts (lightkube).
+
+    Claims of every namespace (a card's usage counts every claim on it); only when that
+    is forbidden (403) those of ``namespace``. A cluster without the ``resource.k8s.io/v1``
+    API (404) or a caller who may not list a kind (403) gets empty lists.
+    """
+    from lightkube import ApiError
+    from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
+    try:
+        slices = [s.to_dict() for s in client.list(ResourceSlice)]
+    except ApiError as err:
+        if err.status.code not in (403, 404):
+            raise
+        return [], []
+    if not slices:
+        return [], []
+    try:
+        claims = [c.to_dict() for c in client.list(ResourceClaim, namespace="*")]
+    except ApiError as err:
+        if err.status.code not in (403, 404):
+            raise
+        claims = []
+        if err.status.code == 403 and namespace:
+            claims = [c.to_dict() for c in client.list(ResourceClaim, namespace=namespace)]
+    return slices, claims
+
+
 def narrow(view: dict[str, Any], namespace: str | None, wanted_nodes: list[str] | None,
            all_nodes: list[str]) -> dict[str, Any]:
     """The view restricted for ``-n`` and ``--node``: usage figures stay the whole
@@ -289,13 +328,14 @@ def top(
         kc = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
         client = Client(kc.get(context_name=context) if context else kc, trust_env=False)
         nodes, pods, quotas = list_objects(client, namespace)
+        slices, claims = list_dra_objects(client, namespace)
     except (ApiError, HamiConfigError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
     except Exception as exc:  # kubeconfig, transport errors (refused, TLS, DNS), files
         typer.echo(f"error: {kube_hint(exc) or exc}", err=True)
         raise typer.Exit(2) from None
-    view = cluster_view(nodes, pods, quotas, config)
+    view = cluster_view(nodes, pods, quotas, config, slices=slices, claims=claims)
     try:
         view = narrow(view, namespace, node,
                       [str(_meta(n).get("name") or "") for n in nodes])

@@ -20,6 +20,7 @@ from typing import Any
 
 #: Components (one ServiceAccount each in the chart).
 SCHEDULER, DEVICE_PLUGIN, KUBE_SCHEDULER = "hami-scheduler", "hami-device-plugin", "kube-scheduler"
+DRA_PLUGIN = "hami-dra-plugin"
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class Call:
 
 _KUBE = "hami.kube:Kube"
 _NODE = "hami.deviceplugin.kube:KubeApi"
+_DRA = "resource.k8s.io"
+_AGENT = "hami.dra.node:DraAgent"
 
 CALLS: dict[str, tuple[Call, ...]] = {
     # hami scheduler (extender, webhook) and its certgen init step
@@ -74,6 +77,18 @@ CALLS: dict[str, tuple[Call, ...]] = {
              name="webhook", when="certgen-webhook", where=("hami.certgen:patch_ca_bundle",)),
         Call("patch", "mutatingwebhookconfigurations", "admissionregistration.k8s.io",
              name="webhook", when="certgen-webhook", where=("hami.certgen:patch_ca_bundle",)),
+        # DRA mode (--dra-mode): the webhook's templates; the watched slices and claims
+        # (/prioritize, quota, card sizes) and the listings before the watch has synced
+        Call("create", "resourceclaimtemplates", _DRA, when="dra",
+             where=("hami.dra.webhook:DraWebhook._ensure",)),
+        Call("list", "resourceslices", _DRA, when="dra",
+             where=("hami.dra.cache:DraObjects._run", "hami.dra.webhook:DraWebhook._card_sizes_mib",
+                    "hami.dra.prioritize:DraPrioritizer.__call__")),
+        Call("watch", "resourceslices", _DRA, when="dra", where=("hami.dra.cache:DraObjects._run",)),
+        Call("list", "resourceclaims", _DRA, when="dra",
+             where=("hami.dra.cache:DraObjects._run", "hami.dra.webhook:DraWebhook._namespace_ledger",
+                    "hami.dra.prioritize:DraPrioritizer.__call__")),
+        Call("watch", "resourceclaims", _DRA, when="dra", where=("hami.dra.cache:DraObjects._run",)),
     ),
     # device plugin and monitor
     DEVICE_PLUGIN: (
@@ -94,6 +109,22 @@ CALLS: dict[str, tuple[Call, ...]] = {
         Call("watch", "pods", where=(f"{_NODE}.start_pod_watch",
                                      "hami.deviceplugin.kube:PodWatch.run")),
         Call("patch", "pods", where=(f"{_NODE}.patch_pod_annotations",)),
+    ),
+    # DRA mode's node agent (hami dra-plugin) and its monitor
+    DRA_PLUGIN: (
+        # SlicePublisher.sync: the node's slice, created or replaced when it changed
+        Call("get", "resourceslices", _DRA, where=("hami.dra.node:SlicePublisher.sync",
+                                                   f"{_AGENT}.publish_loop")),
+        Call("create", "resourceslices", _DRA, where=("hami.dra.node:SlicePublisher.sync",)),
+        Call("update", "resourceslices", _DRA, where=("hami.dra.node:SlicePublisher.sync",)),
+        # NodePrepareResources: the claim's allocation; the owner record: its pods
+        Call("get", "resourceclaims", _DRA, where=(f"{_AGENT}.get_claim",)),
+        Call("get", "pods", where=(f"{_AGENT}.get_pod",)),
+        # the Node: its UID (the slice's owner) and its hami.io/device-cordon
+        Call("get", "nodes", where=("hami.dra.node:SlicePublisher.sync",
+                                    "hami.dra.node:SlicePublisher.cordoned")),
+        # the monitor: the pods of its node (fieldSelector spec.nodeName)
+        Call("list", "pods", when="dra-monitor", where=(f"{_NODE}.pods_on_node",)),
     ),
     # kube-scheduler: its leader Lease, which the built-in system:kube-scheduler role does
     # not cover by name (that role grants the rest, including the Lease's create).
@@ -117,25 +148,28 @@ NOT_IN_CHART = {
     "hami.deviceplugin.kube:NodeWatch.offer": "no request: the watched copy",
     "hami.deviceplugin.kube:PodWatch.pods": "no request: the watched copy",
     "hami.deviceplugin.kube:PodWatch.offer": "no request: the watched copy",
+    f"{_AGENT}.devices": "no request: discovery",
+    f"{_AGENT}.uuids": "no request: discovery",
+    f"{_AGENT}.health_loop": "no request: NVML health events",
+    "hami.dra.cache:DraObjects.shared": "no request: starts the watches (_run)",
+    "hami.dra.cache:DraObjects.start": "no request: starts the watches (_run)",
+    "hami.dra.cache:DraObjects.stop": "no request",
+    "hami.dra.cache:DraObjects.apply": "no request: the watched copy",
+    "hami.dra.cache:DraObjects.memory_use": "no request: the watched copy",
+    "hami.dra.cache:DraObjects.claims_in": "no request: the watched copy",
+    "hami.dra.cache:DraObjects.card_sizes_mib": "no request: the watched copy",
 }
 
 #: The API layer: the only modules that import lightkube (besides ``hami top``, which runs
 #: with the user's own kubeconfig, and the test helpers).
 API_MODULES = {"hami.kube": ("Kube",), "hami.deviceplugin.kube": ("KubeApi", "NodeWatch", "PodWatch"),
-               "hami.certgen": ()}
+               "hami.certgen": (), "hami.dra.node": ("SlicePublisher", "DraAgent"),
+               "hami.dra.cache": ("DraObjects",), "hami.dra.webhook": ("DraWebhook",),
+               "hami.dra.prioritize": ("DraPrioritizer",)}
 OUTSIDE_CHART = {"hami.top": "hami top runs with the user's kubeconfig (list nodes, pods, "
-                             "resourcequotas)",
+                             "resourcequotas, resourceslices, resourceclaims)",
                  "hami.kubehttp": "builds the API layer's HTTP transports (keepalive, watch "
-                                  "idle deadline); makes no request itself",
-                 # DRA mode has no chart yet; docs/dra.md lists the permissions it needs
-                 "hami.dra.node": "DRA mode's node agent (ResourceSlices, claims): not in the "
-                                  "chart yet",
-                 "hami.dra.prioritize": "DRA mode's prioritize verb (slices and claims, watched): "
-                                        "not in the chart yet",
-                 "hami.dra.webhook": "DRA mode's webhook (ResourceClaimTemplates, quota): not "
-                                     "in the chart yet",
-                 "hami.dra.cache": "DRA mode's watched slices and claims (list/watch) for "
-                                   "/prioritize and the webhook: not in the chart yet"}
+                                  "idle deadline); makes no request itself"}
 
 
 def chart_names(objs: Sequence[Mapping[str, Any]]) -> dict[str, str]:
@@ -161,6 +195,11 @@ def chart_settings(objs: Sequence[Mapping[str, Any]]) -> set[str]:
     if "--leader-elect" in extender:
         assert "--leader-elect-follow" in extender, "the table assumes the follow mode"
         out.add("leaderElect")
+    if "--dra-mode" in extender:
+        out.add("dra")
+    if any(c["name"] == "vgpu-monitor" for c in _pod_containers(objs, "DaemonSet",
+                                                                "hami-dra-plugin")):
+        out.add("dra-monitor")
     certgen = _args(objs, "certgen", init=True)
     if certgen:
         out.add("certgen")
@@ -183,4 +222,14 @@ def _args(objs: Sequence[Mapping[str, Any]], container: str, *, init: bool = Fal
         for c in spec.get("initContainers" if init else "containers") or []:
             if c["name"] == container:
                 return [str(a) for a in c.get("args") or []]
+    return []
+
+
+def _pod_containers(objs: Sequence[Mapping[str, Any]], kind: str,
+                    component: str) -> list[Mapping[str, Any]]:
+    """The containers of the ``kind`` object of ``component`` (its component label)."""
+    for obj in objs:
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        if obj["kind"] == kind and labels.get("app.kubernetes.io/component") == component:
+            return list(obj["spec"]["template"]["spec"].get("containers") or [])
     return []

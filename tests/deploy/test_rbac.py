@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.deploy import api_calls
-from tests.deploy.api_calls import DEVICE_PLUGIN, KUBE_SCHEDULER, SCHEDULER, Call
+from tests.deploy.api_calls import DEVICE_PLUGIN, DRA_PLUGIN, KUBE_SCHEDULER, SCHEDULER, Call
 from tests.deploy.chart import (
     CI_VALUES,
     NAMESPACE,
@@ -31,9 +31,12 @@ CASES: dict[str, tuple[dict[str, Any] | None, list[Path]]] = {
     "minimal": (None, [CI_VALUES / "minimal-values.yaml"]),
     "own-kube-scheduler": ({"scheduler": {"kubeScheduler": {"enabled": False}}}, []),
     "no-webhook": ({"scheduler": {"admissionWebhook": {"enabled": False}}}, []),
+    "dra": ({"dra": {"enabled": True}}, []),
+    "dra-only-no-monitor": ({"dra": {"enabled": True, "monitor": {"enabled": False}},
+                             "devicePlugin": {"enabled": False}}, []),
 }
 ACCOUNTS = {SCHEDULER: "hami-scheduler", DEVICE_PLUGIN: "hami-device-plugin",
-            KUBE_SCHEDULER: "hami-kube-scheduler"}
+            KUBE_SCHEDULER: "hami-kube-scheduler", DRA_PLUGIN: "hami-dra-plugin"}
 
 pytestmark = pytest.mark.usefixtures("require_helm")
 
@@ -130,7 +133,7 @@ def test_accounts_and_their_built_in_roles(case: tuple[str, list[dict[str, Any]]
     """Issue 12 §6: the extender's account was bound to system:kube-scheduler, which
     deletes pods; kube-scheduler now runs under its own account."""
     label, objs = case
-    for account in (ACCOUNTS[SCHEDULER], ACCOUNTS[DEVICE_PLUGIN]):
+    for account in (ACCOUNTS[SCHEDULER], ACCOUNTS[DEVICE_PLUGIN], ACCOUNTS[DRA_PLUGIN]):
         _, builtin = grants(objs, account)
         assert builtin == [], (label, account, builtin)
     for obj in objs:

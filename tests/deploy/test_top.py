@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
-from hami.top import cluster_view, render_table
+from hami.top import cluster_view, narrow, render_table
 from tests.deploy.top_cluster import EXPECTED, objects
 
 
@@ -33,3 +34,83 @@ def test_table_shows_nodes_gpus_pods_and_problems() -> None:
     assert "10000/32768 (30%)" in node_row and "2026-01-01T00:00:00Z,team-a,train-0" in node_row
     assert "no gpu found on node" in text and "phase Succeeded" in text
     assert "10000/20000" in text  # team-a quota
+
+
+def _slice(node: str, cards: int, *, mem_mib: int = 16384, taint: str = "") -> dict[str, Any]:
+    from hami.core.model import DeviceInfo
+    from hami.dra.slices import resource_slice
+
+    devs = [DeviceInfo(uuid=f"GPU-{node}-{i}", index=i, split_count=10, memory_mib=mem_mib,
+                       cores_percent=100, type="NVIDIA-Tesla T4")
+            for i in range(cards)]
+    return resource_slice(node, devs, cordoned=frozenset(
+        {f"GPU-{node}-1"} if taint == "cordoned" else set()))
+
+
+def _claim(ns: str, name: str, results: list[tuple[str, str, int, int]],
+           pods: tuple[str, ...] = (), driver: str = "gpu.hami.io") -> dict[str, Any]:
+    """``results``: (node, device, memory MiB, cores) consumed."""
+    status: dict[str, Any] = {}
+    if results:
+        status["allocation"] = {"devices": {"results": [
+            {"request": "gpu", "driver": driver, "pool": node, "device": dev,
+             "shareID": f"s{k}", "consumedCapacity": {
+                 "memory": f"{mem}Mi", "cores": str(cores), "shares": "1"}}
+            for k, (node, dev, mem, cores) in enumerate(results)]}}
+    if pods:
+        status["reservedFor"] = [{"resource": "pods", "name": p, "uid": f"u-{p}"} for p in pods]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"namespace": ns, "name": name}, "spec": {}, "status": status}
+
+
+def test_dra_claims_show_per_card() -> None:
+    """Issue 18: `hami top` read node and pod annotations only, so DRA allocations (in the
+    ResourceClaims' status) were invisible. Each card of a DRA node now sums the
+    consumedCapacity of the claims allocated on it and lists them with their pods."""
+    nodes, pods, quotas = objects()
+    slices = [_slice("dra-a", 2), _slice("dra-b", 2, mem_mib=40960, taint="cordoned"),
+              {"spec": {"driver": "other.example.com", "nodeName": "x", "devices": []}}]
+    claims = [
+        _claim("team-a", "infer-gpu-0-abc", [("dra-a", "gpu-0", 3000, 20)], ("infer",)),
+        _claim("team-b", "train-gpu-0-def", [("dra-a", "gpu-0", 5000, 30),
+                                             ("dra-a", "gpu-1", 5000, 30)], ("train",)),
+        _claim("team-b", "shared", [("dra-b", "gpu-0", 40960, 0)], ("p1", "p2")),
+        _claim("team-b", "waiting", [("dra-b", "gpu-0", 1000, 0)]),  # not reserved yet
+        _claim("team-b", "pending", []),                              # not allocated
+        _claim("team-c", "foreign", [("dra-a", "gpu-0", 9999, 99)], ("x",),
+               driver="other.example.com"),
+        _claim("team-c", "gone", [("dra-a", "gpu-7", 1234, 1)], ("y",)),  # no such card
+    ]
+    view = cluster_view(nodes, pods, quotas, slices=slices, claims=claims)
+    by_name = {n["name"]: n for n in view["nodes"]}
+    assert [n["name"] for n in view["nodes"]] == sorted(by_name)
+    assert "top-a" in by_name  # extender-mode nodes stay
+    a = by_name["dra-a"]
+    assert a["mode"] == "dra" and a["gpus"] == 2 and a["pods"] == 2
+    assert a["memory_mib"] == {"used": 13000, "total": 32768}
+    assert a["cores"] == {"used": 80, "total": 200} and a["tasks"] == {"used": 3, "total": 20}
+    g0 = a["devices"][0]
+    assert (g0["uuid"], g0["index"], g0["mode"], g0["type"]) == (
+        "GPU-dra-a-0", 0, "dra", "NVIDIA-Tesla T4")
+    assert g0["memory_mib"] == {"used": 8000, "total": 16384}
+    assert g0["pods"] == [
+        {"namespace": "team-a", "name": "infer", "claim": "infer-gpu-0-abc",
+         "memory_mib": 3000, "cores": 20, "slots": 1},
+        {"namespace": "team-b", "name": "train", "claim": "train-gpu-0-def",
+         "memory_mib": 5000, "cores": 30, "slots": 1}]
+    b = by_name["dra-b"]
+    assert b["devices"][0]["memory_mib"]["used"] == 41960
+    assert [p["name"] for p in b["devices"][0]["pods"]] == ["p1,p2", "waiting"]
+    assert b["devices"][1]["cordoned"] and b["devices"][1]["health"]
+    assert b["pods"] == 2 and "x" not in {n["name"] for n in view["nodes"]}
+    # -n narrows the pods listed, not the usage
+    narrowed = narrow(json.loads(json.dumps(view)), "team-a", ["dra-a"], ["dra-a"])
+    (only,) = narrowed["nodes"]
+    assert [p["name"] for p in only["devices"][0]["pods"]] == ["infer"]
+    assert only["devices"][0]["memory_mib"]["used"] == 8000
+    text = render_table(view, width=220)
+    row = next(line for line in text.splitlines() if "GPU-dra-a-0" in line)
+    for cell in ("8000/16384 (49%)", "50/100 (50%)", "2/10", "ok,dra",
+                 "team-a/infer(3000,20)", "team-b/train(5000,30)"):
+        assert cell in row, (cell, row)
+    assert "cordoned,dra" in next(line for line in text.splitlines() if "GPU-dra-b-1" in line)

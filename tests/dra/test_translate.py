@@ -114,3 +114,23 @@ def test_claim_booking_counts_requests() -> None:
     assert t is not None
     claim = {"spec": next(iter(t.templates.values()))["spec"]["spec"]}
     assert claim_booking(claim) == (2000, 20)
+
+
+@pytest.mark.parametrize(("current", "force", "wanted"), [
+    (None, True, "hami-scheduler"),                  # none named: hami's profile
+    ("default-scheduler", True, "hami-scheduler"),   # extender mode's overwrite rule
+    ("default-scheduler", False, "default-scheduler"),
+    ("volcano", True, "volcano"),                    # another scheduler keeps its pod
+])
+def test_translated_pod_goes_to_the_profile_with_the_prioritize_verb(
+        current: str | None, force: bool, wanted: str) -> None:
+    """The chart's kube-scheduler profile runs hami's prioritize verb: a translated pod is
+    sent there by the same rule extender mode uses; no name given leaves it unchanged."""
+    pod = _pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000})
+    if current:
+        pod["spec"]["schedulerName"] = current
+    t = tr.translate(pod, CFG, scheduler_name="hami-scheduler",
+                     overwrite_default_scheduler=force)
+    assert t is not None and t.pod["spec"].get("schedulerName") == wanted
+    plain = tr.translate(pod, CFG)
+    assert plain is not None and plain.pod["spec"].get("schedulerName") == current

@@ -113,6 +113,8 @@ def test_gpu_pod_gets_claim_patch_and_template() -> None:
     assert resp["allowed"] and resp["uid"] == "u1" and not seen
     ops = json.loads(base64.b64decode(resp["patch"]))
     assert any(op["path"] == "/spec/resourceClaims" for op in ops)
+    # placed by the scheduler's profile (the chart's kube-scheduler with /prioritize)
+    assert {"op": "add", "path": "/spec/schedulerName", "value": "hami-scheduler"} in ops
     assert [ns for ns, _ in client.created] == ["ns"]
     assert client.created[0][1].startswith("hami-gpu-")
 

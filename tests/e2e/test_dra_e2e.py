@@ -11,6 +11,8 @@ import asyncio
 import base64
 import json
 import random
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -89,8 +91,10 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         cp.stop()
 
 
-def _admit(cp: ControlPlane, pod: dict[str, Any]) -> dict[str, Any]:
-    """Send the pod through the DRA webhook and apply its patch; returns the pod to create."""
+def _admit(cp: ControlPlane, pod: dict[str, Any], scheduler_name: str = "") -> dict[str, Any]:
+    """Send the pod through the DRA webhook and apply its patch; returns the pod to create.
+    ``scheduler_name``: the webhook's (``--scheduler-name``); "" leaves the pod to the
+    default scheduler."""
     review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
               "request": {"uid": "u", "kind": {"kind": "Pod"}, "operation": "CREATE",
                           "object": pod}}
@@ -98,7 +102,8 @@ def _admit(cp: ControlPlane, pod: dict[str, Any]) -> dict[str, Any]:
     async def run() -> dict[str, Any]:
         client = cp.async_client()
         try:
-            hook = DraWebhook(client, make_config(), lambda b: {"response": {"allowed": True}})
+            hook = DraWebhook(client, make_config(scheduler_name=scheduler_name),
+                              lambda b: {"response": {"allowed": True}})
             return await hook(json.dumps(review).encode())
         finally:
             await client.close()
@@ -118,10 +123,10 @@ def _gpu_pod(name: str, limits: dict[str, Any], annotations: dict[str, str] | No
                                      "resources": {"limits": limits}}]}}
 
 
-def _create(bed: dict[str, Any], pod: dict[str, Any]) -> None:
+def _create(bed: dict[str, Any], pod: dict[str, Any], scheduler_name: str = "") -> None:
     from lightkube import codecs
 
-    bed["client"].create(codecs.from_dict(_admit(bed["cp"], pod)))
+    bed["client"].create(codecs.from_dict(_admit(bed["cp"], pod, scheduler_name)))
 
 
 def _claims(client: Any) -> list[dict[str, Any]]:
@@ -317,6 +322,94 @@ def test_deletion_frees_capacity(bed: dict[str, Any]) -> None:
     _delete_all(client)
 
 
+def test_device_cordon_taints_the_card_in_the_slice(bed: dict[str, Any], tmp_path: Path) -> None:
+    """HAMi's device cordon (`hami.io/device-cordon` on the Node, a comma list of UUIDs)
+    taints the card in the ResourceSlice as an unhealthy card is (NoSchedule, value
+    `cordoned`): kube-scheduler no longer allocates it; uncordoning lifts the taint and
+    the waiting pod is placed on the card."""
+    import threading
+
+    from lightkube.resources.core_v1 import Node, Pod
+    from lightkube.resources.resource_v1 import ResourceSlice
+
+    client = bed["client"]
+    name = "dra-cordon"
+    create_gpu_node(client, name, gpus=0)
+    inv = tmp_path / "cordon.yaml"
+    inv.write_text(json.dumps({"gpus": [{"model": "Tesla T4", "memory_mib": 1024, "count": 2,
+                                         "uuids": ["GPU-cordon-0", "GPU-cordon-1"]}]}))
+    agent = DraAgent(name, FakeBackend(inv), PluginConfig(), client)
+    stop = threading.Event()
+    loop = threading.Thread(target=agent.publish_loop, args=(stop, 0.5), daemon=True)
+    loop.start()
+
+    def taints() -> dict[str, Any] | None:
+        try:
+            s = client.get(ResourceSlice, f"{name}-gpu.hami.io").to_dict()
+        except Exception:  # noqa: BLE001 - not published yet
+            return None
+        return {d["name"]: d.get("taints") for d in s["spec"]["devices"]}
+
+    try:
+        _wait(lambda: taints() == {"gpu-0": None, "gpu-1": None}, what="slice published")
+        client.patch(Node, name, {"metadata": {"annotations": {
+            "hami.io/device-cordon": " GPU-cordon-1 ,"}}})
+        devs = _wait(lambda: (t := taints()) and t["gpu-1"] and t, timeout_s=30,
+                     what="gpu-1 tainted")
+        assert devs["gpu-0"] is None
+        assert [(t["key"], t["value"], t["effect"]) for t in devs["gpu-1"]] == [
+            ("gpu.hami.io/unhealthy", "cordoned", "NoSchedule")]
+        _create(bed, _gpu_pod("on-cordoned", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 100},
+                              {"nvidia.com/use-gpuuuid": "GPU-cordon-1"}))
+        _wait(lambda: [c for c in client.get(Pod, "on-cordoned", namespace=NS).status.conditions
+                       or [] if c.reason == "Unschedulable"
+                       and "cannot allocate all claims" in c.message],
+              what="pod on the cordoned card unschedulable")
+        client.patch(Node, name, {"metadata": {"annotations": {"hami.io/device-cordon": None}}})
+        _wait(lambda: taints() == {"gpu-0": None, "gpu-1": None}, timeout_s=30,
+              what="taint lifted")
+        _wait(lambda: client.get(Pod, "on-cordoned", namespace=NS).spec.nodeName == name,
+              timeout_s=120, what="pod placed on the uncordoned card")
+    finally:
+        stop.set()
+        agent.kick.set()
+        loop.join(timeout=10)
+        _delete_all(client)
+        client.delete(ResourceSlice, f"{name}-gpu.hami.io")
+        client.delete(Node, name)
+
+
+def test_hami_top_shows_dra_claims_per_card(bed: dict[str, Any]) -> None:
+    """`hami top -o json` against the real cluster: the card kube-scheduler put two pods
+    on shows what their claims consume, and the pods (from reservedFor)."""
+    from lightkube.resources.core_v1 import Pod
+
+    client = bed["client"]
+    pin = {"nvidia.com/use-gpuuuid": "GPU-dra-2-3"}
+    _create(bed, _gpu_pod("top-1", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000,
+                                    "nvidia.com/gpucores": 20}, pin))
+    _create(bed, _gpu_pod("top-2", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000,
+                                    "nvidia.com/gpucores": 10}, pin))
+    for name in ("top-1", "top-2"):
+        _wait(lambda n=name: client.get(Pod, n, namespace=NS).spec.nodeName, what=f"{name} bound")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "hami.cli", "top", "-o", "json",
+                               "--kubeconfig", str(bed["cp"].kubeconfig), "--node", "dra-2"],
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 0, proc.stderr
+        (node,) = json.loads(proc.stdout)["nodes"]
+        assert node["name"] == "dra-2" and node["mode"] == "dra" and node["gpus"] == CARDS
+        card = next(d for d in node["devices"] if d["uuid"] == "GPU-dra-2-3")
+        assert card["memory_mib"] == {"used": 5000, "total": CARD_MIB}
+        assert card["cores"] == {"used": 30, "total": 100}
+        assert card["tasks"] == {"used": 2, "total": SPLIT}
+        assert sorted((p["name"], p["memory_mib"], p["cores"]) for p in card["pods"]) == [
+            ("top-1", 3000, 20), ("top-2", 2000, 10)]
+        assert node["memory_mib"]["used"] == 5000 and node["pods"] == 2
+    finally:
+        _delete_all(client)
+
+
 def test_node_prepare_over_grpc_writes_cdi_limits(bed: dict[str, Any], tmp_path: Path) -> None:
     from lightkube.resources.core_v1 import Pod
 
@@ -378,9 +471,9 @@ def test_prioritize_verb_binpacks_nodes(bed: dict[str, Any], tmp_path: Path) -> 
     try:
         nodes = []
         for i in range(6):
+            # the webhook sends the pod to the profile with the prioritize verb
             pod = _gpu_pod(f"prio-{i}", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 8192})
-            pod["spec"]["schedulerName"] = "dra-prio"
-            _create(bed, pod)
+            _create(bed, pod, scheduler_name="dra-prio")
             nodes.append(_wait(lambda n=f"prio-{i}": client.get(Pod, n, namespace=NS).spec.nodeName,
                                what=f"prio-{i} bound"))
         assert len(set(nodes)) == 1, nodes  # 6 x 8 GiB fit on one node's 4 x 16 GiB cards
@@ -448,8 +541,6 @@ def test_dra_plugin_command_registers_publishes_and_prepares(bed: dict[str, Any]
     on its node, and exits 0 on SIGTERM."""
     import os
     import signal
-    import subprocess
-    import sys
 
     from lightkube.resources.resource_v1 import ResourceSlice
 

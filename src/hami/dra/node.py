@@ -2,8 +2,10 @@
 
 ``hami dra-plugin`` runs it on every GPU node that DRA mode manages (instead of
 ``hami device-plugin``: the two must not manage the same cards). The slice is rebuilt
-from discovery every ``publish_interval_s`` and written only when it changed (a new pool
-generation each time), so a GPU that turns unhealthy gets its taint within one interval.
+from discovery and the node's ``hami.io/device-cordon`` annotation every
+``publish_interval_s`` and written only when it changed (a new pool generation each
+time), so a GPU that turns unhealthy (at once: health events wake the loop) or is
+cordoned gets its ``NoSchedule`` taint within one interval.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hami.core.fit import NodeOptions
 from hami.core.model import DeviceInfo
 from hami.deviceplugin.allocate import NodeSettings
 from hami.deviceplugin.config import PluginConfig
@@ -51,9 +54,20 @@ class SlicePublisher:
         doc = obj.to_dict()
         return doc, str(doc["metadata"].get("resourceVersion") or "")
 
+    def cordoned(self) -> frozenset[str]:
+        """UUIDs the node's ``hami.io/device-cordon`` annotation lists (HAMi's device
+        cordon: comma list, trimmed; the same parse as the scheduler's Fit), read from the
+        Node now (which also gives the slice owner's UID). Raises lightkube's ``ApiError``."""
+        from lightkube.resources.core_v1 import Node
+
+        node = self.client.get(Node, self.node)
+        self._node_uid = str(node.metadata.uid or "")
+        return NodeOptions.from_annotations(node.metadata.annotations or {}).cordoned
+
     def sync(self, devices: Sequence[DeviceInfo], cordoned: frozenset[str] = frozenset()) -> bool:
-        """Create or replace the slice when it differs; True when it wrote. Raises
-        lightkube's ``ApiError`` or :class:`hami.dra.slices.SliceError`."""
+        """Create or replace the slice when it differs; True when it wrote. ``cordoned``:
+        UUIDs to taint like unhealthy cards (:meth:`cordoned`). Raises lightkube's
+        ``ApiError`` or :class:`hami.dra.slices.SliceError`."""
         from lightkube import codecs
         from lightkube.resources.core_v1 import Node
 
@@ -143,7 +157,7 @@ class DraAgent:
         publisher = SlicePublisher(self.client, self.node)
         while not stop.is_set():
             try:
-                publisher.sync(self.devices())
+                publisher.sync(self.devices(), publisher.cordoned())
             except (DiscoveryError, slices.SliceError) as exc:
                 log.error("cannot publish the ResourceSlice: %s", exc)
             except Exception as exc:  # noqa: BLE001 - API errors: retry next interval

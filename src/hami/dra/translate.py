@@ -137,11 +137,18 @@ def template_for(spec: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
 def translate(pod: Mapping[str, Any], config: NvidiaConfig, *,
               uniform_memory_mib: int | None = None,
               quota: QuotaLedger | None = None,
-              whole_card_mib: int | None = None) -> Translation | None:
+              whole_card_mib: int | None = None,
+              scheduler_name: str = "",
+              overwrite_default_scheduler: bool = True) -> Translation | None:
     """The DRA form of ``pod``, or None when it is left alone (uses claims already, or
     asks for no NVIDIA GPU). A request for a whole card (no ``gpumem``) books
     ``whole_card_mib`` per card for the quota (the largest card it could get), else
     ``uniform_memory_mib``, else 0.
+
+    ``scheduler_name`` (non-empty): the translated pod gets it as ``schedulerName`` when
+    it names none, or names ``default-scheduler`` and ``overwrite_default_scheduler``
+    (extender mode's rule), so the kube-scheduler profile that runs hami's prioritize
+    verb places it; a pod naming another scheduler keeps it. Empty: unchanged.
 
     Raises:
         TranslateError: a percentage request without one card size, a value CEL cannot
@@ -196,6 +203,10 @@ def translate(pod: Mapping[str, Any], config: NvidiaConfig, *,
     if not claims:
         return None
     spec["resourceClaims"] = claims
+    current = spec.get("schedulerName") or ""
+    if scheduler_name and (not current or (current == names.DEFAULT_SCHEDULER
+                                           and overwrite_default_scheduler)):
+        spec["schedulerName"] = scheduler_name
     mem, cores = max(app_mem, init_mem), max(app_cores, init_cores)
     namespace = str((mutated.get("metadata") or {}).get("namespace") or "default")
     if quota is not None and (mem or cores) and not quota.fits(namespace, mem, cores):

@@ -188,8 +188,10 @@ class DraWebhook:
                 if uniform is None and len(sizes) == 1:
                     uniform = largest
             ledger = await self._namespace_ledger(namespace, largest)
-            result = tr.translate(pod, self.config.nvidia, quota=ledger,
-                                  uniform_memory_mib=uniform, whole_card_mib=largest)
+            result = tr.translate(
+                pod, self.config.nvidia, quota=ledger, uniform_memory_mib=uniform,
+                whole_card_mib=largest, scheduler_name=self.config.scheduler_name,
+                overwrite_default_scheduler=self.config.force_overwrite_default_scheduler)
         except tr.TranslateError as exc:
             return _reply(api_version, uid, False, str(exc))
         except (ValueError, TypeError, KeyError, AttributeError) as exc:

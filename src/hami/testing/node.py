@@ -4,13 +4,15 @@ The kubelet's device-plugin directory (``/var/lib/kubelet/device-plugins``) and 
 directory (``/var/log/pods``) are hard-coded in the kubelet, and containerd's shims and
 network namespaces live under ``/run``. So every node process runs inside one private
 mount namespace (``unshare --mount``) whose ``/var/lib``, ``/var/log``,
-``/run/containerd`` and ``/run/netns`` are fresh tmpfs mounts: nothing touches the
+``/run/containerd``, ``/run/netns`` and ``/run/cdi`` are fresh tmpfs mounts: nothing touches the
 machine's own ``/var``, and containerd shares the namespace with the kubelet (the
 kubelet's projected-token and emptyDir mounts must be visible to the runtime). Further
 node processes (``hami device-plugin``, ``hami monitor``) join it with ``nsenter``; the
 test process reads the namespace's files through ``/proc/<holder>/root``.
 
-Pods get an IP from the CNI ``bridge`` plugin (host-local IPAM, no masquerade). The
+containerd is 2.x from ``hack/containerd/build.sh`` when built (CDI on, specs in the
+node's ``/run/cdi``: :attr:`RealNode.cdi_dir`), else the machine's
+(:mod:`hami.testing.containerd`). Pods get an IP from the CNI ``bridge`` plugin (host-local IPAM, no masquerade). The
 kubelet authenticates as ``system:node:<name>`` (group ``system:nodes``), so the API
 server's Node authorizer and NodeRestriction admission apply to it as in a cluster.
 
@@ -36,12 +38,20 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from hami.testing.containerd import (
+    Containerd,
+    NodeRuntimeConfig,
+    bridge_conflist,
+    cni_bin_dir,
+    config_toml,
+    find_containerd,
+)
 from hami.testing.controlplane import (
     HOST,
     Component,
@@ -56,22 +66,21 @@ from hami.testing.nodeapi import (
     node_ready,
     remove_not_ready_taint,
 )
-from hami.testing.nodeprereq import NodeUnavailable, cgroup_subsystems, missing_prerequisites
+from hami.testing.nodeprereq import (
+    NodeUnavailable,
+    kill_cgroup_tasks,
+    missing_prerequisites,
+    prepare_cgroup_root,
+    remove_cgroups,
+)
 
 __all__ = ["NodeUnavailable", "RealNode", "ensure_root_ca", "missing_prerequisites"]
 
 #: Directories that get a fresh tmpfs inside the node's mount namespace.
-PRIVATE_DIRS = ("/var/lib", "/var/log", "/run/containerd", "/run/netns")
-CNI_BIN_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
-
-
-def _cni_bin_dir() -> str:
-    for d in CNI_BIN_DIRS:
-        if (Path(d) / "bridge").exists():
-            return d
-    return CNI_BIN_DIRS[0]
-
-
+PRIVATE_DIRS = ("/var/lib", "/var/log", "/run/containerd", "/run/netns", "/run/cdi")
+#: The node's CDI spec directory (containerd 2.x reads only this one): private, so
+#: parallel nodes and the machine do not see each other's specs.
+CDI_DIR = "/run/cdi"
 class RealNode:
     """containerd + kubelet registered as Node ``name`` with the control plane ``cp``.
 
@@ -86,6 +95,9 @@ class RealNode:
         sandbox_image: the pod sandbox ("pause") image name; never pulled.
         subnet_index: third octet of the pod subnet ``10.244.<i>.0/24`` (default: derived
             from the name and workdir, so nodes of parallel sessions differ).
+        containerd: which containerd to run (default
+            :func:`~hami.testing.containerd.find_containerd`: 2.x from
+            ``hack/containerd/build.sh`` when built, else the machine's).
 
     Raises:
         NodeUnavailable: from :meth:`start` when this machine lacks root, cgroups or a
@@ -94,7 +106,8 @@ class RealNode:
 
     def __init__(self, cp: ControlPlane, name: str, workdir: Path | None = None, *,
                  images: Sequence[Any] = (), sandbox_image: str = "hami.local/pause:test",
-                 subnet_index: int | None = None, verbosity: int = 1) -> None:
+                 subnet_index: int | None = None, verbosity: int = 1,
+                 containerd: Containerd | None = None) -> None:
         self.cp = cp
         self.name = name
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hk", dir="/tmp"))
@@ -115,6 +128,7 @@ class RealNode:
         self.healthz_port = 0
         self.holder: subprocess.Popen[bytes] | None = None
         self.containerd: Component | None = None
+        self.runtime = containerd
         self.kubelet: Component | None = None
         self.startup_seconds: dict[str, float] = {}
         self._components: list[Component] = []
@@ -125,6 +139,13 @@ class RealNode:
         """``path`` as the node's processes see it, readable from outside the namespace."""
         assert self.holder is not None, "start() first"
         return Path(f"/proc/{self.holder.pid}/root") / str(path).lstrip("/")
+
+    @property
+    def cdi_dir(self) -> Path:
+        """The node's CDI spec directory (``/run/cdi`` inside its namespace, where
+        containerd 2.x looks for specs at each container creation), as seen from outside;
+        a spec written here names devices that pods' containers on this node can get."""
+        return self.host_path(CDI_DIR)
 
     def spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None,
               cwd: Path | None = None) -> Component:
@@ -177,62 +198,31 @@ class RealNode:
     def _write_cni(self) -> Path:
         conf_dir = self.workdir / "cni" / "net.d"
         conf_dir.mkdir(parents=True, exist_ok=True)
-        conflist = {
-            "cniVersion": "1.0.0", "name": f"hami-{self.name}",
-            "plugins": [{
-                # default route via the bridge: pods reach the host (and through it the
-                # apiserver, see hami.testing.podnet) as on a cluster node
-                "type": "bridge", "bridge": self.bridge, "isGateway": True,
-                "isDefaultGateway": True, "ipMasq": False,
-                "ipam": {"type": "host-local", "ranges": [[{"subnet": self.subnet}]],
-                         "dataDir": str(self.workdir / "cni" / "ipam")},
-            }],
-        }
-        (conf_dir / "10-hami.conflist").write_text(json.dumps(conflist, indent=1))
+        (conf_dir / "10-hami.conflist").write_text(json.dumps(bridge_conflist(
+            f"hami-{self.name}", self.bridge, self.subnet, self.workdir / "cni" / "ipam"),
+            indent=1))
         return conf_dir
 
     def _write_containerd_config(self) -> Path:
-        cri = 'plugins."io.containerd.grpc.v1.cri"'
+        assert self.runtime is not None
         cfg = self.workdir / "containerd.toml"
-        cfg.write_text(f"""version = 2
-root = "/var/lib/containerd"
-state = "/run/containerd"
-disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
-[grpc]
-  address = "{self.containerd_socket}"
-[ttrpc]
-  address = "{self.containerd_socket}.ttrpc"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "/var/lib/containerd-opt"
-[{cri}]
-  sandbox_image = "{self.sandbox_image}"
-  enable_selinux = false
-  disable_apparmor = true
-  restrict_oom_score_adj = true
-  [{cri}.containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [{cri}.containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [{cri}.containerd.runtimes.runc.options]
-        SystemdCgroup = false
-  [{cri}.cni]
-    bin_dir = "{_cni_bin_dir()}"
-    conf_dir = "{self._write_cni()}"
-    max_conf_num = 1
-""")
+        cfg.write_text(config_toml(self.runtime.major, NodeRuntimeConfig(
+            self.containerd_socket, self.sandbox_image, cni_bin_dir(), self._write_cni(),
+            (CDI_DIR,))))
         return cfg
 
     def ctr(self, *args: str, timeout_s: float = 120.0) -> str:
         """``ctr -n k8s.io <args>`` against this node's containerd; returns stdout."""
-        return self.run(["ctr", f"--address={self.containerd_socket}", "-n", "k8s.io", *args],
+        assert self.runtime is not None
+        return self.run([self.runtime.binary("ctr"), f"--address={self.containerd_socket}", "-n", "k8s.io", *args],
                         timeout_s=timeout_s)
 
     def _start_containerd(self, timeout_s: float) -> None:
         cfg = self._write_containerd_config()
-        self.containerd = self.spawn("containerd", ["containerd", f"--config={cfg}"])
+        assert self.runtime is not None
+        self.containerd = self.spawn(
+            "containerd", [self.runtime.binary("containerd"), f"--config={cfg}"],
+            env={**os.environ, "PATH": self.runtime.path_env()})
         self.startup_seconds["containerd"] = self.containerd.wait_healthy(
             lambda: self.containerd_socket.exists() and self._ctr_ok(), "socket", timeout_s)
         t0 = time.monotonic()
@@ -248,17 +238,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         return True
 
     # -- kubelet ---------------------------------------------------------------------
-
-    def _prepare_cgroups(self) -> None:
-        """Create the kubelet's cgroup root in every v1 hierarchy (the kubelet refuses a
-        root that does not exist); cpuset needs its cpus/mems copied from the parent."""
-        for sub, mount in cgroup_subsystems().items():
-            d = Path(mount) / self.cgroup_root.lstrip("/")
-            d.mkdir(exist_ok=True)
-            if sub == "cpuset":
-                for f in ("cpuset.cpus", "cpuset.mems"):
-                    if not (d / f).read_text().strip():
-                        (d / f).write_text((Path(mount) / f).read_text())
 
     def _write_kubelet_config(self) -> Path:
         self.kubelet_port = free_port()
@@ -330,10 +309,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         missing = missing_prerequisites(kubelet=self.kubelet_binary)
         if missing:
             raise NodeUnavailable("cannot run a real node here: " + "; ".join(missing))
+        if self.runtime is None:
+            self.runtime = find_containerd()
         t0 = time.monotonic()
         try:
             self._start_holder()
-            self._prepare_cgroups()
+            prepare_cgroup_root(self.cgroup_root)
             self._start_containerd(timeout_s)
             self.start_kubelet(timeout_s)
         except BaseException:
@@ -352,38 +333,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
         and namespace. Safe to call twice."""
         if self.kubelet is not None:
             self.kubelet.stop()
-        self._kill_cgroup_tasks()
+        kill_cgroup_tasks(self.cgroup_root)
         for comp in reversed(self._components):
             comp.stop(timeout_s=5)
         self._kill_namespace_processes()
         if self.holder is not None and self.holder.poll() is None:
             self.holder.kill()
             self.holder.wait()
-        self._remove_cgroups()
+        remove_cgroups(self.cgroup_root)
         if shutil.which("ip"):
             subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True)
-
-    def _cgroup_dirs(self) -> Iterable[Path]:
-        for mount in cgroup_subsystems().values():
-            root = Path(mount) / self.cgroup_root.lstrip("/")
-            if root.is_dir():
-                # bottom-up; os.walk skips directories that vanish while it walks (the
-                # kubelet and runc remove pod cgroups as containers die), rglob raised
-                for d, _, _ in os.walk(root, topdown=False):
-                    yield Path(d)
-
-    def _kill_cgroup_tasks(self) -> None:
-        for _ in range(20):
-            pids = set()
-            for d in self._cgroup_dirs():
-                with contextlib.suppress(OSError):
-                    pids.update(int(x) for x in (d / "cgroup.procs").read_text().split())
-            if not pids:
-                return
-            for pid in pids:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.1)
 
     def _kill_namespace_processes(self) -> None:
         if self.holder is None or self.holder.poll() is not None:
@@ -398,11 +357,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
             with contextlib.suppress(OSError):
                 if os.readlink(entry / "ns" / "mnt") == ns:
                     os.kill(int(entry.name), signal.SIGKILL)
-
-    def _remove_cgroups(self) -> None:
-        for d in self._cgroup_dirs():
-            with contextlib.suppress(OSError):
-                d.rmdir()
 
     def __enter__(self) -> RealNode:
         return self

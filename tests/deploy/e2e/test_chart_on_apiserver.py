@@ -53,6 +53,7 @@ VALUES = {
     "default": [],
     "ha-certmanager": [CI_VALUES / "ha-certmanager-values.yaml"],
     "minimal": [CI_VALUES / "minimal-values.yaml"],
+    "dra": [CI_VALUES / "dra-values.yaml"],
 }
 
 

@@ -69,6 +69,34 @@ built-in role deletes pods, the hami scheduler's may not). */}}
 {{- default (include "hami.device-plugin" .) .Values.devicePlugin.serviceAccountName -}}
 {{- end -}}
 
+{{/* DRA mode's node agent (hami dra-plugin + the monitor). */}}
+{{- define "hami.dra-plugin" -}}
+{{- printf "%s-dra-plugin" (include "hami.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "hami.dra-plugin.serviceAccountName" -}}
+{{- default (include "hami.dra-plugin" .) .Values.dra.serviceAccountName -}}
+{{- end -}}
+
+{{/* Fails unless the DRA plugin's and the device plugin's node selectors exclude each
+other (some label key in both with different values), when both DaemonSets are on: a
+card managed by both would be booked twice. */}}
+{{- define "hami.dra.checkNodes" -}}
+{{- if and .Values.dra.enabled .Values.devicePlugin.enabled -}}
+{{- $dp := .Values.devicePlugin.nvidiaNodeSelector | default dict -}}
+{{- $dra := .Values.dra.nodeSelector | default dict -}}
+{{- $apart := false -}}
+{{- range $k, $v := $dra -}}
+{{- if and (hasKey $dp $k) (ne (toString (get $dp $k)) (toString $v)) -}}
+{{- $apart = true -}}
+{{- end -}}
+{{- end -}}
+{{- if not $apart -}}
+{{- fail (printf "dra.enabled and devicePlugin.enabled: dra.nodeSelector (%s) and devicePlugin.nvidiaNodeSelector (%s) could select the same node, and a card managed by both the device plugin and the DRA plugin would be booked twice. Give both selectors one label key with different values (e.g. gpu: \"on\" and gpu: \"dra\"), or set devicePlugin.enabled=false" (toJson $dra) (toJson $dp)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "hami.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
@@ -182,19 +210,29 @@ profiles:
   - schedulerName: {{ .Values.schedulerName }}
 extenders:
   - urlPrefix: {{ include "hami.extenderURL" . }}
+    {{- if .Values.dra.enabled }}
+    {{- /* DRA mode: kube-scheduler's DynamicResources plugin allocates the claims; hami
+    only ranks the feasible nodes (no filter, no bind, no node lock). */}}
+    prioritizeVerb: prioritize
+    {{- else }}
     filterVerb: filter
     bindVerb: bind
+    {{- end }}
     nodeCacheCapable: true
     weight: 1
     httpTimeout: {{ printf "%vs" .Values.scheduler.extenderHTTPTimeout }}
     enableHTTPS: true
     tlsConfig:
       insecure: true
+    {{- if .Values.dra.enabled }}
+    managedResources: []
+    {{- else }}
     managedResources:
       {{- range (include "hami.managedResources" . | fromJsonArray) }}
       - name: {{ . }}
         ignoredByScheduler: true
       {{- end }}
+    {{- end }}
 {{- end -}}
 
 {{/* device-config.yaml (HAMi's device config): the nvidia section and one per enabled

@@ -107,8 +107,7 @@ no counterpart are listed when set. */}}
 {{- $reasons := dict
   "podSecurityPolicy" "PodSecurityPolicy is gone since Kubernetes 1.25"
   "mockDevicePlugin" "hami has no mock device plugin"
-  "dra" "hami has no DRA driver"
-  "hami-dra" "hami has no DRA driver"
+  "hami-dra" "DRA mode is built in: set dra.enabled"
   "platform" "no OpenShift objects are rendered"
   "imagePullSecrets" "use global.imagePullSecrets"
   "version" $old

@@ -1,0 +1,176 @@
+"""The chart in DRA mode (``dra.enabled``): the DRA plugin DaemonSet with the monitor, the
+DeviceClass, the scheduler's ``--dra-mode`` and prioritize-only extender, and the guard
+that keeps the device plugin and the DRA plugin off each other's nodes (docs/dra.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.deploy.chart import (
+    CHART,
+    CI_VALUES,
+    KUBE_VERSION,
+    NAMESPACE,
+    RELEASE,
+    container,
+    find,
+    helm,
+    render,
+    scheduler_config,
+)
+
+pytestmark = pytest.mark.usefixtures("require_helm")
+
+DRA_VALUES = CI_VALUES / "dra-values.yaml"
+
+
+@pytest.fixture(scope="module")
+def dra() -> list[dict[str, Any]]:
+    return render(files=[DRA_VALUES])
+
+
+def _volumes(pod: dict[str, Any]) -> dict[str, str]:
+    return {v["name"]: (v.get("hostPath") or {}).get("path", "") for v in pod["volumes"]}
+
+
+def _mounts(c: dict[str, Any], pod: dict[str, Any]) -> dict[str, str]:
+    """mountPath -> host path (or volume name when not a hostPath)."""
+    host = _volumes(pod)
+    return {m["mountPath"]: host.get(m["name"]) or m["name"] for m in c["volumeMounts"]}
+
+
+def test_default_renders_no_dra_objects() -> None:
+    objs = render()
+    assert not [o for o in objs if o["kind"] == "DeviceClass"
+                or "dra" in o["metadata"]["name"]]
+    ext = container(find(objs, "Deployment", "hami-scheduler")["spec"]["template"]["spec"],
+                    "vgpu-scheduler-extender")
+    assert "--dra-mode" not in ext["args"]
+
+
+def test_dra_plugin_daemonset(dra: list[dict[str, Any]]) -> None:
+    """hami dra-plugin on the DRA nodes, with the kubelet's plugin directories, the CDI
+    directory and the vgpu directory; the monitor sees the whole vgpu directory (claims/)."""
+    ds = find(dra, "DaemonSet", "hami-dra-plugin")
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "hami-dra-plugin"
+    assert pod["nodeSelector"] == {"gpu": "dra"} and pod["hostPID"] is True
+    plugin = container(pod, "dra-plugin")
+    assert plugin["command"] == ["hami", "dra-plugin"]
+    assert {"--registry-dir=/var/lib/kubelet/plugins_registry",
+            "--plugin-dir=/var/lib/kubelet/plugins/gpu.hami.io", "--cdi-dir=/var/run/cdi",
+            "--device-config-file=/device-config.yaml",
+            "--node-config-file=/config/config.json"} <= set(plugin["args"])
+    env = {e["name"]: e for e in plugin["env"]}
+    assert env["HOOK_PATH"]["value"] == "/usr/local"
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    mounts = _mounts(plugin, pod)
+    for path in ("/usr/local/vgpu", "/var/lib/kubelet/plugins_registry",
+                 "/var/lib/kubelet/plugins/gpu.hami.io", "/var/run/cdi"):
+        assert mounts[path] == path, path  # host path = container path (CDI specs name it)
+    monitor = container(pod, "vgpu-monitor")
+    assert monitor["command"] == ["hami", "monitor"]
+    assert {e["name"]: e.get("value") for e in monitor["env"]}["HOOK_PATH"] == "/usr/local/vgpu"
+    assert _mounts(monitor, pod)["/usr/local/vgpu"] == "/usr/local/vgpu"
+    install = container(pod, "install-libvgpu", init=True)
+    assert "--install-lib=/usr/local/vgpu" in install["args"]
+    for c in (plugin, monitor):
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
+        assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    # the node overrides the DRA plugin reads exist even without the device plugin
+    alone = render({"dra": {"enabled": True}, "devicePlugin": {"enabled": False}})
+    find(alone, "ConfigMap", "hami-device-plugin-config")
+    assert not [o for o in alone if o["kind"] == "DaemonSet"
+                and o["metadata"]["name"] == "hami-device-plugin"]
+
+
+def test_paths_follow_the_values() -> None:
+    objs = render({"dra": {"enabled": True, "kubeletDir": "/data/kubelet/",
+                           "cdiSpecDir": "/etc/cdi", "monitor": {"enabled": False}},
+                   "devicePlugin": {"enabled": False}, "global": {"gpuHookPath": "/opt/h"}})
+    pod = find(objs, "DaemonSet", "hami-dra-plugin")["spec"]["template"]["spec"]
+    plugin = container(pod, "dra-plugin")
+    assert {"--registry-dir=/data/kubelet/plugins_registry",
+            "--plugin-dir=/data/kubelet/plugins/gpu.hami.io",
+            "--cdi-dir=/etc/cdi"} <= set(plugin["args"])
+    assert set(_mounts(plugin, pod)) >= {"/opt/h/vgpu", "/etc/cdi",
+                                          "/data/kubelet/plugins_registry"}
+    assert [c["name"] for c in pod["containers"]] == ["dra-plugin"]
+    policy = find(objs, "NetworkPolicy", "hami-dra-plugin")
+    assert policy["spec"]["ingress"] == []
+
+
+def test_device_class_is_the_one_the_webhook_names(dra: list[dict[str, Any]]) -> None:
+    from hami.dra.slices import DRIVER
+    from hami.dra.translate import DEVICE_CLASS
+
+    dc = find(dra, "DeviceClass")
+    assert dc["apiVersion"] == "resource.k8s.io/v1"
+    assert dc["metadata"]["name"] == DEVICE_CLASS
+    assert dc["spec"]["selectors"] == [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]
+
+
+def test_scheduler_runs_dra_mode_with_a_prioritize_only_extender(
+        dra: list[dict[str, Any]]) -> None:
+    """The webhook in DRA mode; kube-scheduler calls hami only to rank nodes: the same
+    extender entry the DRA e2e test runs the real kube-scheduler with."""
+    sc = pytest.importorskip("hami.testing.scheduler_config")
+    pod = find(dra, "Deployment", "hami-scheduler")["spec"]["template"]["spec"]
+    assert "--dra-mode" in container(pod, "vgpu-scheduler-extender")["args"]
+    cfg = scheduler_config(dra)
+    (ext,) = cfg["extenders"]
+    assert ext["prioritizeVerb"] == "prioritize"
+    assert "filterVerb" not in ext and "bindVerb" not in ext
+    ours = sc.render_scheduler_config(
+        kubeconfig=None, extender=sc.ExtenderConfig(
+            "https://127.0.0.1:9443", filter_verb=None, bind_verb=None,
+            prioritize_verb="prioritize", managed_resources=()),
+        leader_elect=True, resource_namespace=NAMESPACE)
+    assert cfg == ours
+
+
+def test_dra_plugin_metrics_reach_only_scrapers(dra: list[dict[str, Any]]) -> None:
+    policy = find(dra, "NetworkPolicy", "hami-dra-plugin")
+    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == \
+        "hami-dra-plugin"
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {
+        "hami.io/metrics-scraper": "true"}}}]
+
+
+@pytest.mark.parametrize("values", [
+    {"dra": {"enabled": True, "nodeSelector": {"gpu": "on"}}},          # the same node
+    # (null removes a default key: helm merges maps)
+    {"dra": {"enabled": True, "nodeSelector": {"gpu": None, "gpu-dra": "true"}}},  # may meet
+    {"dra": {"enabled": True, "nodeSelector": {"gpu": None}}},          # every node
+    {"dra": {"enabled": True}, "devicePlugin": {"nvidiaNodeSelector": {"gpu": None}}},
+])
+def test_device_plugin_and_dra_plugin_never_share_a_node(values: dict[str, Any]) -> None:
+    """A node both DaemonSets could select would have its cards booked twice: rendering
+    fails with the reason."""
+    proc = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                "--kube-version", KUBE_VERSION, "--set-json", f"dra={_json(values['dra'])}",
+                *(["--set-json", f"devicePlugin={_json(values['devicePlugin'])}"]
+                  if "devicePlugin" in values else []))
+    assert proc.returncode != 0
+    assert "could select the same node" in proc.stderr and "booked twice" in proc.stderr
+
+
+@pytest.mark.parametrize("values", [
+    {"dra": {"enabled": True}},                                         # gpu=dra vs gpu=on
+    {"dra": {"enabled": True, "nodeSelector": {"gpu": "on"}}, "devicePlugin": {"enabled": False}},
+    {"dra": {"enabled": True, "nodeSelector": {"gpu": None, "pool": "a", "zone": "x"}},
+     "devicePlugin": {"nvidiaNodeSelector": {"gpu": None, "pool": "b"}}},
+])
+def test_disjoint_or_single_node_agents_render(values: dict[str, Any]) -> None:
+    objs = render(values)
+    find(objs, "DaemonSet", "hami-dra-plugin")
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value)
