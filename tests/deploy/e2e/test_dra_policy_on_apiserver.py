@@ -7,6 +7,7 @@ and updates its own slice. A token not bound to a pod on a node writes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -118,10 +119,8 @@ def test_dra_plugin_account_writes_only_its_own_nodes_slices(
     finally:
         kube_client.delete(Pod, plugin_pod.metadata.name, namespace=NAMESPACE, grace_period=0)
         for node in (node_a, node_b):
-            try:
+            with contextlib.suppress(ApiError):
                 kube_client.delete(ResourceSlice, slices.slice_name(node))
-            except ApiError:
-                pass
             kube_client.delete(Node, node)
 
 
