@@ -4,8 +4,10 @@
 ``hami device-plugin``: the two must not manage the same cards). The slice is rebuilt
 from discovery and the node's ``hami.io/device-cordon`` annotation every
 ``publish_interval_s`` and written only when it changed (a new pool generation each
-time), so a GPU that turns unhealthy (at once: health events wake the loop) or is
-cordoned gets its ``NoSchedule`` taint within one interval.
+time). The Node is watched (:class:`NodeCordonWatch`), not read every interval: a
+cordon change wakes the loop at once, as a health event does. The publisher remembers
+the slice it wrote, so an idle node makes no request at all between full checks (a GET
+of the slice every ``resync_s``, which catches a slice someone else changed or deleted).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +43,12 @@ class SlicePublisher:
         self.node = node
         self.generation = 0
         self._node_uid = ""
+        #: The slice as last read or written (None: read it on the next sync).
+        self._known: dict[str, Any] | None = None
+
+    def invalidate(self) -> None:
+        """Forget the remembered slice: the next :meth:`sync` reads it from the apiserver."""
+        self._known = None
 
     def _current(self) -> tuple[dict[str, Any] | None, str]:
         from lightkube import ApiError
@@ -64,16 +73,38 @@ class SlicePublisher:
         self._node_uid = str(node.metadata.uid or "")
         return NodeOptions.from_annotations(node.metadata.annotations or {}).cordoned
 
-    def sync(self, devices: Sequence[DeviceInfo], cordoned: frozenset[str] = frozenset()) -> bool:
+    def sync(self, devices: Sequence[DeviceInfo], cordoned: frozenset[str] = frozenset(),
+             node_uid: str | None = None) -> bool:
         """Create or replace the slice when it differs; True when it wrote. ``cordoned``:
-        UUIDs to taint like unhealthy cards (:meth:`cordoned`). Raises lightkube's
-        ``ApiError`` or :class:`hami.dra.slices.SliceError`."""
-        from lightkube import codecs
+        UUIDs to taint like unhealthy cards (:meth:`cordoned`). ``node_uid``: the Node's
+        UID (the slice's owner) when the caller knows it (:class:`NodeCordonWatch`); None
+        reads the Node once. The slice this publisher last read or wrote is remembered:
+        when the wanted one equals it nothing is requested, and a change is one replace
+        at its resourceVersion (a conflict or a deleted slice: read it, then write).
+        :meth:`invalidate` forces a read. Raises lightkube's ``ApiError`` or
+        :class:`hami.dra.slices.SliceError`."""
+        from lightkube import ApiError
         from lightkube.resources.core_v1 import Node
 
+        if node_uid and node_uid != self._node_uid:
+            self._node_uid, self._known = node_uid, None  # a new Node: a new owner
         if not self._node_uid:
             self._node_uid = str(self.client.get(Node, self.node).metadata.uid or "")
-        current, rv = self._current()
+        if self._known is not None:
+            try:
+                return self._write(self._known, devices, cordoned)
+            except ApiError as exc:
+                if exc.status.code not in (404, 409):
+                    raise
+                log.info("ResourceSlice %s changed or deleted meanwhile; reading it",
+                         slices.slice_name(self.node))
+        self._known = None
+        return self._write(self._current()[0], devices, cordoned)
+
+    def _write(self, current: Mapping[str, Any] | None, devices: Sequence[DeviceInfo],
+               cordoned: frozenset[str]) -> bool:
+        from lightkube import codecs
+
         if current is not None:
             self.generation = max(self.generation,
                                   int((current["spec"].get("pool") or {}).get("generation") or 0))
@@ -81,16 +112,82 @@ class SlicePublisher:
                                        cordoned=cordoned,
                                        owner={"name": self.node, "uid": self._node_uid})
         if not slices.slice_changed(current, wanted):
+            self._known = dict(current) if current is not None else None
             return False
         if current is None:
-            self.client.create(codecs.from_dict(wanted))
+            written = self.client.create(codecs.from_dict(wanted))
         else:
-            wanted["metadata"]["resourceVersion"] = rv
-            self.client.replace(codecs.from_dict(wanted))
+            wanted["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            written = self.client.replace(codecs.from_dict(wanted))
+        self._known = written.to_dict()
         self.generation += 1
         log.info("published ResourceSlice %s generation %d (%d GPUs)",
                  slices.slice_name(self.node), self.generation, len(wanted["spec"]["devices"]))
         return True
+
+
+class NodeCordonWatch:
+    """A watched copy of one Node's UID and device cordon (the UUIDs of its
+    ``hami.io/device-cordon`` annotation, :meth:`SlicePublisher.cordoned`'s parse).
+
+    ``changed`` is called (from the watch thread) whenever either differs from the last
+    copy, so a cordon change republishes at once. :meth:`get` is None until the first
+    event and while the watch reconnects after an error (callers then read the Node). A
+    watch silent past the client's idle deadline, or ended by the apiserver after
+    ``server_timeout_s``, resumes from the last resourceVersion seen; BOOKMARK events only
+    move that version. ``requests`` counts the watch requests made.
+    """
+
+    def __init__(self, client: Any, node: str, changed: Callable[[], None],
+                 server_timeout_s: int = 60) -> None:
+        self.client = client
+        self.node = node
+        self.changed = changed
+        self.server_timeout_s = server_timeout_s
+        self._value: tuple[str, frozenset[str]] | None = None
+        self._lock = threading.Lock()
+        self.requests = 0
+
+    def get(self) -> tuple[str, frozenset[str]] | None:
+        """``(node UID, cordoned UUIDs)`` as last seen; None while not known."""
+        with self._lock:
+            return self._value
+
+    def _set(self, value: tuple[str, frozenset[str]] | None) -> None:
+        with self._lock:
+            old, self._value = self._value, value
+        if value is not None and value != old:
+            self.changed()
+
+    def run(self, stop: threading.Event) -> None:
+        """Watch until ``stop`` (a ``metadata.name`` field selector: this Node only)."""
+        import httpx2
+        from lightkube.resources.core_v1 import Node
+
+        resume: str | None = None
+        while not stop.is_set():
+            try:
+                self.requests += 1
+                for kind, obj in self.client.watch(Node, fields={"metadata.name": self.node},
+                                                   server_timeout=self.server_timeout_s,
+                                                   resource_version=resume):
+                    resume = (obj.metadata.resourceVersion if obj.metadata else None) or resume
+                    if stop.is_set():
+                        return
+                    if kind == "BOOKMARK":
+                        continue
+                    if kind == "DELETED":
+                        self._set(None)
+                        continue
+                    self._set((str(obj.metadata.uid or ""), NodeOptions.from_annotations(
+                        obj.metadata.annotations or {}).cordoned))
+            except httpx2.ReadTimeout:
+                log.info("node watch %s silent past its idle deadline; resuming", self.node)
+            except Exception as exc:  # noqa: BLE001 - reconnect; readers fall back to GET
+                log.info("node watch %s restarting: %s", self.node, exc)
+                resume = None  # 410 and the like: start over from the current Node
+                self._set(None)
+                stop.wait(1.0)
 
 
 @dataclass
@@ -105,6 +202,8 @@ class DraAgent:
     client: Any
     unhealthy: frozenset[str] = frozenset()
     kick: threading.Event = field(default_factory=threading.Event)
+    #: The publish loop's Node watch (set by :meth:`publish_loop`).
+    node_watch: NodeCordonWatch | None = None
 
     def devices(self) -> tuple[DeviceInfo, ...]:
         """The registered cards now (:func:`hami.deviceplugin.register.node_devices`)."""
@@ -152,15 +251,33 @@ class DraAgent:
                 return None
             raise
 
-    def publish_loop(self, stop: threading.Event, interval_s: float) -> None:
-        """Publish now and every ``interval_s`` until ``stop``; errors are logged and retried."""
+    def publish_loop(self, stop: threading.Event, interval_s: float,
+                     resync_s: float = 300.0) -> None:
+        """Publish now and whenever the cards, their health or the node's cordon change
+        (checked every ``interval_s``, at once on a health event or a Node watch event)
+        until ``stop``. The slice is re-read from the apiserver every ``resync_s`` and
+        after any error; errors are logged and retried."""
         publisher = SlicePublisher(self.client, self.node)
+        watch = NodeCordonWatch(self.client, self.node, self.kick.set)
+        self.node_watch = watch
+        threading.Thread(target=watch.run, args=(stop,), name="node-watch",
+                         daemon=True).start()
+        resync_at = time.monotonic() + resync_s
         while not stop.is_set():
+            if time.monotonic() >= resync_at:
+                publisher.invalidate()
+                resync_at = time.monotonic() + resync_s
             try:
-                publisher.sync(self.devices(), publisher.cordoned())
+                node = watch.get()
+                if node is None:  # the watch has not (re)started yet: read the Node
+                    cordoned = publisher.cordoned()
+                    publisher.sync(self.devices(), cordoned)
+                else:
+                    publisher.sync(self.devices(), node[1], node_uid=node[0])
             except (DiscoveryError, slices.SliceError) as exc:
                 log.error("cannot publish the ResourceSlice: %s", exc)
             except Exception as exc:  # noqa: BLE001 - API errors: retry next interval
+                publisher.invalidate()
                 log.warning("ResourceSlice update failed (retrying): %s", exc)
             self.kick.wait(interval_s)
             self.kick.clear()
