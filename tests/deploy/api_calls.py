@@ -112,9 +112,10 @@ CALLS: dict[str, tuple[Call, ...]] = {
     ),
     # DRA mode's node agent (hami dra-plugin) and its monitor
     DRA_PLUGIN: (
-        # SlicePublisher.sync: the node's slice, created or replaced when it changed
-        Call("get", "resourceslices", _DRA, where=("hami.dra.node:SlicePublisher.sync",
-                                                   f"{_AGENT}.publish_loop")),
+        # SlicePublisher.sync: the node's slices (fieldSelector spec.nodeName, spec.driver),
+        # created or replaced when they changed
+        Call("list", "resourceslices", _DRA, where=("hami.dra.node:SlicePublisher.sync",
+                                                    f"{_AGENT}.publish_loop")),
         Call("create", "resourceslices", _DRA, where=("hami.dra.node:SlicePublisher.sync",)),
         Call("update", "resourceslices", _DRA, where=("hami.dra.node:SlicePublisher.sync",)),
         # NodePrepareResources: the claim's allocation; the owner record: its pods

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hami.core.fit import NodeOptions
-from hami.core.model import DeviceInfo
+from hami.core.model import DeviceInfo, MigProfile
 from hami.deviceplugin.allocate import NodeSettings
 from hami.deviceplugin.config import PluginConfig
 from hami.deviceplugin.discovery import DiscoveryError, GpuBackend
@@ -35,33 +35,35 @@ log = logging.getLogger(__name__)
 
 
 class SlicePublisher:
-    """Keeps ``<node>-gpu.hami.io`` equal to :func:`hami.dra.slices.resource_slice`
-    (lightkube ``client``; the slice is owned by the Node object)."""
+    """Keeps the node's slices (``<node>-gpu.hami.io``, and more for MIG cards) equal to
+    :func:`hami.dra.slices.resource_slices` (lightkube ``client``; the slices are owned
+    by the Node object)."""
 
     def __init__(self, client: Any, node: str) -> None:
         self.client = client
         self.node = node
         self.generation = 0
         self._node_uid = ""
-        #: The slice as last read or written (None: read it on the next sync).
-        self._known: dict[str, Any] | None = None
+        #: The slices as last read or written, by name (None: list them on the next sync).
+        self._known: dict[str, dict[str, Any]] | None = None
 
     def invalidate(self) -> None:
         """Forget the remembered slice: the next :meth:`sync` reads it from the apiserver."""
         self._known = None
 
-    def _current(self) -> tuple[dict[str, Any] | None, str]:
-        from lightkube import ApiError
+    def _current(self) -> dict[str, dict[str, Any]]:
+        """This node's slices of the driver now, by name (a LIST with field selectors)."""
         from lightkube.resources.resource_v1 import ResourceSlice
 
-        try:
-            obj = self.client.get(ResourceSlice, slices.slice_name(self.node))
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None, ""
-            raise
-        doc = obj.to_dict()
-        return doc, str(doc["metadata"].get("resourceVersion") or "")
+        base = slices.slice_name(self.node)
+        out = {}
+        for obj in self.client.list(ResourceSlice, fields={"spec.nodeName": self.node,
+                                                           "spec.driver": slices.DRIVER}):
+            doc = obj.to_dict()
+            name = str(doc["metadata"].get("name") or "")
+            if name == base or name.startswith(base + "-"):
+                out[name] = doc
+        return out
 
     def cordoned(self) -> frozenset[str]:
         """UUIDs the node's ``hami.io/device-cordon`` annotation lists (HAMi's device
@@ -75,13 +77,15 @@ class SlicePublisher:
 
     def sync(self, devices: Sequence[DeviceInfo], cordoned: frozenset[str] = frozenset(),
              node_uid: str | None = None) -> bool:
-        """Create or replace the slice when it differs; True when it wrote. ``cordoned``:
+        """Create or replace the node's slices (:func:`hami.dra.slices.resource_slices`;
+        one unless cards are in MIG mode) when they differ (a slice no longer wanted is
+        kept empty); True when it wrote. ``cordoned``:
         UUIDs to taint like unhealthy cards (:meth:`cordoned`). ``node_uid``: the Node's
         UID (the slice's owner) when the caller knows it (:class:`NodeCordonWatch`); None
-        reads the Node once. The slice this publisher last read or wrote is remembered:
-        when the wanted one equals it nothing is requested, and a change is one replace
-        at its resourceVersion (a conflict or a deleted slice: read it, then write).
-        :meth:`invalidate` forces a read. Raises lightkube's ``ApiError`` or
+        reads the Node once. The slices this publisher last read or wrote are remembered:
+        when the wanted ones equal them nothing is requested, and a change is one replace
+        per slice at its resourceVersion (a conflict or a deleted slice: list them, then
+        write). :meth:`invalidate` forces a list. Raises lightkube's ``ApiError`` or
         :class:`hami.dra.slices.SliceError`."""
         from lightkube import ApiError
         from lightkube.resources.core_v1 import Node
@@ -96,33 +100,51 @@ class SlicePublisher:
             except ApiError as exc:
                 if exc.status.code not in (404, 409):
                     raise
-                log.info("ResourceSlice %s changed or deleted meanwhile; reading it",
-                         slices.slice_name(self.node))
+                log.info("ResourceSlices of %s changed or deleted meanwhile; listing them",
+                         self.node)
         self._known = None
-        return self._write(self._current()[0], devices, cordoned)
+        return self._write(self._current(), devices, cordoned)
 
-    def _write(self, current: Mapping[str, Any] | None, devices: Sequence[DeviceInfo],
+    def _write(self, current: Mapping[str, Mapping[str, Any]], devices: Sequence[DeviceInfo],
                cordoned: frozenset[str]) -> bool:
         from lightkube import codecs
 
-        if current is not None:
+        for doc in current.values():
             self.generation = max(self.generation,
-                                  int((current["spec"].get("pool") or {}).get("generation") or 0))
-        wanted = slices.resource_slice(self.node, devices, generation=self.generation + 1,
-                                       cordoned=cordoned,
-                                       owner={"name": self.node, "uid": self._node_uid})
-        if not slices.slice_changed(current, wanted):
-            self._known = dict(current) if current is not None else None
+                                  int((doc["spec"].get("pool") or {}).get("generation") or 0))
+        wanted = slices.resource_slices(self.node, devices, generation=self.generation + 1,
+                                        cordoned=cordoned,
+                                        owner={"name": self.node, "uid": self._node_uid})
+        # Slices no longer wanted (fewer MIG cards) stay as empty slices of the pool: the
+        # agent has no delete right; they go with the Node.
+        stale = sorted(set(current) - {w["metadata"]["name"] for w in wanted})
+        if stale:
+            count = len(wanted) + len(stale)
+            for w in wanted:
+                w["spec"]["pool"]["resourceSliceCount"] = count
+            wanted += [slices.empty_slice(self.node, name, generation=self.generation + 1,
+                                          count=count, owner={"name": self.node,
+                                                              "uid": self._node_uid})
+                       for name in stale]
+        names = [w["metadata"]["name"] for w in wanted]
+        if set(current) == set(names) and not any(
+                slices.slice_changed(current[n], w) for n, w in zip(names, wanted, strict=True)):
+            self._known = {n: dict(d) for n, d in current.items()}
             return False
-        if current is None:
-            written = self.client.create(codecs.from_dict(wanted))
-        else:
-            wanted["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-            written = self.client.replace(codecs.from_dict(wanted))
-        self._known = written.to_dict()
+        # A change rewrites every slice of the pool at the next generation: the scheduler
+        # uses only the slices of a pool's highest generation.
+        written: dict[str, dict[str, Any]] = {}
+        for name, doc in zip(names, wanted, strict=True):
+            if name in current:
+                doc["metadata"]["resourceVersion"] = current[name]["metadata"]["resourceVersion"]
+                written[name] = self.client.replace(codecs.from_dict(doc)).to_dict()
+            else:
+                written[name] = self.client.create(codecs.from_dict(doc)).to_dict()
+        self._known = written
         self.generation += 1
-        log.info("published ResourceSlice %s generation %d (%d GPUs)",
-                 slices.slice_name(self.node), self.generation, len(wanted["spec"]["devices"]))
+        log.info("published the ResourceSlices of %s, generation %d (%d devices in %d slices)",
+                 self.node, self.generation,
+                 sum(len(w["spec"].get("devices") or ()) for w in wanted), len(wanted))
         return True
 
 
@@ -204,10 +226,21 @@ class DraAgent:
     kick: threading.Event = field(default_factory=threading.Event)
     #: The publish loop's Node watch (set by :meth:`publish_loop`).
     node_watch: NodeCordonWatch | None = None
+    _mig: dict[str, tuple[int, tuple[MigProfile, ...]]] | None = None
 
     def devices(self) -> tuple[DeviceInfo, ...]:
-        """The registered cards now (:func:`hami.deviceplugin.register.node_devices`)."""
-        return node_devices(self.backend.devices(), self.cfg, self.unhealthy)
+        """The registered cards now (:func:`hami.deviceplugin.register.node_devices`). In
+        ``mig`` mode each card's allowed MIG profiles (``migProfileAllowlist``) are read
+        once from the MIG driver (:func:`hami.deviceplugin.mig.discover`) and kept."""
+        gpus = self.backend.devices()
+        if self.cfg.operating_mode != "mig":
+            return node_devices(gpus, self.cfg, self.unhealthy)
+        if self._mig is None:
+            from hami.deviceplugin.mig import discover
+
+            self._mig = discover(self.backend.mig_driver(), [(g.uuid, g.name) for g in gpus],
+                                 self.cfg.mig_allowlist)
+        return node_devices(gpus, self.cfg, self.unhealthy, self._mig)
 
     def health_loop(self, stop: threading.Event) -> None:
         """Mark cards unhealthy on health events until ``stop`` (the device plugin's
