@@ -112,15 +112,18 @@ CALLS: dict[str, tuple[Call, ...]] = {
     ),
     # DRA mode's node agent (hami dra-plugin) and its monitor
     DRA_PLUGIN: (
-        # SlicePublisher.sync: the node's slice, created or replaced when it changed
-        Call("get", "resourceslices", _DRA, where=("hami.dra.node:SlicePublisher.sync",
-                                                   f"{_AGENT}.publish_loop")),
+        # SlicePublisher.sync: the node's slices (fieldSelector spec.nodeName, spec.driver),
+        # created or replaced when they changed
+        Call("list", "resourceslices", _DRA, where=("hami.dra.node:SlicePublisher.sync",
+                                                    f"{_AGENT}.publish_loop")),
         Call("create", "resourceslices", _DRA, where=("hami.dra.node:SlicePublisher.sync",)),
         Call("update", "resourceslices", _DRA, where=("hami.dra.node:SlicePublisher.sync",)),
         # NodePrepareResources: the claim's allocation; the owner record: its pods
         Call("get", "resourceclaims", _DRA, where=(f"{_AGENT}.get_claim",)),
         Call("get", "pods", where=(f"{_AGENT}.get_pod",)),
-        # the Node: its UID (the slice's owner) and its hami.io/device-cordon
+        # the Node: its UID (the slice's owner) and its hami.io/device-cordon, watched
+        # (metadata.name field selector); a GET while the watch (re)connects
+        Call("watch", "nodes", where=("hami.dra.node:NodeCordonWatch.run",)),
         Call("get", "nodes", where=("hami.dra.node:SlicePublisher.sync",
                                     "hami.dra.node:SlicePublisher.cordoned")),
         # the monitor: the pods of its node (fieldSelector spec.nodeName)
@@ -148,6 +151,8 @@ NOT_IN_CHART = {
     "hami.deviceplugin.kube:NodeWatch.offer": "no request: the watched copy",
     "hami.deviceplugin.kube:PodWatch.pods": "no request: the watched copy",
     "hami.deviceplugin.kube:PodWatch.offer": "no request: the watched copy",
+    "hami.dra.node:NodeCordonWatch.get": "no request: the watched copy",
+    "hami.dra.node:SlicePublisher.invalidate": "no request",
     f"{_AGENT}.devices": "no request: discovery",
     f"{_AGENT}.uuids": "no request: discovery",
     f"{_AGENT}.health_loop": "no request: NVML health events",
@@ -163,7 +168,7 @@ NOT_IN_CHART = {
 #: The API layer: the only modules that import lightkube (besides ``hami top``, which runs
 #: with the user's own kubeconfig, and the test helpers).
 API_MODULES = {"hami.kube": ("Kube",), "hami.deviceplugin.kube": ("KubeApi", "NodeWatch", "PodWatch"),
-               "hami.certgen": (), "hami.dra.node": ("SlicePublisher", "DraAgent"),
+               "hami.certgen": (), "hami.dra.node": ("SlicePublisher", "DraAgent", "NodeCordonWatch"),
                "hami.dra.cache": ("DraObjects",), "hami.dra.webhook": ("DraWebhook",),
                "hami.dra.prioritize": ("DraPrioritizer",)}
 OUTSIDE_CHART = {"hami.top": "hami top runs with the user's kubeconfig (list nodes, pods, "

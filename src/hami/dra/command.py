@@ -29,7 +29,8 @@ def dra_plugin(
         "/var/run/cdi"),
     publish_interval: Annotated[float, typer.Option(
         parser=seconds, metavar="DURATION",
-        help="time between ResourceSlice checks (10s, or seconds: 10)")] = 10.0,
+        help="time between card discoveries (10s, or seconds: 10); the Node is watched, "
+             "cordon changes republish at once")] = 10.0,
     kubelet_plugin: Annotated[bool, typer.Option(
         help="serve the kubelet DRA plugin sockets (--no-kubelet-plugin: publish only)")] = True,
 ) -> None:

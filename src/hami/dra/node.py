@@ -4,8 +4,10 @@
 ``hami device-plugin``: the two must not manage the same cards). The slice is rebuilt
 from discovery and the node's ``hami.io/device-cordon`` annotation every
 ``publish_interval_s`` and written only when it changed (a new pool generation each
-time), so a GPU that turns unhealthy (at once: health events wake the loop) or is
-cordoned gets its ``NoSchedule`` taint within one interval.
+time). The Node is watched (:class:`NodeCordonWatch`), not read every interval: a
+cordon change wakes the loop at once, as a health event does. The publisher remembers
+the slice it wrote, so an idle node makes no request at all between full checks (a GET
+of the slice every ``resync_s``, which catches a slice someone else changed or deleted).
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hami.core.fit import NodeOptions
-from hami.core.model import DeviceInfo
+from hami.core.model import DeviceInfo, MigProfile
 from hami.deviceplugin.allocate import NodeSettings
 from hami.deviceplugin.config import PluginConfig
 from hami.deviceplugin.discovery import DiscoveryError, GpuBackend
@@ -32,27 +35,35 @@ log = logging.getLogger(__name__)
 
 
 class SlicePublisher:
-    """Keeps ``<node>-gpu.hami.io`` equal to :func:`hami.dra.slices.resource_slice`
-    (lightkube ``client``; the slice is owned by the Node object)."""
+    """Keeps the node's slices (``<node>-gpu.hami.io``, and more for MIG cards) equal to
+    :func:`hami.dra.slices.resource_slices` (lightkube ``client``; the slices are owned
+    by the Node object)."""
 
     def __init__(self, client: Any, node: str) -> None:
         self.client = client
         self.node = node
         self.generation = 0
         self._node_uid = ""
+        #: The slices as last read or written, by name (None: list them on the next sync).
+        self._known: dict[str, dict[str, Any]] | None = None
 
-    def _current(self) -> tuple[dict[str, Any] | None, str]:
-        from lightkube import ApiError
+    def invalidate(self) -> None:
+        """Forget the remembered slice: the next :meth:`sync` reads it from the apiserver."""
+        self._known = None
+
+    def _current(self) -> dict[str, dict[str, Any]]:
+        """This node's slices of the driver now, by name (a LIST with field selectors)."""
         from lightkube.resources.resource_v1 import ResourceSlice
 
-        try:
-            obj = self.client.get(ResourceSlice, slices.slice_name(self.node))
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None, ""
-            raise
-        doc = obj.to_dict()
-        return doc, str(doc["metadata"].get("resourceVersion") or "")
+        base = slices.slice_name(self.node)
+        out = {}
+        for obj in self.client.list(ResourceSlice, fields={"spec.nodeName": self.node,
+                                                           "spec.driver": slices.DRIVER}):
+            doc = obj.to_dict()
+            name = str(doc["metadata"].get("name") or "")
+            if name == base or name.startswith(base + "-"):
+                out[name] = doc
+        return out
 
     def cordoned(self) -> frozenset[str]:
         """UUIDs the node's ``hami.io/device-cordon`` annotation lists (HAMi's device
@@ -64,33 +75,141 @@ class SlicePublisher:
         self._node_uid = str(node.metadata.uid or "")
         return NodeOptions.from_annotations(node.metadata.annotations or {}).cordoned
 
-    def sync(self, devices: Sequence[DeviceInfo], cordoned: frozenset[str] = frozenset()) -> bool:
-        """Create or replace the slice when it differs; True when it wrote. ``cordoned``:
-        UUIDs to taint like unhealthy cards (:meth:`cordoned`). Raises lightkube's
-        ``ApiError`` or :class:`hami.dra.slices.SliceError`."""
-        from lightkube import codecs
+    def sync(self, devices: Sequence[DeviceInfo], cordoned: frozenset[str] = frozenset(),
+             node_uid: str | None = None) -> bool:
+        """Create or replace the node's slices (:func:`hami.dra.slices.resource_slices`;
+        one unless cards are in MIG mode) when they differ (a slice no longer wanted is
+        kept empty); True when it wrote. ``cordoned``:
+        UUIDs to taint like unhealthy cards (:meth:`cordoned`). ``node_uid``: the Node's
+        UID (the slice's owner) when the caller knows it (:class:`NodeCordonWatch`); None
+        reads the Node once. The slices this publisher last read or wrote are remembered:
+        when the wanted ones equal them nothing is requested, and a change is one replace
+        per slice at its resourceVersion (a conflict or a deleted slice: list them, then
+        write). :meth:`invalidate` forces a list. Raises lightkube's ``ApiError`` or
+        :class:`hami.dra.slices.SliceError`."""
+        from lightkube import ApiError
         from lightkube.resources.core_v1 import Node
 
+        if node_uid and node_uid != self._node_uid:
+            self._node_uid, self._known = node_uid, None  # a new Node: a new owner
         if not self._node_uid:
             self._node_uid = str(self.client.get(Node, self.node).metadata.uid or "")
-        current, rv = self._current()
-        if current is not None:
+        if self._known is not None:
+            try:
+                return self._write(self._known, devices, cordoned)
+            except ApiError as exc:
+                if exc.status.code not in (404, 409):
+                    raise
+                log.info("ResourceSlices of %s changed or deleted meanwhile; listing them",
+                         self.node)
+        self._known = None
+        return self._write(self._current(), devices, cordoned)
+
+    def _write(self, current: Mapping[str, Mapping[str, Any]], devices: Sequence[DeviceInfo],
+               cordoned: frozenset[str]) -> bool:
+        from lightkube import codecs
+
+        for doc in current.values():
             self.generation = max(self.generation,
-                                  int((current["spec"].get("pool") or {}).get("generation") or 0))
-        wanted = slices.resource_slice(self.node, devices, generation=self.generation + 1,
-                                       cordoned=cordoned,
-                                       owner={"name": self.node, "uid": self._node_uid})
-        if not slices.slice_changed(current, wanted):
+                                  int((doc["spec"].get("pool") or {}).get("generation") or 0))
+        wanted = slices.resource_slices(self.node, devices, generation=self.generation + 1,
+                                        cordoned=cordoned,
+                                        owner={"name": self.node, "uid": self._node_uid})
+        # Slices no longer wanted (fewer MIG cards) stay as empty slices of the pool: the
+        # agent has no delete right; they go with the Node.
+        stale = sorted(set(current) - {w["metadata"]["name"] for w in wanted})
+        if stale:
+            count = len(wanted) + len(stale)
+            for w in wanted:
+                w["spec"]["pool"]["resourceSliceCount"] = count
+            wanted += [slices.empty_slice(self.node, name, generation=self.generation + 1,
+                                          count=count, owner={"name": self.node,
+                                                              "uid": self._node_uid})
+                       for name in stale]
+        names = [w["metadata"]["name"] for w in wanted]
+        if set(current) == set(names) and not any(
+                slices.slice_changed(current[n], w) for n, w in zip(names, wanted, strict=True)):
+            self._known = {n: dict(d) for n, d in current.items()}
             return False
-        if current is None:
-            self.client.create(codecs.from_dict(wanted))
-        else:
-            wanted["metadata"]["resourceVersion"] = rv
-            self.client.replace(codecs.from_dict(wanted))
+        # A change rewrites every slice of the pool at the next generation: the scheduler
+        # uses only the slices of a pool's highest generation.
+        written: dict[str, dict[str, Any]] = {}
+        for name, doc in zip(names, wanted, strict=True):
+            if name in current:
+                doc["metadata"]["resourceVersion"] = current[name]["metadata"]["resourceVersion"]
+                written[name] = self.client.replace(codecs.from_dict(doc)).to_dict()
+            else:
+                written[name] = self.client.create(codecs.from_dict(doc)).to_dict()
+        self._known = written
         self.generation += 1
-        log.info("published ResourceSlice %s generation %d (%d GPUs)",
-                 slices.slice_name(self.node), self.generation, len(wanted["spec"]["devices"]))
+        log.info("published the ResourceSlices of %s, generation %d (%d devices in %d slices)",
+                 self.node, self.generation,
+                 sum(len(w["spec"].get("devices") or ()) for w in wanted), len(wanted))
         return True
+
+
+class NodeCordonWatch:
+    """A watched copy of one Node's UID and device cordon (the UUIDs of its
+    ``hami.io/device-cordon`` annotation, :meth:`SlicePublisher.cordoned`'s parse).
+
+    ``changed`` is called (from the watch thread) whenever either differs from the last
+    copy, so a cordon change republishes at once. :meth:`get` is None until the first
+    event and while the watch reconnects after an error (callers then read the Node). A
+    watch silent past the client's idle deadline, or ended by the apiserver after
+    ``server_timeout_s``, resumes from the last resourceVersion seen; BOOKMARK events only
+    move that version. ``requests`` counts the watch requests made.
+    """
+
+    def __init__(self, client: Any, node: str, changed: Callable[[], None],
+                 server_timeout_s: int = 60) -> None:
+        self.client = client
+        self.node = node
+        self.changed = changed
+        self.server_timeout_s = server_timeout_s
+        self._value: tuple[str, frozenset[str]] | None = None
+        self._lock = threading.Lock()
+        self.requests = 0
+
+    def get(self) -> tuple[str, frozenset[str]] | None:
+        """``(node UID, cordoned UUIDs)`` as last seen; None while not known."""
+        with self._lock:
+            return self._value
+
+    def _set(self, value: tuple[str, frozenset[str]] | None) -> None:
+        with self._lock:
+            old, self._value = self._value, value
+        if value is not None and value != old:
+            self.changed()
+
+    def run(self, stop: threading.Event) -> None:
+        """Watch until ``stop`` (a ``metadata.name`` field selector: this Node only)."""
+        import httpx2
+        from lightkube.resources.core_v1 import Node
+
+        resume: str | None = None
+        while not stop.is_set():
+            try:
+                self.requests += 1
+                for kind, obj in self.client.watch(Node, fields={"metadata.name": self.node},
+                                                   server_timeout=self.server_timeout_s,
+                                                   resource_version=resume):
+                    resume = (obj.metadata.resourceVersion if obj.metadata else None) or resume
+                    if stop.is_set():
+                        return
+                    if kind == "BOOKMARK":
+                        continue
+                    if kind == "DELETED":
+                        self._set(None)
+                        continue
+                    self._set((str(obj.metadata.uid or ""), NodeOptions.from_annotations(
+                        obj.metadata.annotations or {}).cordoned))
+            except httpx2.ReadTimeout:
+                log.info("node watch %s silent past its idle deadline; resuming", self.node)
+            except Exception as exc:  # noqa: BLE001 - reconnect; readers fall back to GET
+                log.info("node watch %s restarting: %s", self.node, exc)
+                resume = None  # 410 and the like: start over from the current Node
+                self._set(None)
+                stop.wait(1.0)
 
 
 @dataclass
@@ -105,10 +224,23 @@ class DraAgent:
     client: Any
     unhealthy: frozenset[str] = frozenset()
     kick: threading.Event = field(default_factory=threading.Event)
+    #: The publish loop's Node watch (set by :meth:`publish_loop`).
+    node_watch: NodeCordonWatch | None = None
+    _mig: dict[str, tuple[int, tuple[MigProfile, ...]]] | None = None
 
     def devices(self) -> tuple[DeviceInfo, ...]:
-        """The registered cards now (:func:`hami.deviceplugin.register.node_devices`)."""
-        return node_devices(self.backend.devices(), self.cfg, self.unhealthy)
+        """The registered cards now (:func:`hami.deviceplugin.register.node_devices`). In
+        ``mig`` mode each card's allowed MIG profiles (``migProfileAllowlist``) are read
+        once from the MIG driver (:func:`hami.deviceplugin.mig.discover`) and kept."""
+        gpus = self.backend.devices()
+        if self.cfg.operating_mode != "mig":
+            return node_devices(gpus, self.cfg, self.unhealthy)
+        if self._mig is None:
+            from hami.deviceplugin.mig import discover
+
+            self._mig = discover(self.backend.mig_driver(), [(g.uuid, g.name) for g in gpus],
+                                 self.cfg.mig_allowlist)
+        return node_devices(gpus, self.cfg, self.unhealthy, self._mig)
 
     def health_loop(self, stop: threading.Event) -> None:
         """Mark cards unhealthy on health events until ``stop`` (the device plugin's
@@ -152,15 +284,33 @@ class DraAgent:
                 return None
             raise
 
-    def publish_loop(self, stop: threading.Event, interval_s: float) -> None:
-        """Publish now and every ``interval_s`` until ``stop``; errors are logged and retried."""
+    def publish_loop(self, stop: threading.Event, interval_s: float,
+                     resync_s: float = 300.0) -> None:
+        """Publish now and whenever the cards, their health or the node's cordon change
+        (checked every ``interval_s``, at once on a health event or a Node watch event)
+        until ``stop``. The slice is re-read from the apiserver every ``resync_s`` and
+        after any error; errors are logged and retried."""
         publisher = SlicePublisher(self.client, self.node)
+        watch = NodeCordonWatch(self.client, self.node, self.kick.set)
+        self.node_watch = watch
+        threading.Thread(target=watch.run, args=(stop,), name="node-watch",
+                         daemon=True).start()
+        resync_at = time.monotonic() + resync_s
         while not stop.is_set():
+            if time.monotonic() >= resync_at:
+                publisher.invalidate()
+                resync_at = time.monotonic() + resync_s
             try:
-                publisher.sync(self.devices(), publisher.cordoned())
+                node = watch.get()
+                if node is None:  # the watch has not (re)started yet: read the Node
+                    cordoned = publisher.cordoned()
+                    publisher.sync(self.devices(), cordoned)
+                else:
+                    publisher.sync(self.devices(), node[1], node_uid=node[0])
             except (DiscoveryError, slices.SliceError) as exc:
                 log.error("cannot publish the ResourceSlice: %s", exc)
             except Exception as exc:  # noqa: BLE001 - API errors: retry next interval
+                publisher.invalidate()
                 log.warning("ResourceSlice update failed (retrying): %s", exc)
             self.kick.wait(interval_s)
             self.kick.clear()

@@ -15,6 +15,10 @@ same cards with the same scaling. Each card becomes one device of the slice
   ``productName``, ``numa``, ``index``.
 * health: an unhealthy card keeps its device, with a ``NoSchedule`` taint
   ``gpu.hami.io/unhealthy`` (new claims avoid it, running pods keep it).
+
+Cards in MIG mode are published as partitionable devices instead
+(:mod:`hami.dra.migslices`), which can take more than one slice per node
+(:func:`resource_slices`).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 from hami.core.model import DeviceInfo
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import quantity
+from hami.dra import migslices
 
 #: The DRA driver name (a DNS subdomain), also the DeviceClass name of the chart.
 DRIVER = "gpu.hami.io"
@@ -89,24 +94,9 @@ def slice_device(d: DeviceInfo, cordoned: bool = False) -> dict[str, Any]:
     return device
 
 
-def resource_slice(node: str, devices: Sequence[DeviceInfo], *, generation: int = 1,
-                   cordoned: frozenset[str] = frozenset(),
-                   owner: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The node's ResourceSlice (a ``resource.k8s.io/v1`` object as a dict).
-
-    ``devices``: the registered cards in index order (MIG-mode cards are not published:
-    DRA mode covers HAMi-core sharing only). ``generation``: the pool generation (bump it
-    on every change so the scheduler drops older slices). ``cordoned``: UUIDs an operator
-    cordoned. ``owner``: the Node's ``{"name", "uid"}`` so the slice goes with the Node.
-
-    Raises:
-        SliceError: more than :data:`MAX_DEVICES_PER_SLICE` cards.
-    """
-    cards = [d for d in devices if d.mode != "mig"]
-    if len(cards) > MAX_DEVICES_PER_SLICE:
-        raise SliceError(f"node {node} has {len(cards)} GPUs; one ResourceSlice holds at "
-                         f"most {MAX_DEVICES_PER_SLICE}")
-    meta: dict[str, Any] = {"name": slice_name(node)}
+def _slice(node: str, name: str, generation: int, count: int,
+           owner: Mapping[str, str] | None, **content: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
     if owner and owner.get("uid"):
         meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": owner["name"],
                                     "uid": owner["uid"], "controller": True}]
@@ -117,10 +107,64 @@ def resource_slice(node: str, devices: Sequence[DeviceInfo], *, generation: int 
         "spec": {
             "driver": DRIVER,
             "nodeName": node,
-            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-            "devices": [slice_device(d, d.uuid in cordoned) for d in cards],
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": count},
+            **content,
         },
     }
+
+
+def empty_slice(node: str, name: str, *, generation: int, count: int,
+                owner: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A slice ``name`` of the node's pool with no devices (one no longer needed)."""
+    return _slice(node, name, generation, count, owner, devices=[])
+
+
+def resource_slices(node: str, devices: Sequence[DeviceInfo], *, generation: int = 1,
+                    cordoned: frozenset[str] = frozenset(),
+                    owner: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """The node's pool: its ResourceSlices (``resource.k8s.io/v1`` objects as dicts).
+
+    ``devices``: the registered cards in index order. Cards in ``mig`` mode are published
+    as partitionable devices (:mod:`hami.dra.migslices`), the others as one shareable
+    device each (:func:`slice_device`). The first slice is ``<node>-gpu.hami.io`` with the
+    first :data:`MAX_DEVICES_PER_SLICE` devices; MIG instances beyond that go to
+    ``<node>-gpu.hami.io-mig-<k>`` (k from 1), and the MIG cards' counter sets to
+    ``<node>-gpu.hami.io-counters-<k>`` (k from 0; a slice holds devices or counters,
+    never both). A node without MIG cards has exactly one slice, :func:`resource_slice`.
+    ``generation``: the pool generation, the same in every slice (bump it on every
+    change so the scheduler drops older slices). ``cordoned``: UUIDs an operator
+    cordoned. ``owner``: the Node's ``{"name", "uid"}`` so the slices go with the Node.
+
+    Raises:
+        SliceError: more than :data:`MAX_DEVICES_PER_SLICE` shareable cards.
+    """
+    cards = [d for d in devices if d.mode != "mig"]
+    if len(cards) > MAX_DEVICES_PER_SLICE:
+        raise SliceError(f"node {node} has {len(cards)} GPUs; one ResourceSlice holds at "
+                         f"most {MAX_DEVICES_PER_SLICE}")
+    mig = [d for d in devices if d.mode == "mig" and d.mig_profiles]
+    all_devices = [slice_device(d, d.uuid in cordoned) for d in cards]
+    all_devices += [dev for d in mig for dev in migslices.instance_devices(d, d.uuid in cordoned)]
+    per, sets = MAX_DEVICES_PER_SLICE, migslices.MAX_COUNTER_SETS_PER_SLICE
+    device_chunks = [all_devices[i:i + per] for i in range(0, len(all_devices), per)] or [[]]
+    counter_chunks = [[migslices.counter_set(d) for d in mig[i:i + sets]]
+                      for i in range(0, len(mig), sets)]
+    count = len(device_chunks) + len(counter_chunks)
+    base = slice_name(node)
+    out = [_slice(node, base if k == 0 else f"{base}-mig-{k}", generation, count, owner,
+                  devices=chunk) for k, chunk in enumerate(device_chunks)]
+    out += [_slice(node, f"{base}-counters-{k}", generation, count, owner, sharedCounters=chunk)
+            for k, chunk in enumerate(counter_chunks)]
+    return out
+
+
+def resource_slice(node: str, devices: Sequence[DeviceInfo], *, generation: int = 1,
+                   cordoned: frozenset[str] = frozenset(),
+                   owner: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The node's first ResourceSlice ``<node>-gpu.hami.io`` (:func:`resource_slices`;
+    the only one when no card is in MIG mode). Raises :class:`SliceError`."""
+    return resource_slices(node, devices, generation=generation, cordoned=cordoned,
+                           owner=owner)[0]
 
 
 def slice_changed(current: Mapping[str, Any] | None, wanted: Mapping[str, Any]) -> bool:
@@ -130,7 +174,11 @@ def slice_changed(current: Mapping[str, Any] | None, wanted: Mapping[str, Any]) 
         return True
     cur, want = current.get("spec") or {}, wanted["spec"]
     return bool(cur.get("driver") != want["driver"] or cur.get("nodeName") != want["nodeName"]
-                or _norm(cur.get("devices")) != _norm(want["devices"]))
+                or (cur.get("pool") or {}).get("resourceSliceCount")
+                != want["pool"]["resourceSliceCount"]
+                or _norm(cur.get("devices")) != _norm(want.get("devices"))
+                or _norm_counters(cur.get("sharedCounters")) != _norm_counters(
+                    want.get("sharedCounters")))
 
 
 def _norm(devices: Any) -> Any:
@@ -143,8 +191,28 @@ def _norm(devices: Any) -> Any:
             dev["taints"] = [{k: t.get(k) for k in ("key", "value", "effect")}
                              for t in dev.get("taints") or [] if isinstance(t, Mapping)]
             dev["capacity"] = {k: _norm_cap(v) for k, v in (dev.get("capacity") or {}).items()}
+            dev["consumesCounters"] = _norm_counters(
+                [{"name": c.get("counterSet"), "counters": c.get("counters")}
+                 for c in dev.get("consumesCounters") or [] if isinstance(c, Mapping)])
         out.append(dev)
     return out
+
+
+def _norm_counters(sets: Any) -> Any:
+    """Counter sets as ``{name: {counter: bytes}}`` (quantities canonicalised)."""
+    if not isinstance(sets, list):
+        return sets or []
+    return sorted((str(cs.get("name")), sorted(
+        (k, _q((v or {}).get("value") if isinstance(v, Mapping) else v))
+        for k, v in (cs.get("counters") or {}).items()))
+        for cs in sets if isinstance(cs, Mapping))
+
+
+def _q(v: Any) -> Any:
+    try:
+        return to_int_exact(quantity(v))
+    except (QuantityError, ValueError, TypeError):
+        return v
 
 
 def _norm_cap(cap: Any) -> Any:

@@ -1,0 +1,181 @@
+"""MIG-mode cards as partitionable devices, on the real control plane: the DRA agent
+publishes an A100's allowed MIG instances (one device per profile and placement, each
+consuming the memory-slice counters of its range), and the real kube-scheduler, given
+claims for instances of several profiles at once, never allocates two that overlap.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hami.deviceplugin.config import apply_node_config, from_device_config
+from hami.deviceplugin.discovery import FakeBackend
+from hami.dra.node import DraAgent
+from hami.dra.slices import DRIVER, slice_name
+from hami.testing.controlplane import create_gpu_node
+
+pytestmark = pytest.mark.e2e
+
+A100 = {"model": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960, "uuids": ["GPU-mig-a100"],
+        "mig_profiles": [
+            {"slices": 1, "memory_mib": 4864, "sms": 14, "instances": 7,
+             "placements": [[s, 1] for s in range(7)]},
+            {"slices": 2, "memory_mib": 9856, "sms": 28, "instances": 3,
+             "placements": [[0, 2], [2, 2], [4, 2]]},
+            {"slices": 3, "memory_mib": 19968, "sms": 42, "instances": 2,
+             "placements": [[0, 4], [4, 4]]},
+            {"slices": 7, "memory_mib": 40192, "sms": 98, "instances": 1,
+             "placements": [[0, 8]]}]}
+CONFIG = """nvidia:
+  migProfileAllowlist:
+    - models: ["A100-SXM4-40GB"]
+      profiles: ["1g.5gb", "2g.10gb", "3g.20gb", "7g.40gb"]
+"""
+NS = "default"
+
+
+def _wait(check: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+@pytest.fixture
+def mig_node(kube_client: Any, tmp_path: Path) -> Iterator[str]:
+    """A node whose DRA agent publishes one A100 in MIG mode (fake inventory)."""
+    from lightkube import codecs
+    from lightkube.resources.core_v1 import Node
+    from lightkube.resources.resource_v1 import ResourceSlice
+
+    with contextlib.suppress(Exception):  # the class may exist (another test made it)
+        kube_client.create(codecs.from_dict({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
+    name = f"dra-mig-{uuid.uuid4().hex[:6]}"
+    create_gpu_node(kube_client, name, gpus=0)
+    inv = tmp_path / "mig.yaml"
+    inv.write_text(json.dumps({"gpus": [A100]}))
+    # the node config puts the node in MIG mode (HAMi's per-node operatingmode)
+    cfg = apply_node_config(from_device_config(CONFIG), json.dumps(
+        {"nodeconfig": [{"name": name, "operatingmode": "mig"}]}), name)
+    agent = DraAgent(name, FakeBackend(inv), cfg, kube_client)
+    stop = threading.Event()
+    loop = threading.Thread(target=agent.publish_loop, args=(stop, 0.5), daemon=True)
+    loop.start()
+    try:
+        yield name
+    finally:
+        stop.set()
+        loop.join(timeout=10)
+        for s in kube_client.list(ResourceSlice, fields={"spec.nodeName": name}):
+            kube_client.delete(ResourceSlice, s.metadata.name)
+        kube_client.delete(Node, name)
+
+
+def _claim_and_pod(kube_client: Any, name: str, profile: str) -> None:
+    from lightkube import codecs
+
+    kube_client.create(codecs.from_dict({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "mig", "exactly": {
+            "deviceClassName": DRIVER, "selectors": [{"cel": {"expression":
+                f'device.attributes["{DRIVER}"].profile == "{profile}"'}}]}}]}}}))
+    kube_client.create(codecs.from_dict({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+        "spec": {"resourceClaims": [{"name": "mig", "resourceClaimName": name}],
+                 "terminationGracePeriodSeconds": 0,
+                 "containers": [{"name": "c", "image": "pause",
+                                 "resources": {"claims": [{"name": "mig"}]}}]}}))
+
+
+def test_mig_instances_published_and_never_overlapping(kube_client: Any, mig_node: str) -> None:
+    from lightkube.resources.core_v1 import Pod
+    from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
+    def pool() -> list[dict[str, Any]]:
+        return [s.to_dict() for s in kube_client.list(
+            ResourceSlice, fields={"spec.nodeName": mig_node})]
+
+    got = _wait(lambda: (p := pool()) and len(p) == 2 and p, 30, "the MIG pool published")
+    by_name = {s["metadata"]["name"]: s["spec"] for s in got}
+    devices = by_name[slice_name(mig_node)]["devices"]
+    counters = by_name[f"{slice_name(mig_node)}-counters-0"]["sharedCounters"]
+    assert {s["pool"]["resourceSliceCount"] for s in by_name.values()} == {2}
+    assert [c["name"] for c in counters] == ["gpu-0-slices"]
+    assert sorted(counters[0]["counters"]) == [f"memory-slice-{k}" for k in range(8)]
+    assert [d["name"] for d in devices] == (
+        [f"gpu-0-1g-5gb-{s}" for s in range(7)] + ["gpu-0-2g-10gb-0", "gpu-0-2g-10gb-2",
+                                                  "gpu-0-2g-10gb-4", "gpu-0-3g-20gb-0",
+                                                  "gpu-0-3g-20gb-4", "gpu-0-7g-40gb-0"])
+    three = next(d for d in devices if d["name"] == "gpu-0-3g-20gb-4")
+    assert sorted(three["consumesCounters"][0]["counters"]) == [
+        f"memory-slice-{k}" for k in range(4, 8)]
+    # idle: the agent does not rewrite the pool (the apiserver's copy compares equal)
+    gens = {s["pool"]["generation"] for s in by_name.values()}
+    time.sleep(2.0)
+    assert {s["spec"]["pool"]["generation"] for s in pool()} == gens
+
+    # 2 x 3g, 3 x 2g, 7 x 1g, 1 x 7g at once: 8 memory slices cannot hold them all
+    asks = ["3g.20gb"] * 2 + ["2g.10gb"] * 3 + ["1g.5gb"] * 7 + ["7g.40gb"]
+    names = [f"mig-{i}-{uuid.uuid4().hex[:4]}" for i in range(len(asks))]
+    try:
+        for n, profile in zip(names, asks, strict=True):
+            _claim_and_pod(kube_client, n, profile)
+
+        def allocated() -> dict[str, str]:
+            out = {}
+            for n in names:
+                c = kube_client.get(ResourceClaim, n, namespace=NS).to_dict()
+                res = (((c.get("status") or {}).get("allocation") or {}).get("devices")
+                       or {}).get("results") or []
+                if res:
+                    out[n] = res[0]["device"]
+            return out
+
+        def settled() -> dict[str, str] | None:
+            pods = [kube_client.get(Pod, n, namespace=NS) for n in names]
+            if any(not p.spec.nodeName and not any(
+                    c.reason == "Unschedulable" for c in (p.status.conditions or []))
+                    for p in pods):
+                return None
+            return allocated()
+
+        placed = _wait(settled, 120, "every pod placed or unschedulable")
+        time.sleep(3.0)  # let the scheduler retry the unschedulable ones
+        placed = allocated()
+        span = {d["name"]: range(d["attributes"]["placementStart"]["int"],
+                                 d["attributes"]["placementStart"]["int"]
+                                 + d["attributes"]["placementSize"]["int"]) for d in devices}
+        used: dict[int, str] = {}
+        for claim, device in placed.items():
+            for k in span[device]:
+                assert k not in used, f"{claim} ({device}) overlaps {used[k]} on slice {k}"
+                used[k] = f"{claim} ({device})"
+        assert len(set(placed.values())) == len(placed)
+        assert 0 < len(placed) < len(asks)
+        for claim, device in placed.items():
+            assert kube_client.get(Pod, claim, namespace=NS).spec.nodeName == mig_node
+            assert device.startswith("gpu-0-" + asks[names.index(claim)].replace(".", "-"))
+        print(f"placed {len(placed)} of {len(asks)}: {sorted(placed.values())}; "
+              f"memory slices used {sorted(used)}")
+    finally:
+        for n in names:
+            with contextlib.suppress(Exception):
+                kube_client.delete(Pod, n, namespace=NS, grace_period=0)
+            with contextlib.suppress(Exception):
+                kube_client.delete(ResourceClaim, n, namespace=NS)
