@@ -323,11 +323,12 @@ def burst(bed: Any, mode: str, n: int, prefix: str) -> dict[str, Any]:
     return result
 
 
-def run_mode(mode: str, pods: int, rounds: int, vanilla: bool) -> list[dict[str, Any]]:
+def run_mode(mode: str, pods: int, rounds: int, vanilla: bool,
+             libvgpu_build: Path | None) -> list[dict[str, Any]]:
     from hami.testing.gpubed import GpuBed, default_inventory
 
     bed = GpuBed(inventory=default_inventory(GPUS, CARD_MIB),
-                 plugin_args=CDI_ARGS if mode == "cdi" else ())
+                 plugin_args=CDI_ARGS if mode == "cdi" else (), libvgpu_build=libvgpu_build)
     results = []
     t0 = time.monotonic()
     with bed:
@@ -355,9 +356,12 @@ def main() -> None:
                         default=["node-lock", "cdi"])
     parser.add_argument("--no-vanilla", action="store_true",
                         help="skip the non-GPU reference burst")
+    parser.add_argument("--libvgpu-build", type=Path, default=None,
+                        help="libvgpu's build directory (default: native/libvgpu/build)")
     args = parser.parse_args()
     for i, mode in enumerate(args.modes):
-        run_mode(mode, args.pods, args.rounds, vanilla=(i == 0 and not args.no_vanilla))
+        run_mode(mode, args.pods, args.rounds, vanilla=(i == 0 and not args.no_vanilla),
+                 libvgpu_build=args.libvgpu_build)
 
 
 if __name__ == "__main__":
