@@ -229,6 +229,40 @@ def unresolvable_events(bed: Any, names: list[str]) -> int:
         client.close()
 
 
+class SpecChurn:
+    """Other CDI spec files rewritten ``hz`` times a second in the node's spec directory
+    (temporary file, then rename, as any writer does): each rewrite makes containerd's
+    CDI cache rescan the whole directory, as a busy node's other writers (DRA drivers,
+    hami's own spec writes and sweeps) do. 0: off."""
+
+    def __init__(self, bed: Any, hz: float, files: int = 8) -> None:
+        self.dir = bed.node.cdi_dir
+        self.hz = hz
+        self.files = files
+        self.writes = 0
+        self._stop = threading.Event()
+        if hz > 0:
+            threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        k = 0
+        while not self._stop.wait(1.0 / self.hz):
+            k = (k + 1) % self.files
+            doc = {"cdiVersion": "0.6.0", "kind": "churn.example.com/dev",
+                   "devices": [{"name": f"d{k}", "containerEdits": {"env": [f"CHURN={k}"]}}]}
+            path = self.dir / f"churn-{k}.json"
+            tmp = self.dir / f".churn-{k}.tmp"
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, path)
+            self.writes += 1
+
+    def stop(self) -> int:
+        self._stop.set()
+        for k in range(self.files):
+            (self.dir / f"churn-{k}.json").unlink(missing_ok=True)
+        return self.writes
+
+
 def delete_pods(bed: Any) -> None:
     from lightkube.resources.core_v1 import Pod
 
@@ -244,7 +278,7 @@ def delete_pods(bed: Any) -> None:
         client.close()
 
 
-def burst(bed: Any, mode: str, n: int, prefix: str) -> dict[str, Any]:
+def burst(bed: Any, mode: str, n: int, prefix: str, churn_hz: float = 0.0) -> dict[str, Any]:
     """One burst of ``n`` pods named ``<prefix>-<i>`` on ``bed``; figures and checks."""
     from lightkube import codecs
 
@@ -270,6 +304,7 @@ def burst(bed: Any, mode: str, n: int, prefix: str) -> dict[str, Any]:
     meter = CpuMeter(procs)
     meter.start()
     load_before = os.getloadavg()[0]
+    churn = SpecChurn(bed, churn_hz)
     t0 = time.monotonic()
     created: dict[str, float] = {}
 
@@ -281,6 +316,7 @@ def burst(bed: Any, mode: str, n: int, prefix: str) -> dict[str, Any]:
         list(pool.map(create, objs))
     clock.wait_done(names, timeout_s=600)
     running_s = max(clock.running_at[x] for x in names) - t0
+    churn_writes = churn.stop()
     api_after = settle(bed.cp)
     cpu = meter.stop(n)
     clock.stop()
@@ -288,7 +324,7 @@ def burst(bed: Any, mode: str, n: int, prefix: str) -> dict[str, Any]:
     kube = delta(kube_before, kubelet_metrics(bed))
     lines = {k: t.lines() for k, t in logs.items()}
     result: dict[str, Any] = {
-        "mode": mode, "pods": n, "pods_per_s_to_running": round(n / running_s, 2),
+        "mode": mode, "pods": n, "cdi_churn_writes": churn_writes, "pods_per_s_to_running": round(n / running_s, 2),
         "seconds_to_running": round(running_s, 1),
         "create_to_bound_ms": quantiles_ms([clock.bound_at[x] - created[x] for x in names]),
         "create_to_running_ms": quantiles_ms([clock.running_at[x] - created[x]
@@ -324,7 +360,7 @@ def burst(bed: Any, mode: str, n: int, prefix: str) -> dict[str, Any]:
 
 
 def run_mode(mode: str, pods: int, rounds: int, vanilla: bool,
-             libvgpu_build: Path | None) -> list[dict[str, Any]]:
+             libvgpu_build: Path | None, churn_hz: float = 0.0) -> list[dict[str, Any]]:
     from hami.testing.gpubed import GpuBed, default_inventory
 
     bed = GpuBed(inventory=default_inventory(GPUS, CARD_MIB),
@@ -340,7 +376,7 @@ def run_mode(mode: str, pods: int, rounds: int, vanilla: bool,
                 print(json.dumps(out), flush=True)
                 results.append(out)
                 delete_pods(bed)
-            out = burst(bed, mode, pods, f"{'l' if mode == 'node-lock' else 'c'}{r}")
+            out = burst(bed, mode, pods, f"{'l' if mode == 'node-lock' else 'c'}{r}", churn_hz)
             out.update(bed_start_s=round(start_s, 1), round=r)
             print(json.dumps(out), flush=True)
             results.append(out)
@@ -358,10 +394,12 @@ def main() -> None:
                         help="skip the non-GPU reference burst")
     parser.add_argument("--libvgpu-build", type=Path, default=None,
                         help="libvgpu's build directory (default: native/libvgpu/build)")
+    parser.add_argument("--cdi-churn-hz", type=float, default=0.0,
+                        help="rewrite other CDI spec files this often during GPU bursts")
     args = parser.parse_args()
     for i, mode in enumerate(args.modes):
         run_mode(mode, args.pods, args.rounds, vanilla=(i == 0 and not args.no_vanilla),
-                 libvgpu_build=args.libvgpu_build)
+                 libvgpu_build=args.libvgpu_build, churn_hz=args.cdi_churn_hz)
 
 
 if __name__ == "__main__":
