@@ -167,7 +167,7 @@ def field_values(lines: list[str], msg: str, key: str, pod_prefix: str) -> list[
 
 
 def pod_manifest(name: str, i: int, gpu: bool) -> dict[str, Any]:
-    from hami.testing.gpubed import gpu_test_pod
+    from hami.testing.gpupods import gpu_test_pod
 
     if gpu:
         return gpu_test_pod(name, f"{SHOW_ENV}; vgtest init info; sleep 2",
