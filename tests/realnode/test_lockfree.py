@@ -46,19 +46,28 @@ def test_pods_bound_to_one_node_at_once_each_get_their_own_limits(bed: GpuBed) -
     node = client.get(Node, bed.node_name)
     assert (node.metadata.annotations or {}).get(names.NODE_ALLOCATE_MODE) == "cdi"
     locks: list[str] = []
+    watch_errors: list[BaseException] = []
+    watching = threading.Event()
     stop = threading.Event()
 
     def watch_lock() -> None:
         watcher = bed.client()
-        for _, n in watcher.watch(Node, fields={"metadata.name": bed.node_name},
-                                  server_timeout=60):
-            lock = (n.metadata.annotations or {}).get(names.NODE_LOCK)
-            if lock:
-                locks.append(lock)
-            if stop.is_set():
-                return
+        try:
+            for _, n in watcher.watch(Node, fields={"metadata.name": bed.node_name},
+                                      server_timeout=60):
+                watching.set()  # the first event is the Node as it is now
+                lock = (n.metadata.annotations or {}).get(names.NODE_LOCK)
+                if lock:
+                    locks.append(lock)
+                if stop.is_set():
+                    return
+        except Exception as exc:  # noqa: BLE001 - a dead watcher must fail the test, not pass it
+            if not stop.is_set():
+                watch_errors.append(exc)
 
-    threading.Thread(target=watch_lock, daemon=True).start()
+    watcher_thread = threading.Thread(target=watch_lock, daemon=True)
+    watcher_thread.start()
+    assert watching.wait(30), "the Node watch never delivered the Node"
     sizes = {f"lf-{i}": 256 * (i + 1) for i in range(4)}
     for name, mib in sizes.items():  # created together: bound and started concurrently
         client.create(codecs.from_dict(gpu_test_pod(name, f"{SHOW_ENV}; sleep 2",
@@ -71,6 +80,9 @@ def test_pods_bound_to_one_node_at_once_each_get_their_own_limits(bed: GpuBed) -
         assert pod.status.phase == "Succeeded", log
         got[name] = env_of(log)
     stop.set()
+    client.patch(Node, bed.node_name, {"metadata": {"labels": {"lf-test-done": "1"}}})
+    watcher_thread.join(timeout=30)  # the patch wakes the watcher, which sees stop
+    assert watch_errors == [], watch_errors
     for name, mib in sizes.items():
         assert got[name]["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{mib}m", (name, got[name])
         assert got[name]["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-"), got[name]
