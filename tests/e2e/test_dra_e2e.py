@@ -609,3 +609,69 @@ def test_dra_plugin_command_registers_publishes_and_prepares(bed: dict[str, Any]
         from lightkube.resources.core_v1 import Node
 
         client.delete(Node, name)
+
+
+def test_scheduler_metrics_show_dra_claims(bed: dict[str, Any], tmp_path: Path) -> None:
+    """``hami scheduler --dra-mode`` as a real process: after the default kube-scheduler
+    put two pods on one card, its /metrics carries the card's allocated memory and cores
+    and each pod's series under the extender-mode names and labels; deleting a pod
+    updates them (from the watched claims)."""
+    from lightkube.resources.core_v1 import Pod
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from .hami_harness import HamiProcess, Tls
+
+    cp, client = bed["cp"], bed["client"]
+    hami = HamiProcess(cp, Tls(tmp_path / "tls"), tmp_path, args=["--dra-mode"]).start()
+    uuid_ = "GPU-dra-4-2"
+    pin = {"nvidia.com/use-gpuuuid": uuid_}
+
+    def scrape() -> dict[str, list[Any]]:
+        return {f.name: f.samples for f in text_string_to_metric_families(hami.metrics())}
+
+    def card(name: str) -> list[Any]:
+        return [s for s in scrape().get(name, []) if s.labels.get("device_uuid") == uuid_]
+
+    def pods() -> dict[str, float]:
+        return {s.labels["pod"]: s.value for s in scrape().get(
+            "hami_vgpu_memory_allocated_bytes", []) if s.labels["device_uuid"] == uuid_}
+
+    try:
+        _create(bed, _gpu_pod("met-1", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000,
+                                        "nvidia.com/gpucores": 20}, pin))
+        _create(bed, _gpu_pod("met-2", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 2000,
+                                        "nvidia.com/gpucores": 10}, pin))
+        for name in ("met-1", "met-2"):
+            _wait(lambda n=name: client.get(Pod, n, namespace=NS).spec.nodeName,
+                  what=f"{name} bound")
+        _wait(lambda: len(pods()) == 2, timeout_s=30, what="both pods in the metrics")
+        assert pods() == {"met-1": 3000 * MIB, "met-2": 2000 * MIB}
+        (alloc,) = card("hami_gpu_memory_allocated_bytes")
+        assert alloc.value == 5000 * MIB
+        assert alloc.labels == {"node": "dra-4", "device_uuid": uuid_, "device_index": "2",
+                                "device_cores": "100", "device_type": alloc.labels["device_type"],
+                                "zone": "vGPU"}
+        assert "A100" in alloc.labels["device_type"]
+        assert [s.value for s in card("hami_gpu_memory_limit_bytes")] == [CARD_MIB * MIB]
+        assert [s.value for s in card("hami_gpu_core_allocated_ratio")] == [30]
+        assert [s.value for s in card("hami_gpu_shared_count")] == [2]
+        cores = {s.labels["pod"]: s.value for s in scrape()["hami_vgpu_core_allocated_ratio"]
+                 if s.labels["device_uuid"] == uuid_}
+        assert cores == {"met-1": 20, "met-2": 10}
+        (row,) = [s for s in scrape()["hami_vgpu_memory_allocated_bytes"]
+                  if s.labels["pod"] == "met-1"]
+        assert row.labels == {"namespace": NS, "node": "dra-4", "pod": "met-1",
+                              "container_index": "0", "device_uuid": uuid_, "zone": "vGPU"}
+        # the other cards of the node are there, empty
+        others = [s for s in scrape()["hami_gpu_memory_allocated_bytes"]
+                  if s.labels["node"] == "dra-4" and s.labels["device_uuid"] != uuid_]
+        assert len(others) == CARDS - 1 and all(s.value == 0 for s in others)
+
+        client.delete(Pod, "met-1", namespace=NS, grace_period=0)
+        _wait(lambda: pods() == {"met-2": 2000 * MIB}, timeout_s=60,
+              what="met-1 gone from the metrics")
+        assert [s.value for s in card("hami_gpu_memory_allocated_bytes")] == [2000 * MIB]
+        assert [s.value for s in card("hami_gpu_shared_count")] == [1]
+    finally:
+        hami.stop()
+        _delete_all(client)

@@ -54,7 +54,13 @@ def _wait(check: Any, timeout_s: float, what: str) -> Any:
 
 
 @pytest.fixture
-def mig_node(kube_client: Any, tmp_path: Path) -> Iterator[str]:
+def mig_node(mig_agent: DraAgent) -> str:
+    """The name of :func:`mig_agent`'s node."""
+    return mig_agent.node
+
+
+@pytest.fixture
+def mig_agent(kube_client: Any, tmp_path: Path) -> Iterator[DraAgent]:
     """A node whose DRA agent publishes one A100 in MIG mode (fake inventory)."""
     from lightkube import codecs
     from lightkube.resources.core_v1 import Node
@@ -77,7 +83,7 @@ def mig_node(kube_client: Any, tmp_path: Path) -> Iterator[str]:
     loop = threading.Thread(target=agent.publish_loop, args=(stop, 0.5), daemon=True)
     loop.start()
     try:
-        yield name
+        yield agent
     finally:
         stop.set()
         loop.join(timeout=10)
@@ -179,3 +185,73 @@ def test_mig_instances_published_and_never_overlapping(kube_client: Any, mig_nod
                 kube_client.delete(Pod, n, namespace=NS, grace_period=0)
             with contextlib.suppress(Exception):
                 kube_client.delete(ResourceClaim, n, namespace=NS)
+
+
+def test_node_prepare_creates_the_mig_instance_kube_scheduler_allocated(
+        kube_client: Any, mig_agent: DraAgent, tmp_path: Path) -> None:
+    """kube-scheduler allocates a 1g.5gb instance device; NodePrepareResources over the
+    real gRPC socket creates that instance (profile and placement) on the fake MIG driver
+    and injects its MIG UUID; NodeUnprepareResources destroys it."""
+    import grpc
+    from lightkube.resources.core_v1 import Pod
+    from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
+    from hami.deviceplugin.allocate import NodeSettings
+    from hami.dra.kubeletplugin import DraNode, PluginPaths, serve
+    from hami.dra.v1 import api_pb2 as pb
+    from hami.dra.v1 import api_pb2_grpc as pbgrpc
+
+    node = mig_agent.node
+    _wait(lambda: len(list(kube_client.list(ResourceSlice, fields={"spec.nodeName": node})))
+          == 2, 30, "the MIG pool published")
+    name = f"prep-{uuid.uuid4().hex[:4]}"
+    paths = PluginPaths(tmp_path / "reg", tmp_path / "plug", tmp_path / "cdi")
+    hook = tmp_path / "hook"
+    mig = mig_agent.claim_mig(str(hook))
+    assert mig is not None
+    mig.apply_lock = tmp_path / "apply.lock"
+    server, _ = serve(DraNode(node, mig_agent.get_claim, mig_agent.uuids, mig_agent.cfg,
+                              NodeSettings(hook_path=str(hook)), paths.cdi_dir,
+                              mig_agent.get_pod, mig), paths)
+    driver = mig_agent.backend.mig_driver()
+    try:
+        _claim_and_pod(kube_client, name, "1g.5gb")
+
+        def allocated() -> Any:
+            c = kube_client.get(ResourceClaim, name, namespace=NS).to_dict()
+            res = (((c.get("status") or {}).get("allocation") or {}).get("devices")
+                   or {}).get("results") or []
+            return c if res else None
+
+        claim = _wait(allocated, 60, "the claim allocated")
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        device = result["device"]
+        assert device.startswith("gpu-0-1g-5gb-"), device
+        start = int(device.rsplit("-", 1)[1])
+        assert driver.instances("GPU-mig-a100") == []
+        uid = claim["metadata"]["uid"]
+        with grpc.insecure_channel(f"unix://{paths.dra_socket}") as ch:
+            stub = pbgrpc.DRAPluginStub(ch)  # type: ignore[no-untyped-call]
+            req = pb.NodePrepareResourcesRequest(claims=[pb.Claim(namespace=NS, name=name,
+                                                                  uid=uid)])
+            resp = stub.NodePrepareResources(req, timeout=10)
+            assert resp.claims[uid].error == ""
+            assert [d.device_name for d in resp.claims[uid].devices] == [device]
+            (inst,) = driver.instances("GPU-mig-a100")
+            assert (inst.slices, inst.placement.start, inst.placement.size) == (1, start, 1)
+            spec = json.loads((paths.cdi_dir / f"{DRIVER}-{uid}.json").read_text())
+            assert spec["devices"][0]["containerEdits"]["env"] == [
+                f"NVIDIA_VISIBLE_DEVICES={inst.mig_uuid}"]
+            again = stub.NodePrepareResources(req, timeout=10)  # the kubelet retries
+            assert again.claims[uid].error == "" and driver.instances("GPU-mig-a100") == [inst]
+            out = stub.NodeUnprepareResources(pb.NodeUnprepareResourcesRequest(claims=[
+                pb.Claim(namespace=NS, name=name, uid=uid)]), timeout=10)
+            assert out.claims[uid].error == ""
+        assert driver.instances("GPU-mig-a100") == []
+    finally:
+        server.stop(0)
+        with contextlib.suppress(Exception):
+            kube_client.delete(Pod, name, namespace=NS, grace_period=0)
+        with contextlib.suppress(Exception):
+            kube_client.delete(ResourceClaim, name, namespace=NS)
+

@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from hami.dra import policy
+from hami.dra import policy, usage
 from hami.dra.slices import DRIVER, MEMORY, MIB
 
 log = logging.getLogger(__name__)
@@ -150,6 +150,14 @@ class DraObjects:
         for node, n in self._cap.values():
             cap[node] += n
         return {node: (self._used.get(node, 0), total) for node, total in cap.items()}
+
+    def metric_rows(self) -> tuple[list[usage.CardUse], list[usage.PodUse]] | None:
+        """:func:`hami.dra.usage.metric_rows` of the watched objects (the scheduler's
+        metrics, at each scrape: no API request); None before both kinds were listed
+        once."""
+        if not all(e.is_set() for e in self.synced.values()):
+            return None
+        return usage.metric_rows(self.slices.values(), self.claims.values())
 
     def claims_in(self, namespace: str) -> list[dict[str, Any]] | None:
         """The namespace's ResourceClaims; None before the first list."""

@@ -38,6 +38,7 @@ from hami.deviceplugin.config import PluginConfig
 from hami.deviceplugin.service import make_host_dirs, write_host_files
 from hami.deviceplugin.service import write_json_file as _write_json
 from hami.dra import cdi
+from hami.dra.migclaims import ClaimMig, mig_cdi_spec, mig_results
 from hami.dra.registration import api_pb2 as regpb
 from hami.dra.registration import api_pb2_grpc as reggrpc
 from hami.dra.slices import DRIVER
@@ -80,12 +81,13 @@ class DraNode(pbgrpc.DRAPluginServicer):
 
     ``uuids`` returns the node's device name -> GPU UUID map now (from discovery);
     ``get_claim`` reads a ResourceClaim, ``get_pod`` a Pod (None: the owner record names
-    the pods without their containers); ``cfg``/``settings`` are the device plugin's.
+    the pods without their containers); ``cfg``/``settings`` are the device plugin's;
+    ``mig`` realizes claims for MIG instance devices (None: no MIG-mode cards).
     """
 
     def __init__(self, node: str, get_claim: ClaimGetter, uuids: Callable[[], Mapping[str, str]],
                  cfg: PluginConfig, settings: NodeSettings, cdi_dir: Path,
-                 get_pod: PodGetter | None = None) -> None:
+                 get_pod: PodGetter | None = None, mig: ClaimMig | None = None) -> None:
         self.node = node
         self.get_claim = get_claim
         self.get_pod = get_pod
@@ -93,6 +95,7 @@ class DraNode(pbgrpc.DRAPluginServicer):
         self.cfg = cfg
         self.settings = settings
         self.cdi_dir = cdi_dir
+        self.mig = mig
         self._lock = threading.Lock()
 
     def prepare(self, namespace: str, name: str, uid: str) -> list[pb.Device]:
@@ -104,6 +107,12 @@ class DraNode(pbgrpc.DRAPluginServicer):
         if got_uid != uid:
             raise cdi.ClaimError(f"ResourceClaim {namespace}/{name} has UID {got_uid}, "
                                  f"the kubelet asked for {uid}")
+        if self.mig is not None:
+            migs = mig_results(claim, self.node, self.mig.targets())
+            if migs:
+                mig_uuids = self.mig.prepare(uid, migs)
+                _write_json(self.cdi_dir / cdi.spec_file_name(uid), mig_cdi_spec(uid, mig_uuids))
+                return [self._device(m.request, m.device, m.share_id, uid) for m in migs]
         cards = cdi.allocated_cards(claim, self.node)
         spec_path = self.cdi_dir / cdi.spec_file_name(uid)
         uuids = self.uuids()
@@ -114,15 +123,14 @@ class DraNode(pbgrpc.DRAPluginServicer):
             write_host_files(plan.host_files)
             _write_json(spec_path, cdi.cdi_spec(uid, plan))
         self._write_owner(claim, cards, uuids)
-        dev_id = cdi.cdi_device_id(uid)
-        out = []
-        for c in cards:
-            d = pb.Device(request_names=[c.request], pool_name=c.pool, device_name=c.device,
-                          cdi_device_ids=[dev_id])
-            if c.share_id:
-                d.share_id = c.share_id
-            out.append(d)
-        return out
+        return [self._device(c.request, c.device, c.share_id, uid) for c in cards]
+
+    def _device(self, request: str, device: str, share_id: str | None, uid: str) -> Any:
+        d = pb.Device(request_names=[request], pool_name=self.node, device_name=device,
+                      cdi_device_ids=[cdi.cdi_device_id(uid)])
+        if share_id:
+            d.share_id = share_id
+        return d
 
     def _write_owner(self, claim: Mapping[str, Any], cards: list[cdi.AllocatedCard],
                      uuids: Mapping[str, str]) -> None:
@@ -150,6 +158,8 @@ class DraNode(pbgrpc.DRAPluginServicer):
         Raises :class:`cdi.ClaimError` on a malformed UID, ``OSError`` on I/O errors."""
         if not cdi._UID.match(uid):
             raise cdi.ClaimError(f"malformed claim UID {uid!r}")
+        if self.mig is not None:
+            self.mig.release(uid)
         (self.cdi_dir / cdi.spec_file_name(uid)).unlink(missing_ok=True)
         for d in cdi.claim_dirs(self.settings.hook_path, uid):
             shutil.rmtree(d, ignore_errors=True)

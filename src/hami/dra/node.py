@@ -30,6 +30,7 @@ from hami.deviceplugin.discovery import DiscoveryError, GpuBackend
 from hami.deviceplugin.register import node_devices
 from hami.dra import slices
 from hami.dra.kubeletplugin import DraNode, PluginPaths, serve
+from hami.dra.migclaims import ClaimMig, mig_targets
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +261,14 @@ class DraAgent:
         """Device name (``gpu-<index>``) -> GPU UUID of every registered card."""
         return {slices.device_name(d.index): d.uuid for d in self.devices()}
 
+    def claim_mig(self, hook_path: str) -> ClaimMig | None:
+        """The MIG instances of claims (:class:`hami.dra.migclaims.ClaimMig`) over the
+        backend's MIG driver; None unless the node is in ``mig`` mode."""
+        if self.cfg.operating_mode != "mig":
+            return None
+        return ClaimMig(self.backend.mig_driver(), lambda: mig_targets(self.devices()),
+                        hook_path)
+
     def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The ResourceClaim as a dict, None when it does not exist."""
         from lightkube import ApiError
@@ -335,7 +344,7 @@ def run_agent(agent: DraAgent, paths: PluginPaths, settings: NodeSettings, *,
     threading.Thread(target=wake_on_stop, name="wake", daemon=True).start()
     if kubelet_plugin:
         node = DraNode(agent.node, agent.get_claim, agent.uuids, agent.cfg, settings,
-                       paths.cdi_dir, agent.get_pod)
+                       paths.cdi_dir, agent.get_pod, agent.claim_mig(settings.hook_path))
         server, _ = serve(node, paths)
         log.info("DRA plugin listening on %s (registration %s)", paths.dra_socket,
                  paths.registration_socket)

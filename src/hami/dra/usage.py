@@ -14,6 +14,7 @@ Objects are what the API server returns (dicts); anything malformed counts as no
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from hami.core.quantity import QuantityError, to_int_exact
@@ -64,25 +65,42 @@ def _card(dev: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
 def _users(claim: Mapping[str, Any]) -> list[str]:
     """Names of the pods in the claim's ``status.reservedFor``."""
     out = []
-    for ref in (claim.get("status") or {}).get("reservedFor") or []:
+    refs = _map(claim.get("status")).get("reservedFor")
+    for ref in refs if isinstance(refs, list) else []:
         if isinstance(ref, Mapping) and ref.get("resource") == "pods" and ref.get("name"):
             out.append(str(ref["name"]))
     return out
 
 
-def dra_nodes(slices: Iterable[Mapping[str, Any]],
-              claims: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The nodes with a ResourceSlice of our driver, sorted by name, each
-    ``{"name", "mode": "dra", "gpus", "memory_mib", "cores", "tasks" ({"used", "total"}),
-    "pods" (distinct pods), "lock": "", "devices"}``; a device's ``pods`` lists one entry
-    per allocation result on it: ``{"namespace", "name"`` (the pods that reserve the claim,
-    joined with ``,``; the claim's name while none does), ``"claim", "memory_mib",
-    "cores", "slots"}``. Results on a device no slice publishes are left out."""
+@dataclass(frozen=True, slots=True)
+class _Charge:
+    """One allocation result on a published card: the claim's namespace and name, the
+    pods reserving it, the card's node and view, what it consumes."""
+
+    namespace: str
+    claim: str
+    users: tuple[str, ...]
+    node: str
+    card: dict[str, Any]
+    memory_mib: int
+    cores: int
+    shares: int
+
+
+def _join(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]]
+          ) -> tuple[dict[str, list[dict[str, Any]]], list[_Charge], set[int]]:
+    """Cards per node (in slice order, usage not yet summed), the allocation results on
+    them, and the ``id()`` of the cards that are MIG instances (a ``profile`` attribute)."""
     cards: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
     order: dict[str, list[dict[str, Any]]] = {}
+    mig: set[int] = set()
     for s in slices:
         spec = (s.get("spec") or {}) if isinstance(s, Mapping) else {}
         if not isinstance(spec, Mapping) or spec.get("driver") != DRIVER \
@@ -93,34 +111,52 @@ def dra_nodes(slices: Iterable[Mapping[str, Any]],
         for dev in spec.get("devices") or []:
             if isinstance(dev, Mapping) and dev.get("name"):
                 card = _card(dev)
+                if _attr(dev, "profile") is not None:
+                    mig.add(id(card))
                 cards[(pool, str(dev["name"]))] = (node_name, card)
                 order.setdefault(node_name, []).append(card)
-    pods_on: dict[str, set[tuple[str, str]]] = {}
+    charges = []
     for c in claims:
         if not isinstance(c, Mapping):
             continue
-        meta = c.get("metadata") or {}
+        meta, status = _map(c.get("metadata")), _map(c.get("status"))
         ns, claim_name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
-        users = _users(c)
-        alloc = (c.get("status") or {}).get("allocation") or {}
-        for r in (alloc.get("devices") or {}).get("results") or []:
+        users = tuple(_users(c))
+        results = _map(_map(status.get("allocation")).get("devices")).get("results")
+        for r in results if isinstance(results, list) else []:
             if not isinstance(r, Mapping) or r.get("driver") != DRIVER:
                 continue
             found = cards.get((str(r.get("pool")), str(r.get("device"))))
             if found is None:
                 continue
-            node, card = found
             used = r.get("consumedCapacity") or {}
-            mem = _q(used.get(MEMORY)) // MIB if isinstance(used, Mapping) else 0
-            cores = _q(used.get(CORES)) if isinstance(used, Mapping) else 0
-            shares = _q(used.get(SHARES)) if isinstance(used, Mapping) else 0
-            card["memory_mib"]["used"] += mem
-            card["cores"]["used"] += cores
-            card["tasks"]["used"] += shares
-            card["pods"].append({"namespace": ns, "name": ",".join(users) or claim_name,
-                                 "claim": claim_name, "memory_mib": mem, "cores": cores,
-                                 "slots": shares})
-            pods_on.setdefault(node, set()).update((ns, u) for u in users)
+            if not isinstance(used, Mapping):
+                used = {}
+            charges.append(_Charge(ns, claim_name, users, found[0], found[1],
+                                   _q(used.get(MEMORY)) // MIB, _q(used.get(CORES)),
+                                   _q(used.get(SHARES))))
+    return order, charges, mig
+
+
+def dra_nodes(slices: Iterable[Mapping[str, Any]],
+              claims: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The nodes with a ResourceSlice of our driver, sorted by name, each
+    ``{"name", "mode": "dra", "gpus", "memory_mib", "cores", "tasks" ({"used", "total"}),
+    "pods" (distinct pods), "lock": "", "devices"}``; a device's ``pods`` lists one entry
+    per allocation result on it: ``{"namespace", "name"`` (the pods that reserve the claim,
+    joined with ``,``; the claim's name while none does), ``"claim", "memory_mib",
+    "cores", "slots"}``. Results on a device no slice publishes are left out."""
+    order, charges, _ = _join(slices, claims)
+    pods_on: dict[str, set[tuple[str, str]]] = {}
+    for ch in charges:
+        card = ch.card
+        card["memory_mib"]["used"] += ch.memory_mib
+        card["cores"]["used"] += ch.cores
+        card["tasks"]["used"] += ch.shares
+        card["pods"].append({"namespace": ch.namespace, "name": ",".join(ch.users) or ch.claim,
+                             "claim": ch.claim, "memory_mib": ch.memory_mib,
+                             "cores": ch.cores, "slots": ch.shares})
+        pods_on.setdefault(ch.node, set()).update((ch.namespace, u) for u in ch.users)
     out = []
     for node in sorted(order):
         devices = sorted(order[node], key=lambda d: d["index"])
@@ -134,3 +170,68 @@ def dra_nodes(slices: Iterable[Mapping[str, Any]],
             "pods": len(pods_on.get(node, ())), "lock": "", "devices": devices,
         })
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class CardUse:
+    """One published card and what DRA claims hold of it (the scheduler's per-GPU
+    metrics): ``memory_mib``/``cores_percent`` its ``memory``/``cores`` capacity,
+    ``tasks`` the allocation results on it, ``memory_used_mib``/``cores_used_percent``
+    the sums of their ``consumedCapacity``."""
+
+    node: str
+    uuid: str
+    index: int
+    type: str
+    memory_mib: int
+    cores_percent: int
+    tasks: int
+    memory_used_mib: int
+    cores_used_percent: int
+
+
+@dataclass(frozen=True, slots=True)
+class PodUse:
+    """What one pod's claims hold of one card (the scheduler's per-pod metrics): the
+    sums over the claims whose ``status.reservedFor`` names the pod."""
+
+    namespace: str
+    node: str
+    pod: str
+    device_uuid: str
+    memory_mib: int
+    cores_percent: int
+
+
+def metric_rows(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]]
+                ) -> tuple[list[CardUse], list[PodUse]]:
+    """The DRA allocations in the shape of the scheduler's extender-mode metrics.
+
+    Cards: every whole card of our ResourceSlices, by node then index. MIG instance
+    devices (partitionable devices with a ``profile`` attribute) are left out: the card
+    they carve has no ``memory``/``cores`` capacity of its own in the slice.
+    Pods: one row per (namespace, node, pod, card), summing the results of every claim
+    the pod reserves on that card; a claim shared by several pods counts in full for
+    each of them (each may use all of it), a claim no pod reserves yet for none.
+    """
+    order, charges, mig = _join(slices, claims)
+    tasks: dict[int, list[_Charge]] = {}
+    pods: dict[tuple[str, str, str, str], list[int]] = {}
+    for ch in charges:
+        if id(ch.card) in mig:
+            continue
+        tasks.setdefault(id(ch.card), []).append(ch)
+        for user in dict.fromkeys(ch.users):
+            sums = pods.setdefault((ch.namespace, ch.node, user, ch.card["uuid"]), [0, 0])
+            sums[0] += ch.memory_mib
+            sums[1] += ch.cores
+    cards = []
+    for node in sorted(order):
+        for card in sorted(order[node], key=lambda d: d["index"]):
+            if id(card) in mig:
+                continue
+            on = tasks.get(id(card), [])
+            cards.append(CardUse(node, card["uuid"], card["index"], card["type"],
+                                 card["memory_mib"]["total"], card["cores"]["total"], len(on),
+                                 sum(c.memory_mib for c in on), sum(c.cores for c in on)))
+    return cards, [PodUse(*key, mem, cores) for key, (mem, cores) in sorted(pods.items())]

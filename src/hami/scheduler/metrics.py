@@ -2,8 +2,11 @@
 
 Gauges are computed at scrape time from the engine's ledger and quota (HAMi's names,
 labels and the constant ``zone="vGPU"`` label), in a private registry (no process or
-Python metrics, as HAMi's private registry has no Go ones). Added (HAMi has none):
-histograms of filter and bind latency, ``hami_scheduler_filter_duration_seconds`` and
+Python metrics, as HAMi's private registry has no Go ones). In DRA mode
+(``--dra-mode``) the per-GPU and per-pod gauges also carry what ResourceClaims hold of
+the cards our ResourceSlices publish (:func:`hami.dra.usage.metric_rows` over the
+scheduler's watched slices and claims), under the same names and labels. Added (HAMi has
+none): histograms of filter and bind latency, ``hami_scheduler_filter_duration_seconds`` and
 ``hami_scheduler_bind_duration_seconds`` with an ``outcome`` label.
 """
 
@@ -11,7 +14,7 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -20,6 +23,7 @@ from prometheus_client.registry import Collector
 import hami
 
 if TYPE_CHECKING:
+    from hami.dra.usage import CardUse, PodUse
     from hami.scheduler.engine import Engine
 
 MIB = 1 << 20
@@ -28,6 +32,34 @@ ZONE = "vGPU"
 #: several API calls and may wait for a node lock.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0,
                    2.0, 5.0, 10.0, 30.0)
+
+
+class DraSource(Protocol):
+    """Where DRA mode's allocations come from (:class:`hami.dra.cache.DraObjects`)."""
+
+    def metric_rows(self) -> tuple[list[CardUse], list[PodUse]] | None:
+        """Per-card and per-pod use; None while not yet known."""
+
+
+class _Card(NamedTuple):
+    node: str
+    uuid: str
+    device_index: int
+    type: str
+    memory_mib: int
+    cores_percent: int
+    slots: int
+    memory_used_mib: int
+    cores_used_percent: int
+
+
+class _Pod(NamedTuple):
+    namespace: str
+    node: str
+    pod: str
+    device_uuid: str
+    memory_mib: int
+    cores_percent: int
 
 
 class SchedulerMetrics:
@@ -58,6 +90,11 @@ class SchedulerMetrics:
         self._collector = _ClusterCollector(engine, self.legacy)
         self.registry.register(self._collector)
 
+    def attach_dra(self, source: DraSource) -> None:
+        """Also report DRA allocations from ``source`` (after :meth:`attach`)."""
+        if self._collector is not None:
+            self._collector.dra = source
+
 
 def _family(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=[*labels, "zone"])
@@ -67,6 +104,27 @@ class _ClusterCollector(Collector):
     def __init__(self, engine: Engine, legacy: bool = False) -> None:
         self.engine = engine
         self.legacy = legacy
+        self.dra: DraSource | None = None
+        self._cards: list[_Card] = []
+        self._pod_rows: list[_Pod] = []
+
+    def _rows(self) -> None:
+        """This scrape's per-card and per-pod rows: the ledger's, then DRA mode's."""
+        ledger = self.engine.state.ledger
+        self._cards = [_Card(node, info.uuid, info.index, info.type, info.memory_mib,
+                             info.cores_percent, slots, mem, cores)
+                       for node in ledger.node_names()
+                       for info, slots, mem, cores in ledger.device_usage(node)]
+        self._pod_rows = [_Pod(entry.namespace, entry.node, entry.name, charge.uuid,
+                               charge.memory_mib, charge.cores_percent)
+                          for entry in ledger.pods() for charge in entry.charges if charge.uuid]
+        dra = self.dra.metric_rows() if self.dra is not None else None
+        if dra is not None:
+            self._cards += [_Card(c.node, c.uuid, c.index, c.type, c.memory_mib,
+                                  c.cores_percent, c.tasks, c.memory_used_mib,
+                                  c.cores_used_percent) for c in dra[0]]
+            self._pod_rows += [_Pod(p.namespace, p.node, p.pod, p.device_uuid, p.memory_mib,
+                                    p.cores_percent) for p in dra[1]]
 
     def describe(self) -> list[Metric]:
         return []
@@ -79,6 +137,7 @@ class _ClusterCollector(Collector):
                           "", platform.python_version(), "cpython",
                           f"{platform.system().lower()}/{platform.machine()}"], 1)
         yield build
+        self._rows()
         yield from self._devices()
         yield from self._mig()
         yield from self._quotas()
@@ -99,21 +158,19 @@ class _ClusterCollector(Collector):
                             "device_memory_limit", "device_type"])
         ratio = _family("hami_node_gpu_memory_allocated_ratio",
                         "Allocated share of GPU memory", dev)
-        ledger = self.engine.state.ledger
-        for node in ledger.node_names():
-            for info, slots, mem, cores in ledger.device_usage(node):
-                idx, z = str(info.index), ZONE
-                labels = [node, info.uuid, idx, info.type, z]
-                mem_limit.add_metric(labels, info.memory_mib * MIB)
-                core_limit.add_metric(labels, info.cores_percent)
-                mem_alloc.add_metric([node, info.uuid, idx, str(info.cores_percent), info.type, z],
-                                     mem * MIB)
-                shared.add_metric(labels, slots)
-                core_alloc.add_metric(labels, cores)
-                overview.add_metric([node, info.uuid, idx, str(info.cores_percent),
-                                     str(info.memory_mib), info.type, z], mem * MIB)
-                if info.memory_mib > 0:
-                    ratio.add_metric(labels, mem / info.memory_mib)
+        for c in self._cards:
+            idx, z = str(c.device_index), ZONE
+            labels = [c.node, c.uuid, idx, c.type, z]
+            mem_limit.add_metric(labels, c.memory_mib * MIB)
+            core_limit.add_metric(labels, c.cores_percent)
+            mem_alloc.add_metric([c.node, c.uuid, idx, str(c.cores_percent), c.type, z],
+                                 c.memory_used_mib * MIB)
+            shared.add_metric(labels, c.slots)
+            core_alloc.add_metric(labels, c.cores_used_percent)
+            overview.add_metric([c.node, c.uuid, idx, str(c.cores_percent),
+                                 str(c.memory_mib), c.type, z], c.memory_used_mib * MIB)
+            if c.memory_mib > 0:
+                ratio.add_metric(labels, c.memory_used_mib / c.memory_mib)
         yield from (mem_limit, core_limit, mem_alloc, shared, core_alloc, overview, ratio)
 
     def _mig(self) -> Iterator[Metric]:
@@ -159,20 +216,19 @@ class _ClusterCollector(Collector):
         pct = _family("nodeGPUMemoryPercentage", "Allocated share of GPU memory",
                       ["nodeid", "deviceuuid", "deviceidx"])
         ledger = self.engine.state.ledger
-        for node in ledger.node_names():
-            for info, slots, mem, cores in ledger.device_usage(node):
-                idx = str(info.index)
-                labels = [node, info.uuid, idx, info.type, ZONE]
-                fams["GPUDeviceMemoryLimit"].add_metric(labels, info.memory_mib * MIB)
-                fams["GPUDeviceCoreLimit"].add_metric(labels, info.cores_percent)
-                fams["GPUDeviceSharedNum"].add_metric(labels, slots)
-                fams["GPUDeviceCoreAllocated"].add_metric(labels, cores)
-                mem_alloc.add_metric([node, info.uuid, idx, str(info.cores_percent), info.type,
-                                      ZONE], mem * MIB)
-                overview.add_metric([node, info.uuid, idx, str(info.cores_percent),
-                                     str(info.memory_mib), info.type, ZONE], mem * MIB)
-                if info.memory_mib > 0:
-                    pct.add_metric([node, info.uuid, idx, ZONE], mem / info.memory_mib)
+        for c in self._cards:
+            idx = str(c.device_index)
+            labels = [c.node, c.uuid, idx, c.type, ZONE]
+            fams["GPUDeviceMemoryLimit"].add_metric(labels, c.memory_mib * MIB)
+            fams["GPUDeviceCoreLimit"].add_metric(labels, c.cores_percent)
+            fams["GPUDeviceSharedNum"].add_metric(labels, c.slots)
+            fams["GPUDeviceCoreAllocated"].add_metric(labels, c.cores_used_percent)
+            mem_alloc.add_metric([c.node, c.uuid, idx, str(c.cores_percent), c.type, ZONE],
+                                 c.memory_used_mib * MIB)
+            overview.add_metric([c.node, c.uuid, idx, str(c.cores_percent), str(c.memory_mib),
+                                 c.type, ZONE], c.memory_used_mib * MIB)
+            if c.memory_mib > 0:
+                pct.add_metric([c.node, c.uuid, idx, ZONE], c.memory_used_mib / c.memory_mib)
         yield from (*fams.values(), mem_alloc, overview, pct)
         mig = _family("nodeGPUMigInstance", "MIG instance placed on a GPU",
                       ["nodeid", "deviceuuid", "deviceidx", "migname"])
@@ -195,13 +251,10 @@ class _ClusterCollector(Collector):
         pod_labels = ["podnamespace", "nodename", "podname", "containeridx", "deviceuuid"]
         vmem = _family("vGPUMemoryAllocated", "vGPU memory allocated to a pod", pod_labels)
         vcore = _family("vGPUCoreAllocated", "vGPU cores allocated to a pod", pod_labels)
-        for pod_entry in ledger.pods():
-            for charge in pod_entry.charges:
-                if charge.uuid:
-                    lab = [pod_entry.namespace, pod_entry.node, pod_entry.name, "0", charge.uuid,
-                           ZONE]
-                    vmem.add_metric(lab, charge.memory_mib * MIB)
-                    vcore.add_metric(lab, charge.cores_percent)
+        for p in self._pod_rows:
+            lab = [p.namespace, p.node, p.pod, "0", p.device_uuid, ZONE]
+            vmem.add_metric(lab, p.memory_mib * MIB)
+            vcore.add_metric(lab, p.cores_percent)
         yield from (vmem, vcore)
 
     def _quotas(self) -> Iterator[Metric]:
@@ -234,11 +287,8 @@ class _ClusterCollector(Collector):
         mem = _family("hami_vgpu_memory_allocated_bytes", "vGPU memory allocated to a pod",
                       labels)
         cores = _family("hami_vgpu_core_allocated_ratio", "vGPU cores allocated to a pod", labels)
-        for entry in self.engine.state.ledger.pods():
-            for charge in entry.charges:
-                if not charge.uuid:
-                    continue
-                lab = [entry.namespace, entry.node, entry.name, "0", charge.uuid, ZONE]
-                mem.add_metric(lab, charge.memory_mib * MIB)
-                cores.add_metric(lab, charge.cores_percent)
+        for p in self._pod_rows:
+            lab = [p.namespace, p.node, p.pod, "0", p.device_uuid, ZONE]
+            mem.add_metric(lab, p.memory_mib * MIB)
+            cores.add_metric(lab, p.cores_percent)
         yield from (mem, cores)

@@ -274,8 +274,11 @@ async def serve(settings: SchedulerSettings, *, kube: Any = None,
     host, port = parse_bind(settings.http_bind)
     dra_webhook = dra_prioritize = None
     if settings.dra_mode:
+        from hami.dra.cache import DraObjects
         from hami.dra.prioritize import DraPrioritizer
         from hami.dra.webhook import DraWebhook
+
+        metrics.attach_dra(DraObjects.shared(kube.client))
 
         dra_webhook = DraWebhook(kube.client, engine.config, engine.admit, engine.state.quota)
         dra_prioritize = DraPrioritizer(kube.client, settings.node_scheduler_policy)
