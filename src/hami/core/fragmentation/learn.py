@@ -84,6 +84,7 @@ class LiveFragmentationOrder:
         #: uid -> (GPUs, share milli, CPU milli, memory MiB, allowed GPU types), oldest first.
         self._arrivals: dict[str, tuple[int, int, int, int, tuple[str, ...]]] = {}
         self._new = 0
+        self._known_at_learn = 0  # arrivals known when the mix was last learned
 
     def _note(self, ctx: Any) -> None:
         p = Placement.of(ctx.request)
@@ -97,12 +98,14 @@ class LiveFragmentationOrder:
             del self._arrivals[next(iter(self._arrivals))]
 
     def _learn(self, ctx: Any) -> WorkloadDistribution | None:
-        if len(self._arrivals) < self.relearn_every:
-            dist = distribution_from_ledger(ctx.ledger, Placement.of(ctx.request),
-                                            self.min_weight)
-            if dist is not None:
-                return dist
         tasks = list(self._arrivals.values())
+        if len(self._arrivals) < self.relearn_every:
+            # Warming up: the running pods this order was not asked about count too.
+            for entry in ctx.ledger.pods():
+                if entry.uid in self._arrivals or not entry.charges:
+                    continue
+                share = max(min(c.cores_percent, 100) * 10 or WHOLE for c in entry.charges)
+                tasks.append((len(entry.charges), share, entry.cpu_milli, entry.memory_mib, ()))
         if not tasks:
             return None
         return WorkloadDistribution.from_tasks(
@@ -119,6 +122,7 @@ class LiveFragmentationOrder:
             warm = len(self._arrivals) >= self.relearn_every
             stale = (self._scorer is None or id(ctx.ledger) != self._learned_from
                      or (warm and self._new >= self.relearn_every)
+                     or (not warm and len(self._arrivals) >= 2 * self._known_at_learn)
                      or (not warm and abs(count - self._learned_at) >= self.relearn_every))
             if stale:
                 dist = self._learn(ctx)
@@ -127,5 +131,6 @@ class LiveFragmentationOrder:
                 self._scorer = FragmentationScorer(dist)
                 self._learned_at, self._learned_from = count, id(ctx.ledger)
                 self._new = 0
+                self._known_at_learn = len(self._arrivals)
         assert self._scorer is not None
         return self._scorer(ctx, idx)
