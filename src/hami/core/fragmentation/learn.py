@@ -16,7 +16,6 @@ from hami.core.fragmentation.lookahead import LookAhead
 from hami.core.fragmentation.measure import WHOLE, IntArray, WorkloadDistribution
 from hami.core.fragmentation.order import FragmentationScorer, Placement
 
-
 #: One learned task: (GPUs, share milli per GPU, CPU milli, memory MiB, allowed GPU types).
 Task = tuple[int, int, int, int, tuple[str, ...]]
 
@@ -74,8 +73,10 @@ class LiveFragmentationOrder:
     ``relearn_every`` new arrivals. Until ``relearn_every`` arrivals are known (a new
     scheduler, a new cluster state) the running GPU pods the ledger holds count too
     (:func:`ledger_tasks`, which knows no type constraints), and the mix is relearned
-    each time the known arrivals double (1, 2, 4, ...) or after ``relearn_every`` pod
-    additions or removals. With ``fixed`` the mix never changes.
+    each time the tasks it knows double (1, 2, 4, ... new arrivals on a new cluster; a
+    scheduler restarted on many running pods relearns after ``relearn_every`` arrivals,
+    as a relearn reads every pod) or after ``relearn_every`` pod additions or removals.
+    With ``fixed`` the mix never changes.
 
     Learning from arrivals rather than running pods keeps the tasks that did not fit and
     the type constraints in the mix: on openb (seeds 42-44, unallocated GPU % at 100 %
@@ -103,7 +104,7 @@ class LiveFragmentationOrder:
         #: uid -> (GPUs, share milli, CPU milli, memory MiB, allowed GPU types), oldest first.
         self._arrivals: dict[str, Task] = {}
         self._new = 0
-        self._known_at_learn = 0  # arrivals known when the mix was last learned
+        self._known_at_learn = 0  # tasks the mix was last learned from
 
     def _note(self, ctx: Any) -> None:
         p = Placement.of(ctx.request)
@@ -120,6 +121,7 @@ class LiveFragmentationOrder:
         tasks: list[Task] = list(self._arrivals.values())
         if len(tasks) < self.relearn_every:  # warming up: running GPU pods count too
             tasks += [t for t in ledger_tasks(ctx.ledger, self._arrivals) if t[0] > 0]
+        self._known_at_learn = len(tasks)
         return _distribution(tasks, self.min_weight) if tasks else None
 
     def __call__(self, ctx: Any, idx: IntArray) -> IntArray:
@@ -140,6 +142,5 @@ class LiveFragmentationOrder:
                 self._scorer = FragmentationScorer(dist, lookahead=self.lookahead)
                 self._learned_at, self._learned_from = count, id(ctx.ledger)
                 self._new = 0
-                self._known_at_learn = len(self._arrivals)
         assert self._scorer is not None
         return self._scorer(ctx, idx)

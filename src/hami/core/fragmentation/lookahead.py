@@ -110,7 +110,7 @@ def class_growth(free: FloatArray, cpu_free: IntArray, mem_free: IntArray,
         mem = mem_free[:, None] - dist.memory_mib[ko]
         after = frag(t2, s2, c2, cpu, mem, models_ok[:, None, :])
         out[:, ko] = after - before[:, None]
-    result: FloatArray = np.round(np.where(fits, out, np.inf), 6)
+    result: FloatArray = np.round(np.where(fits, out, np.inf), 6).astype(np.float64)
     return result
 
 
@@ -124,7 +124,8 @@ class LookAhead:
     """
 
     def __init__(self, tolerance_milli: float = 100.0, width: int = 16,
-                 weight: float = 1.0) -> None:
+                 weight: float = 1.0, unplaceable_milli: float = UNPLACEABLE_MILLI) -> None:
+        self.unplaceable_milli = unplaceable_milli
         self.tolerance_milli = tolerance_milli
         self.width = width
         self.weight = weight
@@ -132,33 +133,36 @@ class LookAhead:
         self._seen: IntArray | None = None
         self._state: FragmentationState | None = None
 
-    def _rows(self, state: FragmentationState, nodes: IntArray,
-              free: FloatArray | None = None, cpu_milli: int = 0,
-              memory_mib: int = 0) -> FloatArray:
-        """:func:`class_growth` of ``nodes`` as they are, or with the free shares
-        ``free`` (``[R, G]``) and ``cpu_milli``/``memory_mib`` less free (a placement)."""
-        if free is None:
-            assert state._free is not None
-            devs = [state.devices_of(np.array([n])) for n in nodes.tolist()]
-            free = np.full((nodes.size, max((d.size for d in devs), default=1) or 1), -1.0)
-            for r, d in enumerate(devs):
-                free[r, :d.size] = state._free[d]
-        return class_growth(free, state.cpu_free[nodes] - cpu_milli,
-                            state.mem_free[nodes] - memory_mib, state.models_ok[nodes],
-                            state.dist)
+    def _free_rows(self, state: FragmentationState, nodes: IntArray) -> FloatArray:
+        """``[R, G]`` free share per GPU of ``nodes`` (``-1`` pads), from the state."""
+        assert state._free is not None
+        counts = state._ptr[nodes + 1] - state._ptr[nodes]
+        free = np.full((nodes.size, max(int(counts.max(initial=0)), 1)), -1.0)
+        devs = state.devices_of(nodes)
+        rows = np.repeat(np.arange(nodes.size), counts)
+        cols = np.arange(devs.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        free[rows, cols] = state._free[devs]
+        return free
 
-    def current(self, state: FragmentationState) -> FloatArray:
-        """``[N, K]`` growth of each class on each node now (cached per node version)."""
+    def _sync(self, state: FragmentationState) -> IntArray:
+        """Reset the cache for a new state; the nodes whose cached growth is stale."""
         n = state.total.shape[0]
         if (self._growth is None or self._seen is None or self._state is not state
                 or self._growth.shape != (n, state.dist.size)):
             self._growth = np.full((n, state.dist.size), np.inf)
             self._seen = np.full(n, -1, dtype=np.int64)
             self._state = state
-        stale = np.flatnonzero(self._seen != state.node_version)
+        return np.flatnonzero(self._seen != state.node_version)
+
+    def current(self, state: FragmentationState) -> FloatArray:
+        """``[N, K]`` growth of each class on each node now (cached per node version)."""
+        stale = self._sync(state)
+        assert self._growth is not None and self._seen is not None
         for i in range(0, stale.size, _CHUNK):
             part = stale[i:i + _CHUNK]
-            self._growth[part] = self._rows(state, part)
+            self._growth[part] = class_growth(
+                self._free_rows(state, part), state.cpu_free[part], state.mem_free[part],
+                state.models_ok[part], state.dist)
         self._seen[stale] = state.node_version[stale]
         return self._growth
 
@@ -173,39 +177,50 @@ class LookAhead:
         if head.size < 2:
             return ordered
         nodes = ordered[head]
-        now = self.current(state)
+        stale = self._sync(state)
+        if stale.size > _CHUNK:
+            self.current(state)
+            stale = stale[:0]
+        assert self._growth is not None and self._seen is not None
+        # One batch: the stale nodes as they are, then the head's nodes after placing.
+        placed = self._free_rows(state, nodes)
+        _place(placed, request_milli, num_gpu)
+        now_free = self._free_rows(state, stale)
+        free = np.full((stale.size + nodes.size, max(placed.shape[1], now_free.shape[1])), -1.0)
+        free[:stale.size, :now_free.shape[1]] = now_free
+        free[stale.size:, :placed.shape[1]] = placed
+        rows = np.concatenate([stale, nodes])
+        taken = np.concatenate([np.zeros(stale.size, np.int64), np.ones(nodes.size, np.int64)])
+        growth = class_growth(free, state.cpu_free[rows] - taken * cpu_milli,
+                              state.mem_free[rows] - taken * memory_mib,
+                              state.models_ok[rows], state.dist)
+        self._growth[stale] = growth[:stale.size]
+        self._seen[stale] = state.node_version[stale]
+        after = growth[stale.size:]
+        now = self._growth
         cols = np.arange(now.shape[1])
         first = np.argmin(now, axis=0)
         best = now[first, cols]
         masked = now.copy()
         masked[first, cols] = np.inf
         second = masked.min(axis=0)
-        placed = [self._place(state, int(n), request_milli, num_gpu) for n in nodes.tolist()]
-        free = np.full((nodes.size, max(p.size for p in placed) or 1), -1.0)
-        for r, p in enumerate(placed):
-            free[r, :p.size] = p
-        after = self._rows(state, nodes, free, cpu_milli, memory_mib)
         elsewhere = np.where(first[None, :] == nodes[:, None], second[None, :], best[None, :])
         future = np.minimum(elsewhere, after)
         dist = state.dist
-        penalty = np.maximum(dist.num_gpu, 1) * UNPLACEABLE_MILLI
+        penalty = np.maximum(dist.num_gpu, 1) * self.unplaceable_milli
         future = np.where(np.isfinite(future), future, penalty[None, :])
         score = deltas[head] + self.weight * (future @ dist.weight)
         perm = np.lexsort((np.arange(head.size), np.round(score, 6)))
-        rest = np.delete(ordered, head)
-        result: IntArray = np.concatenate([nodes[perm], rest])
+        result: IntArray = np.concatenate([nodes[perm], np.delete(ordered, head)])
         return result
 
-    @staticmethod
-    def _place(state: FragmentationState, node: int, request_milli: int,
-               num_gpu: int) -> FloatArray:
-        """The node's free shares per GPU after the request takes its GPUs: a share the
-        fullest GPU that fits (HAMi's binpack), whole GPUs fully free ones."""
-        assert state._free is not None
-        free = state._free[state.devices_of(np.array([node]))].astype(np.float64)
-        if num_gpu <= 0 or request_milli <= 0:
-            return free
-        fit = np.flatnonzero(free >= request_milli)
-        fit = fit[np.argsort(free[fit], kind="stable")][:num_gpu]
-        free[fit] -= request_milli
-        return free
+
+def _place(free: FloatArray, request_milli: int, num_gpu: int) -> None:
+    """Charge a request on each row of ``free`` (``[R, G]``, in place): a share takes the
+    fullest GPU that fits (HAMi's binpack), whole GPUs fully free ones (lowest first)."""
+    if num_gpu <= 0 or request_milli <= 0:
+        return
+    for r in range(free.shape[0]):
+        fit = np.flatnonzero(free[r] >= request_milli)
+        fit = fit[np.argsort(free[r, fit], kind="stable")][:num_gpu]
+        free[r, fit] -= request_milli
