@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Container
 from typing import Any
 
-from hami.core.fragmentation.lookahead import LookAhead
 from hami.core.fragmentation.measure import WHOLE, IntArray, WorkloadDistribution
 from hami.core.fragmentation.order import FragmentationScorer, Placement
 
@@ -90,14 +89,11 @@ class LiveFragmentationOrder:
     """
 
     def __init__(self, relearn_every: int = 256, fixed: WorkloadDistribution | None = None,
-                 min_weight: float = 0.001, window: int = 4096,
-                 lookahead: LookAhead | None = None) -> None:
+                 min_weight: float = 0.001, window: int = 4096) -> None:
         self.relearn_every = relearn_every
-        self.lookahead = lookahead
         self.min_weight = min_weight
         self.window = window
-        self._scorer = (FragmentationScorer(fixed, lookahead=lookahead) if fixed is not None
-                        else None)
+        self._scorer = FragmentationScorer(fixed) if fixed is not None else None
         self._fixed = fixed is not None
         self._learned_at = -1
         self._learned_from = -1  # id() of the ledger the mix was learned from
@@ -139,7 +135,7 @@ class LiveFragmentationOrder:
                 dist = self._learn(ctx)
                 if dist is None:  # nothing to learn from yet: keep the candidate order
                     return idx
-                self._scorer = FragmentationScorer(dist, lookahead=self.lookahead)
+                self._scorer = FragmentationScorer(dist)
                 self._learned_at, self._learned_from = count, id(ctx.ledger)
                 self._new = 0
         assert self._scorer is not None

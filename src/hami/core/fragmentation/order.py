@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 
-from hami.core.fragmentation.lookahead import LookAhead
 from hami.core.fragmentation.measure import WHOLE, FloatArray, IntArray, WorkloadDistribution
 from hami.core.fragmentation.state import FragmentationState, node_types
 
@@ -66,10 +65,8 @@ class FragmentationScorer:
     """
 
     def __init__(self, dist: WorkloadDistribution, cache_size: int = 1024,
-                 tie_break: str = "least-free-gpu", seed: int = 0,
-                 lookahead: LookAhead | None = None) -> None:
+                 tie_break: str = "least-free-gpu", seed: int = 0) -> None:
         self.dist = dist
-        self.lookahead = lookahead
         self.tie_break = tie_break
         self._rng = np.random.default_rng(seed)
         self.cache_size = cache_size
@@ -168,9 +165,4 @@ class FragmentationScorer:
             ordered = idx[np.lexsort((self._state.total[idx], deltas))]  # lexsort is stable
         else:
             ordered = idx[np.argsort(deltas, kind="stable")]
-        if self.lookahead is not None and self._state is not None:
-            ordered = self.lookahead.rerank(
-                self._state, ordered, self.node_deltas(ledger, placement, ordered),
-                request_milli=placement.request_milli, num_gpu=placement.num_gpu,
-                cpu_milli=placement.cpu_milli, memory_mib=placement.memory_mib)
         return ordered
