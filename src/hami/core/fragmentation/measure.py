@@ -1,0 +1,222 @@
+"""The fragmentation measure and its growth under a placement (FGD, paper §3-§4).
+
+Source: Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with
+Fragmentation Gradient Descent", USENIX ATC'23, §3 (fragmentation measure) and §4 (the
+FGD heuristic). Written from the paper's definitions, not from its code.
+
+The measure (paper §3.2): for a task ``m`` and a node ``n``, the *fragment* ``F_n(m)`` is
+the node's unallocated GPU capacity that ``m`` cannot use:
+
+* if ``m`` cannot run on ``n`` at all (too few GPUs with enough free share, not enough CPU
+  or memory, or a GPU model ``m`` does not accept), **all** free GPU of ``n`` is
+  fragmented for it;
+* otherwise, the free capacity of every GPU whose free share is smaller than what ``m``
+  needs per GPU (``gpu_milli``; 1000 for whole-GPU tasks) is fragmented; a task that asks
+  for no GPU fragments nothing on a node where it fits.
+
+The expected fragmentation of a node under a workload (paper §3.3, eq. 2) weights
+``F_n(m)`` by the popularity ``p_m`` of each task class of the target workload:
+``F_n = sum_m p_m F_n(m)``. The cluster's fragmentation is the sum over nodes.
+
+FGD (paper §4) places each task where the expected fragmentation grows the least:
+``delta = F_n(after) - F_n(before)``. Everything here is in milli-GPU (1000 = one GPU)
+and works on flat numpy arrays, so a decision costs a few vector operations over the
+candidate devices and the ``K`` task classes. These are pure functions over explicit
+arrays, easy to test on hand-made clusters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+#: One whole GPU in milli-GPU.
+WHOLE = 1000
+
+
+@dataclass(frozen=True)
+class WorkloadDistribution:
+    """The target workload as ``K`` task classes with popularity weights.
+
+    Arrays have length ``K``. ``gpu_milli`` is the share needed on *each* of ``num_gpu``
+    GPUs (1000 for whole-GPU tasks, 0 for CPU-only ones); ``models`` lists, per class, the
+    accepted GPU models (``()`` = any), matched case-insensitively as substrings of the
+    node's GPU type like ``nvidia.com/use-gputype``. ``weight`` sums to 1.
+    """
+
+    num_gpu: IntArray
+    gpu_milli: IntArray
+    cpu_milli: IntArray
+    memory_mib: IntArray
+    weight: FloatArray
+    models: tuple[tuple[str, ...], ...]
+
+    @property
+    def size(self) -> int:
+        """Number of task classes ``K``."""
+        return int(self.num_gpu.shape[0])
+
+    @classmethod
+    def from_tasks(cls, num_gpu: Sequence[int], gpu_milli: Sequence[int],
+                   cpu_milli: Sequence[int], memory_mib: Sequence[int],
+                   models: Sequence[Sequence[str]] | None = None,
+                   min_weight: float = 0.0,
+                   by_resources: bool = False) -> WorkloadDistribution:
+        """Group tasks into classes by ``(num_gpu, gpu_milli, models)``.
+
+        With ``by_resources`` the task's CPU and memory are part of the class too (more
+        classes, exact CPU/memory); otherwise a class's CPU and memory are the medians of
+        its tasks (so that "does the task fit the node's CPU" is judged on a typical
+        member). Classes lighter than ``min_weight`` are dropped and the rest
+        renormalised.
+
+        Raises:
+            ValueError: no tasks, or sequences of different lengths.
+        """
+        n = len(num_gpu)
+        if n == 0:
+            raise ValueError("a workload distribution needs at least one task")
+        if not (len(gpu_milli) == len(cpu_milli) == len(memory_mib) == n):
+            raise ValueError("task attribute sequences differ in length")
+        specs: Sequence[Sequence[str]] = models if models is not None else [()] * n
+        groups: dict[tuple[int, int, tuple[str, ...], int, int], list[int]] = {}
+        for i in range(n):
+            g = int(gpu_milli[i]) if int(num_gpu[i]) > 0 else 0
+            res = (int(cpu_milli[i]), int(memory_mib[i])) if by_resources else (-1, -1)
+            key = (int(num_gpu[i]), g, tuple(sorted(s.lower() for s in specs[i])), *res)
+            groups.setdefault(key, []).append(i)
+        keys = sorted(groups, key=lambda k: (-len(groups[k]), k))
+        keys = [k for k in keys if len(groups[k]) / n >= min_weight] or keys[:1]
+        cpu = np.asarray(cpu_milli, dtype=np.int64)
+        mem = np.asarray(memory_mib, dtype=np.int64)
+        weight = np.array([len(groups[k]) for k in keys], dtype=np.float64)
+        return cls(
+            num_gpu=np.array([k[0] for k in keys], dtype=np.int64),
+            gpu_milli=np.array([k[1] for k in keys], dtype=np.int64),
+            cpu_milli=np.array([int(np.median(cpu[groups[k]])) for k in keys], dtype=np.int64),
+            memory_mib=np.array([int(np.median(mem[groups[k]])) for k in keys],
+                                dtype=np.int64),
+            weight=weight / weight.sum(),
+            models=tuple(k[2] for k in keys),
+        )
+
+    def __post_init__(self) -> None:
+        need = np.where(self.num_gpu > 0, self.gpu_milli, 0).astype(np.float64)
+        object.__setattr__(self, "_need", need)
+
+    def need(self) -> FloatArray:
+        """Per class, the free share a GPU needs to be usable by it (0 for CPU-only)."""
+        result: FloatArray = self._need  # type: ignore[attr-defined]
+        return result
+
+
+def model_mask(node_types: Sequence[str], dist: WorkloadDistribution) -> BoolArray:
+    """``[N, K]``: node ``n``'s GPU type is accepted by class ``k`` (substring match)."""
+    out = np.ones((len(node_types), dist.size), dtype=np.bool_)
+    for k, allowed in enumerate(dist.models):
+        if allowed:
+            out[:, k] = [any(a in t.lower() for a in allowed) for t in node_types]
+    return out
+
+
+def class_terms(free_milli: IntArray, node_of: IntArray, n_nodes: int,
+                dist: WorkloadDistribution) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """Per-node sufficient statistics of the fragment measure.
+
+    Returns ``(T, S, C)``: ``T[n]`` total free GPU of node ``n``; ``S[n, k]`` free GPU on
+    GPUs too small for class ``k`` (``free < need_k``); ``C[n, k]`` how many GPUs have at
+    least ``need_k`` free. Devices with ``node_of < 0`` are ignored.
+    """
+    valid = node_of >= 0
+    free = free_milli[valid].astype(np.float64)
+    nodes = node_of[valid]
+    small = free[:, None] < dist.need()[None, :]
+    frag_part = np.where(small, free[:, None], 0.0)
+    usable = (~small).astype(np.float64)
+    if n_nodes == 1:
+        return (np.array([free.sum()]), frag_part.sum(axis=0, keepdims=True),
+                usable.sum(axis=0, keepdims=True))
+    total: FloatArray = np.bincount(nodes, weights=free, minlength=n_nodes)[:n_nodes].astype(
+        np.float64)
+    s = np.zeros((n_nodes, dist.size))
+    c = np.zeros((n_nodes, dist.size))
+    np.add.at(s, nodes, frag_part)
+    np.add.at(c, nodes, usable)
+    return total, s, c
+
+
+def fragment(total: FloatArray, s: FloatArray, c: FloatArray, cpu_free: IntArray,
+             mem_free: IntArray, models_ok: BoolArray,
+             dist: WorkloadDistribution) -> FloatArray:
+    """``F_n(k)`` for every row and class: ``S`` where class ``k`` can run, else ``T``.
+
+    Rows are nodes (or hypothetical node states); ``total`` is ``[R]``, ``s``/``c``/
+    ``models_ok`` are ``[R, K]``, ``cpu_free``/``mem_free`` ``[R]``.
+    """
+    host = (models_ok & (cpu_free[:, None] >= dist.cpu_milli[None, :])
+            & (mem_free[:, None] >= dist.memory_mib[None, :])
+            & ((dist.num_gpu[None, :] == 0) | (c >= dist.num_gpu[None, :])))
+    return np.where(host, s, total[:, None])
+
+
+def node_fragmentation(free_milli: IntArray, node_of: IntArray, cpu_free: IntArray,
+                       mem_free: IntArray, models_ok: BoolArray,
+                       dist: WorkloadDistribution) -> FloatArray:
+    """Expected fragmentation ``F_n = sum_k p_k F_n(k)`` of every node, in milli-GPU.
+
+    ``free_milli``/``node_of`` are per device; ``cpu_free``/``mem_free``/``models_ok``
+    per node (``models_ok`` is ``[N, K]``, see :func:`model_mask`). A negative
+    ``cpu_free`` means the node is already over-committed; nothing fits there.
+    """
+    n = cpu_free.shape[0]
+    total, s, c = class_terms(free_milli, node_of, n, dist)
+    result: FloatArray = fragment(total, s, c, cpu_free, mem_free, models_ok, dist) @ dist.weight
+    return result
+
+
+def frag_delta(total: FloatArray, s: FloatArray, c: FloatArray, before: FloatArray,
+               cpu_free: IntArray, mem_free: IntArray, models_ok: BoolArray,
+               dist: WorkloadDistribution, *, request_milli: int, num_gpu: int,
+               cpu_milli: int, memory_mib: int,
+               device_free: FloatArray | None = None) -> FloatArray:
+    """Growth of expected fragmentation if the request is placed on each candidate.
+
+    Candidates are rows: node statistics gathered per candidate (``total``, ``s``, ``c``,
+    ``before`` = current ``F_n``, ``cpu_free``, ``mem_free``, ``models_ok``).
+
+    * a GPU share (``num_gpu == 1`` and ``request_milli < 1000``): one row per candidate
+      *device*, whose current free share is ``device_free``; the device loses
+      ``request_milli``;
+    * whole GPUs (``request_milli == 1000``): one row per node; ``num_gpu`` fully free
+      GPUs become full (they were not in any ``S``, and leave every ``C``);
+    * no GPU: one row per node; only CPU and memory change.
+
+    Returns ``F_n(after) - F_n(before)`` per row (paper §4, the "fragmentation gradient").
+    """
+    need = dist.need()[None, :]
+    if num_gpu == 0 or request_milli == 0:
+        t2, s2, c2 = total, s, c
+    elif num_gpu == 1 and request_milli < WHOLE:
+        if device_free is None:
+            raise ValueError("a GPU-share request needs device_free per candidate")
+        f = device_free[:, None]
+        g = f - request_milli
+        t2 = total - request_milli
+        s2 = s - np.where(f < need, f, 0.0) + np.where(g < need, g, 0.0)
+        c2 = c - (f >= need) + (g >= need)
+    else:
+        t2 = total - WHOLE * num_gpu
+        s2 = s
+        c2 = c - num_gpu * (need <= WHOLE)
+    after = fragment(t2, s2, c2, cpu_free - cpu_milli, mem_free - memory_mib, models_ok,
+                     dist) @ dist.weight
+    # Rounded so that equal placements tie exactly whatever the batch shape of the sums.
+    result: FloatArray = np.round(after - before, 6)
+    return result

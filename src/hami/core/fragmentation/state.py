@@ -1,0 +1,208 @@
+"""Per-node fragment statistics of a cluster, kept up to date incrementally.
+
+:class:`FragmentationState` caches, per node, the sufficient statistics of the measure in
+:mod:`hami.core.fragmentation.measure`: ``T`` (free GPU), ``S[k]`` (free GPU on GPUs too
+small for class ``k``), ``C[k]`` (GPUs usable by ``k``) and ``F`` (expected
+fragmentation), refreshed only for the nodes whose usage changed, so a replay pays
+O(changed nodes x GPUs x K) per decision. :func:`ledger_inputs` reads the arrays it needs
+from a :class:`~hami.core.ledger.UsageLedger`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from hami.core.fragmentation.measure import (
+    FloatArray,
+    IntArray,
+    WorkloadDistribution,
+    class_terms,
+    frag_delta,
+    fragment,
+    model_mask,
+)
+
+
+class FragmentationState:
+    """Per-node fragment statistics of a cluster, refreshed incrementally.
+
+    Inputs are the ledger-style arrays: per device ``free_milli`` and ``node_of``; per
+    node ``cpu_free``/``mem_free`` (use a large number when unchecked) and the node's GPU
+    type. :meth:`refresh` recomputes only the nodes whose inputs changed since the last
+    call, so a replay pays O(changed nodes x GPUs x K) per decision.
+    """
+
+    def __init__(self, dist: WorkloadDistribution, node_types: Sequence[str]) -> None:
+        self.dist = dist
+        self.models_ok = model_mask(node_types, dist)
+        n = len(node_types)
+        self.total = np.zeros(n)
+        self.s = np.zeros((n, dist.size))
+        self.c = np.zeros((n, dist.size))
+        self.frag = np.zeros(n)
+        self._free: IntArray | None = None
+        self._sums: tuple[IntArray, ...] | None = None
+        self._dev_order = np.zeros(0, dtype=np.int64)
+        self._ptr = np.zeros(n + 1, dtype=np.int64)
+        self.node_of: IntArray = np.zeros(0, dtype=np.int64)
+        #: Bumped for a node each time its statistics change (drives callers' caches).
+        self.node_version = np.zeros(n, dtype=np.int64)
+        self.cpu_free = np.zeros(n, dtype=np.int64)
+        self.mem_free = np.zeros(n, dtype=np.int64)
+
+    def refresh(self, free_milli: IntArray, node_of: IntArray, cpu_free: IntArray,
+                mem_free: IntArray) -> None:
+        """Bring the cached terms up to date with the given arrays (any change allowed,
+        node set included); only nodes whose inputs differ are recomputed."""
+        n = self.total.shape[0]
+        if (self._free is None or self._free.shape != free_milli.shape
+                or not np.array_equal(self.node_of, node_of)):
+            changed_nodes = np.arange(n)
+            self.node_of = node_of.copy()
+            self._index_devices()
+        else:
+            dev_changed = self._free != free_milli
+            changed = np.zeros(n, dtype=np.bool_)
+            nodes = node_of[dev_changed]
+            changed[nodes[nodes >= 0]] = True
+            changed |= (self.cpu_free != cpu_free) | (self.mem_free != mem_free)
+            changed_nodes = np.flatnonzero(changed)
+        self._free = free_milli.copy()
+        self.cpu_free = cpu_free.copy()
+        self.mem_free = mem_free.copy()
+        self._update_nodes(changed_nodes)
+
+    def _index_devices(self) -> None:
+        """Devices grouped by node: ``_dev_order[_ptr[i]:_ptr[i + 1]]`` are node ``i``'s."""
+        n = self.total.shape[0]
+        valid = np.flatnonzero(self.node_of >= 0)
+        self._dev_order = valid[np.argsort(self.node_of[valid], kind="stable")]
+        counts = np.bincount(self.node_of[valid], minlength=n)[:n]
+        self._ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def devices_of(self, nodes: IntArray) -> IntArray:
+        """Device indices of ``nodes`` (concatenated in node order)."""
+        if nodes.size == 1:
+            i = int(nodes[0])
+            result: IntArray = self._dev_order[self._ptr[i]:self._ptr[i + 1]]
+            return result
+        return np.concatenate([self._dev_order[self._ptr[i]:self._ptr[i + 1]]
+                               for i in nodes.tolist()] or [np.zeros(0, np.int64)])
+
+    def _update_nodes(self, changed_nodes: IntArray) -> None:
+        if changed_nodes.size == 0:
+            return
+        assert self._free is not None
+        self.node_version[changed_nodes] += 1
+        n = self.total.shape[0]
+        if changed_nodes.size == n:
+            sel = np.flatnonzero(self.node_of >= 0)
+            local = self.node_of[sel]
+        elif changed_nodes.size == 1:
+            sel = self.devices_of(changed_nodes)
+            local = np.zeros(sel.size, dtype=np.int64)
+        else:
+            sel = self.devices_of(changed_nodes)
+            pos = np.full(n, -1, dtype=np.int64)
+            pos[changed_nodes] = np.arange(changed_nodes.size)
+            local = pos[self.node_of[sel]]
+        total, s, c = class_terms(self._free[sel], local, changed_nodes.size, self.dist)
+        self.total[changed_nodes] = total
+        self.s[changed_nodes] = s
+        self.c[changed_nodes] = c
+        self.frag[changed_nodes] = fragment(
+            total, s, c, self.cpu_free[changed_nodes], self.mem_free[changed_nodes],
+            self.models_ok[changed_nodes], self.dist) @ self.dist.weight
+
+    def refresh_from_ledger(self, ledger: Any) -> None:
+        """:meth:`refresh` reading a :class:`~hami.core.ledger.UsageLedger`, cheaply.
+
+        Changed nodes are found from the ledger's per-node sums (used cores, slots, CPU,
+        memory) and only their devices are re-read; the first call reads everything.
+        """
+        count = ledger.node_count
+        sums = (ledger.sum_used_cores[:count], ledger.sum_used_slots[:count],
+                ledger.cpu_milli_used[:count], ledger.memory_mib_used[:count])
+        if self._free is None or self._sums is None or self._sums[0].shape != sums[0].shape:
+            self._sums = tuple(x.copy() for x in sums)
+            self.refresh(*ledger_inputs(ledger))
+            return
+        mask = sums[0] != self._sums[0]
+        for new, old in zip(sums[1:], self._sums[1:], strict=True):
+            mask |= new != old
+        changed = np.flatnonzero(mask)
+        if changed.size == 0:
+            return
+        for new, old in zip(sums, self._sums, strict=True):
+            old[changed] = new[changed]
+        devs = self.devices_of(changed)
+        total_cores = np.maximum(ledger.total_cores[devs], 1)
+        free = (ledger.total_cores[devs] - ledger.used_cores[devs]) * 1000 // total_cores
+        usable = ledger.healthy[devs] & (ledger.used_slots[devs] < ledger.split_count[devs])
+        self._free[devs] = np.where(usable, free, 0)
+        for arr, total_arr, used in ((self.cpu_free, ledger.cpu_milli_total,
+                                      ledger.cpu_milli_used),
+                                     (self.mem_free, ledger.memory_mib_total,
+                                      ledger.memory_mib_used)):
+            t = total_arr[changed]
+            arr[changed] = np.where(t < 0, UNLIMITED, t - used[changed])
+        self._update_nodes(changed)
+
+    def delta_nodes(self, nodes: IntArray, *, request_milli: int, num_gpu: int,
+                    cpu_milli: int, memory_mib: int) -> FloatArray:
+        """:func:`frag_delta` for whole-GPU or CPU-only requests, one value per node."""
+        return frag_delta(self.total[nodes], self.s[nodes], self.c[nodes], self.frag[nodes],
+                          self.cpu_free[nodes], self.mem_free[nodes], self.models_ok[nodes],
+                          self.dist, request_milli=request_milli, num_gpu=num_gpu,
+                          cpu_milli=cpu_milli, memory_mib=memory_mib)
+
+    def delta_devices(self, devices: IntArray, node_of: IntArray, device_free: IntArray, *,
+                      request_milli: int, cpu_milli: int, memory_mib: int) -> FloatArray:
+        """:func:`frag_delta` for a GPU-share request, one value per candidate device."""
+        nodes = node_of[devices]
+        return frag_delta(self.total[nodes], self.s[nodes], self.c[nodes], self.frag[nodes],
+                          self.cpu_free[nodes], self.mem_free[nodes], self.models_ok[nodes],
+                          self.dist, request_milli=request_milli, num_gpu=1,
+                          cpu_milli=cpu_milli, memory_mib=memory_mib,
+                          device_free=device_free[devices].astype(np.float64))
+
+
+#: A CPU or memory capacity the ledger does not check (``-1``) counts as unlimited.
+UNLIMITED = 2**40
+
+
+def ledger_inputs(ledger: Any, nodes: IntArray | None = None
+                  ) -> tuple[IntArray, IntArray, IntArray, IntArray]:
+    """``(free_milli, node_of, cpu_free, mem_free)`` from a :class:`UsageLedger`.
+
+    A GPU's free share is its free compute in milli-GPU (``1000 x`` free cores over the
+    card's cores), 0 for an unhealthy or removed GPU or one with no task slot left. With
+    ``nodes`` given, only the devices of those nodes are computed (others read 0).
+    """
+    n, count = ledger.size, ledger.node_count
+    node_of = ledger.node_of[:n]
+    free = np.zeros(n, dtype=np.int64)
+    sel = slice(None) if nodes is None else np.flatnonzero(np.isin(node_of, nodes))
+    total_cores = np.maximum(ledger.total_cores[:n][sel], 1)
+    part = (ledger.total_cores[:n][sel] - ledger.used_cores[:n][sel]) * 1000 // total_cores
+    usable = ledger.healthy[:n][sel] & (ledger.used_slots[:n][sel]
+                                        < ledger.split_count[:n][sel])
+    free[sel] = np.where(usable, part, 0)
+    cpu_t, mem_t = ledger.cpu_milli_total[:count], ledger.memory_mib_total[:count]
+    cpu_free = np.where(cpu_t < 0, UNLIMITED, cpu_t - ledger.cpu_milli_used[:count])
+    mem_free = np.where(mem_t < 0, UNLIMITED, mem_t - ledger.memory_mib_used[:count])
+    return free, node_of, cpu_free, mem_free
+
+
+def node_types(ledger: Any) -> list[str]:
+    """Per ledger node, the type name of its GPUs (its first device's; ``""`` without)."""
+    types = [""] * ledger.node_count
+    n = ledger.size
+    for d in range(n - 1, -1, -1):
+        i = int(ledger.node_of[d])
+        if i >= 0:
+            types[i] = ledger.type_names[int(ledger.type_id[d])]
+    return types
