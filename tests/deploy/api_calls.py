@@ -96,7 +96,7 @@ CALLS: dict[str, tuple[Call, ...]] = {
                                      f"{_NODE}.release_node_lock")),
         # NodeWatch.run: fieldSelector metadata.name=<its node>
         Call("watch", "nodes", where=(f"{_NODE}.start_node_watch",
-                                      "hami.deviceplugin.kube:NodeWatch.run")),
+                                      "hami.deviceplugin.kubewatch:NodeWatch.run")),
         Call("patch", "nodes", where=(f"{_NODE}.patch_node_annotations",
                                       f"{_NODE}.release_node_lock")),
         Call("get", "pods", where=(f"{_NODE}.get_pod",)),
@@ -104,10 +104,10 @@ CALLS: dict[str, tuple[Call, ...]] = {
         # PodWatch and its fallback add status.phase=Pending)
         Call("list", "pods", where=(f"{_NODE}.pods_on_node", f"{_NODE}.pods_labelled_for",
                                      f"{_NODE}.pending_pods_on_node", f"{_NODE}.pending_pods",
-                                     "hami.deviceplugin.kube:PodWatch.run")),
+                                     "hami.deviceplugin.kubewatch:PodWatch.run")),
         # PodWatch.run: the Pending pods of its node (fieldSelector as the list above)
         Call("watch", "pods", where=(f"{_NODE}.start_pod_watch",
-                                     "hami.deviceplugin.kube:PodWatch.run")),
+                                     "hami.deviceplugin.kubewatch:PodWatch.run")),
         Call("patch", "pods", where=(f"{_NODE}.patch_pod_annotations",)),
     ),
     # DRA mode's node agent (hami dra-plugin) and its monitor
@@ -147,10 +147,10 @@ NOT_IN_CHART = {
     f"{_KUBE}.connect": "no request",
     "hami.certgen:ensure_allocation_key": "an admin rotates the allocation key with "
                                           "`hami certgen` and their own credentials",
-    "hami.deviceplugin.kube:NodeWatch.get": "no request: the watched copy",
-    "hami.deviceplugin.kube:NodeWatch.offer": "no request: the watched copy",
-    "hami.deviceplugin.kube:PodWatch.pods": "no request: the watched copy",
-    "hami.deviceplugin.kube:PodWatch.offer": "no request: the watched copy",
+    "hami.deviceplugin.kubewatch:NodeWatch.get": "no request: the watched copy",
+    "hami.deviceplugin.kubewatch:NodeWatch.offer": "no request: the watched copy",
+    "hami.deviceplugin.kubewatch:PodWatch.pods": "no request: the watched copy",
+    "hami.deviceplugin.kubewatch:PodWatch.offer": "no request: the watched copy",
     "hami.dra.node:NodeCordonWatch.get": "no request: the watched copy",
     "hami.dra.node:SlicePublisher.invalidate": "no request",
     f"{_AGENT}.devices": "no request: discovery",
@@ -167,7 +167,8 @@ NOT_IN_CHART = {
 
 #: The API layer: the only modules that import lightkube (besides ``hami top``, which runs
 #: with the user's own kubeconfig, and the test helpers).
-API_MODULES = {"hami.kube": ("Kube",), "hami.deviceplugin.kube": ("KubeApi", "NodeWatch", "PodWatch"),
+API_MODULES = {"hami.kube": ("Kube",), "hami.deviceplugin.kube": ("KubeApi",),
+               "hami.deviceplugin.kubewatch": ("NodeWatch", "PodWatch"),
                "hami.certgen": (), "hami.dra.node": ("SlicePublisher", "DraAgent", "NodeCordonWatch"),
                "hami.dra.cache": ("DraObjects",), "hami.dra.webhook": ("DraWebhook",),
                "hami.dra.prioritize": ("DraPrioritizer",)}

@@ -135,7 +135,7 @@ def test_mig_allowlist_reaches_the_device_plugin() -> None:
     """The chart's default allowlist parses in the plugin and gives spec 6.1's profiles,
     an H200 not taking the H20 entry."""
     from hami.deviceplugin.config import parse_mig_allowlist
-    from hami.deviceplugin.mig import allow_entry
+    from hami.deviceplugin.migplan import allow_entry
 
     text = find(render(), "ConfigMap", "hami-scheduler-device")["data"]["device-config.yaml"]
     allow = parse_mig_allowlist(yaml.safe_load(text)["nvidia"]["migProfileAllowlist"])

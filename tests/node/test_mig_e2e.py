@@ -16,7 +16,7 @@ from hami.core.codec import decode_mig_allocations
 from hami.core.state import ClusterState
 from hami.deviceplugin import allocate as al
 from hami.deviceplugin.kube import KubeApi, KubeError
-from hami.deviceplugin.migdriver import fake_mig_uuid
+from hami.deviceplugin.migfake import fake_mig_uuid
 from hami.devices.registry import make_config
 from tests.node.conftest import PluginHarness, plugin_on_api
 from tests.node.test_mig_plugin import A100, CONFIG, MIG_NODE, a100_entry, placements, wait

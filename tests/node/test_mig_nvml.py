@@ -1,4 +1,4 @@
-""":class:`~hami.deviceplugin.migdriver.NvmlMig` against a stand-in for the NVML library
+""":class:`~hami.deviceplugin.mignvml.NvmlMig` against a stand-in for the NVML library
 (the protocol boundary): the real ``pynvml`` structures, constants and error class, with
 the library calls answered from an in-memory A100-like GPU. It checks the call sequence
 and argument plumbing (placements array, GI/CI ids, MIG device lookup, cleanup on a
@@ -15,7 +15,8 @@ import pytest
 pynvml = pytest.importorskip("pynvml")
 
 from hami.core.model import MigPlacement  # noqa: E402
-from hami.deviceplugin.migdriver import MigDriverError, NvmlMig  # noqa: E402
+from hami.deviceplugin.migdriver import MigDriverError  # noqa: E402
+from hami.deviceplugin.mignvml import NvmlMig  # noqa: E402
 
 P = MigPlacement
 GPU = "GPU-a100a100-1111-2222-3333-444444444444"

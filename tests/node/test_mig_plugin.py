@@ -3,7 +3,7 @@ registration with ``migProfiles``, Allocate creating exactly the scheduler's ins
 (real gRPC server, fake kubelet, in-memory API, the core scheduler deciding the
 placements from the annotation the plugin registered), write-back, failure paths, the
 reconciler and the apply lock. NVML is replaced by the fake inventory's MIG table
-(:mod:`hami.deviceplugin.migdriver`)."""
+(:mod:`hami.deviceplugin.migfake`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from hami.core.model import MigPlacement
 from hami.core.state import ClusterState
 from hami.deviceplugin import allocate as al
 from hami.deviceplugin.config import PluginConfigError
-from hami.deviceplugin.migdriver import fake_mig_uuid
+from hami.deviceplugin.migfake import fake_mig_uuid
 from hami.devices.registry import make_config
 from tests.builders import container, pod
 from tests.node.conftest import NODE, PluginHarness, start_plugin

@@ -24,14 +24,10 @@ from hami.deviceplugin.config import (
 )
 from hami.deviceplugin.discovery import DiscoveryError, FakeBackend
 from hami.deviceplugin.kube import KubeError
-from hami.deviceplugin.mig import (
-    MIG_ALLOCATIONS,
-    MigManager,
-    apply_lock_held,
-    discover,
-    gpu_profiles,
-)
-from hami.deviceplugin.migdriver import FakeMig, MigDriverError, MigInstance, fake_mig_uuid
+from hami.deviceplugin.mig import MigManager, apply_lock_held, discover
+from hami.deviceplugin.migdriver import MigDriverError, MigInstance
+from hami.deviceplugin.migfake import FakeMig, fake_mig_uuid
+from hami.deviceplugin.migplan import MIG_ALLOCATIONS, gpu_profiles
 from tests.node.fakes import FakeKube
 from tests.node.test_mig_plugin import A100, a100_entry
 

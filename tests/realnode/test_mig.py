@@ -30,7 +30,7 @@ def bed() -> Iterator[GpuBed]:
 
 
 def test_mig_instance_is_all_the_container_gets(bed: GpuBed, client: Any) -> None:
-    from hami.deviceplugin.migdriver import fake_mig_uuid
+    from hami.deviceplugin.migfake import fake_mig_uuid
     from hami.testing.gpubed import gpu_test_pod
 
     pod = run_pod(client, gpu_test_pod("mig", "env | grep -E '^(NVIDIA|CUDA)_' | sort",

@@ -16,8 +16,8 @@ Fake inventory format::
         health: true                   # default true
         uuids: [GPU-a, GPU-b]          # optional; default GPU-fake-<index>
         mig_capable: false             # default: true when mig_profiles are listed
-        mig_profiles: [...]            # MIG GI profiles (format: hami.deviceplugin.migdriver)
-    mig_instances: [...]               # MIG instances existing at start (migdriver)
+        mig_profiles: [...]            # MIG GI profiles (format: hami.deviceplugin.migfake)
+    mig_instances: [...]               # MIG instances existing at start (migfake)
     xid_events:                        # optional, applied once each: {uuid|null, xid}
       - {uuid: GPU-a, xid: 79}
 """
@@ -35,7 +35,9 @@ from typing import Any, Protocol
 import yaml
 
 from hami.deviceplugin.health import EVENT_MASK, EVENT_XID_CRITICAL
-from hami.deviceplugin.migdriver import FakeMig, MigDriver, MigDriverError, NvmlMig
+from hami.deviceplugin.migdriver import MigDriver, MigDriverError
+from hami.deviceplugin.migfake import FakeMig
+from hami.deviceplugin.mignvml import NvmlMig
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +155,7 @@ class FakeBackend:
         self._mig: FakeMig | None = None
 
     def mig_driver(self) -> MigDriver:
-        """:class:`~hami.deviceplugin.migdriver.FakeMig` over this inventory (created once;
+        """:class:`~hami.deviceplugin.migfake.FakeMig` over this inventory (created once;
         its instance table is ``<inventory>.mig-state.json``). Raises
         :class:`DiscoveryError` on a malformed MIG section."""
         if self._mig is None:
@@ -273,7 +275,7 @@ class NvmlBackend:
         return out
 
     def mig_driver(self) -> MigDriver:
-        """:class:`~hami.deviceplugin.migdriver.NvmlMig` over the handles of :meth:`devices`."""
+        """:class:`~hami.deviceplugin.mignvml.NvmlMig` over the handles of :meth:`devices`."""
         if not self._handles:
             self.devices()
         return NvmlMig(self.nv, self._handles.__getitem__)

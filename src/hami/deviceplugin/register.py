@@ -39,7 +39,7 @@ def node_devices(gpus: Iterable[PhysicalGpu], cfg: PluginConfig,
 
     ``unhealthy`` holds UUIDs the health loop marked down (they stay registered with
     ``health`` false, so the scheduler stops placing on them). In ``mig`` mode ``mig``
-    maps a GPU UUID to ``(count, migProfiles)`` (:func:`hami.deviceplugin.mig.gpu_profiles`);
+    maps a GPU UUID to ``(count, migProfiles)`` (:func:`hami.deviceplugin.migplan.gpu_profiles`);
     GPUs without an entry are not registered (HAMi v2.10).
     """
     out = []
