@@ -163,6 +163,8 @@ NOT_IN_CHART = {
     "hami.dra.cache:DraObjects.memory_use": "no request: the watched copy",
     "hami.dra.cache:DraObjects.claims_in": "no request: the watched copy",
     "hami.dra.cache:DraObjects.card_sizes_mib": "no request: the watched copy",
+    "hami.dra.cache:DraObjects.metric_rows": "no request: the watched copy",
+    f"{_AGENT}.claim_mig": "no request: the node's MIG driver",
 }
 
 #: The API layer: the only modules that import lightkube (besides ``hami top``, which runs
