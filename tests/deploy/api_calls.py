@@ -82,7 +82,7 @@ CALLS: dict[str, tuple[Call, ...]] = {
         Call("create", "resourceclaimtemplates", _DRA, when="dra",
              where=("hami.dra.webhook:DraWebhook._ensure",)),
         Call("list", "resourceslices", _DRA, when="dra",
-             where=("hami.dra.cache:DraObjects._run", "hami.dra.webhook:DraWebhook._card_sizes_mib",
+             where=("hami.dra.cache:DraObjects._run", "hami.dra.webhook:DraWebhook._published",
                     "hami.dra.prioritize:DraPrioritizer.__call__")),
         Call("watch", "resourceslices", _DRA, when="dra", where=("hami.dra.cache:DraObjects._run",)),
         Call("list", "resourceclaims", _DRA, when="dra",

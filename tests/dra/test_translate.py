@@ -134,3 +134,71 @@ def test_translated_pod_goes_to_the_profile_with_the_prioritize_verb(
     assert t is not None and t.pod["spec"].get("schedulerName") == wanted
     plain = tr.translate(pod, CFG)
     assert plain is not None and plain.pod["spec"].get("schedulerName") == current
+
+
+A100_MIG = {("1g.5gb", 4864), ("2g.10gb", 9856), ("1g.10gb", 9856), ("3g.20gb", 19968),
+            ("7g.40gb", 40192)}
+
+
+def _first(t: tr.Translation) -> list[dict[str, Any]]:
+    (template,) = t.templates.values()
+    (req,) = template["spec"]["spec"]["devices"]["requests"]
+    assert "exactly" not in req and req["name"] == "gpu"
+    return req["firstAvailable"]  # type: ignore[no-any-return]
+
+
+def test_gpumem_offers_the_fitting_mig_profiles_smallest_first_then_the_shared_card() -> None:
+    """HAMi's extender mode gives a gpumem request the smallest MIG profile that fits; in
+    DRA mode the claim lists the fitting profiles smallest first, then the shared card.
+    gpucores does not go into a MIG subrequest (a MIG instance has its own compute)."""
+    t = tr.translate(_pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 5000,
+                           "nvidia.com/gpucores": 30},
+                          {"nvidia.com/use-gputype": "A100"}), CFG, mig_offers=A100_MIG)
+    assert t is not None
+    first = _first(t)
+    assert [s["name"] for s in first] == ["mig-1g-10gb", "mig-2g-10gb", "mig-3g-20gb",
+                                         "mig-7g-40gb", "shared"]
+    type_sel = tr.selectors({"nvidia.com/use-gputype": "A100"})
+    mig = first[0]
+    assert "capacity" not in mig and mig["count"] == 1
+    assert mig["selectors"][:-1] == type_sel
+    assert mig["selectors"][-1]["cel"]["expression"] == (
+        'device.attributes["gpu.hami.io"].profile == "1g.10gb" && device.capacity['
+        '"gpu.hami.io"].memory.compareTo(quantity("5000Mi")) >= 0')
+    shared = first[-1]
+    assert shared["capacity"] == {"requests": {"memory": "5000Mi", "cores": "30"}}
+    assert shared["selectors"] == type_sel and shared["deviceClassName"] == "gpu.hami.io"
+    assert (t.memory_mib, t.cores_percent) == (5000, 30)  # the quota books the ask
+    # the quota booking of such a claim: pending books the ask; on a MIG instance (no
+    # consumedCapacity) still the ask
+    claim: dict[str, Any] = {"spec": next(iter(t.templates.values()))["spec"]["spec"]}
+    assert claim_booking(claim) == (5000, 30)
+    claim["status"] = {"allocation": {"devices": {"results": [
+        {"request": "gpu/mig-1g-10gb", "driver": "gpu.hami.io", "pool": "n",
+         "device": "gpu-0-1g-10gb-0"}]}}}
+    assert claim_booking(claim) == (5000, 30)
+
+
+def test_mig_offers_only_for_one_card_with_a_memory_amount_that_some_profile_holds() -> None:
+    def spec(limits: dict[str, Any], offers: Any = A100_MIG) -> dict[str, Any]:
+        t = tr.translate(_pod(limits), CFG, mig_offers=offers)
+        assert t is not None
+        (template,) = t.templates.values()
+        return template["spec"]["spec"]["devices"]["requests"][0]  # type: ignore[no-any-return]
+
+    plain = spec({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}, ())
+    assert "exactly" in plain  # no MIG published: the claim as before
+    assert plain == spec({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}, set())
+    assert "exactly" in spec({"nvidia.com/gpu": 2, "nvidia.com/gpumem": 3000})
+    assert "exactly" in spec({"nvidia.com/gpu": 1})  # a whole card
+    assert "exactly" in spec({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 41000})  # none fits
+    big = spec({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 20000})
+    assert [s["name"] for s in big["firstAvailable"]] == ["mig-7g-40gb", "shared"]
+
+
+def test_mig_choices_stay_within_the_api_limit_and_refuse_unsafe_names() -> None:
+    offers = {(f"{k}g.{k}gb", k * 1000) for k in range(1, 12)} | {('x"||true', 99999)}
+    assert tr.mig_choices(offers, 1500) == [f"{k}g.{k}gb" for k in range(2, 9)]
+    t = tr.translate(_pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1500}), CFG,
+                     mig_offers=offers)
+    assert t is not None and len(_first(t)) == tr.MAX_SUBREQUESTS

@@ -179,3 +179,49 @@ def test_namespace_quota_counts_whole_cards_and_pending_claims(
     assert resp["allowed"] is allowed, resp
     if not allowed:
         assert "exceeding resource quota" in resp["status"]["message"]
+
+
+def _mig_slice(node: str) -> dict[str, Any]:
+    """An A100 in MIG mode as :mod:`hami.dra.migslices` publishes it."""
+    from hami.core.model import DeviceInfo, MigPlacement, MigProfile
+    from hami.dra import migslices
+    from hami.dra.slices import resource_slice
+
+    card = DeviceInfo(uuid=f"GPU-{node}", index=0, split_count=7, memory_mib=40960,
+                      cores_percent=100, type="NVIDIA-A100", mode="mig", mig_profiles=(
+                          MigProfile("1g.5gb", 4864, 14, 1, (MigPlacement(0, 1),)),
+                          MigProfile("3g.20gb", 19968, 42, 3, (MigPlacement(0, 4),))))
+    doc = resource_slice(node, ())
+    doc["spec"]["devices"] = migslices.instance_devices(card)
+    return doc
+
+
+def test_published_mig_instances_become_a_prioritized_list_and_are_not_card_sizes() -> None:
+    """With MIG instances published next to 16 GiB cards, a gpumem pod's template lists
+    the fitting profiles before the shared card, and a percentage still counts as one
+    card size (the instances are not cards)."""
+    client = _Client([_slice("n1", 16384), _mig_slice("m1")])
+    hook, _ = _hook(client)
+    resp = asyncio.run(hook(_review(_pod({"nvidia.com/gpu": 1,
+                                          "nvidia.com/gpumem": 4000}))))["response"]
+    assert resp["allowed"], resp
+    (template,) = client.objs
+    (req,) = template["spec"]["spec"]["devices"]["requests"]
+    assert [s["name"] for s in req["firstAvailable"]] == ["mig-1g-5gb", "mig-3g-20gb", "shared"]
+    pct = asyncio.run(hook(_review(_pod({"nvidia.com/gpu": 1,
+                                         "nvidia.com/gpumem-percentage": 25}))))["response"]
+    assert pct["allowed"], pct
+    (req,) = client.objs[-1]["spec"]["spec"]["devices"]["requests"]
+    assert req["firstAvailable"][-1]["capacity"]["requests"]["memory"] == "4096Mi"
+
+
+def test_card_sizes_leave_mig_instances_out() -> None:
+    """MIG instance devices are not cards: they neither make the card sizes differ
+    (percentages) nor become the largest card (whole-card quota bookings)."""
+    from hami.dra.cache import card_sizes_mib
+
+    slices = [_slice("n1", 16384), _mig_slice("m1")]
+    assert card_sizes_mib(slices) == {16384}
+    from hami.dra.cache import mig_offers
+
+    assert mig_offers(slices) == {("1g.5gb", 4864), ("3g.20gb", 19968)}

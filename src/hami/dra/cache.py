@@ -172,16 +172,38 @@ class DraObjects:
             return None
         return card_sizes_mib(self.slices.values())
 
+    def mig_offers(self) -> set[tuple[str, int]] | None:
+        """:func:`mig_offers` of the watched slices; None before the first list."""
+        if not self.synced["slices"].is_set():
+            return None
+        return mig_offers(self.slices.values())
 
-def card_sizes_mib(slices: Any) -> set[int]:
-    """Distinct card ``memory`` capacities (MiB, rounded down) of our slices' devices."""
-    out = set()
+
+def _devices(slices: Any) -> Any:
+    """Our slices' devices (dicts), with their ``profile`` attribute (None: a card)."""
     for s in slices:
-        spec = s.get("spec") or {}
-        if spec.get("driver") != DRIVER:
+        spec = (s.get("spec") or {}) if isinstance(s, Mapping) else {}
+        if not isinstance(spec, Mapping) or spec.get("driver") != DRIVER:
             continue
         for d in spec.get("devices") or []:
-            value = policy._q(((d.get("capacity") or {}).get(MEMORY) or {}).get("value"))
-            if value > 0:
-                out.add(value // MIB)
-    return out
+            if isinstance(d, Mapping):
+                attr = ((d.get("attributes") or {}).get("profile") or {})
+                yield d, (attr.get("string") if isinstance(attr, Mapping) else None)
+
+
+def _memory_mib(device: Mapping[str, Any]) -> int:
+    return policy._q(((device.get("capacity") or {}).get(MEMORY) or {}).get("value")) // MIB
+
+
+def card_sizes_mib(slices: Any) -> set[int]:
+    """Distinct card ``memory`` capacities (MiB, rounded down) of our slices' shareable
+    cards (MIG instance devices, which carry a ``profile`` attribute, are not cards)."""
+    return {m for d, profile in _devices(slices) if profile is None
+            and (m := _memory_mib(d)) > 0}
+
+
+def mig_offers(slices: Any) -> set[tuple[str, int]]:
+    """Distinct ``(profile, memory MiB)`` of the MIG instance devices our slices publish
+    (:mod:`hami.dra.migslices`), whatever their taints and current allocations."""
+    return {(str(profile), m) for d, profile in _devices(slices) if profile is not None
+            and (m := _memory_mib(d)) > 0}

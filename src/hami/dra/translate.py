@@ -14,6 +14,15 @@ exclusive-card rule), capacity ``memory`` = ``gpumem`` MiB (none: the whole card
 ``nouse-gputype`` (case-insensitive substring, as HAMi) and ``use-gpuuuid`` /
 ``nouse-gpuuuid``; several cards get ``distinctAttribute: gpu.hami.io/uuid``.
 
+MIG: when the cluster publishes MIG instance devices (``mig_profiles``, read by the
+webhook from the watched slices) a one-GPU request with a memory amount becomes a
+prioritized list (``firstAvailable``, GA in Kubernetes 1.36+): first the MIG profiles
+whose instances hold that memory, smallest first (HAMi's extender mode also gives a
+``gpumem`` request the smallest profile that fits), then the shared card as before. A
+MIG subrequest asks for no ``cores`` (a MIG instance has its own compute; HAMi ignores
+``gpucores`` for MIG too). Without published MIG devices, or for several GPUs or a whole
+card, the request stays one ``exactly`` request.
+
 Refused (403): ``gpumem-percentage`` below 100 unless every card of the class has one
 size (``uniform_memory_mib``); a pod over its namespace's GPU memory/cores quota.
 Left alone: pods that already use claims, pods that ask for no NVIDIA GPU.
@@ -25,7 +34,7 @@ import copy
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +51,10 @@ DEVICE_CLASS = DRIVER
 #: Label on the templates the webhook creates.
 TEMPLATE_LABEL = "hami.io/dra-template"
 _SAFE = re.compile(r"^[A-Za-z0-9 ._:/+-]{1,128}$")
+#: Subrequests of one ``firstAvailable`` list (the API's limit): MIG profiles + the card.
+MAX_SUBREQUESTS = 8
+#: The name of the shared-card subrequest in a prioritized list (``gpu/shared``).
+SHARED_SUBREQUEST = "shared"
 
 
 class TranslateError(ValueError):
@@ -107,9 +120,48 @@ def selectors(annotations: Mapping[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def mig_choices(offers: Iterable[tuple[str, int]], memory_mib: int) -> list[str]:
+    """The MIG profiles to offer a request of ``memory_mib`` MiB, smallest first: of the
+    published ``(profile, instance memory MiB)`` pairs those holding ``memory_mib``,
+    each profile once (ranked by its smallest fitting instance, then by name), at most
+    :data:`MAX_SUBREQUESTS` - 1 (the last place is the shared card's). Pure."""
+    best: dict[str, int] = {}
+    for profile, mib in offers:
+        if mib >= memory_mib > 0 and _SAFE.match(profile):
+            best[profile] = min(mib, best.get(profile, mib))
+    ranked = sorted(best, key=lambda p: (best[p], p))
+    return ranked[:MAX_SUBREQUESTS - 1]
+
+
+def _subrequest_name(profile: str, taken: set[str]) -> str:
+    label = re.sub(r"[^a-z0-9]+", "-", profile.lower()).strip("-")[:50] or "x"
+    name, k = f"mig-{label}", 1
+    while name in taken:
+        k += 1
+        name = f"mig-{label}-{k}"
+    taken.add(name)
+    return name
+
+
+def mig_subrequest(profile: str, memory_mib: int, sel: list[dict[str, Any]],
+                   name: str) -> dict[str, Any]:
+    """The ``firstAvailable`` entry for one MIG instance of ``profile`` holding at least
+    ``memory_mib`` MiB (CEL on the instance's ``profile`` attribute and ``memory``
+    capacity), with the pod's type/UUID selectors ``sel``. No capacity request: a MIG
+    instance device is allocated whole."""
+    attrs = f'device.attributes["{DRIVER}"]'
+    test = (f"{attrs}.profile == {json.dumps(profile)} && "
+            f'device.capacity["{DRIVER}"].memory.compareTo(quantity("{memory_mib}Mi")) >= 0')
+    return {"name": name, "deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount",
+            "count": 1, "selectors": [*sel, {"cel": {"expression": test}}]}
+
+
 def claim_spec(nums: int, memory_mib: int, cores_percent: int,
-               sel: list[dict[str, Any]]) -> dict[str, Any]:
-    """The ResourceClaim spec of one container: ``memory_mib`` 0 = the whole card."""
+               sel: list[dict[str, Any]], mig_profiles: Iterable[str] = ()) -> dict[str, Any]:
+    """The ResourceClaim spec of one container: ``memory_mib`` 0 = the whole card.
+    ``mig_profiles`` (:func:`mig_choices`, smallest first; used only for one card with a
+    memory amount): the request becomes ``firstAvailable`` = those MIG profiles, then
+    the shared card (subrequest :data:`SHARED_SUBREQUEST`)."""
     requests: dict[str, str] = {"cores": str(cores_percent)}
     if memory_mib:
         requests["memory"] = f"{memory_mib}Mi"
@@ -117,6 +169,13 @@ def claim_spec(nums: int, memory_mib: int, cores_percent: int,
                                "count": nums, "capacity": {"requests": requests}}
     if sel:
         exactly["selectors"] = sel
+    profiles = list(mig_profiles)[:MAX_SUBREQUESTS - 1] if nums == 1 and memory_mib else []
+    if profiles:
+        taken = {SHARED_SUBREQUEST}
+        first = [mig_subrequest(p, memory_mib, sel, _subrequest_name(p, taken))
+                 for p in profiles]
+        first.append({"name": SHARED_SUBREQUEST, **exactly})
+        return {"devices": {"requests": [{"name": "gpu", "firstAvailable": first}]}}
     spec: dict[str, Any] = {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
     if nums > 1:
         spec["devices"]["constraints"] = [{"requests": ["gpu"],
@@ -138,6 +197,7 @@ def translate(pod: Mapping[str, Any], config: NvidiaConfig, *,
               uniform_memory_mib: int | None = None,
               quota: QuotaLedger | None = None,
               whole_card_mib: int | None = None,
+              mig_offers: Iterable[tuple[str, int]] = (),
               scheduler_name: str = "",
               overwrite_default_scheduler: bool = True) -> Translation | None:
     """The DRA form of ``pod``, or None when it is left alone (uses claims already, or
@@ -149,6 +209,11 @@ def translate(pod: Mapping[str, Any], config: NvidiaConfig, *,
     it names none, or names ``default-scheduler`` and ``overwrite_default_scheduler``
     (extender mode's rule), so the kube-scheduler profile that runs hami's prioritize
     verb places it; a pod naming another scheduler keeps it. Empty: unchanged.
+
+    ``mig_offers``: the ``(profile, instance memory MiB)`` pairs of the published MIG
+    instance devices (:func:`hami.dra.cache.mig_offers`); a one-card request with a
+    memory amount some of them hold may get one (:func:`claim_spec`). The quota books
+    the request's own memory and cores either way.
 
     Raises:
         TranslateError: a percentage request without one card size, a value CEL cannot
@@ -162,6 +227,7 @@ def translate(pod: Mapping[str, Any], config: NvidiaConfig, *,
     n_init = len(spec.get("initContainers") or [])
     containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
     sel = selectors(annotations)
+    offers = list(mig_offers)
     templates: dict[str, dict[str, Any]] = {}
     claims: list[dict[str, str]] = []
     app_mem = app_cores = init_mem = init_cores = 0
@@ -184,7 +250,9 @@ def translate(pod: Mapping[str, Any], config: NvidiaConfig, *,
                     "(the cards differ in size); ask for "
                     f"{config.resource_memory_name} in MiB instead")
             memory_mib = uniform_memory_mib * req.memory_percent // 100
-        name, template = template_for(claim_spec(req.nums, memory_mib, req.cores_percent, sel))
+        mig = mig_choices(offers, memory_mib) if req.nums == 1 else []
+        name, template = template_for(claim_spec(req.nums, memory_mib, req.cores_percent, sel,
+                                                 mig))
         templates[name] = template
         claim_ref = f"gpu-{pos}"
         claims.append({"name": claim_ref, "resourceClaimTemplateName": name})

@@ -31,7 +31,7 @@ from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.quota import QuotaLedger
 from hami.core.request import quantity
 from hami.dra import translate as tr
-from hami.dra.cache import DraObjects, card_sizes_mib
+from hami.dra.cache import DraObjects, card_sizes_mib, mig_offers
 from hami.dra.slices import DRIVER
 
 log = logging.getLogger(__name__)
@@ -53,52 +53,67 @@ def _reply(api_version: str, uid: str, allowed: bool, message: str = "",
     return {"apiVersion": api_version, "kind": "AdmissionReview", "response": resp}
 
 
+def _asks(request: Any, whole_card_mib: int) -> tuple[int, int]:
+    """``(memory MiB, cores percent)`` one claim request asks for: count x requested
+    capacity (no ``memory``: ``whole_card_mib`` a card). A prioritized list
+    (``firstAvailable``) asks what its last entry, the shared card, asks (the pod's own
+    ``gpumem``/``gpucores``; a MIG instance is at least that). Raises on malformed values."""
+    if not isinstance(request, Mapping):
+        return 0, 0
+    ex = request.get("exactly")
+    first = request.get("firstAvailable")
+    if not isinstance(ex, Mapping) and isinstance(first, list) and first:
+        ex = first[-1]
+    if not isinstance(ex, Mapping):
+        return 0, 0
+    wanted = (ex.get("capacity") or {}).get("requests") or {}
+    count = int(ex.get("count") or 1)
+    memory = (to_int_exact(quantity(wanted["memory"])) or 0) // MIB \
+        if "memory" in wanted else whole_card_mib
+    return count * memory, count * (to_int_exact(quantity(wanted.get("cores", 0))) or 0)
+
+
 def claim_booking(claim: Mapping[str, Any], whole_card_mib: int = 0) -> tuple[int, int]:
     """``(memory MiB, cores percent)`` a ResourceClaim of ours books for the quota.
 
     Allocated (``status.allocation`` holds results of our driver): what the allocation
-    consumes (``consumedCapacity``: a whole-card claim books its card's memory).
-    Not allocated yet: what it asks, count x requested capacity of each request, a
-    request without ``memory`` (the whole card) booking ``whole_card_mib`` (the largest
-    card it could get). Malformed values count 0."""
+    consumes (``consumedCapacity``: a whole-card claim books its card's memory); a result
+    without ``consumedCapacity`` (a MIG instance, allocated whole) books what its request
+    asked, once per request. Not allocated yet: what it asks (:func:`_asks`), a request
+    without ``memory`` (the whole card) booking ``whole_card_mib`` (the largest card it
+    could get). Malformed values count 0."""
     alloc = (claim.get("status") or {}).get("allocation") or {}
     results = [r for r in (alloc.get("devices") or {}).get("results") or []
                if isinstance(r, Mapping) and r.get("driver") == DRIVER]
+    requests = [r for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests")
+                or [] if isinstance(r, Mapping)]
     mem = cores = 0
     if results:
+        asked: set[str] = set()
         for r in results:
-            consumed = r.get("consumedCapacity") or {}
+            consumed = r.get("consumedCapacity")
             try:
+                if not isinstance(consumed, Mapping):
+                    main = str(r.get("request") or "").split("/", 1)[0]
+                    if main not in asked:
+                        asked.add(main)
+                        for req in requests:
+                            if req.get("name") == main:
+                                m, c = _asks(req, whole_card_mib)
+                                mem, cores = mem + m, cores + c
+                    continue
                 mem += (to_int_exact(quantity(consumed.get("memory", 0))) or 0) // MIB
                 cores += to_int_exact(quantity(consumed.get("cores", 0))) or 0
             except (QuantityError, ValueError, TypeError, AttributeError):
                 continue
         return mem, cores
-    for req in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
-        ex = req.get("exactly") or {} if isinstance(req, Mapping) else {}
-        wanted = (ex.get("capacity") or {}).get("requests") or {}
+    for req in requests:
         try:
-            count = int(ex.get("count") or 1)
-            memory = (to_int_exact(quantity(wanted["memory"])) or 0) // MIB \
-                if "memory" in wanted else whole_card_mib
-            mem += count * memory
-            cores += count * (to_int_exact(quantity(wanted.get("cores", 0))) or 0)
+            m, c = _asks(req, whole_card_mib)
         except (QuantityError, ValueError, TypeError, AttributeError):
             continue
+        mem, cores = mem + m, cores + c
     return mem, cores
-
-
-def _asks_percentage(pod: Mapping[str, Any], config: SchedulerConfig) -> bool:
-    """Some container names ``gpumem-percentage`` in its limits or requests."""
-    key = config.nvidia.resource_memory_percentage_name
-    spec = pod.get("spec") or {}
-    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
-        res = c.get("resources") if isinstance(c, Mapping) else None
-        if isinstance(res, Mapping) and any(
-                isinstance(part, Mapping) and key in part
-                for part in (res.get("limits"), res.get("requests"))):
-            return True
-    return False
 
 
 class DraWebhook:
@@ -114,15 +129,19 @@ class DraWebhook:
         self.quota = quota
         self.uniform_memory_mib = uniform_memory_mib
 
-    async def _card_sizes_mib(self) -> set[int]:
-        """Distinct memory sizes (MiB) of the published cards: from the watched slices
-        (:class:`hami.dra.cache.DraObjects`), or one LIST before the watch has synced."""
-        sizes = DraObjects.shared(self.client).card_sizes_mib()
-        if sizes is None:
+    async def _published(self) -> tuple[set[int], set[tuple[str, int]]]:
+        """The distinct memory sizes (MiB) of the published shareable cards and the
+        ``(profile, memory MiB)`` of the published MIG instance devices: from the watched
+        slices (:class:`hami.dra.cache.DraObjects`), or one LIST before the watch has
+        synced."""
+        objs = DraObjects.shared(self.client)
+        sizes, offers = objs.card_sizes_mib(), objs.mig_offers()
+        if sizes is None or offers is None:
             from lightkube.resources.resource_v1 import ResourceSlice
 
-            sizes = card_sizes_mib([s.to_dict() async for s in self.client.list(ResourceSlice)])
-        return sizes
+            listed = [s.to_dict() async for s in self.client.list(ResourceSlice)]
+            sizes, offers = card_sizes_mib(listed), mig_offers(listed)
+        return sizes, offers
 
     async def _namespace_ledger(self, namespace: str, whole_card_mib: int) -> QuotaLedger | None:
         """A ledger with the namespace's limits and the bookings of its current claims,
@@ -181,16 +200,16 @@ class DraWebhook:
                 return _reply(api_version, uid, False, isolation.message(problems))
             namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
             uniform, largest = self.uniform_memory_mib, self.uniform_memory_mib or 0
-            limited = self.quota is not None and self.quota.limited(namespace)
-            if limited or (uniform is None and _asks_percentage(pod, self.config)):
-                sizes = await self._card_sizes_mib()
-                largest = max(sizes, default=0)
+            sizes, offers = await self._published()
+            if sizes:
+                largest = max(sizes)
                 if uniform is None and len(sizes) == 1:
                     uniform = largest
             ledger = await self._namespace_ledger(namespace, largest)
             result = tr.translate(
                 pod, self.config.nvidia, quota=ledger, uniform_memory_mib=uniform,
-                whole_card_mib=largest, scheduler_name=self.config.scheduler_name,
+                whole_card_mib=largest, mig_offers=offers,
+                scheduler_name=self.config.scheduler_name,
                 overwrite_default_scheduler=self.config.force_overwrite_default_scheduler)
         except tr.TranslateError as exc:
             return _reply(api_version, uid, False, str(exc))
