@@ -165,6 +165,7 @@ NOT_IN_CHART = {
     "hami.dra.cache:DraObjects.card_sizes_mib": "no request: the watched copy",
     "hami.dra.cache:DraObjects.metric_rows": "no request: the watched copy",
     f"{_AGENT}.claim_mig": "no request: the node's MIG driver",
+    "hami.dra.cache:DraObjects.mig_offers": "no request: the watched copy",
 }
 
 #: The API layer: the only modules that import lightkube (besides ``hami top``, which runs
