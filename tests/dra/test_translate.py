@@ -163,6 +163,7 @@ def test_gpumem_offers_the_fitting_mig_profiles_smallest_first_then_the_shared_c
     assert "capacity" not in mig and mig["count"] == 1
     assert mig["selectors"][:-1] == type_sel
     assert mig["selectors"][-1]["cel"]["expression"] == (
+        '"profile" in device.attributes["gpu.hami.io"] && '
         'device.attributes["gpu.hami.io"].profile == "1g.10gb" && device.capacity['
         '"gpu.hami.io"].memory.compareTo(quantity("5000Mi")) >= 0')
     shared = first[-1]

@@ -255,3 +255,119 @@ def test_node_prepare_creates_the_mig_instance_kube_scheduler_allocated(
         with contextlib.suppress(Exception):
             kube_client.delete(ResourceClaim, name, namespace=NS)
 
+
+
+def test_gpumem_pod_gets_the_smallest_fitting_mig_instance_then_a_shared_card(
+        control_plane: Any, kube_client: Any, mig_agent: DraAgent, tmp_path: Path) -> None:
+    """The DRA webhook, seeing MIG instances published, turns ``nvidia.com/gpumem`` into a
+    prioritized list (fitting profiles smallest first, then the shared card); the real
+    kube-scheduler gives the first two 19000 MiB pods the two 3g.20gb instances of the
+    A100 (the smallest profile that holds 19000 MiB) and the third, whose 7g.40gb would
+    overlap them, a share of the plain card of another node, with its cores."""
+    import asyncio
+    import base64
+
+    import jsonpatch
+    from lightkube import codecs
+    from lightkube.resources.core_v1 import Node, Pod
+    from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
+    from hami.deviceplugin.config import PluginConfig
+    from hami.devices.registry import make_config
+    from hami.dra.cache import DraObjects
+    from hami.dra.node import SlicePublisher
+    from hami.dra.webhook import DraWebhook
+
+    node = mig_agent.node
+    _wait(lambda: len(list(kube_client.list(ResourceSlice, fields={"spec.nodeName": node})))
+          == 2, 30, "the MIG pool published")
+    shared = f"dra-shared-{uuid.uuid4().hex[:6]}"
+    create_gpu_node(kube_client, shared, gpus=0)
+    inv = tmp_path / "shared.yaml"
+    inv.write_text(json.dumps({"gpus": [{"model": "NVIDIA L40S", "memory_mib": 46068,
+                                         "count": 1, "uuids": [f"GPU-{shared}"]}]}))
+    card_agent = DraAgent(shared, FakeBackend(inv), PluginConfig(device_split_count=4),
+                          kube_client)
+    assert SlicePublisher(kube_client, shared).sync(card_agent.devices())
+
+    def admit(pod: dict[str, Any]) -> dict[str, Any]:
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                  "request": {"uid": "u", "kind": {"kind": "Pod"}, "operation": "CREATE",
+                              "object": pod}}
+
+        async def run() -> dict[str, Any]:
+            client = control_plane.async_client()
+            try:
+                hook = DraWebhook(client, make_config(scheduler_name=""),
+                                  lambda b: {"response": {"allowed": True}})
+                reply = await hook(json.dumps(review).encode())
+                await DraObjects.shared(client).stop()
+                return reply  # type: ignore[no-any-return]
+            finally:
+                await client.close()
+
+        resp = asyncio.run(run())["response"]
+        assert resp["allowed"], resp
+        return jsonpatch.apply_patch(pod, json.loads(base64.b64decode(resp["patch"])))  # type: ignore[no-any-return]
+
+    names = [f"gm-{i}-{uuid.uuid4().hex[:4]}" for i in range(3)]
+    try:
+        results = []
+        for name in names:
+            pod = admit({"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {"name": name, "namespace": NS},
+                         "spec": {"terminationGracePeriodSeconds": 0, "containers": [{
+                             "name": "c", "image": "pause", "resources": {"limits": {
+                                 "nvidia.com/gpu": 1, "nvidia.com/gpumem": 19000,
+                                 "nvidia.com/gpucores": 30}}}]}})
+            # the session's control plane has no resourceclaim controller: make the
+            # pod's claim from the template the webhook created, as that controller does
+            (ref,) = pod["spec"]["resourceClaims"]
+            from lightkube.resources.resource_v1 import ResourceClaimTemplate
+
+            template = kube_client.get(ResourceClaimTemplate, ref["resourceClaimTemplateName"],
+                                       namespace=NS).to_dict()
+            first = template["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"]
+            assert [s["name"] for s in first] == ["mig-3g-20gb", "mig-7g-40gb", "shared"]
+            kube_client.create(codecs.from_dict({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": NS},
+                "spec": template["spec"]["spec"]}))
+            pod["spec"]["resourceClaims"] = [{"name": ref["name"], "resourceClaimName": name}]
+            kube_client.create(codecs.from_dict(pod))
+
+            def allocated(name: str = name) -> Any:
+                c = kube_client.get(ResourceClaim, name, namespace=NS).to_dict()
+                res = (((c.get("status") or {}).get("allocation") or {}).get("devices")
+                       or {}).get("results") or []
+                return res[0] if res else None
+
+            try:
+                results.append(_wait(allocated, 60, f"{name}'s claim allocated"))
+            except AssertionError:
+                conds = kube_client.get(Pod, name, namespace=NS).status.conditions
+                raise AssertionError(f"{name} not allocated: {conds}") from None
+        got = [(r["pool"], r["request"], r["device"]) for r in results]
+        assert sorted(got[:2]) == [(node, "gpu/mig-3g-20gb", "gpu-0-3g-20gb-0"),
+                                   (node, "gpu/mig-3g-20gb", "gpu-0-3g-20gb-4")], got
+        assert "consumedCapacity" not in results[0]  # an instance is allocated whole
+        assert got[2] == (shared, "gpu/shared", "gpu-0"), got
+        from hami.core.quantity import to_int_exact
+        from hami.core.request import quantity
+
+        consumed = {k: to_int_exact(quantity(v))
+                    for k, v in results[2]["consumedCapacity"].items()}
+        assert consumed == {"memory": 19000 * 2**20, "cores": 30, "shares": 1}
+        for name, where in zip(names, (node, node, shared), strict=True):
+            _wait(lambda n=name: kube_client.get(Pod, n, namespace=NS).spec.nodeName, 30,
+                  f"{name} bound")
+            assert kube_client.get(Pod, name, namespace=NS).spec.nodeName == where
+    finally:
+        for name in names:
+            with contextlib.suppress(Exception):
+                kube_client.delete(Pod, name, namespace=NS, grace_period=0)
+            with contextlib.suppress(Exception):
+                kube_client.delete(ResourceClaim, name, namespace=NS)
+        for s in kube_client.list(ResourceSlice, fields={"spec.nodeName": shared}):
+            kube_client.delete(ResourceSlice, s.metadata.name)
+        kube_client.delete(Node, shared)

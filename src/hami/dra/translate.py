@@ -150,7 +150,9 @@ def mig_subrequest(profile: str, memory_mib: int, sel: list[dict[str, Any]],
     capacity), with the pod's type/UUID selectors ``sel``. No capacity request: a MIG
     instance device is allocated whole."""
     attrs = f'device.attributes["{DRIVER}"]'
-    test = (f"{attrs}.profile == {json.dumps(profile)} && "
+    # guarded: a CEL error on a device without the attribute (a shared card) would fail
+    # the pod's scheduling, not just skip the device
+    test = (f'"profile" in {attrs} && {attrs}.profile == {json.dumps(profile)} && '
             f'device.capacity["{DRIVER}"].memory.compareTo(quantity("{memory_mib}Mi")) >= 0')
     return {"name": name, "deviceClassName": DEVICE_CLASS, "allocationMode": "ExactCount",
             "count": 1, "selectors": [*sel, {"cel": {"expression": test}}]}
