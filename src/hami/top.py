@@ -184,8 +184,9 @@ def render_table(view: Mapping[str, Any], *, width: int | None = None) -> str:
                 state += ",cordoned"
             if d["mode"] != names.MODE_HAMI_CORE:
                 state += f",{d['mode']}"
-            pods = " ".join(f"{p['namespace']}/{p['name']}({p['memory_mib']},{p['cores']})"
-                            for p in d["pods"]) or "-"
+            pods = " ".join(f"{p['namespace']}/{p['name']}"
+                            + (f"[{p['profile']}]" if p.get("profile") else "")
+                            + f"({p['memory_mib']},{p['cores']})" for p in d["pods"]) or "-"
             gpus.add_row(n["name"], str(d["index"]), d["uuid"], d["type"],
                          _frac(d["memory_mib"]["used"], d["memory_mib"]["total"]),
                          _frac(d["cores"]["used"], d["cores"]["total"]),

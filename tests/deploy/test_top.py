@@ -114,3 +114,40 @@ def test_dra_claims_show_per_card() -> None:
                  "team-a/infer(3000,20)", "team-b/train(5000,30)"):
         assert cell in row, (cell, row)
     assert "cordoned,dra" in next(line for line in text.splitlines() if "GPU-dra-b-1" in line)
+
+
+def test_dra_mig_card_listed_once_with_its_instances() -> None:
+    """A MIG-mode card is published as one device per instance it may host (13 for an
+    A100 with four profiles); `hami top` showed each as its own card. It is one card,
+    the instances allocated on it listed under it with their profile and memory."""
+    from hami.core.model import DeviceInfo, MigPlacement, MigProfile
+    from hami.dra import migslices
+    from hami.dra.slices import resource_slice
+
+    a100 = DeviceInfo(uuid="GPU-m", index=0, split_count=7, memory_mib=40960,
+                      cores_percent=100, type="NVIDIA-A100", mode="mig", mig_profiles=(
+                          MigProfile("1g.5gb", 4864, 14, 1,
+                                     tuple(MigPlacement(k, 1) for k in range(7))),
+                          MigProfile("3g.20gb", 19968, 42, 3,
+                                     (MigPlacement(0, 4), MigPlacement(4, 4)))))
+    doc = resource_slice("dra-m", ())
+    doc["spec"]["devices"] = migslices.instance_devices(a100)
+    claims = [{"metadata": {"namespace": "t", "name": f"c{k}"}, "status": {
+        "reservedFor": [{"resource": "pods", "name": f"p{k}", "uid": f"u{k}"}],
+        "allocation": {"devices": {"results": [
+            {"request": "gpu/mig", "driver": "gpu.hami.io", "pool": "dra-m", "device": dev}]}}}}
+        for k, dev in enumerate(["gpu-0-3g-20gb-4", "gpu-0-1g-5gb-0"])]
+    nodes, pods, quotas = objects()
+    view = cluster_view(nodes, pods, quotas, slices=[doc], claims=claims)
+    (m,) = [n for n in view["nodes"] if n["name"] == "dra-m"]
+    assert m["gpus"] == 1 and m["pods"] == 2
+    (card,) = m["devices"]
+    assert (card["uuid"], card["mode"], card["instances"]) == ("GPU-m", "dra-mig", 9)
+    # the total: the most one profile's instances hold (2 x 19968 > 7 x 4864)
+    assert card["memory_mib"] == {"used": 19968 + 4864, "total": 2 * 19968}
+    assert card["tasks"] == {"used": 2, "total": 7}
+    assert [(p["name"], p["profile"], p["instance"], p["memory_mib"]) for p in card["pods"]] == [
+        ("p0", "3g.20gb", "gpu-0-3g-20gb-4", 19968), ("p1", "1g.5gb", "gpu-0-1g-5gb-0", 4864)]
+    text = render_table(view, width=220)
+    (row,) = [line for line in text.splitlines() if "GPU-m" in line]
+    assert "t/p0[3g.20gb](19968,0)" in row and "ok,dra-mig" in row

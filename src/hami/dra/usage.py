@@ -23,6 +23,8 @@ from hami.dra.slices import CORES, DRIVER, MEMORY, MIB, SHARES, UNHEALTHY_TAINT
 
 #: ``mode`` of a DRA card in the view (extender-mode cards carry their device mode).
 MODE_DRA = "dra"
+#: ``mode`` of a MIG-mode card published as instance devices.
+MODE_DRA_MIG = "dra-mig"
 
 
 def _q(raw: Any) -> int:
@@ -92,15 +94,33 @@ class _Charge:
     memory_mib: int
     cores: int
     shares: int
+    profile: str = ""
+    instance: str = ""
+
+
+def _mig_card(dev: Mapping[str, Any]) -> dict[str, Any]:
+    """The view of a MIG-mode card from one of its instance devices: mode
+    :data:`MODE_DRA_MIG`, no cores, memory and tasks totals filled in by :func:`_join`."""
+    card = _card(dev)
+    card["mode"] = MODE_DRA_MIG
+    card["memory_mib"]["total"] = card["cores"]["total"] = card["tasks"]["total"] = 0
+    card["instances"] = 0
+    return card
 
 
 def _join(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]]
           ) -> tuple[dict[str, list[dict[str, Any]]], list[_Charge], set[int]]:
     """Cards per node (in slice order, usage not yet summed), the allocation results on
-    them, and the ``id()`` of the cards that are MIG instances (a ``profile`` attribute)."""
-    cards: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
+    them, and the ``id()`` of the MIG-mode cards. The instance devices of a MIG-mode card
+    (a ``profile`` attribute; :mod:`hami.dra.migslices`) make one card, keyed by node and
+    card UUID: its memory total is the most that instances of one profile hold together,
+    its tasks total the most instances of one profile; a result on an instance counts the instance's
+    memory (it has no ``consumedCapacity``: it is allocated whole) and names its
+    profile."""
+    cards: dict[tuple[str, str], tuple[str, dict[str, Any], str, int]] = {}
     order: dict[str, list[dict[str, Any]]] = {}
-    mig: set[int] = set()
+    mig: dict[tuple[str, str], dict[str, Any]] = {}
+    per_profile: dict[tuple[int, str], int] = {}
     for s in slices:
         spec = (s.get("spec") or {}) if isinstance(s, Mapping) else {}
         if not isinstance(spec, Mapping) or spec.get("driver") != DRIVER \
@@ -109,12 +129,26 @@ def _join(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any
         node_name = str(spec["nodeName"])
         pool = str((spec.get("pool") or {}).get("name") or node_name)
         for dev in spec.get("devices") or []:
-            if isinstance(dev, Mapping) and dev.get("name"):
+            if not isinstance(dev, Mapping) or not dev.get("name"):
+                continue
+            profile = _attr(dev, "profile")
+            if profile is None:
                 card = _card(dev)
-                if _attr(dev, "profile") is not None:
-                    mig.add(id(card))
-                cards[(pool, str(dev["name"]))] = (node_name, card)
+                cards[(pool, str(dev["name"]))] = (node_name, card, "", 0)
                 order.setdefault(node_name, []).append(card)
+                continue
+            key = (node_name, str(_attr(dev, "uuid") or ""))
+            card = mig.get(key) or _mig_card(dev)
+            if key not in mig:
+                mig[key] = card
+                order.setdefault(node_name, []).append(card)
+            memory_mib = _card(dev)["memory_mib"]["total"]
+            card["instances"] += 1
+            count = per_profile[(id(card), str(profile))] = \
+                per_profile.get((id(card), str(profile)), 0) + 1
+            card["tasks"]["total"] = max(card["tasks"]["total"], count)
+            card["memory_mib"]["total"] = max(card["memory_mib"]["total"], count * memory_mib)
+            cards[(pool, str(dev["name"]))] = (node_name, card, str(profile), memory_mib)
     charges = []
     for c in claims:
         if not isinstance(c, Mapping):
@@ -129,13 +163,18 @@ def _join(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any
             found = cards.get((str(r.get("pool")), str(r.get("device"))))
             if found is None:
                 continue
+            node_name, card, profile, instance_mib = found
             used = r.get("consumedCapacity") or {}
             if not isinstance(used, Mapping):
                 used = {}
-            charges.append(_Charge(ns, claim_name, users, found[0], found[1],
+            if profile:
+                charges.append(_Charge(ns, claim_name, users, node_name, card, instance_mib,
+                                       0, 1, profile, str(r.get("device"))))
+                continue
+            charges.append(_Charge(ns, claim_name, users, node_name, card,
                                    _q(used.get(MEMORY)) // MIB, _q(used.get(CORES)),
                                    _q(used.get(SHARES))))
-    return order, charges, mig
+    return order, charges, {id(card) for card in mig.values()}
 
 
 def dra_nodes(slices: Iterable[Mapping[str, Any]],
@@ -145,7 +184,14 @@ def dra_nodes(slices: Iterable[Mapping[str, Any]],
     "pods" (distinct pods), "lock": "", "devices"}``; a device's ``pods`` lists one entry
     per allocation result on it: ``{"namespace", "name"`` (the pods that reserve the claim,
     joined with ``,``; the claim's name while none does), ``"claim", "memory_mib",
-    "cores", "slots"}``. Results on a device no slice publishes are left out."""
+    "cores", "slots"}``. Results on a device no slice publishes are left out.
+
+    A MIG-mode card is one device (mode :data:`MODE_DRA_MIG`, ``"instances"``: how many
+    instance devices it publishes), not one per instance device: its memory total is the
+    most instances of one profile hold together (the card's memory as MIG can use it),
+    its tasks total the most instances of one profile, and each
+    instance allocated on it is a ``pods`` entry with the instance's memory, ``cores`` 0,
+    ``slots`` 1 and ``"profile"``, ``"instance"`` (the device name)."""
     order, charges, _ = _join(slices, claims)
     pods_on: dict[str, set[tuple[str, str]]] = {}
     for ch in charges:
@@ -153,9 +199,12 @@ def dra_nodes(slices: Iterable[Mapping[str, Any]],
         card["memory_mib"]["used"] += ch.memory_mib
         card["cores"]["used"] += ch.cores
         card["tasks"]["used"] += ch.shares
-        card["pods"].append({"namespace": ch.namespace, "name": ",".join(ch.users) or ch.claim,
-                             "claim": ch.claim, "memory_mib": ch.memory_mib,
-                             "cores": ch.cores, "slots": ch.shares})
+        entry = {"namespace": ch.namespace, "name": ",".join(ch.users) or ch.claim,
+                 "claim": ch.claim, "memory_mib": ch.memory_mib, "cores": ch.cores,
+                 "slots": ch.shares}
+        if ch.profile:
+            entry.update(profile=ch.profile, instance=ch.instance)
+        card["pods"].append(entry)
         pods_on.setdefault(ch.node, set()).update((ch.namespace, u) for u in ch.users)
     out = []
     for node in sorted(order):
