@@ -139,3 +139,59 @@ def test_unrecorded_instances_are_adopted_or_cleared(bed: dict[str, Any]) -> Non
     node.prepare("ns", "y", "y")
     assert orphan not in driver.instances("GPU-a100")
     assert sorted(i.placement.start for i in driver.instances("GPU-a100")) == [2, 5]
+
+
+def test_sweep_destroys_the_instances_of_claims_gone_from_the_api(bed: dict[str, Any]) -> None:
+    """Without the kubelet's unprepare an instance stayed for ever (the device plugin's
+    MIG manager has no DRA counterpart). The sweep destroys the recorded instances of a
+    claim gone from the API (or whose name now has another UID) once it has been gone for
+    the grace period, and never touches a claim that exists or cannot be read."""
+    node, driver, claims = bed["node"], bed["driver"], bed["claims"]
+    for uid, dev in (("gone", "gpu-0-1g-5gb-0"), ("kept", "gpu-0-1g-5gb-1"),
+                     ("renamed", "gpu-0-1g-5gb-2"), ("unreadable", "gpu-0-1g-5gb-3")):
+        claims[uid] = _claim(uid, dev)
+        node.prepare("ns", uid, uid)
+    assert len(driver.instances("GPU-a100")) == 4
+    del claims["gone"]
+    claims["renamed"] = _claim("other-uid", "gpu-0-1g-5gb-2")  # same name, a new claim
+    real_get = node.get_claim
+
+    def get_claim(ns: str, name: str) -> Any:
+        if name == "unreadable":
+            raise RuntimeError("apiserver unavailable")
+        return real_get(ns, name)
+
+    node.get_claim = get_claim
+    assert node.sweep(grace_s=60, now=1000.0) == []  # gone since now: within the grace
+    assert len(driver.instances("GPU-a100")) == 4
+    assert node.sweep(grace_s=60, now=1059.0) == []
+    assert sorted(node.sweep(grace_s=60, now=1060.0)) == ["gone", "renamed"]
+    assert sorted(i.placement.start for i in driver.instances("GPU-a100")) == [1, 3]
+    assert not (bed["cdi"] / f"{DRIVER}-gone.json").exists()
+    assert (bed["cdi"] / f"{DRIVER}-kept.json").exists()
+    assert node.sweep(grace_s=0, now=2000.0) == []  # nothing recorded is gone any more
+    # a claim that comes back within the grace is forgotten: its clock starts again
+    saved = claims.pop("kept")
+    assert node.sweep(grace_s=60, now=3000.0) == []
+    claims["kept"] = saved
+    assert node.sweep(grace_s=60, now=3100.0) == []
+    del claims["kept"]
+    assert node.sweep(grace_s=60, now=3101.0) == []
+    assert node.sweep(grace_s=60, now=3161.0) == ["kept"]
+    assert [i.placement.start for i in driver.instances("GPU-a100")] == [3]
+
+
+def test_sweep_keeps_records_that_do_not_name_their_claim(bed: dict[str, Any]) -> None:
+    """A record written before records named their claim is never swept (its claim
+    cannot be checked)."""
+    node, driver = bed["node"], bed["driver"]
+    bed["claims"]["old"] = _claim("old", "gpu-0-1g-5gb-4")
+    node.prepare("ns", "old", "old")
+    record = Path(node.mig.hook_path) / "vgpu" / "claims" / "old.plugin" / "mig.json"
+    rows = json.loads(record.read_text())
+    assert rows[0]["namespace"] == "ns" and rows[0]["name"] == "old"
+    record.write_text(json.dumps([{k: v for k, v in r.items() if k not in ("namespace", "name")}
+                                  for r in rows]))
+    del bed["claims"]["old"]
+    assert node.sweep(grace_s=0, now=1.0) == []
+    assert len(driver.instances("GPU-a100")) == 1

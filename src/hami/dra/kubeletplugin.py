@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent import futures
@@ -110,7 +111,7 @@ class DraNode(pbgrpc.DRAPluginServicer):
         if self.mig is not None:
             migs = mig_results(claim, self.node, self.mig.targets())
             if migs:
-                mig_uuids = self.mig.prepare(uid, migs)
+                mig_uuids = self.mig.prepare(uid, migs, (namespace, name))
                 _write_json(self.cdi_dir / cdi.spec_file_name(uid), mig_cdi_spec(uid, mig_uuids))
                 return [self._device(m.request, m.device, m.share_id, uid) for m in migs]
         cards = cdi.allocated_cards(claim, self.node)
@@ -163,6 +164,32 @@ class DraNode(pbgrpc.DRAPluginServicer):
         (self.cdi_dir / cdi.spec_file_name(uid)).unlink(missing_ok=True)
         for d in cdi.claim_dirs(self.settings.hook_path, uid):
             shutil.rmtree(d, ignore_errors=True)
+
+    def sweep(self, grace_s: float, now: float | None = None) -> list[str]:
+        """Unprepare the MIG claims whose ResourceClaim has been gone from the API for
+        ``grace_s`` seconds (:meth:`hami.dra.migclaims.ClaimMig.stale_claims`): their
+        instances are destroyed, their CDI specs and directories removed. Under the
+        prepare lock, so never in the middle of a prepare. Returns the claim UIDs swept
+        (nothing without MIG). ``now``: monotonic seconds (default: now)."""
+        if self.mig is None:
+            return []
+
+        def uid_of(namespace: str, name: str) -> str | None:
+            claim = self.get_claim(namespace, name)
+            return None if claim is None else str((claim.get("metadata") or {}).get("uid"))
+
+        swept = []
+        with self._lock:
+            for uid in self.mig.stale_claims(uid_of, grace_s,
+                                             time.monotonic() if now is None else now):
+                try:
+                    self.unprepare(uid)
+                except (cdi.ClaimError, OSError) as exc:
+                    log.error("MIG sweep: cannot unprepare claim %s: %s", uid, exc)
+                    continue
+                log.info("MIG sweep: claim %s is gone; its MIG instances are destroyed", uid)
+                swept.append(uid)
+        return swept
 
     def NodePrepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC
         """Prepare every claim of the request; each claim's result (devices or error)

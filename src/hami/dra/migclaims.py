@@ -17,6 +17,15 @@ instead); an unrecorded instance at the placement (left by a crash, or by the de
 plugin) is adopted when it has the same profile, destroyed when it only overlaps.
 Creates and destroys hold the device plugin's apply lock file, which registration and the
 monitor's feedback honour.
+
+The record also names the claim (namespace, name). An instance whose claim is never
+unprepared (the kubelet lost it, the plugin was down when the pod went) would stay for
+ever: :meth:`ClaimMig.stale_claims` finds the recorded claims whose ResourceClaim has
+been gone from the API (absent, or its name now held by another UID) for a grace
+period, and the kubelet plugin unprepares them (:meth:`hami.dra.kubeletplugin.DraNode.sweep`,
+run by the node agent every 30 s, grace 60 s). A claim that exists is never
+swept, whatever its state (the API keeps a claim while pods reserve it); a record
+without a claim name (older records) or whose claim cannot be read is kept.
 """
 
 from __future__ import annotations
@@ -116,10 +125,13 @@ def mig_cdi_spec(claim_uid: str, mig_uuids: Sequence[str]) -> dict[str, Any]:
     return cdi.cdi_spec(claim_uid, plan)
 
 
-def _row(inst: MigInstance) -> dict[str, Any]:
-    return {"gpu_uuid": inst.gpu_uuid, "gpu_instance_id": inst.gpu_instance_id,
-            "slices": inst.slices, "start": inst.placement.start, "size": inst.placement.size,
-            "mig_uuid": inst.mig_uuid}
+def _row(inst: MigInstance, claim: tuple[str, str] | None = None) -> dict[str, Any]:
+    row = {"gpu_uuid": inst.gpu_uuid, "gpu_instance_id": inst.gpu_instance_id,
+           "slices": inst.slices, "start": inst.placement.start, "size": inst.placement.size,
+           "mig_uuid": inst.mig_uuid}
+    if claim is not None:
+        row["namespace"], row["name"] = claim
+    return row
 
 
 def _same(inst: MigInstance, row: Mapping[str, Any]) -> bool:
@@ -140,6 +152,8 @@ class ClaimMig:
         self.targets = targets
         self.hook_path = hook_path
         self.apply_lock = apply_lock
+        #: claim UID -> when its ResourceClaim was first seen gone (monotonic seconds).
+        self._gone_since: dict[str, float] = {}
 
     @contextlib.contextmanager
     def _applying(self) -> Iterator[None]:
@@ -178,9 +192,52 @@ class ClaimMig:
                 out[(str(row.get("gpu_uuid")), int(row.get("gpu_instance_id", -1)))] = uid
         return out
 
-    def prepare(self, claim_uid: str, results: Sequence[MigResult]) -> list[str]:
+    def records(self) -> dict[str, tuple[str, str] | None]:
+        """Claim UID -> ``(namespace, name)`` of every claim with a record (None: the
+        record does not name its claim)."""
+        base = Path(cdi.claim_dirs(self.hook_path, "x")[0]).parent
+        out: dict[str, tuple[str, str] | None] = {}
+        for path in base.glob(f"*.plugin/{RECORD_FILE}") if base.is_dir() else ():
+            rows = self._read(path)
+            if rows is None:
+                continue
+            named = [(str(r["namespace"]), str(r["name"])) for r in rows
+                     if r.get("namespace") and r.get("name")]
+            out[path.parent.name.removesuffix(".plugin")] = named[0] if named else None
+        return out
+
+    def stale_claims(self, claim_uid_of: Callable[[str, str], str | None], grace_s: float,
+                     now: float) -> list[str]:
+        """UIDs of recorded claims whose ResourceClaim has been gone for ``grace_s``
+        seconds or more at ``now`` (monotonic seconds; gone since the first call that saw
+        it gone). ``claim_uid_of(namespace, name)``: the UID of that claim now, None when
+        it does not exist; an exception (API error) keeps the record as it is. A claim
+        seen again is forgotten. Records without a claim name are never stale."""
+        out = []
+        recorded = self.records()
+        for uid in [u for u in self._gone_since if u not in recorded]:
+            del self._gone_since[uid]
+        for uid, claim in sorted(recorded.items()):
+            if claim is None:
+                continue
+            try:
+                current = claim_uid_of(*claim)
+            except Exception as exc:  # noqa: BLE001 - unknown: keep the instances
+                log.warning("MIG sweep: cannot read claim %s/%s: %s", *claim, exc)
+                continue
+            if current == uid:
+                self._gone_since.pop(uid, None)
+                continue
+            since = self._gone_since.setdefault(uid, now)
+            if now - since >= grace_s:
+                out.append(uid)
+        return out
+
+    def prepare(self, claim_uid: str, results: Sequence[MigResult],
+                claim: tuple[str, str] | None = None) -> list[str]:
         """The MIG UUIDs for the claim's results (created, found or adopted), in order;
-        the record is (re)written. On failure what this call created is destroyed.
+        the record is (re)written, naming ``claim`` (namespace, name) when given. On
+        failure what this call created is destroyed.
 
         Raises:
             cdi.ClaimError: a device is not an instance of this node's cards, its
@@ -208,7 +265,7 @@ class ClaimMig:
         path = self._record_path(claim_uid)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps([_row(i) for i in got]))
+        tmp.write_text(json.dumps([_row(i, claim) for i in got]))
         tmp.replace(path)
         return [i.mig_uuid for i in got]
 
@@ -280,4 +337,5 @@ class ClaimMig:
             raise cdi.ClaimError(f"cannot destroy the MIG instances of claim {claim_uid}: "
                                  f"{exc}") from None
         path.unlink(missing_ok=True)
+        self._gone_since.pop(claim_uid, None)
         return len(doomed)

@@ -325,11 +325,25 @@ class DraAgent:
             self.kick.clear()
 
 
+def sweep_loop(node: DraNode, stop: threading.Event, interval_s: float = 30.0,
+               grace_s: float = 60.0) -> None:
+    """Every ``interval_s`` until ``stop``: :meth:`DraNode.sweep` (MIG instances of claims
+    gone from the API for ``grace_s``; the device plugin's MIG manager has no DRA
+    counterpart otherwise). Errors are logged and retried."""
+    while not stop.wait(interval_s):
+        try:
+            node.sweep(grace_s)
+        except Exception as exc:  # noqa: BLE001 - keep sweeping
+            log.warning("MIG sweep failed (retrying): %s", exc)
+
+
 def run_agent(agent: DraAgent, paths: PluginPaths, settings: NodeSettings, *,
               stop: threading.Event, publish_interval_s: float = 10.0,
-              kubelet_plugin: bool = True, install_signals: bool = False) -> None:
+              kubelet_plugin: bool = True, install_signals: bool = False,
+              mig_sweep_interval_s: float = 30.0) -> None:
     """Publish the slice and (with ``kubelet_plugin``) serve the kubelet plugin sockets
-    until ``stop`` is set (SIGTERM/SIGINT set it with ``install_signals``)."""
+    until ``stop`` is set (SIGTERM/SIGINT set it with ``install_signals``). On a MIG-mode
+    node the plugin's MIG claims are swept every ``mig_sweep_interval_s`` (:func:`sweep_loop`)."""
     if install_signals:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -348,6 +362,9 @@ def run_agent(agent: DraAgent, paths: PluginPaths, settings: NodeSettings, *,
         server, _ = serve(node, paths)
         log.info("DRA plugin listening on %s (registration %s)", paths.dra_socket,
                  paths.registration_socket)
+        if node.mig is not None:
+            threading.Thread(target=sweep_loop, args=(node, stop, mig_sweep_interval_s),
+                             name="mig-sweep", daemon=True).start()
     try:
         agent.publish_loop(stop, publish_interval_s)
     finally:
