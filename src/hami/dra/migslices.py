@@ -12,11 +12,12 @@ instances that overlap on a card (as the NVML placements themselves forbid).
 Each instance device carries the card's attributes (``uuid`` of the card, ``type``,
 ``productName``, ``numa``, ``index``) plus ``profile`` (e.g. ``1g.5gb``),
 ``placementStart`` and ``placementSize``, and one capacity, ``memory`` (the profile's
-bytes). It has no ``cores`` or ``shares`` capacity, so the claims the webhook makes from
-``nvidia.com/gpumem`` (which always ask for ``cores``) never match an instance: MIG
-instances are asked for by profile, e.g. the selector
-``device.attributes["gpu.hami.io"].profile == "1g.5gb"``. An unhealthy or cordoned card
-taints all its instances.
+bytes). It has no ``cores`` or ``shares`` capacity, so a request for a share of a card
+(which always asks for ``cores``) never matches an instance: instances are asked for by
+profile, e.g. the selector ``"profile" in device.attributes["gpu.hami.io"] &&
+device.attributes["gpu.hami.io"].profile == "1g.5gb"`` (the webhook's prioritized lists
+for ``nvidia.com/gpumem`` do that, :mod:`hami.dra.translate`). An unhealthy or cordoned
+card taints all its instances.
 """
 
 from __future__ import annotations
