@@ -1,5 +1,5 @@
-"""The masked adapter gives exactly the core NVIDIA Fit's answers (spec §4.9): same
-devices, same reasons, for the same cards under another vendor's name and filter keys."""
+"""The share-table vendors' Fit gives exactly NVIDIA's answers (spec §4.9): same devices,
+same reasons, for the same cards under another vendor's name and filter keys."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hami.core.fit import DeviceState, NodeOptions, PodOptions, fit_container
+from hami.core.fit import DeviceState, NodeOptions, PodOptions, fit_shares
 from hami.core.model import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo
 from hami.core.vendor import FitContext
 from hami.devices.common import Filters, generic_fit
+from hami.devices.nvidia import CARD_FILTERS
 
 FILTERS = Filters(use_type="x/use", nouse_type="x/nouse", use_uuid="x/use-uuid",
                   nouse_uuid="x/nouse-uuid")
@@ -35,10 +36,10 @@ def test_adapter_matches_core(devs: list[tuple[DeviceInfo, int, int, int]], nums
     infos = [(replace(d, uuid=f"u{i}", index=i), s, m, c) for i, (d, s, m, c) in enumerate(devs)]
     percent = 100 if mem == 0 else PERCENT_UNSET
     nvidia = [DeviceState(replace(d, type="NVIDIA-" + d.type), s, m, c) for d, s, m, c in infos]
-    core = fit_container(nvidia, ContainerDeviceRequest(nums, "NVIDIA", mem, percent, cores),
-                         PodOptions.from_annotations({"nvidia.com/use-gputype": use,
-                                                      "nvidia.com/nouse-gpuuuid": nouse_uuid},
-                                                     "spread"), NodeOptions())
+    core = fit_shares(nvidia, ContainerDeviceRequest(nums, "NVIDIA", mem, percent, cores),
+                      PodOptions.from_annotations({"nvidia.com/use-gputype": use,
+                                                   "nvidia.com/nouse-gpuuuid": nouse_uuid},
+                                                  "spread", CARD_FILTERS), NodeOptions())
     other = [DeviceState(replace(d, vendor="DCU"), s, m, c) for d, s, m, c in infos]
     mine = generic_fit(other, ContainerDeviceRequest(nums, "DCU", mem, percent, cores),
                        FitContext(pod_annotations={"x/use": use, "x/nouse-uuid": nouse_uuid}),

@@ -32,6 +32,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from hami.core.fit import DeviceState, FitOutcome, QuotaCheck
 from hami.core.model import (
+    CardFilters,
     ContainerDevice,
     ContainerDeviceRequest,
     ContainerDevices,
@@ -142,6 +143,11 @@ class Vendor(Protocol):
         """HAMi's "policy-neutral" marker: ScoreNode is scaled by ±10000 (HAMi v2.10 step 5)."""
         ...
 
+    @property
+    def filters(self) -> CardFilters:
+        """The pod annotation keys that filter this vendor's cards (its table row's)."""
+        ...
+
     def resource_names(self) -> ResourceNames:
         """Resource names and memory factor (``GetResourceNames``)."""
         ...
@@ -175,7 +181,7 @@ class Vendor(Protocol):
     @property
     def share_prefilter(self) -> bool:
         """True when this vendor's Fit follows the GPU-share rules (slots, memory, cores,
-        exclusive cards: :func:`hami.core.fit.fit_container`), so the vectorised share
+        exclusive cards: :func:`hami.core.fit.fit_shares`), so the vectorised share
         prefilter is a necessary condition of it; else only its device count is checked."""
         ...
 

@@ -12,8 +12,9 @@ accepts and leaves Pending with a misleading reason (field case B09), is denied 
 admission with a message naming the container, the resource and the valid range.
 
 The share Fit (slots, memory, cores, type and UUID filters, NUMA, MIG) is the core's
-(:func:`hami.core.fit.fit_container`), which the share-table vendors reuse too; node
-devices use the core's codec of HAMi's register annotation.
+vendor-neutral :func:`hami.core.fit.fit_shares`, run with NVIDIA's filter keys
+(:data:`CARD_FILTERS`), as the share-table vendors run it with theirs; node devices use
+the core's codec of HAMi's register annotation.
 """
 
 from __future__ import annotations
@@ -25,12 +26,25 @@ from hami.api import names
 from hami.core import isolation
 from hami.core.codec import decode_node_devices
 from hami.core.config import NvidiaConfig
-from hami.core.fit import DeviceState, FitOutcome, NodeOptions, PodOptions, fit_container
-from hami.core.model import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo
+from hami.core.fit import (
+    DeviceState,
+    FitOutcome,
+    NodeOptions,
+    PodOptions,
+    fit_shares,
+    of_type,
+)
+from hami.core.model import PERCENT_UNSET, CardFilters, ContainerDeviceRequest, DeviceInfo
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import INT32_MAX, RequestError, int_value, quantity, resource_value
 from hami.core.vendor import AdmissionError, FitContext, ResourceNames
 from hami.devices.common import BaseVendor, node_annotations
+
+#: NVIDIA's card filters (HAMi v2.10): type and UUID lists, NUMA binding, the card-mode
+#: filter; its cards may be in MIG mode.
+CARD_FILTERS = CardFilters(use_type=names.USE_GPUTYPE, nouse_type=names.NOUSE_GPUTYPE,
+                           use_uuid=names.USE_GPUUUID, nouse_uuid=names.NOUSE_GPUUUID,
+                           numa_bind=names.NUMA_BIND, mode=names.VGPU_MODE, mig=True)
 
 
 def container_request(
@@ -163,6 +177,7 @@ class Nvidia(BaseVendor):
     register_key = names.NODE_REGISTER
     to_allocate_key = names.DEVICES_TO_ALLOCATE
     allocated_key = names.DEVICES_ALLOCATED
+    filters = CARD_FILTERS
 
     def __init__(self, config: NvidiaConfig | None = None) -> None:
         self.config = config or NvidiaConfig()
@@ -192,6 +207,6 @@ class Nvidia(BaseVendor):
 
     def fit(self, devices: Sequence[DeviceState], request: ContainerDeviceRequest,
             ctx: FitContext) -> FitOutcome:
-        pod = PodOptions.from_annotations(ctx.pod_annotations, ctx.gpu_policy)
-        return fit_container(devices, request, pod,
-                             NodeOptions.from_annotations(ctx.node_annotations), ctx.quota_ok)
+        pod = PodOptions.from_annotations(ctx.pod_annotations, ctx.gpu_policy, self.filters)
+        return fit_shares(of_type(devices, request.type), request, pod,
+                          NodeOptions.from_annotations(ctx.node_annotations), ctx.quota_ok)
