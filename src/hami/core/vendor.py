@@ -71,6 +71,29 @@ class ResourceNames:
 
 
 @dataclass(frozen=True, slots=True)
+class EnvIsolation:
+    """What the webhook and :mod:`hami.core.isolation` read of a vendor whose containers
+    are isolated through env and the container runtime (HAMi v2.10: NVIDIA's device-config
+    section; ``Vendor.env_isolation``).
+
+    ``resources``: names whose presence in a container's limits or requests makes it ask
+    for the vendor before any mutation (count, memory, memory share, cores).
+    ``overwrite_env``: a container that asks for none ends with
+    ``NVIDIA_VISIBLE_DEVICES=none`` (``overwriteEnv``). ``runtime_class_name``: set on a
+    pod that asks for devices and names none (``runtimeClassName``; "" sets none).
+    ``priority_resource``: the limit the webhook writes as ``CUDA_TASK_PRIORITY``;
+    ``core_policy``: written as ``GPU_CORE_UTILIZATION_POLICY`` ("" and ``default`` write
+    nothing).
+    """
+
+    resources: tuple[str, ...] = ()
+    overwrite_env: bool = False
+    runtime_class_name: str = ""
+    priority_resource: str = ""
+    core_policy: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class FitContext:
     """What a vendor's Fit may read besides the devices and the request (HAMi v2.10).
 
@@ -141,6 +164,12 @@ class Vendor(Protocol):
     @property
     def policy_neutral(self) -> bool:
         """HAMi's "policy-neutral" marker: ScoreNode is scaled by ±10000 (HAMi v2.10 step 5)."""
+        ...
+
+    @property
+    def env_isolation(self) -> EnvIsolation | None:
+        """The vendor's env and runtime isolation settings (NVIDIA's), None for a vendor
+        whose containers the isolation rules do not guard."""
         ...
 
     @property

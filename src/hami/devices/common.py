@@ -25,7 +25,13 @@ from hami.core.model import (
 from hami.core.model import CardFilters as Filters
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import quantity, resource_value
-from hami.core.vendor import AdmissionError, FitContext, PatchContext, ResourceNames
+from hami.core.vendor import (
+    AdmissionError,
+    EnvIsolation,
+    FitContext,
+    PatchContext,
+    ResourceNames,
+)
 
 INT32_MAX = 2**31 - 1
 
@@ -134,6 +140,7 @@ class BaseVendor:
     allocated_key: str = ""
     policy_neutral: bool = False
     filters: Filters = Filters()
+    env_isolation: EnvIsolation | None = None
 
     def resource_names(self) -> ResourceNames:
         raise NotImplementedError

@@ -37,7 +37,7 @@ from hami.core.fit import (
 from hami.core.model import PERCENT_UNSET, CardFilters, ContainerDeviceRequest, DeviceInfo
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import INT32_MAX, RequestError, int_value, quantity, resource_value
-from hami.core.vendor import AdmissionError, FitContext, ResourceNames
+from hami.core.vendor import AdmissionError, EnvIsolation, FitContext, ResourceNames
 from hami.devices.common import BaseVendor, node_annotations
 
 #: NVIDIA's card filters (HAMi v2.10): type and UUID lists, NUMA binding, the card-mode
@@ -169,6 +169,17 @@ def _is_exclusive(container: Mapping[str, Any], config: NvidiaConfig) -> bool:
     return resource_value(container, config.resource_memory_name) is None
 
 
+def env_isolation(config: NvidiaConfig) -> EnvIsolation:
+    """What the isolation rules and the webhook read of NVIDIA's settings: the resources
+    that make a GPU container (count, memory, memory percentage, cores; not priority),
+    ``overwriteEnv``, ``runtimeClassName``, the priority resource and ``gpuCorePolicy``."""
+    resources = tuple(n for n in (config.resource_count_name, config.resource_memory_name,
+                                  config.resource_memory_percentage_name,
+                                  config.resource_core_name) if n)
+    return EnvIsolation(resources, config.overwrite_env, config.runtime_class_name,
+                        config.resource_priority_name, config.gpu_core_policy)
+
+
 class Nvidia(BaseVendor):
     """HAMi's NVIDIA backend (CommonWord ``NVIDIA``) over its settings ``config``."""
 
@@ -181,6 +192,7 @@ class Nvidia(BaseVendor):
 
     def __init__(self, config: NvidiaConfig | None = None) -> None:
         self.config = config or NvidiaConfig()
+        self.env_isolation = env_isolation(self.config)
 
     def resource_names(self) -> ResourceNames:
         c = self.config
