@@ -24,7 +24,7 @@ from typing import Any
 
 from hami.api import names
 from hami.core import isolation
-from hami.core.codec import decode_node_devices
+from hami.core.codec import decode_node_devices, encode_pod_devices
 from hami.core.config import NvidiaConfig
 from hami.core.fit import (
     DeviceState,
@@ -34,10 +34,22 @@ from hami.core.fit import (
     fit_shares,
     of_type,
 )
-from hami.core.model import PERCENT_UNSET, CardFilters, ContainerDeviceRequest, DeviceInfo
+from hami.core.model import (
+    PERCENT_UNSET,
+    CardFilters,
+    ContainerDeviceRequest,
+    DeviceInfo,
+    PodSingleDevice,
+)
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import INT32_MAX, RequestError, int_value, quantity, resource_value
-from hami.core.vendor import AdmissionError, EnvIsolation, FitContext, ResourceNames
+from hami.core.vendor import (
+    AdmissionError,
+    EnvIsolation,
+    FitContext,
+    PatchContext,
+    ResourceNames,
+)
 from hami.devices.common import BaseVendor, node_annotations
 
 #: NVIDIA's card filters (HAMi v2.10): type and UUID lists, NUMA binding, the card-mode
@@ -214,8 +226,23 @@ class Nvidia(BaseVendor):
             raise AdmissionError(str(exc)) from None
 
     def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
+        """The register annotation in either form (HAMi v2.10); ``()`` when absent.
+
+        Raises:
+            CodecError: the annotation is malformed (HAMi's texts).
+        """
         raw = node_annotations(node).get(names.NODE_REGISTER)
         return () if raw is None else decode_node_devices(raw, names.NVIDIA)
+
+    def pod_annotations(self, grant: PodSingleDevice, ctx: PatchContext) -> dict[str, str]:
+        """``PatchAnnotations``: the pod device string under
+        ``hami.io/vgpu-devices-to-allocate`` and ``hami.io/vgpu-devices-allocated``, only
+        when some GPU was granted (HAMi v2.10; the MIG instances are the core's
+        ``hami.io/mig-allocations``)."""
+        if not any(grant):
+            return {}
+        value = encode_pod_devices(grant)
+        return {names.DEVICES_TO_ALLOCATE: value, names.DEVICES_ALLOCATED: value}
 
     def fit(self, devices: Sequence[DeviceState], request: ContainerDeviceRequest,
             ctx: FitContext) -> FitOutcome:
