@@ -49,3 +49,26 @@ def test_adapter_matches_core(devs: list[tuple[DeviceInfo, int, int, int]], nums
     assert [(d.uuid, d.used_memory_mib, d.used_cores_percent) for d in mine.devices] == [
         (d.uuid, d.used_memory_mib, d.used_cores_percent) for d in core.devices]
     assert all(d.type == "DCU" for d in mine.devices)
+
+
+def test_fit_shares_reads_the_vendors_own_keys_and_word() -> None:
+    # One Fit for every share vendor: the filter keys are the row's, NVIDIA's are not
+    # read for another vendor, and grants carry the request's CommonWord.
+    cards = [DeviceState(DeviceInfo(f"u{i}", i, 4, 16384, 100, kind, 0, "", True,
+                                    vendor="DCU"), 0, 0, 0)
+             for i, kind in enumerate(["T4", "A100"])]
+    anns = {"x/use": "a100", "nvidia.com/use-gputype": "t4", "x/nouse-uuid": "u9"}
+    pod = PodOptions.from_annotations(anns, "spread", FILTERS)
+    out = fit_shares(cards, ContainerDeviceRequest(1, "DCU", 1000, PERCENT_UNSET, 0), pod,
+                     NodeOptions())
+    assert [(d.uuid, d.type) for d in out.devices] == [("u1", "DCU")]
+    nvidia = PodOptions.from_annotations(anns, "spread", CARD_FILTERS)
+    assert nvidia.use_types == ("t4",) and nvidia.mig and not pod.mig
+
+
+def test_a_card_in_mig_mode_is_a_plain_share_for_a_vendor_without_mig() -> None:
+    card = DeviceState(DeviceInfo("u0", 0, 4, 16384, 100, "X", 0, "mig", True,
+                                  vendor="DCU"), 0, 0, 0)
+    out = generic_fit([card], ContainerDeviceRequest(1, "DCU", 1000, PERCENT_UNSET, 0),
+                      FitContext(), FILTERS, "DCU")
+    assert out.ok and out.mig == () and out.devices[0].used_memory_mib == 1000
