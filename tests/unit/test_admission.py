@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import jsonpatch
 import pytest
 
@@ -79,6 +81,29 @@ def test_envs_and_runtime_class():
     assert env_g == {"CUDA_TASK_PRIORITY": "1", "GPU_CORE_UTILIZATION_POLICY": "force"}
     assert env_cpu["NVIDIA_VISIBLE_DEVICES"] == "none"
     assert result.pod["spec"]["runtimeClassName"] == "nvidia"
+
+
+def test_isolation_settings_are_the_nvidia_backends():
+    # The webhook and the isolation rules read overwriteEnv, runtimeClassName, the
+    # priority resource and gpuCorePolicy from the registry's NVIDIA backend
+    # (Vendor.env_isolation), not from a copy of its settings beside the registry.
+    from hami.core import isolation
+    from hami.devices.nvidia import Nvidia
+    from hami.devices.registry import Registry
+
+    settings = NvidiaConfig(gpu_core_policy="force", runtime_class_name="nvidia",
+                            overwrite_env=True, resource_count_name="hami.io/gpu")
+    config = replace(CONFIG, registry=Registry({"NVIDIA": Nvidia(settings)}))
+    p = pod(containers=[container("cpu")])
+    p["spec"]["containers"].append({"name": "g", "resources": {"limits": {"hami.io/gpu": 1}}})
+    result = admit(p, config)
+    env_cpu = {e["name"]: e["value"] for e in result.pod["spec"]["containers"][0]["env"]}
+    env_g = {e["name"]: e["value"] for e in result.pod["spec"]["containers"][1]["env"]}
+    assert env_cpu["NVIDIA_VISIBLE_DEVICES"] == "none"
+    assert env_g == {"GPU_CORE_UTILIZATION_POLICY": "force"}
+    assert result.pod["spec"]["runtimeClassName"] == "nvidia"
+    assert isolation.asks_for_devices(p, config)
+    assert not isolation.violations(result.pod, config)
 
 
 def test_node_name_is_denied():
@@ -246,7 +271,7 @@ def test_added_ephemeral_containers_are_hidden_from_gpus_through_the_review():
 
     from hami.webhook.review import review
 
-    config = replace(CONFIG, nvidia=replace(CONFIG.nvidia, overwrite_env=True))
+    config = make_config(nvidia=replace(CONFIG.nvidia, overwrite_env=True))
     old = pod(containers=[container()])
     old["spec"]["ephemeralContainers"] = [{"name": "first", "image": "x"}]
     new = json.loads(json.dumps(old))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hami.core.fit import DeviceState, NodeOptions, PodOptions, fit_container, gen_reason
+from hami.core.fit import DeviceState, NodeOptions, PodOptions, fit_shares, gen_reason
 from hami.core.model import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo
 
 
@@ -46,49 +46,49 @@ def test_gen_reason_sorts_as_strings():
      "CardComputeUnitsExhausted"),
 ])
 def test_single_check_reasons(device, request_, pod, node, token):
-    outcome = fit_container([device], request_, pod, node)
+    outcome = fit_shares([device], request_, pod, node)
     assert not outcome.ok
     assert outcome.reason == f"1/1 {token}"
 
 
 def test_first_failing_check_wins_in_hami_order():
     # unhealthy AND out of memory: health is checked first
-    outcome = fit_container([dev(0, health=False, used_mem=16000)], req(mem=1), POD, NODE)
+    outcome = fit_shares([dev(0, health=False, used_mem=16000)], req(mem=1), POD, NODE)
     assert outcome.reason == "1/1 CardNotHealth"
 
 
 def test_memory_exactly_at_capacity_fits_and_one_over_does_not():
-    assert fit_container([dev(0, used_mem=6000)], req(mem=10000), POD, NODE).ok
-    assert not fit_container([dev(0, used_mem=6001)], req(mem=10000), POD, NODE).ok
+    assert fit_shares([dev(0, used_mem=6000)], req(mem=10000), POD, NODE).ok
+    assert not fit_shares([dev(0, used_mem=6001)], req(mem=10000), POD, NODE).ok
 
 
 def test_cores_over_100_are_clamped():
-    outcome = fit_container([dev(0)], req(mem=1, cores=250), POD, NODE)
+    outcome = fit_shares([dev(0)], req(mem=1, cores=250), POD, NODE)
     assert outcome.ok and outcome.devices[0].used_cores_percent == 100
 
 
 def test_percentage_is_per_device_and_floors():
-    outcome = fit_container([dev(0, mem=32768)], req(pct=20), POD, NODE)
+    outcome = fit_shares([dev(0, mem=32768)], req(pct=20), POD, NODE)
     assert outcome.devices[0].used_memory_mib == 6553
 
 
 def test_multi_gpu_takes_distinct_devices_in_order():
-    outcome = fit_container([dev(2), dev(0), dev(1)], req(nums=2, mem=100), POD, NODE)
+    outcome = fit_shares([dev(2), dev(0), dev(1)], req(nums=2, mem=100), POD, NODE)
     assert [d.uuid for d in outcome.devices] == ["GPU-2", "GPU-0"]
 
 
 def test_not_enough_devices_reasons():
-    assert fit_container([dev(0)], req(nums=2, mem=1), POD, NODE).reason == "NodeInsufficientDevice"
-    outcome = fit_container([dev(0), dev(1, used_slots=10)], req(nums=2, mem=1), POD, NODE)
+    assert fit_shares([dev(0)], req(nums=2, mem=1), POD, NODE).reason == "NodeInsufficientDevice"
+    outcome = fit_shares([dev(0), dev(1, used_slots=10)], req(nums=2, mem=1), POD, NODE)
     assert outcome.reason == ("1/2 AllocatedCardsInsufficientRequest, "
                               "1/2 CardTimeSlicingExhausted")
 
 
 def test_numa_bind_keeps_devices_on_one_numa_node():
     devices = [dev(0, numa=0), dev(1, numa=1), dev(2, numa=1)]
-    outcome = fit_container(devices, req(nums=2, mem=1), PodOptions(numa_bind=True), NODE)
+    outcome = fit_shares(devices, req(nums=2, mem=1), PodOptions(numa_bind=True), NODE)
     assert [d.uuid for d in outcome.devices] == ["GPU-1", "GPU-2"]
-    fail = fit_container([dev(0, numa=0), dev(1, numa=1)], req(nums=2, mem=1),
+    fail = fit_shares([dev(0, numa=0), dev(1, numa=1)], req(nums=2, mem=1),
                          PodOptions(numa_bind=True), NODE)
     assert not fail.ok and "NumaNotFit" in fail.reason
 
@@ -98,9 +98,9 @@ def test_topology_aware_picks_best_linked_pair_and_loneliest_single():
               "GPU-2": {"GPU-0": 100, "GPU-1": 50}}
     node = NodeOptions(pair_scores=scores)
     pod = PodOptions(gpu_policy="topology-aware")
-    pair = fit_container([dev(0), dev(1), dev(2)], req(nums=2, mem=1), pod, node)
+    pair = fit_shares([dev(0), dev(1), dev(2)], req(nums=2, mem=1), pod, node)
     assert {d.uuid for d in pair.devices} == {"GPU-0", "GPU-2"}
-    single = fit_container([dev(0), dev(1), dev(2)], req(nums=1, mem=1), pod, node)
+    single = fit_shares([dev(0), dev(1), dev(2)], req(nums=1, mem=1), pod, node)
     assert [d.uuid for d in single.devices] == ["GPU-1"]
 
 
@@ -110,17 +110,17 @@ def test_topology_aware_with_only_negative_pair_scores_picks_the_least_negative_
     scores = {"GPU-0": {"GPU-1": -5, "GPU-2": -3}, "GPU-1": {"GPU-0": -5, "GPU-2": -1},
               "GPU-2": {"GPU-0": -3, "GPU-1": -1}}
     pod = PodOptions(gpu_policy="topology-aware")
-    pair = fit_container([dev(0), dev(1), dev(2)], req(nums=2, mem=100),
+    pair = fit_shares([dev(0), dev(1), dev(2)], req(nums=2, mem=100),
                          pod, NodeOptions(pair_scores=scores))
     assert pair.ok and [d.uuid for d in pair.devices] == ["GPU-1", "GPU-2"]
 
 
 def test_quota_check_blocks_device():
-    outcome = fit_container([dev(0)], req(mem=100), POD, NODE, quota_ok=lambda devs: False)
+    outcome = fit_shares([dev(0)], req(mem=100), POD, NODE, quota_ok=lambda devs: False)
     assert outcome.reason == "1/1 ResourceQuotaNotFit"
 
 
 def test_type_filter_is_case_insensitive_substring():
-    assert fit_container([dev(0)], req(mem=1), PodOptions(use_types=("tesla",)), NODE).ok
-    assert fit_container([dev(0, type_="NVIDIA-A100")], req(mem=1),
+    assert fit_shares([dev(0)], req(mem=1), PodOptions(use_types=("tesla",)), NODE).ok
+    assert fit_shares([dev(0, type_="NVIDIA-A100")], req(mem=1),
                          PodOptions(use_types=("v100", "a100")), NODE).ok

@@ -8,11 +8,12 @@ import json
 
 import pytest
 
-from hami.core.fit import DeviceState, NodeOptions, PodOptions, fit_container
+from hami.core.fit import DeviceState, NodeOptions, PodOptions, fit_shares
 from hami.core.model import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo
 from hami.deviceplugin.config import PluginConfig
 from hami.deviceplugin.discovery import PhysicalGpu
 from hami.deviceplugin.register import encode_register, node_devices
+from hami.devices.nvidia import CARD_FILTERS
 from hami.offline import schedule
 
 MODES = {"GPU-mps": "mps", "GPU-core": "hami-core", "GPU-unset": ""}
@@ -26,9 +27,9 @@ def devices() -> list[DeviceState]:
 
 def fit(annotation: str | None, nums: int = 1) -> tuple[list[str], str]:
     ann = {} if annotation is None else {"nvidia.com/vgpu-mode": annotation}
-    pod = PodOptions.from_annotations(ann, "spread")
-    out = fit_container(devices(), ContainerDeviceRequest(nums, "NVIDIA", 1000, PERCENT_UNSET, 0),
-                        pod, NodeOptions())
+    pod = PodOptions.from_annotations(ann, "spread", CARD_FILTERS)
+    out = fit_shares(devices(), ContainerDeviceRequest(nums, "NVIDIA", 1000, PERCENT_UNSET, 0),
+                     pod, NodeOptions())
     return [d.uuid for d in out.devices], out.reason
 
 

@@ -168,3 +168,38 @@ def test_nvidia_is_scheduled_only_when_registered():
     state = ClusterState(make_config())
     state.upsert_node(node)
     assert state.filter(gpu_pod).result.node == "n1"
+
+
+def test_nvidia_annotations_are_read_and_written_by_the_backend() -> None:
+    # The core reads NVIDIA's register annotation and writes its pod annotations only
+    # through the registry's NVIDIA backend (Vendor.node_devices / pod_annotations /
+    # decode_allocation), as it does every other vendor's.
+    from dataclasses import replace
+
+    from hami.devices.nvidia import Nvidia
+    from hami.devices.registry import Registry
+
+    class Halved(Nvidia):
+        def node_devices(self, node):
+            return tuple(replace(d, memory_mib=d.memory_mib // 2)
+                         for d in super().node_devices(node))
+
+        def pod_annotations(self, grant, ctx):
+            return {**super().pod_annotations(grant, ctx), "example.com/seen": "1"}
+
+    config = replace(make_config(), registry=Registry({"NVIDIA": Halved()}))
+    state = ClusterState(config)
+    assert state.upsert_node({"metadata": {"name": "n1", "annotations": {
+        "hami.io/node-nvidia-register": "GPU-0,10,32768,100,NVIDIA-V100,0,true:"}}}) == ""
+
+    def gpu_pod(uid: str, mem: int) -> dict:
+        return {"metadata": {"name": uid, "namespace": "d", "uid": uid},
+                "spec": {"schedulerName": "hami-scheduler", "containers": [
+                    {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1,
+                                                           "nvidia.com/gpumem": mem}}}]}}
+
+    assert state.filter(gpu_pod("big", 20000)).result.node is None  # 16384 MiB registered
+    decision = state.filter(gpu_pod("small", 1000))
+    assert decision.result.node == "n1"
+    assert decision.annotations["example.com/seen"] == "1"
+    assert decision.annotations["hami.io/vgpu-devices-allocated"] == "GPU-0,NVIDIA,1000,0:;"

@@ -153,8 +153,9 @@ def decide(pod: Mapping[str, Any], config: SchedulerConfig,
             mspec["schedulerName"] = config.scheduler_name
             if mspec.get("nodeName"):
                 return _deny("pod has node assigned", pod)
-        if config.nvidia.runtime_class_name and mspec.get("runtimeClassName") is None:
-            mspec["runtimeClassName"] = config.nvidia.runtime_class_name
+        runtime_class = isolation.settings(config).runtime_class_name
+        if runtime_class and mspec.get("runtimeClassName") is None:
+            mspec["runtimeClassName"] = runtime_class
         if quota is not None:
             try:
                 denial = _quota_denial(mutated, config, quota)
@@ -199,13 +200,13 @@ def _admit_foreign(pod: Mapping[str, Any], config: SchedulerConfig,
                      "hami scheduler allows with --other-gpu-schedulers)", pod)
     unchanged = AdmissionResult(allowed=True, message="pod already has different scheduler "
                                 "assigned", pod=dict(pod))
-    if not config.nvidia.overwrite_env:
+    iso = isolation.settings(config)
+    if not iso.overwrite_env:
         return unchanged
     mutated = _copy_for_mutation(pod)
     mspec = mutated["spec"]
     for container in [*(mspec.get("initContainers") or []), *mspec["containers"]]:
-        if isinstance(container, dict) and not isolation.asks_for_nvidia(container,
-                                                                         config.nvidia):
+        if isinstance(container, dict) and not isolation.asks_for_nvidia(container, iso):
             isolation.hide_gpus(container)
     patch = (_prefixed(jsonpatch.make_patch(dict(pod["spec"]), mspec).patch, "/spec")
              if with_patch else [])
@@ -284,7 +285,7 @@ def admit_ephemeral(pod: Mapping[str, Any], old_pod: Mapping[str, Any] | None,
                     for p in isolation.ephemeral_violations(c)]
         if problems:
             return _deny(isolation.message(problems), pod)
-    if not config.nvidia.overwrite_env:
+    if not isolation.settings(config).overwrite_env:
         return AdmissionResult(allowed=True, pod=dict(pod))
     mutated_list = copy.deepcopy(ephemeral)
     for container in mutated_list:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hami.api import names
-from hami.core.codec import encode_mig_allocations, encode_pod_devices
+from hami.core.codec import encode_mig_allocations
 from hami.core.filter import FilterError, FilterResult
 from hami.core.model import PodRequest
 from hami.core.vendor import PatchContext, Vendor
@@ -31,21 +31,26 @@ class Decision:
 
 
 def decision_annotations(result: FilterResult, request: PodRequest,
-                         vendors: Mapping[str, Vendor], now_ns: int) -> dict[str, str]:
-    """``hami.io/vgpu-node`` plus every granted vendor's ``PatchAnnotations``."""
+                         vendors: Mapping[str, Vendor], now_ns: int,
+                         gpu: Vendor | None = None) -> dict[str, str]:
+    """``hami.io/vgpu-node`` plus every granted vendor's ``PatchAnnotations``: the
+    ``NVIDIA`` backend ``gpu``'s for ``result.devices`` (with the MIG instances), then
+    those of ``vendors`` (the registry without NVIDIA) for ``result.vendor_devices``.
+
+    Raises:
+        FilterError: two vendors would write one pod annotation differently.
+    """
     if result.node is None:
         return {}
     annotations = {names.VGPU_NODE: result.node}
-    if any(result.devices) or not result.vendor_devices:
-        encoded = encode_pod_devices(result.devices)
-        annotations[names.DEVICES_TO_ALLOCATE] = encoded
-        annotations[names.DEVICES_ALLOCATED] = encoded
+    ctx = PatchContext(result.node, now_ns, request.annotations)
+    if gpu is not None and any(result.devices):
+        annotations.update(gpu.pod_annotations(result.devices, ctx))
         if result.mig:
             annotations[names.MIG_ALLOCATIONS] = encode_mig_allocations(result.mig)
     if result.vendor_devices:
         try:
-            written = pod_patch(vendors, result.vendor_devices,
-                                PatchContext(result.node, now_ns, request.annotations))
+            written = pod_patch(vendors, result.vendor_devices, ctx)
         except ValueError as exc:
             raise FilterError(str(exc)) from None
         for key, value in written.items():

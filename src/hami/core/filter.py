@@ -143,7 +143,8 @@ def filter_pod(request: PodRequest, ledger: UsageLedger, node_names: Sequence[st
         return FilterResult(node=None, passthrough=True)
     chosen = effective_policies(request.annotations, policy or SchedulingPolicy())
     ctx = FilterContext(ledger, request,
-                        PodOptions.from_annotations(request.annotations, chosen.gpu_policy),
+                        PodOptions.from_annotations(request.annotations, chosen.gpu_policy,
+                                                    request.share_filters),
                         _weights(request), dict(vendors or {}), vendor_quota,
                         chosen.node_policy)
     result = _filter(ctx, node_names, quota, node_orders, explain)

@@ -1,13 +1,17 @@
-"""NVIDIA ``Fit``: can one container's request be met on one node, and with which GPUs?
+"""The share-of-a-card ``Fit``: can one container's request be met on one node, and with
+which cards? Vendor-neutral: every vendor whose rules are "shares of a card: count,
+memory, cores, type and UUID filters" (NVIDIA, Hygon DCU, Iluvatar, ...) runs
+:func:`fit_shares`; the pod annotation keys of its filters come from the vendor's table
+row (:class:`CardFilters`).
 
 Source (HAMi v2.10): (fitInDevices), (the exact check
 order), (reason tokens and ``GenReason``). Devices come in best-first order (the GPU
 policy's ranking, :mod:`hami.core.score`); HAMi walks a worst-first list from its end,
 which is the same thing.
 
-A container's N devices are N distinct physical GPUs: a GPU is visited once per
-container (field case B24). MIG is not handled here (it needs no device revisits in the
-``hami-core`` mode this module serves).
+A container's N devices are N distinct physical cards: a card is visited once per
+container (field case B24), except a card in MIG mode (for vendors whose filters say
+their cards have MIG modes), which may give a container several instances.
 """
 
 from __future__ import annotations
@@ -17,11 +21,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 
-from hami.api import names
+from hami.api.names import MODE_HAMI_CORE, MODE_MIG, NODE_DEVICE_CORDON, NODE_SCORE
 from hami.core.codec_scores import decode_node_scores
 from hami.core.gowire import CodecError
 from hami.core.mig import choose_instance, replay
-from hami.core.model import ContainerDevice, ContainerDeviceRequest, DeviceInfo, MigPlacement
+from hami.core.model import (
+    CardFilters,
+    ContainerDevice,
+    ContainerDeviceRequest,
+    DeviceInfo,
+    MigPlacement,
+    csv_list,
+)
 
 # Reason tokens (HAMi v2.10).
 CARD_TYPE_MISMATCH = "CardTypeMismatch"
@@ -40,8 +51,6 @@ NODE_INSUFFICIENT_DEVICE = "NodeInsufficientDevice"
 CARD_MIG_TOPOLOGY_INFEASIBLE = "CardMigTopologyInfeasible"
 DEVICE_TYPE_NOT_FOUND = "Device type not found"
 
-_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
-
 
 @dataclass(slots=True)
 class DeviceState:
@@ -54,13 +63,6 @@ class DeviceState:
     mig_occupied: list[MigPlacement] = field(default_factory=list)
 
 
-def _csv(value: str | None, lower: bool = False) -> tuple[str, ...]:
-    if not value or not value.strip():
-        return ()
-    items = (p.strip() for p in value.split(","))
-    return tuple(p.lower() if lower else p for p in items if p)
-
-
 def policy_contains(policy: str, word: str) -> bool:
     """HAMi ``PolicyContains``: ``word`` is one of the comma-separated entries."""
     return word in (p.strip() for p in policy.split(","))
@@ -68,7 +70,10 @@ def policy_contains(policy: str, word: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class PodOptions:
-    """A pod's device options from its annotations (HAMi v2.10), parsed once per filter."""
+    """A pod's device options from its annotations (HAMi v2.10), parsed once per filter.
+
+    ``mig``: MIG-mode cards are placed by the MIG rule (:attr:`CardFilters.mig`).
+    """
 
     use_types: tuple[str, ...] = ()
     nouse_types: tuple[str, ...] = ()
@@ -77,19 +82,26 @@ class PodOptions:
     numa_bind: bool = False
     vgpu_mode: str | None = None
     gpu_policy: str = "spread"
+    mig: bool = False
 
     @classmethod
-    def from_annotations(cls, annotations: Mapping[str, str], gpu_policy: str) -> PodOptions:
-        """Parse ``nvidia.com/use-gputype`` ... ``nvidia.com/vgpu-mode``; ``gpu_policy`` is
-        the effective GPU policy (annotation override already applied)."""
+    def from_annotations(cls, annotations: Mapping[str, str], gpu_policy: str,
+                         filters: CardFilters) -> PodOptions:
+        """Parse the pod's values of the vendor's filter keys ``filters`` (NVIDIA's:
+        ``nvidia.com/use-gputype`` ... ``nvidia.com/vgpu-mode``); ``gpu_policy`` is the
+        effective GPU policy (annotation override already applied)."""
+        use, nouse = filters.uuids(annotations)
         return cls(
-            use_types=_csv(annotations.get(names.USE_GPUTYPE), lower=True),
-            nouse_types=_csv(annotations.get(names.NOUSE_GPUTYPE), lower=True),
-            use_uuids=frozenset(_csv(annotations.get(names.USE_GPUUUID))),
-            nouse_uuids=frozenset(_csv(annotations.get(names.NOUSE_GPUUUID))),
-            numa_bind=annotations.get(names.NUMA_BIND, "") in _TRUE,
-            vgpu_mode=annotations.get(names.VGPU_MODE),
+            use_types=(csv_list(annotations.get(filters.use_type), lower=True)
+                       if filters.use_type else ()),
+            nouse_types=(csv_list(annotations.get(filters.nouse_type), lower=True)
+                         if filters.nouse_type else ()),
+            use_uuids=use,
+            nouse_uuids=nouse,
+            numa_bind=filters.numa(annotations),
+            vgpu_mode=annotations.get(filters.mode) if filters.mode else None,
             gpu_policy=gpu_policy,
+            mig=filters.mig,
         )
 
     def type_ok(self, device_type: str) -> bool:
@@ -101,7 +113,7 @@ class PodOptions:
 
     def mode_ok(self, device_mode: str) -> bool:
         """The device's mode is allowed by ``nvidia.com/vgpu-mode`` (contains)."""
-        return self.vgpu_mode is None or (device_mode or names.MODE_HAMI_CORE) in self.vgpu_mode
+        return self.vgpu_mode is None or (device_mode or MODE_HAMI_CORE) in self.vgpu_mode
 
     def uuid_ok(self, uuid: str) -> bool:
         """``CheckUUID`` against use/nouse UUID lists."""
@@ -121,10 +133,10 @@ class NodeOptions:
     def from_annotations(cls, annotations: Mapping[str, str]) -> NodeOptions:
         """From a node's annotations: ``hami.io/device-cordon`` (comma list, trimmed) and
         ``hami.io/node-nvidia-score`` (a malformed value counts as no scores)."""
-        cordon = annotations.get(names.NODE_DEVICE_CORDON, "")
+        cordon = annotations.get(NODE_DEVICE_CORDON, "")
         cordoned = frozenset(p.strip() for p in cordon.split(",") if p.strip())
         scores: Mapping[str, Mapping[str, int]] = {}
-        raw = annotations.get(names.NODE_SCORE)
+        raw = annotations.get(NODE_SCORE)
         if raw:
             try:
                 scores = decode_node_scores(raw)
@@ -153,19 +165,29 @@ def gen_reason(counts: Mapping[str, int], cards: int) -> str:
 QuotaCheck = Callable[[Sequence[ContainerDevice]], bool]
 
 
-def fit_container(devices: Sequence[DeviceState], request: ContainerDeviceRequest,
-                  pod: PodOptions, node: NodeOptions,
-                  quota_ok: QuotaCheck | None = None) -> FitOutcome:
-    """Choose ``request.nums`` distinct GPUs among ``devices`` (best first), HAMi v2.10.
+def of_type(devices: Sequence[DeviceState], kind: str) -> list[DeviceState]:
+    """The cards whose type contains ``kind`` (case-insensitive; HAMi's device-type match
+    of a request, e.g. ``NVIDIA`` in ``NVIDIA-Tesla T4``), in the given order."""
+    word = kind.lower()
+    return [d for d in devices if word in d.info.type.lower()]
 
+
+def fit_shares(devices: Sequence[DeviceState], request: ContainerDeviceRequest,
+               pod: PodOptions, node: NodeOptions,
+               quota_ok: QuotaCheck | None = None) -> FitOutcome:
+    """Choose ``request.nums`` distinct cards among ``devices``, HAMi v2.10 (NVIDIA's
+    ``Fit``, which HAMi's share vendors repeat).
+
+    ``devices`` are the vendor's cards of the requested type (:func:`of_type` where the
+    vendor matches types), best first; grants carry ``request.type``. ``pod`` holds the
+    pod's values of the vendor's filters (:meth:`PodOptions.from_annotations`).
     ``quota_ok(collected + [candidate])`` decides the quota step (10); None skips it.
-    Returns a :class:`FitOutcome`; the reason on failure is a ``GenReason`` string over the
-    type-matching devices, or ``NodeInsufficientDevice``.
+    Returns a :class:`FitOutcome`; the reason on failure is a ``GenReason`` string over
+    ``devices``, or ``NodeInsufficientDevice``.
     """
-    typed = [d for d in devices if request.type.lower() in d.info.type.lower()]
-    mig_request = (request.type == names.NVIDIA
-                   and (pod.vgpu_mode is None or names.MODE_MIG in pod.vgpu_mode)
-                   and any(d.info.mode == names.MODE_MIG for d in typed))
+    typed = devices
+    mig_request = (pod.mig and (pod.vgpu_mode is None or MODE_MIG in pod.vgpu_mode)
+                   and any(d.info.mode == MODE_MIG for d in typed))
     if request.nums > len(typed) and not mig_request:
         return FitOutcome(False, reason=NODE_INSUFFICIENT_DEVICE)
     # MIG instances carry their placements in ``mig``; the topology pick chooses a subset
@@ -191,8 +213,7 @@ def fit_container(devices: Sequence[DeviceState], request: ContainerDeviceReques
         if info.uuid in node.cordoned:
             counts[CARD_CORDONED] += 1
             continue
-        if not (pod.type_ok(info.type) and pod.mode_ok(info.mode)
-                and request.type == names.NVIDIA):
+        if not (pod.type_ok(info.type) and pod.mode_ok(info.mode)):
             counts[CARD_TYPE_MISMATCH] += 1
             continue
         if pod.numa_bind and info.numa != prev_numa:
@@ -209,7 +230,7 @@ def fit_container(devices: Sequence[DeviceState], request: ContainerDeviceReques
             counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
             continue
         memory = request.memory_on(info.memory_mib)
-        candidate = ContainerDevice(info.uuid, names.NVIDIA, memory, cores, info.index)
+        candidate = ContainerDevice(info.uuid, request.type, memory, cores, info.index)
         if quota_ok is not None and not quota_ok([*collected, candidate]):
             counts[RESOURCE_QUOTA_NOT_FIT] += 1
             continue
@@ -225,13 +246,13 @@ def fit_container(devices: Sequence[DeviceState], request: ContainerDeviceReques
         if info.cores_percent != 0 and dev.used_cores == info.cores_percent and cores == 0:
             counts[CARD_COMPUTE_UNITS_EXHAUSTED] += 1
             continue
-        if info.mode == names.MODE_MIG:
+        if pod.mig and info.mode == MODE_MIG:
             instance = _mig_instance(dev, collected, memory)
             if instance is None:
                 counts[CARD_MIG_TOPOLOGY_INFEASIBLE] += 1
                 continue
             profile_name, placement, memory, mig_cores = instance
-            candidate = ContainerDevice(info.uuid, names.NVIDIA, memory, mig_cores, info.index)
+            candidate = ContainerDevice(info.uuid, request.type, memory, mig_cores, info.index)
             mig.append((len(collected), profile_name, placement))
             i -= 1  # a MIG GPU may give this container several instances (HAMi v2.10)
         collected.append(candidate)

@@ -40,8 +40,9 @@ from functools import lru_cache
 from typing import Any
 
 from hami.api import names
-from hami.core.config import NvidiaConfig, SchedulerConfig
+from hami.core.config import SchedulerConfig
 from hami.core.model import ContainerDeviceRequest
+from hami.core.vendor import EnvIsolation
 
 #: Env names the device plugin sets in GPU containers or libvgpu reads, and why.
 RESERVED_ENV: Mapping[str, str] = {
@@ -111,18 +112,27 @@ def hide_gpus(container: dict[str, Any]) -> None:
     container["env"] = [*kept, {"name": names.ENV_VISIBLE_DEVICES, "value": "none"}]
 
 
+def settings(config: SchedulerConfig) -> EnvIsolation:
+    """The env isolation settings of the registered ``NVIDIA`` backend
+    (``Vendor.env_isolation``); none (no resources, no ``overwriteEnv``) without one."""
+    gpu = config.registry.get(names.NVIDIA)
+    found = gpu.env_isolation if gpu is not None else None
+    return found if found is not None else EnvIsolation()
+
+
 def asks_for_devices(pod: Mapping[str, Any], config: SchedulerConfig) -> bool:
     """True when some container names an NVIDIA or registered vendor resource in its
     limits or requests (what counts as a GPU pod before any mutation)."""
-    wanted = set(_nvidia_names(config.nvidia))
+    wanted = set(settings(config).resources)
     for vendor in config.vendors().values():
         wanted.update(vendor.resource_names().all())
     return any(_resource_keys(c) & wanted for c in _containers(pod))
 
 
-def asks_for_nvidia(container: Mapping[str, Any], config: NvidiaConfig) -> bool:
-    """True when the container names an NVIDIA resource (count, memory, share, cores)."""
-    return bool(_resource_keys(container) & set(_nvidia_names(config)))
+def asks_for_nvidia(container: Mapping[str, Any], iso: EnvIsolation) -> bool:
+    """True when the container names an NVIDIA resource (count, memory, share, cores:
+    ``iso.resources``)."""
+    return bool(_resource_keys(container) & set(iso.resources))
 
 
 def violations(pod: Mapping[str, Any], config: SchedulerConfig,
@@ -144,14 +154,15 @@ def violations(pod: Mapping[str, Any], config: SchedulerConfig,
     if requests is None:
         requests = [_nvidia_request(c, config) for c in containers]
     paths = plugin_paths(config.hook_path)
+    iso = settings(config)
     for position, container in enumerate(containers):
         cname = str(container.get("name", "?"))
         problems.extend(_security_problems(container, cname))
         gpu = position < len(requests) and requests[position] is not None
         if gpu:
-            problems.extend(_env_problems(container, cname, config.nvidia))
+            problems.extend(_env_problems(container, cname, iso))
             problems.extend(_mount_problems(container, cname, paths))
-        elif config.nvidia.overwrite_env and not _ends_hidden(container):
+        elif iso.overwrite_env and not _ends_hidden(container):
             problems.append(f"container {cname} asks for no GPU but does not end with "
                             f"{names.ENV_VISIBLE_DEVICES}=none (the webhook did not see "
                             "this pod)")
@@ -172,12 +183,6 @@ def message(problems: Sequence[str]) -> str:
 
 
 # --- helpers -------------------------------------------------------------------------
-
-
-def _nvidia_names(config: NvidiaConfig) -> tuple[str, ...]:
-    return tuple(n for n in (config.resource_count_name, config.resource_memory_name,
-                             config.resource_memory_percentage_name, config.resource_core_name)
-                 if n)
 
 
 def _resource_keys(container: Mapping[str, Any]) -> set[str]:
@@ -244,25 +249,25 @@ def _security_problems(container: Mapping[str, Any], cname: str) -> list[str]:
     return problems
 
 
-def _webhook_value(name: str, container: Mapping[str, Any], config: NvidiaConfig) -> str | None:
+def _webhook_value(name: str, container: Mapping[str, Any], iso: EnvIsolation) -> str | None:
     """The value the webhook writes for ``name`` in this container, or None if none."""
     if name == names.ENV_TASK_PRIORITY:
         resources = container.get("resources")
         limits = resources.get("limits") if isinstance(resources, Mapping) else None
-        raw = limits.get(config.resource_priority_name) if isinstance(limits, Mapping) else None
+        raw = limits.get(iso.priority_resource) if isinstance(limits, Mapping) else None
         return None if raw is None else str(raw)
-    policy = config.gpu_core_policy
+    policy = iso.core_policy
     return policy if policy and policy != "default" else None
 
 
-def _env_problems(container: Mapping[str, Any], cname: str, config: NvidiaConfig) -> list[str]:
+def _env_problems(container: Mapping[str, Any], cname: str, iso: EnvIsolation) -> list[str]:
     problems: list[str] = []
     for entry in _list(container, "env", cname, problems):
         name = entry.get("name")
         if not isinstance(name, str):
             continue
         if name in WEBHOOK_ENV:
-            expected = _webhook_value(name, container, config)
+            expected = _webhook_value(name, container, iso)
             if expected is None or entry.get("value") != expected or "valueFrom" in entry:
                 origin = ("the nvidia.com/priority limit" if name == names.ENV_TASK_PRIORITY
                           else "the gpuCorePolicy setting")

@@ -115,6 +115,57 @@ class DeviceCharge:
     slots: int = 1
 
 
+_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
+
+
+def csv_list(value: str | None, lower: bool = False) -> tuple[str, ...]:
+    """A comma list, entries trimmed (lower-cased with ``lower``), empties dropped."""
+    if not value or not value.strip():
+        return ()
+    items = (p.strip() for p in value.split(","))
+    return tuple(p.lower() if lower else p for p in items if p)
+
+
+@dataclass(frozen=True, slots=True)
+class CardFilters:
+    """The pod annotation keys a vendor reads to include/exclude its cards (HAMi v2.10),
+    from the vendor's table row (NVIDIA's: ``nvidia.com/use-gputype`` ...).
+
+    Empty keys mean the vendor has no such filter. Types match case-insensitively by
+    substring (HAMi ``CheckType``), UUIDs exactly (``CheckUUID``). ``mode`` is the key of
+    the card-mode filter (NVIDIA's ``nvidia.com/vgpu-mode``); ``mig``: the vendor's cards
+    may be in MIG mode, whose instances :func:`hami.core.fit.fit_shares` places (else a card's mode
+    never makes it a MIG card).
+    """
+
+    use_type: str = ""
+    nouse_type: str = ""
+    use_uuid: str = ""
+    nouse_uuid: str = ""
+    numa_bind: str = ""
+    mode: str = ""
+    mig: bool = False
+
+    def type_ok(self, anns: Mapping[str, str], device_type: str) -> bool:
+        """``CheckType`` with this vendor's keys."""
+        t = device_type.lower()
+        use = csv_list(anns.get(self.use_type), lower=True) if self.use_type else ()
+        nouse = csv_list(anns.get(self.nouse_type), lower=True) if self.nouse_type else ()
+        if use and not any(u in t for u in use):
+            return False
+        return not any(n in t for n in nouse)
+
+    def uuids(self, anns: Mapping[str, str]) -> tuple[frozenset[str], frozenset[str]]:
+        """``(use, nouse)`` UUID sets."""
+        use = frozenset(csv_list(anns.get(self.use_uuid))) if self.use_uuid else frozenset()
+        nouse = frozenset(csv_list(anns.get(self.nouse_uuid))) if self.nouse_uuid else frozenset()
+        return use, nouse
+
+    def numa(self, anns: Mapping[str, str]) -> bool:
+        """Go ``ParseBool`` true of the numa-bind annotation."""
+        return bool(self.numa_bind) and anns.get(self.numa_bind, "") in _TRUE
+
+
 @dataclass(frozen=True, slots=True)
 class PodRequest:
     """Everything the scheduler needs to know about one pod's GPU needs.
@@ -122,7 +173,10 @@ class PodRequest:
     ``containers`` holds one entry per container, init containers first; an entry is
     ``None`` for a container that asks for no device. ``n_init`` is how many of them are
     init containers. Annotations are the pod's (user options such as
-    ``nvidia.com/use-gputype`` are read from them by :mod:`hami.core.fit`).
+    ``nvidia.com/use-gputype`` are read from them by :mod:`hami.core.fit`);
+    ``share_filters`` are the filter keys of the vendor whose requests ``containers``
+    holds (NVIDIA's backend's, set by :func:`hami.core.request.pod_request`; no keys
+    and no MIG by default).
 
     ``vendors`` holds, per container in the same order, the requests of the registered
     vendors other than NVIDIA keyed by CommonWord (``{"DCU": ...}``; ``{}`` for none);
@@ -139,6 +193,7 @@ class PodRequest:
     cpu_milli: int = 0
     memory_mib: int = 0
     vendors: tuple[Mapping[str, ContainerDeviceRequest], ...] = ()
+    share_filters: CardFilters = CardFilters()
 
     @property
     def wants_devices(self) -> bool:

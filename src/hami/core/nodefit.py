@@ -27,7 +27,8 @@ from hami.core.fit import (
     NodeOptions,
     PodOptions,
     QuotaCheck,
-    fit_container,
+    fit_shares,
+    of_type,
 )
 from hami.core.ledger import NodeEntry, UsageLedger
 from hami.core.model import (
@@ -130,7 +131,7 @@ class _PodFit:
         ctx = self.ctx
         quota_ok = _quota_check(self.quota, ctx.request, self.placed, is_init)
         ordered = order_devices(state, req, ctx.pod, ctx.weights)
-        outcome = fit_container(ordered, req, ctx.pod, self.node, quota_ok)
+        outcome = fit_shares(of_type(ordered, req.type), req, ctx.pod, self.node, quota_ok)
         if not outcome.ok:
             return outcome.reason
         if not is_init:

@@ -1,6 +1,8 @@
-"""Which devices a Node registers (HAMi v2.10 ``GetNodeDevices`` of every vendor): NVIDIA's
-``hami.io/node-nvidia-register`` annotation and every other registered vendor's register
-annotation or node capacity, each UUID once.
+"""Which devices a Node registers (HAMi v2.10 ``GetNodeDevices`` of every vendor, through
+each backend's ``Vendor.node_devices``): NVIDIA's register annotation
+(``hami.io/node-nvidia-register``) and every other registered vendor's register annotation
+or node capacity, each UUID once. NVIDIA's reasons keep HAMi's texts (``annos not found
+<key>``, ``node <name>: <codec error>``).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hami.api import names
-from hami.core.codec import CodecError, decode_node_devices
+from hami.core.codec import CodecError
 from hami.core.model import DeviceInfo
 from hami.core.podobjects import meta_of
 from hami.core.vendor import Vendor
@@ -31,9 +33,11 @@ class NodeDevices:
 
 
 def read_node_devices(node: Mapping[str, Any], vendors: Mapping[str, Vendor],
-                      wanted: Collection[str] | None = None) -> NodeDevices:
-    """The devices a Node (JSON mapping) reports: NVIDIA's register annotation, then each
-    backend of ``vendors`` (CommonWord -> backend, the registry without NVIDIA) in order.
+                      wanted: Collection[str] | None = None,
+                      gpu: Vendor | None = None) -> NodeDevices:
+    """The devices a Node (JSON mapping) reports: the ``NVIDIA`` backend ``gpu``'s (its
+    register annotation; none without a backend), then each backend of ``vendors``
+    (CommonWord -> backend, the registry without NVIDIA) in order.
 
     ``wanted`` limits which CommonWords are read (None: all). A vendor whose annotation
     is malformed is skipped with its reason and the others still register. A UUID
@@ -45,13 +49,13 @@ def read_node_devices(node: Mapping[str, Any], vendors: Mapping[str, Vendor],
     annotations = dict(meta.get("annotations") or {})
     devices: list[DeviceInfo] = []
     reasons: dict[str, str] = {}
-    if wanted is None or names.NVIDIA in wanted:
-        raw = annotations.get(names.NODE_REGISTER)
-        if raw is None:
-            reasons[names.NVIDIA] = f"annos not found {names.NODE_REGISTER}"
+    register = (gpu.register_key if gpu is not None else None) or ""
+    if gpu is not None and (wanted is None or names.NVIDIA in wanted):
+        if register not in annotations:
+            reasons[names.NVIDIA] = f"annos not found {register}"
         else:
             try:
-                devices.extend(decode_node_devices(raw))
+                devices.extend(gpu.node_devices(node))
             except CodecError as exc:
                 reasons[names.NVIDIA] = f"node {name}: {exc}"
     for word, vendor in vendors.items():
@@ -65,7 +69,7 @@ def read_node_devices(node: Mapping[str, Any], vendors: Mapping[str, Vendor],
         devices.extend(found)
     # a missing NVIDIA annotation is normal on another vendor's node; a broken one is not
     skipped = {w: r for w, r in reasons.items()
-               if w != names.NVIDIA or names.NODE_REGISTER in annotations}
+               if w != names.NVIDIA or register in annotations}
     devices = _unique_devices(name, devices, skipped)
     return NodeDevices(name, annotations, devices, reasons, skipped)
 

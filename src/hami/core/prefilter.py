@@ -46,7 +46,7 @@ def device_mask(ledger: UsageLedger, req: ContainerDeviceRequest, pod: PodOption
 
 def share_mask(ledger: UsageLedger, req: ContainerDeviceRequest) -> BoolArray:
     """Devices whose free slots, memory and cores could hold ``req`` (the share rules
-    of :func:`hami.core.fit.fit_container` that do not depend on the pod's filters)."""
+    of :func:`hami.core.fit.fit_shares` that do not depend on the pod's filters)."""
     n = ledger.size
     tot_mem, tot_cores = ledger.total_memory_mib[:n], ledger.total_cores[:n]
     used_slots, used_cores = ledger.used_slots[:n], ledger.used_cores[:n]

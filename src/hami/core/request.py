@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import Any
 
 from hami.api import names
-from hami.core.model import ContainerDeviceRequest, PodRequest
+from hami.core.model import CardFilters, ContainerDeviceRequest, PodRequest
 from hami.core.quantity import QuantityError, parse_quantity, to_int_exact, to_mib, to_milli
 from hami.core.vendor import AdmissionError, Vendor
 from hami.core.vendors import pod_requests
@@ -123,8 +123,9 @@ def pod_request(pod: Mapping[str, Any], registry: Mapping[str, Vendor]) -> PodRe
 
     Containers are listed init containers first, then regular containers. The ``NVIDIA``
     backend's requests fill :attr:`PodRequest.containers` (each entry ``None`` when the
-    container asks for no GPU, every entry ``None`` when NVIDIA is not registered); the
-    other backends' fill :attr:`PodRequest.vendors`.
+    container asks for no GPU, every entry ``None`` when NVIDIA is not registered) and
+    its card filters :attr:`PodRequest.share_filters`; the other backends' fill
+    :attr:`PodRequest.vendors`.
 
     Raises:
         RequestError: any container's device, CPU or memory value is malformed.
@@ -150,4 +151,5 @@ def pod_request(pod: Mapping[str, Any], registry: Mapping[str, Vendor]) -> PodRe
         cpu_milli=cpu,
         memory_mib=mem,
         vendors=vendor_requests(pod, others) if others else (),
+        share_filters=gpu.filters if gpu is not None else CardFilters(),
     )

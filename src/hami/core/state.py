@@ -24,7 +24,6 @@ from hami.core.codec import (
     CodecError,
     MigAllocation,
     decode_mig_allocations,
-    decode_pod_devices,
 )
 from hami.core.collapse import total
 from hami.core.config import SchedulerConfig
@@ -58,6 +57,8 @@ class ClusterState:
         self.quota = QuotaLedger(gpu.resource_names() if gpu is not None else None)
         #: The registered vendors other than NVIDIA (CommonWord -> backend).
         self.vendors = self.config.vendors()
+        #: The registered ``NVIDIA`` backend (its register and pod annotations), if any.
+        self.gpu = self.config.registry.get(names.NVIDIA)
         #: Their namespace quota (HAMi v2.10); None when only NVIDIA is registered.
         self.vendor_quota = VendorQuota(self.vendors) if self.vendors else None
         #: MIG reservations per charged pod uid, as decoded (runtime identity included).
@@ -84,7 +85,7 @@ class ClusterState:
         capacity) registers once, the first time, so usage is never split over two copies
         of one card; the others are reported in :attr:`vendor_reasons`.
         """
-        found = read_node_devices(node, self.vendors, vendors)
+        found = read_node_devices(node, self.vendors, vendors, self.gpu)
         name, devices, reasons = found.name, found.devices, found.reasons
         self.vendor_reasons[name] = found.skipped
         if not devices:
@@ -130,7 +131,7 @@ class ClusterState:
             self._shrink_when_init_done(pod, uid)
             return True
         try:
-            devices = decode_pod_devices(annotations.get(names.DEVICES_ALLOCATED, ""))
+            devices = self.gpu.decode_allocation(annotations) if self.gpu is not None else ()
             vendor_devices = {word: grant for word, vendor in self.vendors.items()
                               if (grant := vendor.decode_allocation(annotations))}
         except (CodecError, ValueError):
@@ -303,7 +304,8 @@ class ClusterState:
             result = filter_pod(request, self.ledger, node_names, self.config.policy,
                                 self.quota, vendors=self.vendors,
                                 vendor_quota=self.vendor_quota)
-            annotations = decision_annotations(result, request, self.vendors, now_ns)
+            annotations = decision_annotations(result, request, self.vendors, now_ns,
+                                               self.gpu)
         except Exception:
             if earlier is not None:  # a refused pod keeps what it held
                 self._restore(earlier, earlier_vendors)

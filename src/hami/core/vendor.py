@@ -32,6 +32,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from hami.core.fit import DeviceState, FitOutcome, QuotaCheck
 from hami.core.model import (
+    CardFilters,
     ContainerDevice,
     ContainerDeviceRequest,
     ContainerDevices,
@@ -67,6 +68,29 @@ class ResourceNames:
     def all(self) -> tuple[str, ...]:
         """Every non-empty resource name of the vendor."""
         return tuple(n for n in (self.count, self.memory, self.cores, *self.others) if n)
+
+
+@dataclass(frozen=True, slots=True)
+class EnvIsolation:
+    """What the webhook and :mod:`hami.core.isolation` read of a vendor whose containers
+    are isolated through env and the container runtime (HAMi v2.10: NVIDIA's device-config
+    section; ``Vendor.env_isolation``).
+
+    ``resources``: names whose presence in a container's limits or requests makes it ask
+    for the vendor before any mutation (count, memory, memory share, cores).
+    ``overwrite_env``: a container that asks for none ends with
+    ``NVIDIA_VISIBLE_DEVICES=none`` (``overwriteEnv``). ``runtime_class_name``: set on a
+    pod that asks for devices and names none (``runtimeClassName``; "" sets none).
+    ``priority_resource``: the limit the webhook writes as ``CUDA_TASK_PRIORITY``;
+    ``core_policy``: written as ``GPU_CORE_UTILIZATION_POLICY`` ("" and ``default`` write
+    nothing).
+    """
+
+    resources: tuple[str, ...] = ()
+    overwrite_env: bool = False
+    runtime_class_name: str = ""
+    priority_resource: str = ""
+    core_policy: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +166,17 @@ class Vendor(Protocol):
         """HAMi's "policy-neutral" marker: ScoreNode is scaled by ±10000 (HAMi v2.10 step 5)."""
         ...
 
+    @property
+    def env_isolation(self) -> EnvIsolation | None:
+        """The vendor's env and runtime isolation settings (NVIDIA's), None for a vendor
+        whose containers the isolation rules do not guard."""
+        ...
+
+    @property
+    def filters(self) -> CardFilters:
+        """The pod annotation keys that filter this vendor's cards (its table row's)."""
+        ...
+
     def resource_names(self) -> ResourceNames:
         """Resource names and memory factor (``GetResourceNames``)."""
         ...
@@ -175,7 +210,7 @@ class Vendor(Protocol):
     @property
     def share_prefilter(self) -> bool:
         """True when this vendor's Fit follows the GPU-share rules (slots, memory, cores,
-        exclusive cards: :func:`hami.core.fit.fit_container`), so the vectorised share
+        exclusive cards: :func:`hami.core.fit.fit_shares`), so the vectorised share
         prefilter is a necessary condition of it; else only its device count is checked."""
         ...
 

@@ -1,24 +1,18 @@
 """What the vendor backends share: a base class with HAMi's defaults, resource parsing,
-user filter annotations, and the adapter that runs the core NVIDIA ``Fit`` for vendors whose
-rules are the same (HAMi v2.10: Hygon DCU, Iluvatar, ... "NVIDIA-like Fit").
-
-The core :func:`hami.core.fit.fit_container` hard-codes two NVIDIA facts: the request type
-must be ``NVIDIA`` and the user's type filters are ``nvidia.com/use-gputype``. The adapter
-:func:`generic_fit` feeds it masked copies of the devices (type ``NVIDIA``, or a type the
-pod options reject when this vendor's own filter rejects the card) so that the check order
-and the reason counting stay exactly HAMi's (HAMi v2.10) and nothing is copied (a
-``vendor``/``type_ok`` parameter of the core Fit would make the masking unnecessary).
+user filter annotations (:class:`Filters`, the core's :class:`~hami.core.fit.CardFilters`),
+and :func:`generic_fit`, the share-of-a-card ``Fit`` (:func:`hami.core.fit.fit_shares`,
+NVIDIA's rules) run with the vendor's own filter keys for vendors whose rules are the same
+(HAMi v2.10: Hygon DCU, Iluvatar, ... "NVIDIA-like Fit").
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from hami.api import names
 from hami.core.codec import decode_node_devices_json, decode_pod_devices, encode_pod_devices
-from hami.core.fit import DeviceState, FitOutcome, NodeOptions, PodOptions, fit_container
+from hami.core.fit import DeviceState, FitOutcome, NodeOptions, PodOptions, fit_shares
 from hami.core.gowire import CodecError
 from hami.core.model import (
     PERCENT_UNSET,
@@ -28,13 +22,18 @@ from hami.core.model import (
     DeviceInfo,
     PodSingleDevice,
 )
+from hami.core.model import CardFilters as Filters
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import quantity, resource_value
-from hami.core.vendor import AdmissionError, FitContext, PatchContext, ResourceNames
+from hami.core.vendor import (
+    AdmissionError,
+    EnvIsolation,
+    FitContext,
+    PatchContext,
+    ResourceNames,
+)
 
 INT32_MAX = 2**31 - 1
-_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
-_REJECT = "\x00rejected-by-vendor-filter"
 
 
 def int_resource(container: Mapping[str, Any], name: str) -> int | None:
@@ -84,62 +83,19 @@ def annotation(pod: Mapping[str, Any], key: str) -> str | None:
     return None if value is None else str(value)
 
 
-@dataclass(frozen=True, slots=True)
-class Filters:
-    """The pod annotation keys a vendor reads to include/exclude cards (HAMi v2.10).
-
-    Empty keys mean the vendor has no such filter. Types match case-insensitively by
-    substring (HAMi ``CheckType``), UUIDs exactly (``CheckUUID``).
-    """
-
-    use_type: str = ""
-    nouse_type: str = ""
-    use_uuid: str = ""
-    nouse_uuid: str = ""
-    numa_bind: str = ""
-
-    def type_ok(self, anns: Mapping[str, str], device_type: str) -> bool:
-        """``CheckType`` with this vendor's keys."""
-        t = device_type.lower()
-        use = [u.lower() for u in csv(anns.get(self.use_type)) if self.use_type]
-        nouse = [u.lower() for u in csv(anns.get(self.nouse_type)) if self.nouse_type]
-        if use and not any(u in t for u in use):
-            return False
-        return not any(n in t for n in nouse)
-
-    def uuids(self, anns: Mapping[str, str]) -> tuple[frozenset[str], frozenset[str]]:
-        """``(use, nouse)`` UUID sets."""
-        use = frozenset(csv(anns.get(self.use_uuid))) if self.use_uuid else frozenset()
-        nouse = frozenset(csv(anns.get(self.nouse_uuid))) if self.nouse_uuid else frozenset()
-        return use, nouse
-
-    def numa(self, anns: Mapping[str, str]) -> bool:
-        """Go ``ParseBool`` true of the numa-bind annotation."""
-        return bool(self.numa_bind) and anns.get(self.numa_bind, "") in _TRUE
-
-
 def generic_fit(devices: Sequence[DeviceState], request: ContainerDeviceRequest,
                 ctx: FitContext, filters: Filters, alloc_type: str) -> FitOutcome:
-    """HAMi's NVIDIA ``Fit`` (HAMi v2.10) for another vendor, through the core implementation.
+    """HAMi's NVIDIA ``Fit`` (HAMi v2.10) for another vendor: the core's share Fit over
+    every one of this vendor's devices (no device-type match), with the vendor's filter
+    keys ``filters`` (no MIG unless they say so).
 
     ``devices`` are this vendor's devices, best first. The granted entries carry
     ``alloc_type`` (the CommonWord, or what the vendor's device plugin expects).
     """
-    anns = ctx.pod_annotations
-    masked = []
-    for d in devices:
-        kind = names.NVIDIA if filters.type_ok(anns, d.info.type) else names.NVIDIA + _REJECT
-        info = replace(d.info, type=kind, mode=names.MODE_HAMI_CORE, mig_profiles=())
-        masked.append(DeviceState(info, d.used_slots, d.used_memory_mib, d.used_cores))
-    use, nouse = filters.uuids(anns)
-    pod = PodOptions(nouse_types=(_REJECT.lower(),), use_uuids=use, nouse_uuids=nouse,
-                     numa_bind=filters.numa(anns), gpu_policy=ctx.gpu_policy)
-    outcome = fit_container(masked, replace(request, type=names.NVIDIA), pod,
-                            NodeOptions(cordoned=ctx.cordoned), ctx.quota_ok)
-    if not outcome.ok:
-        return outcome
-    granted = tuple(replace(c, type=alloc_type) for c in outcome.devices)
-    return FitOutcome(True, granted)
+    pod = PodOptions.from_annotations(ctx.pod_annotations, ctx.gpu_policy, filters)
+    if request.type != alloc_type:
+        request = replace(request, type=alloc_type)
+    return fit_shares(devices, request, pod, NodeOptions(cordoned=ctx.cordoned), ctx.quota_ok)
 
 
 def whole_request(nums: int, kind: str) -> ContainerDeviceRequest:
@@ -184,6 +140,7 @@ class BaseVendor:
     allocated_key: str = ""
     policy_neutral: bool = False
     filters: Filters = Filters()
+    env_isolation: EnvIsolation | None = None
 
     def resource_names(self) -> ResourceNames:
         raise NotImplementedError

@@ -12,8 +12,9 @@ accepts and leaves Pending with a misleading reason (field case B09), is denied 
 admission with a message naming the container, the resource and the valid range.
 
 The share Fit (slots, memory, cores, type and UUID filters, NUMA, MIG) is the core's
-(:func:`hami.core.fit.fit_container`), which the share-table vendors reuse too; node
-devices use the core's codec of HAMi's register annotation.
+vendor-neutral :func:`hami.core.fit.fit_shares`, run with NVIDIA's filter keys
+(:data:`CARD_FILTERS`), as the share-table vendors run it with theirs; node devices use
+the core's codec of HAMi's register annotation.
 """
 
 from __future__ import annotations
@@ -23,14 +24,39 @@ from typing import Any
 
 from hami.api import names
 from hami.core import isolation
-from hami.core.codec import decode_node_devices
+from hami.core.codec import decode_node_devices, encode_pod_devices
 from hami.core.config import NvidiaConfig
-from hami.core.fit import DeviceState, FitOutcome, NodeOptions, PodOptions, fit_container
-from hami.core.model import PERCENT_UNSET, ContainerDeviceRequest, DeviceInfo
+from hami.core.fit import (
+    DeviceState,
+    FitOutcome,
+    NodeOptions,
+    PodOptions,
+    fit_shares,
+    of_type,
+)
+from hami.core.model import (
+    PERCENT_UNSET,
+    CardFilters,
+    ContainerDeviceRequest,
+    DeviceInfo,
+    PodSingleDevice,
+)
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import INT32_MAX, RequestError, int_value, quantity, resource_value
-from hami.core.vendor import AdmissionError, FitContext, ResourceNames
+from hami.core.vendor import (
+    AdmissionError,
+    EnvIsolation,
+    FitContext,
+    PatchContext,
+    ResourceNames,
+)
 from hami.devices.common import BaseVendor, node_annotations
+
+#: NVIDIA's card filters (HAMi v2.10): type and UUID lists, NUMA binding, the card-mode
+#: filter; its cards may be in MIG mode.
+CARD_FILTERS = CardFilters(use_type=names.USE_GPUTYPE, nouse_type=names.NOUSE_GPUTYPE,
+                           use_uuid=names.USE_GPUUUID, nouse_uuid=names.NOUSE_GPUUUID,
+                           numa_bind=names.NUMA_BIND, mode=names.VGPU_MODE, mig=True)
 
 
 def container_request(
@@ -155,6 +181,17 @@ def _is_exclusive(container: Mapping[str, Any], config: NvidiaConfig) -> bool:
     return resource_value(container, config.resource_memory_name) is None
 
 
+def env_isolation(config: NvidiaConfig) -> EnvIsolation:
+    """What the isolation rules and the webhook read of NVIDIA's settings: the resources
+    that make a GPU container (count, memory, memory percentage, cores; not priority),
+    ``overwriteEnv``, ``runtimeClassName``, the priority resource and ``gpuCorePolicy``."""
+    resources = tuple(n for n in (config.resource_count_name, config.resource_memory_name,
+                                  config.resource_memory_percentage_name,
+                                  config.resource_core_name) if n)
+    return EnvIsolation(resources, config.overwrite_env, config.runtime_class_name,
+                        config.resource_priority_name, config.gpu_core_policy)
+
+
 class Nvidia(BaseVendor):
     """HAMi's NVIDIA backend (CommonWord ``NVIDIA``) over its settings ``config``."""
 
@@ -163,9 +200,11 @@ class Nvidia(BaseVendor):
     register_key = names.NODE_REGISTER
     to_allocate_key = names.DEVICES_TO_ALLOCATE
     allocated_key = names.DEVICES_ALLOCATED
+    filters = CARD_FILTERS
 
     def __init__(self, config: NvidiaConfig | None = None) -> None:
         self.config = config or NvidiaConfig()
+        self.env_isolation = env_isolation(self.config)
 
     def resource_names(self) -> ResourceNames:
         c = self.config
@@ -187,11 +226,26 @@ class Nvidia(BaseVendor):
             raise AdmissionError(str(exc)) from None
 
     def node_devices(self, node: Mapping[str, Any]) -> tuple[DeviceInfo, ...]:
+        """The register annotation in either form (HAMi v2.10); ``()`` when absent.
+
+        Raises:
+            CodecError: the annotation is malformed (HAMi's texts).
+        """
         raw = node_annotations(node).get(names.NODE_REGISTER)
         return () if raw is None else decode_node_devices(raw, names.NVIDIA)
 
+    def pod_annotations(self, grant: PodSingleDevice, ctx: PatchContext) -> dict[str, str]:
+        """``PatchAnnotations``: the pod device string under
+        ``hami.io/vgpu-devices-to-allocate`` and ``hami.io/vgpu-devices-allocated``, only
+        when some GPU was granted (HAMi v2.10; the MIG instances are the core's
+        ``hami.io/mig-allocations``)."""
+        if not any(grant):
+            return {}
+        value = encode_pod_devices(grant)
+        return {names.DEVICES_TO_ALLOCATE: value, names.DEVICES_ALLOCATED: value}
+
     def fit(self, devices: Sequence[DeviceState], request: ContainerDeviceRequest,
             ctx: FitContext) -> FitOutcome:
-        pod = PodOptions.from_annotations(ctx.pod_annotations, ctx.gpu_policy)
-        return fit_container(devices, request, pod,
-                             NodeOptions.from_annotations(ctx.node_annotations), ctx.quota_ok)
+        pod = PodOptions.from_annotations(ctx.pod_annotations, ctx.gpu_policy, self.filters)
+        return fit_shares(of_type(devices, request.type), request, pod,
+                          NodeOptions.from_annotations(ctx.node_annotations), ctx.quota_ok)
