@@ -371,3 +371,76 @@ def test_gpumem_pod_gets_the_smallest_fitting_mig_instance_then_a_shared_card(
         for s in kube_client.list(ResourceSlice, fields={"spec.nodeName": shared}):
             kube_client.delete(ResourceSlice, s.metadata.name)
         kube_client.delete(Node, shared)
+
+
+def test_prioritize_counts_the_mig_card_once_and_its_allocated_instance(
+        control_plane: Any, kube_client: Any, mig_agent: DraAgent) -> None:
+    """``/prioritize`` on the real control plane: the A100's 13 published instance devices
+    count its memory once (40192 MiB, the 7g.40gb instance), a 3g.20gb instance the real
+    kube-scheduler allocated counts its 19968 MiB as used (binpack 5 of 10, spread 5),
+    and the scheduler's watched totals equal a fresh listing before, while and after the
+    claim holds it."""
+    import asyncio
+
+    from lightkube.resources.core_v1 import Pod
+    from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+    from lightkube.types import PatchType
+
+    from hami.dra import policy
+    from hami.dra.cache import DraObjects
+    from hami.dra.prioritize import DraPrioritizer
+
+    node, mib = mig_agent.node, 2**20
+    _wait(lambda: len(list(kube_client.list(ResourceSlice, fields={"spec.nodeName": node})))
+          == 2, 30, "the MIG pool published")
+    name = f"prio-{uuid.uuid4().hex[:4]}"
+
+    def listed() -> dict[str, tuple[int, int]]:
+        return policy.memory_use(
+            [s.to_dict() for s in kube_client.list(ResourceSlice)],
+            [c.to_dict() for c in kube_client.list(ResourceClaim, namespace="*")])
+
+    async def run() -> None:
+        aclient = control_plane.async_client()
+        objs = DraObjects(aclient)
+        objs.start()
+
+        async def settled(want: tuple[int, int]) -> dict[str, tuple[int, int]]:
+            for _ in range(240):
+                use = objs.memory_use() or {}
+                if use.get(node) == want:
+                    return use
+                await asyncio.sleep(0.25)
+            raise AssertionError(f"watched {objs.memory_use()}, want {node}: {want}")
+
+        body = json.dumps({"Pod": {"metadata": {"name": name, "namespace": NS}},
+                           "NodeNames": [node]}).encode()
+        try:
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in objs.synced.values())), 30)
+            assert await settled((0, 40192 * mib)) == await asyncio.to_thread(listed)
+            await asyncio.to_thread(_claim_and_pod, kube_client, name, "3g.20gb")
+            use = await settled((19968 * mib, 40192 * mib))
+            assert use == await asyncio.to_thread(listed)
+            assert policy.node_scores([node], use, "binpack") == [{"host": node, "score": 5}]
+            listing = DraPrioritizer(aclient, "spread", watch=False)
+            assert await listing(body) == [{"host": node, "score": 5}]
+            await asyncio.to_thread(kube_client.delete, Pod, name, namespace=NS, grace_period=0)
+            await asyncio.to_thread(kube_client.delete, ResourceClaim, name, namespace=NS)
+            # no resourceclaim controller here to release the allocated claim: drop its
+            # finalizer as that controller does once no pod reserves it
+            await asyncio.to_thread(kube_client.patch, ResourceClaim, name,
+                                    {"metadata": {"finalizers": None}}, namespace=NS,
+                                    patch_type=PatchType.MERGE)
+            assert await settled((0, 40192 * mib)) == await asyncio.to_thread(listed)
+            assert await listing(body) == [{"host": node, "score": 10}]
+        finally:
+            await objs.stop()
+            await aclient.close()
+
+    try:
+        asyncio.run(run())
+    finally:
+        with contextlib.suppress(Exception):
+            kube_client.delete(Pod, name, namespace=NS, grace_period=0)
+        with contextlib.suppress(Exception):
+            kube_client.delete(ResourceClaim, name, namespace=NS)

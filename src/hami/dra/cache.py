@@ -46,8 +46,17 @@ class DraObjects:
         self.slices: dict[tuple[str, str], dict[str, Any]] = {}
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.synced = {"slices": asyncio.Event(), "claims": asyncio.Event()}
-        self._cap: dict[tuple[str, str], tuple[str, int]] = {}
-        self._used_by_claim: dict[tuple[str, str], dict[str, int]] = {}
+        # per-node totals (policy.memory_use, kept per event): each slice's part, the
+        # node's slice count and capacity, each MIG card's memory per profile, each MIG
+        # instance's memory and how many allocation results name it, each claim's
+        # results, the memory used per pool
+        self._parts: dict[tuple[str, str], policy.SliceMemory] = {}
+        self._slice_count: dict[str, int] = defaultdict(int)
+        self._cap: dict[str, int] = defaultdict(int)
+        self._mig: dict[tuple[str, str], dict[str, int]] = {}
+        self._instances: dict[tuple[str, str], int] = {}
+        self._refs: dict[tuple[str, str], int] = defaultdict(int)
+        self._results: dict[tuple[str, str], list[tuple[str, str, int]]] = {}
         self._used: dict[str, int] = defaultdict(int)
         self._tasks: list[asyncio.Task[None]] = []
         #: Watch errors and relists, for tests and logs.
@@ -85,28 +94,59 @@ class DraObjects:
         ``claims``); totals follow."""
         key = _key(obj)
         if kind == "slices":
-            self._cap.pop(key, None)
+            self._put_part(key, None)
             if event == "DELETED":
                 self.slices.pop(key, None)
                 return
             if (obj.get("spec") or {}).get("driver") != DRIVER:
                 return
             self.slices[key] = dict(obj)
-            sc = policy.slice_capacity(obj)
-            if sc is not None:
-                self._cap[key] = sc
+            self._put_part(key, policy.slice_memory(obj))
             return
-        for node, n in self._used_by_claim.pop(key, {}).items():
-            self._used[node] -= n
+        for pool, device, consumed in self._results.pop(key, []):
+            self._used[pool] -= consumed + self._instances.get((pool, device), 0)
+            self._refs[(pool, device)] -= 1
+            if not self._refs[(pool, device)]:
+                del self._refs[(pool, device)]
         if event == "DELETED":
             self.claims.pop(key, None)
             return
         self.claims[key] = dict(obj)
-        used = policy.claim_memory(obj)
-        if used:
-            self._used_by_claim[key] = used
-            for node, n in used.items():
-                self._used[node] += n
+        results = policy.claim_results(obj)
+        if results:
+            self._results[key] = results
+        for pool, device, consumed in results:
+            self._used[pool] += consumed + self._instances.get((pool, device), 0)
+            self._refs[(pool, device)] += 1
+
+    def _put_part(self, key: tuple[str, str], part: policy.SliceMemory | None) -> None:
+        """Replace slice ``key``'s part of the totals with ``part`` (None: drop it)."""
+        old = self._parts.pop(key, None)
+        for sign, p in ((-1, old), (1, part)):
+            if p is None:
+                continue
+            self._slice_count[p.node] += sign
+            self._cap[p.node] += sign * p.cards_bytes
+            for (uuid, profile), n in p.mig_bytes.items():
+                sums = self._mig.setdefault((p.node, uuid), {})
+                before = usage.mig_card_total(sums)
+                sums[profile] = sums.get(profile, 0) + sign * n
+                if not sums[profile]:
+                    del sums[profile]
+                self._cap[p.node] += usage.mig_card_total(sums) - before
+                if not sums:
+                    del self._mig[(p.node, uuid)]
+            for ref, n in p.instances.items():  # results already naming it use it
+                now = n if sign > 0 else 0
+                self._used[ref[0]] += self._refs.get(ref, 0) * (now - self._instances.get(ref, 0))
+                if sign > 0:
+                    self._instances[ref] = n
+                else:
+                    self._instances.pop(ref, None)
+        if part is not None:
+            self._parts[key] = part
+        if old is not None and not self._slice_count[old.node]:
+            del self._slice_count[old.node], self._cap[old.node]
 
     def _replace(self, kind: str, items: list[dict[str, Any]]) -> None:
         store = self.slices if kind == "slices" else self.claims
@@ -146,10 +186,8 @@ class DraObjects:
         kinds were listed once."""
         if not all(e.is_set() for e in self.synced.values()):
             return None
-        cap: dict[str, int] = defaultdict(int)
-        for node, n in self._cap.values():
-            cap[node] += n
-        return {node: (self._used.get(node, 0), total) for node, total in cap.items()}
+        return {node: (self._used.get(node, 0), self._cap.get(node, 0))
+                for node in self._slice_count}
 
     def metric_rows(self) -> tuple[list[usage.CardUse], list[usage.PodUse]] | None:
         """:func:`hami.dra.usage.metric_rows` of the watched objects (the scheduler's
@@ -187,8 +225,7 @@ def _devices(slices: Any) -> Any:
             continue
         for d in spec.get("devices") or []:
             if isinstance(d, Mapping):
-                attr = ((d.get("attributes") or {}).get("profile") or {})
-                yield d, (attr.get("string") if isinstance(attr, Mapping) else None)
+                yield d, usage.instance_profile(d)
 
 
 def _memory_mib(device: Mapping[str, Any]) -> int:

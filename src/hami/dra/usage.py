@@ -44,6 +44,23 @@ def _attr(dev: Mapping[str, Any], name: str) -> Any:
     return None
 
 
+def instance_profile(dev: Mapping[str, Any]) -> str | None:
+    """The ``profile`` attribute of a MIG instance device (:mod:`hami.dra.migslices`) as
+    a string; None for a shareable card (no ``profile``). Every reader of our slices
+    (``hami top``, the metrics, ``/prioritize``, the webhook) tells the two apart by it."""
+    profile = _attr(dev, "profile")
+    return None if profile is None else str(profile)
+
+
+def mig_card_total(per_profile: Mapping[str, int]) -> int:
+    """A MIG-mode card's memory, from its published instance devices (the slices carry
+    no memory capacity for the card itself): ``per_profile`` maps each profile to the
+    summed memory of the card's instances of that profile (any unit; the answer is in
+    the same); the card counts the most of those, the memory all instances of one
+    profile hold together (the card's memory as MIG can use it). 0 without instances."""
+    return max(per_profile.values(), default=0)
+
+
 def _card(dev: Mapping[str, Any]) -> dict[str, Any]:
     cap = dev.get("capacity") or {}
 
@@ -113,14 +130,15 @@ def _join(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any
     """Cards per node (in slice order, usage not yet summed), the allocation results on
     them, and the ``id()`` of the MIG-mode cards. The instance devices of a MIG-mode card
     (a ``profile`` attribute; :mod:`hami.dra.migslices`) make one card, keyed by node and
-    card UUID: its memory total is the most that instances of one profile hold together,
-    its tasks total the most instances of one profile; a result on an instance counts the instance's
+    card UUID: its memory total is :func:`mig_card_total` of its instances, its tasks
+    total the most instances of one profile; a result on an instance counts the instance's
     memory (it has no ``consumedCapacity``: it is allocated whole) and names its
     profile."""
     cards: dict[tuple[str, str], tuple[str, dict[str, Any], str, int]] = {}
     order: dict[str, list[dict[str, Any]]] = {}
     mig: dict[tuple[str, str], dict[str, Any]] = {}
     per_profile: dict[tuple[int, str], int] = {}
+    mib_per_profile: dict[int, dict[str, int]] = {}
     for s in slices:
         spec = (s.get("spec") or {}) if isinstance(s, Mapping) else {}
         if not isinstance(spec, Mapping) or spec.get("driver") != DRIVER \
@@ -131,7 +149,7 @@ def _join(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any
         for dev in spec.get("devices") or []:
             if not isinstance(dev, Mapping) or not dev.get("name"):
                 continue
-            profile = _attr(dev, "profile")
+            profile = instance_profile(dev)
             if profile is None:
                 card = _card(dev)
                 cards[(pool, str(dev["name"]))] = (node_name, card, "", 0)
@@ -144,11 +162,12 @@ def _join(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any
                 order.setdefault(node_name, []).append(card)
             memory_mib = _card(dev)["memory_mib"]["total"]
             card["instances"] += 1
-            count = per_profile[(id(card), str(profile))] = \
-                per_profile.get((id(card), str(profile)), 0) + 1
+            count = per_profile[(id(card), profile)] = per_profile.get((id(card), profile), 0) + 1
             card["tasks"]["total"] = max(card["tasks"]["total"], count)
-            card["memory_mib"]["total"] = max(card["memory_mib"]["total"], count * memory_mib)
-            cards[(pool, str(dev["name"]))] = (node_name, card, str(profile), memory_mib)
+            sums = mib_per_profile.setdefault(id(card), {})
+            sums[profile] = sums.get(profile, 0) + memory_mib
+            card["memory_mib"]["total"] = mig_card_total(sums)
+            cards[(pool, str(dev["name"]))] = (node_name, card, profile, memory_mib)
     charges = []
     for c in claims:
         if not isinstance(c, Mapping):
