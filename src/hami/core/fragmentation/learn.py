@@ -136,7 +136,10 @@ class LiveFragmentationOrder:
                 dist = self._learn(ctx)
                 if dist is None:  # nothing to learn from yet: keep the candidate order
                     return idx
-                self._scorer = FragmentationScorer(dist)
+                if self._scorer is None or self._fixed:
+                    self._scorer = FragmentationScorer(dist)
+                else:  # keeps the per-node state; a relearn costs no rebuild
+                    self._scorer.set_distribution(dist)
                 self._learned_at, self._learned_from = count, id(ctx.ledger)
                 self._new = 0
         assert self._scorer is not None

@@ -78,6 +78,15 @@ class FragmentationScorer:
         self._version = -1
         self._cache: dict[Placement, tuple[FloatArray, IntArray]] = {}
 
+    def set_distribution(self, dist: WorkloadDistribution) -> None:
+        """Rank by a new task mix from now on. The per-node state is kept and its terms
+        recomputed at the next decision (vectorised; the devices' free shares are not read
+        again), which orders exactly as a new scorer for ``dist`` would."""
+        self.dist = dist
+        if self._state is not None:
+            self._state.set_distribution(dist)
+        self._cache.clear()
+
     def state(self, ledger: Any) -> FragmentationState:
         """The refreshed per-node state for ``ledger``."""
         if (self._state is None or id(ledger) != self._ledger_id
@@ -123,10 +132,10 @@ class FragmentationScorer:
         devices = devices[free[devices] >= p.request_milli]
         best = np.full(n, np.inf)
         if devices.size:
-            deltas = state.delta_devices(devices, node_of, free,
-                                         request_milli=p.request_milli,
-                                         cpu_milli=p.cpu_milli, memory_mib=p.memory_mib)
-            np.minimum.at(best, node_of[devices], deltas)
+            where, least = state.least_share_delta(devices, request_milli=p.request_milli,
+                                                   cpu_milli=p.cpu_milli,
+                                                   memory_mib=p.memory_mib)
+            best[where] = least
         result: FloatArray = best[nodes]
         return result
 
