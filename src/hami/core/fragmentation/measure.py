@@ -140,7 +140,7 @@ def class_terms(free_milli: IntArray, node_of: IntArray, n_nodes: int,
     """
     valid = node_of >= 0
     if n_nodes > 1:
-        values, of_value = _distinct(free_milli[valid])
+        values, of_value = distinct_shares(free_milli[valid])
         if values.size <= _FEW_VALUES:
             return _class_terms_by_value(values, of_value, node_of[valid], n_nodes, dist)
     free = free_milli[valid].astype(np.float64)
@@ -165,7 +165,7 @@ def class_terms(free_milli: IntArray, node_of: IntArray, n_nodes: int,
 _FEW_VALUES = 64
 
 
-def _distinct(free_milli: IntArray) -> tuple[IntArray, IntArray]:
+def distinct_shares(free_milli: IntArray) -> tuple[IntArray, IntArray]:
     """``(values, of_value)``: the distinct free shares ascending, and each device's
     position among them (``values[of_value] == free_milli``)."""
     free = np.asarray(free_milli, dtype=np.int64)
@@ -268,7 +268,8 @@ def frag_delta(total: FloatArray, s: FloatArray, c: FloatArray, before: FloatArr
 
 def share_delta(total: FloatArray, s: FloatArray, c: FloatArray, before: FloatArray,
                 host: BoolArray, dist: WorkloadDistribution, node_of_row: IntArray,
-                device_free: IntArray, *, request_milli: int) -> FloatArray:
+                device_free: IntArray, *, request_milli: int,
+                work: Workspace | None = None) -> FloatArray:
     """:func:`frag_delta` of a GPU share, one row per candidate device, computed faster.
 
     ``total``/``s``/``c``/``before`` are per node (``[N]``, ``[N, K]``); ``host[n, k]``:
@@ -277,18 +278,45 @@ def share_delta(total: FloatArray, s: FloatArray, c: FloatArray, before: FloatAr
     (``>= request_milli``) free. The change of ``S`` and ``C`` that taking the share from
     a device causes depends on the device's free share alone, so it is computed once per
     distinct free share and added to the node's terms. Same values as :func:`frag_delta`
-    (the terms are whole numbers, exact in float64).
+    (the terms are whole numbers, exact in float64). ``work`` (reused between calls)
+    holds the ``[R, K]`` intermediates: fresh large arrays cost page faults.
     """
     need = dist.need()[None, :]
-    values, row_value = _distinct(device_free)
+    values, row_value = distinct_shares(device_free)
     f = values.astype(np.float64)[:, None]
     g = f - request_milli
     d_s = np.where(g < need, g, 0.0) - np.where(f < need, f, 0.0)
     d_c = (g >= need).astype(np.float64) - (f >= need)
-    s2 = np.take(s, node_of_row, axis=0) + np.take(d_s, row_value, axis=0)
-    c2 = np.take(c, node_of_row, axis=0) + np.take(d_c, row_value, axis=0)
-    ok = np.take(host, node_of_row, axis=0) & ((dist.num_gpu[None, :] == 0)
-                                               | (c2 >= dist.num_gpu[None, :]))
-    after = np.where(ok, s2, (total[node_of_row] - request_milli)[:, None]) @ dist.weight
+    rows = node_of_row.shape[0]
+    s2, c2, tmp, ok = (work or Workspace()).arrays(rows, dist.size)
+    np.take(s, node_of_row, axis=0, out=s2)
+    s2 += np.take(d_s, row_value, axis=0, out=tmp)
+    np.take(c, node_of_row, axis=0, out=c2)
+    c2 += np.take(d_c, row_value, axis=0, out=tmp)
+    np.greater_equal(c2, dist.num_gpu[None, :], out=ok)
+    ok |= dist.num_gpu[None, :] == 0
+    ok &= np.take(host, node_of_row, axis=0)
+    np.copyto(c2, (total[node_of_row] - request_milli)[:, None])
+    np.copyto(c2, s2, where=ok)  # F_n(k) after: S where the class still runs, else T
+    after = c2 @ dist.weight
     result: FloatArray = np.round(after - before[node_of_row], 6)
     return result
+
+
+class Workspace:
+    """Reusable ``[R, K]`` arrays (three float, one bool) for :func:`share_delta`."""
+
+    def __init__(self) -> None:
+        self._f = np.zeros((3, 0, 0))
+        self._b = np.zeros((0, 0), dtype=np.bool_)
+
+    def arrays(self, rows: int, k: int
+               ) -> tuple[FloatArray, FloatArray, FloatArray, BoolArray]:
+        """Three float and one bool C-contiguous ``[rows, k]`` arrays, contents undefined."""
+        cap, width = self._b.shape
+        if width != k or cap < rows:
+            cap = max(rows, 2 * cap) if width == k else rows
+            self._f = np.empty((3, cap, k))
+            self._b = np.empty((cap, k), dtype=np.bool_)
+        f = self._f
+        return f[0, :rows], f[1, :rows], f[2, :rows], self._b[:rows]

@@ -20,7 +20,9 @@ from hami.core.fragmentation.measure import (
     BoolArray,
     FloatArray,
     IntArray,
+    Workspace,
     WorkloadDistribution,
+    distinct_shares,
     class_terms,
     frag_delta,
     fragment,
@@ -58,6 +60,7 @@ class FragmentationState:
         self.node_version = np.zeros(n, dtype=np.int64)
         self.cpu_free = np.zeros(n, dtype=np.int64)
         self.mem_free = np.zeros(n, dtype=np.int64)
+        self._work = Workspace()
 
     def set_distribution(self, dist: WorkloadDistribution) -> None:
         """Change the task mix, keeping what does not depend on it (the devices' free
@@ -204,7 +207,6 @@ class FragmentationState:
         assert self._free is not None
         nodes = self.node_of[devices]
         free = self._free[devices]
-        span = WHOLE + 1
         if devices.size < 64 or free.min() < 0 or free.max() > WHOLE:
             deltas = self.delta_devices(devices, self.node_of, self._free,
                                         request_milli=request_milli, cpu_milli=cpu_milli,
@@ -212,12 +214,14 @@ class FragmentationState:
             order = np.argsort(nodes, kind="stable")
             nodes, deltas = nodes[order], deltas[order]
         else:
-            keys = np.sort(nodes * span + free)
-            keys = keys[np.r_[True, keys[1:] != keys[:-1]]]
-            nodes, free = keys // span, keys % span
+            values, of_value = distinct_shares(free)
+            n, v = self.total.shape[0], values.size
+            counts = np.bincount(nodes * v + of_value, minlength=n * v)[:n * v]
+            nodes, of_value = np.nonzero(counts.reshape(n, v))  # by node, then free share
+            free = values[of_value]
             deltas = share_delta(self.total, self.s, self.c, self.frag,
                                  self._host_after(cpu_milli, memory_mib), self.dist, nodes,
-                                 free, request_milli=request_milli)
+                                 free, request_milli=request_milli, work=self._work)
         starts = np.flatnonzero(np.r_[True, nodes[1:] != nodes[:-1]])
         least: FloatArray = np.minimum.reduceat(deltas, starts)
         return nodes[starts], least
