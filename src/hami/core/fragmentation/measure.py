@@ -85,26 +85,38 @@ class WorkloadDistribution:
             raise ValueError("a workload distribution needs at least one task")
         if not (len(gpu_milli) == len(cpu_milli) == len(memory_mib) == n):
             raise ValueError("task attribute sequences differ in length")
-        specs: Sequence[Sequence[str]] = models if models is not None else [()] * n
-        groups: dict[tuple[int, int, tuple[str, ...], int, int], list[int]] = {}
-        for i in range(n):
-            g = int(gpu_milli[i]) if int(num_gpu[i]) > 0 else 0
-            res = (int(cpu_milli[i]), int(memory_mib[i])) if by_resources else (-1, -1)
-            key = (int(num_gpu[i]), g, tuple(sorted(s.lower() for s in specs[i])), *res)
-            groups.setdefault(key, []).append(i)
-        keys = sorted(groups, key=lambda k: (-len(groups[k]), k))
-        keys = [k for k in keys if len(groups[k]) / n >= min_weight] or keys[:1]
+        gpus = np.asarray(num_gpu, dtype=np.int64)
+        share = np.where(gpus > 0, np.asarray(gpu_milli, dtype=np.int64), 0)
         cpu = np.asarray(cpu_milli, dtype=np.int64)
         mem = np.asarray(memory_mib, dtype=np.int64)
-        weight = np.array([len(groups[k]) for k in keys], dtype=np.float64)
+        model_rank, accepted = _model_ranks(models, n)
+        res = (cpu, mem) if by_resources else (np.zeros(n, np.int64),) * 2
+        # Classes by (num_gpu, share, models[, cpu, memory]), then heaviest first, ties in
+        # that key's order; vectorised, as a relearn reads up to thousands of tasks.
+        order = np.lexsort((res[1], res[0], model_rank, share, gpus))
+        cols = [x[order] for x in (gpus, share, model_rank, *res)]
+        first = np.zeros(n, dtype=np.bool_)
+        first[0] = True
+        for col in cols:
+            first[1:] |= col[1:] != col[:-1]
+        starts = np.flatnonzero(first)
+        counts = np.diff(np.r_[starts, n])
+        ranked = np.argsort(-counts, kind="stable")
+        keep = ranked[counts[ranked] / n >= min_weight]
+        keep = keep if keep.size else ranked[:1]
+        group = np.cumsum(first) - 1  # per task in ``order``: its class
+        by_cpu = order[np.lexsort((cpu[order], group))]
+        by_mem = order[np.lexsort((mem[order], group))]
+        lo = starts[keep] + (counts[keep] - 1) // 2
+        hi = starts[keep] + counts[keep] // 2
+        weight = counts[keep].astype(np.float64)
         return cls(
-            num_gpu=np.array([k[0] for k in keys], dtype=np.int64),
-            gpu_milli=np.array([k[1] for k in keys], dtype=np.int64),
-            cpu_milli=np.array([int(np.median(cpu[groups[k]])) for k in keys], dtype=np.int64),
-            memory_mib=np.array([int(np.median(mem[groups[k]])) for k in keys],
-                                dtype=np.int64),
+            num_gpu=cols[0][starts[keep]],
+            gpu_milli=cols[1][starts[keep]],
+            cpu_milli=_middle(cpu[by_cpu[lo]], cpu[by_cpu[hi]]),
+            memory_mib=_middle(mem[by_mem[lo]], mem[by_mem[hi]]),
             weight=weight / weight.sum(),
-            models=tuple(k[2] for k in keys),
+            models=tuple(accepted[r] for r in cols[2][starts[keep]].tolist()),
         )
 
     def __post_init__(self) -> None:
@@ -115,6 +127,25 @@ class WorkloadDistribution:
         """Per class, the free share a GPU needs to be usable by it (0 for CPU-only)."""
         result: FloatArray = self._need  # type: ignore[attr-defined]
         return result
+
+
+def _model_ranks(models: Sequence[Sequence[str]] | None,
+                 n: int) -> tuple[IntArray, list[tuple[str, ...]]]:
+    """Per task, the rank of its accepted models (lower-cased, sorted) among the distinct
+    ones in tuple order, and those tuples by rank."""
+    if models is None:
+        return np.zeros(n, dtype=np.int64), [()]
+    raw = dict.fromkeys(tuple(m) for m in models)
+    accepted = sorted({tuple(sorted(x.lower() for x in m)) for m in raw})
+    rank_of = {m: accepted.index(tuple(sorted(x.lower() for x in m))) for m in raw}
+    ranks = np.fromiter((rank_of[tuple(m)] for m in models), dtype=np.int64, count=n)
+    return ranks, accepted
+
+
+def _middle(low: IntArray, high: IntArray) -> IntArray:
+    """``int(np.median(...))`` from the two middle values (equal for an odd count)."""
+    result: IntArray = ((low.astype(np.float64) + high) / 2.0).astype(np.int64)
+    return result
 
 
 def model_mask(node_types: Sequence[str], dist: WorkloadDistribution) -> BoolArray:
@@ -304,19 +335,22 @@ def share_delta(total: FloatArray, s: FloatArray, c: FloatArray, before: FloatAr
 
 
 class Workspace:
-    """Reusable ``[R, K]`` arrays (three float, one bool) for :func:`share_delta`."""
+    """Reusable ``[R, K]`` arrays (three float, one bool) for :func:`share_delta`.
+
+    One flat buffer per kind, grown to twice what is asked, so that a new request shape
+    or a relearned mix with more classes usually finds it large enough."""
 
     def __init__(self) -> None:
-        self._f = np.zeros((3, 0, 0))
-        self._b = np.zeros((0, 0), dtype=np.bool_)
+        self._f = np.zeros(0)
+        self._b = np.zeros(0, dtype=np.bool_)
 
     def arrays(self, rows: int, k: int
                ) -> tuple[FloatArray, FloatArray, FloatArray, BoolArray]:
         """Three float and one bool C-contiguous ``[rows, k]`` arrays, contents undefined."""
-        cap, width = self._b.shape
-        if width != k or cap < rows:
-            cap = max(rows, 2 * cap) if width == k else rows
-            self._f = np.empty((3, cap, k))
-            self._b = np.empty((cap, k), dtype=np.bool_)
+        size = rows * k
+        if self._b.size < size:
+            self._f = np.empty(6 * size)
+            self._b = np.empty(2 * size, dtype=np.bool_)
         f = self._f
-        return f[0, :rows], f[1, :rows], f[2, :rows], self._b[:rows]
+        return (f[:size].reshape(rows, k), f[size:2 * size].reshape(rows, k),
+                f[2 * size:3 * size].reshape(rows, k), self._b[:size].reshape(rows, k))

@@ -71,7 +71,10 @@ class FragmentationScorer:
                  tie_break: str = "least-free-gpu", seed: int = 0) -> None:
         self.dist = dist
         self.tie_break = tie_break
-        self._rng = np.random.default_rng(seed)
+        self._seed = seed
+        #: Made on first use (same draws): importing numpy.random took 15 ms of the
+        #: first live decision in bench/bench_filter.py.
+        self._rng: np.random.Generator | None = None
         self.cache_size = cache_size
         self._state: FragmentationState | None = None
         self._ledger_id = -1
@@ -168,6 +171,8 @@ class FragmentationScorer:
         deltas = self.node_deltas(ledger, placement, idx)
         ordered: IntArray
         if self.tie_break == "random":
+            if self._rng is None:
+                self._rng = np.random.default_rng(self._seed)
             ordered = idx[np.lexsort((self._rng.random(idx.size), deltas))]
         elif self.tie_break == "binpack":
             used = ledger.node_scores()[idx]
