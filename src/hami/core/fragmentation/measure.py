@@ -189,7 +189,8 @@ def class_terms(free_milli: IntArray, node_of: IntArray, n_nodes: int,
     cell = (nodes[:, None] * k + np.arange(k)[None, :]).ravel()
     s = np.bincount(cell, weights=frag_part.ravel(), minlength=n_nodes * k)[:n_nodes * k]
     c = np.bincount(cell, weights=usable.ravel(), minlength=n_nodes * k)[:n_nodes * k]
-    return total, s.reshape(n_nodes, k), c.reshape(n_nodes, k)
+    return (total, np.asarray(s, dtype=np.float64).reshape(n_nodes, k),
+            np.asarray(c, dtype=np.float64).reshape(n_nodes, k))
 
 
 #: At most this many distinct free shares: :func:`class_terms` goes by free share.
@@ -200,7 +201,7 @@ def distinct_shares(free_milli: IntArray) -> tuple[IntArray, IntArray]:
     """``(values, of_value)``: the distinct free shares ascending, and each device's
     position among them (``values[of_value] == free_milli``)."""
     free = np.asarray(free_milli, dtype=np.int64)
-    if free.size and 0 <= free.min() and free.max() <= WHOLE:  # the usual range: no sort
+    if free.size and free.min() >= 0 and free.max() <= WHOLE:  # the usual range: no sort
         present = np.zeros(WHOLE + 1, dtype=np.int64)
         present[free] = 1
         values: IntArray = np.flatnonzero(present)
