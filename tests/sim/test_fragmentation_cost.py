@@ -233,3 +233,28 @@ def test_set_distribution_orders_as_a_new_scorer(tie_break: str) -> None:
     if tie_break == "random":
         new(ctx, idx)  # the same number of draws before
     assert kept(ctx, idx).tolist() == new(ctx, idx).tolist()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([1, 2, 8]))
+def test_share_growth_with_many_distinct_free_shares(seed: int, per_node: int) -> None:
+    # Free shares of any value (cards of unusual core counts): the (node, share) pairs
+    # are found by sorting rather than through a [nodes, shares] count.
+    rng = np.random.default_rng(seed)
+    nodes = 160 // per_node
+    dist = WorkloadDistribution.from_tasks([1, 1, 2, 1], [130, 470, 1000, 999], [0, 500, 0, 0],
+                                           [0, 0, 0, 0])
+    state = FragmentationState(dist, ["NVIDIA-T4"] * nodes)
+    free = rng.integers(0, 1001, nodes * per_node)
+    node_of = np.repeat(np.arange(nodes), per_node)
+    state.refresh(free, node_of, rng.integers(0, 2000, nodes), np.full(nodes, 10**6))
+    devices = np.flatnonzero(free >= 100)
+    found, least = state.least_share_delta(devices, request_milli=100, cpu_milli=300,
+                                           memory_mib=0)
+    each = state.delta_devices(devices, node_of, free, request_milli=100, cpu_milli=300,
+                               memory_mib=0)
+    expected: dict[int, float] = {}
+    for n, value in zip(node_of[devices].tolist(), each.tolist(), strict=True):
+        expected[n] = min(expected.get(n, np.inf), value)
+    assert found.tolist() == sorted(expected)
+    assert least.tolist() == [expected[n] for n in sorted(expected)]

@@ -216,9 +216,13 @@ class FragmentationState:
         else:
             values, of_value = distinct_shares(free)
             n, v = self.total.shape[0], values.size
-            counts = np.bincount(nodes * v + of_value, minlength=n * v)[:n * v]
-            nodes, of_value = np.nonzero(counts.reshape(n, v))  # by node, then free share
-            free = values[of_value]
+            if n * v <= 8 * devices.size:  # a [nodes, shares] count: no sort
+                counts = np.bincount(nodes * v + of_value, minlength=n * v)[:n * v]
+                nodes, of_value = np.nonzero(counts.reshape(n, v))  # by node, then share
+                free = values[of_value]
+            else:  # many distinct shares: sort instead of a large count
+                keys = np.unique(nodes * (WHOLE + 1) + free)
+                nodes, free = keys // (WHOLE + 1), keys % (WHOLE + 1)
             deltas = share_delta(self.total, self.s, self.c, self.frag,
                                  self._host_after(cpu_milli, memory_mib), self.dist, nodes,
                                  free, request_milli=request_milli, work=self._work)
