@@ -28,12 +28,17 @@ def ledger_tasks(ledger: Any, skip: Container[str] = ()) -> list[Task]:
     ``(0, 0, ...)``.
     """
     tasks: list[Task] = []
+    append = tasks.append
     for entry in ledger.pods():
-        if entry.uid in skip:
+        if skip and entry.uid in skip:
             continue
         charges = entry.charges
-        share = max((min(c.cores_percent, 100) * 10 or WHOLE for c in charges), default=0)
-        tasks.append((len(charges), share, entry.cpu_milli, entry.memory_mib, ()))
+        share = 0
+        if charges:  # max over the GPUs, written out: a relearn reads thousands of pods
+            share = min(charges[0].cores_percent, 100) * 10 or WHOLE
+            for c in charges[1:]:
+                share = max(share, min(c.cores_percent, 100) * 10 or WHOLE)
+        append((len(charges), share, entry.cpu_milli, entry.memory_mib, ()))
     return tasks
 
 
@@ -136,7 +141,10 @@ class LiveFragmentationOrder:
                 dist = self._learn(ctx)
                 if dist is None:  # nothing to learn from yet: keep the candidate order
                     return idx
-                self._scorer = FragmentationScorer(dist)
+                if self._scorer is None or self._fixed:
+                    self._scorer = FragmentationScorer(dist)
+                else:  # keeps the per-node state; a relearn costs no rebuild
+                    self._scorer.set_distribution(dist)
                 self._learned_at, self._learned_from = count, id(ctx.ledger)
                 self._new = 0
         assert self._scorer is not None

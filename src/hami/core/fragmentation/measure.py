@@ -85,26 +85,38 @@ class WorkloadDistribution:
             raise ValueError("a workload distribution needs at least one task")
         if not (len(gpu_milli) == len(cpu_milli) == len(memory_mib) == n):
             raise ValueError("task attribute sequences differ in length")
-        specs: Sequence[Sequence[str]] = models if models is not None else [()] * n
-        groups: dict[tuple[int, int, tuple[str, ...], int, int], list[int]] = {}
-        for i in range(n):
-            g = int(gpu_milli[i]) if int(num_gpu[i]) > 0 else 0
-            res = (int(cpu_milli[i]), int(memory_mib[i])) if by_resources else (-1, -1)
-            key = (int(num_gpu[i]), g, tuple(sorted(s.lower() for s in specs[i])), *res)
-            groups.setdefault(key, []).append(i)
-        keys = sorted(groups, key=lambda k: (-len(groups[k]), k))
-        keys = [k for k in keys if len(groups[k]) / n >= min_weight] or keys[:1]
+        gpus = np.asarray(num_gpu, dtype=np.int64)
+        share = np.where(gpus > 0, np.asarray(gpu_milli, dtype=np.int64), 0)
         cpu = np.asarray(cpu_milli, dtype=np.int64)
         mem = np.asarray(memory_mib, dtype=np.int64)
-        weight = np.array([len(groups[k]) for k in keys], dtype=np.float64)
+        model_rank, accepted = _model_ranks(models, n)
+        res = (cpu, mem) if by_resources else (np.zeros(n, np.int64),) * 2
+        # Classes by (num_gpu, share, models[, cpu, memory]), then heaviest first, ties in
+        # that key's order; vectorised, as a relearn reads up to thousands of tasks.
+        order = np.lexsort((res[1], res[0], model_rank, share, gpus))
+        cols = [x[order] for x in (gpus, share, model_rank, *res)]
+        first = np.zeros(n, dtype=np.bool_)
+        first[0] = True
+        for col in cols:
+            first[1:] |= col[1:] != col[:-1]
+        starts = np.flatnonzero(first)
+        counts = np.diff(np.r_[starts, n])
+        ranked = np.argsort(-counts, kind="stable")
+        keep = ranked[counts[ranked] / n >= min_weight]
+        keep = keep if keep.size else ranked[:1]
+        group = np.cumsum(first) - 1  # per task in ``order``: its class
+        by_cpu = order[np.lexsort((cpu[order], group))]
+        by_mem = order[np.lexsort((mem[order], group))]
+        lo = starts[keep] + (counts[keep] - 1) // 2
+        hi = starts[keep] + counts[keep] // 2
+        weight = counts[keep].astype(np.float64)
         return cls(
-            num_gpu=np.array([k[0] for k in keys], dtype=np.int64),
-            gpu_milli=np.array([k[1] for k in keys], dtype=np.int64),
-            cpu_milli=np.array([int(np.median(cpu[groups[k]])) for k in keys], dtype=np.int64),
-            memory_mib=np.array([int(np.median(mem[groups[k]])) for k in keys],
-                                dtype=np.int64),
+            num_gpu=cols[0][starts[keep]],
+            gpu_milli=cols[1][starts[keep]],
+            cpu_milli=_middle(cpu[by_cpu[lo]], cpu[by_cpu[hi]]),
+            memory_mib=_middle(mem[by_mem[lo]], mem[by_mem[hi]]),
             weight=weight / weight.sum(),
-            models=tuple(k[2] for k in keys),
+            models=tuple(accepted[r] for r in cols[2][starts[keep]].tolist()),
         )
 
     def __post_init__(self) -> None:
@@ -117,12 +129,35 @@ class WorkloadDistribution:
         return result
 
 
+def _model_ranks(models: Sequence[Sequence[str]] | None,
+                 n: int) -> tuple[IntArray, list[tuple[str, ...]]]:
+    """Per task, the rank of its accepted models (lower-cased, sorted) among the distinct
+    ones in tuple order, and those tuples by rank."""
+    if models is None:
+        return np.zeros(n, dtype=np.int64), [()]
+    raw = dict.fromkeys(tuple(m) for m in models)
+    accepted = sorted({tuple(sorted(x.lower() for x in m)) for m in raw})
+    rank_of = {m: accepted.index(tuple(sorted(x.lower() for x in m))) for m in raw}
+    ranks = np.fromiter((rank_of[tuple(m)] for m in models), dtype=np.int64, count=n)
+    return ranks, accepted
+
+
+def _middle(low: IntArray, high: IntArray) -> IntArray:
+    """``int(np.median(...))`` from the two middle values (equal for an odd count)."""
+    result: IntArray = ((low.astype(np.float64) + high) / 2.0).astype(np.int64)
+    return result
+
+
 def model_mask(node_types: Sequence[str], dist: WorkloadDistribution) -> BoolArray:
     """``[N, K]``: node ``n``'s GPU type is accepted by class ``k`` (substring match)."""
-    out = np.ones((len(node_types), dist.size), dtype=np.bool_)
+    kinds = {t: i for i, t in enumerate(dict.fromkeys(node_types))}  # few: match each once
+    of_kind = np.fromiter((kinds[t] for t in node_types), dtype=np.int64,
+                          count=len(node_types))
+    per_kind = np.ones((len(kinds), dist.size), dtype=np.bool_)
     for k, allowed in enumerate(dist.models):
         if allowed:
-            out[:, k] = [any(a in t.lower() for a in allowed) for t in node_types]
+            per_kind[:, k] = [any(a in t.lower() for a in allowed) for t in kinds]
+    out: BoolArray = per_kind[of_kind]
     return out
 
 
@@ -135,6 +170,10 @@ def class_terms(free_milli: IntArray, node_of: IntArray, n_nodes: int,
     least ``need_k`` free. Devices with ``node_of < 0`` are ignored.
     """
     valid = node_of >= 0
+    if n_nodes > 1:
+        values, of_value = distinct_shares(free_milli[valid])
+        if values.size <= _FEW_VALUES:
+            return _class_terms_by_value(values, of_value, node_of[valid], n_nodes, dist)
     free = free_milli[valid].astype(np.float64)
     nodes = node_of[valid]
     small = free[:, None] < dist.need()[None, :]
@@ -145,10 +184,47 @@ def class_terms(free_milli: IntArray, node_of: IntArray, n_nodes: int,
                 usable.sum(axis=0, keepdims=True))
     total: FloatArray = np.bincount(nodes, weights=free, minlength=n_nodes)[:n_nodes].astype(
         np.float64)
-    s = np.zeros((n_nodes, dist.size))
-    c = np.zeros((n_nodes, dist.size))
-    np.add.at(s, nodes, frag_part)
-    np.add.at(c, nodes, usable)
+    # One bincount over (node, class) cells; the sums are of whole numbers, so exact.
+    k = dist.size
+    cell = (nodes[:, None] * k + np.arange(k)[None, :]).ravel()
+    s = np.bincount(cell, weights=frag_part.ravel(), minlength=n_nodes * k)[:n_nodes * k]
+    c = np.bincount(cell, weights=usable.ravel(), minlength=n_nodes * k)[:n_nodes * k]
+    return (total, np.asarray(s, dtype=np.float64).reshape(n_nodes, k),
+            np.asarray(c, dtype=np.float64).reshape(n_nodes, k))
+
+
+#: At most this many distinct free shares: :func:`class_terms` goes by free share.
+_FEW_VALUES = 64
+
+
+def distinct_shares(free_milli: IntArray) -> tuple[IntArray, IntArray]:
+    """``(values, of_value)``: the distinct free shares ascending, and each device's
+    position among them (``values[of_value] == free_milli``)."""
+    free = np.asarray(free_milli, dtype=np.int64)
+    if free.size and free.min() >= 0 and free.max() <= WHOLE:  # the usual range: no sort
+        present = np.zeros(WHOLE + 1, dtype=np.int64)
+        present[free] = 1
+        values: IntArray = np.flatnonzero(present)
+        of_value: IntArray = (np.cumsum(present) - 1)[free]
+        return values, of_value
+    values, of_value = np.unique(free, return_inverse=True)
+    return values, of_value.reshape(-1)
+
+
+def _class_terms_by_value(values: IntArray, of_value: IntArray, nodes: IntArray,
+                          n_nodes: int, dist: WorkloadDistribution
+                          ) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """:func:`class_terms` through a ``[N, V]`` count of each node's devices per distinct
+    free share: ``S = counts @ (value if small)``, ``C = counts @ (not small)``. Whole
+    numbers throughout, so exactly the sums device by device."""
+    v = values.size
+    counts = np.bincount(nodes * v + of_value, minlength=n_nodes * v)[:n_nodes * v]
+    counts_f = counts.reshape(n_nodes, v).astype(np.float64)
+    free = values.astype(np.float64)
+    small = free[:, None] < dist.need()[None, :]
+    total: FloatArray = counts_f @ free
+    s: FloatArray = counts_f @ np.where(small, free[:, None], 0.0)
+    c: FloatArray = counts_f @ (~small).astype(np.float64)
     return total, s, c
 
 
@@ -220,3 +296,62 @@ def frag_delta(total: FloatArray, s: FloatArray, c: FloatArray, before: FloatArr
     # Rounded so that equal placements tie exactly whatever the batch shape of the sums.
     result: FloatArray = np.round(after - before, 6)
     return result
+
+
+def share_delta(total: FloatArray, s: FloatArray, c: FloatArray, before: FloatArray,
+                host: BoolArray, dist: WorkloadDistribution, node_of_row: IntArray,
+                device_free: IntArray, *, request_milli: int,
+                work: Workspace | None = None) -> FloatArray:
+    """:func:`frag_delta` of a GPU share, one row per candidate device, computed faster.
+
+    ``total``/``s``/``c``/``before`` are per node (``[N]``, ``[N, K]``); ``host[n, k]``:
+    class ``k`` accepts node ``n``'s GPU model and fits its CPU and memory after the
+    request; row ``i`` is a device of node ``node_of_row[i]`` with ``device_free[i]``
+    (``>= request_milli``) free. The change of ``S`` and ``C`` that taking the share from
+    a device causes depends on the device's free share alone, so it is computed once per
+    distinct free share and added to the node's terms. Same values as :func:`frag_delta`
+    (the terms are whole numbers, exact in float64). ``work`` (reused between calls)
+    holds the ``[R, K]`` intermediates: fresh large arrays cost page faults.
+    """
+    need = dist.need()[None, :]
+    values, row_value = distinct_shares(device_free)
+    f = values.astype(np.float64)[:, None]
+    g = f - request_milli
+    d_s = np.where(g < need, g, 0.0) - np.where(f < need, f, 0.0)
+    d_c = (g >= need).astype(np.float64) - (f >= need)
+    rows = node_of_row.shape[0]
+    s2, c2, tmp, ok = (work or Workspace()).arrays(rows, dist.size)
+    np.take(s, node_of_row, axis=0, out=s2)
+    s2 += np.take(d_s, row_value, axis=0, out=tmp)
+    np.take(c, node_of_row, axis=0, out=c2)
+    c2 += np.take(d_c, row_value, axis=0, out=tmp)
+    np.greater_equal(c2, dist.num_gpu[None, :], out=ok)
+    ok |= dist.num_gpu[None, :] == 0
+    ok &= np.take(host, node_of_row, axis=0)
+    np.copyto(c2, (total[node_of_row] - request_milli)[:, None])
+    np.copyto(c2, s2, where=ok)  # F_n(k) after: S where the class still runs, else T
+    after = c2 @ dist.weight
+    result: FloatArray = np.round(after - before[node_of_row], 6)
+    return result
+
+
+class Workspace:
+    """Reusable ``[R, K]`` arrays (three float, one bool) for :func:`share_delta`.
+
+    One flat buffer per kind, grown to twice what is asked, so that a new request shape
+    or a relearned mix with more classes usually finds it large enough."""
+
+    def __init__(self) -> None:
+        self._f = np.zeros(0)
+        self._b = np.zeros(0, dtype=np.bool_)
+
+    def arrays(self, rows: int, k: int
+               ) -> tuple[FloatArray, FloatArray, FloatArray, BoolArray]:
+        """Three float and one bool C-contiguous ``[rows, k]`` arrays, contents undefined."""
+        size = rows * k
+        if self._b.size < size:
+            self._f = np.empty(6 * size)
+            self._b = np.empty(2 * size, dtype=np.bool_)
+        f = self._f
+        return (f[:size].reshape(rows, k), f[size:2 * size].reshape(rows, k),
+                f[2 * size:3 * size].reshape(rows, k), self._b[:size].reshape(rows, k))

@@ -71,12 +71,24 @@ class FragmentationScorer:
                  tie_break: str = "least-free-gpu", seed: int = 0) -> None:
         self.dist = dist
         self.tie_break = tie_break
-        self._rng = np.random.default_rng(seed)
+        self._seed = seed
+        #: Made on first use (same draws): importing numpy.random took 15 ms of the
+        #: first live decision in bench/bench_filter.py.
+        self._rng: np.random.Generator | None = None
         self.cache_size = cache_size
         self._state: FragmentationState | None = None
         self._ledger_id = -1
         self._version = -1
         self._cache: dict[Placement, tuple[FloatArray, IntArray]] = {}
+
+    def set_distribution(self, dist: WorkloadDistribution) -> None:
+        """Rank by a new task mix from now on. The per-node state is kept and its terms
+        recomputed at the next decision (vectorised; the devices' free shares are not read
+        again), which orders exactly as a new scorer for ``dist`` would."""
+        self.dist = dist
+        if self._state is not None:
+            self._state.set_distribution(dist)
+        self._cache.clear()
 
     def state(self, ledger: Any) -> FragmentationState:
         """The refreshed per-node state for ``ledger``."""
@@ -123,10 +135,10 @@ class FragmentationScorer:
         devices = devices[free[devices] >= p.request_milli]
         best = np.full(n, np.inf)
         if devices.size:
-            deltas = state.delta_devices(devices, node_of, free,
-                                         request_milli=p.request_milli,
-                                         cpu_milli=p.cpu_milli, memory_mib=p.memory_mib)
-            np.minimum.at(best, node_of[devices], deltas)
+            where, least = state.least_share_delta(devices, request_milli=p.request_milli,
+                                                   cpu_milli=p.cpu_milli,
+                                                   memory_mib=p.memory_mib)
+            best[where] = least
         result: FloatArray = best[nodes]
         return result
 
@@ -159,6 +171,8 @@ class FragmentationScorer:
         deltas = self.node_deltas(ledger, placement, idx)
         ordered: IntArray
         if self.tie_break == "random":
+            if self._rng is None:
+                self._rng = np.random.default_rng(self._seed)
             ordered = idx[np.lexsort((self._rng.random(idx.size), deltas))]
         elif self.tie_break == "binpack":
             used = ledger.node_scores()[idx]

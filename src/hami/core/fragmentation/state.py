@@ -16,13 +16,18 @@ from typing import Any
 import numpy as np
 
 from hami.core.fragmentation.measure import (
+    WHOLE,
+    BoolArray,
     FloatArray,
     IntArray,
     WorkloadDistribution,
+    Workspace,
     class_terms,
+    distinct_shares,
     frag_delta,
     fragment,
     model_mask,
+    share_delta,
 )
 
 
@@ -37,8 +42,11 @@ class FragmentationState:
 
     def __init__(self, dist: WorkloadDistribution, node_types: Sequence[str]) -> None:
         self.dist = dist
-        self.models_ok = model_mask(node_types, dist)
+        self.node_types = list(node_types)
+        self.models_ok = model_mask(self.node_types, dist)
         n = len(node_types)
+        #: Every node's terms are stale (the mix changed); recomputed at the next refresh.
+        self._all_stale = False
         self.total = np.zeros(n)
         self.s = np.zeros((n, dist.size))
         self.c = np.zeros((n, dist.size))
@@ -52,6 +60,19 @@ class FragmentationState:
         self.node_version = np.zeros(n, dtype=np.int64)
         self.cpu_free = np.zeros(n, dtype=np.int64)
         self.mem_free = np.zeros(n, dtype=np.int64)
+        self._work = Workspace()
+
+    def set_distribution(self, dist: WorkloadDistribution) -> None:
+        """Change the task mix, keeping what does not depend on it (the devices' free
+        shares, the nodes' CPU and memory, the device index): every node's terms are
+        recomputed, vectorised, at the next :meth:`refresh` or
+        :meth:`refresh_from_ledger`, as a new state would compute them."""
+        self.dist = dist
+        self.models_ok = model_mask(self.node_types, dist)
+        n = self.total.shape[0]
+        self.s = np.zeros((n, dist.size))
+        self.c = np.zeros((n, dist.size))
+        self._all_stale = True
 
     def refresh(self, free_milli: IntArray, node_of: IntArray, cpu_free: IntArray,
                 mem_free: IntArray) -> None:
@@ -73,7 +94,8 @@ class FragmentationState:
         self._free = free_milli.copy()
         self.cpu_free = cpu_free.copy()
         self.mem_free = mem_free.copy()
-        self._update_nodes(changed_nodes)
+        self._update_nodes(np.arange(n) if self._all_stale else changed_nodes)
+        self._all_stale = False
 
     def _index_devices(self) -> None:
         """Devices grouped by node: ``_dev_order[_ptr[i]:_ptr[i + 1]]`` are node ``i``'s."""
@@ -135,6 +157,9 @@ class FragmentationState:
             mask |= new != old
         changed = np.flatnonzero(mask)
         if changed.size == 0:
+            if self._all_stale:
+                self._update_nodes(np.arange(self.total.shape[0]))
+                self._all_stale = False
             return
         for new, old in zip(sums, self._sums, strict=True):
             old[changed] = new[changed]
@@ -149,7 +174,8 @@ class FragmentationState:
                                       ledger.memory_mib_used)):
             t = total_arr[changed]
             arr[changed] = np.where(t < 0, UNLIMITED, t - used[changed])
-        self._update_nodes(changed)
+        self._update_nodes(np.arange(self.total.shape[0]) if self._all_stale else changed)
+        self._all_stale = False
 
     def delta_nodes(self, nodes: IntArray, *, request_milli: int, num_gpu: int,
                     cpu_milli: int, memory_mib: int) -> FloatArray:
@@ -168,6 +194,50 @@ class FragmentationState:
                           self.dist, request_milli=request_milli, num_gpu=1,
                           cpu_milli=cpu_milli, memory_mib=memory_mib,
                           device_free=device_free[devices].astype(np.float64))
+
+    def least_share_delta(self, devices: IntArray, *, request_milli: int, cpu_milli: int,
+                          memory_mib: int) -> tuple[IntArray, FloatArray]:
+        """For a GPU share, per node the least :meth:`delta_devices` over ``devices``
+        (ledger device indices, each with at least ``request_milli`` free).
+
+        Returns ``(nodes, least)``, the nodes ascending. Devices of one node with the same
+        free share grow fragmentation alike, so each (node, free share) is computed once
+        (:func:`share_delta`); the values are those of :meth:`delta_devices`.
+        """
+        assert self._free is not None
+        nodes = self.node_of[devices]
+        free = self._free[devices]
+        if devices.size < 64 or free.min() < 0 or free.max() > WHOLE:
+            deltas = self.delta_devices(devices, self.node_of, self._free,
+                                        request_milli=request_milli, cpu_milli=cpu_milli,
+                                        memory_mib=memory_mib)
+            order = np.argsort(nodes, kind="stable")
+            nodes, deltas = nodes[order], deltas[order]
+        else:
+            values, of_value = distinct_shares(free)
+            n, v = self.total.shape[0], values.size
+            if n * v <= 8 * devices.size:  # a [nodes, shares] count: no sort
+                counts = np.bincount(nodes * v + of_value, minlength=n * v)[:n * v]
+                nodes, of_value = np.nonzero(counts.reshape(n, v))  # by node, then share
+                free = values[of_value]
+            else:  # many distinct shares: sort instead of a large count
+                keys = np.unique(nodes * (WHOLE + 1) + free)
+                nodes, free = keys // (WHOLE + 1), keys % (WHOLE + 1)
+            deltas = share_delta(self.total, self.s, self.c, self.frag,
+                                 self._host_after(cpu_milli, memory_mib), self.dist, nodes,
+                                 free, request_milli=request_milli, work=self._work)
+        starts = np.flatnonzero(np.r_[True, nodes[1:] != nodes[:-1]])
+        least: FloatArray = np.minimum.reduceat(deltas, starts)
+        return nodes[starts], least
+
+    def _host_after(self, cpu_milli: int, memory_mib: int) -> BoolArray:
+        """``[N, K]``: class ``k`` accepts node ``n``'s GPU model and fits its CPU and
+        memory once ``cpu_milli``/``memory_mib`` more are used there."""
+        d = self.dist
+        ok: BoolArray = (self.models_ok
+                         & ((self.cpu_free - cpu_milli)[:, None] >= d.cpu_milli[None, :])
+                         & ((self.mem_free - memory_mib)[:, None] >= d.memory_mib[None, :]))
+        return ok
 
 
 #: A CPU or memory capacity the ledger does not check (``-1``) counts as unlimited.
@@ -200,9 +270,10 @@ def ledger_inputs(ledger: Any, nodes: IntArray | None = None
 def node_types(ledger: Any) -> list[str]:
     """Per ledger node, the type name of its GPUs (its first device's; ``""`` without)."""
     types = [""] * ledger.node_count
-    n = ledger.size
-    for d in range(n - 1, -1, -1):
-        i = int(ledger.node_of[d])
-        if i >= 0:
-            types[i] = ledger.type_names[int(ledger.type_id[d])]
+    node_of = ledger.node_of[:ledger.size]
+    valid = np.flatnonzero(node_of >= 0)
+    nodes, first = np.unique(node_of[valid], return_index=True)  # lowest device per node
+    names = ledger.type_names
+    for i, t in zip(nodes.tolist(), ledger.type_id[valid[first]].tolist(), strict=True):
+        types[i] = names[t]
     return types
