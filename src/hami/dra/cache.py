@@ -61,6 +61,8 @@ class DraObjects:
         self._tasks: list[asyncio.Task[None]] = []
         #: Watch errors and relists, for tests and logs.
         self.relists = 0
+        #: Bumped at every event (callers cache what they derive from the objects).
+        self.version = 0
 
     @classmethod
     def shared(cls, client: Any) -> DraObjects:
@@ -92,6 +94,7 @@ class DraObjects:
     def apply(self, kind: str, event: str, obj: Mapping[str, Any]) -> None:
         """One event (``ADDED``/``MODIFIED``/``DELETED``) of ``kind`` (``slices`` or
         ``claims``); totals follow."""
+        self.version += 1
         key = _key(obj)
         if kind == "slices":
             self._put_part(key, None)
