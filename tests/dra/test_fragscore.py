@@ -175,3 +175,16 @@ def test_prioritizer_answers_fragmentation_aware() -> None:
 def test_prioritizer_refuses_unknown_policy() -> None:
     with pytest.raises(ValueError, match="unknown node policy"):
         DraPrioritizer(_Client([], []), "random")
+
+
+def test_malformed_pod_and_claims_score_nothing() -> None:
+    """The pod is tenant-written: odd shapes give no claims, never an exception."""
+    for pod in ({}, {"metadata": 3, "spec": [], "status": {"resourceClaimStatuses": 5}},
+                {"status": {"resourceClaimStatuses": ["x", {"resourceClaimName": 7}]},
+                 "spec": {"resourceClaims": "y"}}):
+        assert fragscore.pod_claim_keys(pod) == []
+    claims = [{"metadata": {"ownerReferences": 3}, "status": {"allocation": 1}},
+              {"metadata": {"namespace": "ns", "name": "p"},
+               "spec": {"devices": {"requests": [{"firstAvailable": "z"}]}}}]
+    frag = fragscore.DraFragmentation()
+    assert frag(_pod("p", "p"), ["a"], [_slice("a", 1)], claims) == [{"host": "a", "score": 0}]

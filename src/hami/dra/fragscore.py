@@ -100,6 +100,14 @@ class Request:
         return max(1, min(WHOLE, max(by_memory, min(self.cores_percent, 100) * 10)))
 
 
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _q(raw: Any) -> int:
     try:
         return int(to_int_exact(quantity(raw)) or 0)
@@ -110,9 +118,7 @@ def _q(raw: Any) -> int:
 def _exact(r: Mapping[str, Any]) -> Request | None:
     if r.get("allocationMode", "ExactCount") != "ExactCount":
         return None
-    caps = (r.get("capacity") or {}).get("requests") or {}
-    if not isinstance(caps, Mapping):
-        caps = {}
+    caps = _map(_map(r.get("capacity")).get("requests"))
     count = r.get("count", 1)
     count = count if isinstance(count, int) and count > 0 else 1
     return Request(count, _q(caps.get(MEMORY)) // MIB, _q(caps.get(CORES)))
@@ -122,17 +128,17 @@ def claim_requests(claim: Mapping[str, Any]) -> list[Request]:
     """The requests of a ResourceClaim's spec that hami's templates make: ``exactly``
     ones, and the shared-card entry of a prioritized list (a MIG entry is left out: its
     instance is not a share of a card). Malformed entries are left out."""
-    spec = claim.get("spec") if isinstance(claim, Mapping) else None
-    reqs = ((spec or {}).get("devices") or {}).get("requests") if isinstance(spec, Mapping) else None
+    spec = _map(claim.get("spec")) if isinstance(claim, Mapping) else {}
+    reqs = _map(spec.get("devices")).get("requests")
     out = []
-    for r in reqs if isinstance(reqs, list) else []:
+    for r in _list(reqs):
         if not isinstance(r, Mapping):
             continue
         exactly = r.get("exactly")
         if isinstance(exactly, Mapping) and exactly.get("deviceClassName") == DRIVER:
             req = _exact(exactly)
         else:
-            shared = [s for s in r.get("firstAvailable") or [] if isinstance(s, Mapping)
+            shared = [s for s in _list(r.get("firstAvailable")) if isinstance(s, Mapping)
                       and s.get("name") == SHARED_SUBREQUEST]
             req = _exact(shared[0]) if shared else None
         if req is not None:
@@ -144,12 +150,11 @@ def pod_claim_keys(pod: Mapping[str, Any]) -> list[tuple[str, str]]:
     """``(namespace, claim name)`` of the pod's claims (``status.resourceClaimStatuses``,
     where kube-controller-manager records the claims made from templates, and the
     ``resourceClaimName`` entries of the spec)."""
-    meta, spec, status = (pod.get(k) if isinstance(pod.get(k), Mapping) else {}
-                          for k in ("metadata", "spec", "status"))
+    meta, spec, status = (_map(pod.get(k)) for k in ("metadata", "spec", "status"))
     ns = str(meta.get("namespace") or "")
-    names = [s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []
+    names = [s.get("resourceClaimName") for s in _list(status.get("resourceClaimStatuses"))
              if isinstance(s, Mapping)]
-    names += [c.get("resourceClaimName") for c in spec.get("resourceClaims") or []
+    names += [c.get("resourceClaimName") for c in _list(spec.get("resourceClaims"))
               if isinstance(c, Mapping)]
     return [(ns, str(n)) for n in dict.fromkeys(names) if isinstance(n, str) and n]
 
@@ -282,17 +287,17 @@ class DraTaskMix:
 
 
 def _owner_uid(claim: Mapping[str, Any]) -> str:
-    meta = claim.get("metadata") if isinstance(claim.get("metadata"), Mapping) else {}
-    for ref in meta.get("ownerReferences") or []:
+    meta = _map(claim.get("metadata"))
+    for ref in _list(meta.get("ownerReferences")):
         if isinstance(ref, Mapping) and ref.get("kind") == "Pod" and ref.get("uid"):
             return str(ref["uid"])
     return f"claim:{meta.get('namespace')}/{meta.get('name')}"
 
 
 def _allocated(claim: Mapping[str, Any]) -> bool:
-    status = claim.get("status") if isinstance(claim.get("status"), Mapping) else {}
-    alloc = status.get("allocation") if isinstance(status.get("allocation"), Mapping) else {}
-    return bool((alloc.get("devices") or {}).get("results"))
+    status = _map(claim.get("status"))
+    alloc = _map(status.get("allocation"))
+    return bool(_map(alloc.get("devices")).get("results"))
 
 
 class DraFragmentation:
@@ -323,7 +328,7 @@ class DraFragmentation:
         self._claims = {}
         per_pod: dict[str, list[Request]] = {}
         for c in claim_list:
-            meta = c.get("metadata") if isinstance(c.get("metadata"), Mapping) else {}
+            meta = _map(c.get("metadata"))
             self._claims[(str(meta.get("namespace") or ""), str(meta.get("name") or ""))] = c
             if _allocated(c):
                 per_pod.setdefault(_owner_uid(c), []).extend(claim_requests(c))
@@ -336,7 +341,7 @@ class DraFragmentation:
         """The scores (class docstring)."""
         self._refresh(slices, claims, version)
         reqs = [r for key in pod_claim_keys(pod) for r in claim_requests(self._claims.get(key, {}))]
-        meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+        meta = _map(pod.get("metadata"))
         if reqs:
             self.mix.note(str(meta.get("uid") or ""), task_of(reqs, self._ref_mib))
         dist = self.mix.current(self._running)

@@ -16,7 +16,6 @@ from hami.dra.cache import DraObjects
 from hami.dra.fragscore import DraFragmentation
 from hami.extender.wire import WireError, parse_filter_args
 
-
 #: The node policies of DRA mode's ``/prioritize``.
 POLICIES = (*policy.POLICIES, "fragmentation-aware")
 
