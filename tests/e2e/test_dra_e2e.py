@@ -483,6 +483,53 @@ def test_prioritize_verb_binpacks_nodes(bed: dict[str, Any], tmp_path: Path) -> 
         _delete_all(client)
 
 
+def test_prioritize_fragmentation_aware_fills_a_remainder(bed: dict[str, Any],
+                                                          tmp_path: Path) -> None:
+    """--node-scheduler-policy=fragmentation-aware in DRA mode, through the real
+    kube-scheduler: dra-1 holds three whole cards (the fullest node: binpack's choice),
+    dra-2 one 60 % share (9840 of 16384 MiB), the others nothing (spread's choice). A
+    pod asking 4000 MiB goes to dra-2, into the 40 % left next to the share, which no
+    task of the learned mix (whole cards, 60 % shares) could use."""
+    from lightkube.resources.core_v1 import Pod
+
+    from hami.testing.scheduler_config import ExtenderConfig
+
+    from .hami_harness import HamiProcess, Tls
+
+    cp, client = bed["cp"], bed["client"]
+    setup = [(f"whole-{i}", "dra-1", {"nvidia.com/gpu": 1}) for i in range(3)]
+    setup.append(("share60", "dra-2", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 9840}))
+    hami = ks = None
+    try:
+        for name, node, limits in setup:  # the default scheduler, pinned by hostname
+            pod = _gpu_pod(name, limits)
+            pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+            _create(bed, pod)
+        for name, node, _ in setup:
+            _wait(lambda n=name: client.get(Pod, n, namespace=NS).spec.nodeName,
+                  what=f"{name} bound")
+        _wait(lambda: sum(bool(_results(c)) for c in _claims(client)) == len(setup),
+              what="setup claims allocated")
+        hami = HamiProcess(cp, Tls(tmp_path / "tls"), tmp_path, args=[
+            "--dra-mode", "--node-scheduler-policy=fragmentation-aware"]).start()
+        ks = cp.start_scheduler(scheduler_name="dra-frag", extender=ExtenderConfig(
+            hami.url, filter_verb=None, bind_verb=None, prioritize_verb="prioritize",
+            managed_resources=()))
+        _create(bed, _gpu_pod("small", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000}),
+                scheduler_name="dra-frag")
+        node = _wait(lambda: client.get(Pod, "small", namespace=NS).spec.nodeName,
+                     what="small bound")
+        assert node == "dra-2"
+        claim = next(c for c in _claims(client) if c["metadata"]["name"].startswith("small"))
+        assert [r["device"] for r in _results(claim)] == ["gpu-0"]  # the remainder
+    finally:
+        if ks is not None:
+            ks.stop()
+        if hami is not None:
+            hami.stop()
+        _delete_all(client)
+
+
 def test_watched_objects_follow_the_cluster(bed: dict[str, Any]) -> None:
     """The scheduler's watched slices and claims (what /prioritize scores from) equal a
     fresh listing after pods come and go."""
