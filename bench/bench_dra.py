@@ -17,7 +17,8 @@ call lists all slices and claims) against the watched one (:mod:`hami.dra.cache`
 Usage::
 
     PYTHONPATH=src python bench/bench_dra.py --nodes 100 --pods 500 [--no-extender]
-    PYTHONPATH=src python bench/bench_dra.py --prioritize --nodes 100 1000 --claims 2000
+    PYTHONPATH=src python bench/bench_dra.py --prioritize --nodes 100 1000 --claims 2000 \
+        [--policy fragmentation-aware]
 """
 
 from __future__ import annotations
@@ -116,9 +117,12 @@ def dra_throughput(n_nodes: int, pods: int) -> dict[str, Any]:
     return row
 
 
-def prioritize_cost(n_nodes: int, n_claims: int, calls: int = 20) -> dict[str, Any]:
+def prioritize_cost(n_nodes: int, n_claims: int, calls: int = 20,
+                    policy: str = "binpack") -> dict[str, Any]:
     """Milliseconds per ``/prioritize`` call, listing vs watched (median of ``calls``),
-    and the API requests each makes; returns the row (also printed as JSON)."""
+    and the API requests each makes; returns the row (also printed as JSON). With
+    ``fragmentation-aware`` also ``churn_ms_per_call``: watched, but the objects changed
+    since the previous call (the cards and running tasks are recomputed, as in a burst)."""
     import asyncio
     import statistics
 
@@ -158,17 +162,22 @@ def prioritize_cost(n_nodes: int, n_claims: int, calls: int = 20) -> dict[str, A
                                     "spec": spec}) for i in range(n_claims)]
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda c: client.create(c, namespace="default"), claims))
+        # the pod's claim (what fragmentation-aware reads its request from)
+        pod["status"] = {"resourceClaimStatuses": [{"name": "gpu-0",
+                                                    "resourceClaimName": "c00000"}]}
         body = json.dumps({"Pod": pod, "NodeNames": names}).encode()
 
-        async def timed(watch: bool) -> tuple[float, list[dict[str, Any]]]:
+        async def timed(watch: bool, churn: bool = False) -> tuple[float, list[dict[str, Any]]]:
             aclient = cp.async_client()
             try:
-                prio = DraPrioritizer(aclient, "binpack", watch=watch)
+                prio = DraPrioritizer(aclient, policy, watch=watch)
                 if watch:
                     objs = DraObjects.shared(aclient)
                     await asyncio.gather(*(e.wait() for e in objs.synced.values()))
                 times, scores = [], []
                 for _ in range(calls):
+                    if churn:
+                        DraObjects.shared(aclient).version += 1
                     t = time.perf_counter()
                     scores = await prio(body)
                     times.append((time.perf_counter() - t) * 1000)
@@ -181,7 +190,10 @@ def prioritize_cost(n_nodes: int, n_claims: int, calls: int = 20) -> dict[str, A
         listing_ms, a = asyncio.run(timed(False))
         watched_ms, b = asyncio.run(timed(True))
         assert a == b and len(a) == n_nodes
-    row = {"bench": "prioritize", "nodes": n_nodes, "claims": n_claims,
+        churn_ms = (asyncio.run(timed(True, churn=True))[0]
+                    if policy == "fragmentation-aware" else None)
+    row = {"bench": "prioritize", "policy": policy, "nodes": n_nodes, "claims": n_claims,
+           **({"churn_ms_per_call": round(churn_ms, 1)} if churn_ms is not None else {}),
            "listing_ms_per_call": round(listing_ms, 1), "watched_ms_per_call": round(watched_ms, 2),
            "listing_requests_per_call": 2, "watched_requests_per_call": 0,
            "load_avg": os.getloadavg()[0]}
@@ -198,9 +210,13 @@ def main() -> None:
     ap.add_argument("--prioritize", action="store_true",
                     help="measure /prioritize per call, listing vs watched")
     ap.add_argument("--claims", type=int, default=2000)
+    ap.add_argument("--policy", default="binpack",
+                    help="node policy of the --prioritize run (binpack, spread, "
+                         "fragmentation-aware)")
     args = ap.parse_args()
     if args.prioritize:
-        print(json.dumps([prioritize_cost(n, args.claims) for n in args.nodes], indent=1))
+        print(json.dumps([prioritize_cost(n, args.claims, policy=args.policy)
+                          for n in args.nodes], indent=1))
         return
     rows = []
     for n in args.nodes:
