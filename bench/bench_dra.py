@@ -163,6 +163,7 @@ def prioritize_cost(n_nodes: int, n_claims: int, calls: int = 20,
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda c: client.create(c, namespace="default"), claims))
         # the pod's claim (what fragmentation-aware reads its request from)
+        pod["metadata"]["uid"] = "bench-pod"  # a pod the mix learns from
         pod["status"] = {"resourceClaimStatuses": [{"name": "gpu-0",
                                                     "resourceClaimName": "c00000"}]}
         body = json.dumps({"Pod": pod, "NodeNames": names}).encode()
@@ -190,6 +191,7 @@ def prioritize_cost(n_nodes: int, n_claims: int, calls: int = 20,
         listing_ms, a = asyncio.run(timed(False))
         watched_ms, b = asyncio.run(timed(True))
         assert a == b and len(a) == n_nodes
+        assert policy != "fragmentation-aware" or any(r["score"] for r in a), a[:3]
         churn_ms = (asyncio.run(timed(True, churn=True))[0]
                     if policy == "fragmentation-aware" else None)
     row = {"bench": "prioritize", "policy": policy, "nodes": n_nodes, "claims": n_claims,

@@ -506,8 +506,8 @@ def test_prioritize_fragmentation_aware_fills_a_remainder(bed: dict[str, Any],
             pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
             _create(bed, pod)
         for name, node, _ in setup:
-            _wait(lambda n=name: client.get(Pod, n, namespace=NS).spec.nodeName,
-                  what=f"{name} bound")
+            _wait(lambda n=name, want=node: client.get(Pod, n, namespace=NS).spec.nodeName
+                  == want, what=f"{name} bound to {node}")
         _wait(lambda: sum(bool(_results(c)) for c in _claims(client)) == len(setup),
               what="setup claims allocated")
         hami = HamiProcess(cp, Tls(tmp_path / "tls"), tmp_path, args=[
