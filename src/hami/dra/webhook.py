@@ -11,7 +11,8 @@ consumes, one not allocated yet what it asks, a whole card booking the largest
 published card's memory. Percentages are accepted when every published card has one
 size. Every other request
 (pods without GPUs, other operations) goes to the normal webhook; pods that already use
-claims are admitted unchanged.
+claims are admitted untranslated. Whichever it is, a GPU pod passes the isolation
+rules and loses any hand-written allocation annotations, as with the normal webhook.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import jsonpatch
 from hami.api import names
 from hami.core import isolation
 from hami.core.config import SchedulerConfig
+from hami.core.provenance import strip_allocation
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.quota import QuotaLedger
 from hami.core.request import quantity
@@ -192,12 +194,20 @@ class DraWebhook:
             return self.fallback(body)
         if not creates_pod or not isolation.asks_for_devices(pod, self.config):
             return self.fallback(body)
-        if tr.uses_claims(pod):
-            return _reply(api_version, uid, True, "pod uses ResourceClaims: left alone")
+        # As the normal webhook: no hand-written allocation survives creation (a
+        # translated pod gets hami's schedulerName, whose scheduler charges them).
+        clean, removed = strip_allocation(pod, self.config)
+        note = (f"removed {', '.join(removed)} (only hami's scheduler writes them)"
+                if removed else "")
         try:
-            problems = isolation.violations(pod, self.config)
+            problems = isolation.violations(clean, self.config)
             if problems:
                 return _reply(api_version, uid, False, isolation.message(problems))
+            if tr.uses_claims(clean):
+                return _reply(api_version, uid, True,
+                              "; ".join(filter(None, ["pod uses ResourceClaims: left alone",
+                                                      note])),
+                              patch=jsonpatch.make_patch(pod, dict(clean)).patch)
             namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
             uniform, largest = self.uniform_memory_mib, self.uniform_memory_mib or 0
             sizes, offers = await self._published()
@@ -207,7 +217,7 @@ class DraWebhook:
                     uniform = largest
             ledger = await self._namespace_ledger(namespace, largest)
             result = tr.translate(
-                pod, self.config.nvidia, quota=ledger, uniform_memory_mib=uniform,
+                clean, self.config.nvidia, quota=ledger, uniform_memory_mib=uniform,
                 whole_card_mib=largest, mig_offers=offers,
                 scheduler_name=self.config.scheduler_name,
                 overwrite_default_scheduler=self.config.force_overwrite_default_scheduler)
@@ -220,7 +230,7 @@ class DraWebhook:
         for template in result.templates.values():
             await self._ensure(namespace, template)
         patch = jsonpatch.make_patch(pod, result.pod).patch
-        return _reply(api_version, uid, True, patch=patch)
+        return _reply(api_version, uid, True, note, patch=patch)
 
 
 def route(webhook: DraWebhook) -> Callable[[bytes], Awaitable[JSON]]:

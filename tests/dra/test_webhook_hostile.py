@@ -1,0 +1,60 @@
+"""The DRA webhook against a hostile pod creator: hand-written allocation annotations,
+pods that name claims and GPUs at once, selector values CEL cannot carry. The API
+client is the recording stub of ``test_webhook``."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import jsonpatch
+
+from hami.api import names
+from tests.dra.test_webhook import _Client, _hook, _pod, _review
+
+FORGED = {names.VGPU_NODE: "n1", names.DEVICES_ALLOCATED: "GPU-0,NVIDIA,80000,100:;",
+          names.DEVICES_TO_ALLOCATE: "GPU-0,NVIDIA,80000,100:;", names.BIND_PHASE: "success",
+          names.ALLOCATION_SIGNATURE: "v1:00000000:forged"}
+
+
+def _forged(pod: dict[str, Any]) -> dict[str, Any]:
+    pod["metadata"]["annotations"] = {**FORGED, "team": "a"}
+    pod["metadata"]["labels"] = {names.VGPU_NODE: "n1", "app": "x"}
+    return pod
+
+
+def _patched(pod: dict[str, Any], resp: dict[str, Any]) -> dict[str, Any]:
+    ops = json.loads(base64.b64decode(resp["patch"])) if "patch" in resp else []
+    return jsonpatch.apply_patch(pod, ops)  # type: ignore[no-any-return]
+
+
+def test_a_translated_pod_loses_its_hand_written_allocation() -> None:
+    """The scheduler charges a pod of its own by these annotations, and the DRA webhook
+    gives translated pods hami's schedulerName: a hand-written grant would mark cards full."""
+    pod = _forged(_pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}))
+    hook, _ = _hook(_Client())
+    resp = asyncio.run(hook(_review(pod)))["response"]
+    assert resp["allowed"], resp
+    out = _patched(pod, resp)
+    assert out["spec"]["resourceClaims"]
+    assert out["metadata"]["annotations"] == {"team": "a"}
+    assert out["metadata"]["labels"] == {"app": "x"}
+    assert names.DEVICES_ALLOCATED in resp["status"]["message"]
+
+
+def test_a_pod_naming_claims_and_gpus_is_checked_and_stripped() -> None:
+    """"Left alone" (it names ResourceClaims) is not "unchecked": the isolation rules and
+    the removal of allocation annotations hold as for any pod that asks for GPUs."""
+    claims = [{"name": "x", "resourceClaimName": "y"}]
+    hook, seen = _hook(_Client())
+    priv = _pod({"nvidia.com/gpu": 1}, hostPID=True, resourceClaims=claims)
+    denied = asyncio.run(hook(_review(priv)))["response"]
+    assert not denied["allowed"] and "hostPID" in denied["status"]["message"], denied
+    pod = _forged(_pod({"nvidia.com/gpu": 1}, resourceClaims=claims))
+    resp = asyncio.run(hook(_review(pod)))["response"]
+    assert resp["allowed"], resp
+    out = _patched(pod, resp)
+    assert out["metadata"]["annotations"] == {"team": "a"}
+    assert out["spec"] == pod["spec"] and not seen
