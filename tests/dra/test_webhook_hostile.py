@@ -58,3 +58,21 @@ def test_a_pod_naming_claims_and_gpus_is_checked_and_stripped() -> None:
     out = _patched(pod, resp)
     assert out["metadata"]["annotations"] == {"team": "a"}
     assert out["spec"] == pod["spec"] and not seen
+
+
+def test_selector_lists_too_long_for_the_api_are_a_clear_denial() -> None:
+    """A CEL selector longer than the API accepts (10 KiB) would fail the template's
+    creation with an apiserver error (the pod then skips translation under
+    ``failurePolicy: Ignore``); the webhook refuses it itself, naming the annotation."""
+    uuids = ",".join(f"GPU-{i:08d}-aaaa-bbbb-cccc-dddddddddddd" for i in range(300))
+    pod = _pod({"nvidia.com/gpu": 1})
+    pod["metadata"]["annotations"] = {"nvidia.com/use-gpuuuid": uuids}
+    client = _Client()
+    hook, _ = _hook(client)
+    resp = asyncio.run(hook(_review(pod)))["response"]
+    assert not resp["allowed"], resp
+    assert "nvidia.com/use-gpuuuid" in resp["status"]["message"]
+    assert "too long" in resp["status"]["message"] and not client.created
+    few = _pod({"nvidia.com/gpu": 1})
+    few["metadata"]["annotations"] = {"nvidia.com/use-gpuuuid": ",".join(uuids.split(",")[:50])}
+    assert asyncio.run(hook(_review(few)))["response"]["allowed"]
