@@ -76,3 +76,31 @@ def test_selector_lists_too_long_for_the_api_are_a_clear_denial() -> None:
     few = _pod({"nvidia.com/gpu": 1})
     few["metadata"]["annotations"] = {"nvidia.com/use-gpuuuid": ",".join(uuids.split(",")[:50])}
     assert asyncio.run(hook(_review(few)))["response"]["allowed"]
+
+
+def test_claims_the_tenant_made_itself_count_against_the_quota() -> None:
+    """A tenant that may create ResourceClaims gets cards without hami's templates; what
+    those claims hold or ask of hami's GPUs still counts for the next translated pod.
+    Claims of other drivers and classes do not."""
+    from hami.core.quota import QuotaLedger
+    from hami.devices.registry import make_config
+    from tests.dra.test_webhook import _claim, _slice
+
+    own = _claim("mine", {"memory": "1Mi"}, consumed={"memory": f"{16384 * 2**20}",
+                                                       "cores": "100"})
+    del own["metadata"]["labels"]
+    pending = _claim("later", {"memory": "2000Mi"})
+    del pending["metadata"]["labels"]
+    nic = _claim("nic", {"memory": "9000Mi"})
+    del nic["metadata"]["labels"]
+    nic["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "nic.example.com"
+    quota = QuotaLedger(make_config().registry["NVIDIA"].resource_names())
+    quota.set_quota("ns", "gpu", {"limits.nvidia.com/gpumem": 20000})
+    client = _Client([_slice("n1", 16384, 16384)], [own, pending, nic])
+    hook, _ = _hook(client, quota)
+    over = asyncio.run(hook(_review(_pod({"nvidia.com/gpu": 1,
+                                          "nvidia.com/gpumem": 2000}))))["response"]
+    assert not over["allowed"] and "exceeding resource quota" in over["status"]["message"]
+    fits = asyncio.run(hook(_review(_pod({"nvidia.com/gpu": 1,
+                                          "nvidia.com/gpumem": 1000}))))["response"]
+    assert fits["allowed"], fits
