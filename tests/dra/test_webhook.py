@@ -54,8 +54,10 @@ class _Client:
         self.lists.append(res.__name__)
         if res.__name__ == "ResourceSlice":
             return _Listing(self.slices)
-        return _Listing([c for c in self.claims if namespace in ("*", None)
-                         or c["metadata"]["namespace"] == namespace])
+        return _Listing([c for c in self.claims if (namespace in ("*", None)
+                         or c["metadata"]["namespace"] == namespace)
+                         and all((c["metadata"].get("labels") or {}).get(k) == v
+                                 for k, v in (labels or {}).items())])
 
     async def watch(self, res: Any, **kw: Any) -> Any:
         await asyncio.Event().wait()  # nothing changes

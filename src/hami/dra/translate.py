@@ -55,6 +55,8 @@ _SAFE = re.compile(r"^[A-Za-z0-9 ._:/+-]{1,128}$")
 MAX_SUBREQUESTS = 8
 #: The name of the shared-card subrequest in a prioritized list (``gpu/shared``).
 SHARED_SUBREQUEST = "shared"
+#: The longest CEL selector expression the API accepts (characters).
+MAX_CEL_CHARS = 10 * 1024
 
 
 class TranslateError(ValueError):
@@ -101,7 +103,8 @@ def _csv(value: Any, lower: bool = False) -> tuple[str, ...]:
 
 def selectors(annotations: Mapping[str, Any]) -> list[dict[str, Any]]:
     """CEL selectors for the pod's type and UUID annotations (HAMi's matching rules).
-    Raises :class:`TranslateError` on values that cannot go into CEL safely."""
+    Raises :class:`TranslateError` on values that cannot go into CEL safely, or so many
+    that the expression exceeds :data:`MAX_CEL_CHARS`."""
     attrs = f'device.attributes["{DRIVER}"]'
     out = []
     for key, neg, lower in ((names.USE_GPUTYPE, False, True),
@@ -116,7 +119,12 @@ def selectors(annotations: Mapping[str, Any]) -> list[dict[str, Any]]:
             test = f"{lst}.exists(t, {attrs}.type.lowerAscii().contains(t))"
         else:
             test = f"{attrs}.uuid in {lst}"
-        out.append({"cel": {"expression": f"!({test})" if neg else test}})
+        expression = f"!({test})" if neg else test
+        if len(expression) > MAX_CEL_CHARS:
+            raise TranslateError(f"{key}: {len(values)} values make a selector too long for "
+                                 f"the API ({len(expression)} characters, at most "
+                                 f"{MAX_CEL_CHARS}); name fewer")
+        out.append({"cel": {"expression": expression}})
     return out
 
 

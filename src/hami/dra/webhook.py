@@ -5,13 +5,14 @@ For a Pod CREATE that asks for NVIDIA GPUs and names no claims: refuse what the 
 webhook refuses for isolation (host PID, privileged, ...), translate, make sure each
 ResourceClaimTemplate exists in the pod's namespace (create; "already exists" is fine:
 the name is a hash of the spec), and answer with the JSON Patch. A namespace with a GPU
-memory or cores ResourceQuota is checked against the claims already made there from our
-templates (ResourceQuota itself counts only devices): an allocated claim books what it
-consumes, one not allocated yet what it asks, a whole card booking the largest
-published card's memory. Percentages are accepted when every published card has one
+memory or cores ResourceQuota is checked against the claims already there for hami's
+DeviceClass or driver, ours or the tenant's own (ResourceQuota itself counts only
+devices): an allocated claim books what it consumes, one not allocated yet what it
+asks, a whole card booking the largest published card's memory. Percentages are accepted when every published card has one
 size. Every other request
 (pods without GPUs, other operations) goes to the normal webhook; pods that already use
-claims are admitted unchanged.
+claims are admitted untranslated. Whichever it is, a GPU pod passes the isolation
+rules and loses any hand-written allocation annotations, as with the normal webhook.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import jsonpatch
 from hami.api import names
 from hami.core import isolation
 from hami.core.config import SchedulerConfig
+from hami.core.provenance import strip_allocation
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.quota import QuotaLedger
 from hami.core.request import quantity
@@ -56,15 +58,19 @@ def _reply(api_version: str, uid: str, allowed: bool, message: str = "",
 def _asks(request: Any, whole_card_mib: int) -> tuple[int, int]:
     """``(memory MiB, cores percent)`` one claim request asks for: count x requested
     capacity (no ``memory``: ``whole_card_mib`` a card). A prioritized list
-    (``firstAvailable``) asks what its last entry, the shared card, asks (the pod's own
-    ``gpumem``/``gpucores``; a MIG instance is at least that). Raises on malformed values."""
+    (``firstAvailable``) asks what its last entry of hami's DeviceClass, the shared card,
+    asks (the pod's own ``gpumem``/``gpucores``; a MIG instance is at least that). A
+    request of another DeviceClass asks nothing of hami's GPUs. Raises on malformed
+    values."""
     if not isinstance(request, Mapping):
         return 0, 0
     ex = request.get("exactly")
     first = request.get("firstAvailable")
-    if not isinstance(ex, Mapping) and isinstance(first, list) and first:
-        ex = first[-1]
-    if not isinstance(ex, Mapping):
+    if not isinstance(ex, Mapping) and isinstance(first, list):
+        ours = [e for e in first if isinstance(e, Mapping)
+                and e.get("deviceClassName") == tr.DEVICE_CLASS]
+        ex = ours[-1] if ours else None
+    if not isinstance(ex, Mapping) or ex.get("deviceClassName") != tr.DEVICE_CLASS:
         return 0, 0
     wanted = (ex.get("capacity") or {}).get("requests") or {}
     count = int(ex.get("count") or 1)
@@ -74,7 +80,8 @@ def _asks(request: Any, whole_card_mib: int) -> tuple[int, int]:
 
 
 def claim_booking(claim: Mapping[str, Any], whole_card_mib: int = 0) -> tuple[int, int]:
-    """``(memory MiB, cores percent)`` a ResourceClaim of ours books for the quota.
+    """``(memory MiB, cores percent)`` a ResourceClaim books for the quota (only what
+    it holds of hami's driver or asks of hami's DeviceClass).
 
     Allocated (``status.allocation`` holds results of our driver): what the allocation
     consumes (``consumedCapacity``: a whole-card claim books its card's memory); a result
@@ -144,9 +151,9 @@ class DraWebhook:
         return sizes, offers
 
     async def _namespace_ledger(self, namespace: str, whole_card_mib: int) -> QuotaLedger | None:
-        """A ledger with the namespace's limits and the bookings of its current claims,
-        allocated or not (:func:`claim_booking`; whole cards of unallocated claims at
-        ``whole_card_mib``)."""
+        """A ledger with the namespace's limits and the bookings of all its current
+        claims, hami's and those the tenant made itself, allocated or not
+        (:func:`claim_booking`; whole cards of unallocated claims at ``whole_card_mib``)."""
         if self.quota is None or not self.quota.limited(namespace):
             return None
         from lightkube.resources.resource_v1 import ResourceClaim
@@ -159,8 +166,8 @@ class DraWebhook:
         if limits.cores_limit_percent is not None:
             hard[f"limits.{self.config.nvidia.resource_core_name}"] = limits.cores_limit_percent
         ledger.set_quota(namespace, "gpu", hard)
-        async for claim in self.client.list(ResourceClaim, namespace=namespace,
-                                            labels={tr.TEMPLATE_LABEL: "true"}):
+        # Every claim: a tenant allowed to create claims makes them without our templates.
+        async for claim in self.client.list(ResourceClaim, namespace=namespace):
             mem, cores = claim_booking(claim.to_dict(), whole_card_mib)
             ledger.charge(namespace, mem, cores)
         return ledger
@@ -192,12 +199,20 @@ class DraWebhook:
             return self.fallback(body)
         if not creates_pod or not isolation.asks_for_devices(pod, self.config):
             return self.fallback(body)
-        if tr.uses_claims(pod):
-            return _reply(api_version, uid, True, "pod uses ResourceClaims: left alone")
+        # As the normal webhook: no hand-written allocation survives creation (a
+        # translated pod gets hami's schedulerName, whose scheduler charges them).
+        clean, removed = strip_allocation(pod, self.config)
+        note = (f"removed {', '.join(removed)} (only hami's scheduler writes them)"
+                if removed else "")
         try:
-            problems = isolation.violations(pod, self.config)
+            problems = isolation.violations(clean, self.config)
             if problems:
                 return _reply(api_version, uid, False, isolation.message(problems))
+            if tr.uses_claims(clean):
+                return _reply(api_version, uid, True,
+                              "; ".join(filter(None, ["pod uses ResourceClaims: left alone",
+                                                      note])),
+                              patch=jsonpatch.make_patch(pod, dict(clean)).patch)
             namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
             uniform, largest = self.uniform_memory_mib, self.uniform_memory_mib or 0
             sizes, offers = await self._published()
@@ -207,7 +222,7 @@ class DraWebhook:
                     uniform = largest
             ledger = await self._namespace_ledger(namespace, largest)
             result = tr.translate(
-                pod, self.config.nvidia, quota=ledger, uniform_memory_mib=uniform,
+                clean, self.config.nvidia, quota=ledger, uniform_memory_mib=uniform,
                 whole_card_mib=largest, mig_offers=offers,
                 scheduler_name=self.config.scheduler_name,
                 overwrite_default_scheduler=self.config.force_overwrite_default_scheduler)
@@ -220,7 +235,7 @@ class DraWebhook:
         for template in result.templates.values():
             await self._ensure(namespace, template)
         patch = jsonpatch.make_patch(pod, result.pod).patch
-        return _reply(api_version, uid, True, patch=patch)
+        return _reply(api_version, uid, True, note, patch=patch)
 
 
 def route(webhook: DraWebhook) -> Callable[[bytes], Awaitable[JSON]]:
