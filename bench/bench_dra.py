@@ -52,8 +52,8 @@ def dra_throughput(n_nodes: int, pods: int) -> dict[str, Any]:
     from bench.sched_bed import BoundWatcher, plain_watch_client
     from lightkube import codecs
 
-    from hami.core.config import NvidiaConfig
     from hami.core.model import DeviceInfo
+    from hami.devices.nvidia import NvidiaConfig
     from hami.dra.node import SlicePublisher
     from hami.dra.slices import DRIVER
     from hami.dra.translate import translate
@@ -128,8 +128,8 @@ def prioritize_cost(n_nodes: int, n_claims: int, calls: int = 20,
 
     from lightkube import codecs
 
-    from hami.core.config import NvidiaConfig
     from hami.core.model import DeviceInfo
+    from hami.devices.nvidia import NvidiaConfig
     from hami.dra.cache import DraObjects
     from hami.dra.node import SlicePublisher
     from hami.dra.prioritize import DraPrioritizer

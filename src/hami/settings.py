@@ -8,7 +8,8 @@ from typing import Any
 
 import yaml
 
-from hami.core.config import ConfigError, NvidiaConfig, SchedulerConfig, SchedulingPolicy
+from hami.core.config import ConfigError, SchedulerConfig, SchedulingPolicy
+from hami.devices.nvidia import NvidiaConfig
 from hami.devices.registry import Registry, build_registry, nvidia_registry
 
 
@@ -98,8 +99,7 @@ def scheduler_config(device_config: Path | None = None, node_policy: str = "binp
                     "--default-cores", "default_gpu_num": "--default-gpu"}[key]
             raise ConfigError(f"{flag} must be 0 or more, got {value}")
     nvidia = replace(nvidia, **overrides)
-    return SchedulerConfig(nvidia=nvidia,
-                           policy=SchedulingPolicy(node_policy, gpu_policy),
+    return SchedulerConfig(policy=SchedulingPolicy(node_policy, gpu_policy),
                            scheduler_name=scheduler_name,
                            registry=device_registry(raw, enable_ascend=enable_ascend,
                                                     enable_iluvatar=enable_iluvatar,

@@ -87,7 +87,7 @@ def test_absurd_capacity_is_refused_not_expanded(section: str, resource: str, va
 def test_nvidia_is_always_registered_over_the_settings_given() -> None:
     """NVIDIA is a backend of the registry like the others, present without its section;
     the shell's settings (after its flags) replace the section's."""
-    from hami.core.config import NvidiaConfig
+    from hami.devices.nvidia import NvidiaConfig, settings
     from hami.devices.registry import make_config
 
     assert build_registry({"hygon": {}})["NVIDIA"].resource_names().count == "nvidia.com/gpu"
@@ -96,6 +96,6 @@ def test_nvidia_is_always_registered_over_the_settings_given() -> None:
     assert nvidia.config == given  # type: ignore[attr-defined]
     config = make_config(registry=build_registry({"nvidia": {"resourceCountName": "x/g"},
                                                   "hygon": {}}))
-    assert config.nvidia.resource_count_name == "x/g" and set(config.registry) == {"DCU", "NVIDIA"}
+    assert settings(config).resource_count_name == "x/g" and set(config.registry) == {"DCU", "NVIDIA"}
     config = make_config(nvidia=given, registry=build_registry({"hygon": {}}))
     assert config.registry["NVIDIA"].config is given  # type: ignore[attr-defined]

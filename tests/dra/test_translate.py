@@ -6,9 +6,8 @@ from typing import Any
 
 import pytest
 
-from hami.core.config import NvidiaConfig
 from hami.core.quota import QuotaLedger
-from hami.devices.nvidia import Nvidia
+from hami.devices.nvidia import Nvidia, NvidiaConfig
 from hami.dra import translate as tr
 from hami.dra.webhook import claim_booking
 

@@ -20,7 +20,7 @@ from lightkube import codecs
 from lightkube.resources.core_v1 import Pod
 from lightkube.resources.resource_v1 import ResourceClaim
 
-from hami.core.config import NvidiaConfig
+from hami.devices.nvidia import NvidiaConfig
 from hami.dra.translate import translate
 from hami.testing.controlplane import BinariesMissing, wait_until
 from hami.testing.dranode import start_dra

@@ -8,8 +8,8 @@ import jsonpatch
 import pytest
 
 from hami.core.admission import admit
-from hami.core.config import NvidiaConfig
 from hami.core.quota import QuotaLedger
+from hami.devices.nvidia import NvidiaConfig, settings
 from hami.devices.registry import make_config
 from tests.builders import container, pod
 
@@ -271,7 +271,7 @@ def test_added_ephemeral_containers_are_hidden_from_gpus_through_the_review():
 
     from hami.webhook.review import review
 
-    config = make_config(nvidia=replace(CONFIG.nvidia, overwrite_env=True))
+    config = make_config(nvidia=replace(settings(CONFIG), overwrite_env=True))
     old = pod(containers=[container()])
     old["spec"]["ephemeralContainers"] = [{"name": "first", "image": "x"}]
     new = json.loads(json.dumps(old))

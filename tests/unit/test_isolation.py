@@ -12,11 +12,12 @@ import pytest
 
 from hami.core.admission import admit
 from hami.core.codec import encode_node_devices
-from hami.core.config import NvidiaConfig, SchedulerConfig
+from hami.core.config import SchedulerConfig
 from hami.core.isolation import normalise_path, prefix_reaches_reserved
 from hami.core.model import DeviceInfo
 from hami.core.request import RequestError
 from hami.core.state import ClusterState
+from hami.devices.nvidia import NvidiaConfig
 from hami.devices.registry import make_config
 from tests.builders import container, pod
 

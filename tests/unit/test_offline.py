@@ -118,9 +118,8 @@ def test_cli_refuses_unknown_policies_and_explains_unregistered_nodes(tmp_path):
 
 
 def test_gpumem_with_a_unit_says_what_is_expected():
-    from hami.core.config import NvidiaConfig
     from hami.core.request import RequestError
-    from hami.devices.nvidia import container_request
+    from hami.devices.nvidia import NvidiaConfig, container_request
 
     c = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": "16Gi"}}}
     with pytest.raises(RequestError, match="counts MiB, e.g. 16384 for 16 GiB"):

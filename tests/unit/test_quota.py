@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from hami.core.admission import admit
-from hami.core.config import NvidiaConfig
 from hami.core.model import DeviceInfo
 from hami.core.quota import QuotaLedger
 from hami.core.state import ClusterState
-from hami.devices.nvidia import Nvidia
+from hami.devices.nvidia import Nvidia, NvidiaConfig
 from hami.devices.registry import make_config
 from tests.builders import container, pod
 

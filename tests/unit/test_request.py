@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from hami.core.config import NvidiaConfig
 from hami.core.model import PERCENT_UNSET, ContainerDeviceRequest
 from hami.core.request import RequestError, pod_request
-from hami.devices.nvidia import container_request
+from hami.devices.nvidia import NvidiaConfig, container_request
 from hami.devices.registry import build_registry, nvidia_registry
 from tests.builders import container, pod
 

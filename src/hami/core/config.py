@@ -1,15 +1,14 @@
-"""Settings of the NVIDIA backend and of scheduling, as one immutable object.
+"""Settings of scheduling, as one immutable object (HAMi v2.10 scheduler flags).
 
-Source (HAMi v2.10): (``nvidia:`` section of the
-device config), (scheduler flags). Loading YAML or flags happens in the
-shells; the core only sees these values.
+Loading YAML or flags happens in the shells; the core only sees these values. Each
+vendor's own settings (NVIDIA's ``nvidia:`` section of the device config included) belong
+to its backend in :mod:`hami.devices`, reached through :attr:`SchedulerConfig.registry`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
 
 from hami.api import names
 from hami.core.vendor import Vendor
@@ -17,84 +16,6 @@ from hami.core.vendor import Vendor
 
 class ConfigError(ValueError):
     """A device config value has the wrong type or range."""
-
-
-@dataclass(frozen=True, slots=True)
-class NvidiaConfig:
-    """The ``nvidia:`` section of HAMi's device config (chart defaults, HAMi v2.10).
-
-    Resource names may be renamed by the operator (e.g. ``hami.io/gpu``); every request
-    parser and the webhook read them from here. ``default_memory_mib`` 0 means "the
-    whole card" for a container that gives neither memory nor percentage.
-    """
-
-    resource_count_name: str = names.RESOURCE_COUNT
-    resource_memory_name: str = names.RESOURCE_MEMORY
-    resource_memory_percentage_name: str = names.RESOURCE_MEMORY_PERCENTAGE
-    resource_core_name: str = names.RESOURCE_CORES
-    resource_priority_name: str = names.RESOURCE_PRIORITY
-    default_memory_mib: int = 0
-    default_cores_percent: int = 0
-    default_gpu_num: int = 1
-    memory_factor: int = 1
-    overwrite_env: bool = False
-    gpu_core_policy: str = ""
-    runtime_class_name: str = ""
-    device_split_count: int = 10
-    device_memory_scaling: float = 1.0
-    device_core_scaling: float = 1.0
-
-    @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any]) -> NvidiaConfig:
-        """Build from the YAML ``nvidia:`` mapping using HAMi's camelCase keys.
-
-        Unknown keys are ignored (HAMi has more, e.g. ``migProfileAllowlist``).
-
-        Raises:
-            ConfigError: a known key holds a value of the wrong type or a negative number.
-        """
-        keymap = {
-            "resourceCountName": "resource_count_name",
-            "resourceMemoryName": "resource_memory_name",
-            "resourceMemoryPercentageName": "resource_memory_percentage_name",
-            "resourceCoreName": "resource_core_name",
-            "resourcePriorityName": "resource_priority_name",
-            "defaultMemory": "default_memory_mib",
-            "defaultCores": "default_cores_percent",
-            "defaultGPUNum": "default_gpu_num",
-            "memoryFactor": "memory_factor",
-            "overwriteEnv": "overwrite_env",
-            "gpuCorePolicy": "gpu_core_policy",
-            "runtimeClassName": "runtime_class_name",
-            "deviceSplitCount": "device_split_count",
-            "deviceMemoryScaling": "device_memory_scaling",
-            "deviceCoreScaling": "device_core_scaling",
-        }
-        types = {f.name: f.type for f in fields(cls)}
-        values: dict[str, Any] = {}
-        for key, attr in keymap.items():
-            if key not in raw or raw[key] is None:
-                continue
-            values[attr] = _coerce(key, raw[key], str(types[attr]))
-        return cls(**values)
-
-
-def _coerce(key: str, value: Any, type_name: str) -> Any:
-    if type_name == "str":
-        if not isinstance(value, str):
-            raise ConfigError(f"nvidia.{key} must be a string, got {value!r}")
-        return value
-    if type_name == "bool":
-        if not isinstance(value, bool):
-            raise ConfigError(f"nvidia.{key} must be true or false, got {value!r}")
-        return value
-    if type_name == "int":
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigError(f"nvidia.{key} must be a non-negative integer, got {value!r}")
-        return value
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise ConfigError(f"nvidia.{key} must be a positive number, got {value!r}")
-    return float(value)
 
 
 #: Node policies (HAMi v2.10) and GPU policies (HAMi v2.10) this build knows.
@@ -196,7 +117,7 @@ def effective_policies(annotations: Mapping[str, object],
 
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    """Everything the pure scheduler needs: the NVIDIA section, policy defaults, the
+    """Everything the pure scheduler needs: policy defaults, the
     webhook's scheduler-name settings (HAMi v2.10 step 3 and HAMi v2.10) and the vendor registry.
 
     ``hook_path`` is the device plugin's ``$HOOK_PATH`` (it mounts ``<hook_path>/vgpu``
@@ -206,14 +127,11 @@ class SchedulerConfig:
 
     ``registry`` is HAMi's device map (CommonWord -> backend), built once by the shell
     (``hami.devices.registry.make_config`` / ``build_registry`` of the device config, HAMi
-    v2.10). The core reaches every vendor's rules through it, NVIDIA's included (the
-    request of ``PodRequest.containers`` and the webhook mutation are the ``NVIDIA``
-    backend's); ``nvidia`` holds that backend's settings the core still reads itself
-    (resource names for isolation and quota, ``overwriteEnv``, ``runtimeClassName``).
+    v2.10). The core reaches every vendor's rules and settings through it, NVIDIA's
+    included (its settings are its backend's: ``hami.devices.nvidia.settings``).
     An empty registry registers no vendor: no pod asks for devices.
     """
 
-    nvidia: NvidiaConfig = field(default_factory=NvidiaConfig)
     policy: SchedulingPolicy = field(default_factory=SchedulingPolicy)
     scheduler_name: str = "hami-scheduler"
     force_overwrite_default_scheduler: bool = True

@@ -1,6 +1,8 @@
 """NVIDIA as a :class:`~hami.core.vendor.Vendor` (CommonWord ``NVIDIA``): its requests and
 its webhook mutation (HAMi v2.10 ``GenerateResourceRequests`` and ``MutateAdmission`` of
-the NVIDIA device), reached by the core only through the registry.
+the NVIDIA device) and its settings (:class:`NvidiaConfig`, the ``nvidia:`` section of
+the device config), reached by the core only through the registry; shells read the
+settings with :func:`settings`.
 
 Deliberate divergence from HAMi: where HAMi silently turns a malformed value into an
 *empty* request (``nvidia.com/gpumem: 16Gi`` makes the container ask for no GPU at all,
@@ -20,12 +22,13 @@ the core's codec of HAMi's register annotation.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 
 from hami.api import names
 from hami.core import isolation
 from hami.core.codec import decode_node_devices, encode_pod_devices
-from hami.core.config import NvidiaConfig
+from hami.core.config import ConfigError, SchedulerConfig
 from hami.core.fit import (
     DeviceState,
     FitOutcome,
@@ -57,6 +60,84 @@ from hami.devices.common import BaseVendor, node_annotations
 CARD_FILTERS = CardFilters(use_type=names.USE_GPUTYPE, nouse_type=names.NOUSE_GPUTYPE,
                            use_uuid=names.USE_GPUUUID, nouse_uuid=names.NOUSE_GPUUUID,
                            numa_bind=names.NUMA_BIND, mode=names.VGPU_MODE, mig=True)
+
+
+@dataclass(frozen=True, slots=True)
+class NvidiaConfig:
+    """The ``nvidia:`` section of HAMi's device config (chart defaults, HAMi v2.10).
+
+    Resource names may be renamed by the operator (e.g. ``hami.io/gpu``); every request
+    parser and the webhook read them from here. ``default_memory_mib`` 0 means "the
+    whole card" for a container that gives neither memory nor percentage.
+    """
+
+    resource_count_name: str = names.RESOURCE_COUNT
+    resource_memory_name: str = names.RESOURCE_MEMORY
+    resource_memory_percentage_name: str = names.RESOURCE_MEMORY_PERCENTAGE
+    resource_core_name: str = names.RESOURCE_CORES
+    resource_priority_name: str = names.RESOURCE_PRIORITY
+    default_memory_mib: int = 0
+    default_cores_percent: int = 0
+    default_gpu_num: int = 1
+    memory_factor: int = 1
+    overwrite_env: bool = False
+    gpu_core_policy: str = ""
+    runtime_class_name: str = ""
+    device_split_count: int = 10
+    device_memory_scaling: float = 1.0
+    device_core_scaling: float = 1.0
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> NvidiaConfig:
+        """Build from the YAML ``nvidia:`` mapping using HAMi's camelCase keys.
+
+        Unknown keys are ignored (HAMi has more, e.g. ``migProfileAllowlist``).
+
+        Raises:
+            ConfigError: a known key holds a value of the wrong type or a negative number.
+        """
+        keymap = {
+            "resourceCountName": "resource_count_name",
+            "resourceMemoryName": "resource_memory_name",
+            "resourceMemoryPercentageName": "resource_memory_percentage_name",
+            "resourceCoreName": "resource_core_name",
+            "resourcePriorityName": "resource_priority_name",
+            "defaultMemory": "default_memory_mib",
+            "defaultCores": "default_cores_percent",
+            "defaultGPUNum": "default_gpu_num",
+            "memoryFactor": "memory_factor",
+            "overwriteEnv": "overwrite_env",
+            "gpuCorePolicy": "gpu_core_policy",
+            "runtimeClassName": "runtime_class_name",
+            "deviceSplitCount": "device_split_count",
+            "deviceMemoryScaling": "device_memory_scaling",
+            "deviceCoreScaling": "device_core_scaling",
+        }
+        types = {f.name: f.type for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for key, attr in keymap.items():
+            if key not in raw or raw[key] is None:
+                continue
+            values[attr] = _coerce(key, raw[key], str(types[attr]))
+        return cls(**values)
+
+
+def _coerce(key: str, value: Any, type_name: str) -> Any:
+    if type_name == "str":
+        if not isinstance(value, str):
+            raise ConfigError(f"nvidia.{key} must be a string, got {value!r}")
+        return value
+    if type_name == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"nvidia.{key} must be true or false, got {value!r}")
+        return value
+    if type_name == "int":
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"nvidia.{key} must be a non-negative integer, got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"nvidia.{key} must be a positive number, got {value!r}")
+    return float(value)
 
 
 def container_request(
@@ -249,3 +330,11 @@ class Nvidia(BaseVendor):
         pod = PodOptions.from_annotations(ctx.pod_annotations, ctx.gpu_policy, self.filters)
         return fit_shares(of_type(devices, request.type), request, pod,
                           NodeOptions.from_annotations(ctx.node_annotations), ctx.quota_ok)
+
+
+def settings(config: SchedulerConfig) -> NvidiaConfig:
+    """NVIDIA's settings in ``config``: those of its registry's ``NVIDIA`` backend (the
+    shells' way to read resource names, split count and scaling), the chart defaults
+    when NVIDIA is not registered."""
+    backend = config.registry.get(names.NVIDIA)
+    return backend.config if isinstance(backend, Nvidia) else NvidiaConfig()

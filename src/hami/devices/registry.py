@@ -19,7 +19,7 @@ from dataclasses import fields, replace
 from typing import Any, TypeVar
 
 from hami.api import names as api_names
-from hami.core.config import ConfigError, NvidiaConfig, SchedulerConfig
+from hami.core.config import ConfigError, SchedulerConfig
 from hami.core.vendor import Vendor
 from hami.devices.amd import Amd
 from hami.devices.ascend import Ascend, AscendConfig
@@ -30,7 +30,7 @@ from hami.devices.enflame import EnflameConfig, EnflameShare
 from hami.devices.kunlun import Kunlun, KunlunConfig, KunlunVxpu
 from hami.devices.metax import MetaxConfig, MetaxSgpu
 from hami.devices.mthreads import Mthreads
-from hami.devices.nvidia import Nvidia
+from hami.devices.nvidia import Nvidia, NvidiaConfig
 from hami.devices.shares import (
     AMD,
     CAMBRICON,
@@ -130,14 +130,14 @@ def nvidia_registry(nvidia: NvidiaConfig | None = None) -> Registry:
 
 
 def make_config(**fields: Any) -> SchedulerConfig:
-    """``SchedulerConfig(**fields)`` whose registry holds an NVIDIA backend that agrees with
-    ``config.nvidia``.
+    """``SchedulerConfig(**fields)`` whose registry always holds an NVIDIA backend.
 
-    ``fields`` are :class:`~hami.core.config.SchedulerConfig`'s. The NVIDIA backend is
-    built over ``fields["nvidia"]`` when given (replacing the one of ``fields["registry"]``);
-    otherwise the registry's NVIDIA backend is kept and its settings become
-    ``config.nvidia``; with neither, the chart defaults. The other vendors are those of
-    ``fields["registry"]`` (none without one).
+    ``fields`` are :class:`~hami.core.config.SchedulerConfig`'s, plus ``nvidia`` (a
+    :class:`~hami.devices.nvidia.NvidiaConfig`): the NVIDIA backend is built over it when
+    given (replacing the one of ``fields["registry"]``); otherwise the registry's NVIDIA
+    backend is kept; with neither, the chart defaults. The other vendors are those of
+    ``fields["registry"]`` (none without one). Read NVIDIA's settings back with
+    :func:`hami.devices.nvidia.settings`.
     """
     registry = Registry(fields.pop("registry", None) or {})
     nvidia = fields.pop("nvidia", None)
@@ -146,7 +146,7 @@ def make_config(**fields: Any) -> SchedulerConfig:
         nvidia = backend.config if isinstance(backend, Nvidia) else NvidiaConfig()
     if not isinstance(backend, Nvidia) or backend.config != nvidia:
         registry.add(Nvidia(nvidia))
-    return SchedulerConfig(nvidia=nvidia, registry=registry, **fields)
+    return SchedulerConfig(registry=registry, **fields)
 
 
 def build_registry(config: Mapping[str, Any], *, enable_ascend: bool = False,

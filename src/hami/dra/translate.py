@@ -39,11 +39,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hami.api import names
-from hami.core.config import NvidiaConfig
 from hami.core.model import PERCENT_UNSET
 from hami.core.quota import QuotaLedger
 from hami.core.request import RequestError
-from hami.devices.nvidia import container_request, mutate_container
+from hami.devices.nvidia import NvidiaConfig, container_request, mutate_container
 from hami.dra.slices import DRIVER
 
 #: The DeviceClass every translated request names (shipped with the chart).

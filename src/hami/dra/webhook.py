@@ -32,6 +32,7 @@ from hami.core.provenance import strip_allocation
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.quota import QuotaLedger
 from hami.core.request import quantity
+from hami.devices import nvidia
 from hami.dra import translate as tr
 from hami.dra.cache import DraObjects, card_sizes_mib, mig_offers
 from hami.dra.slices import DRIVER
@@ -160,11 +161,11 @@ class DraWebhook:
 
         limits = self.quota.quota(namespace)
         ledger = QuotaLedger(self.config.registry[names.NVIDIA].resource_names())
-        hard = {}
+        hard, gpu = {}, nvidia.settings(self.config)
         if limits.memory_limit_mib is not None:
-            hard[f"limits.{self.config.nvidia.resource_memory_name}"] = limits.memory_limit_mib
+            hard[f"limits.{gpu.resource_memory_name}"] = limits.memory_limit_mib
         if limits.cores_limit_percent is not None:
-            hard[f"limits.{self.config.nvidia.resource_core_name}"] = limits.cores_limit_percent
+            hard[f"limits.{gpu.resource_core_name}"] = limits.cores_limit_percent
         ledger.set_quota(namespace, "gpu", hard)
         # Every claim: a tenant allowed to create claims makes them without our templates.
         async for claim in self.client.list(ResourceClaim, namespace=namespace):
@@ -222,7 +223,7 @@ class DraWebhook:
                     uniform = largest
             ledger = await self._namespace_ledger(namespace, largest)
             result = tr.translate(
-                clean, self.config.nvidia, quota=ledger, uniform_memory_mib=uniform,
+                clean, nvidia.settings(self.config), quota=ledger, uniform_memory_mib=uniform,
                 whole_card_mib=largest, mig_offers=offers,
                 scheduler_name=self.config.scheduler_name,
                 overwrite_default_scheduler=self.config.force_overwrite_default_scheduler)

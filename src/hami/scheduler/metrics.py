@@ -21,6 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 import hami
+from hami.devices import nvidia
 
 if TYPE_CHECKING:
     from hami.dra.usage import CardUse, PodUse
@@ -270,7 +271,7 @@ class _ClusterCollector(Collector):
     def _quota_rows(self) -> Iterator[tuple[str, str, int, int]]:
         """``(namespace, resource, limit, used)`` of every limited quota resource: NVIDIA's
         memory and cores, then every other vendor's (HAMi v2.10)."""
-        names = self.engine.config.nvidia
+        names = nvidia.settings(self.engine.config)
         for ns, q in self.engine.state.quota.namespaces().items():
             for rname, lim, use in ((names.resource_memory_name, q.memory_limit_mib,
                                      q.memory_used_mib),

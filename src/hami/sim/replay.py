@@ -46,12 +46,13 @@ import numpy.typing as npt
 from hami.api import names
 from hami.core.admission import admit
 from hami.core.codec import MigAllocation
-from hami.core.config import NvidiaConfig, SchedulerConfig, SchedulingPolicy
+from hami.core.config import SchedulerConfig, SchedulingPolicy
 from hami.core.filter import filter_pod
 from hami.core.fragmentation import FragmentationScorer, Placement, WorkloadDistribution
 from hami.core.ledger import UsageLedger
 from hami.core.model import DeviceInfo, PodRequest
 from hami.core.request import pod_request
+from hami.devices.nvidia import NvidiaConfig
 from hami.devices.registry import make_config
 from hami.sim import metrics
 from hami.sim.mig import mig_device, mig_model, require_mig_model
