@@ -258,3 +258,16 @@ def test_gpu_policy_flag_takes_the_chains_pods_may_use():
     for value in ("bogus", "binpack,", "Binpack"):
         with pytest.raises(ConfigError, match="numa or a comma list"):
             SchedulerSettings(gpu_scheduler_policy=value).validate()
+
+
+def test_topology_aware_reads_the_node_s_nvidia_pair_scores():
+    """The share path's topology-aware policy picks the best-linked pair by the node's
+    ``hami.io/node-nvidia-score`` (NVIDIA's key, from its backend's card filters)."""
+    state = ClusterState(make_config())
+    scores = ('[{"uuid":"G0","score":{"G1":10,"G2":100}},{"uuid":"G1","score":{"G0":10,"G2":50}},'
+              '{"uuid":"G2","score":{"G0":100,"G1":50}}]')
+    state.ledger.add_node("n0", [DeviceInfo(f"G{i}", i, 10, 16000, 100, "NVIDIA-T4")
+                                 for i in range(3)], annotations={names.NODE_SCORE: scores})
+    d = state.filter(pod("pair", [container(gpu=2, gpumem=1000)],
+                         annotations={names.GPU_SCHEDULER_POLICY: "topology-aware"}))
+    assert sorted(gpus_of(d)) == ["G0", "G2"]

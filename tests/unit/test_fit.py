@@ -124,3 +124,14 @@ def test_type_filter_is_case_insensitive_substring():
     assert fit_shares([dev(0)], req(mem=1), PodOptions(use_types=("tesla",)), NODE).ok
     assert fit_shares([dev(0, type_="NVIDIA-A100")], req(mem=1),
                          PodOptions(use_types=("v100", "a100")), NODE).ok
+
+
+def test_pair_scores_are_read_from_the_vendor_s_key_only():
+    """Issue 16: the pair-score annotation is the vendor's (``CardFilters.node_scores``),
+    not a key the core knows; without a key no scores are read."""
+    raw = '[{"uuid":"GPU-0","score":{"GPU-1":200}}]'
+    anns = {"example.com/pair-scores": raw, "hami.io/node-nvidia-score": raw}
+    mine = NodeOptions.from_annotations(anns, "example.com/pair-scores")
+    assert mine.pair_scores == {"GPU-0": {"GPU-1": 200}}
+    assert NodeOptions.from_annotations(anns).pair_scores == {}
+    assert NodeOptions.from_annotations({"k": "not json"}, "k").pair_scores == {}

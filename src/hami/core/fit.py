@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 
-from hami.api.names import MODE_HAMI_CORE, MODE_MIG, NODE_DEVICE_CORDON, NODE_SCORE
+from hami.api.names import MODE_HAMI_CORE, MODE_MIG, NODE_DEVICE_CORDON
 from hami.core.codec_scores import decode_node_scores
 from hami.core.gowire import CodecError
 from hami.core.mig import choose_instance, replay
@@ -130,13 +130,17 @@ class NodeOptions:
     pair_scores: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
 
     @classmethod
-    def from_annotations(cls, annotations: Mapping[str, str]) -> NodeOptions:
+    def from_annotations(cls, annotations: Mapping[str, str],
+                         scores_key: str = "") -> NodeOptions:
         """From a node's annotations: ``hami.io/device-cordon`` (comma list, trimmed) and
-        ``hami.io/node-nvidia-score`` (a malformed value counts as no scores)."""
+        the vendor's pair-score annotation ``scores_key`` (its
+        :attr:`~hami.core.model.CardFilters.node_scores`, NVIDIA's
+        ``hami.io/node-nvidia-score``; ``""``: no scores; a malformed value counts as no
+        scores)."""
         cordon = annotations.get(NODE_DEVICE_CORDON, "")
         cordoned = frozenset(p.strip() for p in cordon.split(",") if p.strip())
         scores: Mapping[str, Mapping[str, int]] = {}
-        raw = annotations.get(NODE_SCORE)
+        raw = annotations.get(scores_key) if scores_key else None
         if raw:
             try:
                 scores = decode_node_scores(raw)

@@ -135,7 +135,9 @@ class CardFilters:
     substring (HAMi ``CheckType``), UUIDs exactly (``CheckUUID``). ``mode`` is the key of
     the card-mode filter (NVIDIA's ``nvidia.com/vgpu-mode``); ``mig``: the vendor's cards
     may be in MIG mode, whose instances :func:`hami.core.fit.fit_shares` places (else a card's mode
-    never makes it a MIG card).
+    never makes it a MIG card). ``node_scores``: the node annotation holding the vendor's
+    card-pair topology scores for the ``topology-aware`` policy (NVIDIA's
+    ``hami.io/node-nvidia-score``; empty: none).
     """
 
     use_type: str = ""
@@ -145,6 +147,7 @@ class CardFilters:
     numa_bind: str = ""
     mode: str = ""
     mig: bool = False
+    node_scores: str = ""
 
     def type_ok(self, anns: Mapping[str, str], device_type: str) -> bool:
         """``CheckType`` with this vendor's keys."""

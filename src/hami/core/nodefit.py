@@ -110,7 +110,8 @@ class _PodFit:
         ledger, request = ctx.ledger, ctx.request
         self.base = ledger.device_usage(entry.name)
         self.occupied = ledger.mig_occupied(entry.name)
-        self.node = NodeOptions.from_annotations(entry.annotations)
+        self.node = NodeOptions.from_annotations(entry.annotations,
+                                                 request.share_filters.node_scores)
         n = len(request.containers)
         self.grant: list[ContainerDevices] = [() for _ in range(n)]
         self.vgrant: dict[str, list[ContainerDevices]] = {w: [() for _ in range(n)]

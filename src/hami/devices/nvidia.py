@@ -56,10 +56,11 @@ from hami.core.vendor import (
 from hami.devices.common import BaseVendor, node_annotations
 
 #: NVIDIA's card filters (HAMi v2.10): type and UUID lists, NUMA binding, the card-mode
-#: filter; its cards may be in MIG mode.
+#: filter, its card-pair topology scores; its cards may be in MIG mode.
 CARD_FILTERS = CardFilters(use_type=names.USE_GPUTYPE, nouse_type=names.NOUSE_GPUTYPE,
                            use_uuid=names.USE_GPUUUID, nouse_uuid=names.NOUSE_GPUUUID,
-                           numa_bind=names.NUMA_BIND, mode=names.VGPU_MODE, mig=True)
+                           numa_bind=names.NUMA_BIND, mode=names.VGPU_MODE, mig=True,
+                           node_scores=names.NODE_SCORE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,7 +330,8 @@ class Nvidia(BaseVendor):
             ctx: FitContext) -> FitOutcome:
         pod = PodOptions.from_annotations(ctx.pod_annotations, ctx.gpu_policy, self.filters)
         return fit_shares(of_type(devices, request.type), request, pod,
-                          NodeOptions.from_annotations(ctx.node_annotations), ctx.quota_ok)
+                          NodeOptions.from_annotations(ctx.node_annotations, self.filters.node_scores),
+                          ctx.quota_ok)
 
 
 def settings(config: SchedulerConfig) -> NvidiaConfig:
