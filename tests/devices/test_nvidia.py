@@ -47,3 +47,22 @@ def test_vendor_devices_are_not_nvidia() -> None:
     out = N.fit(state([dev("d0", "DCU", kind="DCU-Z100")]),
                 ContainerDeviceRequest(1, "NVIDIA", 1000, 101, 0), FitContext())
     assert out.reason == "NodeInsufficientDevice"
+
+
+def test_mig_instances_travel_through_the_protocol() -> None:
+    """Issue 16: the MIG instances of a grant are the backend's to write
+    (``PatchContext.mig``) and to read back (``decode_mig``); a vendor without MIG cards
+    reads none."""
+    from hami.api import names
+    from hami.core.codec import MigAllocation
+    from hami.core.model import ContainerDevice, MigPlacement
+    from hami.devices.registry import build_registry
+
+    grant = ((ContainerDevice("GPU-a", "NVIDIA", 4864, 0),),)
+    mig = (MigAllocation(0, 0, "GPU-a", "1g.5gb", MigPlacement(6, 1)),)
+    out = N.pod_annotations(grant, PatchContext("n1", 0, {}, mig=mig))
+    assert N.decode_mig(out) == mig
+    assert names.MIG_ALLOCATIONS not in N.pod_annotations(grant, PatchContext("n1"))
+    assert N.pod_annotations((), PatchContext("n1", mig=mig)) == {}
+    assert N.decode_mig({}) == ()
+    assert build_registry({"hygon": {}})["DCU"].decode_mig(out) == ()

@@ -5,10 +5,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hami.api import names
-from hami.core.codec import encode_mig_allocations
 from hami.core.filter import FilterError, FilterResult
 from hami.core.model import PodRequest
 from hami.core.vendor import PatchContext, Vendor
@@ -21,7 +20,7 @@ class Decision:
 
     ``annotations`` holds ``hami.io/vgpu-node`` and, when a node was chosen, every
     granted vendor's ``PatchAnnotations``: NVIDIA's ``hami.io/vgpu-devices-to-allocate``
-    and ``hami.io/vgpu-devices-allocated`` (and MIG JSON), e.g. Hygon's
+    and ``hami.io/vgpu-devices-allocated`` (and its MIG JSON), e.g. Hygon's
     ``hami.io/dcu-devices-…`` (the shell adds ``hami.io/vgpu-time``); empty otherwise.
     """
 
@@ -34,7 +33,8 @@ def decision_annotations(result: FilterResult, request: PodRequest,
                          vendors: Mapping[str, Vendor], now_ns: int,
                          gpu: Vendor | None = None) -> dict[str, str]:
     """``hami.io/vgpu-node`` plus every granted vendor's ``PatchAnnotations``: the
-    ``NVIDIA`` backend ``gpu``'s for ``result.devices`` (with the MIG instances), then
+    ``NVIDIA`` backend ``gpu``'s for ``result.devices`` (with the MIG instances
+    ``result.mig`` in its :class:`~hami.core.vendor.PatchContext`), then
     those of ``vendors`` (the registry without NVIDIA) for ``result.vendor_devices``.
 
     Raises:
@@ -45,9 +45,7 @@ def decision_annotations(result: FilterResult, request: PodRequest,
     annotations = {names.VGPU_NODE: result.node}
     ctx = PatchContext(result.node, now_ns, request.annotations)
     if gpu is not None and any(result.devices):
-        annotations.update(gpu.pod_annotations(result.devices, ctx))
-        if result.mig:
-            annotations[names.MIG_ALLOCATIONS] = encode_mig_allocations(result.mig)
+        annotations.update(gpu.pod_annotations(result.devices, replace(ctx, mig=result.mig)))
     if result.vendor_devices:
         try:
             written = pod_patch(vendors, result.vendor_devices, ctx)

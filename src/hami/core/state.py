@@ -23,7 +23,6 @@ from hami.core import isolation
 from hami.core.codec import (
     CodecError,
     MigAllocation,
-    decode_mig_allocations,
 )
 from hami.core.collapse import total
 from hami.core.config import SchedulerConfig
@@ -137,7 +136,7 @@ class ClusterState:
         except (CodecError, ValueError):
             return False
         try:
-            mig = decode_mig_allocations(annotations.get(names.MIG_ALLOCATIONS, "") or "[]")
+            mig = self.gpu.decode_mig(annotations) if self.gpu is not None else ()
         except CodecError:
             mig = ()  # HAMi ignores a bad MIG annotation too (HAMi v2.10)
         spec = pod.get("spec") or {}

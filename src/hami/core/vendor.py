@@ -18,7 +18,8 @@ HAMi                      here
 ``Fit``                   :meth:`Vendor.fit` -> :class:`hami.core.fit.FitOutcome`
 ``AddResourceUsage``      :meth:`Vendor.add_usage`
 ``ScoreNode``             :meth:`Vendor.score_node` (:attr:`Vendor.scores_nodes`)
-``PatchAnnotations``      :meth:`Vendor.pod_annotations`
+``PatchAnnotations``      :meth:`Vendor.pod_annotations` (MIG instances in :class:`PatchContext`)
+(pod informer)            :meth:`Vendor.decode_allocation`, :meth:`Vendor.decode_mig`
 ``LockNode``              :attr:`Vendor.lock_annotation` (None = generic node lock)
 ``CheckHealth``           :attr:`Vendor.handshake_key` (the handshake loop is generic)
 ========================  ==========================================================
@@ -30,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from hami.core.codec_mig import MigAllocation
 from hami.core.fit import DeviceState, FitOutcome, QuotaCheck
 from hami.core.model import (
     CardFilters,
@@ -118,12 +120,16 @@ class FitContext:
 
 @dataclass(frozen=True, slots=True)
 class PatchContext:
-    """Inputs of ``PatchAnnotations`` that are not the allocation: the chosen node and
-    the scheduler's clock (Unix nanoseconds), so that the backends stay pure."""
+    """Inputs of ``PatchAnnotations`` besides the device grant: the chosen node, the
+    scheduler's clock (Unix nanoseconds), so that the backends stay pure, the pod's
+    annotations, and ``mig``: the MIG instances the Fit placed on the grant's cards (only
+    for a vendor whose cards may be in MIG mode, :attr:`CardFilters.mig`; ``()`` else).
+    """
 
     node_name: str = ""
     now_ns: int = 0
     pod_annotations: Mapping[str, str] = field(default_factory=dict)
+    mig: tuple[MigAllocation, ...] = ()
 
 
 @runtime_checkable
@@ -253,6 +259,16 @@ class Vendor(Protocol):
 
     def decode_allocation(self, annotations: Mapping[str, str]) -> PodSingleDevice:
         """This vendor's allocation read back from a pod's annotations (pod informer, HAMi v2.10).
+
+        Raises:
+            hami.core.gowire.CodecError: the annotation is malformed.
+        """
+        ...
+
+    def decode_mig(self, annotations: Mapping[str, str]) -> tuple[MigAllocation, ...]:
+        """The MIG instances of this vendor's allocation read back from a pod's
+        annotations (what :meth:`pod_annotations` wrote from :attr:`PatchContext.mig`);
+        ``()`` for none or a vendor without MIG cards.
 
         Raises:
             hami.core.gowire.CodecError: the annotation is malformed.

@@ -11,7 +11,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from hami.core.codec import decode_node_devices_json, decode_pod_devices, encode_pod_devices
+from hami.core.codec import (
+    MigAllocation,
+    decode_node_devices_json,
+    decode_pod_devices,
+    encode_pod_devices,
+)
 from hami.core.fit import DeviceState, FitOutcome, NodeOptions, PodOptions, fit_shares
 from hami.core.gowire import CodecError
 from hami.core.model import (
@@ -212,6 +217,10 @@ class BaseVendor:
         """
         raw = annotations.get(self.allocated_key)
         return decode_pod_devices(raw) if raw else ()
+
+    def decode_mig(self, annotations: Mapping[str, str]) -> tuple[MigAllocation, ...]:
+        """Default: no MIG instances (the vendor's cards have no MIG mode)."""
+        return ()
 
 
 def memory_request(nums: int, kind: str, memory_mib: int, cores: int) -> ContainerDeviceRequest:

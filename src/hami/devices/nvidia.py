@@ -27,7 +27,13 @@ from typing import Any
 
 from hami.api import names
 from hami.core import isolation
-from hami.core.codec import decode_node_devices, encode_pod_devices
+from hami.core.codec import (
+    MigAllocation,
+    decode_mig_allocations,
+    decode_node_devices,
+    encode_mig_allocations,
+    encode_pod_devices,
+)
 from hami.core.config import ConfigError, SchedulerConfig
 from hami.core.fit import (
     DeviceState,
@@ -318,13 +324,24 @@ class Nvidia(BaseVendor):
 
     def pod_annotations(self, grant: PodSingleDevice, ctx: PatchContext) -> dict[str, str]:
         """``PatchAnnotations``: the pod device string under
-        ``hami.io/vgpu-devices-to-allocate`` and ``hami.io/vgpu-devices-allocated``, only
-        when some GPU was granted (HAMi v2.10; the MIG instances are the core's
-        ``hami.io/mig-allocations``)."""
+        ``hami.io/vgpu-devices-to-allocate`` and ``hami.io/vgpu-devices-allocated``, and
+        the MIG instances ``ctx.mig`` (if any) under ``hami.io/vgpu-mig-allocations``, only
+        when some GPU was granted (HAMi v2.10)."""
         if not any(grant):
             return {}
         value = encode_pod_devices(grant)
-        return {names.DEVICES_TO_ALLOCATE: value, names.DEVICES_ALLOCATED: value}
+        out = {names.DEVICES_TO_ALLOCATE: value, names.DEVICES_ALLOCATED: value}
+        if ctx.mig:
+            out[names.MIG_ALLOCATIONS] = encode_mig_allocations(ctx.mig)
+        return out
+
+    def decode_mig(self, annotations: Mapping[str, str]) -> tuple[MigAllocation, ...]:
+        """The MIG instances of ``hami.io/vgpu-mig-allocations`` (``()`` when absent).
+
+        Raises:
+            CodecError: the annotation is malformed.
+        """
+        return decode_mig_allocations(annotations.get(names.MIG_ALLOCATIONS, "") or "[]")
 
     def fit(self, devices: Sequence[DeviceState], request: ContainerDeviceRequest,
             ctx: FitContext) -> FitOutcome:
