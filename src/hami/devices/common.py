@@ -29,7 +29,7 @@ from hami.core.model import (
 )
 from hami.core.model import CardFilters as Filters
 from hami.core.quantity import QuantityError, to_int_exact
-from hami.core.request import quantity, resource_value
+from hami.core.request import INT32_MAX, RequestError, int_value, quantity, resource_value
 from hami.core.vendor import (
     AdmissionError,
     EnvIsolation,
@@ -38,33 +38,30 @@ from hami.core.vendor import (
     ResourceNames,
 )
 
-INT32_MAX = 2**31 - 1
-
 
 def int_resource(container: Mapping[str, Any], name: str) -> int | None:
-    """Integer value of resource ``name`` (limits, then requests); None when absent.
+    """Integer value of resource ``name`` (limits, then requests); None when absent
+    (:func:`hami.core.request.int_value`, whose texts it keeps), within int32.
 
     Raises:
-        AdmissionError: the value is not an exact integer quantity.
+        AdmissionError: the value is not an exact integer quantity, or is negative or
+            above 2^31-1.
     """
     if not name:
         return None
-    raw = resource_value(container, name)
-    if raw is None:
-        return None
-    cname = container.get("name", "?")
     try:
-        value = to_int_exact(quantity(raw))
-    except QuantityError as exc:
-        raise AdmissionError(f"{name} of container {cname}: {exc}") from None
+        value = int_value(container, name)
+    except RequestError as exc:
+        raise AdmissionError(str(exc)) from None
     if value is None:
-        raise AdmissionError(f"{name} of container {cname} must be an integer, got {raw!r}")
+        return None
     if value < 0 or value > INT32_MAX:
+        raw = resource_value(container, name)
         hint = (f" ({raw!r} is {value} units; device resources count plain numbers such as "
                 "MiB, not bytes)" if isinstance(raw, str) and not raw.lstrip("-").isdigit()
                 else "")
-        raise AdmissionError(f"{name} of container {cname} must be between 0 and "
-                             f"{INT32_MAX}, got {value}{hint}")
+        raise AdmissionError(f"{name} of container {container.get('name', '?')} must be "
+                             f"between 0 and {INT32_MAX}, got {value}{hint}")
     return value
 
 

@@ -17,9 +17,9 @@ from typing import Any
 
 from hami.core.codec import decode_node_devices_json, decode_node_devices_legacy
 from hami.core.model import ContainerDeviceRequest, DeviceInfo
+from hami.core.request import INT32_MAX
 from hami.core.vendor import ResourceNames
 from hami.devices.common import (
-    INT32_MAX,
     AdmissionError,
     BaseVendor,
     Filters,
