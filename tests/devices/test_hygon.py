@@ -99,3 +99,20 @@ def test_pod_annotations() -> None:
         "hami.io/dcu-devices-allocated": value, "hami.io/dcu-devices-to-allocate": value}
     assert H.pod_annotations(((), ()), PatchContext()) == {}
     assert H.decode_allocation({"hami.io/dcu-devices-allocated": value}) == grant
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("1.5", "hygon.com/dcumem of container c must be an integer, got '1.5'"),
+    ("lots", "hygon.com/dcumem of container c: "),
+    (-1, "hygon.com/dcumem of container c must be between 0 and 2147483647, got -1"),
+    ("4Gi", "got 4294967296 ('4Gi' is 4294967296 units; device resources count plain "
+            "numbers such as MiB, not bytes)"),
+])
+def test_malformed_integer_resources_are_refused_with_their_texts(value: object,
+                                                                  message: str) -> None:
+    """A share vendor's integer resources: not a number, not an integer, or out of int32
+    range is an AdmissionError naming the resource and the container."""
+    container = ctr({"hygon.com/dcunum": 1, "hygon.com/dcumem": value})
+    with pytest.raises(AdmissionError) as caught:
+        H.container_request(container)
+    assert message in str(caught.value)
