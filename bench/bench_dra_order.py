@@ -139,7 +139,7 @@ def one_run(cp: Any, order: str, pattern: str, n_nodes: int, pods: int,
     from lightkube.resources.core_v1 import Pod
     from lightkube.resources.resource_v1 import ResourceClaim
 
-    from hami.core.config import NvidiaConfig
+    from hami.devices.nvidia import NvidiaConfig
     from hami.dra.node import SlicePublisher
     from hami.dra.policy import _q
     from hami.dra.translate import translate
