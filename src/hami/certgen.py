@@ -289,8 +289,13 @@ def certgen(
     webhook: Annotated[str, typer.Option(help="MutatingWebhookConfiguration to patch "
                                          "('' = none)")] = "",
     out_dir: Annotated[Path | None, typer.Option(help="also write the files here")] = None,
-    validity_days: Annotated[int, typer.Option(min=31)] = 3650,
-    kubeconfig: Annotated[Path | None, typer.Option(envvar="KUBECONFIG")] = None,
+    validity_days: Annotated[int, typer.Option(
+        min=31, help="lifetime of a new certificate, days; renewed within 30 days of "
+                     "expiry")] = 3650,
+    kubeconfig: Annotated[Path | None, typer.Option(
+        envvar="KUBECONFIG",
+        help="kubeconfig file (default: the pod's service account, else ~/.kube/config)")
+    ] = None,
     allocation_key_secret: Annotated[str, typer.Option(
         help="Secret of the allocation-signing key: created when missing")] = "",
     rotate_allocation_key: Annotated[bool, typer.Option(

@@ -10,10 +10,12 @@ from typing import Annotated
 
 import typer
 
-from hami.cli.compat import HamiCommand
+from hami.cli.compat import HamiCommand, HamiGroup
 
+# Shell completion (--install-completion, --show-completion) is offered by the root
+# command only; it completes every subcommand and option.
 app = typer.Typer(help="hami: GPU sharing for Kubernetes, wire-compatible with HAMi.",
-                  no_args_is_help=True, add_completion=False,
+                  no_args_is_help=True, add_completion=True, cls=HamiGroup,
                   context_settings={"help_option_names": ["-h", "--help"]})
 
 

@@ -25,7 +25,7 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperCommand
+from typer.core import TyperCommand, TyperGroup
 
 from hami.kubehint import kube_hint
 
@@ -136,8 +136,9 @@ def _common(
 
 
 def _params_of(func: Callable[..., None]) -> list[Any]:
-    """The click parameters typer makes of ``func``'s signature (typer's own click)."""
-    sub = typer.Typer()
+    """The click parameters typer makes of ``func``'s signature (typer's own click),
+    without typer's completion options (the root ``hami`` command has those)."""
+    sub = typer.Typer(add_completion=False)
     sub.command()(func)
     return list(typer.main.get_command(sub).params)
 
@@ -168,6 +169,23 @@ def _names(params: Sequence[Any]) -> set[str]:
     return {o for p in params for o in (*p.opts, *getattr(p, "secondary_opts", ()))}
 
 
+def untyped_flags(params: list[Any]) -> list[Any]:
+    """``params`` with on/off options shown without a type in ``--help`` (typer labels
+    them ``<bool>``, which reads as if the option took a value)."""
+    for p in params:
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+class HamiGroup(TyperGroup):
+    """The root ``hami`` command: its on/off options (``--version``, ``--help``, the
+    completion options) shown without a type."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return untyped_flags(super().get_params(ctx))
+
+
 class HamiCommand(TyperCommand):
     """A typer command with HAMi's flags, the common options and one-line errors."""
 
@@ -178,6 +196,9 @@ class HamiCommand(TyperCommand):
         self.hami_flags = {f.name: f for f in HAMI_FLAGS if f.name not in own}
         self.params.extend(_params_of(_compat_function(list(self.hami_flags.values()))))
         self.aliases = {a: c for a, c in ALIASES.items() if a not in own and c in own}
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return untyped_flags(super().get_params(ctx))
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         return super().parse_args(ctx, normalize(args, self.params, self.aliases))

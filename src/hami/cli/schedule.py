@@ -31,7 +31,8 @@ def schedule_command(
         "--gpu-scheduler-policy", help="spread | binpack | topology-aware | mutex | "
         "fragmentation-aware | numa, or a comma list (numa,binpack)")] = "spread",
     scheduler_name: Annotated[str, typer.Option(help="schedulerName the webhook sets")] = "hami-scheduler",
-    output: Annotated[Output, typer.Option("-o", "--output")] = Output.table,
+    output: Annotated[Output, typer.Option(
+        "-o", "--output", help="a human-readable table, or one JSON document")] = Output.table,
     enable_ascend: Annotated[bool, typer.Option(help="register the device config's vnpus (Ascend) vendors")] = False,
     enable_iluvatar: Annotated[bool, typer.Option(help="register the device config's iluvatars vendors")] = False,
     default_mem: DefaultMem = None,

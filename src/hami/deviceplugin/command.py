@@ -62,7 +62,10 @@ def device_plugin(
         "/config/config.json"),
     backend: Annotated[str, typer.Option(help="nvml | fake")] = "nvml",
     fake_inventory: Annotated[Path | None, typer.Option(help="YAML inventory for --backend fake")] = None,
-    kubeconfig: Annotated[Path | None, typer.Option(envvar="KUBECONFIG")] = None,
+    kubeconfig: Annotated[Path | None, typer.Option(
+        envvar="KUBECONFIG",
+        help="kubeconfig file (default: the pod's service account, else ~/.kube/config)")
+    ] = None,
     lock_dir: Annotated[str, typer.Option(
         help="ignored (kept for compatibility): each container gets its own /tmp/vgpulock")] = "/tmp/vgpulock",
     register_interval: Annotated[float, typer.Option(
@@ -70,7 +73,9 @@ def device_plugin(
         help="time between register passes (30s, or seconds: 30)")] = 30.0,
     install_lib_dir: Annotated[Path | None, typer.Option(
         "--install-lib", help="install libvgpu.so + ld.so.preload into DIR and exit")] = None,
-    lib_path: Annotated[Path, typer.Option(help="libvgpu.so to install")] = DEFAULT_LIB,
+    lib_path: Annotated[Path, typer.Option(
+        help="libvgpu.so to install",
+        show_default="native/libvgpu/build/libvgpu.so of hami's source tree")] = DEFAULT_LIB,
     mig_apply_lock: Annotated[Path, typer.Option(
         help="MIG apply lock file (operatingmode mig)")] = Path("/tmp/hami/hami-mig-apply.lock"),
     watch_idle_timeout: Annotated[float, typer.Option(

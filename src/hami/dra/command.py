@@ -20,7 +20,10 @@ def dra_plugin(
         "/config/config.json"),
     backend: Annotated[str, typer.Option(help="nvml | fake")] = "nvml",
     fake_inventory: Annotated[Path | None, typer.Option(help="YAML inventory for --backend fake")] = None,
-    kubeconfig: Annotated[Path | None, typer.Option(envvar="KUBECONFIG")] = None,
+    kubeconfig: Annotated[Path | None, typer.Option(
+        envvar="KUBECONFIG",
+        help="kubeconfig file (default: the pod's service account, else ~/.kube/config)")
+    ] = None,
     registry_dir: Annotated[Path, typer.Option(help="kubelet plugin registry directory")] = Path(
         "/var/lib/kubelet/plugins_registry"),
     plugin_dir: Annotated[Path, typer.Option(help="directory of the DRA socket")] = Path(

@@ -1,0 +1,66 @@
+"""What ``hami --help`` and every command's ``--help`` show: shell completion once, on the
+root command only; every option described; defaults that do not depend on where hami is
+installed; no type label on on/off flags."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from hami.cli import app
+
+COMMANDS = ["schedule", "scheduler", "simulate", "device-plugin", "dra-plugin", "monitor",
+            "top", "certgen", "version"]
+WIDE = {"COLUMNS": "250"}
+
+
+def help_of(*args: str) -> str:
+    result = CliRunner().invoke(app, [*args, "--help"], env=WIDE)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_completion_is_offered_once_by_the_root_command() -> None:
+    root = help_of()
+    assert root.count("--install-completion") == 1 and root.count("--show-completion") == 1
+    for name in COMMANDS:
+        text = help_of(name)
+        assert "--install-completion" not in text and "--show-completion" not in text, name
+
+
+def test_root_completion_option_is_accepted() -> None:
+    result = CliRunner().invoke(app, ["--show-completion", "bash"], env=WIDE)
+    assert "No such option" not in result.output, result.output
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_option_of_every_command_is_described(name: str) -> None:
+    """Every visible option has a help text (``--kubeconfig`` had none on device-plugin,
+    dra-plugin and certgen)."""
+    import typer
+
+    group = typer.main.get_command(app)
+    command = group.commands[name]  # type: ignore[attr-defined]
+    ctx = command.make_context(name, [], parent=group.make_context("hami", [name]),
+                               resilient_parsing=True)
+    for param in command.get_params(ctx):
+        if not getattr(param, "hidden", False):
+            assert (getattr(param, "help", None) or "").strip(), (name, param.opts)
+
+
+@pytest.mark.parametrize("name", ["device-plugin", "dra-plugin", "scheduler", "monitor"])
+def test_defaults_do_not_show_the_checkout(name: str) -> None:
+    from pathlib import Path
+
+    here = str(Path(__file__).resolve().parents[2])
+    assert here not in help_of(name).replace("\n", "")
+
+
+def test_lib_path_default_is_described() -> None:
+    text = " ".join(help_of("device-plugin").split())
+    assert "native/libvgpu/build/libvgpu.so" in text
+
+
+def test_flags_show_no_bool_type() -> None:
+    for args in ((), ("device-plugin",), ("simulate",)):
+        assert "<bool>" not in help_of(*args), args
