@@ -86,3 +86,33 @@ def test_plot_into_a_missing_directory_fails_before_the_run(tmp_path):
                                       str(tmp_path / "nope" / "x.png")])
     assert result.exit_code != 0
     assert "does not exist" in result.output
+
+
+def _status_line(output: str) -> str:
+    text = " ".join(output.split())
+    return text[text.index(" nodes, "):]
+
+
+def test_status_line_says_whether_the_pods_were_inflated(tmp_path: Path) -> None:
+    """A node list smaller than the workload gets the trace pods as they are, so the line
+    under the table gives their demand instead of claiming the inflation to --tune."""
+    from hami.sim.synthetic import DEFAULT_SEED, synthetic_trace
+    from hami.sim.workload import gpu_demand
+
+    small = tmp_path / "small.csv"
+    small.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,96000,786432,2,V100M16\n")
+    result = runner.invoke(app, ["simulate", "--nodes", str(small), "--scale", "0.03",
+                                 "--no-progress", "--policies", "binpack/binpack"])
+    assert result.exit_code == 0, result.output
+    _, pods = synthetic_trace(0.03, DEFAULT_SEED)
+    demand = gpu_demand(pods) / 2000
+    assert demand > 1.3
+    line = _status_line(result.output)
+    assert "inflated to" not in line, line
+    assert (f"{len(pods)} trace pods asking for {demand:.3g}x capacity (not inflated: "
+            "more than --tune 1.3)") in line, line
+
+    default = runner.invoke(app, ["simulate", "--scale", "0.03", "--no-progress",
+                                  "--policies", "binpack/binpack"])
+    assert default.exit_code == 0, default.output
+    assert "trace pods inflated to 1.3x capacity" in _status_line(default.output)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -44,7 +45,7 @@ from hami.sim.trace import (
     load_trace,
     pod_file,
 )
-from hami.sim.workload import DEFAULT_TUNE, prepare_workload
+from hami.sim.workload import DEFAULT_TUNE, gpu_demand, prepare_workload
 
 #: Environment variable that gives ``--trace`` when the option is not on the command line.
 TRACE_ENV = "HAMI_TRACE_DIR"
@@ -159,6 +160,18 @@ class Simulation:
             self.nodes, pods, policy, dist, seed, CURVE_POINTS, REPORT_POINTS, progress)
         return ReplayResult(policy, seed, len(pods), scheduled, failed, self.capacity_milli,
                             allocation, frag, seconds)
+
+
+def workload_status(pods: Sequence[TracePod], capacity_milli: int, tune: float) -> str:
+    """The workload part of the line under the table: the trace pods are inflated to
+    ``tune`` x the cluster's GPU capacity (``capacity_milli``, milli-GPU) only when they
+    ask for less (:func:`hami.sim.workload.inflate` never drops pods), e.g. for a
+    ``--nodes`` cluster smaller than the trace's."""
+    demand = gpu_demand(pods) / capacity_milli if capacity_milli else 0.0
+    if demand >= tune:
+        return (f"{len(pods)} trace pods asking for {demand:.3g}x capacity (not inflated: "
+                f"more than --tune {tune:g})")
+    return f"{len(pods)} trace pods inflated to {tune:g}x capacity"
 
 
 def simulate(
@@ -281,9 +294,9 @@ def simulate(
         out = Console() if Console().is_terminal else Console(width=140)
         report.render_table(summary, points, title, reference, console=out)
         report.render_mig_table(summary, console=out)
-        out.print(f"{len(nodes)} nodes, {settings['gpus']} GPUs, {len(pods)} trace pods "
-                  f"inflated to {tune:g}x capacity; seeds {', '.join(map(str, seed_list))}; "
-                  f"split count {split_count}"
+        out.print(f"{len(nodes)} nodes, {settings['gpus']} GPUs, "
+                  f"{workload_status(pods, sim.capacity_milli, tune)}; "
+                  f"seeds {', '.join(map(str, seed_list))}; split count {split_count}"
                   + (f"; {mig_gpus} GPUs in MIG mode." if mig_gpus else "."))
     if plot is not None:
         path = report.write_plot(plot, summary, title, reference)
