@@ -141,8 +141,8 @@ COLUMNS: tuple[tuple[str, str], ...] = (
      "the workload's pods (its mix of GPU shares) could not use, because it lies in pieces "
      "smaller than they ask or on nodes short of CPU or memory; the FGD paper's measure, "
      "averaged over the workload's mix; at most the 100% column."),
-    ("failed", "pods never placed, of all pods replayed (the workload inflated to --tune "
-     "x capacity)."),
+    ("failed", "pods never placed, of all pods replayed (the workload asks for at least "
+     "--tune x capacity)."),
     ("s/run", "wall time of one replay, seconds."),
 )
 
