@@ -40,12 +40,16 @@ helm:
 
 # `make cluster NODE=real`: a real node (kubelet, containerd 2.x, runc) running hami's device
 # plugin, monitor and libvgpu, with hami's scheduler and webhook (root, cgroup v1 and
-# Debian's runc containernetworking-plugins umoci skopeo busybox-static).
+# Debian's runc containernetworking-plugins umoci skopeo busybox-static). MODE (NODE=real):
+# node-lock (HAMi's protocol, the default), cdi (allocate mode cdi: no node lock) or dra
+# (DRA mode next to it: kube-controller-manager, hami dra-plugin).
 NODE ?= api
+MODE ?= node-lock
+GPUBED_ARGS = $(if $(filter dra,$(MODE)),--dra,--allocate-mode $(MODE))
 cluster: setup k8s
 ifeq ($(NODE),real)
 	$(MAKE) native containerd
-	$(BIN)/python -m hami.testing.gpubed up
+	$(BIN)/python -m hami.testing.gpubed up $(GPUBED_ARGS)
 else
 	$(BIN)/python -m hami.testing.controlplane up --gpu-node gpu-0
 endif

@@ -1,4 +1,4 @@
-"""hami on a real node: the whole chain with no GPU, for tests and ``make cluster-node``.
+"""hami on a real node: the whole chain with no GPU, for tests and ``make cluster NODE=real``.
 
 :class:`GpuBed` starts, in order:
 
@@ -331,57 +331,9 @@ def _gpu_allocatable(client: Any, node: str) -> int:
     return int((n.status.allocatable or {}).get("nvidia.com/gpu", "0")) if n.status else 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m hami.testing.gpubed up``: start the bed, print how to use it, run
-    until Ctrl-C. Exit status 2 when this machine cannot run a node (the reason is
-    printed)."""
-    import argparse
-    import signal
-
-    from hami.testing.nodeprereq import NodeUnavailable
-
-    parser = argparse.ArgumentParser(prog="python -m hami.testing.gpubed",
-                                     description="hami on a real node (no GPU needed)")
-    parser.add_argument("command", choices=["up"])
-    parser.add_argument("--node", default="gpu-node-0", help="the Node's name")
-    args = parser.parse_args(argv)
-    print("starting: control plane, hami scheduler + webhook, kube-scheduler, containerd, "
-          "kubelet, hami device-plugin and monitor (about 20 s) ...", flush=True)
-    bed = GpuBed(node_name=args.node)
-    try:
-        bed.start()
-    except NodeUnavailable as err:
-        print(f"error: {err}")
-        return 2
-    assert bed.cp is not None
-    example = bed.workdir / "gpu-pod.yaml"
-    example.write_text(yaml.safe_dump(gpu_test_pod(
-        "gpu-pod", "vgtest init info alloc mem 536870912 0 alloc mem 1 2 info",
-        memory_mib=512)))
-    print(f"""ready in {bed.timings['total']:.0f} s. In another shell:
-  export KUBECONFIG={bed.cp.kubeconfig}
-  kubectl apply -f {example}      # 512 MiB slice; vgtest allocates it, then 1 byte more
-  kubectl get pod gpu-pod         # Completed after a few seconds
-  cat {bed.node.host_path('/var/log/pods') if bed.node else ''}/default_gpu-pod_*/c/0.log
-  curl -s http://127.0.0.1:{bed.monitor_port}/metrics | grep hami_vgpu
-logs: {bed.workdir}/k8s/logs and {bed.workdir}/node/logs. Ctrl-C stops everything.""",
-          flush=True)
-    stop = False
-
-    def on_signal(*_: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    try:
-        while not stop:
-            time.sleep(0.5)
-            bed.check_alive()
-    finally:
-        bed.stop()
-    return 0
-
-
 if __name__ == "__main__":
+    # ``python -m hami.testing.gpubed up``: the command lives in gpubed_cli, which imports
+    # this module (as hami.testing.gpubed, not as __main__).
+    from hami.testing.gpubed_cli import main
+
     sys.exit(main())
