@@ -138,8 +138,8 @@ def _print_usage(bed: GpuBed, dra: bool) -> None:
     example = bed.workdir / ("dra-pod.yaml" if dra else "gpu-pod.yaml")
     example.write_text(yaml.safe_dump_all(example_objects(dra)))
     what = ("ResourceClaim for a 512 MiB slice" if dra else "512 MiB slice")
-    more = ("\n  kubectl get resourceclaims -o wide   # allocated from the node's ResourceSlice"
-            if dra else "")
+    more = ("\n  kubectl get resourceslices      # the node's GPUs, as hami dra-plugin "
+            "publishes them" if dra else "")
     ready_s = bed.timings["total"] + bed.timings.get("dra-plugin", 0.0)
     print(f"""ready in {ready_s:.0f} s. In another shell:
   export KUBECONFIG={bed.cp.kubeconfig}
