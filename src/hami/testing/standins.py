@@ -1,7 +1,7 @@
 """What kube-controller-manager would do for an installed chart, done once by the test.
 
-The test control plane runs no kube-controller-manager (building it would add minutes to
-every fresh CI machine, see docs/install.md). A chart's pods come from controllers in it,
+The chart test runs no kube-controller-manager (see docs/install.md, "No
+kube-controller-manager"). A chart's pods come from controllers in it,
 so the chart test plays those controllers for the objects it installed, once, from the
 objects as the API server stores them (nothing is rendered twice):
 
