@@ -297,7 +297,7 @@ def simulate(
         out.print(f"{len(nodes)} nodes, {settings['gpus']} GPUs, "
                   f"{workload_status(pods, sim.capacity_milli, tune)}; "
                   f"seeds {', '.join(map(str, seed_list))}; split count {split_count}"
-                  + (f"; {mig_gpus} GPUs in MIG mode." if mig_gpus else "."))
+                  + (f"; {mig_gpus} GPUs in MIG mode." if mig_gpus else "."), soft_wrap=True)
     if plot is not None:
         path = report.write_plot(plot, summary, title, reference)
         err.print(f"plot written to {path}")
