@@ -77,7 +77,7 @@ def example_objects(dra: bool) -> list[dict[str, Any]]:
     pod = gpu_test_pod("gpu-pod", EXAMPLE_COMMAND, memory_mib=512)
     if not dra:
         return [pod]
-    from hami.core.config import NvidiaConfig
+    from hami.devices.nvidia import NvidiaConfig
     from hami.dra.translate import translate
 
     translated = translate(pod, NvidiaConfig())
