@@ -18,10 +18,13 @@ with ``watch=true``:
   decoder reads only the first member, so every later event would be lost without an
   error (``tests/e2e/test_watch_compression_e2e.py``).
 
-The async pool is bounded (:data:`DEFAULT_POOL_CONNECTIONS`): httpx2's pool looks at
-every idle connection (a socket poll each) whenever a request starts or ends, so a pool
-that grew to one connection per concurrent request in a burst spends more CPU on that
-than on the requests; a few kept-alive connections carry the same load.
+The async transport sends through aiohttp's client (:class:`AiohttpTransport`):
+lightkube and httpx2 still build every request (URL, auth, body) and read every answer,
+and aiohttp's connection pool and C HTTP parser carry it, at about two thirds of the CPU
+per request of httpx2's own transport (httpcore2 over anyio and h11), whose pool also
+polls every idle connection whenever a request starts or ends. The pool is bounded
+(:data:`DEFAULT_POOL_CONNECTIONS`, watches included): a burst shares a few kept-alive
+connections instead of opening one per concurrent request.
 
 Every connection, watch or not, has TCP keepalive (probe after 30 s idle, every 10 s,
 dropped after 3 unanswered probes), so a peer that vanished is noticed by the kernel.
@@ -31,8 +34,10 @@ TLS settings are lightkube's own (:func:`lightkube.config.client_adapter.verify_
 from __future__ import annotations
 
 import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import httpx2
 from lightkube import ConfigError
 from lightkube.config.client_adapter import verify_cluster
@@ -95,6 +100,104 @@ class AsyncKubeTransport(httpx2.AsyncBaseTransport):
         await self.inner.aclose()
 
 
+class _AiohttpBody(httpx2.AsyncByteStream):
+    """An aiohttp response body as httpx2 reads it; aiohttp's errors as httpx2's."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self.response = response
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.response.content.iter_any():
+                yield chunk
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise _httpx_error(exc, reading=True) from None
+
+    async def aclose(self) -> None:
+        # A body read to its end hands the connection back to the pool; one left unread
+        # (a watch stopped mid-stream, an error answer not read) closes it.
+        if self.response.content.at_eof():
+            self.response.release()
+        else:
+            self.response.close()
+
+
+def _httpx_error(exc: BaseException, *, reading: bool) -> httpx2.TransportError:
+    """aiohttp's exception as the httpx2 one its callers catch: an idle read past its
+    deadline is :class:`httpx2.ReadTimeout` (a watch then resumes), no connection in time
+    :class:`httpx2.ConnectTimeout`, a refused or broken one :class:`httpx2.ConnectError` or
+    :class:`httpx2.ReadError`."""
+    message = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return httpx2.ConnectTimeout(message)
+    if isinstance(exc, TimeoutError):
+        return httpx2.ReadTimeout(message)
+    if isinstance(exc, aiohttp.ClientConnectorError) and not reading:
+        return httpx2.ConnectError(message)
+    return httpx2.ReadError(message)
+
+
+class AiohttpTransport(httpx2.AsyncBaseTransport):
+    """httpx2's async transport interface over an ``aiohttp.ClientSession``.
+
+    Sends the request httpx2 built (method, URL, headers, body) as it is and hands back
+    the status, headers and undecoded body (httpx2 decodes ``Content-Encoding`` itself);
+    no redirects, no cookies; proxies from the environment only with ``trust_env``.
+    Timeouts come from the
+    request's ``timeout`` extension: ``pool`` bounds the wait for a connection, ``connect``
+    the TCP and TLS set-up, ``read`` the silence between two reads (a watch's idle
+    deadline); httpx2's ``write`` has no aiohttp counterpart. Every socket gets
+    ``socket_options`` (TCP keepalive). The session is made on the first request, in the
+    event loop that sends it, and closed by :meth:`aclose`.
+    """
+
+    def __init__(self, ssl_context: Any, *, max_connections: int,
+                 socket_options: list[tuple[int, int, int]] | None = None,
+                 trust_env: bool = False) -> None:
+        self.ssl_context = ssl_context
+        self.trust_env = trust_env
+        self.max_connections = max_connections
+        self.socket_options = list(socket_options or [])
+        self._session: aiohttp.ClientSession | None = None
+
+    def _socket(self, addr_info: Any) -> socket.socket:
+        family, type_, proto, _, _ = addr_info
+        sock = socket.socket(family=family, type=type_, proto=proto)
+        for level, name, value in self.socket_options:
+            sock.setsockopt(level, name, value)
+        return sock
+
+    def _session_now(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(ssl=self.ssl_context, limit=self.max_connections,
+                                             limit_per_host=0, socket_factory=self._socket)
+            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
+                                                  trust_env=self.trust_env, cookie_jar=aiohttp.DummyCookieJar())
+        return self._session
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        timeouts = request.extensions.get("timeout") or {}
+        timeout = aiohttp.ClientTimeout(total=None, connect=timeouts.get("pool"),
+                                        sock_connect=timeouts.get("connect"),
+                                        sock_read=timeouts.get("read"))
+        body = await request.aread()
+        try:
+            response = await self._session_now().request(
+                request.method, str(request.url), headers=request.headers.multi_items(),
+                data=body or None, timeout=timeout, allow_redirects=False)
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise _httpx_error(exc, reading=False) from None
+        return httpx2.Response(response.status, headers=response.raw_headers,
+                               stream=_AiohttpBody(response),
+                               extensions={"http_version": b"HTTP/1.1",
+                                           "reason_phrase": (response.reason or "").encode()})
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
 class KubeTransport(httpx2.BaseTransport):
     """Blocking transport: :func:`prepare_watch`, then httpx2's own transport."""
 
@@ -127,10 +230,8 @@ def async_transport(config: SingleConfig | None, *, idle_timeout_s: float = DEFA
     Raises:
         lightkube.ConfigError: no config (a kubeconfig without current context) or no user.
     """
-    limits = httpx2.Limits(max_connections=pool_connections,
-                           max_keepalive_connections=pool_connections)
-    inner = httpx2.AsyncHTTPTransport(verify=_verify(config, trust_env), trust_env=trust_env,
-                                      socket_options=keepalive_options(), limits=limits)
+    inner = AiohttpTransport(_verify(config, trust_env), max_connections=pool_connections,
+                             socket_options=keepalive_options(), trust_env=trust_env)
     return AsyncKubeTransport(inner, idle_timeout_s)
 
 
@@ -142,6 +243,7 @@ def sync_transport(config: SingleConfig | None, *, idle_timeout_s: float = DEFAU
     return KubeTransport(inner, idle_timeout_s)
 
 
-__all__ = ["DEFAULT_POOL_CONNECTIONS", "DEFAULT_WATCH_IDLE_TIMEOUT_S", "AsyncKubeTransport", "KubeTransport",
+__all__ = ["DEFAULT_POOL_CONNECTIONS", "DEFAULT_WATCH_IDLE_TIMEOUT_S", "AiohttpTransport",
+           "AsyncKubeTransport", "KubeTransport",
            "async_transport", "keepalive_options", "prepare_watch", "sync_transport",
            "watch_timeout_for"]

@@ -190,6 +190,9 @@ class Engine(NodeRegistry, FilterFlow, BindFlow):
         self._locked: set[tuple[str, str]] = set()
         #: Last allocatable count per (node, CommonWord) of the other vendors (HAMi v2.10).
         self._vendor_reported: dict[tuple[str, str], int] = {}
+        #: Per node: the cached Node object its devices were last registered from, the
+        #: vendors read and the reason returned (see NodeRegistry.register).
+        self._registered: dict[str, tuple[JSON, frozenset[str] | None, str]] = {}
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:

@@ -58,6 +58,7 @@ class NodeRegistry(EngineParts):
                 self._locked.discard((name, key))
             self.state.remove_node(name)
             self.nodes.pop(name, None)
+            self._registered.pop(name, None)
             self._reported.pop(name, None)
             self.node_reasons.pop(name, None)
             for word in self.state.vendors:
@@ -80,7 +81,14 @@ class NodeRegistry(EngineParts):
         self.waiters.changed(name)
 
     def register(self, name: str) -> None:
-        """Health check and (re)registration of one node (HAMi v2.10), per vendor."""
+        """Health check and (re)registration of one node (HAMi v2.10), per vendor.
+
+        The health check runs every time; the devices are read again (the register
+        annotation decoded) only when the cached Node object or the set of healthy vendors
+        changed since they were last registered, or the node left the ledger meanwhile:
+        re-registering the same object gives the same devices, which the ledger keeps as
+        they are, so the periodic pass over every node decodes nothing that did not change.
+        """
         node = self.nodes.get(name)
         if node is None:
             return
@@ -95,9 +103,10 @@ class NodeRegistry(EngineParts):
                 self._spawn(self._patch_handshake(name, handshakes))
             if not health.healthy:
                 self.state.remove_node(name)
+                self._registered.pop(name, None)
                 self._node_reason(name, health.reason)
                 return
-            self._node_reason(name, self.state.upsert_node(node))
+            self._node_reason(name, self._upsert(name, node, None))
             return
         healthy = {names.NVIDIA} if health.healthy else set()
         annotations = _meta(node).get("annotations") or {}
@@ -123,14 +132,26 @@ class NodeRegistry(EngineParts):
             self._spawn(self._patch_handshake(name, handshakes))
         if not healthy:
             self.state.remove_node(name)
+            self._registered.pop(name, None)
             self._node_reason(name, "; ".join(reasons))
             return
-        why = self.state.upsert_node(node, vendors=healthy)
+        why = self._upsert(name, node, frozenset(healthy))
         skipped = self.state.vendor_reasons.get(name) or {}
         if not why and skipped:  # registered, but some vendor's devices were malformed
             why = "registered without " + "; ".join(skipped[w] for w in sorted(skipped))
         # health reasons of vendors left out are kept even when the node still registers
         self._node_reason(name, "; ".join(r for r in (*reasons, why) if r))
+
+    def _upsert(self, name: str, node: JSON, vendors: frozenset[str] | None) -> str:
+        """``state.upsert_node`` unless this very object was registered last with the same
+        vendors and the node is still in the ledger (then the reason it returned)."""
+        last = self._registered.get(name)
+        if (last is not None and last[0] is node and last[1] == vendors
+                and self.state.ledger.node(name) is not None):
+            return last[2]
+        why = self.state.upsert_node(node, vendors=vendors)
+        self._registered[name] = (node, vendors, why)
+        return why
 
     def _node_reason(self, name: str, why: str) -> None:
         """Remember why a node is (partly) not registered; log each new reason once."""

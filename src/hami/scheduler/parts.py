@@ -47,6 +47,7 @@ class EngineParts:
         inflight: InFlight
         _reported: dict[str, int]
         _vendor_reported: dict[tuple[str, str], int]
+        _registered: dict[str, tuple[dict[str, Any], frozenset[str] | None, str]]
         _committed_at: dict[str, float]
         _pending_patch: dict[str, asyncio.Future[str]]
         _phase_written: set[str]
