@@ -33,9 +33,9 @@ def decision_annotations(result: FilterResult, request: PodRequest,
                          vendors: Mapping[str, Vendor], now_ns: int,
                          gpu: Vendor | None = None) -> dict[str, str]:
     """``hami.io/vgpu-node`` plus every granted vendor's ``PatchAnnotations``: the
-    ``NVIDIA`` backend ``gpu``'s for ``result.devices`` (with the MIG instances
-    ``result.mig`` in its :class:`~hami.core.vendor.PatchContext`), then
-    those of ``vendors`` (the registry without NVIDIA) for ``result.vendor_devices``.
+    share fast-path backend ``gpu``'s (NVIDIA's) for ``result.devices`` (with the MIG
+    instances ``result.mig`` in its :class:`~hami.core.vendor.PatchContext`), then
+    those of ``vendors`` (the registry without it) for ``result.vendor_devices``.
 
     Raises:
         FilterError: two vendors would write one pod annotation differently.

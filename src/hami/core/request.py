@@ -15,10 +15,9 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
-from hami.api import names
 from hami.core.model import CardFilters, ContainerDeviceRequest, PodRequest
 from hami.core.quantity import QuantityError, parse_quantity, to_int_exact, to_mib, to_milli
-from hami.core.vendor import AdmissionError, Vendor
+from hami.core.vendor import AdmissionError, Vendor, fast_path_vendor
 from hami.core.vendors import pod_requests
 
 INT32_MAX = 2**31 - 1
@@ -132,14 +131,15 @@ def pod_request(pod: Mapping[str, Any], registry: Mapping[str, Vendor]) -> PodRe
     """
     meta = pod.get("metadata") or {}
     init, app = _containers(pod)
-    gpu = registry.get(names.NVIDIA)
+    fast = fast_path_vendor(registry)
+    fast_word, gpu = fast if fast is not None else (None, None)
     try:
         reqs = tuple(gpu.container_request(c) if gpu is not None else None
                      for c in [*init, *app])
     except (AdmissionError, QuantityError) as exc:
         raise RequestError(str(exc)) from None
     cpu, mem = _pod_cpu_memory(init, app)
-    others = ({w: v for w, v in registry.items() if w != names.NVIDIA}
+    others = ({w: v for w, v in registry.items() if w != fast_word}
               if len(registry) > (gpu is not None) else None)
     return PodRequest(
         namespace=str(meta.get("namespace") or "default"),
