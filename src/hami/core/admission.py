@@ -126,7 +126,7 @@ def decide(pod: Mapping[str, Any], config: SchedulerConfig,
         return _deny("pod has no containers", pod)
     if _skip(pod, config):
         return _admit_foreign(pod, config, with_patch)
-    gpu = config.fast_vendor()
+    fast = config.fast_vendor()
     vendors = config.vendors()
     mutated = _copy_for_mutation(pod, metadata=bool(vendors))
     mspec = mutated["spec"]
@@ -136,8 +136,8 @@ def decide(pod: Mapping[str, Any], config: SchedulerConfig,
         for container in ordered:
             if not isinstance(container, dict):
                 return _deny("container is not an object", pod, code=400)
-            if gpu is not None:
-                has_resource = gpu.mutate_admission(container, mutated) or has_resource
+            if fast is not None:
+                has_resource = fast.mutate_admission(container, mutated) or has_resource
             for vendor in vendors.values():
                 has_resource = vendor.mutate_admission(container, mutated) or has_resource
     except (RequestError, QuantityError, AdmissionError) as exc:

@@ -34,10 +34,10 @@ class NodeDevices:
 
 def read_node_devices(node: Mapping[str, Any], vendors: Mapping[str, Vendor],
                       wanted: Collection[str] | None = None,
-                      gpu: Vendor | None = None) -> NodeDevices:
-    """The devices a Node (JSON mapping) reports: the share fast-path backend ``gpu``'s
+                      fast: Vendor | None = None) -> NodeDevices:
+    """The devices a Node (JSON mapping) reports: the share fast-path backend ``fast``'s
     (NVIDIA's: its register annotation; none without a backend), then each backend of
-    ``vendors`` (CommonWord -> backend, the registry without ``gpu``) in order.
+    ``vendors`` (CommonWord -> backend, the registry without ``fast``) in order.
 
     ``wanted`` limits which CommonWords are read (None: all). A vendor whose annotation
     is malformed is skipped with its reason and the others still register. A UUID
@@ -49,14 +49,14 @@ def read_node_devices(node: Mapping[str, Any], vendors: Mapping[str, Vendor],
     annotations = dict(meta.get("annotations") or {})
     devices: list[DeviceInfo] = []
     reasons: dict[str, str] = {}
-    register = (gpu.register_key if gpu is not None else None) or ""
-    fast_word = gpu.common_word if gpu is not None else ""
-    if gpu is not None and (wanted is None or fast_word in wanted):
+    register = (fast.register_key if fast is not None else None) or ""
+    fast_word = fast.common_word if fast is not None else ""
+    if fast is not None and (wanted is None or fast_word in wanted):
         if register not in annotations:
             reasons[fast_word] = f"annos not found {register}"
         else:
             try:
-                devices.extend(gpu.node_devices(node))
+                devices.extend(fast.node_devices(node))
             except CodecError as exc:
                 reasons[fast_word] = f"node {name}: {exc}"
     for word, vendor in vendors.items():

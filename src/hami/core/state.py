@@ -191,7 +191,7 @@ class ClusterState:
         self._charge_quota(entry)
         return entry
 
-    def nvidia_devices(self, entry: PodEntry) -> PodSingleDevice:
+    def fast_devices(self, entry: PodEntry) -> PodSingleDevice:
         """The fast-path vendor's part of a charged pod's grant (the ledger keeps all
         vendors')."""
         others = self.vendor_devices.get(entry.uid)
@@ -213,7 +213,7 @@ class ClusterState:
             return ()
         words = {w for w, g in self.vendor_devices.get(uid, {}).items()
                  if any(g[entry.n_init:])}
-        if any(self.nvidia_devices(entry)[entry.n_init:]):
+        if any(self.fast_devices(entry)[entry.n_init:]):
             words.add(self.fast_word)
         return tuple(sorted(words))
 
