@@ -38,7 +38,7 @@ from hami.core.provenance import strip_allocation
 from hami.core.quantity import QuantityError
 from hami.core.quota import QuotaLedger
 from hami.core.request import RequestError, pod_request
-from hami.core.vendor import AdmissionError, Vendor
+from hami.core.vendor import AdmissionError, Vendor, fast_path_vendor
 from hami.core.vendor_quota import VendorQuota
 from hami.core.vendors import pod_requests
 
@@ -126,7 +126,7 @@ def decide(pod: Mapping[str, Any], config: SchedulerConfig,
         return _deny("pod has no containers", pod)
     if _skip(pod, config):
         return _admit_foreign(pod, config, with_patch)
-    gpu = config.registry.get(names.NVIDIA)
+    fast = config.fast_vendor()
     vendors = config.vendors()
     mutated = _copy_for_mutation(pod, metadata=bool(vendors))
     mspec = mutated["spec"]
@@ -136,8 +136,8 @@ def decide(pod: Mapping[str, Any], config: SchedulerConfig,
         for container in ordered:
             if not isinstance(container, dict):
                 return _deny("container is not an object", pod, code=400)
-            if gpu is not None:
-                has_resource = gpu.mutate_admission(container, mutated) or has_resource
+            if fast is not None:
+                has_resource = fast.mutate_admission(container, mutated) or has_resource
             for vendor in vendors.values():
                 has_resource = vendor.mutate_admission(container, mutated) or has_resource
     except (RequestError, QuantityError, AdmissionError) as exc:
@@ -237,8 +237,8 @@ def _vendor_quota_denial(pod: Mapping[str, Any], vendors: Mapping[str, Vendor],
 def _quota_denial(pod: Mapping[str, Any], config: SchedulerConfig,
                   quota: QuotaLedger) -> str:
     """``fitResourceQuota`` (HAMi v2.10): max(sum of app, max of init) of memory and cores."""
-    gpu = config.registry.get(names.NVIDIA)
-    request = pod_request(pod, {names.NVIDIA: gpu} if gpu is not None else {})
+    fast = fast_path_vendor(config.registry)
+    request = pod_request(pod, dict([fast]) if fast is not None else {})
     init_mem = init_cores = app_mem = app_cores = 0
     for position, c in enumerate(request.containers):
         if c is None:

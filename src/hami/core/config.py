@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hami.api import names
-from hami.core.vendor import Vendor
+from hami.core.vendor import Vendor, fast_path_vendor
 
 
 class ConfigError(ValueError):
@@ -140,8 +140,16 @@ class SchedulerConfig:
     registry: Mapping[str, Vendor] = field(default_factory=dict, hash=False)
 
     def vendors(self) -> dict[str, Vendor]:
-        """The registered vendors other than NVIDIA, by CommonWord (sorted)."""
+        """The registered vendors other than the share fast path's
+        (:func:`~hami.core.vendor.fast_path_vendor`), by CommonWord (sorted)."""
         if not self.registry:
             return {}
-        return {word: self.registry[word] for word in sorted(self.registry)
-                if word != names.NVIDIA}
+        fast = fast_path_vendor(self.registry)
+        skip = fast[0] if fast is not None else None
+        return {word: self.registry[word] for word in sorted(self.registry) if word != skip}
+
+    def fast_vendor(self) -> Vendor | None:
+        """The registry's share fast-path backend (:func:`~hami.core.vendor.fast_path_vendor`),
+        None when no registered vendor takes that path."""
+        fast = fast_path_vendor(self.registry)
+        return fast[1] if fast is not None else None

@@ -31,11 +31,11 @@ class Decision:
 
 def decision_annotations(result: FilterResult, request: PodRequest,
                          vendors: Mapping[str, Vendor], now_ns: int,
-                         gpu: Vendor | None = None) -> dict[str, str]:
+                         fast: Vendor | None = None) -> dict[str, str]:
     """``hami.io/vgpu-node`` plus every granted vendor's ``PatchAnnotations``: the
-    ``NVIDIA`` backend ``gpu``'s for ``result.devices`` (with the MIG instances
-    ``result.mig`` in its :class:`~hami.core.vendor.PatchContext`), then
-    those of ``vendors`` (the registry without NVIDIA) for ``result.vendor_devices``.
+    share fast-path backend ``fast``'s (NVIDIA's) for ``result.devices`` (with the MIG
+    instances ``result.mig`` in its :class:`~hami.core.vendor.PatchContext`), then
+    those of ``vendors`` (the registry without it) for ``result.vendor_devices``.
 
     Raises:
         FilterError: two vendors would write one pod annotation differently.
@@ -44,8 +44,8 @@ def decision_annotations(result: FilterResult, request: PodRequest,
         return {}
     annotations = {names.VGPU_NODE: result.node}
     ctx = PatchContext(result.node, now_ns, request.annotations)
-    if gpu is not None and any(result.devices):
-        annotations.update(gpu.pod_annotations(result.devices, replace(ctx, mig=result.mig)))
+    if fast is not None and any(result.devices):
+        annotations.update(fast.pod_annotations(result.devices, replace(ctx, mig=result.mig)))
     if result.vendor_devices:
         try:
             written = pod_patch(vendors, result.vendor_devices, ctx)

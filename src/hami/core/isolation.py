@@ -115,8 +115,8 @@ def hide_gpus(container: dict[str, Any]) -> None:
 def settings(config: SchedulerConfig) -> EnvIsolation:
     """The env isolation settings of the registered ``NVIDIA`` backend
     (``Vendor.env_isolation``); none (no resources, no ``overwriteEnv``) without one."""
-    gpu = config.registry.get(names.NVIDIA)
-    found = gpu.env_isolation if gpu is not None else None
+    fast = config.fast_vendor()
+    found = fast.env_isolation if fast is not None else None
     return found if found is not None else EnvIsolation()
 
 
@@ -213,9 +213,9 @@ def _nvidia_request(container: Mapping[str, Any],
                     config: SchedulerConfig) -> ContainerDeviceRequest | None:
     """The registered NVIDIA backend's request of the container (None: none, or malformed,
     which is refused elsewhere with its own message)."""
-    gpu = config.registry.get(names.NVIDIA)
+    fast = config.fast_vendor()
     try:
-        return gpu.container_request(container) if gpu is not None else None
+        return fast.container_request(container) if fast is not None else None
     except ValueError:  # AdmissionError, QuantityError
         return None
 

@@ -178,11 +178,11 @@ class PodRequest:
     init containers. Annotations are the pod's (user options such as
     ``nvidia.com/use-gputype`` are read from them by :mod:`hami.core.fit`);
     ``share_filters`` are the filter keys of the vendor whose requests ``containers``
-    holds (NVIDIA's backend's, set by :func:`hami.core.request.pod_request`; no keys
-    and no MIG by default).
+    holds (the share fast-path backend's, NVIDIA's with HAMi's vendors, set by
+    :func:`hami.core.request.pod_request`; no keys and no MIG by default).
 
     ``vendors`` holds, per container in the same order, the requests of the registered
-    vendors other than NVIDIA keyed by CommonWord (``{"DCU": ...}``; ``{}`` for none);
+    vendors other than the fast-path one keyed by CommonWord (``{"DCU": ...}``; ``{}`` for none);
     it is ``()`` when no such vendor is registered or no container asks for one (HAMi v2.10
     ``Resourcereqs``: one request per vendor per container).
     """
@@ -206,5 +206,6 @@ class PodRequest:
 
     @property
     def vendor_words(self) -> tuple[str, ...]:
-        """CommonWords of the non-NVIDIA vendors some container asks for, sorted."""
+        """CommonWords of the per-vendor entries (:attr:`vendors`) some container asks
+        for, sorted."""
         return tuple(sorted({word for reqs in self.vendors for word in reqs}))

@@ -1,7 +1,8 @@
 """Which devices a Node registers (HAMi v2.10 ``GetNodeDevices`` of every vendor, through
 each backend's ``Vendor.node_devices``): NVIDIA's register annotation
 (``hami.io/node-nvidia-register``) and every other registered vendor's register annotation
-or node capacity, each UUID once. NVIDIA's reasons keep HAMi's texts (``annos not found
+or node capacity, each UUID once. The share fast-path vendor's reasons (NVIDIA's) keep
+HAMi's texts (``annos not found
 <key>``, ``node <name>: <codec error>``).
 """
 
@@ -11,7 +12,6 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hami.api import names
 from hami.core.codec import CodecError
 from hami.core.model import DeviceInfo
 from hami.core.podobjects import meta_of
@@ -34,10 +34,10 @@ class NodeDevices:
 
 def read_node_devices(node: Mapping[str, Any], vendors: Mapping[str, Vendor],
                       wanted: Collection[str] | None = None,
-                      gpu: Vendor | None = None) -> NodeDevices:
-    """The devices a Node (JSON mapping) reports: the ``NVIDIA`` backend ``gpu``'s (its
-    register annotation; none without a backend), then each backend of ``vendors``
-    (CommonWord -> backend, the registry without NVIDIA) in order.
+                      fast: Vendor | None = None) -> NodeDevices:
+    """The devices a Node (JSON mapping) reports: the share fast-path backend ``fast``'s
+    (NVIDIA's: its register annotation; none without a backend), then each backend of
+    ``vendors`` (CommonWord -> backend, the registry without ``fast``) in order.
 
     ``wanted`` limits which CommonWords are read (None: all). A vendor whose annotation
     is malformed is skipped with its reason and the others still register. A UUID
@@ -49,15 +49,16 @@ def read_node_devices(node: Mapping[str, Any], vendors: Mapping[str, Vendor],
     annotations = dict(meta.get("annotations") or {})
     devices: list[DeviceInfo] = []
     reasons: dict[str, str] = {}
-    register = (gpu.register_key if gpu is not None else None) or ""
-    if gpu is not None and (wanted is None or names.NVIDIA in wanted):
+    register = (fast.register_key if fast is not None else None) or ""
+    fast_word = fast.common_word if fast is not None else ""
+    if fast is not None and (wanted is None or fast_word in wanted):
         if register not in annotations:
-            reasons[names.NVIDIA] = f"annos not found {register}"
+            reasons[fast_word] = f"annos not found {register}"
         else:
             try:
-                devices.extend(gpu.node_devices(node))
+                devices.extend(fast.node_devices(node))
             except CodecError as exc:
-                reasons[names.NVIDIA] = f"node {name}: {exc}"
+                reasons[fast_word] = f"node {name}: {exc}"
     for word, vendor in vendors.items():
         if wanted is not None and word not in wanted:
             continue
@@ -67,9 +68,10 @@ def read_node_devices(node: Mapping[str, Any], vendors: Mapping[str, Vendor],
             reasons[word] = f"node {name}: {word}: {exc}"
             continue
         devices.extend(found)
-    # a missing NVIDIA annotation is normal on another vendor's node; a broken one is not
+    # a missing fast-path (NVIDIA) annotation is normal on another vendor's node; a
+    # broken one is not
     skipped = {w: r for w, r in reasons.items()
-               if w != names.NVIDIA or register in annotations}
+               if w != fast_word or register in annotations}
     devices = _unique_devices(name, devices, skipped)
     return NodeDevices(name, annotations, devices, reasons, skipped)
 

@@ -15,10 +15,9 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
-from hami.api import names
 from hami.core.model import CardFilters, ContainerDeviceRequest, PodRequest
 from hami.core.quantity import QuantityError, parse_quantity, to_int_exact, to_mib, to_milli
-from hami.core.vendor import AdmissionError, Vendor
+from hami.core.vendor import AdmissionError, Vendor, fast_path_vendor
 from hami.core.vendors import pod_requests
 
 INT32_MAX = 2**31 - 1
@@ -121,26 +120,28 @@ def pod_request(pod: Mapping[str, Any], registry: Mapping[str, Vendor]) -> PodRe
     """A Kubernetes Pod (JSON-shaped mapping) -> :class:`PodRequest`, over the vendors of
     ``registry`` (CommonWord -> backend).
 
-    Containers are listed init containers first, then regular containers. The ``NVIDIA``
-    backend's requests fill :attr:`PodRequest.containers` (each entry ``None`` when the
-    container asks for no GPU, every entry ``None`` when NVIDIA is not registered) and
-    its card filters :attr:`PodRequest.share_filters`; the other backends' fill
-    :attr:`PodRequest.vendors`.
+    Containers are listed init containers first, then regular containers. The share
+    fast-path backend's (:func:`~hami.core.vendor.fast_path_vendor`, NVIDIA's with HAMi's
+    vendors) requests fill :attr:`PodRequest.containers` (each entry ``None`` when the
+    container asks for none of its devices, every entry ``None`` when no registered vendor
+    takes that path) and its card filters :attr:`PodRequest.share_filters`; the other
+    backends' fill :attr:`PodRequest.vendors`.
 
     Raises:
         RequestError: any container's device, CPU or memory value is malformed.
     """
     meta = pod.get("metadata") or {}
     init, app = _containers(pod)
-    gpu = registry.get(names.NVIDIA)
+    fast = fast_path_vendor(registry)
+    fast_word, fast_backend = fast if fast is not None else (None, None)
     try:
-        reqs = tuple(gpu.container_request(c) if gpu is not None else None
+        reqs = tuple(fast_backend.container_request(c) if fast_backend is not None else None
                      for c in [*init, *app])
     except (AdmissionError, QuantityError) as exc:
         raise RequestError(str(exc)) from None
     cpu, mem = _pod_cpu_memory(init, app)
-    others = ({w: v for w, v in registry.items() if w != names.NVIDIA}
-              if len(registry) > (gpu is not None) else None)
+    others = ({w: v for w, v in registry.items() if w != fast_word}
+              if len(registry) > (fast_backend is not None) else None)
     return PodRequest(
         namespace=str(meta.get("namespace") or "default"),
         name=str(meta.get("name") or ""),
@@ -151,5 +152,5 @@ def pod_request(pod: Mapping[str, Any], registry: Mapping[str, Vendor]) -> PodRe
         cpu_milli=cpu,
         memory_mib=mem,
         vendors=vendor_requests(pod, others) if others else (),
-        share_filters=gpu.filters if gpu is not None else CardFilters(),
+        share_filters=fast_backend.filters if fast_backend is not None else CardFilters(),
     )

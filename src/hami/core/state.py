@@ -34,6 +34,7 @@ from hami.core.noderegistration import read_node_devices
 from hami.core.podobjects import TERMINAL_PHASES, init_containers_done, meta_of, pod_uid
 from hami.core.quota import QuotaLedger
 from hami.core.request import RequestError, pod_request
+from hami.core.vendor import fast_path_vendor
 from hami.core.vendor_quota import VendorQuota
 from hami.core.vendors import merge_allocation
 
@@ -52,12 +53,15 @@ class ClusterState:
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.ledger = UsageLedger()
-        gpu = self.config.registry.get(names.NVIDIA)
-        self.quota = QuotaLedger(gpu.resource_names() if gpu is not None else None)
-        #: The registered vendors other than NVIDIA (CommonWord -> backend).
+        #: The registry's share fast-path backend (NVIDIA's with HAMi's vendors: its
+        #: requests are ``PodRequest.containers``, its register and pod annotations), if any.
+        fast = fast_path_vendor(self.config.registry)
+        self.fast = fast[1] if fast is not None else None
+        #: Its registry key ("" without one): the CommonWord of its grants and reasons.
+        self.fast_word = fast[0] if fast is not None else ""
+        self.quota = QuotaLedger(self.fast.resource_names() if self.fast is not None else None)
+        #: The registered vendors other than the fast-path one (CommonWord -> backend).
         self.vendors = self.config.vendors()
-        #: The registered ``NVIDIA`` backend (its register and pod annotations), if any.
-        self.gpu = self.config.registry.get(names.NVIDIA)
         #: Their namespace quota (HAMi v2.10); None when only NVIDIA is registered.
         self.vendor_quota = VendorQuota(self.vendors) if self.vendors else None
         #: MIG reservations per charged pod uid, as decoded (runtime identity included).
@@ -84,15 +88,15 @@ class ClusterState:
         capacity) registers once, the first time, so usage is never split over two copies
         of one card; the others are reported in :attr:`vendor_reasons`.
         """
-        found = read_node_devices(node, self.vendors, vendors, self.gpu)
+        found = read_node_devices(node, self.vendors, vendors, self.fast)
         name, devices, reasons = found.name, found.devices, found.reasons
         self.vendor_reasons[name] = found.skipped
         if not devices:
             self.ledger.remove_node(name)
             if not self.vendors:
-                return reasons.get(names.NVIDIA, "no devices")
+                return reasons.get(self.fast_word, "no devices")
             why = [reasons[w] for w in sorted(reasons)]
-            return "; ".join(why) or (f"no devices of {', '.join([names.NVIDIA, *self.vendors])}"
+            return "; ".join(why) or (f"no devices of {', '.join([*self._fast_words, *self.vendors])}"
                                       " on the node")
         self.ledger.add_node(name, devices, cpu_milli=cpu_milli, memory_mib=memory_mib,
                              annotations=found.annotations)
@@ -130,13 +134,13 @@ class ClusterState:
             self._shrink_when_init_done(pod, uid)
             return True
         try:
-            devices = self.gpu.decode_allocation(annotations) if self.gpu is not None else ()
+            devices = self.fast.decode_allocation(annotations) if self.fast is not None else ()
             vendor_devices = {word: grant for word, vendor in self.vendors.items()
                               if (grant := vendor.decode_allocation(annotations))}
         except (CodecError, ValueError):
             return False
         try:
-            mig = self.gpu.decode_mig(annotations) if self.gpu is not None else ()
+            mig = self.fast.decode_mig(annotations) if self.fast is not None else ()
         except CodecError:
             mig = ()  # HAMi ignores a bad MIG annotation too (HAMi v2.10)
         spec = pod.get("spec") or {}
@@ -169,15 +173,15 @@ class ClusterState:
         """Charge a grant (and its MIG instances) to the ledger and the namespace quota,
         replacing an earlier charge of the same pod.
 
-        ``devices`` is the NVIDIA grant, ``vendor_devices`` the other vendors' (by
-        CommonWord); the ledger holds their merge (one entry per container), NVIDIA quota
-        counts NVIDIA devices and :attr:`vendor_quota` each vendor's resources.
+        ``devices`` is the fast-path vendor's grant (:attr:`fast`, NVIDIA's with HAMi's
+        vendors), ``vendor_devices`` the other vendors' (by CommonWord); the ledger holds
+        their merge (one entry per container), :attr:`quota` counts the fast-path devices and :attr:`vendor_quota` each vendor's resources.
         """
         self.remove_pod(uid)
         others = {w: g for w, g in (vendor_devices or {}).items() if any(g)}
         if others:
             n = max(len(devices), *(len(g) for g in others.values()))
-            devices = merge_allocation({names.NVIDIA: devices, **others}, n)
+            devices = merge_allocation({self.fast_word: devices, **others}, n)
             self.vendor_devices[uid] = others
         entry = self.ledger.add_pod(uid, node, devices, n_init, namespace=namespace,
                                     name=name, cpu_milli=cpu_milli, memory_mib=memory_mib,
@@ -187,13 +191,18 @@ class ClusterState:
         self._charge_quota(entry)
         return entry
 
-    def nvidia_devices(self, entry: PodEntry) -> PodSingleDevice:
-        """The NVIDIA part of a charged pod's grant (the ledger keeps all vendors')."""
+    def fast_devices(self, entry: PodEntry) -> PodSingleDevice:
+        """The fast-path vendor's part of a charged pod's grant (the ledger keeps all
+        vendors')."""
         others = self.vendor_devices.get(entry.uid)
         if not others:
             return entry.devices
         theirs = {d.uuid for grant in others.values() for c in grant for d in c}
         return tuple(tuple(d for d in c if d.uuid not in theirs) for c in entry.devices)
+
+    @property
+    def _fast_words(self) -> list[str]:
+        return [self.fast_word] if self.fast is not None else []
 
     def lock_vendors(self, uid: str) -> tuple[str, ...]:
         """CommonWords whose node lock a bind of the pod takes, sorted (HAMi v2.10: a
@@ -204,8 +213,8 @@ class ClusterState:
             return ()
         words = {w for w, g in self.vendor_devices.get(uid, {}).items()
                  if any(g[entry.n_init:])}
-        if any(self.nvidia_devices(entry)[entry.n_init:]):
-            words.add(names.NVIDIA)
+        if any(self.fast_devices(entry)[entry.n_init:]):
+            words.add(self.fast_word)
         return tuple(sorted(words))
 
     def _restore(self, entry: PodEntry, vendor_devices: dict[str, PodSingleDevice] | None
@@ -304,7 +313,7 @@ class ClusterState:
                                 self.quota, vendors=self.vendors,
                                 vendor_quota=self.vendor_quota)
             annotations = decision_annotations(result, request, self.vendors, now_ns,
-                                               self.gpu)
+                                               self.fast)
         except Exception:
             if earlier is not None:  # a refused pod keeps what it held
                 self._restore(earlier, earlier_vendors)

@@ -221,6 +221,16 @@ class Vendor(Protocol):
         ...
 
     @property
+    def fast_path(self) -> bool:
+        """True when the core serves this vendor's requests on its vectorised share path
+        (:attr:`hami.core.model.PodRequest.containers`, ``FilterResult.devices`` and
+        ``mig``, the share prefilter's masks, the namespace :class:`~hami.core.quota.QuotaLedger`)
+        instead of the per-vendor entries. That path runs :func:`hami.core.fit.fit_shares`
+        itself, so only a vendor whose :meth:`fit` is that Fit may say True. A registry's
+        fast-path vendor is :func:`fast_path_vendor`."""
+        ...
+
+    @property
     def scores_nodes(self) -> bool:
         """True when :meth:`score_node` can be non-zero or the vendor is policy-neutral,
         so the filter must fit every candidate instead of taking the first that fits."""
@@ -274,3 +284,16 @@ class Vendor(Protocol):
             hami.core.gowire.CodecError: the annotation is malformed.
         """
         ...
+
+
+def fast_path_vendor(registry: Mapping[str, Vendor]) -> tuple[str, Vendor] | None:
+    """``(registry key, backend)`` of the vendor whose requests take the core's share fast
+    path: the first in key (CommonWord) order whose :attr:`Vendor.fast_path` is True; None
+    when no registered vendor says so. Every other vendor, one that also says True
+    included, goes through the per-vendor entries (``PodRequest.vendors``)."""
+    for word in sorted(registry):
+        vendor = registry[word]
+        if vendor.fast_path:
+            return word, vendor
+    return None
+

@@ -141,6 +141,7 @@ class BaseVendor:
     to_allocate_key: str | None = None
     allocated_key: str = ""
     policy_neutral: bool = False
+    fast_path: bool = False
     filters: Filters = Filters()
     env_isolation: EnvIsolation | None = None
 

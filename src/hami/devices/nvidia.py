@@ -289,6 +289,8 @@ class Nvidia(BaseVendor):
     to_allocate_key = names.DEVICES_TO_ALLOCATE
     allocated_key = names.DEVICES_ALLOCATED
     filters = CARD_FILTERS
+    #: The core serves NVIDIA's requests on its share fast path (its Fit is ``fit_shares``).
+    fast_path = True
 
     def __init__(self, config: NvidiaConfig | None = None) -> None:
         self.config = config or NvidiaConfig()
