@@ -285,9 +285,21 @@ def test_gpu_pod_that_skipped_the_webhook_is_refused_by_filter(kube_client: Any,
 
 
 # -------------------------------------------------------------------- scheduling
+def wait_registered(hami: HamiProcess, names: list[str], timeout_s: float = 60) -> None:
+    """Until hami's ledger holds every node of ``names`` (its per-GPU limit series name
+    them): a decision made before that sees fewer candidate nodes than the offline one."""
+    def seen() -> bool:
+        text = hami.metrics()
+        return all(f'node="{n}"' in text for n in names)
+
+    wait_until(seen, timeout_s=timeout_s, what=f"hami registered {names}")
+
+
 def test_pods_bound_with_the_offline_annotations(kube_client: Any, kube_scheduler: Any,
-                                                 webhook: str, group: str) -> None:
+                                                 webhook: str, group: str,
+                                                 hami: HamiProcess) -> None:
     names = nodes(kube_client, group, 3, "match")
+    wait_registered(hami, names)
     specs = [dict(memory_mib=20000), dict(memory_mib=6000, cores=30), dict(gpus=2, memory_mib=1000),
              dict(memory_mib=12000, cores=50), dict(), dict(memory_mib=8000),
              dict(gpus=3, memory_mib=2000, cores=10), dict(memory_mib=24000)]
