@@ -278,12 +278,23 @@ class FakeAllocator:
         return True
 
     def _handle(self, client: Any, pod: Any) -> None:
+        """Serve one pod; when a request fails (the apiserver is slow or a node patch
+        keeps conflicting), forget the pod so that the watch's next replay of it (every
+        few seconds) serves it again: a kubelet retries Allocate the same way, and a pod
+        left allocating keeps its node locked until the lock expires."""
+        ann = pod.metadata.annotations or {}
+        key = (pod.metadata.namespace, pod.metadata.name, ann.get("hami.io/bind-time"))
+        if not self._serve(client, pod):
+            self._seen.discard(key)
+
+    def _serve(self, client: Any, pod: Any) -> bool:
+        """True when the pod is served (or needs nothing), False to try again later."""
         from lightkube.resources.core_v1 import Node, Pod
         from lightkube.types import PatchType
 
         ann = pod.metadata.annotations or {}
         if not pod.spec.nodeName or ann.get("hami.io/bind-phase") != "allocating":
-            return
+            return True
         ns, name, node = pod.metadata.namespace, pod.metadata.name, pod.spec.nodeName
         if self.lock_free:
             from hami.core.codec import decode_pod_devices, encode_pod_devices
@@ -296,27 +307,33 @@ class FakeAllocator:
                         tuple(() for _ in grant))}}}, namespace=ns, patch_type=PatchType.MERGE)
                 self.allocated += 1
             except Exception:
-                pass
-            return
+                return False
+            return True
         try:
             client.patch(Pod, name, {"metadata": {"annotations": {"hami.io/bind-phase": "success"}}},
                          namespace=ns, patch_type=PatchType.MERGE)
-            for _ in range(5):
-                obj = client.get(Node, node)
-                lock = (obj.metadata.annotations or {}).get("hami.io/mutex.lock", "")
-                if not lock.endswith(f",{ns},{name}"):
-                    break
+            # The pod now says success, so the watch will not offer it again: keep at
+            # the release (conflicts, a slow apiserver) until the lock is gone.
+            released = False
+            for _ in range(100):
                 try:
-                    client.patch(Node, node, {"metadata": {
-                        "annotations": {"hami.io/mutex.lock": None},
-                        "resourceVersion": obj.metadata.resourceVersion}},
-                        patch_type=PatchType.MERGE)
+                    obj = client.get(Node, node)
+                    lock = (obj.metadata.annotations or {}).get("hami.io/mutex.lock", "")
+                    if lock.endswith(f",{ns},{name}"):
+                        client.patch(Node, node, {"metadata": {
+                            "annotations": {"hami.io/mutex.lock": None},
+                            "resourceVersion": obj.metadata.resourceVersion}},
+                            patch_type=PatchType.MERGE)
+                    released = True
                     break
                 except Exception:
-                    continue
+                    time.sleep(0.1)
+            if not released:
+                return False
             self.allocated += 1
+            return True
         except Exception:
-            pass
+            return False
 
 
 class ReadyForwarder:
