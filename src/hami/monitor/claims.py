@@ -36,9 +36,9 @@ from typing import Any
 
 from hami.api import names
 from hami.deviceplugin.allocate import PodView
-from hami.monitor.lister import CacheError, CacheFile, open_regular, pick_cache_file
+from hami.monitor.lister import CacheError, CacheFile, open_cache_in, open_regular
 from hami.monitor.pods import container_running, pod_finished, task_priority
-from hami.monitor.region import V1_SIZE, Region, RegionError
+from hami.monitor.region import Region, RegionError
 
 log = logging.getLogger(__name__)
 
@@ -148,25 +148,7 @@ def open_claim_cache(root_fd: int, root: Path, claim_uid: str) -> CacheFile | No
                       dir_fd=root_fd)
     except OSError as exc:
         raise CacheError(f"{claim_uid}: {exc}") from None
-    try:
-        try:
-            name = pick_cache_file(os.listdir(dfd))
-        except OSError as exc:
-            raise CacheError(f"{claim_uid}: {exc}") from None
-        if name is None:
-            return None
-        fd = open_regular(dfd, name)
-    finally:
-        os.close(dfd)
-    st = os.fstat(fd)
-    cf = CacheFile(claim_uid, "", "", root / claim_uid / name, 1 if st.st_size >= V1_SIZE else 0,
-                   fd, st.st_ino, st.st_dev)
-    try:
-        cf.read()
-    except RegionError:
-        cf.close()
-        raise
-    return cf
+    return open_cache_in(dfd, claim_uid, "", "", root / claim_uid, label=claim_uid)
 
 
 @dataclass

@@ -182,18 +182,27 @@ def open_cache(key: str, directory: Path) -> CacheFile | None:
         dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         raise CacheError(f"{directory}: {exc}") from None
+    return open_cache_in(dfd, key, parts[0], parts[1], directory, label=str(directory))
+
+
+def open_cache_in(dfd: int, key: str, pod_uid: str, container: str, directory: Path, *,
+                  label: str) -> CacheFile | None:
+    """The cache file in the already opened directory ``dfd`` (closed here), picked by
+    :func:`pick_cache_file`, opened without following links and read once; None when
+    there is none yet. ``label`` names the directory in errors. Shared by containers'
+    and DRA claims' directories. Raises :class:`CacheError` / :class:`RegionError`."""
     try:
         try:
             name = pick_cache_file(os.listdir(dfd))
         except OSError as exc:
-            raise CacheError(f"{directory}: {exc}") from None
+            raise CacheError(f"{label}: {exc}") from None
         if name is None:
             return None
         fd = open_regular(dfd, name)
     finally:
         os.close(dfd)
     st = os.fstat(fd)
-    cf = CacheFile(key, parts[0], parts[1], directory / name, 1 if st.st_size >= V1_SIZE else 0,
+    cf = CacheFile(key, pod_uid, container, directory / name, 1 if st.st_size >= V1_SIZE else 0,
                    fd, st.st_ino, st.st_dev)
     try:
         cf.read()  # a file that is not a region yet is retried next tick
