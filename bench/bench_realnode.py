@@ -52,11 +52,11 @@ from bench.sched_bed import (  # noqa: E402
     settle,
 )
 
+from hami.testing.gpubed_cli import CDI_PLUGIN_ARGS  # noqa: E402
+
 GPUS = 4
 CARD_MIB = 8192
-CDI_ARGS = ("--allocate-mode=cdi",
-            "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
-            "--cdi-spec-dir=/run/cdi")
+CDI_ARGS = CDI_PLUGIN_ARGS
 SHOW_ENV = "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|CUDA_DEVICE_MEMORY_LIMIT_0)=' | sort"
 UNRESOLVABLE = "unresolvable CDI devices"
 

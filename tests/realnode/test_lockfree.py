@@ -18,12 +18,11 @@ from lightkube.resources.core_v1 import Node, Pod
 
 from hami.api import names
 from hami.testing.gpubed import GpuBed, gpu_test_pod, wait_pod_done
+from hami.testing.gpubed_cli import CDI_PLUGIN_ARGS
 from tests.realnode.conftest import running_bed, skip_or_fail
 
 SHOW_ENV = "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|CUDA_DEVICE_[A-Z_0-9]*)=' | sort"
-PLUGIN_ARGS = ("--allocate-mode=cdi",
-               "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
-               "--cdi-spec-dir=/run/cdi")
+PLUGIN_ARGS = CDI_PLUGIN_ARGS
 
 
 @pytest.fixture(scope="module")
