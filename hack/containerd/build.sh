@@ -17,48 +17,26 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-version="$(grep -oE '^\s*(require\s+)?github\.com/containerd/containerd/v2 v[0-9][^ ]*' "$here/go.mod" | awk '{print $NF}')"
-if [[ -z "$version" ]]; then
-	echo "build.sh: no github.com/containerd/containerd/v2 requirement in $here/go.mod" >&2
-	exit 1
-fi
-bindir="${HAMI_CACHE_DIR:-$HOME/.cache/hami}/containerd-$version/bin"
-
-if [[ "${1:-}" == "--print-dir" ]]; then
+# shellcheck source=hack/lib.sh
+source "$here/../lib.sh"
+names=(containerd containerd-shim-runc-v2 ctr)
+hack_init github.com/containerd/containerd/v2 containerd "${1:-}"
+if hack_all_have "${names[@]}"; then
 	echo "$bindir"
 	exit 0
 fi
-
-command -v go >/dev/null || { echo "build.sh: needs Go (see go.mod for the version)" >&2; exit 1; }
-mkdir -p "$bindir"
-# One build at a time per cache directory (parallel test sessions share it).
-exec 9>"$bindir/.lock"
-flock 9
+hack_lock
 
 pkg=github.com/containerd/containerd/v2
 ldflags="-s -w -X $pkg/version.Version=$version -X $pkg/version.Revision=hami-hack-containerd"
 tags="urfave_cli_no_docs no_btrfs no_devmapper no_zfs"
 
-export GOCACHE="$(dirname "$bindir")/go-build"
-cd "$here"
-for name in containerd containerd-shim-runc-v2 ctr; do
-	if [[ -x "$bindir/$name" ]]; then
-		echo "build.sh: $name present in $bindir"
-		continue
-	fi
-	extra=()
+for name in "${names[@]}"; do
+	hack_have "$name" && continue
+	name_tags="$tags"
 	# the shim is a ttrpc server only, as containerd's Makefile builds it
-	[[ "$name" == containerd-shim-runc-v2 ]] && extra=(-tags "$tags no_grpc")
-	[[ "$name" != containerd-shim-runc-v2 ]] && extra=(-tags "$tags")
-	echo "build.sh: building $name ($version) ..."
-	start=$SECONDS
-	CGO_ENABLED=0 go build -trimpath -ldflags="$ldflags" "${extra[@]}" \
-		-o "$bindir/.$name.tmp" "$pkg/cmd/$name"
-	mv -f "$bindir/.$name.tmp" "$bindir/$name"
-	echo "build.sh: built $name in $((SECONDS - start))s ($(du -h "$bindir/$name" | cut -f1))"
+	[[ "$name" != containerd-shim-runc-v2 ]] || name_tags+=" no_grpc"
+	hack_go_build "$name" "$pkg/cmd/$name" -ldflags="$ldflags" -tags "$name_tags"
 done
-if [[ "${HAMI_CONTAINERD_KEEP_GOCACHE:-0}" != 1 && -d "$GOCACHE" ]]; then
-	echo "build.sh: removing the build cache $GOCACHE ($(du -sh "$GOCACHE" | cut -f1))"
-	rm -rf "$GOCACHE"
-fi
+hack_drop_gocache "${HAMI_CONTAINERD_KEEP_GOCACHE:-0}"
 echo "$bindir"

@@ -15,23 +15,15 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-version="$(grep -oE '^\s*(require\s+)?k8s\.io/kubernetes v[0-9][^ ]*' "$here/go.mod" | awk '{print $NF}')"
-if [[ -z "$version" ]]; then
-	echo "build.sh: no k8s.io/kubernetes requirement in $here/go.mod" >&2
-	exit 1
-fi
-bindir="${HAMI_CACHE_DIR:-$HOME/.cache/hami}/k8s-$version/bin"
-
-if [[ "${1:-}" == "--print-dir" ]]; then
+# shellcheck source=hack/lib.sh
+source "$here/../lib.sh"
+names=(kube-apiserver kube-scheduler kubelet kube-controller-manager etcd)
+hack_init k8s.io/kubernetes k8s "${1:-}"
+if hack_all_have "${names[@]}"; then
 	echo "$bindir"
 	exit 0
 fi
-
-command -v go >/dev/null || { echo "build.sh: needs Go (see go.mod for the version)" >&2; exit 1; }
-mkdir -p "$bindir"
-# One build at a time per cache directory (parallel test sessions share it).
-exec 9>"$bindir/.lock"
-flock 9
+hack_lock
 
 major="${version#v}"; major="${major%%.*}"
 minor="${version#v*.}"; minor="${minor%%.*}"
@@ -50,21 +42,9 @@ declare -A pkgs=(
 	[etcd]=./cmd/etcd
 )
 
-export GOCACHE="$(dirname "$bindir")/go-build"
-cd "$here"
-for name in kube-apiserver kube-scheduler kubelet kube-controller-manager etcd; do
-	if [[ -x "$bindir/$name" ]]; then
-		echo "build.sh: $name present in $bindir"
-		continue
-	fi
-	echo "build.sh: building $name ($version) from ${pkgs[$name]} ..."
-	start=$SECONDS
-	CGO_ENABLED=0 go build -trimpath -ldflags="$ldflags" -o "$bindir/.$name.tmp" "${pkgs[$name]}"
-	mv -f "$bindir/.$name.tmp" "$bindir/$name"
-	echo "build.sh: built $name in $((SECONDS - start))s ($(du -h "$bindir/$name" | cut -f1))"
+for name in "${names[@]}"; do
+	hack_have "$name" && continue
+	hack_go_build "$name" "${pkgs[$name]}" -ldflags="$ldflags"
 done
-if [[ "${HAMI_K8S_KEEP_GOCACHE:-0}" != 1 && -d "$GOCACHE" ]]; then
-	echo "build.sh: removing the build cache $GOCACHE ($(du -sh "$GOCACHE" | cut -f1))"
-	rm -rf "$GOCACHE"
-fi
+hack_drop_gocache "${HAMI_K8S_KEEP_GOCACHE:-0}"
 echo "$bindir"

@@ -140,3 +140,15 @@ def test_missing_go_with_empty_cache_says_so(tmp_path: Path) -> None:
                               capture_output=True, text=True, timeout=30, check=False)
         assert proc.returncode == 1
         assert "build.sh: needs Go" in proc.stderr
+
+
+def test_go_mod_without_the_module_says_so(tmp_path: Path) -> None:
+    """A go.mod that does not require the module: exit 1 with a line naming it."""
+    (tmp_path / "hack" / "k8s").mkdir(parents=True)
+    for rel in ("hack/lib.sh", "hack/k8s/build.sh"):
+        (tmp_path / rel).write_text((REPO / rel).read_text())
+    (tmp_path / "hack/k8s/go.mod").write_text("module example.com/x\n\ngo 1.25\n")
+    proc = subprocess.run(["bash", str(tmp_path / "hack/k8s/build.sh"), "--print-dir"],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 1
+    assert "no k8s.io/kubernetes requirement in" in proc.stderr
