@@ -1,3 +1,5 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2154  # `here` is set by the sourcing script
 # Shared steps of hack/*/build.sh, sourced by them (never run). Each of those scripts builds
 # Go binaries, once, from the module pinned in the go.mod beside it (the source comes
 # through the Go module proxy into the Go module cache, never into this repository) into
@@ -50,7 +52,7 @@ hack_lock() {
 	flock 9
 	GOCACHE="$(dirname "$bindir")/go-build"
 	export GOCACHE
-	cd "$here"
+	cd "$here" || exit 1
 }
 
 # hack_go_build NAME PACKAGE [FLAG...]: `go build` PACKAGE (CGO off, -trimpath, the FLAGs)
