@@ -18,6 +18,20 @@ from hami.keyring import KeyRing
 
 log = logging.getLogger("hami.deviceplugin")
 
+# The flags of the node agents (``hami device-plugin`` and ``hami dra-plugin`` take them
+# alike; each gives its own default where it declares the parameter).
+NodeNameOption = Annotated[str, typer.Option(envvar="NODE_NAME", help="this node")]
+HookPathOption = Annotated[str, typer.Option(envvar="HOOK_PATH", help="host dir holding vgpu/")]
+DeviceConfigOption = Annotated[Path | None, typer.Option(
+    "--device-config-file", help="HAMi device-config.yaml")]
+NodeConfigOption = Annotated[Path, typer.Option(help="per-node JSON override")]
+BackendOption = Annotated[str, typer.Option(help="nvml | fake")]
+FakeInventoryOption = Annotated[Path | None, typer.Option(
+    help="YAML inventory for --backend fake")]
+KubeconfigOption = Annotated[Path | None, typer.Option(
+    envvar="KUBECONFIG",
+    help="kubeconfig file (default: the pod's service account, else ~/.kube/config)")]
+
 #: Where the libvgpu build lands in the repository (native/libvgpu/Makefile).
 DEFAULT_LIB = Path(__file__).resolve().parents[3] / "native" / "libvgpu" / "build" / "libvgpu.so"
 
@@ -50,22 +64,17 @@ def install_lib(dest: Path, lib: Path, version: str) -> list[Path]:
 
 
 def device_plugin(
-    node_name: Annotated[str, typer.Option(envvar="NODE_NAME", help="this node")] = "",
-    hook_path: Annotated[str, typer.Option(envvar="HOOK_PATH", help="host dir holding vgpu/")] = "/usr/local",
+    node_name: NodeNameOption = "",
+    hook_path: HookPathOption = "/usr/local",
     device_plugin_path: Annotated[Path, typer.Option(help="kubelet device-plugin directory")] = Path(
         "/var/lib/kubelet/device-plugins"),
     kubelet_socket: Annotated[Path | None, typer.Option(envvar="KUBELET_SOCKET",
                                                         help="default <dir>/kubelet.sock")] = None,
-    config_file: Annotated[Path | None, typer.Option(
-        "--device-config-file", help="HAMi device-config.yaml")] = None,
-    node_config_file: Annotated[Path, typer.Option(help="per-node JSON override")] = Path(
-        "/config/config.json"),
-    backend: Annotated[str, typer.Option(help="nvml | fake")] = "nvml",
-    fake_inventory: Annotated[Path | None, typer.Option(help="YAML inventory for --backend fake")] = None,
-    kubeconfig: Annotated[Path | None, typer.Option(
-        envvar="KUBECONFIG",
-        help="kubeconfig file (default: the pod's service account, else ~/.kube/config)")
-    ] = None,
+    config_file: DeviceConfigOption = None,
+    node_config_file: NodeConfigOption = Path("/config/config.json"),
+    backend: BackendOption = "nvml",
+    fake_inventory: FakeInventoryOption = None,
+    kubeconfig: KubeconfigOption = None,
     lock_dir: Annotated[str, typer.Option(
         help="ignored (kept for compatibility): each container gets its own /tmp/vgpulock")] = "/tmp/vgpulock",
     register_interval: Annotated[float, typer.Option(

@@ -8,22 +8,26 @@ from typing import Annotated
 
 import typer
 
+from hami.deviceplugin.command import (
+    BackendOption,
+    DeviceConfigOption,
+    FakeInventoryOption,
+    HookPathOption,
+    KubeconfigOption,
+    NodeConfigOption,
+    NodeNameOption,
+)
 from hami.durations import seconds
 
 
 def dra_plugin(
-    node_name: Annotated[str, typer.Option(envvar="NODE_NAME", help="this node")] = "",
-    hook_path: Annotated[str, typer.Option(envvar="HOOK_PATH", help="host dir holding vgpu/")] = "/usr/local",
-    config_file: Annotated[Path | None, typer.Option(
-        "--device-config-file", help="HAMi device-config.yaml")] = None,
-    node_config_file: Annotated[Path, typer.Option(help="per-node JSON override")] = Path(
-        "/config/config.json"),
-    backend: Annotated[str, typer.Option(help="nvml | fake")] = "nvml",
-    fake_inventory: Annotated[Path | None, typer.Option(help="YAML inventory for --backend fake")] = None,
-    kubeconfig: Annotated[Path | None, typer.Option(
-        envvar="KUBECONFIG",
-        help="kubeconfig file (default: the pod's service account, else ~/.kube/config)")
-    ] = None,
+    node_name: NodeNameOption = "",
+    hook_path: HookPathOption = "/usr/local",
+    config_file: DeviceConfigOption = None,
+    node_config_file: NodeConfigOption = Path("/config/config.json"),
+    backend: BackendOption = "nvml",
+    fake_inventory: FakeInventoryOption = None,
+    kubeconfig: KubeconfigOption = None,
     registry_dir: Annotated[Path, typer.Option(help="kubelet plugin registry directory")] = Path(
         "/var/lib/kubelet/plugins_registry"),
     plugin_dir: Annotated[Path, typer.Option(help="directory of the DRA socket")] = Path(
