@@ -102,6 +102,33 @@ def test_ca_issues_certificates_python_ssl_accepts(tmp_path: Path):
     assert list(eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
 
 
+def test_ca_and_leaf_profiles():
+    """The CA signs certificates and CRLs; a leaf only signs, is no CA, names its issuer's
+    key; both are valid from a little before now for VALIDITY."""
+    import datetime as dt
+
+    from hami.testing.pki import VALIDITY
+
+    ca = CertificateAuthority.create("test-ca")
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
+    leaf = x509.load_pem_x509_certificate(ca.issue("srv", server=True).cert_pem)
+    assert leaf.issuer == ca_cert.subject
+    for cert, is_ca in ((ca_cert, True), (leaf, False)):
+        ext = cert.extensions
+        basic = ext.get_extension_for_class(x509.BasicConstraints)
+        assert basic.critical and basic.value.ca is is_ca
+        usage = ext.get_extension_for_class(x509.KeyUsage)
+        assert usage.critical and usage.value.digital_signature
+        assert usage.value.key_cert_sign is is_ca and usage.value.crl_sign is is_ca
+        assert not usage.value.key_encipherment
+        now = dt.datetime.now(dt.UTC)
+        assert cert.not_valid_before_utc < now < cert.not_valid_after_utc
+        assert cert.not_valid_after_utc - cert.not_valid_before_utc > VALIDITY
+    ca_key_id = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    leaf_auth = leaf.extensions.get_extension_for_class(x509.AuthorityKeyIdentifier).value
+    assert leaf_auth.key_identifier == ca_key_id.digest
+
+
 def test_issue_needs_a_usage():
     with pytest.raises(ValueError):
         CertificateAuthority.create("ca").issue("nobody")

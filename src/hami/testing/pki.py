@@ -29,6 +29,38 @@ def _new_key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
 
+def _base_builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey,
+                  *, ca: bool) -> x509.CertificateBuilder:
+    """What every certificate here has: subject, issuer, key, a random serial, validity
+    from :data:`_BACKDATE` before now to :data:`VALIDITY` after it, and critical basic
+    constraints and key usage (digital signature; a CA also signs certificates and CRLs)."""
+    now = _dt.datetime.now(_dt.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(public_key)
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=ca,
+                crl_sign=ca,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+    )
+
+
 def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     """PKCS#8 PEM of a private key, unencrypted."""
     return key.private_bytes(
@@ -85,30 +117,8 @@ class CertificateAuthority:
         """Make a new CA with a fresh key; its certificate is valid for :data:`VALIDITY`."""
         key = _new_key()
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-        now = _dt.datetime.now(_dt.UTC)
         cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _BACKDATE)
-            .not_valid_after(now + VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            _base_builder(name, name, key.public_key(), ca=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False)
             .sign(key, hashes.SHA256())
         )
@@ -151,30 +161,8 @@ class CertificateAuthority:
             usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
         if client:
             usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
-        now = _dt.datetime.now(_dt.UTC)
         builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name(subject))
-            .issuer_name(self._cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - _BACKDATE)
-            .not_valid_after(now + VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            _base_builder(x509.Name(subject), self._cert.subject, key.public_key(), ca=False)
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
             .add_extension(
                 x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()),
