@@ -152,3 +152,35 @@ def test_tenant_claims_and_templates_meet_the_quota(control_plane: ControlPlane,
                                                    "nvidia.com/gpumem": 1000}))
     assert not resp["allowed"], resp
     assert f"ResourceClaimTemplate {NS}/{name}" in resp["status"]["message"]
+
+
+def test_hami_templates_read_back_from_the_api_are_hamis(control_plane: ControlPlane) -> None:
+    """Every shape of template hami writes (several cards with a constraint, selectors, a
+    prioritized list of MIG profiles, a whole card, amounts the API server rewrites such
+    as 2048Mi) is recognised as hami's after the API server stored it: a second pod
+    asking the same is admitted, not refused as a tenant's template."""
+    cp = control_plane
+    ensure_namespace(cp.client(), NS)
+    sel = tr.selectors({"nvidia.com/use-gputype": "A100,T4",
+                        "nvidia.com/nouse-gpuuuid": "GPU-1"})
+    specs = [tr.claim_spec(2, 2048, 10, sel), tr.claim_spec(1, 4096, 5, sel, ["1g.5gb", "3g.20gb"]),
+             tr.claim_spec(1, 0, 0, []), tr.claim_spec(3, 1536, 100, [])]
+
+    async def run() -> list[str | None]:
+        client = cp.async_client()
+        try:
+            hook = DraWebhook(client, make_config(), lambda b: {"response": {}})
+            out = []
+            for spec in specs:
+                _, template = tr.template_for(spec)
+                out.append(await hook._ensure(NS, template))  # creates it
+                out.append(await hook._ensure(NS, template))  # reads it back and compares
+            return out
+        finally:
+            await client.close()
+
+    assert asyncio.run(run()) == [None] * (2 * len(specs))
+    from lightkube.resources.resource_v1 import ResourceClaimTemplate
+
+    names = {t.metadata.name for t in cp.client().list(ResourceClaimTemplate, namespace=NS)}
+    assert {tr.template_for(s)[0] for s in specs} <= names
