@@ -81,6 +81,10 @@ CALLS: dict[str, tuple[Call, ...]] = {
         # (/prioritize, quota, card sizes) and the listings before the watch has synced
         Call("create", "resourceclaimtemplates", _DRA, when="dra",
              where=("hami.dra.webhook:DraWebhook._ensure",)),
+        # a template of hami's name made by someone else; the templates a pod names itself
+        # (quota-limited namespaces)
+        Call("get", "resourceclaimtemplates", _DRA, when="dra",
+             where=("hami.dra.webhook:DraWebhook._template",)),
         Call("list", "resourceslices", _DRA, when="dra",
              where=("hami.dra.cache:DraObjects._run", "hami.dra.webhook:DraWebhook._published",
                     "hami.dra.prioritize:DraPrioritizer.__call__")),

@@ -37,18 +37,42 @@ class _Listing:
             yield _Obj(d)
 
 
+def _api_error(code: int, message: str = "") -> Any:
+    from lightkube import ApiError
+    from lightkube.models.meta_v1 import Status
+
+    return ApiError(status=Status(code=code, message=message or f"code {code}"))
+
+
 class _Client:
+    """Templates live in ``templates`` (``(namespace, name)`` -> dict): ``create`` adds
+    (409 when there), ``get`` reads (404 when absent), as the API server does."""
+
     def __init__(self, slices: list[dict[str, Any]] | None = None,
-                 claims: list[dict[str, Any]] | None = None) -> None:
+                 claims: list[dict[str, Any]] | None = None,
+                 templates: dict[tuple[str, str], dict[str, Any]] | None = None) -> None:
         self.created: list[Any] = []
         self.slices = slices or []
         self.claims = claims or []
+        self.templates = templates if templates is not None else {}
         self.lists: list[str] = []
         self.objs: list[dict[str, Any]] = []
+        self.gets: list[tuple[str, str]] = []
 
     async def create(self, obj: Any, namespace: str | None = None) -> None:
+        key = (str(namespace), obj.metadata.name)
+        if key in self.templates:
+            raise _api_error(409, "already exists")
         self.created.append((namespace, obj.metadata.name))
         self.objs.append(obj.to_dict())
+        self.templates[key] = obj.to_dict()
+
+    async def get(self, res: Any, name: str, namespace: str | None = None) -> _Obj:
+        self.gets.append((str(namespace), name))
+        doc = self.templates.get((str(namespace), name))
+        if doc is None:
+            raise _api_error(404, "not found")
+        return _Obj(doc)
 
     def list(self, res: Any, namespace: str | None = None, labels: Any = None) -> _Listing:
         self.lists.append(res.__name__)

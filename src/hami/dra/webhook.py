@@ -3,16 +3,24 @@
 
 For a Pod CREATE that asks for NVIDIA GPUs and names no claims: refuse what the normal
 webhook refuses for isolation (host PID, privileged, ...), translate, make sure each
-ResourceClaimTemplate exists in the pod's namespace (create; "already exists" is fine:
-the name is a hash of the spec), and answer with the JSON Patch. A namespace with a GPU
-memory or cores ResourceQuota is checked against the claims already there for hami's
-DeviceClass or driver, ours or the tenant's own (ResourceQuota itself counts only
-devices): an allocated claim books what it consumes, one not allocated yet what it
-asks, a whole card booking the largest published card's memory. Percentages are accepted when every published card has one
-size. Every other request
-(pods without GPUs, other operations) goes to the normal webhook; pods that already use
-claims are admitted untranslated. Whichever it is, a GPU pod passes the isolation
-rules and loses any hand-written allocation annotations, as with the normal webhook.
+ResourceClaimTemplate exists in the pod's namespace, and answer with the JSON Patch. A
+template of hami's name that exists already must ask exactly what hami would write (the
+name is a hash of the spec; one a tenant made under that name is refused by name). A
+namespace with a GPU memory or cores ResourceQuota is checked against the claims already
+there for hami's DeviceClass or driver, ours or the tenant's own (ResourceQuota itself
+counts only devices): an allocated claim books what it consumes, one not allocated yet
+what it asks, a whole card booking the largest published card's memory
+(:mod:`hami.dra.booking`). Percentages are accepted when every published card has one
+size.
+
+A pod that names ResourceClaims or ResourceClaimTemplates itself is not translated, but
+in a namespace with a GPU quota it is checked against the quota with what those claims
+and templates ask of hami's DeviceClass, read strictly (:func:`hami.dra.booking.strict_asks`;
+a named claim already counted in the total adds only what the total does not hold of it),
+and refused when a named object cannot be found, read or counted. Every other request
+(pods without GPUs, other operations) goes to the normal webhook. Whichever it is, a GPU
+pod passes the isolation rules and loses any hand-written allocation annotations, as
+with the normal webhook.
 """
 
 from __future__ import annotations
@@ -29,17 +37,16 @@ from hami.api import names
 from hami.core import isolation
 from hami.core.config import SchedulerConfig
 from hami.core.provenance import strip_allocation
-from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.quota import QuotaLedger
-from hami.core.request import quantity
 from hami.devices import nvidia
+from hami.dra import booking
 from hami.dra import translate as tr
+from hami.dra.booking import claim_booking
 from hami.dra.cache import DraObjects, card_sizes_mib, mig_offers
-from hami.dra.slices import DRIVER
 
 log = logging.getLogger(__name__)
 JSON = dict[str, Any]
-MIB = 2**20
+__all__ = ["DraWebhook", "claim_booking", "route"]
 
 
 def _reply(api_version: str, uid: str, allowed: bool, message: str = "",
@@ -54,74 +61,6 @@ def _reply(api_version: str, uid: str, allowed: bool, message: str = "",
         resp["patchType"] = "JSONPatch"
         resp["patch"] = base64.b64encode(json.dumps(patch).encode()).decode()
     return {"apiVersion": api_version, "kind": "AdmissionReview", "response": resp}
-
-
-def _asks(request: Any, whole_card_mib: int) -> tuple[int, int]:
-    """``(memory MiB, cores percent)`` one claim request asks for: count x requested
-    capacity (no ``memory``: ``whole_card_mib`` a card). A prioritized list
-    (``firstAvailable``) asks what its last entry of hami's DeviceClass, the shared card,
-    asks (the pod's own ``gpumem``/``gpucores``; a MIG instance is at least that). A
-    request of another DeviceClass asks nothing of hami's GPUs. Raises on malformed
-    values."""
-    if not isinstance(request, Mapping):
-        return 0, 0
-    ex = request.get("exactly")
-    first = request.get("firstAvailable")
-    if not isinstance(ex, Mapping) and isinstance(first, list):
-        ours = [e for e in first if isinstance(e, Mapping)
-                and e.get("deviceClassName") == tr.DEVICE_CLASS]
-        ex = ours[-1] if ours else None
-    if not isinstance(ex, Mapping) or ex.get("deviceClassName") != tr.DEVICE_CLASS:
-        return 0, 0
-    wanted = (ex.get("capacity") or {}).get("requests") or {}
-    count = int(ex.get("count") or 1)
-    memory = (to_int_exact(quantity(wanted["memory"])) or 0) // MIB \
-        if "memory" in wanted else whole_card_mib
-    return count * memory, count * (to_int_exact(quantity(wanted.get("cores", 0))) or 0)
-
-
-def claim_booking(claim: Mapping[str, Any], whole_card_mib: int = 0) -> tuple[int, int]:
-    """``(memory MiB, cores percent)`` a ResourceClaim books for the quota (only what
-    it holds of hami's driver or asks of hami's DeviceClass).
-
-    Allocated (``status.allocation`` holds results of our driver): what the allocation
-    consumes (``consumedCapacity``: a whole-card claim books its card's memory); a result
-    without ``consumedCapacity`` (a MIG instance, allocated whole) books what its request
-    asked, once per request. Not allocated yet: what it asks (:func:`_asks`), a request
-    without ``memory`` (the whole card) booking ``whole_card_mib`` (the largest card it
-    could get). Malformed values count 0."""
-    alloc = (claim.get("status") or {}).get("allocation") or {}
-    results = [r for r in (alloc.get("devices") or {}).get("results") or []
-               if isinstance(r, Mapping) and r.get("driver") == DRIVER]
-    requests = [r for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests")
-                or [] if isinstance(r, Mapping)]
-    mem = cores = 0
-    if results:
-        asked: set[str] = set()
-        for r in results:
-            consumed = r.get("consumedCapacity")
-            try:
-                if not isinstance(consumed, Mapping):
-                    main = str(r.get("request") or "").split("/", 1)[0]
-                    if main not in asked:
-                        asked.add(main)
-                        for req in requests:
-                            if req.get("name") == main:
-                                m, c = _asks(req, whole_card_mib)
-                                mem, cores = mem + m, cores + c
-                    continue
-                mem += (to_int_exact(quantity(consumed.get("memory", 0))) or 0) // MIB
-                cores += to_int_exact(quantity(consumed.get("cores", 0))) or 0
-            except (QuantityError, ValueError, TypeError, AttributeError):
-                continue
-        return mem, cores
-    for req in requests:
-        try:
-            m, c = _asks(req, whole_card_mib)
-        except (QuantityError, ValueError, TypeError, AttributeError):
-            continue
-        mem, cores = mem + m, cores + c
-    return mem, cores
 
 
 class DraWebhook:
@@ -151,10 +90,12 @@ class DraWebhook:
             sizes, offers = card_sizes_mib(listed), mig_offers(listed)
         return sizes, offers
 
-    async def _namespace_ledger(self, namespace: str, whole_card_mib: int) -> QuotaLedger | None:
+    async def _namespace_ledger(self, namespace: str, whole_card_mib: int,
+                                claims: dict[str, JSON] | None = None) -> QuotaLedger | None:
         """A ledger with the namespace's limits and the bookings of all its current
         claims, hami's and those the tenant made itself, allocated or not
-        (:func:`claim_booking`; whole cards of unallocated claims at ``whole_card_mib``)."""
+        (:func:`claim_booking`; whole cards of unallocated claims at ``whole_card_mib``).
+        ``claims``, when given, receives every listed claim by name."""
         if self.quota is None or not self.quota.limited(namespace):
             return None
         from lightkube.resources.resource_v1 import ResourceClaim
@@ -169,19 +110,116 @@ class DraWebhook:
         ledger.set_quota(namespace, "gpu", hard)
         # Every claim: a tenant allowed to create claims makes them without our templates.
         async for claim in self.client.list(ResourceClaim, namespace=namespace):
-            mem, cores = claim_booking(claim.to_dict(), whole_card_mib)
+            doc = claim.to_dict()
+            mem, cores = claim_booking(doc, whole_card_mib)
             ledger.charge(namespace, mem, cores)
+            if claims is not None:
+                claims[str((doc.get("metadata") or {}).get("name") or "")] = doc
         return ledger
 
-    async def _ensure(self, namespace: str, template: JSON) -> None:
+    async def _template(self, namespace: str, name: str) -> JSON | None:
+        """The ResourceClaimTemplate ``namespace/name`` as a dict, None when there is none.
+        Raises lightkube's ``ApiError`` for other API errors."""
+        from lightkube import ApiError
+        from lightkube.resources.resource_v1 import ResourceClaimTemplate
+
+        try:
+            obj = await self.client.get(ResourceClaimTemplate, name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise
+        doc: JSON = obj.to_dict()
+        return doc
+
+    async def _ensure(self, namespace: str, template: JSON) -> str | None:
+        """Make hami's ``template`` exist in ``namespace``; the denial when a template of
+        its name exists and asks for something else (a tenant may pre-create one under
+        the name hami derives from a request, asking more), else None. Read first (the
+        common case: pods asking the same share the template), create when absent, read
+        again when a concurrent admission created it first."""
         from lightkube import ApiError, codecs
 
-        doc = {**template, "metadata": {**template["metadata"], "namespace": namespace}}
+        name = str(template["metadata"]["name"])
+        existing = await self._template(namespace, name)
+        if existing is None:
+            doc = {**template, "metadata": {**template["metadata"], "namespace": namespace}}
+            try:
+                await self.client.create(codecs.from_dict(doc), namespace=namespace)
+                return None
+            except ApiError as exc:
+                if exc.status.code != 409:
+                    raise
+            existing = await self._template(namespace, name)
+        if existing is not None and booking.same_template_spec(
+                template["spec"], existing.get("spec") or {}):
+            return None
+        return (f"ResourceClaimTemplate {namespace}/{name} has the name of hami's template "
+                "for this GPU request but asks for something else; hami names its templates "
+                "after what they ask, so this one was not made by hami: delete it and create "
+                "the pod again" if existing is not None else
+                f"ResourceClaimTemplate {namespace}/{name} was deleted while the pod was "
+                "admitted; create the pod again")
+
+    async def _named_claims_denial(self, pod: Mapping[str, Any], namespace: str) -> str | None:
+        """For a pod that names ResourceClaims or ResourceClaimTemplates itself, in a
+        namespace with a GPU quota: the denial when what those claims ask of hami's
+        DeviceClass (:func:`hami.dra.booking.strict_asks`; a named claim already in the
+        namespace's total adds only what the total does not yet hold of it) does not fit,
+        or when a named object cannot be found, read or counted (fail closed). None
+        otherwise, and always for namespaces without a GPU quota."""
+        from lightkube import ApiError
+
+        if self.quota is None or not self.quota.limited(namespace):
+            return None
+        prefix = f"cannot check the pod's claims against the GPU quota of namespace {namespace}"
         try:
-            await self.client.create(codecs.from_dict(doc), namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code != 409:
-                raise
+            refs = booking.pod_claim_refs(pod)
+        except booking.BookingError as exc:
+            return f"{prefix}: {exc}"
+        if not refs:
+            return None
+        sizes, _ = await self._published()
+        largest = max(sizes) if sizes else self.uniform_memory_mib or 0
+        claims: dict[str, JSON] = {}
+        ledger = await self._namespace_ledger(namespace, largest, claims)
+        if ledger is None:
+            return None
+        mem = cores = 0
+        ours: list[str] = []
+        counted: set[str] = set()
+        for ref in refs:
+            try:
+                if ref.template:
+                    what = f"ResourceClaimTemplate {namespace}/{ref.template}"
+                    template = await self._template(namespace, ref.template)
+                    if template is None:
+                        return (f"{prefix}: {what} (spec.resourceClaims {ref.entry}) does not "
+                                "exist; create it before the pod")
+                    asks = booking.strict_asks((template.get("spec") or {}).get("spec") or {},
+                                               largest, what)
+                else:
+                    what = f"ResourceClaim {namespace}/{ref.claim}"
+                    if ref.claim in counted:
+                        continue
+                    counted.add(str(ref.claim))
+                    claim = claims.get(str(ref.claim))
+                    if claim is None:
+                        return (f"{prefix}: {what} (spec.resourceClaims {ref.entry}) does not "
+                                "exist; create it before the pod")
+                    asks = booking.named_claim_extra(claim, largest, what)
+            except booking.BookingError as exc:
+                return f"{prefix}: {exc}"
+            except ApiError as exc:
+                return f"{prefix}: cannot read {what}: {exc.status.code} {exc.status.message}"
+            if asks is not None:
+                ours.append(what)
+                mem, cores = mem + asks[0], cores + asks[1]
+        if not ours or ledger.fits(namespace, mem, cores):
+            return None
+        return (f"exceeding resource quota: namespace {namespace}: the pod's claims "
+                f"({', '.join(ours)}) add {mem} MiB and {cores}% cores of GPU; "
+                f"{ledger.describe(namespace)}")
 
     async def __call__(self, body: bytes) -> JSON:
         """The AdmissionReview reply (never raises on bad input: 400/403 replies)."""
@@ -196,9 +234,17 @@ class DraWebhook:
                            and request.get("operation") in (None, "", "CREATE"))
             if not isinstance(pod, dict):
                 raise TypeError("request.object is not an object")
+            spec = pod.get("spec")
+            namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return self.fallback(body)
-        if not creates_pod or not isolation.asks_for_devices(pod, self.config):
+        if not creates_pod:
+            return self.fallback(body)
+        if isinstance(spec, dict) and spec.get("resourceClaims"):
+            denial = await self._named_claims_denial(pod, namespace)
+            if denial:
+                return _reply(api_version, uid, False, denial)
+        if not isolation.asks_for_devices(pod, self.config):
             return self.fallback(body)
         # As the normal webhook: no hand-written allocation survives creation (a
         # translated pod gets hami's schedulerName, whose scheduler charges them).
@@ -214,7 +260,6 @@ class DraWebhook:
                               "; ".join(filter(None, ["pod uses ResourceClaims: left alone",
                                                       note])),
                               patch=jsonpatch.make_patch(pod, dict(clean)).patch)
-            namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
             uniform, largest = self.uniform_memory_mib, self.uniform_memory_mib or 0
             sizes, offers = await self._published()
             if sizes:
@@ -234,7 +279,9 @@ class DraWebhook:
         if result is None:
             return self.fallback(body)
         for template in result.templates.values():
-            await self._ensure(namespace, template)
+            denial = await self._ensure(namespace, template)
+            if denial:
+                return _reply(api_version, uid, False, denial)
         patch = jsonpatch.make_patch(pod, result.pod).patch
         return _reply(api_version, uid, True, note, patch=patch)
 

@@ -1,0 +1,170 @@
+"""DRA webhook, namespace GPU quota: pods that name ResourceClaims or
+ResourceClaimTemplates themselves, and templates a tenant made under hami's template
+names. The API client is the recording stub of ``test_webhook`` (templates it holds are
+read with ``get``); the real apiserver path is in tests/e2e/test_dra_quota_e2e.py."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from hami.core.quota import QuotaLedger
+from hami.devices.registry import make_config
+from hami.dra import translate as tr
+from tests.dra.test_webhook import _api_error, _claim, _Client, _hook, _pod, _review, _slice
+
+LIMIT_MIB = 20000
+
+
+def _quota() -> QuotaLedger:
+    quota = QuotaLedger(make_config().registry["NVIDIA"].resource_names())
+    quota.set_quota("ns", "gpu", {"limits.nvidia.com/gpumem": LIMIT_MIB})
+    return quota
+
+
+def _template(name: str, memory: str, cores: str = "0") -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu.hami.io", "allocationMode": "ExactCount", "count": 1,
+                "capacity": {"requests": {"memory": memory, "cores": cores}}}}]}}}}
+
+
+def _claiming(*entries: dict[str, str]) -> dict[str, Any]:
+    """A pod that asks for no nvidia.com resource, only the claims it names."""
+    pod = _pod({"cpu": "1"}, resourceClaims=list(entries))
+    pod["spec"]["containers"][0]["resources"]["claims"] = [{"name": e["name"]} for e in entries]
+    return pod
+
+
+def _run(client: _Client, pod: dict[str, Any], quota: QuotaLedger | None = None
+         ) -> dict[str, Any]:
+    hook, _ = _hook(client, _quota() if quota is None else quota)
+    return asyncio.run(hook(_review(pod)))["response"]  # type: ignore[no-any-return]
+
+
+def test_a_tenant_template_over_the_quota_is_denied_and_an_honest_one_admitted() -> None:
+    client = _Client([_slice("n1", 16384)], templates={
+        ("ns", "big"): _template("big", "30000Mi"), ("ns", "small"): _template("small", "2000Mi")})
+    denied = _run(client, _claiming({"name": "g", "resourceClaimTemplateName": "big"}))
+    assert not denied["allowed"], denied
+    message = denied["status"]["message"]
+    assert "exceeding resource quota" in message and "ResourceClaimTemplate ns/big" in message
+    assert "30000 MiB" in message
+    assert _run(client, _claiming({"name": "g", "resourceClaimTemplateName": "small"}))["allowed"]
+
+
+def test_every_named_template_makes_a_claim_and_counts() -> None:
+    """Two entries naming one template are two claims: 2 x 12000 MiB > 20000."""
+    client = _Client([_slice("n1", 16384)], templates={("ns", "t"): _template("t", "12000Mi")})
+    one = _claiming({"name": "a", "resourceClaimTemplateName": "t"})
+    assert _run(client, one)["allowed"]
+    two = _claiming({"name": "a", "resourceClaimTemplateName": "t"},
+                    {"name": "b", "resourceClaimTemplateName": "t"})
+    assert not _run(client, two)["allowed"]
+
+
+def test_a_named_claim_already_counted_does_not_count_twice() -> None:
+    """A claim of 12000 MiB already in the namespace's total (20000): a pod naming it
+    (twice, even) adds nothing; over the limit it would be 24000."""
+    client = _Client([_slice("n1", 16384)], [_claim("shared", {"memory": "12000Mi"})])
+    pod = _claiming({"name": "a", "resourceClaimName": "shared"},
+                    {"name": "b", "resourceClaimName": "shared"})
+    assert _run(client, pod)["allowed"]
+
+
+def test_a_named_claim_over_the_quota_is_denied() -> None:
+    """The tenant's own claim of 30000 MiB is in the total already: a pod using it is
+    refused (the namespace is over its quota)."""
+    client = _Client([_slice("n1", 16384)], [_claim("huge", {"memory": "30000Mi"})])
+    resp = _run(client, _claiming({"name": "a", "resourceClaimName": "huge"}))
+    assert not resp["allowed"] and "ResourceClaim ns/huge" in resp["status"]["message"], resp
+
+
+def test_a_pending_claim_with_a_small_last_entry_counts_its_largest() -> None:
+    """The total counts a pending prioritized list by its last entry (1 MiB here); a pod
+    naming the claim adds the rest up to its largest entry (30000 MiB)."""
+    listed = _claim("sly", {})
+    listed["spec"]["devices"]["requests"] = [{"name": "gpu", "firstAvailable": [
+        {"name": "big", "deviceClassName": "gpu.hami.io", "allocationMode": "ExactCount",
+         "count": 1, "capacity": {"requests": {"memory": "30000Mi"}}},
+        {"name": "tiny", "deviceClassName": "gpu.hami.io", "allocationMode": "ExactCount",
+         "count": 1, "capacity": {"requests": {"memory": "1Mi"}}}]}]
+    client = _Client([_slice("n1", 16384)], [listed])
+    resp = _run(client, _claiming({"name": "a", "resourceClaimName": "sly"}))
+    assert not resp["allowed"] and "29999 MiB" in resp["status"]["message"], resp
+
+
+@pytest.mark.parametrize(("entry", "words"), [
+    ({"name": "a", "resourceClaimTemplateName": "absent"},
+     "ResourceClaimTemplate ns/absent (spec.resourceClaims a) does not exist"),
+    ({"name": "a", "resourceClaimName": "absent"},
+     "ResourceClaim ns/absent (spec.resourceClaims a) does not exist"),
+    ({"name": "a", "resourceClaimTemplateName": "all"}, "allocationMode 'All'"),
+    ({"name": "a", "resourceClaimTemplateName": "secret"}, "cannot read ResourceClaimTemplate"),
+    ({"name": "a"}, "exactly one of resourceClaimName and resourceClaimTemplateName"),
+])
+def test_what_cannot_be_counted_is_denied_with_a_reason(entry: dict[str, str],
+                                                          words: str) -> None:
+    everything = _template("all", "1Mi")
+    everything["spec"]["spec"]["devices"]["requests"][0]["exactly"]["allocationMode"] = "All"
+
+    class _Forbidden(_Client):
+        async def get(self, res: Any, name: str, namespace: str | None = None) -> Any:
+            if name == "secret":
+                raise _api_error(403, "forbidden")
+            return await super().get(res, name, namespace)
+
+    client = _Forbidden([_slice("n1", 16384)], templates={("ns", "all"): everything})
+    resp = _run(client, _claiming(entry))
+    assert not resp["allowed"] and words in resp["status"]["message"], resp
+    assert "GPU quota of namespace ns" in resp["status"]["message"]
+
+
+def test_namespaces_without_a_gpu_quota_are_not_affected() -> None:
+    """No quota: no API call, and even a missing template is the API server's business."""
+    client = _Client([_slice("n1", 16384)])
+    pod = _claiming({"name": "a", "resourceClaimTemplateName": "absent"})
+    hook, seen = _hook(client, QuotaLedger())
+    assert asyncio.run(hook(_review(pod)))["response"].get("fallback")
+    assert seen and not client.gets and not client.lists
+    malformed = _pod({"cpu": "1"}, resourceClaims="not a list")
+    assert asyncio.run(hook(_review(malformed)))["response"].get("fallback")
+
+
+def test_a_template_pre_made_under_hamis_name_is_refused_by_name() -> None:
+    """The attacker's path: hami names a template after the hash of what it asks, so a
+    tenant can create ``hami-gpu-<hash of 1000 MiB>`` asking 30000 MiB and wait for a
+    GPU pod of 1000 MiB; the webhook must not reuse it."""
+    name, ours = tr.template_for(tr.claim_spec(1, 1000, 0, []))
+    forged = _template(name, "30000Mi")
+    client = _Client([_slice("n1", 16384)], templates={("ns", name): forged})
+    resp = _run(client, _pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}), QuotaLedger())
+    assert not resp["allowed"], resp
+    assert f"ResourceClaimTemplate ns/{name}" in resp["status"]["message"]
+    assert not client.created
+    # the same content as hami's (as the API server stores it) is hami's template
+    client.templates[("ns", name)] = {**ours, "metadata": {"name": name, "namespace": "ns"}}
+    resp = _run(client, _pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}), QuotaLedger())
+    assert resp["allowed"] and not client.created, resp
+
+
+def test_a_template_created_concurrently_is_read_back_and_checked() -> None:
+    """A GET finds nothing, the create answers 409 (another admission made it): the
+    template is read again and compared."""
+    name, ours = tr.template_for(tr.claim_spec(1, 1000, 0, []))
+
+    class _Racing(_Client):
+        async def create(self, obj: Any, namespace: str | None = None) -> None:
+            self.templates[(str(namespace), name)] = self.racer
+            raise _api_error(409, "already exists")
+
+    for racer, allowed in ((ours, True), (_template(name, "30000Mi"), False)):
+        client = _Racing([_slice("n1", 16384)])
+        client.racer = racer  # type: ignore[attr-defined]
+        resp = _run(client, _pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}),
+                    QuotaLedger())
+        assert resp["allowed"] is allowed, resp
+        assert client.gets == [("ns", name), ("ns", name)]
