@@ -47,13 +47,13 @@ def test_strict_asks_counts_count_memory_cores_and_whole_cards() -> None:
 
 def test_a_prioritized_list_counts_its_largest_entry_not_its_last() -> None:
     """kube-scheduler takes the first entry it can satisfy: a list [30000 MiB, 1 MiB]
-    can get 30000 MiB. The namespace total's rule (the last entry: hami's own lists end
-    with the shared card) would count 1 MiB."""
+    can get 30000 MiB. The namespace total counts a pending claim that is not of hami's
+    shape the same way (it once counted the last entry, 1 MiB, until allocation)."""
     spec = _spec({"name": "gpu", "firstAvailable": [
         {"name": "big", **_exactly("30000Mi", "5")},
         {"name": "small", **_exactly("1Mi", "50")}]})
     assert strict_asks(spec, 16384, "t") == (30000, 50)
-    assert claim_booking({"spec": spec}, 16384) == (1, 50)
+    assert claim_booking({"spec": spec}, 16384) == (30000, 50)
 
 
 @pytest.mark.parametrize(("entry", "words"), [
@@ -78,7 +78,9 @@ def test_a_named_claim_adds_only_what_the_total_does_not_hold() -> None:
     assert named_claim_extra(plain, 16384, "c") == (0, 0)
     listed = {"spec": _spec({"name": "gpu", "firstAvailable": [
         {"name": "big", **_exactly("30000Mi")}, {"name": "small", **_exactly("1Mi")}]})}
-    assert named_claim_extra(listed, 16384, "c") == (29999, 0)
+    # the total counts a pending prioritized list by its largest entry already
+    assert claim_booking(listed, 16384) == (30000, 0)
+    assert named_claim_extra(listed, 16384, "c") == (0, 0)
     other = {"spec": _spec({"name": "n", "exactly": _exactly(cls="nic.example.com")})}
     assert named_claim_extra(other, 16384, "c") is None
 

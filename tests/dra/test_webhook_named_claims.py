@@ -84,8 +84,9 @@ def test_a_named_claim_over_the_quota_is_denied() -> None:
 
 
 def test_a_pending_claim_with_a_small_last_entry_counts_its_largest() -> None:
-    """The total counts a pending prioritized list by its last entry (1 MiB here); a pod
-    naming the claim adds the rest up to its largest entry (30000 MiB)."""
+    """A pending prioritized list not of hami's shape counts its largest entry (30000
+    MiB) in the namespace's total, not its last (1 MiB): the namespace is over its
+    quota and a pod naming the claim is refused."""
     listed = _claim("sly", {})
     listed["spec"]["devices"]["requests"] = [{"name": "gpu", "firstAvailable": [
         {"name": "big", "deviceClassName": "gpu.hami.io", "allocationMode": "ExactCount",
@@ -94,7 +95,7 @@ def test_a_pending_claim_with_a_small_last_entry_counts_its_largest() -> None:
          "count": 1, "capacity": {"requests": {"memory": "1Mi"}}}]}]
     client = _Client([_slice("n1", 16384)], [listed])
     resp = _run(client, _claiming({"name": "a", "resourceClaimName": "sly"}))
-    assert not resp["allowed"] and "29999 MiB" in resp["status"]["message"], resp
+    assert not resp["allowed"] and "(30000 MiB in use)" in resp["status"]["message"], resp
 
 
 @pytest.mark.parametrize(("entry", "words"), [

@@ -4,13 +4,17 @@ Two rules, both in MiB of memory and percent of a card's cores:
 
 * :func:`claim_booking`: the namespace's total (every claim already there, hami's or the
   tenant's, allocated or not). Allocated: what the allocation consumes; not allocated
-  yet: what it asks, a prioritized list (``firstAvailable``) counting its last entry of
-  hami's DeviceClass (the shared card of hami's own lists). Malformed values count 0.
-* :func:`strict_asks`: a claim a new pod brings with it, from a template or a claim
-  named in the pod (:func:`pod_claim_refs`). Tenant-written, so nothing is taken on
-  trust: a prioritized list counts its largest entry, an entry without a ``memory``
-  request a whole card, ``allocationMode: All`` and malformed values are refused
-  (:class:`BookingError`).
+  yet: what :func:`admission_asks` counts, or, for a claim it cannot count (made before
+  the namespace had a quota), what it asks with a prioritized list (``firstAvailable``)
+  counting its last entry of hami's DeviceClass and malformed values 0.
+* :func:`admission_asks`: a new claim (created, or coming from a template a pod names or
+  that is being created). A spec of the exact shape hami's translation writes
+  (:func:`hami_shaped`) counts as hami booked the pod: ``count`` x ``memory`` and
+  ``cores`` of its (last) shared-card entry, the MIG instances of its prioritized list
+  counted at the request's memory. Any other spec is read by :func:`strict_asks`:
+  tenant-written, so nothing is taken on trust: a prioritized list counts its largest
+  entry, an entry without a ``memory`` request a whole card, ``allocationMode: All`` and
+  malformed values are refused (:class:`BookingError`).
 
 :func:`same_template_spec` tells whether a ResourceClaimTemplate found under the name of
 one of hami's templates asks what hami would write (quantities compared by value, as the
@@ -19,12 +23,15 @@ API server may rewrite ``2048Mi`` as ``2Gi``).
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import quantity
+from hami.dra import translate as tr
 from hami.dra.slices import DRIVER, MIB
 
 #: The DeviceClass hami's claims name (the same as :data:`hami.dra.translate.DEVICE_CLASS`).
@@ -80,9 +87,11 @@ def claim_booking(claim: Mapping[str, Any], whole_card_mib: int = 0) -> tuple[in
     Allocated (``status.allocation`` holds results of our driver): what the allocation
     consumes (``consumedCapacity``: a whole-card claim books its card's memory); a result
     without ``consumedCapacity`` (a MIG instance, allocated whole) books what its request
-    asked, once per request. Not allocated yet: what it asks (:func:`_asks`), a request
-    without ``memory`` (the whole card) booking ``whole_card_mib`` (the largest card it
-    could get). Malformed values count 0."""
+    asked, once per request. Not allocated yet: :func:`admission_asks` (what the claim
+    was checked with when it was created), a request without ``memory`` (the whole card)
+    booking ``whole_card_mib`` (the largest card it could get); a claim that rule
+    refuses counts what it asks (:func:`_asks`: a prioritized list its last entry),
+    malformed values 0."""
     results = _results(claim)
     requests = [r for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests")
                 or [] if isinstance(r, Mapping)]
@@ -106,6 +115,11 @@ def claim_booking(claim: Mapping[str, Any], whole_card_mib: int = 0) -> tuple[in
             except (QuantityError, ValueError, TypeError, AttributeError):
                 continue
         return mem, cores
+    try:
+        asks = admission_asks(_map(claim.get("spec")), whole_card_mib, "claim")
+        return asks or (0, 0)
+    except BookingError:
+        pass
     for req in requests:
         try:
             m, c = _asks(req, whole_card_mib)
@@ -177,6 +191,79 @@ def strict_asks(claim_spec: Mapping[str, Any], whole_card_mib: int, what: str
             mem += max(m for m, _ in asks)
             cores += max(c for _, c in asks)
     return (mem, cores) if found else None
+
+
+#: The MIG profile a subrequest of hami's prioritized list selects (a JSON string in CEL).
+_PROFILE = re.compile(r'\.profile == ("(?:[^"\\]|\\.)*")')
+
+
+def _shape_params(entry: Mapping[str, Any]) -> tuple[int, int, int] | None:
+    """``(count, memory MiB, cores percent)`` of an ``exactly`` entry as hami writes it
+    (whole MiB; no memory: 0), None for values hami never writes."""
+    wanted = _map(_map(entry.get("capacity")).get("requests"))
+    try:
+        count = entry.get("count", 1)
+        memory = to_int_exact(quantity(wanted["memory"])) if "memory" in wanted else 0
+        cores = to_int_exact(quantity(wanted.get("cores", 0)))
+    except (QuantityError, ValueError, TypeError):
+        return None
+    if not isinstance(count, int) or memory is None or cores is None or memory % MIB:
+        return None
+    return count, memory // MIB, cores
+
+
+def hami_shaped(claim_spec: Mapping[str, Any]) -> bool:
+    """True when a claim spec (``ResourceClaim.spec`` or a template's ``spec.spec``) is
+    exactly what hami's translation writes for some request
+    (:func:`hami.dra.translate.claim_spec` of its count, memory, cores, selectors and MIG
+    profiles), compared as :func:`same_template_spec` does (the API server's rewriting
+    of empty fields and quantities aside). Such a spec asks what its shared-card entry
+    says: a MIG instance of its list is chosen to hold at least that memory and is booked
+    at it, as for the pods hami translates."""
+    requests = _map(_map(claim_spec).get("devices")).get("requests")
+    if not isinstance(requests, list) or len(requests) != 1 or not isinstance(
+            requests[0], Mapping) or requests[0].get("name") != "gpu":
+        return False
+    request = requests[0]
+    first = request.get("firstAvailable")
+    entry = _map(first[-1]) if isinstance(first, list) and first else \
+        _map(request.get("exactly"))
+    params = _shape_params(entry)
+    if params is None:
+        return False
+    sel = entry.get("selectors") or []
+    profiles = []
+    for sub in (first[:-1] if isinstance(first, list) else []):
+        sels = _map(sub).get("selectors")
+        exprs = [_map(_map(x).get("cel")).get("expression")
+                 for x in (sels if isinstance(sels, list) else [])]
+        found = [m for e in exprs if isinstance(e, str) and (m := _PROFILE.search(e))]
+        try:
+            profiles.append(str(json.loads(found[-1].group(1))))
+        except (IndexError, ValueError):
+            return False
+    try:
+        ours = tr.claim_spec(*params, sel if isinstance(sel, list) else [], profiles)
+    except (TypeError, ValueError, AttributeError):
+        return False
+    return bool(_canon(ours) == _canon(claim_spec))
+
+
+def admission_asks(claim_spec: Mapping[str, Any], whole_card_mib: int, what: str
+                   ) -> tuple[int, int] | None:
+    """``(memory MiB, cores percent)`` a new claim with this spec asks of hami's
+    DeviceClass; None when no request names the class. A spec of hami's shape
+    (:func:`hami_shaped`) counts as hami books a translated pod: ``count`` x ``memory``
+    (none: ``whole_card_mib``) and ``cores`` of its shared-card entry; any other is read
+    strictly (:func:`strict_asks`). ``what`` names the object in messages.
+
+    Raises:
+        BookingError: as :func:`strict_asks`, for a spec not of hami's shape.
+    """
+    if hami_shaped(claim_spec):
+        (request,) = _map(claim_spec.get("devices")).get("requests") or [{}]
+        return _asks(request, whole_card_mib)
+    return strict_asks(claim_spec, whole_card_mib, what)
 
 
 def named_claim_extra(claim: Mapping[str, Any], whole_card_mib: int, what: str
