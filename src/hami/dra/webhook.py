@@ -15,9 +15,12 @@ size.
 
 A pod that names ResourceClaims or ResourceClaimTemplates itself is not translated, but
 in a namespace with a GPU quota it is checked against the quota with what those claims
-and templates ask of hami's DeviceClass, read strictly (:func:`hami.dra.booking.strict_asks`;
+and templates ask of hami's DeviceClass (:func:`hami.dra.booking.admission_asks`: read
+strictly unless of the exact shape hami writes;
 a named claim already counted in the total adds only what the total does not hold of it),
-and refused when a named object cannot be found, read or counted. Every other request
+and refused when a named object cannot be found, read or counted. ResourceClaims and
+ResourceClaimTemplates themselves are checked when created (:mod:`hami.dra.claimquota`).
+Every other request
 (pods without GPUs, other operations) goes to the normal webhook. Whichever it is, a GPU
 pod passes the isolation rules and loses any hand-written allocation annotations, as
 with the normal webhook.
@@ -39,7 +42,7 @@ from hami.core.config import SchedulerConfig
 from hami.core.provenance import strip_allocation
 from hami.core.quota import QuotaLedger
 from hami.devices import nvidia
-from hami.dra import booking
+from hami.dra import booking, claimquota
 from hami.dra import translate as tr
 from hami.dra.booking import claim_booking
 from hami.dra.cache import DraObjects, card_sizes_mib, mig_offers
@@ -76,7 +79,7 @@ class DraWebhook:
         self.quota = quota
         self.uniform_memory_mib = uniform_memory_mib
 
-    async def _published(self) -> tuple[set[int], set[tuple[str, int]]]:
+    async def published(self) -> tuple[set[int], set[tuple[str, int]]]:
         """The distinct memory sizes (MiB) of the published shareable cards and the
         ``(profile, memory MiB)`` of the published MIG instance devices: from the watched
         slices (:class:`hami.dra.cache.DraObjects`), or one LIST before the watch has
@@ -90,7 +93,7 @@ class DraWebhook:
             sizes, offers = card_sizes_mib(listed), mig_offers(listed)
         return sizes, offers
 
-    async def _namespace_ledger(self, namespace: str, whole_card_mib: int,
+    async def namespace_ledger(self, namespace: str, whole_card_mib: int,
                                 claims: dict[str, JSON] | None = None) -> QuotaLedger | None:
         """A ledger with the namespace's limits and the bookings of all its current
         claims, hami's and those the tenant made itself, allocated or not
@@ -164,7 +167,7 @@ class DraWebhook:
     async def _named_claims_denial(self, pod: Mapping[str, Any], namespace: str) -> str | None:
         """For a pod that names ResourceClaims or ResourceClaimTemplates itself, in a
         namespace with a GPU quota: the denial when what those claims ask of hami's
-        DeviceClass (:func:`hami.dra.booking.strict_asks`; a named claim already in the
+        DeviceClass (:func:`hami.dra.booking.admission_asks`; a named claim already in the
         namespace's total adds only what the total does not yet hold of it) does not fit,
         or when a named object cannot be found, read or counted (fail closed). None
         otherwise, and always for namespaces without a GPU quota."""
@@ -179,10 +182,10 @@ class DraWebhook:
             return f"{prefix}: {exc}"
         if not refs:
             return None
-        sizes, _ = await self._published()
+        sizes, _ = await self.published()
         largest = max(sizes) if sizes else self.uniform_memory_mib or 0
         claims: dict[str, JSON] = {}
-        ledger = await self._namespace_ledger(namespace, largest, claims)
+        ledger = await self.namespace_ledger(namespace, largest, claims)
         if ledger is None:
             return None
         mem = cores = 0
@@ -196,8 +199,8 @@ class DraWebhook:
                     if template is None:
                         return (f"{prefix}: {what} (spec.resourceClaims {ref.entry}) does not "
                                 "exist; create it before the pod")
-                    asks = booking.strict_asks((template.get("spec") or {}).get("spec") or {},
-                                               largest, what)
+                    asks = booking.admission_asks(
+                        (template.get("spec") or {}).get("spec") or {}, largest, what)
                 else:
                     what = f"ResourceClaim {namespace}/{ref.claim}"
                     if ref.claim in counted:
@@ -221,14 +224,29 @@ class DraWebhook:
                 f"({', '.join(ours)}) add {mem} MiB and {cores}% cores of GPU; "
                 f"{ledger.describe(namespace)}")
 
+    async def _claim_review(self, request: Mapping[str, Any], api_version: str,
+                            uid: str) -> JSON:
+        """The reply to a ResourceClaim or ResourceClaimTemplate request
+        (:mod:`hami.dra.claimquota`); refused when the API cannot be read (fail closed)."""
+        from lightkube import ApiError
+
+        try:
+            denial = await claimquota.denial(self, request)
+        except ApiError as exc:
+            denial = ("cannot check the claim against the namespace's GPU quota: "
+                      f"{exc.status.code} {exc.status.message}")
+        return _reply(api_version, uid, denial is None, denial or "")
+
     async def __call__(self, body: bytes) -> JSON:
         """The AdmissionReview reply (never raises on bad input: 400/403 replies)."""
         try:
             doc = json.loads(body)
             request = doc["request"]
-            pod = request["object"]
             api_version = str(doc.get("apiVersion") or "admission.k8s.io/v1")
             uid = str(request.get("uid") or "")
+            if claimquota.handles(request):
+                return await self._claim_review(request, api_version, uid)
+            pod = request["object"]
             creates_pod = ((request.get("kind") or {}).get("kind") in (None, "Pod")
                            and not request.get("subResource")
                            and request.get("operation") in (None, "", "CREATE"))
@@ -261,12 +279,12 @@ class DraWebhook:
                                                       note])),
                               patch=jsonpatch.make_patch(pod, dict(clean)).patch)
             uniform, largest = self.uniform_memory_mib, self.uniform_memory_mib or 0
-            sizes, offers = await self._published()
+            sizes, offers = await self.published()
             if sizes:
                 largest = max(sizes)
                 if uniform is None and len(sizes) == 1:
                     uniform = largest
-            ledger = await self._namespace_ledger(namespace, largest)
+            ledger = await self.namespace_ledger(namespace, largest)
             result = tr.translate(
                 clean, nvidia.settings(self.config), quota=ledger, uniform_memory_mib=uniform,
                 whole_card_mib=largest, mig_offers=offers,

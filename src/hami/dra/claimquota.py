@@ -1,0 +1,83 @@
+"""DRA mode's ``/webhook`` for ResourceClaims and ResourceClaimTemplates: each one created
+in a namespace with a GPU memory or cores quota is checked against it, so that what
+reaches kube-scheduler never asks more than the namespace may have.
+
+* A ResourceClaim CREATE asking hami's DeviceClass is refused when the namespace's total
+  (every claim already there, :func:`hami.dra.booking.claim_booking`) plus what it asks
+  (:func:`hami.dra.booking.admission_asks`: a spec of hami's shape as hami books its
+  pods, any other strictly, ``allocationMode: All`` and malformed values refused) does
+  not fit. This covers the claims the resourceclaim controller makes from templates for
+  pods: the total counts claims, never pods, so the pod's claim is not counted twice; it
+  is refused only when claims created since the pod's admission took the room (pods
+  admitted in the same instant), and the controller retries until there is room again.
+* A ResourceClaimTemplate CREATE is checked as one claim (each pod naming it makes one),
+  so a template deleted and created again asking more is refused at once.
+* UPDATE needs no check: the API server refuses any change to the ``spec`` of either kind
+  (it is immutable). Other operations, kinds and subresources are allowed, and so is
+  everything in a namespace without a GPU quota (no API request).
+
+Never raises on bad input: a claim that cannot be counted is refused with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from hami.dra import booking
+
+if TYPE_CHECKING:
+    from hami.dra.webhook import DraWebhook
+
+#: The API group and kinds this check handles.
+GROUP = "resource.k8s.io"
+CLAIM, TEMPLATE = "ResourceClaim", "ResourceClaimTemplate"
+
+
+def handles(request: Mapping[str, Any]) -> bool:
+    """True for an AdmissionReview ``request`` about a ResourceClaim or
+    ResourceClaimTemplate of ``resource.k8s.io`` (any version, any operation)."""
+    kind = request.get("kind")
+    return isinstance(kind, Mapping) and kind.get("group") == GROUP \
+        and kind.get("kind") in (CLAIM, TEMPLATE)
+
+
+def _map(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+async def denial(hook: DraWebhook, request: Mapping[str, Any]) -> str | None:
+    """The reason to refuse ``request`` (:func:`handles` is true for it), None to allow.
+
+    Raises:
+        lightkube ``ApiError`` or ``httpx`` errors when the namespace's claims or the
+        published slices cannot be listed (the caller refuses: fail closed).
+    """
+    if request.get("operation") != "CREATE" or request.get("subResource"):
+        return None
+    obj = _map(request.get("object"))
+    meta = _map(obj.get("metadata"))
+    namespace = str(request.get("namespace") or meta.get("namespace") or "default")
+    if hook.quota is None or not hook.quota.limited(namespace):
+        return None
+    kind = str(_map(request.get("kind")).get("kind"))
+    name = str(meta.get("name") or request.get("name") or "") or \
+        f"{meta.get('generateName') or ''}<generated>"
+    what = f"{kind} {namespace}/{name}"
+    spec = _map(obj.get("spec"))
+    if kind == TEMPLATE:
+        spec = _map(spec.get("spec"))
+    sizes, _ = await hook.published()
+    largest = max(sizes) if sizes else hook.uniform_memory_mib or 0
+    try:
+        asks = booking.admission_asks(spec, largest, what)
+    except booking.BookingError as exc:
+        return f"cannot check {what} against the GPU quota of namespace {namespace}: {exc}"
+    if asks is None:
+        return None
+    ledger = await hook.namespace_ledger(namespace, largest)
+    if ledger is None or ledger.fits(namespace, *asks):
+        return None
+    each = " (each pod naming the template makes one claim)" if kind == TEMPLATE else ""
+    return (f"exceeding resource quota: namespace {namespace}: {what} asks for {asks[0]} "
+            f"MiB and {asks[1]}% cores of GPU{each}; {ledger.describe(namespace)}")
