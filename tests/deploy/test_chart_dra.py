@@ -131,6 +131,35 @@ def test_scheduler_runs_dra_mode_with_a_prioritize_only_extender(
     assert cfg == ours
 
 
+def test_the_webhook_checks_claims_and_templates_only_in_dra_mode(
+        dra: list[dict[str, Any]]) -> None:
+    """DRA mode: a second webhook sends ResourceClaim and ResourceClaimTemplate CREATEs to
+    the same server, with the pod webhook's failure policy and namespace selection (their
+    spec is immutable: no UPDATE); the templates hami's own account makes for a pod it
+    has just checked are left out. Without dra.enabled: only the pod webhook."""
+    (pods,) = find(render(), "MutatingWebhookConfiguration")["webhooks"]
+    assert pods["name"] == "vgpu.hami.io"
+    for policy in ("Fail", "Ignore"):
+        objs = render({"scheduler": {"admissionWebhook": {"failurePolicy": policy}}},
+                      files=[DRA_VALUES])
+        pods, claims = find(objs, "MutatingWebhookConfiguration")["webhooks"]
+        assert claims["name"] == "claims.vgpu.hami.io"
+        assert claims["failurePolicy"] == pods["failurePolicy"] == policy
+        for same in ("clientConfig", "namespaceSelector", "timeoutSeconds", "sideEffects",
+                     "matchPolicy", "admissionReviewVersions"):
+            assert claims[same] == pods[same], same
+    assert claims["rules"] == [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+                                "operations": ["CREATE"],
+                                "resources": ["resourceclaims", "resourceclaimtemplates"],
+                                "scope": "Namespaced"}]
+    assert claims["reinvocationPolicy"] == "Never"
+    (cond,) = claims["matchConditions"]
+    account = find(dra, "Deployment", "hami-scheduler")["spec"]["template"]["spec"][
+        "serviceAccountName"]
+    assert cond["expression"].strip() == (
+        f'request.userInfo.username != "system:serviceaccount:{NAMESPACE}:{account}"')
+
+
 def test_dra_plugin_metrics_reach_only_scrapers(dra: list[dict[str, Any]]) -> None:
     policy = find(dra, "NetworkPolicy", "hami-dra-plugin")
     assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == \
