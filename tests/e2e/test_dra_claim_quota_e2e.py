@@ -1,0 +1,239 @@
+"""DRA mode's namespace GPU quota on ResourceClaims and ResourceClaimTemplates as they are
+created, on the real control plane: a real ``hami scheduler --dra-mode`` process is the
+webhook the kube-apiserver calls (pods, claims and templates, as the chart registers it
+with dra.enabled), its quota is a real ResourceQuota, the claims are made by the real
+resourceclaim controller of kube-controller-manager and allocated by the default
+kube-scheduler from a published slice (no kubelet: pods are bound, not run).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hami.deviceplugin.config import PluginConfig
+from hami.deviceplugin.discovery import FakeBackend
+from hami.dra.node import DraAgent, SlicePublisher
+from hami.dra.slices import DRIVER
+from hami.testing.controllers import start_controller_manager
+from hami.testing.controlplane import (
+    BinariesMissing,
+    ControlPlane,
+    create_gpu_node,
+    ensure_namespace,
+)
+
+from .conftest import REQUIRED
+from .hami_harness import HamiProcess, Tls, gpu_pod, webhook_configuration
+
+pytestmark = pytest.mark.e2e
+
+NS = "claimquota"
+LIMIT_MIB = 20000
+CARD_MIB = 16384
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Control plane + controller manager + one node with two published cards + hami
+    scheduler --dra-mode registered as the webhook for pods, claims and templates + a
+    ResourceQuota of 20000 MiB of GPU memory in :data:`NS`."""
+    from lightkube import codecs
+
+    work = tmp_path_factory.mktemp("k8s-claimquota")
+    try:
+        cp = ControlPlane(workdir=work / "cp")
+    except BinariesMissing as err:
+        pytest.fail(str(err)) if REQUIRED else pytest.skip(str(err))
+    cp.start()
+    hami = None
+    try:
+        try:
+            manager = start_controller_manager(cp)
+        except BinariesMissing as err:
+            pytest.fail(str(err)) if REQUIRED else pytest.skip(str(err))
+        client = cp.client()
+        ensure_namespace(client, NS)
+        client.create(codecs.from_dict({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
+        node = "claimquota-0"
+        create_gpu_node(client, node, gpus=0)
+        inventory = work / "inv.yaml"
+        inventory.write_text(json.dumps({"gpus": [{
+            "model": "Tesla T4", "memory_mib": CARD_MIB, "count": 2,
+            "uuids": [f"GPU-{node}-{i}" for i in range(2)]}]}))
+        agent = DraAgent(node, FakeBackend(inventory), PluginConfig(device_split_count=10),
+                         client)
+        assert SlicePublisher(client, node).sync(agent.devices())
+        client.create(codecs.from_dict({
+            "apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": "gpu", "namespace": NS},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": str(LIMIT_MIB)}}}))
+        tls = Tls(work / "tls")
+        # --scheduler-name="": translated pods stay with the default kube-scheduler
+        hami = HamiProcess(cp, tls, work, args=["--dra-mode", "--scheduler-name="],
+                           name="hami-dra").start()
+        config = webhook_configuration("hami-claimquota", hami.url, tls.ca_pem)
+        claims = json.loads(json.dumps(config["webhooks"][0]))
+        claims["name"] = "claims.vgpu.hami.io"
+        claims["rules"] = [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+                            "operations": ["CREATE"],
+                            "resources": ["resourceclaims", "resourceclaimtemplates"]}]
+        config["webhooks"].append(claims)
+        client.create(codecs.from_dict(config))
+        yield {"cp": cp, "client": client, "manager": manager, "hami": hami}
+    finally:
+        if hami is not None:
+            hami.stop()
+        cp.stop()
+
+
+def _request(*memory: str) -> dict[str, Any]:
+    entries = [{"deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
+                "capacity": {"requests": {"memory": m}}} for m in memory]
+    if len(entries) == 1:
+        return {"name": "gpu", "exactly": entries[0]}
+    return {"name": "gpu", "firstAvailable": [{"name": f"e{i}", **e}
+                                              for i, e in enumerate(entries)]}
+
+
+def _template(name: str, memory: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"spec": {"devices": {"requests": [_request(memory)]}}}}
+
+
+def _claim(name: str, *memory: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"devices": {"requests": [_request(*memory)]}}}
+
+
+def _claiming(name: str, template: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS},
+            "spec": {"terminationGracePeriodSeconds": 0,
+                     "resourceClaims": [{"name": "g", "resourceClaimTemplateName": template}],
+                     "containers": [{"name": "c", "image": "pause",
+                                     "resources": {"claims": [{"name": "g"}]}}]}}
+
+
+def _wait(check: Any, timeout_s: float = 90.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _claims(client: Any) -> dict[str, dict[str, Any]]:
+    from lightkube.resources.resource_v1 import ResourceClaim
+
+    return {c.metadata.name: c.to_dict() for c in client.list(ResourceClaim, namespace=NS)}
+
+
+def _owner(claim: dict[str, Any]) -> str:
+    return str(((claim["metadata"].get("ownerReferences") or [{}])[0]).get("name") or "")
+
+
+def _refused(client: Any, obj: dict[str, Any]) -> str:
+    from lightkube import ApiError, codecs
+
+    with pytest.raises(ApiError) as err:
+        client.create(codecs.from_dict(obj))
+    return str(err.value.status.message)
+
+
+def test_claims_and_templates_are_checked_when_created(bed: dict[str, Any]) -> None:
+    from lightkube import ApiError, codecs
+    from lightkube.resources.core_v1 import Pod
+    from lightkube.resources.resource_v1 import ResourceClaim, ResourceClaimTemplate
+
+    client = bed["client"]
+    # the scheduler has read the ResourceQuota once a claim over it is refused
+    _wait(lambda: _try_refused(client, _claim("probe", "30000Mi")), 60,
+          "the webhook enforces the ResourceQuota")
+
+    # An honest GPU pod: translated, hami's template created, the controller's claim
+    # admitted (4000 MiB of 20000, counted as the pod was), allocated, the pod bound.
+    client.create(codecs.from_dict(gpu_pod("honest", memory_mib=4000, namespace=NS)))
+    _wait(lambda: client.get(Pod, "honest", namespace=NS).spec.nodeName, what="honest bound")
+    (claim,) = [c for c in _claims(client).values() if _owner(c) == "honest"]
+    assert (claim.get("status") or {}).get("allocation"), claim
+
+    # A tenant's claim or template over what is left is refused when created; a
+    # prioritized list counts its largest entry (17000), not its last (1 MiB).
+    message = _refused(client, _template("t", "30000Mi"))
+    assert "exceeding resource quota" in message and f"ResourceClaimTemplate {NS}/t" in message
+    message = _refused(client, _claim("sly", "17000Mi", "1Mi"))
+    assert f"ResourceClaim {NS}/sly asks for 17000 MiB" in message, message
+
+    # The delete-and-recreate path. With the controller stopped, two pods naming a
+    # 2000 MiB template are admitted (4000 + 2000 fits, for each). The tenant deletes
+    # the template and creates it again asking 30000 MiB: refused. 9000 MiB fits as
+    # one claim (4000 + 9000) and is admitted; when the controller makes the pods'
+    # claims from it, the second (4000 + 9000 + 9000 > 20000) is refused.
+    bed["manager"].component.stop()
+    client.create(codecs.from_dict(_template("t", "2000Mi")))
+    for name in ("p1", "p2"):
+        client.create(codecs.from_dict(_claiming(name, "t")))
+    client.delete(ResourceClaimTemplate, "t", namespace=NS)
+    assert "exceeding resource quota" in _refused(client, _template("t", "30000Mi"))
+    client.create(codecs.from_dict(_template("t", "9000Mi")))
+    start_controller_manager(bed["cp"])
+    made = _wait(lambda: [c for c in _claims(client).values() if _owner(c) in ("p1", "p2")],
+                 what="a claim for p1 or p2")
+    time.sleep(5.0)  # the controller retries the other one; it must stay refused
+    made = [c for c in _claims(client).values() if _owner(c) in ("p1", "p2")]
+    assert len(made) == 1, [c["metadata"]["name"] for c in made]
+    left = ({"p1", "p2"} - {_owner(made[0])}).pop()
+    assert not client.get(Pod, left, namespace=NS).status.resourceClaimStatuses
+
+    # UPDATE needs no check: the API server keeps the spec of both kinds as created.
+    for kind, name, spec in (
+            (ResourceClaim, claim["metadata"]["name"],
+             {"devices": {"requests": [_request("30000Mi")]}}),
+            (ResourceClaimTemplate, "t", {"spec": {"devices": {"requests": [
+                _request("30000Mi")]}}})):
+        with pytest.raises(ApiError) as err:
+            client.patch(kind, name, {"spec": spec}, namespace=NS,
+                         patch_type=_merge())
+        assert err.value.status.code == 422 and "immutable" in str(err.value.status.message)
+
+
+def _merge() -> Any:
+    from lightkube.types import PatchType
+
+    return PatchType.MERGE
+
+
+def _try_refused(client: Any, obj: dict[str, Any]) -> bool:
+    from lightkube import ApiError, codecs
+    from lightkube.resources.resource_v1 import ResourceClaim
+
+    try:
+        client.create(codecs.from_dict(obj))
+    except ApiError as err:
+        return "exceeding resource quota" in str(err.status.message)
+    client.delete(ResourceClaim, obj["metadata"]["name"], namespace=NS)
+    return False
+
+
+def test_namespaces_without_a_quota_are_not_checked(bed: dict[str, Any], tmp_path: Path) -> None:
+    from lightkube import codecs
+    from lightkube.resources.resource_v1 import ResourceClaim
+
+    client = bed["client"]
+    ensure_namespace(client, "noquota")
+    doc = _claim("huge", "90000Mi")
+    doc["metadata"]["namespace"] = "noquota"
+    client.create(codecs.from_dict(doc))
+    client.delete(ResourceClaim, "huge", namespace="noquota")
