@@ -71,6 +71,10 @@ def scheduler(
     extender_allow_remote: Annotated[bool, typer.Option(
         help="also answer /filter, /bind and /status from non-loopback peers (kube-scheduler "
              "outside this pod); without it only 127.0.0.1/::1 may call them")] = False,
+    extender_http_bind: Annotated[str, typer.Option(
+        help="host:port of a plain-HTTP listener for kube-scheduler in the same pod (a "
+             "loopback address such as 127.0.0.1:9444; serves what --http_bind serves, "
+             "without TLS handshakes); empty: none")] = "",
     allocation_key_dir: Annotated[str, typer.Option(
         help="directory of the allocation-signing key shared with the device plugins "
              "(files 'current', 'previous'); empty: allocations are written unsigned")] = "",
@@ -122,6 +126,7 @@ def scheduler(
             events=events, async_annotation_patch=async_annotation_patch,
             avoid_busy_nodes=avoid_busy_nodes,
             extender_allow_remote=extender_allow_remote,
+            extender_http_bind=extender_http_bind,
             allocation_key_dir=allocation_key_dir,
             http_header_timeout=_duration(http_header_timeout, "--http-header-timeout"),
             http_body_timeout=_duration(http_body_timeout, "--http-body-timeout"),

@@ -89,6 +89,13 @@ class LimitedSite(web.BaseSite):
         scheme = "https" if self._ssl_context else "http"
         return f"{scheme}://{self._host}:{self._port}"
 
+    @property
+    def port(self) -> int:
+        """The port the listener is bound to (0 before :meth:`start`)."""
+        server: Any = self._server
+        sockets = server.sockets if server is not None else ()
+        return int(sockets[0].getsockname()[1]) if sockets else 0
+
     async def start(self) -> None:
         await super().start()
         loop = asyncio.get_running_loop()

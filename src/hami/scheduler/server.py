@@ -3,7 +3,8 @@
 One aiohttp application serves ``/filter``, ``/bind``, ``/webhook``, ``/healthz`` and
 ``/readyz`` (HAMi v2.10); a second one serves ``/metrics`` on its own port (HAMi v2.10).
 With ``--cert-file/--key-file`` the main server speaks TLS and re-reads the pair when
-either file changes (new connections get the new certificate).
+either file changes (new connections get the new certificate). ``--extender-http-bind``
+adds a plain-HTTP listener on a loopback address for kube-scheduler in the same pod.
 Both listeners have deadlines for the request head and body and a cap on remote
 connections (:mod:`hami.scheduler.listener`); large AdmissionReviews are decided on a
 worker thread so that ``/filter`` is not held up behind them.
@@ -288,6 +289,14 @@ async def serve(settings: SchedulerSettings, *, kube: Any = None,
                       name="extender/webhook listener").start()
     runners.append(main_runner)
     ports["http"] = _bound_port(main_runner)
+    if settings.extender_http_bind:
+        # Plain HTTP for kube-scheduler in the same pod: loopback only (validate()), the
+        # same application; every peer is loopback, so the extender's guard lets it in.
+        ehost, eport = parse_bind(settings.extender_http_bind)
+        plain = LimitedSite(main_runner, ehost, eport, limits,
+                            name="extender listener (plain HTTP, loopback)")
+        await plain.start()
+        ports["extender_http"] = plain.port
     if settings.metrics_bind_address not in ("", "0"):
         mhost, mport = parse_bind(settings.metrics_bind_address)
         mrunner = runner(build_metrics_app(metrics), limits)

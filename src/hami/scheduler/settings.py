@@ -10,7 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from hami.core.config import GPU_POLICY_WORDS, NODE_POLICIES, ConfigError, SchedulerConfig
-from hami.netlimits import ServerLimits
+from hami.netlimits import ServerLimits, is_loopback
 
 
 def default_identity() -> str:
@@ -84,6 +84,12 @@ class SchedulerSettings:
     #: Serve /filter, /bind and /status to non-loopback peers too (kube-scheduler in
     #: another pod). Off: anyone who reaches the Service could forge placements.
     extender_allow_remote: bool = False
+    #: ``host:port`` of a second, plain-HTTP listener for kube-scheduler in the same pod
+    #: (loopback addresses only; "" = none). kube-scheduler's extender client keeps at
+    #: most two idle connections and no TLS sessions, so every concurrent bind over HTTPS
+    #: costs a full TLS handshake on both sides; over loopback the handshake protects
+    #: nothing the pod's network namespace does not.
+    extender_http_bind: str = ""
     #: Directory with the allocation-signing key (``current``, ``previous``); "" = the
     #: scheduler writes unsigned allocations (device plugins then need
     #: ``--trust-unsigned-allocations``).
@@ -112,6 +118,11 @@ class SchedulerSettings:
         parse_bind(self.http_bind)
         if self.metrics_bind_address not in ("", "0"):
             parse_bind(self.metrics_bind_address)
+        if self.extender_http_bind:
+            host, _ = parse_bind(self.extender_http_bind, default_host="")
+            if not is_loopback(host):
+                raise ConfigError(f"--extender-http-bind must be a loopback address such as "
+                                  f"127.0.0.1:9444 (plain HTTP), got {self.extender_http_bind!r}")
         if self.node_scheduler_policy not in NODE_POLICIES:
             raise ConfigError(f"--node-scheduler-policy must be one of {', '.join(NODE_POLICIES)}")
         for part in self.gpu_scheduler_policy.split(","):
