@@ -88,6 +88,16 @@ def test_default_objects(default: list[dict[str, Any]]) -> None:
         assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
 
 
+def test_extender_loopback_port_zero_is_hamis_https_extender() -> None:
+    objs = render({"scheduler": {"extenderLoopbackPort": 0}})
+    (ext,) = scheduler_config(objs)["extenders"]
+    assert ext["urlPrefix"] == "https://127.0.0.1:9443"
+    assert ext["enableHTTPS"] is True and ext["tlsConfig"] == {"insecure": True}
+    spec = find(objs, "Deployment", "hami-scheduler")["spec"]["template"]["spec"]
+    args = container(spec, "vgpu-scheduler-extender")["args"]
+    assert not [a for a in args if a.startswith("--extender-http-bind")]
+
+
 def test_scheduler_config_is_the_hami_extender(default: list[dict[str, Any]]) -> None:
     cfg = scheduler_config(default)
     assert cfg["apiVersion"] == "kubescheduler.config.k8s.io/v1"
@@ -95,10 +105,11 @@ def test_scheduler_config_is_the_hami_extender(default: list[dict[str, Any]]) ->
     assert cfg["leaderElection"] == {"leaderElect": True, "resourceName": "hami-scheduler",
                                      "resourceNamespace": NAMESPACE}
     (ext,) = cfg["extenders"]
-    assert ext["urlPrefix"] == "https://127.0.0.1:9443"
+    # kube-scheduler in the same pod: plain HTTP on loopback (no TLS handshake per bind)
+    assert ext["urlPrefix"] == "http://127.0.0.1:9444"
     assert (ext["filterVerb"], ext["bindVerb"]) == ("filter", "bind")
-    assert ext["nodeCacheCapable"] is True and ext["enableHTTPS"] is True
-    assert ext["tlsConfig"] == {"insecure": True}
+    assert ext["nodeCacheCapable"] is True and ext["enableHTTPS"] is False
+    assert "tlsConfig" not in ext
     assert ext["httpTimeout"] == "30s" and ext["weight"] == 1
     vendors = pytest.importorskip("hami.testing.scheduler_config").VENDOR_MANAGED_RESOURCES
     assert ext["managedResources"] == [
@@ -162,7 +173,8 @@ def test_scheduler_config_matches_the_test_control_plane(default: list[dict[str,
     sc = pytest.importorskip("hami.testing.scheduler_config")
     cfg = scheduler_config(default)
     ours = sc.render_scheduler_config(
-        kubeconfig=None, extender=sc.ExtenderConfig("https://127.0.0.1:9443"),
+        kubeconfig=None,
+        extender=sc.ExtenderConfig("http://127.0.0.1:9444", enable_https=False),
         leader_elect=True, resource_namespace=NAMESPACE)
     assert cfg == ours
 
@@ -179,7 +191,8 @@ def test_scheduler_deployment(default: list[dict[str, Any]]) -> None:
     args = ext["args"]
     for flag in ("--http_bind=0.0.0.0:9443", "--metrics-bind-address=:9395",
                  "--scheduler-name=hami-scheduler", "--device-config-file=/device-config.yaml",
-                 "--cert_file=/tls/tls.crt", "--key_file=/tls/tls.key", "--leader-elect", "--leader-elect-follow",
+                 "--cert_file=/tls/tls.crt", "--key_file=/tls/tls.key",
+                 "--extender-http-bind=127.0.0.1:9444", "--leader-elect", "--leader-elect-follow",
                  "--leader-elect-resource-name=hami-scheduler",
                  f"--leader-elect-resource-namespace={NAMESPACE}"):
         assert flag in args

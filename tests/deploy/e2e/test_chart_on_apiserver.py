@@ -144,8 +144,9 @@ def chart_scheduler(prepared: Any, control_plane: ControlPlane,
                     tmp_path: Path) -> Iterator[RecordingExtender]:
     """kube-scheduler with the chart's KubeSchedulerConfiguration, extender = a recorder."""
     ext = RecordingExtender(control_plane.kubeconfig).start()
-    config = yaml.safe_load(find(render(), "ConfigMap", "hami-scheduler-config")
-                            ["data"]["config.yaml"])
+    # extenderLoopbackPort 0: kube-scheduler calls the extender over HTTPS (the recorder's)
+    config = yaml.safe_load(find(render({"scheduler": {"extenderLoopbackPort": 0}}),
+                                 "ConfigMap", "hami-scheduler-config")["data"]["config.yaml"])
     config["extenders"][0]["urlPrefix"] = ext.url
     config["clientConnection"] = {"kubeconfig": str(control_plane.kubeconfig)}
     proc = start_kube_scheduler(control_plane, config, tmp_path)

@@ -190,7 +190,11 @@ chart does): NVIDIA's and those of every enabled vendor. */}}
 
 {{/* URL prefix kube-scheduler calls: the hami scheduler in the same pod. */}}
 {{- define "hami.extenderURL" -}}
+{{- if .Values.scheduler.extenderLoopbackPort -}}
+{{- printf "http://127.0.0.1:%v" .Values.scheduler.extenderLoopbackPort -}}
+{{- else -}}
 {{- printf "https://127.0.0.1:%v" .Values.scheduler.httpPort -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1) registering hami. */}}
@@ -221,9 +225,13 @@ extenders:
     nodeCacheCapable: true
     weight: 1
     httpTimeout: {{ printf "%vs" .Values.scheduler.extenderHTTPTimeout }}
+    {{- if .Values.scheduler.extenderLoopbackPort }}
+    enableHTTPS: false
+    {{- else }}
     enableHTTPS: true
     tlsConfig:
       insecure: true
+    {{- end }}
     {{- if .Values.dra.enabled }}
     managedResources: []
     {{- else }}
