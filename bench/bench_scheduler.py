@@ -75,7 +75,7 @@ MODES = ("vanilla", "binpack", "spread", "binpack-cdi", "spread-cdi")
 
 
 def run_bed(n_nodes: int, pods: int, mode: str, hami_args: list[str] | None = None,
-            client_qps: float | None = None) -> dict[str, Any]:
+            client_qps: float | None = None, extender_tls: bool = False) -> dict[str, Any]:
     """One burst of ``pods`` pods on a fresh control plane with ``n_nodes`` nodes.
 
     ``mode`` ``vanilla``: kube-scheduler alone, pods asking for no GPU (the ceiling of the
@@ -83,6 +83,9 @@ def run_bed(n_nodes: int, pods: int, mode: str, hami_args: list[str] | None = No
     policy, GPU pods, a fake device-plugin Allocate releasing the node locks;
     ``binpack-cdi``/``spread-cdi``: the same with nodes in allocate mode ``cdi``. The clock
     starts before the first create and stops when the last pod is seen bound.
+    kube-scheduler calls hami as the chart has it: plain HTTP on a loopback listener
+    (``--extender-http-bind``), or with ``extender_tls`` over HTTPS on the main port (HAMi's
+    chart).
     """
     from bench.sched_bed import (
         BoundWatcher,
@@ -96,7 +99,7 @@ def run_bed(n_nodes: int, pods: int, mode: str, hami_args: list[str] | None = No
     from lightkube import codecs
     from tests.e2e.hami_harness import FakeAllocator, HamiProcess, Tls, gpu_pod, make_gpu_node
 
-    from hami.testing.controlplane import ControlPlane
+    from hami.testing.controlplane import ControlPlane, free_port
     from hami.testing.scheduler_config import CLIENT_QPS, ExtenderConfig
 
     work = Path(tempfile.mkdtemp(prefix="hami-bench-"))
@@ -122,15 +125,19 @@ def run_bed(n_nodes: int, pods: int, mode: str, hami_args: list[str] | None = No
             ks = cp.start_scheduler(**limits)
         else:
             tls = Tls(work / "tls")
+            plain_port = free_port()
+            listener = [] if extender_tls else [f"--extender-http-bind=127.0.0.1:{plain_port}"]
             hami = HamiProcess(cp, tls, work, args=[f"--node-scheduler-policy={policy}",
-                                                    "--register-interval=15s",
+                                                    "--register-interval=15s", *listener,
                                                     *(hami_args or [])]).start()
             allocator = FakeAllocator(cp, lock_free=bool(allocate_mode)).start()
             specs = [gpu_pod(f"p{i:05d}", memory_mib=1000 + (i % 7) * 500,
                              cores=(i % 3) * 10 or None, scheduler_name="hami-scheduler")
                      for i in range(pods)]
-            ks = cp.start_scheduler(scheduler_name="hami-scheduler",
-                                    extender=ExtenderConfig(hami.url), **limits)
+            extender = (ExtenderConfig(hami.url) if extender_tls else
+                        ExtenderConfig(f"http://127.0.0.1:{plain_port}", enable_https=False))
+            ks = cp.start_scheduler(scheduler_name="hami-scheduler", extender=extender,
+                                    **limits)
         objs = [codecs.from_dict(p) for p in specs]  # msgspec: first decodes not thread-safe
         procs = {c.name: c.process.pid for c in cp._components if c.process.poll() is None}
         if hami is not None and hami.process is not None:
@@ -158,6 +165,7 @@ def run_bed(n_nodes: int, pods: int, mode: str, hami_args: list[str] | None = No
         latency = [watcher.bound_at[n] - created_at[n] for n in created_at]
         result: dict[str, Any] = {
             "mode": mode, "nodes": n_nodes, "pods": pods, "hami_args": hami_args or [],
+            "extender": None if mode == "vanilla" else ("https" if extender_tls else "http"),
             "kube_scheduler_qps": client_qps or CLIENT_QPS,
             "pods_per_s": round(pods / elapsed, 1), "seconds": round(elapsed, 1),
             "create_seconds": round(created_s, 1), "node_setup_seconds": round(nodes_s, 1),
@@ -187,14 +195,15 @@ def run_bed(n_nodes: int, pods: int, mode: str, hami_args: list[str] | None = No
 
 def throughput(node_counts: list[int], pods: int, modes: list[str],
                hami_args: list[str] | None = None,
-               client_qps: float | None = None) -> list[dict[str, Any]]:
+               client_qps: float | None = None,
+               extender_tls: bool = False) -> list[dict[str, Any]]:
     """Every mode at every node count, one fresh bed each; hami's modes also as a ratio
     to ``vanilla`` (when it ran) at the same size."""
     results = []
     for n_nodes in node_counts:
         vanilla = None
         for mode in modes:
-            result = run_bed(n_nodes, pods, mode, hami_args, client_qps)
+            result = run_bed(n_nodes, pods, mode, hami_args, client_qps, extender_tls)
             if mode == "vanilla":
                 vanilla = result
             elif vanilla is not None:
@@ -302,13 +311,17 @@ def main() -> None:
     t.add_argument("--hami-arg", action="append", default=[], help="extra hami scheduler flag")
     t.add_argument("--client-qps", type=float, default=None,
                    help="kube-scheduler clientConnection.qps (burst = 2x); default: the chart's")
+    t.add_argument("--extender-tls", action="store_true",
+                   help="kube-scheduler calls hami over HTTPS (HAMi's chart), not plain HTTP "
+                        "on loopback (this chart's default)")
     m = sub.add_parser("memory")
     m.add_argument("--nodes", type=int, default=5000)
     m.add_argument("--pods", type=int, default=40000)
     args = parser.parse_args()
     os.environ.setdefault("PYTHONHASHSEED", "0")
     if args.cmd == "throughput":
-        throughput(args.nodes, args.pods, args.modes, args.hami_arg, args.client_qps)
+        throughput(args.nodes, args.pods, args.modes, args.hami_arg, args.client_qps,
+                   args.extender_tls)
     else:
         memory(args.nodes, args.pods)
 
