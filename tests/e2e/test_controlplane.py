@@ -144,7 +144,8 @@ def test_a_bindings_annotations_land_on_the_pod_in_the_write_that_binds_it(
     """What hami's ``/bind`` to a node in allocate mode ``cdi`` relies on: the API server
     copies a Binding's ``metadata.annotations`` onto the pod in the same write that sets
     ``spec.nodeName`` (one new resourceVersion, one watch event), keeping the pod's
-    other annotations; a Binding's labels are not copied."""
+    other annotations. Its labels too, with the PodTopologyLabelsAdmission feature (on
+    by default since Kubernetes 1.33; older servers drop them)."""
     from hami.testing.controlplane import pod_binding
 
     pod = make_pod("no-such-scheduler")
@@ -168,7 +169,7 @@ def test_a_bindings_annotations_land_on_the_pod_in_the_write_that_binds_it(
         assert bound.metadata.annotations == {"tenant": "kept",
                                               "hami.io/vgpu-node": gpu_node,
                                               "hami.io/bind-phase": "allocating"}
-        assert "hami.io/vgpu-node" not in (bound.metadata.labels or {})
+        assert (bound.metadata.labels or {}).get("hami.io/vgpu-node") == gpu_node
     finally:
         kube_client.delete(Pod, name, namespace="default", grace_period=0)
 
