@@ -16,7 +16,6 @@ from hami.kube import KubeError
 from hami.scheduler import decisionlog
 from hami.scheduler.binder import LockError, NodeLocks, acquire_all
 from hami.scheduler.events import BINDING_FAILED, BINDING_SUCCEED
-from hami.scheduler.filterflow import DeferredAllocation
 from hami.scheduler.parts import EngineParts
 
 JSON = dict[str, Any]
