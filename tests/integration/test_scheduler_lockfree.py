@@ -120,8 +120,9 @@ def used_mib(h: Any, node_name: str) -> int:
     return sum(used for _, _, used, _ in h.engine.state.ledger.device_usage(node_name))
 
 
+@pytest.mark.parametrize("async_patch", [True, False])
 def test_a_cdi_bind_writes_the_allocation_with_the_binding_and_no_pod_patch(
-        tmp_path: Path) -> None:
+        tmp_path: Path, async_patch: bool) -> None:
     """Issue 15: on a node in mode ``cdi`` the filter writes nothing; the Binding carries
     the allocation, the signature, the bind's progress marks and the label (one pod write
     fewer per pod). The device plugin's checks hold on what it wrote, and the pod watch
@@ -130,7 +131,8 @@ def test_a_cdi_bind_writes_the_allocation_with_the_binding_and_no_pod_patch(
 
     async def scenario() -> None:
         kube = cluster(n1="cdi")
-        async with serving(kube, allocation_key_dir=str(tmp_path)) as h:
+        async with serving(kube, allocation_key_dir=str(tmp_path),
+                           async_annotation_patch=async_patch) as h:
             pod = kube.put("Pod", gpu_pod("a", memory_mib=1000))
             kube.calls.clear()
             assert (await h.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
