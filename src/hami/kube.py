@@ -198,11 +198,20 @@ class Kube:
         return await self._call(self.client.patch(_Node, name, dict(patch),
                                                   patch_type=PatchType.MERGE))
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """POST ``pods/<name>/binding`` to ``node``."""
+    async def bind(self, namespace: str, name: str, uid: str, node: str,
+                   annotations: Mapping[str, str] | None = None,
+                   labels: Mapping[str, str] | None = None) -> None:
+        """POST ``pods/<name>/binding`` to ``node``. ``annotations`` ride on the Binding:
+        the API server copies them onto the pod in the write that sets ``spec.nodeName``
+        (Kubernetes' pod registry, BindingREST); ``labels`` likewise, but only where the
+        PodTopologyLabelsAdmission feature is on (default since Kubernetes 1.33)."""
         meta: JSON = {"name": name, "namespace": namespace}
         if uid:
             meta["uid"] = uid
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        if labels:
+            meta["labels"] = dict(labels)
         body = _Binding.from_dict({"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                                    "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
         await self._call(self.client.create(body, name=name, namespace=namespace))

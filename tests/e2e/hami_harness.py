@@ -229,7 +229,8 @@ class FakeAllocator:
     ``hami.io/bind-phase=success`` and release the node lock this pod holds. Pods
     labelled :data:`LATE_ALLOCATE` are skipped. With ``lock_free`` it plays allocate
     mode ``cdi``'s PreStartContainer instead: one patch (``bind-phase=success``, the
-    to-allocate string emptied), no node read, no lock."""
+    to-allocate string emptied, the ``hami.io/vgpu-node`` label when the Binding did not
+    bring it), no node read, no lock."""
 
     def __init__(self, cp: ControlPlane, lock_free: bool = False) -> None:
         self.cp = cp
@@ -301,10 +302,14 @@ class FakeAllocator:
 
             try:
                 grant = decode_pod_devices(ann.get("hami.io/vgpu-devices-allocated", ""))
-                client.patch(Pod, name, {"metadata": {"annotations": {
+                meta: dict[str, Any] = {"annotations": {
                     "hami.io/bind-phase": "success",
                     "hami.io/vgpu-devices-to-allocate": encode_pod_devices(
-                        tuple(() for _ in grant))}}}, namespace=ns, patch_type=PatchType.MERGE)
+                        tuple(() for _ in grant))}}
+                if (pod.metadata.labels or {}).get("hami.io/vgpu-node") != node:
+                    meta["labels"] = {"hami.io/vgpu-node": node}
+                client.patch(Pod, name, {"metadata": meta}, namespace=ns,
+                             patch_type=PatchType.MERGE)
                 self.allocated += 1
             except Exception:
                 return False

@@ -138,6 +138,42 @@ def test_bind_pod_and_set_pod_phase_act_like_scheduler_and_kubelet(kube_client: 
         kube_client.delete(Pod, name, namespace="default", grace_period=0)
 
 
+def test_a_bindings_annotations_land_on_the_pod_in_the_write_that_binds_it(
+    kube_client: Any, gpu_node: str
+):
+    """What hami's ``/bind`` to a node in allocate mode ``cdi`` relies on: the API server
+    copies a Binding's ``metadata.annotations`` onto the pod in the same write that sets
+    ``spec.nodeName`` (one new resourceVersion, one watch event), keeping the pod's
+    other annotations. Its labels too, with the PodTopologyLabelsAdmission feature (on
+    by default since Kubernetes 1.33; older servers drop them)."""
+    from hami.testing.controlplane import pod_binding
+
+    pod = make_pod("no-such-scheduler")
+    pod.metadata.annotations = {"tenant": "kept", "hami.io/bind-phase": "old"}
+    created = kube_client.create(pod)
+    name = created.metadata.name
+    try:
+        binding = pod_binding(name, "default", gpu_node)
+        binding.metadata.uid = created.metadata.uid
+        binding.metadata.annotations = {"hami.io/vgpu-node": gpu_node,
+                                        "hami.io/bind-phase": "allocating"}
+        binding.metadata.labels = {"hami.io/vgpu-node": gpu_node}
+        kube_client.create(binding, name=name, namespace="default")
+        now = kube_client.get(Pod, name, namespace="default").metadata.resourceVersion
+        # The first change after the create is the bound pod, and it is the pod as it is now.
+        kind, bound = next(iter(kube_client.watch(
+            Pod, namespace="default", fields={"metadata.name": name},
+            resource_version=created.metadata.resourceVersion)))
+        assert (kind, bound.metadata.resourceVersion) == ("MODIFIED", now)
+        assert bound.spec.nodeName == gpu_node
+        assert bound.metadata.annotations == {"tenant": "kept",
+                                              "hami.io/vgpu-node": gpu_node,
+                                              "hami.io/bind-phase": "allocating"}
+        assert (bound.metadata.labels or {}).get("hami.io/vgpu-node") == gpu_node
+    finally:
+        kube_client.delete(Pod, name, namespace="default", grace_period=0)
+
+
 @pytest.fixture
 def extender(control_plane: ControlPlane, start_kube_scheduler: Any) -> Iterator[RecordingExtender]:
     """A RecordingExtender registered (HAMi chart settings) with a ``hami-scheduler``."""

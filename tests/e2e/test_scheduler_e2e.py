@@ -416,6 +416,29 @@ def test_nodes_in_cdi_mode_bind_200_pods_without_a_node_lock(
         assert "hami.io/mutex.lock" not in (kube_client.get(Node, name).metadata.annotations or {})
 
 
+def test_a_bind_to_a_node_in_cdi_mode_writes_the_allocation_with_the_binding(
+        kube_client: Any, kube_scheduler: Any, group: str, hami: HamiProcess) -> None:
+    """Issue 15: one pod write fewer per pod on nodes in mode ``cdi``. The pod's history
+    (a watch from its creation) shows no write between the create and the Binding, and
+    the Binding's write brings the allocation, the bind's progress marks and the label."""
+    (node,) = nodes(kube_client, group, 1, "cdi1",
+                    annotations={"hami.io/node-allocate-mode": "cdi"})
+    pod = pod_in(group, f"w-{group}", memory_mib=1000)
+    pod["metadata"]["labels"][LATE_ALLOCATE] = "true"  # no success patch after it
+    created = kube_client.create(codecs.from_dict(pod))
+    name = created.metadata.name
+    wait_bound(kube_client, name)
+    kind, first = next(iter(kube_client.watch(
+        Pod, namespace="default", fields={"metadata.name": name},
+        resource_version=created.metadata.resourceVersion)))
+    ann, labels = first.metadata.annotations or {}, first.metadata.labels or {}
+    assert (kind, first.spec.nodeName) == ("MODIFIED", node), "a pod write before the Binding"
+    assert ann["hami.io/vgpu-node"] == node and labels["hami.io/vgpu-node"] == node
+    assert ann["hami.io/bind-phase"] == "allocating" and ann["hami.io/bind-time"]
+    assert decode_pod_devices(ann["hami.io/vgpu-devices-allocated"])[0][0].used_memory_mib == 1000
+    assert ann["hami.io/vgpu-devices-to-allocate"] == ann["hami.io/vgpu-devices-allocated"]
+
+
 def test_sigkill_while_pods_stream_in(kube_client: Any, kube_scheduler: Any, group: str,
                                       hami: HamiProcess) -> None:
     names = nodes(kube_client, group, 4, "crash")

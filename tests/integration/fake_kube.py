@@ -146,7 +146,9 @@ class FakeKube:
         self._check("patch node")
         return await self._patch("Node", ("", name), patch)
 
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def bind(self, namespace: str, name: str, uid: str, node: str,
+                   annotations: Mapping[str, str] | None = None,
+                   labels: Mapping[str, str] | None = None) -> None:
         self._check("bind")
         pod = self.objects["Pod"].get((namespace, name))
         if pod is None:
@@ -156,7 +158,10 @@ class FakeKube:
                                  f"UID in object meta: {pod['metadata'].get('uid')}")
         if (pod.get("spec") or {}).get("nodeName"):
             raise KubeError(409, f"pod {name} is already assigned to node")
-        self.put("Pod", merge_patch(pod, {"spec": {"nodeName": node}}))
+        # As the API server (1.33+): the Binding's annotations and labels land with
+        # spec.nodeName, in one write.
+        self.put("Pod", merge_patch(pod, {"spec": {"nodeName": node}, "metadata": {
+            "annotations": dict(annotations or {}), "labels": dict(labels or {})}}))
 
     async def create_event(self, event: Mapping[str, Any]) -> None:
         self.events.append(dict(event))

@@ -6,10 +6,16 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hami.api import names
+from hami.core.provenance import verify
+from hami.deviceplugin.allocate import PodView
+from hami.deviceplugin.cdimode import check_pod_here
+from hami.kube import KubeError
 
 from .fake_kube import FakeKube
 from .support import gpu_pod, node, run, serving
@@ -105,5 +111,139 @@ def test_a_node_going_back_to_the_lock_is_locked_again() -> None:
             await h.filter(b, ["n1"])
             assert (await h.bind(b, "n1"))["Error"] == ""
             assert (lock_of(kube, "n1") or "").endswith(",default,b")
+
+    run(scenario)
+
+
+def used_mib(h: Any, node_name: str) -> int:
+    """Device memory the ledger charges on ``node_name`` (MiB)."""
+    return sum(used for _, _, used, _ in h.engine.state.ledger.device_usage(node_name))
+
+
+@pytest.mark.parametrize("async_patch", [True, False])
+def test_a_cdi_bind_writes_the_allocation_with_the_binding_and_no_pod_patch(
+        tmp_path: Path, async_patch: bool) -> None:
+    """Issue 15: on a node in mode ``cdi`` the filter writes nothing; the Binding carries
+    the allocation, the signature, the bind's progress marks and the label (one pod write
+    fewer per pod). The device plugin's checks hold on what it wrote, and the pod watch
+    then brings the bound pod: charged once."""
+    (tmp_path / "current").write_text("k" * 64)
+
+    async def scenario() -> None:
+        kube = cluster(n1="cdi")
+        async with serving(kube, allocation_key_dir=str(tmp_path),
+                           async_annotation_patch=async_patch) as h:
+            pod = kube.put("Pod", gpu_pod("a", memory_mib=1000))
+            kube.calls.clear()
+            assert (await h.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+            await h.settle()
+            assert kube.calls == [], "the filter wrote to the API"
+            assert used_mib(h, "n1") == 1000  # charged in memory until the bind
+            assert names.VGPU_NODE not in kube.pod("a")["metadata"]["annotations"]
+            assert (await h.bind(pod, "n1"))["Error"] == ""
+            assert kube.calls == ["bind"]
+            bound = kube.pod("a")
+            ann, labels = bound["metadata"]["annotations"], bound["metadata"]["labels"]
+            assert bound["spec"]["nodeName"] == "n1"
+            assert ann[names.VGPU_NODE] == "n1" and labels[names.VGPU_NODE] == "n1"
+            assert ann[names.BIND_PHASE] == "allocating" and ann[names.BIND_TIME]
+            assert ann[names.DEVICES_ALLOCATED] == ann[names.DEVICES_TO_ALLOCATE] != ""
+            verify([b"k" * 64], pod["metadata"]["uid"], "n1", ann)
+            view = PodView("default", "a", pod["metadata"]["uid"], "n1", "Pending", ann, (),
+                           labels=labels)
+            check_pod_here(view, "n1")
+            await h.settle()
+            assert used_mib(h, "n1") == 1000  # the watch's bound pod: the same charge
+            assert [e.uid for e in h.engine.state.ledger.pods()] == [pod["metadata"]["uid"]]
+            # a restart rebuilds the ledger from the pod: the same charge again
+            async with serving(kube) as h2:
+                assert used_mib(h2, "n1") == 1000
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("code", [409, 403])
+def test_a_refused_binding_leaves_nothing_and_undoes_the_charge(code: int) -> None:
+    """Better than HAMi, whose refused bind leaves the filter's annotations on the pod: the
+    pod carries nothing, the ledger forgets the charge, and the pod's next filter and
+    bind work."""
+    async def scenario() -> None:
+        kube = cluster(n1="cdi")
+        async with serving(kube) as h:
+            pod = kube.put("Pod", gpu_pod("a", memory_mib=1000))
+            await h.filter(pod, ["n1"])
+            kube.fail["bind"] = KubeError(code, "refused")
+            assert (await h.bind(pod, "n1"))["Error"] == "refused"
+            assert used_mib(h, "n1") == 0
+            assert not any(k.startswith("hami.io/")
+                           for k in kube.pod("a")["metadata"]["annotations"])
+            del kube.fail["bind"]
+            assert (await h.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+            assert used_mib(h, "n1") == 1000
+            assert (await h.bind(pod, "n1"))["Error"] == ""
+            assert kube.pod("a")["metadata"]["annotations"][names.VGPU_NODE] == "n1"
+            await h.settle()
+            assert used_mib(h, "n1") == 1000
+
+    run(scenario)
+
+
+def test_a_binding_lost_in_transport_keeps_the_charge_and_can_be_retried() -> None:
+    """No answer (code 0): the Binding may have landed, so the charge stays, and a bind
+    retried for the same filter still carries the allocation."""
+    async def scenario() -> None:
+        kube = cluster(n1="cdi")
+        async with serving(kube) as h:
+            pod = kube.put("Pod", gpu_pod("a", memory_mib=1000))
+            await h.filter(pod, ["n1"])
+            kube.fail["bind"] = KubeError(0, "connection reset")
+            assert (await h.bind(pod, "n1"))["Error"] == "connection reset"
+            assert used_mib(h, "n1") == 1000
+            del kube.fail["bind"]
+            assert (await h.bind(pod, "n1"))["Error"] == ""
+            assert kube.pod("a")["metadata"]["annotations"][names.VGPU_NODE] == "n1"
+
+    run(scenario)
+
+
+def test_a_node_back_on_the_lock_between_filter_and_bind_gets_hamis_order() -> None:
+    """The filter saw mode ``cdi`` and wrote nothing; by the bind the node runs HAMi's
+    protocol again: lock, then the allocation patch, then the Binding."""
+    async def scenario() -> None:
+        kube = cluster(n1="cdi")
+        async with serving(kube) as h:
+            pod = kube.put("Pod", gpu_pod("a", memory_mib=1000))
+            await h.filter(pod, ["n1"])
+            await kube.patch_node("n1", {"metadata": {"annotations": {
+                names.NODE_ALLOCATE_MODE: None}}})
+            for _ in range(100):
+                if not h.engine.lock_free("n1"):
+                    break
+                await asyncio.sleep(0.02)
+            kube.calls.clear()
+            assert (await h.bind(pod, "n1"))["Error"] == ""
+            writes = [c for c in kube.calls if c in ("patch node", "patch pod", "bind")]
+            assert writes == ["patch node", "patch pod", "bind"]
+            assert (lock_of(kube, "n1") or "").endswith(",default,a")
+            bound = kube.pod("a")["metadata"]
+            assert bound["annotations"][names.BIND_PHASE] == "allocating"
+            assert bound["labels"][names.VGPU_NODE] == "n1"
+
+    run(scenario)
+
+
+def test_a_lock_node_keeps_the_filter_patch() -> None:
+    """HAMi's protocol unchanged where the node says nothing: the filter patches the pod
+    (allocation, label, progress marks) and the Binding carries no annotations."""
+    async def scenario() -> None:
+        kube = cluster(n1=None)
+        async with serving(kube) as h:
+            pod = kube.put("Pod", gpu_pod("a", memory_mib=1000))
+            kube.calls.clear()
+            await h.filter(pod, ["n1"])
+            await h.settle()
+            assert kube.calls == ["patch pod"]
+            ann = kube.pod("a")["metadata"]["annotations"]
+            assert ann[names.VGPU_NODE] == "n1" and ann[names.BIND_PHASE] == "allocating"
 
     run(scenario)

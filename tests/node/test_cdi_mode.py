@@ -21,6 +21,7 @@ from hami.deviceplugin import cdimode as cm
 from hami.deviceplugin.guard import AllocationGuard
 from hami.deviceplugin.podresources import api_pb2 as prpb
 from hami.deviceplugin.podresources import api_pb2_grpc as prpbg
+from hami.deviceplugin.podview import VGPU_NODE
 from hami.deviceplugin.v1beta1 import api_pb2 as pb
 from hami.keyring import KeyRing
 from tests.node.conftest import NODE, PluginHarness
@@ -169,6 +170,22 @@ def test_success_only_once_every_gpu_container_is_served(
     assert env_of(spec(h, f"{B}-0"))["CUDA_DEVICE_MEMORY_LIMIT_0"] == "700m"
     assert phase(h, "m") == "success"
     assert h.kube.calls.count("patch_pod") == 1  # one patch for the pod
+
+
+def test_the_success_patch_labels_a_pod_whose_binding_brought_no_label(
+        cdi: tuple[PluginHarness, PodResources]) -> None:
+    """The scheduler's Binding carries the allocation to a node in this mode; an API
+    server that drops a Binding's labels leaves the pod without ``hami.io/vgpu-node``
+    (the monitor's selection): the one success patch adds it."""
+    h, pr = cdi
+    pod(h, "u", f"{A},NVIDIA,1000,10:;")
+    assert VGPU_NODE not in h.kube.pods[("default", "u")].labels
+    pr.listing = [("default", "u", "c", [f"{A}-0"])]
+    prestart(h, f"{A}-0")
+    served = h.kube.pods[("default", "u")]
+    assert served.labels[VGPU_NODE] == NODE and served.annotations[VGPU_NODE] == NODE
+    assert phase(h, "u") == "success"
+    assert h.kube.calls.count("patch_pod") == 1
 
 
 def test_restart_and_replay_keep_the_spec_and_write_nothing(

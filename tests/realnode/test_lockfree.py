@@ -85,6 +85,9 @@ def test_pods_bound_to_one_node_at_once_each_get_their_own_limits(bed: GpuBed) -
     for name, mib in sizes.items():
         assert got[name]["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{mib}m", (name, got[name])
         assert got[name]["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-"), got[name]
-        ann = client.get(Pod, name).metadata.annotations or {}
+        served = client.get(Pod, name)
+        ann = served.metadata.annotations or {}
         assert ann.get(names.BIND_PHASE) == "success", ann
+        # the allocation came with the Binding; the monitor selects the pod by this label
+        assert (served.metadata.labels or {}).get(names.VGPU_NODE) == bed.node_name
     assert locks == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,7 +22,8 @@ def pod(grant: str, containers: tuple[str, ...] = ("c",), **ann: str) -> PodView
     return PodView("ns", "p", "uid-p", "n1", "Pending",
                    {names.DEVICES_ALLOCATED: grant, names.VGPU_NODE: "n1",
                     names.DEVICES_TO_ALLOCATE: grant, **ann},
-                   tuple(ContainerView(c) for c in containers))
+                   tuple(ContainerView(c) for c in containers),
+                   labels={names.VGPU_NODE: "n1"})
 
 
 @given(st.lists(st.text(min_size=1, max_size=20), min_size=1, max_size=6, unique=True),
@@ -98,3 +100,22 @@ def test_a_finished_pod_or_one_elsewhere_is_refused(phase: str) -> None:
         cm.check_pod_here(p, "n2")
     with pytest.raises(AllocateError):
         cm.check_pod_here(replace(p, annotations={**p.annotations, names.VGPU_NODE: "n2"}), "n1")
+
+
+def test_completion_patch_adds_the_node_label_when_the_binding_did_not() -> None:
+    """On a node in this mode the allocation rides on the Binding; an API server without
+    PodTopologyLabelsAdmission drops the Binding's labels, so the plugin's one patch
+    carries ``hami.io/vgpu-node`` (mirrored into the label by the shell)."""
+    p = replace(pod(f"{A},NVIDIA,100,0:;;"), labels={})
+    patch = cm.completion_patch(p)
+    assert patch == {names.BIND_PHASE: "success", names.DEVICES_TO_ALLOCATE: ";;",
+                     names.VGPU_NODE: "n1"}
+    served = replace(pod(f"{A},NVIDIA,100,0:;;", **{names.BIND_PHASE: "success",
+                                                    names.DEVICES_TO_ALLOCATE: ";;"}),
+                     labels={})
+    assert cm.completion_patch(served) == {names.VGPU_NODE: "n1", names.BIND_PHASE: "success",
+                                           names.DEVICES_TO_ALLOCATE: ";;"}
+    labelled = replace(served, labels={names.VGPU_NODE: "n1"})
+    assert cm.completion_patch(labelled) is None
+    wrong = replace(served, labels={names.VGPU_NODE: "n2"})
+    assert (cm.completion_patch(wrong) or {}).get(names.VGPU_NODE) == "n1"

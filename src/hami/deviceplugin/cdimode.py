@@ -17,10 +17,12 @@ does not have to:
    (:func:`spec_for`) carries exactly what HAMi's Allocate answer carries; the runtime
    applies it when it creates the container, after PreStartContainer returned.
 3. When every GPU container of the pod has its spec (:func:`all_served`) the pod gets
-   ``bind-phase=success`` and its to-allocate string emptied, in one patch.
+   ``bind-phase=success``, its to-allocate string emptied and, when the pod lacks it,
+   the ``hami.io/vgpu-node`` label, in one patch (:func:`completion_patch`).
 
 The scheduler binds pods on a node that advertises the mode without the node lock
-(``hami.io/node-allocate-mode``, :mod:`hami.scheduler.bindflow`).
+(``hami.io/node-allocate-mode``, :mod:`hami.scheduler.bindflow`), and writes their
+allocation with the Binding, not in a pod patch of its own before it.
 """
 
 from __future__ import annotations
@@ -205,15 +207,27 @@ def all_served(pod: PodView, served: Iterable[str]) -> bool:
 
 
 def completion_patch(pod: PodView) -> dict[str, str] | None:
-    """The one patch that marks the pod served, as HAMi's plugin leaves it:
+    """The one patch (annotations) that marks the pod served, as HAMi's plugin leaves it:
     ``bind-phase=success`` and the to-allocate string with every entry emptied; None when
-    the pod already shows both."""
+    the pod already shows both and its label.
+
+    The ``hami.io/vgpu-node`` label (the monitor selects pods by it) is the scheduler's
+    to write, but on a node in this mode the allocation rides on the Binding, and an API
+    server copies a Binding's labels only with the PodTopologyLabelsAdmission feature
+    (on by default since Kubernetes 1.33): when the pod lacks the label, the patch
+    carries ``hami.io/vgpu-node`` with its value unchanged, which the shell mirrors into
+    the label (:meth:`hami.deviceplugin.kube.KubeApi.patch_pod_annotations`).
+    """
     try:
         empty = encode_pod_devices(tuple(() for _ in granted(pod)))
     except (CodecError, ValueError) as exc:
         raise AllocateError(f"cannot encode {names.DEVICES_TO_ALLOCATE}: {exc}") from None
     patch = {names.BIND_PHASE: "success", names.DEVICES_TO_ALLOCATE: empty}
-    if all(pod.annotations.get(k) == v for k, v in patch.items()):
+    node = pod.annotations.get(names.VGPU_NODE)
+    if node and pod.labels.get(names.VGPU_NODE) != node:
+        patch[names.VGPU_NODE] = node
+    if all(pod.annotations.get(k) == v for k, v in patch.items()) \
+            and pod.labels.get(names.VGPU_NODE) == node:
         return None
     return patch
 

@@ -1,5 +1,7 @@
 """``/bind`` of the extender (HAMi v2.10): node lock(s), then the Binding; and where the
-filter should not send a burst (nodes with a bind in flight)."""
+filter should not send a burst (nodes with a bind in flight). To a node whose device
+plugin needs no lock (mode ``cdi``) the Binding carries the allocation the filter did
+not write (:class:`~hami.scheduler.filterflow.DeferredAllocation`)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,13 @@ from hami.scheduler.events import BINDING_FAILED, BINDING_SUCCEED
 from hami.scheduler.parts import EngineParts
 
 JSON = dict[str, Any]
+
+
+def _refused(exc: Exception) -> bool:
+    """The bind certainly wrote nothing: a lock not taken, or an API answer 4xx (a
+    transport failure or a 5xx may still have written the Binding; the pod watch then
+    brings the bound pod and its allocation)."""
+    return not isinstance(exc, KubeError) or 400 <= exc.code < 500
 
 
 class BindFlow(EngineParts):
@@ -79,23 +88,48 @@ class BindFlow(EngineParts):
                 self.events.emit(meta, BINDING_FAILED, message, warning=True)
                 return {"Error": message}, 0.0
         entry = self.state.ledger.pod(args.pod_uid)
+        deferred = self._deferred.pop(args.pod_uid, None)
+        if deferred is not None and (deferred.entry is not entry or deferred.node != args.node):
+            deferred = None  # the charge it was made for is gone or was replaced
         held: list[NodeLocks] = []
         lock_started = time.perf_counter()
         lock_wait_s = 0.0
+        written = False  # something of this bind reached the pod
         try:
             held = await acquire_all(self._bind_locks(entry, args.node), args.node, ns,
                                      args.pod_name)
             lock_wait_s = time.perf_counter() - lock_started
-            if entry is not None and args.pod_uid not in self._phase_written:
-                # a charge from before a restart: its filter patch may not carry them
-                await self.kube.patch_pod(ns, args.pod_name, {"metadata": {
-                    "uid": args.pod_uid, "annotations": {
-                        names.BIND_PHASE: "allocating", names.BIND_TIME: str(int(time.time()))}}})
-            await self.kube.bind(ns, args.pod_name, args.pod_uid, args.node)
+            if deferred is not None:
+                if deferred.after is not None:  # an older filter's patch must land first
+                    await asyncio.gather(deferred.after, return_exceptions=True)
+                annotations = {**deferred.annotations, names.BIND_PHASE: "allocating",
+                               names.BIND_TIME: str(int(time.time()))}
+                labels = {names.VGPU_NODE: args.node}
+                if self.lock_free(args.node):
+                    await self.kube.bind(ns, args.pod_name, args.pod_uid, args.node,
+                                         annotations=annotations, labels=labels)
+                else:  # back to the lock since the filter: HAMi's order
+                    await self.kube.patch_pod(ns, args.pod_name, {"metadata": {
+                        "uid": args.pod_uid, "annotations": annotations, "labels": labels}})
+                    written = True
+                    await self.kube.bind(ns, args.pod_name, args.pod_uid, args.node)
+            else:
+                if entry is not None and args.pod_uid not in self._phase_written:
+                    # a charge from before a restart: its filter patch may not carry them
+                    await self.kube.patch_pod(ns, args.pod_name, {"metadata": {
+                        "uid": args.pod_uid, "annotations": {
+                            names.BIND_PHASE: "allocating",
+                            names.BIND_TIME: str(int(time.time()))}}})
+                await self.kube.bind(ns, args.pod_name, args.pod_uid, args.node)
         except (LockError, KubeError) as exc:
             message = exc.message if isinstance(exc, KubeError) else str(exc)
             for locks in reversed(held):  # HAMi releases acquired vendors in reverse
                 await locks.release(args.node, ns, args.pod_name)
+            if deferred is not None and not written:
+                if _refused(exc):
+                    self._undo_charge(args.pod_uid, entry)
+                else:  # the Binding may have landed: a retried bind writes it again
+                    self._deferred.setdefault(args.pod_uid, deferred)
             self.events.emit(meta, BINDING_FAILED, message, warning=True)
             return {"Error": message}, lock_wait_s or time.perf_counter() - lock_started
         self.pending.bound(args.pod_uid)
@@ -104,6 +138,14 @@ class BindFlow(EngineParts):
                          f"Successfully binding node [{args.node}] to {ns}/{args.pod_name}",
                          warning=False)
         return {"Error": ""}, lock_wait_s
+
+    def _undo_charge(self, uid: str, entry: Any) -> None:
+        """A refused bind of a deferred allocation left nothing on the pod: release the
+        filter's charge (unless a newer filter replaced it); kube-scheduler filters the
+        pod again."""
+        if entry is not None and self.state.ledger.pod(uid) is entry:
+            self.state.remove_pod(uid)
+            self._committed_at.pop(uid, None)
 
     def _all_locks(self) -> list[tuple[str, NodeLocks]]:
         return [(names.NODE_LOCK, self.locks), *self.vendor_locks.items()]

@@ -43,7 +43,12 @@ from hami.scheduler import decisionlog
 from hami.scheduler.binder import NodeLocks
 from hami.scheduler.bindflow import BindFlow
 from hami.scheduler.events import EventSink
-from hami.scheduler.filterflow import PENDING_PATCH_TTL_S, FilterFlow, failure_tokens
+from hami.scheduler.filterflow import (
+    PENDING_PATCH_TTL_S,
+    DeferredAllocation,
+    FilterFlow,
+    failure_tokens,
+)
 from hami.scheduler.nodequeue import InFlight, NodeWaiters
 from hami.scheduler.nodes import NodeRegistry
 from hami.scheduler.podcache import PendingPods
@@ -67,7 +72,9 @@ class KubeApi(Protocol):
     async def get_pod(self, namespace: str, name: str) -> JSON | None: ...
     async def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> JSON: ...
     async def patch_node(self, name: str, patch: Mapping[str, Any]) -> JSON: ...
-    async def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+    async def bind(self, namespace: str, name: str, uid: str, node: str,
+                   annotations: Mapping[str, str] | None = None,
+                   labels: Mapping[str, str] | None = None) -> None: ...
     async def create_event(self, event: Mapping[str, Any]) -> None: ...
 
 
@@ -163,6 +170,9 @@ class Engine(NodeRegistry, FilterFlow, BindFlow):
         self._pending_patch: dict[str, asyncio.Future[str]] = {}
         #: Pods whose filter patch (written by this process) carried bind-phase/bind-time.
         self._phase_written: set[str] = set()
+        #: Allocations of pods filtered onto lock-free nodes, written by /bind with the
+        #: Binding (FilterFlow.DeferredAllocation).
+        self._deferred: dict[str, DeferredAllocation] = {}
         #: Pods waiting for hami: /filter decides on these, never on the request body.
         self.pending = PendingPods(settings.scheduler_name)
         #: Signs every allocation /filter writes (device plugins verify it); None: unsigned.
@@ -319,6 +329,7 @@ class Engine(NodeRegistry, FilterFlow, BindFlow):
                 if entry.uid not in listed and self._committed_at.get(entry.uid, -1.0) < listed_at:
                     self.state.remove_pod(entry.uid)
                     self._committed_at.pop(entry.uid, None)
+                    self._deferred.pop(entry.uid, None)
 
     def _apply_pod(self, pod: Mapping[str, Any], deleted: bool) -> None:
         uid = pod_uid(pod)
@@ -328,6 +339,7 @@ class Engine(NodeRegistry, FilterFlow, BindFlow):
             self._committed_at.pop(uid, None)
             self._pending_patch.pop(uid, None)
             self._phase_written.discard(uid)
+            self._deferred.pop(uid, None)
             self.inflight.done(uid)
             return
         annotations = _meta(pod).get("annotations") or {}

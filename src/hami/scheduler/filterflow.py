@@ -1,6 +1,8 @@
 """``/filter`` of the extender (HAMi v2.10): decide on the cached pod, charge the
 ledger, write the allocation in one merge patch (answered before it lands unless
-``--async-annotation-patch=false``), and the events of the outcome."""
+``--async-annotation-patch=false``), and the events of the outcome. For a node whose
+device plugin needs no node lock (mode ``cdi``) nothing is written: ``/bind`` writes the
+allocation with the Binding (:class:`DeferredAllocation`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import functools
 import re
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from hami.api import names
@@ -27,6 +30,24 @@ from hami.scheduler.podcache import UnknownPod
 JSON = dict[str, Any]
 #: A failed filter patch is reported by the pod's bind within this time, then forgotten.
 PENDING_PATCH_TTL_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class DeferredAllocation:
+    """A filter's allocation for a node whose device plugin needs no node lock (mode
+    ``cdi``): not patched onto the pod, but written by ``/bind`` with the Binding.
+
+    ``annotations``: the allocation annotations (``hami.io/vgpu-node``, every vendor's,
+    ``hami.io/vgpu-time``, the signature), without the bind's progress marks.
+    ``entry``: the ledger charge the filter made (the bind uses the record only while the
+    ledger still holds this very charge). ``after``: an earlier filter's patch of the
+    same pod still in flight (the Binding waits for it so that it lands last).
+    """
+
+    node: str
+    annotations: Mapping[str, str]
+    entry: Any
+    after: asyncio.Future[str] | None = None
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -129,22 +150,32 @@ class FilterFlow(EngineParts):
         if self.keyring is not None:
             annotations[SIGNATURE] = sign(self.keyring.signing_key(), uid, result.node,
                                           annotations)
-        # The bind's progress marks ride on this patch (HAMi writes them at /bind, one more
-        # pod write per pod): device plugins only look at pods bound to their node, and
-        # only a bind that holds the node lock writes the Binding.
-        annotations.update({names.BIND_PHASE: "allocating", names.BIND_TIME: now_s})
         entry = self.state.commit(pod, decision)
         self._committed_at[uid] = time.monotonic()
         self.inflight.add(uid, result.node)
         self.pending.filtered(uid)
+        success = (f"find fit node({result.node}), {n - 1} nodes not fit, 1 nodes "
+                   f"fit({result.node}:{result.score:.2f})")
+        if self.lock_free(result.node):
+            # No pod write: the allocation rides on the Binding (one write fewer per pod);
+            # until then the charge lives in the ledger only.
+            self._deferred[uid] = DeferredAllocation(
+                result.node, annotations, entry, self._pending_patch.pop(uid, None))
+            decisionlog.filter_placed(meta, result.node, decision.annotations, result.score,
+                                      n, time.perf_counter() - started)
+            self.events.emit(meta, FILTERING_SUCCEED, success, warning=False)
+            return filter_result(node_names=[result.node])
+        self._deferred.pop(uid, None)
+        # The bind's progress marks ride on this patch (HAMi writes them at /bind, one more
+        # pod write per pod): device plugins only look at pods bound to their node, and
+        # only a bind that holds the node lock writes the Binding.
+        annotations.update({names.BIND_PHASE: "allocating", names.BIND_TIME: now_s})
         # The UID makes the patch a precondition: a pod recreated under the same name
         # in between is refused by the API server (the UID is immutable).
         patch = {"metadata": {"uid": uid, "annotations": annotations,
                               "labels": {names.VGPU_NODE: result.node}}}
         decisionlog.filter_placed(meta, result.node, decision.annotations, result.score, n,
                                   time.perf_counter() - started)
-        success = (f"find fit node({result.node}), {n - 1} nodes not fit, 1 nodes "
-                   f"fit({result.node}:{result.score:.2f})")
         write = self._write_allocation(meta, uid, entry, patch, success,
                                        self._pending_patch.get(uid))
         if self.settings.async_annotation_patch:

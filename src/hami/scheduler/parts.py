@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from hami.scheduler.binder import NodeLocks
     from hami.scheduler.engine import Counters, KubeApi, Observer
     from hami.scheduler.events import EventSink
+    from hami.scheduler.filterflow import DeferredAllocation
     from hami.scheduler.nodequeue import InFlight, NodeWaiters
     from hami.scheduler.podcache import PendingPods
     from hami.scheduler.settings import SchedulerSettings
@@ -51,6 +52,7 @@ class EngineParts:
         _committed_at: dict[str, float]
         _pending_patch: dict[str, asyncio.Future[str]]
         _phase_written: set[str]
+        _deferred: dict[str, DeferredAllocation]
         _lock_keys: frozenset[str]
         _locked: set[tuple[str, str]]
         _background: set[asyncio.Task[Any]]
@@ -58,3 +60,4 @@ class EngineParts:
         def _all_locks(self) -> list[tuple[str, NodeLocks]]: ...
         async def _ready(self, timeout_s: float = 25.0) -> str: ...
         def _decide(self, pod: Mapping[str, Any], node_names: list[str] | None) -> Any: ...
+        def lock_free(self, node: str) -> bool: ...

@@ -149,6 +149,18 @@ def test_tenant_cannot_write_allocations(tenant: tuple[str, Any], kube_client: A
     binding.metadata.annotations = {"hami.io/vgpu-devices-to-allocate": "GPU-0,NVIDIA,1,1:;"}
     refused(lambda: client.create(binding, name="plain", namespace=ns),
             "annotation hami.io/vgpu-devices-to-allocate")
+    # what hami's scheduler's Binding carries to a node in mode cdi, forged
+    binding.metadata.annotations = {**forged, "hami.io/vgpu-devices-allocated": "x",
+                                    "hami.io/vgpu-time": "1", "hami.io/bind-time": "1",
+                                    "hami.io/vgpu-allocation-signature": "v1:0:0"}
+    refused(lambda: client.create(binding, name="plain", namespace=ns),
+            "annotation hami.io/vgpu-devices-allocated", "annotation hami.io/vgpu-node",
+            "annotation hami.io/vgpu-allocation-signature")
+    # the API server copies a Binding's labels too (PodTopologyLabelsAdmission, 1.33+)
+    binding.metadata.annotations = None
+    binding.metadata.labels = {"hami.io/vgpu-node": "node-a"}
+    refused(lambda: client.create(binding, name="plain", namespace=ns),
+            "label hami.io/vgpu-node")
     assert not kube_client.get(Pod, "plain", namespace=ns).spec.nodeName
 
     # What hami's scheduler wrote the tenant can neither change nor remove ...
@@ -227,10 +239,25 @@ def test_scheduler_account_changes_only_hami_metadata(tenant: tuple[str, Any],
                "data": {"tls.crt": "", "tls.key": ""}}
         scheduler.create(codecs.from_dict(tls))
         kube_client.delete(Secret, tls["metadata"]["name"], namespace=NAMESPACE)
+        binding.metadata.annotations = None
+        binding.metadata.labels = {"app": "evil"}
+        refused(lambda: scheduler.create(binding, name="victim", namespace=ns), "label app")
         # kube-scheduler keeps its own rights (it preempts: deletes pods) on its own account
         kube_sched = token_client(kube_client, control_plane, KUBE_SCHEDULER_SA)
-        scheduler.create(pod_binding("victim", ns, node), name="victim", namespace=ns)
-        assert kube_client.get(Pod, "victim", namespace=ns).spec.nodeName == node
+        # the Binding of a bind to a node in mode cdi: the allocation rides on it
+        allocation = {"hami.io/vgpu-node": node, "hami.io/vgpu-time": "1",
+                      "hami.io/vgpu-devices-to-allocate": "GPU-0,NVIDIA,1000,10:;",
+                      "hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,1000,10:;",
+                      "hami.io/vgpu-allocation-signature": "v1:0:0",
+                      "hami.io/bind-phase": "allocating", "hami.io/bind-time": "1"}
+        binding = pod_binding("victim", ns, node)
+        binding.metadata.annotations = allocation
+        binding.metadata.labels = {"hami.io/vgpu-node": node}
+        scheduler.create(binding, name="victim", namespace=ns)
+        bound = kube_client.get(Pod, "victim", namespace=ns)
+        assert bound.spec.nodeName == node
+        assert allocation.items() <= bound.metadata.annotations.items()
+        assert bound.metadata.labels["hami.io/vgpu-node"] == node
         kube_sched.delete(Pod, "victim", namespace=ns)
     finally:
         kube_client.delete(Node, node)
