@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from hami.core.fragmentation.lookahead import LookAhead
 from hami.core.fragmentation.measure import WHOLE, FloatArray, IntArray, WorkloadDistribution
 from hami.core.fragmentation.state import FragmentationState, node_types
 
@@ -68,8 +69,12 @@ class FragmentationScorer:
     """
 
     def __init__(self, dist: WorkloadDistribution, cache_size: int = 1024,
-                 tie_break: str = "least-free-gpu", seed: int = 0) -> None:
+                 tie_break: str = "least-free-gpu", seed: int = 0,
+                 look_ahead: bool = True) -> None:
         self.dist = dist
+        #: Re-rank the near-best nodes of a GPU request by the next arrival's expected
+        #: growth (:class:`~hami.core.fragmentation.lookahead.LookAhead`).
+        self.look_ahead = LookAhead() if look_ahead else None
         self.tie_break = tie_break
         self._seed = seed
         #: Made on first use (same draws): importing numpy.random took 15 ms of the
@@ -89,6 +94,8 @@ class FragmentationScorer:
         if self._state is not None:
             self._state.set_distribution(dist)
         self._cache.clear()
+        if self.look_ahead is not None:
+            self.look_ahead.reset()
 
     def state(self, ledger: Any) -> FragmentationState:
         """The refreshed per-node state for ``ledger``."""
@@ -97,6 +104,8 @@ class FragmentationScorer:
             self._state = FragmentationState(self.dist, node_types(ledger))
             self._ledger_id, self._version = id(ledger), ledger.version
             self._cache.clear()
+            if self.look_ahead is not None:
+                self.look_ahead.reset()
         self._state.refresh_from_ledger(ledger)
         return self._state
 
@@ -179,7 +188,13 @@ class FragmentationScorer:
             ordered = idx[np.lexsort((-used, deltas))]
         elif self.tie_break == "least-free-gpu":
             assert self._state is not None
-            ordered = idx[np.lexsort((self._state.total[idx], deltas))]  # lexsort is stable
+            order = np.lexsort((self._state.total[idx], deltas))  # lexsort is stable
+            ordered = idx[order]
+            if self.look_ahead is not None and placement.num_gpu > 0 and idx.size > 1:
+                ordered = self.look_ahead.rerank(
+                    self._state, ordered, deltas[order], request_milli=placement.request_milli,
+                    num_gpu=placement.num_gpu, cpu_milli=placement.cpu_milli,
+                    memory_mib=placement.memory_mib)
         else:
             ordered = idx[np.argsort(deltas, kind="stable")]
         return ordered
