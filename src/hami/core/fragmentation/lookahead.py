@@ -20,15 +20,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from hami.core.fragmentation.measure import WHOLE, FloatArray, IntArray, WorkloadDistribution
+from hami.core.fragmentation.measure import (
+    WHOLE,
+    BoolArray,
+    FloatArray,
+    IntArray,
+    WorkloadDistribution,
+)
 from hami.core.fragmentation.state import FragmentationState
 
 #: Candidates whose growth is at most this much (milli-GPU) above the best are re-ranked.
 TOLERANCE_MILLI = 100.0
 #: At most this many candidates (the best by growth, then by less free GPU) are re-ranked.
 MAX_RERANKED = 16
-#: Rows of hypothetical node states computed at once (bounds the ``[rows, K, G, K]`` work).
-_CHUNK = 32
+#: Rows of hypothetical node states computed at once (bounds the ``[rows, G, K, K]`` work).
+_CHUNK = 16
+#: Task shapes whose per-node growth after them is kept (all dropped beyond).
+_AFTER_SHAPES = 64
 
 
 def next_growth(dist: WorkloadDistribution, free: IntArray, cpu_free: IntArray,
@@ -42,61 +50,88 @@ def next_growth(dist: WorkloadDistribution, free: IntArray, cpu_free: IntArray,
     """
     rows = free.shape[0]
     out = np.full((rows, dist.size), np.inf)
+    k = _Classes.of(dist)
     for start in range(0, rows, _CHUNK):
         part = slice(start, start + _CHUNK)
-        out[part] = _next_growth(dist, free[part].astype(np.float64), cpu_free[part],
-                                 mem_free[part])
+        out[part] = _next_growth(k, free[part].astype(np.float64),
+                                 cpu_free[part].astype(np.float64),
+                                 mem_free[part].astype(np.float64))
     return out
 
 
-def _frag(dist: WorkloadDistribution, total: FloatArray, s: FloatArray, c: FloatArray,
-          cpu: FloatArray, mem: FloatArray) -> FloatArray:
+class _Classes:
+    """Per-class constants of a mix for :func:`next_growth` (made once per mix)."""
+
+    _last: tuple[WorkloadDistribution, _Classes] | None = None
+
+    def __init__(self, dist: WorkloadDistribution) -> None:
+        self.size = dist.size
+        self.need = dist.need().astype(np.float64)
+        self.cpu = dist.cpu_milli.astype(np.float64)
+        self.mem = dist.memory_mib.astype(np.float64)
+        self.num_gpu = dist.num_gpu
+        self.gpu_free = dist.num_gpu == 0
+        self.weight = dist.weight
+        milli = dist.gpu_milli.astype(np.float64)
+        share = (dist.num_gpu == 1) & (milli > 0) & (milli < WHOLE)
+        self.shares = np.flatnonzero(share)
+        self.share_milli = milli[self.shares]
+        self.whole = np.flatnonzero(~share)
+        n = dist.num_gpu[self.whole].astype(np.float64)
+        self.whole_gpus = n
+        self.whole_taken = np.where(milli[self.whole] > 0, WHOLE, 0) * n
+        self.whole_c_drop = n[:, None] * (self.need <= WHOLE)
+
+    @classmethod
+    def of(cls, dist: WorkloadDistribution) -> _Classes:
+        last = cls._last
+        if last is None or last[0] is not dist:
+            last = cls._last = (dist, cls(dist))
+        return last[1]
+
+
+def _frag(k: _Classes, total: FloatArray, s: FloatArray, c: FloatArray,
+          host: BoolArray) -> FloatArray:
     """Expected fragmentation of states with terms ``total [...]``, ``s``/``c``
-    ``[..., K]``, ``cpu``/``mem [...]``, every GPU model accepted."""
-    host = ((cpu[..., None] >= dist.cpu_milli) & (mem[..., None] >= dist.memory_mib)
-            & ((dist.num_gpu == 0) | (c >= dist.num_gpu)))
-    result: FloatArray = np.where(host, s, total[..., None]) @ dist.weight
+    ``[..., K]`` and ``host`` (CPU and memory fit) ``[..., K]``, every model accepted."""
+    ok = host & (k.gpu_free | (c >= k.num_gpu))
+    result: FloatArray = np.where(ok, s, total[..., None]) @ k.weight
     return result
 
 
-def _next_growth(dist: WorkloadDistribution, f: FloatArray, cpu: IntArray,
-                 mem: IntArray) -> FloatArray:
-    need = dist.need().astype(np.float64)                    # [J]
-    small = f[..., None] < need                              # [R, G, J]
-    total = f.sum(axis=1)                                    # [R]
-    s = np.where(small, f[..., None], 0.0).sum(axis=1)       # [R, J]
-    c = (~small).sum(axis=1).astype(np.float64)              # [R, J]
-    cpu_f, mem_f = cpu.astype(np.float64), mem.astype(np.float64)
-    before = _frag(dist, total, s, c, cpu_f, mem_f)          # [R]
-    cpu2 = cpu_f[:, None] - dist.cpu_milli                   # [R, K]
-    mem2 = mem_f[:, None] - dist.memory_mib
+def _next_growth(k: _Classes, f: FloatArray, cpu: FloatArray,
+                 mem: FloatArray) -> FloatArray:
+    rows, gpus = f.shape
+    small = f[..., None] < k.need                             # [R, G, J]
+    total = f.sum(axis=1)                                     # [R]
+    s = (f[..., None] * small).sum(axis=1)                    # [R, J]
+    c = gpus - small.sum(axis=1).astype(np.float64)           # [R, J]
+    before = _frag(k, total, s, c, (cpu[:, None] >= k.cpu) & (mem[:, None] >= k.mem))
+    cpu2 = cpu[:, None] - k.cpu                               # [R, K]: after the task
+    mem2 = mem[:, None] - k.mem
     fits = (cpu2 >= 0) & (mem2 >= 0)
-    out = np.full(cpu2.shape, np.inf)
-    milli = dist.gpu_milli.astype(np.float64)
-    share = (dist.num_gpu == 1) & (milli > 0) & (milli < WHOLE)
-    whole = np.flatnonzero(~share)
-    if whole.size:
-        n = dist.num_gpu[whole].astype(np.float64)                               # [W]
-        t2 = total[:, None] - np.where(milli[whole] > 0, WHOLE, 0) * n           # [R, W]
-        c2 = c[:, None, :] - (n[:, None] * (need <= WHOLE))[None]                # [R, W, J]
-        s2 = np.broadcast_to(s[:, None, :], c2.shape)
-        g = _frag(dist, t2, s2, c2, cpu2[:, whole], mem2[:, whole]) - before[:, None]
-        room = (f >= WHOLE).sum(axis=1)[:, None] >= n
-        out[:, whole] = np.where(fits[:, whole] & room, g, np.inf)
-    shares = np.flatnonzero(share)
-    if shares.size:
-        r = milli[shares]                                                        # [S]
-        g2 = f[:, None, :] - r[None, :, None]                                    # [R, S, G]
-        ds = (np.where(g2[..., None] < need, g2[..., None], 0.0)
-              - np.where(small, f[..., None], 0.0)[:, None])                     # [R, S, G, J]
-        dc = (g2[..., None] >= need).astype(np.float64) - (~small)[:, None]
-        t2 = np.broadcast_to((total[:, None] - r)[..., None], g2.shape)
-        cpu_s = np.broadcast_to(cpu2[:, shares, None], g2.shape)
-        mem_s = np.broadcast_to(mem2[:, shares, None], g2.shape)
-        g = _frag(dist, t2, s[:, None, None, :] + ds, c[:, None, None, :] + dc, cpu_s,
-                  mem_s) - before[:, None, None]
-        least = np.where(g2 >= 0, g, np.inf).min(axis=2)                          # [R, S]
-        out[:, shares] = np.where(fits[:, shares], least, np.inf)
+    out = np.full((rows, k.size), np.inf)
+    if k.whole.size:
+        w = k.whole
+        t2 = total[:, None] - k.whole_taken                               # [R, W]
+        c2 = c[:, None, :] - k.whole_c_drop                               # [R, W, J]
+        host = ((cpu2[:, w, None] >= k.cpu) & (mem2[:, w, None] >= k.mem))
+        g = _frag(k, t2, np.broadcast_to(s[:, None, :], c2.shape), c2, host)
+        room = (f >= WHOLE).sum(axis=1)[:, None] >= k.whole_gpus
+        out[:, w] = np.where(fits[:, w] & room, g - before[:, None], np.inf)
+    if k.shares.size:
+        # Every (state, GPU) pair takes each share; the GPU where it grows least counts.
+        sh, r = k.shares, k.share_milli
+        g2 = f[..., None] - r                                             # [R, G, S]
+        left = g2[..., None]                                              # [R, G, S, 1]
+        ds = (np.where(left < k.need, left, 0.0)
+              - (f[..., None] * small)[:, :, None, :])                    # [R, G, S, J]
+        dc = (left >= k.need).astype(np.float64) - (~small)[:, :, None, :]
+        host = ((cpu2[:, sh, None] >= k.cpu) & (mem2[:, sh, None] >= k.mem))[:, None]
+        g = _frag(k, (total[:, None] - r)[:, None, :].repeat(gpus, axis=1),
+                  s[:, None, None, :] + ds, c[:, None, None, :] + dc, host)
+        least = np.where(g2 >= 0, g, np.inf).min(axis=1)                  # [R, S]
+        out[:, sh] = np.where(fits[:, sh], least - before[:, None], np.inf)
     result: FloatArray = np.round(out, 6)
     return result
 
@@ -105,15 +140,20 @@ class LookAhead:
     """Re-ranks the near-best candidates of the ``fragmentation-aware`` order by the
     expected growth of the next arrival (module docstring). Keeps a ``[N, K]`` table of
     :func:`next_growth` per node, refreshed for the nodes whose statistics changed
-    (:attr:`FragmentationState.node_version`); :meth:`reset` drops it (new mix)."""
+    (:attr:`FragmentationState.node_version`) when a re-rank needs it; :meth:`reset`
+    drops it (new mix or node set)."""
 
     def __init__(self) -> None:
         self._table = np.zeros((0, 0))
         self._version = np.zeros(0, dtype=np.int64)
+        #: Per task shape: the ``[N, K]`` next-arrival growth on each node once the task
+        #: is there, and the node versions it was computed at.
+        self._after: dict[tuple[int, int, int, int], tuple[FloatArray, IntArray]] = {}
 
     def reset(self) -> None:
-        """Forget the table (the mix or the node set changed)."""
+        """Forget the tables (the mix or the node set changed)."""
         self._table = np.zeros((0, 0))
+        self._after.clear()
 
     def _free_rows(self, state: FragmentationState, nodes: IntArray) -> IntArray:
         """``[len(nodes), G]`` free milli-GPU per GPU of each node, padded with 0."""
@@ -126,19 +166,6 @@ class LookAhead:
         rows[mask] = state._free[state._dev_order[(state._ptr[nodes][:, None] + col)[mask]]]
         return rows
 
-    def table(self, state: FragmentationState) -> FloatArray:
-        """The ``[N, K]`` table of :func:`next_growth`, brought up to date."""
-        n, k = state.total.shape[0], state.dist.size
-        if self._table.shape != (n, k):
-            self._table = np.full((n, k), np.inf)
-            self._version = np.full(n, -1, dtype=np.int64)
-        stale = np.flatnonzero(self._version != state.node_version)
-        if stale.size:
-            self._table[stale] = next_growth(state.dist, self._free_rows(state, stale),
-                                             state.cpu_free[stale], state.mem_free[stale])
-            self._version[stale] = state.node_version[stale]
-        return self._table
-
     def rerank(self, state: FragmentationState, ordered: IntArray, deltas: FloatArray, *,
                request_milli: int, num_gpu: int, cpu_milli: int, memory_mib: int
                ) -> IntArray:
@@ -150,23 +177,50 @@ class LookAhead:
         near = ordered[:head][deltas[:head] <= deltas[0] + TOLERANCE_MILLI]
         if near.size < 2:
             return ordered
-        table = self.table(state)
         dist = state.dist
-        classes = np.arange(dist.size)
+        n, k = state.total.shape[0], dist.size
+        if self._table.shape != (n, k):
+            self._table = np.full((n, k), np.inf)
+            self._version = np.full(n, -1, dtype=np.int64)
+            self._after.clear()
+        key = (request_milli, num_gpu, cpu_milli, memory_mib)
+        entry = self._after.get(key)
+        if entry is None:
+            if len(self._after) >= _AFTER_SHAPES:
+                self._after.clear()
+            entry = self._after[key] = (np.full((n, k), np.inf),
+                                        np.full(n, -1, dtype=np.int64))
+        after_table, after_version = entry
+        # One next_growth call: the table's stale nodes, then the candidates (with the
+        # task) whose state changed since their growth for this task shape was computed.
+        stale = np.flatnonzero(self._version != state.node_version)
+        todo = near[after_version[near] != state.node_version[near]]
+        m = stale.size
+        rows = self._free_rows(state, np.concatenate([stale, todo]))
+        cand = rows[m:]
+        if num_gpu == 1 and 0 < request_milli < WHOLE:
+            room = np.where(cand >= request_milli, cand, WHOLE + 1)
+            cand[np.arange(todo.size), np.argmin(room, axis=1)] -= request_milli
+        elif num_gpu > 0:
+            cand[(cand >= WHOLE) & (np.cumsum(cand >= WHOLE, axis=1) <= num_gpu)] = 0
+        if rows.shape[0]:
+            growth = next_growth(dist, rows,
+                                 np.concatenate([state.cpu_free[stale],
+                                                 state.cpu_free[todo] - cpu_milli]),
+                                 np.concatenate([state.mem_free[stale],
+                                                 state.mem_free[todo] - memory_mib]))
+            self._table[stale] = growth[:m]
+            self._version[stale] = state.node_version[stale]
+            after_table[todo] = growth[m:]
+            after_version[todo] = state.node_version[todo]
+        table = self._table
+        after = after_table[near]                                           # [M, K]
+        classes = np.arange(k)
         first = np.argmin(table, axis=0)
         best = table[first, classes]
         masked = table.copy()
         masked[first, classes] = np.inf
         second = masked.min(axis=0)
-        rows = self._free_rows(state, near)
-        if num_gpu == 1 and 0 < request_milli < WHOLE:
-            room = np.where(rows >= request_milli, rows, WHOLE + 1)
-            rows[np.arange(near.size), np.argmin(room, axis=1)] -= request_milli
-        elif num_gpu > 0:
-            free_whole = np.cumsum(rows >= WHOLE, axis=1)
-            rows[(rows >= WHOLE) & (free_whole <= num_gpu)] = 0
-        after = next_growth(dist, rows, state.cpu_free[near] - cpu_milli,
-                            state.mem_free[near] - memory_mib)               # [M, K]
         other = np.where(first[None, :] == near[:, None], second[None, :], best[None, :])
         nxt = np.minimum(other, after)
         nxt = np.where(np.isinf(nxt), float(WHOLE) * dist.num_gpu, nxt)
