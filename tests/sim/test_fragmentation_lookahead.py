@@ -1,5 +1,5 @@
-"""The ``fragmentation-aware`` order's look-ahead over the next arrival's class, on
-clusters small enough to follow by hand."""
+"""The ``fragmentation-aware`` order's look-ahead over the next arrival's class (opt-in,
+``FragmentationScorer(look_ahead=True)``), on clusters small enough to follow by hand."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def test_look_ahead_keeps_a_gpu_whole_for_the_next_arrival() -> None:
     led.add_pod("a", "n0", ((ContainerDevice("n0-g0", "NVIDIA", 4915, 30),),),
                 cpu_milli=1000)
     p = Placement(request_milli=300, num_gpu=1, cpu_milli=1000, memory_mib=0)
-    scorer = FragmentationScorer(MIX)
+    scorer = FragmentationScorer(MIX, look_ahead=True)
     assert list(scorer.order(led, p, np.array([0, 1]))) == [0, 1]
     assert list(scorer.node_deltas(led, p, np.array([0, 1]))) == pytest.approx(
         [900 / 7, 100])
@@ -62,7 +62,7 @@ def test_look_ahead_places_the_sequence_fgd_cannot() -> None:
             chosen.append(n)
         return chosen
 
-    assert replay(FragmentationScorer(MIX)) == [0, 0, 1]
+    assert replay(FragmentationScorer(MIX, look_ahead=True)) == [0, 0, 1]
     assert replay(FragmentationScorer(MIX, look_ahead=False)) == [0, 1, None]
 
 

@@ -14,6 +14,10 @@ model): on openb ``gpuspec25`` (seed 42, unallocated GPU % at 100 % arrived dema
 look-ahead with the constraints left 6.71 %, without them 6.36 %, the order without a
 look-ahead 6.44 %. Everything is in milli-GPU; pure functions over arrays plus a per-node
 table refreshed only for the nodes whose usage changed.
+
+Opt-in (``FragmentationScorer(look_ahead=True)``): over openb's four workloads it gains on
+three and not on ``gpushare100``, and a decision costs about 3x binpack's at the p99,
+beyond the policy's 2x bound (docs/simulate.md has the figures).
 """
 
 from __future__ import annotations

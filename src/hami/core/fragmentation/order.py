@@ -14,8 +14,10 @@ Ties between nodes of equal growth go to the node with less free GPU (a packing
 tie-break; then the candidate order). On openb ``default`` seed 42 it leaves 4.71 % of
 GPUs unallocated at 100 % arrived demand where the candidate order alone left 5.15 %.
 A one-step look-ahead over the next arrival's class (re-ranking the near-best nodes by
-the expected growth of the next task) was measured and left out: better on ``default``
-and ``multigpu50``, worse on ``gpuspec25``, and 4x binpack's p99 (docs/simulate.md).
+the expected growth of the next task, ``look_ahead=True``,
+:mod:`~hami.core.fragmentation.lookahead`) was measured and is off: better on
+``default`` and ``multigpu50``, no better on ``gpushare100``, and about 3x binpack's
+decision p99 where the bound is 2x (docs/simulate.md).
 """
 
 from __future__ import annotations
@@ -70,10 +72,11 @@ class FragmentationScorer:
 
     def __init__(self, dist: WorkloadDistribution, cache_size: int = 1024,
                  tie_break: str = "least-free-gpu", seed: int = 0,
-                 look_ahead: bool = True) -> None:
+                 look_ahead: bool = False) -> None:
         self.dist = dist
-        #: Re-rank the near-best nodes of a GPU request by the next arrival's expected
-        #: growth (:class:`~hami.core.fragmentation.lookahead.LookAhead`).
+        #: With ``look_ahead``, re-rank the near-best nodes of a GPU request by the next
+        #: arrival's expected growth (:class:`~hami.core.fragmentation.lookahead.LookAhead`;
+        #: off by default: measured, not kept, see docs/simulate.md).
         self.look_ahead = LookAhead() if look_ahead else None
         self.tie_break = tie_break
         self._seed = seed
