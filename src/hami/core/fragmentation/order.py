@@ -14,8 +14,10 @@ Ties between nodes of equal growth go to the node with less free GPU (a packing
 tie-break; then the candidate order). On openb ``default`` seed 42 it leaves 4.71 % of
 GPUs unallocated at 100 % arrived demand where the candidate order alone left 5.15 %.
 A one-step look-ahead over the next arrival's class (re-ranking the near-best nodes by
-the expected growth of the next task) was measured and left out: better on ``default``
-and ``multigpu50``, worse on ``gpuspec25``, and 4x binpack's p99 (docs/simulate.md).
+the expected growth of the next task, ``look_ahead=True``,
+:mod:`~hami.core.fragmentation.lookahead`) was measured and is off: better on
+``default`` and ``multigpu50``, no better on ``gpushare100``, and about 3x binpack's
+decision p99 where the bound is 2x (docs/simulate.md).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from hami.core.fragmentation.lookahead import LookAhead
 from hami.core.fragmentation.measure import WHOLE, FloatArray, IntArray, WorkloadDistribution
 from hami.core.fragmentation.state import FragmentationState, node_types
 
@@ -68,8 +71,13 @@ class FragmentationScorer:
     """
 
     def __init__(self, dist: WorkloadDistribution, cache_size: int = 1024,
-                 tie_break: str = "least-free-gpu", seed: int = 0) -> None:
+                 tie_break: str = "least-free-gpu", seed: int = 0,
+                 look_ahead: bool = False) -> None:
         self.dist = dist
+        #: With ``look_ahead``, re-rank the near-best nodes of a GPU request by the next
+        #: arrival's expected growth (:class:`~hami.core.fragmentation.lookahead.LookAhead`;
+        #: off by default: measured, not kept, see docs/simulate.md).
+        self.look_ahead = LookAhead() if look_ahead else None
         self.tie_break = tie_break
         self._seed = seed
         #: Made on first use (same draws): importing numpy.random took 15 ms of the
@@ -89,6 +97,8 @@ class FragmentationScorer:
         if self._state is not None:
             self._state.set_distribution(dist)
         self._cache.clear()
+        if self.look_ahead is not None:
+            self.look_ahead.reset()
 
     def state(self, ledger: Any) -> FragmentationState:
         """The refreshed per-node state for ``ledger``."""
@@ -97,6 +107,8 @@ class FragmentationScorer:
             self._state = FragmentationState(self.dist, node_types(ledger))
             self._ledger_id, self._version = id(ledger), ledger.version
             self._cache.clear()
+            if self.look_ahead is not None:
+                self.look_ahead.reset()
         self._state.refresh_from_ledger(ledger)
         return self._state
 
@@ -179,7 +191,13 @@ class FragmentationScorer:
             ordered = idx[np.lexsort((-used, deltas))]
         elif self.tie_break == "least-free-gpu":
             assert self._state is not None
-            ordered = idx[np.lexsort((self._state.total[idx], deltas))]  # lexsort is stable
+            order = np.lexsort((self._state.total[idx], deltas))  # lexsort is stable
+            ordered = idx[order]
+            if self.look_ahead is not None and placement.num_gpu > 0 and idx.size > 1:
+                ordered = self.look_ahead.rerank(
+                    self._state, ordered, deltas[order], request_milli=placement.request_milli,
+                    num_gpu=placement.num_gpu, cpu_milli=placement.cpu_milli,
+                    memory_mib=placement.memory_mib)
         else:
             ordered = idx[np.argsort(deltas, kind="stable")]
         return ordered
