@@ -105,6 +105,7 @@ class UsageLedger:
         #: CommonWord -> the small integer in :attr:`vendor_id`.
         self._vendor_ids: dict[str, int] = {}
         self._vendor_counts: tuple[int, dict[str, tuple[BoolArray, IntArray]]] = (-1, {})
+        self._mig_rows = (-1, False)
         self.version = 0
         #: Bumped on every pod addition or removal (cheap "has the mix changed" signal).
         self.version_pods = 0
@@ -193,6 +194,15 @@ class UsageLedger:
             hit = cache[vendor] = (rows, np.bincount(self.node_of[:n][rows],
                                                      minlength=self.node_count))
         return hit
+
+    def has_mig_rows(self) -> bool:
+        """True when some registered device is in MIG mode (cached until a node is added
+        or removed)."""
+        if self._mig_rows[0] != self.version:
+            n = self.size
+            self._mig_rows = (self.version,
+                              bool((self.mig_mode[:n] & (self.node_of[:n] >= 0)).any()))
+        return self._mig_rows[1]
 
     def add_node(self, name: str, devices: Sequence[DeviceInfo], *,
                  cpu_milli: int | None = None, memory_mib: int | None = None,
