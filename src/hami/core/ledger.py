@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -34,7 +35,7 @@ DEVICE_FIELDS = ("total_memory_mib", "used_memory_mib", "total_cores", "used_cor
 #: Per-node integer arrays.
 NODE_FIELDS = ("cpu_milli_total", "cpu_milli_used", "memory_mib_total", "memory_mib_used",
                "sum_split", "sum_used_slots", "sum_total_cores", "sum_used_cores",
-               "sum_total_memory", "sum_used_memory")
+               "sum_total_memory", "sum_used_memory", "usage_stamp")
 
 
 @dataclass(slots=True)
@@ -106,9 +107,17 @@ class UsageLedger:
         self._vendor_ids: dict[str, int] = {}
         self._vendor_counts: tuple[int, dict[str, tuple[BoolArray, IntArray]]] = (-1, {})
         self._mig_rows = (-1, False)
+        #: Caches that readers derive from this ledger, by reader; each checks itself
+        #: against :attr:`version` and :attr:`usage_seq` (e.g. the prefilter's counts).
+        self.derived: dict[str, Any] = {}
         self.version = 0
         #: Bumped on every pod addition or removal (cheap "has the mix changed" signal).
         self.version_pods = 0
+        #: Bumped whenever a node's usage or CPU/memory capacity changes; the node's
+        #: ``usage_stamp`` takes the new value, so a reader that kept the value it last saw
+        #: finds the changed nodes as ``usage_stamp > seen`` (a node added or removed
+        #: bumps :attr:`version` instead).
+        self.usage_seq = 0
 
     # Arrays are declared for the type checker; they are created in __init__.
     total_memory_mib: IntArray
@@ -131,6 +140,7 @@ class UsageLedger:
     sum_used_cores: IntArray
     sum_total_memory: IntArray
     sum_used_memory: IntArray
+    usage_stamp: IntArray
 
     # ----------------------------------------------------------------- nodes
     @property
@@ -152,6 +162,15 @@ class UsageLedger:
             return np.flatnonzero(self.node_active[: self.node_count]).astype(np.int64)
         get = self._index_of.get
         return np.array([get(n, -1) for n in names], dtype=np.int64)
+
+    def node_rows(self, indices: IntArray) -> IntArray:
+        """Device rows of the registered nodes among ``indices``, node by node."""
+        spans = [(e.offset, e.offset + len(e.devices)) for i in indices.tolist()
+                 if (e := self._nodes.get(self._node_names[i])) is not None]
+        if len(spans) == 1:
+            return np.arange(*spans[0], dtype=np.int64)
+        return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in spans]
+                              or [np.zeros(0, dtype=np.int64)])
 
     def node_name(self, index: int) -> str:
         """Name of node ``index``."""
@@ -275,6 +294,16 @@ class UsageLedger:
                            memory_mib: int | None) -> None:
         self.cpu_milli_total[index] = -1 if cpu_milli is None else cpu_milli
         self.memory_mib_total[index] = -1 if memory_mib is None else memory_mib
+        self._stamp(index)
+
+    def _stamp(self, index: int) -> None:
+        self.usage_seq += 1
+        self.usage_stamp[index] = self.usage_seq
+
+    def changed_nodes(self, seen: int) -> IntArray:
+        """Node indices whose usage or CPU/memory capacity changed after
+        :attr:`usage_seq` was ``seen`` (ascending)."""
+        return np.flatnonzero(self.usage_stamp[: self.node_count] > seen)
 
     def _drop_devices(self, entry: NodeEntry) -> None:
         span = slice(entry.offset, entry.offset + len(entry.devices))
@@ -358,6 +387,7 @@ class UsageLedger:
         if node is None:
             return
         i = node.index
+        self._stamp(i)
         if self.cpu_milli_total[i] >= 0:
             self.cpu_milli_used[i] += sign * entry.cpu_milli
         if self.memory_mib_total[i] >= 0:
