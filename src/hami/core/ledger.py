@@ -107,6 +107,7 @@ class UsageLedger:
         self._vendor_ids: dict[str, int] = {}
         self._vendor_counts: tuple[int, dict[str, tuple[BoolArray, IntArray]]] = (-1, {})
         self._mig_rows = (-1, False)
+        self._active = (-1, np.zeros(0, dtype=np.int64))
         #: Caches that readers derive from this ledger, by reader; each checks itself
         #: against :attr:`version` and :attr:`usage_seq` (e.g. the prefilter's counts).
         self.derived: dict[str, Any] = {}
@@ -157,9 +158,14 @@ class UsageLedger:
         return self._nodes.get(name)
 
     def indices(self, names: Sequence[str] | None) -> IntArray:
-        """Node indices for ``names`` (-1 for names not registered); None: every node."""
+        """Node indices for ``names`` (-1 for names not registered); None: every node
+        (a read-only array, kept until a node is added or removed)."""
         if names is None:
-            return np.flatnonzero(self.node_active[: self.node_count]).astype(np.int64)
+            if self._active[0] != self.version:
+                active = np.flatnonzero(self.node_active[: self.node_count]).astype(np.int64)
+                active.flags.writeable = False
+                self._active = (self.version, active)
+            return self._active[1]
         get = self._index_of.get
         return np.array([get(n, -1) for n in names], dtype=np.int64)
 

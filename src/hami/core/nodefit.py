@@ -38,7 +38,6 @@ from hami.core.model import (
     PodRequest,
     PodSingleDevice,
 )
-from hami.core.prefilter import resources_fit
 from hami.core.quota import QuotaLedger
 from hami.core.score import order_devices
 from hami.core.vendor import FitContext, Vendor
@@ -233,10 +232,12 @@ def fit_node(ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger | None = N
     """
     ledger, request = ctx.ledger, ctx.request
     i = entry.index
-    if not bool(resources_fit(ledger, request, np.array([i]))[0]):
-        cpu_short = (ledger.cpu_milli_total[i] >= 0 and
-                     ledger.cpu_milli_used[i] + request.cpu_milli > ledger.cpu_milli_total[i])
-        return NodeFit(None, INSUFFICIENT_CPU if cpu_short else INSUFFICIENT_MEMORY)
+    cpu_total, memory_total = int(ledger.cpu_milli_total[i]), int(ledger.memory_mib_total[i])
+    if cpu_total >= 0 and int(ledger.cpu_milli_used[i]) + request.cpu_milli > cpu_total:
+        return NodeFit(None, INSUFFICIENT_CPU)
+    if memory_total >= 0 and (int(ledger.memory_mib_used[i]) + request.memory_mib
+                              > memory_total):
+        return NodeFit(None, INSUFFICIENT_MEMORY)
     pod = _PodFit(ctx, entry, quota)
     for pos, req in enumerate(request.containers):
         vreqs = request.vendors[pos] if pos < len(request.vendors) else {}
