@@ -11,7 +11,7 @@ the vendor's fit-time quota check). The node score adds each granted vendor's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,8 +70,33 @@ class FilterContext:
     node_policy: str = "binpack"
 
 
-#: Node policies: candidate node indices (input order) -> the same indices best first.
-NodeOrder = Callable[[FilterContext, IntArray], IntArray]
+class BestFirst:
+    """Candidate node indices best first, sorted only if the caller goes past the best.
+
+    Iterating yields ``first``, then the indices of ``full()`` (the complete order, which
+    starts with ``first``) except ``first``: the filter usually stops at the first node
+    that fits, so the sort of every candidate is mostly never made.
+    """
+
+    __slots__ = ("first", "_full")
+
+    def __init__(self, first: int, full: Callable[[], IntArray]) -> None:
+        self.first = first
+        self._full = full
+
+    def __iter__(self) -> Iterator[int]:
+        yield self.first
+        skipped = False
+        for i in self._full().tolist():
+            if i == self.first and not skipped:
+                skipped = True
+                continue
+            yield i
+
+
+#: Node policies: candidate node indices (input order) -> the same indices best first,
+#: as an array or a :class:`BestFirst`.
+NodeOrder = Callable[[FilterContext, IntArray], "IntArray | BestFirst"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ from hami.core.config import SchedulingPolicy
 from hami.core.filter import filter_pod
 from hami.core.fragmentation import FragmentationScorer, Placement, WorkloadDistribution
 from hami.core.model import PodRequest
+from hami.core.nodefit import BestFirst, FilterContext
 from hami.devices.nvidia import NvidiaConfig
 from hami.devices.registry import make_config
 from hami.sim import metrics
@@ -171,7 +172,7 @@ class Replayer:
             return None
         led = self.ledger
         if self.policy.node_policy == FRAGMENTATION_AWARE:
-            best = self.scorer.order(led, Placement.of(request), idx)[0]
+            best = next(iter(self.scorer.best_first(led, Placement.of(request), idx)))
             return self.names[int(best)]
         else:  # kube-scheduler LeastAllocated
             cpu_t = led.cpu_milli_total[idx].astype(np.float64)
@@ -179,6 +180,10 @@ class Replayer:
             score = ((cpu_t - led.cpu_milli_used[idx] - request.cpu_milli) / cpu_t
                      + (mem_t - led.memory_mib_used[idx] - request.memory_mib) / mem_t)
         return self.names[int(idx[int(np.argmax(score))])]
+
+    def _rank(self, ctx: FilterContext, idx: IntArray) -> IntArray | BestFirst:
+        """The fragmentation-aware node order, sorted only past its best node."""
+        return self.scorer.best_first(ctx.ledger, Placement.of(ctx.request), idx)
 
     def schedule(self, request: PodRequest) -> tuple[str | None, int]:
         """Place one admitted pod; returns ``(node or None, GPU milli granted)``."""
@@ -191,7 +196,7 @@ class Replayer:
                             memory_mib=request.memory_mib)
             return node, 0
         result = filter_pod(request, led, None, self.policy,
-                            node_orders={FRAGMENTATION_AWARE: self.scorer}, explain=False)
+                            node_orders={FRAGMENTATION_AWARE: self._rank}, explain=False)
         if result.node is None:
             return None, 0
         if not result.mig:
