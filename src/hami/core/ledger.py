@@ -102,12 +102,13 @@ class UsageLedger(LedgerArrays):
         get = self._index_of.get
         return np.array([get(n, -1) for n in names], dtype=np.int64)
 
-    def node_rows(self, indices: IntArray) -> IntArray:
-        """Device rows of the registered nodes among ``indices``, node by node."""
+    def node_rows(self, indices: IntArray) -> IntArray | slice:
+        """Device rows of the registered nodes among ``indices``, node by node (a slice
+        when they are one node's: indexing by it is cheaper)."""
         spans = [(e.offset, e.offset + len(e.devices)) for i in indices.tolist()
                  if (e := self._nodes.get(self._node_names[i])) is not None]
         if len(spans) == 1:
-            return np.arange(*spans[0], dtype=np.int64)
+            return slice(*spans[0])
         return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in spans]
                               or [np.zeros(0, dtype=np.int64)])
 

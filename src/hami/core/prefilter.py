@@ -38,13 +38,29 @@ def device_mask(ledger: UsageLedger, req: ContainerDeviceRequest, pod: PodOption
                 rows: Rows | None = None) -> BoolArray:
     """Devices that could host the share request ``req`` on their own (one value per row
     of ``rows``, default every row: length ``ledger.size``); necessary for the exact Fit."""
-    rows = slice(0, ledger.size) if rows is None else rows
-    ok = share_mask(ledger, req, rows)
-    if "mutex" in pod.gpu_policy.split(","):
-        ok &= ledger.used_slots[rows] == 0
+    return _device_mask(ledger, req, _mutex(pod), allowed_types(ledger, req, pod),
+                        slice(0, ledger.size) if rows is None else rows)
+
+
+def allowed_types(ledger: UsageLedger, req: ContainerDeviceRequest,
+                  pod: PodOptions) -> list[int] | None:
+    """The ledger's type ids (:attr:`UsageLedger.type_names`) that ``req``'s type and the
+    pod's type filters accept; None when every registered type is."""
     allowed = [i for i, t in enumerate(ledger.type_names)
                if req.type.lower() in t.lower() and pod.type_ok(t)]
-    if len(allowed) < len(ledger.type_names):
+    return allowed if len(allowed) < len(ledger.type_names) else None
+
+
+def _mutex(pod: PodOptions) -> bool:
+    return "mutex" in pod.gpu_policy.split(",")
+
+
+def _device_mask(ledger: UsageLedger, req: ContainerDeviceRequest, mutex: bool,
+                 allowed: list[int] | None, rows: Rows) -> BoolArray:
+    ok = share_mask(ledger, req, rows)
+    if mutex:
+        ok &= ledger.used_slots[rows] == 0
+    if allowed is not None:
         ok &= np.isin(ledger.type_id[rows], allowed)
     return ok
 
@@ -115,6 +131,8 @@ class _Counts:
     version: int
     seq: int
     per_node: IntArray
+    mutex: bool
+    allowed: list[int] | None
 
 
 def _share_counts(ledger: UsageLedger, req: ContainerDeviceRequest,
@@ -124,8 +142,9 @@ def _share_counts(ledger: UsageLedger, req: ContainerDeviceRequest,
     (usually one per decision); a node added or removed recounts everything. The result
     is the cache's array: do not modify."""
     cache: dict[tuple[object, ...], _Counts] = ledger.derived.setdefault("prefilter", {})
-    key = (req.type, req.memory_mib, req.memory_percent, req.cores_percent,
-           "mutex" in pod.gpu_policy.split(","), pod.use_types, pod.nouse_types)
+    mutex = _mutex(pod)
+    key = (req.type, req.memory_mib, req.memory_percent, req.cores_percent, mutex,
+           pod.use_types, pod.nouse_types)
     hit = cache.get(key)
     count, seq = ledger.node_count, ledger.usage_seq
     if hit is not None and hit.version == ledger.version:
@@ -134,7 +153,7 @@ def _share_counts(ledger: UsageLedger, req: ContainerDeviceRequest,
             hit.seq = seq
             if changed.size * 8 < count:
                 rows = ledger.node_rows(changed)
-                ok = device_mask(ledger, req, pod, rows)
+                ok = _device_mask(ledger, req, hit.mutex, hit.allowed, rows)
                 node_of = ledger.node_of[rows]
                 hit.per_node[changed] = _devices_per_node(ledger, ok, node_of, count,
                                                           rows)[changed]
@@ -144,9 +163,11 @@ def _share_counts(ledger: UsageLedger, req: ContainerDeviceRequest,
     if len(cache) >= COUNT_CACHE_SHAPES:
         cache.clear()
     n = ledger.size
-    per_node = _devices_per_node(ledger, device_mask(ledger, req, pod), ledger.node_of[:n],
-                                 count, slice(0, n))
-    cache[key] = _Counts(ledger.version, seq, per_node)
+    allowed = allowed_types(ledger, req, pod)
+    per_node = _devices_per_node(
+        ledger, _device_mask(ledger, req, mutex, allowed, slice(0, n)), ledger.node_of[:n],
+        count, slice(0, n))
+    cache[key] = _Counts(ledger.version, seq, per_node, mutex, allowed)
     return per_node
 
 
