@@ -281,10 +281,13 @@ class UsageLedger(LedgerArrays):
         """``(device, used_slots, used_memory_mib, used_cores)`` for each GPU of a node."""
         entry = self._nodes[name]
         o = entry.offset
+        rows = slice(o, o + len(entry.devices))
         faults = self._migbook.faults
-        return [(replace(dev, health=False) if o + i in faults else dev,
-                 int(self.used_slots[o + i]), int(self.used_memory_mib[o + i]),
-                 int(self.used_cores[o + i])) for i, dev in enumerate(entry.devices)]
+        return [(replace(dev, health=False) if o + i in faults else dev, slots, memory, cores)
+                for i, (dev, slots, memory, cores) in enumerate(zip(
+                    entry.devices, self.used_slots[rows].tolist(),
+                    self.used_memory_mib[rows].tolist(), self.used_cores[rows].tolist(),
+                    strict=True))]
 
     def mig_faults(self, name: str) -> dict[str, tuple[str, ...]]:
         """GPUs of a node failed closed by MIG mismatches: UUID -> the pod uids (HAMi v2.10)."""
