@@ -13,10 +13,18 @@ from hami.core.fit import PodOptions
 from hami.core.fragmentation import WorkloadDistribution
 from hami.core.fragmentation.state import FragmentationState, node_types
 from hami.core.ledger import UsageLedger
-from hami.core.model import ContainerDevice, ContainerDeviceRequest, DeviceInfo, PodRequest
-from hami.core.prefilter import node_mask
+from hami.core.model import (
+    ContainerDevice,
+    ContainerDeviceRequest,
+    DeviceInfo,
+    MigPlacement,
+    PodRequest,
+)
+from hami.core.prefilter import _share_counts, node_mask
+from hami.sim.mig import mig_device, mig_model
 
-NODES = ("a", "b", "c", "d")
+#: Enough nodes that one or two changed ones are recounted alone, not the whole cluster.
+NODES = tuple(f"n{i}" for i in range(20))
 TYPES = ("NVIDIA-T4", "NVIDIA-A10")
 SHAPES = (ContainerDeviceRequest(1, cores_percent=30, memory_percent=30),
           ContainerDeviceRequest(2, cores_percent=50, memory_percent=50),
@@ -28,6 +36,12 @@ SHAPES = (ContainerDeviceRequest(1, cores_percent=30, memory_percent=30),
 def devices(node: str, n: int, kind: int, healthy: bool = True) -> list[DeviceInfo]:
     return [DeviceInfo(f"{node}-gpu{i}", i, 4, 16384, 100, TYPES[kind], health=healthy)
             for i in range(n)]
+
+
+def mig_devices(n: int) -> list[DeviceInfo]:
+    model = mig_model("A100-40GB")
+    assert model is not None
+    return [mig_device(f"m-gpu{i}", i, "NVIDIA-A100-SXM4-40GB", model) for i in range(n)]
 
 
 def request(shape: ContainerDeviceRequest, cpu_milli: int = 0) -> PodRequest:
@@ -48,6 +62,8 @@ op = st.one_of(
     st.tuples(st.just("add_node"), st.sampled_from(NODES), st.integers(0, 4),
               st.integers(0, 1), st.booleans(), st.integers(0, 8000)),
     st.tuples(st.just("remove_node"), st.sampled_from(NODES)),
+    st.tuples(st.just("mig_pod"), st.integers(0, 30), st.integers(0, 1), st.integers(1, 3),
+              st.booleans()),
     st.tuples(st.just("decide"),),
 )
 
@@ -58,6 +74,7 @@ def test_cached_counts_and_terms_equal_a_recount_after_any_change(ops: list[tupl
     led = UsageLedger(capacity=2)  # arrays grow during the test too
     for i, name in enumerate(NODES):
         led.add_node(name, devices(name, 2 + i % 2, i % 2), cpu_milli=8000, memory_mib=32768)
+    led.add_node("m", mig_devices(2), cpu_milli=8000, memory_mib=32768)  # MIG-mode rows
     dist = WorkloadDistribution.from_tasks([1, 1, 2, 0], [300, 1000, 500, 0],
                                            [1000, 2000, 0, 4000], [0, 0, 0, 0])
     state = fresh_terms(led, dist)
@@ -80,6 +97,13 @@ def test_cached_counts_and_terms_equal_a_recount_after_any_change(ops: list[tupl
                          memory_mib=32768)
         elif kind == "remove_node":
             led.remove_node(step[1])
+        elif kind == "mig_pod":  # instances take the GPU's slots; unreserved: fail closed
+            _, uid, gpu, count, reserved = step
+            uuid = f"m-gpu{gpu}"
+            grant = tuple(ContainerDevice(uuid, "NVIDIA-A100-SXM4-40GB", 5120, 14)
+                          for _ in range(count))
+            mig = tuple((uuid, MigPlacement(k, 1)) for k in range(count)) if reserved else ()
+            led.add_pod(f"u{uid}", "m", (grant,), cpu_milli=500, mig=mig)
         if led.version != version:  # as FragmentationScorer does: a new state
             state, version = fresh_terms(led, dist), led.version
         else:
@@ -91,6 +115,8 @@ def test_cached_counts_and_terms_equal_a_recount_after_any_change(ops: list[tupl
             assert np.array_equal(got, want)
         for shape in SHAPES:
             cached = node_mask(led, request(shape, 1000), pod)
+            counts = _share_counts(led, shape, pod).tolist()  # MIG GPUs: one per free slot
             saved, led.derived = led.derived, {}
             assert cached.tolist() == node_mask(led, request(shape, 1000), pod).tolist()
+            assert counts == _share_counts(led, shape, pod).tolist()
             led.derived = saved

@@ -154,9 +154,11 @@ def _share_counts(ledger: UsageLedger, req: ContainerDeviceRequest,
             if changed.size * 8 < count:
                 rows = ledger.node_rows(changed)
                 ok = _device_mask(ledger, req, hit.mutex, hit.allowed, rows)
-                node_of = ledger.node_of[rows]
-                hit.per_node[changed] = _devices_per_node(ledger, ok, node_of, count,
-                                                          rows)[changed]
+                if isinstance(rows, slice):  # one node: count its rows directly
+                    hit.per_node[changed] = _node_devices(ledger, ok, rows)
+                else:
+                    hit.per_node[changed] = _devices_per_node(
+                        ledger, ok, ledger.node_of[rows], count, rows)[changed]
                 return hit.per_node
         else:
             return hit.per_node
@@ -169,6 +171,15 @@ def _share_counts(ledger: UsageLedger, req: ContainerDeviceRequest,
         count, slice(0, n))
     cache[key] = _Counts(ledger.version, seq, per_node, mutex, allowed)
     return per_node
+
+
+def _node_devices(ledger: UsageLedger, ok: BoolArray, rows: slice) -> int:
+    """:func:`_devices_per_node` of the one node whose device rows are ``rows``."""
+    devices = int(np.count_nonzero(ok))
+    if ledger.has_mig_rows():
+        mig = ok & ledger.mig_mode[rows]
+        devices += int((ledger.split_count[rows][mig] - ledger.used_slots[rows][mig] - 1).sum())
+    return devices
 
 
 def _devices_per_node(ledger: UsageLedger, ok: BoolArray, node_of: IntArray,
