@@ -60,19 +60,37 @@ def test_hami_node_orders_try_nodes_in_the_stable_sort_order(nodes: int, seed: i
 @settings(max_examples=60, deadline=None)
 @given(st.integers(1, 25), st.integers(0, 10_000),
        st.sampled_from([(30, 1), (50, 1), (100, 1), (100, 2), (0, 0)]),
-       st.sampled_from(["least-free-gpu", "stable", "binpack", "random"]))
-def test_fragmentation_best_first_is_the_order(nodes: int, seed: int,
-                                               shape: tuple[int, int], tie_break: str) -> None:
+       st.sampled_from(["least-free-gpu", "stable", "binpack", "random"]), st.booleans())
+def test_fragmentation_best_first_is_the_order(nodes: int, seed: int, shape: tuple[int, int],
+                                               tie_break: str, look_ahead: bool) -> None:
     led = cluster(nodes, seed)
     idx = candidates(led, seed)
     dist = WorkloadDistribution.from_tasks([1, 1, 2, 0], [300, 1000, 1000, 0],
                                            [1000, 2000, 0, 4000], [0, 0, 0, 0])
     cores, gpus = shape
     placement = Placement(cores * 10 if gpus else 0, gpus, 1000, 0)
-    want = FragmentationScorer(dist, tie_break=tie_break, seed=seed).order(
-        led, placement, idx).tolist()
-    lazy = FragmentationScorer(dist, tie_break=tie_break, seed=seed).best_first(
-        led, placement, idx)
+    want = FragmentationScorer(dist, tie_break=tie_break, seed=seed,
+                               look_ahead=look_ahead).order(led, placement, idx).tolist()
+    lazy = FragmentationScorer(dist, tie_break=tie_break, seed=seed,
+                               look_ahead=look_ahead).best_first(led, placement, idx)
     assert [int(i) for i in lazy] == want
-    if idx.size and tie_break in ("least-free-gpu", "stable"):
+    if idx.size and tie_break in ("least-free-gpu", "stable") and not look_ahead:
         assert isinstance(lazy, BestFirst)  # the one-pass path was the one tested
+
+
+def test_fragmentation_best_first_leaves_the_look_ahead_to_the_order() -> None:
+    # n0 holds a 300m share, n1 is empty: a 300m share grows fragmentation less on n1, but
+    # the look-ahead (the next 900m task) puts n0 first; one pass over the growth alone
+    # would try n1 first.
+    mix = WorkloadDistribution.from_tasks([1] * 7, [300] * 3 + [600] * 3 + [900],
+                                          [1000] * 7, [0] * 7)
+    led = UsageLedger()
+    for n in range(2):
+        led.add_node(f"n{n}", [DeviceInfo(f"n{n}-g0", 0, 20, 16384, 100, "NVIDIA-T4")],
+                     cpu_milli=16000, memory_mib=65536)
+    led.add_pod("a", "n0", ((ContainerDevice("n0-g0", "NVIDIA", 4915, 30),),),
+                cpu_milli=1000)
+    p = Placement(request_milli=300, num_gpu=1, cpu_milli=1000, memory_mib=0)
+    idx = np.array([0, 1])
+    assert list(FragmentationScorer(mix).best_first(led, p, idx)) == [1, 0]
+    assert list(FragmentationScorer(mix, look_ahead=True).best_first(led, p, idx)) == [0, 1]

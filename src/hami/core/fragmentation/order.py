@@ -178,8 +178,10 @@ class FragmentationScorer:
                    idx: IntArray) -> IntArray | BestFirst:
         """:meth:`order` that sorts only if the caller goes past its first node: the best
         node (least growth, then :attr:`tie_break`) is found in one pass and the whole
-        order made on demand (``random`` and ``binpack`` ties: the order at once)."""
-        if idx.size == 0 or self.tie_break not in ("stable", "least-free-gpu"):
+        order made on demand (``random`` and ``binpack`` ties, or the look-ahead, which
+        re-ranks the near-best nodes: the order at once)."""
+        if (idx.size == 0 or self.tie_break not in ("stable", "least-free-gpu")
+                or self.look_ahead is not None):
             return self.order(ledger, placement, idx)
         deltas = self.node_deltas(ledger, placement, idx)
         least = deltas.min()
