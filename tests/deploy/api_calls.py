@@ -97,7 +97,7 @@ CALLS: dict[str, tuple[Call, ...]] = {
     # device plugin and monitor
     DEVICE_PLUGIN: (
         Call("get", "nodes", where=(f"{_NODE}.get_node_annotations", f"{_NODE}.node_annotations",
-                                     f"{_NODE}.release_node_lock")),
+                                     f"{_NODE}.release_node_lock", f"{_NODE}.node_versions")),
         # NodeWatch.run: fieldSelector metadata.name=<its node>
         Call("watch", "nodes", where=(f"{_NODE}.start_node_watch",
                                       "hami.deviceplugin.kubewatch:NodeWatch.run")),

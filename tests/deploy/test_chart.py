@@ -275,13 +275,41 @@ def test_device_plugin_daemonset(default: list[dict[str, Any]]) -> None:
     host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert host == {"device-plugin": "/var/lib/kubelet/device-plugins", "lib": "/usr/local/vgpu",
                     "tmp": "/tmp", "containers": "/usr/local/vgpu/containers",
-                    "tmp-hami": "/tmp/hami"}
+                    "tmp-hami": "/tmp/hami",
+                    # allocate mode auto (the default) may pick cdi: both are mounted
+                    "pod-resources": "/var/lib/kubelet/pod-resources", "cdi-specs": "/var/run/cdi"}
     mounts = {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
     assert mounts["device-plugin"] == "/var/lib/kubelet/device-plugins"
     assert mounts["lib"] == "/usr/local/vgpu" and mounts["tmp"] == "/tmp"
     assert mounts["node-config"] == "/config"
     assert {m["name"]: m["mountPath"] for m in monitor["volumeMounts"]}["containers"] == \
         "/usr/local/vgpu/containers"
+
+
+def test_allocate_mode_auto_is_the_default() -> None:
+    """The default install lets each node's plugin choose (``--allocate-mode=auto``), with
+    what mode cdi needs mounted; ``node-lock`` renders HAMi's plugin (no flag, no mounts);
+    ``cdi`` passes through; anything else fails the render."""
+    def plugin_of(objs: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
+        spec = find(objs, "DaemonSet", "hami-device-plugin")["spec"]["template"]["spec"]
+        plugin = container(spec, "device-plugin")
+        return plugin["args"], {m["name"]: m["mountPath"] for m in plugin["volumeMounts"]}
+
+    args, mounts = plugin_of(render())
+    assert "--allocate-mode=auto" in args
+    assert "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock" in args
+    assert "--cdi-spec-dir=/var/run/cdi" in args
+    assert mounts["pod-resources"] == "/var/lib/kubelet/pod-resources"
+    assert mounts["cdi-specs"] == "/var/run/cdi"
+    args, mounts = plugin_of(render({"devicePlugin": {"allocateMode": "node-lock"}}))
+    assert not [a for a in args if a.startswith(("--allocate-mode", "--pod-resources",
+                                                 "--cdi-spec"))]
+    assert "pod-resources" not in mounts and "cdi-specs" not in mounts
+    args, _ = plugin_of(render({"devicePlugin": {"allocateMode": "cdi"}}))
+    assert "--allocate-mode=cdi" in args
+    proc = helm("template", RELEASE, str(CHART), "--kube-version", "v1.37.2",
+                "--set", "devicePlugin.allocateMode=lockless")
+    assert proc.returncode != 0 and "allocateMode" in proc.stderr
 
 
 def test_device_config_loads_in_hami(default: list[dict[str, Any]], ha: list[dict[str, Any]],

@@ -28,6 +28,8 @@ class FakeKube(KubeApi):
         super().__init__(client=None)
         self.pods: dict[tuple[str, str], PodView] = {}
         self.nodes: dict[str, tuple[dict[str, str], int]] = {}
+        #: ``status.nodeInfo`` (runtime version, kubelet version) of nodes that have one.
+        self.node_info: dict[str, tuple[str, str]] = {}
         self.calls: list[str] = []
         self.fail_pod_patch = False
         self.conflicts = 0
@@ -52,6 +54,13 @@ class FakeKube(KubeApi):
                 raise KubeError(f"node {node} not found", 404)
             ann, rv = self.nodes[node]
             return dict(ann), str(rv)
+
+    def node_versions(self, node: str) -> tuple[str, str]:
+        with self.lock:
+            self.calls.append("get_node")
+            if node not in self.nodes:
+                raise KubeError(f"node {node} not found", 404)
+            return self.node_info.get(node, ("", ""))
 
     def get_pod(self, namespace: str, name: str) -> PodView | None:
         with self.lock:

@@ -2,6 +2,10 @@
 bound to one node at once, with no node lock, each container gets its own limits (from
 its CDI spec, written at PreStartContainer from the kubelet's pod-resources API).
 
+The plugin runs with ``--allocate-mode=auto`` (the chart's default): on this node's
+containerd 2.x it must choose ``cdi`` by itself (the mode then serves exactly as an
+explicit ``--allocate-mode=cdi``, which tests/node/test_cdi_mode.py covers).
+
 Needs the real node with containerd 2.x (``RealNode.cdi_dir``); where the tree's real
 node has none, the test skips (fails with ``HAMI_NODE_REQUIRED=1``).
 """
@@ -18,11 +22,11 @@ from lightkube.resources.core_v1 import Node, Pod
 
 from hami.api import names
 from hami.testing.gpubed import GpuBed, gpu_test_pod, wait_pod_done
-from hami.testing.gpubed_cli import CDI_PLUGIN_ARGS
+from hami.testing.gpubed_cli import AUTO_PLUGIN_ARGS
 from tests.realnode.conftest import running_bed, skip_or_fail
 
 SHOW_ENV = "env | grep -E '^(NVIDIA_VISIBLE_DEVICES|CUDA_DEVICE_[A-Z_0-9]*)=' | sort"
-PLUGIN_ARGS = CDI_PLUGIN_ARGS
+PLUGIN_ARGS = AUTO_PLUGIN_ARGS
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +47,9 @@ def env_of(log: str) -> dict[str, str]:
 def test_pods_bound_to_one_node_at_once_each_get_their_own_limits(bed: GpuBed) -> None:
     client = bed.client()
     node = client.get(Node, bed.node_name)
+    # auto chose cdi from what the real kubelet reports
+    assert node.status.nodeInfo.containerRuntimeVersion.startswith("containerd://2."), \
+        node.status.nodeInfo
     assert (node.metadata.annotations or {}).get(names.NODE_ALLOCATE_MODE) == "cdi"
     locks: list[str] = []
     watch_errors: list[BaseException] = []

@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from hami.testing.gpubed_cli import CDI_PLUGIN_ARGS, example_objects, parse_args, plugin_args
+from hami.testing.gpubed_cli import (
+    AUTO_PLUGIN_ARGS,
+    CDI_PLUGIN_ARGS,
+    example_objects,
+    parse_args,
+    plugin_args,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,6 +35,13 @@ def test_allocate_mode_cdi_passes_the_plugin_its_sockets() -> None:
     assert plugin_args(args.allocate_mode) == CDI_PLUGIN_ARGS
     assert "--allocate-mode=cdi" in CDI_PLUGIN_ARGS
     assert "--cdi-spec-dir=/run/cdi" in CDI_PLUGIN_ARGS  # the node's containerd reads it
+
+
+def test_allocate_mode_auto_passes_the_same_sockets() -> None:
+    args = parse_args(["up", "--allocate-mode", "auto"])
+    assert plugin_args(args.allocate_mode) == AUTO_PLUGIN_ARGS
+    assert AUTO_PLUGIN_ARGS[0] == "--allocate-mode=auto"
+    assert AUTO_PLUGIN_ARGS[1:] == CDI_PLUGIN_ARGS[1:]  # the same sockets and CDI dir
 
 
 def test_dra_and_cdi_combine() -> None:

@@ -7,14 +7,19 @@ import os
 import shutil
 import signal
 import threading
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from hami.api import names
 from hami.deviceplugin.guard import AllocationGuard
 from hami.durations import seconds
 from hami.keyring import KeyRing
+
+if TYPE_CHECKING:
+    from hami.deviceplugin.kube import KubeApi
 
 log = logging.getLogger("hami.deviceplugin")
 
@@ -104,12 +109,14 @@ def device_plugin(
              "locks the node until Allocate) or 'cdi' (per-container CDI devices filled "
              "in at PreStartContainer from the kubelet's pod-resources API; the node is "
              "annotated so that hami's scheduler binds without the lock; needs a runtime "
-             "with CDI enabled)")] = "node-lock",
+             "with CDI enabled) or 'auto' (cdi where the Node reports a runtime that "
+             "applies CDI devices by default, containerd 2.x or CRI-O 1.28+, and a kubelet "
+             "1.29+; node-lock elsewhere; chosen once at startup)")] = "node-lock",
     pod_resources_socket: Annotated[Path, typer.Option(
-        help="the kubelet's pod-resources socket (allocate mode cdi)")] = Path(
+        help="the kubelet's pod-resources socket (allocate mode cdi or auto)")] = Path(
         "/var/lib/kubelet/pod-resources/kubelet.sock"),
     cdi_spec_dir: Annotated[Path, typer.Option(
-        help="CDI spec directory of the container runtime (allocate mode cdi)")] = Path(
+        help="CDI spec directory of the container runtime (allocate mode cdi or auto)")] = Path(
         "/var/run/cdi"),
 ) -> None:
     """Kubelet device plugin: advertise GPU replicas, answer Allocate (HAMi-core 1.2)."""
@@ -165,6 +172,38 @@ def _guard(key_dir: Path | None, trust_unsigned: bool,
     return AllocationGuard(KeyRing(key_dir), scheduler_name)
 
 
+def resolve_auto(kube: KubeApi, node: str, operating_mode: str, probe_s: float,
+                 stop: threading.Event) -> str:
+    """Allocate mode ``auto`` on ``node``: ``cdi`` or ``node-lock``
+    (:func:`hami.deviceplugin.automode.choose_allocate_mode`), logged with the reason.
+
+    The Node's ``status.nodeInfo`` is read once; while it cannot be read or reports no
+    runtime version, again every second for up to ``probe_s`` seconds (or until
+    ``stop``); then ``node-lock``. Never raises."""
+    from hami.deviceplugin.automode import AutoChoice, choose_allocate_mode
+    from hami.deviceplugin.kube import KubeError
+
+    if operating_mode == "mig":
+        choice = choose_allocate_mode(None, None, operating_mode)
+    else:
+        deadline = time.monotonic() + probe_s
+        versions: tuple[str, str] = ("", "")
+        error: KubeError | None = None
+        while True:
+            try:
+                versions, error = kube.node_versions(node), None
+            except KubeError as exc:
+                error = exc
+            if (error is None and versions[0]) or time.monotonic() >= deadline \
+                    or stop.wait(1.0):
+                break
+        choice = (AutoChoice(names.ALLOCATE_MODE_NODE_LOCK,
+                             f"Node {node} could not be read: {error}")
+                  if error is not None else choose_allocate_mode(*versions, operating_mode))
+    log.info("allocate mode auto: %s (%s)", choice.mode, choice.reason)
+    return choice.mode
+
+
 def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_socket: Path,
                config_file: Path | None, node_config_file: Path | None, backend_kind: str,
                fake_inventory: Path | None, kubeconfig: Path | None, lock_dir: str,
@@ -174,7 +213,7 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
                mig_reconcile_s: float = 5.0, watch_idle_timeout_s: float = 120.0,
                guard: AllocationGuard | None = None, allocate_mode: str = "node-lock",
                pod_resources_socket: Path | None = None, cdi_spec_dir: Path | None = None,
-               cdi_sweep_s: float = 60.0) -> None:
+               cdi_sweep_s: float = 60.0, auto_probe_s: float = 30.0) -> None:
     """Build and run every loop until ``stop`` is set (SIGINT/SIGTERM set it; SIGHUP
     restarts the gRPC server). ``kube_api`` replaces the lightkube client (tests).
 
@@ -186,12 +225,15 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
 
     ``allocate_mode`` ``cdi`` (:mod:`hami.deviceplugin.cdimode`) asks the kubelet's
     ``pod_resources_socket`` at PreStartContainer, writes CDI specs into ``cdi_spec_dir``
-    and sweeps stale ones every ``cdi_sweep_s``. Raises ``PluginConfigError`` when mig
-    mode has no ``migProfileAllowlist``, for an unknown allocate mode, and for mode
-    ``cdi`` with ``operatingmode: mig``."""
+    and sweeps stale ones every ``cdi_sweep_s``. ``auto`` becomes ``cdi`` or ``node-lock``
+    once, here, from the Node's runtime and kubelet versions (:func:`resolve_auto`,
+    waiting up to ``auto_probe_s`` seconds for a readable Node). Raises
+    ``PluginConfigError`` when mig mode has no ``migProfileAllowlist``, for an unknown
+    allocate mode, and for mode ``cdi`` with ``operatingmode: mig``."""
     from hami.deviceplugin import allocate as al
     from hami.deviceplugin import mig as migmod
     from hami.deviceplugin import mps
+    from hami.deviceplugin.automode import ALLOCATE_MODE_AUTO
     from hami.deviceplugin.config import PluginConfigError, apply_node_config, from_device_config
     from hami.deviceplugin.discovery import open_backend
     from hami.deviceplugin.health import policy_from_env
@@ -213,18 +255,20 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
         raise PluginConfigError("operatingmode mig needs nvidia.migProfileAllowlist in the "
                                 "device config (HAMi v2.10; the chart's "
                                 "devices.nvidia.migProfileAllowlist)")
-    from hami.api import names
-
-    if allocate_mode not in (names.ALLOCATE_MODE_NODE_LOCK, names.ALLOCATE_MODE_CDI):
-        raise PluginConfigError(f"unknown allocate mode {allocate_mode!r} (node-lock, cdi)")
+    if allocate_mode not in (names.ALLOCATE_MODE_NODE_LOCK, names.ALLOCATE_MODE_CDI,
+                             ALLOCATE_MODE_AUTO):
+        raise PluginConfigError(f"unknown allocate mode {allocate_mode!r} "
+                                "(node-lock, cdi, auto)")
     if allocate_mode == names.ALLOCATE_MODE_CDI and cfg.operating_mode == "mig":
         raise PluginConfigError("allocate mode cdi does not serve operatingmode mig; use "
                                 "--allocate-mode node-lock")
-    gpu_backend = open_backend(backend_kind, fake_inventory)
-    gpus = gpu_backend.devices()
     kube = kube_api if isinstance(kube_api, KubeApi) else KubeApi(
         make_client(kubeconfig, watch_idle_timeout_s=watch_idle_timeout_s),
         watch_timeout_s=watch_timeout_for(watch_idle_timeout_s))
+    if allocate_mode == ALLOCATE_MODE_AUTO:
+        allocate_mode = resolve_auto(kube, node_name, cfg.operating_mode, auto_probe_s, stop)
+    gpu_backend = open_backend(backend_kind, fake_inventory)
+    gpus = gpu_backend.devices()
     lock_path = mig_apply_lock or migmod.DEFAULT_APPLY_LOCK
     mig_manager = None
     if cfg.operating_mode == "mig":

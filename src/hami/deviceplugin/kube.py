@@ -111,6 +111,24 @@ class KubeApi:
             raise KubeError(f"{type(exc).__name__}: {exc}") from None
         return dict(n.metadata.annotations or {}), n.metadata.resourceVersion or ""
 
+    def node_versions(self, node: str) -> tuple[str, str]:
+        """``(containerRuntimeVersion, kubeletVersion)`` from the Node's
+        ``status.nodeInfo`` (e.g. ``("containerd://2.4.2", "v1.31.0")``; ``""`` where
+        the kubelet reported nothing). Raises :class:`KubeError`."""
+        from lightkube import ApiError
+        from lightkube.resources.core_v1 import Node
+
+        try:
+            n = self.client.get(Node, node)
+        except ApiError as exc:
+            raise _api_error(exc) from None
+        except Exception as exc:  # noqa: BLE001 - transport (connect/TLS/timeout): retryable
+            raise KubeError(f"{type(exc).__name__}: {exc}") from None
+        info = n.status.nodeInfo if n.status is not None else None
+        if info is None:
+            return "", ""
+        return info.containerRuntimeVersion or "", info.kubeletVersion or ""
+
     def get_pod(self, namespace: str, name: str) -> PodView | None:
         """The pod, or None when it does not exist. Raises :class:`KubeError`."""
         from lightkube import ApiError

@@ -9,6 +9,8 @@ Options choose how the node serves GPU pods:
 * ``--allocate-mode cdi``: the device plugin answers a CDI device per container and writes
   the limits at ``PreStartContainer`` from the kubelet's pod-resources API; no node lock
   (docs/performance.md, "Allocate mode cdi");
+* ``--allocate-mode auto``: the device plugin chooses from the Node's runtime and kubelet
+  versions (the chart's default); the bed's containerd 2.x makes it ``cdi``;
 * ``--dra``: DRA mode next to it (:func:`hami.testing.dranode.start_dra`:
   kube-controller-manager, the DeviceClass, ``hami dra-plugin`` publishing the node's
   ResourceSlice); the example is then the pod as hami's DRA webhook rewrites it (a
@@ -33,7 +35,9 @@ from hami.testing.gpubed import GpuBed, gpu_test_pod
 CDI_PLUGIN_ARGS = ("--allocate-mode=cdi",
                    "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
                    "--cdi-spec-dir=/run/cdi")
-ALLOCATE_MODES = ("node-lock", "cdi")
+#: Allocate mode auto with the same sockets (the plugin picks cdi on the bed's containerd 2.x).
+AUTO_PLUGIN_ARGS = ("--allocate-mode=auto", *CDI_PLUGIN_ARGS[1:])
+ALLOCATE_MODES = ("node-lock", "cdi", "auto")
 #: The example pod's command: a 512 MiB slice allocated whole, then one byte more.
 EXAMPLE_COMMAND = "vgtest init info alloc mem 536870912 0 alloc mem 1 2 info"
 
@@ -50,8 +54,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--node", default="gpu-node-0", help="the Node's name")
     parser.add_argument("--allocate-mode", choices=ALLOCATE_MODES, default="node-lock",
                         help="the device plugin's allocate mode: node-lock (HAMi's "
-                             "protocol) or cdi (no node lock; CDI specs written at "
-                             "PreStartContainer)")
+                             "protocol), cdi (no node lock; CDI specs written at "
+                             "PreStartContainer) or auto (the plugin chooses from the "
+                             "Node's runtime version)")
     parser.add_argument("--dra", action="store_true",
                         help="also run DRA mode (kube-controller-manager, hami "
                              "dra-plugin); the example pod then uses a ResourceClaim")
@@ -67,7 +72,7 @@ def plugin_args(allocate_mode: str) -> tuple[str, ...]:
     """
     if allocate_mode not in ALLOCATE_MODES:
         raise ValueError(f"allocate mode {allocate_mode!r}: expected one of {ALLOCATE_MODES}")
-    return CDI_PLUGIN_ARGS if allocate_mode == "cdi" else ()
+    return {"cdi": CDI_PLUGIN_ARGS, "auto": AUTO_PLUGIN_ARGS}.get(allocate_mode, ())
 
 
 def example_objects(dra: bool) -> list[dict[str, Any]]:
