@@ -102,6 +102,10 @@ def test_device_plugin_daemonset_pod_installs_libvgpu_and_registers_gpus(
     node = client.get(Node, chart.node_name)
     assert node.status.allocatable["nvidia.com/gpu"] == "20"  # 2 fake cards x split 10
     assert "GPU-5a1e0000-0000-4000-8000-000000000001" in node.metadata.annotations["hami.io/node-nvidia-register"]
+    # the chart's default allocate mode (auto) on this node's containerd 2.x: lock-free
+    assert node.status.nodeInfo.containerRuntimeVersion.startswith("containerd://2.")
+    assert node.metadata.annotations.get("hami.io/node-allocate-mode") == "cdi", \
+        chart.node.container_log(NAMESPACE, pod.metadata.name, "device-plugin")
 
 
 def test_gpu_pod_runs_with_its_memory_slice_enforced(chart: ChartBed, client: Any) -> None:
