@@ -29,7 +29,8 @@ import numpy as np
 
 from hami.core.fragmentation.lookahead import LookAhead
 from hami.core.fragmentation.measure import WHOLE, FloatArray, IntArray, WorkloadDistribution
-from hami.core.fragmentation.state import FragmentationState, node_types
+from hami.core.fragmentation.scalar import node_growth, share_growth
+from hami.core.fragmentation.state import FEW_NODES, FragmentationState, node_types
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +132,22 @@ class FragmentationScorer:
         stale = idx[seen[idx] != state.node_version[idx]]
         if stale.size:
             seen[stale] = state.node_version[stale]
-            best[stale] = self._compute(state, placement, stale)
+            if stale.size <= FEW_NODES:  # usually the one node the last pod went to
+                best[stale] = [self._compute_one(state, placement, i) for i in stale.tolist()]
+            else:
+                best[stale] = self._compute(state, placement, stale)
         result: FloatArray = best[idx]
         return result
+
+    @staticmethod
+    def _compute_one(state: FragmentationState, p: Placement, node: int) -> float:
+        """:meth:`_compute` for one node, in plain Python."""
+        row = state.row(node)
+        if p.num_gpu == 1 and 0 < p.request_milli < WHOLE:
+            return share_growth(row, state.classes, request_milli=p.request_milli,
+                                cpu_milli=p.cpu_milli, memory_mib=p.memory_mib)
+        return node_growth(row, state.classes, request_milli=p.request_milli,
+                           num_gpu=p.num_gpu, cpu_milli=p.cpu_milli, memory_mib=p.memory_mib)
 
     def _compute(self, state: FragmentationState, p: Placement, nodes: IntArray) -> FloatArray:
         if not (p.num_gpu == 1 and 0 < p.request_milli < WHOLE):

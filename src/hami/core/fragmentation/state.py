@@ -29,6 +29,11 @@ from hami.core.fragmentation.measure import (
     model_mask,
     share_delta,
 )
+from hami.core.fragmentation.scalar import Classes, NodeRow, node_row
+
+#: Up to this many changed nodes are refreshed one by one in plain Python
+#: (:mod:`~hami.core.fragmentation.scalar`), more at once with numpy.
+FEW_NODES = 4
 
 
 class FragmentationState:
@@ -42,6 +47,8 @@ class FragmentationState:
 
     def __init__(self, dist: WorkloadDistribution, node_types: Sequence[str]) -> None:
         self.dist = dist
+        #: ``dist``'s columns as Python numbers, for the nodes refreshed one by one.
+        self.classes = Classes.of(dist)
         self.node_types = list(node_types)
         self.models_ok = model_mask(self.node_types, dist)
         n = len(node_types)
@@ -55,6 +62,9 @@ class FragmentationState:
         self._sums: tuple[IntArray, ...] | None = None
         self._dev_order = np.zeros(0, dtype=np.int64)
         self._ptr = np.zeros(n + 1, dtype=np.int64)
+        self._ptr_list: list[int] = [0] * (n + 1)
+        #: Per node, ``(node_version, row)``: its state as Python numbers (:meth:`row`).
+        self._rows: dict[int, tuple[int, NodeRow]] = {}
         self.node_of: IntArray = np.zeros(0, dtype=np.int64)
         #: Bumped for a node each time its statistics change (drives callers' caches).
         self.node_version = np.zeros(n, dtype=np.int64)
@@ -68,6 +78,7 @@ class FragmentationState:
         recomputed, vectorised, at the next :meth:`refresh` or
         :meth:`refresh_from_ledger`, as a new state would compute them."""
         self.dist = dist
+        self.classes = Classes.of(dist)
         self.models_ok = model_mask(self.node_types, dist)
         n = self.total.shape[0]
         self.s = np.zeros((n, dist.size))
@@ -104,6 +115,7 @@ class FragmentationState:
         self._dev_order = valid[np.argsort(self.node_of[valid], kind="stable")]
         counts = np.bincount(self.node_of[valid], minlength=n)[:n]
         self._ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._ptr_list = self._ptr.tolist()
 
     def devices_of(self, nodes: IntArray) -> IntArray:
         """Device indices of ``nodes`` (concatenated in node order)."""
@@ -118,6 +130,11 @@ class FragmentationState:
         if changed_nodes.size == 0:
             return
         assert self._free is not None
+        if changed_nodes.size <= FEW_NODES:
+            ptr, dev_order, free = self._ptr_list, self._dev_order, self._free
+            for i in changed_nodes.tolist():
+                self._set_row(i, free[dev_order[ptr[i]:ptr[i + 1]]].tolist())
+            return
         self.node_version[changed_nodes] += 1
         n = self.total.shape[0]
         if changed_nodes.size == n:
@@ -138,6 +155,30 @@ class FragmentationState:
         self.frag[changed_nodes] = fragment(
             total, s, c, self.cpu_free[changed_nodes], self.mem_free[changed_nodes],
             self.models_ok[changed_nodes], self.dist) @ self.dist.weight
+
+    def _set_row(self, i: int, free: list[int]) -> None:
+        """Node ``i``'s terms from its GPUs' free shares, in plain Python."""
+        row = node_row(free, int(self.cpu_free[i]), int(self.mem_free[i]),
+                       self.models_ok[i].tolist(), self.classes)
+        version = int(self.node_version[i]) + 1
+        self.node_version[i] = version
+        self.total[i], self.s[i], self.c[i], self.frag[i] = row.total, row.s, row.c, row.frag
+        self._rows[i] = (version, row)
+
+    def row(self, i: int) -> NodeRow:
+        """Node ``i``'s current state and terms as Python numbers (kept per node version)."""
+        version = int(self.node_version[i])
+        hit = self._rows.get(i)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        assert self._free is not None
+        devices = self._dev_order[self._ptr_list[i]:self._ptr_list[i + 1]]
+        row = NodeRow(tuple(self._free[devices].tolist()), int(self.cpu_free[i]),
+                      int(self.mem_free[i]), tuple(self.models_ok[i].tolist()),
+                      float(self.total[i]), tuple(self.s[i].tolist()),
+                      tuple(self.c[i].tolist()), float(self.frag[i]))
+        self._rows[i] = (version, row)
+        return row
 
     def refresh_from_ledger(self, ledger: Any) -> None:
         """:meth:`refresh` reading a :class:`~hami.core.ledger.UsageLedger`, cheaply.
@@ -161,6 +202,9 @@ class FragmentationState:
                 self._update_nodes(np.arange(self.total.shape[0]))
                 self._all_stale = False
             return
+        if changed.size <= FEW_NODES and not self._all_stale:
+            self._refresh_few(ledger, changed.tolist(), sums)
+            return
         for new, old in zip(sums, self._sums, strict=True):
             old[changed] = new[changed]
         devs = self.devices_of(changed)
@@ -176,6 +220,28 @@ class FragmentationState:
             arr[changed] = np.where(t < 0, UNLIMITED, t - used[changed])
         self._update_nodes(np.arange(self.total.shape[0]) if self._all_stale else changed)
         self._all_stale = False
+
+    def _refresh_few(self, ledger: Any, nodes: list[int], sums: tuple[IntArray, ...]) -> None:
+        """:meth:`refresh_from_ledger` for a few changed ``nodes``, one by one in plain
+        Python (the same free shares, free CPU and memory, and terms)."""
+        assert self._free is not None and self._sums is not None
+        ptr, dev_order = self._ptr_list, self._dev_order
+        for i in nodes:
+            for new, old in zip(sums, self._sums, strict=True):
+                old[i] = new[i]
+            devs = dev_order[ptr[i]:ptr[i + 1]]
+            free = [(cores - used) * 1000 // max(cores, 1) if healthy and slots < split else 0
+                    for cores, used, healthy, slots, split in zip(
+                        ledger.total_cores[devs].tolist(), ledger.used_cores[devs].tolist(),
+                        ledger.healthy[devs].tolist(), ledger.used_slots[devs].tolist(),
+                        ledger.split_count[devs].tolist(), strict=True)]
+            self._free[devs] = free
+            cpu_total, mem_total = int(ledger.cpu_milli_total[i]), int(ledger.memory_mib_total[i])
+            self.cpu_free[i] = (UNLIMITED if cpu_total < 0
+                                else cpu_total - int(ledger.cpu_milli_used[i]))
+            self.mem_free[i] = (UNLIMITED if mem_total < 0
+                                else mem_total - int(ledger.memory_mib_used[i]))
+            self._set_row(i, free)
 
     def delta_nodes(self, nodes: IntArray, *, request_milli: int, num_gpu: int,
                     cpu_milli: int, memory_mib: int) -> FloatArray:
