@@ -301,7 +301,8 @@ def frag_delta(total: FloatArray, s: FloatArray, c: FloatArray, before: FloatArr
 def share_delta(total: FloatArray, s: FloatArray, c: FloatArray, before: FloatArray,
                 host: BoolArray, dist: WorkloadDistribution, node_of_row: IntArray,
                 device_free: IntArray, *, request_milli: int,
-                work: Workspace | None = None) -> FloatArray:
+                work: Workspace | None = None,
+                shares: tuple[IntArray, IntArray] | None = None) -> FloatArray:
     """:func:`frag_delta` of a GPU share, one row per candidate device, computed faster.
 
     ``total``/``s``/``c``/``before`` are per node (``[N]``, ``[N, K]``); ``host[n, k]``:
@@ -310,33 +311,37 @@ def share_delta(total: FloatArray, s: FloatArray, c: FloatArray, before: FloatAr
     (``>= request_milli``) free. The change of ``S`` and ``C`` that taking the share from
     a device causes depends on the device's free share alone, so it is computed once per
     distinct free share and added to the node's terms. Same values as :func:`frag_delta`
-    (the terms are whole numbers, exact in float64). ``work`` (reused between calls)
-    holds the ``[R, K]`` intermediates: fresh large arrays cost page faults.
+    (the terms are whole numbers, exact in float64). ``shares``, when the caller has it,
+    is :func:`distinct_shares` of ``device_free``. ``work`` (reused between calls) holds
+    the intermediates, class-major (``[K, R]``: numpy broadcasts a per-row value along a
+    long contiguous row fast, along ``K`` short ones slowly); fresh large arrays cost
+    page faults.
     """
-    need = dist.need()[None, :]
-    values, row_value = distinct_shares(device_free)
-    f = values.astype(np.float64)[:, None]
+    need = dist.need()[:, None]
+    values, row_value = distinct_shares(device_free) if shares is None else shares
+    f = values.astype(np.float64)[None, :]
     g = f - request_milli
-    d_s = np.where(g < need, g, 0.0) - np.where(f < need, f, 0.0)
+    d_s = np.where(g < need, g, 0.0) - np.where(f < need, f, 0.0)  # [K, V]
     d_c = (g >= need).astype(np.float64) - (f >= need)
     rows = node_of_row.shape[0]
-    s2, c2, tmp, ok = (work or Workspace()).arrays(rows, dist.size)
-    np.take(s, node_of_row, axis=0, out=s2)
-    s2 += np.take(d_s, row_value, axis=0, out=tmp)
-    np.take(c, node_of_row, axis=0, out=c2)
-    c2 += np.take(d_c, row_value, axis=0, out=tmp)
-    np.greater_equal(c2, dist.num_gpu[None, :], out=ok)
-    ok |= dist.num_gpu[None, :] == 0
-    ok &= np.take(host, node_of_row, axis=0)
-    np.copyto(c2, (total[node_of_row] - request_milli)[:, None])
+    s2, c2, tmp, ok = (work or Workspace()).arrays(dist.size, rows)
+    np.take(s.T, node_of_row, axis=1, out=s2)
+    s2 += np.take(d_s, row_value, axis=1, out=tmp)
+    np.take(c.T, node_of_row, axis=1, out=c2)
+    c2 += np.take(d_c, row_value, axis=1, out=tmp)
+    # The class still has its GPUs (-inf: it needs none), and its model, CPU and memory.
+    gpus = np.where(dist.num_gpu == 0, -np.inf, dist.num_gpu.astype(np.float64))
+    np.greater_equal(c2, gpus[:, None], out=ok)
+    ok &= np.take(host.T, node_of_row, axis=1)
+    np.copyto(c2, (total[node_of_row] - request_milli)[None, :])
     np.copyto(c2, s2, where=ok)  # F_n(k) after: S where the class still runs, else T
-    after = c2 @ dist.weight
+    after = dist.weight @ c2
     result: FloatArray = np.round(after - before[node_of_row], 6)
     return result
 
 
 class Workspace:
-    """Reusable ``[R, K]`` arrays (three float, one bool) for :func:`share_delta`.
+    """Reusable 2-D arrays (three float, one bool) for :func:`share_delta`.
 
     One flat buffer per kind, grown to twice what is asked, so that a new request shape
     or a relearned mix with more classes usually finds it large enough."""
@@ -347,7 +352,8 @@ class Workspace:
 
     def arrays(self, rows: int, k: int
                ) -> tuple[FloatArray, FloatArray, FloatArray, BoolArray]:
-        """Three float and one bool C-contiguous ``[rows, k]`` arrays, contents undefined."""
+        """Three float and one bool C-contiguous ``[rows, k]`` arrays, contents undefined
+        (:func:`share_delta` asks for ``[K, R]``)."""
         size = rows * k
         if self._b.size < size:
             self._f = np.empty(6 * size)

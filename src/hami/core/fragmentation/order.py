@@ -157,8 +157,11 @@ class FragmentationScorer:
         assert state._free is not None
         free, node_of = state._free, state.node_of
         n = state.total.shape[0]
-        devices = state.devices_of(nodes) if nodes.size < n // 2 else np.flatnonzero(node_of >= 0)
-        devices = devices[free[devices] >= p.request_milli]
+        if nodes.size < n // 2:
+            devices = state.devices_of(nodes)
+            devices = devices[free[devices] >= p.request_milli]
+        else:
+            devices = np.flatnonzero((node_of >= 0) & (free >= p.request_milli))
         best = np.full(n, np.inf)
         if devices.size:
             where, least = state.least_share_delta(devices, request_milli=p.request_milli,

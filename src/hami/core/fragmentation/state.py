@@ -282,28 +282,35 @@ class FragmentationState:
         else:
             values, of_value = distinct_shares(free)
             n, v = self.total.shape[0], values.size
+            shares: tuple[IntArray, IntArray] | None = None
             if n * v <= 8 * devices.size:  # a [nodes, shares] count: no sort
                 counts = np.bincount(nodes * v + of_value, minlength=n * v)[:n * v]
                 nodes, of_value = np.nonzero(counts.reshape(n, v))  # by node, then share
                 free = values[of_value]
+                shares = values, of_value
             else:  # many distinct shares: sort instead of a large count
                 keys = np.unique(nodes * (WHOLE + 1) + free)
                 nodes, free = keys // (WHOLE + 1), keys % (WHOLE + 1)
             deltas = share_delta(self.total, self.s, self.c, self.frag,
                                  self._host_after(cpu_milli, memory_mib), self.dist, nodes,
-                                 free, request_milli=request_milli, work=self._work)
-        starts = np.flatnonzero(np.r_[True, nodes[1:] != nodes[:-1]])
+                                 free, request_milli=request_milli, work=self._work,
+                                 shares=shares)
+        first = np.empty(nodes.size, dtype=np.bool_)
+        first[:1] = True
+        np.not_equal(nodes[1:], nodes[:-1], out=first[1:])
+        starts = np.flatnonzero(first)
         least: FloatArray = np.minimum.reduceat(deltas, starts)
         return nodes[starts], least
 
     def _host_after(self, cpu_milli: int, memory_mib: int) -> BoolArray:
         """``[N, K]``: class ``k`` accepts node ``n``'s GPU model and fits its CPU and
-        memory once ``cpu_milli``/``memory_mib`` more are used there."""
+        memory once ``cpu_milli``/``memory_mib`` more are used there (the transpose of a
+        ``[K, N]`` array: :func:`share_delta` reads it class-major)."""
         d = self.dist
-        ok: BoolArray = (self.models_ok
-                         & ((self.cpu_free - cpu_milli)[:, None] >= d.cpu_milli[None, :])
-                         & ((self.mem_free - memory_mib)[:, None] >= d.memory_mib[None, :]))
-        return ok
+        ok: BoolArray = (self.cpu_free - cpu_milli)[None, :] >= d.cpu_milli[:, None]
+        ok &= (self.mem_free - memory_mib)[None, :] >= d.memory_mib[:, None]
+        ok &= self.models_ok.T
+        return ok.T
 
 
 #: A CPU or memory capacity the ledger does not check (``-1``) counts as unlimited.
