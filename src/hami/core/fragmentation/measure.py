@@ -308,36 +308,52 @@ def share_delta(total: FloatArray, s: FloatArray, c: FloatArray, before: FloatAr
     ``total``/``s``/``c``/``before`` are per node (``[N]``, ``[N, K]``); ``host[n, k]``:
     class ``k`` accepts node ``n``'s GPU model and fits its CPU and memory after the
     request; row ``i`` is a device of node ``node_of_row[i]`` with ``device_free[i]``
-    (``>= request_milli``) free. The change of ``S`` and ``C`` that taking the share from
-    a device causes depends on the device's free share alone, so it is computed once per
-    distinct free share and added to the node's terms. Same values as :func:`frag_delta`
-    (the terms are whole numbers, exact in float64). ``shares``, when the caller has it,
-    is :func:`distinct_shares` of ``device_free``. ``work`` (reused between calls) holds
-    the intermediates, class-major (``[K, R]``: numpy broadcasts a per-row value along a
-    long contiguous row fast, along ``K`` short ones slowly); fresh large arrays cost
-    page faults.
+    (``>= request_milli``) free. Same values as :func:`frag_delta` (the terms are whole
+    numbers, exact in float64); see :func:`share_after` for ``work`` and ``shares``.
     """
+    after = share_after(total, s, c, host, dist, node_of_row, device_free,
+                        request_milli=request_milli, work=work, shares=shares)
+    result: FloatArray = np.round(after - before[node_of_row], 6)
+    return result
+
+
+def share_after(total: FloatArray, s: FloatArray, c: FloatArray, host: BoolArray,
+                dist: WorkloadDistribution, node_of_row: IntArray, device_free: IntArray, *,
+                request_milli: int, work: Workspace | None = None,
+                shares: tuple[IntArray, IntArray] | None = None) -> FloatArray:
+    """The expected fragmentation ``F_n`` after the GPU share, one value per row of
+    :func:`share_delta` (which subtracts ``F_n`` before and rounds).
+
+    The change of ``S`` and ``C`` that taking the share from a device causes depends on
+    the device's free share alone, so it is computed once per distinct free share and
+    added to the node's terms. ``shares``, when the caller has it, is
+    :func:`distinct_shares` of ``device_free``. ``work`` (reused between calls) holds the
+    intermediates, class-major (``[K, R]``: numpy broadcasts a per-row value along long
+    contiguous rows fast, along ``K`` short ones slowly); fresh large arrays cost page
+    faults.
+    """
+    k = dist.size
     need = dist.need()[:, None]
     values, row_value = distinct_shares(device_free) if shares is None else shares
     f = values.astype(np.float64)[None, :]
     g = f - request_milli
-    d_s = np.where(g < need, g, 0.0) - np.where(f < need, f, 0.0)  # [K, V]
-    d_c = (g >= need).astype(np.float64) - (f >= need)
+    change = np.empty((2 * k, values.size))  # [K, V] change of S, then of C
+    np.subtract(np.where(g < need, g, 0.0), np.where(f < need, f, 0.0), out=change[:k])
+    np.subtract(g >= need, (f >= need).astype(np.float64), out=change[k:])
     rows = node_of_row.shape[0]
-    s2, c2, tmp, ok = (work or Workspace()).arrays(dist.size, rows)
-    np.take(s.T, node_of_row, axis=1, out=s2)
-    s2 += np.take(d_s, row_value, axis=1, out=tmp)
-    np.take(c.T, node_of_row, axis=1, out=c2)
-    c2 += np.take(d_c, row_value, axis=1, out=tmp)
+    terms, tmp, _, ok = (work or Workspace()).arrays(2 * k, rows)
+    np.take(np.concatenate((s.T, c.T)), node_of_row, axis=1, out=terms, mode="clip")
+    terms += np.take(change, row_value, axis=1, out=tmp, mode="clip")
+    s2, c2, frag = terms[:k], terms[k:], tmp[:k]
     # The class still has its GPUs (-inf: it needs none), and its model, CPU and memory.
     gpus = np.where(dist.num_gpu == 0, -np.inf, dist.num_gpu.astype(np.float64))
-    np.greater_equal(c2, gpus[:, None], out=ok)
-    ok &= np.take(host.T, node_of_row, axis=1)
-    np.copyto(c2, (total[node_of_row] - request_milli)[None, :])
-    np.copyto(c2, s2, where=ok)  # F_n(k) after: S where the class still runs, else T
-    after = dist.weight @ c2
-    result: FloatArray = np.round(after - before[node_of_row], 6)
-    return result
+    host_ok = ok[:k]
+    np.greater_equal(c2, gpus[:, None], out=host_ok)
+    host_ok &= np.take(host.T, node_of_row, axis=1, mode="clip")
+    np.copyto(frag, (total[node_of_row] - request_milli)[None, :])
+    np.copyto(frag, s2, where=host_ok)  # F_n(k) after: S where the class still runs, else T
+    after: FloatArray = dist.weight @ frag
+    return after
 
 
 class Workspace:

@@ -27,7 +27,7 @@ from hami.core.fragmentation.measure import (
     frag_delta,
     fragment,
     model_mask,
-    share_delta,
+    share_after,
 )
 from hami.core.fragmentation.scalar import Classes, NodeRow, node_row
 
@@ -285,16 +285,23 @@ class FragmentationState:
             shares: tuple[IntArray, IntArray] | None = None
             if n * v <= 8 * devices.size:  # a [nodes, shares] count: no sort
                 counts = np.bincount(nodes * v + of_value, minlength=n * v)[:n * v]
-                nodes, of_value = np.nonzero(counts.reshape(n, v))  # by node, then share
+                nodes, of_value = np.divmod(np.flatnonzero(counts), v)  # by node, share
                 free = values[of_value]
                 shares = values, of_value
             else:  # many distinct shares: sort instead of a large count
                 keys = np.unique(nodes * (WHOLE + 1) + free)
                 nodes, free = keys // (WHOLE + 1), keys % (WHOLE + 1)
-            deltas = share_delta(self.total, self.s, self.c, self.frag,
-                                 self._host_after(cpu_milli, memory_mib), self.dist, nodes,
-                                 free, request_milli=request_milli, work=self._work,
-                                 shares=shares)
+            after = share_after(self.total, self.s, self.c,
+                                self._host_after(cpu_milli, memory_mib), self.dist, nodes,
+                                free, request_milli=request_milli, work=self._work,
+                                shares=shares)
+            # The least growth is the least F_n after, less F_n before, rounded: both
+            # steps keep the order, so as the least of the rounded growths per row.
+            least_after = np.full(n, np.inf)
+            np.minimum.at(least_after, nodes, after)
+            found = np.flatnonzero(least_after < np.inf)
+            grown: FloatArray = np.round(least_after[found] - self.frag[found], 6)
+            return found, grown
         first = np.empty(nodes.size, dtype=np.bool_)
         first[:1] = True
         np.not_equal(nodes[1:], nodes[:-1], out=first[1:])
