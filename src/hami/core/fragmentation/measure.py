@@ -202,8 +202,7 @@ def distinct_shares(free_milli: IntArray) -> tuple[IntArray, IntArray]:
     position among them (``values[of_value] == free_milli``)."""
     free = np.asarray(free_milli, dtype=np.int64)
     if free.size and free.min() >= 0 and free.max() <= WHOLE:  # the usual range: no sort
-        present = np.zeros(WHOLE + 1, dtype=np.int64)
-        present[free] = 1
+        present = np.bincount(free, minlength=WHOLE + 1) > 0
         values: IntArray = np.flatnonzero(present)
         of_value: IntArray = (np.cumsum(present) - 1)[free]
         return values, of_value

@@ -30,6 +30,7 @@ from hami.core.fragmentation.measure import (
     share_after,
 )
 from hami.core.fragmentation.scalar import Classes, NodeRow, node_row
+from hami.core.fragmentation.shares import least_share_after
 
 #: Up to this many changed nodes are refreshed one by one in plain Python
 #: (:mod:`~hami.core.fragmentation.scalar`), more at once with numpy.
@@ -282,23 +283,21 @@ class FragmentationState:
         else:
             values, of_value = distinct_shares(free)
             n, v = self.total.shape[0], values.size
-            shares: tuple[IntArray, IntArray] | None = None
-            if n * v <= 8 * devices.size:  # a [nodes, shares] count: no sort
-                counts = np.bincount(nodes * v + of_value, minlength=n * v)[:n * v]
-                nodes, of_value = np.divmod(np.flatnonzero(counts), v)  # by node, share
-                free = values[of_value]
-                shares = values, of_value
-            else:  # many distinct shares: sort instead of a large count
+            host = self._host_after(cpu_milli, memory_mib)
+            if n * v <= 8 * devices.size:  # a [shares, nodes] table, every node at once
+                lacks = np.bincount(of_value * n + nodes, minlength=v * n)[:v * n] == 0
+                least_after = least_share_after(self.total, self.s, self.c, host, self.dist,
+                                                values, lacks.reshape(v, n),
+                                                request_milli=request_milli)
+            else:  # many distinct shares: one row per (node, share), found by sorting
                 keys = np.unique(nodes * (WHOLE + 1) + free)
                 nodes, free = keys // (WHOLE + 1), keys % (WHOLE + 1)
-            after = share_after(self.total, self.s, self.c,
-                                self._host_after(cpu_milli, memory_mib), self.dist, nodes,
-                                free, request_milli=request_milli, work=self._work,
-                                shares=shares)
+                after = share_after(self.total, self.s, self.c, host, self.dist, nodes, free,
+                                    request_milli=request_milli, work=self._work)
+                least_after = np.full(n, np.inf)
+                np.minimum.at(least_after, nodes, after)
             # The least growth is the least F_n after, less F_n before, rounded: both
             # steps keep the order, so as the least of the rounded growths per row.
-            least_after = np.full(n, np.inf)
-            np.minimum.at(least_after, nodes, after)
             found = np.flatnonzero(least_after < np.inf)
             grown: FloatArray = np.round(least_after[found] - self.frag[found], 6)
             return found, grown
