@@ -161,6 +161,11 @@ class FragmentationScorer:
             devices = state.devices_of(nodes)
             devices = devices[free[devices] >= p.request_milli]
         else:
+            every = state.least_share_all(request_milli=p.request_milli,
+                                          cpu_milli=p.cpu_milli, memory_mib=p.memory_mib)
+            if every is not None:
+                result: FloatArray = every[nodes]
+                return result
             devices = np.flatnonzero((node_of >= 0) & (free >= p.request_milli))
         best = np.full(n, np.inf)
         if devices.size:
@@ -168,8 +173,7 @@ class FragmentationScorer:
                                                    cpu_milli=p.cpu_milli,
                                                    memory_mib=p.memory_mib)
             best[where] = least
-        result: FloatArray = best[nodes]
-        return result
+        return best[nodes]
 
     def best_device(self, ledger: Any, placement: Placement, node: int) -> int | None:
         """For a GPU share on node ``node``: the ledger device index whose use grows

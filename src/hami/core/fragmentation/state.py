@@ -30,7 +30,7 @@ from hami.core.fragmentation.measure import (
     share_after,
 )
 from hami.core.fragmentation.scalar import Classes, NodeRow, node_row
-from hami.core.fragmentation.shares import least_share_after
+from hami.core.fragmentation.shares import SlotTable, least_share_after, least_share_after_all
 
 #: Up to this many changed nodes are refreshed one by one in plain Python
 #: (:mod:`~hami.core.fragmentation.scalar`), more at once with numpy.
@@ -66,6 +66,7 @@ class FragmentationState:
         self._ptr_list: list[int] = [0] * (n + 1)
         #: Per node, ``(node_version, row)``: its state as Python numbers (:meth:`row`).
         self._rows: dict[int, tuple[int, NodeRow]] = {}
+        self._slots: SlotTable | None = None
         self.node_of: IntArray = np.zeros(0, dtype=np.int64)
         #: Bumped for a node each time its statistics change (drives callers' caches).
         self.node_version = np.zeros(n, dtype=np.int64)
@@ -104,6 +105,8 @@ class FragmentationState:
             changed |= (self.cpu_free != cpu_free) | (self.mem_free != mem_free)
             changed_nodes = np.flatnonzero(changed)
         self._free = free_milli.copy()
+        if self._slots is not None:
+            self._slots.fresh = False
         self.cpu_free = cpu_free.copy()
         self.mem_free = mem_free.copy()
         self._update_nodes(np.arange(n) if self._all_stale else changed_nodes)
@@ -117,6 +120,7 @@ class FragmentationState:
         counts = np.bincount(self.node_of[valid], minlength=n)[:n]
         self._ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._ptr_list = self._ptr.tolist()
+        self._slots = None
 
     def devices_of(self, nodes: IntArray) -> IntArray:
         """Device indices of ``nodes`` (concatenated in node order)."""
@@ -213,6 +217,8 @@ class FragmentationState:
         free = (ledger.total_cores[devs] - ledger.used_cores[devs]) * 1000 // total_cores
         usable = ledger.healthy[devs] & (ledger.used_slots[devs] < ledger.split_count[devs])
         self._free[devs] = np.where(usable, free, 0)
+        if self._slots is not None:
+            self._slots.fresh = False
         for arr, total_arr, used in ((self.cpu_free, ledger.cpu_milli_total,
                                       ledger.cpu_milli_used),
                                      (self.mem_free, ledger.memory_mib_total,
@@ -237,6 +243,8 @@ class FragmentationState:
                         ledger.healthy[devs].tolist(), ledger.used_slots[devs].tolist(),
                         ledger.split_count[devs].tolist(), strict=True)]
             self._free[devs] = free
+            if self._slots is not None and self._slots.fresh:
+                self._slots.set_node(i, free)
             cpu_total, mem_total = int(ledger.cpu_milli_total[i]), int(ledger.memory_mib_total[i])
             self.cpu_free[i] = (UNLIMITED if cpu_total < 0
                                 else cpu_total - int(ledger.cpu_milli_used[i]))
@@ -261,6 +269,24 @@ class FragmentationState:
                           self.dist, request_milli=request_milli, num_gpu=1,
                           cpu_milli=cpu_milli, memory_mib=memory_mib,
                           device_free=device_free[devices].astype(np.float64))
+
+    def least_share_all(self, *, request_milli: int, cpu_milli: int,
+                        memory_mib: int) -> FloatArray | None:
+        """``[N]``: per node the least :meth:`delta_devices` of a GPU share over all its
+        GPUs with at least ``request_milli`` free (``inf`` for a node without one),
+        computed for the whole cluster at once (:func:`least_share_after_all`); None
+        when the free shares do not suit that (then :meth:`least_share_delta`)."""
+        assert self._free is not None
+        if self._slots is None:
+            self._slots = SlotTable(self._dev_order, self._ptr)
+        least_after = least_share_after_all(
+            self._slots, self._free, self.total, self.s, self.c,
+            self._host_after(cpu_milli, memory_mib), self.dist, request_milli=request_milli,
+            work=self._work)
+        if least_after is None:
+            return None
+        grown: FloatArray = np.round(least_after - self.frag, 6)  # inf stays inf
+        return grown
 
     def least_share_delta(self, devices: IntArray, *, request_milli: int, cpu_milli: int,
                           memory_mib: int) -> tuple[IntArray, FloatArray]:
@@ -288,7 +314,7 @@ class FragmentationState:
                 lacks = np.bincount(of_value * n + nodes, minlength=v * n)[:v * n] == 0
                 least_after = least_share_after(self.total, self.s, self.c, host, self.dist,
                                                 values, lacks.reshape(v, n),
-                                                request_milli=request_milli)
+                                                request_milli=request_milli, work=self._work)
             else:  # many distinct shares: one row per (node, share), found by sorting
                 keys = np.unique(nodes * (WHOLE + 1) + free)
                 nodes, free = keys // (WHOLE + 1), keys % (WHOLE + 1)
