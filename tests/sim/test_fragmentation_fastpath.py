@@ -185,3 +185,19 @@ def test_an_ordinary_decision_scores_the_changed_node_in_python(
             ranked = [scorer.order(led, p, idx).tolist() for p in shapes]
         assert ranked == [FragmentationScorer(dist).order(led, p, idx).tolist()
                           for p in shapes]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([(1000, 1), (1000, 2), (300, 2), (0, 0),
+                                                (0, 1), (1000, 8)]),
+       st.integers(0, 8000))
+def test_whole_gpu_growth_on_every_node_is_per_node_frag_delta(
+        seed: int, shape: tuple[int, int], cpu: int) -> None:
+    led = cluster(40, seed)
+    state = FragmentationState(mix(seed), node_types(led))
+    state.refresh_from_ledger(led)
+    request, gpus = shape
+    every = state.delta_all(request_milli=request, num_gpu=gpus, cpu_milli=cpu, memory_mib=0)
+    each = state.delta_nodes(np.arange(40), request_milli=request, num_gpu=gpus,
+                             cpu_milli=cpu, memory_mib=0)
+    assert every.tolist() == each.tolist()

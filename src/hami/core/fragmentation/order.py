@@ -150,13 +150,17 @@ class FragmentationScorer:
                            num_gpu=p.num_gpu, cpu_milli=p.cpu_milli, memory_mib=p.memory_mib)
 
     def _compute(self, state: FragmentationState, p: Placement, nodes: IntArray) -> FloatArray:
+        n = state.total.shape[0]
         if not (p.num_gpu == 1 and 0 < p.request_milli < WHOLE):
+            if nodes.size >= n // 2:  # the whole cluster at once, class-major
+                every = state.delta_all(request_milli=p.request_milli, num_gpu=p.num_gpu,
+                                        cpu_milli=p.cpu_milli, memory_mib=p.memory_mib)
+                return every[nodes]
             return state.delta_nodes(nodes, request_milli=p.request_milli,
                                      num_gpu=p.num_gpu, cpu_milli=p.cpu_milli,
                                      memory_mib=p.memory_mib)
         assert state._free is not None
         free, node_of = state._free, state.node_of
-        n = state.total.shape[0]
         if nodes.size < n // 2:
             devices = state.devices_of(nodes)
             devices = devices[free[devices] >= p.request_milli]

@@ -1,4 +1,5 @@
-"""A GPU share's least fragmentation growth on every node at once, by free-share regime.
+"""A request's fragmentation growth on every node at once (a GPU share's by free-share
+regime), for a request shape the live order sees for the first time.
 
 Taking ``r`` milli-GPU from a GPU with ``f`` free (``g = f - r`` left) changes, for task
 class ``k`` needing ``need_k`` per GPU (:func:`~hami.core.fragmentation.measure.frag_delta`):
@@ -86,6 +87,29 @@ def least_share_after(total: FloatArray, s: FloatArray, c: FloatArray, host: Boo
     np.copyto(after, np.inf, where=lacks)
     least: FloatArray = after.min(axis=0)
     return least
+
+
+def whole_after_all(total: FloatArray, s: FloatArray, c: FloatArray, host: BoolArray,
+                    dist: WorkloadDistribution, *, request_milli: int, num_gpu: int,
+                    work: Workspace | None = None) -> FloatArray:
+    """Per node, the expected fragmentation after a request that is not a GPU share
+    (:func:`frag_delta`'s other cases: ``num_gpu`` fully free GPUs become full, or no GPU
+    when ``num_gpu`` or ``request_milli`` is 0), class-major over every node at once.
+    ``host`` as for :func:`least_share_after`."""
+    k, n = dist.size, total.shape[0]
+    gpu_change = not (num_gpu == 0 or request_milli == 0)
+    frag, terms, _, runs_all = (work or Workspace()).arrays(k, n)
+    runs = runs_all[:k]
+    np.copyto(terms, c.T)
+    if gpu_change:
+        terms -= (num_gpu * (dist.need() <= WHOLE))[:, None]
+    gpus = np.where(dist.num_gpu == 0, -np.inf, dist.num_gpu.astype(np.float64))[:, None]
+    np.greater_equal(terms, gpus, out=runs)  # -inf: a class without GPUs needs none
+    runs &= host.T
+    np.copyto(frag, (total - WHOLE * num_gpu if gpu_change else total)[None, :])
+    np.copyto(frag, s.T, where=runs)
+    after: FloatArray = dist.weight @ frag
+    return after
 
 
 class SlotTable:

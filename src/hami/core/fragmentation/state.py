@@ -30,7 +30,12 @@ from hami.core.fragmentation.measure import (
     share_after,
 )
 from hami.core.fragmentation.scalar import Classes, NodeRow, node_row
-from hami.core.fragmentation.shares import SlotTable, least_share_after, least_share_after_all
+from hami.core.fragmentation.shares import (
+    SlotTable,
+    least_share_after,
+    least_share_after_all,
+    whole_after_all,
+)
 
 #: Up to this many changed nodes are refreshed one by one in plain Python
 #: (:mod:`~hami.core.fragmentation.scalar`), more at once with numpy.
@@ -259,6 +264,16 @@ class FragmentationState:
                           self.cpu_free[nodes], self.mem_free[nodes], self.models_ok[nodes],
                           self.dist, request_milli=request_milli, num_gpu=num_gpu,
                           cpu_milli=cpu_milli, memory_mib=memory_mib)
+
+    def delta_all(self, *, request_milli: int, num_gpu: int, cpu_milli: int,
+                  memory_mib: int) -> FloatArray:
+        """:meth:`delta_nodes` of every node, computed class-major
+        (:func:`whole_after_all`)."""
+        after = whole_after_all(self.total, self.s, self.c,
+                                self._host_after(cpu_milli, memory_mib), self.dist,
+                                request_milli=request_milli, num_gpu=num_gpu, work=self._work)
+        grown: FloatArray = np.round(after - self.frag, 6)
+        return grown
 
     def delta_devices(self, devices: IntArray, node_of: IntArray, device_free: IntArray, *,
                       request_milli: int, cpu_milli: int, memory_mib: int) -> FloatArray:
