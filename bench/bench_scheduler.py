@@ -70,7 +70,8 @@ def percentile(buckets: list[tuple[float, float]], q: float) -> float:
 # ------------------------------------------------------------------ throughput
 #: ``-cdi``: the nodes advertise the device plugin's allocate mode ``cdi``
 #: (``hami.io/node-allocate-mode``): binds take no node lock, and the fake device plugin
-#: plays PreStartContainer (one ``bind-phase=success`` patch, no lock to release).
+#: plays PreStartContainer (no write: the Binding already says ``bind-phase=success``;
+#: the label alone where the Binding did not bring it; no lock to release).
 MODES = ("vanilla", "binpack", "spread", "binpack-cdi", "spread-cdi")
 
 

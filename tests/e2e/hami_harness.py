@@ -228,9 +228,10 @@ class FakeAllocator:
     """The API side of the device plugin's Allocate for bound pods (spec §11): set
     ``hami.io/bind-phase=success`` and release the node lock this pod holds. Pods
     labelled :data:`LATE_ALLOCATE` are skipped. With ``lock_free`` it plays allocate
-    mode ``cdi``'s PreStartContainer instead: one patch (``bind-phase=success``, the
-    to-allocate string emptied, the ``hami.io/vgpu-node`` label when the Binding did not
-    bring it), no node read, no lock."""
+    mode ``cdi``'s PreStartContainer instead: nothing for a pod whose Binding said
+    ``bind-phase=success`` and brought the ``hami.io/vgpu-node`` label (the label alone
+    when it did not); for a pod still ``allocating``, one patch (``bind-phase=success``,
+    the to-allocate string emptied, the label when missing); no node read, no lock."""
 
     def __init__(self, cp: ControlPlane, lock_free: bool = False) -> None:
         self.cp = cp
@@ -266,10 +267,20 @@ class FakeAllocator:
                 except Exception:
                     time.sleep(0.2)
 
+    def _needs(self, pod: Any) -> bool:
+        """The pod is bound and its plugin would write to it (see the class)."""
+        ann = pod.metadata.annotations or {}
+        if not pod.spec.nodeName:
+            return False
+        if ann.get("hami.io/bind-phase") == "allocating":
+            return True
+        return (self.lock_free and ann.get("hami.io/bind-phase") == "success"
+                and (pod.metadata.labels or {}).get("hami.io/vgpu-node") != pod.spec.nodeName)
+
     def _wanted(self, pod: Any) -> bool:
         ann = pod.metadata.annotations or {}
         key = (pod.metadata.namespace, pod.metadata.name, ann.get("hami.io/bind-time"))
-        if not pod.spec.nodeName or ann.get("hami.io/bind-phase") != "allocating":
+        if not self._needs(pod):
             return False
         if LATE_ALLOCATE in (pod.metadata.labels or {}):
             return False
@@ -294,18 +305,18 @@ class FakeAllocator:
         from lightkube.types import PatchType
 
         ann = pod.metadata.annotations or {}
-        if not pod.spec.nodeName or ann.get("hami.io/bind-phase") != "allocating":
+        if not self._needs(pod):
             return True
         ns, name, node = pod.metadata.namespace, pod.metadata.name, pod.spec.nodeName
         if self.lock_free:
-            from hami.core.codec import decode_pod_devices, encode_pod_devices
+            from hami.core.codec import served_pod_devices
 
             try:
-                grant = decode_pod_devices(ann.get("hami.io/vgpu-devices-allocated", ""))
-                meta: dict[str, Any] = {"annotations": {
+                meta: dict[str, Any] = {"annotations": {} if ann.get(
+                    "hami.io/bind-phase") == "success" else {
                     "hami.io/bind-phase": "success",
-                    "hami.io/vgpu-devices-to-allocate": encode_pod_devices(
-                        tuple(() for _ in grant))}}
+                    "hami.io/vgpu-devices-to-allocate": served_pod_devices(
+                        ann.get("hami.io/vgpu-devices-allocated", ""))}}
                 if (pod.metadata.labels or {}).get("hami.io/vgpu-node") != node:
                     meta["labels"] = {"hami.io/vgpu-node": node}
                 client.patch(Pod, name, {"metadata": meta}, namespace=ns,

@@ -418,13 +418,15 @@ def test_nodes_in_cdi_mode_bind_200_pods_without_a_node_lock(
 
 def test_a_bind_to_a_node_in_cdi_mode_writes_the_allocation_with_the_binding(
         kube_client: Any, kube_scheduler: Any, group: str, hami: HamiProcess) -> None:
-    """Issue 15: one pod write fewer per pod on nodes in mode ``cdi``. The pod's history
+    """Issue 15: two pod writes fewer per pod on nodes in mode ``cdi``. The pod's history
     (a watch from its creation) shows no write between the create and the Binding, and
-    the Binding's write brings the allocation, the bind's progress marks and the label."""
+    the Binding's write brings the allocation, the label and what the device plugin's
+    success patch wrote (``bind-phase=success``, the to-allocate string emptied): the
+    allocation is final when it lands, and the plugin writes nothing after it."""
     (node,) = nodes(kube_client, group, 1, "cdi1",
                     annotations={"hami.io/node-allocate-mode": "cdi"})
     pod = pod_in(group, f"w-{group}", memory_mib=1000)
-    pod["metadata"]["labels"][LATE_ALLOCATE] = "true"  # no success patch after it
+    pod["metadata"]["labels"][LATE_ALLOCATE] = "true"  # the fake plugin leaves it alone
     created = kube_client.create(codecs.from_dict(pod))
     name = created.metadata.name
     wait_bound(kube_client, name)
@@ -434,9 +436,9 @@ def test_a_bind_to_a_node_in_cdi_mode_writes_the_allocation_with_the_binding(
     ann, labels = first.metadata.annotations or {}, first.metadata.labels or {}
     assert (kind, first.spec.nodeName) == ("MODIFIED", node), "a pod write before the Binding"
     assert ann["hami.io/vgpu-node"] == node and labels["hami.io/vgpu-node"] == node
-    assert ann["hami.io/bind-phase"] == "allocating" and ann["hami.io/bind-time"]
+    assert ann["hami.io/bind-phase"] == "success" and ann["hami.io/bind-time"]
     assert decode_pod_devices(ann["hami.io/vgpu-devices-allocated"])[0][0].used_memory_mib == 1000
-    assert ann["hami.io/vgpu-devices-to-allocate"] == ann["hami.io/vgpu-devices-allocated"]
+    assert ann["hami.io/vgpu-devices-to-allocate"] == ";"
 
 
 def test_sigkill_while_pods_stream_in(kube_client: Any, kube_scheduler: Any, group: str,

@@ -12,13 +12,15 @@ from typing import Any
 import pytest
 
 from hami.api import names
-from hami.core.provenance import verify
-from hami.deviceplugin.allocate import PodView
-from hami.deviceplugin.cdimode import check_pod_here
+from hami.core.provenance import check_to_allocate, verify
+from hami.deviceplugin.allocate import ContainerView, PodView
+from hami.deviceplugin.cdimode import check_pod_here, completion_patch
 from hami.kube import KubeError
 
 from .fake_kube import FakeKube
 from .support import gpu_pod, node, run, serving
+from .test_scheduler_vendors import DCU, DEVICE_CONFIG, NV, mixed_node
+from .test_scheduler_vendors import pod as vendor_pod
 
 
 def cluster(**modes: str | None) -> FakeKube:
@@ -51,7 +53,7 @@ def test_a_node_in_cdi_mode_binds_a_burst_without_the_node_lock() -> None:
             for pod in pods:
                 bound = kube.pod(pod["metadata"]["name"])
                 assert bound["spec"]["nodeName"] == "n1"
-                assert bound["metadata"]["annotations"][names.BIND_PHASE] == "allocating"
+                assert bound["metadata"]["annotations"][names.BIND_PHASE] == "success"
             assert h.engine.busy_nodes() == {}
 
     run(scenario)
@@ -124,9 +126,11 @@ def used_mib(h: Any, node_name: str) -> int:
 def test_a_cdi_bind_writes_the_allocation_with_the_binding_and_no_pod_patch(
         tmp_path: Path, async_patch: bool) -> None:
     """Issue 15: on a node in mode ``cdi`` the filter writes nothing; the Binding carries
-    the allocation, the signature, the bind's progress marks and the label (one pod write
-    fewer per pod). The device plugin's checks hold on what it wrote, and the pod watch
-    then brings the bound pod: charged once."""
+    the allocation, the signature, the label and what the device plugin's success patch
+    wrote (``bind-phase=success``, the to-allocate string emptied): the allocation is
+    final when it lands, so the plugin has nothing to write (two pod writes fewer per
+    pod). The device plugin's checks hold on what it wrote, and the pod watch then brings
+    the bound pod: charged once."""
     (tmp_path / "current").write_text("k" * 64)
 
     async def scenario() -> None:
@@ -146,12 +150,14 @@ def test_a_cdi_bind_writes_the_allocation_with_the_binding_and_no_pod_patch(
             ann, labels = bound["metadata"]["annotations"], bound["metadata"]["labels"]
             assert bound["spec"]["nodeName"] == "n1"
             assert ann[names.VGPU_NODE] == "n1" and labels[names.VGPU_NODE] == "n1"
-            assert ann[names.BIND_PHASE] == "allocating" and ann[names.BIND_TIME]
-            assert ann[names.DEVICES_ALLOCATED] == ann[names.DEVICES_TO_ALLOCATE] != ""
+            assert ann[names.BIND_PHASE] == "success" and ann[names.BIND_TIME]
+            assert ann[names.DEVICES_TO_ALLOCATE] == ";" and ann[names.DEVICES_ALLOCATED] != ";"
             verify([b"k" * 64], pod["metadata"]["uid"], "n1", ann)
-            view = PodView("default", "a", pod["metadata"]["uid"], "n1", "Pending", ann, (),
-                           labels=labels)
+            check_to_allocate(ann)
+            view = PodView("default", "a", pod["metadata"]["uid"], "n1", "Pending", ann,
+                           (ContainerView("main"),), labels=labels)
             check_pod_here(view, "n1")
+            assert completion_patch(view) is None  # the plugin writes nothing on success
             await h.settle()
             assert used_mib(h, "n1") == 1000  # the watch's bound pod: the same charge
             assert [e.uid for e in h.engine.state.ledger.pods()] == [pod["metadata"]["uid"]]
@@ -228,6 +234,39 @@ def test_a_node_back_on_the_lock_between_filter_and_bind_gets_hamis_order() -> N
             bound = kube.pod("a")["metadata"]
             assert bound["annotations"][names.BIND_PHASE] == "allocating"
             assert bound["labels"][names.VGPU_NODE] == "n1"
+
+    run(scenario)
+
+
+def test_a_cdi_binding_of_a_pod_with_another_vendor_s_devices_stays_allocating(
+        tmp_path: Path) -> None:
+    """Another vendor's device plugin follows HAMi's handshake (it looks for
+    ``bind-phase=allocating`` under its lock): a pod that also holds such devices keeps
+    ``allocating`` and every to-allocate string on a node in mode ``cdi``; an NVIDIA-only
+    pod on the same node is final at its Binding."""
+    config = tmp_path / "device-config.yaml"
+    config.write_text(DEVICE_CONFIG)
+
+    async def scenario() -> None:
+        kube = FakeKube()
+        n = mixed_node("m1")
+        n["metadata"]["annotations"][names.NODE_ALLOCATE_MODE] = "cdi"
+        kube.put("Node", n)
+        async with serving(kube, device_config_file=str(config),
+                           node_lock_retry_timeout=timedelta(seconds=1)) as h:
+            both = kube.put("Pod", vendor_pod("both", NV, DCU))
+            only = kube.put("Pod", vendor_pod("only", NV))
+            for p in (both, only):
+                assert (await h.filter(p, ["m1"]))["NodeNames"] == ["m1"]
+            assert (await h.bind(both, "m1"))["Error"] == ""
+            ann = kube.pod("both")["metadata"]["annotations"]
+            assert ann[names.BIND_PHASE] == "allocating"
+            assert ann[names.DEVICES_TO_ALLOCATE] == ann[names.DEVICES_ALLOCATED] != ";;"
+            assert ann["hami.io/dcu-devices-to-allocate"] == ann["hami.io/dcu-devices-allocated"]
+            assert (lock_of(kube, "m1") or "").endswith(",default,both")  # the DCU's lock
+            assert (await h.bind(only, "m1"))["Error"] == ""
+            ann = kube.pod("only")["metadata"]["annotations"]
+            assert ann[names.BIND_PHASE] == "success" and ann[names.DEVICES_TO_ALLOCATE] == ";"
 
     run(scenario)
 

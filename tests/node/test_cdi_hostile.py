@@ -37,6 +37,7 @@ def test_a_restart_after_the_grant_was_edited_is_refused(
     assert "signature" in refused(h, f"{A}-0")
     assert spec(h, f"{A}-0") == first
     assert env_of(first)["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+    assert h.kube.pods[("default", "p")].annotations[al.BIND_PHASE] == "failed"
 
 
 def test_a_pod_recreated_under_the_same_name_with_the_old_grant_is_refused(

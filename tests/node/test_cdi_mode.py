@@ -4,6 +4,7 @@ unix socket: the protocol boundary). No node lock anywhere."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import grpc
 import pytest
 
 from hami.api import names
+from hami.core.codec import served_pod_devices
 from hami.core.provenance import SIGNATURE, sign
 from hami.deviceplugin import allocate as al
 from hami.deviceplugin import cdimode as cm
@@ -79,6 +81,19 @@ def pod(h: PluginHarness, name: str, grant: str, containers: tuple[str, ...] = (
     p = al.PodView("default", name, f"uid-{name}", node, "Pending", ann,
                    tuple(al.ContainerView(c, {}) for c in containers), n_init,
                    scheduler_name="hami-scheduler")
+    h.kube.add_pod(p)
+    return p
+
+
+def bound(h: PluginHarness, name: str, grant: str, containers: tuple[str, ...] = ("c",),
+          labelled: bool = True) -> al.PodView:
+    """A pod as hami's Binding to a node in this mode leaves it: the signed allocation,
+    ``bind-phase=success``, the to-allocate string emptied and (``labelled``) the label."""
+    p = pod(h, name, grant, containers)
+    ann = {**p.annotations, al.BIND_PHASE: "success",
+           al.DEVICES_TO_ALLOCATE: served_pod_devices(grant)}
+    p = dataclasses.replace(p, annotations=ann,
+                            labels={VGPU_NODE: NODE} if labelled else {})
     h.kube.add_pod(p)
     return p
 
@@ -188,6 +203,59 @@ def test_the_success_patch_labels_a_pod_whose_binding_brought_no_label(
     assert h.kube.calls.count("patch_pod") == 1
 
 
+def test_a_pod_whose_binding_said_success_is_served_without_an_api_write(
+        cdi: tuple[PluginHarness, PodResources]) -> None:
+    """Issue 15: the Binding to a node in this mode is final (``bind-phase=success``,
+    to-allocate emptied, the label): serving its containers, restarts included, writes
+    the CDI specs and nothing to the API."""
+    h, pr = cdi
+    bound(h, "s", f"{A},NVIDIA,1000,10:;{B},NVIDIA,2000,20:;", containers=("a", "b"))
+    before = h.kube.pods[("default", "s")]
+    pr.listing = [("default", "s", "a", [f"{A}-0"]), ("default", "s", "b", [f"{B}-0"])]
+    for _ in range(2):  # the second round: both containers restart
+        prestart(h, f"{B}-0")
+        prestart(h, f"{A}-0")
+    assert env_of(spec(h, f"{A}-0"))["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1000m"
+    assert env_of(spec(h, f"{B}-0"))["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
+    assert h.kube.calls.count("patch_pod") == 0
+    assert h.kube.pods[("default", "s")] == before
+
+
+def test_a_binding_that_said_success_without_the_label_gets_only_the_label(
+        cdi: tuple[PluginHarness, PodResources]) -> None:
+    """An API server without PodTopologyLabelsAdmission drops the Binding's labels: the
+    plugin's one write then repairs the label (the monitor selects pods by it) and
+    changes no annotation."""
+    h, pr = cdi
+    before = bound(h, "l", f"{A},NVIDIA,1000,10:;", labelled=False)
+    pr.listing = [("default", "l", "c", [f"{A}-0"])]
+    prestart(h, f"{A}-0")
+    prestart(h, f"{A}-0")
+    after = h.kube.pods[("default", "l")]
+    assert after.labels == {VGPU_NODE: NODE}
+    assert after.annotations == before.annotations
+    assert h.kube.calls.count("patch_pod") == 1
+
+
+def test_a_refused_container_marks_its_pod_failed_once(
+        cdi: tuple[PluginHarness, PodResources]) -> None:
+    """The Binding said ``success``; the plugin refuses the container (its grant gives
+    that container nothing): the pod says ``failed``, written once however often the
+    kubelet retries. A container of it served later makes it ``success`` again."""
+    h, pr = cdi
+    bound(h, "f", f";{A},NVIDIA,1000,10:;", containers=("a", "b"))
+    pr.listing = [("default", "f", "a", [f"{A}-0"])]
+    for _ in range(3):
+        assert "grants it none" in refused(h, f"{A}-0")
+    assert phase(h, "f") == "failed"
+    assert h.kube.calls.count("patch_pod") == 1
+    pr.listing = [("default", "f", "b", [f"{A}-0"])]
+    prestart(h, f"{A}-0")
+    assert phase(h, "f") == "success"
+    assert h.kube.pods[("default", "f")].annotations[al.DEVICES_TO_ALLOCATE] == ";;"
+    assert h.kube.calls.count("patch_pod") == 2
+
+
 def test_restart_and_replay_keep_the_spec_and_write_nothing(
         cdi: tuple[PluginHarness, PodResources]) -> None:
     h, pr = cdi
@@ -265,7 +333,8 @@ def test_a_pod_without_hami_s_allocation_is_refused(cdi: tuple[PluginHarness, Po
     assert "not 'node-a'" in refused(h, f"{A}-1")
     pr.listing = [("default", "ghost", "c", [f"{A}-2"])]
     assert "not found" in refused(h, f"{A}-2")
-    assert phase(h, "forged") == "allocating"
+    assert phase(h, "forged") == "failed"  # bound here, refused: marked so, never success
+    assert phase(h, "elsewhere") == "allocating"  # another node's pod: not ours to mark
 
 
 def test_a_grant_for_another_container_is_not_served(cdi: tuple[PluginHarness, PodResources]) -> None:

@@ -13,9 +13,10 @@ from hami.cli import app
 from hami.core.model import MigPlacement
 from hami.sim import metrics
 from hami.sim.mig import MIG_MODELS, MigModelError, mig_model, require_mig_model
-from hami.sim.replay import Replayer, build_ledger, workload_distribution
+from hami.sim.replay import Replayer, workload_distribution
 from hami.sim.synthetic import synthetic_trace
 from hami.sim.trace import TraceError, TraceNode, TracePod, load_nodes
+from hami.sim.tracemap import build_ledger
 from hami.sim.workload import prepare_workload
 
 P = MigPlacement

@@ -11,14 +11,13 @@ from hami.sim.replay import (
     FRAGMENTATION_AWARE,
     REPORT_POINTS,
     Replayer,
-    build_ledger,
     parse_policy,
-    pod_manifest,
     replay,
     workload_distribution,
 )
 from hami.sim.synthetic import synthetic_trace
 from hami.sim.trace import TraceNode, TracePod
+from hami.sim.tracemap import build_ledger, pod_manifest
 from hami.sim.workload import prepare_workload
 
 NODES = [TraceNode("a", 16000, 65536, 2, "T4"), TraceNode("b", 4000, 65536, 1, "V100M16")]
@@ -136,7 +135,8 @@ def test_replay_decides_as_the_live_cluster_state(policy: str, mig: bool) -> Non
     order."""
     from hami.core.admission import admit
     from hami.core.state import ClusterState
-    from hami.sim.replay import parse_policy, pod_manifest
+    from hami.sim.replay import parse_policy
+    from hami.sim.tracemap import pod_manifest
 
     nodes, pods = synthetic_trace(scale=0.03, seed=3)
     if mig:

@@ -104,8 +104,9 @@ def test_a_finished_pod_or_one_elsewhere_is_refused(phase: str) -> None:
 
 def test_completion_patch_adds_the_node_label_when_the_binding_did_not() -> None:
     """On a node in this mode the allocation rides on the Binding; an API server without
-    PodTopologyLabelsAdmission drops the Binding's labels, so the plugin's one patch
-    carries ``hami.io/vgpu-node`` (mirrored into the label by the shell)."""
+    PodTopologyLabelsAdmission drops the Binding's labels, so the plugin writes
+    ``hami.io/vgpu-node`` (mirrored into the label by the shell), and only that when the
+    Binding already said ``success``."""
     p = replace(pod(f"{A},NVIDIA,100,0:;;"), labels={})
     patch = cm.completion_patch(p)
     assert patch == {names.BIND_PHASE: "success", names.DEVICES_TO_ALLOCATE: ";;",
@@ -113,9 +114,34 @@ def test_completion_patch_adds_the_node_label_when_the_binding_did_not() -> None
     served = replace(pod(f"{A},NVIDIA,100,0:;;", **{names.BIND_PHASE: "success",
                                                     names.DEVICES_TO_ALLOCATE: ";;"}),
                      labels={})
-    assert cm.completion_patch(served) == {names.VGPU_NODE: "n1", names.BIND_PHASE: "success",
-                                           names.DEVICES_TO_ALLOCATE: ";;"}
+    assert cm.completion_patch(served) == {names.VGPU_NODE: "n1"}
     labelled = replace(served, labels={names.VGPU_NODE: "n1"})
     assert cm.completion_patch(labelled) is None
     wrong = replace(served, labels={names.VGPU_NODE: "n2"})
-    assert (cm.completion_patch(wrong) or {}).get(names.VGPU_NODE) == "n1"
+    assert cm.completion_patch(wrong) == {names.VGPU_NODE: "n1"}
+
+
+@pytest.mark.parametrize("to_allocate", [";;", f"{A},NVIDIA,100,0:;;", "", "garbage"])
+def test_a_pod_whose_binding_said_success_needs_no_completion_write(to_allocate: str) -> None:
+    """The scheduler's Binding to a node in this mode says ``bind-phase=success``: the
+    allocation is final when it lands, so serving the pod writes nothing, whatever the
+    to-allocate string says (nothing in this mode reads it)."""
+    done = pod(f"{A},NVIDIA,100,0:;;", **{names.BIND_PHASE: "success",
+                                          names.DEVICES_TO_ALLOCATE: to_allocate})
+    assert cm.completion_patch(done) is None
+
+
+@pytest.mark.parametrize("phase", ["allocating", "failed", "", "garbage"])
+def test_a_pod_that_does_not_say_success_is_completed(phase: str) -> None:
+    """A Binding from before the scheduler marked it final, a pod that also holds another
+    vendor's devices, or one marked failed whose container is now served."""
+    p = pod(f"{A},NVIDIA,100,0:;", **{names.BIND_PHASE: phase})
+    assert cm.completion_patch(p) == {names.BIND_PHASE: "success",
+                                      names.DEVICES_TO_ALLOCATE: ";"}
+
+
+@pytest.mark.parametrize("phase", ["allocating", "success", "", "garbage"])
+def test_a_refused_pod_is_marked_failed_once(phase: str) -> None:
+    p = pod(f"{A},NVIDIA,100,0:;", **{names.BIND_PHASE: phase})
+    assert cm.failure_patch(p) == {names.BIND_PHASE: "failed"}
+    assert cm.failure_patch(pod(f"{A},NVIDIA,100,0:;", **{names.BIND_PHASE: "failed"})) is None

@@ -33,6 +33,7 @@ from hami.core.codec import (
     encode_pod_devices,
     is_handshake_requesting,
     parse_scoring_weights,
+    served_pod_devices,
 )
 from hami.core.gowire import go_json_string, go_quote, parse_go_bool, parse_go_int
 from hami.core.model import ContainerDevice, DeviceInfo, MigPlacement, MigProfile
@@ -819,6 +820,24 @@ def test_pod_devices_round_trip(pod: tuple[tuple[ContainerDevice, ...], ...]) ->
     text = encode_pod_devices(pod)
     assert decode_pod_devices(text) == pod
     assert encode_pod_devices(decode_pod_devices(text)) == text
+
+
+@given(PODS)
+def test_served_pod_devices_empties_every_container(pod: tuple[tuple[ContainerDevice, ...], ...]
+                                                    ) -> None:
+    """What HAMi's device plugin leaves in ``-to-allocate`` once the pod is served: one
+    empty entry per container, the container count unchanged."""
+    served = served_pod_devices(encode_pod_devices(pod))
+    assert decode_pod_devices(served) == tuple(() for _ in pod)
+    assert served == ";" * len(pod)
+
+
+def test_served_pod_devices_of_hami_strings() -> None:
+    assert served_pod_devices(f"{P4},NVIDIA,1000,0:;;") == ";;"
+    assert served_pod_devices(f";{P4},NVIDIA,1000,0:;;;;") == ";;;;;"
+    assert served_pod_devices("") == ""
+    with pytest.raises(CodecError):
+        served_pod_devices(f"{P4},NVIDIA,x,0:;")
 
 
 @given(

@@ -79,6 +79,7 @@ __all__ = [
     "encode_node_lock",
     "encode_pod_devices",
     "is_handshake_requesting",
+    "served_pod_devices",
     "parse_scoring_weights",
 ]
 
@@ -364,6 +365,13 @@ def decode_pod_devices(value: str) -> PodSingleDevice:
     if pieces[-1] == "":
         pieces.pop()
     return tuple(_decode_container(piece) for piece in pieces)
+
+
+def served_pod_devices(allocated: str) -> str:
+    """The ``-to-allocate`` string as HAMi's device plugin leaves it once every container
+    is served: one empty entry per container of ``allocated`` (``"G,NVIDIA,100,0:;;"`` ->
+    ``";;"``). Raises :class:`CodecError` as :func:`decode_pod_devices`."""
+    return encode_pod_devices(tuple(() for _ in decode_pod_devices(allocated)))
 
 
 def _decode_container(piece: str) -> tuple[ContainerDevice, ...]:

@@ -42,7 +42,14 @@ from hami.core.model import (
     PodRequest,
     PodSingleDevice,
 )
-from hami.core.nodefit import FilterContext, NodeFit, NodeOrder, fit_node, scores_nodes
+from hami.core.nodefit import (
+    BestFirst,
+    FilterContext,
+    NodeFit,
+    NodeOrder,
+    fit_node,
+    scores_nodes,
+)
 from hami.core.prefilter import node_mask
 from hami.core.quota import QuotaLedger
 from hami.core.vendor import Vendor
@@ -84,14 +91,20 @@ class FilterResult:
     policy_warnings: tuple[str, ...] = ()
 
 
-def _binpack_nodes(ctx: FilterContext, idx: IntArray) -> IntArray:
-    scores = ctx.ledger.node_scores()[idx]
-    return idx[np.argsort(-scores, kind="stable")]
+def _binpack_nodes(ctx: FilterContext, idx: IntArray) -> IntArray | BestFirst:
+    if idx.size == 0:
+        return idx
+    scores = ctx.ledger.node_scores()[idx]  # never NaN: argmax is the sort's first
+    return BestFirst(int(idx[np.argmax(scores)]),
+                     lambda: idx[np.argsort(-scores, kind="stable")])
 
 
-def _spread_nodes(ctx: FilterContext, idx: IntArray) -> IntArray:
+def _spread_nodes(ctx: FilterContext, idx: IntArray) -> IntArray | BestFirst:
+    if idx.size == 0:
+        return idx
     scores = ctx.ledger.node_scores()[idx]
-    return idx[np.argsort(scores, kind="stable")]
+    return BestFirst(int(idx[np.argmin(scores)]),
+                     lambda: idx[np.argsort(scores, kind="stable")])
 
 
 #: Node policies (HAMi v2.10): binpack takes the most used node, spread the least used;

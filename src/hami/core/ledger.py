@@ -5,12 +5,13 @@ HAMi rebuilds per-node usage from every cached pod on each filter; here a pod is
 once when it is added and released once when it is removed, so a filter decision costs
 O(candidate nodes x GPUs) however many pods run.
 
-Layout: flat numpy arrays over all devices of all nodes (device ``d`` belongs to node
-``node_of[d]``), grown by doubling; a removed node leaves a hole (``node_of = -1``,
-unhealthy) that is never a candidate, and a node that registers again (a health flip, a
-re-added Node) takes its own index and rows back when its devices fit in them. Per node, sums for the node score and optional
-CPU/memory capacity (the simulator sets them; the live extender leaves them to
-kube-scheduler).
+Layout (:mod:`hami.core.ledger_arrays`): flat numpy arrays over all devices of all nodes
+(device ``d`` belongs to node ``node_of[d]``), grown by doubling; a removed node leaves a
+hole (``node_of = -1``, unhealthy) that is never a candidate, and a node that registers
+again (a health flip, a re-added Node) takes its own index and rows back when its devices
+fit in them. Per node, sums for the node score and optional CPU/memory capacity (the
+simulator sets them; the live extender leaves them to kube-scheduler). This module keeps
+which node and which pod own which rows and charges a pod's grant to them.
 """
 
 from __future__ import annotations
@@ -19,22 +20,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import numpy.typing as npt
 
 from hami.core.collapse import app_only_charges, pod_charges
+from hami.core.ledger_arrays import IntArray, LedgerArrays
 from hami.core.migbook import MigBook
 from hami.core.model import DeviceCharge, DeviceInfo, MigPlacement, PodSingleDevice
-
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
-
-#: Per-device integer arrays, in the order they are allocated.
-DEVICE_FIELDS = ("total_memory_mib", "used_memory_mib", "total_cores", "used_cores",
-                 "split_count", "used_slots", "node_of", "numa", "type_id", "vendor_id")
-#: Per-node integer arrays.
-NODE_FIELDS = ("cpu_milli_total", "cpu_milli_used", "memory_mib_total", "memory_mib_used",
-               "sum_split", "sum_used_slots", "sum_total_cores", "sum_used_cores",
-               "sum_total_memory", "sum_used_memory")
 
 
 @dataclass(slots=True)
@@ -67,7 +57,7 @@ class PodEntry:
     mig: tuple[tuple[str, MigPlacement], ...] = ()
 
 
-class UsageLedger:
+class UsageLedger(LedgerArrays):
     """Per-device used memory, cores and task slots over a cluster, updated per pod.
 
     Nodes: :meth:`add_node` (also re-registration), :meth:`remove_node`. Pods:
@@ -77,66 +67,21 @@ class UsageLedger:
     """
 
     def __init__(self, capacity: int = 64) -> None:
-        self.size = 0
-        self._dcap = capacity
-        self._ncap = capacity
-        for name in DEVICE_FIELDS:
-            setattr(self, name, np.zeros(capacity, dtype=np.int64))
-        #: Usable: registered healthy and not failed closed by a MIG mismatch (HAMi v2.10).
-        self.healthy: BoolArray = np.zeros(capacity, dtype=np.bool_)
-        #: As registered by the device plugin.
-        self.registered_healthy: BoolArray = np.zeros(capacity, dtype=np.bool_)
-        self.mig_mode: BoolArray = np.zeros(capacity, dtype=np.bool_)
-        for name in NODE_FIELDS:
-            setattr(self, name, np.zeros(capacity, dtype=np.int64))
-        self.node_active: BoolArray = np.zeros(capacity, dtype=np.bool_)
+        super().__init__(capacity)
         self._nodes: dict[str, NodeEntry] = {}
-        self._node_names: list[str] = []
         self._index_of: dict[str, int] = {}
         self._pods: dict[str, PodEntry] = {}
         self._pods_on: dict[str, set[str]] = {}
-        self._types: dict[str, int] = {}
         #: MIG reservations and fail-closed GPUs per device row (HAMi v2.10).
         self._migbook = MigBook()
         #: Removed nodes' node index and device rows ``(index, offset, count)``, reused
         #: when the same node registers again.
         self._vacated: dict[str, tuple[int, int, int]] = {}
-        self.type_names: list[str] = []
-        #: CommonWord -> the small integer in :attr:`vendor_id`.
-        self._vendor_ids: dict[str, int] = {}
-        self._vendor_counts: tuple[int, dict[str, tuple[BoolArray, IntArray]]] = (-1, {})
-        self.version = 0
+        self._active = (-1, np.zeros(0, dtype=np.int64))
         #: Bumped on every pod addition or removal (cheap "has the mix changed" signal).
         self.version_pods = 0
 
-    # Arrays are declared for the type checker; they are created in __init__.
-    total_memory_mib: IntArray
-    used_memory_mib: IntArray
-    total_cores: IntArray
-    used_cores: IntArray
-    split_count: IntArray
-    used_slots: IntArray
-    node_of: IntArray
-    numa: IntArray
-    type_id: IntArray
-    vendor_id: IntArray
-    cpu_milli_total: IntArray
-    cpu_milli_used: IntArray
-    memory_mib_total: IntArray
-    memory_mib_used: IntArray
-    sum_split: IntArray
-    sum_used_slots: IntArray
-    sum_total_cores: IntArray
-    sum_used_cores: IntArray
-    sum_total_memory: IntArray
-    sum_used_memory: IntArray
-
     # ----------------------------------------------------------------- nodes
-    @property
-    def node_count(self) -> int:
-        """Number of node indices handed out (including removed ones)."""
-        return len(self._node_names)
-
     def node_names(self) -> list[str]:
         """Names of the registered nodes, in registration order."""
         return [n for n in self._node_names if n in self._nodes]
@@ -146,53 +91,26 @@ class UsageLedger:
         return self._nodes.get(name)
 
     def indices(self, names: Sequence[str] | None) -> IntArray:
-        """Node indices for ``names`` (-1 for names not registered); None: every node."""
+        """Node indices for ``names`` (-1 for names not registered); None: every node
+        (a read-only array, kept until a node is added or removed)."""
         if names is None:
-            return np.flatnonzero(self.node_active[: self.node_count]).astype(np.int64)
+            if self._active[0] != self.version:
+                active = np.flatnonzero(self.node_active[: self.node_count]).astype(np.int64)
+                active.flags.writeable = False
+                self._active = (self.version, active)
+            return self._active[1]
         get = self._index_of.get
         return np.array([get(n, -1) for n in names], dtype=np.int64)
 
-    def node_name(self, index: int) -> str:
-        """Name of node ``index``."""
-        return self._node_names[index]
-
-    def _grow(self, fields: Sequence[str], extra: Sequence[str], cap: int) -> None:
-        for name in (*fields, *extra):
-            old = getattr(self, name)
-            new = np.zeros(cap, dtype=old.dtype)
-            new[: len(old)] = old
-            setattr(self, name, new)
-
-    def type_index(self, type_name: str) -> int:
-        """A small integer for a device type string (stable for the ledger's life)."""
-        idx = self._types.get(type_name)
-        if idx is None:
-            idx = self._types[type_name] = len(self.type_names)
-            self.type_names.append(type_name)
-        return idx
-
-    def vendor_rows(self, vendor: str) -> BoolArray:
-        """Per device row (length :attr:`size`): registered to ``vendor`` (a CommonWord);
-        cached until a node is added or removed (do not modify)."""
-        return self._vendor_cache(vendor)[0]
-
-    def vendor_device_counts(self, vendor: str) -> IntArray:
-        """Per node index (length :attr:`node_count`): how many devices of ``vendor`` (a
-        CommonWord) the node registered; cached like :meth:`vendor_rows`."""
-        return self._vendor_cache(vendor)[1]
-
-    def _vendor_cache(self, vendor: str) -> tuple[BoolArray, IntArray]:
-        version, cache = self._vendor_counts
-        if version != self.version:
-            cache = {}
-            self._vendor_counts = (self.version, cache)
-        hit = cache.get(vendor)
-        if hit is None:
-            n = self.size
-            rows = (self.vendor_id[:n] == self._vendor_ids.get(vendor, -1)) & (self.node_of[:n] >= 0)
-            hit = cache[vendor] = (rows, np.bincount(self.node_of[:n][rows],
-                                                     minlength=self.node_count))
-        return hit
+    def node_rows(self, indices: IntArray) -> IntArray | slice:
+        """Device rows of the registered nodes among ``indices``, node by node (a slice
+        when they are one node's: indexing by it is cheaper)."""
+        spans = [(e.offset, e.offset + len(e.devices)) for i in indices.tolist()
+                 if (e := self._nodes.get(self._node_names[i])) is not None]
+        if len(spans) == 1:
+            return slice(*spans[0])
+        return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in spans]
+                              or [np.zeros(0, dtype=np.int64)])
 
     def add_node(self, name: str, devices: Sequence[DeviceInfo], *,
                  cpu_milli: int | None = None, memory_mib: int | None = None,
@@ -217,22 +135,13 @@ class UsageLedger:
             index, *held = self._vacated.pop(name)
             rows = (held[0], held[1])
         else:
-            index = len(self._node_names)
-            self._node_names.append(name)
-            if index >= self._ncap:
-                self._ncap *= 2
-                self._grow(NODE_FIELDS, ("node_active",), self._ncap)
+            index = self._new_node_index(name)
         if rows is not None and len(devices) <= rows[1]:
             # The node's own rows again (a health flip re-registers the same GPUs), so a
             # flapping node does not grow the arrays; spare rows stay unusable holes.
             offset = rows[0]
         else:
-            while self.size + len(devices) > self._dcap:
-                self._dcap *= 2
-                self._grow(DEVICE_FIELDS, ("healthy", "registered_healthy", "mig_mode"),
-                           self._dcap)
-            offset = self.size
-            self.size += len(devices)
+            offset = self._new_rows(len(devices))
         entry = NodeEntry(name, index, devices, offset, dict(annotations or {}))
         for i, dev in enumerate(devices):
             d = offset + i
@@ -244,7 +153,7 @@ class UsageLedger:
             self.node_of[d] = index
             self.numa[d] = dev.numa
             self.type_id[d] = self.type_index(dev.type)
-            self.vendor_id[d] = self._vendor_ids.setdefault(dev.vendor, len(self._vendor_ids))
+            self.vendor_id[d] = self._vendor_index(dev.vendor)
             self.healthy[d] = self.registered_healthy[d] = dev.health
             self.mig_mode[d] = dev.mode == "mig"
         self._nodes[name] = entry
@@ -265,6 +174,7 @@ class UsageLedger:
                            memory_mib: int | None) -> None:
         self.cpu_milli_total[index] = -1 if cpu_milli is None else cpu_milli
         self.memory_mib_total[index] = -1 if memory_mib is None else memory_mib
+        self._stamp(index)
 
     def _drop_devices(self, entry: NodeEntry) -> None:
         span = slice(entry.offset, entry.offset + len(entry.devices))
@@ -348,6 +258,7 @@ class UsageLedger:
         if node is None:
             return
         i = node.index
+        self._stamp(i)
         if self.cpu_milli_total[i] >= 0:
             self.cpu_milli_used[i] += sign * entry.cpu_milli
         if self.memory_mib_total[i] >= 0:
@@ -370,10 +281,13 @@ class UsageLedger:
         """``(device, used_slots, used_memory_mib, used_cores)`` for each GPU of a node."""
         entry = self._nodes[name]
         o = entry.offset
+        rows = slice(o, o + len(entry.devices))
         faults = self._migbook.faults
-        return [(replace(dev, health=False) if o + i in faults else dev,
-                 int(self.used_slots[o + i]), int(self.used_memory_mib[o + i]),
-                 int(self.used_cores[o + i])) for i, dev in enumerate(entry.devices)]
+        return [(replace(dev, health=False) if o + i in faults else dev, slots, memory, cores)
+                for i, (dev, slots, memory, cores) in enumerate(zip(
+                    entry.devices, self.used_slots[rows].tolist(),
+                    self.used_memory_mib[rows].tolist(), self.used_cores[rows].tolist(),
+                    strict=True))]
 
     def mig_faults(self, name: str) -> dict[str, tuple[str, ...]]:
         """GPUs of a node failed closed by MIG mismatches: UUID -> the pod uids (HAMi v2.10)."""
@@ -382,26 +296,3 @@ class UsageLedger:
     def mig_occupied(self, name: str) -> dict[str, list[MigPlacement]]:
         """MIG placements in use per GPU UUID of a node (only GPUs that have some)."""
         return self._migbook.node_occupied(self._nodes[name])
-
-    def node_score(self, index: int) -> float:
-        """:meth:`node_scores` of one node."""
-        split, cores = int(self.sum_split[index]), int(self.sum_total_cores[index])
-        mem = int(self.sum_total_memory[index])
-        if split <= 0 or cores <= 0 or mem <= 0:
-            return 0.0
-        return 10.0 * (int(self.sum_used_slots[index]) / split
-                       + int(self.sum_used_cores[index]) / cores
-                       + int(self.sum_used_memory[index]) / mem)
-
-    def node_scores(self) -> npt.NDArray[np.float64]:
-        """HAMi's node score for every node index (HAMi v2.10 step 3):
-        ``10 x (used slots/slots + used cores/cores + used memory/memory)``, 0 when a
-        denominator is 0."""
-        n = self.node_count
-        split, cores, mem = (self.sum_split[:n], self.sum_total_cores[:n],
-                             self.sum_total_memory[:n])
-        valid = (split > 0) & (cores > 0) & (mem > 0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            score = 10.0 * (self.sum_used_slots[:n] / split + self.sum_used_cores[:n] / cores
-                            + self.sum_used_memory[:n] / mem)
-        return np.where(valid, score, 0.0)

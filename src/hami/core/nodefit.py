@@ -11,7 +11,7 @@ the vendor's fit-time quota check). The node score adds each granted vendor's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,7 +38,6 @@ from hami.core.model import (
     PodRequest,
     PodSingleDevice,
 )
-from hami.core.prefilter import resources_fit
 from hami.core.quota import QuotaLedger
 from hami.core.score import order_devices
 from hami.core.vendor import FitContext, Vendor
@@ -71,8 +70,33 @@ class FilterContext:
     node_policy: str = "binpack"
 
 
-#: Node policies: candidate node indices (input order) -> the same indices best first.
-NodeOrder = Callable[[FilterContext, IntArray], IntArray]
+class BestFirst:
+    """Candidate node indices best first, sorted only if the caller goes past the best.
+
+    Iterating yields ``first``, then the indices of ``full()`` (the complete order, which
+    starts with ``first``) except ``first``: the filter usually stops at the first node
+    that fits, so the sort of every candidate is mostly never made.
+    """
+
+    __slots__ = ("first", "_full")
+
+    def __init__(self, first: int, full: Callable[[], IntArray]) -> None:
+        self.first = first
+        self._full = full
+
+    def __iter__(self) -> Iterator[int]:
+        yield self.first
+        skipped = False
+        for i in self._full().tolist():
+            if i == self.first and not skipped:
+                skipped = True
+                continue
+            yield i
+
+
+#: Node policies: candidate node indices (input order) -> the same indices best first,
+#: as an array or a :class:`BestFirst`.
+NodeOrder = Callable[[FilterContext, IntArray], "IntArray | BestFirst"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,10 +257,12 @@ def fit_node(ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger | None = N
     """
     ledger, request = ctx.ledger, ctx.request
     i = entry.index
-    if not bool(resources_fit(ledger, request, np.array([i]))[0]):
-        cpu_short = (ledger.cpu_milli_total[i] >= 0 and
-                     ledger.cpu_milli_used[i] + request.cpu_milli > ledger.cpu_milli_total[i])
-        return NodeFit(None, INSUFFICIENT_CPU if cpu_short else INSUFFICIENT_MEMORY)
+    cpu_total, memory_total = int(ledger.cpu_milli_total[i]), int(ledger.memory_mib_total[i])
+    if cpu_total >= 0 and int(ledger.cpu_milli_used[i]) + request.cpu_milli > cpu_total:
+        return NodeFit(None, INSUFFICIENT_CPU)
+    if memory_total >= 0 and (int(ledger.memory_mib_used[i]) + request.memory_mib
+                              > memory_total):
+        return NodeFit(None, INSUFFICIENT_MEMORY)
     pod = _PodFit(ctx, entry, quota)
     for pos, req in enumerate(request.containers):
         vreqs = request.vendors[pos] if pos < len(request.vendors) else {}

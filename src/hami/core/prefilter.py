@@ -17,6 +17,7 @@ pass over the ledger's device rows, whatever vendor they belong to:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -30,26 +31,48 @@ BoolArray = npt.NDArray[np.bool_]
 IntArray = npt.NDArray[np.int64]
 
 
-def device_mask(ledger: UsageLedger, req: ContainerDeviceRequest, pod: PodOptions) -> BoolArray:
-    """Devices that could host the share request ``req`` on their own (length
-    ``ledger.size``); necessary for the exact Fit."""
-    n = ledger.size
-    ok = share_mask(ledger, req)
-    if "mutex" in pod.gpu_policy.split(","):
-        ok &= ledger.used_slots[:n] == 0
+Rows = slice | IntArray
+
+
+def device_mask(ledger: UsageLedger, req: ContainerDeviceRequest, pod: PodOptions,
+                rows: Rows | None = None) -> BoolArray:
+    """Devices that could host the share request ``req`` on their own (one value per row
+    of ``rows``, default every row: length ``ledger.size``); necessary for the exact Fit."""
+    return _device_mask(ledger, req, _mutex(pod), allowed_types(ledger, req, pod),
+                        slice(0, ledger.size) if rows is None else rows)
+
+
+def allowed_types(ledger: UsageLedger, req: ContainerDeviceRequest,
+                  pod: PodOptions) -> list[int] | None:
+    """The ledger's type ids (:attr:`UsageLedger.type_names`) that ``req``'s type and the
+    pod's type filters accept; None when every registered type is."""
     allowed = [i for i, t in enumerate(ledger.type_names)
                if req.type.lower() in t.lower() and pod.type_ok(t)]
-    if len(allowed) < len(ledger.type_names):
-        ok &= np.isin(ledger.type_id[:n], allowed)
+    return allowed if len(allowed) < len(ledger.type_names) else None
+
+
+def _mutex(pod: PodOptions) -> bool:
+    return "mutex" in pod.gpu_policy.split(",")
+
+
+def _device_mask(ledger: UsageLedger, req: ContainerDeviceRequest, mutex: bool,
+                 allowed: list[int] | None, rows: Rows) -> BoolArray:
+    ok = share_mask(ledger, req, rows)
+    if mutex:
+        ok &= ledger.used_slots[rows] == 0
+    if allowed is not None:
+        ok &= np.isin(ledger.type_id[rows], allowed)
     return ok
 
 
-def share_mask(ledger: UsageLedger, req: ContainerDeviceRequest) -> BoolArray:
+def share_mask(ledger: UsageLedger, req: ContainerDeviceRequest,
+               rows: Rows | None = None) -> BoolArray:
     """Devices whose free slots, memory and cores could hold ``req`` (the share rules
-    of :func:`hami.core.fit.fit_shares` that do not depend on the pod's filters)."""
-    n = ledger.size
-    tot_mem, tot_cores = ledger.total_memory_mib[:n], ledger.total_cores[:n]
-    used_slots, used_cores = ledger.used_slots[:n], ledger.used_cores[:n]
+    of :func:`hami.core.fit.fit_shares` that do not depend on the pod's filters); one
+    value per row of ``rows``, default every row."""
+    rows = slice(0, ledger.size) if rows is None else rows
+    tot_mem, tot_cores = ledger.total_memory_mib[rows], ledger.total_cores[rows]
+    used_slots, used_cores = ledger.used_slots[rows], ledger.used_cores[rows]
     cores = min(req.cores_percent, 100)
     if req.memory_mib > 0:
         memreq: IntArray | int = req.memory_mib
@@ -57,8 +80,8 @@ def share_mask(ledger: UsageLedger, req: ContainerDeviceRequest) -> BoolArray:
         memreq = tot_mem * req.memory_percent // 100
     else:
         memreq = 0
-    ok: BoolArray = ledger.healthy[:n] & (used_slots < ledger.split_count[:n])
-    ok &= tot_mem - ledger.used_memory_mib[:n] >= memreq
+    ok: BoolArray = ledger.healthy[rows] & (used_slots < ledger.split_count[rows])
+    ok &= tot_mem - ledger.used_memory_mib[rows] >= memreq
     ok &= tot_cores - used_cores >= cores
     if cores == 100:
         ok &= ~((tot_cores == 100) & (used_slots > 0))
@@ -80,10 +103,7 @@ def node_mask(ledger: UsageLedger, request: PodRequest, pod: PodOptions,
     for req in request.containers:
         if req is None or req.nums <= 0:
             continue
-        ok = device_mask(ledger, req, pod)
-        weight = np.where(ledger.mig_mode[:n], ledger.split_count[:n] - ledger.used_slots[:n], 1)
-        per_node = np.bincount(node_of[ok], weights=weight[ok], minlength=count)[:count]
-        mask &= per_node >= req.nums
+        mask &= _share_counts(ledger, req, pod) >= req.nums
     needed: dict[str, int] = {}
     for reqs in request.vendors:
         for word, vreq in reqs.items():
@@ -97,6 +117,83 @@ def node_mask(ledger: UsageLedger, request: PodRequest, pod: PodOptions,
         mask &= ledger.vendor_device_counts(word)[:count] >= nums
     mask &= resources_fit(ledger, request, slice(0, count))
     return mask
+
+
+#: At most this many request shapes keep their counts (a ledger's ``derived`` cache).
+COUNT_CACHE_SHAPES = 512
+
+
+@dataclass(slots=True)
+class _Counts:
+    """Per node, the devices that could each host one request shape, as of the ledger's
+    ``version`` and ``usage_seq``."""
+
+    version: int
+    seq: int
+    per_node: IntArray
+    mutex: bool
+    allowed: list[int] | None
+
+
+def _share_counts(ledger: UsageLedger, req: ContainerDeviceRequest,
+                  pod: PodOptions) -> IntArray:
+    """Per node index: :func:`device_mask`'s devices counted as :func:`_devices_per_node`
+    does. Kept per request shape and recounted only on the nodes whose usage changed since
+    (usually one per decision); a node added or removed recounts everything. The result
+    is the cache's array: do not modify."""
+    cache: dict[tuple[object, ...], _Counts] = ledger.derived.setdefault("prefilter", {})
+    mutex = _mutex(pod)
+    key = (req.type, req.memory_mib, req.memory_percent, req.cores_percent, mutex,
+           pod.use_types, pod.nouse_types)
+    hit = cache.get(key)
+    count, seq = ledger.node_count, ledger.usage_seq
+    if hit is not None and hit.version == ledger.version:
+        if hit.seq != seq:
+            changed = ledger.changed_nodes(hit.seq)
+            hit.seq = seq
+            if changed.size * 8 < count:
+                rows = ledger.node_rows(changed)
+                ok = _device_mask(ledger, req, hit.mutex, hit.allowed, rows)
+                if isinstance(rows, slice):  # one node: count its rows directly
+                    hit.per_node[changed] = _node_devices(ledger, ok, rows)
+                else:
+                    hit.per_node[changed] = _devices_per_node(
+                        ledger, ok, ledger.node_of[rows], count, rows)[changed]
+                return hit.per_node
+        else:
+            return hit.per_node
+    if len(cache) >= COUNT_CACHE_SHAPES:
+        cache.clear()
+    n = ledger.size
+    allowed = allowed_types(ledger, req, pod)
+    per_node = _devices_per_node(
+        ledger, _device_mask(ledger, req, mutex, allowed, slice(0, n)), ledger.node_of[:n],
+        count, slice(0, n))
+    cache[key] = _Counts(ledger.version, seq, per_node, mutex, allowed)
+    return per_node
+
+
+def _node_devices(ledger: UsageLedger, ok: BoolArray, rows: slice) -> int:
+    """:func:`_devices_per_node` of the one node whose device rows are ``rows``."""
+    devices = int(np.count_nonzero(ok))
+    if ledger.has_mig_rows():
+        mig = ok & ledger.mig_mode[rows]
+        devices += int((ledger.split_count[rows][mig] - ledger.used_slots[rows][mig] - 1).sum())
+    return devices
+
+
+def _devices_per_node(ledger: UsageLedger, ok: BoolArray, node_of: IntArray,
+                      count: int, rows: Rows) -> IntArray:
+    """Per node index: how many devices of ``ok`` (over ``rows``, whose nodes are
+    ``node_of``) it could give a container, a MIG-mode GPU counting once per free task
+    slot (each instance is a device of its own)."""
+    per_node: IntArray = np.bincount(node_of[ok], minlength=count)[:count]
+    if ledger.has_mig_rows():  # an unweighted count is several times cheaper
+        mig = ok & ledger.mig_mode[rows]
+        extra = ledger.split_count[rows][mig] - ledger.used_slots[rows][mig] - 1
+        per_node += np.bincount(node_of[mig], weights=extra, minlength=count)[
+            :count].astype(np.int64)
+    return per_node
 
 
 def resources_fit(ledger: UsageLedger, request: PodRequest, idx: IntArray | slice) -> BoolArray:

@@ -1,6 +1,7 @@
 """Allocate mode ``cdi``: the shell. Allocate names a CDI device per container;
-PreStartContainer finds the container through the kubelet's pod-resources API, writes
-its host files and CDI spec, and marks the pod served. Decisions are
+PreStartContainer finds the container through the kubelet's pod-resources API and writes
+its host files and CDI spec; the pod is written to only on a refusal or when it lacks
+what the Binding should have brought. Decisions are
 :mod:`hami.deviceplugin.cdimode`'s.
 """
 
@@ -100,7 +101,8 @@ class CdiAllocator:
         self.new_cache_name = new_cache_name
         self.mutex = threading.Lock()
         self.written = 0  #: specs written (not counting restarts of a served container)
-        self.completed = 0  #: pods marked ``bind-phase=success``
+        self.completed = 0  #: completion patches written (:func:`.cdimode.completion_patch`)
+        self.failed = 0  #: pods marked ``bind-phase=failed``
         self.swept = 0  #: stale specs removed
 
     @property
@@ -118,8 +120,10 @@ class CdiAllocator:
     def prestart(self, device_ids: Sequence[str]) -> tuple[al.PodView, str]:
         """Serve the container that holds ``device_ids``: host dirs and files, CDI spec
         (kept as is when it was written for this very container: a restart or a replayed
-        call), the pod's completion patch, then a sweep of stale specs. Returns the pod
-        and container served.
+        call), the pod's completion patch when it needs one (usually none: the Binding
+        said ``success``), then a sweep of stale specs. Returns the pod and container
+        served. A pod bound here whose container is refused is marked
+        ``bind-phase=failed``.
 
         Raises :class:`hami.deviceplugin.allocate.AllocateError`: the kubelet lists no
         (or more than one) container with exactly these IDs, the pod is gone, not bound
@@ -131,22 +135,11 @@ class CdiAllocator:
             holder = cm.holder_of(holders, device_ids)
             pod = self._pod(holder.namespace, holder.pod)
             cm.check_pod_here(pod, self.node)
-            if self.guard is not None:
-                self.guard.check(pod, self.node)
-            path = self.spec_dir / cm.spec_file_name(self.resource, holder.device_ids)
-            if cm.spec_owner(_read_spec(path)) != (pod.uid, holder.container):
-                plan = cm.container_plan_for(pod, holder.container, sorted(device_ids),
-                                             self.state.cfg, self.settings,
-                                             self.new_cache_name())
-                name = cm.cdi_device_name(self.resource, holder.device_ids)
-                try:
-                    make_host_dirs(plan.host_dirs)
-                    write_host_files(plan.host_files)
-                    self.spec_dir.mkdir(parents=True, exist_ok=True)
-                    write_json_file(path, cm.spec_for(name, plan, pod))
-                except OSError as exc:
-                    raise al.AllocateError(f"{pod.namespace}/{pod.name}: {exc}") from None
-                self.written += 1
+            try:
+                self._serve(pod, holder, device_ids)
+            except al.AllocateError:
+                self._fail(pod)
+                raise
             self._complete(pod, holders)
             self._sweep(holders)
             return pod, holder.container
@@ -171,6 +164,38 @@ class CdiAllocator:
                 log.exception("CDI spec sweep failed")
 
     # -- internals ---------------------------------------------------------------------
+    def _serve(self, pod: al.PodView, holder: cm.Holder, device_ids: Sequence[str]) -> None:
+        """The guard's check, then the container's host files and CDI spec (kept when it
+        was written for this very container). Raises :class:`.allocate.AllocateError`."""
+        if self.guard is not None:
+            self.guard.check(pod, self.node)
+        path = self.spec_dir / cm.spec_file_name(self.resource, holder.device_ids)
+        if cm.spec_owner(_read_spec(path)) == (pod.uid, holder.container):
+            return
+        plan = cm.container_plan_for(pod, holder.container, sorted(device_ids),
+                                     self.state.cfg, self.settings, self.new_cache_name())
+        name = cm.cdi_device_name(self.resource, holder.device_ids)
+        try:
+            make_host_dirs(plan.host_dirs)
+            write_host_files(plan.host_files)
+            self.spec_dir.mkdir(parents=True, exist_ok=True)
+            write_json_file(path, cm.spec_for(name, plan, pod))
+        except OSError as exc:
+            raise al.AllocateError(f"{pod.namespace}/{pod.name}: {exc}") from None
+        self.written += 1
+
+    def _fail(self, pod: al.PodView) -> None:
+        """Mark a pod bound here whose container is refused ``bind-phase=failed`` (once:
+        :func:`.cdimode.failure_patch`); a failed write is logged."""
+        patch = cm.failure_patch(pod)
+        if patch is None:
+            return
+        try:
+            self.kube.patch_pod_annotations(pod.namespace, pod.name, patch)
+            self.failed += 1
+        except KubeError as exc:
+            log.error("cannot mark %s/%s failed: %s", pod.namespace, pod.name, exc)
+
     def _pod(self, namespace: str, name: str) -> al.PodView:
         """The pod from the pod watch (the node's Pending pods) or a GET."""
         watch = self.kube.pod_watch
@@ -187,8 +212,9 @@ class CdiAllocator:
         return pod
 
     def _complete(self, pod: al.PodView, holders: Sequence[cm.Holder]) -> None:
-        """One patch (``bind-phase=success``, to-allocate emptied) once every GPU
-        container of the pod has its spec; a failed patch is logged (nothing waits on it
+        """Once every GPU container of the pod has its spec, the completion patch if the
+        pod needs one (:func:`.cdimode.completion_patch`: none when its Binding said
+        ``success`` and brought the label); a failed patch is logged (nothing waits on it
         in this mode) and retried by the pod's next PreStartContainer."""
         served = [h.container for h in holders
                   if (h.namespace, h.pod) == (pod.namespace, pod.name)

@@ -16,9 +16,14 @@ does not have to:
    containers start in and of how often one restarts. The CDI spec
    (:func:`spec_for`) carries exactly what HAMi's Allocate answer carries; the runtime
    applies it when it creates the container, after PreStartContainer returned.
-3. When every GPU container of the pod has its spec (:func:`all_served`) the pod gets
-   ``bind-phase=success``, its to-allocate string emptied and, when the pod lacks it,
-   the ``hami.io/vgpu-node`` label, in one patch (:func:`completion_patch`).
+3. Nothing else is written on success: the scheduler's Binding already says
+   ``bind-phase=success`` with the to-allocate string emptied (on such a node there is no
+   node lock to release and nothing left to choose, so the signed allocation is final
+   once the Binding lands). The plugin writes ``bind-phase=failed`` when it refuses a
+   container of a pod bound here (:func:`failure_patch`), and completes a pod that does
+   not say ``success`` (a Binding from before this rule, a pod that also holds another
+   vendor's devices, or one marked failed and now served) or lacks its label
+   (:func:`completion_patch`).
 
 The scheduler binds pods on a node that advertises the mode without the node lock
 (``hami.io/node-allocate-mode``, :mod:`hami.scheduler.bindflow`), and writes their
@@ -207,29 +212,37 @@ def all_served(pod: PodView, served: Iterable[str]) -> bool:
 
 
 def completion_patch(pod: PodView) -> dict[str, str] | None:
-    """The one patch (annotations) that marks the pod served, as HAMi's plugin leaves it:
-    ``bind-phase=success`` and the to-allocate string with every entry emptied; None when
-    the pod already shows both and its label.
+    """The one patch (annotations) once every GPU container of the pod is served; None
+    when there is nothing to write (the usual case: the Binding said ``success``).
 
-    The ``hami.io/vgpu-node`` label (the monitor selects pods by it) is the scheduler's
-    to write, but on a node in this mode the allocation rides on the Binding, and an API
-    server copies a Binding's labels only with the PodTopologyLabelsAdmission feature
-    (on by default since Kubernetes 1.33): when the pod lacks the label, the patch
-    carries ``hami.io/vgpu-node`` with its value unchanged, which the shell mirrors into
-    the label (:meth:`hami.deviceplugin.kube.KubeApi.patch_pod_annotations`).
+    A pod that says ``bind-phase=success`` gets at most the ``hami.io/vgpu-node`` label:
+    an API server copies a Binding's labels only with the PodTopologyLabelsAdmission
+    feature (on by default since Kubernetes 1.33), and the monitor selects pods by it, so
+    when the pod lacks it the patch carries ``hami.io/vgpu-node`` with its value
+    unchanged, which the shell mirrors into the label
+    (:meth:`hami.deviceplugin.kube.KubeApi.patch_pod_annotations`). Any other pod gets
+    what HAMi's plugin leaves: ``bind-phase=success``, the to-allocate string with every
+    entry emptied, and the label when missing. Raises :class:`AllocateError` (bad grant).
     """
+    node = pod.annotations.get(names.VGPU_NODE)
+    label: dict[str, str] = ({names.VGPU_NODE: node}
+                             if node and pod.labels.get(names.VGPU_NODE) != node else {})
+    if pod.annotations.get(names.BIND_PHASE) == "success":
+        return label or None
     try:
         empty = encode_pod_devices(tuple(() for _ in granted(pod)))
     except (CodecError, ValueError) as exc:
         raise AllocateError(f"cannot encode {names.DEVICES_TO_ALLOCATE}: {exc}") from None
-    patch = {names.BIND_PHASE: "success", names.DEVICES_TO_ALLOCATE: empty}
-    node = pod.annotations.get(names.VGPU_NODE)
-    if node and pod.labels.get(names.VGPU_NODE) != node:
-        patch[names.VGPU_NODE] = node
-    if all(pod.annotations.get(k) == v for k, v in patch.items()) \
-            and pod.labels.get(names.VGPU_NODE) == node:
+    return {names.BIND_PHASE: "success", names.DEVICES_TO_ALLOCATE: empty, **label}
+
+
+def failure_patch(pod: PodView) -> dict[str, str] | None:
+    """The patch that marks a refused pod (bound to this node) ``bind-phase=failed``, as
+    HAMi's plugin does when Allocate fails; None when it already says so (a container
+    the kubelet retries is not written again)."""
+    if pod.annotations.get(names.BIND_PHASE) == "failed":
         return None
-    return patch
+    return {names.BIND_PHASE: "failed"}
 
 
 def stale_specs(resource_name: str, spec_files: Iterable[str], live: Iterable[str]

@@ -11,11 +11,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from hami.api import names
+from hami.core.codec import CodecError, served_pod_devices
 from hami.extender.wire import BindArgs
 from hami.kube import KubeError
 from hami.scheduler import decisionlog
 from hami.scheduler.binder import LockError, NodeLocks, acquire_all
 from hami.scheduler.events import BINDING_FAILED, BINDING_SUCCEED
+from hami.scheduler.filterflow import DeferredAllocation
 from hami.scheduler.parts import EngineParts
 
 JSON = dict[str, Any]
@@ -106,6 +108,7 @@ class BindFlow(EngineParts):
                                names.BIND_TIME: str(int(time.time()))}
                 labels = {names.VGPU_NODE: args.node}
                 if self.lock_free(args.node):
+                    annotations.update(self._final_marks(args.pod_uid, deferred))
                     await self.kube.bind(ns, args.pod_name, args.pod_uid, args.node,
                                          annotations=annotations, labels=labels)
                 else:  # back to the lock since the filter: HAMi's order
@@ -138,6 +141,27 @@ class BindFlow(EngineParts):
                          f"Successfully binding node [{args.node}] to {ns}/{args.pod_name}",
                          warning=False)
         return {"Error": ""}, lock_wait_s
+
+    def _final_marks(self, uid: str, deferred: DeferredAllocation) -> dict[str, str]:
+        """What the device plugin of a node in mode ``cdi`` would write once it served
+        the pod, for the Binding to carry: ``bind-phase=success`` and the to-allocate
+        string emptied. In HAMi's protocol ``bind-phase`` is the node lock's handshake
+        (the plugin answers ``success``/``failed`` so the lock is released); on such a
+        node there is no lock and nothing left for the plugin to choose, so the signed
+        allocation is final once the Binding lands, and the plugin writes only a failure
+        (:mod:`hami.deviceplugin.cdimode`). Empty (``allocating`` stays) for a pod that
+        also holds another vendor's devices (that vendor's plugin follows HAMi's
+        handshake), MIG instances (not served in that mode) or no NVIDIA grant."""
+        ann = deferred.annotations
+        allocated = ann.get(names.DEVICES_ALLOCATED)
+        if (not allocated or names.DEVICES_TO_ALLOCATE not in ann
+                or names.MIG_ALLOCATIONS in ann or self.state.vendor_devices.get(uid)):
+            return {}
+        try:
+            served = served_pod_devices(allocated)
+        except CodecError:
+            return {}
+        return {names.BIND_PHASE: "success", names.DEVICES_TO_ALLOCATE: served}
 
     def _undo_charge(self, uid: str, entry: Any) -> None:
         """A refused bind of a deferred allocation left nothing on the pod: release the

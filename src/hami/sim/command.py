@@ -26,7 +26,6 @@ from hami.sim.paper import PAPER_POLICIES, run_paper
 from hami.sim.replay import (
     ALL_POLICIES,
     CURVE_POINTS,
-    DEFAULT_SPLIT_COUNT,
     FRAGMENTATION_AWARE,
     REPORT_POINTS,
     Replayer,
@@ -45,6 +44,7 @@ from hami.sim.trace import (
     load_trace,
     pod_file,
 )
+from hami.sim.tracemap import DEFAULT_SPLIT_COUNT
 from hami.sim.workload import DEFAULT_TUNE, gpu_demand, prepare_workload
 
 #: Environment variable that gives ``--trace`` when the option is not on the command line.

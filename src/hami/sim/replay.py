@@ -2,14 +2,14 @@
 
 Per pod, in arrival order (the paper's protocol, never deleting a pod):
 
-1. build a Kubernetes Pod (:func:`pod_manifest`): ``num_gpu`` -> ``nvidia.com/gpu``,
+1. build a Kubernetes Pod (:func:`hami.sim.tracemap.pod_manifest`): ``num_gpu`` -> ``nvidia.com/gpu``,
    ``gpu_milli`` -> ``nvidia.com/gpucores`` and ``nvidia.com/gpumem-percentage`` =
    ``gpu_milli / 10``, ``gpu_spec`` -> ``nvidia.com/use-gputype``, CPU and memory as
    container requests;
 2. admit it with the webhook logic (:func:`hami.core.admission.admit`) and parse the
    mutated pod (:func:`hami.core.request.pod_request`). Both are pure functions of the pod
    spec, so they run once per distinct pod shape (the default trace has ~150) and the
-   result is reused with the pod's own name;
+   result is reused with the pod's own name (:class:`hami.sim.tracemap.PodShapes`);
 3. choose a node with the core's filter (:func:`hami.core.filter.filter_pod`), then bind
    by charging the grant to the :class:`~hami.core.ledger.UsageLedger`, CPU and memory
    included (a node fits only if CPU and memory fit too, as kube-scheduler checks).
@@ -20,8 +20,9 @@ with the fragmentation-aware order that knows the trace's workload and ``explain
 (the simulator reports no per-node reasons, so none are computed for nodes the
 prefilter already excluded).
 
-MIG-mode nodes (a node list's ``mode`` column, :mod:`hami.sim.mig`) register their GPUs
-as the device plugin does in MIG mode; a pod's memory percentage is resolved on the card's
+The ledger's nodes are the trace's (:func:`hami.sim.tracemap.build_ledger`). MIG-mode
+nodes (a node list's ``mode`` column, :mod:`hami.sim.mig`) register their GPUs as the
+device plugin does in MIG mode; a pod's memory percentage is resolved on the card's
 memory and the filter picks the smallest MIG profile with at least that much memory and a
 free placement (HAMi v2.10). The grant is charged with the profile's memory and cores
 and its placement is reserved on the GPU, exactly as
@@ -35,28 +36,23 @@ policy places them where fragmentation grows least, as FGD does.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from hami.api import names
-from hami.core.admission import admit
 from hami.core.codec import MigAllocation
-from hami.core.config import SchedulerConfig, SchedulingPolicy
+from hami.core.config import SchedulingPolicy
 from hami.core.filter import filter_pod
 from hami.core.fragmentation import FragmentationScorer, Placement, WorkloadDistribution
-from hami.core.ledger import UsageLedger
-from hami.core.model import DeviceInfo, PodRequest
-from hami.core.request import pod_request
+from hami.core.model import PodRequest
+from hami.core.nodefit import BestFirst, FilterContext
 from hami.devices.nvidia import NvidiaConfig
 from hami.devices.registry import make_config
 from hami.sim import metrics
-from hami.sim.mig import mig_device, mig_model, require_mig_model
 from hami.sim.trace import TraceNode, TracePod
+from hami.sim.tracemap import DEFAULT_SPLIT_COUNT, PodShapes, build_ledger
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -70,26 +66,10 @@ HAMI_GPU_POLICIES = ("binpack", "spread", "topology-aware", "mutex")
 ALL_POLICIES = tuple(f"{n}/{g}" for n in HAMI_NODE_POLICIES for g in HAMI_GPU_POLICIES) + (
     FRAGMENTATION_AWARE,)
 
-#: GPU memory per trace model, MiB. The trace gives none (README "Columns and units");
-#: public models use their marketed size (T4: 15360 MiB as the driver reports it).
-#: G1/G2/G3 are undisclosed: we assume 32 GiB cards. Requests are percentages of the
-#: card, so this choice changes only integer rounding, never which pod fits where.
-GPU_MEMORY_MIB: dict[str, int] = {
-    "V100M16": 16384, "V100M32": 32768, "P100": 16384, "T4": 15360, "A10": 24576,
-    "G1": 32768, "G2": 32768, "G3": 32768,
-}
-DEFAULT_GPU_MEMORY_MIB = 16384
-#: Default tasks per GPU: the trace's smallest share is 50 milli (5 %), so 20 fit a card.
-DEFAULT_SPLIT_COUNT = 20
 #: Arrived-demand points reported (percent of cluster GPU capacity).
 REPORT_POINTS = tuple(range(10, 131, 10))
 #: Every integer percent 0..130 is recorded for the plot.
 CURVE_POINTS = tuple(range(0, 131))
-
-
-def device_type(model: str) -> str:
-    """HAMi-style device type of a trace GPU model (``NVIDIA-<model>``)."""
-    return f"NVIDIA-{model}"
 
 
 def parse_policy(policy: str) -> SchedulingPolicy:
@@ -104,88 +84,6 @@ def parse_policy(policy: str) -> SchedulingPolicy:
     if node not in HAMI_NODE_POLICIES or gpu not in HAMI_GPU_POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(ALL_POLICIES)}")
     return SchedulingPolicy(node, gpu)
-
-
-def gpu_memory_mib(model: str, gpu_memory: dict[str, int] | None = None) -> int:
-    """Card memory of a trace GPU model, MiB: :data:`GPU_MEMORY_MIB` (or ``gpu_memory``),
-    then a MIG-capable model's card memory, else :data:`DEFAULT_GPU_MEMORY_MIB`."""
-    memory = gpu_memory or GPU_MEMORY_MIB
-    if model in memory:
-        return memory[model]
-    mig = mig_model(model)
-    return mig.card_memory_mib if mig is not None else DEFAULT_GPU_MEMORY_MIB
-
-
-def build_ledger(nodes: Sequence[TraceNode], split_count: int = DEFAULT_SPLIT_COUNT,
-                 gpu_memory: dict[str, int] | None = None) -> UsageLedger:
-    """A ledger holding every GPU node, with CPU and memory capacity checked.
-
-    A ``hami-core`` node's GPUs take ``split_count`` tasks each; a ``mig`` node's GPUs are
-    MIG-mode devices with their model's profiles (:func:`hami.sim.mig.mig_device`).
-
-    Raises:
-        hami.sim.mig.MigModelError: a ``mig`` node whose model has no MIG profiles.
-    """
-    ledger = UsageLedger(capacity=max(64, sum(n.gpu for n in nodes)))
-    for node in nodes:
-        if node.mode == names.MODE_MIG:
-            model = require_mig_model(node.model, node.name)
-            devices = [mig_device(f"{node.name}-gpu{i}", i, device_type(node.model), model)
-                       for i in range(node.gpu)]
-        else:
-            mib = gpu_memory_mib(node.model, gpu_memory)
-            devices = [DeviceInfo(uuid=f"{node.name}-gpu{i}", index=i,
-                                  split_count=split_count, memory_mib=mib, cores_percent=100,
-                                  type=device_type(node.model)) for i in range(node.gpu)]
-        ledger.add_node(node.name, devices, cpu_milli=node.cpu_milli,
-                        memory_mib=node.memory_mib)
-    return ledger
-
-
-def pod_manifest(pod: TracePod, namespace: str = "default") -> dict[str, Any]:
-    """The Kubernetes Pod a trace task becomes (see the module docstring for the map)."""
-    limits: dict[str, Any] = {}
-    annotations: dict[str, str] = {}
-    if pod.num_gpu > 0:
-        limits = {names.RESOURCE_COUNT: pod.num_gpu,
-                  names.RESOURCE_CORES: pod.gpu_milli // 10,
-                  names.RESOURCE_MEMORY_PERCENTAGE: pod.gpu_milli // 10}
-        if pod.gpu_spec:
-            annotations[names.USE_GPUTYPE] = ",".join(pod.gpu_spec)
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": pod.name, "namespace": namespace, "uid": pod.name,
-                     "annotations": annotations},
-        "spec": {"containers": [{
-            "name": "main",
-            "resources": {"limits": limits,
-                          "requests": {"cpu": f"{pod.cpu_milli}m",
-                                       "memory": f"{pod.memory_mib}Mi"}},
-        }]},
-    }
-
-
-class AdmissionError(RuntimeError):
-    """The webhook denied a trace pod (never expected for the trace's values)."""
-
-
-@dataclass
-class _Shapes:
-    """Admission and request parsing, memoised per pod shape (both are pure)."""
-
-    config: SchedulerConfig
-    cache: dict[tuple[Any, ...], PodRequest] = field(default_factory=dict)
-
-    def request(self, pod: TracePod) -> PodRequest:
-        key = (pod.num_gpu, pod.gpu_milli, pod.gpu_spec, pod.cpu_milli, pod.memory_mib)
-        template = self.cache.get(key)
-        if template is None:
-            result = admit(pod_manifest(pod), self.config)
-            if not result.allowed:
-                raise AdmissionError(f"pod {pod.name} denied: {result.message}")
-            template = pod_request(result.pod, self.config.registry)
-            self.cache[key] = template
-        return dataclasses.replace(template, name=pod.name, uid=pod.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +149,7 @@ class Replayer:
         self.capacity_milli = 1000 * sum(n.gpu for n in nodes)
         self.dist = dist
         nvidia = NvidiaConfig(device_split_count=split_count)
-        self.shapes = _Shapes(make_config(nvidia=nvidia, policy=self.policy))
+        self.shapes = PodShapes(make_config(nvidia=nvidia, policy=self.policy))
         self.scorer = FragmentationScorer(dist)
         self.names = [self.ledger.node_name(i) for i in range(self.ledger.node_count)]
         self.allocated_milli = 0
@@ -274,7 +172,7 @@ class Replayer:
             return None
         led = self.ledger
         if self.policy.node_policy == FRAGMENTATION_AWARE:
-            best = self.scorer.order(led, Placement.of(request), idx)[0]
+            best = next(iter(self.scorer.best_first(led, Placement.of(request), idx)))
             return self.names[int(best)]
         else:  # kube-scheduler LeastAllocated
             cpu_t = led.cpu_milli_total[idx].astype(np.float64)
@@ -282,6 +180,10 @@ class Replayer:
             score = ((cpu_t - led.cpu_milli_used[idx] - request.cpu_milli) / cpu_t
                      + (mem_t - led.memory_mib_used[idx] - request.memory_mib) / mem_t)
         return self.names[int(idx[int(np.argmax(score))])]
+
+    def _rank(self, ctx: FilterContext, idx: IntArray) -> IntArray | BestFirst:
+        """The fragmentation-aware node order, sorted only past its best node."""
+        return self.scorer.best_first(ctx.ledger, Placement.of(ctx.request), idx)
 
     def schedule(self, request: PodRequest) -> tuple[str | None, int]:
         """Place one admitted pod; returns ``(node or None, GPU milli granted)``."""
@@ -294,7 +196,7 @@ class Replayer:
                             memory_mib=request.memory_mib)
             return node, 0
         result = filter_pod(request, led, None, self.policy,
-                            node_orders={FRAGMENTATION_AWARE: self.scorer}, explain=False)
+                            node_orders={FRAGMENTATION_AWARE: self._rank}, explain=False)
         if result.node is None:
             return None, 0
         if not result.mig:

@@ -38,15 +38,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
 from hami.testing.clusterconfig import (
     AUDIT_POLICY,
     KUBERNETES_SERVICE_IP,
     apiserver_argv,
     etcd_argv,
     read_audit_events,
-    scheduler_argv,
     write_audit_policy,
     write_kubeconfig,
     write_pki,
@@ -62,6 +59,7 @@ from hami.testing.kubeobjects import (
     set_node_status,
     set_pod_phase,
 )
+from hami.testing.kubescheduler import start_kube_scheduler
 from hami.testing.pki import CertificateAuthority, KeyPair
 from hami.testing.processes import (
     BINARIES,
@@ -83,7 +81,6 @@ from hami.testing.scheduler_config import (
     CLIENT_BURST,
     CLIENT_QPS,
     ExtenderConfig,
-    render_scheduler_config,
 )
 
 _PORT_ATTEMPTS = 3
@@ -269,32 +266,10 @@ class ControlPlane:
         running = [h for h in self._schedulers if h.component.process.poll() is None]
         if any(h.scheduler_name == scheduler_name for h in running):
             raise ValueError(f"a kube-scheduler with profile {scheduler_name!r} already runs")
-        handle = self._retry_on_port_clash(
-            lambda: self._start_scheduler_once(scheduler_name, extender, timeout_s,
-                                               client_qps, client_burst)
-        )
+        handle = start_kube_scheduler(self, scheduler_name, extender, timeout_s=timeout_s,
+                                      client_qps=client_qps, client_burst=client_burst)
         self._schedulers.append(handle)
         return handle
-
-    def _start_scheduler_once(
-        self, scheduler_name: str, extender: ExtenderConfig | None, timeout_s: float,
-        client_qps: float | None = CLIENT_QPS, client_burst: int | None = CLIENT_BURST,
-    ) -> SchedulerHandle:
-        port = free_port()
-        tag = f"kube-scheduler-{scheduler_name}-{port}"
-        config_path = self.workdir / f"{tag}.yaml"
-        config = render_scheduler_config(
-            kubeconfig=str(self.kubeconfig), scheduler_name=scheduler_name, extender=extender,
-            client_qps=client_qps, client_burst=client_burst,
-        )
-        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
-        comp = self._spawn(tag, scheduler_argv(
-            self.binaries["kube-scheduler"], config=config_path, port=port,
-            pki=self.pki_dir, kubeconfig=self.kubeconfig, verbosity=self.verbosity))
-        self.startup_seconds[tag] = comp.wait_healthy(
-            lambda: self._https_ok(f"https://{HOST}:{port}/readyz"), "/readyz", timeout_s
-        )
-        return SchedulerHandle(scheduler_name, config_path, port, comp)
 
     # -- internals ---------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from hami.core.fragmentation.lookahead import LookAhead
 from hami.core.fragmentation.measure import WHOLE, FloatArray, IntArray, WorkloadDistribution
 from hami.core.fragmentation.scalar import node_growth, share_growth
 from hami.core.fragmentation.state import FEW_NODES, FragmentationState, node_types
+from hami.core.nodefit import BestFirst
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +198,25 @@ class FragmentationScorer:
     def __call__(self, ctx: Any, idx: IntArray) -> IntArray:
         """Filter hook: candidate nodes best (least fragmentation growth) first."""
         return self.order(ctx.ledger, Placement.of(ctx.request), idx)
+
+    def best_first(self, ledger: Any, placement: Placement,
+                   idx: IntArray) -> IntArray | BestFirst:
+        """:meth:`order` that sorts only if the caller goes past its first node: the best
+        node (least growth, then :attr:`tie_break`) is found in one pass and the whole
+        order made on demand (``random`` and ``binpack`` ties, or the look-ahead, which
+        re-ranks the near-best nodes: the order at once)."""
+        if (idx.size == 0 or self.tie_break not in ("stable", "least-free-gpu")
+                or self.look_ahead is not None):
+            return self.order(ledger, placement, idx)
+        deltas = self.node_deltas(ledger, placement, idx)
+        least = deltas.min()
+        if np.isnan(least):  # sorted last by order(); leave such cases to it
+            return self.order(ledger, placement, idx)
+        ties = np.flatnonzero(deltas == least)
+        if self.tie_break == "least-free-gpu" and ties.size > 1:
+            assert self._state is not None
+            ties = ties[np.argmin(self._state.total[idx[ties]]):]
+        return BestFirst(int(idx[ties[0]]), lambda: self.order(ledger, placement, idx))
 
     def order(self, ledger: Any, placement: Placement, idx: IntArray) -> IntArray:
         """``idx`` sorted by fragmentation growth, ties broken by :attr:`tie_break`:

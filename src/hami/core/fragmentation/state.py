@@ -65,7 +65,8 @@ class FragmentationState:
         self.c = np.zeros((n, dist.size))
         self.frag = np.zeros(n)
         self._free: IntArray | None = None
-        self._sums: tuple[IntArray, ...] | None = None
+        #: ``(ledger version, ledger usage_seq)`` at the last :meth:`refresh_from_ledger`.
+        self._seen: tuple[int, int] | None = None
         self._dev_order = np.zeros(0, dtype=np.int64)
         self._ptr = np.zeros(n + 1, dtype=np.int64)
         self._ptr_list: list[int] = [0] * (n + 1)
@@ -193,30 +194,27 @@ class FragmentationState:
     def refresh_from_ledger(self, ledger: Any) -> None:
         """:meth:`refresh` reading a :class:`~hami.core.ledger.UsageLedger`, cheaply.
 
-        Changed nodes are found from the ledger's per-node sums (used cores, slots, CPU,
-        memory) and only their devices are re-read; the first call reads everything.
+        Changed nodes are those the ledger stamped since the last call
+        (``UsageLedger.changed_nodes``) and only their devices are re-read; the first call
+        reads everything.
         """
-        count = ledger.node_count
-        sums = (ledger.sum_used_cores[:count], ledger.sum_used_slots[:count],
-                ledger.cpu_milli_used[:count], ledger.memory_mib_used[:count])
-        if self._free is None or self._sums is None or self._sums[0].shape != sums[0].shape:
-            self._sums = tuple(x.copy() for x in sums)
+        version = ledger.version
+        if self._free is None or self._seen is None or self._seen[0] != version:
+            self._seen = (version, ledger.usage_seq)
             self.refresh(*ledger_inputs(ledger))
             return
-        mask = sums[0] != self._sums[0]
-        for new, old in zip(sums[1:], self._sums[1:], strict=True):
-            mask |= new != old
-        changed = np.flatnonzero(mask)
+        seq = ledger.usage_seq
+        changed = (ledger.changed_nodes(self._seen[1]) if seq != self._seen[1]
+                   else np.zeros(0, dtype=np.int64))
+        self._seen = (version, seq)
         if changed.size == 0:
             if self._all_stale:
                 self._update_nodes(np.arange(self.total.shape[0]))
                 self._all_stale = False
             return
         if changed.size <= FEW_NODES and not self._all_stale:
-            self._refresh_few(ledger, changed.tolist(), sums)
+            self._refresh_few(ledger, changed.tolist())
             return
-        for new, old in zip(sums, self._sums, strict=True):
-            old[changed] = new[changed]
         devs = self.devices_of(changed)
         total_cores = np.maximum(ledger.total_cores[devs], 1)
         free = (ledger.total_cores[devs] - ledger.used_cores[devs]) * 1000 // total_cores
@@ -233,14 +231,12 @@ class FragmentationState:
         self._update_nodes(np.arange(self.total.shape[0]) if self._all_stale else changed)
         self._all_stale = False
 
-    def _refresh_few(self, ledger: Any, nodes: list[int], sums: tuple[IntArray, ...]) -> None:
+    def _refresh_few(self, ledger: Any, nodes: list[int]) -> None:
         """:meth:`refresh_from_ledger` for a few changed ``nodes``, one by one in plain
         Python (the same free shares, free CPU and memory, and terms)."""
-        assert self._free is not None and self._sums is not None
+        assert self._free is not None
         ptr, dev_order = self._ptr_list, self._dev_order
         for i in nodes:
-            for new, old in zip(sums, self._sums, strict=True):
-                old[i] = new[i]
             devs = dev_order[ptr[i]:ptr[i + 1]]
             free = [(cores - used) * 1000 // max(cores, 1) if healthy and slots < split else 0
                     for cores, used, healthy, slots, split in zip(
