@@ -154,9 +154,10 @@ class FragmentationScorer:
         n = state.total.shape[0]
         if not (p.num_gpu == 1 and 0 < p.request_milli < WHOLE):
             if nodes.size >= n // 2:  # the whole cluster at once, class-major
-                every = state.delta_all(request_milli=p.request_milli, num_gpu=p.num_gpu,
+                grown = state.delta_all(request_milli=p.request_milli, num_gpu=p.num_gpu,
                                         cpu_milli=p.cpu_milli, memory_mib=p.memory_mib)
-                return every[nodes]
+                result: FloatArray = grown[nodes]
+                return result
             return state.delta_nodes(nodes, request_milli=p.request_milli,
                                      num_gpu=p.num_gpu, cpu_milli=p.cpu_milli,
                                      memory_mib=p.memory_mib)
@@ -169,8 +170,7 @@ class FragmentationScorer:
             every = state.least_share_all(request_milli=p.request_milli,
                                           cpu_milli=p.cpu_milli, memory_mib=p.memory_mib)
             if every is not None:
-                result: FloatArray = every[nodes]
-                return result
+                return every[nodes]
             devices = np.flatnonzero((node_of >= 0) & (free >= p.request_milli))
         best = np.full(n, np.inf)
         if devices.size:
