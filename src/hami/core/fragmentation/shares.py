@@ -136,7 +136,7 @@ class SlotTable:
         #: Every free share lies in ``0..1000``.
         self.in_range = True
         self.value_of = np.empty((n, d), dtype=np.int64)
-        self.rows = np.arange(n)[:, None]
+        self.node = np.arange(n)[:, None]
         self._gathered = np.empty(dev_order.size, dtype=np.int64)
 
     def fill(self, free_milli: IntArray) -> None:
@@ -172,10 +172,12 @@ def least_share_after_all(table: SlotTable, free_milli: IntArray, total: FloatAr
     v = values.size
     if v > 64:
         return None
-    lookup = np.full(WHOLE + 1, v, dtype=np.int64)  # v: no candidate
-    lookup[values] = np.arange(v)
-    np.take(lookup, free, out=table.value_of)
-    has = np.zeros((free.shape[0], v + 1), dtype=np.bool_)
-    has[table.rows, table.value_of] = True
-    return least_share_after(total, s, c, host, dist, values, ~has[:, :v].T,
+    n = free.shape[0]
+    lookup = np.full(WHOLE + 1, v * n, dtype=np.int64)  # row v: no candidate
+    lookup[values] = np.arange(v) * n
+    cell = np.take(lookup, free, out=table.value_of)
+    cell += table.node  # the (free share, node) cell of each GPU
+    has = np.zeros((v + 1, n), dtype=np.bool_)
+    has.ravel()[cell.ravel()] = True
+    return least_share_after(total, s, c, host, dist, values, ~has[:v],
                              request_milli=request_milli, work=work)
