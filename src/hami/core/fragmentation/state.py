@@ -98,8 +98,9 @@ class FragmentationState:
         """Bring the cached terms up to date with the given arrays (any change allowed,
         node set included); only nodes whose inputs differ are recomputed."""
         n = self.total.shape[0]
-        if (self._free is None or self._free.shape != free_milli.shape
-                or not np.array_equal(self.node_of, node_of)):
+        rebuilt = (self._free is None or self._free.shape != free_milli.shape
+                   or not np.array_equal(self.node_of, node_of))
+        if rebuilt:
             changed_nodes = np.arange(n)
             self.node_of = node_of.copy()
             self._index_devices()
@@ -111,8 +112,11 @@ class FragmentationState:
             changed |= (self.cpu_free != cpu_free) | (self.mem_free != mem_free)
             changed_nodes = np.flatnonzero(changed)
         self._free = free_milli.copy()
-        if self._slots is not None:
-            self._slots.fresh = False
+        if self._slots is not None:  # a new device index fills its table now
+            if rebuilt:
+                self._slots.fill(self._free)
+            else:
+                self._slots.fresh = False
         self.cpu_free = cpu_free.copy()
         self.mem_free = mem_free.copy()
         self._update_nodes(np.arange(n) if self._all_stale else changed_nodes)
@@ -126,7 +130,7 @@ class FragmentationState:
         counts = np.bincount(self.node_of[valid], minlength=n)[:n]
         self._ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._ptr_list = self._ptr.tolist()
-        self._slots = None
+        self._slots = SlotTable(self._dev_order, self._ptr)
 
     def devices_of(self, nodes: IntArray) -> IntArray:
         """Device indices of ``nodes`` (concatenated in node order)."""
@@ -287,9 +291,7 @@ class FragmentationState:
         GPUs with at least ``request_milli`` free (``inf`` for a node without one),
         computed for the whole cluster at once (:func:`least_share_after_all`); None
         when the free shares do not suit that (then :meth:`least_share_delta`)."""
-        assert self._free is not None
-        if self._slots is None:
-            self._slots = SlotTable(self._dev_order, self._ptr)
+        assert self._free is not None and self._slots is not None
         least_after = least_share_after_all(
             self._slots, self._free, self.total, self.s, self.c,
             self._host_after(cpu_milli, memory_mib), self.dist, request_milli=request_milli,
