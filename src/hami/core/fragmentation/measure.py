@@ -356,7 +356,8 @@ def share_after(total: FloatArray, s: FloatArray, c: FloatArray, host: BoolArray
 
 
 class Workspace:
-    """Reusable 2-D arrays (three float, one bool) for :func:`share_delta`.
+    """Reusable 2-D arrays (three float, one bool) for :func:`share_after` and the
+    whole-cluster computations of :mod:`~hami.core.fragmentation.shares`.
 
     One flat buffer per kind, grown to twice what is asked, so that a new request shape
     or a relearned mix with more classes usually finds it large enough."""
@@ -368,7 +369,7 @@ class Workspace:
     def arrays(self, rows: int, k: int
                ) -> tuple[FloatArray, FloatArray, FloatArray, BoolArray]:
         """Three float and one bool C-contiguous ``[rows, k]`` arrays, contents undefined
-        (:func:`share_delta` asks for ``[K, R]``)."""
+        (callers ask class-major: ``[2K, R]`` rows, ``[*, N]`` nodes)."""
         size = rows * k
         if self._b.size < size:
             self._f = np.empty(6 * size)
