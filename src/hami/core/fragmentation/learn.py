@@ -14,6 +14,7 @@ from typing import Any
 
 from hami.core.fragmentation.measure import WHOLE, IntArray, WorkloadDistribution
 from hami.core.fragmentation.order import FragmentationScorer, Placement
+from hami.core.nodefit import BestFirst
 
 #: One learned task: (GPUs, share milli per GPU, CPU milli, memory MiB, allowed GPU types).
 Task = tuple[int, int, int, int, tuple[str, ...]]
@@ -108,8 +109,7 @@ class LiveFragmentationOrder:
         self._new = 0
         self._known_at_learn = 0  # tasks the mix was last learned from
 
-    def _note(self, ctx: Any) -> None:
-        p = Placement.of(ctx.request)
+    def _note(self, ctx: Any, p: Placement) -> None:
         uid = ctx.request.uid
         if p.num_gpu <= 0 or uid in self._arrivals:
             return
@@ -126,12 +126,15 @@ class LiveFragmentationOrder:
         self._known_at_learn = len(tasks)
         return _distribution(tasks, self.min_weight) if tasks else None
 
-    def __call__(self, ctx: Any, idx: IntArray) -> IntArray:
-        """Filter hook: candidate nodes, least fragmentation growth first."""
+    def __call__(self, ctx: Any, idx: IntArray) -> IntArray | BestFirst:
+        """Filter hook: candidate nodes, least fragmentation growth first, as
+        :meth:`FragmentationScorer.best_first <hami.core.fragmentation.order.FragmentationScorer.best_first>`
+        (the full order is sorted only if the filter goes past the best node)."""
+        placement = Placement.of(ctx.request)
         if not self._fixed:
             if id(ctx.ledger) != self._learned_from:
                 self._arrivals.clear()
-            self._note(ctx)
+            self._note(ctx, placement)
             count = ctx.ledger.version_pods
             warm = len(self._arrivals) >= self.relearn_every
             stale = (self._scorer is None or id(ctx.ledger) != self._learned_from
@@ -148,4 +151,4 @@ class LiveFragmentationOrder:
                 self._learned_at, self._learned_from = count, id(ctx.ledger)
                 self._new = 0
         assert self._scorer is not None
-        return self._scorer(ctx, idx)
+        return self._scorer.best_first(ctx.ledger, placement, idx)

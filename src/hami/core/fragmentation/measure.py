@@ -202,8 +202,7 @@ def distinct_shares(free_milli: IntArray) -> tuple[IntArray, IntArray]:
     position among them (``values[of_value] == free_milli``)."""
     free = np.asarray(free_milli, dtype=np.int64)
     if free.size and free.min() >= 0 and free.max() <= WHOLE:  # the usual range: no sort
-        present = np.zeros(WHOLE + 1, dtype=np.int64)
-        present[free] = 1
+        present = np.bincount(free, minlength=WHOLE + 1) > 0
         values: IntArray = np.flatnonzero(present)
         of_value: IntArray = (np.cumsum(present) - 1)[free]
         return values, of_value
@@ -301,42 +300,64 @@ def frag_delta(total: FloatArray, s: FloatArray, c: FloatArray, before: FloatArr
 def share_delta(total: FloatArray, s: FloatArray, c: FloatArray, before: FloatArray,
                 host: BoolArray, dist: WorkloadDistribution, node_of_row: IntArray,
                 device_free: IntArray, *, request_milli: int,
-                work: Workspace | None = None) -> FloatArray:
+                work: Workspace | None = None,
+                shares: tuple[IntArray, IntArray] | None = None) -> FloatArray:
     """:func:`frag_delta` of a GPU share, one row per candidate device, computed faster.
 
     ``total``/``s``/``c``/``before`` are per node (``[N]``, ``[N, K]``); ``host[n, k]``:
     class ``k`` accepts node ``n``'s GPU model and fits its CPU and memory after the
     request; row ``i`` is a device of node ``node_of_row[i]`` with ``device_free[i]``
-    (``>= request_milli``) free. The change of ``S`` and ``C`` that taking the share from
-    a device causes depends on the device's free share alone, so it is computed once per
-    distinct free share and added to the node's terms. Same values as :func:`frag_delta`
-    (the terms are whole numbers, exact in float64). ``work`` (reused between calls)
-    holds the ``[R, K]`` intermediates: fresh large arrays cost page faults.
+    (``>= request_milli``) free. Same values as :func:`frag_delta` (the terms are whole
+    numbers, exact in float64); see :func:`share_after` for ``work`` and ``shares``.
     """
-    need = dist.need()[None, :]
-    values, row_value = distinct_shares(device_free)
-    f = values.astype(np.float64)[:, None]
-    g = f - request_milli
-    d_s = np.where(g < need, g, 0.0) - np.where(f < need, f, 0.0)
-    d_c = (g >= need).astype(np.float64) - (f >= need)
-    rows = node_of_row.shape[0]
-    s2, c2, tmp, ok = (work or Workspace()).arrays(rows, dist.size)
-    np.take(s, node_of_row, axis=0, out=s2)
-    s2 += np.take(d_s, row_value, axis=0, out=tmp)
-    np.take(c, node_of_row, axis=0, out=c2)
-    c2 += np.take(d_c, row_value, axis=0, out=tmp)
-    np.greater_equal(c2, dist.num_gpu[None, :], out=ok)
-    ok |= dist.num_gpu[None, :] == 0
-    ok &= np.take(host, node_of_row, axis=0)
-    np.copyto(c2, (total[node_of_row] - request_milli)[:, None])
-    np.copyto(c2, s2, where=ok)  # F_n(k) after: S where the class still runs, else T
-    after = c2 @ dist.weight
+    after = share_after(total, s, c, host, dist, node_of_row, device_free,
+                        request_milli=request_milli, work=work, shares=shares)
     result: FloatArray = np.round(after - before[node_of_row], 6)
     return result
 
 
+def share_after(total: FloatArray, s: FloatArray, c: FloatArray, host: BoolArray,
+                dist: WorkloadDistribution, node_of_row: IntArray, device_free: IntArray, *,
+                request_milli: int, work: Workspace | None = None,
+                shares: tuple[IntArray, IntArray] | None = None) -> FloatArray:
+    """The expected fragmentation ``F_n`` after the GPU share, one value per row of
+    :func:`share_delta` (which subtracts ``F_n`` before and rounds).
+
+    The change of ``S`` and ``C`` that taking the share from a device causes depends on
+    the device's free share alone, so it is computed once per distinct free share and
+    added to the node's terms. ``shares``, when the caller has it, is
+    :func:`distinct_shares` of ``device_free``. ``work`` (reused between calls) holds the
+    intermediates, class-major (``[K, R]``: numpy broadcasts a per-row value along long
+    contiguous rows fast, along ``K`` short ones slowly); fresh large arrays cost page
+    faults.
+    """
+    k = dist.size
+    need = dist.need()[:, None]
+    values, row_value = distinct_shares(device_free) if shares is None else shares
+    f = values.astype(np.float64)[None, :]
+    g = f - request_milli
+    change = np.empty((2 * k, values.size))  # [K, V] change of S, then of C
+    np.subtract(np.where(g < need, g, 0.0), np.where(f < need, f, 0.0), out=change[:k])
+    np.subtract(g >= need, (f >= need).astype(np.float64), out=change[k:])
+    rows = node_of_row.shape[0]
+    terms, tmp, _, ok = (work or Workspace()).arrays(2 * k, rows)
+    np.take(np.concatenate((s.T, c.T)), node_of_row, axis=1, out=terms, mode="clip")
+    terms += np.take(change, row_value, axis=1, out=tmp, mode="clip")
+    s2, c2, frag = terms[:k], terms[k:], tmp[:k]
+    # The class still has its GPUs (-inf: it needs none), and its model, CPU and memory.
+    gpus = np.where(dist.num_gpu == 0, -np.inf, dist.num_gpu.astype(np.float64))
+    host_ok = ok[:k]
+    np.greater_equal(c2, gpus[:, None], out=host_ok)
+    host_ok &= np.take(host.T, node_of_row, axis=1, mode="clip")
+    np.copyto(frag, (total[node_of_row] - request_milli)[None, :])
+    np.copyto(frag, s2, where=host_ok)  # F_n(k) after: S where the class still runs, else T
+    after: FloatArray = dist.weight @ frag
+    return after
+
+
 class Workspace:
-    """Reusable ``[R, K]`` arrays (three float, one bool) for :func:`share_delta`.
+    """Reusable 2-D arrays (three float, one bool) for :func:`share_after` and the
+    whole-cluster computations of :mod:`~hami.core.fragmentation.shares`.
 
     One flat buffer per kind, grown to twice what is asked, so that a new request shape
     or a relearned mix with more classes usually finds it large enough."""
@@ -347,7 +368,8 @@ class Workspace:
 
     def arrays(self, rows: int, k: int
                ) -> tuple[FloatArray, FloatArray, FloatArray, BoolArray]:
-        """Three float and one bool C-contiguous ``[rows, k]`` arrays, contents undefined."""
+        """Three float and one bool C-contiguous ``[rows, k]`` arrays, contents undefined
+        (callers ask class-major: ``[2K, R]`` rows, ``[*, N]`` nodes)."""
         size = rows * k
         if self._b.size < size:
             self._f = np.empty(6 * size)

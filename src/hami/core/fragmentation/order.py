@@ -29,7 +29,8 @@ import numpy as np
 
 from hami.core.fragmentation.lookahead import LookAhead
 from hami.core.fragmentation.measure import WHOLE, FloatArray, IntArray, WorkloadDistribution
-from hami.core.fragmentation.state import FragmentationState, node_types
+from hami.core.fragmentation.scalar import node_growth, share_growth
+from hami.core.fragmentation.state import FEW_NODES, FragmentationState, node_types
 from hami.core.nodefit import BestFirst
 
 
@@ -132,28 +133,52 @@ class FragmentationScorer:
         stale = idx[seen[idx] != state.node_version[idx]]
         if stale.size:
             seen[stale] = state.node_version[stale]
-            best[stale] = self._compute(state, placement, stale)
+            if stale.size <= FEW_NODES:  # usually the one node the last pod went to
+                best[stale] = [self._compute_one(state, placement, i) for i in stale.tolist()]
+            else:
+                best[stale] = self._compute(state, placement, stale)
         result: FloatArray = best[idx]
         return result
 
+    @staticmethod
+    def _compute_one(state: FragmentationState, p: Placement, node: int) -> float:
+        """:meth:`_compute` for one node, in plain Python."""
+        row = state.row(node)
+        if p.num_gpu == 1 and 0 < p.request_milli < WHOLE:
+            return share_growth(row, state.classes, request_milli=p.request_milli,
+                                cpu_milli=p.cpu_milli, memory_mib=p.memory_mib)
+        return node_growth(row, state.classes, request_milli=p.request_milli,
+                           num_gpu=p.num_gpu, cpu_milli=p.cpu_milli, memory_mib=p.memory_mib)
+
     def _compute(self, state: FragmentationState, p: Placement, nodes: IntArray) -> FloatArray:
+        n = state.total.shape[0]
         if not (p.num_gpu == 1 and 0 < p.request_milli < WHOLE):
+            if nodes.size >= n // 2:  # the whole cluster at once, class-major
+                grown = state.delta_all(request_milli=p.request_milli, num_gpu=p.num_gpu,
+                                        cpu_milli=p.cpu_milli, memory_mib=p.memory_mib)
+                result: FloatArray = grown[nodes]
+                return result
             return state.delta_nodes(nodes, request_milli=p.request_milli,
                                      num_gpu=p.num_gpu, cpu_milli=p.cpu_milli,
                                      memory_mib=p.memory_mib)
         assert state._free is not None
         free, node_of = state._free, state.node_of
-        n = state.total.shape[0]
-        devices = state.devices_of(nodes) if nodes.size < n // 2 else np.flatnonzero(node_of >= 0)
-        devices = devices[free[devices] >= p.request_milli]
+        if nodes.size < n // 2:
+            devices = state.devices_of(nodes)
+            devices = devices[free[devices] >= p.request_milli]
+        else:
+            every = state.least_share_all(request_milli=p.request_milli,
+                                          cpu_milli=p.cpu_milli, memory_mib=p.memory_mib)
+            if every is not None:
+                return every[nodes]
+            devices = np.flatnonzero((node_of >= 0) & (free >= p.request_milli))
         best = np.full(n, np.inf)
         if devices.size:
             where, least = state.least_share_delta(devices, request_milli=p.request_milli,
                                                    cpu_milli=p.cpu_milli,
                                                    memory_mib=p.memory_mib)
             best[where] = least
-        result: FloatArray = best[nodes]
-        return result
+        return best[nodes]
 
     def best_device(self, ledger: Any, placement: Placement, node: int) -> int | None:
         """For a GPU share on node ``node``: the ledger device index whose use grows

@@ -27,8 +27,19 @@ from hami.core.fragmentation.measure import (
     frag_delta,
     fragment,
     model_mask,
-    share_delta,
+    share_after,
 )
+from hami.core.fragmentation.scalar import Classes, NodeRow, node_row
+from hami.core.fragmentation.shares import (
+    SlotTable,
+    least_share_after,
+    least_share_after_all,
+    whole_after_all,
+)
+
+#: Up to this many changed nodes are refreshed one by one in plain Python
+#: (:mod:`~hami.core.fragmentation.scalar`), more at once with numpy.
+FEW_NODES = 4
 
 
 class FragmentationState:
@@ -42,6 +53,8 @@ class FragmentationState:
 
     def __init__(self, dist: WorkloadDistribution, node_types: Sequence[str]) -> None:
         self.dist = dist
+        #: ``dist``'s columns as Python numbers, for the nodes refreshed one by one.
+        self.classes = Classes.of(dist)
         self.node_types = list(node_types)
         self.models_ok = model_mask(self.node_types, dist)
         n = len(node_types)
@@ -56,6 +69,10 @@ class FragmentationState:
         self._seen: tuple[int, int] | None = None
         self._dev_order = np.zeros(0, dtype=np.int64)
         self._ptr = np.zeros(n + 1, dtype=np.int64)
+        self._ptr_list: list[int] = [0] * (n + 1)
+        #: Per node, ``(node_version, row)``: its state as Python numbers (:meth:`row`).
+        self._rows: dict[int, tuple[int, NodeRow]] = {}
+        self._slots: SlotTable | None = None
         self.node_of: IntArray = np.zeros(0, dtype=np.int64)
         #: Bumped for a node each time its statistics change (drives callers' caches).
         self.node_version = np.zeros(n, dtype=np.int64)
@@ -69,6 +86,7 @@ class FragmentationState:
         recomputed, vectorised, at the next :meth:`refresh` or
         :meth:`refresh_from_ledger`, as a new state would compute them."""
         self.dist = dist
+        self.classes = Classes.of(dist)
         self.models_ok = model_mask(self.node_types, dist)
         n = self.total.shape[0]
         self.s = np.zeros((n, dist.size))
@@ -80,8 +98,9 @@ class FragmentationState:
         """Bring the cached terms up to date with the given arrays (any change allowed,
         node set included); only nodes whose inputs differ are recomputed."""
         n = self.total.shape[0]
-        if (self._free is None or self._free.shape != free_milli.shape
-                or not np.array_equal(self.node_of, node_of)):
+        rebuilt = (self._free is None or self._free.shape != free_milli.shape
+                   or not np.array_equal(self.node_of, node_of))
+        if rebuilt:
             changed_nodes = np.arange(n)
             self.node_of = node_of.copy()
             self._index_devices()
@@ -93,6 +112,11 @@ class FragmentationState:
             changed |= (self.cpu_free != cpu_free) | (self.mem_free != mem_free)
             changed_nodes = np.flatnonzero(changed)
         self._free = free_milli.copy()
+        if self._slots is not None:  # a new device index fills its table now
+            if rebuilt:
+                self._slots.fill(self._free)
+            else:
+                self._slots.fresh = False
         self.cpu_free = cpu_free.copy()
         self.mem_free = mem_free.copy()
         self._update_nodes(np.arange(n) if self._all_stale else changed_nodes)
@@ -105,6 +129,8 @@ class FragmentationState:
         self._dev_order = valid[np.argsort(self.node_of[valid], kind="stable")]
         counts = np.bincount(self.node_of[valid], minlength=n)[:n]
         self._ptr = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._ptr_list = self._ptr.tolist()
+        self._slots = SlotTable(self._dev_order, self._ptr)
 
     def devices_of(self, nodes: IntArray) -> IntArray:
         """Device indices of ``nodes`` (concatenated in node order)."""
@@ -119,6 +145,11 @@ class FragmentationState:
         if changed_nodes.size == 0:
             return
         assert self._free is not None
+        if changed_nodes.size <= FEW_NODES:
+            ptr, dev_order, free = self._ptr_list, self._dev_order, self._free
+            for i in changed_nodes.tolist():
+                self._set_row(i, free[dev_order[ptr[i]:ptr[i + 1]]].tolist())
+            return
         self.node_version[changed_nodes] += 1
         n = self.total.shape[0]
         if changed_nodes.size == n:
@@ -139,6 +170,30 @@ class FragmentationState:
         self.frag[changed_nodes] = fragment(
             total, s, c, self.cpu_free[changed_nodes], self.mem_free[changed_nodes],
             self.models_ok[changed_nodes], self.dist) @ self.dist.weight
+
+    def _set_row(self, i: int, free: list[int]) -> None:
+        """Node ``i``'s terms from its GPUs' free shares, in plain Python."""
+        row = node_row(free, int(self.cpu_free[i]), int(self.mem_free[i]),
+                       self.models_ok[i].tolist(), self.classes)
+        version = int(self.node_version[i]) + 1
+        self.node_version[i] = version
+        self.total[i], self.s[i], self.c[i], self.frag[i] = row.total, row.s, row.c, row.frag
+        self._rows[i] = (version, row)
+
+    def row(self, i: int) -> NodeRow:
+        """Node ``i``'s current state and terms as Python numbers (kept per node version)."""
+        version = int(self.node_version[i])
+        hit = self._rows.get(i)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        assert self._free is not None
+        devices = self._dev_order[self._ptr_list[i]:self._ptr_list[i + 1]]
+        row = NodeRow(tuple(self._free[devices].tolist()), int(self.cpu_free[i]),
+                      int(self.mem_free[i]), tuple(self.models_ok[i].tolist()),
+                      float(self.total[i]), tuple(self.s[i].tolist()),
+                      tuple(self.c[i].tolist()), float(self.frag[i]))
+        self._rows[i] = (version, row)
+        return row
 
     def refresh_from_ledger(self, ledger: Any) -> None:
         """:meth:`refresh` reading a :class:`~hami.core.ledger.UsageLedger`, cheaply.
@@ -161,11 +216,16 @@ class FragmentationState:
                 self._update_nodes(np.arange(self.total.shape[0]))
                 self._all_stale = False
             return
+        if changed.size <= FEW_NODES and not self._all_stale:
+            self._refresh_few(ledger, changed.tolist())
+            return
         devs = self.devices_of(changed)
         total_cores = np.maximum(ledger.total_cores[devs], 1)
         free = (ledger.total_cores[devs] - ledger.used_cores[devs]) * 1000 // total_cores
         usable = ledger.healthy[devs] & (ledger.used_slots[devs] < ledger.split_count[devs])
         self._free[devs] = np.where(usable, free, 0)
+        if self._slots is not None:
+            self._slots.fresh = False
         for arr, total_arr, used in ((self.cpu_free, ledger.cpu_milli_total,
                                       ledger.cpu_milli_used),
                                      (self.mem_free, ledger.memory_mib_total,
@@ -175,6 +235,28 @@ class FragmentationState:
         self._update_nodes(np.arange(self.total.shape[0]) if self._all_stale else changed)
         self._all_stale = False
 
+    def _refresh_few(self, ledger: Any, nodes: list[int]) -> None:
+        """:meth:`refresh_from_ledger` for a few changed ``nodes``, one by one in plain
+        Python (the same free shares, free CPU and memory, and terms)."""
+        assert self._free is not None
+        ptr, dev_order = self._ptr_list, self._dev_order
+        for i in nodes:
+            devs = dev_order[ptr[i]:ptr[i + 1]]
+            free = [(cores - used) * 1000 // max(cores, 1) if healthy and slots < split else 0
+                    for cores, used, healthy, slots, split in zip(
+                        ledger.total_cores[devs].tolist(), ledger.used_cores[devs].tolist(),
+                        ledger.healthy[devs].tolist(), ledger.used_slots[devs].tolist(),
+                        ledger.split_count[devs].tolist(), strict=True)]
+            self._free[devs] = free
+            if self._slots is not None and self._slots.fresh:
+                self._slots.set_node(i, free)
+            cpu_total, mem_total = int(ledger.cpu_milli_total[i]), int(ledger.memory_mib_total[i])
+            self.cpu_free[i] = (UNLIMITED if cpu_total < 0
+                                else cpu_total - int(ledger.cpu_milli_used[i]))
+            self.mem_free[i] = (UNLIMITED if mem_total < 0
+                                else mem_total - int(ledger.memory_mib_used[i]))
+            self._set_row(i, free)
+
     def delta_nodes(self, nodes: IntArray, *, request_milli: int, num_gpu: int,
                     cpu_milli: int, memory_mib: int) -> FloatArray:
         """:func:`frag_delta` for whole-GPU or CPU-only requests, one value per node."""
@@ -182,6 +264,16 @@ class FragmentationState:
                           self.cpu_free[nodes], self.mem_free[nodes], self.models_ok[nodes],
                           self.dist, request_milli=request_milli, num_gpu=num_gpu,
                           cpu_milli=cpu_milli, memory_mib=memory_mib)
+
+    def delta_all(self, *, request_milli: int, num_gpu: int, cpu_milli: int,
+                  memory_mib: int) -> FloatArray:
+        """:meth:`delta_nodes` of every node, computed class-major
+        (:func:`whole_after_all`)."""
+        after = whole_after_all(self.total, self.s, self.c,
+                                self._host_after(cpu_milli, memory_mib), self.dist,
+                                request_milli=request_milli, num_gpu=num_gpu, work=self._work)
+        grown: FloatArray = np.round(after - self.frag, 6)
+        return grown
 
     def delta_devices(self, devices: IntArray, node_of: IntArray, device_free: IntArray, *,
                       request_milli: int, cpu_milli: int, memory_mib: int) -> FloatArray:
@@ -192,6 +284,22 @@ class FragmentationState:
                           self.dist, request_milli=request_milli, num_gpu=1,
                           cpu_milli=cpu_milli, memory_mib=memory_mib,
                           device_free=device_free[devices].astype(np.float64))
+
+    def least_share_all(self, *, request_milli: int, cpu_milli: int,
+                        memory_mib: int) -> FloatArray | None:
+        """``[N]``: per node the least :meth:`delta_devices` of a GPU share over all its
+        GPUs with at least ``request_milli`` free (``inf`` for a node without one),
+        computed for the whole cluster at once (:func:`least_share_after_all`); None
+        when the free shares do not suit that (then :meth:`least_share_delta`)."""
+        assert self._free is not None and self._slots is not None
+        least_after = least_share_after_all(
+            self._slots, self._free, self.total, self.s, self.c,
+            self._host_after(cpu_milli, memory_mib), self.dist, request_milli=request_milli,
+            work=self._work)
+        if least_after is None:
+            return None
+        grown: FloatArray = np.round(least_after - self.frag, 6)  # inf stays inf
+        return grown
 
     def least_share_delta(self, devices: IntArray, *, request_milli: int, cpu_milli: int,
                           memory_mib: int) -> tuple[IntArray, FloatArray]:
@@ -214,28 +322,40 @@ class FragmentationState:
         else:
             values, of_value = distinct_shares(free)
             n, v = self.total.shape[0], values.size
-            if n * v <= 8 * devices.size:  # a [nodes, shares] count: no sort
-                counts = np.bincount(nodes * v + of_value, minlength=n * v)[:n * v]
-                nodes, of_value = np.nonzero(counts.reshape(n, v))  # by node, then share
-                free = values[of_value]
-            else:  # many distinct shares: sort instead of a large count
+            host = self._host_after(cpu_milli, memory_mib)
+            if n * v <= 8 * devices.size:  # a [shares, nodes] table, every node at once
+                lacks = np.bincount(of_value * n + nodes, minlength=v * n)[:v * n] == 0
+                least_after = least_share_after(self.total, self.s, self.c, host, self.dist,
+                                                values, lacks.reshape(v, n),
+                                                request_milli=request_milli, work=self._work)
+            else:  # many distinct shares: one row per (node, share), found by sorting
                 keys = np.unique(nodes * (WHOLE + 1) + free)
                 nodes, free = keys // (WHOLE + 1), keys % (WHOLE + 1)
-            deltas = share_delta(self.total, self.s, self.c, self.frag,
-                                 self._host_after(cpu_milli, memory_mib), self.dist, nodes,
-                                 free, request_milli=request_milli, work=self._work)
-        starts = np.flatnonzero(np.r_[True, nodes[1:] != nodes[:-1]])
+                after = share_after(self.total, self.s, self.c, host, self.dist, nodes, free,
+                                    request_milli=request_milli, work=self._work)
+                least_after = np.full(n, np.inf)
+                np.minimum.at(least_after, nodes, after)
+            # The least growth is the least F_n after, less F_n before, rounded: both
+            # steps keep the order, so as the least of the rounded growths per row.
+            found = np.flatnonzero(least_after < np.inf)
+            grown: FloatArray = np.round(least_after[found] - self.frag[found], 6)
+            return found, grown
+        first = np.empty(nodes.size, dtype=np.bool_)
+        first[:1] = True
+        np.not_equal(nodes[1:], nodes[:-1], out=first[1:])
+        starts = np.flatnonzero(first)
         least: FloatArray = np.minimum.reduceat(deltas, starts)
         return nodes[starts], least
 
     def _host_after(self, cpu_milli: int, memory_mib: int) -> BoolArray:
         """``[N, K]``: class ``k`` accepts node ``n``'s GPU model and fits its CPU and
-        memory once ``cpu_milli``/``memory_mib`` more are used there."""
+        memory once ``cpu_milli``/``memory_mib`` more are used there (the transpose of a
+        ``[K, N]`` array: :func:`share_delta` reads it class-major)."""
         d = self.dist
-        ok: BoolArray = (self.models_ok
-                         & ((self.cpu_free - cpu_milli)[:, None] >= d.cpu_milli[None, :])
-                         & ((self.mem_free - memory_mib)[:, None] >= d.memory_mib[None, :]))
-        return ok
+        ok: BoolArray = (self.cpu_free - cpu_milli)[None, :] >= d.cpu_milli[:, None]
+        ok &= (self.mem_free - memory_mib)[None, :] >= d.memory_mib[:, None]
+        ok &= self.models_ok.T
+        return ok.T
 
 
 #: A CPU or memory capacity the ledger does not check (``-1``) counts as unlimited.
