@@ -32,6 +32,13 @@ CPU-only pods pass through HAMi's filter untouched; kube-scheduler places them. 
 HAMi policies we emulate its default scoring (``NodeResourcesFit`` LeastAllocated: the
 node with the largest mean free fraction of CPU and memory); the fragmentation-aware
 policy places them where fragmentation grows least, as FGD does.
+
+``fragmentation-aware+lookahead`` (:data:`OPT_IN_POLICIES`, run only when named) is the
+fragmentation-aware order with a one-arrival look-ahead
+(:mod:`hami.core.fragmentation.lookahead`: the near-best nodes of a GPU request
+re-ranked by the expected fragmentation growth of the next arrival, drawn from the
+workload's task mix). It is a simulator policy only, not a scheduler policy: a replay
+costs about ten times the fragmentation-aware one.
 """
 
 from __future__ import annotations
@@ -62,9 +69,16 @@ FRAGMENTATION_AWARE = "fragmentation-aware"
 #: HAMi node and GPU policies (HAMi v2.10).
 HAMI_NODE_POLICIES = ("binpack", "spread")
 HAMI_GPU_POLICIES = ("binpack", "spread", "topology-aware", "mutex")
-#: Every policy ``hami simulate`` knows: ``<node-policy>/<gpu-policy>`` and ours.
+#: Ours with a one-arrival look-ahead (FGD's greedy step re-ranked by the next arrival's
+#: expected growth); a simulator policy only.
+FRAGMENTATION_AWARE_LOOKAHEAD = "fragmentation-aware+lookahead"
+#: Every policy ``hami simulate --policies all`` runs: ``<node-policy>/<gpu-policy>`` and ours.
 ALL_POLICIES = tuple(f"{n}/{g}" for n in HAMI_NODE_POLICIES for g in HAMI_GPU_POLICIES) + (
     FRAGMENTATION_AWARE,)
+#: Policies run only when named (too costly for ``all``: ~10x a fragmentation-aware replay).
+OPT_IN_POLICIES = (FRAGMENTATION_AWARE_LOOKAHEAD,)
+#: Every policy name :func:`parse_policy` accepts.
+KNOWN_POLICIES = ALL_POLICIES + OPT_IN_POLICIES
 
 #: Arrived-demand points reported (percent of cluster GPU capacity).
 REPORT_POINTS = tuple(range(10, 131, 10))
@@ -73,16 +87,18 @@ CURVE_POINTS = tuple(range(0, 131))
 
 
 def parse_policy(policy: str) -> SchedulingPolicy:
-    """``"binpack/spread"`` -> node binpack, GPU spread; ``fragmentation-aware`` -> both.
+    """``"binpack/spread"`` -> node binpack, GPU spread; ``fragmentation-aware`` and
+    ``fragmentation-aware+lookahead`` -> fragmentation-aware for both (the look-ahead is
+    the :class:`Replayer`'s node order, not a scheduler setting).
 
     Raises:
         ValueError: an unknown node or GPU policy.
     """
-    if policy == FRAGMENTATION_AWARE:
+    if policy in (FRAGMENTATION_AWARE, FRAGMENTATION_AWARE_LOOKAHEAD):
         return SchedulingPolicy(FRAGMENTATION_AWARE, FRAGMENTATION_AWARE)
     node, _, gpu = policy.partition("/")
     if node not in HAMI_NODE_POLICIES or gpu not in HAMI_GPU_POLICIES:
-        raise ValueError(f"unknown policy {policy!r}; known: {', '.join(ALL_POLICIES)}")
+        raise ValueError(f"unknown policy {policy!r}; known: {', '.join(KNOWN_POLICIES)}")
     return SchedulingPolicy(node, gpu)
 
 
@@ -150,7 +166,8 @@ class Replayer:
         self.dist = dist
         nvidia = NvidiaConfig(device_split_count=split_count)
         self.shapes = PodShapes(make_config(nvidia=nvidia, policy=self.policy))
-        self.scorer = FragmentationScorer(dist)
+        self.scorer = FragmentationScorer(
+            dist, look_ahead=policy == FRAGMENTATION_AWARE_LOOKAHEAD)
         self.names = [self.ledger.node_name(i) for i in range(self.ledger.node_count)]
         self.allocated_milli = 0
         #: Number of MIG-mode GPUs (0: the replay is exactly the hami-core one).
@@ -182,7 +199,8 @@ class Replayer:
         return self.names[int(idx[int(np.argmax(score))])]
 
     def _rank(self, ctx: FilterContext, idx: IntArray) -> IntArray | BestFirst:
-        """The fragmentation-aware node order, sorted only past its best node."""
+        """The fragmentation-aware node order, sorted only past its best node (with the
+        look-ahead, the whole order at once)."""
         return self.scorer.best_first(ctx.ledger, Placement.of(ctx.request), idx)
 
     def schedule(self, request: PodRequest) -> tuple[str | None, int]:
