@@ -100,3 +100,43 @@ def test_next_growth_is_frag_delta_with_every_model_accepted() -> None:
                 fits = fits and int((f >= 1000).sum()) >= gpus
                 want = float(frag_delta(*args, **kw)[0])
             assert table[r, k] == pytest.approx(want if fits else np.inf), (r, k)
+
+
+def test_simulate_policy_replays_the_sequence_fgd_cannot() -> None:
+    # The case above through the simulator (admission, the live filter, bind): two
+    # 1-GPU nodes, pods of 300, 300 and 900 milli-GPU, the mix MIX. Named
+    # fragmentation-aware+lookahead, the replay stacks the 300s on n0 and places the 900
+    # on n1; plain fragmentation-aware splits the 300s and the 900 fails.
+    from hami.sim.replay import (
+        FRAGMENTATION_AWARE,
+        FRAGMENTATION_AWARE_LOOKAHEAD,
+        Replayer,
+        workload_distribution,
+    )
+    from hami.sim.trace import TraceNode, TracePod
+
+    nodes = [TraceNode(f"n{n}", 16000, 65536, 1, "T4") for n in range(2)]
+    mix = [TracePod(f"m{i}", 1000, 0, 1, milli)
+           for i, milli in enumerate([300] * 3 + [600] * 3 + [900])]
+    pods = [TracePod(f"p{i}", 1000, 0, 1, milli) for i, milli in enumerate([300, 300, 900])]
+
+    def placed(policy: str) -> tuple[dict[str, str], int]:
+        replayer = Replayer(nodes, policy, workload_distribution(mix))
+        result = replayer.run(pods)
+        return {p.name: p.node for p in replayer.ledger.pods()}, result.failed
+
+    assert placed(FRAGMENTATION_AWARE_LOOKAHEAD) == ({"p0": "n0", "p1": "n0", "p2": "n1"}, 0)
+    assert placed(FRAGMENTATION_AWARE) == ({"p0": "n0", "p1": "n1"}, 1)
+
+
+def test_lookahead_policy_runs_only_when_named() -> None:
+    from hami.sim.command import parse_policies
+    from hami.sim.replay import ALL_POLICIES, FRAGMENTATION_AWARE_LOOKAHEAD, parse_policy
+
+    assert FRAGMENTATION_AWARE_LOOKAHEAD == "fragmentation-aware+lookahead"
+    assert FRAGMENTATION_AWARE_LOOKAHEAD not in ALL_POLICIES
+    assert FRAGMENTATION_AWARE_LOOKAHEAD not in parse_policies("all")
+    assert FRAGMENTATION_AWARE_LOOKAHEAD not in parse_policies("paper")
+    assert parse_policies("binpack/binpack, fragmentation-aware+lookahead") == [
+        "binpack/binpack", FRAGMENTATION_AWARE_LOOKAHEAD]
+    assert parse_policy(FRAGMENTATION_AWARE_LOOKAHEAD).node_policy == "fragmentation-aware"
