@@ -116,3 +116,16 @@ def test_status_line_says_whether_the_pods_were_inflated(tmp_path: Path) -> None
                                   "--policies", "binpack/binpack"])
     assert default.exit_code == 0, default.output
     assert "trace pods inflated to 1.3x capacity" in _status_line(default.output)
+
+
+def test_lookahead_policy_runs_when_named_and_help_says_so() -> None:
+    text = " ".join(runner.invoke(app, ["simulate", "--help"],
+                                  env={"COLUMNS": "250"}).stdout.split())
+    assert "fragmentation-aware+lookahead" in text
+    result = runner.invoke(app, ["simulate", "--scale", "0.02", "--json", "--no-progress",
+                                 "--policies", "fragmentation-aware+lookahead"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["settings"]["policies"] == ["fragmentation-aware+lookahead"]
+    entry = doc["policies"]["fragmentation-aware+lookahead"]
+    assert entry["pods"] > 0 and entry["unallocated_gpu_percent"]["100"] is not None
