@@ -17,7 +17,8 @@ table refreshed only for the nodes whose usage changed.
 
 Opt-in (``FragmentationScorer(look_ahead=True)``): over openb's four workloads it gains on
 three and not on ``gpushare100``, and a decision costs about 3x binpack's at the p99,
-beyond the policy's 2x bound (docs/simulate.md has the figures).
+beyond the policy's 2x bound (docs/simulate.md has the figures). ``hami simulate
+--policies fragmentation-aware+lookahead`` replays it; no scheduler policy uses it.
 """
 
 from __future__ import annotations
