@@ -117,3 +117,15 @@ def test_same_template_spec_compares_quantities_by_value() -> None:
     assert not same_template_spec(ours["spec"], bigger)
     assert not same_template_spec(ours["spec"], {**stored, "metadata": {"labels": {"a": "b"}}})
     assert not same_template_spec(ours["spec"], {})
+
+
+@pytest.mark.parametrize("memory", ["0", "0Mi", "0.0Gi"])
+def test_a_zero_memory_request_books_the_smallest_share_the_card_gives(memory: str) -> None:
+    """Red team: a tenant's claim asking ``memory: 0`` (count 3) was booked at 0 MiB, yet
+    the card's request policy (validRange min 1 MiB, :mod:`hami.dra.slices`) rounds a
+    smaller request up to its minimum, so each device consumes 1 MiB once allocated:
+    claims created faster than they are allocated slipped past the quota. Each device
+    now books at least that minimum, as it will consume."""
+    spec = _spec({"name": "gpu", "exactly": _exactly(memory, "0", count=3)})
+    assert strict_asks(spec, 16384, "t") == (3, 0)
+    assert claim_booking({"spec": spec}, 16384) == (3, 0)

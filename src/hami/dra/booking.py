@@ -36,6 +36,10 @@ from hami.dra.slices import DRIVER, MIB
 
 #: The DeviceClass hami's claims name (the same as :data:`hami.dra.translate.DEVICE_CLASS`).
 DEVICE_CLASS = DRIVER
+#: The least memory (MiB) one device of a claim consumes: the ``validRange`` minimum of
+#: the ``memory`` capacity hami publishes (:mod:`hami.dra.slices`); smaller requests,
+#: ``0`` included, are rounded up to it by kube-scheduler.
+MIN_SHARE_MIB = 1
 
 
 class BookingError(ValueError):
@@ -155,7 +159,9 @@ def _entry_asks(entry: Mapping[str, Any], whole_card_mib: int, what: str) -> tup
                            "quota; ask for a count")
     count = _whole(entry.get("count", 1), f"{what} count")
     wanted = _map(_map(entry.get("capacity")).get("requests"))
-    memory_mib = -(-_whole(wanted["memory"], f"{what} memory") // MIB) \
+    # a request under the card's minimum (1 MiB, the slices' validRange) consumes that
+    # minimum: the scheduler rounds it up
+    memory_mib = max(MIN_SHARE_MIB, -(-_whole(wanted["memory"], f"{what} memory") // MIB)) \
         if "memory" in wanted else whole_card_mib
     cores = _whole(wanted.get("cores", 0), f"{what} cores")
     return max(count, 1) * memory_mib, max(count, 1) * cores
@@ -166,7 +172,8 @@ def strict_asks(claim_spec: Mapping[str, Any], whole_card_mib: int, what: str
     """``(memory MiB, cores percent)`` a claim spec (``ResourceClaim.spec``, or a
     template's ``spec.spec``) asks of hami's DeviceClass, read as a tenant may have
     written it; None when no request names the class. Each request counts its ``count``
-    times its ``memory`` (rounded up to MiB; none: ``whole_card_mib``, the largest
+    times its ``memory`` (rounded up to MiB, at least :data:`MIN_SHARE_MIB`; none:
+    ``whole_card_mib``, the largest
     published card) and ``cores``; a prioritized list counts the largest of its entries of
     the class, memory and cores each (kube-scheduler may pick any). ``what`` names the
     object in messages.
