@@ -3,7 +3,8 @@
 Two rules, both in MiB of memory and percent of a card's cores:
 
 * :func:`claim_booking`: the namespace's total (every claim already there, hami's or the
-  tenant's, allocated or not). Allocated: what the allocation consumes; not allocated
+  tenant's, allocated or not). Allocated: what the allocation consumes, a device
+  allocated whole (a MIG instance) what the published slices say it holds; not allocated
   yet: what :func:`admission_asks` counts, or, for a claim it cannot count (made before
   the namespace had a quota), what it asks with a prioritized list (``firstAvailable``)
   counting its last entry of hami's DeviceClass and malformed values 0.
@@ -117,7 +118,8 @@ def claim_booking_of(claim: Mapping[str, Any], whole_card_mib: int = 0,
     consumes (``consumedCapacity``: a whole-card claim books its card's memory). A result
     without ``consumedCapacity`` (a MIG instance, allocated whole) books the device it
     names as ``devices`` (the published slices) has it: its ``memory`` capacity and its
-    cores share (an instance without one: the cores its request asked); a device the
+    cores share (an instance without one: the cores its request asked, once per
+    request); a device the
     slices do not hold books ``whole_card_mib`` (the largest published card) and
     :data:`WHOLE_CARD_CORES_PERCENT` and is named in ``unknown``, so that a tenant's
     request asking a tiny memory of a large instance never books less than the

@@ -8,7 +8,9 @@ template of hami's name that exists already must ask exactly what hami would wri
 name is a hash of the spec; one a tenant made under that name is refused by name). A
 namespace with a GPU memory or cores ResourceQuota is checked against the claims already
 there for hami's DeviceClass or driver, ours or the tenant's own (ResourceQuota itself
-counts only devices): an allocated claim books what it consumes, one not allocated yet
+counts only devices): an allocated claim books what it consumes (a MIG instance: its
+published memory and cores share; a device no published slice holds: the largest card,
+named in the denial), one not allocated yet
 what it asks, a whole card booking the largest published card's memory
 (:mod:`hami.dra.booking`). Percentages are accepted when every published card has one
 size.
