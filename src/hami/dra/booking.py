@@ -3,7 +3,8 @@
 Two rules, both in MiB of memory and percent of a card's cores:
 
 * :func:`claim_booking`: the namespace's total (every claim already there, hami's or the
-  tenant's, allocated or not). Allocated: what the allocation consumes; not allocated
+  tenant's, allocated or not). Allocated: what the allocation consumes, a device
+  allocated whole (a MIG instance) what the published slices say it holds; not allocated
   yet: what :func:`admission_asks` counts, or, for a claim it cannot count (made before
   the namespace had a quota), what it asks with a prioritized list (``firstAvailable``)
   counting its last entry of hami's DeviceClass and malformed values 0.
@@ -84,29 +85,82 @@ def _asks(request: Any, whole_card_mib: int) -> tuple[int, int]:
     return count * memory, count * (to_int_exact(quantity(wanted.get("cores", 0))) or 0)
 
 
-def claim_booking(claim: Mapping[str, Any], whole_card_mib: int = 0) -> tuple[int, int]:
-    """``(memory MiB, cores percent)`` a ResourceClaim books for the quota (only what
-    it holds of hami's driver or asks of hami's DeviceClass).
+#: What a published device of our driver books when an allocation holds it whole (no
+#: ``consumedCapacity``): ``(pool, device name) -> (memory MiB, cores percent or None)``
+#: (:func:`hami.dra.cache.published_devices`; None: the device publishes no cores share).
+PublishedDevices = Mapping[tuple[str, str], tuple[int, int | None]]
+
+#: The cores share a device missing from the published slices books (a whole card).
+WHOLE_CARD_CORES_PERCENT = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Booking:
+    """What one claim books: ``memory_mib``, ``cores_percent``, and ``unknown``: the
+    allocated devices (``pool/device``) no published slice holds, booked as the largest
+    published card (fail closed)."""
+
+    memory_mib: int
+    cores_percent: int
+    unknown: tuple[str, ...] = ()
+
+
+def claim_booking(claim: Mapping[str, Any], whole_card_mib: int = 0,
+                  devices: PublishedDevices | None = None) -> tuple[int, int]:
+    """``(memory MiB, cores percent)`` a ResourceClaim books for the quota: the first two
+    fields of :func:`claim_booking_of`."""
+    b = claim_booking_of(claim, whole_card_mib, devices)
+    return b.memory_mib, b.cores_percent
+
+
+def claim_booking_of(claim: Mapping[str, Any], whole_card_mib: int = 0,
+                     devices: PublishedDevices | None = None) -> Booking:
+    """The :class:`Booking` of a ResourceClaim for the quota (only what it holds of
+    hami's driver or asks of hami's DeviceClass).
 
     Allocated (``status.allocation`` holds results of our driver): what the allocation
-    consumes (``consumedCapacity``: a whole-card claim books its card's memory); a result
-    without ``consumedCapacity`` (a MIG instance, allocated whole) books what its request
-    asked, once per request. Not allocated yet: :func:`admission_asks` (what the claim
-    was checked with when it was created), a request without ``memory`` (the whole card)
-    booking ``whole_card_mib`` (the largest card it could get); a claim that rule
-    refuses counts what it asks (:func:`_asks`: a prioritized list its last entry),
-    malformed values 0."""
+    consumes (``consumedCapacity``: a whole-card claim books its card's memory). A result
+    without ``consumedCapacity`` (a MIG instance, allocated whole) books the device it
+    names as ``devices`` (the published slices) has it: its ``memory`` capacity and its
+    cores share (an instance without one: the cores its request asked, once per
+    request); a device the
+    slices do not hold books ``whole_card_mib`` (the largest published card) and
+    :data:`WHOLE_CARD_CORES_PERCENT` and is named in ``unknown``, so that a tenant's
+    request asking a tiny memory of a large instance never books less than the
+    instance. ``devices`` None: such results book what their request asked, once per
+    request (for callers without the slices). Not allocated yet: :func:`admission_asks`
+    (what the claim was checked with when it was created), a request without ``memory``
+    (the whole card) booking ``whole_card_mib`` (the largest card it could get); a claim
+    that rule refuses counts what it asks (:func:`_asks`: a prioritized list its last
+    entry), malformed values 0."""
     results = _results(claim)
     requests = [r for r in ((claim.get("spec") or {}).get("devices") or {}).get("requests")
                 or [] if isinstance(r, Mapping)]
     mem = cores = 0
     if results:
         asked: set[str] = set()
+        unknown: list[str] = []
         for r in results:
             consumed = r.get("consumedCapacity")
             try:
                 if not isinstance(consumed, Mapping):
                     main = str(r.get("request") or "").split("/", 1)[0]
+                    if devices is not None:
+                        ref = (str(r.get("pool") or ""), str(r.get("device") or ""))
+                        found = devices.get(ref)
+                        if found is None:
+                            unknown.append("/".join(ref))
+                            mem += whole_card_mib
+                            cores += WHOLE_CARD_CORES_PERCENT
+                            continue
+                        mem += found[0]
+                        if found[1] is not None:
+                            cores += found[1]
+                        elif main not in asked:
+                            asked.add(main)
+                            cores += sum(_asks(req, whole_card_mib)[1] for req in requests
+                                         if req.get("name") == main)
+                        continue
                     if main not in asked:
                         asked.add(main)
                         for req in requests:
@@ -118,10 +172,10 @@ def claim_booking(claim: Mapping[str, Any], whole_card_mib: int = 0) -> tuple[in
                 cores += to_int_exact(quantity(consumed.get("cores", 0))) or 0
             except (QuantityError, ValueError, TypeError, AttributeError):
                 continue
-        return mem, cores
+        return Booking(mem, cores, tuple(unknown))
     try:
         asks = admission_asks(_map(claim.get("spec")), whole_card_mib, "claim")
-        return asks or (0, 0)
+        return Booking(*(asks or (0, 0)))
     except BookingError:
         pass
     for req in requests:
@@ -130,7 +184,7 @@ def claim_booking(claim: Mapping[str, Any], whole_card_mib: int = 0) -> tuple[in
         except (QuantityError, ValueError, TypeError, AttributeError):
             continue
         mem, cores = mem + m, cores + c
-    return mem, cores
+    return Booking(mem, cores)
 
 
 def _results(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from hami.dra import policy, usage
-from hami.dra.slices import DRIVER, MEMORY, MIB
+from hami.dra.slices import CORES, DRIVER, MEMORY, MIB
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +213,12 @@ class DraObjects:
             return None
         return card_sizes_mib(self.slices.values())
 
+    def published_devices(self) -> dict[tuple[str, str], tuple[int, int | None]] | None:
+        """:func:`published_devices` of the watched slices; None before the first list."""
+        if not self.synced["slices"].is_set():
+            return None
+        return published_devices(self.slices.values())
+
     def mig_offers(self) -> set[tuple[str, int]] | None:
         """:func:`mig_offers` of the watched slices; None before the first list."""
         if not self.synced["slices"].is_set():
@@ -247,3 +253,33 @@ def mig_offers(slices: Any) -> set[tuple[str, int]]:
     (:mod:`hami.dra.migslices`), whatever their taints and current allocations."""
     return {(str(profile), m) for d, profile in _devices(slices) if profile is not None
             and (m := _memory_mib(d)) > 0}
+
+
+def published_devices(slices: Any) -> dict[tuple[str, str], tuple[int, int | None]]:
+    """What each device of our slices books when an allocation holds it whole (the
+    namespace quota, :func:`hami.dra.booking.claim_booking_of`): ``(pool, device name)
+    -> (memory MiB, cores percent)``. A MIG instance device: its ``memory`` capacity and
+    its ``coresPercent`` attribute (:mod:`hami.dra.migslices`; None when the slice has
+    none, e.g. published by an older node plugin); a shareable card: its ``memory`` and
+    ``cores`` capacities. Malformed values count 0."""
+    out: dict[tuple[str, str], tuple[int, int | None]] = {}
+    for s in slices:
+        spec = (s.get("spec") or {}) if isinstance(s, Mapping) else {}
+        if not isinstance(spec, Mapping) or spec.get("driver") != DRIVER:
+            continue
+        pool_spec = spec.get("pool")
+        pool = str((pool_spec.get("name") if isinstance(pool_spec, Mapping) else None)
+                   or spec.get("nodeName") or "")
+        for d in spec.get("devices") or []:
+            if not isinstance(d, Mapping) or not d.get("name"):
+                continue
+            memory_mib = max(_memory_mib(d), 0)
+            if usage.instance_profile(d) is None:
+                cores = policy._q(((d.get("capacity") or {}).get(CORES) or {}).get("value"))
+                out[(pool, str(d["name"]))] = (memory_mib, max(cores, 0))
+                continue
+            share = usage._attr(d, "coresPercent")
+            out[(pool, str(d["name"]))] = (
+                memory_mib, share if isinstance(share, int) and not isinstance(share, bool)
+                and share >= 0 else None)
+    return out

@@ -11,8 +11,9 @@ instances that overlap on a card (as the NVML placements themselves forbid).
 
 Each instance device carries the card's attributes (``uuid`` of the card, ``type``,
 ``productName``, ``numa``, ``index``) plus ``profile`` (e.g. ``1g.5gb``),
-``placementStart`` and ``placementSize``, and one capacity, ``memory`` (the profile's
-bytes). It has no ``cores`` or ``shares`` capacity, so a request for a share of a card
+``placementStart``, ``placementSize`` and ``coresPercent`` (the profile's share of the
+card's compute, what the namespace quota books for it, as HAMi books a MIG instance),
+and one capacity, ``memory`` (the profile's bytes). It has no ``cores`` or ``shares`` capacity, so a request for a share of a card
 (which always asks for ``cores``) never matches an instance: instances are asked for by
 profile, e.g. the selector ``"profile" in device.attributes["gpu.hami.io"] &&
 device.attributes["gpu.hami.io"].profile == "1g.5gb"`` (the webhook's prioritized lists
@@ -78,6 +79,7 @@ def instance_device(card: DeviceInfo, profile: MigProfile, place: MigPlacement,
             "profile": {"string": profile.name},
             "placementStart": {"int": place.start},
             "placementSize": {"int": place.size},
+            "coresPercent": {"int": max(profile.cores_percent, 0)},
         },
         "capacity": {"memory": {"value": str(max(profile.memory_mib, 0) * MIB)}},
         "consumesCounters": [{

@@ -8,7 +8,9 @@ template of hami's name that exists already must ask exactly what hami would wri
 name is a hash of the spec; one a tenant made under that name is refused by name). A
 namespace with a GPU memory or cores ResourceQuota is checked against the claims already
 there for hami's DeviceClass or driver, ours or the tenant's own (ResourceQuota itself
-counts only devices): an allocated claim books what it consumes, one not allocated yet
+counts only devices): an allocated claim books what it consumes (a MIG instance: its
+published memory and cores share; a device no published slice holds: the largest card,
+named in the denial), one not allocated yet
 what it asks, a whole card booking the largest published card's memory
 (:mod:`hami.dra.booking`). Percentages are accepted when every published card has one
 size.
@@ -45,11 +47,24 @@ from hami.devices import nvidia
 from hami.dra import booking, claimquota
 from hami.dra import translate as tr
 from hami.dra.booking import claim_booking
-from hami.dra.cache import DraObjects, card_sizes_mib, mig_offers
+from hami.dra.cache import DraObjects, card_sizes_mib, mig_offers, published_devices
 
 log = logging.getLogger(__name__)
 JSON = dict[str, Any]
 __all__ = ["DraWebhook", "claim_booking", "route"]
+
+
+class _NotedLedger(QuotaLedger):
+    """A :class:`QuotaLedger` whose :meth:`describe` adds ``notes`` (why some claims were
+    booked more than they may hold)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.notes: list[str] = []
+
+    def describe(self, namespace: str) -> str:
+        """:meth:`QuotaLedger.describe`, then the notes."""
+        return "; ".join([super().describe(namespace), *self.notes])
 
 
 def _reply(api_version: str, uid: str, allowed: bool, message: str = "",
@@ -93,31 +108,51 @@ class DraWebhook:
             sizes, offers = card_sizes_mib(listed), mig_offers(listed)
         return sizes, offers
 
+    async def published_devices(self) -> dict[tuple[str, str], tuple[int, int | None]]:
+        """:func:`hami.dra.cache.published_devices` of the watched slices, or of one LIST
+        before the watch has synced."""
+        devices = DraObjects.shared(self.client).published_devices()
+        if devices is None:
+            from lightkube.resources.resource_v1 import ResourceSlice
+
+            devices = published_devices([s.to_dict()
+                                         async for s in self.client.list(ResourceSlice)])
+        return devices
+
     async def namespace_ledger(self, namespace: str, whole_card_mib: int,
                                 claims: dict[str, JSON] | None = None) -> QuotaLedger | None:
         """A ledger with the namespace's limits and the bookings of all its current
         claims, hami's and those the tenant made itself, allocated or not
-        (:func:`claim_booking`; whole cards of unallocated claims at ``whole_card_mib``).
-        ``claims``, when given, receives every listed claim by name."""
+        (:func:`hami.dra.booking.claim_booking_of`; whole cards of unallocated claims,
+        and allocated devices no published slice holds, at ``whole_card_mib``). Its
+        ``describe`` names the claims booked that way for a missing device, so a denial
+        they tip says why. ``claims``, when given, receives every listed claim by name."""
         if self.quota is None or not self.quota.limited(namespace):
             return None
         from lightkube.resources.resource_v1 import ResourceClaim
 
         limits = self.quota.quota(namespace)
-        ledger = QuotaLedger(self.config.registry[names.NVIDIA].resource_names())
+        ledger = _NotedLedger(self.config.registry[names.NVIDIA].resource_names())
         hard, gpu = {}, nvidia.settings(self.config)
         if limits.memory_limit_mib is not None:
             hard[f"limits.{gpu.resource_memory_name}"] = limits.memory_limit_mib
         if limits.cores_limit_percent is not None:
             hard[f"limits.{gpu.resource_core_name}"] = limits.cores_limit_percent
         ledger.set_quota(namespace, "gpu", hard)
+        devices = await self.published_devices()
         # Every claim: a tenant allowed to create claims makes them without our templates.
         async for claim in self.client.list(ResourceClaim, namespace=namespace):
             doc = claim.to_dict()
-            mem, cores = claim_booking(doc, whole_card_mib)
-            ledger.charge(namespace, mem, cores)
+            name = str((doc.get("metadata") or {}).get("name") or "")
+            b = booking.claim_booking_of(doc, whole_card_mib, devices)
+            ledger.charge(namespace, b.memory_mib, b.cores_percent)
+            if b.unknown:
+                ledger.notes.append(
+                    f"ResourceClaim {namespace}/{name} holds {', '.join(b.unknown)}, which no "
+                    f"published ResourceSlice holds: booked as the largest published card "
+                    f"({whole_card_mib} MiB, {booking.WHOLE_CARD_CORES_PERCENT}% cores) each")
             if claims is not None:
-                claims[str((doc.get("metadata") or {}).get("name") or "")] = doc
+                claims[name] = doc
         return ledger
 
     async def _template(self, namespace: str, name: str) -> JSON | None:
