@@ -390,6 +390,15 @@ def test_network_policy_publishes_only_the_webhook_and_metrics(default: list[dic
     scoped = find(render({"networkPolicy": {"metricsFrom": peers}}), "NetworkPolicy",
                   "hami-scheduler")
     assert scoped["spec"]["ingress"][1]["from"] == peers
+    # the webhook port: open by default (the API server's address is not selectable),
+    # narrowed to the listed peers with networkPolicy.webhookFrom
+    assert "from" not in policy["spec"]["ingress"][0]
+    control_plane = [{"ipBlock": {"cidr": "10.0.0.0/24"}}]
+    narrowed = find(render({"networkPolicy": {"webhookFrom": control_plane}}),
+                    "NetworkPolicy", "hami-scheduler")
+    assert narrowed["spec"]["ingress"][0] == {
+        "ports": [{"port": "http", "protocol": "TCP"}], "from": control_plane}
+    assert "from" in narrowed["spec"]["ingress"][1]  # metrics keep their own peers
     assert not any(o["kind"] == "NetworkPolicy" for o in render({"networkPolicy": {"enabled": False}}))
 
 
