@@ -192,12 +192,14 @@ def build_tools() -> tuple[Path, str]:
     return Path(k8s), str(Path(helm_dir) / "helm")
 
 
-def render_chart(helm: str, port: int, metrics_port: int, workdir: Path) -> dict[str, Any]:
+def render_chart(helm: str, port: int, metrics_port: int, workdir: Path,
+                 extender_port: int = 9444) -> dict[str, Any]:
     step("render the chart (helm template) with deploy/local/values-local.yaml")
     out = subprocess.run(
         [helm, "template", "hami", str(CHART), "--namespace", NAMESPACE,
          "-f", str(ROOT / "deploy/local/values-local.yaml"),
          "--set", f"scheduler.httpPort={port}",
+         "--set", f"scheduler.extenderLoopbackPort={extender_port}",
          "--set", f"scheduler.admissionWebhook.customURL.port={port}",
          "--set", f"scheduler.metricsBindAddress=127.0.0.1:{metrics_port}"],
         check=True, capture_output=True, text=True).stdout
@@ -248,8 +250,8 @@ def run(stack: Stack, workdir: Path, bindir: Path, helm: str, *, keep: bool,
 
     ensure_namespace(client, NAMESPACE)
 
-    port, metrics_port = free_port(), free_port()
-    objs = render_chart(helm, port, metrics_port, workdir)
+    port, metrics_port, extender_port = free_port(), free_port(), free_port()
+    objs = render_chart(helm, port, metrics_port, workdir, extender_port)
     sched_cfg = yaml.safe_load(objs[("ConfigMap", "hami-scheduler-config")]["data"]["config.yaml"])
     sched_cfg["clientConnection"] = {"kubeconfig": kubeconfig}  # in a pod: in-cluster config
     (workdir / "scheduler-config.yaml").write_text(yaml.safe_dump(sched_cfg, sort_keys=False))
@@ -282,7 +284,8 @@ def run(stack: Stack, workdir: Path, bindir: Path, helm: str, *, keep: bool,
         f"--cert_file={workdir / 'tls/tls.crt'}", f"--key_file={workdir / 'tls/tls.key'}",
         f"--kubeconfig={kubeconfig}", f"--device-config-file={workdir / 'device-config.yaml'}",
         f"--metrics-bind-address=127.0.0.1:{metrics_port}", "--scheduler-name=hami-scheduler",
-        *(a for a in _chart_args(objs) if a.startswith("--leader-elect"))])
+        *(a for a in _chart_args(objs)
+          if a.startswith(("--leader-elect", "--extender-http-bind")))])
 
     step("start kube-scheduler on the chart's KubeSchedulerConfiguration")
     ks = stack.start("kube-scheduler", [str(bindir / "kube-scheduler"),

@@ -87,6 +87,8 @@ CALLS: dict[str, tuple[Call, ...]] = {
              where=("hami.dra.webhook:DraWebhook._template",)),
         Call("list", "resourceslices", _DRA, when="dra",
              where=("hami.dra.cache:DraObjects._run", "hami.dra.webhook:DraWebhook.published",
+                    "hami.dra.webhook:DraWebhook.published_devices",
+                    "hami.dra.cache:DraObjects.published_devices",
                     "hami.dra.prioritize:DraPrioritizer.__call__")),
         Call("watch", "resourceslices", _DRA, when="dra", where=("hami.dra.cache:DraObjects._run",)),
         Call("list", "resourceclaims", _DRA, when="dra",

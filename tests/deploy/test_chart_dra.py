@@ -115,7 +115,8 @@ def test_device_class_is_the_one_the_webhook_names(dra: list[dict[str, Any]]) ->
 def test_scheduler_runs_dra_mode_with_a_prioritize_only_extender(
         dra: list[dict[str, Any]]) -> None:
     """The webhook in DRA mode; kube-scheduler calls hami only to rank nodes: the same
-    extender entry the DRA e2e test runs the real kube-scheduler with."""
+    extender entry the DRA e2e test runs the real kube-scheduler with, over the chart's
+    plain-HTTP loopback listener (scheduler.extenderLoopbackPort)."""
     sc = pytest.importorskip("hami.testing.scheduler_config")
     pod = find(dra, "Deployment", "hami-scheduler")["spec"]["template"]["spec"]
     assert "--dra-mode" in container(pod, "vgpu-scheduler-extender")["args"]
@@ -125,8 +126,8 @@ def test_scheduler_runs_dra_mode_with_a_prioritize_only_extender(
     assert "filterVerb" not in ext and "bindVerb" not in ext
     ours = sc.render_scheduler_config(
         kubeconfig=None, extender=sc.ExtenderConfig(
-            "https://127.0.0.1:9443", filter_verb=None, bind_verb=None,
-            prioritize_verb="prioritize", managed_resources=()),
+            "http://127.0.0.1:9444", filter_verb=None, bind_verb=None,
+            prioritize_verb="prioritize", managed_resources=(), enable_https=False),
         leader_elect=True, resource_namespace=NAMESPACE)
     assert cfg == ours
 
@@ -145,9 +146,12 @@ def test_the_webhook_checks_claims_and_templates_only_in_dra_mode(
         pods, claims = find(objs, "MutatingWebhookConfiguration")["webhooks"]
         assert claims["name"] == "claims.vgpu.hami.io"
         assert claims["failurePolicy"] == pods["failurePolicy"] == policy
-        for same in ("clientConfig", "namespaceSelector", "timeoutSeconds", "sideEffects",
+        for same in ("clientConfig", "namespaceSelector", "timeoutSeconds",
                      "matchPolicy", "admissionReviewVersions"):
             assert claims[same] == pods[same], same
+        # the pod webhook creates the pod's ResourceClaimTemplate (never on a dry run);
+        # the claims webhook only answers
+        assert pods["sideEffects"] == "NoneOnDryRun" and claims["sideEffects"] == "None"
     assert claims["rules"] == [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
                                 "operations": ["CREATE"],
                                 "resources": ["resourceclaims", "resourceclaimtemplates"],

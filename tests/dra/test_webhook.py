@@ -145,6 +145,20 @@ def test_gpu_pod_gets_claim_patch_and_template() -> None:
     assert client.created[0][1].startswith("hami-gpu-")
 
 
+def test_a_dry_run_creates_no_template() -> None:
+    """``kubectl create --dry-run=server`` reaches the webhook too: the pod is translated
+    as usual but no ResourceClaimTemplate is created (``sideEffects: NoneOnDryRun``)."""
+    client = _Client()
+    hook, _ = _hook(client)
+    doc = json.loads(_review(_pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 100})))
+    doc["request"]["dryRun"] = True
+    resp = asyncio.run(hook(json.dumps(doc).encode()))["response"]
+    assert resp["allowed"]
+    ops = json.loads(base64.b64decode(resp["patch"]))
+    assert any(op["path"] == "/spec/resourceClaims" for op in ops)
+    assert client.created == []
+
+
 def test_denials_and_pass_throughs() -> None:
     client = _Client([_slice("n1", 16384), _slice("n2", 15360)])
     hook, seen = _hook(client)

@@ -170,16 +170,21 @@ class DraWebhook:
         doc: JSON = obj.to_dict()
         return doc
 
-    async def _ensure(self, namespace: str, template: JSON) -> str | None:
+    async def _ensure(self, namespace: str, template: JSON, dry_run: bool = False
+                      ) -> str | None:
         """Make hami's ``template`` exist in ``namespace``; the denial when a template of
         its name exists and asks for something else (a tenant may pre-create one under
         the name hami derives from a request, asking more), else None. Read first (the
         common case: pods asking the same share the template), create when absent, read
-        again when a concurrent admission created it first."""
+        again when a concurrent admission created it first. A ``dry_run`` request
+        (``request.dryRun``, e.g. ``kubectl create --dry-run=server``) creates nothing:
+        the webhook is registered with ``sideEffects: NoneOnDryRun``."""
         from lightkube import ApiError, codecs
 
         name = str(template["metadata"]["name"])
         existing = await self._template(namespace, name)
+        if existing is None and dry_run:
+            return None
         if existing is None:
             doc = {**template, "metadata": {**template["metadata"], "namespace": namespace}}
             try:
@@ -289,6 +294,7 @@ class DraWebhook:
                 raise TypeError("request.object is not an object")
             spec = pod.get("spec")
             namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
+            dry_run = request.get("dryRun") is True
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return self.fallback(body)
         if not creates_pod:
@@ -332,7 +338,7 @@ class DraWebhook:
         if result is None:
             return self.fallback(body)
         for template in result.templates.values():
-            denial = await self._ensure(namespace, template)
+            denial = await self._ensure(namespace, template, dry_run=dry_run)
             if denial:
                 return _reply(api_version, uid, False, denial)
         patch = jsonpatch.make_patch(pod, result.pod).patch
