@@ -98,32 +98,29 @@ class KubeApi:
                 return cached
         return self.get_node_annotations(node)
 
-    def get_node_annotations(self, node: str) -> tuple[dict[str, str], str]:
-        """``(annotations, resourceVersion)`` of a Node. Raises :class:`KubeError`."""
+    def _get_node(self, node: str) -> Any:
+        """The Node (lightkube model). Raises :class:`KubeError` (API errors and
+        transport errors alike)."""
         from lightkube import ApiError
         from lightkube.resources.core_v1 import Node
 
         try:
-            n = self.client.get(Node, node)
+            return self.client.get(Node, node)
         except ApiError as exc:
             raise _api_error(exc) from None
         except Exception as exc:  # noqa: BLE001 - transport (connect/TLS/timeout): retryable
             raise KubeError(f"{type(exc).__name__}: {exc}") from None
+
+    def get_node_annotations(self, node: str) -> tuple[dict[str, str], str]:
+        """``(annotations, resourceVersion)`` of a Node. Raises :class:`KubeError`."""
+        n = self._get_node(node)
         return dict(n.metadata.annotations or {}), n.metadata.resourceVersion or ""
 
     def node_versions(self, node: str) -> tuple[str, str]:
         """``(containerRuntimeVersion, kubeletVersion)`` from the Node's
         ``status.nodeInfo`` (e.g. ``("containerd://2.4.2", "v1.31.0")``; ``""`` where
         the kubelet reported nothing). Raises :class:`KubeError`."""
-        from lightkube import ApiError
-        from lightkube.resources.core_v1 import Node
-
-        try:
-            n = self.client.get(Node, node)
-        except ApiError as exc:
-            raise _api_error(exc) from None
-        except Exception as exc:  # noqa: BLE001 - transport (connect/TLS/timeout): retryable
-            raise KubeError(f"{type(exc).__name__}: {exc}") from None
+        n = self._get_node(node)
         info = n.status.nodeInfo if n.status is not None else None
         if info is None:
             return "", ""
