@@ -128,3 +128,19 @@ def test_pod_view_lists_the_resources_its_containers_name() -> None:
     view = pod_view(pod)
     assert view.resource_names == frozenset({"nvidia.com/gpu", "cpu"})
     assert view.scheduler_name == "other"
+    assert not view.deleting
+
+
+def test_pod_view_says_when_the_pod_is_being_deleted() -> None:
+    import datetime
+
+    from lightkube.models.core_v1 import Container, PodSpec
+    from lightkube.models.meta_v1 import ObjectMeta
+    from lightkube.resources.core_v1 import Pod
+
+    from hami.deviceplugin.kube import pod_view
+
+    pod = Pod(metadata=ObjectMeta(name="p", namespace="n", uid="u",
+                                  deletionTimestamp=datetime.datetime(2026, 12, 2)),
+              spec=PodSpec(containers=[Container(name="c")]))
+    assert pod_view(pod).deleting

@@ -51,3 +51,35 @@ def test_a_pod_recreated_under_the_same_name_with_the_old_grant_is_refused(
         **old.annotations, al.BIND_PHASE: "allocating"}))
     pr.listing = [("default", "p", "c", [f"{A}-0"])]
     assert "signature" in refused(h, f"{A}-0")
+
+
+class _StaleWatch:
+    """A pod watch that has not seen the deletion and re-creation yet."""
+
+    def __init__(self, pods: list[al.PodView]) -> None:
+        self._pods = pods
+
+    def pods(self) -> list[al.PodView]:
+        return self._pods
+
+
+def test_a_pod_recreated_under_the_name_of_one_being_deleted_gets_its_own_grant(
+        cdi: tuple[PluginHarness, PodResources]) -> None:  # noqa: F811
+    """The kubelet's pod-resources API names pods without their UID. Pod ``p`` (1000 MiB)
+    is being deleted and a new pod ``p`` (3000 MiB, its own signed grant) is bound to the
+    same node before the plugin's watch caught up: the container is served the new
+    pod's grant, not the deleted pod's (whose card the scheduler has already freed)."""
+    from hami.core.provenance import SIGNATURE, sign
+    from tests.node.test_cdi_mode import KEY, NODE
+
+    h, pr = cdi
+    old = pod(h, "p", f"{A},NVIDIA,1000,10:;")
+    grant = f"{A},NVIDIA,3000,30:;"
+    ann = {**old.annotations, al.DEVICES_TO_ALLOCATE: grant, names.DEVICES_ALLOCATED: grant}
+    ann.pop(SIGNATURE)
+    ann[SIGNATURE] = sign(KEY, "uid-p2", NODE, ann)
+    h.kube.add_pod(dataclasses.replace(old, uid="uid-p2", annotations=ann))
+    h.kube.pod_watch = _StaleWatch([dataclasses.replace(old, deleting=True)])  # type: ignore[assignment]
+    pr.listing = [("default", "p", "c", [f"{A}-0"])]
+    prestart(h, f"{A}-0")
+    assert env_of(spec(h, f"{A}-0"))["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"

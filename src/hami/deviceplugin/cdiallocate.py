@@ -197,11 +197,16 @@ class CdiAllocator:
             log.error("cannot mark %s/%s failed: %s", pod.namespace, pod.name, exc)
 
     def _pod(self, namespace: str, name: str) -> al.PodView:
-        """The pod from the pod watch (the node's Pending pods) or a GET."""
+        """The pod from the pod watch (the node's Pending pods) or a GET. The kubelet's
+        pod-resources API names pods without their UID, so a cached pod that is being
+        deleted is not trusted: a new pod may already hold its name (and the deleted
+        pod's signed grant must not be served to it); the GET says which pod that is.
+        Raises :class:`~hami.deviceplugin.allocate.AllocateError` for a pod that is
+        missing or being deleted."""
         watch = self.kube.pod_watch
         cached = watch.pods() if watch is not None else None
         for p in cached or ():
-            if p.namespace == namespace and p.name == name:
+            if p.namespace == namespace and p.name == name and not p.deleting:
                 return p
         try:
             pod = self.kube.get_pod(namespace, name)
@@ -209,6 +214,8 @@ class CdiAllocator:
             raise al.AllocateError(f"pod {namespace}/{name}: {exc}") from None
         if pod is None:
             raise al.AllocateError(f"pod {namespace}/{name} not found")
+        if pod.deleting:
+            raise al.AllocateError(f"pod {namespace}/{name} is being deleted")
         return pod
 
     def _complete(self, pod: al.PodView, holders: Sequence[cm.Holder]) -> None:

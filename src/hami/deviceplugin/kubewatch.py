@@ -52,7 +52,8 @@ def pod_view(pod: Any) -> PodView:
         scheduler_name=(spec.schedulerName or "") if spec else "",
         resource_names=frozenset(
             str(k) for c in init + regular if c.resources is not None
-            for part in (c.resources.limits, c.resources.requests) for k in (part or {})))
+            for part in (c.resources.limits, c.resources.requests) for k in (part or {})),
+        deleting=meta.deletionTimestamp is not None)
 
 
 def _rv_newer(a: str, b: str) -> bool:

@@ -41,7 +41,8 @@ class PodView:
     ``"waiting"`` or ``"terminated"``, from ``status.(init)containerStatuses[].state``; a
     container the kubelet has not reported yet is absent. ``scheduler_name``:
     ``spec.schedulerName``; ``resource_names``: every resource named in a container's
-    limits or requests."""
+    limits or requests. ``deleting``: ``metadata.deletionTimestamp`` is set (the pod is
+    going away; a new pod may take its name)."""
 
     namespace: str
     name: str
@@ -56,6 +57,7 @@ class PodView:
     container_states: Mapping[str, str] = field(default_factory=dict)
     scheduler_name: str = ""
     resource_names: frozenset[str] = frozenset()
+    deleting: bool = False
 
 
 # --- IDs ---------------------------------------------------------------------------------
