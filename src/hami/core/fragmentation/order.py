@@ -28,7 +28,13 @@ from typing import Any
 import numpy as np
 
 from hami.core.fragmentation.lookahead import LookAhead
-from hami.core.fragmentation.measure import WHOLE, FloatArray, IntArray, WorkloadDistribution
+from hami.core.fragmentation.measure import (
+    WHOLE,
+    FloatArray,
+    IntArray,
+    WorkloadDistribution,
+    model_pressure,
+)
 from hami.core.fragmentation.scalar import node_growth, share_growth
 from hami.core.fragmentation.state import FEW_NODES, FragmentationState, node_types
 from hami.core.nodefit import BestFirst
@@ -90,6 +96,10 @@ class FragmentationScorer:
         self._ledger_id = -1
         self._version = -1
         self._cache: dict[Placement, tuple[FloatArray, IntArray]] = {}
+        import os
+        self.pressure_weight = float(os.environ.get("HAMI_PRESSURE_W", "0"))
+        self._pressure_key: tuple[int, int] | None = None
+        self._pressure_cache = np.zeros(0)
 
     def set_distribution(self, dist: WorkloadDistribution) -> None:
         """Rank by a new task mix from now on. The per-node state is kept and its terms
@@ -138,7 +148,19 @@ class FragmentationScorer:
             else:
                 best[stale] = self._compute(state, placement, stale)
         result: FloatArray = best[idx]
+        if self.pressure_weight and placement.num_gpu:
+            result = result + (self.pressure_weight * placement.num_gpu
+                               * placement.request_milli) * self._pressure(state)[idx]
         return result
+
+    def _pressure(self, state: FragmentationState) -> FloatArray:
+        key = (id(state), id(state.dist))
+        if self._pressure_key != key:
+            gpus = np.bincount(state.node_of[state.node_of >= 0],
+                               minlength=state.total.shape[0])[:state.total.shape[0]]
+            self._pressure_cache = model_pressure(state.models_ok, gpus, state.dist)
+            self._pressure_key = key
+        return self._pressure_cache
 
     @staticmethod
     def _compute_one(state: FragmentationState, p: Placement, node: int) -> float:
