@@ -378,27 +378,3 @@ class Workspace:
         return (f[:size].reshape(rows, k), f[size:2 * size].reshape(rows, k),
                 f[2 * size:3 * size].reshape(rows, k), self._b[:size].reshape(rows, k))
 
-
-def model_pressure(models_ok: BoolArray, gpus_per_node: IntArray,
-                   dist: WorkloadDistribution) -> FloatArray:
-    """``[N]``: the share of node ``n``'s GPUs that the mix's model-constrained classes
-    would take if the arrivals asked for the cluster's whole GPU capacity, each such class
-    spread over the GPUs it accepts in proportion to their number.
-
-    ``models_ok`` is :func:`model_mask`'s ``[N, K]``; ``gpus_per_node`` ``[N]``. A class
-    counts ``weight x num_gpu x gpu_milli``; classes without a model list count for
-    nothing (all zeros when no class is constrained).
-    """
-    n = models_ok.shape[0]
-    constrained = np.fromiter((bool(m) for m in dist.models), dtype=np.bool_,
-                              count=dist.size) & (dist.num_gpu > 0)
-    demand = dist.weight * dist.num_gpu * dist.gpu_milli
-    total_demand = float(demand.sum())
-    gpus = gpus_per_node.astype(np.float64)
-    if not constrained.any() or total_demand <= 0 or gpus.sum() <= 0:
-        return np.zeros(n)
-    accepting = gpus @ models_ok  # [K]: GPUs each class may use
-    share = np.where(constrained & (accepting > 0),
-                     demand / total_demand * gpus.sum() / np.maximum(accepting, 1), 0.0)
-    result: FloatArray = models_ok.astype(np.float64) @ share
-    return result

@@ -18,6 +18,10 @@ the expected growth of the next task, ``look_ahead=True``,
 :mod:`~hami.core.fragmentation.lookahead`) was measured and is off: better on
 ``default`` and ``multigpu50``, no better on ``gpushare100``, and about 3x binpack's
 decision p99 where the bound is 2x (docs/simulate.md).
+
+A GPU request's growth gets a GPU-model pressure term
+(:mod:`~hami.core.fragmentation.pressure`): where some classes accept only some GPU
+models, the nodes of those models cost more to other tasks (none without constraints).
 """
 
 from __future__ import annotations
@@ -28,13 +32,8 @@ from typing import Any
 import numpy as np
 
 from hami.core.fragmentation.lookahead import LookAhead
-from hami.core.fragmentation.measure import (
-    WHOLE,
-    FloatArray,
-    IntArray,
-    WorkloadDistribution,
-    model_pressure,
-)
+from hami.core.fragmentation.measure import WHOLE, FloatArray, IntArray, WorkloadDistribution
+from hami.core.fragmentation.pressure import MODEL_PRESSURE_WEIGHT, model_pressure
 from hami.core.fragmentation.scalar import node_growth, share_growth
 from hami.core.fragmentation.state import FEW_NODES, FragmentationState, node_types
 from hami.core.nodefit import BestFirst
@@ -80,8 +79,13 @@ class FragmentationScorer:
 
     def __init__(self, dist: WorkloadDistribution, cache_size: int = 1024,
                  tie_break: str = "least-free-gpu", seed: int = 0,
-                 look_ahead: bool = False) -> None:
+                 look_ahead: bool = False,
+                 model_pressure_weight: float = MODEL_PRESSURE_WEIGHT) -> None:
         self.dist = dist
+        #: Weight of the GPU-model pressure term (0: FGD's growth alone).
+        self.model_pressure_weight = model_pressure_weight
+        #: ``(state, mix, device index, pressure [N])``: recomputed when any changes.
+        self._pressure: tuple[Any, Any, Any, FloatArray] | None = None
         #: With ``look_ahead``, re-rank the near-best nodes of a GPU request by the next
         #: arrival's expected growth (:class:`~hami.core.fragmentation.lookahead.LookAhead`;
         #: off by default: measured, not kept, see docs/simulate.md).
@@ -96,10 +100,6 @@ class FragmentationScorer:
         self._ledger_id = -1
         self._version = -1
         self._cache: dict[Placement, tuple[FloatArray, IntArray]] = {}
-        import os
-        self.pressure_weight = float(os.environ.get("HAMI_PRESSURE_W", "0"))
-        self._pressure_key: tuple[int, int] | None = None
-        self._pressure_cache = np.zeros(0)
 
     def set_distribution(self, dist: WorkloadDistribution) -> None:
         """Rank by a new task mix from now on. The per-node state is kept and its terms
@@ -125,7 +125,9 @@ class FragmentationScorer:
         return self._state
 
     def node_deltas(self, ledger: Any, placement: Placement, idx: IntArray) -> FloatArray:
-        """Fragmentation growth per candidate node in ``idx`` (``inf`` if no GPU fits).
+        """Fragmentation growth per candidate node in ``idx`` (``inf`` if no GPU fits),
+        milli-GPU, plus for a GPU request :attr:`model_pressure_weight` x the GPU milli
+        asked x the node's :meth:`pressure`.
 
         For a GPU share, a node's value is the best over its GPUs with at least the share
         free and a free slot. Values are cached per request shape and node, and
@@ -148,19 +150,25 @@ class FragmentationScorer:
             else:
                 best[stale] = self._compute(state, placement, stale)
         result: FloatArray = best[idx]
-        if self.pressure_weight and placement.num_gpu:
-            result = result + (self.pressure_weight * placement.num_gpu
-                               * placement.request_milli) * self._pressure(state)[idx]
+        if self.model_pressure_weight and placement.num_gpu:
+            asked = placement.num_gpu * placement.request_milli
+            pressure = self.pressure(state)
+            if pressure.any():
+                result = result + (self.model_pressure_weight * asked) * pressure[idx]
         return result
 
-    def _pressure(self, state: FragmentationState) -> FloatArray:
-        key = (id(state), id(state.dist))
-        if self._pressure_key != key:
-            gpus = np.bincount(state.node_of[state.node_of >= 0],
-                               minlength=state.total.shape[0])[:state.total.shape[0]]
-            self._pressure_cache = model_pressure(state.models_ok, gpus, state.dist)
-            self._pressure_key = key
-        return self._pressure_cache
+    def pressure(self, state: FragmentationState) -> FloatArray:
+        """``[N]`` :func:`~hami.core.fragmentation.pressure.model_pressure` of the
+        state's nodes under its mix, kept until the state, its mix or its device index
+        changes."""
+        held = self._pressure
+        if (held is not None and held[0] is state and held[1] is state.dist
+                and held[2] is state._ptr):
+            return held[3]
+        gpus = np.diff(state._ptr)
+        value = model_pressure(state.models_ok, gpus, state.dist)
+        self._pressure = (state, state.dist, state._ptr, value)
+        return value
 
     @staticmethod
     def _compute_one(state: FragmentationState, p: Placement, node: int) -> float:
