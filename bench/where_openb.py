@@ -88,7 +88,7 @@ def where(trace: Path, workload: str, seed: int, policy: str = FRAGMENTATION_AWA
         "memory_below_min_ask": split(on & (dev_mem < mem_asks.min())),
         "memory_below_median_ask": split(on & (dev_mem < np.median(mem_asks))),
     }
-    sizes = Counter()
+    sizes: Counter[int] = Counter()
     for f in free_milli[part]:
         sizes[int(f) // 100 * 100] += int(f)
     smallest_share = min(p.gpu_milli for p in gpu_pods)
@@ -111,7 +111,7 @@ def where(trace: Path, workload: str, seed: int, policy: str = FRAGMENTATION_AWA
         m["arrived_demand_only_here_percent"] = pct(sum(
             v for s, v in spec_demand.items() if s and set(s) == {short_name}))
     fail = Counter((p.num_gpu, p.gpu_milli, "|".join(p.gpu_spec)) for p in failed)
-    fail_gpu = Counter()
+    fail_gpu: Counter[str] = Counter()
     for p in failed:
         fail_gpu["|".join(p.gpu_spec) or "any"] += p.gpu_demand_milli
     return {
