@@ -22,6 +22,9 @@ decision p99 where the bound is 2x (docs/simulate.md).
 A GPU request's growth gets a GPU-model pressure term
 (:mod:`~hami.core.fragmentation.pressure`): where some classes accept only some GPU
 models, the nodes of those models cost more to other tasks (none without constraints).
+Every request's growth gets a CPU and memory stranding term
+(:mod:`~hami.core.fragmentation.stranding`): free GPU that a node's free CPU or memory
+cannot serve at the mix's ratio counts as lost.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from hami.core.fragmentation.measure import WHOLE, FloatArray, IntArray, Workloa
 from hami.core.fragmentation.pressure import MODEL_PRESSURE_WEIGHT, model_pressure
 from hami.core.fragmentation.scalar import node_growth, share_growth
 from hami.core.fragmentation.state import FEW_NODES, FragmentationState, node_types
+from hami.core.fragmentation.stranding import STRANDING_WEIGHT, MixRatios, stranding_growth
 from hami.core.nodefit import BestFirst
 
 
@@ -80,8 +84,12 @@ class FragmentationScorer:
     def __init__(self, dist: WorkloadDistribution, cache_size: int = 1024,
                  tie_break: str = "least-free-gpu", seed: int = 0,
                  look_ahead: bool = False,
-                 model_pressure_weight: float = MODEL_PRESSURE_WEIGHT) -> None:
+                 model_pressure_weight: float = MODEL_PRESSURE_WEIGHT,
+                 stranding_weight: float = STRANDING_WEIGHT) -> None:
         self.dist = dist
+        #: Weight of the CPU and memory stranding term (0: none).
+        self.stranding_weight = stranding_weight
+        self._ratios: tuple[WorkloadDistribution, MixRatios] | None = None
         #: Weight of the GPU-model pressure term (0: FGD's growth alone).
         self.model_pressure_weight = model_pressure_weight
         #: ``(state, mix, device index, pressure [N])``: recomputed when any changes.
@@ -127,7 +135,9 @@ class FragmentationScorer:
     def node_deltas(self, ledger: Any, placement: Placement, idx: IntArray) -> FloatArray:
         """Fragmentation growth per candidate node in ``idx`` (``inf`` if no GPU fits),
         milli-GPU, plus for a GPU request :attr:`model_pressure_weight` x the GPU milli
-        asked x the node's :meth:`pressure`.
+        asked x the node's :meth:`pressure`, plus for every request
+        :attr:`stranding_weight` x the growth of the node's stranded GPU
+        (:func:`~hami.core.fragmentation.stranding.stranding_growth`).
 
         For a GPU share, a node's value is the best over its GPUs with at least the share
         free and a free slot. Values are cached per request shape and node, and
@@ -155,6 +165,15 @@ class FragmentationScorer:
             pressure = self.pressure(state)
             if pressure.any():
                 result = result + (self.model_pressure_weight * asked) * pressure[idx]
+        if self.stranding_weight:
+            held = self._ratios
+            if held is None or held[0] is not state.dist:
+                held = self._ratios = (state.dist, MixRatios.of(state.dist))
+            grown = stranding_growth(
+                state.total[idx], state.cpu_free[idx], state.mem_free[idx], held[1],
+                gpu_milli=placement.num_gpu * placement.request_milli,
+                cpu_milli=placement.cpu_milli, memory_mib=placement.memory_mib)
+            result = result + self.stranding_weight * grown
         return result
 
     def pressure(self, state: FragmentationState) -> FloatArray:
