@@ -152,7 +152,8 @@ def test_share_growth_on_every_node_with_out_of_range_shares_is_declined() -> No
     state = FragmentationState(mix(3), node_types(led))
     state.refresh_from_ledger(led)
     assert state.least_share_all(request_milli=100, cpu_milli=0, memory_mib=0) is None
-    scorer = FragmentationScorer(mix(3), model_pressure_weight=0.0)  # the growth alone
+    scorer = FragmentationScorer(mix(3), model_pressure_weight=0.0,  # the growth alone
+                                 stranding_weight=0.0)
     idx = np.arange(led.node_count)
     deltas = scorer.node_deltas(led, Placement(100, 1, 0, 0), idx)
     assert deltas.tolist() == least_by_device(scorer.state(led), 100, 0).tolist()
