@@ -23,7 +23,7 @@ import numpy as np
 from hami.core.fragmentation.measure import FloatArray, IntArray, WorkloadDistribution
 
 #: Weight of the stranding term (milli-GPU of growth per milli-GPU stranded).
-STRANDING_WEIGHT = 1.0
+STRANDING_WEIGHT = 3.0
 
 
 @dataclass(frozen=True, slots=True)
