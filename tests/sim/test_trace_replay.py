@@ -34,8 +34,8 @@ def test_default_replay_is_sane_reproducible_and_beats_bestfit(trace_dir: Path) 
     bestfit = reference.get("05-BestFit", {}).get(100, 7.09)
     assert 2.0 < at100 < bestfit, at100
     # Regression oracle: 3.93 % on this code (4.71 % before the stranding term, 5.15 % before
-    # the packing tie-break); a core
-    # change that moves it further than the seeds do deserves a look.
+    # the packing tie-break); a core change that moves it further than the seeds do
+    # deserves a look.
     assert at100 == pytest.approx(SEED42_UNALLOCATED_AT_100, abs=0.6)
     assert 0 < res.fragmentation[100] < 10
     # Reproducible: the same seed gives the same first 3000 decisions.
