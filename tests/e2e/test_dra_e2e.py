@@ -42,6 +42,7 @@ from hami.testing.controlplane import (
 )
 
 from .conftest import REQUIRED
+from .hami_harness import reconcile_templates
 
 pytestmark = pytest.mark.e2e
 
@@ -126,7 +127,9 @@ def _gpu_pod(name: str, limits: dict[str, Any], annotations: dict[str, str] | No
 def _create(bed: dict[str, Any], pod: dict[str, Any], scheduler_name: str = "") -> None:
     from lightkube import codecs
 
-    bed["client"].create(codecs.from_dict(_admit(bed["cp"], pod, scheduler_name)))
+    created = bed["client"].create(codecs.from_dict(_admit(bed["cp"], pod, scheduler_name)))
+    # hami's scheduler creates the templates from its pod watch once the pod exists
+    assert "refused" not in str(reconcile_templates(bed["cp"], created))
 
 
 def _claims(client: Any) -> list[dict[str, Any]]:
