@@ -325,6 +325,31 @@ def test_deletion_frees_capacity(bed: dict[str, Any]) -> None:
     _delete_all(client)
 
 
+def test_a_template_made_after_the_pod_is_picked_up_by_the_claim_controller(
+        bed: dict[str, Any]) -> None:
+    """hami creates a pod's template only once the pod exists (from its pod watch), so
+    the resourceclaim controller may see the pod first: it retries, and the claim is
+    made and allocated, the pod bound, once the template appears."""
+    from lightkube import codecs
+    from lightkube.resources.core_v1 import Pod
+
+    client = bed["client"]
+    admitted = _admit(bed["cp"], _gpu_pod("late", {"nvidia.com/gpu": 1,
+                                                  "nvidia.com/gpumem": 1234}))
+    created = client.create(codecs.from_dict(admitted))
+    time.sleep(3.0)  # the controller has looked at the pod, without its template
+    assert not [c for c in _claims(client)
+                if c["metadata"]["ownerReferences"][0]["name"] == "late"]
+    assert not client.get(Pod, "late", namespace=NS).spec.nodeName
+    (outcome,) = reconcile_templates(bed["cp"], created).values()
+    assert outcome == "created"
+    _wait(lambda: client.get(Pod, "late", namespace=NS).spec.nodeName, what="late bound")
+    (claim,) = [c for c in _claims(client)
+                if c["metadata"]["ownerReferences"][0]["name"] == "late"]
+    assert _results(claim)
+    _delete_all(client)
+
+
 def test_device_cordon_taints_the_card_in_the_slice(bed: dict[str, Any], tmp_path: Path) -> None:
     """HAMi's device cordon (`hami.io/device-cordon` on the Node, a comma list of UUIDs)
     taints the card in the ResourceSlice as an unhealthy card is (NoSchedule, value

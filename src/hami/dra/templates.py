@@ -94,9 +94,9 @@ class TemplateReconciler:
         self.clock = clock
         #: (namespace, name) -> when the template was last seen or created.
         self._known: dict[tuple[str, str], float] = {}
-        #: (pod UID, template name) refused -> the pod's signature annotation then (one
+        #: pod UID -> {template name refused: the pod's signature annotation then} (one
         #: Event each; the pod is looked at again only when that annotation changes).
-        self._reported: dict[tuple[str, str], str] = {}
+        self._reported: dict[str, dict[str, str]] = {}
         self._inflight: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         #: Templates created by this reconciler, and refusals (for metrics and tests).
@@ -112,16 +112,15 @@ class TemplateReconciler:
             return
         uid = str(meta.get("uid") or "")
         if deleted:
-            for key in [k for k in self._reported if k[0] == uid]:
-                del self._reported[key]
+            self._reported.pop(uid, None)
             return
         wanted = missing_templates(pod)
         namespace = str(meta.get("namespace") or "default")
         now = self.clock()
-        signature = _signature(meta)
+        signature, reported = _signature(meta), self._reported.get(uid) or {}
         if not wanted or uid in self._inflight or all(
                 now - self._known.get((namespace, n), -KNOWN_TTL_S) < KNOWN_TTL_S
-                or self._reported.get((uid, n)) == signature for n in wanted):
+                or reported.get(n) == signature for n in wanted):
             return
         self._inflight.add(uid)
         task = asyncio.get_running_loop().create_task(self._run(uid, pod),
@@ -195,9 +194,10 @@ class TemplateReconciler:
     def _refuse(self, meta: Mapping[str, Any], namespace: str, name: str, why: str) -> str:
         self.refused += 1
         message = f"ResourceClaimTemplate {namespace}/{name} not created: {why}"
-        key, signature = (str(meta.get("uid") or ""), name), _signature(meta)
-        if self._reported.get(key) != signature:
-            self._reported[key] = signature
+        reported = self._reported.setdefault(str(meta.get("uid") or ""), {})
+        signature = _signature(meta)
+        if reported.get(name) != signature:
+            reported[name] = signature
             log.warning("pod %s/%s: %s", namespace, meta.get("name"), message)
             if self.emit is not None:
                 self.emit(meta, REFUSED, message)
@@ -234,6 +234,7 @@ class TemplateReconciler:
         return existing if existing is not None else dict(template)
 
     def _trim(self) -> None:
-        for table in (self._known, self._reported):
-            while len(table) > MAX_REMEMBERED:
-                del table[next(iter(table))]
+        while len(self._known) > MAX_REMEMBERED:
+            del self._known[next(iter(self._known))]
+        while len(self._reported) > MAX_REMEMBERED:
+            del self._reported[next(iter(self._reported))]
