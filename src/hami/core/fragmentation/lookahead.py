@@ -32,6 +32,7 @@ from hami.core.fragmentation.measure import (
     IntArray,
     WorkloadDistribution,
 )
+from hami.core.fragmentation.nextrow import NextRows
 from hami.core.fragmentation.state import FragmentationState
 
 #: Candidates whose growth is at most this much (milli-GPU) above the best are re-ranked.
@@ -154,22 +155,20 @@ class LookAhead:
         #: Per task shape: the ``[N, K]`` next-arrival growth on each node once the task
         #: is there, and the node versions it was computed at.
         self._after: dict[tuple[int, int, int, int], tuple[FloatArray, IntArray]] = {}
+        self._rows: NextRows | None = None
+        self._rows_dist: WorkloadDistribution | None = None
 
     def reset(self) -> None:
         """Forget the tables (the mix or the node set changed)."""
         self._table = np.zeros((0, 0))
         self._after.clear()
+        self._rows = self._rows_dist = None
 
-    def _free_rows(self, state: FragmentationState, nodes: IntArray) -> IntArray:
-        """``[len(nodes), G]`` free milli-GPU per GPU of each node, padded with 0."""
-        assert state._free is not None
-        counts = state._ptr[nodes + 1] - state._ptr[nodes]
-        width = int(counts.max()) if nodes.size else 0
-        rows = np.zeros((nodes.size, max(width, 1)), dtype=np.int64)
-        col = np.arange(max(width, 1))
-        mask = col[None, :] < counts[:, None]
-        rows[mask] = state._free[state._dev_order[(state._ptr[nodes][:, None] + col)[mask]]]
-        return rows
+    def _next_rows(self, dist: WorkloadDistribution) -> NextRows:
+        """The per-state growth cache for ``dist`` (a new one for a new mix)."""
+        if self._rows is None or self._rows_dist is not dist:
+            self._rows, self._rows_dist = NextRows(dist), dist
+        return self._rows
 
     def rerank(self, state: FragmentationState, ordered: IntArray, deltas: FloatArray, *,
                request_milli: int, num_gpu: int, cpu_milli: int, memory_mib: int
@@ -196,27 +195,19 @@ class LookAhead:
             entry = self._after[key] = (np.full((n, k), np.inf),
                                         np.full(n, -1, dtype=np.int64))
         after_table, after_version = entry
-        # One next_growth call: the table's stale nodes, then the candidates (with the
-        # task) whose state changed since their growth for this task shape was computed.
+        # The table's stale nodes, then the candidates (with the task) whose state changed
+        # since their growth for this task shape was computed, state by state in plain
+        # Python (NextRows: the same values as next_growth, kept per node state).
+        rows = self._next_rows(dist)
         stale = np.flatnonzero(self._version != state.node_version)
-        todo = near[after_version[near] != state.node_version[near]]
-        m = stale.size
-        rows = self._free_rows(state, np.concatenate([stale, todo]))
-        cand = rows[m:]
-        if num_gpu == 1 and 0 < request_milli < WHOLE:
-            room = np.where(cand >= request_milli, cand, WHOLE + 1)
-            cand[np.arange(todo.size), np.argmin(room, axis=1)] -= request_milli
-        elif num_gpu > 0:
-            cand[(cand >= WHOLE) & (np.cumsum(cand >= WHOLE, axis=1) <= num_gpu)] = 0
-        if rows.shape[0]:
-            growth = next_growth(dist, rows,
-                                 np.concatenate([state.cpu_free[stale],
-                                                 state.cpu_free[todo] - cpu_milli]),
-                                 np.concatenate([state.mem_free[stale],
-                                                 state.mem_free[todo] - memory_mib]))
-            self._table[stale] = growth[:m]
+        if stale.size:
+            self._table[stale] = [rows.growth(*_state_of(state, i)) for i in stale.tolist()]
             self._version[stale] = state.node_version[stale]
-            after_table[todo] = growth[m:]
+        todo = near[after_version[near] != state.node_version[near]]
+        if todo.size:
+            after_table[todo] = [rows.growth(*_with_task(
+                state, i, request_milli=request_milli, num_gpu=num_gpu, cpu_milli=cpu_milli,
+                memory_mib=memory_mib)) for i in todo.tolist()]
             after_version[todo] = state.node_version[todo]
         table = self._table
         after = after_table[near]                                           # [M, K]
@@ -232,3 +223,29 @@ class LookAhead:
         score = deltas[:near.size] + nxt @ dist.weight
         new = near[np.lexsort((np.arange(near.size), state.total[near], score))]
         return np.concatenate([new, ordered[near.size:]])
+
+
+def _state_of(state: FragmentationState, node: int) -> tuple[list[int], int, int]:
+    """Node ``node``'s GPUs' free shares, free CPU and free memory."""
+    row = state.row(node)
+    return list(row.free), row.cpu_free, row.mem_free
+
+
+def _with_task(state: FragmentationState, node: int, *, request_milli: int, num_gpu: int,
+               cpu_milli: int, memory_mib: int) -> tuple[list[int], int, int]:
+    """:func:`_state_of` once the task is on the node: a share on the fullest GPU that
+    fits (the first such; the first GPU when none does), whole GPUs on the first
+    ``num_gpu`` wholly free ones."""
+    free, cpu, mem = _state_of(state, node)
+    if not free:
+        free = [0]
+    if num_gpu == 1 and 0 < request_milli < WHOLE:
+        room = [f if f >= request_milli else WHOLE + 1 for f in free]
+        free[room.index(min(room))] -= request_milli
+    elif num_gpu > 0:
+        left = num_gpu
+        for g, f in enumerate(free):
+            if left and f >= WHOLE:
+                free[g] = 0
+                left -= 1
+    return free, cpu - cpu_milli, mem - memory_mib
