@@ -151,6 +151,7 @@ class LookAhead:
 
     def __init__(self) -> None:
         self._table = np.zeros((0, 0))
+        self._best = _Least(self._table)
         self._version = np.zeros(0, dtype=np.int64)
         #: Per task shape: the ``[N, K]`` next-arrival growth on each node once the task
         #: is there, and the node versions it was computed at.
@@ -185,6 +186,7 @@ class LookAhead:
         n, k = state.total.shape[0], dist.size
         if self._table.shape != (n, k):
             self._table = np.full((n, k), np.inf)
+            self._best = _Least(self._table)
             self._version = np.full(n, -1, dtype=np.int64)
             self._after.clear()
         key = (request_milli, num_gpu, cpu_milli, memory_mib)
@@ -201,7 +203,8 @@ class LookAhead:
         rows = self._next_rows(dist)
         stale = np.flatnonzero(self._version != state.node_version)
         if stale.size:
-            self._table[stale] = [rows.growth(*_state_of(state, i)) for i in stale.tolist()]
+            values = [rows.growth(*_state_of(state, i)) for i in stale.tolist()]
+            self._best.update(self._table, stale, np.array(values, dtype=np.float64))
             self._version[stale] = state.node_version[stale]
         todo = near[after_version[near] != state.node_version[near]]
         if todo.size:
@@ -209,20 +212,67 @@ class LookAhead:
                 state, i, request_milli=request_milli, num_gpu=num_gpu, cpu_milli=cpu_milli,
                 memory_mib=memory_mib)) for i in todo.tolist()]
             after_version[todo] = state.node_version[todo]
-        table = self._table
         after = after_table[near]                                           # [M, K]
-        classes = np.arange(k)
-        first = np.argmin(table, axis=0)
-        best = table[first, classes]
-        masked = table.copy()
-        masked[first, classes] = np.inf
-        second = masked.min(axis=0)
-        other = np.where(first[None, :] == near[:, None], second[None, :], best[None, :])
+        best = self._best
+        other = np.where(best.first[None, :] == near[:, None], best.second[None, :],
+                         best.least[None, :])
         nxt = np.minimum(other, after)
         nxt = np.where(np.isinf(nxt), float(WHOLE) * dist.num_gpu, nxt)
         score = deltas[:near.size] + nxt @ dist.weight
         new = near[np.lexsort((np.arange(near.size), state.total[near], score))]
         return np.concatenate([new, ordered[near.size:]])
+
+
+class _Least:
+    """Per column of a ``[N, K]`` table (per class): the least value, a row holding it
+    (:attr:`first`), and the least value of the other rows (:attr:`second`), kept up to
+    date as rows change; a column is searched again only when a row holding its least or
+    second value grows. Which of tied rows is :attr:`first` does not matter: the others
+    then hold :attr:`second` = :attr:`least`."""
+
+    #: Above this many changed rows at once, every column is searched again.
+    FEW_ROWS = 8
+
+    def __init__(self, table: FloatArray) -> None:
+        k = table.shape[1]
+        self.first = np.zeros(k, dtype=np.int64)
+        self.least = np.full(k, np.inf)
+        self.second_row = np.zeros(k, dtype=np.int64)
+        self.second = np.full(k, np.inf)
+        if table.shape[0]:
+            self._search(table, np.arange(k))
+
+    def _search(self, table: FloatArray, cols: IntArray) -> None:
+        part = table[:, cols]
+        first = np.argmin(part, axis=0)
+        at = np.arange(cols.size)
+        self.first[cols], self.least[cols] = first, part[first, at]
+        part[first, at] = np.inf
+        second = np.argmin(part, axis=0)
+        self.second_row[cols], self.second[cols] = second, part[second, at]
+
+    def update(self, table: FloatArray, rows: IntArray, values: FloatArray) -> None:
+        """Set ``table[rows] = values`` (``[len(rows), K]``) and the per-column values."""
+        if rows.size > self.FEW_ROWS:
+            table[rows] = values
+            self._search(table, np.arange(table.shape[1]))
+            return
+        redo = np.zeros(table.shape[1], dtype=np.bool_)
+        for i, new in zip(rows.tolist(), values, strict=True):
+            old = table[i]
+            grew = new > old
+            redo |= grew & ((self.first == i) | (self.second_row == i))
+            first = self.first == i
+            self.least = np.where(first, new, self.least)
+            top = ~first & (new < self.least)
+            next_ = ~first & ~top & (new < self.second)
+            self.second = np.where(top, self.least, np.where(next_, new, self.second))
+            self.second_row = np.where(top, self.first, np.where(next_, i, self.second_row))
+            self.least = np.where(top, new, self.least)
+            self.first = np.where(top, i, self.first)
+            table[i] = new
+        if redo.any():
+            self._search(table, np.flatnonzero(redo))
 
 
 def _state_of(state: FragmentationState, node: int) -> tuple[list[int], int, int]:

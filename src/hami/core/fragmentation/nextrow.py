@@ -31,7 +31,7 @@ equal on random states.
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 
 from hami.core.fragmentation.measure import WHOLE, WorkloadDistribution
@@ -72,18 +72,28 @@ class NextRows:
         self.cpu_steps = sorted(cpus | {a + b for a in cpus for b in cpus})
         self.mem_steps = sorted(mems | {a + b for a in mems for b in mems})
         self.cpu_max, self.mem_max = max(self.cpu), max(self.mem)
-        #: Share classes as (class, share, CPU, memory); the rest (whole GPUs or none)
-        #: as (class, GPUs, GPU taken, CPU, memory).
-        self.shares: list[tuple[int, int, int, int]] = []
-        self.whole: list[tuple[int, int, int, int, int]] = []
+        self.class_cpus, self.class_mems = sorted(cpus), sorted(mems)
+        #: Share classes grouped by (share, CPU, memory) -> their classes; the rest
+        #: (whole GPUs or none) by (GPUs, GPU taken, CPU, memory) -> their classes
+        #: (classes that differ in GPU models alone grow alike here).
+        shares: dict[tuple[int, int, int], list[int]] = {}
+        whole: dict[tuple[int, int, int, int], list[int]] = {}
         for i in range(k):
             gpus = self.num_gpu[i]
             if gpus == 1 and 0 < milli[i] < WHOLE:
-                self.shares.append((i, milli[i], self.cpu[i], self.mem[i]))
+                shares.setdefault((milli[i], self.cpu[i], self.mem[i]), []).append(i)
             else:
                 taken = (WHOLE if milli[i] > 0 else 0) * gpus
-                self.whole.append((i, gpus, taken, self.cpu[i], self.mem[i]))
+                whole.setdefault((gpus, taken, self.cpu[i], self.mem[i]), []).append(i)
+        self.shares = [(*shape, tuple(js)) for shape, js in shares.items()]
+        self.whole = [(*shape, tuple(js)) for shape, js in whole.items()]
+        #: Free CPU (memory) from which every class fits after any share class.
+        self.cpu_all = max(s[1] for s in self.shares) + self.cpu_max if shares else 0
+        self.mem_all = max(s[2] for s in self.shares) + self.mem_max if shares else 0
         self._cache: dict[Key, tuple[float, ...]] = {}
+        #: Per (CPU, memory) position among the classes' values: which classes fit
+        #: (by need order; None: all).
+        self._hosts: dict[tuple[int, int], tuple[bool, ...] | None] = {}
 
     def key(self, free: Sequence[int], cpu_free: int, mem_free: int) -> Key:
         """The cache key of a state: its non-zero free shares sorted, and how many CPU and
@@ -125,23 +135,20 @@ class NextRows:
             before += w[i] * (s[i] if ok else total)
         out = [math.inf] * k
         whole_gpus = sum(1 for f in free if f >= WHOLE)
-        done: dict[tuple[int, int, int, int], float] = {}
-        for j, gpus, taken, cpu_j, mem_j in self.whole:
+        for gpus, taken, cpu_j, mem_j, js in self.whole:
             cpu2, mem2 = cpu - cpu_j, mem - mem_j
             if cpu2 < 0 or mem2 < 0 or whole_gpus < gpus:
                 continue
-            shape = (gpus, taken, cpu_j, mem_j)
-            value = done.get(shape)
-            if value is None:
-                t2 = total - taken
-                after = 0.0
-                for i in range(k):
-                    drop = gpus * (need[i] <= WHOLE)
-                    ok = ((gpu_free[i] or c[i] - drop >= num_gpu[i])
-                          and cpu2 >= ccpu[i] and mem2 >= cmem[i])
-                    after += w[i] * (s[i] if ok else t2)
-                value = done[shape] = round6(after - before)
-            out[j] = value
+            t2 = total - taken
+            after = 0.0
+            for i in range(k):
+                drop = gpus * (need[i] <= WHOLE)
+                ok = ((gpu_free[i] or c[i] - drop >= num_gpu[i])
+                      and cpu2 >= ccpu[i] and mem2 >= cmem[i])
+                after += w[i] * (s[i] if ok else t2)
+            value = round6(after - before)
+            for j in js:
+                out[j] = value
         if self.shares and free:
             self._shares(out, free, total, s, c, cpu, mem, before)
         return tuple(out)
@@ -150,35 +157,44 @@ class NextRows:
                 s: list[float], c: list[float], cpu: int, mem: int, before: float) -> None:
         """``out[j]`` for every share class ``j`` (the module docstring's prefix sums)."""
         order, ccpu, cmem, wsum = self.order, self.cpu, self.mem, self.weight_sum
+        needs = self.sorted_need
         values = sorted(set(free))
+        his = [bisect_right(needs, f) for f in values]
         sums: dict[tuple[bool, ...] | None, tuple[list[float], ...]] = {}
-        done: dict[tuple[int, int, int], float] = {}
-        for j, r, cpu_j, mem_j in self.shares:
+        every = (self._prefix(None, total, s, c)
+                 if cpu >= self.cpu_all and mem >= self.mem_all else None)
+        hosts = self._hosts
+        for r, cpu_j, mem_j, js in self.shares:
             cpu2, mem2 = cpu - cpu_j, mem - mem_j
-            if cpu2 < 0 or mem2 < 0 or values[-1] < r:
+            first = bisect_left(values, r)
+            if cpu2 < 0 or mem2 < 0 or first == len(values):
                 continue
-            shape = (r, cpu_j, mem_j)
-            value = done.get(shape)
-            if value is None:
-                if cpu2 >= self.cpu_max and mem2 >= self.mem_max:
-                    host: tuple[bool, ...] | None = None  # every class fits
-                else:
-                    host = tuple(cpu2 >= ccpu[i] and mem2 >= cmem[i] for i in order)
+            prefix = every
+            if prefix is None:
+                # Which classes fit the CPU and memory left: one set per pair of
+                # positions among the classes' CPU and memory values.
+                where = (bisect_right(self.class_cpus, cpu2), bisect_right(self.class_mems, mem2))
+                host = hosts.get(where, False)
+                if host is False:
+                    host = hosts[where] = (
+                        None if cpu2 >= self.cpu_max and mem2 >= self.mem_max
+                        else tuple(cpu2 >= ccpu[i] and mem2 >= cmem[i] for i in order))
                 prefix = sums.get(host)
                 if prefix is None:
                     prefix = sums[host] = self._prefix(host, total, s, c)
-                a, b, a1, b1 = prefix
-                least = math.inf
-                for f in values:
-                    if f < r:
-                        continue
-                    lo = bisect_right(self.sorted_need, f - r)
-                    hi = bisect_right(self.sorted_need, f)
-                    after = ((total - r) * wsum + a[lo] + r * b[lo] + (a1[hi] - a1[lo])
-                             + f * (b1[hi] - b1[lo]) + (a[-1] - a[hi]))
-                    least = min(least, after)
-                value = done[shape] = round6(least - before)
-            out[j] = value
+            a, b, a1, b1 = prefix
+            base = (total - r) * wsum + a[-1]
+            least = math.inf
+            for pos in range(first, len(values)):
+                f, hi = values[pos], his[pos]
+                lo = bisect_right(needs, f - r)
+                after = (base + a[lo] + r * b[lo] + (a1[hi] - a1[lo])
+                         + f * (b1[hi] - b1[lo]) - a[hi])
+                if after < least:
+                    least = after
+            value = round6(least - before)
+            for j in js:
+                out[j] = value
 
     def _prefix(self, host: tuple[bool, ...] | None, total: float, s: list[float],
                 c: list[float]) -> tuple[list[float], list[float], list[float], list[float]]:

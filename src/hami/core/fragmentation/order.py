@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from hami.core.fragmentation.lookahead import LookAhead
+from hami.core.fragmentation.lookahead import MAX_RERANKED, TOLERANCE_MILLI, LookAhead
 from hami.core.fragmentation.measure import WHOLE, FloatArray, IntArray, WorkloadDistribution
 from hami.core.fragmentation.scalar import node_growth, share_growth
 from hami.core.fragmentation.state import FEW_NODES, FragmentationState, node_types
@@ -205,18 +205,34 @@ class FragmentationScorer:
         node (least growth, then :attr:`tie_break`) is found in one pass and the whole
         order made on demand (``random`` and ``binpack`` ties, or the look-ahead, which
         re-ranks the near-best nodes: the order at once)."""
-        if (idx.size == 0 or self.tie_break not in ("stable", "least-free-gpu")
-                or self.look_ahead is not None):
+        if idx.size == 0 or self.tie_break not in ("stable", "least-free-gpu"):
             return self.order(ledger, placement, idx)
+        look = (self.look_ahead is not None and self.tie_break == "least-free-gpu"
+                and placement.num_gpu > 0 and idx.size > 1)
         deltas = self.node_deltas(ledger, placement, idx)
         least = deltas.min()
         if np.isnan(least):  # sorted last by order(); leave such cases to it
             return self.order(ledger, placement, idx)
+        if look:
+            return BestFirst(self._look_ahead_best(placement, idx, deltas, least),
+                             lambda: self.order(ledger, placement, idx))
         ties = np.flatnonzero(deltas == least)
         if self.tie_break == "least-free-gpu" and ties.size > 1:
             assert self._state is not None
             ties = ties[np.argmin(self._state.total[idx[ties]]):]
         return BestFirst(int(idx[ties[0]]), lambda: self.order(ledger, placement, idx))
+
+    def _look_ahead_best(self, p: Placement, idx: IntArray, deltas: FloatArray,
+                         least: float) -> int:
+        """The first node of :meth:`order` with the look-ahead, sorting only the nodes
+        within its tolerance of the least growth ``least`` (the head it re-ranks)."""
+        assert self._state is not None and self.look_ahead is not None
+        near = np.flatnonzero(deltas <= least + TOLERANCE_MILLI)
+        near = near[np.lexsort((self._state.total[idx[near]], deltas[near]))][:MAX_RERANKED]
+        head = self.look_ahead.rerank(
+            self._state, idx[near], deltas[near], request_milli=p.request_milli,
+            num_gpu=p.num_gpu, cpu_milli=p.cpu_milli, memory_mib=p.memory_mib)
+        return int(head[0])
 
     def order(self, ledger: Any, placement: Placement, idx: IntArray) -> IntArray:
         """``idx`` sorted by fragmentation growth, ties broken by :attr:`tie_break`:
