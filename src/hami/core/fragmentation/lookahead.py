@@ -43,6 +43,27 @@ MAX_RERANKED = 16
 _CHUNK = 16
 #: Task shapes whose per-node growth after them is kept (all dropped beyond).
 _AFTER_SHAPES = 64
+#: The look-ahead applies to a mix where at least this share of the GPU demand (weight x
+#: GPUs x share per GPU) is in classes that are not single-GPU shares ...
+MIN_WHOLE_DEMAND = 0.1
+#: ... and at most this share of the tasks (by weight) accepts only some GPU models.
+MAX_CONSTRAINED = 0.1
+
+
+def suits(dist: WorkloadDistribution, min_whole_demand: float = MIN_WHOLE_DEMAND,
+          max_constrained: float = MAX_CONSTRAINED) -> bool:
+    """Whether the look-ahead applies to the task mix ``dist``: at least
+    ``min_whole_demand`` of its GPU demand is in classes that are not single-GPU shares,
+    and at most ``max_constrained`` of its tasks (by weight) accept only some GPU models
+    (the look-ahead judges the next arrival as if every class accepted every model)."""
+    demand = dist.weight * dist.num_gpu * dist.gpu_milli
+    total = float(demand.sum())
+    if total <= 0:
+        return False
+    share = (dist.num_gpu == 1) & (dist.gpu_milli > 0) & (dist.gpu_milli < WHOLE)
+    constrained = sum(w for w, m in zip(dist.weight.tolist(), dist.models, strict=True) if m)
+    return (float(demand[~share].sum()) / total >= min_whole_demand
+            and constrained <= max_constrained)
 
 
 def next_growth(dist: WorkloadDistribution, free: IntArray, cpu_free: IntArray,
@@ -149,7 +170,11 @@ class LookAhead:
     (:attr:`FragmentationState.node_version`) when a re-rank needs it; :meth:`reset`
     drops it (new mix or node set)."""
 
-    def __init__(self) -> None:
+    def __init__(self, min_whole_demand: float = MIN_WHOLE_DEMAND,
+                 max_constrained: float = MAX_CONSTRAINED) -> None:
+        #: The mixes it applies to (:func:`suits`).
+        self.min_whole_demand = min_whole_demand
+        self.max_constrained = max_constrained
         self._table = np.zeros((0, 0))
         self._best = _Least(self._table)
         self._version = np.zeros(0, dtype=np.int64)
@@ -158,6 +183,13 @@ class LookAhead:
         self._after: dict[tuple[int, int, int, int], tuple[FloatArray, IntArray]] = {}
         self._rows: NextRows | None = None
         self._rows_dist: WorkloadDistribution | None = None
+        self._suits: tuple[WorkloadDistribution, bool] | None = None
+
+    def suits(self, dist: WorkloadDistribution) -> bool:
+        """:func:`suits` for ``dist``, kept for the last mix asked about."""
+        if self._suits is None or self._suits[0] is not dist:
+            self._suits = (dist, suits(dist, self.min_whole_demand, self.max_constrained))
+        return self._suits[1]
 
     def reset(self) -> None:
         """Forget the tables (the mix or the node set changed)."""
@@ -203,14 +235,14 @@ class LookAhead:
         rows = self._next_rows(dist)
         stale = np.flatnonzero(self._version != state.node_version)
         if stale.size:
-            values = [rows.growth(*_state_of(state, i)) for i in stale.tolist()]
+            values = _growths(rows, dist, [_state_of(state, i) for i in stale.tolist()])
             self._best.update(self._table, stale, np.array(values, dtype=np.float64))
             self._version[stale] = state.node_version[stale]
         todo = near[after_version[near] != state.node_version[near]]
         if todo.size:
-            after_table[todo] = [rows.growth(*_with_task(
+            after_table[todo] = _growths(rows, dist, [_with_task(
                 state, i, request_milli=request_milli, num_gpu=num_gpu, cpu_milli=cpu_milli,
-                memory_mib=memory_mib)) for i in todo.tolist()]
+                memory_mib=memory_mib) for i in todo.tolist()])
             after_version[todo] = state.node_version[todo]
         after = after_table[near]                                           # [M, K]
         best = self._best
@@ -257,22 +289,58 @@ class _Least:
             table[rows] = values
             self._search(table, np.arange(table.shape[1]))
             return
-        redo = np.zeros(table.shape[1], dtype=np.bool_)
-        for i, new in zip(rows.tolist(), values, strict=True):
-            old = table[i]
-            grew = new > old
-            redo |= grew & ((self.first == i) | (self.second_row == i))
-            first = self.first == i
-            self.least = np.where(first, new, self.least)
-            top = ~first & (new < self.least)
-            next_ = ~first & ~top & (new < self.second)
-            self.second = np.where(top, self.least, np.where(next_, new, self.second))
-            self.second_row = np.where(top, self.first, np.where(next_, i, self.second_row))
-            self.least = np.where(top, new, self.least)
-            self.first = np.where(top, i, self.first)
+        first, least = self.first.tolist(), self.least.tolist()
+        second_row, second = self.second_row.tolist(), self.second.tolist()
+        redo: set[int] = set()
+        for i, new in zip(rows.tolist(), values.tolist(), strict=True):
+            old = table[i].tolist()
+            for k, v in enumerate(new):
+                if first[k] == i:
+                    if v > old[k]:
+                        redo.add(k)
+                    least[k] = v
+                elif v < least[k]:
+                    second[k], second_row[k] = least[k], first[k]
+                    least[k], first[k] = v, i
+                else:
+                    if second_row[k] == i and v > old[k]:
+                        redo.add(k)
+                    if v < second[k]:
+                        second[k], second_row[k] = v, i
             table[i] = new
-        if redo.any():
-            self._search(table, np.flatnonzero(redo))
+        self.first, self.least = np.array(first), np.array(least)
+        self.second_row, self.second = np.array(second_row), np.array(second)
+        if redo:
+            self._search(table, np.array(sorted(redo)))
+
+
+#: At least this many states missing from the cache go through :func:`next_growth` at
+#: once when the mix is small (:attr:`NextRows.share_cells`), where one vectorised call
+#: costs less than the states one by one in Python.
+_BATCH = 8
+_BATCH_CELLS = 256
+
+
+def _growths(rows: NextRows, dist: WorkloadDistribution,
+             states: list[tuple[list[int], int, int]]) -> list[tuple[float, ...]]:
+    """:meth:`NextRows.growth` of each ``(free, cpu_free, mem_free)`` state; the missing
+    ones vectorised when many and the mix small (same values)."""
+    if len(states) >= _BATCH and rows.share_cells <= _BATCH_CELLS:
+        missing: dict[tuple[tuple[int, ...], int, int], tuple[int, int]] = {}
+        for free, cpu, mem in states:
+            key = rows.key(free, cpu, mem)
+            if not rows.known(key):
+                missing[key] = (cpu, mem)
+        if len(missing) >= _BATCH:
+            width = max(1, max(len(key[0]) for key in missing))
+            free_rows = np.zeros((len(missing), width), dtype=np.int64)
+            for r, key in enumerate(missing):
+                free_rows[r, :len(key[0])] = key[0]
+            host = np.array(list(missing.values()), dtype=np.int64)
+            table = next_growth(dist, free_rows, host[:, 0], host[:, 1])
+            for key, values in zip(missing, table.tolist(), strict=True):
+                rows.store(key, tuple(values))
+    return [rows.growth(*s) for s in states]
 
 
 def _state_of(state: FragmentationState, node: int) -> tuple[list[int], int, int]:

@@ -87,6 +87,9 @@ class NextRows:
                 whole.setdefault((gpus, taken, self.cpu[i], self.mem[i]), []).append(i)
         self.shares = [(*shape, tuple(js)) for shape, js in shares.items()]
         self.whole = [(*shape, tuple(js)) for shape, js in whole.items()]
+        #: Share classes x classes: small enough that numpy's per-call cost, not its
+        #: arithmetic, rules a vectorised batch of states.
+        self.share_cells = sum(len(s[3]) for s in self.shares) * k
         #: Free CPU (memory) from which every class fits after any share class.
         self.cpu_all = max(s[1] for s in self.shares) + self.cpu_max if shares else 0
         self.mem_all = max(s[2] for s in self.shares) + self.mem_max if shares else 0
@@ -100,6 +103,16 @@ class NextRows:
         memory thresholds its free CPU and memory reach."""
         return (tuple(sorted(f for f in free if f)), bisect_right(self.cpu_steps, cpu_free),
                 bisect_right(self.mem_steps, mem_free))
+
+    def known(self, key: Key) -> bool:
+        """Whether the state of cache key ``key`` is kept."""
+        return key in self._cache
+
+    def store(self, key: Key, values: tuple[float, ...]) -> None:
+        """Keep ``values`` (computed elsewhere, e.g. vectorised) for the state ``key``."""
+        if len(self._cache) >= MAX_STATES:
+            self._cache.clear()
+        self._cache[key] = values
 
     def growth(self, free: Sequence[int], cpu_free: int, mem_free: int) -> tuple[float, ...]:
         """Per class (``K`` values, the mix's order), the rounded growth of the expected

@@ -74,12 +74,13 @@ class FragmentationScorer:
 
     def __init__(self, dist: WorkloadDistribution, cache_size: int = 1024,
                  tie_break: str = "least-free-gpu", seed: int = 0,
-                 look_ahead: bool = False) -> None:
+                 look_ahead: bool | LookAhead = False) -> None:
         self.dist = dist
         #: With ``look_ahead``, re-rank the near-best nodes of a GPU request by the next
         #: arrival's expected growth (:class:`~hami.core.fragmentation.lookahead.LookAhead`;
         #: off by default: measured, not kept, see docs/simulate.md).
-        self.look_ahead = LookAhead() if look_ahead else None
+        self.look_ahead = (look_ahead if isinstance(look_ahead, LookAhead)
+                           else LookAhead() if look_ahead else None)
         self.tie_break = tie_break
         self._seed = seed
         #: Made on first use (same draws): importing numpy.random took 15 ms of the
@@ -208,7 +209,8 @@ class FragmentationScorer:
         if idx.size == 0 or self.tie_break not in ("stable", "least-free-gpu"):
             return self.order(ledger, placement, idx)
         look = (self.look_ahead is not None and self.tie_break == "least-free-gpu"
-                and placement.num_gpu > 0 and idx.size > 1)
+                and placement.num_gpu > 0 and idx.size > 1
+                and self.look_ahead.suits(self.dist))
         deltas = self.node_deltas(ledger, placement, idx)
         least = deltas.min()
         if np.isnan(least):  # sorted last by order(); leave such cases to it
@@ -254,7 +256,8 @@ class FragmentationScorer:
             assert self._state is not None
             order = np.lexsort((self._state.total[idx], deltas))  # lexsort is stable
             ordered = idx[order]
-            if self.look_ahead is not None and placement.num_gpu > 0 and idx.size > 1:
+            if (self.look_ahead is not None and placement.num_gpu > 0 and idx.size > 1
+                    and self.look_ahead.suits(self.dist)):
                 ordered = self.look_ahead.rerank(
                     self._state, ordered, deltas[order], request_milli=placement.request_milli,
                     num_gpu=placement.num_gpu, cpu_milli=placement.cpu_milli,
