@@ -137,3 +137,24 @@ def test_look_ahead_leaves_a_mix_of_shares_to_the_growth() -> None:
     assert FragmentationScorer(whole).order(one_gpu_nodes(), p, idx).tolist() == [1, 0]
     assert look.order(one_gpu_nodes(), p, idx).tolist() == [0, 1]
     assert list(look.best_first(one_gpu_nodes(), p, idx)) == [0, 1]
+
+
+def test_live_order_picks_the_look_ahead_node() -> None:
+    # The live scheduler's order (hami.core.filter's "fragmentation-aware") on the case
+    # above, with the mix that has whole-GPU demand: n0 first, as the simulator's; without
+    # its look-ahead, n1.
+    from hami.core.codec import ScoringWeights
+    from hami.core.filter import FilterContext
+    from hami.core.fit import PodOptions
+    from hami.core.fragmentation import LiveFragmentationOrder
+    from hami.core.model import ContainerDeviceRequest, PodRequest
+
+    whole = WorkloadDistribution.from_tasks([1] * 7 + [2], [300] * 3 + [600] * 3 + [900, 1000],
+                                            [1000] * 8, [0] * 8)
+    req = PodRequest("default", "p", "u", (ContainerDeviceRequest(
+        1, memory_percent=30, cores_percent=30),), cpu_milli=1000)
+    ctx = FilterContext(one_gpu_nodes(), req, PodOptions(gpu_policy="fragmentation-aware"),
+                        ScoringWeights())
+    idx = np.array([0, 1])
+    assert list(LiveFragmentationOrder(fixed=whole)(ctx, idx)) == [0, 1]
+    assert list(LiveFragmentationOrder(fixed=whole, look_ahead=False)(ctx, idx)) == [1, 0]

@@ -24,6 +24,7 @@ from hami.sim import metrics, report
 from hami.sim.mig import MIG_MODELS
 from hami.sim.paper import PAPER_POLICIES, run_paper
 from hami.sim.replay import (
+    ALIASES,
     ALL_POLICIES,
     CURVE_POINTS,
     FRAGMENTATION_AWARE,
@@ -90,9 +91,8 @@ def parse_seeds(text: str) -> list[int]:
 
 def parse_policies(text: str) -> list[str]:
     """``"all"`` (the paper's six schedulers, HAMi's policies and ours), ``"paper"`` (the
-    paper's six and ours) or a comma list of policy names (validated). The opt-in
-    policies (``fragmentation-aware+lookahead``) are in neither group: they run only
-    when named.
+    paper's six and ours) or a comma list of policy names (validated; an alias such as
+    ``fragmentation-aware+lookahead`` is read as the policy it names).
 
     Raises:
         ValueError: an unknown policy name.
@@ -109,7 +109,7 @@ def parse_policies(text: str) -> list[str]:
             except ValueError:
                 raise ValueError(f"unknown policy {p!r}; known: "
                                  f"{', '.join((*PAPER_POLICIES, *KNOWN_POLICIES))}") from None
-    return list(dict.fromkeys(out))
+    return list(dict.fromkeys(ALIASES.get(p, p) for p in out))
 
 
 @dataclass
@@ -199,10 +199,9 @@ def simulate(
         help="'all', 'paper' (the FGD paper's six schedulers and ours) or a comma list of: "
         f"{', '.join(PAPER_POLICIES)} (the paper's, on its resource model), "
         "<node>/<gpu> HAMi policies (node: binpack, spread; gpu: binpack, spread, "
-        "topology-aware, mutex), fragmentation-aware (ours) and "
-        "fragmentation-aware+lookahead (ours with a one-arrival look-ahead: the near-best "
-        "nodes re-ranked by the next arrival's expected fragmentation growth; about 10x "
-        "the replay time, so only when named, never in 'all' or 'paper').")] = "all",
+        "topology-aware, mutex) and fragmentation-aware (ours; "
+        "fragmentation-aware+lookahead, its name while its look-ahead was opt-in, is read "
+        "as fragmentation-aware).")] = "all",
     split_count: Annotated[int, typer.Option(
         "--split-count", help=f"Tasks per GPU (deviceSplitCount), at least {MIN_SPLIT_COUNT}"
         " (the trace's smallest share is 5 %).")] = DEFAULT_SPLIT_COUNT,

@@ -97,9 +97,10 @@ class LiveFragmentationOrder:
 
     def __init__(self, relearn_every: int = 256, fixed: WorkloadDistribution | None = None,
                  min_weight: float = 0.001, window: int = 4096,
-                 look_ahead: bool = False) -> None:
+                 look_ahead: bool = True) -> None:
         self.relearn_every = relearn_every
-        #: Passed to the scorer (:class:`FragmentationScorer` ``look_ahead``).
+        #: The scorer's one-arrival look-ahead (:class:`FragmentationScorer`
+        #: ``look_ahead``; on, as in ``hami simulate``; it applies to the mixes it suits).
         self.look_ahead = look_ahead
         self.min_weight = min_weight
         self.window = window

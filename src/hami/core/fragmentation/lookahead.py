@@ -47,7 +47,7 @@ _AFTER_SHAPES = 64
 #: GPUs x share per GPU) is in classes that are not single-GPU shares ...
 MIN_WHOLE_DEMAND = 0.1
 #: ... and at most this share of the tasks (by weight) accepts only some GPU models.
-MAX_CONSTRAINED = 0.1
+MAX_CONSTRAINED = 0.075
 
 
 def suits(dist: WorkloadDistribution, min_whole_demand: float = MIN_WHOLE_DEMAND,
