@@ -92,6 +92,10 @@ class LiveFragmentationOrder:
     from the first request alone used to rule the first 256 placements), takes these to
     6.53, 13.33, 4.94 and 2.78 (the trace's own mix: 6.43, 13.35, 4.81, 2.93).
 
+    The scorer re-ranks the near-best nodes by the next arrival's expected growth on the
+    learned mix (``look_ahead``, on: :mod:`~hami.core.fragmentation.lookahead`, which
+    applies to the mixes it suits), as ``hami simulate`` does with the trace's mix.
+
     Register with ``NODE_ORDERS["fragmentation-aware"] = LiveFragmentationOrder()``.
     """
 

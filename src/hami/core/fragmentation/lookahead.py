@@ -12,13 +12,16 @@ then fits nowhere counts :data:`WHOLE` milli-GPU per GPU it asks). The look-ahea
 the next arrival without its GPU-type constraint (every class as if it accepted every GPU
 model): on openb ``gpuspec25`` (seed 42, unallocated GPU % at 100 % arrived demand) the
 look-ahead with the constraints left 6.71 %, without them 6.36 %, the order without a
-look-ahead 6.44 %. Everything is in milli-GPU; pure functions over arrays plus a per-node
-table refreshed only for the nodes whose usage changed.
+look-ahead 6.44 %. Everything is in milli-GPU.
 
-Opt-in (``FragmentationScorer(look_ahead=True)``): over openb's four workloads it gains on
-three and not on ``gpushare100``, and a decision costs about 3x binpack's at the p99,
-beyond the policy's 2x bound (docs/simulate.md has the figures). ``hami simulate
---policies fragmentation-aware+lookahead`` replays it; no scheduler policy uses it.
+It is part of the ``fragmentation-aware`` policy (the simulator's replay and the live
+scheduler's :class:`~hami.core.fragmentation.learn.LiveFragmentationOrder`) on the task
+mixes it :func:`suits`: some GPU demand in whole GPUs (on openb it lost on ``gpushare100``,
+shares alone, and gained on ``gpushare80`` to ``gpushare20``) and few tasks constrained to
+GPU models (it lost on ``gpuspec10`` and ``gpuspec25``); docs/simulate.md has the figures.
+The growth per node state is computed in plain Python and kept per state
+(:mod:`~hami.core.fragmentation.nextrow`); :func:`next_growth` is its vectorised
+reference, used for batches of many new states of a small mix.
 """
 
 from __future__ import annotations

