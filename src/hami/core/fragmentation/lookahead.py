@@ -252,10 +252,10 @@ class LookAhead:
         other = np.where(best.first[None, :] == near[:, None], best.second[None, :],
                          best.least[None, :])
         nxt = np.minimum(other, after)
-        nxt = np.where(np.isinf(nxt), float(WHOLE) * dist.num_gpu, nxt)
+        nxt = np.where(nxt == np.inf, float(WHOLE) * dist.num_gpu, nxt)
         score = deltas[:near.size] + nxt @ dist.weight
-        new = near[np.lexsort((np.arange(near.size), state.total[near], score))]
-        return np.concatenate([new, ordered[near.size:]])
+        new = near[np.lexsort((state.total[near], score))]  # stable: then the given order
+        return new if near.size == ordered.size else np.concatenate([new, ordered[near.size:]])
 
 
 class _Least:

@@ -229,7 +229,10 @@ class FragmentationScorer:
         within its tolerance of the least growth ``least`` (the head it re-ranks)."""
         assert self._state is not None and self.look_ahead is not None
         near = np.flatnonzero(deltas <= least + TOLERANCE_MILLI)
-        near = near[np.lexsort((self._state.total[idx[near]], deltas[near]))][:MAX_RERANKED]
+        # By growth, then less free GPU, then position: two stable sorts, as lexsort
+        # orders (which took several times as long on 1,000 nodes).
+        by_free = near[np.argsort(self._state.total[idx[near]], kind="stable")]
+        near = by_free[np.argsort(deltas[by_free], kind="stable")][:MAX_RERANKED]
         head = self.look_ahead.rerank(
             self._state, idx[near], deltas[near], request_milli=p.request_milli,
             num_gpu=p.num_gpu, cpu_milli=p.cpu_milli, memory_mib=p.memory_mib)
