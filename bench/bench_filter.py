@@ -107,9 +107,9 @@ def mixed_latency(nodes: int, decisions: int) -> tuple[tuple[float, float], tupl
 
 POLICIES = (("binpack", "binpack"), ("spread", "binpack"),
             ("fragmentation-aware", "fragmentation-aware"))
-#: With ``--greedy``: the fragmentation-aware order without its one-arrival look-ahead
-#: (``LiveFragmentationOrder(look_ahead=False)``), as a fourth policy.
-GREEDY = ("fragmentation-aware-greedy", "fragmentation-aware")
+#: With ``--look-ahead``: the fragmentation-aware order with the one-arrival look-ahead
+#: (``LiveFragmentationOrder(look_ahead=True)``), as a fourth policy.
+LOOK_AHEAD = ("fragmentation-aware+lookahead", "fragmentation-aware")
 
 
 def policy_latency(nodes: int, pods_per_node: int, decisions: int, log: bool = False,
@@ -120,8 +120,8 @@ def policy_latency(nodes: int, pods_per_node: int, decisions: int, log: bool = F
     policies' decisions interleaved so that a busy machine slows all alike. The first
     decisions count too: ``fragmentation-aware`` builds its per-node state and learns the
     task mix on its first one."""
-    if GREEDY in policies and GREEDY[0] not in NODE_ORDERS:
-        NODE_ORDERS[GREEDY[0]] = LiveFragmentationOrder(look_ahead=False)
+    if LOOK_AHEAD in policies and LOOK_AHEAD[0] not in NODE_ORDERS:
+        NODE_ORDERS[LOOK_AHEAD[0]] = LiveFragmentationOrder(look_ahead=True)
     states = [build(nodes, pods_per_node, SchedulingPolicy(n, g)) for n, g in policies]
     names = states[0].ledger.node_names()
     rngs = [random.Random(7) for _ in policies]
@@ -224,9 +224,9 @@ def main() -> None:
                         "to /dev/null), to measure what logging costs")
     parser.add_argument("--policies", action="store_true",
                         help="only the node policies side by side at 1,000 nodes")
-    parser.add_argument("--greedy", action="store_true",
-                        help="add fragmentation-aware without its one-arrival look-ahead to "
-                        "the node policies")
+    parser.add_argument("--look-ahead", action="store_true",
+                        help="add fragmentation-aware with the one-arrival look-ahead "
+                        "(opt-in) to the node policies")
     args = parser.parse_args()
     decisions = 100 if args.quick else 400
     if args.log:
@@ -238,7 +238,7 @@ def main() -> None:
     if not args.policies:
         table(decisions, args.log)
     by_policy = policy_latency(1000, 8, decisions, args.log,
-                               POLICIES + ((GREEDY,) if args.greedy else ()))
+                               POLICIES + ((LOOK_AHEAD,) if args.look_ahead else ()))
     (_, base_wall), (_, base_cpu) = by_policy["binpack"]
     print("1000 nodes x 8 pods, policies interleaved   wall p50 / p99 ms    CPU p50 / p99 ms"
           "   p99 vs binpack (wall, CPU)")

@@ -66,7 +66,7 @@ def test_relearn_keeps_the_node_state_and_orders_as_a_new_scorer() -> None:
         ctx = context(led, i, cores, gpus, types)
         ranked = [int(i) for i in order(ctx, idx)]
         assert order._scorer is not None
-        fresh = FragmentationScorer(order._scorer.dist, look_ahead=True)(ctx, idx)
+        fresh = FragmentationScorer(order._scorer.dist)(ctx, idx)
         assert ranked == fresh.tolist()
         if state is None:
             state = order._scorer._state

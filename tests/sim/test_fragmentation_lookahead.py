@@ -107,10 +107,15 @@ def test_simulate_policy_replays_the_sequence_fgd_cannot() -> None:
     # The case above through the simulator (admission, the live filter, bind): two
     # 1-GPU nodes, pods of 300, 300 and 900 milli-GPU, the mix MIX plus one 2-GPU task
     # (whole GPUs in the mix, so that the look-ahead applies; it fits no 1-GPU node and
-    # grows alike everywhere). fragmentation-aware (with its look-ahead) stacks the 300s
-    # on n0 and places the 900 on n1; its order without the look-ahead splits the 300s
-    # and the 900 fails.
-    from hami.sim.replay import FRAGMENTATION_AWARE, Replayer, workload_distribution
+    # grows alike everywhere). Named fragmentation-aware+lookahead, the replay stacks the
+    # 300s on n0 and places the 900 on n1; plain fragmentation-aware splits the 300s and
+    # the 900 fails.
+    from hami.sim.replay import (
+        FRAGMENTATION_AWARE,
+        FRAGMENTATION_AWARE_LOOKAHEAD,
+        Replayer,
+        workload_distribution,
+    )
     from hami.sim.trace import TraceNode, TracePod
 
     nodes = [TraceNode(f"n{n}", 16000, 65536, 1, "T4") for n in range(2)]
@@ -119,41 +124,23 @@ def test_simulate_policy_replays_the_sequence_fgd_cannot() -> None:
     mix.append(TracePod("m-2gpu", 1000, 0, 2, 1000))
     pods = [TracePod(f"p{i}", 1000, 0, 1, milli) for i, milli in enumerate([300, 300, 900])]
 
-    def placed(look_ahead: bool) -> tuple[dict[str, str], int]:
-        replayer = Replayer(nodes, FRAGMENTATION_AWARE, workload_distribution(mix))
-        if not look_ahead:
-            replayer.scorer = FragmentationScorer(replayer.dist)
+    def placed(policy: str) -> tuple[dict[str, str], int]:
+        replayer = Replayer(nodes, policy, workload_distribution(mix))
         result = replayer.run(pods)
         return {p.name: p.node for p in replayer.ledger.pods()}, result.failed
 
-    assert placed(True) == ({"p0": "n0", "p1": "n0", "p2": "n1"}, 0)
-    assert placed(False) == ({"p0": "n0", "p1": "n1"}, 1)
+    assert placed(FRAGMENTATION_AWARE_LOOKAHEAD) == ({"p0": "n0", "p1": "n0", "p2": "n1"}, 0)
+    assert placed(FRAGMENTATION_AWARE) == ({"p0": "n0", "p1": "n1"}, 1)
 
 
-def test_lookahead_policy_name_is_an_alias() -> None:
-    # The look-ahead's opt-in name still parses, as the policy it is now part of.
+def test_lookahead_policy_runs_only_when_named() -> None:
     from hami.sim.command import parse_policies
     from hami.sim.replay import ALL_POLICIES, FRAGMENTATION_AWARE_LOOKAHEAD, parse_policy
 
     assert FRAGMENTATION_AWARE_LOOKAHEAD == "fragmentation-aware+lookahead"
     assert FRAGMENTATION_AWARE_LOOKAHEAD not in ALL_POLICIES
+    assert FRAGMENTATION_AWARE_LOOKAHEAD not in parse_policies("all")
+    assert FRAGMENTATION_AWARE_LOOKAHEAD not in parse_policies("paper")
     assert parse_policies("binpack/binpack, fragmentation-aware+lookahead") == [
-        "binpack/binpack", "fragmentation-aware"]
-    assert parse_policies("fragmentation-aware,fragmentation-aware+lookahead") == [
-        "fragmentation-aware"]
+        "binpack/binpack", FRAGMENTATION_AWARE_LOOKAHEAD]
     assert parse_policy(FRAGMENTATION_AWARE_LOOKAHEAD).node_policy == "fragmentation-aware"
-
-
-def test_live_order_and_simulator_share_the_look_ahead() -> None:
-    # The live scheduler's order (the mix learned online) and the simulator's replay use
-    # the same scorer with the look-ahead on.
-    from hami.core.filter import NODE_ORDERS
-    from hami.core.fragmentation import LiveFragmentationOrder
-    from hami.sim.replay import FRAGMENTATION_AWARE, Replayer, workload_distribution
-    from hami.sim.trace import TraceNode, TracePod
-
-    live = NODE_ORDERS["fragmentation-aware"]
-    assert isinstance(live, LiveFragmentationOrder) and live.look_ahead
-    replayer = Replayer([TraceNode("n0", 1000, 1000, 1, "T4")], FRAGMENTATION_AWARE,
-                        workload_distribution([TracePod("m", 100, 0, 1, 1000)]))
-    assert isinstance(replayer.scorer.look_ahead, LookAhead)

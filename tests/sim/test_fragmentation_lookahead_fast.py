@@ -139,10 +139,10 @@ def test_look_ahead_leaves_a_mix_of_shares_to_the_growth() -> None:
     assert list(look.best_first(one_gpu_nodes(), p, idx)) == [0, 1]
 
 
-def test_live_order_picks_the_look_ahead_node() -> None:
-    # The live scheduler's order (hami.core.filter's "fragmentation-aware") on the case
-    # above, with the mix that has whole-GPU demand: n0 first, as the simulator's; without
-    # its look-ahead, n1.
+def test_live_order_with_the_look_ahead_picks_its_node() -> None:
+    # The live scheduler's order class (hami.core.filter's "fragmentation-aware") on the
+    # case above, with the mix that has whole-GPU demand: with look_ahead, n0 first, as
+    # the simulator's fragmentation-aware+lookahead; by default (off), n1.
     from hami.core.codec import ScoringWeights
     from hami.core.filter import FilterContext
     from hami.core.fit import PodOptions
@@ -156,5 +156,5 @@ def test_live_order_picks_the_look_ahead_node() -> None:
     ctx = FilterContext(one_gpu_nodes(), req, PodOptions(gpu_policy="fragmentation-aware"),
                         ScoringWeights())
     idx = np.array([0, 1])
-    assert list(LiveFragmentationOrder(fixed=whole)(ctx, idx)) == [0, 1]
-    assert list(LiveFragmentationOrder(fixed=whole, look_ahead=False)(ctx, idx)) == [1, 0]
+    assert list(LiveFragmentationOrder(fixed=whole, look_ahead=True)(ctx, idx)) == [0, 1]
+    assert list(LiveFragmentationOrder(fixed=whole)(ctx, idx)) == [1, 0]

@@ -24,7 +24,6 @@ from hami.sim import metrics, report
 from hami.sim.mig import MIG_MODELS
 from hami.sim.paper import PAPER_POLICIES, run_paper
 from hami.sim.replay import (
-    ALIASES,
     ALL_POLICIES,
     CURVE_POINTS,
     FRAGMENTATION_AWARE,
@@ -91,8 +90,9 @@ def parse_seeds(text: str) -> list[int]:
 
 def parse_policies(text: str) -> list[str]:
     """``"all"`` (the paper's six schedulers, HAMi's policies and ours), ``"paper"`` (the
-    paper's six and ours) or a comma list of policy names (validated; an alias such as
-    ``fragmentation-aware+lookahead`` is read as the policy it names).
+    paper's six and ours) or a comma list of policy names (validated). The opt-in
+    policies (``fragmentation-aware+lookahead``) are in neither group: they run only
+    when named.
 
     Raises:
         ValueError: an unknown policy name.
@@ -109,7 +109,7 @@ def parse_policies(text: str) -> list[str]:
             except ValueError:
                 raise ValueError(f"unknown policy {p!r}; known: "
                                  f"{', '.join((*PAPER_POLICIES, *KNOWN_POLICIES))}") from None
-    return list(dict.fromkeys(ALIASES.get(p, p) for p in out))
+    return list(dict.fromkeys(out))
 
 
 @dataclass
@@ -199,9 +199,11 @@ def simulate(
         help="'all', 'paper' (the FGD paper's six schedulers and ours) or a comma list of: "
         f"{', '.join(PAPER_POLICIES)} (the paper's, on its resource model), "
         "<node>/<gpu> HAMi policies (node: binpack, spread; gpu: binpack, spread, "
-        "topology-aware, mutex) and fragmentation-aware (ours; "
-        "fragmentation-aware+lookahead, its name while its look-ahead was opt-in, is read "
-        "as fragmentation-aware).")] = "all",
+        "topology-aware, mutex), fragmentation-aware (ours) and "
+        "fragmentation-aware+lookahead (ours with a one-arrival look-ahead: the near-best "
+        "nodes re-ranked by the next arrival's expected fragmentation growth, on task "
+        "mixes with whole-GPU demand and few GPU-type constraints; only when named, never "
+        "in 'all' or 'paper').")] = "all",
     split_count: Annotated[int, typer.Option(
         "--split-count", help=f"Tasks per GPU (deviceSplitCount), at least {MIN_SPLIT_COUNT}"
         " (the trace's smallest share is 5 %).")] = DEFAULT_SPLIT_COUNT,

@@ -33,12 +33,13 @@ HAMi policies we emulate its default scoring (``NodeResourcesFit`` LeastAllocate
 node with the largest mean free fraction of CPU and memory); the fragmentation-aware
 policy places them where fragmentation grows least, as FGD does.
 
-``fragmentation-aware`` includes a one-arrival look-ahead
+``fragmentation-aware+lookahead`` (:data:`OPT_IN_POLICIES`, run only when named) is the
+fragmentation-aware order with a one-arrival look-ahead
 (:mod:`hami.core.fragmentation.lookahead`: the near-best nodes of a GPU request
 re-ranked by the expected fragmentation growth of the next arrival, drawn from the
-workload's task mix, on mixes it suits), as the live scheduler's order does.
-``fragmentation-aware+lookahead``, its name while the look-ahead was opt-in, is read as
-``fragmentation-aware``.
+workload's task mix, on the mixes it suits: it leaves the others to the plain order). It
+is a simulator policy only, not a scheduler policy: its decision p99 is not reliably
+within 2x binpack's (docs/simulate.md).
 """
 
 from __future__ import annotations
@@ -69,15 +70,16 @@ FRAGMENTATION_AWARE = "fragmentation-aware"
 #: HAMi node and GPU policies (HAMi v2.10).
 HAMI_NODE_POLICIES = ("binpack", "spread")
 HAMI_GPU_POLICIES = ("binpack", "spread", "topology-aware", "mutex")
-#: The look-ahead's name while it was opt-in: read as :data:`FRAGMENTATION_AWARE`.
+#: Ours with a one-arrival look-ahead (FGD's greedy step re-ranked by the next arrival's
+#: expected growth); a simulator policy only.
 FRAGMENTATION_AWARE_LOOKAHEAD = "fragmentation-aware+lookahead"
 #: Every policy ``hami simulate --policies all`` runs: ``<node-policy>/<gpu-policy>`` and ours.
 ALL_POLICIES = tuple(f"{n}/{g}" for n in HAMI_NODE_POLICIES for g in HAMI_GPU_POLICIES) + (
     FRAGMENTATION_AWARE,)
-#: Other names of policies (read as the policy they name).
-ALIASES = {FRAGMENTATION_AWARE_LOOKAHEAD: FRAGMENTATION_AWARE}
+#: Policies run only when named (not scheduler policies).
+OPT_IN_POLICIES = (FRAGMENTATION_AWARE_LOOKAHEAD,)
 #: Every policy name :func:`parse_policy` accepts.
-KNOWN_POLICIES = ALL_POLICIES + tuple(ALIASES)
+KNOWN_POLICIES = ALL_POLICIES + OPT_IN_POLICIES
 
 #: Arrived-demand points reported (percent of cluster GPU capacity).
 REPORT_POINTS = tuple(range(10, 131, 10))
@@ -86,8 +88,9 @@ CURVE_POINTS = tuple(range(0, 131))
 
 
 def parse_policy(policy: str) -> SchedulingPolicy:
-    """``"binpack/spread"`` -> node binpack, GPU spread; ``fragmentation-aware`` (or its
-    alias ``fragmentation-aware+lookahead``) -> fragmentation-aware for both.
+    """``"binpack/spread"`` -> node binpack, GPU spread; ``fragmentation-aware`` and
+    ``fragmentation-aware+lookahead`` -> fragmentation-aware for both (the look-ahead is
+    the :class:`Replayer`'s node order, not a scheduler setting).
 
     Raises:
         ValueError: an unknown node or GPU policy.
@@ -164,9 +167,8 @@ class Replayer:
         self.dist = dist
         nvidia = NvidiaConfig(device_split_count=split_count)
         self.shapes = PodShapes(make_config(nvidia=nvidia, policy=self.policy))
-        #: The fragmentation-aware order with its look-ahead, as the live scheduler's
-        #: (:class:`~hami.core.fragmentation.learn.LiveFragmentationOrder`).
-        self.scorer = FragmentationScorer(dist, look_ahead=True)
+        self.scorer = FragmentationScorer(
+            dist, look_ahead=policy == FRAGMENTATION_AWARE_LOOKAHEAD)
         self.names = [self.ledger.node_name(i) for i in range(self.ledger.node_count)]
         self.allocated_milli = 0
         #: Number of MIG-mode GPUs (0: the replay is exactly the hami-core one).
@@ -198,7 +200,8 @@ class Replayer:
         return self.names[int(idx[int(np.argmax(score))])]
 
     def _rank(self, ctx: FilterContext, idx: IntArray) -> IntArray | BestFirst:
-        """The fragmentation-aware node order, sorted only past its best node."""
+        """The fragmentation-aware node order, sorted only past its best node (with the
+        look-ahead, the whole order at once)."""
         return self.scorer.best_first(ctx.ledger, Placement.of(ctx.request), idx)
 
     def schedule(self, request: PodRequest) -> tuple[str | None, int]:

@@ -49,7 +49,8 @@ whose MIG instance count at 100 % arrived demand is the median (so that instance
 and unallocated shares agree), and the unallocated shares count what the chosen profiles
 really take (their memory and cores).
 Policies are ``<node-policy>/<gpu-policy>`` for HAMi's policies,
-``fragmentation-aware`` for ours.
+``fragmentation-aware`` for ours and ``fragmentation-aware+lookahead`` for ours with a
+one-arrival look-ahead (only when named in ``--policies``).
 """
 
 from __future__ import annotations
@@ -131,8 +132,9 @@ def _fmt(value: float) -> str:
 COLUMNS: tuple[tuple[str, str], ...] = (
     ("policy", "Random, DotProd, GpuClustering, GpuPacking, BestFit and FGD are the FGD "
      "paper's schedulers on its resource model; <node>/<gpu> are HAMi's node and GPU "
-     "scheduler policies; fragmentation-aware is ours. 'paper X' rows (dimmed) are the "
-     "paper's published figures, shown with a trace that holds them."),
+     "scheduler policies; fragmentation-aware is ours, fragmentation-aware+lookahead "
+     "(only when named in --policies) ours with a one-arrival look-ahead. 'paper X' rows "
+     "(dimmed) are the paper's published figures, shown with a trace that holds them."),
     ("50% .. 130%", "unallocated GPU, as % of the cluster's GPU capacity, when the arrived "
      "GPU demand (every pod submitted so far, placed or not) first reaches that % of the "
      f"capacity; lower is better. Below {TABLE_FROM} % nearly everything fits (--json has "
@@ -257,9 +259,11 @@ def plot_figure(summary: Mapping[str, Mapping[str, Any]], title: str,
     lines: list[tuple[str, dict[int, float], dict[str, Any]]] = []
     for i, group in enumerate(coinciding(curves)):
         ours = "fragmentation-aware" in group
+        look = not ours and "fragmentation-aware+lookahead" in group
         lines.append((" = ".join(group), curves[group[0]],
-                      {"color": "black" if ours else colors[(2 * i) % 20],
-                       "linewidth": 2.4 if ours else 1.3}))
+                      {"color": "black" if ours else "dimgray" if look
+                       else colors[(2 * i) % 20],
+                       "linewidth": 2.4 if ours else 2.0 if look else 1.3}))
     for j, (name, curve) in enumerate((reference or {}).items()):
         lines.append((f"paper {name}", dict(curve),
                       {"color": colors[(2 * j + 1) % 20], "linestyle": "--",

@@ -10,10 +10,9 @@ Modules, by layer:
   terms refreshed only for the nodes whose usage changed;
 * :mod:`~hami.core.fragmentation.order`: :class:`FragmentationScorer`, the node order
   for a fixed mix (the simulator's);
-* :mod:`~hami.core.fragmentation.lookahead`: the policy's re-rank of the near-best
-  nodes by the next arrival's expected growth (``FragmentationScorer(look_ahead=True)``),
-  with :mod:`~hami.core.fragmentation.nextrow`, that growth per node state in plain
-  Python;
+* :mod:`~hami.core.fragmentation.lookahead`: an opt-in re-rank of the near-best nodes by
+  the next arrival's expected growth (``FragmentationScorer(look_ahead=True)``; off), with
+  :mod:`~hami.core.fragmentation.nextrow`, that growth per node state in plain Python;
 * :mod:`~hami.core.fragmentation.learn`: :class:`LiveFragmentationOrder`, the live
   scheduler's order, learning the mix online.
 

@@ -14,11 +14,14 @@ model): on openb ``gpuspec25`` (seed 42, unallocated GPU % at 100 % arrived dema
 look-ahead with the constraints left 6.71 %, without them 6.36 %, the order without a
 look-ahead 6.44 %. Everything is in milli-GPU.
 
-It is part of the ``fragmentation-aware`` policy (the simulator's replay and the live
-scheduler's :class:`~hami.core.fragmentation.learn.LiveFragmentationOrder`) on the task
-mixes it :func:`suits`: some GPU demand in whole GPUs (on openb it lost on ``gpushare100``,
+Opt-in (``FragmentationScorer(look_ahead=True)``, ``hami simulate --policies
+fragmentation-aware+lookahead``; no scheduler policy uses it), and only on the task mixes
+it :func:`suits`: some GPU demand in whole GPUs (on openb it lost on ``gpushare100``,
 shares alone, and gained on ``gpushare80`` to ``gpushare20``) and few tasks constrained to
-GPU models (it lost on ``gpuspec10`` and ``gpuspec25``); docs/simulate.md has the figures.
+GPU models (from ``gpuspec10`` on its gain was none or within the seeds' spread). Better
+on openb ``default`` and ``multigpu50`` and equal elsewhere, but its decision p99 in
+``bench/bench_filter.py`` is 1.4x-3x binpack's from run to run, not reliably within the
+policy's 2x bound; docs/simulate.md has the figures.
 The growth per node state is computed in plain Python and kept per state
 (:mod:`~hami.core.fragmentation.nextrow`); :func:`next_growth` is its vectorised
 reference, used for batches of many new states of a small mix.

@@ -13,9 +13,11 @@ placement outcome (the cards it picked differently were interchangeable).
 Ties between nodes of equal growth go to the node with less free GPU (a packing
 tie-break; then the candidate order). On openb ``default`` seed 42 it leaves 4.71 % of
 GPUs unallocated at 100 % arrived demand where the candidate order alone left 5.15 %.
-With ``look_ahead`` (the policy's setting, in the simulator and the live scheduler), the
-near-best nodes of a GPU request are re-ranked by the expected growth of the next
-arrival as well (:mod:`~hami.core.fragmentation.lookahead`), on the task mixes it suits.
+With ``look_ahead`` (opt-in: ``hami simulate --policies fragmentation-aware+lookahead``),
+the near-best nodes of a GPU request are re-ranked by the expected growth of the next
+arrival as well (:mod:`~hami.core.fragmentation.lookahead`), on the task mixes it suits;
+it is off in the policy, its decision p99 not reliably within 2x binpack's
+(docs/simulate.md).
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ class FragmentationScorer:
         #: With ``look_ahead`` (True, or a configured
         #: :class:`~hami.core.fragmentation.lookahead.LookAhead`), re-rank the near-best
         #: nodes of a GPU request by the next arrival's expected growth, on the mixes it
-        #: suits. Off here by default; the ``fragmentation-aware`` policy turns it on.
+        #: suits. Off by default (docs/simulate.md).
         self.look_ahead = (look_ahead if isinstance(look_ahead, LookAhead)
                            else LookAhead() if look_ahead else None)
         self.tie_break = tie_break
