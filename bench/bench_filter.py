@@ -31,6 +31,8 @@ from collections.abc import Callable
 from typing import Any
 
 from hami.core.config import SchedulingPolicy
+from hami.core.filter import NODE_ORDERS
+from hami.core.fragmentation import LiveFragmentationOrder
 from hami.core.model import ContainerDevice, DeviceInfo
 from hami.core.state import ClusterState
 from hami.devices.registry import build_registry, make_config
@@ -105,20 +107,26 @@ def mixed_latency(nodes: int, decisions: int) -> tuple[tuple[float, float], tupl
 
 POLICIES = (("binpack", "binpack"), ("spread", "binpack"),
             ("fragmentation-aware", "fragmentation-aware"))
+#: With ``--look-ahead``: the fragmentation-aware order with the one-arrival look-ahead
+#: (``LiveFragmentationOrder(look_ahead=True)``), as a fourth policy.
+LOOK_AHEAD = ("fragmentation-aware+lookahead", "fragmentation-aware")
 
 
-def policy_latency(nodes: int, pods_per_node: int, decisions: int, log: bool = False
+def policy_latency(nodes: int, pods_per_node: int, decisions: int, log: bool = False,
+                   policies: tuple[tuple[str, str], ...] = POLICIES
                    ) -> dict[str, tuple[tuple[float, float], tuple[float, float]]]:
     """Per node policy of :data:`POLICIES`: ``((p50, p99) wall, (p50, p99) CPU)`` in ms of
     ``decisions`` filters on its own :func:`build` cluster (each placed pod committed), the
     policies' decisions interleaved so that a busy machine slows all alike. The first
     decisions count too: ``fragmentation-aware`` builds its per-node state and learns the
     task mix on its first one."""
-    states = [build(nodes, pods_per_node, SchedulingPolicy(n, g)) for n, g in POLICIES]
+    if LOOK_AHEAD in policies and LOOK_AHEAD[0] not in NODE_ORDERS:
+        NODE_ORDERS[LOOK_AHEAD[0]] = LiveFragmentationOrder(look_ahead=True)
+    states = [build(nodes, pods_per_node, SchedulingPolicy(n, g)) for n, g in policies]
     names = states[0].ledger.node_names()
-    rngs = [random.Random(7) for _ in POLICIES]
-    wall: list[list[float]] = [[] for _ in POLICIES]
-    cpu: list[list[float]] = [[] for _ in POLICIES]
+    rngs = [random.Random(7) for _ in policies]
+    wall: list[list[float]] = [[] for _ in policies]
+    cpu: list[list[float]] = [[] for _ in policies]
     for i in range(decisions):
         for k, state in enumerate(states):
             pod = pending_pod(i, rngs[k])
@@ -131,7 +139,7 @@ def policy_latency(nodes: int, pods_per_node: int, decisions: int, log: bool = F
             if decision.result.node:
                 state.commit(pod, decision)
     return {n: (_percentiles(wall[k]), _percentiles(cpu[k]))
-            for k, (n, _) in enumerate(POLICIES)}
+            for k, (n, _) in enumerate(policies)}
 
 
 def _percentiles(samples: list[float]) -> tuple[float, float]:
@@ -216,6 +224,9 @@ def main() -> None:
                         "to /dev/null), to measure what logging costs")
     parser.add_argument("--policies", action="store_true",
                         help="only the node policies side by side at 1,000 nodes")
+    parser.add_argument("--look-ahead", action="store_true",
+                        help="add fragmentation-aware with the one-arrival look-ahead "
+                        "(opt-in) to the node policies")
     args = parser.parse_args()
     decisions = 100 if args.quick else 400
     if args.log:
@@ -226,7 +237,8 @@ def main() -> None:
         setup_logging(stream=open(os.devnull, "w"))  # noqa: SIM115 - lives as long as the run
     if not args.policies:
         table(decisions, args.log)
-    by_policy = policy_latency(1000, 8, decisions, args.log)
+    by_policy = policy_latency(1000, 8, decisions, args.log,
+                               POLICIES + ((LOOK_AHEAD,) if args.look_ahead else ()))
     (_, base_wall), (_, base_cpu) = by_policy["binpack"]
     print("1000 nodes x 8 pods, policies interleaved   wall p50 / p99 ms    CPU p50 / p99 ms"
           "   p99 vs binpack (wall, CPU)")

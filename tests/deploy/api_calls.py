@@ -77,14 +77,16 @@ CALLS: dict[str, tuple[Call, ...]] = {
              name="webhook", when="certgen-webhook", where=("hami.certgen:patch_ca_bundle",)),
         Call("patch", "mutatingwebhookconfigurations", "admissionregistration.k8s.io",
              name="webhook", when="certgen-webhook", where=("hami.certgen:patch_ca_bundle",)),
-        # DRA mode (--dra-mode): the webhook's templates; the watched slices and claims
-        # (/prioritize, quota, card sizes) and the listings before the watch has synced
+        # DRA mode (--dra-mode): the templates of admitted pods (the reconciler follows
+        # the pod watch above); the watched slices and claims (/prioritize, quota, card
+        # sizes) and the listings before the watch has synced
         Call("create", "resourceclaimtemplates", _DRA, when="dra",
-             where=("hami.dra.webhook:DraWebhook._ensure",)),
-        # a template of hami's name made by someone else; the templates a pod names itself
-        # (quota-limited namespaces)
+             where=("hami.dra.templates:TemplateReconciler.reconcile",)),
+        # a template of hami's name made by someone else (webhook and reconciler); the
+        # templates a pod names itself (quota-limited namespaces)
         Call("get", "resourceclaimtemplates", _DRA, when="dra",
-             where=("hami.dra.webhook:DraWebhook._template",)),
+             where=("hami.dra.webhook:DraWebhook._template",
+                    "hami.dra.templates:TemplateReconciler.reconcile")),
         Call("list", "resourceslices", _DRA, when="dra",
              where=("hami.dra.cache:DraObjects._run", "hami.dra.webhook:DraWebhook.published",
                     "hami.dra.webhook:DraWebhook.published_devices",
@@ -159,6 +161,8 @@ NOT_IN_CHART = {
     "hami.deviceplugin.kubewatch:PodWatch.offer": "no request: the watched copy",
     "hami.dra.node:NodeCordonWatch.get": "no request: the watched copy",
     "hami.dra.node:SlicePublisher.invalidate": "no request",
+    "hami.dra.templates:TemplateReconciler.observe": "no request: starts reconcile",
+    "hami.dra.templates:TemplateReconciler.stop": "no request",
     f"{_AGENT}.devices": "no request: discovery",
     f"{_AGENT}.uuids": "no request: discovery",
     f"{_AGENT}.health_loop": "no request: NVML health events",
@@ -180,6 +184,7 @@ API_MODULES = {"hami.kube": ("Kube",), "hami.deviceplugin.kube": ("KubeApi",),
                "hami.deviceplugin.kubewatch": ("NodeWatch", "PodWatch"),
                "hami.certgen": (), "hami.dra.node": ("SlicePublisher", "DraAgent", "NodeCordonWatch"),
                "hami.dra.cache": ("DraObjects",), "hami.dra.webhook": ("DraWebhook",),
+               "hami.dra.templates": ("TemplateReconciler",),
                "hami.dra.prioritize": ("DraPrioritizer",)}
 OUTSIDE_CHART = {"hami.top": "hami top runs with the user's kubeconfig (list nodes, pods, "
                              "resourcequotas, resourceslices, resourceclaims)",

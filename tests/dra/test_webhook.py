@@ -121,6 +121,20 @@ def _pod(limits: dict[str, Any], **spec: Any) -> dict[str, Any]:
             "spec": {"containers": [{"name": "c", "resources": {"limits": limits}}], **spec}}
 
 
+def _signed(resp: dict[str, Any], pod: dict[str, Any], namespace: str = "ns"
+            ) -> list[dict[str, Any]]:
+    """The templates the reply's patch puts on ``pod`` signed (what the reconciler will
+    create once the pod exists), in name order."""
+    import jsonpatch
+
+    from hami.dra.signedspecs import process_keys, signed_templates
+
+    out = jsonpatch.apply_patch(pod, json.loads(base64.b64decode(resp["patch"])))
+    found = signed_templates(process_keys().verifying_keys(), namespace,
+                             out["metadata"]["annotations"])
+    return [found[name] for name in sorted(found)]
+
+
 def _hook(client: _Client, quota: QuotaLedger | None = None) -> tuple[DraWebhook, list[bytes]]:
     seen: list[bytes] = []
 
@@ -131,23 +145,29 @@ def _hook(client: _Client, quota: QuotaLedger | None = None) -> tuple[DraWebhook
     return DraWebhook(client, make_config(), fallback, quota), seen
 
 
-def test_gpu_pod_gets_claim_patch_and_template() -> None:
+def test_gpu_pod_gets_claim_patch_and_signed_template_spec() -> None:
+    """The patch names the template and carries its spec signed; the webhook itself
+    creates nothing (the scheduler's reconciler does once the pod exists)."""
     client = _Client()
     hook, seen = _hook(client)
-    reply = asyncio.run(hook(_review(_pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 100}))))
+    pod = _pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 100})
+    reply = asyncio.run(hook(_review(pod)))
     resp = reply["response"]
     assert resp["allowed"] and resp["uid"] == "u1" and not seen
     ops = json.loads(base64.b64decode(resp["patch"]))
-    assert any(op["path"] == "/spec/resourceClaims" for op in ops)
+    (claims,) = [op["value"] for op in ops if op["path"] == "/spec/resourceClaims"]
     # placed by the scheduler's profile (the chart's kube-scheduler with /prioritize)
     assert {"op": "add", "path": "/spec/schedulerName", "value": "hami-scheduler"} in ops
-    assert [ns for ns, _ in client.created] == ["ns"]
-    assert client.created[0][1].startswith("hami-gpu-")
+    (template,) = _signed(resp, pod)
+    assert claims == [{"name": "gpu-0",
+                       "resourceClaimTemplateName": template["metadata"]["name"]}]
+    assert template["metadata"]["name"].startswith("hami-gpu-")
+    assert client.created == []
 
 
 def test_a_dry_run_creates_no_template() -> None:
     """``kubectl create --dry-run=server`` reaches the webhook too: the pod is translated
-    as usual but no ResourceClaimTemplate is created (``sideEffects: NoneOnDryRun``)."""
+    as usual and nothing is created (the webhook never creates: ``sideEffects: None``)."""
     client = _Client()
     hook, _ = _hook(client)
     doc = json.loads(_review(_pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 100})))
@@ -180,10 +200,10 @@ def test_denials_and_pass_throughs() -> None:
 def test_percentage_accepted_when_every_published_card_has_one_size() -> None:
     client = _Client([_slice("n1", 16384, 16384), _slice("n2", 16384)])
     hook, _ = _hook(client)
-    resp = asyncio.run(hook(_review(_pod({"nvidia.com/gpu": 1,
-                                          "nvidia.com/gpumem-percentage": 25}))))["response"]
+    pod = _pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 25})
+    resp = asyncio.run(hook(_review(pod)))["response"]
     assert resp["allowed"], resp
-    (template,) = client.objs  # the template asks 25% of 16 GiB
+    (template,) = _signed(resp, pod)  # the template asks 25% of 16 GiB
     (req,) = template["spec"]["spec"]["devices"]["requests"]
     assert req["exactly"]["capacity"]["requests"]["memory"] == "4096Mi"
 
@@ -242,16 +262,17 @@ def test_published_mig_instances_become_a_prioritized_list_and_are_not_card_size
     card size (the instances are not cards)."""
     client = _Client([_slice("n1", 16384), _mig_slice("m1")])
     hook, _ = _hook(client)
-    resp = asyncio.run(hook(_review(_pod({"nvidia.com/gpu": 1,
-                                          "nvidia.com/gpumem": 4000}))))["response"]
+    pod = _pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4000})
+    resp = asyncio.run(hook(_review(pod)))["response"]
     assert resp["allowed"], resp
-    (template,) = client.objs
+    (template,) = _signed(resp, pod)
     (req,) = template["spec"]["spec"]["devices"]["requests"]
     assert [s["name"] for s in req["firstAvailable"]] == ["mig-1g-5gb", "mig-3g-20gb", "shared"]
-    pct = asyncio.run(hook(_review(_pod({"nvidia.com/gpu": 1,
-                                         "nvidia.com/gpumem-percentage": 25}))))["response"]
+    pod = _pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem-percentage": 25})
+    pct = asyncio.run(hook(_review(pod)))["response"]
     assert pct["allowed"], pct
-    (req,) = client.objs[-1]["spec"]["spec"]["devices"]["requests"]
+    (template,) = _signed(pct, pod)
+    (req,) = template["spec"]["spec"]["devices"]["requests"]
     assert req["firstAvailable"][-1]["capacity"]["requests"]["memory"] == "4096Mi"
 
 

@@ -39,7 +39,8 @@ def test_a_translated_pod_loses_its_hand_written_allocation() -> None:
     assert resp["allowed"], resp
     out = _patched(pod, resp)
     assert out["spec"]["resourceClaims"]
-    assert out["metadata"]["annotations"] == {"team": "a"}
+    assert {k: v for k, v in out["metadata"]["annotations"].items()
+            if not k.startswith("hami.io/dra-claim-templates")} == {"team": "a"}
     assert out["metadata"]["labels"] == {"app": "x"}
     assert names.DEVICES_ALLOCATED in resp["status"]["message"]
 
@@ -104,3 +105,23 @@ def test_claims_the_tenant_made_itself_count_against_the_quota() -> None:
     fits = asyncio.run(hook(_review(_pod({"nvidia.com/gpu": 1,
                                           "nvidia.com/gpumem": 1000}))))["response"]
     assert fits["allowed"], fits
+
+
+def test_signed_specs_too_large_for_the_pods_annotations_are_a_clear_denial() -> None:
+    """The template specs travel on the pod (signed): 40 containers asking different
+    amounts with a long selector would make annotations past the API's 256 KiB, which
+    the API server would refuse with the pod; the webhook refuses it itself."""
+    uuids = ",".join(f"GPU-{i:08d}-aaaa-bbbb-cccc-dddddddddddd" for i in range(150))
+    pod = _pod({"nvidia.com/gpu": 1})
+    pod["metadata"]["annotations"] = {"nvidia.com/use-gpuuuid": uuids}
+    pod["spec"]["containers"] = [
+        {"name": f"c{i}", "resources": {"limits": {"nvidia.com/gpu": 1,
+                                                   "nvidia.com/gpumem": 100 + i}}}
+        for i in range(40)]
+    hook, _ = _hook(_Client())
+    resp = asyncio.run(hook(_review(pod)))["response"]
+    assert not resp["allowed"], resp
+    assert "hami.io/dra-claim-templates" in resp["status"]["message"]
+    assert "262144" in resp["status"]["message"]
+    pod["spec"]["containers"] = pod["spec"]["containers"][:4]
+    assert asyncio.run(hook(_review(pod)))["response"]["allowed"]

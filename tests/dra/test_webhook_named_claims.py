@@ -6,6 +6,7 @@ read with ``get``); the real apiserver path is in tests/e2e/test_dra_quota_e2e.p
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -152,20 +153,49 @@ def test_a_template_pre_made_under_hamis_name_is_refused_by_name() -> None:
     assert resp["allowed"] and not client.created, resp
 
 
-def test_a_template_created_concurrently_is_read_back_and_checked() -> None:
-    """A GET finds nothing, the create answers 409 (another admission made it): the
-    template is read again and compared."""
-    name, ours = tr.template_for(tr.claim_spec(1, 1000, 0, []))
+def _signed_pod(memory_mib: int, namespace: str = "ns") -> tuple[str, dict[str, Any]]:
+    """What the webhook's answer makes of a GPU pod of ``memory_mib`` (another admission,
+    e.g. with ``reinvocationPolicy: IfNeeded``): its template's name and the pod naming
+    it, with the spec signed for ``namespace``."""
+    from hami.dra import signedspecs
 
-    class _Racing(_Client):
-        async def create(self, obj: Any, namespace: str | None = None) -> None:
-            self.templates[(str(namespace), name)] = self.racer
-            raise _api_error(409, "already exists")
+    name, template = tr.template_for(tr.claim_spec(1, memory_mib, 0, []))
+    pod = _claiming({"name": "gpu-0", "resourceClaimTemplateName": name})
+    pod["metadata"]["annotations"] = signedspecs.sign(
+        signedspecs.process_keys().signing_key(), namespace, {name: template})
+    return name, pod
 
-    for racer, allowed in ((ours, True), (_template(name, "30000Mi"), False)):
-        client = _Racing([_slice("n1", 16384)])
-        client.racer = racer  # type: ignore[attr-defined]
-        resp = _run(client, _pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1000}),
-                    QuotaLedger())
-        assert resp["allowed"] is allowed, resp
-        assert client.gets == [("ns", name), ("ns", name)]
+
+def test_a_hami_template_not_made_yet_counts_its_signed_spec() -> None:
+    """The template is created once the pod exists: at admission a pod naming a hami
+    template that is not there yet is counted from the spec it carries signed."""
+    _, fits = _signed_pod(2000)
+    assert _run(_Client([_slice("n1", 16384)]), fits)["allowed"]
+    name, over = _signed_pod(30000)
+    resp = _run(_Client([_slice("n1", 16384)]), over)
+    assert not resp["allowed"], resp
+    assert "exceeding resource quota" in resp["status"]["message"]
+    assert f"ResourceClaimTemplate ns/{name}" in resp["status"]["message"]
+    assert "30000 MiB" in resp["status"]["message"]
+
+
+def test_a_hami_template_name_without_a_valid_signature_is_not_found() -> None:
+    """A tenant naming a hami template that does not exist, with no signature, one made
+    for another namespace, or one whose spec was changed, is refused: nothing would
+    create that template, and its size is unknown."""
+    from hami.dra import signedspecs
+
+    name, plain = _signed_pod(2000)
+    plain["metadata"]["annotations"] = {}
+    _, elsewhere = _signed_pod(2000, namespace="other")
+    _, changed = _signed_pod(2000)
+    bigger = tr.claim_spec(1, 30000, 0, [])
+    changed["metadata"]["annotations"][signedspecs.SPECS_ANNOTATION] = json.dumps([bigger])
+    for pod, why in ((plain, "no hami.io/dra-claim-templates-signature"),
+                     (elsewhere, "signed for another namespace"),
+                     (changed, "does not match its signature")):
+        resp = _run(_Client([_slice("n1", 16384)]), pod)
+        assert not resp["allowed"], resp
+        message = resp["status"]["message"]
+        assert f"ResourceClaimTemplate ns/{name}" in message and "does not exist" in message
+        assert why in message, message

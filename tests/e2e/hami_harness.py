@@ -413,3 +413,25 @@ class ReadyForwarder:
         self._sock.close()
 
 
+
+
+def reconcile_templates(cp: ControlPlane, pod: Any) -> dict[str, str]:
+    """What ``hami scheduler --dra-mode`` does once its pod watch brings ``pod`` (created
+    from an in-process DRA webhook's answer, signed with this process's key): create the
+    hami ResourceClaimTemplates it names (:class:`hami.dra.templates.TemplateReconciler`
+    on the real API). ``pod``: a dict or lightkube object as the API returned it."""
+    import asyncio
+
+    from hami.dra.signedspecs import process_keys
+    from hami.dra.templates import TemplateReconciler
+
+    doc = pod if isinstance(pod, dict) else pod.to_dict()
+
+    async def run() -> dict[str, str]:
+        client = cp.async_client()
+        try:
+            return await TemplateReconciler(client, process_keys()).reconcile(doc)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())

@@ -237,3 +237,46 @@ def test_namespaces_without_a_quota_are_not_checked(bed: dict[str, Any], tmp_pat
     doc["metadata"]["namespace"] = "noquota"
     client.create(codecs.from_dict(doc))
     client.delete(ResourceClaim, "huge", namespace="noquota")
+
+
+def test_a_pod_naming_a_hami_template_without_its_signature_gets_none(
+        bed: dict[str, Any]) -> None:
+    """The template is made from the scheduler's pod watch, only for what its webhook
+    signed: a pod created with a hami template name and no signature, or with the
+    signature of a pod of another namespace (copied), gets no template, no claim, and a
+    Warning Event; an honest GPU pod in the same namespace gets its template."""
+    from lightkube import codecs
+    from lightkube.resources.core_v1 import Event, Pod
+    from lightkube.resources.resource_v1 import ResourceClaimTemplate
+
+    from hami.dra import signedspecs
+    from hami.dra import translate as tr
+
+    client = bed["client"]
+    ensure_namespace(client, "nosig")
+    name, template = tr.template_for(tr.claim_spec(1, 1500, 0, []))
+    # the signature of an honest pod of NS, for the same spec
+    client.create(codecs.from_dict(gpu_pod("signed", memory_mib=1500, namespace=NS)))
+    signed = client.get(Pod, "signed", namespace=NS).metadata.annotations
+    assert signed[signedspecs.SPECS_ANNOTATION] and signed[signedspecs.SIGNATURE_ANNOTATION]
+    _wait(lambda: name in [t.metadata.name for t in client.list(ResourceClaimTemplate,
+                                                                 namespace=NS)], 30,
+          "the honest pod's template")
+    copied = {k: signed[k] for k in (signedspecs.SPECS_ANNOTATION,
+                                     signedspecs.SIGNATURE_ANNOTATION)}
+    for pod_name, carried in (("bare", {}), ("copied", copied)):
+        doc = _claiming(pod_name, name)
+        doc["metadata"]["namespace"] = "nosig"
+        doc["metadata"]["annotations"] = carried
+        client.create(codecs.from_dict(doc))
+
+    def refused() -> set[str]:
+        return {e.involvedObject.name for e in client.list(Event, namespace="nosig")
+                if e.reason == "DraTemplateRefused"}
+
+    assert _wait(lambda: refused() == {"bare", "copied"}, 60, "both refusals recorded")
+    assert [t.metadata.name for t in client.list(ResourceClaimTemplate, namespace="nosig")] == []
+    for pod_name in ("bare", "copied"):
+        pod = client.get(Pod, pod_name, namespace="nosig")
+        assert not pod.spec.nodeName and not pod.status.resourceClaimStatuses
+    assert template["metadata"]["name"] == name

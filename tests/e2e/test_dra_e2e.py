@@ -42,6 +42,7 @@ from hami.testing.controlplane import (
 )
 
 from .conftest import REQUIRED
+from .hami_harness import reconcile_templates
 
 pytestmark = pytest.mark.e2e
 
@@ -126,7 +127,9 @@ def _gpu_pod(name: str, limits: dict[str, Any], annotations: dict[str, str] | No
 def _create(bed: dict[str, Any], pod: dict[str, Any], scheduler_name: str = "") -> None:
     from lightkube import codecs
 
-    bed["client"].create(codecs.from_dict(_admit(bed["cp"], pod, scheduler_name)))
+    created = bed["client"].create(codecs.from_dict(_admit(bed["cp"], pod, scheduler_name)))
+    # hami's scheduler creates the templates from its pod watch once the pod exists
+    assert "refused" not in str(reconcile_templates(bed["cp"], created))
 
 
 def _claims(client: Any) -> list[dict[str, Any]]:
@@ -319,6 +322,31 @@ def test_deletion_frees_capacity(bed: dict[str, Any]) -> None:
           what="next unschedulable")
     client.delete(Pod, "whole", namespace=NS, grace_period=0)
     _wait(lambda: client.get(Pod, "next", namespace=NS).spec.nodeName, what="next bound after delete")
+    _delete_all(client)
+
+
+def test_a_template_made_after_the_pod_is_picked_up_by_the_claim_controller(
+        bed: dict[str, Any]) -> None:
+    """hami creates a pod's template only once the pod exists (from its pod watch), so
+    the resourceclaim controller may see the pod first: it retries, and the claim is
+    made and allocated, the pod bound, once the template appears."""
+    from lightkube import codecs
+    from lightkube.resources.core_v1 import Pod
+
+    client = bed["client"]
+    admitted = _admit(bed["cp"], _gpu_pod("late", {"nvidia.com/gpu": 1,
+                                                  "nvidia.com/gpumem": 1234}))
+    created = client.create(codecs.from_dict(admitted))
+    time.sleep(3.0)  # the controller has looked at the pod, without its template
+    assert not [c for c in _claims(client)
+                if c["metadata"]["ownerReferences"][0]["name"] == "late"]
+    assert not client.get(Pod, "late", namespace=NS).spec.nodeName
+    (outcome,) = reconcile_templates(bed["cp"], created).values()
+    assert outcome == "created"
+    _wait(lambda: client.get(Pod, "late", namespace=NS).spec.nodeName, what="late bound")
+    (claim,) = [c for c in _claims(client)
+                if c["metadata"]["ownerReferences"][0]["name"] == "late"]
+    assert _results(claim)
     _delete_all(client)
 
 

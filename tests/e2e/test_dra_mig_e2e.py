@@ -23,6 +23,8 @@ from hami.dra.node import DraAgent
 from hami.dra.slices import DRIVER, slice_name
 from hami.testing.controlplane import create_gpu_node
 
+from .hami_harness import reconcile_templates
+
 pytestmark = pytest.mark.e2e
 
 A100 = {"model": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960, "uuids": ["GPU-mig-a100"],
@@ -320,8 +322,10 @@ def test_gpumem_pod_gets_the_smallest_fitting_mig_instance_then_a_shared_card(
                              "name": "c", "image": "pause", "resources": {"limits": {
                                  "nvidia.com/gpu": 1, "nvidia.com/gpumem": 19000,
                                  "nvidia.com/gpucores": 30}}}]}})
+            # hami's scheduler creates the template from the admitted pod's signed spec;
             # the session's control plane has no resourceclaim controller: make the
-            # pod's claim from the template the webhook created, as that controller does
+            # pod's claim from that template, as the controller does
+            assert "refused" not in str(reconcile_templates(control_plane, pod))
             (ref,) = pod["spec"]["resourceClaims"]
             from lightkube.resources.resource_v1 import ResourceClaimTemplate
 

@@ -22,9 +22,13 @@ from hami.deviceplugin.discovery import FakeBackend
 from hami.devices.registry import make_config
 from hami.dra import translate as tr
 from hami.dra.node import DraAgent, SlicePublisher
+from hami.dra.signedspecs import process_keys, sign
 from hami.dra.slices import DRIVER
+from hami.dra.templates import TemplateReconciler
 from hami.dra.webhook import DraWebhook
 from hami.testing.controlplane import ControlPlane, create_gpu_node, ensure_namespace
+
+from .hami_harness import reconcile_templates
 
 pytestmark = pytest.mark.e2e
 
@@ -89,7 +93,9 @@ def _create_admitted(cp: ControlPlane, client: Any, quota: QuotaLedger,
     assert resp["allowed"], resp
     if "patch" in resp:
         pod = jsonpatch.apply_patch(pod, json.loads(base64.b64decode(resp["patch"])))
-    client.create(codecs.from_dict(pod))
+    created = client.create(codecs.from_dict(pod))
+    # hami's scheduler creates the templates from its pod watch once the pod exists
+    assert "refused" not in str(reconcile_templates(cp, created))
 
 
 def test_tenant_claims_and_templates_meet_the_quota(control_plane: ControlPlane,
@@ -170,11 +176,17 @@ def test_hami_templates_read_back_from_the_api_are_hamis(control_plane: ControlP
         client = cp.async_client()
         try:
             hook = DraWebhook(client, make_config(), lambda b: {"response": {}})
-            out = []
+            out: list[str | None] = []
             for spec in specs:
-                _, template = tr.template_for(spec)
-                out.append(await hook._ensure(NS, template))  # creates it
-                out.append(await hook._ensure(NS, template))  # reads it back and compares
+                name, template = tr.template_for(spec)
+                pod = {"metadata": {"name": "p", "namespace": NS, "uid": name,
+                                    "annotations": sign(process_keys().signing_key(), NS,
+                                                        {name: template})},
+                       "spec": {"resourceClaims": [{"name": "g",
+                                                    "resourceClaimTemplateName": name}]}}
+                made = await TemplateReconciler(client, process_keys()).reconcile(pod)
+                out.append(None if made == {name: "created"} else str(made))
+                out.append(await hook._conflict(NS, template))  # read back and compared
             return out
         finally:
             await client.close()

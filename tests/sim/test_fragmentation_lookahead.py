@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from hami.core.fragmentation import FragmentationScorer, Placement, WorkloadDistribution
-from hami.core.fragmentation.lookahead import next_growth
+from hami.core.fragmentation.lookahead import LookAhead, next_growth
 from hami.core.fragmentation.measure import frag_delta, fragment
 from hami.core.ledger import UsageLedger
 from hami.core.model import ContainerDevice, DeviceInfo
@@ -35,7 +35,7 @@ def test_look_ahead_keeps_a_gpu_whole_for_the_next_arrival() -> None:
     led.add_pod("a", "n0", ((ContainerDevice("n0-g0", "NVIDIA", 4915, 30),),),
                 cpu_milli=1000)
     p = Placement(request_milli=300, num_gpu=1, cpu_milli=1000, memory_mib=0)
-    scorer = FragmentationScorer(MIX, look_ahead=True)
+    scorer = FragmentationScorer(MIX, look_ahead=LookAhead(min_whole_demand=0.0))
     assert list(scorer.order(led, p, np.array([0, 1]))) == [0, 1]
     assert list(scorer.node_deltas(led, p, np.array([0, 1]))) == pytest.approx(
         [900 / 7, 100])
@@ -62,7 +62,8 @@ def test_look_ahead_places_the_sequence_fgd_cannot() -> None:
             chosen.append(n)
         return chosen
 
-    assert replay(FragmentationScorer(MIX, look_ahead=True)) == [0, 0, 1]
+    assert replay(FragmentationScorer(MIX, look_ahead=LookAhead(min_whole_demand=0.0))) == [
+        0, 0, 1]
     assert replay(FragmentationScorer(MIX, look_ahead=False)) == [0, 1, None]
 
 
@@ -104,9 +105,11 @@ def test_next_growth_is_frag_delta_with_every_model_accepted() -> None:
 
 def test_simulate_policy_replays_the_sequence_fgd_cannot() -> None:
     # The case above through the simulator (admission, the live filter, bind): two
-    # 1-GPU nodes, pods of 300, 300 and 900 milli-GPU, the mix MIX. Named
-    # fragmentation-aware+lookahead, the replay stacks the 300s on n0 and places the 900
-    # on n1; plain fragmentation-aware splits the 300s and the 900 fails.
+    # 1-GPU nodes, pods of 300, 300 and 900 milli-GPU, the mix MIX plus one 2-GPU task
+    # (whole GPUs in the mix, so that the look-ahead applies; it fits no 1-GPU node and
+    # grows alike everywhere). Named fragmentation-aware+lookahead, the replay stacks the
+    # 300s on n0 and places the 900 on n1; plain fragmentation-aware splits the 300s and
+    # the 900 fails.
     from hami.sim.replay import (
         FRAGMENTATION_AWARE,
         FRAGMENTATION_AWARE_LOOKAHEAD,
@@ -118,6 +121,7 @@ def test_simulate_policy_replays_the_sequence_fgd_cannot() -> None:
     nodes = [TraceNode(f"n{n}", 16000, 65536, 1, "T4") for n in range(2)]
     mix = [TracePod(f"m{i}", 1000, 0, 1, milli)
            for i, milli in enumerate([300] * 3 + [600] * 3 + [900])]
+    mix.append(TracePod("m-2gpu", 1000, 0, 2, 1000))
     pods = [TracePod(f"p{i}", 1000, 0, 1, milli) for i, milli in enumerate([300, 300, 900])]
 
     def placed(policy: str) -> tuple[dict[str, str], int]:

@@ -12,6 +12,7 @@ from hami.core.codec import ScoringWeights
 from hami.core.filter import NODE_ORDERS, FilterContext
 from hami.core.fit import PodOptions
 from hami.core.fragmentation import FragmentationScorer, Placement, WorkloadDistribution
+from hami.core.fragmentation.lookahead import LookAhead
 from hami.core.ledger import UsageLedger
 from hami.core.model import ContainerDevice, ContainerDeviceRequest, DeviceInfo, PodRequest
 from hami.core.nodefit import BestFirst
@@ -93,4 +94,6 @@ def test_fragmentation_best_first_leaves_the_look_ahead_to_the_order() -> None:
     p = Placement(request_milli=300, num_gpu=1, cpu_milli=1000, memory_mib=0)
     idx = np.array([0, 1])
     assert list(FragmentationScorer(mix).best_first(led, p, idx)) == [1, 0]
-    assert list(FragmentationScorer(mix, look_ahead=True).best_first(led, p, idx)) == [0, 1]
+    # (a mix of shares alone: the look-ahead asked to apply to it, see suits())
+    look = LookAhead(min_whole_demand=0.0)
+    assert list(FragmentationScorer(mix, look_ahead=look).best_first(led, p, idx)) == [0, 1]

@@ -2,10 +2,13 @@
 :func:`hami.dra.translate.translate`.
 
 For a Pod CREATE that asks for NVIDIA GPUs and names no claims: refuse what the normal
-webhook refuses for isolation (host PID, privileged, ...), translate, make sure each
-ResourceClaimTemplate exists in the pod's namespace, and answer with the JSON Patch. A
-template of hami's name that exists already must ask exactly what hami would write (the
-name is a hash of the spec; one a tenant made under that name is refused by name). A
+webhook refuses for isolation (host PID, privileged, ...), translate, and answer with the
+JSON Patch, which also puts on the pod the specs of its ResourceClaimTemplates, signed
+(:mod:`hami.dra.signedspecs`). The webhook writes nothing (a forged AdmissionReview gets
+an answer, no object): the scheduler's template reconciler creates the templates once
+the pod exists (:mod:`hami.dra.templates`). A template of hami's name that exists
+already must ask exactly what hami would write (the name is a hash of the spec; one a
+tenant made under that name is refused by name). A
 namespace with a GPU memory or cores ResourceQuota is checked against the claims already
 there for hami's DeviceClass or driver, ours or the tenant's own (ResourceQuota itself
 counts only devices): an allocated claim books what it consumes (a MIG instance: its
@@ -20,7 +23,8 @@ in a namespace with a GPU quota it is checked against the quota with what those 
 and templates ask of hami's DeviceClass (:func:`hami.dra.booking.admission_asks`: read
 strictly unless of the exact shape hami writes;
 a named claim already counted in the total adds only what the total does not hold of it),
-and refused when a named object cannot be found, read or counted. ResourceClaims and
+and refused when a named object cannot be found, read or counted; a hami template not
+made yet counts what the pod's signed specs say (none signed: refused). ResourceClaims and
 ResourceClaimTemplates themselves are checked when created (:mod:`hami.dra.claimquota`).
 Every other request
 (pods without GPUs, other operations) goes to the normal webhook. Whichever it is, a GPU
@@ -44,14 +48,16 @@ from hami.core.config import SchedulerConfig
 from hami.core.provenance import strip_allocation
 from hami.core.quota import QuotaLedger
 from hami.devices import nvidia
-from hami.dra import booking, claimquota
+from hami.dra import booking, claimquota, signedspecs
 from hami.dra import translate as tr
 from hami.dra.booking import claim_booking
 from hami.dra.cache import DraObjects, card_sizes_mib, mig_offers, published_devices
 
 log = logging.getLogger(__name__)
 JSON = dict[str, Any]
-__all__ = ["DraWebhook", "claim_booking", "route"]
+__all__ = ["MAX_ANNOTATIONS_BYTES", "DraWebhook", "claim_booking", "route"]
+#: The API server's limit on a pod's annotations (keys and values, bytes).
+MAX_ANNOTATIONS_BYTES = 256 * 1024
 
 
 class _NotedLedger(QuotaLedger):
@@ -84,11 +90,16 @@ def _reply(api_version: str, uid: str, allowed: bool, message: str = "",
 class DraWebhook:
     """Callable for the ``/webhook`` route. ``client``: lightkube ``AsyncClient``;
     ``fallback``: the normal webhook (body -> reply) for requests DRA mode leaves to it;
-    ``quota``: the scheduler's namespace quota ledger (limits only are used)."""
+    ``quota``: the scheduler's namespace quota ledger (limits only are used); ``keys``:
+    the key ring that signs the templates' specs on the pod (default: this process's
+    key, :func:`hami.dra.signedspecs.process_keys`); the template reconciler must verify
+    with the same keys."""
 
     def __init__(self, client: Any, config: SchedulerConfig, fallback: Callable[[bytes], JSON],
-                 quota: QuotaLedger | None = None, uniform_memory_mib: int | None = None) -> None:
+                 quota: QuotaLedger | None = None, uniform_memory_mib: int | None = None,
+                 keys: signedspecs.Keys | None = None) -> None:
         self.client = client
+        self.keys = keys if keys is not None else signedspecs.process_keys()
         self.config = config
         self.fallback = fallback
         self.quota = quota
@@ -170,47 +181,42 @@ class DraWebhook:
         doc: JSON = obj.to_dict()
         return doc
 
-    async def _ensure(self, namespace: str, template: JSON, dry_run: bool = False
-                      ) -> str | None:
-        """Make hami's ``template`` exist in ``namespace``; the denial when a template of
-        its name exists and asks for something else (a tenant may pre-create one under
-        the name hami derives from a request, asking more), else None. Read first (the
-        common case: pods asking the same share the template), create when absent, read
-        again when a concurrent admission created it first. A ``dry_run`` request
-        (``request.dryRun``, e.g. ``kubectl create --dry-run=server``) creates nothing:
-        the webhook is registered with ``sideEffects: NoneOnDryRun``."""
-        from lightkube import ApiError, codecs
-
+    async def _conflict(self, namespace: str, template: JSON) -> str | None:
+        """The denial when a template of ``template``'s name exists in ``namespace`` and
+        asks for something else (a tenant may pre-create one under the name hami derives
+        from a request, asking more), else None. Reads only: the template itself is made
+        once the pod exists (:mod:`hami.dra.templates`)."""
         name = str(template["metadata"]["name"])
         existing = await self._template(namespace, name)
-        if existing is None and dry_run:
-            return None
-        if existing is None:
-            doc = {**template, "metadata": {**template["metadata"], "namespace": namespace}}
-            try:
-                await self.client.create(codecs.from_dict(doc), namespace=namespace)
-                return None
-            except ApiError as exc:
-                if exc.status.code != 409:
-                    raise
-            existing = await self._template(namespace, name)
-        if existing is not None and booking.same_template_spec(
-                template["spec"], existing.get("spec") or {}):
+        if existing is None or booking.same_template_spec(template["spec"],
+                                                          existing.get("spec") or {}):
             return None
         return (f"ResourceClaimTemplate {namespace}/{name} has the name of hami's template "
                 "for this GPU request but asks for something else; hami names its templates "
                 "after what they ask, so this one was not made by hami: delete it and create "
-                "the pod again" if existing is not None else
-                f"ResourceClaimTemplate {namespace}/{name} was deleted while the pod was "
-                "admitted; create the pod again")
+                "the pod again")
+
+    def _signed(self, pod: Mapping[str, Any], namespace: str) -> tuple[dict[str, JSON], str]:
+        """The hami templates the pod carries signed for ``namespace``
+        (:func:`hami.dra.signedspecs.signed_templates`) and "", or {} and why not."""
+        meta = pod.get("metadata")
+        annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+        try:
+            return signedspecs.signed_templates(
+                self.keys.verifying_keys(), namespace,
+                annotations if isinstance(annotations, Mapping) else {}), ""
+        except signedspecs.SignatureError as exc:
+            return {}, str(exc)
 
     async def _named_claims_denial(self, pod: Mapping[str, Any], namespace: str) -> str | None:
         """For a pod that names ResourceClaims or ResourceClaimTemplates itself, in a
         namespace with a GPU quota: the denial when what those claims ask of hami's
         DeviceClass (:func:`hami.dra.booking.admission_asks`; a named claim already in the
         namespace's total adds only what the total does not yet hold of it) does not fit,
-        or when a named object cannot be found, read or counted (fail closed). None
-        otherwise, and always for namespaces without a GPU quota."""
+        or when a named object cannot be found, read or counted (fail closed). A hami
+        template that does not exist yet counts the spec the pod carries signed for it
+        (:meth:`_signed`); without a valid signature it is not found. None otherwise, and
+        always for namespaces without a GPU quota."""
         from lightkube import ApiError
 
         if self.quota is None or not self.quota.limited(namespace):
@@ -231,14 +237,20 @@ class DraWebhook:
         mem = cores = 0
         ours: list[str] = []
         counted: set[str] = set()
+        signed, why = self._signed(pod, namespace)
         for ref in refs:
             try:
                 if ref.template:
                     what = f"ResourceClaimTemplate {namespace}/{ref.template}"
                     template = await self._template(namespace, ref.template)
                     if template is None:
+                        template = signed.get(ref.template)
+                    if template is None:
                         return (f"{prefix}: {what} (spec.resourceClaims {ref.entry}) does not "
-                                "exist; create it before the pod")
+                                "exist; create it before the pod" + (
+                                    f" (hami creates it only for a pod it translated: {why})"
+                                    if ref.template.startswith(signedspecs.NAME_PREFIX)
+                                    and why else ""))
                     asks = booking.admission_asks(
                         (template.get("spec") or {}).get("spec") or {}, largest, what)
                 else:
@@ -293,8 +305,8 @@ class DraWebhook:
             if not isinstance(pod, dict):
                 raise TypeError("request.object is not an object")
             spec = pod.get("spec")
-            namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
-            dry_run = request.get("dryRun") is True
+            namespace = str((pod.get("metadata") or {}).get("namespace")
+                            or request.get("namespace") or "default")
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return self.fallback(body)
         if not creates_pod:
@@ -338,9 +350,21 @@ class DraWebhook:
         if result is None:
             return self.fallback(body)
         for template in result.templates.values():
-            denial = await self._ensure(namespace, template, dry_run=dry_run)
+            denial = await self._conflict(namespace, template)
             if denial:
                 return _reply(api_version, uid, False, denial)
+        meta = result.pod.setdefault("metadata", {})
+        if not isinstance(meta.get("annotations"), dict):
+            meta["annotations"] = {}
+        meta["annotations"].update(
+            signedspecs.sign(self.keys.signing_key(), namespace, result.templates))
+        size = sum(len(str(k).encode()) + len(str(v).encode())
+                   for k, v in meta["annotations"].items())
+        if size > MAX_ANNOTATIONS_BYTES:
+            return _reply(api_version, uid, False,
+                          f"the pod's annotations with hami's {signedspecs.SPECS_ANNOTATION} "
+                          f"would take {size} bytes, over the API's {MAX_ANNOTATIONS_BYTES}: "
+                          "ask for fewer GPU containers or fewer type/UUID values")
         patch = jsonpatch.make_patch(pod, result.pod).patch
         return _reply(api_version, uid, True, note, patch=patch)
 

@@ -175,6 +175,9 @@ class Engine(NodeRegistry, FilterFlow, BindFlow):
         self._deferred: dict[str, DeferredAllocation] = {}
         #: Pods waiting for hami: /filter decides on these, never on the request body.
         self.pending = PendingPods(settings.scheduler_name)
+        #: Called with every pod event the watch or a relist brings (pod, deleted), after
+        #: the caches took it (DRA mode's template reconciler); must not raise.
+        self.pod_observers: list[Callable[[Mapping[str, Any], bool], None]] = []
         #: Signs every allocation /filter writes (device plugins verify it); None: unsigned.
         self.keyring = KeyRing(settings.allocation_key_dir) if settings.allocation_key_dir else None
         self._resource_version: dict[str, str] = {}
@@ -332,6 +335,11 @@ class Engine(NodeRegistry, FilterFlow, BindFlow):
                     self._deferred.pop(entry.uid, None)
 
     def _apply_pod(self, pod: Mapping[str, Any], deleted: bool) -> None:
+        self._apply_pod_caches(pod, deleted)
+        for observe in self.pod_observers:
+            observe(pod, deleted)
+
+    def _apply_pod_caches(self, pod: Mapping[str, Any], deleted: bool) -> None:
         uid = pod_uid(pod)
         self.pending.apply(pod, deleted)
         if deleted:

@@ -23,7 +23,7 @@ import os
 import signal
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -40,6 +40,11 @@ from hami.scheduler.engine import Engine
 from hami.scheduler.listener import LimitedSite, runner
 from hami.scheduler.metrics import SchedulerMetrics
 from hami.scheduler.settings import SchedulerSettings, parse_bind
+
+if TYPE_CHECKING:
+    from hami.dra.prioritize import DraPrioritizer
+    from hami.dra.templates import TemplateReconciler
+    from hami.dra.webhook import DraWebhook
 
 log = logging.getLogger("hami.scheduler.server")
 
@@ -245,6 +250,33 @@ class TlsReloader:
             self.maybe_reload()
 
 
+def dra_parts(engine: Engine, client: Any
+              ) -> tuple[DraWebhook, DraPrioritizer, TemplateReconciler]:
+    """DRA mode's parts on ``client`` (lightkube ``AsyncClient``): the ``/webhook``
+    handler (:class:`hami.dra.webhook.DraWebhook`), the ``/prioritize`` handler
+    (:class:`hami.dra.prioritize.DraPrioritizer`) and the template reconciler
+    (:class:`hami.dra.templates.TemplateReconciler`), which follows the engine's pod
+    watch (``engine.pod_observers``) and records its refusals as Events from the leader.
+    The webhook signs with the key the reconciler verifies with: the allocation key
+    ring, or with none configured this process's key."""
+    from hami.dra.prioritize import DraPrioritizer
+    from hami.dra.signedspecs import Keys, process_keys
+    from hami.dra.templates import TemplateReconciler
+    from hami.dra.webhook import DraWebhook
+
+    keys: Keys = engine.keyring if engine.keyring is not None else process_keys()
+
+    def emit(pod_meta: Any, reason: str, message: str) -> None:
+        if engine.leader:
+            engine.events.emit(pod_meta, reason, message, warning=True)
+
+    webhook = DraWebhook(client, engine.config, engine.admit, engine.state.quota, keys=keys)
+    templates = TemplateReconciler(client, keys, emit)
+    engine.pod_observers.append(templates.observe)
+    return (webhook, DraPrioritizer(client, engine.settings.node_scheduler_policy),
+            templates)
+
+
 async def serve(settings: SchedulerSettings, *, kube: Any = None,
                 stop: asyncio.Event | None = None,
                 started: Callable[[dict[str, int]], None] | None = None) -> None:
@@ -273,16 +305,12 @@ async def serve(settings: SchedulerSettings, *, kube: Any = None,
     ports: dict[str, int] = {}
     limits = settings.server_limits()
     host, port = parse_bind(settings.http_bind)
-    dra_webhook = dra_prioritize = None
+    dra_webhook = dra_prioritize = dra_templates = None
     if settings.dra_mode:
         from hami.dra.cache import DraObjects
-        from hami.dra.prioritize import DraPrioritizer
-        from hami.dra.webhook import DraWebhook
 
         metrics.attach_dra(DraObjects.shared(kube.client))
-
-        dra_webhook = DraWebhook(kube.client, engine.config, engine.admit, engine.state.quota)
-        dra_prioritize = DraPrioritizer(kube.client, settings.node_scheduler_policy)
+        dra_webhook, dra_prioritize, dra_templates = dra_parts(engine, kube.client)
     main_runner = runner(build_app(engine, settings, dra_webhook, dra_prioritize), limits)
     await main_runner.setup()
     await LimitedSite(main_runner, host, port, limits, ssl_context=tls.context if tls else None,
@@ -325,6 +353,8 @@ async def serve(settings: SchedulerSettings, *, kube: Any = None,
         if elector is not None:
             await elector.release()
         await engine.stop()
+        if dra_templates is not None:
+            await dra_templates.stop()
         for r in runners:
             await r.cleanup()
         if own_kube:

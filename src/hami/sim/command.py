@@ -201,8 +201,9 @@ def simulate(
         "<node>/<gpu> HAMi policies (node: binpack, spread; gpu: binpack, spread, "
         "topology-aware, mutex), fragmentation-aware (ours) and "
         "fragmentation-aware+lookahead (ours with a one-arrival look-ahead: the near-best "
-        "nodes re-ranked by the next arrival's expected fragmentation growth; about 10x "
-        "the replay time, so only when named, never in 'all' or 'paper').")] = "all",
+        "nodes re-ranked by the next arrival's expected fragmentation growth, on task "
+        "mixes with whole-GPU demand and few GPU-type constraints; only when named, never "
+        "in 'all' or 'paper').")] = "all",
     split_count: Annotated[int, typer.Option(
         "--split-count", help=f"Tasks per GPU (deviceSplitCount), at least {MIN_SPLIT_COUNT}"
         " (the trace's smallest share is 5 %).")] = DEFAULT_SPLIT_COUNT,

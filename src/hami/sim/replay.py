@@ -37,8 +37,9 @@ policy places them where fragmentation grows least, as FGD does.
 fragmentation-aware order with a one-arrival look-ahead
 (:mod:`hami.core.fragmentation.lookahead`: the near-best nodes of a GPU request
 re-ranked by the expected fragmentation growth of the next arrival, drawn from the
-workload's task mix). It is a simulator policy only, not a scheduler policy: a replay
-costs about ten times the fragmentation-aware one.
+workload's task mix, on the mixes it suits: it leaves the others to the plain order). It
+is a simulator policy only, not a scheduler policy: its decision p99 is not reliably
+within 2x binpack's (docs/simulate.md).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ FRAGMENTATION_AWARE_LOOKAHEAD = "fragmentation-aware+lookahead"
 #: Every policy ``hami simulate --policies all`` runs: ``<node-policy>/<gpu-policy>`` and ours.
 ALL_POLICIES = tuple(f"{n}/{g}" for n in HAMI_NODE_POLICIES for g in HAMI_GPU_POLICIES) + (
     FRAGMENTATION_AWARE,)
-#: Policies run only when named (too costly for ``all``: ~10x a fragmentation-aware replay).
+#: Policies run only when named (not scheduler policies).
 OPT_IN_POLICIES = (FRAGMENTATION_AWARE_LOOKAHEAD,)
 #: Every policy name :func:`parse_policy` accepts.
 KNOWN_POLICIES = ALL_POLICIES + OPT_IN_POLICIES

@@ -11,7 +11,8 @@ Modules, by layer:
 * :mod:`~hami.core.fragmentation.order`: :class:`FragmentationScorer`, the node order
   for a fixed mix (the simulator's);
 * :mod:`~hami.core.fragmentation.lookahead`: an opt-in re-rank of the near-best nodes by
-  the next arrival's expected growth (``FragmentationScorer(look_ahead=True)``; off);
+  the next arrival's expected growth (``FragmentationScorer(look_ahead=True)``; off), with
+  :mod:`~hami.core.fragmentation.nextrow`, that growth per node state in plain Python;
 * :mod:`~hami.core.fragmentation.learn`: :class:`LiveFragmentationOrder`, the live
   scheduler's order, learning the mix online.
 

@@ -12,13 +12,19 @@ then fits nowhere counts :data:`WHOLE` milli-GPU per GPU it asks). The look-ahea
 the next arrival without its GPU-type constraint (every class as if it accepted every GPU
 model): on openb ``gpuspec25`` (seed 42, unallocated GPU % at 100 % arrived demand) the
 look-ahead with the constraints left 6.71 %, without them 6.36 %, the order without a
-look-ahead 6.44 %. Everything is in milli-GPU; pure functions over arrays plus a per-node
-table refreshed only for the nodes whose usage changed.
+look-ahead 6.44 %. Everything is in milli-GPU.
 
-Opt-in (``FragmentationScorer(look_ahead=True)``): over openb's four workloads it gains on
-three and not on ``gpushare100``, and a decision costs about 3x binpack's at the p99,
-beyond the policy's 2x bound (docs/simulate.md has the figures). ``hami simulate
---policies fragmentation-aware+lookahead`` replays it; no scheduler policy uses it.
+Opt-in (``FragmentationScorer(look_ahead=True)``, ``hami simulate --policies
+fragmentation-aware+lookahead``; no scheduler policy uses it), and only on the task mixes
+it :func:`suits`: some GPU demand in whole GPUs (on openb it lost on ``gpushare100``,
+shares alone, and gained on ``gpushare80`` to ``gpushare20``) and few tasks constrained to
+GPU models (from ``gpuspec10`` on its gain was none or within the seeds' spread). Better
+on openb ``default`` and ``multigpu50`` and equal elsewhere, but its decision p99 in
+``bench/bench_filter.py`` is 1.4x-3x binpack's from run to run, not reliably within the
+policy's 2x bound; docs/simulate.md has the figures.
+The growth per node state is computed in plain Python and kept per state
+(:mod:`~hami.core.fragmentation.nextrow`); :func:`next_growth` is its vectorised
+reference, used for batches of many new states of a small mix.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from hami.core.fragmentation.measure import (
     IntArray,
     WorkloadDistribution,
 )
+from hami.core.fragmentation.nextrow import NextRows
 from hami.core.fragmentation.state import FragmentationState
 
 #: Candidates whose growth is at most this much (milli-GPU) above the best are re-ranked.
@@ -42,6 +49,27 @@ MAX_RERANKED = 16
 _CHUNK = 16
 #: Task shapes whose per-node growth after them is kept (all dropped beyond).
 _AFTER_SHAPES = 64
+#: The look-ahead applies to a mix where at least this share of the GPU demand (weight x
+#: GPUs x share per GPU) is in classes that are not single-GPU shares ...
+MIN_WHOLE_DEMAND = 0.1
+#: ... and at most this share of the tasks (by weight) accepts only some GPU models.
+MAX_CONSTRAINED = 0.075
+
+
+def suits(dist: WorkloadDistribution, min_whole_demand: float = MIN_WHOLE_DEMAND,
+          max_constrained: float = MAX_CONSTRAINED) -> bool:
+    """Whether the look-ahead applies to the task mix ``dist``: at least
+    ``min_whole_demand`` of its GPU demand is in classes that are not single-GPU shares,
+    and at most ``max_constrained`` of its tasks (by weight) accept only some GPU models
+    (the look-ahead judges the next arrival as if every class accepted every model)."""
+    demand = dist.weight * dist.num_gpu * dist.gpu_milli
+    total = float(demand.sum())
+    if total <= 0:
+        return False
+    share = (dist.num_gpu == 1) & (dist.gpu_milli > 0) & (dist.gpu_milli < WHOLE)
+    constrained = sum(w for w, m in zip(dist.weight.tolist(), dist.models, strict=True) if m)
+    return (float(demand[~share].sum()) / total >= min_whole_demand
+            and constrained <= max_constrained)
 
 
 def next_growth(dist: WorkloadDistribution, free: IntArray, cpu_free: IntArray,
@@ -148,28 +176,38 @@ class LookAhead:
     (:attr:`FragmentationState.node_version`) when a re-rank needs it; :meth:`reset`
     drops it (new mix or node set)."""
 
-    def __init__(self) -> None:
+    def __init__(self, min_whole_demand: float = MIN_WHOLE_DEMAND,
+                 max_constrained: float = MAX_CONSTRAINED) -> None:
+        #: The mixes it applies to (:func:`suits`).
+        self.min_whole_demand = min_whole_demand
+        self.max_constrained = max_constrained
         self._table = np.zeros((0, 0))
+        self._best = _Least(self._table)
         self._version = np.zeros(0, dtype=np.int64)
         #: Per task shape: the ``[N, K]`` next-arrival growth on each node once the task
         #: is there, and the node versions it was computed at.
         self._after: dict[tuple[int, int, int, int], tuple[FloatArray, IntArray]] = {}
+        self._rows: NextRows | None = None
+        self._rows_dist: WorkloadDistribution | None = None
+        self._suits: tuple[WorkloadDistribution, bool] | None = None
+
+    def suits(self, dist: WorkloadDistribution) -> bool:
+        """:func:`suits` for ``dist``, kept for the last mix asked about."""
+        if self._suits is None or self._suits[0] is not dist:
+            self._suits = (dist, suits(dist, self.min_whole_demand, self.max_constrained))
+        return self._suits[1]
 
     def reset(self) -> None:
         """Forget the tables (the mix or the node set changed)."""
         self._table = np.zeros((0, 0))
         self._after.clear()
+        self._rows = self._rows_dist = None
 
-    def _free_rows(self, state: FragmentationState, nodes: IntArray) -> IntArray:
-        """``[len(nodes), G]`` free milli-GPU per GPU of each node, padded with 0."""
-        assert state._free is not None
-        counts = state._ptr[nodes + 1] - state._ptr[nodes]
-        width = int(counts.max()) if nodes.size else 0
-        rows = np.zeros((nodes.size, max(width, 1)), dtype=np.int64)
-        col = np.arange(max(width, 1))
-        mask = col[None, :] < counts[:, None]
-        rows[mask] = state._free[state._dev_order[(state._ptr[nodes][:, None] + col)[mask]]]
-        return rows
+    def _next_rows(self, dist: WorkloadDistribution) -> NextRows:
+        """The per-state growth cache for ``dist`` (a new one for a new mix)."""
+        if self._rows is None or self._rows_dist is not dist:
+            self._rows, self._rows_dist = NextRows(dist), dist
+        return self._rows
 
     def rerank(self, state: FragmentationState, ordered: IntArray, deltas: FloatArray, *,
                request_milli: int, num_gpu: int, cpu_milli: int, memory_mib: int
@@ -186,6 +224,7 @@ class LookAhead:
         n, k = state.total.shape[0], dist.size
         if self._table.shape != (n, k):
             self._table = np.full((n, k), np.inf)
+            self._best = _Least(self._table)
             self._version = np.full(n, -1, dtype=np.int64)
             self._after.clear()
         key = (request_milli, num_gpu, cpu_milli, memory_mib)
@@ -196,39 +235,141 @@ class LookAhead:
             entry = self._after[key] = (np.full((n, k), np.inf),
                                         np.full(n, -1, dtype=np.int64))
         after_table, after_version = entry
-        # One next_growth call: the table's stale nodes, then the candidates (with the
-        # task) whose state changed since their growth for this task shape was computed.
+        # The table's stale nodes, then the candidates (with the task) whose state changed
+        # since their growth for this task shape was computed, state by state in plain
+        # Python (NextRows: the same values as next_growth, kept per node state).
+        rows = self._next_rows(dist)
         stale = np.flatnonzero(self._version != state.node_version)
-        todo = near[after_version[near] != state.node_version[near]]
-        m = stale.size
-        rows = self._free_rows(state, np.concatenate([stale, todo]))
-        cand = rows[m:]
-        if num_gpu == 1 and 0 < request_milli < WHOLE:
-            room = np.where(cand >= request_milli, cand, WHOLE + 1)
-            cand[np.arange(todo.size), np.argmin(room, axis=1)] -= request_milli
-        elif num_gpu > 0:
-            cand[(cand >= WHOLE) & (np.cumsum(cand >= WHOLE, axis=1) <= num_gpu)] = 0
-        if rows.shape[0]:
-            growth = next_growth(dist, rows,
-                                 np.concatenate([state.cpu_free[stale],
-                                                 state.cpu_free[todo] - cpu_milli]),
-                                 np.concatenate([state.mem_free[stale],
-                                                 state.mem_free[todo] - memory_mib]))
-            self._table[stale] = growth[:m]
+        if stale.size:
+            values = _growths(rows, dist, [_state_of(state, i) for i in stale.tolist()])
+            self._best.update(self._table, stale, np.array(values, dtype=np.float64))
             self._version[stale] = state.node_version[stale]
-            after_table[todo] = growth[m:]
+        todo = near[after_version[near] != state.node_version[near]]
+        if todo.size:
+            after_table[todo] = _growths(rows, dist, [_with_task(
+                state, i, request_milli=request_milli, num_gpu=num_gpu, cpu_milli=cpu_milli,
+                memory_mib=memory_mib) for i in todo.tolist()])
             after_version[todo] = state.node_version[todo]
-        table = self._table
         after = after_table[near]                                           # [M, K]
-        classes = np.arange(k)
-        first = np.argmin(table, axis=0)
-        best = table[first, classes]
-        masked = table.copy()
-        masked[first, classes] = np.inf
-        second = masked.min(axis=0)
-        other = np.where(first[None, :] == near[:, None], second[None, :], best[None, :])
+        best = self._best
+        other = np.where(best.first[None, :] == near[:, None], best.second[None, :],
+                         best.least[None, :])
         nxt = np.minimum(other, after)
-        nxt = np.where(np.isinf(nxt), float(WHOLE) * dist.num_gpu, nxt)
+        nxt = np.where(nxt == np.inf, float(WHOLE) * dist.num_gpu, nxt)
         score = deltas[:near.size] + nxt @ dist.weight
-        new = near[np.lexsort((np.arange(near.size), state.total[near], score))]
-        return np.concatenate([new, ordered[near.size:]])
+        new = near[np.lexsort((state.total[near], score))]  # stable: then the given order
+        return new if near.size == ordered.size else np.concatenate([new, ordered[near.size:]])
+
+
+class _Least:
+    """Per column of a ``[N, K]`` table (per class): the least value, a row holding it
+    (:attr:`first`), and the least value of the other rows (:attr:`second`), kept up to
+    date as rows change; a column is searched again only when a row holding its least or
+    second value grows. Which of tied rows is :attr:`first` does not matter: the others
+    then hold :attr:`second` = :attr:`least`."""
+
+    #: Above this many changed rows at once, every column is searched again.
+    FEW_ROWS = 8
+
+    def __init__(self, table: FloatArray) -> None:
+        k = table.shape[1]
+        self.first = np.zeros(k, dtype=np.int64)
+        self.least = np.full(k, np.inf)
+        self.second_row = np.zeros(k, dtype=np.int64)
+        self.second = np.full(k, np.inf)
+        if table.shape[0]:
+            self._search(table, np.arange(k))
+
+    def _search(self, table: FloatArray, cols: IntArray) -> None:
+        part = table[:, cols]
+        first = np.argmin(part, axis=0)
+        at = np.arange(cols.size)
+        self.first[cols], self.least[cols] = first, part[first, at]
+        part[first, at] = np.inf
+        second = np.argmin(part, axis=0)
+        self.second_row[cols], self.second[cols] = second, part[second, at]
+
+    def update(self, table: FloatArray, rows: IntArray, values: FloatArray) -> None:
+        """Set ``table[rows] = values`` (``[len(rows), K]``) and the per-column values."""
+        if rows.size > self.FEW_ROWS:
+            table[rows] = values
+            self._search(table, np.arange(table.shape[1]))
+            return
+        first, least = self.first.tolist(), self.least.tolist()
+        second_row, second = self.second_row.tolist(), self.second.tolist()
+        redo: set[int] = set()
+        for i, new in zip(rows.tolist(), values.tolist(), strict=True):
+            old = table[i].tolist()
+            for k, v in enumerate(new):
+                if first[k] == i:
+                    if v > old[k]:
+                        redo.add(k)
+                    least[k] = v
+                elif v < least[k]:
+                    second[k], second_row[k] = least[k], first[k]
+                    least[k], first[k] = v, i
+                else:
+                    if second_row[k] == i and v > old[k]:
+                        redo.add(k)
+                    if v < second[k]:
+                        second[k], second_row[k] = v, i
+            table[i] = new
+        self.first, self.least = np.array(first), np.array(least)
+        self.second_row, self.second = np.array(second_row), np.array(second)
+        if redo:
+            self._search(table, np.array(sorted(redo)))
+
+
+#: At least this many states missing from the cache go through :func:`next_growth` at
+#: once when the mix is small (:attr:`NextRows.share_cells`), where one vectorised call
+#: costs less than the states one by one in Python.
+_BATCH = 8
+_BATCH_CELLS = 256
+
+
+def _growths(rows: NextRows, dist: WorkloadDistribution,
+             states: list[tuple[list[int], int, int]]) -> list[tuple[float, ...]]:
+    """:meth:`NextRows.growth` of each ``(free, cpu_free, mem_free)`` state; the missing
+    ones vectorised when many and the mix small (same values)."""
+    if len(states) >= _BATCH and rows.share_cells <= _BATCH_CELLS:
+        missing: dict[tuple[tuple[int, ...], int, int], tuple[int, int]] = {}
+        for free, cpu, mem in states:
+            key = rows.key(free, cpu, mem)
+            if not rows.known(key):
+                missing[key] = (cpu, mem)
+        if len(missing) >= _BATCH:
+            width = max(1, max(len(key[0]) for key in missing))
+            free_rows = np.zeros((len(missing), width), dtype=np.int64)
+            for r, key in enumerate(missing):
+                free_rows[r, :len(key[0])] = key[0]
+            host = np.array(list(missing.values()), dtype=np.int64)
+            table = next_growth(dist, free_rows, host[:, 0], host[:, 1])
+            for key, values in zip(missing, table.tolist(), strict=True):
+                rows.store(key, tuple(values))
+    return [rows.growth(*s) for s in states]
+
+
+def _state_of(state: FragmentationState, node: int) -> tuple[list[int], int, int]:
+    """Node ``node``'s GPUs' free shares, free CPU and free memory."""
+    row = state.row(node)
+    return list(row.free), row.cpu_free, row.mem_free
+
+
+def _with_task(state: FragmentationState, node: int, *, request_milli: int, num_gpu: int,
+               cpu_milli: int, memory_mib: int) -> tuple[list[int], int, int]:
+    """:func:`_state_of` once the task is on the node: a share on the fullest GPU that
+    fits (the first such; the first GPU when none does), whole GPUs on the first
+    ``num_gpu`` wholly free ones."""
+    free, cpu, mem = _state_of(state, node)
+    if not free:
+        free = [0]
+    if num_gpu == 1 and 0 < request_milli < WHOLE:
+        room = [f if f >= request_milli else WHOLE + 1 for f in free]
+        free[room.index(min(room))] -= request_milli
+    elif num_gpu > 0:
+        left = num_gpu
+        for g, f in enumerate(free):
+            if left and f >= WHOLE:
+                free[g] = 0
+                left -= 1
+    return free, cpu - cpu_milli, mem - memory_mib

@@ -13,11 +13,11 @@ placement outcome (the cards it picked differently were interchangeable).
 Ties between nodes of equal growth go to the node with less free GPU (a packing
 tie-break; then the candidate order). On openb ``default`` seed 42 it leaves 4.71 % of
 GPUs unallocated at 100 % arrived demand where the candidate order alone left 5.15 %.
-A one-step look-ahead over the next arrival's class (re-ranking the near-best nodes by
-the expected growth of the next task, ``look_ahead=True``,
-:mod:`~hami.core.fragmentation.lookahead`) was measured and is off: better on
-``default`` and ``multigpu50``, no better on ``gpushare100``, and about 3x binpack's
-decision p99 where the bound is 2x (docs/simulate.md).
+With ``look_ahead`` (opt-in: ``hami simulate --policies fragmentation-aware+lookahead``),
+the near-best nodes of a GPU request are re-ranked by the expected growth of the next
+arrival as well (:mod:`~hami.core.fragmentation.lookahead`), on the task mixes it suits;
+it is off in the policy, its decision p99 not reliably within 2x binpack's
+(docs/simulate.md).
 
 A GPU request's growth gets a GPU-model pressure term
 (:mod:`~hami.core.fragmentation.pressure`): where some classes accept only some GPU
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from hami.core.fragmentation.lookahead import LookAhead
+from hami.core.fragmentation.lookahead import MAX_RERANKED, TOLERANCE_MILLI, LookAhead
 from hami.core.fragmentation.measure import WHOLE, FloatArray, IntArray, WorkloadDistribution
 from hami.core.fragmentation.pressure import MODEL_PRESSURE_WEIGHT, model_pressure
 from hami.core.fragmentation.scalar import node_growth, share_growth
@@ -83,7 +83,7 @@ class FragmentationScorer:
 
     def __init__(self, dist: WorkloadDistribution, cache_size: int = 1024,
                  tie_break: str = "least-free-gpu", seed: int = 0,
-                 look_ahead: bool = False,
+                 look_ahead: bool | LookAhead = False,
                  model_pressure_weight: float = MODEL_PRESSURE_WEIGHT,
                  stranding_weight: float = STRANDING_WEIGHT) -> None:
         self.dist = dist
@@ -94,10 +94,12 @@ class FragmentationScorer:
         self.model_pressure_weight = model_pressure_weight
         #: ``(state, mix, device index, pressure [N])``: recomputed when any changes.
         self._pressure: tuple[Any, Any, Any, FloatArray] | None = None
-        #: With ``look_ahead``, re-rank the near-best nodes of a GPU request by the next
-        #: arrival's expected growth (:class:`~hami.core.fragmentation.lookahead.LookAhead`;
-        #: off by default: measured, not kept, see docs/simulate.md).
-        self.look_ahead = LookAhead() if look_ahead else None
+        #: With ``look_ahead`` (True, or a configured
+        #: :class:`~hami.core.fragmentation.lookahead.LookAhead`), re-rank the near-best
+        #: nodes of a GPU request by the next arrival's expected growth, on the mixes it
+        #: suits. Off by default (docs/simulate.md).
+        self.look_ahead = (look_ahead if isinstance(look_ahead, LookAhead)
+                           else LookAhead() if look_ahead else None)
         self.tie_break = tie_break
         self._seed = seed
         #: Made on first use (same draws): importing numpy.random took 15 ms of the
@@ -254,18 +256,38 @@ class FragmentationScorer:
         node (least growth, then :attr:`tie_break`) is found in one pass and the whole
         order made on demand (``random`` and ``binpack`` ties, or the look-ahead, which
         re-ranks the near-best nodes: the order at once)."""
-        if (idx.size == 0 or self.tie_break not in ("stable", "least-free-gpu")
-                or self.look_ahead is not None):
+        if idx.size == 0 or self.tie_break not in ("stable", "least-free-gpu"):
             return self.order(ledger, placement, idx)
+        look = (self.look_ahead is not None and self.tie_break == "least-free-gpu"
+                and placement.num_gpu > 0 and idx.size > 1
+                and self.look_ahead.suits(self.dist))
         deltas = self.node_deltas(ledger, placement, idx)
         least = deltas.min()
         if np.isnan(least):  # sorted last by order(); leave such cases to it
             return self.order(ledger, placement, idx)
+        if look:
+            return BestFirst(self._look_ahead_best(placement, idx, deltas, least),
+                             lambda: self.order(ledger, placement, idx))
         ties = np.flatnonzero(deltas == least)
         if self.tie_break == "least-free-gpu" and ties.size > 1:
             assert self._state is not None
             ties = ties[np.argmin(self._state.total[idx[ties]]):]
         return BestFirst(int(idx[ties[0]]), lambda: self.order(ledger, placement, idx))
+
+    def _look_ahead_best(self, p: Placement, idx: IntArray, deltas: FloatArray,
+                         least: float) -> int:
+        """The first node of :meth:`order` with the look-ahead, sorting only the nodes
+        within its tolerance of the least growth ``least`` (the head it re-ranks)."""
+        assert self._state is not None and self.look_ahead is not None
+        near = np.flatnonzero(deltas <= least + TOLERANCE_MILLI)
+        # By growth, then less free GPU, then position: two stable sorts, as lexsort
+        # orders (which took several times as long on 1,000 nodes).
+        by_free = near[np.argsort(self._state.total[idx[near]], kind="stable")]
+        near = by_free[np.argsort(deltas[by_free], kind="stable")][:MAX_RERANKED]
+        head = self.look_ahead.rerank(
+            self._state, idx[near], deltas[near], request_milli=p.request_milli,
+            num_gpu=p.num_gpu, cpu_milli=p.cpu_milli, memory_mib=p.memory_mib)
+        return int(head[0])
 
     def order(self, ledger: Any, placement: Placement, idx: IntArray) -> IntArray:
         """``idx`` sorted by fragmentation growth, ties broken by :attr:`tie_break`:
@@ -287,7 +309,8 @@ class FragmentationScorer:
             assert self._state is not None
             order = np.lexsort((self._state.total[idx], deltas))  # lexsort is stable
             ordered = idx[order]
-            if self.look_ahead is not None and placement.num_gpu > 0 and idx.size > 1:
+            if (self.look_ahead is not None and placement.num_gpu > 0 and idx.size > 1
+                    and self.look_ahead.suits(self.dist)):
                 ordered = self.look_ahead.rerank(
                     self._state, ordered, deltas[order], request_milli=placement.request_milli,
                     num_gpu=placement.num_gpu, cpu_milli=placement.cpu_milli,
