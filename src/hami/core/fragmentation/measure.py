@@ -377,4 +377,3 @@ class Workspace:
         f = self._f
         return (f[:size].reshape(rows, k), f[size:2 * size].reshape(rows, k),
                 f[2 * size:3 * size].reshape(rows, k), self._b[:size].reshape(rows, k))
-
