@@ -175,7 +175,87 @@ class FragmentationScorer:
                 state.total[idx], state.cpu_free[idx], state.mem_free[idx], held[1],
                 gpu_milli=placement.num_gpu * placement.request_milli,
                 cpu_milli=placement.cpu_milli, memory_mib=placement.memory_mib)
-            result = result + self.stranding_weight * grown
+            term = self.stranding_weight * grown
+            mode = getattr(self, "_x_mode", "none")
+            if mode == "fullness":
+                cap = float(np.diff(state._ptr).sum()) * WHOLE
+                frac = 1.0 - float(state.total.sum()) / cap if cap else 1.0
+                th, pw = self._x_params
+                term = term * min(1.0, frac / th) ** pw
+            if mode in ("typerel", "typerel+used") and placement.num_gpu:
+                n_all = state.total.shape[0]
+                held_kind = getattr(self, "_x_kind", None)
+                if held_kind is None or held_kind[0] is not state:
+                    key = np.stack([np.diff(state._ptr), ledger.cpu_milli_total[:n_all],
+                                    ledger.memory_mib_total[:n_all]], axis=1)
+                    _, kind_all = np.unique(key, axis=0, return_inverse=True)
+                    held_kind = self._x_kind = (state, kind_all.reshape(-1))
+                kind = held_kind[1][idx]
+                low = np.full(int(kind.max()) + 1, np.inf)
+                np.minimum.at(low, kind, term)
+                term = term - low[kind]
+            result = result + term
+            if mode == "typerel+used" and placement.num_gpu:
+                whole = state.total[idx] >= np.diff(state._ptr)[idx] * WHOLE
+                result = np.where(whole, result - term, result)
+                result = self._x_group(state, idx, result - np.where(whole, 0.0, term), result)
+            if mode == "reserve":
+                result = result + self._x_reserve(state, idx, placement)
+            if mode == "usedonly" and placement.num_gpu:
+                whole = state.total[idx] >= np.diff(state._ptr)[idx] * WHOLE
+                result = np.where(whole, result - term, result)
+                result = self._x_group(state, idx, result - np.where(whole, 0.0, term), result)
+            if mode == "group" and placement.num_gpu:
+                result = self._x_group(state, idx, result - term, result)
+        return result
+
+    def _x_reserve(self, state: FragmentationState, idx: IntArray, p: Placement) -> FloatArray:
+        dist = state.dist
+        multi = np.flatnonzero((dist.num_gpu >= 2) & (dist.weight > 0))
+        out = np.zeros(idx.size)
+        if multi.size == 0 or p.num_gpu == 0:
+            return out
+        assert state._free is not None
+        n = state.total.shape[0]
+        ok_dev = (state.node_of >= 0) & (state._free >= WHOLE)
+        whole = np.bincount(state.node_of[ok_dev], minlength=n)
+        gpus = np.diff(state._ptr)
+        cap = float(gpus.sum()) * WHOLE
+        demand = float((dist.weight * dist.num_gpu * dist.gpu_milli).sum())
+        free_frac = float(state.total.sum()) / cap if cap else 0.0
+        factor = self._x_params[0] if hasattr(self, "_x_params") else 1.0
+        taken = p.num_gpu if p.request_milli >= WHOLE else 1
+        for k in multi.tolist():
+            g, c, m = int(dist.num_gpu[k]), int(dist.cpu_milli[k]), int(dist.memory_mib[k])
+            serves = ((whole >= g) & (state.cpu_free >= c) & (state.mem_free >= m)
+                      & state.models_ok[:, k])
+            expected = dist.weight[k] * cap / demand * free_frac * factor
+            count = int(serves.sum())
+            if count == 0 or count > np.ceil(expected):
+                continue
+            s_idx = serves[idx]
+            after = ((whole[idx] - taken >= g) & (state.cpu_free[idx] - p.cpu_milli >= c)
+                     & (state.mem_free[idx] - p.memory_mib >= m))
+            out[s_idx & ~after] += g * WHOLE
+        return out
+
+    @staticmethod
+    def _x_group(state: FragmentationState, idx: IntArray, base: FloatArray,
+                 result: FloatArray) -> FloatArray:
+        whole = state.total[idx] >= np.diff(state._ptr)[idx] * WHOLE
+        ok = np.isfinite(base)
+        free, used = whole & ok, ~whole & ok
+        if not free.any() or not used.any():
+            return result
+        result = result.copy()
+        if base[free].min() < base[used].min():
+            gap = result[free].min() - result[used].min()
+            if gap >= 0:
+                result[used] += gap + 1.0
+        else:
+            gap = result[used].min() - result[free].min()
+            if gap >= 0:
+                result[free] += gap + 1.0
         return result
 
     def pressure(self, state: FragmentationState) -> FloatArray:
