@@ -199,6 +199,8 @@ class FragmentationScorer:
                 whole = state.total[idx] >= np.diff(state._ptr)[idx] * WHOLE
                 result = np.where(whole, result - term, result)
                 result = self._x_group(state, idx, result - np.where(whole, 0.0, term), result)
+            if getattr(self, "_x_fit", False):
+                result = result + 1e-9 * (state.total[idx] * 1000.0 + state.cpu_free[idx])
             if mode == "reserve":
                 result = result + self._x_reserve(state, idx, placement)
             if mode == "usedonly" and placement.num_gpu:
