@@ -176,6 +176,10 @@ class FragmentationScorer:
                 gpu_milli=placement.num_gpu * placement.request_milli,
                 cpu_milli=placement.cpu_milli, memory_mib=placement.memory_mib)
             term = self.stranding_weight * grown
+            if getattr(self, "_x_nopress", False):
+                term = np.where(self.pressure(state)[idx] > 0, 0.0, term)
+            if getattr(self, "_x_single", False) and placement.num_gpu >= 2:
+                term = term * 0.0
             mode = getattr(self, "_x_mode", "none")
             if mode == "fullness":
                 cap = float(np.diff(state._ptr).sum()) * WHOLE
