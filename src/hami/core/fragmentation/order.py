@@ -40,6 +40,7 @@ from hami.core.fragmentation.pressure import MODEL_PRESSURE_WEIGHT, model_pressu
 from hami.core.fragmentation.scalar import node_growth, share_growth
 from hami.core.fragmentation.state import FEW_NODES, FragmentationState, node_types
 from hami.core.fragmentation.stranding import STRANDING_WEIGHT, MixRatios, stranding_growth
+from hami.core.fragmentation.wholeguard import guard_whole_nodes
 from hami.core.nodefit import BestFirst
 
 
@@ -85,8 +86,12 @@ class FragmentationScorer:
                  tie_break: str = "least-free-gpu", seed: int = 0,
                  look_ahead: bool | LookAhead = False,
                  model_pressure_weight: float = MODEL_PRESSURE_WEIGHT,
-                 stranding_weight: float = STRANDING_WEIGHT) -> None:
+                 stranding_weight: float = STRANDING_WEIGHT,
+                 whole_node_guard: bool = False) -> None:
         self.dist = dist
+        #: Guard nodes with all GPUs free from the stranding term, ties to less free
+        #: CPU (:mod:`~hami.core.fragmentation.wholeguard`; opt-in).
+        self.whole_node_guard = whole_node_guard
         #: Weight of the CPU and memory stranding term (0: none).
         self.stranding_weight = stranding_weight
         self._ratios: tuple[WorkloadDistribution, MixRatios] | None = None
@@ -176,92 +181,10 @@ class FragmentationScorer:
                 gpu_milli=placement.num_gpu * placement.request_milli,
                 cpu_milli=placement.cpu_milli, memory_mib=placement.memory_mib)
             term = self.stranding_weight * grown
-            if getattr(self, "_x_nopress", False):
-                term = np.where(self.pressure(state)[idx] > 0, 0.0, term)
-            if getattr(self, "_x_single", False) and placement.num_gpu >= 2:
-                term = term * 0.0
-            mode = getattr(self, "_x_mode", "none")
-            if mode == "fullness":
-                cap = float(np.diff(state._ptr).sum()) * WHOLE
-                frac = 1.0 - float(state.total.sum()) / cap if cap else 1.0
-                th, pw = self._x_params
-                term = term * min(1.0, frac / th) ** pw
-            if mode in ("typerel", "typerel+used") and placement.num_gpu:
-                n_all = state.total.shape[0]
-                held_kind = getattr(self, "_x_kind", None)
-                if held_kind is None or held_kind[0] is not state:
-                    key = np.stack([np.diff(state._ptr), ledger.cpu_milli_total[:n_all],
-                                    ledger.memory_mib_total[:n_all]], axis=1)
-                    _, kind_all = np.unique(key, axis=0, return_inverse=True)
-                    held_kind = self._x_kind = (state, kind_all.reshape(-1))
-                kind = held_kind[1][idx]
-                low = np.full(int(kind.max()) + 1, np.inf)
-                np.minimum.at(low, kind, term)
-                term = term - low[kind]
+            if self.whole_node_guard and placement.num_gpu:
+                whole = state.total[idx] >= np.diff(state._ptr)[idx] * WHOLE
+                return guard_whole_nodes(result, term, whole)
             result = result + term
-            if mode == "typerel+used" and placement.num_gpu:
-                whole = state.total[idx] >= np.diff(state._ptr)[idx] * WHOLE
-                result = np.where(whole, result - term, result)
-                result = self._x_group(state, idx, result - np.where(whole, 0.0, term), result)
-            if getattr(self, "_x_fit", False):
-                result = result + 1e-9 * (state.total[idx] * 1000.0 + state.cpu_free[idx])
-            if mode == "reserve":
-                result = result + self._x_reserve(state, idx, placement)
-            if mode == "usedonly" and placement.num_gpu:
-                whole = state.total[idx] >= np.diff(state._ptr)[idx] * WHOLE
-                result = np.where(whole, result - term, result)
-                result = self._x_group(state, idx, result - np.where(whole, 0.0, term), result)
-            if mode == "group" and placement.num_gpu:
-                result = self._x_group(state, idx, result - term, result)
-        return result
-
-    def _x_reserve(self, state: FragmentationState, idx: IntArray, p: Placement) -> FloatArray:
-        dist = state.dist
-        multi = np.flatnonzero((dist.num_gpu >= 2) & (dist.weight > 0))
-        out = np.zeros(idx.size)
-        if multi.size == 0 or p.num_gpu == 0:
-            return out
-        assert state._free is not None
-        n = state.total.shape[0]
-        ok_dev = (state.node_of >= 0) & (state._free >= WHOLE)
-        whole = np.bincount(state.node_of[ok_dev], minlength=n)
-        gpus = np.diff(state._ptr)
-        cap = float(gpus.sum()) * WHOLE
-        demand = float((dist.weight * dist.num_gpu * dist.gpu_milli).sum())
-        free_frac = float(state.total.sum()) / cap if cap else 0.0
-        factor = self._x_params[0] if hasattr(self, "_x_params") else 1.0
-        taken = p.num_gpu if p.request_milli >= WHOLE else 1
-        for k in multi.tolist():
-            g, c, m = int(dist.num_gpu[k]), int(dist.cpu_milli[k]), int(dist.memory_mib[k])
-            serves = ((whole >= g) & (state.cpu_free >= c) & (state.mem_free >= m)
-                      & state.models_ok[:, k])
-            expected = dist.weight[k] * cap / demand * free_frac * factor
-            count = int(serves.sum())
-            if count == 0 or count > np.ceil(expected):
-                continue
-            s_idx = serves[idx]
-            after = ((whole[idx] - taken >= g) & (state.cpu_free[idx] - p.cpu_milli >= c)
-                     & (state.mem_free[idx] - p.memory_mib >= m))
-            out[s_idx & ~after] += g * WHOLE
-        return out
-
-    @staticmethod
-    def _x_group(state: FragmentationState, idx: IntArray, base: FloatArray,
-                 result: FloatArray) -> FloatArray:
-        whole = state.total[idx] >= np.diff(state._ptr)[idx] * WHOLE
-        ok = np.isfinite(base)
-        free, used = whole & ok, ~whole & ok
-        if not free.any() or not used.any():
-            return result
-        result = result.copy()
-        if base[free].min() < base[used].min():
-            gap = result[free].min() - result[used].min()
-            if gap >= 0:
-                result[used] += gap + 1.0
-        else:
-            gap = result[used].min() - result[free].min()
-            if gap >= 0:
-                result[free] += gap + 1.0
         return result
 
     def pressure(self, state: FragmentationState) -> FloatArray:
@@ -357,6 +280,10 @@ class FragmentationScorer:
         ties = np.flatnonzero(deltas == least)
         if self.tie_break == "least-free-gpu" and ties.size > 1:
             assert self._state is not None
+            if self.whole_node_guard:  # less free GPU, then less free CPU
+                keys = (self._state.cpu_free[idx[ties]], self._state.total[idx[ties]])
+                return BestFirst(int(idx[ties[np.lexsort(keys)[0]]]),
+                                 lambda: self.order(ledger, placement, idx))
             ties = ties[np.argmin(self._state.total[idx[ties]]):]
         return BestFirst(int(idx[ties[0]]), lambda: self.order(ledger, placement, idx))
 
@@ -393,7 +320,10 @@ class FragmentationScorer:
             ordered = idx[np.lexsort((-used, deltas))]
         elif self.tie_break == "least-free-gpu":
             assert self._state is not None
-            order = np.lexsort((self._state.total[idx], deltas))  # lexsort is stable
+            keys = (self._state.total[idx], deltas)
+            if self.whole_node_guard:  # then less free CPU
+                keys = (self._state.cpu_free[idx], *keys)
+            order = np.lexsort(keys)  # lexsort is stable
             ordered = idx[order]
             if (self.look_ahead is not None and placement.num_gpu > 0 and idx.size > 1
                     and self.look_ahead.suits(self.dist)):
