@@ -320,9 +320,9 @@ class FragmentationScorer:
             ordered = idx[np.lexsort((-used, deltas))]
         elif self.tie_break == "least-free-gpu":
             assert self._state is not None
-            keys = (self._state.total[idx], deltas)
+            keys: list[Any] = [self._state.total[idx], deltas]
             if self.whole_node_guard:  # then less free CPU
-                keys = (self._state.cpu_free[idx], *keys)
+                keys.insert(0, self._state.cpu_free[idx])
             order = np.lexsort(keys)  # lexsort is stable
             ordered = idx[order]
             if (self.look_ahead is not None and placement.num_gpu > 0 and idx.size > 1
