@@ -34,12 +34,16 @@ def main() -> None:
     ap.add_argument("--trace", type=Path, required=True)
     ap.add_argument("--workload", default="default")
     ap.add_argument("--seed", type=int, action="append", required=True)
+    ap.add_argument("--config", action="append", choices=sorted(CONFIGS),
+                    help="only these configurations (default: all three)")
     args = ap.parse_args()
     nodes, trace_pods = load_trace(args.trace, args.workload)
     cap = 1000 * sum(n.gpu for n in nodes)
     for seed in args.seed:
         pods = prepare_workload(trace_pods, cap, seed, DEFAULT_TUNE)
         for name, (weight, guard) in CONFIGS.items():
+            if args.config and name not in args.config:
+                continue
             rep = Replayer(nodes, "fragmentation-aware", workload_distribution(trace_pods))
             rep.scorer.stranding_weight = weight
             rep.scorer.whole_node_guard = guard
