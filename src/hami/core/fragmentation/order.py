@@ -24,7 +24,8 @@ A GPU request's growth gets a GPU-model pressure term
 models, the nodes of those models cost more to other tasks (none without constraints).
 Every request's growth gets a CPU and memory stranding term
 (:mod:`~hami.core.fragmentation.stranding`): free GPU that a node's free CPU or memory
-cannot serve at the mix's ratio counts as lost.
+cannot serve at the mix's ratio counts as lost; with ``whole_node_guard`` (opt-in) only
+among nodes that already hold GPU work (:mod:`~hami.core.fragmentation.wholeguard`).
 """
 
 from __future__ import annotations
@@ -144,7 +145,9 @@ class FragmentationScorer:
         milli-GPU, plus for a GPU request :attr:`model_pressure_weight` x the GPU milli
         asked x the node's :meth:`pressure`, plus for every request
         :attr:`stranding_weight` x the growth of the node's stranded GPU
-        (:func:`~hami.core.fragmentation.stranding.stranding_growth`).
+        (:func:`~hami.core.fragmentation.stranding.stranding_growth`), for a GPU request
+        guarded by :func:`~hami.core.fragmentation.wholeguard.guard_whole_nodes` when
+        :attr:`whole_node_guard` is set.
 
         For a GPU share, a node's value is the best over its GPUs with at least the share
         free and a free slot. Values are cached per request shape and node, and

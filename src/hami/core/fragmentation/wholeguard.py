@@ -16,7 +16,10 @@ stay unplaced while the cluster is half empty. With the guard, for a GPU request
 * ties of growth go to the node with less free GPU, then less free CPU (a whole ``G2``
   before a whole ``G3``).
 
-Measured on openb seeds 42-51 (docs/simulate.md, "Early failures of 8-GPU pods"). Ours.
+Measured on openb seeds 42-51 (docs/simulate.md, "Early failures of multi-GPU pods with
+the stranding term"): no early failure on ``default``, 1 on ``multigpu50`` (20 without the
+term, 120 with it alone), but 17 on ``gpuspec25`` (9 without), and about 70 % of the
+term's gain kept, hence opt-in. Ours.
 """
 
 from __future__ import annotations
