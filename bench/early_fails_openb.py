@@ -1,9 +1,9 @@
 """Early failures of multi-GPU pods on an openb workload: pods asking for two or more
 GPUs that the live ``fragmentation-aware`` order leaves unplaced while the arrived GPU
 demand is still under 90 % of capacity, with the stranding term (weight 3), without it
-(weight 0) and with the term and the whole-node guard
-(:mod:`hami.core.fragmentation.wholeguard`). The GPU-model pressure term is on in all
-three.
+(weight 0), with the term and the whole-node guard
+(:mod:`hami.core.fragmentation.wholeguard`), and as the live order has it (the guard when
+the mix holds a multi-GPU class). The GPU-model pressure term is on in all four.
 
 Replays each seed up to and including the pod whose arrival crosses 100 % of capacity,
 as :meth:`hami.sim.replay.Replayer.run` does. Run::
@@ -25,7 +25,9 @@ from hami.sim.replay import Replayer, workload_distribution
 from hami.sim.trace import load_trace
 from hami.sim.workload import DEFAULT_TUNE, prepare_workload
 
-CONFIGS = {"term": (3.0, False), "without": (0.0, False), "guard": (3.0, True)}
+#: name -> (stranding weight, whole-node guard: True, False or None for the live rule).
+CONFIGS: dict[str, tuple[float, bool | None]] = {
+    "term": (3.0, False), "without": (0.0, False), "guard": (3.0, True), "live": (3.0, None)}
 EARLY_PERCENT = 90
 
 
@@ -35,7 +37,7 @@ def main() -> None:
     ap.add_argument("--workload", default="default")
     ap.add_argument("--seed", type=int, action="append", required=True)
     ap.add_argument("--config", action="append", choices=sorted(CONFIGS),
-                    help="only these configurations (default: all three)")
+                    help="only these configurations (default: all four)")
     args = ap.parse_args()
     nodes, trace_pods = load_trace(args.trace, args.workload)
     cap = 1000 * sum(n.gpu for n in nodes)

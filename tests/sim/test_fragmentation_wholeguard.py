@@ -1,5 +1,6 @@
-"""The whole-node guard of the stranding term (:mod:`hami.core.fragmentation.wholeguard`,
-opt-in), by hand and on a two-node cluster."""
+"""The whole-node guard of the stranding term (:mod:`hami.core.fragmentation.wholeguard`),
+by hand and on a two-node cluster; the live order applies it when the mix holds a
+multi-GPU class."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ import math
 
 import numpy as np
 
-from hami.core.fragmentation.wholeguard import GAP_MILLI, guard_whole_nodes
+from hami.core.fragmentation.wholeguard import (
+    GAP_MILLI,
+    guard_whole_nodes,
+    mix_needs_whole_nodes,
+)
 from hami.sim.replay import FRAGMENTATION_AWARE, Replayer, workload_distribution
 from hami.sim.trace import TraceNode, TracePod
 
@@ -74,3 +79,29 @@ def test_ties_go_to_less_free_cpu_with_the_guard() -> None:
         rep = Replayer(nodes, FRAGMENTATION_AWARE, workload_distribution([pod]))
         rep.scorer.whole_node_guard = guard
         assert rep.schedule(rep.shapes.request(pod))[0] == want
+
+
+def test_the_live_order_guards_whole_nodes_when_the_mix_has_multi_gpu_tasks() -> None:
+    """The scorer as the live scheduler and ``hami simulate`` build it (no guard setting):
+    with an 8-GPU class in the mix the 8-GPU pod finds the CPU-rich node whole."""
+    rep = Replayer(NODES, FRAGMENTATION_AWARE, workload_distribution(MIX))
+    assert rep.scorer.whole_node_guard is None and rep.scorer.stranding_weight > 0
+    assert rep.scorer.guarded()
+    assert [rep.schedule(rep.shapes.request(p))[0] for p in PODS] == ["busy", "busy", "rich"]
+
+
+def test_a_mix_of_single_gpu_tasks_keeps_the_term_unguarded() -> None:
+    singles = [p for p in MIX if p.num_gpu == 1]
+    assert not mix_needs_whole_nodes(workload_distribution(singles))
+    assert mix_needs_whole_nodes(workload_distribution(MIX))
+    placed = {}
+    for guard in (None, False, True):
+        rep = Replayer(NODES, FRAGMENTATION_AWARE, workload_distribution(singles))
+        rep.scorer.whole_node_guard = guard
+        placed[guard] = [rep.schedule(rep.shapes.request(p))[0] for p in PODS[:2]]
+    assert placed[None] == placed[False] == ["rich", "rich"]  # as the term alone ranks
+    assert placed[True] == ["busy", "busy"]  # the guard would have kept "rich" whole
+    assert not rep.scorer.guarded() or rep.scorer.whole_node_guard
+    rep.scorer.stranding_weight = 0.0
+    rep.scorer.whole_node_guard = None
+    assert not rep.scorer.guarded()

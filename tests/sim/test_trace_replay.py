@@ -13,7 +13,7 @@ from hami.sim.workload import prepare_workload
 
 pytestmark = pytest.mark.trace
 
-SEED42_UNALLOCATED_AT_100 = 3.93
+SEED42_UNALLOCATED_AT_100 = 4.31
 
 
 def test_default_replay_is_sane_reproducible_and_beats_bestfit(trace_dir: Path) -> None:
@@ -33,7 +33,8 @@ def test_default_replay_is_sane_reproducible_and_beats_bestfit(trace_dir: Path) 
     reference = load_reference(trace_dir, "default")
     bestfit = reference.get("05-BestFit", {}).get(100, 7.09)
     assert 2.0 < at100 < bestfit, at100
-    # Regression oracle: 3.93 % on this code (4.71 % before the stranding term, 5.15 % before
+    # Regression oracle: 4.31 % on this code (3.93 % with the stranding term but without the
+    # whole-node guard, 4.71 % before the stranding term, 5.15 % before
     # the packing tie-break); a core change that moves it further than the seeds do
     # deserves a look.
     assert at100 == pytest.approx(SEED42_UNALLOCATED_AT_100, abs=0.6)

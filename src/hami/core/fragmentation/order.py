@@ -24,8 +24,8 @@ A GPU request's growth gets a GPU-model pressure term
 models, the nodes of those models cost more to other tasks (none without constraints).
 Every request's growth gets a CPU and memory stranding term
 (:mod:`~hami.core.fragmentation.stranding`): free GPU that a node's free CPU or memory
-cannot serve at the mix's ratio counts as lost; with ``whole_node_guard`` (opt-in) only
-among nodes that already hold GPU work (:mod:`~hami.core.fragmentation.wholeguard`).
+cannot serve at the mix's ratio counts as lost, but when the mix holds multi-GPU classes
+only among nodes that already hold GPU work (:mod:`~hami.core.fragmentation.wholeguard`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from hami.core.fragmentation.pressure import MODEL_PRESSURE_WEIGHT, model_pressu
 from hami.core.fragmentation.scalar import node_growth, share_growth
 from hami.core.fragmentation.state import FEW_NODES, FragmentationState, node_types
 from hami.core.fragmentation.stranding import STRANDING_WEIGHT, MixRatios, stranding_growth
-from hami.core.fragmentation.wholeguard import guard_whole_nodes
+from hami.core.fragmentation.wholeguard import guard_whole_nodes, mix_needs_whole_nodes
 from hami.core.nodefit import BestFirst
 
 
@@ -88,11 +88,13 @@ class FragmentationScorer:
                  look_ahead: bool | LookAhead = False,
                  model_pressure_weight: float = MODEL_PRESSURE_WEIGHT,
                  stranding_weight: float = STRANDING_WEIGHT,
-                 whole_node_guard: bool = False) -> None:
+                 whole_node_guard: bool | None = None) -> None:
         self.dist = dist
         #: Guard nodes with all GPUs free from the stranding term, ties to less free
-        #: CPU (:mod:`~hami.core.fragmentation.wholeguard`; opt-in).
+        #: CPU (:mod:`~hami.core.fragmentation.wholeguard`): True, False, or None (the
+        #: default) for "when the mix holds a multi-GPU class" (:meth:`guarded`).
         self.whole_node_guard = whole_node_guard
+        self._guard_for: tuple[WorkloadDistribution, bool] | None = None
         #: Weight of the CPU and memory stranding term (0: none).
         self.stranding_weight = stranding_weight
         self._ratios: tuple[WorkloadDistribution, MixRatios] | None = None
@@ -147,7 +149,7 @@ class FragmentationScorer:
         :attr:`stranding_weight` x the growth of the node's stranded GPU
         (:func:`~hami.core.fragmentation.stranding.stranding_growth`), for a GPU request
         guarded by :func:`~hami.core.fragmentation.wholeguard.guard_whole_nodes` when
-        :attr:`whole_node_guard` is set.
+        :meth:`guarded`.
 
         For a GPU share, a node's value is the best over its GPUs with at least the share
         free and a free slot. Values are cached per request shape and node, and
@@ -184,11 +186,24 @@ class FragmentationScorer:
                 gpu_milli=placement.num_gpu * placement.request_milli,
                 cpu_milli=placement.cpu_milli, memory_mib=placement.memory_mib)
             term = self.stranding_weight * grown
-            if self.whole_node_guard and placement.num_gpu:
+            if placement.num_gpu and self.guarded():
                 whole = state.total[idx] >= np.diff(state._ptr)[idx] * WHOLE
                 return guard_whole_nodes(result, term, whole)
             result = result + term
         return result
+
+    def guarded(self) -> bool:
+        """Whether the whole-node guard applies: :attr:`whole_node_guard` when set, else
+        whether the stranding term is on and the current mix holds a class asking for
+        several GPUs
+        (:func:`~hami.core.fragmentation.wholeguard.mix_needs_whole_nodes`)."""
+        if self.whole_node_guard is not None:
+            return self.whole_node_guard
+        if not self.stranding_weight:
+            return False
+        if self._guard_for is None or self._guard_for[0] is not self.dist:
+            self._guard_for = (self.dist, mix_needs_whole_nodes(self.dist))
+        return self._guard_for[1]
 
     def pressure(self, state: FragmentationState) -> FloatArray:
         """``[N]`` :func:`~hami.core.fragmentation.pressure.model_pressure` of the
@@ -283,7 +298,7 @@ class FragmentationScorer:
         ties = np.flatnonzero(deltas == least)
         if self.tie_break == "least-free-gpu" and ties.size > 1:
             assert self._state is not None
-            if self.whole_node_guard:  # less free GPU, then less free CPU
+            if self.guarded():  # less free GPU, then less free CPU
                 keys = (self._state.cpu_free[idx[ties]], self._state.total[idx[ties]])
                 return BestFirst(int(idx[ties[np.lexsort(keys)[0]]]),
                                  lambda: self.order(ledger, placement, idx))
@@ -324,7 +339,7 @@ class FragmentationScorer:
         elif self.tie_break == "least-free-gpu":
             assert self._state is not None
             keys: list[Any] = [self._state.total[idx], deltas]
-            if self.whole_node_guard:  # then less free CPU
+            if self.guarded():  # then less free CPU
                 keys.insert(0, self._state.cpu_free[idx])
             order = np.lexsort(keys)  # lexsort is stable
             ordered = idx[order]

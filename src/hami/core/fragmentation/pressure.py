@@ -16,7 +16,7 @@ then exactly FGD's.
 Measured on openb ``gpuspec25`` (unallocated GPU % at 100 % arrived demand, median;
 weight tuned on seeds 0-9: 0.25 / 0.5 / 0.75 / 1 / 2 / 4 give 5.47 / 5.32 / 5.38 / 5.39 /
 5.45 / 5.60 against 6.29 without): 5.33 against 6.47 on seeds 42-51, every seed better;
-4.22 with the stranding term of :mod:`~hami.core.fragmentation.stranding` too
+4.56 with the stranding term of :mod:`~hami.core.fragmentation.stranding` too (guarded)
 (docs/simulate.md, "How much room is left"). Ours, not in the FGD paper.
 """
 

@@ -15,7 +15,8 @@ not in the FGD paper. Measured on openb (unallocated GPU % at 100 % arrived dema
 median; weight tuned on seeds 0-9 of the four workloads: 0.3 / 1 / 3 / 10), seeds 42-51
 ``default`` / ``gpushare100`` / ``multigpu50`` / ``gpuspec25``: 4.16 / 12.93 / 2.45 / 4.22
 against 4.88 / 13.38 / 2.90 / 5.33 without it (docs/simulate.md, "How much room is
-left").
+left"); 4.36 / 12.93 / 2.55 / 4.56 with the whole-node guard the live order applies to
+mixes with multi-GPU classes (:mod:`~hami.core.fragmentation.wholeguard`).
 """
 
 from __future__ import annotations

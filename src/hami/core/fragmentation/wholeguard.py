@@ -1,6 +1,7 @@
-"""Whole-node guard for the stranding term (opt-in, off in the live order): the term
-may reorder busy nodes among themselves, but not decide whether a node with all its
-GPUs free is broken.
+"""Whole-node guard for the stranding term: the term may reorder busy nodes among
+themselves, but not decide whether a node with all its GPUs free is broken. The live
+order applies it when the task mix holds a class asking for several GPUs
+(:func:`mix_needs_whole_nodes`): only such classes need a node's GPUs free together.
 
 The stranding term (:mod:`~hami.core.fragmentation.stranding`) charges a node nothing
 while its free CPU and memory cover its free GPU at the mix's ratio. Nodes with more CPU
@@ -19,14 +20,15 @@ stay unplaced while the cluster is half empty. With the guard, for a GPU request
 Measured on openb seeds 42-51 (docs/simulate.md, "Early failures of multi-GPU pods with
 the stranding term"): no early failure on ``default``, 1 on ``multigpu50`` (20 without the
 term, 120 with it alone), but 17 on ``gpuspec25`` (9 without), and about 70 % of the
-term's gain kept, hence opt-in. Ours.
+term's gain kept. A mix of single-GPU tasks alone (``gpushare100``) has nothing to
+protect, and keeps the whole gain. Ours.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from hami.core.fragmentation.measure import BoolArray, FloatArray
+from hami.core.fragmentation.measure import BoolArray, FloatArray, WorkloadDistribution
 
 #: Milli-GPU by which the group that goes second ends behind the first group's best.
 GAP_MILLI = 1.0
@@ -56,3 +58,9 @@ def guard_whole_nodes(plain: FloatArray, term: FloatArray, whole: BoolArray) -> 
     if gap >= 0:
         result[second] += gap + GAP_MILLI
     return result
+
+
+def mix_needs_whole_nodes(dist: WorkloadDistribution) -> bool:
+    """Whether some class of the mix with a positive weight asks for two or more GPUs
+    (a single-GPU task fits any free GPU, so only those need whole nodes kept whole)."""
+    return bool(((dist.num_gpu >= 2) & (dist.weight > 0)).any())
