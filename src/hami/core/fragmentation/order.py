@@ -95,6 +95,7 @@ class FragmentationScorer:
         #: default) for "when the mix holds a multi-GPU class" (:meth:`guarded`).
         self.whole_node_guard = whole_node_guard
         self._guard_for: tuple[WorkloadDistribution, bool] | None = None
+        self._capacity_for: tuple[IntArray, FloatArray] | None = None
         #: Weight of the CPU and memory stranding term (0: none).
         self.stranding_weight = stranding_weight
         self._ratios: tuple[WorkloadDistribution, MixRatios] | None = None
@@ -187,10 +188,18 @@ class FragmentationScorer:
                 cpu_milli=placement.cpu_milli, memory_mib=placement.memory_mib)
             term = self.stranding_weight * grown
             if placement.num_gpu and self.guarded():
-                whole = state.total[idx] >= np.diff(state._ptr)[idx] * WHOLE
+                whole = state.total[idx] >= self._capacity(state)[idx]
                 return guard_whole_nodes(result, term, whole)
             result = result + term
         return result
+
+    def _capacity(self, state: FragmentationState) -> FloatArray:
+        """``[N]`` each node's GPU capacity in milli-GPU (GPUs x 1000), kept while the
+        state's grouping of devices by node is the same."""
+        held = self._capacity_for
+        if held is None or held[0] is not state._ptr:
+            held = self._capacity_for = (state._ptr, np.diff(state._ptr) * float(WHOLE))
+        return held[1]
 
     def guarded(self) -> bool:
         """Whether the whole-node guard applies: :attr:`whole_node_guard` when set, else
