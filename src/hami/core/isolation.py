@@ -143,13 +143,7 @@ def violations(pod: Mapping[str, Any], config: SchedulerConfig,
     containers, init containers first (``PodRequest.containers``); None computes them.
     Never raises: malformed fields are reported as messages.
     """
-    problems: list[str] = []
-    spec = pod.get("spec")
-    spec = spec if isinstance(spec, Mapping) else {}
-    for key, what in (("hostPID", "PID"), ("hostIPC", "IPC")):
-        if spec.get(key) is True:
-            problems.append(f"spec.{key} is true: a pod that asks for GPUs may not share "
-                            f"the host's {what} namespace")
+    problems = _host_problems(pod)
     containers = _containers(pod)
     if requests is None:
         requests = [_nvidia_request(c, config) for c in containers]
@@ -166,6 +160,18 @@ def violations(pod: Mapping[str, Any], config: SchedulerConfig,
             problems.append(f"container {cname} asks for no GPU but does not end with "
                             f"{names.ENV_VISIBLE_DEVICES}=none (the webhook did not see "
                             "this pod)")
+    return problems
+
+
+def security_violations(pod: Mapping[str, Any]) -> list[str]:
+    """The rules of :func:`violations` that hold for every container of a GPU pod,
+    whatever it asks: no host PID or IPC namespace, no privileged container, none of
+    :data:`DENIED_CAPABILITIES` added. For a pod that gets its GPU otherwise than by
+    naming a resource (DRA mode: a pod naming hami's ResourceClaimTemplate itself).
+    Never raises; [] = none."""
+    problems = _host_problems(pod)
+    for container in _containers(pod):
+        problems.extend(_security_problems(container, str(container.get("name", "?"))))
     return problems
 
 
@@ -229,6 +235,14 @@ def _list(container: Mapping[str, Any], key: str, cname: str,
         problems.append(f"container {cname}: {key} is not a list of objects")
         return []
     return value
+
+
+def _host_problems(pod: Mapping[str, Any]) -> list[str]:
+    spec = pod.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
+    return [f"spec.{key} is true: a pod that asks for GPUs may not share the host's {what} "
+            "namespace" for key, what in (("hostPID", "PID"), ("hostIPC", "IPC"))
+            if spec.get(key) is True]
 
 
 def _security_problems(container: Mapping[str, Any], cname: str) -> list[str]:

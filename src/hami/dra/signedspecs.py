@@ -41,7 +41,7 @@ _VERSION = "v1"
 _DOMAIN = b"hami dra claim templates v1\n"
 
 __all__ = ["NAME_PREFIX", "SIGNATURE_ANNOTATION", "SPECS_ANNOTATION", "Keys", "ProcessKeys",
-           "SignatureError", "process_keys", "sign", "signed_templates"]
+           "SignatureError", "names_template", "process_keys", "sign", "signed_templates"]
 
 
 class Keys(Protocol):
@@ -76,6 +76,17 @@ def process_keys() -> ProcessKeys:
     if _PROCESS_KEYS is None:
         _PROCESS_KEYS = ProcessKeys()
     return _PROCESS_KEYS
+
+
+def names_template(pod: Any) -> bool:
+    """True when the pod's ``spec.resourceClaims`` name a ResourceClaimTemplate of hami's
+    name (:data:`NAME_PREFIX`): the pod gets a GPU through it, though its containers
+    name no GPU resource. Never raises (False for anything malformed)."""
+    spec = pod.get("spec") if isinstance(pod, Mapping) else None
+    entries = spec.get("resourceClaims") if isinstance(spec, Mapping) else None
+    return isinstance(entries, list) and any(
+        isinstance(e, Mapping) and isinstance(e.get("resourceClaimTemplateName"), str)
+        and e["resourceClaimTemplateName"].startswith(NAME_PREFIX) for e in entries)
 
 
 def _mac(key: bytes, namespace: str, value: str) -> str:

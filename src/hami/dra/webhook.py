@@ -310,13 +310,19 @@ class DraWebhook:
         except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return self.fallback(body)
         if not creates_pod:
-            return self.fallback(body)
+            problems = _debug_violations(request, pod)
+            return (_reply(api_version, uid, False, isolation.message(problems)) if problems
+                    else self.fallback(body))
         if isinstance(spec, dict) and spec.get("resourceClaims"):
             denial = await self._named_claims_denial(pod, namespace)
             if denial:
                 return _reply(api_version, uid, False, denial)
         if not isolation.asks_for_devices(pod, self.config):
-            return self.fallback(body)
+            # A pod naming hami's template gets a GPU without asking for one by name.
+            problems = (isolation.security_violations(pod)
+                        if signedspecs.names_template(pod) else [])
+            return (_reply(api_version, uid, False, isolation.message(problems)) if problems
+                    else self.fallback(body))
         # As the normal webhook: no hand-written allocation survives creation (a
         # translated pod gets hami's schedulerName, whose scheduler charges them).
         clean, removed = strip_allocation(pod, self.config)
@@ -367,6 +373,23 @@ class DraWebhook:
                           "ask for fewer GPU containers or fewer type/UUID values")
         patch = jsonpatch.make_patch(pod, result.pod).patch
         return _reply(api_version, uid, True, note, patch=patch)
+
+
+def _debug_violations(request: Mapping[str, Any], pod: Mapping[str, Any]) -> list[str]:
+    """For ``pods/ephemeralcontainers`` of a pod naming hami's template (its GPU
+    resources moved into a claim, so the normal webhook sees no GPU pod): what the
+    added ephemeral containers break (:func:`hami.core.isolation.ephemeral_violations`).
+    [] for every other request; never raises."""
+    if request.get("subResource") != "ephemeralcontainers" or not signedspecs.names_template(pod):
+        return []
+    old = request.get("oldObject")
+    old_spec = old.get("spec") if isinstance(old, Mapping) else None
+    old_list = old_spec.get("ephemeralContainers") if isinstance(old_spec, Mapping) else None
+    existing = {c.get("name") for c in old_list or [] if isinstance(c, Mapping)}
+    added = (pod.get("spec") or {}).get("ephemeralContainers")
+    return [p for c in (added if isinstance(added, list) else [])
+            if isinstance(c, Mapping) and c.get("name") not in existing
+            for p in isolation.ephemeral_violations(c)]
 
 
 def route(webhook: DraWebhook) -> Callable[[bytes], Awaitable[JSON]]:
