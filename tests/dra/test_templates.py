@@ -157,3 +157,31 @@ def test_missing_templates_only_for_pods_still_waiting(change: dict[str, Any],
     for part, values in change.items():
         pod[part] = {**pod[part], **values}
     assert missing_templates(pod) == wanted
+
+
+def test_a_tenant_rewriting_the_signature_gets_one_event_and_is_not_remembered_whole() -> None:
+    """Pod annotations are mutable: a tenant rewriting the signature of a refused pod in a
+    loop makes the reconciler look again (a signature copied from an admitted pod still
+    gets the template), but the Warning Event is posted once per pod and template, not
+    once per rewrite, and what is remembered per pod is a digest, not the tenant's text
+    (up to the API's 256 KiB of annotations per pod, for up to MAX_REMEMBERED pods)."""
+    client, events = _Client(), []
+    rec = TemplateReconciler(client, _Keys(KEY),
+                             lambda meta, reason, message: events.append(message))
+
+    async def scenario() -> None:
+        for i in range(20):
+            pod = _pod(None)
+            pod["metadata"]["annotations"] = {
+                signedspecs.SPECS_ANNOTATION: "[]",
+                signedspecs.SIGNATURE_ANNOTATION: f"v1:junk:{i:04d}" * 10000}
+            rec.observe(pod)
+            await asyncio.sleep(0.01)
+        assert len(client.gets) == 20 and client.created == []
+        rec.observe(_pod())
+        await asyncio.sleep(0.01)
+
+    asyncio.run(scenario())
+    assert len(events) == 1 and "not accepted" in events[0], events
+    assert client.created == [("ns", NAME)]
+    assert all(len(v) <= 64 for seen in rec._reported.values() for v in seen.values())

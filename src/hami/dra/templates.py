@@ -8,7 +8,8 @@ that names a hami template its namespace lacks and that has no claim yet, create
 template, only when the pod carries a valid signature for that namespace and the name is
 the hash of a signed spec. Otherwise nothing is created: the reason is logged and, from
 the leader, recorded as a Warning Event on the pod (``DraTemplateRefused``), once per pod
-and template. kube-controller-manager's resourceclaim controller retries a pod whose
+and template (annotations are mutable: a pod whose signature annotation changes is
+looked at again, without another Event, so a tenant rewriting it costs reads, no writes). kube-controller-manager's resourceclaim controller retries a pod whose
 template is missing, so the claim follows within its backoff.
 
 Idempotent: a create answered 409 reads the template back; a template of hami's name
@@ -21,6 +22,7 @@ made per process, only the replica whose webhook signed can verify); creates rac
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -75,9 +77,11 @@ def missing_templates(pod: Mapping[str, Any]) -> list[str]:
 
 
 def _signature(meta: Mapping[str, Any]) -> str:
+    """A digest of the pod's signature annotation (tenant text of up to 256 KiB is not
+    kept)."""
     annotations = meta.get("annotations")
     value = annotations.get(SIGNATURE_ANNOTATION) if isinstance(annotations, Mapping) else None
-    return value if isinstance(value, str) else ""
+    return hashlib.sha256(value.encode()).hexdigest() if isinstance(value, str) else ""
 
 
 class TemplateReconciler:
@@ -94,8 +98,8 @@ class TemplateReconciler:
         self.clock = clock
         #: (namespace, name) -> when the template was last seen or created.
         self._known: dict[tuple[str, str], float] = {}
-        #: pod UID -> {template name refused: the pod's signature annotation then} (one
-        #: Event each; the pod is looked at again only when that annotation changes).
+        #: pod UID -> {template name refused: digest of the pod's signature annotation
+        #: then} (one Event each; the pod is looked at again only when that changes).
         self._reported: dict[str, dict[str, str]] = {}
         self._inflight: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -196,7 +200,11 @@ class TemplateReconciler:
         message = f"ResourceClaimTemplate {namespace}/{name} not created: {why}"
         reported = self._reported.setdefault(str(meta.get("uid") or ""), {})
         signature = _signature(meta)
-        if reported.get(name) != signature:
+        if name in reported:
+            if reported[name] != signature:
+                reported[name] = signature
+                log.debug("pod %s/%s: %s", namespace, meta.get("name"), message)
+        else:
             reported[name] = signature
             log.warning("pod %s/%s: %s", namespace, meta.get("name"), message)
             if self.emit is not None:
