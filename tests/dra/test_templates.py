@@ -185,3 +185,19 @@ def test_a_tenant_rewriting_the_signature_gets_one_event_and_is_not_remembered_w
     assert len(events) == 1 and "not accepted" in events[0], events
     assert client.created == [("ns", NAME)]
     assert all(len(v) <= 64 for seen in rec._reported.values() for v in seen.values())
+
+
+def test_a_signed_pod_that_breaks_the_security_rules_gets_no_template() -> None:
+    """A pod created while the webhook was down (``failurePolicy: Ignore``) with a
+    signature copied from an admitted pod, whose container is privileged: no template
+    is made for it (the webhook would have refused it)."""
+    pod = _pod()
+    pod["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    client = _Client()
+    outcome, events = _reconcile(client, pod)
+    assert outcome[NAME].startswith("refused") and "privileged" in outcome[NAME], outcome
+    assert client.created == [] and len(events) == 1
+    host_pid = _pod()
+    host_pid["spec"]["hostPID"] = True
+    assert _reconcile(client, host_pid)[0][NAME].startswith("refused")
+    assert client.created == []

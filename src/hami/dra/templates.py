@@ -5,12 +5,15 @@ it answers the patch and signs, on the pod, what its ``hami-gpu-<hash>`` templat
 hold (:mod:`hami.dra.signedspecs`). This reconciler sees every pod through the
 scheduler's pod watch (:meth:`TemplateReconciler.observe`) and, for a pod not yet bound
 that names a hami template its namespace lacks and that has no claim yet, creates the
-template, only when the pod carries a valid signature for that namespace and the name is
-the hash of a signed spec. Otherwise nothing is created: the reason is logged and, from
-the leader, recorded as a Warning Event on the pod (``DraTemplateRefused``), once per pod
-and template (annotations are mutable: a pod whose signature annotation changes is
-looked at again, without another Event, so a tenant rewriting it costs reads, no writes). kube-controller-manager's resourceclaim controller retries a pod whose
-template is missing, so the claim follows within its backoff.
+template, only when the pod carries a valid signature for that namespace, the name is
+the hash of a signed spec and the pod keeps the security rules the webhook applies to it
+(:func:`hami.core.isolation.security_violations`; a pod created while the webhook was
+down may carry a signature copied from an admitted pod). Otherwise nothing is created:
+the reason is logged and, from the leader, recorded as a Warning Event on the pod
+(``DraTemplateRefused``), once per pod and template (annotations are mutable: a pod whose
+signature annotation changes is looked at again, without another Event, so a tenant
+rewriting it costs reads, no writes). kube-controller-manager's resourceclaim controller
+retries a pod whose template is missing, so the claim follows within its backoff.
 
 Idempotent: a create answered 409 reads the template back; a template of hami's name
 that asks something else than the signed spec (a tenant made it first) is left alone and
@@ -28,6 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hami.core import isolation
 from hami.dra import booking
 from hami.dra.signedspecs import (
     NAME_PREFIX,
@@ -162,6 +166,10 @@ class TemplateReconciler:
         namespace = str(meta.get("namespace") or "default")
         out: dict[str, str] = {}
         signed, why = self._verify(namespace, meta)
+        problems = isolation.security_violations(pod)
+        if problems:  # the webhook refuses these; it did not see this pod
+            signed, why = None, ("the pod breaks the rules for GPU pods (created while the "
+                                 "webhook was down?): " + isolation.message(problems))
         for name in missing_templates(pod):
             ours = (signed or {}).get(name)
             existing = await self._get(namespace, name)
