@@ -16,7 +16,9 @@ annotation's exact text, ``v1:<key id>:<hex>`` as allocation signatures
 with none configured a key made when the process starts (:func:`process_keys`; the
 webhook and the reconciler are one process). A signature binds no pod name or UID:
 neither exists when the webhook is asked (``generateName``; the UID is set after
-admission); a copied pair only re-creates a template hami made for the same namespace.
+admission); a copied pair, or one read from the answer to a forged AdmissionReview,
+gets a pod of the same namespace a template of a spec hami's webhook makes (the pod
+itself passes the webhook: quota and isolation rules).
 """
 
 from __future__ import annotations
