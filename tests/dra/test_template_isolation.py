@@ -91,3 +91,23 @@ def test_a_privileged_debug_container_is_refused_on_a_translated_pod() -> None:
     assert not _call(hook, _debug(translated, capabilities={"add": ["CAP_SYS_ADMIN"]}))[
         "allowed"]
     assert _call(hook, _debug(translated))["allowed"]
+
+
+def test_a_container_using_hamis_claim_keeps_the_env_and_mount_rules() -> None:
+    """The container that uses the claim of hami's template is a GPU container: its own
+    env may not set the limits the claim's CDI spec sets, nor may it mount over the
+    paths the spec mounts; a container without the claim may."""
+    hook = _hook()
+    translated = _translated(hook)
+    env = _copied(translated, container={"env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT_0",
+                                                  "value": "80000m"}]})
+    resp = _call(hook, _review(env))
+    assert not resp["allowed"] and "CUDA_DEVICE_MEMORY_LIMIT_0" in resp["status"]["message"]
+    mount = _copied(translated, container={"volumeMounts": [
+        {"name": "v", "mountPath": "/etc/ld.so.preload"}]})
+    resp = _call(hook, _review(mount))
+    assert not resp["allowed"] and "ld.so.preload" in resp["status"]["message"], resp
+    sidecar = _copied(translated)
+    sidecar["spec"]["containers"].append({"name": "side", "env": [
+        {"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "1m"}]})
+    assert _call(hook, _review(sidecar))["allowed"]

@@ -35,7 +35,7 @@ webhook refuses privileged containers only):
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -163,15 +163,25 @@ def violations(pod: Mapping[str, Any], config: SchedulerConfig,
     return problems
 
 
-def security_violations(pod: Mapping[str, Any]) -> list[str]:
+def security_violations(pod: Mapping[str, Any], config: SchedulerConfig | None = None,
+                        gpu_containers: Collection[str] = ()) -> list[str]:
     """The rules of :func:`violations` that hold for every container of a GPU pod,
     whatever it asks: no host PID or IPC namespace, no privileged container, none of
-    :data:`DENIED_CAPABILITIES` added. For a pod that gets its GPU otherwise than by
-    naming a resource (DRA mode: a pod naming hami's ResourceClaimTemplate itself).
-    Never raises; [] = none."""
+    :data:`DENIED_CAPABILITIES` added; with ``config``, the containers (init or not)
+    named in ``gpu_containers`` also keep the env (reserved names, ``envFrom``
+    prefixes) and volumeMount rules of GPU containers. For a pod that gets its GPU
+    otherwise than by naming a resource (DRA mode: a pod naming hami's
+    ResourceClaimTemplate itself; ``gpu_containers``: those using its claim). Never
+    raises; [] = none."""
     problems = _host_problems(pod)
+    iso = settings(config) if config is not None else None
+    paths = plugin_paths(config.hook_path) if config is not None else ()
     for container in _containers(pod):
-        problems.extend(_security_problems(container, str(container.get("name", "?"))))
+        cname = str(container.get("name", "?"))
+        problems.extend(_security_problems(container, cname))
+        if iso is not None and cname in gpu_containers:
+            problems.extend(_env_problems(container, cname, iso, webhook_env=False))
+            problems.extend(_mount_problems(container, cname, paths))
     return problems
 
 
@@ -274,13 +284,18 @@ def _webhook_value(name: str, container: Mapping[str, Any], iso: EnvIsolation) -
     return policy if policy and policy != "default" else None
 
 
-def _env_problems(container: Mapping[str, Any], cname: str, iso: EnvIsolation) -> list[str]:
+def _env_problems(container: Mapping[str, Any], cname: str, iso: EnvIsolation,
+                  webhook_env: bool = True) -> list[str]:
+    """``webhook_env=False``: the names the webhook writes itself are not checked (a DRA
+    pod's GPU resources, whose values they must carry, are gone after translation)."""
     problems: list[str] = []
     for entry in _list(container, "env", cname, problems):
         name = entry.get("name")
         if not isinstance(name, str):
             continue
         if name in WEBHOOK_ENV:
+            if not webhook_env:
+                continue
             expected = _webhook_value(name, container, iso)
             if expected is None or entry.get("value") != expected or "valueFrom" in entry:
                 origin = ("the nvidia.com/priority limit" if name == names.ENV_TASK_PRIORITY

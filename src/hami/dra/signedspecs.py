@@ -43,7 +43,7 @@ _VERSION = "v1"
 _DOMAIN = b"hami dra claim templates v1\n"
 
 __all__ = ["NAME_PREFIX", "SIGNATURE_ANNOTATION", "SPECS_ANNOTATION", "Keys", "ProcessKeys",
-           "SignatureError", "names_template", "process_keys", "sign", "signed_templates"]
+           "SignatureError", "template_containers", "process_keys", "sign", "signed_templates"]
 
 
 class Keys(Protocol):
@@ -80,15 +80,29 @@ def process_keys() -> ProcessKeys:
     return _PROCESS_KEYS
 
 
-def names_template(pod: Any) -> bool:
-    """True when the pod's ``spec.resourceClaims`` name a ResourceClaimTemplate of hami's
-    name (:data:`NAME_PREFIX`): the pod gets a GPU through it, though its containers
-    name no GPU resource. Never raises (False for anything malformed)."""
+def template_containers(pod: Any) -> set[str] | None:
+    """For a pod whose ``spec.resourceClaims`` name a ResourceClaimTemplate of hami's
+    name (:data:`NAME_PREFIX`), which gets it a GPU though its containers name no GPU
+    resource: the names of the containers (init or not) that use such a claim
+    (``resources.claims``); None for any other pod. Never raises."""
     spec = pod.get("spec") if isinstance(pod, Mapping) else None
     entries = spec.get("resourceClaims") if isinstance(spec, Mapping) else None
-    return isinstance(entries, list) and any(
-        isinstance(e, Mapping) and isinstance(e.get("resourceClaimTemplateName"), str)
-        and e["resourceClaimTemplateName"].startswith(NAME_PREFIX) for e in entries)
+    ours = {e.get("name") for e in entries if isinstance(e, Mapping)
+            and isinstance(e.get("resourceClaimTemplateName"), str)
+            and e["resourceClaimTemplateName"].startswith(NAME_PREFIX)
+            } if isinstance(entries, list) else set()
+    if not ours or not isinstance(spec, Mapping):
+        return None
+    out: set[str] = set()
+    for key in ("initContainers", "containers"):
+        items = spec.get(key)
+        for c in items if isinstance(items, list) else []:
+            resources = c.get("resources") if isinstance(c, Mapping) else None
+            claims = resources.get("claims") if isinstance(resources, Mapping) else None
+            if isinstance(claims, list) and any(
+                    isinstance(r, Mapping) and r.get("name") in ours for r in claims):
+                out.add(str(c.get("name", "?")))
+    return out
 
 
 def _mac(key: bytes, namespace: str, value: str) -> str:

@@ -319,8 +319,9 @@ class DraWebhook:
                 return _reply(api_version, uid, False, denial)
         if not isolation.asks_for_devices(pod, self.config):
             # A pod naming hami's template gets a GPU without asking for one by name.
-            problems = (isolation.security_violations(pod)
-                        if signedspecs.names_template(pod) else [])
+            using = signedspecs.template_containers(pod)
+            problems = ([] if using is None
+                        else isolation.security_violations(pod, self.config, using))
             return (_reply(api_version, uid, False, isolation.message(problems)) if problems
                     else self.fallback(body))
         # As the normal webhook: no hand-written allocation survives creation (a
@@ -380,7 +381,8 @@ def _debug_violations(request: Mapping[str, Any], pod: Mapping[str, Any]) -> lis
     resources moved into a claim, so the normal webhook sees no GPU pod): what the
     added ephemeral containers break (:func:`hami.core.isolation.ephemeral_violations`).
     [] for every other request; never raises."""
-    if request.get("subResource") != "ephemeralcontainers" or not signedspecs.names_template(pod):
+    if (request.get("subResource") != "ephemeralcontainers"
+            or signedspecs.template_containers(pod) is None):
         return []
     old = request.get("oldObject")
     old_spec = old.get("spec") if isinstance(old, Mapping) else None
