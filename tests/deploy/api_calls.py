@@ -85,8 +85,7 @@ CALLS: dict[str, tuple[Call, ...]] = {
         # a template of hami's name made by someone else (webhook and reconciler); the
         # templates a pod names itself (quota-limited namespaces)
         Call("get", "resourceclaimtemplates", _DRA, when="dra",
-             where=("hami.dra.webhook:DraWebhook._template",
-                    "hami.dra.templates:TemplateReconciler.reconcile")),
+             where=("hami.dra.templates:read_template",)),
         Call("list", "resourceslices", _DRA, when="dra",
              where=("hami.dra.cache:DraObjects._run", "hami.dra.webhook:DraWebhook.published",
                     "hami.dra.webhook:DraWebhook.published_devices",

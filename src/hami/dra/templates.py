@@ -220,17 +220,7 @@ class TemplateReconciler:
         return f"refused: {why}"
 
     async def _get(self, namespace: str, name: str) -> JSON | None:
-        from lightkube import ApiError
-        from lightkube.resources.resource_v1 import ResourceClaimTemplate
-
-        try:
-            obj = await self.client.get(ResourceClaimTemplate, name, namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None
-            raise
-        doc: JSON = obj.to_dict()
-        return doc
+        return await read_template(self.client, namespace, name)
 
     async def _create(self, namespace: str, template: Mapping[str, Any]) -> JSON | None:
         """Create ``template`` in ``namespace``: None when created, the template there
@@ -254,3 +244,20 @@ class TemplateReconciler:
             del self._known[next(iter(self._known))]
         while len(self._reported) > MAX_REMEMBERED:
             del self._reported[next(iter(self._reported))]
+
+
+async def read_template(client: Any, namespace: str, name: str) -> JSON | None:
+    """The ResourceClaimTemplate ``namespace/name`` (resource.k8s.io/v1) as a dict, None
+    when there is none. ``client`` is a lightkube ``AsyncClient``. Raises lightkube's
+    ``ApiError`` for other API errors."""
+    from lightkube import ApiError
+    from lightkube.resources.resource_v1 import ResourceClaimTemplate
+
+    try:
+        obj = await client.get(ResourceClaimTemplate, name, namespace=namespace)
+    except ApiError as exc:
+        if exc.status.code == 404:
+            return None
+        raise
+    doc: JSON = obj.to_dict()
+    return doc

@@ -52,6 +52,7 @@ from hami.dra import booking, claimquota, signedspecs
 from hami.dra import translate as tr
 from hami.dra.booking import claim_booking
 from hami.dra.cache import DraObjects, card_sizes_mib, mig_offers, published_devices
+from hami.dra.templates import read_template
 
 log = logging.getLogger(__name__)
 JSON = dict[str, Any]
@@ -169,17 +170,7 @@ class DraWebhook:
     async def _template(self, namespace: str, name: str) -> JSON | None:
         """The ResourceClaimTemplate ``namespace/name`` as a dict, None when there is none.
         Raises lightkube's ``ApiError`` for other API errors."""
-        from lightkube import ApiError
-        from lightkube.resources.resource_v1 import ResourceClaimTemplate
-
-        try:
-            obj = await self.client.get(ResourceClaimTemplate, name, namespace=namespace)
-        except ApiError as exc:
-            if exc.status.code == 404:
-                return None
-            raise
-        doc: JSON = obj.to_dict()
-        return doc
+        return await read_template(self.client, namespace, name)
 
     async def _conflict(self, namespace: str, template: JSON) -> str | None:
         """The denial when a template of ``template``'s name exists in ``namespace`` and
