@@ -89,6 +89,17 @@ def key_id(key: bytes) -> str:
     return hashlib.sha256(key).hexdigest()[:8]
 
 
+def split_signature(value: str, annotation: str) -> tuple[str, str]:
+    """``(key id, hex MAC)`` of a ``v1:<key id>:<hex MAC>`` signature value (the form of
+    every hami signature annotation). Raises :class:`SignatureError` naming
+    ``annotation`` when the value is not of that form."""
+    version, _, rest = value.partition(":")
+    kid, _, mac = rest.partition(":")
+    if version != _VERSION or not kid or not mac:
+        raise SignatureError(f"malformed {annotation} annotation")
+    return kid, mac
+
+
 #: What a signature covers: the node and the NVIDIA grant the device plugin serves. The
 #: to-allocate string lags it (:func:`check_to_allocate`); ``bind-phase``/``bind-time``
 #: and the filter time are progress, not grant.
@@ -142,10 +153,7 @@ def verify(verifying_keys: Iterable[bytes], uid: str, node: str,
     if not value:
         raise SignatureError(f"no {SIGNATURE} annotation: the allocation was not written "
                              "by hami's scheduler")
-    version, _, rest = value.partition(":")
-    kid, _, mac = rest.partition(":")
-    if version != _VERSION or not kid or not mac:
-        raise SignatureError(f"malformed {SIGNATURE} annotation")
+    kid, mac = split_signature(value, SIGNATURE)
     message = _signed_message(uid, node, annotations)
     for key in verifying_keys:
         if key_id(key) != kid:

@@ -30,7 +30,7 @@ import secrets
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from hami.core.provenance import SignatureError, key_id
+from hami.core.provenance import SignatureError, key_id, split_signature
 from hami.dra.translate import template_for
 
 #: The claim specs of the pod's hami templates (JSON list, sorted by template name).
@@ -135,10 +135,7 @@ def signed_templates(verifying_keys: Iterable[bytes], namespace: str,
     if not isinstance(value, str) or not isinstance(signature, str) or not signature:
         raise SignatureError(f"no {SIGNATURE_ANNOTATION} and {SPECS_ANNOTATION} annotations: "
                              "the pod was not admitted by hami's webhook")
-    version, _, rest = signature.partition(":")
-    kid, _, mac = rest.partition(":")
-    if version != _VERSION or not kid or not mac:
-        raise SignatureError(f"malformed {SIGNATURE_ANNOTATION} annotation")
+    kid, mac = split_signature(signature, SIGNATURE_ANNOTATION)
     for key in verifying_keys:
         if key_id(key) != kid:
             continue
