@@ -255,6 +255,17 @@ def test_webhook_selects_pods_by_namespace_never_by_their_own_labels(
     assert proc.returncode != 0 and "objectSelector was removed" in proc.stderr
 
 
+def test_priority_zero_is_granted_to_the_listed_namespaces_only(
+        default: list[dict[str, Any]]) -> None:
+    spec = find(default, "Deployment", "hami-scheduler")["spec"]["template"]["spec"]
+    assert not any(a.startswith("--high-priority-namespaces")
+                   for a in container(spec, "vgpu-scheduler-extender")["args"])
+    granted = render({"scheduler": {"highPriorityNamespaces": ["inference", "serving"]}})
+    args = container(find(granted, "Deployment", "hami-scheduler")["spec"]["template"]["spec"],
+                     "vgpu-scheduler-extender")["args"]
+    assert "--high-priority-namespaces=inference,serving" in args
+
+
 def test_device_plugin_daemonset(default: list[dict[str, Any]]) -> None:
     ds = find(default, "DaemonSet", "hami-device-plugin")
     spec = ds["spec"]["template"]["spec"]

@@ -45,6 +45,10 @@ def scheduler(
     other_gpu_schedulers: Annotated[str, typer.Option(
         help="schedulerNames besides ours whose GPU pods the webhook admits unchecked, a,b "
              "(default: none; such pods are refused)")] = "",
+    high_priority_namespaces: Annotated[str, typer.Option(
+        help="namespaces whose GPU pods may ask for nvidia.com/priority 0, a,b (priority 0 "
+             "holds back the priority-1 containers sharing a GPU); default: none, such "
+             "pods are refused at admission and at /filter")] = "",
     leader_elect: Annotated[bool, typer.Option(help="run several replicas, one leader")] = False,
     leader_elect_resource_name: Annotated[str, typer.Option(help="Lease name")] = "hami-scheduler",
     leader_elect_resource_namespace: Annotated[str, typer.Option(help="Lease namespace")] = "kube-system",
@@ -113,6 +117,8 @@ def scheduler(
             gpu_hook_path=gpu_hook_path,
             other_gpu_schedulers=tuple(n.strip() for n in other_gpu_schedulers.split(",")
                                        if n.strip()),
+            high_priority_namespaces=tuple(n.strip() for n in high_priority_namespaces.split(",")
+                                           if n.strip()),
             leader_elect=leader_elect, leader_elect_resource_name=leader_elect_resource_name,
             leader_elect_resource_namespace=leader_elect_resource_namespace,
             leader_elect_lease_duration=_duration(leader_elect_lease_duration, "--leader-elect-lease-duration"),
