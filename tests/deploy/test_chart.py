@@ -438,7 +438,12 @@ def test_allocation_key_secret_reaches_the_scheduler(default: list[dict[str, Any
     args = container(find(migrating, "DaemonSet")["spec"]["template"]["spec"], "device-plugin")["args"]
     assert "--trust-unsigned-allocations" in args
     assert not any(a.startswith("--allocation-key-dir") for a in args)
-    off = render({"allocationSigning": {"enabled": False}})
+    proc = helm("template", RELEASE, str(CHART), "-n", NAMESPACE,
+                "--set", "allocationSigning.enabled=false")
+    assert proc.returncode != 0 and "trustUnsignedAllocations=true" in proc.stderr
+    off = render({"allocationSigning": {"enabled": False, "trustUnsignedAllocations": True}})
+    assert "--trust-unsigned-allocations" in container(
+        find(off, "DaemonSet")["spec"]["template"]["spec"], "device-plugin")["args"]
     assert not any(o["kind"] == "Secret" and o["metadata"]["name"] == "hami-allocation-key"
                    for o in off)
     ext_off = container(find(off, "Deployment", "hami-scheduler")["spec"]["template"]["spec"],

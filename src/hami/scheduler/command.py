@@ -81,7 +81,8 @@ def scheduler(
              "without TLS handshakes); empty: none")] = "",
     allocation_key_dir: Annotated[str, typer.Option(
         help="directory of the allocation-signing key shared with the device plugins "
-             "(files 'current', 'previous'); empty: allocations are written unsigned")] = "",
+             "(files 'current', 'previous'); empty: allocations are written unsigned, and "
+             "device plugins serve them only with --trust-unsigned-allocations")] = "",
     http_header_timeout: Annotated[str, typer.Option(
         help="a request head must arrive within this time of the connection or of the "
              "previous response; also the idle keep-alive timeout")] = "10s",
@@ -145,6 +146,10 @@ def scheduler(
         settings.scheduler_config()
         if settings.allocation_key_dir:
             KeyRing(settings.allocation_key_dir)
+        else:
+            logging.getLogger("hami.scheduler").warning(
+                "no --allocation-key-dir: allocations are written unsigned, and hami's device "
+                "plugins serve them only with --trust-unsigned-allocations")
     except (ConfigError, KeyRingError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
