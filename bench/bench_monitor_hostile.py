@@ -29,10 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
+from tests.node.regionfile import RegionSpec, allocated, build, read_feedback  # noqa: E402
+
 from hami.deviceplugin.allocate import ContainerView, PodView  # noqa: E402
 from hami.monitor.command import feedback_tick  # noqa: E402
 from hami.monitor.lister import ContainerLister  # noqa: E402
-from tests.node.regionfile import RegionSpec, allocated, build, read_feedback  # noqa: E402
 
 GPU = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 RK_OFFSET = 2_008_904
