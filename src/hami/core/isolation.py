@@ -355,15 +355,15 @@ def _priority_problems(pod: Mapping[str, Any], container: Mapping[str, Any], cna
         return []
     resources = container.get("resources")
     limits = resources.get("limits") if isinstance(resources, Mapping) else None
-    asked = [limits[iso.priority_resource]] if (
+    asked = [(iso.priority_resource, limits[iso.priority_resource])] if (
         iso.priority_resource and isinstance(limits, Mapping)
         and iso.priority_resource in limits) else []
     env = container.get("env")
-    asked += [e.get("value") for e in env if isinstance(e, Mapping)
+    asked += [(names.ENV_TASK_PRIORITY, e.get("value")) for e in env if isinstance(e, Mapping)
               and e.get("name") == names.ENV_TASK_PRIORITY] if isinstance(env, list) else []
-    if not any(v is not None and _is_priority_zero(v) for v in asked):
+    what = next((name for name, v in asked if v is not None and _is_priority_zero(v)), None)
+    if what is None:
         return []
-    what = iso.priority_resource or names.ENV_TASK_PRIORITY
     return [f"container {cname}: {what} 0 (high priority: it holds back the priority-1 "
             f"containers sharing its GPU) is granted per namespace, and namespace "
             f"{namespace or '(none)'} is not granted it (an operator lists such namespaces "
