@@ -119,6 +119,31 @@ spec:
     assert "GPU-a,NVIDIA,16000,20:;" in plain.stdout, plain.stdout
 
 
+def test_schedule_follows_the_priority_zero_grant(tmp_path: Path) -> None:
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("""
+kind: Node
+metadata:
+  name: n1
+  annotations:
+    hami.io/node-handshake: "Requesting_2024.01.01 00:00:00"
+    hami.io/node-nvidia-register: '[{"id":"GPU-a","count":10,"devmem":16000,"devcore":100,"type":"NVIDIA-T4","health":true,"numa":0,"mode":"hami-core","index":0}]'
+---
+kind: Pod
+metadata: {name: p, namespace: serving, uid: u1}
+spec:
+  containers:
+  - name: c
+    resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 1000, nvidia.com/priority: 0}}
+""")
+    refused = CliRunner().invoke(app, ["schedule", "-f", str(cluster), "-o", "json"])
+    assert "--high-priority-namespaces" in refused.stdout, refused.stdout
+    assert "GPU-a,NVIDIA,1000" not in refused.stdout
+    granted = CliRunner().invoke(app, ["schedule", "-f", str(cluster), "-o", "json",
+                                       "--high-priority-namespaces=serving"])
+    assert "GPU-a,NVIDIA,1000" in granted.stdout, granted.stdout
+
+
 def test_version_everywhere_and_h_is_help() -> None:
     runner = CliRunner()
     for args in (["--version"], ["version"], *([c, "--version"] for c in COMMANDS)):

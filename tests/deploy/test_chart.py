@@ -255,6 +255,17 @@ def test_webhook_selects_pods_by_namespace_never_by_their_own_labels(
     assert proc.returncode != 0 and "objectSelector was removed" in proc.stderr
 
 
+def test_priority_zero_is_granted_to_the_listed_namespaces_only(
+        default: list[dict[str, Any]]) -> None:
+    spec = find(default, "Deployment", "hami-scheduler")["spec"]["template"]["spec"]
+    assert not any(a.startswith("--high-priority-namespaces")
+                   for a in container(spec, "vgpu-scheduler-extender")["args"])
+    granted = render({"scheduler": {"highPriorityNamespaces": ["inference", "serving"]}})
+    args = container(find(granted, "Deployment", "hami-scheduler")["spec"]["template"]["spec"],
+                     "vgpu-scheduler-extender")["args"]
+    assert "--high-priority-namespaces=inference,serving" in args
+
+
 def test_device_plugin_daemonset(default: list[dict[str, Any]]) -> None:
     ds = find(default, "DaemonSet", "hami-device-plugin")
     spec = ds["spec"]["template"]["spec"]
@@ -427,7 +438,12 @@ def test_allocation_key_secret_reaches_the_scheduler(default: list[dict[str, Any
     args = container(find(migrating, "DaemonSet")["spec"]["template"]["spec"], "device-plugin")["args"]
     assert "--trust-unsigned-allocations" in args
     assert not any(a.startswith("--allocation-key-dir") for a in args)
-    off = render({"allocationSigning": {"enabled": False}})
+    proc = helm("template", RELEASE, str(CHART), "-n", NAMESPACE,
+                "--set", "allocationSigning.enabled=false")
+    assert proc.returncode != 0 and "trustUnsignedAllocations=true" in proc.stderr
+    off = render({"allocationSigning": {"enabled": False, "trustUnsignedAllocations": True}})
+    assert "--trust-unsigned-allocations" in container(
+        find(off, "DaemonSet")["spec"]["template"]["spec"], "device-plugin")["args"]
     assert not any(o["kind"] == "Secret" and o["metadata"]["name"] == "hami-allocation-key"
                    for o in off)
     ext_off = container(find(off, "Deployment", "hami-scheduler")["spec"]["template"]["spec"],

@@ -83,8 +83,41 @@ def test_to_allocate_beyond_the_signed_grant_is_refused(guarded: PluginHarness) 
     refused(guarded, "differs from the signed")
 
 
-def test_without_the_guard_unsigned_allocations_are_served(harness: PluginHarness) -> None:
-    up(harness)  # --trust-unsigned-allocations, or no key directory: HAMi's behaviour
+def _guard_of_the_command(monkeypatch: pytest.MonkeyPatch, *flags: str) -> AllocationGuard | None:
+    """The guard ``hami device-plugin <flags>`` hands to the plugin (its run is captured)."""
+    import typer
+    from typer.testing import CliRunner
+
+    from hami.deviceplugin import command
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(command, "run_plugin", lambda **kw: seen.update(kw))
+    cli = typer.Typer()
+    cli.command("device-plugin")(command.device_plugin)
+    cli.command("other")(lambda: None)  # two commands: the name is an argument
+    result = CliRunner().invoke(cli, ["device-plugin", "--node-name", NODE, *flags])
+    assert result.exit_code == 0, result.output
+    guard = seen["guard"]
+    assert guard is None or isinstance(guard, AllocationGuard)
+    return guard
+
+
+def test_the_command_refuses_unsigned_allocations_by_default(
+        harness: PluginHarness, monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 25 item 4: without --allocation-key-dir the command used to serve a forged
+    # pod its hand-written 81920 MiB; now it serves nothing without the key
+    up(harness, guard=_guard_of_the_command(monkeypatch))
+    pod_with(harness, "p", f"{A},NVIDIA,81920,100:;", key=b"")
+    refused(harness, "has no --allocation-key-dir")
+    pod_with(harness, "p", f"{A},NVIDIA,1000,10:;")  # even a signed one: no key to check
+    refused(harness, "--trust-unsigned-allocations")
+
+
+def test_the_command_serves_unsigned_allocations_when_told_to(
+        harness: PluginHarness, monkeypatch: pytest.MonkeyPatch) -> None:
+    guard = _guard_of_the_command(monkeypatch, "--trust-unsigned-allocations")
+    assert guard is None  # HAMi's behaviour, for a migration from HAMi
+    up(harness, guard=guard)
     pod_with(harness, "p", f"{A},NVIDIA,3000,10:;", key=b"")
     env = harness.kubelet.allocate([f"{A}-0"]).container_responses[0].envs
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"

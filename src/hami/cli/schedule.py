@@ -31,6 +31,9 @@ def schedule_command(
         "--gpu-scheduler-policy", help="spread | binpack | topology-aware | mutex | "
         "fragmentation-aware | numa, or a comma list (numa,binpack)")] = "spread",
     scheduler_name: Annotated[str, typer.Option(help="schedulerName the webhook sets")] = "hami-scheduler",
+    high_priority_namespaces: Annotated[str, typer.Option(
+        help="namespaces whose GPU pods may ask for nvidia.com/priority 0, a,b (as the hami "
+             "scheduler's flag; default: none)")] = "",
     output: Annotated[Output, typer.Option(
         "-o", "--output", help="a human-readable table, or one JSON document")] = Output.table,
     enable_ascend: Annotated[bool, typer.Option(help="register the device config's vnpus (Ascend) vendors")] = False,
@@ -40,6 +43,8 @@ def schedule_command(
     default_gpu: DefaultGpu = None,
 ) -> None:
     """Dry-run admission and scheduling of the pending pods in a cluster file."""
+    from dataclasses import replace
+
     from hami.core.config import GPU_POLICIES, NODE_POLICIES, ConfigError
     from hami.offline import InputError, load_objects, schedule
     from hami.settings import scheduler_config
@@ -61,6 +66,8 @@ def schedule_command(
                                   default_memory_mib=default_mem,
                                   default_cores_percent=default_cores,
                                   default_gpu_num=default_gpu)
+        config = replace(config, high_priority_namespaces=tuple(
+            n.strip() for n in high_priority_namespaces.split(",") if n.strip()))
         objects = load_objects(text)
         report = schedule(objects, config)
     except (OSError, InputError, ConfigError) as exc:

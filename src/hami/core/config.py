@@ -124,6 +124,9 @@ class SchedulerConfig:
     into GPU containers; :mod:`hami.core.isolation` keeps pods' volumes off it).
     ``other_gpu_schedulers`` are schedulerNames besides hami's whose pods may ask for GPUs;
     the webhook admits them unchanged (HAMi admits every other scheduler's pod).
+    ``high_priority_namespaces`` are the namespaces whose GPU pods may ask for task
+    priority 0 (``nvidia.com/priority: 0``); elsewhere the webhook and ``/filter`` refuse
+    it (:mod:`hami.core.isolation`; HAMi lets every pod ask).
 
     ``registry`` is HAMi's device map (CommonWord -> backend), built once by the shell
     (``hami.devices.registry.make_config`` / ``build_registry`` of the device config, HAMi
@@ -137,6 +140,7 @@ class SchedulerConfig:
     force_overwrite_default_scheduler: bool = True
     hook_path: str = "/usr/local"
     other_gpu_schedulers: tuple[str, ...] = ()
+    high_priority_namespaces: tuple[str, ...] = ()
     registry: Mapping[str, Vendor] = field(default_factory=dict, hash=False)
 
     def vendors(self) -> dict[str, Vendor]:

@@ -98,10 +98,11 @@ def device_plugin(
              "resumed on a new connection (2m, or seconds: 120)")] = 120.0,
     allocation_key_dir: Annotated[Path | None, typer.Option(
         help="directory of the allocation key shared with the scheduler (files 'current', "
-             "'next', 'previous'): only allocations hami's scheduler signed are served")] = None,
+             "'next', 'previous'): only allocations hami's scheduler signed are served; "
+             "without it (and without --trust-unsigned-allocations) none is served")] = None,
     trust_unsigned_allocations: Annotated[bool, typer.Option(
         help="serve allocations without checking who wrote them (HAMi's behaviour; for a "
-             "migration from HAMi)")] = False,
+             "migration from HAMi): any pod creator can then forge one")] = False,
     scheduler_name: Annotated[str, typer.Option(
         help="schedulerName of the pods whose allocations are served")] = "hami-scheduler",
     allocate_mode: Annotated[str, typer.Option(
@@ -156,7 +157,9 @@ def device_plugin(
 
 def _guard(key_dir: Path | None, trust_unsigned: bool,
            scheduler_name: str) -> AllocationGuard | None:
-    """The Allocate guard the flags ask for (None: allocations are not authenticated).
+    """The Allocate guard the flags ask for: None (allocations are not authenticated)
+    only with ``--trust-unsigned-allocations``; without it and without a key directory,
+    a guard that refuses every allocation (fail closed: HAMi serves them all).
 
     Raises:
         hami.keyring.KeyRingError: ``key_dir`` has no usable ``current`` key.
@@ -166,9 +169,10 @@ def _guard(key_dir: Path | None, trust_unsigned: bool,
                     "checking that hami's scheduler wrote them")
         return None
     if key_dir is None:
-        log.warning("no --allocation-key-dir: allocations are served without checking "
-                    "that hami's scheduler wrote them")
-        return None
+        log.error("no --allocation-key-dir: no allocation will be served (pass the "
+                  "scheduler's key directory, or --trust-unsigned-allocations to serve "
+                  "allocations without checking who wrote them)")
+        return AllocationGuard(None, scheduler_name)
     return AllocationGuard(KeyRing(key_dir), scheduler_name)
 
 

@@ -8,7 +8,8 @@ verify (HMAC over pod UID, node and grant, :mod:`hami.core.provenance`) with a k
 the shared key directory (:mod:`hami.keyring`), and the to-allocate string may only lag
 the signed grant. ``--trust-unsigned-allocations`` turns the guard off (HAMi-written
 allocations during a migration from HAMi, or pods of a scheduler such as Volcano's
-vGPU plugin that writes HAMi's annotations).
+vGPU plugin that writes HAMi's annotations). Without a key directory and without that
+flag the guard has no key and serves nothing (HAMi serves every allocation).
 """
 
 from __future__ import annotations
@@ -22,15 +23,16 @@ from hami.keyring import KeyRing
 
 @dataclass(frozen=True)
 class AllocationGuard:
-    """Refuses allocations not written by ``scheduler_name`` with a key of ``keyring``."""
+    """Refuses allocations not written by ``scheduler_name`` with a key of ``keyring``;
+    ``keyring`` None (no key configured) refuses every allocation."""
 
-    keyring: KeyRing
+    keyring: KeyRing | None
     scheduler_name: str = "hami-scheduler"
 
     def signed_for(self, pod: PodView, node: str) -> bool:
         """The pod carries hami's allocation for ``node`` (its scheduler and a valid
         signature), whatever its progress."""
-        if pod.scheduler_name != self.scheduler_name:
+        if pod.scheduler_name != self.scheduler_name or self.keyring is None:
             return False
         try:
             verify(self.keyring.verifying_keys(), pod.uid, node, pod.annotations)
@@ -42,6 +44,11 @@ class AllocationGuard:
         """Raises :class:`AllocateError` (with the reason) unless the pod's allocation is
         hami's scheduler's, signed for this pod and node."""
         who = f"{pod.namespace}/{pod.name}"
+        if self.keyring is None:
+            raise AllocateError(f"{who}: not served: this device plugin has no "
+                                "--allocation-key-dir, so it cannot tell hami's allocations "
+                                "from forged ones (pass the scheduler's key directory, or "
+                                "--trust-unsigned-allocations to serve unsigned ones)")
         if pod.scheduler_name != self.scheduler_name:
             raise AllocateError(f"{who}: schedulerName {pod.scheduler_name!r} is not "
                                 f"{self.scheduler_name!r}; its allocation is not served")

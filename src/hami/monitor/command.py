@@ -35,8 +35,10 @@ def feedback_tick(lister: ContainerLister, pods: Sequence[PodView],
     (:func:`hami.monitor.pods.container_grants`), never from its region; a container of
     no listed pod shares no GPU (it is only ever unblocked). ``claims`` (DRA mode): each
     claim's region takes part as one more container, its GPUs and priority from its
-    owner record and pod (:func:`hami.monitor.claims.attribute`). Returns the new values
-    (for tests and logs)."""
+    owner record and pod (:func:`hami.monitor.claims.attribute`). No container is blocked
+    in more than 9 of any 12 consecutive ticks (``lister.blocks``,
+    :class:`hami.monitor.feedback.BlockBudget`), whatever its neighbours write. Returns the
+    new values (for tests and logs)."""
     grants = {f"{p.uid}_{name}": g for p in pods for name, g in container_grants(p).items()}
     claim_lock = claims.lock if claims is not None else contextlib.nullcontext()
     with lister.lock, claim_lock:  # no file is closed while it is written
@@ -53,7 +55,7 @@ def feedback_tick(lister: ContainerLister, pods: Sequence[PodView],
             inputs.append(ContainerFeedback(claim_key(uid), use.uuids if use else (),
                                             use.priority if use else DEFAULT_PRIORITY,
                                             r.recent_kernel, r.utilization_switch))
-        result = observe(inputs)
+        result = observe(inputs, lister.blocks)
         for old, new in zip(inputs, result, strict=True):
             cf = regions[old.key][0]
             try:

@@ -16,7 +16,10 @@ container of the node). Here no container file is ever mapped:
   read (the file shrank meanwhile) or any malformed content drops that container's
   series for that scrape or tick, with one log line per new error;
 * the two feedback fields are written with ``pwrite`` at their offsets;
-* a file replaced by another (new inode) is reopened at the next update.
+* a file replaced by another (new inode) is reopened at the next update;
+* a directory is read up to :data:`MAX_CACHE_DIR_ENTRIES` entries (one holding more is
+  skipped, not listed and sorted whole at every tick) and an error message quotes at most
+  three of its names, each cut short (a container can create 200,000 names there).
 
 The files of finished pods (Succeeded, Failed) are closed while their directories stay
 until the pod is deleted (see :mod:`hami.monitor.pods`).
@@ -36,6 +39,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hami.monitor.feedback import BlockBudget
 from hami.monitor.region import V1_SIZE, Region, RegionError, read_region
 
 log = logging.getLogger(__name__)
@@ -153,16 +157,56 @@ def split_dir_name(name: str) -> tuple[str, str] | None:
     return uid, ctr
 
 
+#: Most entries of one container's cache directory the monitor reads: libvgpu keeps one
+#: ``<uuid>.cache`` file there (HAMi's layout may add ``libvgpu.so``). The directory is the
+#: container's: a directory holding more is skipped (logged once) instead of being listed
+#: and sorted whole at every tick.
+MAX_CACHE_DIR_ENTRIES = 64
+#: Names quoted in one error message, each cut to :data:`NAME_CHARS_IN_LOG` characters.
+NAMES_IN_LOG = 3
+NAME_CHARS_IN_LOG = 64
+
+
+def names_for_log(names: list[str]) -> str:
+    """At most :data:`NAMES_IN_LOG` of ``names``, each quoted and cut to
+    :data:`NAME_CHARS_IN_LOG` characters, then the count of the rest (file names are the
+    container's: a log line stays under a KiB whatever they are)."""
+    shown = ", ".join(repr(n[:NAME_CHARS_IN_LOG]) + ("..." if len(n) > NAME_CHARS_IN_LOG else "")
+                      for n in names[:NAMES_IN_LOG])
+    rest = len(names) - NAMES_IN_LOG
+    return shown + (f" and {rest} more" if rest > 0 else "")
+
+
+def list_cache_dir(directory_fd: int, label: str) -> list[str]:
+    """The names in the open directory ``directory_fd``, reading at most
+    :data:`MAX_CACHE_DIR_ENTRIES` + 1 entries whatever it holds.
+
+    Raises :class:`CacheError` when it holds more (the message gives the limit, not the
+    names) or cannot be read."""
+    names: list[str] = []
+    try:
+        with os.scandir(directory_fd) as entries:
+            for entry in entries:
+                if len(names) == MAX_CACHE_DIR_ENTRIES:
+                    raise CacheError(f"{label}: more than {MAX_CACHE_DIR_ENTRIES} entries (the "
+                                     "directory should hold the cache file only)")
+                names.append(entry.name)
+    except OSError as exc:
+        raise CacheError(f"{label}: {exc}") from None
+    return names
+
+
 def pick_cache_file(names: Iterable[str]) -> str | None:
     """HAMi's ``loadCache`` choice among a directory's entries (sorted).
 
-    More than 2 entries containing ``libvgpu.so`` or ending in ``.cache`` -> CacheError;
-    returns the first ``*.cache`` entry without ``libvgpu.so`` in its name, or None.
+    More than 2 entries containing ``libvgpu.so`` or ending in ``.cache`` -> CacheError
+    (naming at most :data:`NAMES_IN_LOG` of them); returns the first ``*.cache`` entry
+    without ``libvgpu.so`` in its name, or None.
     """
     names = sorted(names)
     relevant = [n for n in names if "libvgpu.so" in n or n.endswith(".cache")]
     if len(relevant) > 2:
-        raise CacheError(f"too many cache/libvgpu entries: {relevant}")
+        raise CacheError(f"too many cache/libvgpu entries: {names_for_log(relevant)}")
     for n in names:
         if "libvgpu.so" not in n and n.endswith(".cache"):
             return n
@@ -188,14 +232,12 @@ def open_cache(key: str, directory: Path) -> CacheFile | None:
 def open_cache_in(dfd: int, key: str, pod_uid: str, container: str, directory: Path, *,
                   label: str) -> CacheFile | None:
     """The cache file in the already opened directory ``dfd`` (closed here), picked by
-    :func:`pick_cache_file`, opened without following links and read once; None when
+    :func:`pick_cache_file` among at most :data:`MAX_CACHE_DIR_ENTRIES` entries
+    (:func:`list_cache_dir`), opened without following links and read once; None when
     there is none yet. ``label`` names the directory in errors. Shared by containers'
     and DRA claims' directories. Raises :class:`CacheError` / :class:`RegionError`."""
     try:
-        try:
-            name = pick_cache_file(os.listdir(dfd))
-        except OSError as exc:
-            raise CacheError(f"{label}: {exc}") from None
+        name = pick_cache_file(list_cache_dir(dfd, label))
         if name is None:
             return None
         fd = open_regular(dfd, name)
@@ -217,7 +259,10 @@ class ContainerLister:
     """The loaded cache files of this node's containers (``ContainerLister.Update``).
 
     ``root`` is ``$HOOK_PATH/containers``; ``grace_s`` the resync interval (default 5 min)
-    a directory of an unknown pod is kept after its last modification.
+    a directory of an unknown pod is kept after its last modification. ``blocks`` is the
+    feedback loop's memory of which containers it blocked in its last ticks
+    (:class:`~hami.monitor.feedback.BlockBudget`, used by
+    :func:`hami.monitor.command.feedback_tick`).
     """
 
     root: Path
@@ -228,6 +273,7 @@ class ContainerLister:
     errors: dict[str, str] = field(default_factory=dict)
     read_errors: dict[str, str] = field(default_factory=dict)
     read_errors_total: int = 0
+    blocks: BlockBudget = field(default_factory=BlockBudget)
 
     def update(self, live_pod_uids: AbstractSet[str] | None,
                finished_pod_uids: AbstractSet[str] = frozenset()) -> None:

@@ -45,6 +45,10 @@ def scheduler(
     other_gpu_schedulers: Annotated[str, typer.Option(
         help="schedulerNames besides ours whose GPU pods the webhook admits unchecked, a,b "
              "(default: none; such pods are refused)")] = "",
+    high_priority_namespaces: Annotated[str, typer.Option(
+        help="namespaces whose GPU pods may ask for nvidia.com/priority 0, a,b (priority 0 "
+             "holds back the priority-1 containers sharing a GPU); default: none, such "
+             "pods are refused at admission and at /filter")] = "",
     leader_elect: Annotated[bool, typer.Option(help="run several replicas, one leader")] = False,
     leader_elect_resource_name: Annotated[str, typer.Option(help="Lease name")] = "hami-scheduler",
     leader_elect_resource_namespace: Annotated[str, typer.Option(help="Lease namespace")] = "kube-system",
@@ -77,7 +81,8 @@ def scheduler(
              "without TLS handshakes); empty: none")] = "",
     allocation_key_dir: Annotated[str, typer.Option(
         help="directory of the allocation-signing key shared with the device plugins "
-             "(files 'current', 'previous'); empty: allocations are written unsigned")] = "",
+             "(files 'current', 'previous'); empty: allocations are written unsigned, and "
+             "device plugins serve them only with --trust-unsigned-allocations")] = "",
     http_header_timeout: Annotated[str, typer.Option(
         help="a request head must arrive within this time of the connection or of the "
              "previous response; also the idle keep-alive timeout")] = "10s",
@@ -113,6 +118,8 @@ def scheduler(
             gpu_hook_path=gpu_hook_path,
             other_gpu_schedulers=tuple(n.strip() for n in other_gpu_schedulers.split(",")
                                        if n.strip()),
+            high_priority_namespaces=tuple(n.strip() for n in high_priority_namespaces.split(",")
+                                           if n.strip()),
             leader_elect=leader_elect, leader_elect_resource_name=leader_elect_resource_name,
             leader_elect_resource_namespace=leader_elect_resource_namespace,
             leader_elect_lease_duration=_duration(leader_elect_lease_duration, "--leader-elect-lease-duration"),
@@ -139,6 +146,10 @@ def scheduler(
         settings.scheduler_config()
         if settings.allocation_key_dir:
             KeyRing(settings.allocation_key_dir)
+        else:
+            logging.getLogger("hami.scheduler").warning(
+                "no --allocation-key-dir: allocations are written unsigned, and hami's device "
+                "plugins serve them only with --trust-unsigned-allocations")
     except (ConfigError, KeyRingError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -53,6 +53,9 @@ class SchedulerSettings:
     gpu_hook_path: str = "/usr/local"
     #: schedulerNames besides ours whose GPU pods the webhook admits (unchecked, as HAMi).
     other_gpu_schedulers: tuple[str, ...] = ()
+    #: Namespaces whose GPU pods may ask for task priority 0 (``nvidia.com/priority: 0``);
+    #: the webhook and /filter refuse it elsewhere.
+    high_priority_namespaces: tuple[str, ...] = ()
     leader_elect: bool = False
     leader_elect_resource_name: str = "hami-scheduler"
     leader_elect_resource_namespace: str = "kube-system"
@@ -164,7 +167,8 @@ class SchedulerSettings:
         return replace(config,
                        force_overwrite_default_scheduler=self.force_overwrite_default_scheduler,
                        hook_path=self.gpu_hook_path,
-                       other_gpu_schedulers=self.other_gpu_schedulers)
+                       other_gpu_schedulers=self.other_gpu_schedulers,
+                       high_priority_namespaces=self.high_priority_namespaces)
 
 
 def parse_label_selector(text: str) -> dict[str, str]:

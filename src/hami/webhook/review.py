@@ -63,6 +63,7 @@ def review(body: bytes, config: SchedulerConfig, quota: QuotaLedger | None,
     if not isinstance(pod, Mapping):
         return _response(str(api_version), str(uid), False, code=400,
                          message="invalid AdmissionReview: request.object is not a Pod")
+    pod = _with_namespace(pod, request.get("namespace"))
     sub_resource = str(request.get("subResource") or "")
     operation = str(request.get("operation") or "")
     ephemeral = (sub_resource, operation) == ("ephemeralcontainers", "UPDATE")
@@ -91,3 +92,14 @@ def _empty_resources(op: Mapping[str, Any]) -> bool:
     path = str(op.get("path", ""))
     return (op.get("op") == "add" and op.get("value") == {}
             and path.endswith("/resources") and path.startswith("/spec/"))
+
+
+def _with_namespace(pod: Mapping[str, Any], namespace: Any) -> Mapping[str, Any]:
+    """The pod with ``metadata.namespace`` taken from the request when the object has none
+    (the namespace decides quotas and the priority-0 grant)."""
+    meta = pod.get("metadata")
+    if not isinstance(namespace, str) or not namespace or (
+            isinstance(meta, Mapping) and meta.get("namespace")):
+        return pod
+    return {**pod, "metadata": {**(meta if isinstance(meta, Mapping) else {}),
+                                "namespace": namespace}}
