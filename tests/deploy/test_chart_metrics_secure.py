@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.deploy.chart import NAMESPACE, container, find, render
+from tests.deploy.test_hami_values import hami_containers, parse_with_hami
 from tests.e2e.test_metrics_secure_e2e import READER_RULES, REVIEW_RULES
 
 pytestmark = pytest.mark.usefixtures("require_helm")
@@ -64,6 +65,10 @@ def test_enabled_turns_on_every_metrics_server_and_its_rbac() -> None:
         assert not [a for a in args if a.startswith("--metrics-cert")]  # self-signed
     for role in ("hami-scheduler", "hami-device-plugin", "hami-dra-plugin"):
         assert _reviews(objs, role) == REVIEW, role
+    for c in hami_containers(objs):  # the real CLI accepts what the chart passes
+        params = parse_with_hami(c["command"][1], list(c.get("args") or []))
+        if c["name"] in ("vgpu-scheduler-extender", "vgpu-monitor"):
+            assert params["metrics_secure"] is True, c["name"]
     reader = find(objs, "ClusterRole", "hami-metrics-reader")
     assert reader["rules"] == READER_RULES
     assert not [o for o in objs if o["kind"] == "ClusterRoleBinding"

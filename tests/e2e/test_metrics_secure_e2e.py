@@ -143,7 +143,7 @@ def test_scheduler_metrics(control_plane: ControlPlane, kube_client: Any,
                            accounts: dict[str, Any]) -> None:
     node = unique("metrics-node")
     make_gpu_node(kube_client, node)
-    series = f'hami_gpu_memory_limit_bytes{{deviceidx="0",deviceuuid="GPU-{node}-0"'
+    series = f'hami_gpu_memory_limit_bytes{{node="{node}",device_uuid="GPU-{node}-0"'
     work: Path = accounts["work"]
     tls = Tls(work / "tls")
     kubeconfig = f"--kubeconfig={accounts['scheduler']}"
