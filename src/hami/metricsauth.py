@@ -169,8 +169,8 @@ class MetricsGuard:
     """Decides each scrape (see the module doc); one per listener.
 
     ``cache``: the verdict cache (a fresh :class:`VerdictCache` by default). Counters
-    ``reviews`` (TokenReviews sent) and ``refused`` (401/403/503 answers) are for tests
-    and logs.
+    ``reviews`` (TokenReviews sent), ``refused`` (401/403/503 answers) and ``failures``
+    (reviews that failed: 503) are for tests and logs.
     """
 
     def __init__(self, cache: VerdictCache | None = None, *,
@@ -183,6 +183,7 @@ class MetricsGuard:
         self._async_slots: asyncio.Semaphore | None = None
         self.reviews = 0
         self.refused = 0
+        self.failures = 0
 
     @staticmethod
     def _key(token: str) -> bytes:
@@ -207,9 +208,11 @@ class MetricsGuard:
         user = token_verdict(status)
         return None if user is None else access_review_spec(user, self.path)
 
-    @staticmethod
-    def _unavailable(exc: BaseException) -> Verdict:
-        log.warning("metrics authorization unavailable: %s: %s", type(exc).__name__, exc)
+    def _unavailable(self, exc: BaseException) -> Verdict:
+        self.failures += 1
+        if self.failures == 1 or self.failures % 100 == 0:  # one line per 100, not a flood
+            log.warning("metrics authorization unavailable (%d so far): %s: %s",
+                        self.failures, type(exc).__name__, str(exc)[:500])
         return Verdict(503, "authorization unavailable")
 
     def check(self, header: str | None, reviewer: SyncReviewer) -> Verdict:
