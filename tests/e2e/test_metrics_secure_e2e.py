@@ -143,7 +143,7 @@ def test_scheduler_metrics(control_plane: ControlPlane, kube_client: Any,
                            accounts: dict[str, Any]) -> None:
     node = unique("metrics-node")
     make_gpu_node(kube_client, node)
-    series = f'hami_gpu_memory_limit_bytes{{node="{node}",device_uuid="GPU-{node}-0"'
+    series = f'device_uuid="GPU-{node}-0"'  # the node's GPU series (hami_gpu_*)
     work: Path = accounts["work"]
     tls = Tls(work / "tls")
     kubeconfig = f"--kubeconfig={accounts['scheduler']}"
@@ -196,6 +196,14 @@ def monitor(kubeconfig: Path, hook: Path, secure: bool) -> Iterator[int]:
         assert not thread.is_alive()
 
 
+def status(url: str, context: ssl.SSLContext | None) -> int:
+    """The status of a scrape without a token; 0 while nothing listens."""
+    try:
+        return scrape(url, None, context)[0]
+    except OSError:
+        return 0
+
+
 def _insecure() -> ssl.SSLContext:
     """Prometheus' ``insecureSkipVerify`` against the monitor's self-signed certificate."""
     ctx = ssl.create_default_context()
@@ -209,17 +217,12 @@ def test_monitor_metrics(accounts: dict[str, Any]) -> None:
     hook = accounts["work"] / "hook"
     with monitor(accounts["monitor"], hook, secure=False) as port:
         url = f"http://{HOST}:{port}/metrics"
-        wait_until(lambda: scrape(url, None, None)[0] == 200, timeout_s=20, what="monitor")
+        wait_until(lambda: status(url, None) == 200, timeout_s=20, what="monitor")
         assert answers(url, accounts["tokens"], None, series) == BEFORE
     with monitor(accounts["monitor"], hook, secure=True) as port:
         url = f"https://{HOST}:{port}/metrics"
-
-        def up() -> bool:
-            try:
-                return scrape(url, None, _insecure())[0] == 401
-            except OSError:
-                return False
-        wait_until(up, timeout_s=20, what="secure monitor")
+        wait_until(lambda: status(url, _insecure()) == 401, timeout_s=20,
+                   what="secure monitor")
         assert answers(url, accounts["tokens"], _insecure(), series) == AFTER
         with pytest.raises((urllib.error.URLError, ConnectionError)):
             urllib.request.urlopen(url.replace("https:", "http:"), timeout=5).read()
