@@ -188,8 +188,8 @@ class LimitedHTTPServer(ThreadingHTTPServer):
     connection, none for a refused one. ``handler`` must derive from the handler class
     :meth:`handler_base` returns (it adds the request head deadline). With
     ``ssl_context`` every connection speaks TLS: the handshake runs in the connection's
-    thread with the head deadline as its socket timeout; one that fails closes the
-    connection."""
+    thread and must be complete within the head deadline; one that fails or is late
+    closes the connection."""
 
     daemon_threads = True
 
@@ -218,6 +218,8 @@ class LimitedHTTPServer(ThreadingHTTPServer):
         if self.ssl_context is None:
             super().finish_request(request, client_address)
             return
+        # The socket timeout bounds the whole TLS handshake, however slowly its bytes
+        # trickle in (the ssl module's rule since Python 3.5).
         request.settimeout(self.limits.header_timeout_s)
         try:  # the plain socket is detached into the TLS one (closed on failure)
             tls = self.ssl_context.wrap_socket(request, server_side=True)

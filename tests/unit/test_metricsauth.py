@@ -227,3 +227,41 @@ def test_monitor_listener_speaks_tls_and_asks_first(
     huge = "Bearer " + "x" * (MAX_TOKEN_BYTES + 1)
     assert scrape(url, tls[1], huge)[0] == 401
     assert huge[7:] not in a.token_reviews
+
+
+def test_a_trickled_tls_handshake_is_cut_at_the_deadline(
+        tls: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
+    """A peer that sends its ClientHello one byte every 0.3 s (each read within the socket
+    timeout) is still cut when the head deadline has passed since the connection."""
+    import socket
+
+    from hami.netlimits import ServerLimits
+
+    limits = ServerLimits(header_timeout_s=1.0, body_timeout_s=1.0, max_remote_connections=8)
+    server = serve_metrics(_Collector(), "127.0.0.1", 0, limits, guard=MetricsGuard(),
+                           reviewer=api().sync(), ssl_context=tls[0])
+    try:
+        port = server.server_address[1]
+        # a record header announcing 512 bytes, then the body's first bytes, slowly
+        hello = b"\x16\x03\x01\x02\x00" + b"\x01\x00\x01\xfc\x03\x03" + b"\x00" * 30
+        started = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.settimeout(0.3)
+            closed = None
+            for byte in hello:
+                try:
+                    s.sendall(bytes([byte]))
+                    s.recv(1024)  # an alert or EOF: the server gave up on us
+                    closed = time.monotonic() - started
+                    break
+                except TimeoutError:
+                    continue
+                except OSError:
+                    closed = time.monotonic() - started
+                    break
+        assert closed is not None and closed < 5.0, closed
+        url = f"https://127.0.0.1:{port}/metrics"
+        assert scrape(url, tls[1], "Bearer good")[0] == 200
+    finally:
+        server.shutdown()
+        server.server_close()
