@@ -261,7 +261,8 @@ def monitor(
              "(TokenReview) and authorizes for get on the non-resource URL /metrics "
              "(SubjectAccessReview): no token 401, no such role 403")] = False,
     metrics_cert_file: Annotated[str, typer.Option(
-        help="with --metrics-secure: PEM certificate of /metrics (empty: self-signed)")] = "",
+        help="with --metrics-secure: PEM certificate of /metrics, read at start "
+             "(empty: self-signed)")] = "",
     metrics_key_file: Annotated[str, typer.Option(
         help="with --metrics-secure: PEM key of --metrics-cert-file")] = "",
 ) -> None:
