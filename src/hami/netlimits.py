@@ -7,7 +7,8 @@
   new non-loopback one beyond a cap; loopback peers (kube-scheduler in the scheduler pod)
   are never refused, so remote connections cannot starve them.
 * :class:`LimitedHTTPServer`: the standard library's threading HTTP server with that gate,
-  a deadline for the request head and a socket timeout (the monitor's ``/metrics``).
+  a deadline for the request head and a socket timeout (the monitor's ``/metrics``),
+  optionally TLS (the handshake in the connection's own thread, within that deadline).
 
 The aiohttp listener of the scheduler uses the same gate
 (:mod:`hami.scheduler.listener`). Stdlib only: the node components import this too.
@@ -20,6 +21,7 @@ import ipaddress
 import logging
 import resource
 import socket
+import ssl
 import sys
 import threading
 from dataclasses import dataclass
@@ -184,13 +186,17 @@ class _DeadlineHandler(BaseHTTPRequestHandler):
 class LimitedHTTPServer(ThreadingHTTPServer):
     """``ThreadingHTTPServer`` with :class:`ServerLimits`: a thread per admitted
     connection, none for a refused one. ``handler`` must derive from the handler class
-    :meth:`handler_base` returns (it adds the request head deadline)."""
+    :meth:`handler_base` returns (it adds the request head deadline). With
+    ``ssl_context`` every connection speaks TLS: the handshake runs in the connection's
+    thread and must be complete within the head deadline; one that fails or is late
+    closes the connection."""
 
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], handler: Any, limits: ServerLimits,
-                 name: str = "http") -> None:
+                 name: str = "http", *, ssl_context: ssl.SSLContext | None = None) -> None:
         self.limits = limits
+        self.ssl_context = ssl_context
         self.gate = ConnectionGate(limits.max_remote_connections, name)
         self._admitted: dict[int, str | None] = {}
         self._admitted_lock = threading.Lock()
@@ -207,6 +213,24 @@ class LimitedHTTPServer(ThreadingHTTPServer):
         with self._admitted_lock:
             self._admitted[id(request)] = peer
         return True
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self.ssl_context is None:
+            super().finish_request(request, client_address)
+            return
+        # The socket timeout bounds the whole TLS handshake, however slowly its bytes
+        # trickle in (the ssl module's rule since Python 3.5).
+        request.settimeout(self.limits.header_timeout_s)
+        try:  # the plain socket is detached into the TLS one (closed on failure)
+            tls = self.ssl_context.wrap_socket(request, server_side=True)
+        except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+            log.debug("%s: TLS handshake with %s failed: %s", self.gate.name,
+                      client_address, exc)
+            return
+        try:
+            super().finish_request(tls, client_address)
+        finally:
+            tls.close()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A peer that went away (or was cut off) is no error worth a traceback."""

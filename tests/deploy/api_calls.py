@@ -41,6 +41,7 @@ _KUBE = "hami.kube:Kube"
 _NODE = "hami.deviceplugin.kube:KubeApi"
 _DRA = "resource.k8s.io"
 _AGENT = "hami.dra.node:DraAgent"
+_AUTHN, _AUTHZ = "authentication.k8s.io", "authorization.k8s.io"
 
 CALLS: dict[str, tuple[Call, ...]] = {
     # hami scheduler (extender, webhook) and its certgen init step
@@ -96,6 +97,11 @@ CALLS: dict[str, tuple[Call, ...]] = {
              where=("hami.dra.cache:DraObjects._run", "hami.dra.webhook:DraWebhook.namespace_ledger",
                     "hami.dra.prioritize:DraPrioritizer.__call__")),
         Call("watch", "resourceclaims", _DRA, when="dra", where=("hami.dra.cache:DraObjects._run",)),
+        # secure metrics (--metrics-secure): who is scraping, may they get /metrics
+        Call("create", "tokenreviews", _AUTHN, when="metrics-secure",
+             where=(f"{_KUBE}.review_token",)),
+        Call("create", "subjectaccessreviews", _AUTHZ, when="metrics-secure",
+             where=(f"{_KUBE}.review_access",)),
     ),
     # device plugin and monitor
     DEVICE_PLUGIN: (
@@ -116,6 +122,11 @@ CALLS: dict[str, tuple[Call, ...]] = {
         Call("watch", "pods", where=(f"{_NODE}.start_pod_watch",
                                      "hami.deviceplugin.kubewatch:PodWatch.run")),
         Call("patch", "pods", where=(f"{_NODE}.patch_pod_annotations",)),
+        # the monitor's secure metrics (--metrics-secure)
+        Call("create", "tokenreviews", _AUTHN, when="monitor-metrics-secure",
+             where=(f"{_NODE}.review_token",)),
+        Call("create", "subjectaccessreviews", _AUTHZ, when="monitor-metrics-secure",
+             where=(f"{_NODE}.review_access",)),
     ),
     # DRA mode's node agent (hami dra-plugin) and its monitor
     DRA_PLUGIN: (
@@ -135,6 +146,10 @@ CALLS: dict[str, tuple[Call, ...]] = {
                                     "hami.dra.node:SlicePublisher.cordoned")),
         # the monitor: the pods of its node (fieldSelector spec.nodeName)
         Call("list", "pods", when="dra-monitor", where=(f"{_NODE}.pods_on_node",)),
+        Call("create", "tokenreviews", _AUTHN, when="dra-monitor-metrics-secure",
+             where=(f"{_NODE}.review_token",)),
+        Call("create", "subjectaccessreviews", _AUTHZ, when="dra-monitor-metrics-secure",
+             where=(f"{_NODE}.review_access",)),
     ),
     # kube-scheduler: its leader Lease, which the built-in system:kube-scheduler role does
     # not cover by name (that role grants the rest, including the Lease's create).
@@ -219,6 +234,12 @@ def chart_settings(objs: Sequence[Mapping[str, Any]]) -> set[str]:
     if any(c["name"] == "vgpu-monitor" for c in _pod_containers(objs, "DaemonSet",
                                                                 "hami-dra-plugin")):
         out.add("dra-monitor")
+    if "--metrics-secure" in extender:
+        out.add("metrics-secure")
+    for component, prefix in (("hami-device-plugin", "monitor"), ("hami-dra-plugin", "dra-monitor")):
+        for c in _pod_containers(objs, "DaemonSet", component):
+            if c["name"] == "vgpu-monitor" and "--metrics-secure" in (c.get("args") or []):
+                out.add(f"{prefix}-metrics-secure")
     certgen = _args(objs, "certgen", init=True)
     if certgen:
         out.add("certgen")

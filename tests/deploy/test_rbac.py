@@ -32,6 +32,9 @@ CASES: dict[str, tuple[dict[str, Any] | None, list[Path]]] = {
     "own-kube-scheduler": ({"scheduler": {"kubeScheduler": {"enabled": False}}}, []),
     "no-webhook": ({"scheduler": {"admissionWebhook": {"enabled": False}}}, []),
     "dra": ({"dra": {"enabled": True}}, []),
+    "metrics-secure": ({"metrics": {"secure": {"enabled": True}}}, []),
+    "dra-metrics-secure": ({"dra": {"enabled": True}, "metrics": {"secure": {"enabled": True}}},
+                           []),
     "dra-only-no-monitor": ({"dra": {"enabled": True, "monitor": {"enabled": False}},
                              "devicePlugin": {"enabled": False}}, []),
 }
@@ -138,7 +141,8 @@ def test_accounts_and_their_built_in_roles(case: tuple[str, list[dict[str, Any]]
         assert builtin == [], (label, account, builtin)
     for obj in objs:
         for rule in obj.get("rules") or []:
-            assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+            assert "*" not in rule["verbs"], rule
+            assert "*" not in rule.get("resources", rule.get("nonResourceURLs")), rule
             assert not {"delete", "deletecollection", "escalate", "bind",
                         "impersonate"} & set(rule["verbs"]), rule
     kube_scheduler = any(c["name"] == "kube-scheduler" for o in objs if o["kind"] == "Deployment"

@@ -153,6 +153,37 @@ class KubeApi:
         except Exception as exc:  # noqa: BLE001 - transport (connect/TLS/timeout): retryable
             raise KubeError(f"{type(exc).__name__}: {exc}") from None
 
+    def review_token(self, token: str) -> dict[str, Any]:
+        """Create a TokenReview (authentication.k8s.io/v1) of ``token``; returns its
+        ``status`` as a plain dict (``authenticated``, ``user``, ``error``). Raises
+        :class:`KubeError`."""
+        from lightkube.models.authentication_v1 import TokenReviewSpec
+        from lightkube.resources.authentication_v1 import TokenReview
+
+        return self._review(TokenReview(spec=TokenReviewSpec(token=token)))
+
+    def review_access(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a SubjectAccessReview (authorization.k8s.io/v1) with ``spec`` (a plain
+        dict); returns its ``status`` (``allowed``, ``denied``, ``reason``). Raises
+        :class:`KubeError`."""
+        from lightkube.resources.authorization_v1 import SubjectAccessReview
+
+        return self._review(SubjectAccessReview.from_dict({
+            "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+            "spec": dict(spec)}))
+
+    def _review(self, body: Any) -> dict[str, Any]:
+        from lightkube import ApiError
+
+        try:
+            result = self.client.create(body)
+        except ApiError as exc:
+            raise _api_error(exc) from None
+        except Exception as exc:  # noqa: BLE001 - transport (connect/TLS/timeout): retryable
+            raise KubeError(f"{type(exc).__name__}: {exc}") from None
+        status = result.to_dict().get("status") if result is not None else None
+        return dict(status or {})
+
     def pending_pods_on_node(self, node: str) -> list[PodView]:
         """Pods with ``spec.nodeName == node`` and ``status.phase == Pending`` (the pods
         that may still get an Allocate; few, unlike all pods of the node)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import ssl
 import threading
 import time
 from collections.abc import Sequence
@@ -16,6 +17,13 @@ import typer
 from hami.api import names
 from hami.deviceplugin.allocate import VGPU_NODE, PodView
 from hami.durations import seconds
+from hami.metricsauth import (
+    METRICS_PATH,
+    MetricsGuard,
+    SyncReviewer,
+    file_context,
+    self_signed_context,
+)
 from hami.monitor.claims import ClaimLister, attribute, claim_key
 from hami.monitor.feedback import ContainerFeedback, observe
 from hami.monitor.lister import ContainerLister
@@ -116,17 +124,27 @@ METRICS_LIMITS = ServerLimits(header_timeout_s=10.0, body_timeout_s=10.0,
 
 
 def serve_metrics(collector: Any, addr: str, port: int,
-                  limits: ServerLimits = METRICS_LIMITS) -> Any:
+                  limits: ServerLimits = METRICS_LIMITS, *, guard: MetricsGuard | None = None,
+                  reviewer: SyncReviewer | None = None,
+                  ssl_context: ssl.SSLContext | None = None) -> Any:
     """Serve ``collector.render()`` on ``http://addr:port/metrics`` in a daemon thread
     (the same bytes prometheus-client's ``generate_latest`` would produce), with
     ``limits`` (:class:`~hami.netlimits.LimitedHTTPServer`: a request head deadline,
-    socket timeouts, a cap on remote connections)."""
+    socket timeouts, a cap on remote connections). Secure mode (``--metrics-secure``):
+    ``ssl_context`` makes it HTTPS, and ``guard`` with ``reviewer`` (the API server's
+    TokenReview and SubjectAccessReview) answers each scrape 200, 401, 403 or 503
+    (:mod:`hami.metricsauth`) before anything is rendered."""
 
     class Handler(LimitedHTTPServer.handler_base()):  # type: ignore[misc]
         def do_GET(self) -> None:  # noqa: N802 - http.server API
             if self.path.split("?", 1)[0] not in ("/metrics", "/"):
                 self.send_error(404)
                 return
+            if guard is not None and reviewer is not None:
+                verdict = guard.check(self.headers.get("Authorization"), reviewer)
+                if not verdict.allowed:
+                    self._refuse(verdict.status, verdict.reason)
+                    return
             try:
                 body = collector.render()
             except Exception as exc:  # noqa: BLE001 - a scrape must not kill the server
@@ -139,12 +157,37 @@ def serve_metrics(collector: Any, addr: str, port: int,
             self.end_headers()
             self.wfile.write(body)
 
+        def _refuse(self, status: int, reason: str) -> None:
+            body = f"{reason}\n".encode()
+            self.send_response(status)
+            if status == 401:
+                self.send_header("WWW-Authenticate", 'Bearer realm="hami-monitor"')
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             return
 
-    server = LimitedHTTPServer((addr, port), Handler, limits, name="monitor metrics")
+    server = LimitedHTTPServer((addr, port), Handler, limits, name="monitor metrics",
+                               ssl_context=ssl_context)
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server
+
+
+def secure_metrics(kube: Any, cert_file: str = "", key_file: str = ""
+                   ) -> tuple[MetricsGuard, SyncReviewer, ssl.SSLContext]:
+    """The parts of secure mode: a :class:`~hami.metricsauth.MetricsGuard`, the reviews of
+    ``kube`` (:class:`~hami.deviceplugin.kube.KubeApi`), and the TLS context of the PEM
+    pair (loaded once; restart to rotate) or, with no files, a self-signed one.
+
+    Raises:
+        OSError, ssl.SSLError: the pair cannot be loaded.
+    """
+    context = (file_context(cert_file, key_file) if cert_file
+               else self_signed_context()[0])
+    return MetricsGuard(), (kube.review_token, kube.review_access), context
 
 
 def parse_bind(address: str) -> tuple[str, int]:
@@ -156,8 +199,10 @@ def parse_bind(address: str) -> tuple[str, int]:
 def run_monitor(*, node: str, hook_path: Path, kube: Any, stop: threading.Event,
                 bind: str | None = ":9394", legacy: bool = False, interval_s: float = 5.0,
                 grace_s: float = 300.0, host: Any = None, version: str = "0.1.0",
-                mig_lock: Path = MIG_APPLY_LOCK) -> Any:
-    """Run the loop until ``stop``; returns the HTTP server (None when ``bind`` is None)."""
+                mig_lock: Path = MIG_APPLY_LOCK, secure: tuple[str, str] | None = None) -> Any:
+    """Run the loop until ``stop``; returns the HTTP server (None when ``bind`` is None).
+    ``secure``: serve ``/metrics`` in secure mode (:func:`secure_metrics`) with this
+    certificate and key file (``("", "")``: self-signed)."""
     from hami.monitor.metrics import MonitorCollector
 
     lister = ContainerLister(hook_path / "containers", grace_s=grace_s)
@@ -168,8 +213,15 @@ def run_monitor(*, node: str, hook_path: Path, kube: Any, stop: threading.Event,
     server = None
     if bind is not None:
         addr, port = parse_bind(bind)
-        server = serve_metrics(collector, addr, port)
-        log.info("metrics on %s:%d/metrics", addr, port)
+        if secure is not None:
+            guard, reviewer, context = secure_metrics(kube, *secure)
+            server = serve_metrics(collector, addr, port, guard=guard, reviewer=reviewer,
+                                   ssl_context=context)
+            log.info("metrics on https://%s:%d/metrics (TokenReview + SubjectAccessReview "
+                     "for get %s)", addr, port, METRICS_PATH)
+        else:
+            server = serve_metrics(collector, addr, port)
+            log.info("metrics on %s:%d/metrics", addr, port)
     try:
         while not stop.is_set():
             started = time.monotonic()
@@ -206,6 +258,15 @@ def monitor(
         envvar="HAMI_RESYNC_INTERVAL", show_envvar=True, parser=seconds, metavar="DURATION",
         help="how long a container's cache of a pod that is gone is kept (5m, or "
              "seconds)")] = 300.0,
+    metrics_secure: Annotated[bool, typer.Option(
+        help="serve /metrics over HTTPS to scrapers the API server authenticates "
+             "(TokenReview) and authorizes for get on the non-resource URL /metrics "
+             "(SubjectAccessReview): no token 401, no such role 403")] = False,
+    metrics_cert_file: Annotated[str, typer.Option(
+        help="with --metrics-secure: PEM certificate of /metrics, read at start "
+             "(empty: self-signed)")] = "",
+    metrics_key_file: Annotated[str, typer.Option(
+        help="with --metrics-secure: PEM key of --metrics-cert-file")] = "",
 ) -> None:
     """vGPU monitor: per-container metrics and the priority feedback loop (HAMi-core 1.2).
 
@@ -224,6 +285,17 @@ def monitor(
         typer.echo("error: NODE_NAME (or --node-name) must be set to this node's name",
                    err=True)
         raise typer.Exit(2)
+    if bool(metrics_cert_file) != bool(metrics_key_file) or (
+            metrics_cert_file and not metrics_secure):
+        typer.echo("error: --metrics-cert-file and --metrics-key-file go together, with "
+                   "--metrics-secure", err=True)
+        raise typer.Exit(2)
+    if metrics_cert_file:
+        try:
+            file_context(metrics_cert_file, metrics_key_file)
+        except (OSError, ssl.SSLError) as exc:
+            typer.echo(f"error: --metrics-cert-file/--metrics-key-file: {exc}", err=True)
+            raise typer.Exit(2) from None
     try:
         host: Any = NvmlHostGpus()
     except Exception as exc:  # noqa: BLE001 - no driver: container metrics only
@@ -236,7 +308,8 @@ def monitor(
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     run_monitor(node=node_name, hook_path=hook_path, kube=kube, stop=stop,
                 bind=metrics_bind_address, legacy=legacy_metrics, grace_s=resync_interval,
-                host=host, version=__version__)
+                host=host, version=__version__,
+                secure=(metrics_cert_file, metrics_key_file) if metrics_secure else None)
 
 
 def _duration_s(text: str) -> float:

@@ -93,6 +93,15 @@ def scheduler(
              "are closed at once (0: no cap); loopback peers are never refused")] = 256,
     watch_idle_timeout: Annotated[str, typer.Option(
         help="restart an API watch that brought no event or bookmark for this long")] = "2m",
+    metrics_secure: Annotated[bool, typer.Option(
+        help="serve /metrics over HTTPS to scrapers the API server authenticates "
+             "(TokenReview) and authorizes for get on the non-resource URL /metrics "
+             "(SubjectAccessReview): no token 401, no such role 403")] = False,
+    metrics_cert_file: Annotated[str, typer.Option(
+        help="with --metrics-secure: PEM certificate of /metrics, reloaded when it "
+             "changes (empty: self-signed)")] = "",
+    metrics_key_file: Annotated[str, typer.Option(
+        help="with --metrics-secure: PEM key of --metrics-cert-file")] = "",
     default_mem: DefaultMem = None,
     default_cores: DefaultCores = None,
     default_gpu: DefaultGpu = None,
@@ -126,7 +135,8 @@ def scheduler(
             leader_elect_renew_deadline=_duration(leader_elect_renew_deadline, "--leader-elect-renew-deadline"),
             leader_elect_retry_period=_duration(leader_elect_retry_period, "--leader-elect-retry-period"),
             leader_elect_follow=leader_elect_follow, dra_mode=dra_mode,
-            legacy_metrics=legacy_metrics,
+            legacy_metrics=legacy_metrics, metrics_secure=metrics_secure,
+            metrics_cert_file=metrics_cert_file, metrics_key_file=metrics_key_file,
             device_config_file=device_config_file,
             enable_ascend=enable_ascend, enable_iluvatar=enable_iluvatar,
             register_interval=_duration(register_interval, "--register-interval"),

@@ -35,6 +35,7 @@ from hami.extender.wire import (
     parse_bind_args,
     parse_filter_args,
 )
+from hami.metricsauth import AsyncReviewer, MetricsGuard, self_signed_context
 from hami.netlimits import is_loopback
 from hami.scheduler.engine import Engine
 from hami.scheduler.listener import LimitedSite, runner
@@ -203,12 +204,23 @@ def build_app(engine: Engine, settings: SchedulerSettings,
     return app
 
 
-def build_metrics_app(metrics: SchedulerMetrics) -> web.Application:
+def build_metrics_app(metrics: SchedulerMetrics, guard: MetricsGuard | None = None,
+                      reviewer: AsyncReviewer | None = None) -> web.Application:
+    """The ``/metrics`` application. Secure mode: ``guard`` with ``reviewer`` (the API
+    server's TokenReview and SubjectAccessReview) answers each scrape 200, 401, 403 or
+    503 (:mod:`hami.metricsauth`) before anything is rendered."""
     async def handle(request: web.Request) -> web.Response:
+        if guard is not None and reviewer is not None:
+            verdict = await guard.check_async(request.headers.get("Authorization"), reviewer)
+            if not verdict.allowed:
+                headers = ({"WWW-Authenticate": 'Bearer realm="hami-scheduler"'}
+                           if verdict.status == 401 else None)
+                return web.Response(status=verdict.status, text=verdict.reason + "\n",
+                                    headers=headers)
         body = generate_latest(metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    app = web.Application()
+    app = web.Application(client_max_size=64 * 1024)
     app.router.add_get("/metrics", handle)
     return app
 
@@ -248,6 +260,22 @@ class TlsReloader:
         while True:
             await asyncio.sleep(interval_s)
             self.maybe_reload()
+
+
+class _FixedTls:
+    """A TLS context that never changes (the self-signed one of secure metrics)."""
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        self.context = context
+
+
+def metrics_tls(settings: SchedulerSettings) -> TlsReloader | _FixedTls:
+    """The TLS of the secure metrics listener: the ``--metrics-cert-file`` pair, reloaded
+    when it changes, or a self-signed certificate made now
+    (:func:`hami.metricsauth.self_signed_context`)."""
+    if settings.metrics_cert_file:
+        return TlsReloader(settings.metrics_cert_file, settings.metrics_key_file)
+    return _FixedTls(self_signed_context()[0])
 
 
 def dra_parts(engine: Engine, client: Any
@@ -301,6 +329,7 @@ async def serve(settings: SchedulerSettings, *, kube: Any = None,
             loop.add_signal_handler(sig, stop.set)
 
     tls = TlsReloader(settings.cert_file, settings.key_file) if settings.cert_file else None
+    reloaders = [tls] if tls else []
     runners: list[web.AppRunner] = []
     ports: dict[str, int] = {}
     limits = settings.server_limits()
@@ -327,17 +356,24 @@ async def serve(settings: SchedulerSettings, *, kube: Any = None,
         ports["extender_http"] = plain.port
     if settings.metrics_bind_address not in ("", "0"):
         mhost, mport = parse_bind(settings.metrics_bind_address)
-        mrunner = runner(build_metrics_app(metrics), limits)
+        guard = reviewer = mtls = None
+        if settings.metrics_secure:
+            guard, reviewer = MetricsGuard(), (kube.review_token, kube.review_access)
+            mtls = metrics_tls(settings)
+        mrunner = runner(build_metrics_app(metrics, guard, reviewer), limits)
         await mrunner.setup()
-        await LimitedSite(mrunner, mhost, mport, limits, name="metrics listener").start()
+        await LimitedSite(mrunner, mhost, mport, limits, name="metrics listener",
+                          ssl_context=mtls.context if mtls else None).start()
+        if isinstance(mtls, TlsReloader):
+            reloaders.append(mtls)
         runners.append(mrunner)
         ports["metrics"] = _bound_port(mrunner)
     tasks: list[asyncio.Task[Any]] = []
     elector = None
     try:
         await engine.start()
-        if tls:
-            tasks.append(asyncio.create_task(tls.watch()))
+        for reloader in reloaders:
+            tasks.append(asyncio.create_task(reloader.watch()))
         if settings.leader_elect:
             elector = LeaderElector(kube, settings, engine.set_leader)
             tasks.append(asyncio.create_task(elector.run(), name="leader-election"))

@@ -115,6 +115,12 @@ class SchedulerSettings:
     default_gpu_num: int | None = None
     #: Also serve HAMi's pre-2.5 metric names (HAMi v2.10).
     legacy_metrics: bool = False
+    #: Secure metrics (hami.metricsauth): /metrics over HTTPS, answered only to scrapers
+    #: the API server authenticates (TokenReview) and authorizes for get /metrics
+    #: (SubjectAccessReview); the certificate pair ("": self-signed at start-up).
+    metrics_secure: bool = False
+    metrics_cert_file: str = ""
+    metrics_key_file: str = ""
 
     def validate(self) -> None:
         """Raises ConfigError on a bad value (checked once at start-up)."""
@@ -136,6 +142,10 @@ class SchedulerSettings:
             raise ConfigError(f"--gpu-hook-path must be absolute, got {self.gpu_hook_path!r}")
         if bool(self.cert_file) != bool(self.key_file):
             raise ConfigError("--cert-file and --key-file go together")
+        if bool(self.metrics_cert_file) != bool(self.metrics_key_file) or (
+                self.metrics_cert_file and not self.metrics_secure):
+            raise ConfigError("--metrics-cert-file and --metrics-key-file go together, "
+                              "with --metrics-secure")
         if self.leader_elect_renew_deadline >= self.leader_elect_lease_duration:
             raise ConfigError("--leader-elect-renew-deadline must be below the lease duration")
         if self.http_header_timeout <= timedelta(0):

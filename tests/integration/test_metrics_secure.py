@@ -1,0 +1,148 @@
+"""``hami scheduler --metrics-secure`` through ``serve()``'s real listeners (issue 25 §5):
+``/metrics`` speaks HTTPS (self-signed, or the given pair) and answers 401, 403, 503 or
+the series as the API server's TokenReview and SubjectAccessReview say; the reviews are
+replaced at the API layer's boundary (``review_token``/``review_access``). The real API
+server's answers are tests/e2e/test_metrics_secure_e2e.py."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hami.core.config import ConfigError
+from hami.kube import KubeError
+from hami.scheduler.server import serve
+
+from .fake_kube import FakeKube
+from .support import SETTINGS, run
+
+READER = "system:serviceaccount:monitoring:prometheus"
+
+
+class ReviewingKube(FakeKube):
+    """FakeKube plus the API server's two reviews: token ``good`` is ``READER``, who may
+    get /metrics; ``norole`` someone who may not; ``down`` makes the API fail."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reviews: list[str] = []
+
+    async def review_token(self, token: str) -> dict[str, Any]:
+        self.reviews.append(token)
+        if token == "down":
+            raise KubeError(0, "connection refused")
+        users = {"good": READER, "norole": "system:serviceaccount:tenant:default"}
+        if token not in users:
+            return {"authenticated": False, "error": "invalid bearer token"}
+        return {"authenticated": True, "user": {"username": users[token],
+                                                "groups": ["system:authenticated"]}}
+
+    async def review_access(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        ok = spec["user"] == READER and spec["nonResourceAttributes"] == {
+            "path": "/metrics", "verb": "get"}
+        return {"allowed": ok}
+
+
+@contextlib.asynccontextmanager
+async def scheduler(kube: FakeKube, **overrides: Any) -> AsyncIterator[int]:
+    settings = replace(SETTINGS, **{"http_bind": "127.0.0.1:0",
+                                    "metrics_bind_address": "127.0.0.1:0", **overrides})
+    stop, ready = asyncio.Event(), asyncio.Event()
+    ports: dict[str, int] = {}
+
+    def started(p: dict[str, int]) -> None:
+        ports.update(p)
+        ready.set()
+
+    task = asyncio.create_task(serve(settings, kube=kube, stop=stop, started=started))
+    await asyncio.wait_for(ready.wait(), 20)
+    try:
+        yield ports["metrics"]
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+def scrape(url: str, token: str | None, context: ssl.SSLContext | None
+           ) -> tuple[int, str, Mapping[str, str]]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                    timeout=10, context=context) as r:
+            return r.status, r.read().decode(), dict(r.headers)
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(), dict(err.headers)
+
+
+def insecure() -> ssl.SSLContext:
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    return ctx
+
+
+def test_plain_metrics_answer_everyone() -> None:
+    """The state before (and without the flag): any scrape gets the series."""
+    async def scenario() -> list[int]:
+        async with scheduler(ReviewingKube()) as port:
+            url = f"http://127.0.0.1:{port}/metrics"
+            return [(await asyncio.to_thread(scrape, url, t, None))[0]
+                    for t in (None, "forged", "norole", "good")]
+    assert run(scenario) == [200, 200, 200, 200]
+
+
+def test_secure_metrics_self_signed() -> None:
+    async def scenario() -> None:
+        kube = ReviewingKube()
+        async with scheduler(kube, metrics_secure=True) as port:
+            url = f"https://127.0.0.1:{port}/metrics"
+            out = {t: await asyncio.to_thread(scrape, url, t, insecure())
+                   for t in (None, "forged", "norole", "down", "good")}
+            assert {t: s for t, (s, _, _) in out.items()} == {
+                None: 401, "forged": 401, "norole": 403, "down": 503, "good": 200}
+            assert out[None][2]["WWW-Authenticate"] == 'Bearer realm="hami-scheduler"'
+            assert "hami_build_info" in out["good"][1]
+            assert all("hami_build_info" not in b for s, b, _ in out.values() if s != 200)
+            # cached: no second review of the same tokens within 10 s; 503 is not cached
+            before = len(kube.reviews)
+            for t in ("forged", "norole", "good"):
+                await asyncio.to_thread(scrape, url, t, insecure())
+            assert len(kube.reviews) == before
+            with pytest.raises((urllib.error.URLError, ConnectionError)):
+                await asyncio.to_thread(urllib.request.urlopen,
+                                        url.replace("https:", "http:"), None, 5)
+            assert (await asyncio.to_thread(scrape, url, "good", insecure()))[0] == 200
+    run(scenario)
+
+
+def test_secure_metrics_with_a_certificate_pair(tmp_path: Path) -> None:
+    from hami.testing.pki import CertificateAuthority
+
+    ca = CertificateAuthority.create("metrics-ca")
+    cert, key = ca.issue("hami", ip_sans=["127.0.0.1"], server=True).write(tmp_path, "m")
+    verify = ssl.create_default_context(cadata=ca.cert_pem.decode())
+
+    async def scenario() -> None:
+        async with scheduler(ReviewingKube(), metrics_secure=True, metrics_cert_file=str(cert),
+                             metrics_key_file=str(key)) as port:
+            url = f"https://127.0.0.1:{port}/metrics"
+            assert (await asyncio.to_thread(scrape, url, "good", verify))[0] == 200
+            assert (await asyncio.to_thread(scrape, url, "norole", verify))[0] == 403
+    run(scenario)
+
+
+@pytest.mark.parametrize("overrides", [
+    {"metrics_secure": True, "metrics_cert_file": "/a"},
+    {"metrics_cert_file": "/a", "metrics_key_file": "/b"},
+])
+def test_bad_flag_combinations(overrides: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match="--metrics-cert-file"):
+        replace(SETTINGS, **overrides).validate()
