@@ -200,6 +200,17 @@ typedef struct {
 
 #define NVML_DEVICE_UUID_V2_BUFFER_SIZE 96
 
+/* nvmlPciInfo_t (nvmlDeviceGetPciInfo_v3); busId is "domain:bus:device.function" */
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
 #ifdef __cplusplus
 }
 #endif

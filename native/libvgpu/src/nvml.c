@@ -1,5 +1,5 @@
 /* NVML hooks (memory info shows the container's slice), post-init:
- * CUDA->NVML index map, region UUIDs, host-PID detection. */
+ * region UUIDs, host-PID detection. */
 #include "vgpu.h"
 #include <dlfcn.h>
 #include <errno.h>
@@ -45,39 +45,6 @@ int vg_nvml_load(void) {
 }
 #define NHAVE(n) (vg_nvml_real[VGN_##n] != NULL)
 
-/* ----------------------------------------------------- CUDA <-> NVML index */
-static int g_map[VG_MAXDEV];
-static int g_map_ready;
-
-static void map_init(void) {
-    for (int i = 0; i < VG_MAXDEV; i++) g_map[i] = i;
-    const char *v = getenv("CUDA_VISIBLE_DEVICES");
-    if (v && *v) {
-        int k = 0, ok = 1, tmp[VG_MAXDEV];
-        const char *p = v;
-        while (*p && k < VG_MAXDEV) {
-            char *end;
-            long n = strtol(p, &end, 10);
-            if (end == p || n < 0 || n >= VG_MAXDEV) { ok = 0; break; } /* UUIDs: keep identity */
-            tmp[k++] = (int)n;
-            p = end;
-            if (*p == ',') p++;
-            else if (*p) { ok = 0; break; }
-        }
-        if (ok) for (int i = 0; i < k; i++) g_map[i] = tmp[i];
-    }
-    g_map_ready = 1;
-}
-int vg_cuda_to_nvml(int c) {
-    if (!g_map_ready) map_init();
-    return (c >= 0 && c < VG_MAXDEV) ? g_map[c] : -1;
-}
-int vg_nvml_to_cuda(int n) {
-    if (!g_map_ready) map_init();
-    for (int i = 0; i < VG_MAXDEV; i++) if (g_map[i] == n) return i;
-    return -1;
-}
-
 /* ------------------------------------------------------- region UUID list */
 void vg_nvml_fill_region(void) {
     if (vg_nvml_load() != 0 || !NHAVE(nvmlDeviceGetCount_v2) || vg_region_ensure() != 0) return;
@@ -121,11 +88,11 @@ VG_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
 }
 
 /* limit and this container's usage for an NVML device; 0 when not limited */
+/* NVML's index in the container is the container device index (NVML ignores
+ * CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER): no CUDA ordinal is involved */
 static uint64_t slice_of(nvmlDevice_t d, uint64_t *used) {
-    unsigned idx;
-    if (!NHAVE(nvmlDeviceGetIndex) || NVML_REAL(nvmlDeviceGetIndex)(d, &idx) != NVML_SUCCESS) return 0;
-    int c = vg_nvml_to_cuda((int)idx);
-    if (c < 0) return 0;
+    unsigned c;
+    if (!NHAVE(nvmlDeviceGetIndex) || NVML_REAL(nvmlDeviceGetIndex)(d, &c) != NVML_SUCCESS || c >= VG_MAXDEV) return 0;
     uint64_t lim = vg_limit[c];
     if (!lim) return 0;
     vg_reclaim_dead();
@@ -207,7 +174,7 @@ static void detect_host_pid(void) {
     if (vg_nvml_load() != 0 || !NHAVE(nvmlDeviceGetComputeRunningProcesses) || !NHAVE(nvmlInit_v2)) return;
     if (NVML_REAL(nvmlInit_v2)() != NVML_SUCCESS) return;
     pthread_once(&g_nvml_once, nvml_post);
-    int nvml0 = vg_cuda_to_nvml(0);
+    int nvml0 = vg_dev(0); /* the context below is retained on CUDA device 0 */
     nvmlDevice_t d;
     if (NVML_REAL(nvmlDeviceGetHandleByIndex_v2)((unsigned)nvml0, &d) != NVML_SUCCESS) return;
     if (!vg_cuda_real[VGC_cuDevicePrimaryCtxRetain] || !vg_cuda_real[VGC_cuDevicePrimaryCtxRelease_v2]) return;
@@ -252,7 +219,6 @@ void vg_nvml_fork_child(void) {
 void vg_postinit(void) {
     pthread_mutex_lock(&g_post_mu);
     if (!vg_postinit_done && vg_slot) {
-        map_init();
         vg_hostpid_found = 0;
         detect_host_pid();
         vg_watcher_start();
