@@ -97,6 +97,7 @@ VG_HIDDEN int vg_has_limit(void);
 VG_HIDDEN void vg_fail_closed(const char *why);
 enum { VG_POLICY_DEFAULT = 0, VG_POLICY_FORCE = 1, VG_POLICY_DISABLE = 2 };
 VG_HIDDEN int vg_env_policy(void);
+VG_HIDDEN int vg_parse_policy(const char *s);
 
 /* ------------------------------------------------------------------ region */
 VG_HIDDEN extern vg_region_t *vg_region;
