@@ -184,6 +184,14 @@ typedef struct {
     unsigned long long usedGpuMemory;
 } nvmlProcessInfo_v1_t;
 
+/* the layout of nvmlDeviceGetComputeRunningProcesses_v2 and _v3 */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_v2_t;
+
 typedef struct {
     unsigned int pid;
     unsigned long long timeStamp; /* microseconds */

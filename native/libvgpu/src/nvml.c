@@ -3,6 +3,7 @@
 #include "vgpu.h"
 #include <dlfcn.h>
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,6 +121,77 @@ VG_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_
     if (lim) { m->total = lim; m->reserved = 0; m->used = used; m->free = lim - used; }
     return r;
 }
+
+/* Compute processes: on a limited device, only the container's processes (host PID
+ * of a live slot of the region), each with the usage libvgpu counts for it, so the
+ * list sums to the "used" of nvmlDeviceGetMemoryInfo and of cuMemGetInfo. Other
+ * containers' processes on a shared card are not shown (HAMi-core shows them).
+ * stride: 16 bytes (v1 records) or 24 (v2 layout, used by _v2 and _v3). */
+typedef nvmlReturn_t (*procs_fn)(nvmlDevice_t, unsigned int *, void *);
+static nvmlReturn_t procs_common(int which, size_t stride, nvmlDevice_t d, unsigned int *count, void *infos) {
+    nvmlReturn_t r = nvml_pre();
+    if (r) return r;
+    procs_fn real = (procs_fn)vg_nvml_real[which];
+    if (!real) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    unsigned c;
+    if (!count || !NHAVE(nvmlDeviceGetIndex) || NVML_REAL(nvmlDeviceGetIndex)(d, &c) != NVML_SUCCESS ||
+        c >= VG_MAXDEV || !vg_limit[c])
+        return real(d, count, infos);
+    unsigned cap = 64, n;
+    unsigned char *buf = NULL;
+    for (;;) { /* the whole list of the card, then the container's part of it */
+        free(buf);
+        buf = calloc(cap, stride);
+        if (!buf) return NVML_ERROR_UNKNOWN;
+        n = cap;
+        r = real(d, &n, buf);
+        if (r != NVML_ERROR_INSUFFICIENT_SIZE || cap >= 65536) break;
+        cap = n > cap ? n + 16 : cap * 2;
+    }
+    if (r != NVML_SUCCESS) { free(buf); return r; }
+    vg_reclaim_dead();
+    vg_region_t *rg = vg_region;
+    int np = __atomic_load_n(&rg->proc_num, __ATOMIC_ACQUIRE);
+    if (np > VG_MAXPROC) np = VG_MAXPROC;
+    unsigned kept = 0;
+    for (unsigned k = 0; k < n && k < cap; k++) {
+        unsigned char *e = buf + (size_t)k * stride;
+        unsigned pid;
+        memcpy(&pid, e, sizeof pid);
+        int slot = -1;
+        for (int i = 0; i < np && slot < 0; i++)
+            if (pid && __atomic_load_n(&rg->procs[i].pid, __ATOMIC_ACQUIRE) != 0 &&
+                (unsigned)__atomic_load_n(&rg->procs[i].hostpid, __ATOMIC_RELAXED) == pid)
+                slot = i;
+        if (slot < 0) continue;
+        unsigned long long used = __atomic_load_n(&rg->procs[slot].used[c].total, __ATOMIC_ACQUIRE);
+        memcpy(e + offsetof(nvmlProcessInfo_v1_t, usedGpuMemory), &used, sizeof used);
+        if (kept != k) memmove(buf + (size_t)kept * stride, e, stride);
+        kept++;
+    }
+    if (!infos || *count < kept) {
+        r = kept ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    } else {
+        memcpy(infos, buf, (size_t)kept * stride);
+    }
+    *count = kept;
+    free(buf);
+    return r;
+}
+VG_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned int *count,
+                                                            nvmlProcessInfo_v1_t *infos) {
+    return procs_common(VGN_nvmlDeviceGetComputeRunningProcesses, sizeof(nvmlProcessInfo_v1_t), d, count, infos);
+}
+VG_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *count,
+                                                               nvmlProcessInfo_v2_t *infos) {
+    return procs_common(VGN_nvmlDeviceGetComputeRunningProcesses_v2, sizeof(nvmlProcessInfo_v2_t), d, count, infos);
+}
+VG_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count,
+                                                               nvmlProcessInfo_v2_t *infos) {
+    return procs_common(VGN_nvmlDeviceGetComputeRunningProcesses_v3, sizeof(nvmlProcessInfo_v2_t), d, count, infos);
+}
+_Static_assert(offsetof(nvmlProcessInfo_v1_t, usedGpuMemory) == offsetof(nvmlProcessInfo_v2_t, usedGpuMemory),
+               "usedGpuMemory at the same offset in both layouts");
 
 /* -------------------------------------------------------------- post-init */
 volatile int vg_postinit_done;

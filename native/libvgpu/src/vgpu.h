@@ -170,10 +170,13 @@ static inline void vg_unreserve(int dev, uint64_t bytes, int cat) {
 #define VG_ENUM(n) VGC_##n,
 enum { VG_CUDA_HOOKS(VG_ENUM) VGC_NHOOKS, VGC_BASE_ = VGC_NHOOKS - 1, VG_CUDA_HELPERS(VG_ENUM) VGC_NALL };
 
-#define VG_NVML_HOOKS(X) X(nvmlInit) X(nvmlInit_v2) X(nvmlInitWithFlags) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2)
+#define VG_NVML_HOOKS(X)                                                                                   \
+    X(nvmlInit) X(nvmlInit_v2) X(nvmlInitWithFlags) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2)  \
+    X(nvmlDeviceGetComputeRunningProcesses) X(nvmlDeviceGetComputeRunningProcesses_v2)                       \
+    X(nvmlDeviceGetComputeRunningProcesses_v3)
 #define VG_NVML_HELPERS(X)                                                                                 \
     X(nvmlDeviceGetCount_v2) X(nvmlDeviceGetHandleByIndex_v2) X(nvmlDeviceGetIndex) X(nvmlDeviceGetUUID) \
-    X(nvmlDeviceGetComputeRunningProcesses) X(nvmlDeviceGetProcessUtilization) X(nvmlDeviceGetPciInfo_v3)
+    X(nvmlDeviceGetProcessUtilization) X(nvmlDeviceGetPciInfo_v3)
 #define VG_NENUM(n) VGN_##n,
 enum { VG_NVML_HOOKS(VG_NENUM) VGN_NHOOKS, VGN_BASE_ = VGN_NHOOKS - 1, VG_NVML_HELPERS(VG_NENUM) VGN_NALL };
 

@@ -92,6 +92,28 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigne
     *count = n;
     return r;
 }
+/* _v2 and _v3: the same list in the v2 layout (no MIG here: instance ids 0xFFFFFFFF) */
+static nvmlReturn_t procs_v2(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_v2_t *infos) {
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlProcessInfo_v1_t v1[STUB_MAXPROC];
+    unsigned n = STUB_MAXPROC;
+    nvmlReturn_t r = nvmlDeviceGetComputeRunningProcesses(d, &n, v1);
+    if (r) return r;
+    if (!infos || *count < n) { *count = n; return n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS; }
+    for (unsigned k = 0; k < n; k++) {
+        infos[k].pid = v1[k].pid;
+        infos[k].usedGpuMemory = v1[k].usedGpuMemory;
+        infos[k].gpuInstanceId = infos[k].computeInstanceId = 0xFFFFFFFFu;
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_v2_t *i) {
+    return procs_v2(d, c, i);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_v2_t *i) {
+    return procs_v2(d, c, i);
+}
 EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *u,
                                                     unsigned int *count, unsigned long long lastSeen) {
     unsigned i, n = 0;

@@ -27,7 +27,8 @@
  *   exec SCRIPT...       the same, the child exec'ing vgtest SCRIPT...
  *   setenv NAME VALUE    setenv (inherited by fork and exec)
  *   procs N              print "procs N COUNT SUM_USED" and "proc PID USED" lines
- *                        (nvmlDeviceGetComputeRunningProcesses, v1 records)
+ *                        (nvmlDeviceGetComputeRunningProcesses, v1 records) and
+ *                        "procs3 N COUNT SUM_USED SIZE_QUERY" (_v3)
  *   threads N ITER BYTES N threads each doing ITER cuMemAlloc/cuMemFree pairs
  *   race N BYTES         N threads allocate BYTES at once; print "race SUCCESSES"
  *                        (objects kept)
@@ -307,6 +308,18 @@ static int run(int argc, char **argv) {
             for (unsigned k = 0; k < n; k++) sum += pi[k].usedGpuMemory;
             printf("procs %u %u %llu\n", d, n, sum);
             for (unsigned k = 0; k < n; k++) printf("proc %u %llu\n", pi[k].pid, pi[k].usedGpuMemory);
+            /* _v3 (what pynvml calls): first the size query, then the list */
+            nvmlProcessInfo_v2_t p3[64];
+            unsigned n3 = 0;
+            nvmlReturn_t q = nvmlDeviceGetComputeRunningProcesses_v3(h, &n3, NULL);
+            unsigned need = n3;
+            n3 = 64;
+            if ((q != NVML_SUCCESS && q != NVML_ERROR_INSUFFICIENT_SIZE) ||
+                nvmlDeviceGetComputeRunningProcesses_v3(h, &n3, p3))
+                die("nvml procs v3", q, 0);
+            unsigned long long sum3 = 0;
+            for (unsigned k = 0; k < n3; k++) sum3 += p3[k].usedGpuMemory;
+            printf("procs3 %u %u %llu %u\n", d, n3, sum3, need);
         } else {
             fprintf(stderr, "unknown command %s\n", c);
             return 2;
