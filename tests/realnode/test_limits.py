@@ -235,6 +235,8 @@ def test_per_rank_device_masks_keep_each_cards_limit_and_usage(bed: GpuBed, clie
                              f"log: {log_of(bed, 'ranks')!r}") from None
     log = log_of(bed, "ranks")
     assert "alloc mem 29360129 -> 2" in log and "alloc mem 39845889 -> 2" in log, log
+    # host-PID detection looks for the process on the card its CUDA device 0 is
+    assert "host PID not found" not in log, log
     assert [i[:2] for i in lines(log, "info")] == [[23 * m, 48 * m], [35 * m, 48 * m]], log
     order = env_of(log)["NVIDIA_VISIBLE_DEVICES"].split(",")
     assert sorted(order) == [stub_uuid(0), stub_uuid(1)]
