@@ -23,11 +23,12 @@
  *          that order; NVML ignores CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER.
  *   libcuda the container's devices ordered by CUDA_DEVICE_ORDER (FASTEST_FIRST, the
  *          default: most multiprocessors first, ties in PCI bus order; PCI_BUS_ID: PCI
- *          bus order; the stub's PCI bus of physical device i is i), then filtered and
+ *          bus order; physical device i sits on PCI bus i+1), then filtered and
  *          reordered by CUDA_VISIBLE_DEVICES: each entry an index into that order, a GPU
  *          UUID or a unique prefix of one, or a MIG UUID (the stub's MIG instance of
  *          device i is MIG-5a1e0000-0000-4000-9000-<i>; it reports that UUID and its
- *          parent's PCI bus id); the first invalid or repeated entry ends the list.
+ *          parent's PCI bus id); the first invalid entry ends the list (the stub also
+ *          ends it at a repeated one).
  *          CUDA_VISIBLE_DEVICES="" leaves no device.
  *
  * A process record belongs to (pid, PID namespace). With a state file, the owner holds
