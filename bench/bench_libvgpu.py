@@ -10,7 +10,11 @@ times 2,000 calls through the interposed entry points and 2,000 straight into
 the stub, so machine load hits both sides; a run reports the median per-round
 difference over 31 rounds, and this script the median over ``--repeats`` runs.
 
-usage: python bench/bench_libvgpu.py [--repeats N]
+``--baseline LIB`` also measures another build of ``libvgpu.so`` (e.g. one built from
+the previous commit) in the same run, its runs interleaved with this build's, so
+both see the same machine load; each figure is then printed for both.
+
+usage: python bench/bench_libvgpu.py [--repeats N] [--baseline PATH/libvgpu.so]
 """
 
 from __future__ import annotations
@@ -35,14 +39,15 @@ CASES = {
 }
 
 
-def run(live: int, preload: bool, tmp: Path, tag: str, **extra: str) -> dict[str, float]:
+def run(live: int, preload: bool, tmp: Path, tag: str, lib: Path = BUILD / "libvgpu.so",
+        **extra: str) -> dict[str, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "VGPU_", "GPU_CORE", "LD_PRELOAD"))}
     env.update(LD_LIBRARY_PATH=str(BUILD / "stub"), VGPU_STUB_STATE=str(tmp / "stub.state"),
                CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / f"region-{tag}.cache"),
                CUDA_DEVICE_MEMORY_LIMIT="64g", VGPU_STUB_MEM_MB="131072", LIBCUDA_LOG_LEVEL="1")
     env.update(extra)
     if preload:
-        env["LD_PRELOAD"] = str(BUILD / "libvgpu.so")
+        env["LD_PRELOAD"] = str(lib)
     out = subprocess.run([str(BUILD / "tests" / "bench_vgpu"), str(live), "31"], env=env, check=True,
                          capture_output=True, text=True).stdout
     return {k: float(v) for k, v in (ln.split() for ln in out.splitlines())}
@@ -51,7 +56,12 @@ def run(live: int, preload: bool, tmp: Path, tag: str, **extra: str) -> dict[str
 def main() -> None:
     ap = argparse.ArgumentParser(description="libvgpu overhead on the stub driver")
     ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="another libvgpu.so measured in the same run (interleaved)")
     args = ap.parse_args()
+    if args.baseline is not None:
+        compare(args.repeats, args.baseline)
+        return
     subprocess.run(["make", "-s", "-C", str(NATIVE)], check=True)
     print("libvgpu overhead on the stub driver (paired in-process timing, median of runs)")
     missed = 0
@@ -73,6 +83,26 @@ def main() -> None:
             print(f"  {'private memory, ' + format(live, ',') + ' live':44s} {mine - base:7.0f} kB added "
                   f"(process without libvgpu {base:.0f} kB)  target <= 2048: {'ok' if ok else 'MISSED'}")
     print("all targets met" if not missed else f"{missed} target(s) missed")
+
+
+def compare(repeats: int, baseline: Path) -> None:
+    """Every figure for this build and ``baseline``, runs interleaved (A, B, A, B, ...)."""
+    subprocess.run(["make", "-s", "-C", str(NATIVE)], check=True)
+    libs = {"this build": BUILD / "libvgpu.so", "baseline": baseline.resolve()}
+    print(f"libvgpu overhead, this build vs {baseline} (same run, interleaved; median of {repeats})")
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        for i, (name, (key, live, extra, _target)) in enumerate(CASES.items()):
+            got: dict[str, list[float]] = {k: [] for k in libs}
+            for r in range(repeats):
+                for k, lib in libs.items():
+                    got[k].append(run(live, True, tmp, f"{i}-{k[0]}-{r}", lib, **extra)[key])
+            print(f"  {name:44s} " + "  ".join(f"{k}: {statistics.median(v):6.1f} ns" for k, v in got.items()))
+        for live in (0, 10000):
+            base = run(live, False, tmp, "mem")["private_kb"]
+            added = {k: run(live, True, tmp, f"mem{live}-{k[0]}", lib)["private_kb"] - base for k, lib in libs.items()}
+            print(f"  {'private memory, ' + format(live, ',') + ' live':44s} "
+                  + "  ".join(f"{k}: {v:6.0f} kB" for k, v in added.items()))
 
 
 if __name__ == "__main__":

@@ -168,6 +168,24 @@ def test_response_options(cfg: PluginConfig, settings: al.NodeSettings, env: dic
         assert [m.container_path for m in c.mounts] == mount_paths
 
 
+@pytest.mark.parametrize(("cfg", "env", "line"), [
+    (PluginConfig(disable_core_limit=True), {}, "GPU_CORE_UTILIZATION_POLICY=disable\n"),
+    (PluginConfig(), {"GPU_CORE_UTILIZATION_POLICY": "disable"}, "GPU_CORE_UTILIZATION_POLICY=disable\n"),
+    (PluginConfig(disable_core_limit=True), {"GPU_CORE_UTILIZATION_POLICY": "force"},
+     "GPU_CORE_UTILIZATION_POLICY=force\n"),
+    (PluginConfig(), {}, None),
+])
+def test_limits_file_carries_the_core_policy(cfg: PluginConfig, env: dict[str, str], line: str | None) -> None:
+    """libvgpu lets a process's env tighten the file's policy only (issue 26 §2): the policy
+    the plugin or the webhook chose must be in the file, or a legitimately disabled limiter
+    would come back on."""
+    p = pod(to_allocate=f"{A},NVIDIA,1000,30:;", env=env)
+    c = al.plan_allocation(p, [[f"{A}-0"]], cfg, SETTINGS, ["x"]).containers[0]
+    ((_, text),) = c.host_files
+    policy = [ln + "\n" for ln in text.splitlines() if ln.startswith("GPU_CORE_UTILIZATION_POLICY=")]
+    assert policy == ([line] if line else [])
+
+
 def test_versioned_lib_and_hook_path() -> None:
     p = pod(to_allocate=f"{A},NVIDIA,1000,0:;")
     s = al.NodeSettings(hook_path="/opt/h/", versioned_lib=True, version="2.10.0", lock_dir="/x/l")

@@ -199,3 +199,53 @@ def test_two_gpu_pod_gets_both_cards_each_with_its_slice(bed: GpuBed, client: An
     assert pod.metadata.annotations["hami.io/vgpu-devices-to-allocate"].strip(";") == ""
     assert "hami.io/mutex.lock" not in (client.get(Node, bed.node_name).metadata.annotations
                                         or {})
+
+
+def _series_by_uuid(bed: GpuBed, family: str, pod: str) -> dict[str, float]:
+    out = {}
+    for fam in text_string_to_metric_families(bed.monitor_metrics()):
+        for s in fam.samples:
+            if s.name == family and s.labels["pod"] == pod:
+                out[s.labels["device_uuid"]] = s.value
+    return out
+
+
+def test_per_rank_device_masks_keep_each_cards_limit_and_usage(bed: GpuBed, client: Any) -> None:
+    """Issue 26 §1: a 2-GPU pod (48 MiB per card) runs three processes as per-rank
+    launchers do, with CUDA_VISIBLE_DEVICES=0, =1 and =1,0. Each card's limit holds for
+    every process whatever ordinal it has there, and the monitor shows each card's usage
+    on that card's UUID (the stub's libcuda orders the cards by PCI bus, NVML and the
+    limits by NVIDIA_VISIBLE_DEVICES, as the real libraries do)."""
+    from hami.testing.gpupods import stub_uuid
+
+    m = MiB
+    cmd = (f"{SHOW_ENV}; "
+           f"CUDA_VISIBLE_DEVICES=0 vgtest init alloc mem {10 * m} 0 echo p0 hold >/tmp/p0 2>&1 & "
+           f"CUDA_VISIBLE_DEVICES=1 vgtest init alloc mem {20 * m} 0 echo p1 hold >/tmp/p1 2>&1 & "
+           "until grep -q p0 /tmp/p0 && grep -q p1 /tmp/p1; do sleep 0.1; done; cat /tmp/p0 /tmp/p1; "
+           # ordinal 0 is card 1 (20 MiB used there), ordinal 1 is card 0 (10 MiB used)
+           f"CUDA_VISIBLE_DEVICES=1,0 vgtest init alloc mem {28 * m + 1} 2 alloc mem {5 * m} 0 info "
+           f"dev 1 alloc mem {38 * m + 1} 2 alloc mem {3 * m} 0 info nvml 0 nvml 1 echo p2 hold & wait")
+    client.create(codecs.from_dict(gpu_test_pod("ranks", cmd, gpus=2, memory_mib=48)))
+    try:
+        wait_until(lambda: "p2" in log_of(bed, "ranks").split(), timeout_s=90,
+                   what="three processes holding")
+    except Exception as err:  # the pod's log says where it stopped
+        raise AssertionError(f"{err}; status {client.get(Pod, 'ranks').status}; "
+                             f"log: {log_of(bed, 'ranks')!r}") from None
+    log = log_of(bed, "ranks")
+    assert "alloc mem 29360129 -> 2" in log and "alloc mem 39845889 -> 2" in log, log
+    # host-PID detection looks for the process on the card its CUDA device 0 is
+    assert "host PID not found" not in log, log
+    assert [i[:2] for i in lines(log, "info")] == [[23 * m, 48 * m], [35 * m, 48 * m]], log
+    order = env_of(log)["NVIDIA_VISIBLE_DEVICES"].split(",")
+    assert sorted(order) == [stub_uuid(0), stub_uuid(1)]
+    expect = {stub_uuid(0): 13 * m, stub_uuid(1): 25 * m}
+    nvml = lines(log, "nvml")  # NVML's index i is the container's card i
+    assert [n[2] for n in nvml] == [expect[u] for u in order], log
+    assert all(n[1] == 48 * m for n in nvml)
+    wait_until(lambda: _series_by_uuid(bed, "hami_vgpu_memory_used_bytes", "ranks") == expect,
+               timeout_s=30, what=f"monitor shows {expect}")
+    assert _series_by_uuid(bed, "hami_vgpu_memory_limit_bytes", "ranks") == \
+        {stub_uuid(0): 48 * m, stub_uuid(1): 48 * m}
+    delete(client, "ranks")

@@ -184,6 +184,14 @@ typedef struct {
     unsigned long long usedGpuMemory;
 } nvmlProcessInfo_v1_t;
 
+/* the layout of nvmlDeviceGetComputeRunningProcesses_v2 and _v3 */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_v2_t;
+
 typedef struct {
     unsigned int pid;
     unsigned long long timeStamp; /* microseconds */
@@ -199,6 +207,17 @@ typedef struct {
 } nvmlUtilization_t;
 
 #define NVML_DEVICE_UUID_V2_BUFFER_SIZE 96
+
+/* nvmlPciInfo_t (nvmlDeviceGetPciInfo_v3); busId is "domain:bus:device.function" */
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
 
 #ifdef __cplusplus
 }

@@ -57,6 +57,7 @@ static void fork_child(void) {
     vg_limiter_fork_child();
     vg_region_fork_child();
     vg_nvml_fork_child();
+    vg_devmap_fork_child();
     pthread_mutex_init(&g_load_mu, NULL);
 }
 
@@ -81,11 +82,12 @@ static __attribute__((noinline)) void run_gate_wait(void) {
 #define HAVE(n) (vg_cuda_real[VGC_##n] != NULL)
 #define REAL_OR_MISSING(n) do { if (UNLIKELY(!HAVE(n))) return CUDA_ERROR_NOT_FOUND; } while (0)
 
+/* the container device of the current context (of CUDA device 0 without one) */
 static inline int cur_dev(void) {
     CUdevice d;
     if (LIKELY(HAVE(cuCtxGetDevice)) && CU_REAL(cuCtxGetDevice)(&d) == CUDA_SUCCESS && d >= 0 && d < VG_MAXDEV)
-        return d;
-    return 0;
+        return vg_dev(d);
+    return vg_dev(0);
 }
 
 /* --------------------------------------------- process-local allocation table */
@@ -277,8 +279,9 @@ VG_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     ENTER();
     REAL_OR_MISSING(cuDeviceTotalMem_v2);
     CUresult r = CU_REAL(cuDeviceTotalMem_v2)(bytes, dev);
-    if (r == CUDA_SUCCESS && bytes && dev >= 0 && dev < VG_MAXDEV) {
-        uint64_t lim = vg_limit[dev];
+    int cd = r == CUDA_SUCCESS ? vg_dev(dev) : -1;
+    if (bytes && cd >= 0) {
+        uint64_t lim = vg_limit[cd];
         if (lim && lim < *bytes) *bytes = lim;
     }
     return r;
@@ -299,7 +302,7 @@ VG_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     CUresult r = CU_REAL(cuMemGetInfo_v2)(&rf, &rt);
     if (r != CUDA_SUCCESS) return r;
     int dev = cur_dev();
-    uint64_t lim = vg_limit[dev];
+    uint64_t lim = dev >= 0 ? vg_limit[dev] : 0;
     if (lim) {
         uint64_t total = lim < rt ? lim : rt;
         uint64_t used = usage_fresh(dev);
@@ -405,7 +408,7 @@ VG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pro
     REAL_OR_MISSING(cuMemPoolCreate);
     CUresult r = CU_REAL(cuMemPoolCreate)(pool, props);
     if (r == CUDA_SUCCESS && pool && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-        pool_note(*pool, props->location.id);
+        pool_note(*pool, vg_dev(props->location.id));
     return r;
 }
 VG_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
@@ -417,14 +420,14 @@ VG_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
     ENTER();
     REAL_OR_MISSING(cuDeviceGetMemPool);
     CUresult r = CU_REAL(cuDeviceGetMemPool)(pool, dev);
-    if (r == CUDA_SUCCESS && pool) pool_note(*pool, dev);
+    if (r == CUDA_SUCCESS && pool) pool_note(*pool, vg_dev(dev));
     return r;
 }
 VG_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
     ENTER();
     REAL_OR_MISSING(cuDeviceGetDefaultMemPool);
     CUresult r = CU_REAL(cuDeviceGetDefaultMemPool)(pool, dev);
-    if (r == CUDA_SUCCESS && pool) pool_note(*pool, dev);
+    if (r == CUDA_SUCCESS && pool) pool_note(*pool, vg_dev(dev));
     return r;
 }
 
@@ -484,7 +487,7 @@ VG_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
     if (!handle || !prop || !size || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop->location.id < 0 ||
         prop->location.id >= VG_MAXDEV)
         return CU_REAL(cuMemCreate)(handle, size, prop, flags);
-    int dev = prop->location.id;
+    int dev = vg_dev(prop->location.id);
     if (vg_reserve(dev, size, VG_CAT_DATA) != 0) OOM("cuMemCreate", dev, size);
     CUresult r = CU_REAL(cuMemCreate)(handle, size, prop, flags);
     return settle(r, K_VMM, *handle, size, dev, VG_CAT_DATA);
@@ -563,10 +566,11 @@ VG_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     if (dev < 0 || dev >= VG_MAXDEV) return CU_REAL(cuDevicePrimaryCtxRetain)(pctx, dev);
     pthread_mutex_lock(&g_ctx_mu);
     uint64_t charge = 0;
-    if (g_prim_refs[dev] == 0 && vg_context_size) {
-        if (vg_reserve(dev, vg_context_size, VG_CAT_CONTEXT) != 0) {
+    int cd = g_prim_refs[dev] == 0 && vg_context_size ? vg_dev(dev) : -1; /* refs per ordinal, bytes per device */
+    if (cd >= 0) {
+        if (vg_reserve(cd, vg_context_size, VG_CAT_CONTEXT) != 0) {
             pthread_mutex_unlock(&g_ctx_mu);
-            OOM("cuDevicePrimaryCtxRetain", dev, vg_context_size);
+            OOM("cuDevicePrimaryCtxRetain", cd, vg_context_size);
         }
         charge = vg_context_size;
     }
@@ -574,7 +578,7 @@ VG_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     if (r == CUDA_SUCCESS) {
         if (g_prim_refs[dev]++ == 0) g_prim_charged[dev] = charge;
     } else if (charge) {
-        vg_unreserve(dev, charge, VG_CAT_CONTEXT);
+        vg_unreserve(cd, charge, VG_CAT_CONTEXT);
     }
     pthread_mutex_unlock(&g_ctx_mu);
     return r;
@@ -585,7 +589,7 @@ VG_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     pthread_mutex_lock(&g_ctx_mu);
     CUresult r = CU_REAL(cuDevicePrimaryCtxRelease_v2)(dev);
     if (r == CUDA_SUCCESS && dev >= 0 && dev < VG_MAXDEV && g_prim_refs[dev] > 0 && --g_prim_refs[dev] == 0) {
-        vg_unreserve(dev, g_prim_charged[dev], VG_CAT_CONTEXT);
+        if (g_prim_charged[dev]) vg_unreserve(vg_dev(dev), g_prim_charged[dev], VG_CAT_CONTEXT);
         g_prim_charged[dev] = 0;
     }
     pthread_mutex_unlock(&g_ctx_mu);
@@ -598,7 +602,7 @@ VG_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     CUresult r = CU_REAL(cuDevicePrimaryCtxReset_v2)(dev);
     if (r == CUDA_SUCCESS && dev >= 0 && dev < VG_MAXDEV && g_prim_refs[dev] > 0) {
         g_prim_refs[dev] = 0;
-        vg_unreserve(dev, g_prim_charged[dev], VG_CAT_CONTEXT);
+        if (g_prim_charged[dev]) vg_unreserve(vg_dev(dev), g_prim_charged[dev], VG_CAT_CONTEXT);
         g_prim_charged[dev] = 0;
     }
     pthread_mutex_unlock(&g_ctx_mu);
@@ -607,11 +611,12 @@ VG_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
 
 #define CTX_CREATE(what, dev, call)                                                        \
     do {                                                                                   \
-        uint64_t sz_ = (dev >= 0 && dev < VG_MAXDEV) ? vg_context_size : 0;                \
-        if (sz_ && vg_reserve(dev, sz_, VG_CAT_CONTEXT) != 0) OOM(what, dev, sz_);        \
+        int cd_ = vg_context_size ? vg_dev(dev) : -1;                                      \
+        uint64_t sz_ = cd_ >= 0 ? vg_context_size : 0;                                     \
+        if (sz_ && vg_reserve(cd_, sz_, VG_CAT_CONTEXT) != 0) OOM(what, cd_, sz_);        \
         CUresult r_ = call;                                                                \
         if (!sz_) return r_;                                                               \
-        return settle(r_, K_CTX, (uint64_t)(uintptr_t)*pctx, sz_, dev, VG_CAT_CONTEXT);   \
+        return settle(r_, K_CTX, (uint64_t)(uintptr_t)*pctx, sz_, cd_, VG_CAT_CONTEXT);   \
     } while (0)
 
 VG_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {

@@ -38,8 +38,9 @@ static inline int effective_switch(void) {
 }
 
 void vg_rate_limit(uint64_t grid) {
-    CUdevice dev = 0;
-    if (vg_cuda_real[VGC_cuCtxGetDevice] && CU_REAL(cuCtxGetDevice)(&dev) != CUDA_SUCCESS) dev = 0;
+    CUdevice ord = 0;
+    if (vg_cuda_real[VGC_cuCtxGetDevice] && CU_REAL(cuCtxGetDevice)(&ord) != CUDA_SUCCESS) ord = 0;
+    int dev = vg_dev(ord); /* buckets are per container device, as the SM limits */
     if (dev < 0 || dev >= VG_MAXDEV) return;
     int sm = g_sm[dev];
     if (sm <= 0 || sm >= 100 || !effective_switch()) return;
@@ -99,10 +100,10 @@ static void refill(int d, int util) {
     }
 }
 
+/* d: container device = NVML index in the container */
 static void sample_device(int d, nvmlProcessUtilizationSample_t *buf, nvmlProcessInfo_v1_t *procs) {
-    int nv = vg_cuda_to_nvml(d);
     nvmlDevice_t h;
-    if (nv < 0 || NVML_REAL(nvmlDeviceGetHandleByIndex_v2)((unsigned)nv, &h) != NVML_SUCCESS) return;
+    if (NVML_REAL(nvmlDeviceGetHandleByIndex_v2)((unsigned)d, &h) != NVML_SUCCESS) return;
     unsigned long long now = now_us();
     unsigned count = 1024;
     int util = -1;
@@ -146,26 +147,36 @@ static void *watcher(void *arg) {
     return NULL;
 }
 
+/* Buckets, SM limits and samples are per container device (NVML's index); the
+ * devices this process reaches through CUDA are found by mapping its ordinals. */
 void vg_watcher_start(void) {
     int n = 0;
     if (vg_cuda_real[VGC_cuDeviceGetCount] && CU_REAL(cuDeviceGetCount)(&n) != CUDA_SUCCESS) n = 0;
     if (n > VG_MAXDEV) n = VG_MAXDEV;
-    g_ndev = n;
+    int ndev = vg_dev_count();
+    g_ndev = ndev > VG_MAXDEV ? VG_MAXDEV : ndev;
     int any = 0;
+    int64_t total[VG_MAXDEV];
+    int reach[VG_MAXDEV] = {0};
+    for (int d = 0; d < VG_MAXDEV; d++) total[d] = 1 << 20;
+    for (int c = 0; c < n; c++) {
+        int d = vg_dev(c), sms = 0, thr = 0;
+        if (d < 0) continue;
+        reach[d] = 1;
+        if (vg_cuda_real[VGC_cuDeviceGetAttribute]) {
+            CU_REAL(cuDeviceGetAttribute)(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, c);
+            CU_REAL(cuDeviceGetAttribute)(&thr, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, c);
+        }
+        if (sms > 0 && thr > 0) total[d] = (int64_t)sms * thr * 32;
+    }
     for (int d = 0; d < VG_MAXDEV; d++) {
         g_sm[d] = (int)vg_sm_limit[d];
-        int sms = 0, thr = 0;
-        if (d < n && vg_cuda_real[VGC_cuDeviceGetAttribute]) {
-            CU_REAL(cuDeviceGetAttribute)(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d);
-            CU_REAL(cuDeviceGetAttribute)(&thr, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, d);
-        }
-        int64_t total = (sms > 0 && thr > 0) ? (int64_t)sms * thr * 32 : (1 << 20);
-        g_cap[d] = total;
-        g_share[d] = total;
-        g_tokens[d] = total;
-        g_after_refill[d] = total;
+        g_cap[d] = total[d];
+        g_share[d] = total[d];
+        g_tokens[d] = total[d];
+        g_after_refill[d] = total[d];
         g_last_us[d] = 0;
-        if (d < n && g_sm[d] > 0 && g_sm[d] < 100) any = 1;
+        if (reach[d] && g_sm[d] > 0 && g_sm[d] < 100) any = 1;
     }
     vg_limiter_on = any && vg_hostpid_found && vg_policy != VG_POLICY_DISABLE;
     if (any && !vg_hostpid_found) LOG_WARN("SM limit set but the host PID is unknown: compute is not limited");

@@ -13,7 +13,16 @@
  *     share apply, so the environment can lower but never raise or remove them;
  *     the file's CUDA_DEVICE_MEMORY_SHARED_CACHE names the region, so an
  *     env-less process still shares the container's accounting;
- *   - the shared region may lower them further (region.c), never raise them.
+ *   - the shared region may lower them further (region.c), never raise them;
+ *   - GPU_CORE_UTILIZATION_POLICY likewise: with a limits file, the file's policy
+ *     (absent = default) applies unless the environment names a stricter one, in the
+ *     order disable < default < force, so the environment can force the limiter on but
+ *     never switch it off (the plugin writes "disable" into the file when the operator
+ *     or the webhook's gpuCorePolicy turns it off).
+ * Nothing else in the environment can loosen a limit: CUDA_OVERSUBSCRIBE is not read
+ * (device memory is never oversubscribed by this library), CUDA_TASK_PRIORITY only
+ * seeds the region field the monitor does not trust (it reads the pod spec), and
+ * CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER only rename devices (devmap.c).
  * The file's location is not configurable through the environment: the
  * environment is what a tenant controls. A file that exists but cannot be read
  * or holds a malformed limit makes every device allocation fail (vg_deny). */
@@ -96,6 +105,12 @@ int vg_has_limit(void) {
     return 0;
 }
 
+/* strictness of a policy: disable < default < force */
+static int policy_rank(int p) { return p == VG_POLICY_DISABLE ? 0 : p == VG_POLICY_FORCE ? 2 : 1; }
+static const char *policy_name(int p) {
+    return p == VG_POLICY_DISABLE ? "disable" : p == VG_POLICY_FORCE ? "force" : "default";
+}
+
 void vg_limits_init(void) {
     char path[4096];
     int bad = 0;
@@ -104,6 +119,18 @@ void vg_limits_init(void) {
         int r = read_kv(path, &g_file);
         if (r < 0) bad = 1;
         g_have_file = r > 0;
+    }
+    vg_policy = vg_env_policy();
+    if (g_have_file) {
+        int fp = vg_parse_policy(kv_get(&g_file, "GPU_CORE_UTILIZATION_POLICY"));
+        const char *ev = getenv("GPU_CORE_UTILIZATION_POLICY");
+        if (!ev || !*ev) {
+            vg_policy = fp; /* a process that lost its environment keeps the container's policy */
+        } else if (policy_rank(vg_policy) < policy_rank(fp)) {
+            LOG_WARN("GPU_CORE_UTILIZATION_POLICY=%s in the environment would loosen the mounted policy %s; "
+                     "the mounted one applies", policy_name(vg_policy), policy_name(fp));
+            vg_policy = fp;
+        }
     }
     for (int i = 0; i < VG_MAXDEV; i++) {
         uint64_t mem = vg_env_mem_limit(i), sm = vg_env_sm_limit(i);

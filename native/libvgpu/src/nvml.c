@@ -1,8 +1,9 @@
 /* NVML hooks (memory info shows the container's slice), post-init:
- * CUDA->NVML index map, region UUIDs, host-PID detection. */
+ * region UUIDs, host-PID detection. */
 #include "vgpu.h"
 #include <dlfcn.h>
 #include <errno.h>
+#include <stddef.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,39 +45,6 @@ int vg_nvml_load(void) {
     return g_nvml_loaded > 0 ? 0 : -1;
 }
 #define NHAVE(n) (vg_nvml_real[VGN_##n] != NULL)
-
-/* ----------------------------------------------------- CUDA <-> NVML index */
-static int g_map[VG_MAXDEV];
-static int g_map_ready;
-
-static void map_init(void) {
-    for (int i = 0; i < VG_MAXDEV; i++) g_map[i] = i;
-    const char *v = getenv("CUDA_VISIBLE_DEVICES");
-    if (v && *v) {
-        int k = 0, ok = 1, tmp[VG_MAXDEV];
-        const char *p = v;
-        while (*p && k < VG_MAXDEV) {
-            char *end;
-            long n = strtol(p, &end, 10);
-            if (end == p || n < 0 || n >= VG_MAXDEV) { ok = 0; break; } /* UUIDs: keep identity */
-            tmp[k++] = (int)n;
-            p = end;
-            if (*p == ',') p++;
-            else if (*p) { ok = 0; break; }
-        }
-        if (ok) for (int i = 0; i < k; i++) g_map[i] = tmp[i];
-    }
-    g_map_ready = 1;
-}
-int vg_cuda_to_nvml(int c) {
-    if (!g_map_ready) map_init();
-    return (c >= 0 && c < VG_MAXDEV) ? g_map[c] : -1;
-}
-int vg_nvml_to_cuda(int n) {
-    if (!g_map_ready) map_init();
-    for (int i = 0; i < VG_MAXDEV; i++) if (g_map[i] == n) return i;
-    return -1;
-}
 
 /* ------------------------------------------------------- region UUID list */
 void vg_nvml_fill_region(void) {
@@ -121,11 +89,11 @@ VG_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
 }
 
 /* limit and this container's usage for an NVML device; 0 when not limited */
+/* NVML's index in the container is the container device index (NVML ignores
+ * CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER): no CUDA ordinal is involved */
 static uint64_t slice_of(nvmlDevice_t d, uint64_t *used) {
-    unsigned idx;
-    if (!NHAVE(nvmlDeviceGetIndex) || NVML_REAL(nvmlDeviceGetIndex)(d, &idx) != NVML_SUCCESS) return 0;
-    int c = vg_nvml_to_cuda((int)idx);
-    if (c < 0) return 0;
+    unsigned c;
+    if (!NHAVE(nvmlDeviceGetIndex) || NVML_REAL(nvmlDeviceGetIndex)(d, &c) != NVML_SUCCESS || c >= VG_MAXDEV) return 0;
     uint64_t lim = vg_limit[c];
     if (!lim) return 0;
     vg_reclaim_dead();
@@ -153,6 +121,77 @@ VG_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_
     if (lim) { m->total = lim; m->reserved = 0; m->used = used; m->free = lim - used; }
     return r;
 }
+
+/* Compute processes: on a limited device, only the container's processes (host PID
+ * of a live slot of the region), each with the usage libvgpu counts for it, so the
+ * list sums to the "used" of nvmlDeviceGetMemoryInfo and of cuMemGetInfo. Other
+ * containers' processes on a shared card are not shown (HAMi-core shows them).
+ * stride: 16 bytes (v1 records) or 24 (v2 layout, used by _v2 and _v3). */
+typedef nvmlReturn_t (*procs_fn)(nvmlDevice_t, unsigned int *, void *);
+static nvmlReturn_t procs_common(int which, size_t stride, nvmlDevice_t d, unsigned int *count, void *infos) {
+    nvmlReturn_t r = nvml_pre();
+    if (r) return r;
+    procs_fn real = (procs_fn)vg_nvml_real[which];
+    if (!real) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    unsigned c;
+    if (!count || !NHAVE(nvmlDeviceGetIndex) || NVML_REAL(nvmlDeviceGetIndex)(d, &c) != NVML_SUCCESS ||
+        c >= VG_MAXDEV || !vg_limit[c])
+        return real(d, count, infos);
+    unsigned cap = 64, n;
+    unsigned char *buf = NULL;
+    for (;;) { /* the whole list of the card, then the container's part of it */
+        free(buf);
+        buf = calloc(cap, stride);
+        if (!buf) return NVML_ERROR_UNKNOWN;
+        n = cap;
+        r = real(d, &n, buf);
+        if (r != NVML_ERROR_INSUFFICIENT_SIZE || cap >= 65536) break;
+        cap = n > cap ? n + 16 : cap * 2;
+    }
+    if (r != NVML_SUCCESS) { free(buf); return r; }
+    vg_reclaim_dead();
+    vg_region_t *rg = vg_region;
+    int np = __atomic_load_n(&rg->proc_num, __ATOMIC_ACQUIRE);
+    if (np > VG_MAXPROC) np = VG_MAXPROC;
+    unsigned kept = 0;
+    for (unsigned k = 0; k < n && k < cap; k++) {
+        unsigned char *e = buf + (size_t)k * stride;
+        unsigned pid;
+        memcpy(&pid, e, sizeof pid);
+        int slot = -1;
+        for (int i = 0; i < np && slot < 0; i++)
+            if (pid && __atomic_load_n(&rg->procs[i].pid, __ATOMIC_ACQUIRE) != 0 &&
+                (unsigned)__atomic_load_n(&rg->procs[i].hostpid, __ATOMIC_RELAXED) == pid)
+                slot = i;
+        if (slot < 0) continue;
+        unsigned long long used = __atomic_load_n(&rg->procs[slot].used[c].total, __ATOMIC_ACQUIRE);
+        memcpy(e + offsetof(nvmlProcessInfo_v1_t, usedGpuMemory), &used, sizeof used);
+        if (kept != k) memmove(buf + (size_t)kept * stride, e, stride);
+        kept++;
+    }
+    if (!infos || *count < kept) {
+        r = kept ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    } else {
+        memcpy(infos, buf, (size_t)kept * stride);
+    }
+    *count = kept;
+    free(buf);
+    return r;
+}
+VG_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned int *count,
+                                                            nvmlProcessInfo_v1_t *infos) {
+    return procs_common(VGN_nvmlDeviceGetComputeRunningProcesses, sizeof(nvmlProcessInfo_v1_t), d, count, infos);
+}
+VG_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *count,
+                                                               nvmlProcessInfo_v2_t *infos) {
+    return procs_common(VGN_nvmlDeviceGetComputeRunningProcesses_v2, sizeof(nvmlProcessInfo_v2_t), d, count, infos);
+}
+VG_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count,
+                                                               nvmlProcessInfo_v2_t *infos) {
+    return procs_common(VGN_nvmlDeviceGetComputeRunningProcesses_v3, sizeof(nvmlProcessInfo_v2_t), d, count, infos);
+}
+_Static_assert(offsetof(nvmlProcessInfo_v1_t, usedGpuMemory) == offsetof(nvmlProcessInfo_v2_t, usedGpuMemory),
+               "usedGpuMemory at the same offset in both layouts");
 
 /* -------------------------------------------------------------- post-init */
 volatile int vg_postinit_done;
@@ -207,7 +246,7 @@ static void detect_host_pid(void) {
     if (vg_nvml_load() != 0 || !NHAVE(nvmlDeviceGetComputeRunningProcesses) || !NHAVE(nvmlInit_v2)) return;
     if (NVML_REAL(nvmlInit_v2)() != NVML_SUCCESS) return;
     pthread_once(&g_nvml_once, nvml_post);
-    int nvml0 = vg_cuda_to_nvml(0);
+    int nvml0 = vg_dev(0); /* the context below is retained on CUDA device 0 */
     nvmlDevice_t d;
     if (NVML_REAL(nvmlDeviceGetHandleByIndex_v2)((unsigned)nvml0, &d) != NVML_SUCCESS) return;
     if (!vg_cuda_real[VGC_cuDevicePrimaryCtxRetain] || !vg_cuda_real[VGC_cuDevicePrimaryCtxRelease_v2]) return;
@@ -252,7 +291,6 @@ void vg_nvml_fork_child(void) {
 void vg_postinit(void) {
     pthread_mutex_lock(&g_post_mu);
     if (!vg_postinit_done && vg_slot) {
-        map_init();
         vg_hostpid_found = 0;
         detect_host_pid();
         vg_watcher_start();

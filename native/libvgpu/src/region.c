@@ -164,8 +164,7 @@ int vg_region_ensure(void) {
     pthread_mutex_lock(&g_init_mu);
     if (!vg_region) {
         vg_log_init();
-        vg_policy = vg_env_policy();
-        vg_limits_init();
+        vg_limits_init(); /* also sets vg_policy */
         if (region_attach_file() != 0) {
             /* without the shared region every process would get the whole limit */
             if (vg_has_limit()) vg_fail_closed("no usable shared region for a limited container");

@@ -173,8 +173,10 @@ uint64_t vg_env_mem_limit(int dev) { return vg_lookup_mem_limit(env_get, NULL, d
 
 uint64_t vg_env_sm_limit(int dev) { return vg_lookup_sm_limit(env_get, NULL, dev, NULL); }
 
-int vg_env_policy(void) {
-    const char *s = getenv("GPU_CORE_UTILIZATION_POLICY");
+int vg_env_policy(void) { return vg_parse_policy(getenv("GPU_CORE_UTILIZATION_POLICY")); }
+
+/* force / disable (any case) / default; NULL, empty or anything else is default */
+int vg_parse_policy(const char *s) {
     if (!s || !*s) return VG_POLICY_DEFAULT;
     if (!strcasecmp(s, "force")) return VG_POLICY_FORCE;
     if (!strcasecmp(s, "disable")) return VG_POLICY_DISABLE;

@@ -97,6 +97,7 @@ VG_HIDDEN int vg_has_limit(void);
 VG_HIDDEN void vg_fail_closed(const char *why);
 enum { VG_POLICY_DEFAULT = 0, VG_POLICY_FORCE = 1, VG_POLICY_DISABLE = 2 };
 VG_HIDDEN int vg_env_policy(void);
+VG_HIDDEN int vg_parse_policy(const char *s);
 
 /* ------------------------------------------------------------------ region */
 VG_HIDDEN extern vg_region_t *vg_region;
@@ -162,15 +163,20 @@ static inline void vg_unreserve(int dev, uint64_t bytes, int cat) {
     X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz) X(cuLaunchCooperativeKernel)      \
     X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch) X(cuGraphLaunch_ptsz) X(cuMemPoolCreate)            \
     X(cuMemPoolDestroy) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool)
-#define VG_CUDA_HELPERS(X) X(cuCtxGetDevice) X(cuDeviceGetCount) X(cuDeviceGetAttribute) X(cuDeviceGetUuid)
+#define VG_CUDA_HELPERS(X)                                                                                 \
+    X(cuCtxGetDevice) X(cuDeviceGetCount) X(cuDeviceGetAttribute) X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2)   \
+    X(cuDeviceGetPCIBusId)
 
 #define VG_ENUM(n) VGC_##n,
 enum { VG_CUDA_HOOKS(VG_ENUM) VGC_NHOOKS, VGC_BASE_ = VGC_NHOOKS - 1, VG_CUDA_HELPERS(VG_ENUM) VGC_NALL };
 
-#define VG_NVML_HOOKS(X) X(nvmlInit) X(nvmlInit_v2) X(nvmlInitWithFlags) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2)
+#define VG_NVML_HOOKS(X)                                                                                   \
+    X(nvmlInit) X(nvmlInit_v2) X(nvmlInitWithFlags) X(nvmlDeviceGetMemoryInfo) X(nvmlDeviceGetMemoryInfo_v2)  \
+    X(nvmlDeviceGetComputeRunningProcesses) X(nvmlDeviceGetComputeRunningProcesses_v2)                       \
+    X(nvmlDeviceGetComputeRunningProcesses_v3)
 #define VG_NVML_HELPERS(X)                                                                                 \
     X(nvmlDeviceGetCount_v2) X(nvmlDeviceGetHandleByIndex_v2) X(nvmlDeviceGetIndex) X(nvmlDeviceGetUUID) \
-    X(nvmlDeviceGetComputeRunningProcesses) X(nvmlDeviceGetProcessUtilization)
+    X(nvmlDeviceGetProcessUtilization) X(nvmlDeviceGetPciInfo_v3)
 #define VG_NENUM(n) VGN_##n,
 enum { VG_NVML_HOOKS(VG_NENUM) VGN_NHOOKS, VGN_BASE_ = VGN_NHOOKS - 1, VG_NVML_HELPERS(VG_NENUM) VGN_NALL };
 
@@ -193,8 +199,22 @@ VG_HIDDEN void vg_postinit(void);
 VG_HIDDEN extern int vg_hostpid_found;
 VG_HIDDEN extern uint64_t vg_context_size;
 VG_HIDDEN void vg_nvml_fill_region(void);
-VG_HIDDEN int vg_cuda_to_nvml(int cuda_dev);
-VG_HIDDEN int vg_nvml_to_cuda(int nvml_dev);
+
+/* ------------------------------------------------- device map (devmap.c)
+ * CUDA ordinal -> container device index (NVML's order in the container, the index
+ * of CUDA_DEVICE_MEMORY_LIMIT_<i> and of the region's per-device arrays), matched by
+ * UUID or PCI bus id once per ordinal. Every limit and every usage counter is kept
+ * per container device; CUDA ordinals never index them. */
+VG_HIDDEN extern int8_t vg_c2i[VG_MAXDEV]; /* 0 = not resolved yet, else index + 1 */
+VG_HIDDEN int vg_dev_slow(int ord);
+VG_HIDDEN int vg_dev_count(void);          /* container devices (NVML or region list) */
+VG_HIDDEN void vg_devmap_fork_child(void);
+/* container device of CUDA ordinal ord; -1 when ord is out of range */
+static inline int vg_dev(int ord) {
+    if (UNLIKELY((unsigned)ord >= VG_MAXDEV)) return -1;
+    int v = __atomic_load_n(&vg_c2i[ord], __ATOMIC_ACQUIRE);
+    return LIKELY(v > 0) ? v - 1 : vg_dev_slow(ord);
+}
 
 /* --------------------------------------------------------------- limiter */
 VG_HIDDEN extern volatile int vg_limiter_on;   /* some device has 0<sm<100 and host pid known */

@@ -68,13 +68,13 @@ static int cur_dev(void) { return t_cur ? t_cur->dev : 0; }
 static CUresult charge(int dev, uint64_t size) {
     stub_state_t *s = st_get();
     stub_proc_t *me = st_me();
-    if (size > s->mem_total || st_dev_used(dev, 0) + size > s->mem_total) {
-        if (size > s->mem_total || st_dev_used(dev, 1) + size > s->mem_total) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (size > s->mem_total || st_dev_used(st_cphys(dev), 0) + size > s->mem_total) {
+        if (size > s->mem_total || st_dev_used(st_cphys(dev), 1) + size > s->mem_total) return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    atomic_fetch_add(&me->mem[st_phys(dev)], size);
+    atomic_fetch_add(&me->mem[st_cphys(dev)], size);
     return CUDA_SUCCESS;
 }
-static void uncharge(int dev, uint64_t size) { atomic_fetch_sub(&st_me()->mem[st_phys(dev)], size); }
+static void uncharge(int dev, uint64_t size) { atomic_fetch_sub(&st_me()->mem[st_cphys(dev)], size); }
 
 static CUresult alloc_common(CUdeviceptr *p, size_t size, int dev) {
     if (!p) return CUDA_ERROR_INVALID_VALUE;
@@ -100,24 +100,40 @@ static CUresult free_common(uint64_t key) {
 
 EXPORT CUresult cuInit(unsigned int flags) { (void)flags; st_me(); return CUDA_SUCCESS; }
 EXPORT CUresult cuDriverGetVersion(int *v) { if (!v) return CUDA_ERROR_INVALID_VALUE; *v = 12040; return CUDA_SUCCESS; }
-EXPORT CUresult cuDeviceGetCount(int *c) { *c = st_nvis(); return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceGetCount(int *c) { *c = st_ncvis(); return CUDA_SUCCESS; }
 EXPORT CUresult cuDeviceGet(CUdevice *d, int ord) {
-    if (ord < 0 || ord >= st_nvis()) return CUDA_ERROR_INVALID_DEVICE;
+    if (ord < 0 || ord >= st_ncvis()) return CUDA_ERROR_INVALID_DEVICE;
     *d = ord; return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetAttribute(int *pi, int attr, CUdevice dev) {
-    if (dev < 0 || dev >= st_nvis()) return CUDA_ERROR_INVALID_DEVICE;
-    if (attr == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) *pi = 10;
+    if (dev < 0 || dev >= st_ncvis()) return CUDA_ERROR_INVALID_DEVICE;
+    if (attr == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) *pi = st_sm_count(st_cphys(dev));
     else if (attr == CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR) *pi = 1024;
     else *pi = 0;
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice dev) {
-    if (dev < 0 || dev >= st_nvis()) return CUDA_ERROR_INVALID_DEVICE;
+    if (dev < 0 || dev >= st_ncvis()) return CUDA_ERROR_INVALID_DEVICE;
     *b = st_get()->mem_total; return CUDA_SUCCESS;
 }
-EXPORT CUresult cuDeviceGetUuid(unsigned char u[16], CUdevice dev) {
-    memset(u, 0, 16); u[0] = 0x5a; u[1] = 0x1e; u[15] = (unsigned char)st_phys(dev); return CUDA_SUCCESS;
+/* the 16 bytes of the text UUID st_uuid/st_mig_uuid give (MIG instances their own) */
+EXPORT CUresult cuDeviceGetUuid_v2(unsigned char u[16], CUdevice dev) {
+    if (!u) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= st_ncvis()) return CUDA_ERROR_INVALID_DEVICE;
+    static const unsigned char head[10] = {0x5a, 0x1e, 0, 0, 0, 0, 0x40, 0, 0x80, 0};
+    memcpy(u, head, sizeof head);
+    if (g_cmig[dev]) u[8] = 0x90;
+    int phys = st_cphys(dev);
+    for (int i = 0; i < 6; i++) u[15 - i] = (unsigned char)(phys >> (8 * i));
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetUuid(unsigned char u[16], CUdevice dev) { return cuDeviceGetUuid_v2(u, dev); }
+/* PCI bus id "domain:bus:device.function"; the stub's device i sits on bus i+1 */
+EXPORT CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice dev) {
+    if (!id || len < 13) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= st_ncvis()) return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(id, (size_t)len, "0000:%02x:00.0", st_cphys(dev) + 1);
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
     *pool = (CUmemoryPool)(uintptr_t)(0x9000 + dev); return CUDA_SUCCESS;
@@ -125,7 +141,7 @@ EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) { return cuDeviceGetMemPool(pool, dev); }
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *p) {
     if (!pool || !p || p->location.type != CU_MEM_LOCATION_TYPE_DEVICE || p->location.id < 0 ||
-        p->location.id >= st_nvis())
+        p->location.id >= st_ncvis())
         return CUDA_ERROR_INVALID_VALUE;
     *pool = (CUmemoryPool)(uintptr_t)(0x9000 + p->location.id);
     return CUDA_SUCCESS;
@@ -137,13 +153,13 @@ EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) 
 
 static void ctx_charge(int dev, int delta) {
     stub_proc_t *me = st_me();
-    int phys = st_phys(dev);
+    int phys = st_cphys(dev);
     atomic_fetch_add(&me->ctx[phys], delta);
     if (delta > 0) atomic_fetch_add(&me->mem[phys], st_get()->ctx_bytes);
     else atomic_fetch_sub(&me->mem[phys], st_get()->ctx_bytes);
 }
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
-    if (dev < 0 || dev >= st_nvis()) return CUDA_ERROR_INVALID_DEVICE;
+    if (dev < 0 || dev >= st_ncvis()) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_mu);
     int created = g_primary_refs[dev]++ == 0;
     if (created) { g_primary[dev].dev = dev; g_primary[dev].primary = 1; ctx_charge(dev, 1); }
@@ -155,7 +171,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
-    if (dev < 0 || dev >= st_nvis()) return CUDA_ERROR_INVALID_DEVICE;
+    if (dev < 0 || dev >= st_ncvis()) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_mu);
     CUresult r = CUDA_SUCCESS;
     if (g_primary_refs[dev] == 0) r = CUDA_ERROR_INVALID_CONTEXT;
@@ -170,9 +186,9 @@ EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
     return CUDA_SUCCESS;
 }
 static CUresult ctx_create(CUcontext *pctx, CUdevice dev) {
-    if (dev < 0 || dev >= st_nvis()) return CUDA_ERROR_INVALID_DEVICE;
+    if (dev < 0 || dev >= st_ncvis()) return CUDA_ERROR_INVALID_DEVICE;
     stub_state_t *s = st_get();
-    if (s->ctx_bytes && st_dev_used(dev, 1) + s->ctx_bytes > s->mem_total) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (s->ctx_bytes && st_dev_used(st_cphys(dev), 1) + s->ctx_bytes > s->mem_total) return CUDA_ERROR_OUT_OF_MEMORY;
     stub_ctx_t *c = calloc(1, sizeof *c);
     c->dev = dev;
     ctx_charge(dev, 1);
@@ -197,7 +213,7 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext c) { t_cur = (stub_ctx_t *)c; return C
 
 EXPORT CUresult cuMemGetInfo_v2(size_t *fr, size_t *tot) {
     int dev = cur_dev();
-    uint64_t t = st_get()->mem_total, u = st_dev_used(dev, 1);
+    uint64_t t = st_get()->mem_total, u = st_dev_used(st_cphys(dev), 1);
     if (fr) *fr = u > t ? 0 : t - u;
     if (tot) *tot = t;
     return CUDA_SUCCESS;
@@ -230,7 +246,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUm
     if (!h || !prop || n == 0) return CUDA_ERROR_INVALID_VALUE;
     uint64_t key = atomic_fetch_add(&st_get()->next_handle, 1) | (1ull << 62);
     if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
-        if (prop->location.id < 0 || prop->location.id >= st_nvis()) return CUDA_ERROR_INVALID_DEVICE;
+        if (prop->location.id < 0 || prop->location.id >= st_ncvis()) return CUDA_ERROR_INVALID_DEVICE;
         CUresult r = charge(prop->location.id, n);
         if (r) return r;
         pthread_mutex_lock(&g_mu); tab_put(key, n, prop->location.id); pthread_mutex_unlock(&g_mu);
@@ -290,7 +306,7 @@ static CUresult launch(uint64_t blocks) {
         while (st_now_ns() < t1) { }
         t1 = st_now_ns();
         uint64_t i = atomic_fetch_add(&me->ring_head, 1) % STUB_RING;
-        me->ring[i].dev = st_phys(cur_dev());
+        me->ring[i].dev = st_cphys(cur_dev());
         me->ring[i].start_ns = t0;
         me->ring[i].end_ns = t1;
     }
@@ -324,7 +340,7 @@ EXPORT CUresult cuGetExportTable(const void **t, const void *id) { (void)t; (voi
 /* test helpers (not part of the driver API) */
 EXPORT unsigned long long stubLaunchCount(void) { return atomic_load(&st_get()->launches); }
 EXPORT unsigned long long stubProcLaunchCount(void) { return atomic_load(&st_me()->launches); }
-EXPORT unsigned long long stubDeviceUsed(int dev) { return st_dev_used(dev, 1); }
+EXPORT unsigned long long stubDeviceUsed(int dev) { return st_dev_used(st_cphys(dev), 1); }
 
 /* test helper: the stub's own entry point by exact name, bypassing any
  * interposer (benchmarks call the driver directly and through libvgpu in the
@@ -345,7 +361,8 @@ static const proc_t g_procs[] = {
     P("cuGetProcAddress", 12000, cuGetProcAddress_v2), P("cuGetProcAddress", 11030, cuGetProcAddress),
     P("cuDeviceGet", 2000, cuDeviceGet), P("cuDeviceGetCount", 2000, cuDeviceGetCount),
     P("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute), P("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
-    P("cuDeviceGetUuid", 9020, cuDeviceGetUuid), P("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
+    P("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2), P("cuDeviceGetUuid", 9020, cuDeviceGetUuid),
+    P("cuDeviceGetPCIBusId", 4010, cuDeviceGetPCIBusId), P("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool),
     P("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute), P("cuMemPoolCreate", 11020, cuMemPoolCreate),
     P("cuMemPoolDestroy", 11020, cuMemPoolDestroy), P("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool),
     P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),

@@ -43,6 +43,15 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int l
     st_uuid(st_phys((int)i), uuid, len);
     return NVML_SUCCESS;
 }
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *pci) {
+    unsigned i;
+    if (!dev_of(d, &i) || !pci) return NVML_ERROR_INVALID_ARGUMENT;
+    memset(pci, 0, sizeof *pci);
+    pci->bus = (unsigned)st_phys((int)i) + 1; /* as the stub's libcuda: device i on bus i+1 */
+    snprintf(pci->busId, sizeof pci->busId, "00000000:%02x:00.0", pci->bus);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "0000:%02x:00.0", pci->bus);
+    return NVML_SUCCESS;
+}
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int len) {
     unsigned i;
     if (!dev_of(d, &i)) return NVML_ERROR_INVALID_ARGUMENT;
@@ -52,7 +61,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int l
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
     unsigned i;
     if (!dev_of(d, &i)) return NVML_ERROR_INVALID_ARGUMENT;
-    uint64_t t = st_get()->mem_total, u = st_dev_used((int)i, 1);
+    uint64_t t = st_get()->mem_total, u = st_dev_used(st_phys((int)i), 1);
     m->total = t; m->used = u; m->free = u > t ? 0 : t - u;
     return NVML_SUCCESS;
 }
@@ -68,7 +77,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigne
     unsigned i, n = 0;
     if (!dev_of(d, &i) || !count) return NVML_ERROR_INVALID_ARGUMENT;
     stub_state_t *s = st_get();
-    st_dev_used((int)i, 1); /* reap dead processes */
+    st_dev_used(st_phys((int)i), 1); /* reap dead processes */
     /* VGPU_STUB_NVML_REVERSE: list newest records first (NVML's order is unspecified) */
     int rev = getenv("VGPU_STUB_NVML_REVERSE") != NULL;
     for (int k0 = 0; k0 < STUB_MAXPROC; k0++) {
@@ -82,6 +91,28 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigne
     nvmlReturn_t r = n > *count ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
     *count = n;
     return r;
+}
+/* _v2 and _v3: the same list in the v2 layout (no MIG here: instance ids 0xFFFFFFFF) */
+static nvmlReturn_t procs_v2(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_v2_t *infos) {
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    nvmlProcessInfo_v1_t v1[STUB_MAXPROC];
+    unsigned n = STUB_MAXPROC;
+    nvmlReturn_t r = nvmlDeviceGetComputeRunningProcesses(d, &n, v1);
+    if (r) return r;
+    if (!infos || *count < n) { *count = n; return n ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS; }
+    for (unsigned k = 0; k < n; k++) {
+        infos[k].pid = v1[k].pid;
+        infos[k].usedGpuMemory = v1[k].usedGpuMemory;
+        infos[k].gpuInstanceId = infos[k].computeInstanceId = 0xFFFFFFFFu;
+    }
+    *count = n;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_v2_t *i) {
+    return procs_v2(d, c, i);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_v2_t *i) {
+    return procs_v2(d, c, i);
 }
 EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *u,
                                                     unsigned int *count, unsigned long long lastSeen) {

@@ -21,7 +21,14 @@
  *   echo WORD            print WORD (flushes; for synchronisation)
  *   sleep SECS           sleep
  *   hold                 print "holding" and sleep until killed
- *   fork SCRIPT...       run the rest in a forked child, wait, continue
+ *   fork SCRIPT...       run the rest in a forked child and wait for it; with a "--"
+ *                        in the rest, the child runs up to it and the parent
+ *                        continues after it
+ *   exec SCRIPT...       the same, the child exec'ing vgtest SCRIPT...
+ *   setenv NAME VALUE    setenv (inherited by fork and exec)
+ *   procs N              print "procs N COUNT SUM_USED" and "proc PID USED" lines
+ *                        (nvmlDeviceGetComputeRunningProcesses, v1 records) and
+ *                        "procs3 N COUNT SUM_USED SIZE_QUERY" (_v3)
  *   threads N ITER BYTES N threads each doing ITER cuMemAlloc/cuMemFree pairs
  *   race N BYTES         N threads allocate BYTES at once; print "race SUCCESSES"
  *                        (objects kept)
@@ -269,14 +276,50 @@ static int run(int argc, char **argv) {
             printf("holding\n");
             fflush(stdout);
             for (;;) pause();
-        } else if (!strcmp(c, "fork")) {
+        } else if (!strcmp(c, "fork") || !strcmp(c, "exec")) {
+            int end = i + 1;
+            while (end < argc && strcmp(argv[end], "--")) end++;
             fflush(stdout);
             pid_t pid = fork();
-            if (pid == 0) exit(run(argc - i - 1, argv + i + 1));
+            if (pid == 0 && c[0] == 'f') exit(run(end - i - 1, argv + i + 1));
+            if (pid == 0) {
+                char **av = calloc((size_t)(end - i) + 1, sizeof *av);
+                av[0] = (char *)"vgtest";
+                for (int k = i + 1; k < end; k++) av[k - i] = argv[k];
+                execv("/proc/self/exe", av);
+                _exit(127);
+            }
             int st;
             waitpid(pid, &st, 0);
             if (!WIFEXITED(st) || WEXITSTATUS(st)) die("child failed", st, 0);
-            return 0;
+            if (end >= argc) return 0;
+            i = end;
+        } else if (!strcmp(c, "setenv")) {
+            const char *name = argv[++i];
+            setenv(name, argv[++i], 1);
+        } else if (!strcmp(c, "procs")) {
+            unsigned d = (unsigned)atoi(argv[++i]);
+            nvmlDevice_t h;
+            nvmlProcessInfo_v1_t pi[64];
+            unsigned n = 64;
+            if (nvmlInit_v2() || nvmlDeviceGetHandleByIndex_v2(d, &h) || nvmlDeviceGetComputeRunningProcesses(h, &n, pi))
+                die("nvml procs", 0, 0);
+            unsigned long long sum = 0;
+            for (unsigned k = 0; k < n; k++) sum += pi[k].usedGpuMemory;
+            printf("procs %u %u %llu\n", d, n, sum);
+            for (unsigned k = 0; k < n; k++) printf("proc %u %llu\n", pi[k].pid, pi[k].usedGpuMemory);
+            /* _v3 (what pynvml calls): first the size query, then the list */
+            nvmlProcessInfo_v2_t p3[64];
+            unsigned n3 = 0;
+            nvmlReturn_t q = nvmlDeviceGetComputeRunningProcesses_v3(h, &n3, NULL);
+            unsigned need = n3;
+            n3 = 64;
+            if ((q != NVML_SUCCESS && q != NVML_ERROR_INSUFFICIENT_SIZE) ||
+                nvmlDeviceGetComputeRunningProcesses_v3(h, &n3, p3))
+                die("nvml procs v3", q, 0);
+            unsigned long long sum3 = 0;
+            for (unsigned k = 0; k < n3; k++) sum3 += p3[k].usedGpuMemory;
+            printf("procs3 %u %u %llu %u\n", d, n3, sum3, need);
         } else {
             fprintf(stderr, "unknown command %s\n", c);
             return 2;

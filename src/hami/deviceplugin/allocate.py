@@ -131,8 +131,13 @@ def go_parse_bool_true(value: str | None) -> bool:
 #: Name of the limits file libvgpu reads next to itself (``<H>/vgpu/limits.env`` in the
 #: container; native/libvgpu/src/limits.c).
 LIMITS_FILE = "limits.env"
-#: The env names libvgpu also reads from the limits file.
-LIMIT_ENVS = ("CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_SHARED_CACHE")
+#: The env names libvgpu also reads from the limits file (a process's own env may only
+#: tighten what the file says: GPU_CORE_UTILIZATION_POLICY=disable there is the only way
+#: to switch the SM limiter off).
+LIMIT_ENVS = ("CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT", "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+              "GPU_CORE_UTILIZATION_POLICY")
+#: The core policy's env name (the plugin's ``disable_core_limit``, the webhook's gpuCorePolicy).
+CORE_POLICY_ENV = "GPU_CORE_UTILIZATION_POLICY"
 
 
 def container_plan(devices: Sequence[ContainerDevice], pod: PodView, entry_index: int,
@@ -143,8 +148,8 @@ def container_plan(devices: Sequence[ContainerDevice], pod: PodView, entry_index
 
     Beyond HAMi, two mounts come from ``<H>/vgpu/containers/<podUID>_<ctr>.plugin/``, a
     host directory no container sees (so no container can swap a mount source for a
-    symlink before a restart): ``limits.env`` (the limit, SM and cache-path variables
-    as ``KEY=VALUE`` lines) read-only at ``<H>/vgpu/limits.env``, where libvgpu finds its
+    symlink before a restart): ``limits.env`` (the limit, SM, cache-path and core-policy
+    variables as ``KEY=VALUE`` lines) read-only at ``<H>/vgpu/limits.env``, where libvgpu finds its
     limits even in a process that lost its environment; and the container's own
     ``vgpulock`` directory at ``/tmp/vgpulock`` instead of one host directory writable by
     every GPU container. The monitor removes the directory with the pod's.
@@ -165,7 +170,12 @@ def container_plan(devices: Sequence[ContainerDevice], pod: PodView, entry_index
     cache_dir = f"{vgpu}/containers/{pod.uid}_{ctr.name}"
     private = f"{cache_dir}.plugin"  # container names are DNS labels: no '.', no clash
     lock_dir = f"{private}/vgpulock"
-    limits = "".join(f"{k}={v}\n" for k, v in envs.items() if k.startswith(LIMIT_ENVS))
+    file_envs = {k: v for k, v in envs.items() if k.startswith(LIMIT_ENVS)}
+    if ctr.env.get(CORE_POLICY_ENV):
+        # the webhook's gpuCorePolicy, a literal value the isolation rules checked; it
+        # comes after the plugin's env in the container, so it is what the process sees
+        file_envs[CORE_POLICY_ENV] = ctr.env[CORE_POLICY_ENV]
+    limits = "".join(f"{k}={v}\n" for k, v in file_envs.items())
     mounts = _hami_mounts(vgpu, node, ctr, cache_dir, private)
     if mps.active(cfg.operating_mode, cfg.mps):  # ours, opt-in: docs/mps.md
         envs.update(mps.client_env(devices, cfg.mps))

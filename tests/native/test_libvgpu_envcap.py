@@ -1,0 +1,117 @@
+"""The process environment cannot lift a mounted limit (issue 26 §2).
+
+The device plugin mounts ``limits.env`` read-only next to the library; a process's own
+environment (which the pod's command can set, after the webhook looked) may lower the
+limits it holds but never raise or remove them. One test per variable that could
+loosen one: the memory limits (global, per device, zero, nonsense), the SM limits, the
+utilisation policy, CUDA_OVERSUBSCRIBE, the region path and the device mask.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from libvgpu_harness import Env, lines
+from test_libvgpu_failclosed import bare, container, plugin_limits, results
+
+from hami.monitor import region as reg
+
+pytestmark = pytest.mark.native
+
+MiB = 1 << 20
+LIMIT = 48 * MiB
+BUSY = {"VGPU_STUB_NS_PER_BLOCK": "10000"}
+
+MEMORY_ENVS: dict[str, dict[str, str]] = {
+    "global_raised": {"CUDA_DEVICE_MEMORY_LIMIT": "1t"},
+    "per_device_raised": {"CUDA_DEVICE_MEMORY_LIMIT_0": "96m", "CUDA_DEVICE_MEMORY_LIMIT_1": "96m"},
+    "per_device_zero": {"CUDA_DEVICE_MEMORY_LIMIT_0": "0", "CUDA_DEVICE_MEMORY_LIMIT_1": "0"},
+    "global_nonsense": {"CUDA_DEVICE_MEMORY_LIMIT": "lots"},
+    "oversubscribe": {"CUDA_OVERSUBSCRIBE": "true", "CUDA_DEVICE_MEMORY_LIMIT": "1t"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(MEMORY_ENVS))
+def test_environment_cannot_lift_the_mounted_memory_limit(env: Env, name: str) -> None:
+    lib = container(env, plugin_limits(env.tmp / "vgpu"))
+    p = bare(env, lib, "init", "alloc", "mem", str(LIMIT + 1), "-1", "alloc", "mem", str(LIMIT), "-1", "info",
+             "dev", "1", "alloc", "mem", str(LIMIT + 1), "-1", "alloc", "mem", str(LIMIT), "-1", "info",
+             **MEMORY_ENVS[name])
+    assert results(p) == [2, 0, 2, 0], p.stdout + p.stderr
+    assert [i[:2] for i in lines(p.stdout, "info")] == [[0, LIMIT], [0, LIMIT]]
+
+
+def test_device_mask_cannot_borrow_another_devices_limit(env: Env) -> None:
+    """Per-device limits 48 and 16 MiB: a process that sees GPU 1 first gets 16 MiB there."""
+    d = env.tmp / "vgpu"
+    lib = container(env, plugin_limits(d).replace("CUDA_DEVICE_MEMORY_LIMIT_1=48m", "CUDA_DEVICE_MEMORY_LIMIT_1=16m"))
+    p = bare(env, lib, "init", "alloc", "mem", str(16 * MiB + 1), "-1", "alloc", "mem", str(16 * MiB), "-1",
+             "info", CUDA_VISIBLE_DEVICES="1,0", CUDA_DEVICE_MEMORY_LIMIT="1t")
+    assert results(p) == [2, 0], p.stdout + p.stderr
+    assert lines(p.stdout, "info")[0][:2] == [0, 16 * MiB]
+
+
+def test_environment_cannot_move_the_accounting_to_its_own_region(env: Env) -> None:
+    d = env.tmp / "vgpu"
+    lib = container(env, plugin_limits(d))
+    holder = subprocess.Popen([str(env.build / "tests" / "vgtest"), "init", "alloc", "mem", str(32 * MiB), "0",
+                               "hold"], env=env.environ(LD_PRELOAD=str(lib / "libvgpu.so")),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and "holding" in holder.stdout.readline() + holder.stdout.readline()
+        elsewhere = env.tmp / "own.cache"
+        p = bare(env, lib, "init", "alloc", "mem", str(16 * MiB + 1), "-1", "alloc", "mem", str(16 * MiB), "-1",
+                 CUDA_DEVICE_MEMORY_SHARED_CACHE=str(elsewhere))
+        assert results(p) == [2, 0], p.stdout + p.stderr
+        assert not elsewhere.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize("sm_env", [{"CUDA_DEVICE_SM_LIMIT": "100"}, {"CUDA_DEVICE_SM_LIMIT_0": "100"},
+                                    {"CUDA_DEVICE_SM_LIMIT": "0"}, {"CUDA_DEVICE_SM_LIMIT": "much"}])
+def test_environment_cannot_lift_the_mounted_sm_limit(env: Env, sm_env: dict[str, str]) -> None:
+    d = env.tmp / "vgpu"
+    lib = container(env, plugin_limits(d))
+    p = bare(env, lib, "init", **sm_env)
+    assert p.returncode == 0, p.stderr
+    r = reg.parse_region((d / "c0ffee.cache").read_bytes())
+    assert r.sm_limit_percent[:2] == (30, 30)
+
+
+def _rate(p: subprocess.CompletedProcess[str]) -> float:
+    return [float(ln.split()[1]) for ln in p.stdout.splitlines() if ln.startswith("rate ")][-1]
+
+
+@pytest.fixture
+def unlimited_rate(env: Env) -> float:
+    p = env.run("init", "rate", "1.5", "100", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(env.tmp / "base.cache"), **BUSY)
+    rate = _rate(p)
+    assert rate > 400
+    return rate
+
+
+def _limited_run(env: Env, lib: Path, **kv: str) -> float:
+    p = bare(env, lib, "init", "rate", "2", "100", "rate", "2", "100", **BUSY, **kv)
+    assert p.returncode == 0, p.stderr
+    return _rate(p)
+
+
+def test_policy_disable_in_the_environment_does_not_lift_the_sm_limit(env: Env, unlimited_rate: float) -> None:
+    """Measured before: 1.0x the unlimited rate with GPU_CORE_UTILIZATION_POLICY=disable."""
+    lib = container(env, plugin_limits(env.tmp / "vgpu"))
+    rate = _limited_run(env, lib, GPU_CORE_UTILIZATION_POLICY="disable", CUDA_DEVICE_SM_LIMIT="100")
+    assert 0.15 <= rate / unlimited_rate <= 0.45, (rate, unlimited_rate)
+
+
+def test_mounted_policy_disable_holds_and_force_may_tighten_it(env: Env, unlimited_rate: float) -> None:
+    """The honest paths: the plugin wrote ``disable`` (operator's or webhook's choice): the
+    limiter is off; a process may still force it on."""
+    d = env.tmp / "vgpu"
+    lib = container(env, plugin_limits(d) + "GPU_CORE_UTILIZATION_POLICY=disable\n")
+    assert _limited_run(env, lib) / unlimited_rate > 0.75
+    forced = _limited_run(env, lib, GPU_CORE_UTILIZATION_POLICY="force")
+    assert 0.15 <= forced / unlimited_rate <= 0.45, (forced, unlimited_rate)

@@ -1,0 +1,77 @@
+"""``fork`` after init and ``exec`` in a child keep one accounting (issue 26 §3).
+
+A forked child (a data-loader worker, a launcher) owns none of its parent's device
+objects: it takes its own slot on its first call, is held to the container's limit with
+the parent's usage counted, and its usage leaves with it. A child that execs (torchrun
+starting a rank with its own ``CUDA_VISIBLE_DEVICES``) starts the library afresh in the
+same region, on the card its mask names.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from libvgpu_harness import Env, lines
+
+from hami.monitor import region as reg
+
+pytestmark = pytest.mark.native
+
+MiB = 1 << 20
+LIMITS = {"CUDA_DEVICE_MEMORY_LIMIT_0": "48m", "CUDA_DEVICE_MEMORY_LIMIT_1": "16m"}
+
+
+def _region(env: Env) -> reg.Region:
+    return reg.parse_region(env.region_path.read_bytes())
+
+
+def _until(p: subprocess.Popen[str], word: str) -> str:
+    out = []
+    assert p.stdout is not None
+    for line in p.stdout:
+        out.append(line)
+        if line.strip() == word:
+            return "".join(out)
+    raise AssertionError("".join(out) + (p.stderr.read() if p.stderr else ""))
+
+
+def test_fork_after_init_counts_parent_and_child_once_each(env: Env) -> None:
+    p = env.popen("init", "alloc", "mem", str(10 * MiB), "0",
+                  "fork", "init", "alloc", "mem", str(38 * MiB + 1), "2", "alloc", "mem", str(38 * MiB), "0",
+                  "info", "--",
+                  "info", "alloc", "mem", str(38 * MiB), "0", "info", "echo", "done", "hold", **LIMITS)
+    try:
+        out = _until(p, "done")
+        info = [i[:2] for i in lines(out, "info")]
+        # the child: the parent's 10 MiB counted once; the parent after the child left
+        assert info == [[0, 48 * MiB], [38 * MiB, 48 * MiB], [0, 48 * MiB]], out
+        r = _region(env)
+        (slot,) = r.active_procs()
+        assert slot.pid == p.pid and r.used_memory_bytes(0) == 48 * MiB
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_exec_in_a_child_keeps_one_accounting_on_the_card_its_mask_names(env: Env) -> None:
+    """The launcher holds 10 MiB on card 0 and execs a rank with CUDA_VISIBLE_DEVICES=1:
+    the rank's device 0 is card 1 (16 MiB limit); NVML and the region count each card once."""
+    p = env.popen("init", "alloc", "mem", str(10 * MiB), "0", "setenv", "CUDA_VISIBLE_DEVICES", "1",
+                  "exec", "init", "alloc", "mem", str(16 * MiB + 1), "2", "alloc", "mem", str(16 * MiB), "0",
+                  "info", "nvml", "0", "nvml", "1", "--",
+                  "info", "dev", "1", "info", "echo", "done", "hold", **LIMITS)
+    try:
+        out = _until(p, "done")
+        info = [i[:2] for i in lines(out, "info")]
+        assert info[0] == [0, 16 * MiB], out  # the rank, on card 1
+        nvml = lines(out, "nvml")
+        assert nvml[0] == [0, 48 * MiB, 10 * MiB, 38 * MiB] and nvml[1] == [1, 16 * MiB, 16 * MiB, 0], out
+        # the launcher after the rank exited: its 10 MiB on card 0, card 1 free again
+        assert info[1:] == [[38 * MiB, 48 * MiB], [16 * MiB, 16 * MiB]], out
+        r = _region(env)
+        assert (r.used_memory_bytes(0), r.used_memory_bytes(1)) == (10 * MiB, 0)
+        assert [s.pid for s in r.active_procs()] == [p.pid]
+    finally:
+        p.kill()
+        p.wait()
