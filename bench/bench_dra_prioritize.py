@@ -10,7 +10,9 @@ with the watch cache's objects and version:
 * ``changed``: one claim was allocated (a new claim object, a new version) since the
   call before, as after each pod kube-scheduler binds.
 
-The pod being scored asks a quarter card. Medians and p99 over ``--calls`` calls of
+The objects are passed as the watch cache's dicts by ``(namespace, name)``, as
+``/prioritize`` passes them (``--lists``: as lists, as it did before). The pod being
+scored asks a quarter card. Medians and p99 over ``--calls`` calls of
 each kind, after ``--warm`` warm-up calls (the mix learned, the state built).
 
 Usage::
@@ -82,6 +84,9 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=100)
     ap.add_argument("--warm", type=int, default=5)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--lists", action="store_true",
+                    help="pass lists of the objects (as /prioritize did before the scorer "
+                         "took the watch cache's dicts; needed to run this on older code)")
     args = ap.parse_args()
     from hami.dra.fragscore import DraFragmentation
 
@@ -107,12 +112,14 @@ def main() -> None:
         allocate(f"c{k}")
     frag = DraFragmentation()
     version = 0
-    slice_list = list(slices.values())
 
     def call(pod: str) -> float:
         claims.setdefault(("bench", pod), _claim(pod, 4096, 1, None, []))
         start = time.perf_counter()
-        frag(_pod(pod), names, slice_list, list(claims.values()), version)
+        if args.lists:
+            frag(_pod(pod), names, list(slices.values()), list(claims.values()), version)
+        else:
+            frag(_pod(pod), names, slices, claims, version)
         return time.perf_counter() - start
 
     for k in range(args.warm):

@@ -67,8 +67,7 @@ class DraPrioritizer:
         assert self.fragmentation is not None
         objs = DraObjects.shared(self.client) if self.watch else None
         if objs is not None and all(e.is_set() for e in objs.synced.values()):
-            return self.fragmentation(pod, names, list(objs.slices.values()),
-                                      list(objs.claims.values()), objs.version)
+            return self.fragmentation(pod, names, objs.slices, objs.claims, objs.version)
         slices = [s.to_dict() async for s in self.client.list(ResourceSlice)]
         claims = [c.to_dict() async for c in self.client.list(ResourceClaim, namespace="*")]
         return self.fragmentation(pod, names, slices, claims)

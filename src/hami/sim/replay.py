@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -76,8 +77,14 @@ FRAGMENTATION_AWARE_LOOKAHEAD = "fragmentation-aware+lookahead"
 #: Every policy ``hami simulate --policies all`` runs: ``<node-policy>/<gpu-policy>`` and ours.
 ALL_POLICIES = tuple(f"{n}/{g}" for n in HAMI_NODE_POLICIES for g in HAMI_GPU_POLICIES) + (
     FRAGMENTATION_AWARE,)
+#: DRA mode (``hami simulate --mode dra``): hami's fragmentation-aware node order from
+#: ``/prioritize`` on top, and inside the node the card kube-scheduler's DRA allocator
+#: takes, the first that fits in slice (index) order. The order sees what DRA mode's
+#: ``/prioritize`` sees: cards and claims, no node CPU or memory (those still limit
+#: where a pod fits, as kube-scheduler checks them).
+FRAGMENTATION_AWARE_DRA = "fragmentation-aware@dra"
 #: Policies run only when named (not scheduler policies).
-OPT_IN_POLICIES = (FRAGMENTATION_AWARE_LOOKAHEAD,)
+OPT_IN_POLICIES = (FRAGMENTATION_AWARE_LOOKAHEAD, FRAGMENTATION_AWARE_DRA)
 #: Every policy name :func:`parse_policy` accepts.
 KNOWN_POLICIES = ALL_POLICIES + OPT_IN_POLICIES
 
@@ -97,6 +104,8 @@ def parse_policy(policy: str) -> SchedulingPolicy:
     """
     if policy in (FRAGMENTATION_AWARE, FRAGMENTATION_AWARE_LOOKAHEAD):
         return SchedulingPolicy(FRAGMENTATION_AWARE, FRAGMENTATION_AWARE)
+    if policy == FRAGMENTATION_AWARE_DRA:
+        return SchedulingPolicy(FRAGMENTATION_AWARE, "first-fit")
     node, _, gpu = policy.partition("/")
     if node not in HAMI_NODE_POLICIES or gpu not in HAMI_GPU_POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(KNOWN_POLICIES)}")
@@ -170,6 +179,10 @@ class Replayer:
         self.scorer = FragmentationScorer(
             dist, look_ahead=policy == FRAGMENTATION_AWARE_LOOKAHEAD)
         self.names = [self.ledger.node_name(i) for i in range(self.ledger.node_count)]
+        #: What the node order reads: the ledger, or in DRA mode the ledger without the
+        #: nodes' CPU and memory (:class:`GpuOnlyView`).
+        self.view = (GpuOnlyView(self.ledger) if policy == FRAGMENTATION_AWARE_DRA
+                     else self.ledger)
         self.allocated_milli = 0
         #: Number of MIG-mode GPUs (0: the replay is exactly the hami-core one).
         self.mig_gpus = int(self.ledger.mig_mode[: self.ledger.size].sum())
@@ -190,7 +203,7 @@ class Replayer:
             return None
         led = self.ledger
         if self.policy.node_policy == FRAGMENTATION_AWARE:
-            best = next(iter(self.scorer.best_first(led, Placement.of(request), idx)))
+            best = next(iter(self.scorer.best_first(self.view, Placement.of(request), idx)))
             return self.names[int(best)]
         else:  # kube-scheduler LeastAllocated
             cpu_t = led.cpu_milli_total[idx].astype(np.float64)
@@ -202,7 +215,7 @@ class Replayer:
     def _rank(self, ctx: FilterContext, idx: IntArray) -> IntArray | BestFirst:
         """The fragmentation-aware node order, sorted only past its best node (with the
         look-ahead, the whole order at once)."""
-        return self.scorer.best_first(ctx.ledger, Placement.of(ctx.request), idx)
+        return self.scorer.best_first(self.view, Placement.of(ctx.request), idx)
 
     def schedule(self, request: PodRequest) -> tuple[str | None, int]:
         """Place one admitted pod; returns ``(node or None, GPU milli granted)``."""
@@ -267,7 +280,7 @@ class Replayer:
 
     def fragmentation_percent(self) -> float:
         """The cluster's expected fragmentation under :attr:`dist`, % of capacity."""
-        state = self.scorer.state(self.ledger)
+        state = self.scorer.state(self.view)
         frag = metrics.fragmentation_milli(self.ledger, self.dist, state.models_ok)
         return 100.0 * frag / self.capacity_milli
 
@@ -310,6 +323,23 @@ class Replayer:
         return ReplayResult(self.policy_name, seed, len(pods), scheduled, failed, cap,
                             allocation, fragmentation, time.perf_counter() - start, mig,
                             self.mig_usage() if self.mig_gpus else None)
+
+
+class GpuOnlyView:
+    """A :class:`~hami.core.ledger.UsageLedger` as DRA mode's ``/prioritize`` sees the
+    cluster: the same cards and usage, every node's CPU and memory unchecked (``-1``).
+    Attributes other than those four arrays are the ledger's."""
+
+    def __init__(self, ledger: Any) -> None:
+        self._ledger = ledger
+        n = max(ledger.node_count, 1)
+        self.cpu_milli_total = np.full(n, -1, dtype=np.int64)
+        self.memory_mib_total = np.full(n, -1, dtype=np.int64)
+        self.cpu_milli_used = np.zeros(n, dtype=np.int64)
+        self.memory_mib_used = np.zeros(n, dtype=np.int64)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ledger, name)
 
 
 def replay(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy: str,
