@@ -14,8 +14,9 @@ gives as ``1000 x free cores / cores``; here it is the scarcer of free ``memory`
 free ``cores`` (``1000 x free / capacity``, each, the sums of the ``consumedCapacity``
 of the allocation results on it), 0 when the card is tainted (unhealthy, cordoned) or
 all its ``shares`` are taken. So ``total_cores`` is 1000 and ``used_cores`` 1000 less
-that share. Node CPU and memory are not part of DRA's objects: they read as unchecked
-(``-1``), so the stranding term adds nothing in DRA mode.
+that share. Node CPU and memory are not part of DRA's objects: they come from a
+:class:`~hami.dra.hosts.HostUsage` (the scheduler's Node and Pod watches) when one is
+given, else they read as unchecked (``-1``: the CPU/memory terms add nothing).
 
 :meth:`DraLedger.sync` is incremental per object: a claim whose object is the one seen
 before (the watch cache replaces a claim's dict on each event) costs one identity test;
@@ -38,6 +39,7 @@ from hami.core.fragmentation.learn import Task
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import quantity
 from hami.dra import usage
+from hami.dra.hosts import HostUsage
 from hami.dra.slices import CORES, DRIVER, MEMORY, MIB, SHARES
 
 Key = tuple[str, str]
@@ -121,6 +123,8 @@ class DraLedger:
         self._slices: dict[Key, Any] = {}
         self._claims: dict[Key, _ClaimUse] = {}
         self._by_owner: dict[str, set[Key]] = {}
+        self._hosts: HostUsage | None = None
+        self._hosts_seq = -1
         self._build({})
 
     # ---------------------------------------------------------------- structure
@@ -182,7 +186,13 @@ class DraLedger:
         self._slices = slices
         self._claims = {}
         self._by_owner = {}
+        self._hosts_seq = -1
         self.version += 1
+
+    def _set_host(self, i: int, hosts: HostUsage) -> None:
+        cpu_total, mem_total, cpu_used, mem_used = hosts.of(self.names[i])
+        self.cpu_milli_total[i], self.memory_mib_total[i] = cpu_total, mem_total
+        self.cpu_milli_used[i], self.memory_mib_used[i] = cpu_used, mem_used
 
     def _set_free(self, d: int) -> None:
         mem_used, cores_used, shares_used = self._used[d]
@@ -227,10 +237,12 @@ class DraLedger:
             self.version_pods += 1
 
     def sync(self, slices: Mapping[Key, Any] | Iterable[Any],
-             claims: Mapping[Key, Any] | Iterable[Any]) -> None:
+             claims: Mapping[Key, Any] | Iterable[Any], hosts: HostUsage | None = None
+             ) -> None:
         """Bring the ledger up to ``slices`` and ``claims`` (the watch cache's dicts by
-        ``(namespace, name)``, or lists). Objects that are the very objects seen before
-        count as unchanged (module docstring)."""
+        ``(namespace, name)``, or lists) and the nodes' CPU and memory in ``hosts``
+        (refreshed by the caller). Objects that are the very objects seen before count
+        as unchanged (module docstring)."""
         now_slices = keyed(slices)
         if now_slices.keys() != self._slices.keys() or any(
                 obj is not self._slices[k] for k, obj in now_slices.items()):
@@ -248,13 +260,23 @@ class DraLedger:
                 self._apply(old, -1, touched, key)
             use = seen[key] = self._use_of(obj)
             self._apply(use, 1, touched, key)
-        if touched:
+        nodes: set[int] = set()
+        if hosts is not None and (hosts is not self._hosts or hosts.seq != self._hosts_seq):
+            changed = (range(self.node_count) if hosts is not self._hosts or self._hosts_seq < 0
+                       else [i for i in map(self.index.get, hosts.changed(self._hosts_seq))
+                             if i is not None])
+            for i in changed:
+                self._set_host(i, hosts)
+                nodes.add(i)
+            self._hosts, self._hosts_seq = hosts, hosts.seq
+        if touched or nodes:
             self.usage_seq += 1
             for d in touched:
                 u = self._used[d]
                 self.used_slots[d] = u[2]
                 self._set_free(d)
-            self._stamp[self.node_of[sorted(touched)]] = self.usage_seq
+            nodes.update(self.node_of[sorted(touched)].tolist())
+            self._stamp[sorted(nodes)] = self.usage_seq
 
     # ---------------------------------------------------------- ledger fields
     def changed_nodes(self, since: int) -> IntArray:
@@ -276,12 +298,15 @@ class DraLedger:
         claims' requests as one placement against the largest card, for
         :meth:`hami.core.fragmentation.LiveFragmentationOrder.scorer_for`."""
         out = []
+        hosts = self._hosts
         for uid, keys in self._by_owner.items():
             if uid in skip:
                 continue
             reqs = [r for k in keys for r in self._claims[k].requests]
             if reqs:
-                out.append(self._task_of(reqs, self.ref_mib))
+                task = self._task_of(reqs, self.ref_mib)
+                held = hosts.requests_of(uid) if hosts is not None else None
+                out.append(task if held is None else (task[0], task[1], *held, task[4]))
         return out
 
     def indices(self, names: Iterable[str]) -> IntArray:

@@ -20,8 +20,11 @@ the task mix learned online the same way) reads DRA mode's cards and claims thro
   :meth:`hami.core.fragmentation.Placement.of` combines containers (GPU counts summed,
   the largest share), against each candidate node's card size.
 
-Node CPU and memory are not in DRA's objects (kube-scheduler filters them): they count
-as unchecked, so the stranding term adds nothing here. Pure, except the learned mix.
+Node CPU and memory are not in DRA's objects: they come from the scheduler's Node and
+Pod watches (:class:`hami.dra.hosts.HostUsage`), and the pod's own CPU and memory
+requests from its spec, as extender mode's ledger has them; without a ``HostUsage``
+they count as unchecked (the CPU/memory terms then add nothing). Pure, except the
+learned mix.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import quantity
 from hami.dra.slices import CORES, DRIVER, MEMORY, MIB
 from hami.dra.fragledger import DraLedger, Key
+from hami.dra.hosts import HostUsage, pod_requests
 from hami.dra.translate import SHARED_SUBREQUEST
 
 MAX_PRIORITY = 10
@@ -170,27 +174,35 @@ class DraFragmentation:
     without our cards or where no card fits 0.
     """
 
-    def __init__(self, order: LiveFragmentationOrder | None = None) -> None:
+    def __init__(self, order: LiveFragmentationOrder | None = None,
+                 hosts: HostUsage | None = None) -> None:
         self.order = order or LiveFragmentationOrder()
+        self.hosts = hosts
         self.ledger = DraLedger(claim_requests, task_of)
         self._version: Any = object()
+        self._hosts_seq = -1
 
     def __call__(self, pod: Mapping[str, Any], nodes: Sequence[str],
                  slices: Mapping[Key, Any] | Iterable[Mapping[str, Any]],
                  claims: Mapping[Key, Any] | Iterable[Mapping[str, Any]],
                  version: Any = None) -> list[dict[str, Any]]:
         """The scores (class docstring)."""
-        led = self.ledger
-        if version is None or version != self._version:
-            led.sync(slices, claims)
+        led, hosts = self.ledger, self.hosts
+        if hosts is not None:
+            hosts.refresh()
+        if (version is None or version != self._version
+                or (hosts is not None and hosts.seq != self._hosts_seq)):
+            led.sync(slices, claims, hosts)
             self._version = version
+            self._hosts_seq = -1 if hosts is None else hosts.seq
         reqs = [r for key in pod_claim_keys(pod) for r in claim_requests(led.claim(key) or {})]
         zero = [{"host": n, "score": 0} for n in nodes]
         if not reqs:
             return zero
         uid = str(_map(pod.get("metadata")).get("uid") or "")
+        cpu, mem = pod_requests(pod)
         count, share = placement(reqs, led.ref_mib)
-        scorer = self.order.scorer_for(led, uid, Placement(share, count, 0, 0))
+        scorer = self.order.scorer_for(led, uid, Placement(share, count, cpu, mem))
         idx = led.indices(nodes)
         known = np.flatnonzero(idx >= 0)
         if scorer is None or known.size == 0:
@@ -203,7 +215,7 @@ class DraFragmentation:
                 continue
             sel = np.flatnonzero(sizes == size)
             count, share = placement(reqs, size)
-            deltas[sel] = scorer.node_deltas(led, Placement(share, count, 0, 0), cand[sel])
+            deltas[sel] = scorer.node_deltas(led, Placement(share, count, cpu, mem), cand[sel])
         state = scorer.state(led)
         sort_keys: list[Any] = [state.total[cand], deltas]
         if count and scorer.guarded():  # as FragmentationScorer.order: then less free CPU

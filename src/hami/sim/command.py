@@ -247,9 +247,9 @@ def simulate(
     mode: Annotated[str, typer.Option(
         help="extender (the policies as listed) or dra: also DRA mode, as row "
         f"{FRAGMENTATION_AWARE_DRA} next to {FRAGMENTATION_AWARE} (added if not listed): "
-        "hami's fragmentation-aware node order from /prioritize, seeing cards and claims "
-        "only (no node CPU or memory), and inside the node the first card that fits, as "
-        "kube-scheduler's DRA allocator takes it.")] = "extender",
+        "hami's fragmentation-aware node order from /prioritize (the same scorer), and "
+        "inside the node the first card that fits, as kube-scheduler's DRA allocator "
+        "takes it.")] = "extender",
 ) -> None:
     """Replay a cluster trace through admission, filter/score and bind, and report how
     well each policy packs GPUs (unallocated GPU % vs arrived demand, as in Weng et al.,

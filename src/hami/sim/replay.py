@@ -46,7 +46,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -78,10 +77,10 @@ FRAGMENTATION_AWARE_LOOKAHEAD = "fragmentation-aware+lookahead"
 ALL_POLICIES = tuple(f"{n}/{g}" for n in HAMI_NODE_POLICIES for g in HAMI_GPU_POLICIES) + (
     FRAGMENTATION_AWARE,)
 #: DRA mode (``hami simulate --mode dra``): hami's fragmentation-aware node order from
-#: ``/prioritize`` on top, and inside the node the card kube-scheduler's DRA allocator
-#: takes, the first that fits in slice (index) order. The order sees what DRA mode's
-#: ``/prioritize`` sees: cards and claims, no node CPU or memory (those still limit
-#: where a pod fits, as kube-scheduler checks them).
+#: ``/prioritize`` on top (the same scorer as extender mode, which in DRA mode reads the
+#: cards and claims and the nodes' CPU and memory from the scheduler's watches), and
+#: inside the node the card kube-scheduler's DRA allocator takes: the first that fits,
+#: in slice (index) order, where extender mode packs the fullest card that fits.
 FRAGMENTATION_AWARE_DRA = "fragmentation-aware@dra"
 #: Policies run only when named (not scheduler policies).
 OPT_IN_POLICIES = (FRAGMENTATION_AWARE_LOOKAHEAD, FRAGMENTATION_AWARE_DRA)
@@ -179,10 +178,6 @@ class Replayer:
         self.scorer = FragmentationScorer(
             dist, look_ahead=policy == FRAGMENTATION_AWARE_LOOKAHEAD)
         self.names = [self.ledger.node_name(i) for i in range(self.ledger.node_count)]
-        #: What the node order reads: the ledger, or in DRA mode the ledger without the
-        #: nodes' CPU and memory (:class:`GpuOnlyView`).
-        self.view = (GpuOnlyView(self.ledger) if policy == FRAGMENTATION_AWARE_DRA
-                     else self.ledger)
         self.allocated_milli = 0
         #: Number of MIG-mode GPUs (0: the replay is exactly the hami-core one).
         self.mig_gpus = int(self.ledger.mig_mode[: self.ledger.size].sum())
@@ -203,7 +198,7 @@ class Replayer:
             return None
         led = self.ledger
         if self.policy.node_policy == FRAGMENTATION_AWARE:
-            best = next(iter(self.scorer.best_first(self.view, Placement.of(request), idx)))
+            best = next(iter(self.scorer.best_first(led, Placement.of(request), idx)))
             return self.names[int(best)]
         else:  # kube-scheduler LeastAllocated
             cpu_t = led.cpu_milli_total[idx].astype(np.float64)
@@ -215,7 +210,7 @@ class Replayer:
     def _rank(self, ctx: FilterContext, idx: IntArray) -> IntArray | BestFirst:
         """The fragmentation-aware node order, sorted only past its best node (with the
         look-ahead, the whole order at once)."""
-        return self.scorer.best_first(self.view, Placement.of(ctx.request), idx)
+        return self.scorer.best_first(ctx.ledger, Placement.of(ctx.request), idx)
 
     def schedule(self, request: PodRequest) -> tuple[str | None, int]:
         """Place one admitted pod; returns ``(node or None, GPU milli granted)``."""
@@ -280,7 +275,7 @@ class Replayer:
 
     def fragmentation_percent(self) -> float:
         """The cluster's expected fragmentation under :attr:`dist`, % of capacity."""
-        state = self.scorer.state(self.view)
+        state = self.scorer.state(self.ledger)
         frag = metrics.fragmentation_milli(self.ledger, self.dist, state.models_ok)
         return 100.0 * frag / self.capacity_milli
 
@@ -323,23 +318,6 @@ class Replayer:
         return ReplayResult(self.policy_name, seed, len(pods), scheduled, failed, cap,
                             allocation, fragmentation, time.perf_counter() - start, mig,
                             self.mig_usage() if self.mig_gpus else None)
-
-
-class GpuOnlyView:
-    """A :class:`~hami.core.ledger.UsageLedger` as DRA mode's ``/prioritize`` sees the
-    cluster: the same cards and usage, every node's CPU and memory unchecked (``-1``).
-    Attributes other than those four arrays are the ledger's."""
-
-    def __init__(self, ledger: Any) -> None:
-        self._ledger = ledger
-        n = max(ledger.node_count, 1)
-        self.cpu_milli_total = np.full(n, -1, dtype=np.int64)
-        self.memory_mib_total = np.full(n, -1, dtype=np.int64)
-        self.cpu_milli_used = np.zeros(n, dtype=np.int64)
-        self.memory_mib_used = np.zeros(n, dtype=np.int64)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ledger, name)
 
 
 def replay(nodes: Sequence[TraceNode], pods: Sequence[TracePod], policy: str,
