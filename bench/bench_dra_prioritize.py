@@ -7,8 +7,13 @@ shapes (1-2 cards' share, one or two cards) spread over them. The scorer
 with the watch cache's objects and version:
 
 * ``unchanged``: the same objects and version as the call before;
-* ``changed``: one claim was allocated (a new claim object, a new version) since the
-  call before, as after each pod kube-scheduler binds.
+* ``changed``: one claim was allocated (a new claim object, a new version) and its pod
+  bound (a Pod event with its CPU and memory) since the call before, as after each pod
+  kube-scheduler binds.
+
+Each node has 64 cores and 512 GiB (its Node object) and each claim's pod requests 4
+cores and 16 GiB (:class:`hami.dra.hosts.HostUsage`, fed as the scheduler's watches
+feed it; ``--lists`` leaves it out, as code before it cannot take it).
 
 The objects are passed as the watch cache's dicts by ``(namespace, name)``, as
 ``/prioritize`` passes them (``--lists``: as lists, as it did before). The pod being
@@ -90,6 +95,13 @@ def main() -> None:
     args = ap.parse_args()
     from hami.dra.fragscore import DraFragmentation
 
+    hosts = None
+    if not args.lists:
+        from hami.dra.hosts import HostUsage
+
+        hosts = HostUsage({n: {"metadata": {"name": n}, "status": {"allocatable": {
+            "cpu": "64", "memory": "512Gi"}}} for n in [f"node-{i:05d}"
+                                                       for i in range(args.nodes)]})
     rng = random.Random(args.seed)
     names = [f"node-{i:05d}" for i in range(args.nodes)]
     slices = {("", f"{n}-gpu.hami.io"): _slice(n) for n in names}
@@ -106,11 +118,17 @@ def main() -> None:
                 for c in cards:
                     used[node][c] += mib
                 claims[("bench", name)] = _claim(name, mib, nums, node, cards)
+                if hosts is not None:
+                    pod = _pod(name)
+                    pod["spec"]["nodeName"] = node
+                    pod["spec"]["containers"] = [{"name": "c", "resources": {
+                        "requests": {"cpu": "4", "memory": "16Gi"}}}]
+                    hosts.observe_pod(pod, False)
                 return
 
     for k in range(args.claims):
         allocate(f"c{k}")
-    frag = DraFragmentation()
+    frag = DraFragmentation() if hosts is None else DraFragmentation(hosts=hosts)
     version = 0
 
     def call(pod: str) -> float:

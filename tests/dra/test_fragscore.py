@@ -7,7 +7,6 @@ import asyncio
 import json
 from typing import Any
 
-import numpy as np
 import pytest
 
 from hami.core.fragmentation import LiveFragmentationOrder, WorkloadDistribution

@@ -45,9 +45,9 @@ from hami.core.fragmentation import (
 from hami.core.fragmentation.learn import Task
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import quantity
-from hami.dra.slices import CORES, DRIVER, MEMORY, MIB
 from hami.dra.fragledger import DraLedger, Key
 from hami.dra.hosts import HostUsage, pod_requests
+from hami.dra.slices import CORES, DRIVER, MEMORY, MIB
 from hami.dra.translate import SHARED_SUBREQUEST
 
 MAX_PRIORITY = 10
