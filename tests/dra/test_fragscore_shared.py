@@ -187,3 +187,18 @@ def test_incremental_state_scores_as_from_scratch(ops: list[Any], ask: tuple[int
         assert got == _fresh_scores(mix, pod, names, slices, claims, node_objs, pods), op
         del claims[("ns", "ask")]
         version += 1
+
+
+def test_hostile_pod_requests_score_without_error() -> None:
+    """The scored pod's CPU and memory are tenant-written: absurd values still give
+    scores (clamped), never an exception."""
+    cluster = Cluster({"x": (1, 16), "y": (1, 16)})
+    frag = DraFragmentation(LiveFragmentationOrder(fixed=MIX), hosts=cluster.hosts)
+    cluster.claims[("ns", "evil")] = _claim("evil", 4096)
+    for cpu in ("1e30", "-1e30", "nonsense"):
+        pod = _pod("evil", cpu)
+        pod["spec"]["containers"][0]["resources"]["requests"]["memory"] = cpu
+        got = frag(pod, ["x", "y"], list(cluster.slices.values()),
+                   list(cluster.claims.values()), None)
+        assert [s["host"] for s in got] == ["x", "y"]
+        assert all(0 <= s["score"] <= 10 for s in got)

@@ -23,6 +23,9 @@ from hami.core.request import quantity as parse_quantity
 
 #: Pod phases after which a pod holds no CPU or memory.
 ENDED = ("Succeeded", "Failed")
+#: The most CPU (millicores) or memory (MiB) one pod or node counts with (2**40, the
+#: scorer's "unlimited"): larger values are clamped, so sums stay within int64.
+MOST = 2**40
 
 
 def _map(value: Any) -> Mapping[str, Any]:
@@ -30,11 +33,13 @@ def _map(value: Any) -> Mapping[str, Any]:
 
 
 def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
-    """``(CPU millicores, memory MiB)`` the pod requests (0, 0 when malformed)."""
+    """``(CPU millicores, memory MiB)`` the pod requests (0, 0 when malformed; each
+    within 0..:data:`MOST`)."""
     try:
-        return pod_cpu_memory(pod)
+        cpu, mem = pod_cpu_memory(pod)
     except (RequestError, QuantityError, TypeError, ValueError, AttributeError, KeyError):
         return 0, 0
+    return min(max(cpu, 0), MOST), min(max(mem, 0), MOST)
 
 
 def node_allocatable(node: Mapping[str, Any]) -> tuple[int, int]:
@@ -44,7 +49,8 @@ def node_allocatable(node: Mapping[str, Any]) -> tuple[int, int]:
     out = []
     for name, conv in (("cpu", to_milli), ("memory", to_mib)):
         try:
-            out.append(max(int(conv(parse_quantity(alloc[name]))), 0) if name in alloc else -1)
+            out.append(min(max(int(conv(parse_quantity(alloc[name]))), 0), MOST)
+                       if name in alloc else -1)
         except (QuantityError, TypeError, ValueError):
             out.append(-1)
     return out[0], out[1]
