@@ -14,7 +14,7 @@ from hami.core.fragmentation import LiveFragmentationOrder, WorkloadDistribution
 from hami.deviceplugin.config import PluginConfig
 from hami.deviceplugin.discovery import PhysicalGpu
 from hami.deviceplugin.register import node_devices
-from hami.dra.fragscore import DraFragmentation
+from hami.dra.fragscore import MAX_USE_TYPES, DraFragmentation, use_types
 from hami.dra.hosts import HostUsage
 from hami.dra.slices import resource_slice
 from hami.dra.translate import claim_spec
@@ -202,3 +202,21 @@ def test_hostile_pod_requests_score_without_error() -> None:
                    list(cluster.claims.values()), None)
         assert [s["host"] for s in got] == ["x", "y"]
         assert all(0 <= s["score"] <= 10 for s in got)
+
+
+def test_use_gputype_reaches_the_learned_mix() -> None:
+    """The pod's ``nvidia.com/use-gputype`` is learned with its task, as in extender
+    mode (the model pressure term reads it); malformed or absent: no constraint; a long
+    list is cut."""
+    cluster = Cluster({"x": (1, 16)})
+    frag = DraFragmentation(LiveFragmentationOrder(relearn_every=1), hosts=cluster.hosts)
+    cluster.claims[("ns", "t")] = _claim("t", 4096)
+    pod = _pod("t", "1")
+    pod["metadata"]["annotations"] = {"nvidia.com/use-gputype": "A100, T4"}
+    frag(pod, ["x"], list(cluster.slices.values()), list(cluster.claims.values()), None)
+    dist = frag.order.distribution
+    assert dist is not None and ("a100", "t4") in dist.models
+    for bad in (7, ["T4"], ",".join(f"m{i}" for i in range(100))):
+        assert len(use_types({"metadata": {"annotations": {
+            "nvidia.com/use-gputype": bad}}})) <= MAX_USE_TYPES
+    assert use_types({"metadata": {"annotations": 3}}) == ()

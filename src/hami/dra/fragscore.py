@@ -16,6 +16,8 @@ the task mix learned online the same way) reads DRA mode's cards and claims thro
   ``cores`` over 100 (x 1000, rounded up); a request without ``memory`` is the whole
   card. Extender mode's ledger measures compute only (a request without ``gpucores``
   counts as a whole card there): in DRA mode memory is what claims consume, so it counts.
+* the pod's allowed GPU types: its ``nvidia.com/use-gputype`` (:func:`use_types`), which
+  the learned mix keeps per task as extender mode's does (the model pressure term);
 * the pod's placement: its claims' requests (``status.resourceClaimStatuses``) as
   :meth:`hami.core.fragmentation.Placement.of` combines containers (GPU counts summed,
   the largest share), against each candidate node's card size.
@@ -36,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from hami.api import names
 from hami.core.fragmentation import (
     WHOLE,
     FloatArray,
@@ -43,6 +46,7 @@ from hami.core.fragmentation import (
     Placement,
 )
 from hami.core.fragmentation.learn import Task
+from hami.core.model import csv_list
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import quantity
 from hami.dra.fragledger import DraLedger, Key
@@ -143,6 +147,18 @@ def task_of(requests: Sequence[Request], card_memory_mib: int) -> Task:
     return count, share, 0, 0, ()
 
 
+#: At most this many ``nvidia.com/use-gputype`` entries of a pod count for the mix.
+MAX_USE_TYPES = 32
+
+
+def use_types(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """The pod's ``nvidia.com/use-gputype`` (lower case, as extender mode's learned mix
+    reads it; the webhook turns it into the claims' selectors and leaves the annotation),
+    at most :data:`MAX_USE_TYPES` entries; ``()`` when absent or malformed."""
+    raw = _map(_map(pod.get("metadata")).get("annotations")).get(names.USE_GPUTYPE)
+    return csv_list(raw, lower=True)[:MAX_USE_TYPES] if isinstance(raw, str) else ()
+
+
 def rank_scores(keys: Sequence[tuple[float, ...]]) -> list[int]:
     """kube-scheduler priorities 10..0 for nodes in the scorer's order (best first)
     whose sort keys are ``keys`` (the first item the growth): spread evenly over the
@@ -202,7 +218,8 @@ class DraFragmentation:
         uid = str(_map(pod.get("metadata")).get("uid") or "")
         cpu, mem = pod_requests(pod)
         count, share = placement(reqs, led.ref_mib)
-        scorer = self.order.scorer_for(led, uid, Placement(share, count, cpu, mem))
+        scorer = self.order.scorer_for(led, uid, Placement(share, count, cpu, mem),
+                                       use_types(pod))
         idx = led.indices(nodes)
         known = np.flatnonzero(idx >= 0)
         if scorer is None or known.size == 0:
