@@ -7,14 +7,14 @@ import asyncio
 import json
 from typing import Any
 
-import numpy as np
 import pytest
 
-from hami.core.fragmentation import WorkloadDistribution
+from hami.core.fragmentation import LiveFragmentationOrder, WorkloadDistribution
 from hami.deviceplugin.config import PluginConfig
 from hami.deviceplugin.discovery import PhysicalGpu
 from hami.deviceplugin.register import node_devices
 from hami.dra import fragscore
+from hami.dra.fragledger import DraLedger
 from hami.dra.prioritize import DraPrioritizer
 from hami.dra.slices import resource_slice
 from hami.dra.translate import claim_spec
@@ -52,18 +52,24 @@ def _pod(name: str, *claims: str) -> dict[str, Any]:
                 {"name": "gpu-0", "resourceClaimName": c} for c in claims]}}
 
 
+def _ledger(slices: list[dict[str, Any]], claims: list[dict[str, Any]]) -> DraLedger:
+    led = DraLedger(fragscore.claim_requests, fragscore.task_of)
+    led.sync(slices, claims)
+    return led
+
+
 def test_card_free_share_is_the_scarcer_of_memory_and_cores() -> None:
     claims = [_claim("m", "a", "gpu-0", mib=4000, cores=10),     # memory 60 % free
               _claim("c", "a", "gpu-1", mib=1000, cores=70)]     # cores 30 % free
-    got = fragscore.cards([_slice("a")], claims)
-    assert [(c.node, c.memory_mib, c.free_milli) for c in got] == [
-        ("a", CARD_MIB, 600), ("a", CARD_MIB, 300)]
+    led = _ledger([_slice("a")], claims)
+    assert led.names == ["a"] and led.card_mib.tolist() == [CARD_MIB, CARD_MIB]
+    assert led.free_milli().tolist() == [600, 300]
 
 
 def test_card_without_shares_or_tainted_has_nothing_free() -> None:
     full = [_claim(f"s{i}", "a", "gpu-0", mib=100) for i in range(4)]  # split 4: no slot
-    got = fragscore.cards([_slice("a", cordon=frozenset({"GPU-a-1"}))], full)
-    assert [c.free_milli for c in got] == [0, 0]
+    led = _ledger([_slice("a", cordon=frozenset({"GPU-a-1"}))], full)
+    assert led.free_milli().tolist() == [0, 0]
 
 
 def test_claim_requests_exactly_shared_entry_and_malformed() -> None:
@@ -92,26 +98,28 @@ def _mix(*tasks: tuple[int, int]) -> WorkloadDistribution:
                                            [0] * len(tasks), [0] * len(tasks))
 
 
+def _fixed(*tasks: tuple[int, int]) -> fragscore.DraFragmentation:
+    return fragscore.DraFragmentation(LiveFragmentationOrder(fixed=_mix(*tasks)))
+
+
 def test_share_goes_where_it_keeps_cards_usable() -> None:
     """Mix: tasks of 60 % of a card. A 30 % pod on node a's 60 %-free card leaves 30 %
     nobody can use (+300); on node b's free card 70 % stays usable (0). Binpack by
-    memory would choose a (fuller)."""
-    cards = fragscore.cards([_slice("a", 1), _slice("b", 1)],
-                            [_claim("held", "a", mib=4000)])
-    deltas = fragscore.node_deltas(cards, ["a", "b", "c"], _mix((1, 600)),
-                                   [fragscore.Request(1, 3000, 0)])
-    assert deltas.tolist() == [300.0, 0.0, np.inf]
-    scores = fragscore.rank_scores(["a", "b", "c"], deltas, {"a": 600, "b": 1000})
-    assert scores == [{"host": "a", "score": 0}, {"host": "b", "score": 10},
-                      {"host": "c", "score": 0}]
+    memory would choose a (fuller). Node c has no card of ours: 0."""
+    claims = [_claim("held", "a", mib=4000), _claim("p", None, mib=3000)]
+    got = _fixed((1, 600))(_pod("p", "p"), ["a", "b", "c"], [_slice("a", 1), _slice("b", 1)],
+                           claims)
+    assert got == [{"host": "a", "score": 0}, {"host": "b", "score": 10},
+                   {"host": "c", "score": 0}]
 
 
-def test_whole_and_multi_card_requests_need_free_cards() -> None:
-    cards = fragscore.cards([_slice("a", 2), _slice("b", 2)],
-                            [_claim("held", "a", mib=100)])
-    deltas = fragscore.node_deltas(cards, ["a", "b"], _mix((1, 1000), (2, 1000)),
-                                   [fragscore.Request(2, 0, 0)])
-    assert not np.isfinite(deltas[0]) and np.isfinite(deltas[1])
+def test_share_needs_a_card_with_that_much_free() -> None:
+    """kube-scheduler passes the nodes its filter kept; one whose cards all hold less
+    than the share free still scores 0 (the cards changed since)."""
+    claims = [_claim("held", "a", mib=9000), _claim("p", None, mib=3000)]
+    got = _fixed((1, 300))(_pod("p", "p"), ["a", "b"], [_slice("a", 1), _slice("b", 1)],
+                           claims)
+    assert got == [{"host": "a", "score": 0}, {"host": "b", "score": 10}]
 
 
 def test_remainder_filling_beats_an_empty_node() -> None:
@@ -128,15 +136,15 @@ def test_remainder_filling_beats_an_empty_node() -> None:
 
 
 def test_unknown_claim_scores_nothing_and_mix_learns_arrivals() -> None:
-    frag = fragscore.DraFragmentation(fragscore.DraTaskMix(relearn_every=2))
+    frag = fragscore.DraFragmentation(LiveFragmentationOrder(relearn_every=2))
     slices = [_slice("a", 1)]
     assert frag(_pod("p", "missing"), ["a"], slices, []) == [{"host": "a", "score": 0}]
     claims = [_claim("p", None, mib=5000)]
     frag(_pod("p", "p"), ["a"], slices, claims)
-    dist = frag.mix.dist
+    dist = frag.order.distribution
     assert dist is not None and dist.gpu_milli.tolist() == [500]
     frag(_pod("p", "p"), ["a"], slices, claims)          # the same pod: no new arrival
-    assert frag.mix.dist is dist
+    assert frag.order.distribution is dist
 
 
 class _Obj:

@@ -129,3 +129,22 @@ def test_lookahead_policy_runs_when_named_and_help_says_so() -> None:
     assert doc["settings"]["policies"] == ["fragmentation-aware+lookahead"]
     entry = doc["policies"]["fragmentation-aware+lookahead"]
     assert entry["pods"] > 0 and entry["unallocated_gpu_percent"]["100"] is not None
+
+
+def test_dra_mode_runs_next_to_the_extender_mode_on_the_embedded_default() -> None:
+    """``--mode dra`` adds DRA mode's row right after ``fragmentation-aware`` (added when
+    not listed) in the same run, on the embedded synthetic default."""
+    result = runner.invoke(app, ["simulate", "--json", "--no-progress", "--mode", "dra",
+                                 "--policies", "binpack/spread"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["settings"]["policies"] == ["binpack/spread", "fragmentation-aware",
+                                           "fragmentation-aware@dra"]
+    for policy in doc["settings"]["policies"]:
+        entry = doc["policies"][policy]
+        assert entry["pods"] > 0 and entry["unallocated_gpu_percent"]["100"] is not None
+    table = runner.invoke(app, ["simulate", "--no-progress", "--mode", "dra",
+                                "--policies", "fragmentation-aware"], env={"COLUMNS": "200"})
+    assert table.exit_code == 0 and "fragmentation-aware@dra" in table.stdout
+    bad = runner.invoke(app, ["simulate", "--no-progress", "--mode", "kubelet"])
+    assert bad.exit_code == 2 and "--mode: unknown mode 'kubelet'" in bad.output

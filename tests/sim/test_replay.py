@@ -173,3 +173,26 @@ def test_replay_decides_as_the_live_cluster_state(policy: str, mig: bool) -> Non
     if mig:  # the MIG path was taken, and by more than one profile
         assert len(sim.mig) > 5
         assert len({a.profile for held in sim.mig.values() for a in held}) > 1
+
+
+def test_dra_mode_takes_the_first_card_that_fits_inside_the_node() -> None:
+    """``fragmentation-aware@dra``: the node from hami's order, the card as the DRA
+    allocator takes it, the first that fits by index (``n-gpu0`` first); extender mode
+    packs the fullest card that fits (HAMi's binpack inside the node, ties to the
+    highest index). Both put the second quarter-card pod next to the first."""
+    from hami.sim.replay import FRAGMENTATION_AWARE_DRA
+
+    nodes = [TraceNode("n", 64000, 262144, 4, "T4")]
+    pods = [TracePod("w0", 100, 10, 1, 1000), TracePod("q", 100, 10, 1, 250),
+            TracePod("w1", 100, 10, 1, 1000), TracePod("p", 100, 10, 1, 250)]
+    dist = workload_distribution(pods)
+    cards = {}
+    for policy in (FRAGMENTATION_AWARE, FRAGMENTATION_AWARE_DRA):
+        r = Replayer(nodes, policy, dist)
+        r.run(pods)
+        cards[policy] = {e.name: [c.uuid for c in e.charges] for e in r.ledger.pods()}
+    assert cards[FRAGMENTATION_AWARE] == {"w0": ["n-gpu3"], "q": ["n-gpu2"],
+                                          "w1": ["n-gpu1"], "p": ["n-gpu2"]}
+    assert cards[FRAGMENTATION_AWARE_DRA] == {"w0": ["n-gpu0"], "q": ["n-gpu1"],
+                                              "w1": ["n-gpu2"], "p": ["n-gpu1"]}
+    assert parse_policy(FRAGMENTATION_AWARE_DRA).gpu_policy == "first-fit"

@@ -98,6 +98,16 @@ def _pod_cpu_memory(init: Sequence[Any], app: Sequence[Any]) -> tuple[int, int]:
     return cpu, mem
 
 
+def pod_cpu_memory(pod: Mapping[str, Any]) -> tuple[int, int]:
+    """A Pod's effective ``(CPU millicores, memory MiB)`` requests, as kube-scheduler
+    computes them (:func:`_pod_cpu_memory`).
+
+    Raises:
+        RequestError: a container's CPU or memory value is malformed.
+    """
+    return _pod_cpu_memory(*_containers(pod))
+
+
 def vendor_requests(pod: Mapping[str, Any], vendors: Mapping[str, Vendor]
                     ) -> tuple[Mapping[str, ContainerDeviceRequest], ...]:
     """Per container (init first) the requests of ``vendors`` (non-NVIDIA backends keyed by

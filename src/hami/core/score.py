@@ -51,6 +51,10 @@ def _binpack(d: DeviceState, s: float) -> tuple[float, ...]:
     return (s, d.info.numa)
 
 
+def _first_fit(d: DeviceState, s: float) -> tuple[float, ...]:
+    return (-d.info.index,)
+
+
 def _mutex(d: DeviceState, s: float) -> tuple[float, ...]:
     return (-d.used_slots, d.info.numa)
 
@@ -64,6 +68,9 @@ GPU_ORDERS: dict[str, SortKey] = {
     "mutex": _mutex,
     "topology-aware": _spread,
     "fragmentation-aware": _binpack,
+    # kube-scheduler's DRA allocator inside a node: the first card that fits, in
+    # published (index) order; ``hami simulate --mode dra`` models DRA mode with it.
+    "first-fit": _first_fit,
 }
 
 _CHAIN_KEYS: dict[str, Callable[[DeviceState, float], float]] = {

@@ -1,10 +1,10 @@
 """Node policy ``fragmentation-aware`` in DRA mode: scores for the ``prioritize`` verb.
 
-The same measure as extender mode's ``fragmentation-aware`` node order
-(:mod:`hami.core.fragmentation`, after FGD, Weng et al., USENIX ATC'23): a node's
-expected fragmentation is the free GPU capacity that the tasks of the learned task mix
-could not use there, weighted by how common each task is, and a pod goes where placing
-it grows that the least. The inputs come from what DRA mode has instead of the ledger:
+The same scorer as extender mode's ``fragmentation-aware`` node order: one
+:class:`hami.core.fragmentation.LiveFragmentationOrder` (FGD, Weng et al., USENIX
+ATC'23, with hami's GPU-model pressure, CPU/memory stranding and whole-node guard, and
+the task mix learned online the same way) reads DRA mode's cards and claims through
+:class:`hami.dra.fragledger.DraLedger` instead of the extender's ledger. The DRA inputs:
 
 * per card (a shareable device of our ResourceSlices; MIG-mode cards are left out),
   its free share in milli-GPU (1000 = the whole card) from its capacities and the sums
@@ -16,13 +16,17 @@ it grows that the least. The inputs come from what DRA mode has instead of the l
   ``cores`` over 100 (x 1000, rounded up); a request without ``memory`` is the whole
   card. Extender mode's ledger measures compute only (a request without ``gpucores``
   counts as a whole card there): in DRA mode memory is what claims consume, so it counts.
+* the pod's allowed GPU types: its ``nvidia.com/use-gputype`` (:func:`use_types`), which
+  the learned mix keeps per task as extender mode's does (the model pressure term);
 * the pod's placement: its claims' requests (``status.resourceClaimStatuses``) as
   :meth:`hami.core.fragmentation.Placement.of` combines containers (GPU counts summed,
-  the largest share); several GPUs count as whole cards, as in extender mode.
+  the largest share), against each candidate node's card size.
 
-Node CPU/memory and GPU-type constraints are not part of the DRA measure (kube-scheduler
-already filtered the nodes): every node counts as able to host every task class.
-Pure, except :class:`DraTaskMix`, which keeps the arrivals it has seen.
+Node CPU and memory are not in DRA's objects: they come from the scheduler's Node and
+Pod watches (:class:`hami.dra.hosts.HostUsage`), and the pod's own CPU and memory
+requests from its spec, as extender mode's ledger has them; without a ``HostUsage``
+they count as unchecked (the CPU/memory terms then add nothing). Pure, except the
+learned mix.
 """
 
 from __future__ import annotations
@@ -34,53 +38,23 @@ from typing import Any
 
 import numpy as np
 
+from hami.api import names
 from hami.core.fragmentation import (
-    UNLIMITED,
     WHOLE,
     FloatArray,
-    IntArray,
-    WorkloadDistribution,
-    class_terms,
-    frag_delta,
-    fragment,
+    LiveFragmentationOrder,
+    Placement,
 )
 from hami.core.fragmentation.learn import Task
+from hami.core.model import csv_list
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import quantity
+from hami.dra.fragledger import DraLedger, Key
+from hami.dra.hosts import HostUsage, pod_requests
 from hami.dra.slices import CORES, DRIVER, MEMORY, MIB
 from hami.dra.translate import SHARED_SUBREQUEST
-from hami.dra.usage import MODE_DRA, dra_nodes
 
 MAX_PRIORITY = 10
-
-
-@dataclass(frozen=True, slots=True)
-class Card:
-    """One shareable card: its node, ``memory_mib`` capacity and ``free_milli`` (0-1000)."""
-
-    node: str
-    memory_mib: int
-    free_milli: int
-
-
-def cards(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]]
-          ) -> list[Card]:
-    """The shareable cards of our slices with their free share (module docstring), in
-    node then index order; MIG-mode cards and cards without ``memory`` are left out."""
-    out = []
-    for node in dra_nodes(slices, claims):
-        for d in node["devices"]:
-            mem, cores, tasks = d["memory_mib"], d["cores"], d["tasks"]
-            if d["mode"] != MODE_DRA or mem["total"] <= 0:
-                continue
-            free = WHOLE * max(mem["total"] - mem["used"], 0) // mem["total"]
-            if cores["total"] > 0:
-                free = min(free, WHOLE * max(cores["total"] - cores["used"], 0)
-                           // cores["total"])
-            if not d["health"] or d["cordoned"] or tasks["used"] >= max(tasks["total"], 1):
-                free = 0
-            out.append(Card(node["name"], mem["total"], free))
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,182 +147,100 @@ def task_of(requests: Sequence[Request], card_memory_mib: int) -> Task:
     return count, share, 0, 0, ()
 
 
-def node_deltas(all_cards: Sequence[Card], nodes: Sequence[str],
-                dist: WorkloadDistribution, requests: Sequence[Request]) -> FloatArray:
-    """Fragmentation growth (milli-GPU) per node of ``nodes`` if the pod of ``requests``
-    is placed there; ``inf`` where no card of the node can take it (or no card at all).
-
-    A one-card share is tried on each card with that share free (the node's best card
-    counts; the share is computed against each card's own memory); several cards or a
-    whole card use the node's fully free cards (:func:`hami.core.fragmentation.frag_delta`).
-    """
-    index = {n: i for i, n in enumerate(nodes)}
-    sel = [c for c in all_cards if c.node in index]
-    n = len(nodes)
-    best = np.full(n, np.inf)
-    if not sel or not requests:
-        return best
-    node_of: IntArray = np.array([index[c.node] for c in sel], dtype=np.int64)
-    free: IntArray = np.array([c.free_milli for c in sel], dtype=np.int64)
-    total, s, c = class_terms(free, node_of, n, dist)
-    big: IntArray = np.full(n, UNLIMITED, dtype=np.int64)
-    ok = np.ones((n, dist.size), dtype=np.bool_)
-    before = fragment(total, s, c, big, big, ok, dist) @ dist.weight
-    by_size: dict[int, list[int]] = {}
-    for k, card in enumerate(sel):
-        by_size.setdefault(card.memory_mib, []).append(k)
-    for size, members in by_size.items():
-        num_gpu, share = placement(requests, size)
-        devs = np.array(members, dtype=np.int64)
-        if num_gpu == 1 and share < WHOLE:
-            devs = devs[free[devs] >= share]
-            if devs.size == 0:
-                continue
-            rows = node_of[devs]
-            d = frag_delta(total[rows], s[rows], c[rows], before[rows], big[rows], big[rows],
-                           ok[rows], dist, request_milli=share, num_gpu=1, cpu_milli=0,
-                           memory_mib=0, device_free=free[devs].astype(np.float64))
-            np.minimum.at(best, rows, d)
-            continue
-        rows = np.unique(node_of[devs])
-        whole_free = np.bincount(node_of[devs][free[devs] >= WHOLE], minlength=n)
-        rows = rows[whole_free[rows] >= num_gpu]
-        if rows.size:
-            d = frag_delta(total[rows], s[rows], c[rows], before[rows], big[rows], big[rows],
-                           ok[rows], dist, request_milli=WHOLE, num_gpu=num_gpu, cpu_milli=0,
-                           memory_mib=0)
-            np.minimum.at(best, rows, d)
-    return best
+#: At most this many ``nvidia.com/use-gputype`` entries of a pod count for the mix.
+MAX_USE_TYPES = 32
 
 
-def rank_scores(nodes: Sequence[str], deltas: FloatArray, free_milli: Mapping[str, int]
-                ) -> list[dict[str, Any]]:
-    """kube-scheduler's ``HostPriorityList`` from the growth per node: the extender's
-    order (least growth first, ties to the node with less free GPU) as scores 10..0
-    spread evenly over the distinct ``(growth, free)`` keys; ``inf`` scores 0."""
-    keys = [(round(float(d), 6), free_milli.get(n, 0)) for n, d in zip(nodes, deltas,
-                                                                       strict=True)]
-    distinct = sorted({k for k in keys if math.isfinite(k[0])})
-    rank = {k: i for i, k in enumerate(distinct)}
+def use_types(pod: Mapping[str, Any]) -> tuple[str, ...]:
+    """The pod's ``nvidia.com/use-gputype`` (lower case, as extender mode's learned mix
+    reads it; the webhook turns it into the claims' selectors and leaves the annotation),
+    at most :data:`MAX_USE_TYPES` entries; ``()`` when absent or malformed."""
+    raw = _map(_map(pod.get("metadata")).get("annotations")).get(names.USE_GPUTYPE)
+    return csv_list(raw, lower=True)[:MAX_USE_TYPES] if isinstance(raw, str) else ()
+
+
+def rank_scores(keys: Sequence[tuple[float, ...]]) -> list[int]:
+    """kube-scheduler priorities 10..0 for nodes in the scorer's order (best first)
+    whose sort keys are ``keys`` (the first item the growth): spread evenly over the
+    distinct keys, equal keys equal scores, an infinite growth (the request fits no card
+    there) 0. Returns the scores in the same order."""
+    distinct: list[tuple[float, ...]] = []
+    for k in keys:
+        if math.isfinite(k[0]) and (not distinct or distinct[-1] != k):
+            distinct.append(k)
     span = max(len(distinct) - 1, 1)
-    return [{"host": n, "score": 0 if k not in rank
-             else round(MAX_PRIORITY * (1 - rank[k] / span))} for n, k in zip(nodes, keys,
-                                                                              strict=True)]
-
-
-class DraTaskMix:
-    """The task mix learned online, as extender mode's ``LiveFragmentationOrder``: from
-    the pods ``/prioritize`` is asked about (each pod once by UID, the last ``window``),
-    relearned after ``relearn_every`` new arrivals, or each time the known tasks double
-    while fewer than ``relearn_every`` arrivals are known; until then the allocated
-    claims of other pods count too (``running``). Shares are against the largest card."""
-
-    def __init__(self, relearn_every: int = 256, min_weight: float = 0.001,
-                 window: int = 4096) -> None:
-        self.relearn_every = relearn_every
-        self.min_weight = min_weight
-        self.window = window
-        self._arrivals: dict[str, Task] = {}
-        self._new = 0
-        self._known_at_learn = 0
-        self._running_at_learn = -1
-        self.dist: WorkloadDistribution | None = None
-
-    def note(self, uid: str, task: Task) -> None:
-        """One pod asked about (a pod without GPUs or seen before is ignored)."""
-        if task[0] <= 0 or not uid or uid in self._arrivals:
-            return
-        self._arrivals[uid] = task
-        self._new += 1
-        if len(self._arrivals) > self.window:
-            del self._arrivals[next(iter(self._arrivals))]
-
-    def current(self, running: Mapping[str, Task]) -> WorkloadDistribution | None:
-        """The mix to score with (relearned when due); ``running``: pod UID -> task of
-        the pods holding allocated claims. None when nothing is known yet."""
-        warm = len(self._arrivals) >= self.relearn_every
-        stale = (self.dist is None
-                 or self._new >= min(self.relearn_every, max(self._known_at_learn, 1))
-                 or (not warm and abs(len(running) - self._running_at_learn)
-                     >= self.relearn_every))
-        if stale:
-            tasks = list(self._arrivals.values())
-            if not warm:
-                tasks += [t for uid, t in running.items()
-                          if uid not in self._arrivals and t[0] > 0]
-            if not tasks:
-                return None
-            self.dist = WorkloadDistribution.from_tasks(
-                [t[0] for t in tasks], [t[1] for t in tasks], [t[2] for t in tasks],
-                [t[3] for t in tasks], [t[4] for t in tasks], min_weight=self.min_weight)
-            self._known_at_learn, self._running_at_learn = len(tasks), len(running)
-            self._new = 0
-        return self.dist
-
-
-def _owner_uid(claim: Mapping[str, Any]) -> str:
-    meta = _map(claim.get("metadata"))
-    for ref in _list(meta.get("ownerReferences")):
-        if isinstance(ref, Mapping) and ref.get("kind") == "Pod" and ref.get("uid"):
-            return str(ref["uid"])
-    return f"claim:{meta.get('namespace')}/{meta.get('name')}"
-
-
-def _allocated(claim: Mapping[str, Any]) -> bool:
-    status = _map(claim.get("status"))
-    alloc = _map(status.get("allocation"))
-    return bool(_map(alloc.get("devices")).get("results"))
+    rank = {k: i for i, k in enumerate(distinct)}
+    return [0 if k not in rank else round(MAX_PRIORITY * (1 - rank[k] / span))
+            for k in keys]
 
 
 class DraFragmentation:
-    """``fragmentation-aware`` scores for one scheduler (the learned mix lives here).
+    """``fragmentation-aware`` scores for one scheduler: the extender's scorer and
+    learned mix (``order``, a :class:`~hami.core.fragmentation.LiveFragmentationOrder`)
+    over DRA mode's objects (a :class:`~hami.dra.fragledger.DraLedger`).
 
     Call with the pod of the ExtenderArgs, the candidate node names, the slices and
-    claims (dicts) and ``version``: any value that changes whenever slices or claims
-    change (the cards and the running tasks are recomputed only then; None: always).
-    Returns the ``HostPriorityList``; every node scores 0 while the pod's claims are not
-    known yet or nothing has been learned.
+    claims (dicts by ``(namespace, name)`` as the watch cache keeps them, or lists) and
+    ``version``: any value that changes whenever slices or claims change (None: always
+    compared). Only the claims that are not the objects seen before are read again, and
+    only the nodes they are on are scored again. Returns the ``HostPriorityList`` in the
+    order of the names: the scorer's order (least growth of expected fragmentation,
+    ties to less free GPU) as scores 10..0 (:func:`rank_scores`); every node scores 0
+    while the pod's claims are not known yet or nothing has been learned, a node
+    without our cards or where no card fits 0.
     """
 
-    def __init__(self, mix: DraTaskMix | None = None) -> None:
-        self.mix = mix or DraTaskMix()
+    def __init__(self, order: LiveFragmentationOrder | None = None,
+                 hosts: HostUsage | None = None) -> None:
+        self.order = order or LiveFragmentationOrder()
+        self.hosts = hosts
+        self.ledger = DraLedger(claim_requests, task_of)
         self._version: Any = object()
-        self._cards: list[Card] = []
-        self._running: dict[str, Task] = {}
-        self._claims: dict[tuple[str, str], Mapping[str, Any]] = {}
-        self._ref_mib = 0
-
-    def _refresh(self, slices: Iterable[Mapping[str, Any]],
-                 claims: Iterable[Mapping[str, Any]], version: Any) -> None:
-        if version is not None and version == self._version:
-            return
-        claim_list = [c for c in claims if isinstance(c, Mapping)]
-        self._cards = cards(slices, claim_list)
-        self._ref_mib = max((c.memory_mib for c in self._cards), default=0)
-        self._claims = {}
-        per_pod: dict[str, list[Request]] = {}
-        for c in claim_list:
-            meta = _map(c.get("metadata"))
-            self._claims[(str(meta.get("namespace") or ""), str(meta.get("name") or ""))] = c
-            if _allocated(c):
-                per_pod.setdefault(_owner_uid(c), []).extend(claim_requests(c))
-        self._running = {uid: task_of(reqs, self._ref_mib) for uid, reqs in per_pod.items()}
-        self._version = version
+        self._hosts_seq = -1
 
     def __call__(self, pod: Mapping[str, Any], nodes: Sequence[str],
-                 slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]],
+                 slices: Mapping[Key, Any] | Iterable[Mapping[str, Any]],
+                 claims: Mapping[Key, Any] | Iterable[Mapping[str, Any]],
                  version: Any = None) -> list[dict[str, Any]]:
         """The scores (class docstring)."""
-        self._refresh(slices, claims, version)
-        reqs = [r for key in pod_claim_keys(pod) for r in claim_requests(self._claims.get(key, {}))]
-        meta = _map(pod.get("metadata"))
-        if reqs:
-            self.mix.note(str(meta.get("uid") or ""), task_of(reqs, self._ref_mib))
-        dist = self.mix.current(self._running)
-        if not reqs or dist is None:
-            return [{"host": n, "score": 0} for n in nodes]
-        deltas = node_deltas(self._cards, nodes, dist, reqs)
-        free: dict[str, int] = {}
-        for c in self._cards:
-            free[c.node] = free.get(c.node, 0) + c.free_milli
-        return rank_scores(nodes, deltas, free)
+        led, hosts = self.ledger, self.hosts
+        if hosts is not None:
+            hosts.refresh()
+        if (version is None or version != self._version
+                or (hosts is not None and hosts.seq != self._hosts_seq)):
+            led.sync(slices, claims, hosts)
+            self._version = version
+            self._hosts_seq = -1 if hosts is None else hosts.seq
+        reqs = [r for key in pod_claim_keys(pod) for r in claim_requests(led.claim(key) or {})]
+        zero = [{"host": n, "score": 0} for n in nodes]
+        if not reqs:
+            return zero
+        uid = str(_map(pod.get("metadata")).get("uid") or "")
+        cpu, mem = pod_requests(pod)
+        count, share = placement(reqs, led.ref_mib)
+        scorer = self.order.scorer_for(led, uid, Placement(share, count, cpu, mem),
+                                       use_types(pod))
+        idx = led.indices(nodes)
+        known = np.flatnonzero(idx >= 0)
+        if scorer is None or known.size == 0:
+            return zero
+        cand = idx[known]
+        deltas: FloatArray = np.full(cand.size, np.inf)
+        sizes = led.node_card_mib[cand]
+        for size in np.unique(sizes).tolist():  # one placement per card size
+            if size <= 0:
+                continue
+            sel = np.flatnonzero(sizes == size)
+            count, share = placement(reqs, size)
+            deltas[sel] = scorer.node_deltas(led, Placement(share, count, cpu, mem), cand[sel])
+        state = scorer.state(led)
+        sort_keys: list[Any] = [state.total[cand], deltas]
+        if count and scorer.guarded():  # as FragmentationScorer.order: then less free CPU
+            sort_keys.insert(0, state.cpu_free[cand])
+        order = np.lexsort(sort_keys)
+        columns = [np.round(k[order], 6).tolist() for k in reversed(sort_keys)]
+        ranked = rank_scores(list(zip(*columns, strict=True)))
+        out = zero
+        for pos, score in zip(known[order].tolist(), ranked, strict=True):
+            out[pos] = {"host": nodes[pos], "score": score}
+        return out

@@ -14,6 +14,7 @@ from typing import Any
 from hami.dra import policy
 from hami.dra.cache import DraObjects
 from hami.dra.fragscore import DraFragmentation
+from hami.dra.hosts import HostUsage
 from hami.extender.wire import WireError, parse_filter_args
 
 #: The node policies of DRA mode's ``/prioritize``.
@@ -26,20 +27,22 @@ class DraPrioritizer:
     ``--node-scheduler-policy``).
     A malformed body is an empty list (kube-scheduler then ignores this extender's scores).
     ``watch``: read the cluster from :meth:`hami.dra.cache.DraObjects.shared` (started on
-    the first call) instead of listing on every call.
+    the first call) instead of listing on every call. ``hosts``: the nodes' CPU and
+    memory for ``fragmentation-aware`` (:class:`hami.dra.hosts.HostUsage`).
 
     Raises:
         ValueError: ``node_policy`` is not one of :data:`POLICIES`.
     """
 
-    def __init__(self, client: Any, node_policy: str, *, watch: bool = True) -> None:
+    def __init__(self, client: Any, node_policy: str, *, watch: bool = True,
+                 hosts: HostUsage | None = None) -> None:
         if node_policy not in POLICIES:
             raise ValueError(f"unknown node policy {node_policy!r}")
         self.client = client
         self.node_policy = node_policy
         self.watch = watch
-        self.fragmentation = (DraFragmentation() if node_policy == "fragmentation-aware"
-                              else None)
+        self.fragmentation = (DraFragmentation(hosts=hosts)
+                              if node_policy == "fragmentation-aware" else None)
 
     async def __call__(self, body: bytes) -> list[dict[str, Any]]:
         """Scores for the nodes of the ExtenderArgs in ``body``."""
@@ -67,8 +70,7 @@ class DraPrioritizer:
         assert self.fragmentation is not None
         objs = DraObjects.shared(self.client) if self.watch else None
         if objs is not None and all(e.is_set() for e in objs.synced.values()):
-            return self.fragmentation(pod, names, list(objs.slices.values()),
-                                      list(objs.claims.values()), objs.version)
+            return self.fragmentation(pod, names, objs.slices, objs.claims, objs.version)
         slices = [s.to_dict() async for s in self.client.list(ResourceSlice)]
         claims = [c.to_dict() async for c in self.client.list(ResourceClaim, namespace="*")]
         return self.fragmentation(pod, names, slices, claims)

@@ -287,6 +287,7 @@ def dra_parts(engine: Engine, client: Any
     watch (``engine.pod_observers``) and records its refusals as Events from the leader.
     The webhook signs with the key the reconciler verifies with: the allocation key
     ring, or with none configured this process's key."""
+    from hami.dra.hosts import HostUsage
     from hami.dra.prioritize import DraPrioritizer
     from hami.dra.signedspecs import Keys, process_keys
     from hami.dra.templates import TemplateReconciler
@@ -301,8 +302,10 @@ def dra_parts(engine: Engine, client: Any
     webhook = DraWebhook(client, engine.config, engine.admit, engine.state.quota, keys=keys)
     templates = TemplateReconciler(client, keys, emit)
     engine.pod_observers.append(templates.observe)
-    return (webhook, DraPrioritizer(client, engine.settings.node_scheduler_policy),
-            templates)
+    hosts = HostUsage(engine.nodes)  # node CPU/memory for fragmentation-aware
+    engine.pod_observers.append(hosts.observe_pod)
+    return (webhook, DraPrioritizer(client, engine.settings.node_scheduler_policy,
+                                    hosts=hosts), templates)
 
 
 async def serve(settings: SchedulerSettings, *, kube: Any = None,

@@ -27,6 +27,7 @@ from hami.sim.replay import (
     ALL_POLICIES,
     CURVE_POINTS,
     FRAGMENTATION_AWARE,
+    FRAGMENTATION_AWARE_DRA,
     KNOWN_POLICIES,
     REPORT_POINTS,
     Replayer,
@@ -110,6 +111,29 @@ def parse_policies(text: str) -> list[str]:
                 raise ValueError(f"unknown policy {p!r}; known: "
                                  f"{', '.join((*PAPER_POLICIES, *KNOWN_POLICIES))}") from None
     return list(dict.fromkeys(out))
+
+
+#: ``--mode`` values.
+MODES = ("extender", "dra")
+
+
+def with_mode(policy_list: list[str], mode: str) -> list[str]:
+    """``policy_list`` for ``--mode``: as it is for ``extender``; for ``dra`` with
+    :data:`~hami.sim.replay.FRAGMENTATION_AWARE_DRA` right after ``fragmentation-aware``
+    (added at the end when not listed), so both modes are in one table.
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    if mode not in MODES:
+        raise ValueError(f"--mode: unknown mode {mode!r}; known: {', '.join(MODES)}")
+    if mode == "extender" or FRAGMENTATION_AWARE_DRA in policy_list:
+        return policy_list
+    out = [p for p in policy_list]
+    if FRAGMENTATION_AWARE not in out:
+        out.append(FRAGMENTATION_AWARE)
+    out.insert(out.index(FRAGMENTATION_AWARE) + 1, FRAGMENTATION_AWARE_DRA)
+    return out
 
 
 @dataclass
@@ -220,6 +244,12 @@ def simulate(
         dir_okay=False)] = None,
     progress_bar: Annotated[bool, typer.Option(
         "--progress/--no-progress", help="Show a progress bar on stderr.")] = True,
+    mode: Annotated[str, typer.Option(
+        help="extender (the policies as listed) or dra: also DRA mode, as row "
+        f"{FRAGMENTATION_AWARE_DRA} next to {FRAGMENTATION_AWARE} (added if not listed): "
+        "hami's fragmentation-aware node order from /prioritize (the same scorer), and "
+        "inside the node the first card that fits, as kube-scheduler's DRA allocator "
+        "takes it.")] = "extender",
 ) -> None:
     """Replay a cluster trace through admission, filter/score and bind, and report how
     well each policy packs GPUs (unallocated GPU % vs arrived demand, as in Weng et al.,
@@ -232,7 +262,7 @@ def simulate(
             raise ValueError(f"--plot: directory {plot.resolve().parent} does not exist")
         if trace is None and workload != "default":
             raise ValueError("--workload selects a trace file; it needs --trace DIR")
-        policy_list = parse_policies(policies)
+        policy_list = with_mode(parse_policies(policies), mode)
         if split_count < MIN_SPLIT_COUNT:
             raise ValueError(f"--split-count must be at least {MIN_SPLIT_COUNT}, "
                              f"got {split_count}")

@@ -76,8 +76,14 @@ FRAGMENTATION_AWARE_LOOKAHEAD = "fragmentation-aware+lookahead"
 #: Every policy ``hami simulate --policies all`` runs: ``<node-policy>/<gpu-policy>`` and ours.
 ALL_POLICIES = tuple(f"{n}/{g}" for n in HAMI_NODE_POLICIES for g in HAMI_GPU_POLICIES) + (
     FRAGMENTATION_AWARE,)
+#: DRA mode (``hami simulate --mode dra``): hami's fragmentation-aware node order from
+#: ``/prioritize`` on top (the same scorer as extender mode, which in DRA mode reads the
+#: cards and claims and the nodes' CPU and memory from the scheduler's watches), and
+#: inside the node the card kube-scheduler's DRA allocator takes: the first that fits,
+#: in slice (index) order, where extender mode packs the fullest card that fits.
+FRAGMENTATION_AWARE_DRA = "fragmentation-aware@dra"
 #: Policies run only when named (not scheduler policies).
-OPT_IN_POLICIES = (FRAGMENTATION_AWARE_LOOKAHEAD,)
+OPT_IN_POLICIES = (FRAGMENTATION_AWARE_LOOKAHEAD, FRAGMENTATION_AWARE_DRA)
 #: Every policy name :func:`parse_policy` accepts.
 KNOWN_POLICIES = ALL_POLICIES + OPT_IN_POLICIES
 
@@ -97,6 +103,8 @@ def parse_policy(policy: str) -> SchedulingPolicy:
     """
     if policy in (FRAGMENTATION_AWARE, FRAGMENTATION_AWARE_LOOKAHEAD):
         return SchedulingPolicy(FRAGMENTATION_AWARE, FRAGMENTATION_AWARE)
+    if policy == FRAGMENTATION_AWARE_DRA:
+        return SchedulingPolicy(FRAGMENTATION_AWARE, "first-fit")
     node, _, gpu = policy.partition("/")
     if node not in HAMI_NODE_POLICIES or gpu not in HAMI_GPU_POLICIES:
         raise ValueError(f"unknown policy {policy!r}; known: {', '.join(KNOWN_POLICIES)}")

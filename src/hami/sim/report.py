@@ -133,7 +133,9 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("policy", "Random, DotProd, GpuClustering, GpuPacking, BestFit and FGD are the FGD "
      "paper's schedulers on its resource model; <node>/<gpu> are HAMi's node and GPU "
      "scheduler policies; fragmentation-aware is ours, fragmentation-aware+lookahead "
-     "(only when named in --policies) ours with a one-arrival look-ahead. 'paper X' rows "
+     "(only when named in --policies) ours with a one-arrival look-ahead, "
+     "fragmentation-aware@dra (--mode dra) ours in DRA mode, the DRA allocator's first "
+     "fit inside the node. 'paper X' rows "
      "(dimmed) are the paper's published figures, shown with a trace that holds them."),
     ("50% .. 130%", "unallocated GPU, as % of the cluster's GPU capacity, when the arrived "
      "GPU demand (every pod submitted so far, placed or not) first reaches that % of the "

@@ -120,46 +120,70 @@ class LiveFragmentationOrder:
         self._new = 0
         self._known_at_learn = 0  # tasks the mix was last learned from
 
-    def _note(self, ctx: Any, p: Placement) -> None:
-        uid = ctx.request.uid
+    @property
+    def distribution(self) -> WorkloadDistribution | None:
+        """The mix the scorer ranks with now (None before anything was learned)."""
+        return None if self._scorer is None else self._scorer.dist
+
+    def _note(self, uid: str, p: Placement, use_types: tuple[str, ...]) -> None:
         if p.num_gpu <= 0 or uid in self._arrivals:
             return
         self._arrivals[uid] = (p.num_gpu, p.request_milli, p.cpu_milli, p.memory_mib,
-                               tuple(ctx.pod.use_types))
+                               use_types)
         self._new += 1
         if len(self._arrivals) > self.window:
             del self._arrivals[next(iter(self._arrivals))]
 
-    def _learn(self, ctx: Any) -> WorkloadDistribution | None:
+    def _learn(self, ledger: Any) -> WorkloadDistribution | None:
         tasks: list[Task] = list(self._arrivals.values())
         if len(tasks) < self.relearn_every:  # warming up: running GPU pods count too
-            tasks += [t for t in ledger_tasks(ctx.ledger, self._arrivals) if t[0] > 0]
+            own = getattr(ledger, "running_tasks", None)
+            running = own(self._arrivals) if own is not None else ledger_tasks(
+                ledger, self._arrivals)
+            tasks += [t for t in running if t[0] > 0]
         self._known_at_learn = len(tasks)
         return _distribution(tasks, self.min_weight) if tasks else None
+
+    def scorer_for(self, ledger: Any, uid: str, placement: Placement,
+                   use_types: tuple[str, ...] = ()) -> FragmentationScorer | None:
+        """Note the arrival (pod ``uid`` asking ``placement``, allowed GPU types
+        ``use_types``), relearn the mix when due (class docstring) and return the scorer
+        to rank its nodes with; None while nothing is known to learn from.
+
+        ``ledger`` is a :class:`~hami.core.ledger.UsageLedger` or any object with the
+        fields :class:`~hami.core.fragmentation.state.FragmentationState` reads, its
+        ``version_pods``, and ``pods()`` (:func:`ledger_tasks`) or
+        ``running_tasks(skip) -> list[Task]`` (DRA mode's
+        :class:`hami.dra.fragledger.DraLedger`): both modes rank with this one scorer.
+        """
+        if not self._fixed:
+            if id(ledger) != self._learned_from:
+                self._arrivals.clear()
+            self._note(uid, placement, use_types)
+            count = ledger.version_pods
+            warm = len(self._arrivals) >= self.relearn_every
+            stale = (self._scorer is None or id(ledger) != self._learned_from
+                     or self._new >= min(self.relearn_every, max(self._known_at_learn, 1))
+                     or (not warm and abs(count - self._learned_at) >= self.relearn_every))
+            if stale:
+                dist = self._learn(ledger)
+                if dist is None:  # nothing to learn from yet: keep the candidate order
+                    return None
+                if self._scorer is None:
+                    self._scorer = FragmentationScorer(dist, look_ahead=self.look_ahead)
+                else:  # keeps the per-node state; a relearn costs no rebuild
+                    self._scorer.set_distribution(dist)
+                self._learned_at, self._learned_from = count, id(ledger)
+                self._new = 0
+        return self._scorer
 
     def __call__(self, ctx: Any, idx: IntArray) -> IntArray | BestFirst:
         """Filter hook: candidate nodes, least fragmentation growth first, as
         :meth:`FragmentationScorer.best_first <hami.core.fragmentation.order.FragmentationScorer.best_first>`
         (the full order is sorted only if the filter goes past the best node)."""
         placement = Placement.of(ctx.request)
-        if not self._fixed:
-            if id(ctx.ledger) != self._learned_from:
-                self._arrivals.clear()
-            self._note(ctx, placement)
-            count = ctx.ledger.version_pods
-            warm = len(self._arrivals) >= self.relearn_every
-            stale = (self._scorer is None or id(ctx.ledger) != self._learned_from
-                     or self._new >= min(self.relearn_every, max(self._known_at_learn, 1))
-                     or (not warm and abs(count - self._learned_at) >= self.relearn_every))
-            if stale:
-                dist = self._learn(ctx)
-                if dist is None:  # nothing to learn from yet: keep the candidate order
-                    return idx
-                if self._scorer is None or self._fixed:
-                    self._scorer = FragmentationScorer(dist, look_ahead=self.look_ahead)
-                else:  # keeps the per-node state; a relearn costs no rebuild
-                    self._scorer.set_distribution(dist)
-                self._learned_at, self._learned_from = count, id(ctx.ledger)
-                self._new = 0
-        assert self._scorer is not None
-        return self._scorer.best_first(ctx.ledger, placement, idx)
+        scorer = self.scorer_for(ctx.ledger, ctx.request.uid, placement,
+                                 tuple(ctx.pod.use_types))
+        if scorer is None:
+            return idx
+        return scorer.best_first(ctx.ledger, placement, idx)
