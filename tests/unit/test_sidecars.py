@@ -179,3 +179,17 @@ def test_honest_sidecar_is_booked_so_a_neighbour_stays_off_the_card() -> None:
     assert used(state) == [(2, 12000, 0)]
     neighbour = pod([], [ctr("c", 6000)], namespace="b", name="q")
     assert state.filter(neighbour).result.node is None  # 12000 + 6000 > 16384
+
+
+def test_a_gpu_sidecar_takes_the_node_lock_as_an_app_container_does() -> None:
+    """HAMi takes a vendor's node lock only for devices of a regular container; a sidecar
+    runs beside them, so a pod whose GPU is in its sidecar alone locks too."""
+    state = ClusterState(make_config())
+    state.upsert_node(node())
+    p = pod([ctr("side", 2000, sidecar=True)], [ctr("c", None)])
+    decision = state.filter(p)
+    state.commit(p, decision)
+    assert state.lock_vendors("u-p") == ("NVIDIA",)
+    ordinary = pod([ctr("warm", 2000)], [ctr("c", None)], name="o")
+    state.commit(ordinary, state.filter(ordinary))
+    assert state.lock_vendors("u-o") == ()
