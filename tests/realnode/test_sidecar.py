@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from lightkube import codecs
-from lightkube.resources.core_v1 import Event, Pod
+from lightkube import ApiError, codecs
+from lightkube.resources.core_v1 import Event, Pod, ResourceQuota
 
 from hami.testing.controlplane import wait_until
 from hami.testing.gpubed import GpuBed, default_inventory, gpu_test_pod, wait_pod_done
@@ -62,8 +62,8 @@ def client(bed: GpuBed) -> Iterator[Any]:
     c.close()
 
 
-def sidecar_pod() -> dict[str, Any]:
-    manifest = gpu_test_pod("with-sidecar", APP, memory_mib=6000, stub_devices=1)
+def sidecar_pod(name: str = "with-sidecar", mib: int = 6000) -> dict[str, Any]:
+    manifest = gpu_test_pod(name, APP, memory_mib=mib, stub_devices=1)
     side = copy.deepcopy(manifest["spec"]["containers"][0])
     side.update(name="side", restartPolicy="Always", command=["sh", "-c", SIDECAR])
     for e in side["env"]:
@@ -139,3 +139,36 @@ def test_sidecar_and_app_each_get_their_slice_and_the_card_is_booked_for_both(
     log = log_of(bed, "neighbour", "c")
     assert done.status.phase == "Succeeded", log
     assert parsed(log)[2][1] == 6000 * MiB, log
+
+
+def test_a_sidecar_does_not_pass_the_namespace_quota(bed: GpuBed, client: Any) -> None:
+    """Attacker: under a 10000 MiB GPU quota, 6000 MiB in a sidecar and 6000 MiB in the
+    app container are refused at creation (before: admitted, 6000 MiB charged); honest:
+    5000 + 5000 MiB are admitted."""
+    bed.prepare_namespace("tenant")
+    client.apply(codecs.from_dict({
+        "apiVersion": "v1", "kind": "ResourceQuota",
+        "metadata": {"name": "gpu", "namespace": "tenant"},
+        "spec": {"hard": {"limits.nvidia.com/gpumem": "10000"}}}), field_manager="test")
+    attack = codecs.from_dict(sidecar_pod("over-quota", 6000))
+    refusal: list[str] = []
+
+    def refused() -> bool:  # the scheduler's quota watch may lag the create of the quota
+        try:
+            client.create(attack, namespace="tenant")
+        except ApiError as err:
+            refusal.append(err.status.message or "")
+            return "exceeding resource quota" in refusal[-1]
+        client.delete(Pod, "over-quota", namespace="tenant", grace_period=0)
+        wait_until(lambda: not list(client.list(Pod, namespace="tenant")), timeout_s=60,
+                   what="the admitted pod gone")
+        return False
+
+    wait_until(refused, timeout_s=30, what="the over-quota sidecar pod refused")
+    assert "asks for 12000 MiB" in refusal[-1], refusal[-1]
+    honest = client.create(codecs.from_dict(sidecar_pod("in-quota", 5000)), namespace="tenant")
+    assert honest.metadata.name == "in-quota"
+    client.delete(Pod, "in-quota", namespace="tenant", grace_period=0)
+    client.delete(ResourceQuota, "gpu", namespace="tenant")
+    wait_until(lambda: not list(client.list(Pod, namespace="tenant")), timeout_s=60,
+               what="the tenant's pods gone")
