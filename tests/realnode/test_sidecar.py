@@ -11,7 +11,10 @@ runs. Before sidecars were charged as such, the second pod was placed beside the
 from __future__ import annotations
 
 import copy
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,9 +47,13 @@ def bed(request: pytest.FixtureRequest) -> Iterator[GpuBed]:
 
         if not hasattr(nodemod.RealNode, "cdi_dir"):
             skip_or_fail("the real node has no containerd with CDI in this tree")
-    with running_bed(inventory=default_inventory(gpus=1),
-                     plugin_args=plugin_args(mode)) as b:
-        yield b
+    workdir = Path(tempfile.mkdtemp(prefix="hb", dir="/tmp"))  # short: socket paths
+    try:
+        with running_bed(workdir=workdir, inventory=default_inventory(gpus=1),
+                         plugin_args=plugin_args(mode)) as b:
+            yield b
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)  # nothing left on the host
 
 
 @pytest.fixture
