@@ -102,6 +102,21 @@ def test_quota_enforced_at_admission() -> None:
                         quota=quota) is not None
 
 
+def test_quota_at_admission_adds_a_sidecar_to_the_app_container() -> None:
+    """A GPU sidecar (restartPolicy Always) runs beside the app container: 3000 + 3000 MiB
+    exceed a 5000 MiB quota (issue 25; an ordinary init container of 3000 MiB does not)."""
+    quota = QuotaLedger(Nvidia(CFG).resource_names())
+    quota.set_quota("team", "gpu", {"limits.nvidia.com/gpumem": 5000})
+    gpu = {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000}
+    side = {"name": "side", "image": "x", "restartPolicy": "Always",
+            "resources": {"limits": dict(gpu)}}
+    with pytest.raises(tr.TranslateError, match="asks for 6000 MiB"):
+        tr.translate(_pod(gpu, init=[side]), CFG, quota=quota)
+    del side["restartPolicy"]
+    t = tr.translate(_pod(gpu, init=[side]), CFG, quota=quota)
+    assert t is not None and t.memory_mib == 3000
+
+
 def test_malformed_values_are_denials() -> None:
     with pytest.raises(tr.TranslateError):
         tr.translate(_pod({"nvidia.com/gpu": 1, "nvidia.com/gpucores": 150}), CFG)

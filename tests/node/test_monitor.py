@@ -400,3 +400,22 @@ def test_render_matches_prometheus_client_and_http(tmp_path: Path) -> None:
             assert r.read() == col.render()
     finally:
         server.shutdown()
+
+
+def test_a_running_sidecar_is_reported_an_ordinary_init_container_is_not(tmp_path: Path) -> None:
+    """Issue 25 item 1: a sidecar (restartable init container) holds its slice beside the
+    app containers for the pod's life, so its usage is reported as theirs is."""
+    root = tmp_path / "containers"
+    used = RegionSpec(uuids=(U0,), limits={0: 3000 * MiB},
+                      procs=[Proc(pid=10, status=1, used={0: (0, 0, 0, 0, 700)})])
+    for ctr in ("warm", "side", "main"):
+        put(root, f"uid1_{ctr}", build(used))
+    lister = ContainerLister(root)
+    lister.update({"uid1"})
+    p = pod("uid1", "p1", ("warm", "side", "main"), n_init=2, gpus=(U0,))
+    p = PodView(p.namespace, p.name, p.uid, p.node_name, p.phase, p.annotations,
+                p.containers, p.n_init, sidecars=frozenset({"side"}))
+    col = MonitorCollector("node-a", lister, lambda: [p], FakeHost(), clock=lambda: 1.0)
+    series = scrape(col)["hami_vgpu_memory_used_bytes"]
+    assert sorted(labels["container"] for labels, _ in series) == ["main", "side"]
+    assert all(value == 700.0 for _, value in series)

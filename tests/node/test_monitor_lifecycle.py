@@ -187,3 +187,14 @@ def test_pod_view_reads_container_states() -> None:
                                            "side": "terminated", "crash": "waiting"}
     assert pod_view(Pod(metadata=ObjectMeta(name="q", namespace="ns", uid="v"),
                         spec=PodSpec(containers=[Container(name="c")]))).container_states == {}
+
+
+def test_pod_view_names_the_sidecars() -> None:
+    """Only an init container with ``restartPolicy: Always`` is a sidecar (issue 25)."""
+    pod = Pod(metadata=ObjectMeta(name="p", namespace="ns", uid="u"),
+              spec=PodSpec(initContainers=[Container(name="warm"),
+                                           Container(name="side", restartPolicy="Always")],
+                           containers=[Container(name="main")]))
+    view = pod_view(pod)
+    assert view.sidecars == frozenset({"side"})
+    assert [c.name for c in view.long_running()] == ["side", "main"]

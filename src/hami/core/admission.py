@@ -33,6 +33,7 @@ import jsonpatch
 
 from hami.api import names
 from hami.core import isolation
+from hami.core.collapse import effective_request, role_of
 from hami.core.config import SchedulerConfig, unknown_policies
 from hami.core.provenance import strip_allocation
 from hami.core.quantity import QuantityError
@@ -224,7 +225,8 @@ def _prefixed(ops: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
 
 def _vendor_quota_denial(pod: Mapping[str, Any], vendors: Mapping[str, Vendor],
                          quota: VendorQuota) -> str:
-    """The HAMi v2.10 pre-check for every other vendor (max of app sum and init max)."""
+    """The HAMi v2.10 pre-check for every other vendor (max of app sum and init max,
+    sidecars added as Kubernetes adds them)."""
     namespace = str((pod.get("metadata") or {}).get("namespace") or "default")
     requests = pod_requests(vendors, pod)
     denial = quota.admission_denial(namespace, requests)
@@ -236,19 +238,15 @@ def _vendor_quota_denial(pod: Mapping[str, Any], vendors: Mapping[str, Vendor],
 
 def _quota_denial(pod: Mapping[str, Any], config: SchedulerConfig,
                   quota: QuotaLedger) -> str:
-    """``fitResourceQuota`` (HAMi v2.10): max(sum of app, max of init) of memory and cores."""
+    """``fitResourceQuota`` (HAMi v2.10): max(sum of app, max of init) of memory and
+    cores, with each sidecar added to the app containers and to every init container
+    after it (Kubernetes' rule, KEP-753; :func:`hami.core.collapse.effective_request`)."""
     fast = fast_path_vendor(config.registry)
     request = pod_request(pod, dict([fast]) if fast is not None else {})
-    init_mem = init_cores = app_mem = app_cores = 0
-    for position, c in enumerate(request.containers):
-        if c is None:
-            continue
-        mem, cores = c.memory_mib * c.nums, c.cores_percent * c.nums
-        if position < request.n_init:
-            init_mem, init_cores = max(init_mem, mem), max(init_cores, cores)
-        else:
-            app_mem, app_cores = app_mem + mem, app_cores + cores
-    mem, cores = max(app_mem, init_mem), max(app_cores, init_cores)
+    mem, cores = effective_request(
+        (role_of(position, request.n_init, request.sidecars),
+         c.memory_mib * c.nums, c.cores_percent * c.nums)
+        for position, c in enumerate(request.containers) if c is not None)
     if mem == 0 and cores == 0:
         return ""
     if quota.fits(request.namespace, mem, cores):

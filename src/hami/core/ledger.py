@@ -55,6 +55,9 @@ class PodEntry:
     shrunk: bool = False
     #: MIG instances the pod holds: ``(gpu uuid, placement)`` (HAMi v2.10).
     mig: tuple[tuple[str, MigPlacement], ...] = ()
+    #: Positions of the sidecars (restartable init containers) among the first ``n_init``:
+    #: charged for the pod's whole life (:mod:`hami.core.collapse`).
+    sidecars: frozenset[int] = frozenset()
 
 
 class UsageLedger(LedgerArrays):
@@ -210,14 +213,18 @@ class UsageLedger(LedgerArrays):
     def add_pod(self, uid: str, node: str, devices: PodSingleDevice, n_init: int = 0, *,
                 namespace: str = "default", name: str = "", cpu_milli: int = 0,
                 memory_mib: int = 0,
-                mig: tuple[tuple[str, MigPlacement], ...] = ()) -> PodEntry:
+                mig: tuple[tuple[str, MigPlacement], ...] = (),
+                sidecars: frozenset[int] = frozenset()) -> PodEntry:
         """Charge a pod's grant to ``node`` (replacing an earlier entry of the same uid).
 
-        Returns the new entry; its ``charges`` are the collapsed per-GPU usage.
+        ``sidecars``: positions of the restartable init containers, whose usage is held
+        beside the app containers'. Returns the new entry; its ``charges`` are the
+        collapsed per-GPU usage.
         """
         self.remove_pod(uid)
         entry = PodEntry(uid, namespace, name, node, devices, n_init,
-                         pod_charges(devices, n_init), cpu_milli, memory_mib, mig=mig)
+                         pod_charges(devices, n_init, sidecars), cpu_milli, memory_mib,
+                         mig=mig, sidecars=sidecars)
         self._pods[uid] = entry
         self.version_pods += 1
         self._pods_on.setdefault(node, set()).add(uid)
@@ -239,7 +246,8 @@ class UsageLedger(LedgerArrays):
         return entry
 
     def shrink_pod(self, uid: str) -> tuple[PodEntry, PodEntry] | None:
-        """Replace a pod's charges by its app containers' alone (init containers done).
+        """Replace a pod's charges by its app containers' and sidecars' alone (ordinary
+        init containers done).
 
         Returns ``(before, after)`` entries, or None when unknown or already shrunk.
         """
@@ -248,7 +256,7 @@ class UsageLedger(LedgerArrays):
             return None
         before = replace(entry)
         self._apply(entry, -1)
-        entry.charges = app_only_charges(entry.devices, entry.n_init)
+        entry.charges = app_only_charges(entry.devices, entry.n_init, entry.sidecars)
         entry.shrunk = True
         self._apply(entry, +1)
         return before, entry

@@ -175,7 +175,9 @@ class PodRequest:
 
     ``containers`` holds one entry per container, init containers first; an entry is
     ``None`` for a container that asks for no device. ``n_init`` is how many of them are
-    init containers. Annotations are the pod's (user options such as
+    init containers, ``sidecars`` the positions of the restartable ones among them
+    (``restartPolicy: Always``: charged for the pod's life, :mod:`hami.core.collapse`).
+    Annotations are the pod's (user options such as
     ``nvidia.com/use-gputype`` are read from them by :mod:`hami.core.fit`);
     ``share_filters`` are the filter keys of the vendor whose requests ``containers``
     holds (the share fast-path backend's, NVIDIA's with HAMi's vendors, set by
@@ -197,6 +199,7 @@ class PodRequest:
     memory_mib: int = 0
     vendors: tuple[Mapping[str, ContainerDeviceRequest], ...] = ()
     share_filters: CardFilters = CardFilters()
+    sidecars: frozenset[int] = frozenset()
 
     @property
     def wants_devices(self) -> bool:

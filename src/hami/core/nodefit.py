@@ -1,8 +1,10 @@
 """The exact fit of one pod on one node, every vendor in one container loop (HAMi v2.10
 ``Fit`` per container, steps 1-2 of the filter).
 
-Per container (init containers on fresh copies of the node's usage, app containers
-cumulatively on one copy): the GPU-share request (``PodRequest.containers``: the core's
+Per container (ordinary init containers on fresh copies of the node's usage plus the
+sidecars placed before them; sidecars, i.e. restartable init containers, and app
+containers cumulatively on one copy, as Kubernetes adds a sidecar's request to the later
+init containers and to the app containers, KEP-753): the GPU-share request (``PodRequest.containers``: the core's
 Fit, MIG and topology included) first, then every other requested vendor's in CommonWord
 order through its backend (``Vendor.fit`` on that vendor's devices only, ``add_usage``,
 the vendor's fit-time quota check). The node score adds each granted vendor's
@@ -12,13 +14,13 @@ the vendor's fit-time quota check). The node score adds each granted vendor's
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
 
 from hami.core.codec import MigAllocation, ScoringWeights
-from hami.core.collapse import collapse, total
+from hami.core.collapse import INIT, SIDECAR, Role, collapse, role_of, total
 from hami.core.fit import (
     DEVICE_TYPE_NOT_FOUND,
     NODE_INSUFFICIENT_DEVICE,
@@ -115,12 +117,12 @@ class NodeFit:
 
 
 def _quota_check(quota: QuotaLedger | None, request: PodRequest,
-                 placed: list[tuple[bool, ContainerDevices]], is_init: bool) -> QuotaCheck | None:
+                 placed: list[tuple[Role, ContainerDevices]], role: Role) -> QuotaCheck | None:
     if quota is None or not quota.limited(request.namespace):
         return None
 
     def check(devices: Sequence[ContainerDevice]) -> bool:
-        mem, cores = total(collapse([*placed, (is_init, tuple(devices))]))
+        mem, cores = total(collapse([*placed, (role, tuple(devices))]))
         return quota.fits(request.namespace, mem, cores)
 
     return check
@@ -140,9 +142,11 @@ class _PodFit:
         self.grant: list[ContainerDevices] = [() for _ in range(n)]
         self.vgrant: dict[str, list[ContainerDevices]] = {w: [() for _ in range(n)]
                                                           for w in request.vendor_words}
-        self.placed: list[tuple[bool, ContainerDevices]] = []
+        self.placed: list[tuple[Role, ContainerDevices]] = []
         self.mig: list[MigAllocation] = []
         self.app_state = self.fresh()
+        #: A sidecar was placed: ``app_state`` holds more than the node's usage.
+        self.sidecar_placed = False
 
     def fresh(self) -> list[DeviceState]:
         """The node's devices with their pre-existing usage (and this pod's MIG holds)."""
@@ -150,11 +154,29 @@ class _PodFit:
         return [DeviceState(*b, mig_occupied=list(occupied.get(b[0].uuid, ())))
                 for b in self.base]
 
+    def init_state(self) -> list[DeviceState]:
+        """What an ordinary init container is fitted on: a fresh copy of the node's usage
+        with the sidecars placed so far (they run beside it; KEP-753). Before any app
+        container is placed ``app_state`` is exactly that, so it is copied."""
+        if not self.sidecar_placed:
+            return self.fresh()
+        return [replace(d, mig_occupied=list(d.mig_occupied)) for d in self.app_state]
+
+    def state_for(self, role: Role) -> list[DeviceState]:
+        """The device states a container of ``role`` is fitted on (and, but for an
+        ordinary init container, charged to)."""
+        if role == INIT:
+            return self.init_state()
+        if role == SIDECAR:
+            self.sidecar_placed = True
+        return self.app_state
+
     def share(self, pos: int, req: ContainerDeviceRequest, state: list[DeviceState],
-              is_init: bool) -> str:
+              role: Role) -> str:
         """Fit container ``pos``'s GPU-share request; "" or the reason it does not fit."""
         ctx = self.ctx
-        quota_ok = _quota_check(self.quota, ctx.request, self.placed, is_init)
+        is_init = role == INIT
+        quota_ok = _quota_check(self.quota, ctx.request, self.placed, role)
         ordered = order_devices(state, req, ctx.pod, ctx.weights)
         outcome = fit_shares(of_type(ordered, req.type), req, ctx.pod, self.node, quota_ok)
         if not outcome.ok:
@@ -167,7 +189,7 @@ class _PodFit:
                                           outcome.devices[device_index].uuid, profile,
                                           placement))
         self._hold_pod_mig(outcome, is_init)
-        self.placed.append((is_init, outcome.devices))
+        self.placed.append((role, outcome.devices))
         return ""
 
     def _hold_pod_mig(self, outcome: FitOutcome, is_init: bool) -> None:
@@ -199,7 +221,7 @@ class _PodFit:
             return NODE_INSUFFICIENT_DEVICE
         earlier = tuple(self.vgrant[word][:pos])
         check = (ctx.vendor_quota.fit_check(request.namespace, word, earlier,
-                                            request.n_init, pos)
+                                            request.n_init, pos, request.sidecars)
                  if ctx.vendor_quota is not None else None)
         fit_ctx = FitContext(request.annotations, entry.annotations, entry.name,
                              ctx.pod.gpu_policy, allocated=earlier, quota_ok=check)
@@ -269,9 +291,9 @@ def fit_node(ctx: FilterContext, entry: NodeEntry, quota: QuotaLedger | None = N
         wants_share = req is not None and req.nums > 0
         if not wants_share and not vreqs:
             continue
-        is_init = pos < request.n_init
-        state = pod.fresh() if is_init else pod.app_state
-        if req is not None and wants_share and (reason := pod.share(pos, req, state, is_init)):
+        role = role_of(pos, request.n_init, request.sidecars)
+        state = pod.state_for(role)
+        if req is not None and wants_share and (reason := pod.share(pos, req, state, role)):
             return NodeFit(None, reason)
         for word in sorted(vreqs):
             if reason := pod.vendor(pos, word, vreqs[word], state):

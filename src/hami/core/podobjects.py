@@ -22,16 +22,40 @@ def pod_uid(pod: Mapping[str, Any]) -> str:
     return str(meta.get("uid") or f"{meta.get('namespace') or 'default'}/{meta.get('name')}")
 
 
+def is_sidecar(container: Any) -> bool:
+    """True for a restartable init container (``restartPolicy: Always``, Kubernetes'
+    native sidecar, KEP-753): it runs for the pod's whole life. The API server accepts no
+    other value of an init container's ``restartPolicy``; anything else is ordinary."""
+    return isinstance(container, Mapping) and container.get("restartPolicy") == "Always"
+
+
+def sidecar_positions(pod: Mapping[str, Any]) -> frozenset[int]:
+    """Positions (among ``spec.initContainers``, which come first in every per-container
+    list) of the pod's sidecars."""
+    spec = pod.get("spec")
+    init = spec.get("initContainers") if isinstance(spec, Mapping) else None
+    if not isinstance(init, list):
+        return frozenset()
+    return frozenset(i for i, c in enumerate(init) if is_sidecar(c))
+
+
 def init_containers_done(pod: Mapping[str, Any]) -> bool:
-    """True when the pod has init containers and every one terminated with exit code 0."""
+    """True when the pod has init containers and every ordinary one terminated with exit
+    code 0 (sidecars keep running, and keep their charge)."""
     statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
     if not statuses:
         return False
+    spec = pod.get("spec")
+    init = spec.get("initContainers") if isinstance(spec, Mapping) else None
+    sidecars = {c.get("name") for c in init or [] if is_sidecar(c)}
     for status in statuses:
+        if isinstance(status, Mapping) and status.get("name") in sidecars:
+            continue
         terminated = (status.get("state") or {}).get("terminated")
         if not terminated or terminated.get("exitCode") != 0:
             return False
     return True
 
 
-__all__ = ["TERMINAL_PHASES", "init_containers_done", "meta_of", "pod_uid"]
+__all__ = ["TERMINAL_PHASES", "init_containers_done", "is_sidecar", "meta_of", "pod_uid",
+           "sidecar_positions"]

@@ -15,7 +15,9 @@ from fractions import Fraction
 from functools import lru_cache
 from typing import Any
 
+from hami.core.collapse import effective_request, role_of
 from hami.core.model import CardFilters, ContainerDeviceRequest, PodRequest
+from hami.core.podobjects import sidecar_positions
 from hami.core.quantity import QuantityError, parse_quantity, to_int_exact, to_mib, to_milli
 from hami.core.vendor import AdmissionError, Vendor, fast_path_vendor
 from hami.core.vendors import pod_requests
@@ -78,9 +80,12 @@ def _containers(pod: Mapping[str, Any]) -> tuple[Sequence[Any], Sequence[Any]]:
     return spec.get("initContainers") or [], spec.get("containers") or []
 
 
-def _pod_cpu_memory(init: Sequence[Any], app: Sequence[Any]) -> tuple[int, int]:
+def _pod_cpu_memory(init: Sequence[Any], app: Sequence[Any],
+                    sidecars: frozenset[int]) -> tuple[int, int]:
     """Effective CPU (millicores) and memory (MiB) requests as kube-scheduler computes
-    them: max(sum over app containers, max over init containers)."""
+    them: max(sum over app containers, max over init containers), with sidecars
+    (positions ``sidecars`` of ``init``) added to every later init container and to the
+    app containers (KEP-753)."""
 
     def one(c: Mapping[str, Any]) -> tuple[int, int]:
         req = ((c.get("resources") or {}).get("requests")) or {}
@@ -91,11 +96,9 @@ def _pod_cpu_memory(init: Sequence[Any], app: Sequence[Any]) -> tuple[int, int]:
             raise RequestError(f"container {c.get('name', '?')}: {exc}") from None
         return cpu, mem
 
-    app_vals = [one(c) for c in app]
-    init_vals = [one(c) for c in init] or [(0, 0)]
-    cpu = max(sum(v[0] for v in app_vals), max(v[0] for v in init_vals))
-    mem = max(sum(v[1] for v in app_vals), max(v[1] for v in init_vals))
-    return cpu, mem
+    n_init = len(init)
+    return effective_request((role_of(pos, n_init, sidecars), *one(c))
+                             for pos, c in enumerate([*init, *app]))
 
 
 def pod_cpu_memory(pod: Mapping[str, Any]) -> tuple[int, int]:
@@ -130,7 +133,8 @@ def pod_request(pod: Mapping[str, Any], registry: Mapping[str, Vendor]) -> PodRe
     """A Kubernetes Pod (JSON-shaped mapping) -> :class:`PodRequest`, over the vendors of
     ``registry`` (CommonWord -> backend).
 
-    Containers are listed init containers first, then regular containers. The share
+    Containers are listed init containers first, then regular containers; the positions
+    of the sidecars (restartable init containers) are :attr:`PodRequest.sidecars`. The share
     fast-path backend's (:func:`~hami.core.vendor.fast_path_vendor`, NVIDIA's with HAMi's
     vendors) requests fill :attr:`PodRequest.containers` (each entry ``None`` when the
     container asks for none of its devices, every entry ``None`` when no registered vendor
@@ -149,7 +153,8 @@ def pod_request(pod: Mapping[str, Any], registry: Mapping[str, Vendor]) -> PodRe
                      for c in [*init, *app])
     except (AdmissionError, QuantityError) as exc:
         raise RequestError(str(exc)) from None
-    cpu, mem = _pod_cpu_memory(init, app)
+    sidecars = sidecar_positions(pod)
+    cpu, mem = _pod_cpu_memory(init, app, sidecars)
     others = ({w: v for w, v in registry.items() if w != fast_word}
               if len(registry) > (fast_backend is not None) else None)
     return PodRequest(
@@ -163,4 +168,5 @@ def pod_request(pod: Mapping[str, Any], registry: Mapping[str, Vendor]) -> PodRe
         memory_mib=mem,
         vendors=vendor_requests(pod, others) if others else (),
         share_filters=fast_backend.filters if fast_backend is not None else CardFilters(),
+        sidecars=sidecars,
     )

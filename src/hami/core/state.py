@@ -31,7 +31,13 @@ from hami.core.filter import filter_pod
 from hami.core.ledger import PodEntry, UsageLedger
 from hami.core.model import PodSingleDevice
 from hami.core.noderegistration import read_node_devices
-from hami.core.podobjects import TERMINAL_PHASES, init_containers_done, meta_of, pod_uid
+from hami.core.podobjects import (
+    TERMINAL_PHASES,
+    init_containers_done,
+    meta_of,
+    pod_uid,
+    sidecar_positions,
+)
 from hami.core.quota import QuotaLedger
 from hami.core.request import RequestError, pod_request
 from hami.core.vendor import fast_path_vendor
@@ -118,7 +124,7 @@ class ClusterState:
         reserves devices, whatever its annotations say (HAMi counts it: anyone who may
         create a pod could mark a node's cards as full; docs/decisions.md). A Terminating pod (``deletionTimestamp`` set) still holds its
         devices until it is gone, so it is counted whether it was seen before or is seen
-        first now (a cold start); HAMi never newly adds one (docs/decisions.md). When every init container has finished the charge shrinks to the app containers.
+        first now (a cold start); HAMi never newly adds one (docs/decisions.md). When every ordinary init container has finished the charge shrinks to the app containers and the sidecars (restartable init containers, held for the pod's life).
         Returns whether the pod is charged.
         """
         meta = meta_of(pod)
@@ -148,7 +154,7 @@ class ClusterState:
         self.charge(uid, str(node), devices, n_init,
                     namespace=str(meta.get("namespace") or "default"),
                     name=str(meta.get("name") or ""), mig=mig,
-                    vendor_devices=vendor_devices)
+                    vendor_devices=vendor_devices, sidecars=sidecar_positions(pod))
         self._shrink_when_init_done(pod, uid)
         return True
 
@@ -159,7 +165,8 @@ class ClusterState:
         return not wanted or (isinstance(spec, Mapping) and spec.get("schedulerName") == wanted)
 
     def _shrink_when_init_done(self, pod: Mapping[str, Any], uid: str) -> None:
-        """Once every init container has finished, charge the app containers only."""
+        """Once every ordinary init container has finished, charge the app containers and
+        the sidecars only."""
         if init_containers_done(pod):
             swapped = self.ledger.shrink_pod(uid)
             if swapped:
@@ -169,13 +176,15 @@ class ClusterState:
     def charge(self, uid: str, node: str, devices: PodSingleDevice, n_init: int, *,
                namespace: str, name: str = "", cpu_milli: int = 0, memory_mib: int = 0,
                mig: tuple[MigAllocation, ...] = (),
-               vendor_devices: Mapping[str, PodSingleDevice] | None = None) -> PodEntry:
+               vendor_devices: Mapping[str, PodSingleDevice] | None = None,
+               sidecars: frozenset[int] = frozenset()) -> PodEntry:
         """Charge a grant (and its MIG instances) to the ledger and the namespace quota,
         replacing an earlier charge of the same pod.
 
         ``devices`` is the fast-path vendor's grant (:attr:`fast`, NVIDIA's with HAMi's
         vendors), ``vendor_devices`` the other vendors' (by CommonWord); the ledger holds
         their merge (one entry per container), :attr:`quota` counts the fast-path devices and :attr:`vendor_quota` each vendor's resources.
+        ``sidecars``: positions of the restartable init containers (held for the pod's life).
         """
         self.remove_pod(uid)
         others = {w: g for w, g in (vendor_devices or {}).items() if any(g)}
@@ -185,7 +194,8 @@ class ClusterState:
             self.vendor_devices[uid] = others
         entry = self.ledger.add_pod(uid, node, devices, n_init, namespace=namespace,
                                     name=name, cpu_milli=cpu_milli, memory_mib=memory_mib,
-                                    mig=tuple((m.gpu_uuid, m.placement) for m in mig))
+                                    mig=tuple((m.gpu_uuid, m.placement) for m in mig),
+                                    sidecars=sidecars)
         if mig:
             self.mig[uid] = tuple(mig)
         self._charge_quota(entry)
@@ -207,13 +217,17 @@ class ClusterState:
     def lock_vendors(self, uid: str) -> tuple[str, ...]:
         """CommonWords whose node lock a bind of the pod takes, sorted (HAMi v2.10: a
         vendor locks only when a regular container, not an init container, holds its
-        devices)."""
+        devices; a sidecar runs beside the regular containers and locks as they do)."""
         entry = self.ledger.pod(uid)
         if entry is None:
             return ()
-        words = {w for w, g in self.vendor_devices.get(uid, {}).items()
-                 if any(g[entry.n_init:])}
-        if any(self.fast_devices(entry)[entry.n_init:]):
+
+        def held(grant: PodSingleDevice) -> bool:
+            return any(c for pos, c in enumerate(grant)
+                       if pos >= entry.n_init or pos in entry.sidecars)
+
+        words = {w for w, g in self.vendor_devices.get(uid, {}).items() if held(g)}
+        if held(self.fast_devices(entry)):
             words.add(self.fast_word)
         return tuple(sorted(words))
 
@@ -224,7 +238,7 @@ class ClusterState:
         restored = self.ledger.add_pod(entry.uid, entry.node, entry.devices, entry.n_init,
                                        namespace=entry.namespace, name=entry.name,
                                        cpu_milli=entry.cpu_milli, memory_mib=entry.memory_mib,
-                                       mig=entry.mig)
+                                       mig=entry.mig, sidecars=entry.sidecars)
         if entry.shrunk:
             self.ledger.shrink_pod(entry.uid)
             restored = self.ledger.pod(entry.uid) or restored
@@ -241,14 +255,16 @@ class ClusterState:
     def _quota_parts(self, entry: PodEntry) -> tuple[tuple[int, int],
                                                      dict[str, PodSingleDevice]]:
         """NVIDIA ``(memory, cores)`` of the entry's charges, and the other vendors'
-        grants as quota sees them (init containers dropped once the pod has shrunk)."""
+        grants as quota sees them (ordinary init containers dropped once the pod has
+        shrunk; sidecars kept)."""
         others = self.vendor_devices.get(entry.uid)
         if not others:
             return total(entry.charges), {}
         theirs = {d.uuid for grant in others.values() for c in grant for d in c}
         nvidia = total(c for c in entry.charges if c.uuid not in theirs)
         if entry.shrunk:
-            others = {w: tuple(() if pos < entry.n_init else c for pos, c in enumerate(g))
+            others = {w: tuple(() if pos < entry.n_init and pos not in entry.sidecars else c
+                               for pos, c in enumerate(g))
                       for w, g in others.items()}
         return nvidia, others
 
@@ -256,13 +272,14 @@ class ClusterState:
         nvidia, others = self._quota_parts(entry)
         self.quota.charge(entry.namespace, *nvidia)
         if others and self.vendor_quota is not None:
-            self.vendor_quota.add_usage(entry.namespace, others, entry.n_init)
+            self.vendor_quota.add_usage(entry.namespace, others, entry.n_init, entry.sidecars)
 
     def _release_quota(self, entry: PodEntry) -> None:
         nvidia, others = self._quota_parts(entry)
         self.quota.release(entry.namespace, *nvidia)
         if others and self.vendor_quota is not None:
-            self.vendor_quota.remove_usage(entry.namespace, others, entry.n_init)
+            self.vendor_quota.remove_usage(entry.namespace, others, entry.n_init,
+                                           entry.sidecars)
 
     # ---------------------------------------------------------------- quotas
     def upsert_quota(self, quota: Mapping[str, Any]) -> None:
@@ -331,7 +348,8 @@ class ClusterState:
                            req.n_init, namespace=req.namespace, name=req.name,
                            cpu_milli=req.cpu_milli, memory_mib=req.memory_mib,
                            mig=decision.result.mig,
-                           vendor_devices=decision.result.vendor_devices)
+                           vendor_devices=decision.result.vendor_devices,
+                           sidecars=req.sidecars)
 
 
 __all__ = ["TERMINAL_PHASES", "ClusterState", "Decision", "RequestError", "init_containers_done",

@@ -12,11 +12,11 @@ the registry's other vendors (webhook pre-check, fit-time check, usage of placed
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hami.core.collapse import collapse, total
+from hami.core.collapse import collapse, effective_request, pod_charges, role_of, total
 from hami.core.fit import QuotaCheck
 from hami.core.model import ContainerDevice, ContainerDevices, PodSingleDevice
 from hami.core.quantity import QuantityError, parse_quantity, to_int_exact
@@ -118,63 +118,63 @@ class VendorQuota:
         return True
 
     def _charge(self, namespace: str, allocation: Mapping[str, PodSingleDevice], n_init: int,
-                sign: int) -> None:
+                sign: int, sidecars: Collection[int]) -> None:
         for word, grant in allocation.items():
             v = self.registry.get(word)
             if v is None:
                 continue
             rn = v.resource_names()
-            mem, cores = total(collapse((pos < n_init, c) for pos, c in enumerate(grant)))
+            mem, cores = total(pod_charges(grant, n_init, sidecars))
             for name, amount in ((rn.memory, mem), (rn.cores, cores)):
                 if name:
                     entry = self._entry(namespace, name)
                     entry.used = max(0, entry.used + sign * amount)
 
     def add_usage(self, namespace: str, allocation: Mapping[str, PodSingleDevice],
-                  n_init: int = 0) -> None:
-        """Charge a placed pod (its collapsed allocation, HAMi v2.10)."""
-        self._charge(namespace, allocation, n_init, 1)
+                  n_init: int = 0, sidecars: Collection[int] = ()) -> None:
+        """Charge a placed pod (its collapsed allocation, HAMi v2.10; ``sidecars``: the
+        positions of its restartable init containers, :mod:`hami.core.collapse`)."""
+        self._charge(namespace, allocation, n_init, 1, sidecars)
 
     def remove_usage(self, namespace: str, allocation: Mapping[str, PodSingleDevice],
-                     n_init: int = 0) -> None:
+                     n_init: int = 0, sidecars: Collection[int] = ()) -> None:
         """Release a removed pod; never below zero."""
-        self._charge(namespace, allocation, n_init, -1)
+        self._charge(namespace, allocation, n_init, -1, sidecars)
 
     def admission_denial(self, namespace: str, requests: PodDeviceRequests) -> str:
         """The webhook pre-check (``fitResourceQuota``): per vendor, app = Σ over regular
         containers of mem x nums (cores x nums), init = max over init containers;
-        request = max(app, init); skipped when both are 0. Returns "" or the denial."""
+        request = max(app, init), each sidecar added to the app containers and to every
+        init container after it (KEP-753, :func:`hami.core.collapse.effective_request`);
+        skipped when both are 0. Returns "" or the denial."""
         for word in requests.vendors:
-            init_mem = init_cores = app_mem = app_cores = 0
-            for pos, reqs in enumerate(requests.containers):
-                r = reqs.get(word)
-                if r is None:
-                    continue
-                mem, cores = r.memory_mib * r.nums, r.cores_percent * r.nums
-                if pos < requests.n_init:
-                    init_mem, init_cores = max(init_mem, mem), max(init_cores, cores)
-                else:
-                    app_mem, app_cores = app_mem + mem, app_cores + cores
-            mem, cores = max(app_mem, init_mem), max(app_cores, init_cores)
+            mem, cores = effective_request(
+                (role_of(pos, requests.n_init, requests.sidecars),
+                 r.memory_mib * r.nums, r.cores_percent * r.nums)
+                for pos, reqs in enumerate(requests.containers)
+                if (r := reqs.get(word)) is not None)
             if (mem or cores) and not self.fits(namespace, word, mem, cores):
                 return "exceeding resource quota"
         return ""
 
     def fit_check(self, namespace: str, vendor: str, placed: Sequence[ContainerDevices],
-                  n_init: int, position: int) -> QuotaCheck | None:
+                  n_init: int, position: int,
+                  sidecars: Collection[int] = ()) -> QuotaCheck | None:
         """The fit-time check for the container at ``position`` (HAMi v2.10 ``fitQuota``): the
         pod's earlier grants of this vendor plus the candidates, collapsed with the real
-        init count. None when the namespace has no limit on this vendor."""
+        init count and the sidecars' positions. None when the namespace has no limit on
+        this vendor."""
         v = self.registry.get(vendor)
         if v is None:
             return None
         rn = v.resource_names()
         if all(self.limit(namespace, n) is None for n in (rn.memory, rn.cores) if n):
             return None
-        before = [(pos < n_init, c) for pos, c in enumerate(placed)]
+        before = [(role_of(pos, n_init, sidecars), c) for pos, c in enumerate(placed)]
+        role = role_of(position, n_init, sidecars)
 
         def check(candidate: Sequence[ContainerDevice]) -> bool:
-            mem, cores = total(collapse([*before, (position < n_init, tuple(candidate))]))
+            mem, cores = total(collapse([*before, (role, tuple(candidate))]))
             return self.fits(namespace, vendor, mem, cores)
 
         return check

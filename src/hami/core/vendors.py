@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hami.core.model import ContainerDeviceRequest, ContainerDevices, PodSingleDevice
+from hami.core.podobjects import sidecar_positions
 from hami.core.vendor import PatchContext, Vendor
 
 
@@ -28,6 +29,8 @@ class PodDeviceRequests:
 
     containers: tuple[Mapping[str, ContainerDeviceRequest], ...]
     n_init: int = 0
+    #: Positions of the sidecars (restartable init containers) among the init containers.
+    sidecars: frozenset[int] = frozenset()
 
     @property
     def vendors(self) -> tuple[str, ...]:
@@ -57,7 +60,7 @@ def pod_requests(registry: Mapping[str, Vendor], pod: Mapping[str, Any]) -> PodD
             if req is not None and req.nums > 0:
                 reqs[word] = req
         out.append(reqs)
-    return PodDeviceRequests(tuple(out), len(init))
+    return PodDeviceRequests(tuple(out), len(init), sidecar_positions(pod))
 
 
 def mutate_pod(registry: Mapping[str, Vendor], pod: dict[str, Any]) -> bool:

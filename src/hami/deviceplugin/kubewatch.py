@@ -53,7 +53,8 @@ def pod_view(pod: Any) -> PodView:
         resource_names=frozenset(
             str(k) for c in init + regular if c.resources is not None
             for part in (c.resources.limits, c.resources.requests) for k in (part or {})),
-        deleting=meta.deletionTimestamp is not None)
+        deleting=meta.deletionTimestamp is not None,
+        sidecars=frozenset(c.name for c in init if c.restartPolicy == "Always"))
 
 
 def _rv_newer(a: str, b: str) -> bool:

@@ -42,7 +42,8 @@ class PodView:
     container the kubelet has not reported yet is absent. ``scheduler_name``:
     ``spec.schedulerName``; ``resource_names``: every resource named in a container's
     limits or requests. ``deleting``: ``metadata.deletionTimestamp`` is set (the pod is
-    going away; a new pod may take its name)."""
+    going away; a new pod may take its name). ``sidecars``: names of the restartable init
+    containers (``restartPolicy: Always``), which run beside the regular ones."""
 
     namespace: str
     name: str
@@ -58,6 +59,13 @@ class PodView:
     scheduler_name: str = ""
     resource_names: frozenset[str] = frozenset()
     deleting: bool = False
+    sidecars: frozenset[str] = frozenset()
+
+    def long_running(self) -> tuple[ContainerView, ...]:
+        """The containers that run for the pod's life: its sidecars and its regular
+        containers (ordinary init containers excluded)."""
+        return tuple(c for i, c in enumerate(self.containers)
+                     if i >= self.n_init or c.name in self.sidecars)
 
 
 # --- IDs ---------------------------------------------------------------------------------

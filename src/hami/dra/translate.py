@@ -39,7 +39,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hami.api import names
+from hami.core.collapse import Role, effective_request, role_of
 from hami.core.model import PERCENT_UNSET
+from hami.core.podobjects import sidecar_positions
 from hami.core.quota import QuotaLedger
 from hami.core.request import RequestError
 from hami.devices.nvidia import NvidiaConfig, container_request, mutate_container
@@ -67,7 +69,7 @@ class Translation:
     """``pod``: the mutated pod; ``templates``: template name -> ResourceClaimTemplate
     (dict, without namespace) to exist before the pod is created; ``memory_mib`` and
     ``cores_percent``: what the pod books for the namespace quota (HAMi's sum of app
-    containers, max of init containers)."""
+    containers, max of init containers; sidecars added as Kubernetes adds them)."""
 
     pod: dict[str, Any]
     templates: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -239,7 +241,8 @@ def translate(pod: Mapping[str, Any], config: NvidiaConfig, *,
     offers = list(mig_offers)
     templates: dict[str, dict[str, Any]] = {}
     claims: list[dict[str, str]] = []
-    app_mem = app_cores = init_mem = init_cores = 0
+    sidecars = sidecar_positions(mutated)
+    booked: list[tuple[Role, int, int]] = []
     for pos, c in enumerate(containers):
         if not isinstance(c, dict):
             raise TranslateError("container is not an object")
@@ -273,10 +276,7 @@ def translate(pod: Mapping[str, Any], config: NvidiaConfig, *,
                     del values[key]
         resources.setdefault("claims", []).append({"name": claim_ref})
         booked_mem = (memory_mib or whole_card_mib or uniform_memory_mib or 0) * req.nums
-        if pos < n_init:
-            init_mem, init_cores = max(init_mem, booked_mem), max(init_cores, req.cores_percent * req.nums)
-        else:
-            app_mem, app_cores = app_mem + booked_mem, app_cores + req.cores_percent * req.nums
+        booked.append((role_of(pos, n_init, sidecars), booked_mem, req.cores_percent * req.nums))
     if not claims:
         return None
     spec["resourceClaims"] = claims
@@ -284,7 +284,9 @@ def translate(pod: Mapping[str, Any], config: NvidiaConfig, *,
     if scheduler_name and (not current or (current == names.DEFAULT_SCHEDULER
                                            and overwrite_default_scheduler)):
         spec["schedulerName"] = scheduler_name
-    mem, cores = max(app_mem, init_mem), max(app_cores, init_cores)
+    # max(app, init) as HAMi's pre-check, a sidecar added to the app containers and to
+    # the init containers after it (Kubernetes' rule, KEP-753)
+    mem, cores = effective_request(booked)
     namespace = str((mutated.get("metadata") or {}).get("namespace") or "default")
     if quota is not None and (mem or cores) and not quota.fits(namespace, mem, cores):
         raise TranslateError(f"exceeding resource quota: namespace {namespace} asks for {mem} "

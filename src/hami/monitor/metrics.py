@@ -274,7 +274,7 @@ class MonitorCollector(Collector):
                 continue
             names = [c.name for c in pod.containers]
             grants = container_grants(pod)
-            for ctr in pod.containers[pod.n_init:]:
+            for ctr in pod.long_running():
                 entry = regions.get(f"{pod.uid}_{ctr.name}")
                 if entry is None or not container_running(pod, ctr.name):
                     continue

@@ -229,7 +229,8 @@ class Replayer:
         if not result.mig:
             led.add_pod(request.uid, result.node, result.devices, request.n_init,
                         namespace=request.namespace, name=request.name,
-                        cpu_milli=request.cpu_milli, memory_mib=request.memory_mib)
+                        cpu_milli=request.cpu_milli, memory_mib=request.memory_mib,
+                        sidecars=request.sidecars)
             granted = sum(d.used_cores_percent * 10 for ctr in result.devices for d in ctr)
             return result.node, granted
         # MIG: reserve the placements with the grant (as ClusterState.charge does); the
@@ -241,7 +242,8 @@ class Replayer:
         led.add_pod(request.uid, result.node, result.devices, request.n_init,
                     namespace=request.namespace, name=request.name,
                     cpu_milli=request.cpu_milli, memory_mib=request.memory_mib,
-                    mig=tuple((m.gpu_uuid, m.placement) for m in result.mig))
+                    mig=tuple((m.gpu_uuid, m.placement) for m in result.mig),
+                    sidecars=request.sidecars)
         self.mig[request.uid] = result.mig
         total = led.total_cores[held]
         granted = int(((np.minimum(led.used_cores[held], total) - np.minimum(before, total))
