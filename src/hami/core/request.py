@@ -108,7 +108,7 @@ def pod_cpu_memory(pod: Mapping[str, Any]) -> tuple[int, int]:
     Raises:
         RequestError: a container's CPU or memory value is malformed.
     """
-    return _pod_cpu_memory(*_containers(pod))
+    return _pod_cpu_memory(*_containers(pod), sidecar_positions(pod))
 
 
 def vendor_requests(pod: Mapping[str, Any], vendors: Mapping[str, Vendor]
