@@ -156,7 +156,7 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
         quotas_out.append({"namespace": ns,
                            "memory_mib": {"used": q.memory_used_mib, "limit": q.memory_limit_mib},
                            "cores": {"used": q.cores_used_percent, "limit": q.cores_limit_percent}})
-    counted_pods = [p for node_name in registered for p in state.ledger.pods_on(node_name)]
+    counted_pods = [p for name in registered for p in state.ledger.pods_on(name)]
     unsigned = sorted(({"namespace": p.namespace, "name": p.name, "node": p.node}
                        for p in counted_pods if not signed.get(p.uid, False)),
                       key=lambda p: (p["namespace"], p["name"]))

@@ -30,17 +30,11 @@ webhook refuses privileged containers only):
   pod shares neither the host's PID nor its IPC namespace.
 * **Containers without a GPU** (with ``overwriteEnv``) end with
   ``NVIDIA_VISIBLE_DEVICES=none``, whatever the pod or its image set before.
-* **Priority 0 is granted, not taken.** A GPU container at task priority 0 (the
-  ``nvidia.com/priority`` limit, written as ``CUDA_TASK_PRIORITY``) makes the monitor
-  block every priority-1 container on its GPU while it looks active (HAMi-core's feedback
-  loop); only pods of the namespaces in ``SchedulerConfig.high_priority_namespaces`` may
-  ask for it (HAMi lets any pod).
 """
 
 from __future__ import annotations
 
 import posixpath
-import re
 from collections.abc import Collection, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
@@ -48,7 +42,6 @@ from typing import Any
 from hami.api import names
 from hami.core.config import SchedulerConfig
 from hami.core.model import ContainerDeviceRequest
-from hami.core.quantity import QuantityError, parse_quantity
 from hami.core.vendor import EnvIsolation
 
 #: Env names the device plugin sets in GPU containers or libvgpu reads, and why.
@@ -163,7 +156,6 @@ def violations(pod: Mapping[str, Any], config: SchedulerConfig,
         if gpu:
             problems.extend(_env_problems(container, cname, iso))
             problems.extend(_mount_problems(container, cname, paths))
-            problems.extend(_priority_problems(pod, container, cname, iso, config))
         elif iso.overwrite_env and not _ends_hidden(container):
             problems.append(f"container {cname} asks for no GPU but does not end with "
                             f"{names.ENV_VISIBLE_DEVICES}=none (the webhook did not see "
@@ -177,7 +169,7 @@ def security_violations(pod: Mapping[str, Any], config: SchedulerConfig | None =
     whatever it asks: no host PID or IPC namespace, no privileged container, none of
     :data:`DENIED_CAPABILITIES` added; with ``config``, the containers (init or not)
     named in ``gpu_containers`` also keep the env (reserved names, ``envFrom``
-    prefixes), volumeMount and priority-0 rules of GPU containers. For a pod that gets its GPU
+    prefixes) and volumeMount rules of GPU containers. For a pod that gets its GPU
     otherwise than by naming a resource (DRA mode: a pod naming hami's
     ResourceClaimTemplate itself; ``gpu_containers``: those using its claim). Never
     raises; [] = none."""
@@ -187,10 +179,9 @@ def security_violations(pod: Mapping[str, Any], config: SchedulerConfig | None =
     for container in _containers(pod):
         cname = str(container.get("name", "?"))
         problems.extend(_security_problems(container, cname))
-        if iso is not None and config is not None and cname in gpu_containers:
+        if iso is not None and cname in gpu_containers:
             problems.extend(_env_problems(container, cname, iso, webhook_env=False))
             problems.extend(_mount_problems(container, cname, paths))
-            problems.extend(_priority_problems(pod, container, cname, iso, config))
     return problems
 
 
@@ -326,49 +317,6 @@ def _env_problems(container: Mapping[str, Any], cname: str, iso: EnvIsolation,
                             f"so its keys could set the reserved {reached}; give it a prefix "
                             "such as APP_ or list the keys under env")
     return problems
-
-
-#: What the monitor reads as task priority 0 in ``CUDA_TASK_PRIORITY`` (a decimal integer,
-#: blanks around it allowed).
-_PRIORITY_ZERO = re.compile(r"\s*0{1,10}\s*")
-
-
-def _is_priority_zero(value: Any) -> bool:
-    """True for a value the monitor or the webhook reads as priority 0: decimal zeros
-    (``"0"``, ``" 00 "``) or a quantity equal to 0 (``"0m"``)."""
-    text = str(value)
-    if _PRIORITY_ZERO.fullmatch(text):
-        return True
-    try:
-        return parse_quantity(text.strip()) == 0
-    except QuantityError:
-        return False
-
-
-def _priority_problems(pod: Mapping[str, Any], container: Mapping[str, Any], cname: str,
-                       iso: EnvIsolation, config: SchedulerConfig) -> list[str]:
-    """Priority 0 (the priority limit, or a ``CUDA_TASK_PRIORITY`` entry) asked for in a
-    namespace outside ``config.high_priority_namespaces``: one message, else []."""
-    meta = pod.get("metadata")
-    namespace = meta.get("namespace") if isinstance(meta, Mapping) else None
-    if isinstance(namespace, str) and namespace in config.high_priority_namespaces:
-        return []
-    resources = container.get("resources")
-    limits = resources.get("limits") if isinstance(resources, Mapping) else None
-    asked = [limits[iso.priority_resource]] if (
-        iso.priority_resource and isinstance(limits, Mapping)
-        and iso.priority_resource in limits) else []
-    env = container.get("env")
-    asked += [e.get("value") for e in env if isinstance(e, Mapping)
-              and e.get("name") == names.ENV_TASK_PRIORITY] if isinstance(env, list) else []
-    if not any(v is not None and _is_priority_zero(v) for v in asked):
-        return []
-    what = iso.priority_resource or names.ENV_TASK_PRIORITY
-    return [f"container {cname}: {what} 0 (high priority: it holds back the priority-1 "
-            f"containers sharing its GPU) is granted per namespace, and namespace "
-            f"{namespace or '(none)'} is not granted it (an operator lists such namespaces "
-            "in the hami scheduler's --high-priority-namespaces, chart value "
-            "scheduler.highPriorityNamespaces); ask for priority 1 or leave it out"]
 
 
 def _mount_problems(container: Mapping[str, Any], cname: str,
