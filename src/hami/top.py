@@ -181,9 +181,9 @@ def signing_line(view: Mapping[str, Any]) -> str:
                 "left: strict signing can be switched on "
                 "(allocationSigning.trustUnsignedAllocations=false)")
     pods = ", ".join(f"{p['namespace']}/{p['name']}" for p in unsigned)
-    return (f"signing: {signing['signed']} signed, {len(unsigned)} unsigned allocation(s) "
-            f"(placed by HAMi's scheduler, or forged; a device plugin in strict mode refuses "
-            f"them): {pods}")
+    return (f"signing: {signing['signed']} signed, {len(unsigned)} unsigned allocation(s): "
+            f"{pods}\n  (unsigned: placed by HAMi's scheduler, or forged; a device plugin in "
+            "strict mode refuses them)")
 
 
 def render_table(view: Mapping[str, Any], *, width: int | None = None) -> str:
@@ -233,7 +233,7 @@ def render_table(view: Mapping[str, Any], *, width: int | None = None) -> str:
         for p in view["unplaced"]:
             problems.add_row(f"pod/{p['namespace']}/{p['name']}", p["node"], p["reason"])
         console.print(problems)
-    console.print(signing_line(view))
+    console.print(signing_line(view), soft_wrap=True, markup=False)
     if view["quotas"]:
         quotas = Table(title="quotas", title_justify="left")
         for col in ("NAMESPACE", "MEMORY (MiB) used/limit", "CORES (%) used/limit"):

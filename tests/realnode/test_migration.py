@@ -166,14 +166,23 @@ def _delete(bed: ChartBed, name: str, namespace: str = TENANT) -> None:
         client.close()
 
 
-def _top(bed: ChartBed) -> str:
+def _top(bed: ChartBed, *args: str) -> str:
     """``hami top`` as an operator runs it (the CLI, against the cluster)."""
     assert bed.cp is not None
     p = subprocess.run([sys.executable, "-m", "hami.cli", "top", "--kubeconfig",
-                        str(bed.cp.kubeconfig)], capture_output=True, text=True, timeout=60,
-                       env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+                        str(bed.cp.kubeconfig), *args], capture_output=True, text=True,
+                       timeout=60, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
     assert p.returncode == 0, p.stderr
     return p.stdout
+
+
+def _top_pods(bed: ChartBed) -> dict[str, bool]:
+    """``hami top -o json``: pod -> signed, over every card."""
+    import json
+
+    view = json.loads(_top(bed, "-o", "json"))
+    return {f"{p['namespace']}/{p['name']}": p["signed"] for n in view["nodes"]
+            for d in n["devices"] for p in d["pods"]}
 
 
 def _waiting(name: str, memory_mib: int, gate: str, then: str = "") -> dict[str, Any]:
@@ -313,8 +322,8 @@ def test_in_place_keeps_a_running_hami_pod(hami_bed: ChartBed) -> None:
     wait_until(lambda: "nvidia.com/gpu" in _allocatable(bed), timeout_s=60, what="GPUs")
 
     top = _top(bed)
-    assert "1 unsigned allocation(s)" in top and f"{TENANT}/from-hami" in top, top
-    assert "(12000,0,unsigned)" in top, top
+    assert f"signing: 0 signed, 1 unsigned allocation(s): {TENANT}/from-hami" in top, top
+    assert _top_pods(bed) == {f"{TENANT}/from-hami": False}
 
     # hami counts the HAMi pod: a new pod goes to the other card, a third one fits nowhere
     _create(bed, _waiting("new-1", 12000, "go-new-1"))
@@ -351,7 +360,8 @@ def test_in_place_keeps_a_running_hami_pod(hami_bed: ChartBed) -> None:
     assert info[1][:2] == [12000 * MiB, 12000 * MiB] and info[2][:2] == [0, 12000 * MiB]
 
     top = _top(bed)
-    assert "no unsigned allocation left" in top, top
+    assert "signing: 1 signed allocation(s), no unsigned allocation left" in top, top
+    assert _top_pods(bed) == {f"{TENANT}/new-1": True}
 
     # one value: strict signing
     chartops.upgrade(bed, "hami", "hami-system",
@@ -367,7 +377,7 @@ def test_in_place_keeps_a_running_hami_pod(hami_bed: ChartBed) -> None:
         return (p.metadata.annotations or {}).get("hami.io/bind-phase") == "failed"
 
     wait_until(refused, timeout_s=90, what="the forged pod refused by the device plugin")
-    assert "allocation-signature" in _plugin_log(bed) or "signature" in _plugin_log(bed)
+    assert "no hami.io/vgpu-allocation-signature annotation" in _plugin_log(bed)
     _open_gate(bed, "go-new-1")
     assert _done(bed, "new-1").status.phase == "Succeeded"
 
