@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hami.testing import chartops
+from hami.testing import chartops, podnet
 from hami.testing.chartbed import ChartBed
 from hami.testing.controlplane import (
     BinariesMissing,
@@ -72,12 +72,17 @@ def _bed(values: Mapping[str, Any]) -> Iterator[ChartBed]:
     reason = unavailable()
     if reason:
         skip_or_fail(reason)
+    chains_before = podnet.kube_chains()
     bed = ChartBed(release="hami", namespace=HAMI_NS, values=values)
     try:
         bed.start()
     except BinariesMissing as err:
         skip_or_fail(str(err))
     assert bed.cp is not None
+    # issue 28: the kubelet's KUBE-FIREWALL (drops connections from non-loopback
+    # addresses to 127.0.0.0/8) stayed on the host after the node stopped; it no longer
+    # makes kube-proxy's chains in the host's tables at all
+    assert podnet.kube_chains() <= chains_before, podnet.kube_chains() - chains_before
     client = bed.client()
     try:
         ensure_namespace(client, TENANT)
