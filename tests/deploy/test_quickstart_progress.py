@@ -72,6 +72,7 @@ def test_own_temp_workdir_is_removed_after_a_good_run(
     monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
     monkeypatch.setattr(qs, "build_tools", lambda: (tmp_path, "helm"))
     monkeypatch.setattr(qs, "run", lambda *a, **k: status)
+    monkeypatch.setattr(qs.signal, "signal", lambda *a: None)  # leave pytest's handlers
     assert qs.main(["--keep"] if keep else []) == status
     assert made and made[0].exists() is not removed
     given = tmp_path / "given"
