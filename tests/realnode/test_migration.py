@@ -263,7 +263,7 @@ def test_node_by_node_beside_hami(beside_bed: ChartBed) -> None:
     # policy), hami does not
     _create(bed, gpu_test_pod("hami-1", "vgtest init info", memory_mib=1000))
     pod = _done(bed, "hami-1")
-    assert pod.status.phase == "Succeeded", bed.describe(pod)
+    assert pod.status.phase == "Succeeded", _why(bed, pod)
     assert pod.spec.schedulerName == "hami-scheduler"
     assert SIGNATURE not in pod.metadata.annotations
     early = gpu_test_pod("hamipy-early", "vgtest init info", memory_mib=1000)
@@ -282,6 +282,8 @@ def test_node_by_node_beside_hami(beside_bed: ChartBed) -> None:
     assert chartops.sync_daemonsets(bed, HAMI_NS) == []  # HAMi's plugin pod leaves
     created = chartops.sync_daemonsets(bed, "hami-system")  # hami's arrives
     assert [p.startswith("hami-py-device-plugin") for p in created] == [True]
+    # (rollout status): the kubelet advertises the new plugin's devices
+    wait_until(lambda: "nvidia.com/gpu" in _allocatable(bed), timeout_s=60, what="GPUs")
     client = bed.client()
     try:
         client.patch(Node, bed.node_name, {"spec": {"unschedulable": False}})
@@ -293,7 +295,7 @@ def test_node_by_node_beside_hami(beside_bed: ChartBed) -> None:
     moved["spec"]["schedulerName"] = "hami-py-scheduler"
     _create(bed, moved)
     pod = _done(bed, "hamipy-1", timeout_s=120)
-    assert pod.status.phase == "Succeeded", bed.describe(pod)
+    assert pod.status.phase == "Succeeded", _why(bed, pod)
     assert pod.metadata.annotations[SIGNATURE].startswith("v1:")
     assert _info(bed, "hamipy-1")[0][:2] == [1000 * MiB, 1000 * MiB]
     _create(bed, gpu_test_pod("hami-2", "vgtest init info", memory_mib=1000))
@@ -348,7 +350,7 @@ def test_in_place_keeps_a_running_hami_pod(hami_bed: ChartBed) -> None:
     _create(bed, _placed_the_hami_way("late-hami", node, hami_card, 2000),
             namespace="hami-system", kubeconfig=writer)
     late = _done(bed, "late-hami", namespace="hami-system")
-    assert late.status.phase == "Succeeded", bed.describe(late)
+    assert late.status.phase == "Succeeded", _why(bed, late)
     assert _info(bed, "late-hami", "hami-system")[0][:2] == [2000 * MiB, 2000 * MiB]
     _delete(bed, "late-hami", "hami-system")
 
@@ -360,7 +362,7 @@ def test_in_place_keeps_a_running_hami_pod(hami_bed: ChartBed) -> None:
     assert pod.status.containerStatuses[0].restartCount == 0
     _open_gate(bed, "go-from-hami")
     pod = _done(bed, "from-hami")
-    assert pod.status.phase == "Succeeded", bed.describe(pod)
+    assert pod.status.phase == "Succeeded", _why(bed, pod)
     info = _info(bed, "from-hami")
     assert info[1][:2] == [12000 * MiB, 12000 * MiB] and info[2][:2] == [0, 12000 * MiB]
 
@@ -385,6 +387,14 @@ def test_in_place_keeps_a_running_hami_pod(hami_bed: ChartBed) -> None:
     assert "no hami.io/vgpu-allocation-signature annotation" in _plugin_log(bed)
     _open_gate(bed, "go-new-1")
     assert _done(bed, "new-1").status.phase == "Succeeded"
+
+
+def _why(bed: ChartBed, pod: Any) -> str:
+    """A pod's phase, reason and message, containers, and the device plugin's log tail."""
+    st = pod.status
+    head = f"{pod.metadata.name}: {st.phase} {st.reason or ''} {st.message or ''}"
+    plugin = _plugin_log(bed).splitlines()[-20:]
+    return "\n".join([head, bed.describe(pod), "device plugin:", *plugin])
 
 
 def _allocatable(bed: ChartBed) -> dict[str, str]:
