@@ -93,9 +93,13 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
         node = annotations[names.VGPU_NODE]
         signed[str(meta.get("uid") or "")] = bool(annotations.get(names.ALLOCATION_SIGNATURE))
         phase = (pod.get("status") or {}).get("phase")
+        scheduler = (pod.get("spec") or {}).get("schedulerName") or ""
         if not counted:
             if phase in ("Succeeded", "Failed"):
                 why = f"phase {phase}"
+            elif state.config.scheduler_name and scheduler != state.config.scheduler_name:
+                why = (f"schedulerName {scheduler}: another scheduler's pod (hami top "
+                       f"--scheduler-name {scheduler} counts it)")
             else:
                 why = f"undecodable {names.DEVICES_ALLOCATED}"
             unplaced.append({"namespace": ns, "name": name, "node": node, "reason": why})
@@ -355,6 +359,9 @@ def top(
     device_config_file: Annotated[Path | None, typer.Option(
         "--device-config-file", help="HAMi device-config.yaml (resource names for quotas)")
     ] = None,
+    scheduler_name: Annotated[str, typer.Option(
+        "--scheduler-name", help="count the pods of this scheduler (the chart's "
+        "schedulerName; e.g. hami-py-scheduler beside HAMi)")] = "hami-scheduler",
 ) -> None:
     """GPUs of the cluster: allocated memory, cores and tasks vs capacity, and their pods."""
     from lightkube import ApiError, Client, KubeConfig
@@ -364,7 +371,8 @@ def top(
     from hami.settings import load_device_config
 
     try:
-        config = make_config(nvidia=load_device_config(device_config_file))
+        config = make_config(nvidia=load_device_config(device_config_file),
+                             scheduler_name=scheduler_name)
         kc = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
         client = Client(kc.get(context_name=context) if context else kc, trust_env=False)
         nodes, pods, quotas = list_objects(client, namespace)

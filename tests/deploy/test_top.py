@@ -174,3 +174,19 @@ def test_dra_mig_card_listed_once_with_its_instances() -> None:
     text = render_table(view, width=220)
     (row,) = [line for line in text.splitlines() if "GPU-m" in line]
     assert "t/p0[3g.20gb](19968,0)" in row and "ok,dra-mig" in row
+
+
+def test_pods_of_another_scheduler_are_named_and_countable() -> None:
+    """Beside HAMi (docs/install.md, path A) hami's pods carry hami-py-scheduler: hami top
+    says why it does not count them and counts them with --scheduler-name."""
+    from hami.devices.registry import make_config
+
+    nodes, pods, quotas = objects()
+    other = next(p for p in pods if p["metadata"]["name"] == "big")
+    other["spec"]["schedulerName"] = "hami-py-scheduler"
+    view = cluster_view(nodes, pods, quotas)
+    assert {"namespace": "team-b", "name": "big", "node": "top-b",
+            "reason": "schedulerName hami-py-scheduler: another scheduler's pod (hami top "
+                      "--scheduler-name hami-py-scheduler counts it)"} in view["unplaced"]
+    mine = cluster_view(nodes, [other], quotas, make_config(scheduler_name="hami-py-scheduler"))
+    assert [p["name"] for n in mine["nodes"] for d in n["devices"] for p in d["pods"]] == ["big"]
