@@ -83,6 +83,10 @@ def _bed(values: Mapping[str, Any]) -> Iterator[ChartBed]:
     # addresses to 127.0.0.0/8) stayed on the host after the node stopped; it no longer
     # makes kube-proxy's chains in the host's tables at all
     assert podnet.kube_chains() <= chains_before, podnet.kube_chains() - chains_before
+    assert bed.node is not None  # (chains other nodes left make the above weak: the log)
+    kubelet_log = (bed.node.workdir / "logs" / "kubelet.log").read_text(errors="replace")
+    assert "makeIPTablesUtilChains: false" in kubelet_log
+    assert "Initialized iptables rules" not in kubelet_log
     client = bed.client()
     try:
         ensure_namespace(client, TENANT)
