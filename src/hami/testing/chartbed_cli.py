@@ -79,6 +79,22 @@ logs: {bed.workdir}/k8s/logs and {bed.workdir}/node/logs; container logs under
 {bed.node.host_path('/var/log/pods')}. Ctrl-C stops and removes everything."""
 
 
+def _prepare_default_namespace(bed: ChartBed) -> None:
+    """What kube-controller-manager would give namespace ``default`` (its ServiceAccount
+    and the ``kube-root-ca.crt`` ConfigMap every pod's token volume needs), so that the
+    example pod and the operator's own start there."""
+    from hami.testing.controlplane import ensure_namespace
+    from hami.testing.node import ensure_root_ca
+
+    assert bed.cp is not None
+    client = bed.client()
+    try:
+        ensure_namespace(client, "default")
+        ensure_root_ca(client, "default", bed.cp.ca_file)
+    finally:
+        client.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Start the bed, print how to use it, run until Ctrl-C/SIGTERM, stop it. Exit status
     2 when this machine cannot run a node or a values file is unreadable."""
@@ -99,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (NodeUnavailable, BinariesMissing) as err:
         print(f"error: {err}")
         return 2
+    _prepare_default_namespace(bed)
     stop = False
 
     def on_signal(*_: object) -> None:
