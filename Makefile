@@ -46,10 +46,16 @@ helm:
 NODE ?= api
 MODE ?= node-lock
 GPUBED_ARGS = $(if $(filter dra,$(MODE)),--dra,--allocate-mode $(MODE))
+# `make cluster NODE=chart [VALUES=my-values.yaml]`: the chart installed on that real node
+# (its pods are hami; no hami process on the host), kept running until Ctrl-C.
+VALUES ?=
 cluster: setup k8s
 ifeq ($(NODE),real)
 	$(MAKE) native containerd
 	$(BIN)/python -m hami.testing.gpubed up $(GPUBED_ARGS)
+else ifeq ($(NODE),chart)
+	$(MAKE) native containerd helm
+	$(BIN)/python -m hami.testing.chartbed_cli up $(foreach f,$(VALUES),--values $(f))
 else
 	$(BIN)/python -m hami.testing.controlplane up --gpu-node gpu-0
 endif
@@ -65,13 +71,15 @@ lint: setup
 test: setup native k8s containerd helm lint
 	HAMI_E2E_REQUIRED=1 HAMI_DEPLOY_REQUIRED=1 HAMI_NODE_REQUIRED=1 $(BIN)/pytest
 
-# Image names: [<REGISTRY>/]hami/hami-scheduler:<TAG> and [<REGISTRY>/]hami/hami-device-plugin:<TAG>,
+# Image names: <REGISTRY>/hami/hami-scheduler:<TAG> and <REGISTRY>/hami/hami-device-plugin:<TAG>,
 # the names the chart renders with --set global.imageRegistry=<REGISTRY> (docs/install.md).
+# Without REGISTRY: hami.invalid, the chart's default too, a name no registry serves (never
+# Docker Hub's hami/ namespace, which this project does not own).
 # Any engine with a docker-compatible `build` works: docker (with or without BuildKit),
 # podman, buildah.
 REGISTRY ?=
 TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
-IMAGE_PREFIX = $(if $(REGISTRY),$(REGISTRY)/)hami
+IMAGE_PREFIX = $(or $(REGISTRY),hami.invalid)/hami
 ENGINE ?= $(shell command -v docker 2>/dev/null || command -v podman 2>/dev/null || command -v buildah 2>/dev/null)
 images:
 	@test -n "$(ENGINE)" || { echo "make images: no container engine (docker, podman or buildah)"; exit 1; }

@@ -18,7 +18,8 @@ What runs, all on 127.0.0.1, no container engine and no GPU needed:
    ``hami top`` shows the allocation.
 
 Usage: ``python deploy/local/quickstart.py [--workdir DIR] [--keep]``. Without ``--keep``
-everything is stopped once the pod is bound; with it, the cluster stays up (Ctrl-C
+everything is stopped once the pod is bound, and the temp work dir is removed (unless
+the run failed or ``--workdir`` named one); with it, the cluster stays up (Ctrl-C
 stops it) and the printed ``export KUBECONFIG=...`` lets you try your own pods.
 Exit status 0 means the pod was scheduled.
 """
@@ -224,10 +225,16 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM (e.g. `kill`, a CI timeout) stops the stack like Ctrl-C: SystemExit runs the
     # finally below instead of leaving the apiserver and hami running.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    status = 1
     try:
-        return run(stack, workdir, bindir, helm, keep=args.keep, admin=args.admin)
+        status = run(stack, workdir, bindir, helm, keep=args.keep, admin=args.admin)
+        return status
     finally:
         stack.stop()
+        if args.workdir is None and not args.keep and status == 0:
+            # its own temp dir (60-80 MB: etcd, logs); kept after a failure for its logs
+            shutil.rmtree(workdir, ignore_errors=True)
+            print(f"removed {workdir} (--workdir DIR keeps the logs and files)")
 
 
 def run(stack: Stack, workdir: Path, bindir: Path, helm: str, *, keep: bool,

@@ -56,7 +56,14 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
     :func:`hami.dra.usage.dra_nodes`), ``unregistered`` (nodes without a usable register
     annotation, with the scheduler's reason; nodes that never ran the device plugin are
     left out), ``unplaced`` (pods that carry hami annotations the scheduler would not
-    count, with why) and ``quotas`` (namespaces with a GPU quota or GPU usage).
+    count, with why), ``quotas`` (namespaces with a GPU quota or GPU usage) and
+    ``signing``: ``{"signed": <count>, "unsigned": [{namespace, name, node}]}`` over the
+    counted pods, where a pod is ``signed`` when it carries hami's allocation signature
+    annotation (``hami.io/vgpu-allocation-signature``; its validity is the device
+    plugin's to check, with the key hami top does not hold). Unsigned allocations are
+    those HAMi's scheduler wrote (or forged ones): a device plugin in strict mode refuses
+    them, so strict signing can be switched on once ``unsigned`` is empty. Each listed
+    pod of a card also says ``signed``.
     """
     from hami.dra.usage import dra_nodes
     from hami.offline import user_reason
@@ -73,6 +80,7 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
     for quota in quotas:
         state.upsert_quota(quota)
     pod_names: dict[str, tuple[str, str]] = {}
+    signed: dict[str, bool] = {}
     unplaced = []
     registered = set(state.ledger.node_names())
     for pod in pods:
@@ -83,10 +91,15 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
         ns, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
         counted = state.upsert_pod(pod)
         node = annotations[names.VGPU_NODE]
+        signed[str(meta.get("uid") or "")] = bool(annotations.get(names.ALLOCATION_SIGNATURE))
         phase = (pod.get("status") or {}).get("phase")
+        scheduler = (pod.get("spec") or {}).get("schedulerName") or ""
         if not counted:
             if phase in ("Succeeded", "Failed"):
                 why = f"phase {phase}"
+            elif state.config.scheduler_name and scheduler != state.config.scheduler_name:
+                why = (f"schedulerName {scheduler}: another scheduler's pod (hami top "
+                       f"--scheduler-name {scheduler} counts it)")
             else:
                 why = f"undecodable {names.DEVICES_ALLOCATED}"
             unplaced.append({"namespace": ns, "name": name, "node": node, "reason": why})
@@ -109,7 +122,7 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
                 on_gpu.setdefault(charge.uuid, []).append({
                     "namespace": pod_entry.namespace, "name": pod_entry.name,
                     "memory_mib": charge.memory_mib, "cores": charge.cores_percent,
-                    "slots": charge.slots})
+                    "slots": charge.slots, "signed": signed.get(pod_entry.uid, False)})
         devices = []
         totals = {"memory_mib": [0, 0], "cores": [0, 0], "tasks": [0, 0]}
         for dev, slots, mem, cores in state.ledger.device_usage(node_name):
@@ -147,13 +160,34 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
         quotas_out.append({"namespace": ns,
                            "memory_mib": {"used": q.memory_used_mib, "limit": q.memory_limit_mib},
                            "cores": {"used": q.cores_used_percent, "limit": q.cores_limit_percent}})
+    counted_pods = [p for name in registered for p in state.ledger.pods_on(name)]
+    unsigned = sorted(({"namespace": p.namespace, "name": p.name, "node": p.node}
+                       for p in counted_pods if not signed.get(p.uid, False)),
+                      key=lambda p: (p["namespace"], p["name"]))
     return {"nodes": out_nodes, "unregistered": unregistered,
             "unplaced": sorted(unplaced, key=lambda p: (p["namespace"], p["name"])),
-            "quotas": quotas_out}
+            "quotas": quotas_out,
+            "signing": {"signed": len(counted_pods) - len(unsigned), "unsigned": unsigned}}
 
 
 def _frac(used: int, total: int, unit: str = "") -> str:
     return f"{used}{unit}/{total}{unit} ({_pct(used, total):.0f}%)"
+
+
+def signing_line(view: Mapping[str, Any]) -> str:
+    """One line on allocation signing: how many counted pods carry hami's signature and
+    which do not (HAMi's scheduler placed them, or their annotations were forged), or that
+    none is left and strict signing can be switched on."""
+    signing = view.get("signing") or {"signed": 0, "unsigned": []}
+    unsigned = signing["unsigned"]
+    if not unsigned:
+        return (f"signing: {signing['signed']} signed allocation(s), no unsigned allocation "
+                "left: strict signing can be switched on "
+                "(allocationSigning.trustUnsignedAllocations=false)")
+    pods = ", ".join(f"{p['namespace']}/{p['name']}" for p in unsigned)
+    return (f"signing: {signing['signed']} signed, {len(unsigned)} unsigned allocation(s): "
+            f"{pods}\n  (unsigned: placed by HAMi's scheduler, or forged; a device plugin in "
+            "strict mode refuses them)")
 
 
 def render_table(view: Mapping[str, Any], *, width: int | None = None) -> str:
@@ -186,7 +220,9 @@ def render_table(view: Mapping[str, Any], *, width: int | None = None) -> str:
                 state += f",{d['mode']}"
             pods = " ".join(f"{p['namespace']}/{p['name']}"
                             + (f"[{p['profile']}]" if p.get("profile") else "")
-                            + f"({p['memory_mib']},{p['cores']})" for p in d["pods"]) or "-"
+                            + f"({p['memory_mib']},{p['cores']}"
+                            + ("" if p.get("signed", True) else ",unsigned") + ")"
+                            for p in d["pods"]) or "-"
             gpus.add_row(n["name"], str(d["index"]), d["uuid"], d["type"],
                          _frac(d["memory_mib"]["used"], d["memory_mib"]["total"]),
                          _frac(d["cores"]["used"], d["cores"]["total"]),
@@ -201,6 +237,7 @@ def render_table(view: Mapping[str, Any], *, width: int | None = None) -> str:
         for p in view["unplaced"]:
             problems.add_row(f"pod/{p['namespace']}/{p['name']}", p["node"], p["reason"])
         console.print(problems)
+    console.print(signing_line(view), soft_wrap=True, markup=False)
     if view["quotas"]:
         quotas = Table(title="quotas", title_justify="left")
         for col in ("NAMESPACE", "MEMORY (MiB) used/limit", "CORES (%) used/limit"):
@@ -300,6 +337,12 @@ def narrow(view: dict[str, Any], namespace: str | None, wanted_nodes: list[str] 
                 listed |= {p["name"] for p in d["pods"]}
             n["pods"] = len(listed)
         view["unplaced"] = [p for p in view["unplaced"] if p["namespace"] == namespace]
+        if "signing" in view:
+            view["signing"] = {
+                "signed": len({p["name"] for n in view["nodes"] for d in n["devices"]
+                               for p in d["pods"] if p.get("signed")}),
+                "unsigned": [p for p in view["signing"]["unsigned"]
+                             if p["namespace"] == namespace]}
         view["quotas"] = [q for q in view["quotas"] if q["namespace"] == namespace]
     return view
 
@@ -316,6 +359,9 @@ def top(
     device_config_file: Annotated[Path | None, typer.Option(
         "--device-config-file", help="HAMi device-config.yaml (resource names for quotas)")
     ] = None,
+    scheduler_name: Annotated[str, typer.Option(
+        "--scheduler-name", help="count the pods of this scheduler (the chart's "
+        "schedulerName; e.g. hami-py-scheduler beside HAMi)")] = "hami-scheduler",
 ) -> None:
     """GPUs of the cluster: allocated memory, cores and tasks vs capacity, and their pods."""
     from lightkube import ApiError, Client, KubeConfig
@@ -325,7 +371,8 @@ def top(
     from hami.settings import load_device_config
 
     try:
-        config = make_config(nvidia=load_device_config(device_config_file))
+        config = make_config(nvidia=load_device_config(device_config_file),
+                             scheduler_name=scheduler_name)
         kc = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
         client = Client(kc.get(context_name=context) if context else kc, trust_env=False)
         nodes, pods, quotas = list_objects(client, namespace)

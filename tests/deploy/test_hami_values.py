@@ -87,13 +87,19 @@ def test_schema_refuses_typos_and_wrong_types(values: dict[str, Any], message: s
 def test_hami_image_tag_and_image_do_not_name_hami_images() -> None:
     """HAMi's global.imageTag (v2.10.0) and repository projecthami/hami are HAMi's Go image:
     hami's images keep their own names and the chart's version."""
+    # HAMi's registry for its Go image (docker.io) is not taken for hami's: an image name
+    # in Docker Hub's hami/ namespace would pull whatever someone publishes there (issue 28)
     images = {c["image"] for c in hami_containers(render(files=[DEFAULTS]))}
-    assert images == {f"docker.io/hami/hami-scheduler:{APP_VERSION}",
-                      f"docker.io/hami/hami-device-plugin:{APP_VERSION}"}
+    assert images == {f"hami.invalid/hami/hami-scheduler:{APP_VERSION}",
+                      f"hami.invalid/hami/hami-device-plugin:{APP_VERSION}"}
     pinned = render({"global": {"imageTag": "v2.10.0", "hamiImageTag": "0.9.1"},
                      "devicePlugin": {"image": {"tag": "0.9.2"}}})
     assert {c["image"] for c in hami_containers(pinned)} == {
-        "hami/hami-scheduler:0.9.1", "hami/hami-device-plugin:0.9.2"}
+        "hami.invalid/hami/hami-scheduler:0.9.1", "hami.invalid/hami/hami-device-plugin:0.9.2"}
+    mine = render({"global": {"imageRegistry": "registry.example.com"}}, files=[DEFAULTS])
+    assert {c["image"] for c in hami_containers(mine)} == {
+        f"registry.example.com/hami/hami-scheduler:{APP_VERSION}",
+        f"registry.example.com/hami/hami-device-plugin:{APP_VERSION}"}
 
 
 def test_kube_scheduler_image_tag_of_older_hami_charts() -> None:

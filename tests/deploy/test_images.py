@@ -178,5 +178,6 @@ def test_make_images_and_the_chart_name_the_same_images(registry: str) -> None:
     made = made_tags(f"REGISTRY={registry}", "TAG=1.2.3")
     assert made == rendered_hami_images({"global": {"imageRegistry": registry,
                                                     "hamiImageTag": "1.2.3"}})
-    prefix = f"{registry}/" if registry else ""
+    # no registry: hami.invalid, never Docker Hub's hami/ namespace (issue 28)
+    prefix = f"{registry or 'hami.invalid'}/"
     assert made == {f"{prefix}hami/hami-scheduler:1.2.3", f"{prefix}hami/hami-device-plugin:1.2.3"}

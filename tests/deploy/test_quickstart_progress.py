@@ -47,3 +47,34 @@ def test_a_failed_build_stops_the_quickstart(tmp_path: Path) -> None:
     qs = _quickstart()
     with pytest.raises(SystemExit, match="failed \\(exit 3\\)"):
         qs.run_build([_script(tmp_path, "echo no go >&2\nexit 3\n")], "helm", heartbeat_s=5)
+
+
+@pytest.mark.parametrize(("status", "keep", "removed"), [(0, False, True), (1, False, False),
+                                                         (0, True, False)])
+def test_own_temp_workdir_is_removed_after_a_good_run(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, status: int, keep: bool,
+        removed: bool) -> None:
+    """Issue 28: every run left its 60-80 MB work dir under the temp dir. A run without
+    --keep removes its own temp dir when it succeeded; a failed run keeps it for its logs,
+    as does --keep."""
+    import tempfile
+
+    qs = _quickstart()
+    made: list[Path] = []
+
+    def mkdtemp(prefix: str = "") -> str:
+        path = tmp_path / f"{prefix}x"
+        path.mkdir()
+        (path / "apiserver.log").write_text("log")
+        made.append(path)
+        return str(path)
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(qs, "build_tools", lambda: (tmp_path, "helm"))
+    monkeypatch.setattr(qs, "run", lambda *a, **k: status)
+    monkeypatch.setattr(qs.signal, "signal", lambda *a: None)  # leave pytest's handlers
+    assert qs.main(["--keep"] if keep else []) == status
+    assert made and made[0].exists() is not removed
+    given = tmp_path / "given"
+    assert qs.main(["--workdir", str(given)]) == status
+    assert given.is_dir()  # a directory the user named is the user's

@@ -25,7 +25,7 @@ def test_table_shows_nodes_gpus_pods_and_problems() -> None:
     text = render_table(cluster_view(*objects()), width=220)
     lines = text.splitlines()
     row = next(line for line in lines if "GPU-top-a-0" in line)
-    for cell in ("6000/16384 (37%)", "30/100 (30%)", "2/10", "team-a/infer-1(2000,0)",
+    for cell in ("6000/16384 (37%)", "30/100 (30%)", "2/10", "team-a/infer-1(2000,0,unsigned)",
                  "team-a/train-0(4000,30)"):
         assert cell in row, (cell, row)
     assert "cordoned" in next(line for line in lines if "GPU-top-b-2" in line)
@@ -34,6 +34,29 @@ def test_table_shows_nodes_gpus_pods_and_problems() -> None:
     assert "10000/32768 (30%)" in node_row and "2026-01-01T00:00:00Z,team-a,train-0" in node_row
     assert "no gpu found on node" in text and "phase Succeeded" in text
     assert "10000/20000" in text  # team-a quota
+    assert "signing: 3 signed, 1 unsigned allocation(s)" in text
+    assert "team-a/infer-1" in next(line for line in lines if line.startswith("signing:"))
+
+
+def test_signing_says_when_no_unsigned_allocation_is_left() -> None:
+    """Issue 28: a migration from HAMi waits until no pod HAMi placed (unsigned) is left
+    before strict signing is switched on; hami top names them, then says none is left.
+    A pod that ended (Succeeded) no longer counts."""
+    nodes, pods, quotas = objects()
+    infer = next(p for p in pods if p["metadata"]["name"] == "infer-1")
+    text = render_table(cluster_view(nodes, pods, quotas), width=220)
+    assert "1 unsigned allocation(s)" in text
+    infer["status"]["phase"] = "Succeeded"
+    view = cluster_view(nodes, pods, quotas)
+    assert view["signing"] == {"signed": 3, "unsigned": []}
+    assert "no unsigned allocation left" in render_table(view, width=220)
+    # a forged or HAMi-written pod of another namespace still shows under -n of its own
+    infer["status"]["phase"] = "Running"
+    view = narrow(cluster_view(nodes, pods, quotas), "team-b", None, [])
+    assert view["signing"] == {"signed": 2, "unsigned": []}
+    view = narrow(cluster_view(nodes, pods, quotas), "team-a", None, [])
+    assert view["signing"]["unsigned"] == [{"namespace": "team-a", "name": "infer-1",
+                                            "node": "top-a"}]
 
 
 def _slice(node: str, cards: int, *, mem_mib: int = 16384, taint: str = "") -> dict[str, Any]:
@@ -151,3 +174,19 @@ def test_dra_mig_card_listed_once_with_its_instances() -> None:
     text = render_table(view, width=220)
     (row,) = [line for line in text.splitlines() if "GPU-m" in line]
     assert "t/p0[3g.20gb](19968,0)" in row and "ok,dra-mig" in row
+
+
+def test_pods_of_another_scheduler_are_named_and_countable() -> None:
+    """Beside HAMi (docs/install.md, path A) hami's pods carry hami-py-scheduler: hami top
+    says why it does not count them and counts them with --scheduler-name."""
+    from hami.devices.registry import make_config
+
+    nodes, pods, quotas = objects()
+    other = next(p for p in pods if p["metadata"]["name"] == "big")
+    other["spec"]["schedulerName"] = "hami-py-scheduler"
+    view = cluster_view(nodes, pods, quotas)
+    assert {"namespace": "team-b", "name": "big", "node": "top-b",
+            "reason": "schedulerName hami-py-scheduler: another scheduler's pod (hami top "
+                      "--scheduler-name hami-py-scheduler counts it)"} in view["unplaced"]
+    mine = cluster_view(nodes, [other], quotas, make_config(scheduler_name="hami-py-scheduler"))
+    assert [p["name"] for n in mine["nodes"] for d in n["devices"] for p in d["pods"]] == ["big"]

@@ -21,12 +21,14 @@ def node(name: str, annotations: dict[str, str]) -> dict[str, Any]:
 
 
 def pod(name: str, ns: str, node_name: str, devices: str, *, phase: str = "Running",
-        init: int = 0, uid: str | None = None) -> dict[str, Any]:
+        init: int = 0, uid: str | None = None, signed: bool = True) -> dict[str, Any]:
+    annotations = {"hami.io/vgpu-node": node_name, "hami.io/vgpu-devices-allocated": devices,
+                   "hami.io/bind-phase": "success"}
+    if signed:
+        annotations["hami.io/vgpu-allocation-signature"] = "v1:k1:c2lnbmF0dXJl"
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": ns, "uid": uid or f"uid-{ns}-{name}",
-                         "annotations": {"hami.io/vgpu-node": node_name,
-                                         "hami.io/vgpu-devices-allocated": devices,
-                                         "hami.io/bind-phase": "success"}},
+                         "annotations": annotations},
             "spec": {"nodeName": node_name, "schedulerName": "hami-scheduler",
                      "initContainers": [{"name": f"i{k}", "image": "x"} for k in range(init)],
                      "containers": [{"name": "c", "image": "x"}]},
@@ -47,7 +49,8 @@ def objects() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str
                           GPU.format(node=b, i=0), GPU.format(node=b, i=1))
     pods = [
         pod("train-0", "team-a", a, f"{ga0},NVIDIA,4000,30:{ga1},NVIDIA,4000,30:;"),
-        pod("infer-1", "team-a", a, f"{ga0},NVIDIA,2000,0:;"),
+        # placed by HAMi's scheduler: no signature
+        pod("infer-1", "team-a", a, f"{ga0},NVIDIA,2000,0:;", signed=False),
         pod("big", "team-b", b, f"{gb0},NVIDIA,40960,100:;"),
         # init container 6000 MiB, app 1000 MiB on the same GPU: max(init, app) counts.
         pod("with-init", "team-b", b, f"{gb1},NVIDIA,6000,10:;{gb1},NVIDIA,1000,20:;", init=1),
@@ -71,8 +74,10 @@ def _dev(node_name: str, i: int, *, mem: int, used: tuple[int, int, int],
             "tasks": {"used": used[0], "total": 10}, "pods": pods}
 
 
-def _p(ns: str, name: str, mem: int, cores: int, slots: int = 1) -> dict[str, Any]:
-    return {"namespace": ns, "name": name, "memory_mib": mem, "cores": cores, "slots": slots}
+def _p(ns: str, name: str, mem: int, cores: int, slots: int = 1,
+       signed: bool = True) -> dict[str, Any]:
+    return {"namespace": ns, "name": name, "memory_mib": mem, "cores": cores, "slots": slots,
+            "signed": signed}
 
 
 #: What ``hami top -o json`` shows for :func:`objects`.
@@ -84,7 +89,7 @@ EXPECTED: dict[str, Any] = {
          "lock": "2026-01-01T00:00:00Z,team-a,train-0",
          "devices": [
              _dev("top-a", 0, mem=16384, used=(2, 6000, 30),
-                  pods=[_p("team-a", "infer-1", 2000, 0), _p("team-a", "train-0", 4000, 30)]),
+                  pods=[_p("team-a", "infer-1", 2000, 0, signed=False), _p("team-a", "train-0", 4000, 30)]),
              _dev("top-a", 1, mem=16384, used=(1, 4000, 30),
                   pods=[_p("team-a", "train-0", 4000, 30)]),
          ]},
@@ -116,4 +121,6 @@ EXPECTED: dict[str, Any] = {
         {"namespace": "team-c", "memory_mib": {"used": 1, "limit": None},
          "cores": {"used": 1, "limit": None}},
     ],
+    "signing": {"signed": 3,
+                "unsigned": [{"namespace": "team-a", "name": "infer-1", "node": "top-a"}]},
 }

@@ -63,6 +63,9 @@ def test_bad_command_lines_are_usage_errors(argv: list[str],
 def test_examples() -> None:
     (pod,) = example_objects(dra=False)
     assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] == "512"
+    # it keeps running after its checks, so that the printed curl of the monitor's
+    # /metrics shows its series (issue 28: the pod had Completed before anyone scraped)
+    assert pod["spec"]["containers"][0]["command"][-1].endswith(" hold")
     *templates, dra_pod = example_objects(dra=True)
     assert templates and {t["kind"] for t in templates} == {"ResourceClaimTemplate"}
     assert dra_pod["kind"] == "Pod" and dra_pod["metadata"]["name"] == "gpu-pod"

@@ -67,3 +67,40 @@ def test_an_event_already_taken_by_the_worker_is_not_joined() -> None:
         assert sink.merged == 0
 
     asyncio.run(scenario())
+
+
+def test_a_pending_pods_identical_failures_are_posted_once() -> None:
+    """Issue 28: a Pending pod filtered on every retry got one identical FilteringFailed
+    event per retry, each a line of its own in `kubectl describe`."""
+    import hami.scheduler.events as events
+
+    async def scenario() -> None:
+        writer = Recorder()
+        sink = EventSink(writer, "hami-scheduler")
+        sink.start()
+        for _ in range(5):
+            sink.emit(pod("a"), FILTERING_FAILED, "no available node, 1 nodes do not meet",
+                      warning=True)
+        sink.emit(pod("a"), FILTERING_FAILED, "no available node, 2 nodes do not meet",
+                  warning=True)  # new information: posted
+        sink.emit(pod("b"), FILTERING_FAILED, "no available node, 1 nodes do not meet",
+                  warning=True)  # another pod: posted
+        await drain(sink)
+        assert [(e["involvedObject"]["name"], e["message"]) for e in writer.posted] == [
+            ("a", "no available node, 1 nodes do not meet"),
+            ("a", "no available node, 2 nodes do not meet"),
+            ("b", "no available node, 1 nodes do not meet")]
+        assert sink.repeated == 4
+        # after the window the same failure is posted again (still failing)
+        real = events.REPEAT_WINDOW_S
+        events.REPEAT_WINDOW_S = 0.0
+        try:
+            sink.emit(pod("a"), FILTERING_FAILED, "no available node, 1 nodes do not meet",
+                      warning=True)
+        finally:
+            events.REPEAT_WINDOW_S = real
+        await drain(sink)
+        await sink.stop()
+        assert len(writer.posted) == 4
+
+    asyncio.run(scenario())

@@ -185,6 +185,22 @@ class HamiGroup(TyperGroup):
     def get_params(self, ctx: Any) -> list[Any]:
         return untyped_flags(super().get_params(ctx))
 
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """Rich's option table on wide terminals; below :data:`RICH_HELP_MIN_COLUMNS`
+        click's plain layout, which wraps every text instead of cutting words longer
+        than the table's help column with an ellipsis (``cluster-trace-gpu-v202…`` at
+        80 columns)."""
+        import shutil
+
+        if shutil.get_terminal_size((80, 24)).columns < RICH_HELP_MIN_COLUMNS:
+            TyperCommand.__mro__[1].format_help(self, ctx, formatter)  # the plain Command
+        else:
+            super().format_help(ctx, formatter)
+
+
+#: Narrower terminals get click's plain help (see :meth:`HamiCommand.format_help`).
+RICH_HELP_MIN_COLUMNS = 120
+
 
 class HamiCommand(TyperCommand):
     """A typer command with HAMi's flags, the common options and one-line errors."""
@@ -199,6 +215,18 @@ class HamiCommand(TyperCommand):
 
     def get_params(self, ctx: Any) -> list[Any]:
         return untyped_flags(super().get_params(ctx))
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        """Rich's option table on wide terminals; below :data:`RICH_HELP_MIN_COLUMNS`
+        click's plain layout, which wraps every text instead of cutting words longer
+        than the table's help column with an ellipsis (``cluster-trace-gpu-v202…`` at
+        80 columns)."""
+        import shutil
+
+        if shutil.get_terminal_size((80, 24)).columns < RICH_HELP_MIN_COLUMNS:
+            TyperCommand.__mro__[1].format_help(self, ctx, formatter)  # the plain Command
+        else:
+            super().format_help(ctx, formatter)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         return super().parse_args(ctx, normalize(args, self.params, self.aliases))

@@ -95,15 +95,14 @@ def _patch_lines(patch: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def print_table(report: dict[str, Any]) -> None:
-    """The report as a table: per pod its admission (verdict and the patch the webhook
-    applies), its node (``unschedulable`` when no node fits) and its devices or why not."""
-    from rich.console import Console
-    from rich.table import Table
+#: Narrower terminals get one block per pod instead of the table, whose columns would
+#: break annotation values and patch paths in the middle of a token.
+TABLE_MIN_COLUMNS = 120
 
-    table = Table(title="hami schedule (dry run)")
-    for col in ("pod", "admission", "node", "devices / reason"):
-        table.add_column(col, overflow="fold")
+
+def _rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(pod, admission, node, devices / reason) per pod."""
+    rows = []
     for pod in report["pods"]:
         adm = pod["admission"]
         verdict = "allowed" if adm["allowed"] else f"denied: {adm['message']}"
@@ -118,9 +117,37 @@ def print_table(report: dict[str, Any]) -> None:
             reasons = "; ".join(f"{n}: {r}" for n, r in pod["failed_nodes"].items())
             node = "unschedulable" if adm["allowed"] and not pod["error"] else "-"
             detail = pod["error"] or reasons or ("no node in the file" if node != "-" else "-")
-        table.add_row(f"{pod['namespace']}/{pod['name']}", verdict, node, detail)
+        rows.append((f"{pod['namespace']}/{pod['name']}", verdict, node, detail))
+    return rows
+
+
+def print_table(report: dict[str, Any]) -> None:
+    """The report as a table: per pod its admission (verdict and the patch the webhook
+    applies), its node (``unschedulable`` when no node fits) and its devices or why not.
+    Below :data:`TABLE_MIN_COLUMNS` the same as one block per pod, each value on lines of
+    its own and never broken inside a token (long ones run past the edge, so that they
+    can be copied)."""
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console()
-    console.print(table)
+    if console.width < TABLE_MIN_COLUMNS:
+        console.print("hami schedule (dry run)", soft_wrap=True)
+        for name, verdict, node, detail in _rows(report):
+            console.print(f"\npod {name}", soft_wrap=True)
+            for label, value in (("admission", verdict), ("node", node),
+                                 ("devices / reason", detail)):
+                lines = value.split("\n")
+                console.print(f"  {label}: {lines[0]}", soft_wrap=True, markup=False)
+                for line in lines[1:]:
+                    console.print(f"    {line}", soft_wrap=True, markup=False)
+    else:
+        table = Table(title="hami schedule (dry run)")
+        for col in ("pod", "admission", "node", "devices / reason"):
+            table.add_column(col, overflow="fold")
+        for row in _rows(report):
+            table.add_row(*row)
+        console.print(table)
     for name, why in report["nodes"].items():
         if why:
             console.print(f"node {name} not registered: {why}", soft_wrap=True)

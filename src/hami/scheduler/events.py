@@ -9,6 +9,12 @@ is still queued joins that event (the later reason, both messages, ``count`` 2) 
 of becoming a second write, so a burst costs the API server one hami event per pod
 (``FilteringSucceed`` + ``BindingSucceed`` as one ``BindingSucceed``) while a quiet
 scheduler posts both as HAMi does. Warnings are never merged.
+
+A pod that stays Pending is filtered again and again with the same outcome; an event
+identical to one posted for the same pod (reason, type and message) less than
+:data:`REPEAT_WINDOW_S` ago is not posted again (counted in ``repeated``), so ``kubectl
+describe`` lists it once instead of one line per retry (issue 28). kube-scheduler's own
+``FailedScheduling`` event keeps counting the retries.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -30,6 +38,12 @@ BINDING_SUCCEED = "BindingSucceed"
 #: ``hami.io/node-scheduler-policy`` value is unknown (the webhook was bypassed), so the
 #: filter used the configured policy; one event per annotation and filter.
 UNKNOWN_SCHEDULER_POLICY = "UnknownSchedulerPolicy"
+
+
+#: An event identical to one posted for the same pod within this many seconds is dropped.
+REPEAT_WINDOW_S = 600.0
+#: Posted events remembered for that (oldest forgotten first).
+REPEAT_MEMORY = 4096
 
 
 class EventWriter(Protocol):
@@ -69,6 +83,10 @@ class EventSink:
         self.merged = 0
         #: The queued Normal event per pod (namespace, name, uid), while it waits.
         self._queued: dict[tuple[str, str, str], dict[str, Any]] = {}
+        #: Identical repeats not posted (see the module docstring).
+        self.repeated = 0
+        #: (namespace, name, uid, reason, type, message) -> monotonic time it was queued.
+        self._recent: OrderedDict[tuple[str, ...], float] = OrderedDict()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -88,6 +106,9 @@ class EventSink:
         event = pod_event(pod_meta, reason, message, warning=warning, component=self.component)
         obj = event["involvedObject"]
         key = (obj["namespace"], obj["name"], obj["uid"])
+        if self._repeat(key + (reason, event["type"], event["message"])):
+            self.repeated += 1
+            return
         queued = None if warning else self._queued.get(key)
         if queued is not None:
             queued["reason"] = reason
@@ -103,6 +124,18 @@ class EventSink:
             return
         if not warning:
             self._queued[key] = event
+
+    def _repeat(self, ident: tuple[str, ...]) -> bool:
+        """True when ``ident`` was seen within :data:`REPEAT_WINDOW_S`; else remember it."""
+        now = time.monotonic()
+        seen = self._recent.get(ident)
+        if seen is not None and now - seen < REPEAT_WINDOW_S:
+            return True
+        self._recent[ident] = now
+        self._recent.move_to_end(ident)
+        while len(self._recent) > REPEAT_MEMORY:
+            self._recent.popitem(last=False)
+        return False
 
     async def _run(self) -> None:
         while True:

@@ -218,7 +218,8 @@ def simulate(
     ] = "default",
     seeds: Annotated[str | None, typer.Option(
         help="Seeds: '42', '42,43' or '42-51' (the paper's). Default: one seed (42 for a "
-        "trace, 0 for the synthetic default).")] = None,
+        "trace, 0 for the synthetic default). Every seed replays every policy, a few "
+        "seconds each on the trace (the s/run column): '42-51' takes minutes.")] = None,
     policies: Annotated[str, typer.Option(
         help="'all', 'paper' (the FGD paper's six schedulers and ours) or a comma list of: "
         f"{', '.join(PAPER_POLICIES)} (the paper's, on its resource model), "

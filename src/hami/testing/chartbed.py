@@ -23,6 +23,7 @@ chart's device plugin (Allocate by the real kubelet) and libvgpu installed by th
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 import time
@@ -40,7 +41,7 @@ from hami.testing.controlplane import (
     ensure_namespace,
     wait_until,
 )
-from hami.testing.gpubed import REPO
+from hami.testing.gpubed import REPO, remove_own_workdir
 from hami.testing.node import RealNode, ensure_root_ca
 
 CHART = REPO / "deploy" / "helm" / "hami"
@@ -115,6 +116,10 @@ class ChartBed:
         inventory: the fake GPUs (default :func:`stub_inventory`).
         values: chart values merged over :func:`chart_test_values`.
         libvgpu_build: ``native/libvgpu/build`` (``make native``).
+        release, namespace: the Helm release and its namespace (``hami`` in
+            ``hami-system``; a migration test installs a HAMi-like release elsewhere).
+        keep_workdir: keep the temp work dir at :meth:`stop` (also ``HAMI_KEEP_WORKDIR=1``;
+            it is always kept when :meth:`start` failed).
 
     Raises:
         NodeUnavailable: from :meth:`start` when this machine cannot run a node.
@@ -124,7 +129,10 @@ class ChartBed:
     def __init__(self, workdir: Path | None = None, *, node_name: str = "gpu-node-0",
                  inventory: Mapping[str, Any] | None = None,
                  values: Mapping[str, Any] | None = None,
-                 libvgpu_build: Path | None = None) -> None:
+                 libvgpu_build: Path | None = None, release: str = RELEASE,
+                 namespace: str = NAMESPACE, keep_workdir: bool = False) -> None:
+        self._own_workdir = workdir is None
+        self.keep_workdir = keep_workdir or os.environ.get("HAMI_KEEP_WORKDIR") == "1"
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hc", dir="/tmp"))
         if not str(self.workdir.resolve()).startswith("/tmp/"):
             raise ValueError(f"workdir {self.workdir} must lie under /tmp")
@@ -132,6 +140,8 @@ class ChartBed:
         self.inventory = dict(inventory or stub_inventory())
         self.extra_values = dict(values or {})
         self.libvgpu_build = libvgpu_build or REPO / "native" / "libvgpu" / "build"
+        self.release = release
+        self.namespace = namespace
         self.cp: ControlPlane | None = None
         self.node: RealNode | None = None
         self.pods: dict[str, str] = {}  # component -> pod name
@@ -183,6 +193,7 @@ class ChartBed:
             self._install()
             self._run_workloads()
         except BaseException:
+            self.keep_workdir = True  # its logs say why
             self.stop()
             raise
         self._timed("total", t_all)
@@ -195,8 +206,8 @@ class ChartBed:
             from lightkube.resources.core_v1 import Node
 
             client.patch(Node, self.node_name, {"metadata": {"labels": {"gpu": "on"}}})
-            ensure_namespace(client, NAMESPACE)
-            ensure_root_ca(client, NAMESPACE, self.cp.ca_file)
+            ensure_namespace(client, self.namespace)
+            ensure_root_ca(client, self.namespace, self.cp.ca_file)
         finally:
             client.close()
         inv = self.workdir / "inventory.yaml"
@@ -205,7 +216,7 @@ class ChartBed:
         values.write_text(yaml.safe_dump(_merge(chart_test_values(inv), self.extra_values)))
         t0 = time.monotonic()
         p = subprocess.run(
-            [helm_binary(), "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+            [helm_binary(), "install", self.release, str(CHART), "--namespace", self.namespace,
              "--kubeconfig", str(self.cp.kubeconfig), "-f", str(values)],
             capture_output=True, text=True, timeout=180,
             env={"HOME": str(self.workdir), "PATH": "/usr/bin:/bin",
@@ -223,18 +234,19 @@ class ChartBed:
             from lightkube.resources.apps_v1 import DaemonSet, Deployment
 
             t0 = time.monotonic()
-            standins.fill_token_secrets(client, NAMESPACE, self.cp.ca_file.read_bytes())
-            for dep in client.list(Deployment, namespace=NAMESPACE):
+            ns = self.namespace
+            standins.fill_token_secrets(client, ns, self.cp.ca_file.read_bytes())
+            for dep in client.list(Deployment, namespace=ns):
                 self.pods[dep.metadata.name] = standins.run_deployment(
-                    client, NAMESPACE, dep.metadata.name)
-            for ds in client.list(DaemonSet, namespace=NAMESPACE):
-                for pod in standins.run_daemonset(client, NAMESPACE, ds.metadata.name):
+                    client, ns, dep.metadata.name)
+            for ds in client.list(DaemonSet, namespace=ns):
+                for pod in standins.run_daemonset(client, ns, ds.metadata.name):
                     self.pods[ds.metadata.name] = pod
             for pod in self.pods.values():
-                self.wait_pod_ready(pod, timeout_s=180)
+                self.wait_pod_ready(pod, namespace=ns, timeout_s=180)
             self._timed("chart pods Ready", t0)
-            service = f"{RELEASE}-scheduler"
-            if standins.publish_endpoints(client, NAMESPACE, service) < 1:
+            service = f"{self.release}-scheduler"
+            if standins.publish_endpoints(client, ns, service) < 1:
                 raise ControlPlaneError(f"Service {service} has no Ready pod")
             t0 = time.monotonic()
             wait_until(lambda: _gpu_allocatable(client, self.node_name) > 0,
@@ -291,7 +303,8 @@ class ChartBed:
     def stop(self) -> None:
         """Node (containers first), the Service route, then the control plane; each step
         runs even when an earlier one failed. The image archives (about 1 GB) are
-        removed; configs and logs stay in the workdir."""
+        removed, and the whole work dir when the bed created it and ``keep_workdir`` is
+        false."""
         import shutil
 
         try:
@@ -306,6 +319,7 @@ class ChartBed:
                 if self.cp is not None:
                     self.cp.stop()
                 shutil.rmtree(self.workdir / "images", ignore_errors=True)
+                remove_own_workdir(self.workdir, self._own_workdir and not self.keep_workdir)
 
     def __enter__(self) -> ChartBed:
         return self.start()

@@ -82,6 +82,8 @@ class GpuBed:
         node_config: the per-node JSON override of the device plugin (HAMi's
             ``config.json``: ``{"nodeconfig": [{"name": ..., "operatingmode": ...}]}``).
         libvgpu_build: ``native/libvgpu/build`` (``make native``).
+        keep_workdir: keep the temp work dir at :meth:`stop` (also ``HAMI_KEEP_WORKDIR=1``;
+            it is always kept when :meth:`start` failed).
 
     Raises:
         NodeUnavailable: from :meth:`start` when this machine cannot run a node.
@@ -92,7 +94,9 @@ class GpuBed:
                  inventory: Mapping[str, Any] | None = None,
                  plugin_args: Sequence[str] = (), scheduler_args: Sequence[str] = (),
                  device_config: str | None = None, node_config: str | None = None,
-                 libvgpu_build: Path | None = None) -> None:
+                 libvgpu_build: Path | None = None, keep_workdir: bool = False) -> None:
+        self._own_workdir = workdir is None
+        self.keep_workdir = keep_workdir or os.environ.get("HAMI_KEEP_WORKDIR") == "1"
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="hb", dir="/tmp"))
         self.node_name = node_name
         self.inventory = dict(inventory or default_inventory())
@@ -257,6 +261,7 @@ class GpuBed:
             self.start_plugin()
             self.start_monitor()
         except BaseException:
+            self.keep_workdir = True  # its logs say why
             self.stop()
             raise
         self.timings["total"] = time.monotonic() - t0
@@ -284,17 +289,31 @@ class GpuBed:
         self.node.check_alive()
 
     def stop(self) -> None:
-        """Stop the node (its containers first), then the control plane."""
-        if self.node is not None:
-            self.node.stop()
-        if self.cp is not None:
-            self.cp.stop()
+        """Stop the node (its containers first), then the control plane; then remove the
+        work directory this bed created (60-80 MB), unless ``keep_workdir`` or
+        ``HAMI_KEEP_WORKDIR=1`` asked to keep it."""
+        try:
+            if self.node is not None:
+                self.node.stop()
+        finally:
+            if self.cp is not None:
+                self.cp.stop()
+            remove_own_workdir(self.workdir, self._own_workdir and not self.keep_workdir)
 
     def __enter__(self) -> GpuBed:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def remove_own_workdir(workdir: Path, remove: bool) -> None:
+    """Remove ``workdir`` when ``remove`` (a bed's own temp dir at stop); a test node's
+    tree holds root-owned container files, all removable by the root that ran it."""
+    import shutil
+
+    if remove:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def kill(component: Component) -> None:

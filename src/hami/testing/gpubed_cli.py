@@ -38,8 +38,10 @@ CDI_PLUGIN_ARGS = ("--allocate-mode=cdi",
 #: Allocate mode auto with the same sockets (the plugin picks cdi on the bed's containerd 2.x).
 AUTO_PLUGIN_ARGS = ("--allocate-mode=auto", *CDI_PLUGIN_ARGS[1:])
 ALLOCATE_MODES = ("node-lock", "cdi", "auto")
-#: The example pod's command: a 512 MiB slice allocated whole, then one byte more.
-EXAMPLE_COMMAND = "vgtest init info alloc mem 536870912 0 alloc mem 1 2 info"
+#: The example pod's command: a 512 MiB slice allocated whole, then one byte more; then it
+#: keeps holding the slice, so that the monitor's metrics show it, until it is deleted.
+EXAMPLE_COMMAND = ("vgtest init info alloc mem 536870912 0 alloc mem 1 2 info "
+                   "echo holding-512MiB hold")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -149,9 +151,10 @@ def _print_usage(bed: GpuBed, dra: bool) -> None:
     print(f"""ready in {ready_s:.0f} s. In another shell:
   export KUBECONFIG={bed.cp.kubeconfig}
   kubectl apply -f {example}      # {what}; vgtest allocates it, then 1 byte more
-  kubectl get pod gpu-pod         # Completed after a few seconds{more}
+  kubectl get pod gpu-pod         # Running after a few seconds, holding its slice{more}
   cat {bed.node.host_path('/var/log/pods')}/default_gpu-pod_*/c/0.log
-  curl -s http://127.0.0.1:{bed.monitor_port}/metrics | grep hami_vgpu
+  curl -s http://127.0.0.1:{bed.monitor_port}/metrics | grep hami_vgpu   # its series
+  kubectl delete pod gpu-pod --grace-period=0   # the series go with it
 logs: {bed.workdir}/k8s/logs and {bed.workdir}/node/logs. Ctrl-C stops everything.""",
           flush=True)
 

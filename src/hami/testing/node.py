@@ -260,6 +260,11 @@ class RealNode:
             "maxPods": 50, "serializeImagePulls": False, "resolvConf": "",
             "registerNode": True, "enableDebuggingHandlers": True,
             "containerLogMaxSize": "1Mi", "shutdownGracePeriod": "0s",
+            # no KUBE-FIREWALL, KUBE-KUBELET-CANARY, KUBE-IPTABLES-HINT chains in the host's
+            # tables (the kubelet shares the host's network namespace): KUBE-FIREWALL drops
+            # every connection from a non-loopback address to 127.0.0.0/8 and outlived the
+            # node (issue 28); they serve kube-proxy, which the test node does not run
+            "makeIPTablesUtilChains": False,
         }
         path = self.workdir / "kubelet-config.yaml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hami.testing.controlplane import HOST, KUBERNETES_SERVICE_IP, ControlPlaneError
 
-__all__ = ["route_kubernetes_service"]
+__all__ = ["kube_chains", "route_kubernetes_service"]
 
 
 def _run(argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -58,3 +58,20 @@ def route_kubernetes_service(bridge: str, apiserver_port: int,
         _run(["iptables", "-w", "-t", "nat", "-D", *rule], check=False)
 
     return undo
+
+
+def kube_chains() -> set[str]:
+    """The ``KUBE-*`` chains of the host's IPv4 filter, nat and mangle tables, as
+    ``"<table>/<chain>"`` (those a kubelet creates for kube-proxy: ``KUBE-FIREWALL``,
+    ``KUBE-KUBELET-CANARY``, ``KUBE-IPTABLES-HINT``; the test node's kubelet must leave
+    none behind). Empty where ``iptables`` is missing."""
+    import shutil
+
+    if not shutil.which("iptables"):
+        return set()
+    found = set()
+    for table in ("filter", "nat", "mangle"):
+        out = _run(["iptables", "-w", "-t", table, "-S"], check=False).stdout
+        found |= {f"{table}/{ln.split()[1]}" for ln in out.splitlines()
+                  if ln.startswith("-N KUBE-")}
+    return found

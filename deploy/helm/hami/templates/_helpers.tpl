@@ -137,17 +137,19 @@ REGISTRY=<registry> TAG=<tag>` builds. Arguments: (list $ <image values> <defaul
 {{- $img := index . 1 -}}
 {{- $repo := $img.repository | default "" | toString -}}
 {{- $tag := $img.tag | default "" | toString | trim -}}
+{{- $registry := $img.registry | default "" | toString -}}
 {{- if or (not $repo) (include "hami.isHamiGoImage" $repo) -}}
 {{- $repo = index . 2 -}}
 {{- $tag = "" -}}
+{{- /* the registry given for HAMi's Go image (docker.io in HAMi's values) is not one
+that serves hami's images */ -}}
+{{- $registry = "" -}}
 {{- end -}}
 {{- $tag = $tag | default ($root.Values.global.hamiImageTag | default "" | toString | trim) | default $root.Chart.AppVersion -}}
-{{- $registry := default ($img.registry | default "") $root.Values.global.imageRegistry -}}
-{{- if $registry -}}
+{{- /* No registry: hami.invalid, a name no registry serves (RFC 6761), never a public
+registry's namespace this project does not own (hami/... alone means Docker Hub). */ -}}
+{{- $registry = default $registry $root.Values.global.imageRegistry | default "hami.invalid" -}}
 {{- printf "%s/%s:%s" (trimSuffix "/" $registry) $repo $tag -}}
-{{- else -}}
-{{- printf "%s:%s" $repo $tag -}}
-{{- end -}}
 {{- end -}}
 
 {{/* Non-empty when a repository is HAMi's Go image (projecthami/hami, any registry). */}}
