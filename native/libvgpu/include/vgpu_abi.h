@@ -86,6 +86,10 @@ typedef struct {
     } allocFlags;
 } CUmemAllocationProp;
 
+/* CUDA IPC and shareable handles */
+typedef struct { char reserved[64]; } CUipcMemHandle;
+enum { CU_MEM_HANDLE_TYPE_NONE = 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1 };
+
 /* memory pools */
 typedef struct {
     int allocType;   /* CUmemAllocationType */
@@ -98,6 +102,7 @@ typedef struct {
 } CUmemPoolProps;
 
 typedef enum {
+    CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,
     CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
     CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6,
     CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,
