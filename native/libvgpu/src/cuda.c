@@ -58,6 +58,8 @@ static void fork_child(void) {
     vg_region_fork_child();
     vg_nvml_fork_child();
     vg_devmap_fork_child();
+    vg_vmm_fork_child();
+    vg_pools_fork_child();
     pthread_mutex_init(&g_load_mu, NULL);
 }
 
@@ -241,6 +243,33 @@ static inline CUresult settle(CUresult r, int kind, uint64_t key, uint64_t size,
         return r_;                                                            \
     } while (0)
 
+/* for the hooks in vmm.c and pools.c */
+CUresult vg_cuda_enter(void) {
+    ENTER();
+    return CUDA_SUCCESS;
+}
+int vg_cur_ord(void) {
+    CUdevice d;
+    if (HAVE(cuCtxGetDevice) && CU_REAL(cuCtxGetDevice)(&d) == CUDA_SUCCESS && d >= 0 && d < VG_MAXDEV) return d;
+    return 0;
+}
+/* the last reference of a cuMemCreate allocation is gone: uncount it */
+void vg_vmm_drop(uint64_t handle) {
+    ent_t e;
+    if (tab_take(K_VMM, handle, &e)) vg_unreserve(e.dev, e.size, e.cat);
+}
+/* bytes a pool holds from the device, counted as data of this process whatever the
+ * limit (the device already holds them); sign > 0 adds */
+void vg_charge_data(int dev, uint64_t bytes, int sign) {
+    if (dev < 0 || dev >= VG_MAXDEV || !bytes || !vg_slot) return;
+    ent_t e = {0, bytes, 0, 0, VG_CAT_DATA, (int16_t)dev};
+    tab_lock();
+    if (sign > 0) __atomic_fetch_add(&vg_slot->used[dev].total, bytes, __ATOMIC_SEQ_CST);
+    data_cat(&e, sign);
+    tab_unlock();
+    if (sign < 0) vg_unreserve(dev, bytes, VG_CAT_DATA);
+}
+
 /* ------------------------------------------------------------- init/entry */
 VG_EXPORT CUresult cuInit(unsigned int flags) {
     ENTER();
@@ -304,6 +333,7 @@ VG_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     int dev = cur_dev();
     uint64_t lim = dev >= 0 ? vg_limit[dev] : 0;
     if (lim) {
+        vg_pools_sync_all(); /* what the pools hold now (they give memory back at synchronisation) */
         uint64_t total = lim < rt ? lim : rt;
         uint64_t used = usage_fresh(dev);
         if (used > total) used = total; /* never wrap (field case B26) */
@@ -375,98 +405,6 @@ VG_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
     return r;
 }
 
-/* pool -> device, learnt from cuMemPoolCreate / cuDeviceGet(Default)MemPool,
- * so pool allocations are charged to the pool's device (small, lock-free) */
-#define POOLMAP 256
-static struct { CUmemoryPool pool; int dev; } g_pools[POOLMAP];
-static void pool_note(CUmemoryPool pool, int dev) {
-    if (!pool || dev < 0 || dev >= VG_MAXDEV) return;
-    uint32_t h = (uint32_t)(((uintptr_t)pool >> 4) * 2654435761u) % POOLMAP;
-    for (int k = 0; k < POOLMAP; k++) {
-        uint32_t i = (h + (uint32_t)k) % POOLMAP;
-        CUmemoryPool cur = __atomic_load_n(&g_pools[i].pool, __ATOMIC_ACQUIRE);
-        if (cur == pool) { g_pools[i].dev = dev; return; }
-        if (!cur) {
-            g_pools[i].dev = dev;
-            CUmemoryPool z = NULL;
-            if (__atomic_compare_exchange_n(&g_pools[i].pool, &z, pool, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) return;
-        }
-    }
-}
-static int pool_dev(CUmemoryPool pool) {
-    uint32_t h = (uint32_t)(((uintptr_t)pool >> 4) * 2654435761u) % POOLMAP;
-    for (int k = 0; k < POOLMAP; k++) {
-        uint32_t i = (h + (uint32_t)k) % POOLMAP;
-        CUmemoryPool cur = __atomic_load_n(&g_pools[i].pool, __ATOMIC_ACQUIRE);
-        if (cur == pool) return g_pools[i].dev;
-        if (!cur) break;
-    }
-    return cur_dev();
-}
-VG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
-    ENTER();
-    REAL_OR_MISSING(cuMemPoolCreate);
-    CUresult r = CU_REAL(cuMemPoolCreate)(pool, props);
-    if (r == CUDA_SUCCESS && pool && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-        pool_note(*pool, vg_dev(props->location.id));
-    return r;
-}
-VG_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
-    ENTER();
-    REAL_OR_MISSING(cuMemPoolDestroy);
-    return CU_REAL(cuMemPoolDestroy)(pool); /* the map entry stays (pool handles are not reused in practice) */
-}
-VG_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
-    ENTER();
-    REAL_OR_MISSING(cuDeviceGetMemPool);
-    CUresult r = CU_REAL(cuDeviceGetMemPool)(pool, dev);
-    if (r == CUDA_SUCCESS && pool) pool_note(*pool, vg_dev(dev));
-    return r;
-}
-VG_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
-    ENTER();
-    REAL_OR_MISSING(cuDeviceGetDefaultMemPool);
-    CUresult r = CU_REAL(cuDeviceGetDefaultMemPool)(pool, dev);
-    if (r == CUDA_SUCCESS && pool) pool_note(*pool, vg_dev(dev));
-    return r;
-}
-
-static CUresult c_async(CUdeviceptr *p, size_t n, void *s, void *b) {
-    (void)b; return CU_REAL(cuMemAllocAsync)(p, n, (CUstream)s);
-}
-static CUresult c_async_ptsz(CUdeviceptr *p, size_t n, void *s, void *b) {
-    (void)b; return CU_REAL(cuMemAllocAsync_ptsz)(p, n, (CUstream)s);
-}
-static CUresult c_pool(CUdeviceptr *p, size_t n, void *pool, void *s) {
-    return CU_REAL(cuMemAllocFromPoolAsync)(p, n, (CUmemoryPool)pool, (CUstream)s);
-}
-static CUresult c_pool_ptsz(CUdeviceptr *p, size_t n, void *pool, void *s) {
-    return CU_REAL(cuMemAllocFromPoolAsync_ptsz)(p, n, (CUmemoryPool)pool, (CUstream)s);
-}
-VG_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s) {
-    ENTER();
-    REAL_OR_MISSING(cuMemAllocAsync);
-    if (!size) return CU_REAL(cuMemAllocAsync)(dptr, size, s);
-    return alloc_dptr("cuMemAllocAsync", dptr, size, cur_dev(), c_async, s, NULL);
-}
-VG_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) {
-    ENTER();
-    REAL_OR_MISSING(cuMemAllocAsync_ptsz);
-    if (!size) return CU_REAL(cuMemAllocAsync_ptsz)(dptr, size, s);
-    return alloc_dptr("cuMemAllocAsync", dptr, size, cur_dev(), c_async_ptsz, s, NULL);
-}
-VG_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
-    ENTER();
-    REAL_OR_MISSING(cuMemAllocFromPoolAsync);
-    if (!size) return CU_REAL(cuMemAllocFromPoolAsync)(dptr, size, pool, s);
-    return alloc_dptr("cuMemAllocFromPoolAsync", dptr, size, pool_dev(pool), c_pool, pool, s);
-}
-VG_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
-    ENTER();
-    REAL_OR_MISSING(cuMemAllocFromPoolAsync_ptsz);
-    if (!size) return CU_REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, size, pool, s);
-    return alloc_dptr("cuMemAllocFromPoolAsync", dptr, size, pool_dev(pool), c_pool_ptsz, pool, s);
-}
 VG_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) {
     ENTER();
     REAL_OR_MISSING(cuMemFreeAsync);
@@ -495,6 +433,11 @@ VG_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 VG_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     ENTER();
     REAL_OR_MISSING(cuMemRelease);
+    if (vg_vmm_defer_release(handle)) { /* still mapped: the memory lives on until the last unmap */
+        CUresult r = CU_REAL(cuMemRelease)(handle);
+        if (r != CUDA_SUCCESS) vg_vmm_undefer_release(handle);
+        return r;
+    }
     FREE_TRACKED(K_VMM, handle, CU_REAL(cuMemRelease)(handle));
 }
 

@@ -33,6 +33,7 @@
  *   race N BYTES         N threads allocate BYTES at once; print "race SUCCESSES"
  *                        (objects kept)
  *   uid                  print "uid N" (getuid; used with a preloaded interposer)
+ * and the commands of vgpat.h (pools, VMM mappings and sharing, CUDA IPC)
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -44,7 +45,7 @@
 #include <unistd.h>
 #include "vgpu_api.h"
 
-typedef struct { char kind[16]; uint64_t h; } obj_t;
+typedef struct { char kind[16]; uint64_t h, va, size; } obj_t;
 static obj_t objs[4096];
 static int nobj;
 
@@ -133,6 +134,7 @@ static CUresult do_alloc(const char *kind, size_t n, uint64_t *h) {
 
 static CUresult do_free(obj_t *o) {
     const char *k = o->kind;
+    if (!strcmp(k, "ipc")) return cuIpcCloseMemHandle(o->h);
     if (!strcmp(k, "mem") || !strcmp(k, "managed") || !strcmp(k, "pitch")) return cuMemFree_v2(o->h);
     if (!strcmp(k, "async") || !strcmp(k, "pool") || !strcmp(k, "pool1")) return cuMemFreeAsync(o->h, NULL);
     if (!strcmp(k, "async_ptsz")) return cuMemFreeAsync_ptsz(o->h, NULL);
@@ -190,10 +192,13 @@ static void set_dev(int n) {
     cuCtxSetCurrent(c);
 }
 
+#include "vgpat.h"
+
 static int run(int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
         const char *c = argv[i];
-        if (!strcmp(c, "init")) {
+        if (pat_cmd(argc, argv, &i)) {
+        } else if (!strcmp(c, "init")) {
             CUresult r = cuInit(0);
             if (r) die("cuInit", r, 0);
             set_dev(0);
@@ -212,6 +217,8 @@ static int run(int argc, char **argv) {
             if (want != -1 && r != want) die("alloc result", r, want);
             if (r == CUDA_SUCCESS) {
                 snprintf(objs[nobj].kind, sizeof objs[nobj].kind, "%s", kind);
+                objs[nobj].va = 0;
+                objs[nobj].size = n;
                 objs[nobj++].h = h;
             }
         } else if (!strcmp(c, "free")) {
