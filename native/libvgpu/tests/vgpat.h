@@ -13,8 +13,11 @@
  *   ipcget               print "ipc HEX" (cuIpcGetMemHandle of the newest object)
  *   ipcopen HEX RC       cuIpcOpenMemHandle, kept as kind "ipc" (freed by cuIpcCloseMemHandle)
  *   memfree RC           cuMemFree the newest object's address, expect RC; popped on success
+ *   phys N               print "phys N BYTES": what the stub's device N really holds
  */
 #include <fcntl.h>
+
+unsigned long long stubDeviceUsed(int dev); /* stub test helper */
 
 static CUmemoryPool cur_pool(void) {
     CUdevice d = 0;
@@ -114,6 +117,9 @@ static int pat_cmd(int argc, char **argv, int *i) {
             snprintf(o->kind, sizeof o->kind, "ipc");
             o->h = p;
         }
+    } else if (!strcmp(c, "phys")) {
+        int d = atoi(argv[++*i]);
+        printf("phys %d %llu\n", d, stubDeviceUsed(d));
     } else if (!strcmp(c, "memfree")) {
         int want = atoi(argv[++*i]);
         r = cuMemFree_v2(top()->h);
