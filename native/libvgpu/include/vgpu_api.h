@@ -100,6 +100,17 @@ CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gridDimX, uns
 CUresult cuGraphLaunch_ptsz(void *hGraphExec, CUstream hStream);
 CUresult cuGraphCreate(void **phGraph, unsigned int flags);
 CUresult cuGraphLaunch(void *hGraphExec, CUstream hStream);
+CUresult cuGraphDestroy(void *hGraph);
+CUresult cuGraphAddMemAllocNode(void **phGraphNode, void *hGraph, void *const *dependencies, size_t numDependencies,
+                                CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams);
+CUresult cuGraphAddMemFreeNode(void **phGraphNode, void *hGraph, void *const *dependencies, size_t numDependencies,
+                               CUdeviceptr dptr);
+CUresult cuGraphInstantiateWithFlags(void **phGraphExec, void *hGraph, unsigned long long flags);
+CUresult cuGraphInstantiate_v2(void **phGraphExec, void *hGraph, void **phErrorNode, char *logBuffer,
+                               size_t bufferSize);
+CUresult cuGraphExecDestroy(void *hGraphExec);
+CUresult cuDeviceGraphMemTrim(CUdevice device);
+CUresult cuDeviceGetGraphMemAttribute(CUdevice device, int attr, void *value);
 
 nvmlReturn_t nvmlInit(void);
 nvmlReturn_t nvmlInit_v2(void);

@@ -64,8 +64,10 @@ static int tab_take(uint64_t key, uint64_t *size, int *dev) {
 
 /* a forked child starts without contexts, as with the real driver */
 static void stub_mem_fork_child(void);
+static void stub_graph_fork_child(void);
 static void stub_fork_child(void) {
     stub_mem_fork_child();
+    stub_graph_fork_child();
     memset(g_primary_refs, 0, sizeof g_primary_refs);
     t_cur = NULL;
     pthread_mutex_init(&g_mu, NULL);
@@ -215,7 +217,11 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *fr, size_t *tot) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { return alloc_common(p, n, cur_dev()); }
-EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { if (!p) return CUDA_SUCCESS; return free_common(p); }
+static int graph_free(uint64_t dptr);
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
+    if (!p || graph_free(p)) return CUDA_SUCCESS; /* a graph allocation goes back to the graph pool */
+    return free_common(p);
+}
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned int es) {
     if (es != 4 && es != 8 && es != 16) return CUDA_ERROR_INVALID_VALUE;
     size_t pt = (w + 511) & ~(size_t)511;
@@ -300,8 +306,7 @@ EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy
                                           unsigned by, unsigned bz, unsigned sm, CUstream st, void **pa) {
     return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sm, st, pa, NULL);
 }
-EXPORT CUresult cuGraphCreate(void **g, unsigned int f) { (void)f; *g = (void *)0x6a; return CUDA_SUCCESS; }
-EXPORT CUresult cuGraphLaunch(void *g, CUstream s) { (void)g; (void)s; return launch(1); }
+#include "stub_graph.h"
 EXPORT CUresult cuGetExportTable(const void **t, const void *id) { (void)t; (void)id; return CUDA_ERROR_NOT_SUPPORTED; }
 
 /* test helpers (not part of the driver API) */
@@ -359,7 +364,13 @@ static const proc_t g_procs[] = {
     PT("cuLaunchKernel", 7000, cuLaunchKernel_ptsz), P("cuLaunchKernel", 4000, cuLaunchKernel),
     PT("cuLaunchKernelEx", 11060, cuLaunchKernelEx_ptsz), P("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
     P("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
-    P("cuGraphCreate", 10000, cuGraphCreate), P("cuGraphLaunch", 10000, cuGraphLaunch),
+    P("cuGraphCreate", 10000, cuGraphCreate), P("cuGraphDestroy", 10000, cuGraphDestroy),
+    PT("cuGraphLaunch", 10000, cuGraphLaunch_ptsz), P("cuGraphLaunch", 10000, cuGraphLaunch),
+    P("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode), P("cuGraphAddMemFreeNode", 11040, cuGraphAddMemFreeNode),
+    P("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+    P("cuGraphInstantiate", 11000, cuGraphInstantiate_v2), P("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
+    P("cuDeviceGraphMemTrim", 11040, cuDeviceGraphMemTrim),
+    P("cuDeviceGetGraphMemAttribute", 11040, cuDeviceGetGraphMemAttribute),
     P("cuGetExportTable", 3000, cuGetExportTable),
 };
 

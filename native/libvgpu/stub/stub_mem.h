@@ -390,7 +390,9 @@ static CUresult pool_alloc(CUdeviceptr *out, size_t n, stub_pool_t *p) {
     pthread_mutex_unlock(&g_mu);
     return r;
 }
+static int graph_free(uint64_t dptr);
 static CUresult pool_free(CUdeviceptr a) {
+    if (graph_free(a)) return CUDA_SUCCESS; /* a graph allocation goes back to the graph pool */
     pthread_mutex_lock(&g_mu);
     CUresult r = CUDA_ERROR_INVALID_VALUE;
     for (int i = 0; i < g_npallocs; i++)
