@@ -96,11 +96,14 @@ def test_asan_limits_file_and_host_pid_rounds(asan_env: Env) -> None:
 
 
 # the allocation patterns of real frameworks (test_libvgpu_patterns.py): pools with a
-# release threshold and trim, VMM map / release / unmap, export and import, CUDA IPC
+# release threshold and trim, VMM map / release / unmap, export and import, CUDA IPC,
+# graph memory nodes
 PATTERNS = ["init", "poolset", str(64 * MiB), "alloc", "async", str(8 * MiB), "0", "alloc", "pool", str(MiB), "0",
             "free", "free", "sync", "pool", "pooltrim", "0", "alloc", "async", str(MiB), "0", "free", "sync",
             "alloc", "vmm", str(4 * MiB), "0", "vmap", "vexport", "vrelease", "info", "vunmap",
-            "alloc", "vmm", str(2 * MiB), "0", "vmap", "vunmap", "free", "info", "phys", "0"]
+            "alloc", "vmm", str(2 * MiB), "0", "vmap", "vunmap", "free", "info", "phys", "0",
+            "graph", str(MiB), "1", "glaunch", "0", "glaunch", "0", "gmem", "gtrim", "free",
+            "graph", str(MiB), "0", "glaunch", "0", "gfree", "gtrim", "free", "info"]
 
 
 def test_asan_framework_patterns(asan_env: Env) -> None:

@@ -173,3 +173,35 @@ def test_pool_allocation_served_from_the_pool_is_not_refused(env: Env) -> None:
     assert _free(p.stdout) == [8 * MiB, 7 * MiB]
     assert lines(p.stdout, "pool") == [[41 * MiB, 41 * MiB]]
     assert _phys(p.stdout) == [41 * MiB]
+
+
+# ------------------------------------------------------------ CUDA graph memory nodes
+def test_graph_memory_is_counted_when_the_graph_runs_and_until_trim(env: Env) -> None:
+    """Adding an allocation node and instantiating allocate nothing; the launch takes 40
+    MiB into the device's graph pool (counted), which keeps it after the graph's free node
+    (still counted, reused by the next launch without a second charge) until
+    cuDeviceGraphMemTrim."""
+    p = env.run("init", "graph", str(40 * MiB), "1", "info", "phys", "0", "glaunch", "0", "info", "gmem", "phys", "0",
+                "alloc", "mem", str(9 * MiB), OOM, "glaunch", "0", "info", "gtrim", "info", "gmem", "phys", "0",
+                "alloc", "mem", str(LIMIT), "0", **LIM)
+    assert _free(p.stdout) == [LIMIT, 8 * MiB, 8 * MiB, LIMIT]
+    assert lines(p.stdout, "gmem") == [[40 * MiB, 0], [0, 0]]
+    assert _phys(p.stdout) == [0, 40 * MiB, 0]
+
+
+def test_graph_launch_past_the_limit_is_refused(env: Env) -> None:
+    """16 MiB held: a graph allocating 40 MiB would pass the 48 MiB limit, so its launch
+    fails with CUDA_ERROR_OUT_OF_MEMORY and allocates nothing; after the free it runs. Its
+    allocation, not freed in the graph, is freed by cuMemFreeAsync into the graph pool
+    (still held, still counted) and trimmed."""
+    p = env.run("init", "alloc", "mem", str(16 * MiB), "0", "graph", str(40 * MiB), "0", "glaunch", OOM, "info",
+                "phys", "0", "gmem", "launch", "1", "1", "dev", "0", "noctx", "dev", "0",
+                **LIM)
+    assert _free(p.stdout) == [32 * MiB]
+    assert _phys(p.stdout) == [16 * MiB]
+    assert lines(p.stdout, "gmem") == [[0, 0]]
+    q = env.run("init", "graph", str(40 * MiB), "0", "glaunch", "0", "info", "alloc", "mem", str(8 * MiB + 1), OOM,
+                "gfree", "info", "gmem", "gtrim", "info", "phys", "0", **LIM)
+    assert _free(q.stdout) == [8 * MiB, 8 * MiB, LIMIT]
+    assert lines(q.stdout, "gmem") == [[40 * MiB, 0]]
+    assert _phys(q.stdout) == [0]

@@ -60,6 +60,7 @@ static void fork_child(void) {
     vg_devmap_fork_child();
     vg_vmm_fork_child();
     vg_pools_fork_child();
+    vg_graphs_fork_child();
     pthread_mutex_init(&g_load_mu, NULL);
 }
 
@@ -334,6 +335,7 @@ VG_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     uint64_t lim = dev >= 0 ? vg_limit[dev] : 0;
     if (lim) {
         vg_pools_sync_all(); /* what the pools hold now (they give memory back at synchronisation) */
+        vg_graphs_sync_all();
         uint64_t total = lim < rt ? lim : rt;
         uint64_t used = usage_fresh(dev);
         if (used > total) used = total; /* never wrap (field case B26) */
@@ -640,11 +642,11 @@ VG_EXPORT CUresult cuGraphLaunch(void *g, CUstream s) {
     ENTER();
     REAL_OR_MISSING(cuGraphLaunch);
     pre_launch(1);
-    return CU_REAL(cuGraphLaunch)(g, s);
+    return vg_graph_launch(g, s, 0); /* graph memory nodes: graphs.c */
 }
 VG_EXPORT CUresult cuGraphLaunch_ptsz(void *g, CUstream s) {
     ENTER();
     REAL_OR_MISSING(cuGraphLaunch_ptsz);
     pre_launch(1);
-    return CU_REAL(cuGraphLaunch_ptsz)(g, s);
+    return vg_graph_launch(g, s, 1); /* graph memory nodes: graphs.c */
 }

@@ -164,10 +164,11 @@ static inline void vg_unreserve(int dev, uint64_t bytes, int cat) {
     X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch) X(cuGraphLaunch_ptsz) X(cuMemPoolCreate)            \
     X(cuMemPoolDestroy) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool) X(cuMemMap) X(cuMemUnmap)         \
     X(cuMemPoolTrimTo) X(cuMemPoolSetAttribute) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz)        \
-    X(cuCtxSynchronize)
+    X(cuCtxSynchronize) X(cuGraphAddMemAllocNode) X(cuGraphInstantiateWithFlags) X(cuGraphInstantiate_v2)        \
+    X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuDeviceGraphMemTrim)
 #define VG_CUDA_HELPERS(X)                                                                                 \
     X(cuCtxGetDevice) X(cuDeviceGetCount) X(cuDeviceGetAttribute) X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2)   \
-    X(cuDeviceGetPCIBusId) X(cuMemPoolGetAttribute)
+    X(cuDeviceGetPCIBusId) X(cuMemPoolGetAttribute) X(cuDeviceGetGraphMemAttribute)
 
 #define VG_ENUM(n) VGC_##n,
 enum { VG_CUDA_HOOKS(VG_ENUM) VGC_NHOOKS, VGC_BASE_ = VGC_NHOOKS - 1, VG_CUDA_HELPERS(VG_ENUM) VGC_NALL };
@@ -229,6 +230,9 @@ VG_HIDDEN void vg_vmm_undefer_release(uint64_t handle);
 VG_HIDDEN void vg_vmm_fork_child(void);
 VG_HIDDEN void vg_pools_sync_all(void);
 VG_HIDDEN void vg_pools_fork_child(void);
+VG_HIDDEN void vg_graphs_sync_all(void);
+VG_HIDDEN void vg_graphs_fork_child(void);
+VG_HIDDEN CUresult vg_graph_launch(void *exec, CUstream s, int ptsz);
 
 /* --------------------------------------------------------------- limiter */
 VG_HIDDEN extern volatile int vg_limiter_on;   /* some device has 0<sm<100 and host pid known */

@@ -14,6 +14,13 @@
  *   ipcopen HEX RC       cuIpcOpenMemHandle, kept as kind "ipc" (freed by cuIpcCloseMemHandle)
  *   memfree RC           cuMemFree the newest object's address, expect RC; popped on success
  *   phys N               print "phys N BYTES": what the stub's device N really holds
+ *   graph BYTES FREE     a graph with one allocation node of BYTES on the current device
+ *                        (FREE 1: and a free node of it), instantiated; kept as kind "gexec"
+ *                        (freed by cuGraphExecDestroy), its allocation's address as va
+ *   glaunch RC           cuGraphLaunch the newest graph, expect RC
+ *   gfree                cuMemFreeAsync the newest graph's allocation
+ *   gtrim                cuDeviceGraphMemTrim of the current device
+ *   gmem                 print "gmem RESERVED USED" (cuDeviceGetGraphMemAttribute)
  */
 #include <fcntl.h>
 
@@ -120,6 +127,48 @@ static int pat_cmd(int argc, char **argv, int *i) {
     } else if (!strcmp(c, "phys")) {
         int d = atoi(argv[++*i]);
         printf("phys %d %llu\n", d, stubDeviceUsed(d));
+    } else if (!strcmp(c, "graph")) {
+        size_t n = strtoull(argv[++*i], NULL, 0);
+        int with_free = atoi(argv[++*i]);
+        CUdevice d = 0;
+        cuCtxGetDevice(&d);
+        void *g = NULL, *node = NULL, *fnode = NULL, *exec = NULL;
+        CUDA_MEM_ALLOC_NODE_PARAMS prm;
+        memset(&prm, 0, sizeof prm);
+        prm.poolProps.allocType = 1;
+        prm.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prm.poolProps.location.id = d;
+        prm.bytesize = n;
+        if ((r = cuGraphCreate(&g, 0))) die("cuGraphCreate", r, 0);
+        if ((r = cuGraphAddMemAllocNode(&node, g, NULL, 0, &prm))) die("cuGraphAddMemAllocNode", r, 0);
+        if (with_free && (r = cuGraphAddMemFreeNode(&fnode, g, &node, 1, prm.dptr))) die("cuGraphAddMemFreeNode", r, 0);
+        if ((r = cuGraphInstantiateWithFlags(&exec, g, 0))) die("cuGraphInstantiate", r, 0);
+        if ((r = cuGraphDestroy(g))) die("cuGraphDestroy", r, 0);
+        obj_t *o = &objs[nobj++];
+        memset(o, 0, sizeof *o);
+        snprintf(o->kind, sizeof o->kind, "gexec");
+        o->h = (uint64_t)(uintptr_t)exec;
+        o->va = prm.dptr;
+        o->size = n;
+    } else if (!strcmp(c, "glaunch")) {
+        int want = atoi(argv[++*i]);
+        r = cuGraphLaunch((void *)(uintptr_t)top()->h, NULL);
+        printf("glaunch -> %d\n", r);
+        if (r != want) die("glaunch result", r, want);
+    } else if (!strcmp(c, "gfree")) {
+        if ((r = cuMemFreeAsync(top()->va, NULL))) die("gfree", r, 0);
+    } else if (!strcmp(c, "gtrim")) {
+        CUdevice d = 0;
+        cuCtxGetDevice(&d);
+        if ((r = cuDeviceGraphMemTrim(d))) die("gtrim", r, 0);
+    } else if (!strcmp(c, "gmem")) {
+        CUdevice d = 0;
+        cuuint64_t res = 0, used = 0;
+        cuCtxGetDevice(&d);
+        if (cuDeviceGetGraphMemAttribute(d, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &res) ||
+            cuDeviceGetGraphMemAttribute(d, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used))
+            die("cuDeviceGetGraphMemAttribute", 0, 0);
+        printf("gmem %llu %llu\n", res, used);
     } else if (!strcmp(c, "memfree")) {
         int want = atoi(argv[++*i]);
         r = cuMemFree_v2(top()->h);

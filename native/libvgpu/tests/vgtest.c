@@ -135,6 +135,7 @@ static CUresult do_alloc(const char *kind, size_t n, uint64_t *h) {
 static CUresult do_free(obj_t *o) {
     const char *k = o->kind;
     if (!strcmp(k, "ipc")) return cuIpcCloseMemHandle(o->h);
+    if (!strcmp(k, "gexec")) return cuGraphExecDestroy((void *)(uintptr_t)o->h);
     if (!strcmp(k, "mem") || !strcmp(k, "managed") || !strcmp(k, "pitch")) return cuMemFree_v2(o->h);
     if (!strcmp(k, "async") || !strcmp(k, "pool") || !strcmp(k, "pool1")) return cuMemFreeAsync(o->h, NULL);
     if (!strcmp(k, "async_ptsz")) return cuMemFreeAsync_ptsz(o->h, NULL);
