@@ -195,8 +195,7 @@ def test_graph_launch_past_the_limit_is_refused(env: Env) -> None:
     allocation, not freed in the graph, is freed by cuMemFreeAsync into the graph pool
     (still held, still counted) and trimmed."""
     p = env.run("init", "alloc", "mem", str(16 * MiB), "0", "graph", str(40 * MiB), "0", "glaunch", OOM, "info",
-                "phys", "0", "gmem", "launch", "1", "1", "dev", "0", "noctx", "dev", "0",
-                **LIM)
+                "phys", "0", "gmem", **LIM)
     assert _free(p.stdout) == [32 * MiB]
     assert _phys(p.stdout) == [16 * MiB]
     assert lines(p.stdout, "gmem") == [[0, 0]]
