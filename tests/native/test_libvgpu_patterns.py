@@ -204,3 +204,15 @@ def test_graph_launch_past_the_limit_is_refused(env: Env) -> None:
     assert _free(q.stdout) == [8 * MiB, 8 * MiB, LIMIT]
     assert lines(q.stdout, "gmem") == [[40 * MiB, 0]]
     assert _phys(q.stdout) == [0]
+
+
+def test_pool_memory_given_back_at_event_synchronize_leaves_the_count_for_every_process(env: Env) -> None:
+    """Process A's pool gives its 40 MiB back at cuEventSynchronize: the count drops
+    then, so process B of the container gets the whole limit while A lives on."""
+    a = env.popen("init", "alloc", "async", str(40 * MiB), "0", "free", "esync", "echo", "ready", "hold", **LIM)
+    try:
+        _until(a, "ready")
+        b = env.run("init", "info", "alloc", "mem", str(LIMIT), "0", "phys", "0", **LIM)
+        assert _free(b.stdout) == [LIMIT] and _phys(b.stdout) == [LIMIT]
+    finally:
+        _stop(a)

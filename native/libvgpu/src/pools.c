@@ -7,7 +7,7 @@
  * An allocation first brings the pool's figure up to date, then reserves against the
  * limit only what the pool cannot serve from its unused memory (reserved - used), and
  * after the call counts the pool's new figure. Pools are brought up to date again after
- * every call that can make them give memory back (stream and context synchronisation,
+ * every call that can make them give memory back (stream, event and context synchronisation,
  * trim, release threshold, destruction) and before a memory query. A pool grows in the
  * driver's granularity, so what it reserves may exceed the request; that excess is
  * counted as soon as it exists. */
@@ -206,6 +206,13 @@ VG_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) {
     VG_ENTER();
     REAL_OR_MISSING(cuStreamSynchronize_ptsz);
     CUresult r = CU_REAL(cuStreamSynchronize_ptsz)(s);
+    vg_pools_sync_all();
+    return r;
+}
+VG_EXPORT CUresult cuEventSynchronize(void *ev) {
+    VG_ENTER();
+    REAL_OR_MISSING(cuEventSynchronize);
+    CUresult r = CU_REAL(cuEventSynchronize)(ev);
     vg_pools_sync_all();
     return r;
 }

@@ -165,7 +165,7 @@ static inline void vg_unreserve(int dev, uint64_t bytes, int cat) {
     X(cuMemPoolDestroy) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool) X(cuMemMap) X(cuMemUnmap)         \
     X(cuMemPoolTrimTo) X(cuMemPoolSetAttribute) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz)        \
     X(cuCtxSynchronize) X(cuGraphAddMemAllocNode) X(cuGraphInstantiateWithFlags) X(cuGraphInstantiate_v2)        \
-    X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuDeviceGraphMemTrim)
+    X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuDeviceGraphMemTrim) X(cuEventSynchronize)
 #define VG_CUDA_HELPERS(X)                                                                                 \
     X(cuCtxGetDevice) X(cuDeviceGetCount) X(cuDeviceGetAttribute) X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2)   \
     X(cuDeviceGetPCIBusId) X(cuMemPoolGetAttribute) X(cuDeviceGetGraphMemAttribute)

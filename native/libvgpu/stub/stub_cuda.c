@@ -357,7 +357,7 @@ static const proc_t g_procs[] = {
     P("cuIpcOpenMemHandle", 4010, cuIpcOpenMemHandle), P("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle),
     P("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute), P("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
     PT("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz), P("cuStreamSynchronize", 2000, cuStreamSynchronize),
-    P("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    P("cuCtxSynchronize", 2000, cuCtxSynchronize), P("cuEventSynchronize", 2000, cuEventSynchronize),
     P("cuArrayCreate", 3020, cuArrayCreate_v2), P("cuArray3DCreate", 3020, cuArray3DCreate_v2),
     P("cuArrayDestroy", 2000, cuArrayDestroy), P("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
     P("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),

@@ -16,7 +16,7 @@
  * Stream-ordered allocation
  *   Each device has a default pool (cuDeviceGetMemPool; cuMemPoolCreate makes more). A
  *   pool reserves device memory as allocations need it and keeps it after
- *   cuMemFreeAsync; at the next stream or context synchronisation it gives back what it
+ *   cuMemFreeAsync; at the next stream, event or context synchronisation it gives back what it
  *   holds above its release threshold (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, default 0),
  *   never what is in use. cuMemPoolTrimTo(pool, keep) gives back unused memory down to
  *   keep bytes. The attributes RESERVED_MEM_CURRENT / USED_MEM_CURRENT report the two
@@ -370,6 +370,7 @@ EXPORT CUresult cuStreamSynchronize(CUstream s) {
 }
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
 EXPORT CUresult cuCtxSynchronize(void) { return cuStreamSynchronize(NULL); }
+EXPORT CUresult cuEventSynchronize(void *ev) { (void)ev; return cuStreamSynchronize(NULL); } /* launches complete at once */
 
 /* a forked child holds none of these */
 static void stub_mem_fork_child(void) {

@@ -1,5 +1,6 @@
 /* vgtest commands for the allocation patterns of real frameworks (included by vgtest.c):
  *   sync                 cuCtxSynchronize
+ *   esync                cuEventSynchronize (of a completed event)
  *   pool                 print "pool RESERVED USED" of the current device's pool
  *   poolset BYTES        cuMemPoolSetAttribute(RELEASE_THRESHOLD) on that pool
  *   pooltrim BYTES       cuMemPoolTrimTo(pool, BYTES)
@@ -45,6 +46,8 @@ static int pat_cmd(int argc, char **argv, int *i) {
     (void)argc;
     if (!strcmp(c, "sync")) {
         if ((r = cuCtxSynchronize())) die("cuCtxSynchronize", r, 0);
+    } else if (!strcmp(c, "esync")) {
+        if ((r = cuEventSynchronize(NULL))) die("cuEventSynchronize", r, 0);
     } else if (!strcmp(c, "pool")) {
         cuuint64_t res = 0, used = 0;
         CUmemoryPool p = cur_pool();
