@@ -216,3 +216,16 @@ def test_pool_memory_given_back_at_event_synchronize_leaves_the_count_for_every_
         assert _free(b.stdout) == [LIMIT] and _phys(b.stdout) == [LIMIT]
     finally:
         _stop(a)
+
+
+def test_pools_graphs_and_vmm_count_on_the_card_the_mask_names(env: Env) -> None:
+    """With CUDA_VISIBLE_DEVICES=1 the process's device 0 is card 1 (16 MiB limit): a
+    graph needing 17 MiB there is refused, the pool's kept memory, a mapped VMM
+    allocation and the graph pool are all counted on card 1, none on card 0."""
+    lim = {"CUDA_DEVICE_MEMORY_LIMIT_0": "48m", "CUDA_DEVICE_MEMORY_LIMIT_1": "16m", "CUDA_VISIBLE_DEVICES": "1"}
+    p = env.run("init", "graph", str(17 * MiB), "1", "glaunch", OOM, "free", "graph", str(4 * MiB), "1", "glaunch", "0",
+                "poolset", str(64 * MiB), "alloc", "async", str(4 * MiB), "0", "free", "sync",
+                "alloc", "vmm", str(4 * MiB), "0", "vmap", "vrelease", "info", "nvml", "0", "nvml", "1",
+                "alloc", "mem", str(4 * MiB + 1), OOM, "alloc", "mem", str(4 * MiB), "0", **lim)
+    assert _free(p.stdout) == [4 * MiB]
+    assert [ln[:3] for ln in lines(p.stdout, "nvml")] == [[0, 48 * MiB, 0], [1, 16 * MiB, 12 * MiB]]
