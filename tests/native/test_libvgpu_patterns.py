@@ -229,3 +229,20 @@ def test_pools_graphs_and_vmm_count_on_the_card_the_mask_names(env: Env) -> None
                 "alloc", "mem", str(4 * MiB + 1), OOM, "alloc", "mem", str(4 * MiB), "0", **lim)
     assert _free(p.stdout) == [4 * MiB]
     assert [ln[:3] for ln in lines(p.stdout, "nvml")] == [[0, 48 * MiB, 0], [1, 16 * MiB, 12 * MiB]]
+
+
+def test_pool_destroyed_with_live_allocations_stays_counted(env: Env) -> None:
+    """cuMemPoolDestroy returns at once while allocations from the pool are live; their
+    memory stays on the device until they are freed, so it stays counted (the library
+    keeps it counted until the process exits: it does not follow each pointer)."""
+    p = env.run("init", "poolmk", "alloc", "cpool", str(24 * MiB), "0", "alloc", "cpool", str(16 * MiB), "0",
+                "free", "pooldestroy", "info", "phys", "0", "alloc", "mem", str(24 * MiB + 1), OOM,
+                "alloc", "mem", str(24 * MiB), "0", **LIM)
+    assert _free(p.stdout) == [24 * MiB]
+    assert _phys(p.stdout) == [24 * MiB]
+
+
+def test_many_pools_are_all_counted(env: Env) -> None:
+    """A process creating hundreds of pools cannot make one of them uncounted."""
+    p = env.run("init", *(["poolmk"] * 300), "alloc", "cpool", str(LIMIT), "0", "alloc", "mem", "1", OOM, "info", **LIM)
+    assert _free(p.stdout) == [0]

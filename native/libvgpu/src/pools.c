@@ -13,20 +13,29 @@
  * counted as soon as it exists. */
 #include "vgpu.h"
 
-#define POOLMAP 256
+#include <stdlib.h>
+
 typedef struct { CUmemoryPool pool; int dev; uint64_t charged; } pool_t;
-static pool_t g_pools[POOLMAP];
-static int g_npools;
+static pool_t *g_pools; /* grows; entries move only under g_mu */
+static int g_npools, g_cap;
 static int g_any_charged; /* a fast path for the synchronisation hooks */
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
 #define HAVE(n) (vg_cuda_real[VGC_##n] != NULL)
 #define REAL_OR_MISSING(n) do { if (UNLIKELY(!HAVE(n))) return CUDA_ERROR_NOT_FOUND; } while (0)
 
-/* the entry of pool (dev: its container device when it is new); caller holds g_mu */
+/* the entry of pool (dev: its container device when it is new); NULL when out of
+ * memory; caller holds g_mu */
 static pool_t *pool_get(CUmemoryPool pool, int dev) {
     for (int i = 0; i < g_npools; i++) if (g_pools[i].pool == pool) return &g_pools[i];
-    if (g_npools >= POOLMAP || dev < 0) return NULL;
+    if (dev < 0) dev = 0;
+    if (g_npools == g_cap) {
+        int n = g_cap ? g_cap * 2 : 16;
+        pool_t *p = realloc(g_pools, (size_t)n * sizeof *p);
+        if (!p) return NULL;
+        g_pools = p;
+        g_cap = n;
+    }
     g_pools[g_npools] = (pool_t){pool, dev, 0};
     return &g_pools[g_npools++];
 }
@@ -73,7 +82,11 @@ static CUresult pool_alloc(const char *what, CUdeviceptr *dptr, size_t size, CUm
                            CUstream s, alloc_fn fn) {
     pthread_mutex_lock(&g_mu);
     pool_t *e = pool_get(pool, dev);
-    if (!e) { pthread_mutex_unlock(&g_mu); return fn(dptr, size, pool, s); } /* table full: uncounted */
+    if (!e) { /* cannot count it: refuse rather than let it pass uncounted */
+        pthread_mutex_unlock(&g_mu);
+        LOG_WARN("%s: no memory to track the pool; %llu bytes refused", what, (unsigned long long)size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     dev = e->dev;
     pool_sync(e);
     int ok;
@@ -145,18 +158,25 @@ VG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pro
         note(*pool, vg_dev(props->location.id));
     return r;
 }
+/* "If any pointers obtained from this pool haven't been freed ... the function will return
+ * immediately and the resources associated with the pool will be released automatically
+ * once there are no more outstanding allocations": what is in use at the destruction stays
+ * counted, until the process exits (the library does not follow each pointer); a
+ * destroyed pool with live allocations must not be a way around the limit */
 VG_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     VG_ENTER();
     REAL_OR_MISSING(cuMemPoolDestroy);
-    CUresult r = CU_REAL(cuMemPoolDestroy)(pool);
-    if (r != CUDA_SUCCESS) return r;
     pthread_mutex_lock(&g_mu);
-    for (int i = 0; i < g_npools; i++)
+    int ok;
+    uint64_t used = pool_attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &ok);
+    CUresult r = CU_REAL(cuMemPoolDestroy)(pool);
+    for (int i = 0; r == CUDA_SUCCESS && i < g_npools; i++)
         if (g_pools[i].pool == pool) {
-            /* the pool gives back what is not in use; what is still allocated from it
-             * goes back as it is freed: the stub and this count take it as all */
-            vg_charge_data(g_pools[i].dev, g_pools[i].charged, -1);
-            g_pools[i] = g_pools[--g_npools];
+            pool_t *e = &g_pools[i];
+            uint64_t keep = ok ? used : e->charged;
+            if (keep > e->charged) vg_charge_data(e->dev, keep - e->charged, +1);
+            else vg_charge_data(e->dev, e->charged - keep, -1);
+            *e = g_pools[--g_npools];
             break;
         }
     pthread_mutex_unlock(&g_mu);

@@ -207,7 +207,8 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, 
 /* ---------------------------------------------------- stream-ordered pools */
 typedef struct { int dev; uint64_t reserved, used, threshold, reserved_hi, used_hi; int live; } stub_pool_t;
 static stub_pool_t g_defpool[STUB_MAXDEV];
-static stub_pool_t *g_pools[64];
+#define SM_POOLS 1024
+static stub_pool_t *g_pools[SM_POOLS];
 static int g_npools;
 typedef struct { uint64_t va, size; stub_pool_t *pool; } sm_palloc_t;
 static sm_palloc_t g_pallocs[SM_MAX];
@@ -247,7 +248,7 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *p) {
         p->location.id >= st_ncvis())
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
-    if (g_npools >= 64) { pthread_mutex_unlock(&g_mu); return CUDA_ERROR_OUT_OF_MEMORY; }
+    if (g_npools >= SM_POOLS) { pthread_mutex_unlock(&g_mu); return CUDA_ERROR_OUT_OF_MEMORY; }
     stub_pool_t *np = calloc(1, sizeof *np);
     np->dev = p->location.id; np->live = 1;
     g_pools[g_npools++] = np;
@@ -255,17 +256,18 @@ EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *p) {
     pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
 }
-/* memory still allocated from the pool is released when it is freed (the stub: at
- * destruction, all of it); the default pool cannot be destroyed */
+/* "If any pointers obtained from this pool haven't been freed ... the function will
+ * return immediately and the resources associated with the pool will be released
+ * automatically once there are no more outstanding allocations": the unused memory goes
+ * back now, each outstanding allocation's as it is freed; the default pool cannot be
+ * destroyed */
 EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     pthread_mutex_lock(&g_mu);
     stub_pool_t *p = pool_of(pool);
     CUresult r = !p || (p >= g_defpool && p < g_defpool + STUB_MAXDEV) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
     if (!r) {
-        for (int i = 0; i < g_npallocs;) if (g_pallocs[i].pool == p) g_pallocs[i] = g_pallocs[--g_npallocs]; else i++;
-        p->used = 0;
         pool_shrink(p, 0);
-        p->live = 0;
+        p->live = 0; /* its allocations still hold p->used */
     }
     pthread_mutex_unlock(&g_mu);
     return r;
@@ -335,7 +337,9 @@ static CUresult pool_free(CUdeviceptr a) {
     CUresult r = CUDA_ERROR_INVALID_VALUE;
     for (int i = 0; i < g_npallocs; i++)
         if (g_pallocs[i].va == a) {
-            g_pallocs[i].pool->used -= g_pallocs[i].size; /* stays reserved until the next synchronisation */
+            stub_pool_t *pl = g_pallocs[i].pool;
+            pl->used -= g_pallocs[i].size; /* stays reserved until the next synchronisation */
+            if (!pl->live) pool_shrink(pl, 0); /* a destroyed pool gives it back at once */
             g_pallocs[i] = g_pallocs[--g_npallocs];
             r = CUDA_SUCCESS;
             break;

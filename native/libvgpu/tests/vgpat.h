@@ -4,6 +4,8 @@
  *   pool                 print "pool RESERVED USED" of the current device's pool
  *   poolset BYTES        cuMemPoolSetAttribute(RELEASE_THRESHOLD) on that pool
  *   pooltrim BYTES       cuMemPoolTrimTo(pool, BYTES)
+ *   poolmk / pooldestroy cuMemPoolCreate on the current device (allocation kind "cpool") /
+ *                        cuMemPoolDestroy of it
  *   vmap                 reserve address space for the newest (vmm) object and map it
  *   vrelease             cuMemRelease the newest object's handle, keep its mapping
  *   vunmap               unmap the newest object (and free its address space); a
@@ -58,6 +60,17 @@ static int pat_cmd(int argc, char **argv, int *i) {
     } else if (!strcmp(c, "poolset")) {
         cuuint64_t v = strtoull(argv[++*i], NULL, 0);
         if ((r = cuMemPoolSetAttribute(cur_pool(), CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v))) die("poolset", r, 0);
+    } else if (!strcmp(c, "poolmk")) {
+        CUmemPoolProps pp;
+        memset(&pp, 0, sizeof pp);
+        pp.allocType = 1;
+        pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        CUdevice d = 0;
+        cuCtxGetDevice(&d);
+        pp.location.id = d;
+        if ((r = cuMemPoolCreate(&g_cpool, &pp))) die("cuMemPoolCreate", r, 0);
+    } else if (!strcmp(c, "pooldestroy")) {
+        if ((r = cuMemPoolDestroy(g_cpool))) die("cuMemPoolDestroy", r, 0);
     } else if (!strcmp(c, "pooltrim")) {
         if ((r = cuMemPoolTrimTo(cur_pool(), strtoull(argv[++*i], NULL, 0)))) die("pooltrim", r, 0);
     } else if (!strcmp(c, "vmap")) {

@@ -8,7 +8,7 @@
  *   noctx                no current context (a bare worker thread)
  *   ctx N                cuCtxCreate on device N (kept on the object stack)
  *   alloc KIND BYTES RC  allocate; KIND: mem pitch managed async async_ptsz
- *                        pool pool1 vmm vmm1 vmm_host vmm_badid array array3d
+ *                        pool pool1 cpool vmm vmm1 vmm_host vmm_badid array array3d
  *                        mipmap ctx
  *                        expect return code RC (0 ok, 2 OOM, -1 any); keep the object
  *   free                 free the newest object (expect 0)
@@ -60,6 +60,7 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+static CUmemoryPool g_cpool; /* vgpat.h: poolmk / pooldestroy */
 static CUresult do_alloc(const char *kind, size_t n, uint64_t *h) {
     CUdeviceptr p = 0;
     CUresult r;
@@ -73,6 +74,8 @@ static CUresult do_alloc(const char *kind, size_t n, uint64_t *h) {
         cuCtxGetDevice(&d);
         cuDeviceGetMemPool(&pool, d);
         r = cuMemAllocFromPoolAsync(&p, n, pool, NULL);
+    } else if (!strcmp(kind, "cpool")) {
+        r = cuMemAllocFromPoolAsync(&p, n, g_cpool, NULL);
     } else if (!strcmp(kind, "pool1")) {
         /* an explicit pool on device 1, whatever the current device */
         CUmemPoolProps pp;
@@ -137,7 +140,8 @@ static CUresult do_free(obj_t *o) {
     if (!strcmp(k, "ipc")) return cuIpcCloseMemHandle(o->h);
     if (!strcmp(k, "gexec")) return cuGraphExecDestroy((void *)(uintptr_t)o->h);
     if (!strcmp(k, "mem") || !strcmp(k, "managed") || !strcmp(k, "pitch")) return cuMemFree_v2(o->h);
-    if (!strcmp(k, "async") || !strcmp(k, "pool") || !strcmp(k, "pool1")) return cuMemFreeAsync(o->h, NULL);
+    if (!strcmp(k, "async") || !strcmp(k, "pool") || !strcmp(k, "pool1") || !strcmp(k, "cpool"))
+        return cuMemFreeAsync(o->h, NULL);
     if (!strcmp(k, "async_ptsz")) return cuMemFreeAsync_ptsz(o->h, NULL);
     if (!strncmp(k, "vmm", 3)) return cuMemRelease(o->h);
     if (!strcmp(k, "array") || !strcmp(k, "array3d")) return cuArrayDestroy((CUarray)(uintptr_t)o->h);
