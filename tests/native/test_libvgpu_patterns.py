@@ -246,3 +246,11 @@ def test_many_pools_are_all_counted(env: Env) -> None:
     """A process creating hundreds of pools cannot make one of them uncounted."""
     p = env.run("init", *(["poolmk"] * 300), "alloc", "cpool", str(LIMIT), "0", "alloc", "mem", "1", OOM, "info", **LIM)
     assert _free(p.stdout) == [0]
+
+
+def test_graphs_past_the_tracking_table_are_refused_not_unchecked(env: Env) -> None:
+    """256 executable graphs with allocation nodes are tracked; the 257th is refused at
+    instantiation (CUDA_ERROR_OUT_OF_MEMORY) instead of launching without a check."""
+    p = env.run("init", *(["graph", "4096", "1"] * 256), "echo", "tracked", "graph", "4096", "1", check=False, **LIM)
+    assert "tracked" in p.stdout.split()
+    assert p.returncode == 1 and "cuGraphInstantiate (2 vs 0)" in p.stderr, p.stderr

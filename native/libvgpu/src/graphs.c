@@ -61,6 +61,13 @@ VG_EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, void *const 
                                           CUDA_MEM_ALLOC_NODE_PARAMS *p) {
     VG_ENTER();
     REAL_OR_MISSING(cuGraphAddMemAllocNode);
+    pthread_mutex_lock(&g_mu);
+    int full = !find(g_graphs, g_ngraphs, graph) && g_ngraphs >= GMAP;
+    pthread_mutex_unlock(&g_mu);
+    if (full) { /* its launches could not be checked: refuse rather than let them pass */
+        LOG_WARN("cuGraphAddMemAllocNode: more than %d graphs with allocation nodes; refused", GMAP);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     CUresult r = CU_REAL(cuGraphAddMemAllocNode)(node, graph, deps, ndeps, p);
     if (r != CUDA_SUCCESS || !p || p->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE) return r;
     int ord = p->poolProps.location.id;
@@ -68,11 +75,18 @@ VG_EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, void *const 
     pthread_mutex_lock(&g_mu);
     gent_t *e = find(g_graphs, g_ngraphs, graph);
     if (!e && g_ngraphs < GMAP) { e = &g_graphs[g_ngraphs++]; memset(e, 0, sizeof *e); e->obj = graph; }
-    if (e) e->bytes[ord] += p->bytesize;
-    else LOG_WARN("cuGraphAddMemAllocNode: too many graphs to track; this graph is checked after its launch only");
+    if (e) e->bytes[ord] += p->bytesize; /* else another thread filled the table meanwhile: checked after the launch */
     __atomic_or_fetch(&g_ords, 1u << ord, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&g_mu);
     return r;
+}
+/* an executable graph with allocation nodes needs a table entry for its launch checks */
+static int exec_room(void *graph) {
+    pthread_mutex_lock(&g_mu);
+    int ok = !find(g_graphs, g_ngraphs, graph) || g_nexecs < GMAP;
+    pthread_mutex_unlock(&g_mu);
+    if (!ok) LOG_WARN("cuGraphInstantiate: more than %d executable graphs with allocation nodes; refused", GMAP);
+    return ok;
 }
 static void instantiated(void *exec, void *graph) {
     pthread_mutex_lock(&g_mu);
@@ -86,6 +100,7 @@ static void instantiated(void *exec, void *graph) {
 VG_EXPORT CUresult cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags) {
     VG_ENTER();
     REAL_OR_MISSING(cuGraphInstantiateWithFlags);
+    if (!exec_room(graph)) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = CU_REAL(cuGraphInstantiateWithFlags)(exec, graph, flags);
     if (r == CUDA_SUCCESS && exec) instantiated(*exec, graph);
     return r;
@@ -93,6 +108,7 @@ VG_EXPORT CUresult cuGraphInstantiateWithFlags(void **exec, void *graph, unsigne
 VG_EXPORT CUresult cuGraphInstantiate_v2(void **exec, void *graph, void **err, char *log, size_t n) {
     VG_ENTER();
     REAL_OR_MISSING(cuGraphInstantiate_v2);
+    if (!exec_room(graph)) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = CU_REAL(cuGraphInstantiate_v2)(exec, graph, err, log, n);
     if (r == CUDA_SUCCESS && exec) instantiated(*exec, graph);
     return r;
