@@ -254,3 +254,13 @@ def test_graphs_past_the_tracking_table_are_refused_not_unchecked(env: Env) -> N
     p = env.run("init", *(["graph", "4096", "1"] * 256), "echo", "tracked", "graph", "4096", "1", check=False, **LIM)
     assert "tracked" in p.stdout.split()
     assert p.returncode == 1 and "cuGraphInstantiate (2 vs 0)" in p.stderr, p.stderr
+
+
+def test_vmm_handle_value_reused_while_the_old_allocation_is_mapped(env: Env) -> None:
+    """A released handle's value may come back from the next cuMemCreate while the old
+    allocation is still mapped: the two allocations stay apart, each freed once."""
+    p = env.run("init", "alloc", "vmm", str(40 * MiB), "0", "vmap", "vrelease",
+                "alloc", "vmm", str(4 * MiB), "0", "info", "free", "info", "alloc", "mem", str(8 * MiB + 1), OOM,
+                "vunmap", "info", "phys", "0", **LIM)
+    assert _free(p.stdout) == [4 * MiB, 8 * MiB, LIMIT]
+    assert _phys(p.stdout) == [0]

@@ -94,7 +94,7 @@ static inline int cur_dev(void) {
 }
 
 /* --------------------------------------------- process-local allocation table */
-enum { K_DPTR = 1, K_VMM, K_ARRAY, K_MIPMAP, K_CTX };
+enum { K_DPTR = 1, K_VMM, K_ARRAY, K_MIPMAP, K_CTX, K_VMMREL /* released while mapped (vmm.c) */ };
 typedef struct { uint64_t key, size; uint32_t hash; uint8_t kind, cat; int16_t dev; } ent_t;
 static ent_t *g_tab;
 static uint32_t g_cap, g_cnt;
@@ -254,10 +254,26 @@ int vg_cur_ord(void) {
     if (HAVE(cuCtxGetDevice) && CU_REAL(cuCtxGetDevice)(&d) == CUDA_SUCCESS && d >= 0 && d < VG_MAXDEV) return d;
     return 0;
 }
-/* the last reference of a cuMemCreate allocation is gone: uncount it */
-void vg_vmm_drop(uint64_t handle) {
+/* a cuMemCreate allocation whose handle is released while mapped: its entry moves to
+ * the private key k (the handle's value may come back from the next cuMemCreate);
+ * 1 if there was one */
+int vg_vmm_park(uint64_t handle, uint64_t k) {
     ent_t e;
-    if (tab_take(K_VMM, handle, &e)) vg_unreserve(e.dev, e.size, e.cat);
+    if (!tab_take(K_VMM, handle, &e)) return 0;
+    e.key = k; e.kind = K_VMMREL; e.hash = hkey(k, K_VMMREL);
+    tab_restore(&e);
+    return 1;
+}
+void vg_vmm_unpark(uint64_t k, uint64_t handle) {
+    ent_t e;
+    if (!tab_take(K_VMMREL, k, &e)) return;
+    e.key = handle; e.kind = K_VMM; e.hash = hkey(handle, K_VMM);
+    tab_restore(&e);
+}
+/* the last mapping of a parked allocation is gone: uncount it */
+void vg_vmm_drop(uint64_t k) {
+    ent_t e;
+    if (tab_take(K_VMMREL, k, &e)) vg_unreserve(e.dev, e.size, e.cat);
 }
 /* bytes a pool holds from the device, counted as data of this process whatever the
  * limit (the device already holds them); sign > 0 adds */
@@ -435,11 +451,9 @@ VG_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 VG_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     ENTER();
     REAL_OR_MISSING(cuMemRelease);
-    if (vg_vmm_defer_release(handle)) { /* still mapped: the memory lives on until the last unmap */
-        CUresult r = CU_REAL(cuMemRelease)(handle);
-        if (r != CUDA_SUCCESS) vg_vmm_undefer_release(handle);
-        return r;
-    }
+    int mapped;
+    CUresult r = vg_vmm_release(handle, &mapped); /* still mapped: counted until the last unmap */
+    if (mapped) return r;
     FREE_TRACKED(K_VMM, handle, CU_REAL(cuMemRelease)(handle));
 }
 

@@ -223,10 +223,12 @@ static inline int vg_dev(int ord) {
 VG_HIDDEN CUresult vg_cuda_enter(void);   /* the hooks' entry gate; 0 = go on */
 #define VG_ENTER() do { CUresult e_ = vg_cuda_enter(); if (UNLIKELY(e_)) return e_; } while (0)
 VG_HIDDEN int vg_cur_ord(void);           /* CUDA ordinal of the current context (0 without one) */
-VG_HIDDEN void vg_vmm_drop(uint64_t handle);
+VG_HIDDEN int vg_vmm_park(uint64_t handle, uint64_t k);
+VG_HIDDEN void vg_vmm_unpark(uint64_t k, uint64_t handle);
+VG_HIDDEN void vg_vmm_drop(uint64_t k);
 VG_HIDDEN void vg_charge_data(int dev, uint64_t bytes, int sign);
-VG_HIDDEN int vg_vmm_defer_release(uint64_t handle);   /* 1: mapped, uncount at the last unmap */
-VG_HIDDEN void vg_vmm_undefer_release(uint64_t handle);
+/* cuMemRelease of a mapped handle (*mapped = 1; the result) or nothing (*mapped = 0) */
+VG_HIDDEN CUresult vg_vmm_release(uint64_t handle, int *mapped);
 VG_HIDDEN void vg_vmm_fork_child(void);
 VG_HIDDEN void vg_pools_sync_all(void);
 VG_HIDDEN void vg_pools_fork_child(void);

@@ -2,7 +2,8 @@
  * until its memory is freed, which the driver does "when all outstanding mappings to
  * the memory are unmapped and when all outstanding references to the handle are also
  * released". A handle released while still mapped (the usual create, map, release
- * pattern) stays counted until its last mapping is unmapped. Reserving and freeing
+ * pattern) stays counted until its last mapping is unmapped, apart from any later
+ * allocation that gets the same handle value. Reserving and freeing
  * address space, mapping, exporting and importing allocate no device memory and count
  * nothing; an imported handle is counted by the process that created the memory. */
 #include <stdlib.h>
@@ -23,19 +24,26 @@ static hstate_t *hs_find(uint64_t h) {
 }
 static void hs_del(hstate_t *s) { *s = g_hs[--g_nhs]; }
 
-int vg_vmm_defer_release(uint64_t handle) {
+/* a handle released while mapped: the allocation lives on under a private key (the
+ * handle's value may come back from the next cuMemCreate), its mappings with it */
+static uint64_t g_seq;
+CUresult vg_vmm_release(uint64_t handle, int *mapped) {
     pthread_mutex_lock(&g_mu);
     hstate_t *s = hs_find(handle);
-    int mapped = s && s->maps > 0;
-    if (mapped) s->released = 1;
+    *mapped = s && s->maps > 0;
+    if (!*mapped) { pthread_mutex_unlock(&g_mu); return CUDA_SUCCESS; }
+    uint64_t k = ++g_seq | (1ull << 63);
+    int parked = vg_vmm_park(handle, k); /* before the release: the value cannot be reused yet */
+    CUresult r = CU_REAL(cuMemRelease)(handle);
+    if (r != CUDA_SUCCESS) {
+        if (parked) vg_vmm_unpark(k, handle);
+    } else {
+        s->handle = k;
+        s->released = 1;
+        for (int i = 0; i < g_nmaps; i++) if (g_maps[i].handle == handle) g_maps[i].handle = k;
+    }
     pthread_mutex_unlock(&g_mu);
-    return mapped;
-}
-void vg_vmm_undefer_release(uint64_t handle) {
-    pthread_mutex_lock(&g_mu);
-    hstate_t *s = hs_find(handle);
-    if (s) s->released = 0;
-    pthread_mutex_unlock(&g_mu);
+    return r;
 }
 void vg_vmm_fork_child(void) {
     pthread_mutex_init(&g_mu, NULL);

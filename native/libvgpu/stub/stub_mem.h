@@ -8,10 +8,11 @@
  *   cuMemExportToShareableHandle (POSIX file descriptor type only) gives a file
  *   descriptor naming the object and allocates nothing; cuMemImportFromShareableHandle,
  *   in any process, gives a new handle that is one more reference. cuMemRelease drops
- *   the handle's reference: "the memory allocation will be freed when all outstanding
- *   mappings to the memory are unmapped and when all outstanding references to the
- *   handle (including its shareable counterparts) are also released". (The stub's
- *   exported descriptor itself holds no reference.)
+ *   the handle's reference (its value may be given to a later handle): "the memory
+ *   allocation will be freed when all outstanding mappings to the memory are unmapped
+ *   and when all outstanding references to the handle (including its shareable
+ *   counterparts) are also released". (The stub's exported descriptor itself holds no
+ *   reference.)
  * CUDA IPC: stub_ipc.h.
  * Stream-ordered allocation
  *   Each device has a default pool (cuDeviceGetMemPool; cuMemPoolCreate makes more). A
@@ -59,6 +60,16 @@ typedef struct { uint64_t key, size; int obj; } sm_ref_t;
 static sm_ref_t g_handles[SM_MAX], g_maps[SM_MAX], g_reserved[SM_MAX];
 static int g_nhandles, g_nmaps, g_nreserved;
 
+/* handle values: a released handle's value is given to the next new handle (LIFO), as
+ * with a driver whose handles are addresses of its own objects */
+static uint64_t g_free_keys[SM_MAX];
+static int g_nfree_keys;
+static uint64_t new_key(void) {
+    if (g_nfree_keys) return g_free_keys[--g_nfree_keys];
+    return atomic_fetch_add(&st_get()->next_handle, 1) | (1ull << 62);
+}
+static void free_key(uint64_t k) { if (g_nfree_keys < SM_MAX) g_free_keys[g_nfree_keys++] = k; }
+
 static int ref_find(sm_ref_t *a, int n, uint64_t key) {
     for (int i = 0; i < n; i++) if (a[i].key == key) return i;
     return -1;
@@ -93,7 +104,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUm
     int obj = r ? -1 : obj_new(dev >= 0 ? n : 0, dev >= 0 ? st_cphys(dev) : 0);
     if (!r && obj < 0) { if (dev >= 0) uncharge(dev, n); r = CUDA_ERROR_OUT_OF_MEMORY; }
     if (!r) {
-        uint64_t key = atomic_fetch_add(&st_get()->next_handle, 1) | (1ull << 62);
+        uint64_t key = new_key();
         g_handles[g_nhandles++] = (sm_ref_t){key, n, obj};
         *h = key;
     }
@@ -106,6 +117,7 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
     if (i < 0) { pthread_mutex_unlock(&g_mu); return CUDA_ERROR_INVALID_VALUE; }
     int obj = g_handles[i].obj;
     ref_del(g_handles, &g_nhandles, i);
+    free_key(h);
     obj_local_last(obj);
     obj_unref(obj);
     pthread_mutex_unlock(&g_mu);
@@ -194,7 +206,7 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, 
         if (refs <= 0 || atomic_load(&o->id) != rec[1] || g_nhandles >= SM_MAX) { r = CUDA_ERROR_INVALID_VALUE; break; }
     } while (!atomic_compare_exchange_weak(&o->refs, &refs, refs + 1));
     if (!r) {
-        uint64_t key = atomic_fetch_add(&st_get()->next_handle, 1) | (1ull << 62);
+        uint64_t key = new_key();
         g_handles[g_nhandles++] = (sm_ref_t){key, o->size, (int)rec[0]};
         *h = key;
     }
@@ -378,7 +390,7 @@ EXPORT CUresult cuEventSynchronize(void *ev) { (void)ev; return cuStreamSynchron
 
 /* a forked child holds none of these */
 static void stub_mem_fork_child(void) {
-    g_nhandles = g_nmaps = g_nreserved = g_nopens = g_npallocs = 0;
+    g_nhandles = g_nmaps = g_nreserved = g_nopens = g_npallocs = g_nfree_keys = 0;
     memset(g_defpool, 0, sizeof g_defpool);
     for (int i = 0; i < g_npools; i++) g_pools[i]->live = 0;
 }
