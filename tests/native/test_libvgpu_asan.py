@@ -93,3 +93,44 @@ def test_asan_limits_file_and_host_pid_rounds(asan_env: Env) -> None:
                            capture_output=True, text=True, timeout=120)
         _clean(p)
         assert p.returncode == 0, p.stderr
+
+
+# the allocation patterns of real frameworks (test_libvgpu_patterns.py): pools with a
+# release threshold and trim, VMM map / release / unmap, export and import, CUDA IPC,
+# graph memory nodes
+PATTERNS = ["init", "poolset", str(64 * MiB), "alloc", "async", str(8 * MiB), "0", "alloc", "pool", str(MiB), "0",
+            "free", "free", "sync", "pool", "pooltrim", "0", "alloc", "async", str(MiB), "0", "free", "sync",
+            "alloc", "vmm", str(4 * MiB), "0", "vmap", "vexport", "vrelease", "info", "vunmap",
+            "alloc", "vmm", str(2 * MiB), "0", "vmap", "vunmap", "free", "info", "phys", "0",
+            "graph", str(MiB), "1", "glaunch", "0", "glaunch", "0", "gmem", "gtrim", "free",
+            "graph", str(MiB), "0", "glaunch", "0", "gfree", "gtrim", "free", "info"]
+
+
+def test_asan_framework_patterns(asan_env: Env) -> None:
+    _clean(asan_env.run(*PATTERNS, CUDA_DEVICE_MEMORY_LIMIT="48m"))
+    a = asan_env.popen("init", "alloc", "mem", str(MiB), "0", "ipcget", "alloc", "vmm", str(MiB), "0", "vexport",
+                       "echo", "ready", "hold", CUDA_DEVICE_MEMORY_LIMIT="48m")
+    try:
+        out = []
+        assert a.stdout is not None
+        for line in a.stdout:
+            out.append(line)
+            if line.strip() == "ready":
+                break
+        hexh = next(ln.split()[1] for ln in out if ln.startswith("ipc "))
+        pid, fd = next(ln.split()[1:] for ln in out if ln.startswith("fd "))
+        _clean(asan_env.run("init", "ipcopen", hexh, "0", "memfree", "1", "vimport", pid, fd, str(MiB), "0", "vmap",
+                            "vunmap", "freeall", "info", CUDA_DEVICE_MEMORY_LIMIT="48m"))
+    finally:
+        a.kill()
+        a.wait()
+        for f in (a.stdout, a.stderr):
+            if f:
+                f.close()
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="no valgrind")
+def test_valgrind_framework_patterns(env: Env) -> None:
+    p = subprocess.run(["valgrind", "-q", "--error-exitcode=9", str(env.build / "tests" / "vgtest"), *PATTERNS],
+                       env=env.environ(CUDA_DEVICE_MEMORY_LIMIT="48m"), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr

@@ -29,7 +29,7 @@ PATHS = {
 @pytest.mark.parametrize("kind", sorted(PATHS))
 def test_limit_exact_fit_and_one_over(env: Env, kind: str) -> None:
     p = env.run("init", "alloc", kind, str(PATHS[kind]), "2", "alloc", kind, str(LIMIT), "0", "info",
-                "alloc", "mem", "1", "2", "free", "info", "alloc", kind, str(LIMIT), "0", "info",
+                "alloc", "mem", "1", "2", "free", "sync", "info", "alloc", kind, str(LIMIT), "0", "info",
                 CUDA_DEVICE_MEMORY_LIMIT="48m")
     info = lines(p.stdout, "info")
     assert info[0][:2] == [0, LIMIT]  # full
@@ -41,7 +41,7 @@ def test_frees_are_exact_across_paths(env: Env) -> None:
     args = ["init"]
     for kind in sorted(PATHS):
         args += ["alloc", kind, str(3 * MiB), "0"]
-    args += ["info", "freeall", "info"]
+    args += ["info", "freeall", "sync", "info"]  # a pool gives its memory back at synchronisation
     p = env.run(*args, CUDA_DEVICE_MEMORY_LIMIT="48m")
     info = lines(p.stdout, "info")
     assert info[0][0] == LIMIT - len(PATHS) * 3 * MiB

@@ -86,6 +86,10 @@ typedef struct {
     } allocFlags;
 } CUmemAllocationProp;
 
+/* CUDA IPC and shareable handles */
+typedef struct { char reserved[64]; } CUipcMemHandle;
+enum { CU_MEM_HANDLE_TYPE_NONE = 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1 };
+
 /* memory pools */
 typedef struct {
     int allocType;   /* CUmemAllocationType */
@@ -97,7 +101,24 @@ typedef struct {
     unsigned char reserved[54];
 } CUmemPoolProps;
 
+/* graph memory nodes */
+typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
+typedef struct {
+    CUmemPoolProps poolProps;
+    const CUmemAccessDesc *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr; /* out */
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+enum { /* CUgraphMem_attribute */
+    CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
+    CU_GRAPH_MEM_ATTR_USED_MEM_HIGH = 1,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH = 3,
+};
+
 typedef enum {
+    CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,
     CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5,
     CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6,
     CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7,

@@ -58,6 +58,9 @@ static void fork_child(void) {
     vg_region_fork_child();
     vg_nvml_fork_child();
     vg_devmap_fork_child();
+    vg_vmm_fork_child();
+    vg_pools_fork_child();
+    vg_graphs_fork_child();
     pthread_mutex_init(&g_load_mu, NULL);
 }
 
@@ -91,7 +94,7 @@ static inline int cur_dev(void) {
 }
 
 /* --------------------------------------------- process-local allocation table */
-enum { K_DPTR = 1, K_VMM, K_ARRAY, K_MIPMAP, K_CTX };
+enum { K_DPTR = 1, K_VMM, K_ARRAY, K_MIPMAP, K_CTX, K_VMMREL /* released while mapped (vmm.c) */ };
 typedef struct { uint64_t key, size; uint32_t hash; uint8_t kind, cat; int16_t dev; } ent_t;
 static ent_t *g_tab;
 static uint32_t g_cap, g_cnt;
@@ -241,6 +244,49 @@ static inline CUresult settle(CUresult r, int kind, uint64_t key, uint64_t size,
         return r_;                                                            \
     } while (0)
 
+/* for the hooks in vmm.c and pools.c */
+CUresult vg_cuda_enter(void) {
+    ENTER();
+    return CUDA_SUCCESS;
+}
+int vg_cur_ord(void) {
+    CUdevice d;
+    if (HAVE(cuCtxGetDevice) && CU_REAL(cuCtxGetDevice)(&d) == CUDA_SUCCESS && d >= 0 && d < VG_MAXDEV) return d;
+    return 0;
+}
+/* a cuMemCreate allocation whose handle is released while mapped: its entry moves to
+ * the private key k (the handle's value may come back from the next cuMemCreate);
+ * 1 if there was one */
+int vg_vmm_park(uint64_t handle, uint64_t k) {
+    ent_t e;
+    if (!tab_take(K_VMM, handle, &e)) return 0;
+    e.key = k; e.kind = K_VMMREL; e.hash = hkey(k, K_VMMREL);
+    tab_restore(&e);
+    return 1;
+}
+void vg_vmm_unpark(uint64_t k, uint64_t handle) {
+    ent_t e;
+    if (!tab_take(K_VMMREL, k, &e)) return;
+    e.key = handle; e.kind = K_VMM; e.hash = hkey(handle, K_VMM);
+    tab_restore(&e);
+}
+/* the last mapping of a parked allocation is gone: uncount it */
+void vg_vmm_drop(uint64_t k) {
+    ent_t e;
+    if (tab_take(K_VMMREL, k, &e)) vg_unreserve(e.dev, e.size, e.cat);
+}
+/* bytes a pool holds from the device, counted as data of this process whatever the
+ * limit (the device already holds them); sign > 0 adds */
+void vg_charge_data(int dev, uint64_t bytes, int sign) {
+    if (dev < 0 || dev >= VG_MAXDEV || !bytes || !vg_slot) return;
+    ent_t e = {0, bytes, 0, 0, VG_CAT_DATA, (int16_t)dev};
+    tab_lock();
+    if (sign > 0) __atomic_fetch_add(&vg_slot->used[dev].total, bytes, __ATOMIC_SEQ_CST);
+    data_cat(&e, sign);
+    tab_unlock();
+    if (sign < 0) vg_unreserve(dev, bytes, VG_CAT_DATA);
+}
+
 /* ------------------------------------------------------------- init/entry */
 VG_EXPORT CUresult cuInit(unsigned int flags) {
     ENTER();
@@ -304,6 +350,8 @@ VG_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     int dev = cur_dev();
     uint64_t lim = dev >= 0 ? vg_limit[dev] : 0;
     if (lim) {
+        vg_pools_sync_all(); /* what the pools hold now (they give memory back at synchronisation) */
+        vg_graphs_sync_all();
         uint64_t total = lim < rt ? lim : rt;
         uint64_t used = usage_fresh(dev);
         if (used > total) used = total; /* never wrap (field case B26) */
@@ -375,98 +423,6 @@ VG_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
     return r;
 }
 
-/* pool -> device, learnt from cuMemPoolCreate / cuDeviceGet(Default)MemPool,
- * so pool allocations are charged to the pool's device (small, lock-free) */
-#define POOLMAP 256
-static struct { CUmemoryPool pool; int dev; } g_pools[POOLMAP];
-static void pool_note(CUmemoryPool pool, int dev) {
-    if (!pool || dev < 0 || dev >= VG_MAXDEV) return;
-    uint32_t h = (uint32_t)(((uintptr_t)pool >> 4) * 2654435761u) % POOLMAP;
-    for (int k = 0; k < POOLMAP; k++) {
-        uint32_t i = (h + (uint32_t)k) % POOLMAP;
-        CUmemoryPool cur = __atomic_load_n(&g_pools[i].pool, __ATOMIC_ACQUIRE);
-        if (cur == pool) { g_pools[i].dev = dev; return; }
-        if (!cur) {
-            g_pools[i].dev = dev;
-            CUmemoryPool z = NULL;
-            if (__atomic_compare_exchange_n(&g_pools[i].pool, &z, pool, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED)) return;
-        }
-    }
-}
-static int pool_dev(CUmemoryPool pool) {
-    uint32_t h = (uint32_t)(((uintptr_t)pool >> 4) * 2654435761u) % POOLMAP;
-    for (int k = 0; k < POOLMAP; k++) {
-        uint32_t i = (h + (uint32_t)k) % POOLMAP;
-        CUmemoryPool cur = __atomic_load_n(&g_pools[i].pool, __ATOMIC_ACQUIRE);
-        if (cur == pool) return g_pools[i].dev;
-        if (!cur) break;
-    }
-    return cur_dev();
-}
-VG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
-    ENTER();
-    REAL_OR_MISSING(cuMemPoolCreate);
-    CUresult r = CU_REAL(cuMemPoolCreate)(pool, props);
-    if (r == CUDA_SUCCESS && pool && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-        pool_note(*pool, vg_dev(props->location.id));
-    return r;
-}
-VG_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
-    ENTER();
-    REAL_OR_MISSING(cuMemPoolDestroy);
-    return CU_REAL(cuMemPoolDestroy)(pool); /* the map entry stays (pool handles are not reused in practice) */
-}
-VG_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
-    ENTER();
-    REAL_OR_MISSING(cuDeviceGetMemPool);
-    CUresult r = CU_REAL(cuDeviceGetMemPool)(pool, dev);
-    if (r == CUDA_SUCCESS && pool) pool_note(*pool, vg_dev(dev));
-    return r;
-}
-VG_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
-    ENTER();
-    REAL_OR_MISSING(cuDeviceGetDefaultMemPool);
-    CUresult r = CU_REAL(cuDeviceGetDefaultMemPool)(pool, dev);
-    if (r == CUDA_SUCCESS && pool) pool_note(*pool, vg_dev(dev));
-    return r;
-}
-
-static CUresult c_async(CUdeviceptr *p, size_t n, void *s, void *b) {
-    (void)b; return CU_REAL(cuMemAllocAsync)(p, n, (CUstream)s);
-}
-static CUresult c_async_ptsz(CUdeviceptr *p, size_t n, void *s, void *b) {
-    (void)b; return CU_REAL(cuMemAllocAsync_ptsz)(p, n, (CUstream)s);
-}
-static CUresult c_pool(CUdeviceptr *p, size_t n, void *pool, void *s) {
-    return CU_REAL(cuMemAllocFromPoolAsync)(p, n, (CUmemoryPool)pool, (CUstream)s);
-}
-static CUresult c_pool_ptsz(CUdeviceptr *p, size_t n, void *pool, void *s) {
-    return CU_REAL(cuMemAllocFromPoolAsync_ptsz)(p, n, (CUmemoryPool)pool, (CUstream)s);
-}
-VG_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s) {
-    ENTER();
-    REAL_OR_MISSING(cuMemAllocAsync);
-    if (!size) return CU_REAL(cuMemAllocAsync)(dptr, size, s);
-    return alloc_dptr("cuMemAllocAsync", dptr, size, cur_dev(), c_async, s, NULL);
-}
-VG_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) {
-    ENTER();
-    REAL_OR_MISSING(cuMemAllocAsync_ptsz);
-    if (!size) return CU_REAL(cuMemAllocAsync_ptsz)(dptr, size, s);
-    return alloc_dptr("cuMemAllocAsync", dptr, size, cur_dev(), c_async_ptsz, s, NULL);
-}
-VG_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
-    ENTER();
-    REAL_OR_MISSING(cuMemAllocFromPoolAsync);
-    if (!size) return CU_REAL(cuMemAllocFromPoolAsync)(dptr, size, pool, s);
-    return alloc_dptr("cuMemAllocFromPoolAsync", dptr, size, pool_dev(pool), c_pool, pool, s);
-}
-VG_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CUstream s) {
-    ENTER();
-    REAL_OR_MISSING(cuMemAllocFromPoolAsync_ptsz);
-    if (!size) return CU_REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, size, pool, s);
-    return alloc_dptr("cuMemAllocFromPoolAsync", dptr, size, pool_dev(pool), c_pool_ptsz, pool, s);
-}
 VG_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) {
     ENTER();
     REAL_OR_MISSING(cuMemFreeAsync);
@@ -495,6 +451,9 @@ VG_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
 VG_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     ENTER();
     REAL_OR_MISSING(cuMemRelease);
+    int mapped;
+    CUresult r = vg_vmm_release(handle, &mapped); /* still mapped: counted until the last unmap */
+    if (mapped) return r;
     FREE_TRACKED(K_VMM, handle, CU_REAL(cuMemRelease)(handle));
 }
 
@@ -697,11 +656,11 @@ VG_EXPORT CUresult cuGraphLaunch(void *g, CUstream s) {
     ENTER();
     REAL_OR_MISSING(cuGraphLaunch);
     pre_launch(1);
-    return CU_REAL(cuGraphLaunch)(g, s);
+    return vg_graph_launch(g, s, 0); /* graph memory nodes: graphs.c */
 }
 VG_EXPORT CUresult cuGraphLaunch_ptsz(void *g, CUstream s) {
     ENTER();
     REAL_OR_MISSING(cuGraphLaunch_ptsz);
     pre_launch(1);
-    return CU_REAL(cuGraphLaunch_ptsz)(g, s);
+    return vg_graph_launch(g, s, 1); /* graph memory nodes: graphs.c */
 }

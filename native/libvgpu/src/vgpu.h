@@ -162,10 +162,13 @@ static inline void vg_unreserve(int dev, uint64_t bytes, int cat) {
     X(cuCtxCreate_v2) X(cuCtxCreate_v3) X(cuCtxCreate_v4) X(cuCtxDestroy_v2) X(cuLaunchKernel)            \
     X(cuLaunchKernel_ptsz) X(cuLaunchKernelEx) X(cuLaunchKernelEx_ptsz) X(cuLaunchCooperativeKernel)      \
     X(cuLaunchCooperativeKernel_ptsz) X(cuGraphLaunch) X(cuGraphLaunch_ptsz) X(cuMemPoolCreate)            \
-    X(cuMemPoolDestroy) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool)
+    X(cuMemPoolDestroy) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool) X(cuMemMap) X(cuMemUnmap)         \
+    X(cuMemPoolTrimTo) X(cuMemPoolSetAttribute) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz)        \
+    X(cuCtxSynchronize) X(cuGraphAddMemAllocNode) X(cuGraphInstantiateWithFlags) X(cuGraphInstantiate_v2)        \
+    X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuDeviceGraphMemTrim) X(cuEventSynchronize)
 #define VG_CUDA_HELPERS(X)                                                                                 \
     X(cuCtxGetDevice) X(cuDeviceGetCount) X(cuDeviceGetAttribute) X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2)   \
-    X(cuDeviceGetPCIBusId)
+    X(cuDeviceGetPCIBusId) X(cuMemPoolGetAttribute) X(cuDeviceGetGraphMemAttribute)
 
 #define VG_ENUM(n) VGC_##n,
 enum { VG_CUDA_HOOKS(VG_ENUM) VGC_NHOOKS, VGC_BASE_ = VGC_NHOOKS - 1, VG_CUDA_HELPERS(VG_ENUM) VGC_NALL };
@@ -215,6 +218,23 @@ static inline int vg_dev(int ord) {
     int v = __atomic_load_n(&vg_c2i[ord], __ATOMIC_ACQUIRE);
     return LIKELY(v > 0) ? v - 1 : vg_dev_slow(ord);
 }
+
+/* ------------------------------------- allocation paths (cuda.c, vmm.c, pools.c) */
+VG_HIDDEN CUresult vg_cuda_enter(void);   /* the hooks' entry gate; 0 = go on */
+#define VG_ENTER() do { CUresult e_ = vg_cuda_enter(); if (UNLIKELY(e_)) return e_; } while (0)
+VG_HIDDEN int vg_cur_ord(void);           /* CUDA ordinal of the current context (0 without one) */
+VG_HIDDEN int vg_vmm_park(uint64_t handle, uint64_t k);
+VG_HIDDEN void vg_vmm_unpark(uint64_t k, uint64_t handle);
+VG_HIDDEN void vg_vmm_drop(uint64_t k);
+VG_HIDDEN void vg_charge_data(int dev, uint64_t bytes, int sign);
+/* cuMemRelease of a mapped handle (*mapped = 1; the result) or nothing (*mapped = 0) */
+VG_HIDDEN CUresult vg_vmm_release(uint64_t handle, int *mapped);
+VG_HIDDEN void vg_vmm_fork_child(void);
+VG_HIDDEN void vg_pools_sync_all(void);
+VG_HIDDEN void vg_pools_fork_child(void);
+VG_HIDDEN void vg_graphs_sync_all(void);
+VG_HIDDEN void vg_graphs_fork_child(void);
+VG_HIDDEN CUresult vg_graph_launch(void *exec, CUstream s, int ptsz);
 
 /* --------------------------------------------------------------- limiter */
 VG_HIDDEN extern volatile int vg_limiter_on;   /* some device has 0<sm<100 and host pid known */

@@ -26,6 +26,13 @@ static uint32_t hsh(uint64_t k) {
     return (uint32_t)k & (TAB_SIZE - 1);
 }
 
+static int tab_find(uint64_t key, uint64_t *size, int *dev) {
+    if (!g_tab || key == 0) return 0;
+    for (uint32_t i = hsh(key);; i = (i + 1) & (TAB_SIZE - 1)) {
+        if (g_tab[i].key == 0) return 0;
+        if (g_tab[i].key == key) { *size = g_tab[i].size; *dev = g_tab[i].dev; return 1; }
+    }
+}
 static void tab_put(uint64_t key, uint64_t size, int dev) {
     if (!g_tab) g_tab = calloc(TAB_SIZE, sizeof(ent_t));
     for (uint32_t i = hsh(key);; i = (i + 1) & (TAB_SIZE - 1))
@@ -56,7 +63,11 @@ static int tab_take(uint64_t key, uint64_t *size, int *dev) {
 }
 
 /* a forked child starts without contexts, as with the real driver */
+static void stub_mem_fork_child(void);
+static void stub_graph_fork_child(void);
 static void stub_fork_child(void) {
+    stub_mem_fork_child();
+    stub_graph_fork_child();
     memset(g_primary_refs, 0, sizeof g_primary_refs);
     t_cur = NULL;
     pthread_mutex_init(&g_mu, NULL);
@@ -98,6 +109,8 @@ static CUresult free_common(uint64_t key) {
     return CUDA_SUCCESS;
 }
 
+#include "stub_mem.h"
+
 EXPORT CUresult cuInit(unsigned int flags) { (void)flags; st_me(); return CUDA_SUCCESS; }
 EXPORT CUresult cuDriverGetVersion(int *v) { if (!v) return CUDA_ERROR_INVALID_VALUE; *v = 12040; return CUDA_SUCCESS; }
 EXPORT CUresult cuDeviceGetCount(int *c) { *c = st_ncvis(); return CUDA_SUCCESS; }
@@ -134,21 +147,6 @@ EXPORT CUresult cuDeviceGetPCIBusId(char *id, int len, CUdevice dev) {
     if (dev < 0 || dev >= st_ncvis()) return CUDA_ERROR_INVALID_DEVICE;
     snprintf(id, (size_t)len, "0000:%02x:00.0", st_cphys(dev) + 1);
     return CUDA_SUCCESS;
-}
-EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
-    *pool = (CUmemoryPool)(uintptr_t)(0x9000 + dev); return CUDA_SUCCESS;
-}
-EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) { return cuDeviceGetMemPool(pool, dev); }
-EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *p) {
-    if (!pool || !p || p->location.type != CU_MEM_LOCATION_TYPE_DEVICE || p->location.id < 0 ||
-        p->location.id >= st_ncvis())
-        return CUDA_ERROR_INVALID_VALUE;
-    *pool = (CUmemoryPool)(uintptr_t)(0x9000 + p->location.id);
-    return CUDA_SUCCESS;
-}
-EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) { (void)pool; return CUDA_SUCCESS; }
-EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
-    (void)pool; (void)attr; *(cuuint64_t *)value = 0; return CUDA_SUCCESS;
 }
 
 static void ctx_charge(int dev, int delta) {
@@ -219,7 +217,11 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *fr, size_t *tot) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { return alloc_common(p, n, cur_dev()); }
-EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { if (!p) return CUDA_SUCCESS; return free_common(p); }
+static int graph_free(uint64_t dptr);
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
+    if (!p || graph_free(p)) return CUDA_SUCCESS; /* a graph allocation goes back to the graph pool */
+    return free_common(p);
+}
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h, unsigned int es) {
     if (es != 4 && es != 8 && es != 16) return CUDA_ERROR_INVALID_VALUE;
     size_t pt = (w + 511) & ~(size_t)511;
@@ -228,35 +230,6 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size
     return r;
 }
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned int f) { (void)f; return alloc_common(p, n, cur_dev()); }
-EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) { (void)s; return alloc_common(p, n, cur_dev()); }
-EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { (void)s; return alloc_common(p, n, cur_dev()); }
-EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return free_common(p); }
-EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { (void)s; return free_common(p); }
-EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) {
-    (void)s; uintptr_t v = (uintptr_t)pool;
-    int dev = (v >= 0x9000 && v < 0x9000 + STUB_MAXDEV) ? (int)(v - 0x9000) : cur_dev();
-    return alloc_common(p, n, dev);
-}
-EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) {
-    return cuMemAllocFromPoolAsync(p, n, pool, s);
-}
-EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *prop,
-                            unsigned long long flags) {
-    (void)flags;
-    if (!h || !prop || n == 0) return CUDA_ERROR_INVALID_VALUE;
-    uint64_t key = atomic_fetch_add(&st_get()->next_handle, 1) | (1ull << 62);
-    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
-        if (prop->location.id < 0 || prop->location.id >= st_ncvis()) return CUDA_ERROR_INVALID_DEVICE;
-        CUresult r = charge(prop->location.id, n);
-        if (r) return r;
-        pthread_mutex_lock(&g_mu); tab_put(key, n, prop->location.id); pthread_mutex_unlock(&g_mu);
-    } else {
-        pthread_mutex_lock(&g_mu); tab_put(key, 0, 0); pthread_mutex_unlock(&g_mu);
-    }
-    *h = key;
-    return CUDA_SUCCESS;
-}
-EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return free_common(h); }
 
 static size_t fmt_bytes(int f) {
     switch (f) {
@@ -333,8 +306,7 @@ EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy
                                           unsigned by, unsigned bz, unsigned sm, CUstream st, void **pa) {
     return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sm, st, pa, NULL);
 }
-EXPORT CUresult cuGraphCreate(void **g, unsigned int f) { (void)f; *g = (void *)0x6a; return CUDA_SUCCESS; }
-EXPORT CUresult cuGraphLaunch(void *g, CUstream s) { (void)g; (void)s; return launch(1); }
+#include "stub_graph.h"
 EXPORT CUresult cuGetExportTable(const void **t, const void *id) { (void)t; (void)id; return CUDA_ERROR_NOT_SUPPORTED; }
 
 /* test helpers (not part of the driver API) */
@@ -377,13 +349,28 @@ static const proc_t g_procs[] = {
     PT("cuMemFreeAsync", 11020, cuMemFreeAsync_ptsz), P("cuMemFreeAsync", 11020, cuMemFreeAsync),
     PT("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync_ptsz), P("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync),
     P("cuMemCreate", 10020, cuMemCreate), P("cuMemRelease", 10020, cuMemRelease),
+    P("cuMemAddressReserve", 10020, cuMemAddressReserve), P("cuMemAddressFree", 10020, cuMemAddressFree),
+    P("cuMemMap", 10020, cuMemMap), P("cuMemUnmap", 10020, cuMemUnmap),
+    P("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle),
+    P("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle),
+    P("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle), P("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2),
+    P("cuIpcOpenMemHandle", 4010, cuIpcOpenMemHandle), P("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle),
+    P("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute), P("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),
+    PT("cuStreamSynchronize", 7000, cuStreamSynchronize_ptsz), P("cuStreamSynchronize", 2000, cuStreamSynchronize),
+    P("cuCtxSynchronize", 2000, cuCtxSynchronize), P("cuEventSynchronize", 2000, cuEventSynchronize),
     P("cuArrayCreate", 3020, cuArrayCreate_v2), P("cuArray3DCreate", 3020, cuArray3DCreate_v2),
     P("cuArrayDestroy", 2000, cuArrayDestroy), P("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
     P("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
     PT("cuLaunchKernel", 7000, cuLaunchKernel_ptsz), P("cuLaunchKernel", 4000, cuLaunchKernel),
     PT("cuLaunchKernelEx", 11060, cuLaunchKernelEx_ptsz), P("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
     P("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
-    P("cuGraphCreate", 10000, cuGraphCreate), P("cuGraphLaunch", 10000, cuGraphLaunch),
+    P("cuGraphCreate", 10000, cuGraphCreate), P("cuGraphDestroy", 10000, cuGraphDestroy),
+    PT("cuGraphLaunch", 10000, cuGraphLaunch_ptsz), P("cuGraphLaunch", 10000, cuGraphLaunch),
+    P("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode), P("cuGraphAddMemFreeNode", 11040, cuGraphAddMemFreeNode),
+    P("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+    P("cuGraphInstantiate", 11000, cuGraphInstantiate_v2), P("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
+    P("cuDeviceGraphMemTrim", 11040, cuDeviceGraphMemTrim),
+    P("cuDeviceGetGraphMemAttribute", 11040, cuDeviceGetGraphMemAttribute),
     P("cuGetExportTable", 3000, cuGetExportTable),
 };
 

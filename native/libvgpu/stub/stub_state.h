@@ -57,6 +57,7 @@
 #define STUB_MAXDEV 16
 #define STUB_MAXPROC 32
 #define STUB_RING 2048
+#define STUB_MAXOBJ 256
 
 typedef struct {
     uint64_t start_ns, end_ns; /* CLOCK_REALTIME */
@@ -74,6 +75,17 @@ typedef struct {
     stub_busy_t ring[STUB_RING];
 } stub_proc_t;
 
+/* a virtual-memory allocation (cuMemCreate) that can be shared between processes
+ * (stub_mem.h): alive while refs > 0; its bytes are charged to the creating process's
+ * record, or to orphan_mem once the creator holds no reference any more */
+typedef struct {
+    _Atomic uint64_t id;     /* 0 = free entry */
+    uint64_t size;
+    int32_t phys, creator;   /* physical device, record index of the creator */
+    _Atomic int32_t refs;    /* handles (created or imported) and mappings, all processes */
+    _Atomic int32_t orphan;
+} stub_obj_t;
+
 typedef struct {
     uint32_t magic;
     int32_t ndev;
@@ -85,6 +97,8 @@ typedef struct {
     _Atomic int32_t next_hostpid;
     int32_t pad_;
     stub_proc_t procs[STUB_MAXPROC];
+    stub_obj_t objs[STUB_MAXOBJ];
+    _Atomic uint64_t orphan_mem[STUB_MAXDEV];
 } stub_state_t;
 
 static stub_state_t *g_st;
@@ -379,6 +393,6 @@ static uint64_t st_dev_used(int dev, int check_alive) {
         }
         used += atomic_load(&s->procs[i].mem[dev]);
     }
-    return used;
+    return used + atomic_load(&s->orphan_mem[dev]);
 }
 #endif

@@ -60,7 +60,12 @@ int main(int argc, char **argv) {
 
     const char *hooked[] = {"cuInit", "cuMemAlloc", "cuMemFree", "cuMemGetInfo", "cuMemAllocManaged",
                             "cuMemAllocPitch", "cuMemAllocAsync", "cuMemCreate", "cuMemRelease",
-                            "cuLaunchKernel", "cuDevicePrimaryCtxRetain", "cuCtxCreate", "cuDeviceTotalMem", NULL};
+                            "cuLaunchKernel", "cuDevicePrimaryCtxRetain", "cuCtxCreate", "cuDeviceTotalMem",
+                            "cuMemMap", "cuMemUnmap", "cuMemAllocFromPoolAsync", "cuMemPoolTrimTo",
+                            "cuMemPoolSetAttribute", "cuMemPoolDestroy", "cuStreamSynchronize", "cuEventSynchronize",
+                            "cuCtxSynchronize", "cuGraphAddMemAllocNode", "cuGraphInstantiate",
+                            "cuGraphInstantiateWithFlags", "cuGraphExecDestroy", "cuGraphDestroy",
+                            "cuDeviceGraphMemTrim", "cuGraphLaunch", NULL};
     for (int i = 0; hooked[i]; i++) {
         void *fn = get(hooked[i], 0, &r, &st);
         CHECK(r == 0 && !strcmp(owner(fn), "vgpu"), "%s -> r=%d %s", hooked[i], r, owner(fn));

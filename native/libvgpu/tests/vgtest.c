@@ -8,7 +8,7 @@
  *   noctx                no current context (a bare worker thread)
  *   ctx N                cuCtxCreate on device N (kept on the object stack)
  *   alloc KIND BYTES RC  allocate; KIND: mem pitch managed async async_ptsz
- *                        pool pool1 vmm vmm1 vmm_host vmm_badid array array3d
+ *                        pool pool1 cpool vmm vmm1 vmm_host vmm_badid array array3d
  *                        mipmap ctx
  *                        expect return code RC (0 ok, 2 OOM, -1 any); keep the object
  *   free                 free the newest object (expect 0)
@@ -33,6 +33,7 @@
  *   race N BYTES         N threads allocate BYTES at once; print "race SUCCESSES"
  *                        (objects kept)
  *   uid                  print "uid N" (getuid; used with a preloaded interposer)
+ * and the commands of vgpat.h (pools, VMM mappings and sharing, CUDA IPC)
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -44,7 +45,7 @@
 #include <unistd.h>
 #include "vgpu_api.h"
 
-typedef struct { char kind[16]; uint64_t h; } obj_t;
+typedef struct { char kind[16]; uint64_t h, va, size; } obj_t;
 static obj_t objs[4096];
 static int nobj;
 
@@ -59,6 +60,7 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+static CUmemoryPool g_cpool; /* vgpat.h: poolmk / pooldestroy */
 static CUresult do_alloc(const char *kind, size_t n, uint64_t *h) {
     CUdeviceptr p = 0;
     CUresult r;
@@ -72,6 +74,8 @@ static CUresult do_alloc(const char *kind, size_t n, uint64_t *h) {
         cuCtxGetDevice(&d);
         cuDeviceGetMemPool(&pool, d);
         r = cuMemAllocFromPoolAsync(&p, n, pool, NULL);
+    } else if (!strcmp(kind, "cpool")) {
+        r = cuMemAllocFromPoolAsync(&p, n, g_cpool, NULL);
     } else if (!strcmp(kind, "pool1")) {
         /* an explicit pool on device 1, whatever the current device */
         CUmemPoolProps pp;
@@ -133,8 +137,11 @@ static CUresult do_alloc(const char *kind, size_t n, uint64_t *h) {
 
 static CUresult do_free(obj_t *o) {
     const char *k = o->kind;
+    if (!strcmp(k, "ipc")) return cuIpcCloseMemHandle(o->h);
+    if (!strcmp(k, "gexec")) return cuGraphExecDestroy((void *)(uintptr_t)o->h);
     if (!strcmp(k, "mem") || !strcmp(k, "managed") || !strcmp(k, "pitch")) return cuMemFree_v2(o->h);
-    if (!strcmp(k, "async") || !strcmp(k, "pool") || !strcmp(k, "pool1")) return cuMemFreeAsync(o->h, NULL);
+    if (!strcmp(k, "async") || !strcmp(k, "pool") || !strcmp(k, "pool1") || !strcmp(k, "cpool"))
+        return cuMemFreeAsync(o->h, NULL);
     if (!strcmp(k, "async_ptsz")) return cuMemFreeAsync_ptsz(o->h, NULL);
     if (!strncmp(k, "vmm", 3)) return cuMemRelease(o->h);
     if (!strcmp(k, "array") || !strcmp(k, "array3d")) return cuArrayDestroy((CUarray)(uintptr_t)o->h);
@@ -190,10 +197,13 @@ static void set_dev(int n) {
     cuCtxSetCurrent(c);
 }
 
+#include "vgpat.h"
+
 static int run(int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
         const char *c = argv[i];
-        if (!strcmp(c, "init")) {
+        if (pat_cmd(argc, argv, &i)) {
+        } else if (!strcmp(c, "init")) {
             CUresult r = cuInit(0);
             if (r) die("cuInit", r, 0);
             set_dev(0);
@@ -212,6 +222,8 @@ static int run(int argc, char **argv) {
             if (want != -1 && r != want) die("alloc result", r, want);
             if (r == CUDA_SUCCESS) {
                 snprintf(objs[nobj].kind, sizeof objs[nobj].kind, "%s", kind);
+                objs[nobj].va = 0;
+                objs[nobj].size = n;
                 objs[nobj++].h = h;
             }
         } else if (!strcmp(c, "free")) {

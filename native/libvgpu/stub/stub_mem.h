@@ -1,0 +1,397 @@
+/* Stub driver, part 2 (included by stub_cuda.c): the allocation APIs of real
+ * frameworks, modelled as the CUDA driver API reference describes them.
+ *
+ * Virtual memory management
+ *   cuMemCreate allocates device memory (a shared object, stub_state.h); the handle is
+ *   one reference. cuMemAddressReserve / cuMemAddressFree take and give back address
+ *   space only. cuMemMap adds a reference (a mapping), cuMemUnmap drops it.
+ *   cuMemExportToShareableHandle (POSIX file descriptor type only) gives a file
+ *   descriptor naming the object and allocates nothing; cuMemImportFromShareableHandle,
+ *   in any process, gives a new handle that is one more reference. cuMemRelease drops
+ *   the handle's reference (its value may be given to a later handle): "the memory
+ *   allocation will be freed when all outstanding mappings to the memory are unmapped
+ *   and when all outstanding references to the handle (including its shareable
+ *   counterparts) are also released". (The stub's exported descriptor itself holds no
+ *   reference.)
+ * CUDA IPC: stub_ipc.h.
+ * Stream-ordered allocation
+ *   Each device has a default pool (cuDeviceGetMemPool; cuMemPoolCreate makes more). A
+ *   pool reserves device memory as allocations need it and keeps it after
+ *   cuMemFreeAsync; at the next stream, event or context synchronisation it gives back what it
+ *   holds above its release threshold (CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, default 0),
+ *   never what is in use. cuMemPoolTrimTo(pool, keep) gives back unused memory down to
+ *   keep bytes. The attributes RESERVED_MEM_CURRENT / USED_MEM_CURRENT report the two
+ *   figures. The stub reuses freed pool memory for any later allocation of the pool
+ *   (no fragmentation) and grows the pool by exactly what is missing.
+ */
+#ifndef STUB_MEM_H
+#define STUB_MEM_H
+
+#define SM_MAX 4096
+
+/* ------------------------------------------------------ shared VMM objects */
+static int obj_new(uint64_t size, int phys) {
+    stub_state_t *s = st_get();
+    for (int i = 0; i < STUB_MAXOBJ; i++) {
+        uint64_t z = 0, id = atomic_fetch_add(&s->next_handle, 1);
+        if (atomic_compare_exchange_strong(&s->objs[i].id, &z, id)) {
+            s->objs[i].size = size;
+            s->objs[i].phys = phys;
+            s->objs[i].creator = (int)(st_me() - s->procs);
+            atomic_store(&s->objs[i].orphan, 0);
+            atomic_store(&s->objs[i].refs, 1);
+            return i;
+        }
+    }
+    return -1;
+}
+/* drop one reference; free the object (its charge) at zero */
+static void obj_unref(int i) {
+    stub_state_t *s = st_get();
+    stub_obj_t *o = &s->objs[i];
+    if (atomic_fetch_sub(&o->refs, 1) != 1) return;
+    if (atomic_load(&o->orphan)) atomic_fetch_sub(&s->orphan_mem[o->phys], o->size);
+    else atomic_fetch_sub(&s->procs[o->creator].mem[o->phys], o->size);
+    atomic_store(&o->id, 0);
+}
+
+/* this process's references: handles and mappings (obj = shared index) */
+typedef struct { uint64_t key, size; int obj; } sm_ref_t;
+static sm_ref_t g_handles[SM_MAX], g_maps[SM_MAX], g_reserved[SM_MAX];
+static int g_nhandles, g_nmaps, g_nreserved;
+
+/* handle values: a released handle's value is given to the next new handle (LIFO), as
+ * with a driver whose handles are addresses of its own objects */
+static uint64_t g_free_keys[SM_MAX];
+static int g_nfree_keys;
+static uint64_t new_key(void) {
+    if (g_nfree_keys) return g_free_keys[--g_nfree_keys];
+    return atomic_fetch_add(&st_get()->next_handle, 1) | (1ull << 62);
+}
+static void free_key(uint64_t k) { if (g_nfree_keys < SM_MAX) g_free_keys[g_nfree_keys++] = k; }
+
+static int ref_find(sm_ref_t *a, int n, uint64_t key) {
+    for (int i = 0; i < n; i++) if (a[i].key == key) return i;
+    return -1;
+}
+static void ref_del(sm_ref_t *a, int *n, int i) { a[i] = a[--*n]; }
+
+/* the creator drops its last own reference while other processes still hold some:
+ * the bytes stay on the device, charged to no process */
+static void obj_local_last(int obj) {
+    stub_state_t *s = st_get();
+    stub_obj_t *o = &s->objs[obj];
+    if (o->creator != (int)(st_me() - s->procs) || atomic_load(&o->orphan) || atomic_load(&o->refs) <= 1) return;
+    for (int i = 0; i < g_nhandles; i++) if (g_handles[i].obj == obj) return;
+    for (int i = 0; i < g_nmaps; i++) if (g_maps[i].obj == obj) return;
+    atomic_store(&o->orphan, 1);
+    atomic_fetch_sub(&s->procs[o->creator].mem[o->phys], o->size);
+    atomic_fetch_add(&s->orphan_mem[o->phys], o->size);
+}
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *prop,
+                            unsigned long long flags) {
+    (void)flags;
+    if (!h || !prop || n == 0) return CUDA_ERROR_INVALID_VALUE;
+    int dev = -1;
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        if (prop->location.id < 0 || prop->location.id >= st_ncvis()) return CUDA_ERROR_INVALID_DEVICE;
+        dev = prop->location.id;
+    }
+    pthread_mutex_lock(&g_mu);
+    if (g_nhandles >= SM_MAX) { pthread_mutex_unlock(&g_mu); return CUDA_ERROR_OUT_OF_MEMORY; }
+    CUresult r = dev >= 0 ? charge(dev, n) : CUDA_SUCCESS; /* host memory costs the device nothing */
+    int obj = r ? -1 : obj_new(dev >= 0 ? n : 0, dev >= 0 ? st_cphys(dev) : 0);
+    if (!r && obj < 0) { if (dev >= 0) uncharge(dev, n); r = CUDA_ERROR_OUT_OF_MEMORY; }
+    if (!r) {
+        uint64_t key = new_key();
+        g_handles[g_nhandles++] = (sm_ref_t){key, n, obj};
+        *h = key;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+    pthread_mutex_lock(&g_mu);
+    int i = ref_find(g_handles, g_nhandles, h);
+    if (i < 0) { pthread_mutex_unlock(&g_mu); return CUDA_ERROR_INVALID_VALUE; }
+    int obj = g_handles[i].obj;
+    ref_del(g_handles, &g_nhandles, i);
+    free_key(h);
+    obj_local_last(obj);
+    obj_unref(obj);
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
+                                    unsigned long long flags) {
+    (void)align; (void)addr; (void)flags;
+    if (!ptr || !size) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    if (g_nreserved >= SM_MAX) { pthread_mutex_unlock(&g_mu); return CUDA_ERROR_OUT_OF_MEMORY; }
+    uint64_t a = atomic_fetch_add(&g_next_addr, (size + 511) & ~511ull);
+    g_reserved[g_nreserved++] = (sm_ref_t){a, size, -1};
+    pthread_mutex_unlock(&g_mu);
+    *ptr = a;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    pthread_mutex_lock(&g_mu);
+    int i = ref_find(g_reserved, g_nreserved, ptr);
+    CUresult r = i < 0 || g_reserved[i].size != size ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    if (!r) ref_del(g_reserved, &g_nreserved, i);
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+/* a mapping must lie in a reservation and name a live handle of this process */
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                         unsigned long long flags) {
+    (void)flags;
+    pthread_mutex_lock(&g_mu);
+    int hi = ref_find(g_handles, g_nhandles, h), in = 0;
+    for (int i = 0; i < g_nreserved; i++)
+        if (ptr >= g_reserved[i].key && ptr + size <= g_reserved[i].key + g_reserved[i].size) in = 1;
+    CUresult r = CUDA_SUCCESS;
+    if (hi < 0 || !in || !size || offset + size > g_handles[hi].size || ref_find(g_maps, g_nmaps, ptr) >= 0 ||
+        g_nmaps >= SM_MAX)
+        r = CUDA_ERROR_INVALID_VALUE;
+    if (!r) {
+        g_maps[g_nmaps++] = (sm_ref_t){ptr, size, g_handles[hi].obj};
+        atomic_fetch_add(&st_get()->objs[g_handles[hi].obj].refs, 1);
+    }
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    pthread_mutex_lock(&g_mu);
+    int i = ref_find(g_maps, g_nmaps, ptr);
+    if (i < 0 || g_maps[i].size != size) { pthread_mutex_unlock(&g_mu); return CUDA_ERROR_INVALID_VALUE; }
+    int obj = g_maps[i].obj;
+    ref_del(g_maps, &g_nmaps, i);
+    obj_local_last(obj);
+    obj_unref(obj);
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+/* the exported descriptor: a memfd holding (object index, object id) */
+EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, int type,
+                                             unsigned long long flags) {
+    (void)flags;
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&g_mu);
+    int hi = ref_find(g_handles, g_nhandles, h);
+    uint64_t rec[2] = {0, 0};
+    if (hi >= 0) { rec[0] = (uint64_t)g_handles[hi].obj; rec[1] = atomic_load(&st_get()->objs[rec[0]].id); }
+    pthread_mutex_unlock(&g_mu);
+    if (hi < 0) return CUDA_ERROR_INVALID_VALUE;
+    int fd = memfd_create("stub-vmm", 0);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (pwrite(fd, rec, sizeof rec, 0) != (ssize_t)sizeof rec) { close(fd); return CUDA_ERROR_UNKNOWN; }
+    *(int *)out = fd;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os, int type) {
+    if (!h) return CUDA_ERROR_INVALID_VALUE;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    uint64_t rec[2];
+    if (pread((int)(intptr_t)os, rec, sizeof rec, 0) != (ssize_t)sizeof rec || rec[0] >= STUB_MAXOBJ)
+        return CUDA_ERROR_INVALID_VALUE;
+    stub_obj_t *o = &st_get()->objs[rec[0]];
+    pthread_mutex_lock(&g_mu);
+    CUresult r = CUDA_SUCCESS;
+    int32_t refs = atomic_load(&o->refs);
+    /* take a reference only while the object lives */
+    do {
+        if (refs <= 0 || atomic_load(&o->id) != rec[1] || g_nhandles >= SM_MAX) { r = CUDA_ERROR_INVALID_VALUE; break; }
+    } while (!atomic_compare_exchange_weak(&o->refs, &refs, refs + 1));
+    if (!r) {
+        uint64_t key = new_key();
+        g_handles[g_nhandles++] = (sm_ref_t){key, o->size, (int)rec[0]};
+        *h = key;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+#include "stub_ipc.h"
+
+/* ---------------------------------------------------- stream-ordered pools */
+typedef struct { int dev; uint64_t reserved, used, threshold, reserved_hi, used_hi; int live; } stub_pool_t;
+static stub_pool_t g_defpool[STUB_MAXDEV];
+#define SM_POOLS 1024
+static stub_pool_t *g_pools[SM_POOLS];
+static int g_npools;
+typedef struct { uint64_t va, size; stub_pool_t *pool; } sm_palloc_t;
+static sm_palloc_t g_pallocs[SM_MAX];
+static int g_npallocs;
+
+static stub_pool_t *pool_of(CUmemoryPool p) {
+    for (int i = 0; i < STUB_MAXDEV; i++) if ((void *)p == (void *)&g_defpool[i]) return &g_defpool[i];
+    for (int i = 0; i < g_npools; i++) if ((void *)p == (void *)g_pools[i] && g_pools[i]->live) return g_pools[i];
+    return NULL;
+}
+static stub_pool_t *defpool(int dev) {
+    stub_pool_t *p = &g_defpool[dev];
+    p->dev = dev; p->live = 1;
+    return p;
+}
+/* give back unused memory above keep */
+static void pool_shrink(stub_pool_t *p, uint64_t keep) {
+    if (keep < p->used) keep = p->used;
+    if (p->reserved > keep) { uncharge(p->dev, p->reserved - keep); p->reserved = keep; }
+}
+static void pools_sync(void) {
+    for (int i = 0; i < STUB_MAXDEV; i++) if (g_defpool[i].live) pool_shrink(&g_defpool[i], g_defpool[i].threshold);
+    for (int i = 0; i < g_npools; i++) if (g_pools[i]->live) pool_shrink(g_pools[i], g_pools[i]->threshold);
+}
+
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+    if (!pool) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= st_ncvis()) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_mu);
+    *pool = (CUmemoryPool)(void *)defpool(dev);
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) { return cuDeviceGetMemPool(pool, dev); }
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *p) {
+    if (!pool || !p || p->location.type != CU_MEM_LOCATION_TYPE_DEVICE || p->location.id < 0 ||
+        p->location.id >= st_ncvis())
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    if (g_npools >= SM_POOLS) { pthread_mutex_unlock(&g_mu); return CUDA_ERROR_OUT_OF_MEMORY; }
+    stub_pool_t *np = calloc(1, sizeof *np);
+    np->dev = p->location.id; np->live = 1;
+    g_pools[g_npools++] = np;
+    *pool = (CUmemoryPool)(void *)np;
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+/* "If any pointers obtained from this pool haven't been freed ... the function will
+ * return immediately and the resources associated with the pool will be released
+ * automatically once there are no more outstanding allocations": the unused memory goes
+ * back now, each outstanding allocation's as it is freed; the default pool cannot be
+ * destroyed */
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    pthread_mutex_lock(&g_mu);
+    stub_pool_t *p = pool_of(pool);
+    CUresult r = !p || (p >= g_defpool && p < g_defpool + STUB_MAXDEV) ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    if (!r) {
+        pool_shrink(p, 0);
+        p->live = 0; /* its allocations still hold p->used */
+    }
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    stub_pool_t *p = pool_of(pool);
+    CUresult r = p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (p) {
+        cuuint64_t v = 0;
+        switch (attr) {
+        case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: v = p->threshold; break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: v = p->reserved; break;
+        case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: v = p->reserved_hi; break;
+        case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: v = p->used; break;
+        case CU_MEMPOOL_ATTR_USED_MEM_HIGH: v = p->used_hi; break;
+        default: *(int *)value = 1; pthread_mutex_unlock(&g_mu); return CUDA_SUCCESS; /* reuse flags: enabled */
+        }
+        *(cuuint64_t *)value = v;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value) {
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    stub_pool_t *p = pool_of(pool);
+    CUresult r = p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (p && attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD) p->threshold = *(cuuint64_t *)value;
+    else if (p && attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) p->reserved_hi = p->reserved;
+    else if (p && attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH) p->used_hi = p->used;
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+    pthread_mutex_lock(&g_mu);
+    stub_pool_t *p = pool_of(pool);
+    if (p) pool_shrink(p, keep);
+    pthread_mutex_unlock(&g_mu);
+    return p ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+static CUresult pool_alloc(CUdeviceptr *out, size_t n, stub_pool_t *p) {
+    if (!out || !n) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    CUresult r = g_npallocs >= SM_MAX ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+    uint64_t spare = p->reserved - p->used;
+    if (!r && spare < n) {
+        r = charge(p->dev, n - spare);
+        if (!r) p->reserved += n - spare;
+    }
+    if (!r) {
+        p->used += n;
+        if (p->used > p->used_hi) p->used_hi = p->used;
+        if (p->reserved > p->reserved_hi) p->reserved_hi = p->reserved;
+        uint64_t a = atomic_fetch_add(&g_next_addr, (n + 511) & ~511ull);
+        g_pallocs[g_npallocs++] = (sm_palloc_t){a, n, p};
+        *out = a;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+static int graph_free(uint64_t dptr);
+static CUresult pool_free(CUdeviceptr a) {
+    if (graph_free(a)) return CUDA_SUCCESS; /* a graph allocation goes back to the graph pool */
+    pthread_mutex_lock(&g_mu);
+    CUresult r = CUDA_ERROR_INVALID_VALUE;
+    for (int i = 0; i < g_npallocs; i++)
+        if (g_pallocs[i].va == a) {
+            stub_pool_t *pl = g_pallocs[i].pool;
+            pl->used -= g_pallocs[i].size; /* stays reserved until the next synchronisation */
+            if (!pl->live) pool_shrink(pl, 0); /* a destroyed pool gives it back at once */
+            g_pallocs[i] = g_pallocs[--g_npallocs];
+            r = CUDA_SUCCESS;
+            break;
+        }
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
+    (void)s;
+    pthread_mutex_lock(&g_mu);
+    stub_pool_t *pl = defpool(cur_dev());
+    pthread_mutex_unlock(&g_mu);
+    return pool_alloc(p, n, pl);
+}
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { return cuMemAllocAsync(p, n, s); }
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) {
+    (void)s;
+    pthread_mutex_lock(&g_mu);
+    stub_pool_t *pl = pool_of(pool);
+    pthread_mutex_unlock(&g_mu);
+    return pl ? pool_alloc(p, n, pl) : CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) {
+    return cuMemAllocFromPoolAsync(p, n, pool, s);
+}
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return pool_free(p); }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { (void)s; return pool_free(p); }
+EXPORT CUresult cuStreamSynchronize(CUstream s) {
+    (void)s;
+    pthread_mutex_lock(&g_mu); pools_sync(); pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
+EXPORT CUresult cuCtxSynchronize(void) { return cuStreamSynchronize(NULL); }
+EXPORT CUresult cuEventSynchronize(void *ev) { (void)ev; return cuStreamSynchronize(NULL); } /* launches complete at once */
+
+/* a forked child holds none of these */
+static void stub_mem_fork_child(void) {
+    g_nhandles = g_nmaps = g_nreserved = g_nopens = g_npallocs = g_nfree_keys = 0;
+    memset(g_defpool, 0, sizeof g_defpool);
+    for (int i = 0; i < g_npools; i++) g_pools[i]->live = 0;
+}
+#endif

@@ -1,0 +1,198 @@
+/* vgtest commands for the allocation patterns of real frameworks (included by vgtest.c):
+ *   sync                 cuCtxSynchronize
+ *   esync                cuEventSynchronize (of a completed event)
+ *   pool                 print "pool RESERVED USED" of the current device's pool
+ *   poolset BYTES        cuMemPoolSetAttribute(RELEASE_THRESHOLD) on that pool
+ *   pooltrim BYTES       cuMemPoolTrimTo(pool, BYTES)
+ *   poolmk / pooldestroy cuMemPoolCreate on the current device (allocation kind "cpool") /
+ *                        cuMemPoolDestroy of it
+ *   vmap                 reserve address space for the newest (vmm) object and map it
+ *   vrelease             cuMemRelease the newest object's handle, keep its mapping
+ *   vunmap               unmap the newest object (and free its address space); a
+ *                        released one leaves the stack
+ *   vexport              print "fd PID FD" (cuMemExportToShareableHandle, POSIX fd)
+ *   vimport PID FD BYTES RC  cuMemImportFromShareableHandle of /proc/PID/fd/FD (kind vmm,
+ *                        BYTES its size for vmap)
+ *   ipcget               print "ipc HEX" (cuIpcGetMemHandle of the newest object)
+ *   ipcopen HEX RC       cuIpcOpenMemHandle, kept as kind "ipc" (freed by cuIpcCloseMemHandle)
+ *   memfree RC           cuMemFree the newest object's address, expect RC; popped on success
+ *   phys N               print "phys N BYTES": what the stub's device N really holds
+ *   graph BYTES FREE     a graph with one allocation node of BYTES on the current device
+ *                        (FREE 1: and a free node of it), instantiated; kept as kind "gexec"
+ *                        (freed by cuGraphExecDestroy), its allocation's address as va
+ *   glaunch RC           cuGraphLaunch the newest graph, expect RC
+ *   gfree                cuMemFreeAsync the newest graph's allocation
+ *   gtrim                cuDeviceGraphMemTrim of the current device
+ *   gmem                 print "gmem RESERVED USED" (cuDeviceGetGraphMemAttribute)
+ */
+#include <fcntl.h>
+
+unsigned long long stubDeviceUsed(int dev); /* stub test helper */
+
+static CUmemoryPool cur_pool(void) {
+    CUdevice d = 0;
+    CUmemoryPool p = NULL;
+    cuCtxGetDevice(&d);
+    if (cuDeviceGetMemPool(&p, d)) die("cuDeviceGetMemPool", 0, 0);
+    return p;
+}
+static obj_t *top(void) {
+    if (!nobj) die("no object", 0, 0);
+    return &objs[nobj - 1];
+}
+
+/* 1 when argv[*i] was one of these commands */
+static int pat_cmd(int argc, char **argv, int *i) {
+    const char *c = argv[*i];
+    CUresult r;
+    (void)argc;
+    if (!strcmp(c, "sync")) {
+        if ((r = cuCtxSynchronize())) die("cuCtxSynchronize", r, 0);
+    } else if (!strcmp(c, "esync")) {
+        if ((r = cuEventSynchronize(NULL))) die("cuEventSynchronize", r, 0);
+    } else if (!strcmp(c, "pool")) {
+        cuuint64_t res = 0, used = 0;
+        CUmemoryPool p = cur_pool();
+        if (cuMemPoolGetAttribute(p, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &res) ||
+            cuMemPoolGetAttribute(p, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used))
+            die("cuMemPoolGetAttribute", 0, 0);
+        printf("pool %llu %llu\n", res, used);
+    } else if (!strcmp(c, "poolset")) {
+        cuuint64_t v = strtoull(argv[++*i], NULL, 0);
+        if ((r = cuMemPoolSetAttribute(cur_pool(), CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v))) die("poolset", r, 0);
+    } else if (!strcmp(c, "poolmk")) {
+        CUmemPoolProps pp;
+        memset(&pp, 0, sizeof pp);
+        pp.allocType = 1;
+        pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        CUdevice d = 0;
+        cuCtxGetDevice(&d);
+        pp.location.id = d;
+        if ((r = cuMemPoolCreate(&g_cpool, &pp))) die("cuMemPoolCreate", r, 0);
+    } else if (!strcmp(c, "pooldestroy")) {
+        if ((r = cuMemPoolDestroy(g_cpool))) die("cuMemPoolDestroy", r, 0);
+    } else if (!strcmp(c, "pooltrim")) {
+        if ((r = cuMemPoolTrimTo(cur_pool(), strtoull(argv[++*i], NULL, 0)))) die("pooltrim", r, 0);
+    } else if (!strcmp(c, "vmap")) {
+        obj_t *o = top();
+        CUdeviceptr va = 0;
+        if ((r = cuMemAddressReserve(&va, o->size, 0, 0, 0))) die("cuMemAddressReserve", r, 0);
+        o->va = va;
+        if ((r = cuMemMap(o->va, o->size, 0, o->h, 0))) die("cuMemMap", r, 0);
+    } else if (!strcmp(c, "vrelease")) {
+        obj_t *o = top();
+        if ((r = cuMemRelease(o->h))) die("cuMemRelease", r, 0);
+        o->h = 0;
+    } else if (!strcmp(c, "vunmap")) {
+        obj_t *o = top();
+        if ((r = cuMemUnmap(o->va, o->size))) die("cuMemUnmap", r, 0);
+        if ((r = cuMemAddressFree(o->va, o->size))) die("cuMemAddressFree", r, 0);
+        o->va = 0;
+        if (!o->h) nobj--;
+    } else if (!strcmp(c, "vexport")) {
+        int fd = -1;
+        if ((r = cuMemExportToShareableHandle(&fd, top()->h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)))
+            die("cuMemExportToShareableHandle", r, 0);
+        printf("fd %d %d\n", (int)getpid(), fd);
+    } else if (!strcmp(c, "vimport")) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%s/fd/%s", argv[*i + 1], argv[*i + 2]);
+        uint64_t size = strtoull(argv[*i + 3], NULL, 0);
+        int want = atoi(argv[*i + 4]);
+        *i += 4;
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) die("open exported fd", 0, 0);
+        CUmemGenericAllocationHandle h = 0;
+        r = cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        close(fd);
+        printf("import -> %d\n", r);
+        if (r != want) die("import result", r, want);
+        if (!r) {
+            obj_t *o = &objs[nobj++];
+            memset(o, 0, sizeof *o);
+            snprintf(o->kind, sizeof o->kind, "vmm");
+            o->h = h;
+            o->size = size;
+        }
+    } else if (!strcmp(c, "ipcget")) {
+        CUipcMemHandle h;
+        if ((r = cuIpcGetMemHandle(&h, top()->h))) die("cuIpcGetMemHandle", r, 0);
+        printf("ipc ");
+        for (size_t k = 0; k < sizeof h.reserved; k++) printf("%02x", (unsigned char)h.reserved[k]);
+        printf("\n");
+    } else if (!strcmp(c, "ipcopen")) {
+        const char *hex = argv[++*i];
+        int want = atoi(argv[++*i]);
+        CUipcMemHandle h;
+        memset(&h, 0, sizeof h);
+        for (size_t k = 0; k < sizeof h.reserved && hex[2 * k] && hex[2 * k + 1]; k++) {
+            unsigned v;
+            sscanf(hex + 2 * k, "%2x", &v);
+            h.reserved[k] = (char)v;
+        }
+        CUdeviceptr p = 0;
+        r = cuIpcOpenMemHandle_v2(&p, h, 1);
+        printf("ipcopen -> %d\n", r);
+        if (r != want) die("ipcopen result", r, want);
+        if (!r) {
+            obj_t *o = &objs[nobj++];
+            memset(o, 0, sizeof *o);
+            snprintf(o->kind, sizeof o->kind, "ipc");
+            o->h = p;
+        }
+    } else if (!strcmp(c, "phys")) {
+        int d = atoi(argv[++*i]);
+        printf("phys %d %llu\n", d, stubDeviceUsed(d));
+    } else if (!strcmp(c, "graph")) {
+        size_t n = strtoull(argv[++*i], NULL, 0);
+        int with_free = atoi(argv[++*i]);
+        CUdevice d = 0;
+        cuCtxGetDevice(&d);
+        void *g = NULL, *node = NULL, *fnode = NULL, *exec = NULL;
+        CUDA_MEM_ALLOC_NODE_PARAMS prm;
+        memset(&prm, 0, sizeof prm);
+        prm.poolProps.allocType = 1;
+        prm.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prm.poolProps.location.id = d;
+        prm.bytesize = n;
+        if ((r = cuGraphCreate(&g, 0))) die("cuGraphCreate", r, 0);
+        if ((r = cuGraphAddMemAllocNode(&node, g, NULL, 0, &prm))) die("cuGraphAddMemAllocNode", r, 0);
+        if (with_free && (r = cuGraphAddMemFreeNode(&fnode, g, &node, 1, prm.dptr))) die("cuGraphAddMemFreeNode", r, 0);
+        if ((r = cuGraphInstantiateWithFlags(&exec, g, 0))) die("cuGraphInstantiate", r, 0);
+        if ((r = cuGraphDestroy(g))) die("cuGraphDestroy", r, 0);
+        obj_t *o = &objs[nobj++];
+        memset(o, 0, sizeof *o);
+        snprintf(o->kind, sizeof o->kind, "gexec");
+        o->h = (uint64_t)(uintptr_t)exec;
+        o->va = prm.dptr;
+        o->size = n;
+    } else if (!strcmp(c, "glaunch")) {
+        int want = atoi(argv[++*i]);
+        r = cuGraphLaunch((void *)(uintptr_t)top()->h, NULL);
+        printf("glaunch -> %d\n", r);
+        if (r != want) die("glaunch result", r, want);
+    } else if (!strcmp(c, "gfree")) {
+        if ((r = cuMemFreeAsync(top()->va, NULL))) die("gfree", r, 0);
+    } else if (!strcmp(c, "gtrim")) {
+        CUdevice d = 0;
+        cuCtxGetDevice(&d);
+        if ((r = cuDeviceGraphMemTrim(d))) die("gtrim", r, 0);
+    } else if (!strcmp(c, "gmem")) {
+        CUdevice d = 0;
+        cuuint64_t res = 0, used = 0;
+        cuCtxGetDevice(&d);
+        if (cuDeviceGetGraphMemAttribute(d, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &res) ||
+            cuDeviceGetGraphMemAttribute(d, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used))
+            die("cuDeviceGetGraphMemAttribute", 0, 0);
+        printf("gmem %llu %llu\n", res, used);
+    } else if (!strcmp(c, "memfree")) {
+        int want = atoi(argv[++*i]);
+        r = cuMemFree_v2(top()->h);
+        printf("memfree -> %d\n", r);
+        if (r != want) die("memfree result", r, want);
+        if (!r) nobj--;
+    } else {
+        return 0;
+    }
+    return 1;
+}
