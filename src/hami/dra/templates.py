@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hami.core import isolation
-from hami.dra import booking
+from hami.dra import booking, bounds
 from hami.dra.signedspecs import (
     NAME_PREFIX,
     SIGNATURE_ANNOTATION,
@@ -170,7 +170,15 @@ class TemplateReconciler:
         if problems:  # the webhook refuses these; it did not see this pod
             signed, why = None, ("the pod breaks the rules for GPU pods (created while the "
                                  "webhook was down?): " + isolation.message(problems))
-        for name in missing_templates(pod):
+        wanted = missing_templates(pod)
+        too_many = bounds.claims_denial(pod)
+        if too_many and wanted:  # no read per name: one Event, every name remembered
+            out[wanted[0]] = self._refuse(meta, namespace, wanted[0], too_many)
+            signature = _signature(meta)
+            self._reported.setdefault(str(meta.get("uid") or ""), {}).update(
+                dict.fromkeys(wanted, signature))
+            return dict.fromkeys(wanted, out[wanted[0]])
+        for name in wanted:
             ours = (signed or {}).get(name)
             existing = await self._get(namespace, name)
             if existing is None:
