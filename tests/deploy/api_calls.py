@@ -96,6 +96,13 @@ CALLS: dict[str, tuple[Call, ...]] = {
              where=("hami.dra.cache:DraObjects._run", "hami.dra.webhook:DraWebhook.namespace_ledger",
                     "hami.dra.prioritize:DraPrioritizer.__call__")),
         Call("watch", "resourceclaims", _DRA, when="dra", where=("hami.dra.cache:DraObjects._run",)),
+        # the namespace quota's reservations across replicas: hami-dra-quota-<namespace>
+        Call("get", "leases", "coordination.k8s.io", scope="release", when="dra",
+             where=("hami.dra.reservations:QuotaReservations._lease",)),
+        Call("create", "leases", "coordination.k8s.io", scope="release", when="dra",
+             where=("hami.dra.reservations:QuotaReservations._lease",)),
+        Call("update", "leases", "coordination.k8s.io", scope="release", when="dra",
+             where=("hami.dra.reservations:QuotaReservations.reserve",)),
     ),
     # device plugin and monitor
     DEVICE_PLUGIN: (
@@ -162,6 +169,7 @@ NOT_IN_CHART = {
     "hami.dra.node:SlicePublisher.invalidate": "no request",
     "hami.dra.templates:TemplateReconciler.observe": "no request: starts reconcile",
     "hami.dra.templates:TemplateReconciler.stop": "no request",
+    "hami.dra.reservations:QuotaReservations.lease_name": "no request",
     f"{_AGENT}.devices": "no request: discovery",
     f"{_AGENT}.uuids": "no request: discovery",
     f"{_AGENT}.health_loop": "no request: NVML health events",
@@ -184,7 +192,9 @@ API_MODULES = {"hami.kube": ("Kube",), "hami.deviceplugin.kube": ("KubeApi",),
                "hami.certgen": (), "hami.dra.node": ("SlicePublisher", "DraAgent", "NodeCordonWatch"),
                "hami.dra.cache": ("DraObjects",), "hami.dra.webhook": ("DraWebhook",),
                "hami.dra.templates": ("TemplateReconciler",),
-               "hami.dra.prioritize": ("DraPrioritizer",)}
+               "hami.dra.prioritize": ("DraPrioritizer",),
+               "hami.dra.namedclaims": (),  # reads through DraWebhook; handles ApiError
+               "hami.dra.reservations": ("QuotaReservations",)}
 OUTSIDE_CHART = {"hami.top": "hami top runs with the user's kubeconfig (list nodes, pods, "
                              "resourcequotas, resourceslices, resourceclaims)",
                  "hami.kubehttp": "builds the API layer's HTTP transports (keepalive, watch "

@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hami.api import names
-from hami.core.model import PERCENT_UNSET
+from hami.core.collapse import pod_charges, total
+from hami.core.model import PERCENT_UNSET, ContainerDevice
 from hami.core.quota import QuotaLedger
 from hami.core.request import RequestError
 from hami.devices.nvidia import NvidiaConfig, container_request, mutate_container
@@ -49,6 +50,9 @@ from hami.dra.slices import DRIVER
 DEVICE_CLASS = DRIVER
 #: Label on the templates the webhook creates.
 TEMPLATE_LABEL = "hami.io/dra-template"
+#: The stand-in card a translated pod's bookings are collapsed on (its cards are not
+#: chosen yet).
+_POD_BOOKING = "dra-pod"
 _SAFE = re.compile(r"^[A-Za-z0-9 ._:/+-]{1,128}$")
 #: Subrequests of one ``firstAvailable`` list (the API's limit): MIG profiles + the card.
 MAX_SUBREQUESTS = 8
@@ -239,7 +243,9 @@ def translate(pod: Mapping[str, Any], config: NvidiaConfig, *,
     offers = list(mig_offers)
     templates: dict[str, dict[str, Any]] = {}
     claims: list[dict[str, str]] = []
-    app_mem = app_cores = init_mem = init_cores = 0
+    # what each container books, on one stand-in card: the core's init-container
+    # collapse then gives HAMi's count (peak of the init containers or sum of the rest)
+    booked: list[tuple[ContainerDevice, ...]] = [() for _ in containers]
     for pos, c in enumerate(containers):
         if not isinstance(c, dict):
             raise TranslateError("container is not an object")
@@ -273,10 +279,8 @@ def translate(pod: Mapping[str, Any], config: NvidiaConfig, *,
                     del values[key]
         resources.setdefault("claims", []).append({"name": claim_ref})
         booked_mem = (memory_mib or whole_card_mib or uniform_memory_mib or 0) * req.nums
-        if pos < n_init:
-            init_mem, init_cores = max(init_mem, booked_mem), max(init_cores, req.cores_percent * req.nums)
-        else:
-            app_mem, app_cores = app_mem + booked_mem, app_cores + req.cores_percent * req.nums
+        booked[pos] = (ContainerDevice(_POD_BOOKING, "", booked_mem,
+                                       req.cores_percent * req.nums),)
     if not claims:
         return None
     spec["resourceClaims"] = claims
@@ -284,7 +288,7 @@ def translate(pod: Mapping[str, Any], config: NvidiaConfig, *,
     if scheduler_name and (not current or (current == names.DEFAULT_SCHEDULER
                                            and overwrite_default_scheduler)):
         spec["schedulerName"] = scheduler_name
-    mem, cores = max(app_mem, init_mem), max(app_cores, init_cores)
+    mem, cores = total(pod_charges(tuple(booked), n_init))
     namespace = str((mutated.get("metadata") or {}).get("namespace") or "default")
     if quota is not None and (mem or cores) and not quota.fits(namespace, mem, cores):
         raise TranslateError(f"exceeding resource quota: namespace {namespace} asks for {mem} "

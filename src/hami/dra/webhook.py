@@ -53,6 +53,7 @@ from hami.dra import booking, bounds, claimquota, namedclaims, signedspecs
 from hami.dra import translate as tr
 from hami.dra.booking import claim_booking
 from hami.dra.cache import DraObjects, card_sizes_mib, mig_offers, published_devices
+from hami.dra.reservations import QuotaReservations
 from hami.dra.templates import read_template
 
 log = logging.getLogger(__name__)
@@ -95,13 +96,18 @@ class DraWebhook:
     ``quota``: the scheduler's namespace quota ledger (limits only are used); ``keys``:
     the key ring that signs the templates' specs on the pod (default: this process's
     key, :func:`hami.dra.signedspecs.process_keys`); the template reconciler must verify
-    with the same keys."""
+    with the same keys. ``deadline_s``: the most one review's API reads may take;
+    ``reservations``: where admitted ResourceClaims are reserved against the namespace
+    quota across replicas (None: each claim is checked against the listed claims only,
+    so claims created in the same instant can overrun the quota)."""
 
     def __init__(self, client: Any, config: SchedulerConfig, fallback: Callable[[bytes], JSON],
                  quota: QuotaLedger | None = None, uniform_memory_mib: int | None = None,
                  keys: signedspecs.Keys | None = None,
-                 deadline_s: float = bounds.REVIEW_DEADLINE_S) -> None:
+                 deadline_s: float = bounds.REVIEW_DEADLINE_S,
+                 reservations: QuotaReservations | None = None) -> None:
         self.client = client
+        self.reservations = reservations
         self.deadline_s = deadline_s
         self.keys = keys if keys is not None else signedspecs.process_keys()
         self.config = config

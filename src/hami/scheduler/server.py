@@ -270,7 +270,12 @@ def dra_parts(engine: Engine, client: Any
         if engine.leader:
             engine.events.emit(pod_meta, reason, message, warning=True)
 
-    webhook = DraWebhook(client, engine.config, engine.admit, engine.state.quota, keys=keys)
+    from hami.dra.reservations import QuotaReservations
+
+    reservations = QuotaReservations(client, engine.settings.pod_namespace
+                                     or engine.settings.leader_elect_resource_namespace)
+    webhook = DraWebhook(client, engine.config, engine.admit, engine.state.quota, keys=keys,
+                         reservations=reservations)
     templates = TemplateReconciler(client, keys, emit)
     engine.pod_observers.append(templates.observe)
     return (webhook, DraPrioritizer(client, engine.settings.node_scheduler_policy),
