@@ -261,14 +261,17 @@ def dra_parts(engine: Engine, client: Any
     ring, or with none configured this process's key."""
     from hami.dra.prioritize import DraPrioritizer
     from hami.dra.signedspecs import Keys, process_keys
-    from hami.dra.templates import TemplateReconciler
+    from hami.dra.templategc import TemplateCollector
+    from hami.dra.templates import TemplateReconciler, refusal_event_name
     from hami.dra.webhook import DraWebhook
 
     keys: Keys = engine.keyring if engine.keyring is not None else process_keys()
 
     def emit(pod_meta: Any, reason: str, message: str) -> None:
-        if engine.leader:
-            engine.events.emit(pod_meta, reason, message, warning=True)
+        # every replica posts it, under a name fixed by the pod and the refusal: the
+        # first post wins, the others (another replica, a restart, a new leader) get 409
+        engine.events.emit(pod_meta, reason, message, warning=True,
+                           name=refusal_event_name(pod_meta, reason, message))
 
     from hami.dra.reservations import QuotaReservations
 
@@ -278,6 +281,13 @@ def dra_parts(engine: Engine, client: Any
                          reservations=reservations)
     templates = TemplateReconciler(client, keys, emit)
     engine.pod_observers.append(templates.observe)
+    idle_s = engine.settings.dra_template_idle.total_seconds()
+    collector = TemplateCollector(client, lambda: engine.leader and engine.synced.is_set(),
+                                  templates.forget, idle_s=idle_s,
+                                  sweep_s=max(1.0, min(30.0, idle_s / 4)))
+    engine.pod_observers.append(collector.observe)
+    templates.collector = collector
+    collector.start()
     return (webhook, DraPrioritizer(client, engine.settings.node_scheduler_policy),
             templates)
 
