@@ -47,6 +47,7 @@ from hami.core.fragmentation import (
 from hami.core.fragmentation.learn import Task
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import quantity
+from hami.dra.fragstate import FragState
 from hami.dra.slices import CORES, DRIVER, MEMORY, MIB
 from hami.dra.translate import SHARED_SUBREQUEST
 from hami.dra.usage import MODE_DRA, dra_nodes
@@ -317,22 +318,19 @@ class DraFragmentation:
         self._running: dict[str, Task] = {}
         self._claims: dict[tuple[str, str], Mapping[str, Any]] = {}
         self._ref_mib = 0
+        self._state = FragState()
 
     def _refresh(self, slices: Iterable[Mapping[str, Any]],
                  claims: Iterable[Mapping[str, Any]], version: Any) -> None:
+        """Per changed object (:class:`hami.dra.fragstate.FragState`): the same cards
+        and running tasks as recomputing :func:`cards` and every pod's task."""
         if version is not None and version == self._version:
             return
-        claim_list = [c for c in claims if isinstance(c, Mapping)]
-        self._cards = cards(slices, claim_list)
-        self._ref_mib = max((c.memory_mib for c in self._cards), default=0)
-        self._claims = {}
-        per_pod: dict[str, list[Request]] = {}
-        for c in claim_list:
-            meta = _map(c.get("metadata"))
-            self._claims[(str(meta.get("namespace") or ""), str(meta.get("name") or ""))] = c
-            if _allocated(c):
-                per_pod.setdefault(_owner_uid(c), []).extend(claim_requests(c))
-        self._running = {uid: task_of(reqs, self._ref_mib) for uid, reqs in per_pod.items()}
+        self._state.refresh(slices, claims)
+        self._cards = self._state.cards()
+        self._ref_mib = self._state.ref_mib
+        self._claims = self._state.by_key
+        self._running = self._state.running
         self._version = version
 
     def __call__(self, pod: Mapping[str, Any], nodes: Sequence[str],
