@@ -177,6 +177,7 @@ NOT_IN_CHART = {
     "hami.dra.reservations:QuotaReservations.lease_name": "no request",
     "hami.dra.templategc:TemplateCollector.observe": "no request: the pod watch",
     "hami.dra.templategc:TemplateCollector.in_use": "no request",
+    "hami.dra.templategc:TemplateCollector.relisted": "no request: the pod relist",
     "hami.dra.templategc:TemplateCollector.start": "no request: starts sweep",
     "hami.dra.templategc:TemplateCollector.stop": "no request",
     "hami.dra.templates:TemplateReconciler.forget": "no request",

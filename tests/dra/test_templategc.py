@@ -120,3 +120,23 @@ def test_the_refusal_event_name_is_fixed_by_pod_and_refusal() -> None:
     assert one != refusal_event_name({**meta, "uid": "u2"}, "DraTemplateRefused", "m")
     assert one != refusal_event_name(meta, "DraTemplateRefused", "other")
     assert len(one) <= 253
+
+
+def test_a_pod_deleted_while_the_watch_was_down_releases_its_templates() -> None:
+    """No DELETED event comes for it: the relist's UIDs tell."""
+    now = [0.0]
+    api = _Api(("ns", NAME))
+    gc = TemplateCollector(api, lambda: True, idle_s=10, clock=lambda: now[0])
+
+    async def scenario() -> None:
+        gc.observe(_pod("p", NAME))
+        gc.observe(_pod("q", NAME))
+        await gc.sweep()
+        gc.relisted({"q"})
+        assert gc.in_use("ns", NAME)
+        gc.relisted(set())
+        assert not gc.in_use("ns", NAME)
+        now[0] += 11
+        assert await gc.sweep() == [("ns", NAME)]
+
+    asyncio.run(scenario())

@@ -89,6 +89,12 @@ class TemplateCollector:
         else:
             self._uses.pop(uid, None)
 
+    def relisted(self, uids: set[Any]) -> None:
+        """After a relist of pods (``uids``: those listed): the pods not listed were
+        deleted while the watch was down and use nothing any more."""
+        for uid in [u for u in self._uses if u not in uids]:
+            self.observe({"metadata": {"uid": uid}}, deleted=True)
+
     def in_use(self, namespace: str, name: str) -> bool:
         """True while a watched pod still needs the template."""
         return (namespace, name) in self._users

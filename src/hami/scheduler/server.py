@@ -286,6 +286,7 @@ def dra_parts(engine: Engine, client: Any
                                   templates.forget, idle_s=idle_s,
                                   sweep_s=max(1.0, min(30.0, idle_s / 4)))
     engine.pod_observers.append(collector.observe)
+    engine.pod_relist_observers.append(collector.relisted)
     templates.collector = collector
     collector.start()
     return (webhook, DraPrioritizer(client, engine.settings.node_scheduler_policy),
