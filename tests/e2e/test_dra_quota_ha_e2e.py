@@ -59,7 +59,7 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             "spec": {"hard": {"limits.nvidia.com/gpumem": str(LIMIT_MIB)}}}))
         tls = Tls(work / "tls")
         replicas = [HamiProcess(cp, tls, work, args=["--dra-mode", "--scheduler-name="],
-                                name=f"hami-{i}").start(wait_ready=False) for i in range(2)]
+                                name=f"hami-{i}").start() for i in range(2)]
         forwarder = RoundRobinForwarder(replicas)
         config = webhook_configuration("hami-quotaha", forwarder.url, tls.ca_pem)
         hook = config["webhooks"][0]
@@ -92,7 +92,10 @@ def _refuses(replica: HamiProcess) -> bool:
                           "kind": {"group": "resource.k8s.io", "version": "v1",
                                    "kind": "ResourceClaim"},
                           "object": _claim("probe", 3 * LIMIT_MIB)}}
-    code, body = replica.post("/webhook", json.dumps(review).encode(), timeout_s=10)
+    try:
+        code, body = replica.post("/webhook", json.dumps(review).encode(), timeout_s=10)
+    except OSError:  # not listening yet
+        return False
     return code == 200 and json.loads(body)["response"]["allowed"] is False
 
 
