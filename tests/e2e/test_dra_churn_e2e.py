@@ -28,7 +28,7 @@ from .hami_harness import HamiProcess, Tls
 pytestmark = pytest.mark.e2e
 
 NS = "churn"
-PODS = 60
+PODS = 200
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,8 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 def test_churn_ends_with_the_object_counts_it_started_with(bed: dict[str, Any]) -> None:
     client = bed["client"]
     before = counts(client, NS)
-    stats = churn(client, NS, PODS, seed=30, batch=20, timeout_s=90)
+    stats = churn(client, NS, PODS, seed=30, batch=25, timeout_s=90)
     assert stats["templates_seen"] > 0, stats  # the pods did get hami templates
     after = wait_counts(client, NS, before, timeout_s=60)
+    print(f"churn: {stats}; before {before}; after {after}")
     assert after == before, (before, after, stats, bed["hami"].log_tail())
