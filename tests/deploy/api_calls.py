@@ -102,6 +102,18 @@ CALLS: dict[str, tuple[Call, ...]] = {
              where=(f"{_KUBE}.review_token",)),
         Call("create", "subjectaccessreviews", _AUTHZ, when="metrics-secure",
              where=(f"{_KUBE}.review_access",)),
+        # the collector of templates no pod needs (label hami.io/dra-template, all namespaces)
+        Call("list", "resourceclaimtemplates", _DRA, when="dra",
+             where=("hami.dra.templategc:TemplateCollector.sweep",)),
+        Call("delete", "resourceclaimtemplates", _DRA, when="dra",
+             where=("hami.dra.templategc:TemplateCollector.sweep",)),
+        # the namespace quota's reservations across replicas: hami-dra-quota-<namespace>
+        Call("get", "leases", "coordination.k8s.io", scope="release", when="dra",
+             where=("hami.dra.reservations:QuotaReservations._lease",)),
+        Call("create", "leases", "coordination.k8s.io", scope="release", when="dra",
+             where=("hami.dra.reservations:QuotaReservations._lease",)),
+        Call("update", "leases", "coordination.k8s.io", scope="release", when="dra",
+             where=("hami.dra.reservations:QuotaReservations.reserve",)),
     ),
     # device plugin and monitor
     DEVICE_PLUGIN: (
@@ -177,6 +189,13 @@ NOT_IN_CHART = {
     "hami.dra.node:SlicePublisher.invalidate": "no request",
     "hami.dra.templates:TemplateReconciler.observe": "no request: starts reconcile",
     "hami.dra.templates:TemplateReconciler.stop": "no request",
+    "hami.dra.reservations:QuotaReservations.lease_name": "no request",
+    "hami.dra.templategc:TemplateCollector.observe": "no request: the pod watch",
+    "hami.dra.templategc:TemplateCollector.in_use": "no request",
+    "hami.dra.templategc:TemplateCollector.relisted": "no request: the pod relist",
+    "hami.dra.templategc:TemplateCollector.start": "no request: starts sweep",
+    "hami.dra.templategc:TemplateCollector.stop": "no request",
+    "hami.dra.templates:TemplateReconciler.forget": "no request",
     f"{_AGENT}.devices": "no request: discovery",
     f"{_AGENT}.uuids": "no request: discovery",
     f"{_AGENT}.health_loop": "no request: NVML health events",
@@ -199,7 +218,10 @@ API_MODULES = {"hami.kube": ("Kube",), "hami.deviceplugin.kube": ("KubeApi",),
                "hami.certgen": (), "hami.dra.node": ("SlicePublisher", "DraAgent", "NodeCordonWatch"),
                "hami.dra.cache": ("DraObjects",), "hami.dra.webhook": ("DraWebhook",),
                "hami.dra.templates": ("TemplateReconciler",),
-               "hami.dra.prioritize": ("DraPrioritizer",)}
+               "hami.dra.prioritize": ("DraPrioritizer",),
+               "hami.dra.namedclaims": (),  # reads through DraWebhook; handles ApiError
+               "hami.dra.reservations": ("QuotaReservations",),
+               "hami.dra.templategc": ("TemplateCollector",)}
 OUTSIDE_CHART = {"hami.top": "hami top runs with the user's kubeconfig (list nodes, pods, "
                              "resourcequotas, resourceslices, resourceclaims)",
                  "hami.kubehttp": "builds the API layer's HTTP transports (keepalive, watch "

@@ -195,3 +195,27 @@ def test_sweep_keeps_records_that_do_not_name_their_claim(bed: dict[str, Any]) -
     del bed["claims"]["old"]
     assert node.sweep(grace_s=0, now=1.0) == []
     assert len(driver.instances("GPU-a100")) == 1
+
+
+def test_sweep_destroys_an_instance_created_just_before_a_crash(bed: dict[str, Any]) -> None:
+    """The plugin created an instance and died before writing the claim's record; the
+    claim was deleted meanwhile, so it is never prepared again (nothing adopts the
+    instance). The sweep destroys an instance no record names once it has been seen so
+    for the grace period, and never one a claim records."""
+    node, driver, claims = bed["node"], bed["driver"], bed["claims"]
+    claims["kept"] = _claim("kept", "gpu-0-1g-5gb-0")
+    node.prepare("ns", "kept", "kept")
+    crashed = driver.create("GPU-a100", 3, MigPlacement(4, 4))  # no record written
+    assert node.sweep(grace_s=60, now=1000.0) == []
+    assert crashed in driver.instances("GPU-a100")  # within the grace (a prepare may
+    assert node.sweep(grace_s=60, now=1059.0) == []  # adopt it meanwhile)
+    assert crashed in driver.instances("GPU-a100")
+    node.sweep(grace_s=60, now=1060.0)
+    assert [i.placement.start for i in driver.instances("GPU-a100")] == [0]
+    # adopted within the grace: recorded, so kept
+    again = driver.create("GPU-a100", 1, MigPlacement(2, 1))
+    node.sweep(grace_s=60, now=2000.0)
+    claims["late"] = _claim("late", "gpu-0-1g-5gb-2")
+    node.prepare("ns", "late", "late")
+    node.sweep(grace_s=60, now=2100.0)
+    assert again in driver.instances("GPU-a100") and len(driver.instances("GPU-a100")) == 2

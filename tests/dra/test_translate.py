@@ -217,3 +217,28 @@ def test_mig_choices_stay_within_the_api_limit_and_refuse_unsafe_names() -> None
     t = tr.translate(_pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1500}), CFG,
                      mig_offers=offers)
     assert t is not None and len(_first(t)) == tr.MAX_SUBREQUESTS
+
+
+def test_init_containers_book_as_the_extender_collapses_them() -> None:
+    """The pod's booking is the core's init-container collapse (hami.core.collapse, as
+    extender mode charges a pod): the peak of the init containers or the sum of the app
+    containers, whichever is larger, for memory and cores each."""
+    from hami.core.collapse import pod_charges, total
+    from hami.core.model import ContainerDevice
+
+    def gpu(name: str, mib: int, cores: int) -> dict[str, Any]:
+        return {"name": name, "image": "x", "resources": {"limits": {
+            "nvidia.com/gpu": 1, "nvidia.com/gpumem": mib, "nvidia.com/gpucores": cores}}}
+
+    pod = _pod({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 10},
+               init=[gpu("i1", 8000, 5), gpu("i2", 2000, 40)])
+    pod["spec"]["containers"].append(gpu("second", 3000, 10))
+    t = tr.translate(pod, CFG)
+    assert t is not None and (t.memory_mib, t.cores_percent) == (8000, 40)
+    expected = total(pod_charges(tuple((ContainerDevice("x", "", m, c),) for m, c in
+                                       ((8000, 5), (2000, 40), (3000, 10), (3000, 10))), 2))
+    assert (t.memory_mib, t.cores_percent) == expected
+    # under a 9000 MiB quota the pod fits (8000), as in extender mode; the sum would not
+    quota = QuotaLedger(Nvidia(CFG).resource_names())
+    quota.set_quota("team", "gpu", {"limits.nvidia.com/gpumem": 9000})
+    assert tr.translate(pod, CFG, quota=quota) is not None

@@ -415,6 +415,28 @@ class ReadyForwarder:
 
 
 
+class RoundRobinForwarder(ReadyForwarder):
+    """127.0.0.1:<port> -> each live backend in turn, one TCP connection each (a Service
+    in front of several replicas, whether or not they lead); ``served`` counts the
+    connections each backend got."""
+
+    def __init__(self, backends: Iterable[HamiProcess]) -> None:
+        self._turn = 0
+        self._lock = threading.Lock()
+        self.served: dict[str, int] = {}
+        super().__init__(backends)
+
+    def _pick(self) -> HamiProcess | None:
+        live = [b for b in self.backends if b.process and b.process.poll() is None]
+        if not live:
+            return None
+        with self._lock:
+            backend = live[self._turn % len(live)]
+            self._turn += 1
+            self.served[backend.name] = self.served.get(backend.name, 0) + 1
+        return backend
+
+
 def reconcile_templates(cp: ControlPlane, pod: Any) -> dict[str, str]:
     """What ``hami scheduler --dra-mode`` does once its pod watch brings ``pod`` (created
     from an in-process DRA webhook's answer, signed with this process's key): create the

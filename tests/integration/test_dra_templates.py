@@ -57,8 +57,10 @@ def _naming(name: str, namespace: str, template: str,
 
 
 class _Bed:
-    def __init__(self, kube: FakeKube, client: _Client, http: TestClient) -> None:
+    def __init__(self, kube: FakeKube, client: _Client, http: TestClient,
+                 engine: Engine | None = None) -> None:
         self.kube, self.client, self.http = kube, client, http
+        self.engine = engine
 
     async def review(self, pod: dict[str, Any], namespace: str) -> dict[str, Any]:
         resp = await self.http.post("/webhook", data=json.dumps(_review(pod, namespace)),
@@ -92,7 +94,7 @@ async def _serving(*, reconcile: bool = True) -> AsyncIterator[_Bed]:
     http = TestClient(TestServer(build_app(engine, settings, webhook, prioritize)))
     await http.start_server()
     try:
-        yield _Bed(kube, client, http)
+        yield _Bed(kube, client, http, engine)
     finally:
         await http.close()
         await engine.stop()
@@ -194,5 +196,29 @@ def test_a_template_a_tenant_made_under_hamis_name_is_not_reused() -> None:
             (event,) = bed.kube.events
             assert event["reason"] == "DraTemplateRefused" and "asks for something else" in \
                 event["message"]
+
+    run(scenario)
+
+
+def test_a_refusal_is_recorded_whichever_replica_leads_and_once_across_restarts() -> None:
+    """A follower replica sees the pod first and then leads: its refusal must not be lost
+    (it used to be posted by the leader only, from each replica's own memory). Every
+    replica posts it under one name fixed by the pod and the refusal, so a replica that
+    restarts (or another one) posting it again makes the API server answer 409 instead
+    of adding a second Event."""
+
+    async def scenario() -> None:
+        names = []
+        for _ in range(2):  # the same pod, seen by a fresh replica each time
+            async with _serving() as bed:
+                assert bed.engine is not None
+                bed.engine.leader = False
+                bed.kube.put("Pod", {**_naming("bare", "team", NAME), "metadata": {
+                    **_naming("bare", "team", NAME)["metadata"], "uid": "uid-bare"}})
+                await bed.settle()
+                await asyncio.sleep(0.05)
+                (event,) = [e for e in bed.kube.events if e["reason"] == "DraTemplateRefused"]
+                names.append(event["metadata"]["name"])
+        assert names[0] == names[1] and names[0].startswith("bare.")
 
     run(scenario)

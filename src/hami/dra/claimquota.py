@@ -12,6 +12,10 @@ reaches kube-scheduler never asks more than the namespace may have.
   admitted in the same instant), and the controller retries until there is room again.
 * A ResourceClaimTemplate CREATE is checked as one claim (each pod naming it makes one),
   so a template deleted and created again asking more is refused at once.
+* Claims created in the same instant, on any scheduler replica, are checked one after
+  another: each admitted claim is reserved on a Lease per namespace written with
+  optimistic concurrency (:mod:`hami.dra.reservations`), and counts until the claim
+  list shows it.
 * UPDATE needs no check: the API server refuses any change to the ``spec`` of either kind
   (it is immutable). Other operations, kinds and subresources are allowed, and so is
   everything in a namespace without a GPU quota (no API request).
@@ -24,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from hami.dra import booking
+from hami.dra import booking, reservations
 
 if TYPE_CHECKING:
     from hami.dra.webhook import DraWebhook
@@ -75,9 +79,31 @@ async def denial(hook: DraWebhook, request: Mapping[str, Any]) -> str | None:
         return f"cannot check {what} against the GPU quota of namespace {namespace}: {exc}"
     if asks is None:
         return None
-    ledger = await hook.namespace_ledger(namespace, largest)
-    if ledger is None or ledger.fits(namespace, *asks):
-        return None
     each = " (each pod naming the template makes one claim)" if kind == TEMPLATE else ""
-    return (f"exceeding resource quota: namespace {namespace}: {what} asks for {asks[0]} "
-            f"MiB and {asks[1]}% cores of GPU{each}; {ledger.describe(namespace)}")
+
+    async def check(reserved: list[reservations.Reservation]
+                    ) -> tuple[str | None, set[str]]:
+        listed: dict[str, Any] = {}
+        ledger = await hook.namespace_ledger(namespace, largest, listed)
+        if ledger is None:
+            return None, set()
+        keys: set[str] = set()
+        for claim in listed.values():
+            keys |= reservations.claim_keys(claim)
+        pending = [r for r in reserved if r.key not in keys]
+        for r in pending:
+            ledger.charge(namespace, r.memory_mib, r.cores_percent)
+        if ledger.fits(namespace, *asks):
+            return None, keys
+        held = (f" (with {len(pending)} claim(s) admitted in the last "
+                f"{hook.reservations.ttl_s if hook.reservations else 0:g} s and not stored "
+                "yet)" if pending else "")
+        return (f"exceeding resource quota: namespace {namespace}: {what} asks for "
+                f"{asks[0]} MiB and {asks[1]}% cores of GPU{each}; "
+                f"{ledger.describe(namespace)}{held}"), keys
+
+    if kind == CLAIM and hook.reservations is not None:
+        return await hook.reservations.reserve(
+            namespace, reservations.new_claim_key(obj, str(request.get("uid") or "")), asks,
+            check)
+    return (await check([]))[0]

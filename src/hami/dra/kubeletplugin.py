@@ -169,8 +169,10 @@ class DraNode(pbgrpc.DRAPluginServicer):
         """Unprepare the MIG claims whose ResourceClaim has been gone from the API for
         ``grace_s`` seconds (:meth:`hami.dra.migclaims.ClaimMig.stale_claims`): their
         instances are destroyed, their CDI specs and directories removed. Under the
-        prepare lock, so never in the middle of a prepare. Returns the claim UIDs swept
-        (nothing without MIG). ``now``: monotonic seconds (default: now)."""
+        prepare lock, so never in the middle of a prepare. Then the instances no claim
+        has recorded for ``grace_s`` (:meth:`hami.dra.migclaims.ClaimMig.sweep_orphans`:
+        created just before a crash). Returns the claim UIDs swept (nothing without
+        MIG). ``now``: monotonic seconds (default: now)."""
         if self.mig is None:
             return []
 
@@ -189,6 +191,7 @@ class DraNode(pbgrpc.DRAPluginServicer):
                     continue
                 log.info("MIG sweep: claim %s is gone; its MIG instances are destroyed", uid)
                 swept.append(uid)
+            self.mig.sweep_orphans(grace_s, time.monotonic() if now is None else now)
         return swept
 
     def NodePrepareResources(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC

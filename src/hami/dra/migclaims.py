@@ -25,7 +25,10 @@ been gone from the API (absent, or its name now held by another UID) for a grace
 period, and the kubelet plugin unprepares them (:meth:`hami.dra.kubeletplugin.DraNode.sweep`,
 run by the node agent every 30 s, grace 60 s). A claim that exists is never
 swept, whatever its state (the API keeps a claim while pods reserve it); a record
-without a claim name (older records) or whose claim cannot be read is kept.
+without a claim name (older records) or whose claim cannot be read is kept. The same
+sweep destroys an instance no record has named for the grace period
+(:meth:`ClaimMig.sweep_orphans`): one created just before a crash, before its record
+was written, for a claim that is then never prepared again.
 """
 
 from __future__ import annotations
@@ -154,6 +157,9 @@ class ClaimMig:
         self.apply_lock = apply_lock
         #: claim UID -> when its ResourceClaim was first seen gone (monotonic seconds).
         self._gone_since: dict[str, float] = {}
+        #: (GPU UUID, GPU instance id, start) of an instance no record names -> when a
+        #: sweep first saw it so (monotonic seconds).
+        self._orphan_since: dict[tuple[str, int, int], float] = {}
 
     @contextlib.contextmanager
     def _applying(self) -> Iterator[None]:
@@ -231,6 +237,51 @@ class ClaimMig:
             since = self._gone_since.setdefault(uid, now)
             if now - since >= grace_s:
                 out.append(uid)
+        return out
+
+    def sweep_orphans(self, grace_s: float, now: float) -> list[MigInstance]:
+        """Destroy the instances on this node's MIG cards that no claim's record has
+        named for ``grace_s`` seconds at ``now`` (monotonic; since the first call that saw
+        each unrecorded): an instance created just before a crash, whose record was
+        never written, and whose claim is never prepared again. The caller holds the
+        prepare lock, so no prepare is between its create and its record. Returns the
+        instances destroyed; a driver error is logged and the instance kept.
+        """
+        held = self.held()
+        gpus = sorted({t.gpu_uuid for t in self.targets().values()})
+        seen: set[tuple[str, int, int]] = set()
+        doomed = []
+        for gpu in gpus:
+            try:
+                instances = self.driver.instances(gpu)
+            except MigDriverError as exc:
+                log.warning("MIG sweep: cannot list the instances of %s: %s", gpu, exc)
+                continue
+            for inst in instances:
+                if (inst.gpu_uuid, inst.gpu_instance_id) in held:
+                    continue
+                key = (inst.gpu_uuid, inst.gpu_instance_id, inst.placement.start)
+                seen.add(key)
+                if now - self._orphan_since.setdefault(key, now) >= grace_s:
+                    doomed.append(inst)
+        for key in [k for k in self._orphan_since if k not in seen]:
+            del self._orphan_since[key]
+        out = []
+        if doomed:
+            with self._applying():
+                for inst in doomed:
+                    try:
+                        self.driver.destroy(inst.gpu_uuid, inst.gpu_instance_id)
+                    except MigDriverError as exc:
+                        log.error("MIG sweep: cannot destroy unrecorded GPU instance %d on "
+                                  "%s: %s", inst.gpu_instance_id, inst.gpu_uuid, exc)
+                        continue
+                    log.info("MIG sweep: destroyed GPU instance %d (%d+%d) on %s, which no "
+                             "claim records", inst.gpu_instance_id, inst.placement.start,
+                             inst.placement.size, inst.gpu_uuid)
+                    self._orphan_since.pop((inst.gpu_uuid, inst.gpu_instance_id,
+                                            inst.placement.start), None)
+                    out.append(inst)
         return out
 
     def prepare(self, claim_uid: str, results: Sequence[MigResult],

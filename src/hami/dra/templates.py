@@ -9,8 +9,10 @@ template, only when the pod carries a valid signature for that namespace, the na
 the hash of a signed spec and the pod keeps the security rules the webhook applies to it
 (:func:`hami.core.isolation.security_violations`; a pod created while the webhook was
 down may carry a signature copied from an admitted pod). Otherwise nothing is created:
-the reason is logged and, from the leader, recorded as a Warning Event on the pod
-(``DraTemplateRefused``), once per pod and template (annotations are mutable: a pod whose
+the reason is logged and recorded as a Warning Event on the pod
+(``DraTemplateRefused``), once per pod and template: every replica posts it under the
+same name (:func:`refusal_event_name`), so the API server keeps one whichever replica
+leads, across relists, leader changes and restarts (annotations are mutable: a pod whose
 signature annotation changes is looked at again, without another Event, so a tenant
 rewriting it costs reads, no writes). kube-controller-manager's resourceclaim controller
 retries a pod whose template is missing, so the claim follows within its backoff.
@@ -29,10 +31,10 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hami.core import isolation
-from hami.dra import booking
+from hami.dra import booking, bounds
 from hami.dra.signedspecs import (
     NAME_PREFIX,
     SIGNATURE_ANNOTATION,
@@ -40,6 +42,9 @@ from hami.dra.signedspecs import (
     SignatureError,
     signed_templates,
 )
+
+if TYPE_CHECKING:
+    from hami.dra.templategc import TemplateCollector
 
 log = logging.getLogger(__name__)
 JSON = dict[str, Any]
@@ -50,7 +55,8 @@ KNOWN_TTL_S = 60.0
 #: At most this many remembered templates / reported pods (oldest dropped first).
 MAX_REMEMBERED = 20000
 
-__all__ = ["KNOWN_TTL_S", "REFUSED", "TemplateReconciler", "missing_templates"]
+__all__ = ["KNOWN_TTL_S", "REFUSED", "TemplateReconciler", "missing_templates",
+           "refusal_event_name"]
 
 
 def missing_templates(pod: Mapping[str, Any]) -> list[str]:
@@ -107,6 +113,8 @@ class TemplateReconciler:
         self._reported: dict[str, dict[str, str]] = {}
         self._inflight: set[str] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        #: The collector of unused templates that runs next to it (stopped with it).
+        self.collector: TemplateCollector | None = None
         #: Templates created by this reconciler, and refusals (for metrics and tests).
         self.created = 0
         self.refused = 0
@@ -148,8 +156,18 @@ class TemplateReconciler:
         finally:
             self._inflight.discard(uid)
 
+    async def _stop_collector(self) -> None:
+        if self.collector is not None:
+            await self.collector.stop()
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The template ``namespace/name`` was deleted: the next pod naming it is
+        reconciled at once (not taken to exist for :data:`KNOWN_TTL_S`)."""
+        self._known.pop((namespace, name), None)
+
     async def stop(self) -> None:
-        """Cancel the reconciles in flight."""
+        """Cancel the reconciles in flight (and stop :attr:`collector`)."""
+        await self._stop_collector()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -170,7 +188,15 @@ class TemplateReconciler:
         if problems:  # the webhook refuses these; it did not see this pod
             signed, why = None, ("the pod breaks the rules for GPU pods (created while the "
                                  "webhook was down?): " + isolation.message(problems))
-        for name in missing_templates(pod):
+        wanted = missing_templates(pod)
+        too_many = bounds.claims_denial(pod)
+        if too_many and wanted:  # no read per name: one Event, every name remembered
+            out[wanted[0]] = self._refuse(meta, namespace, wanted[0], too_many)
+            signature = _signature(meta)
+            self._reported.setdefault(str(meta.get("uid") or ""), {}).update(
+                dict.fromkeys(wanted, signature))
+            return dict.fromkeys(wanted, out[wanted[0]])
+        for name in wanted:
             ours = (signed or {}).get(name)
             existing = await self._get(namespace, name)
             if existing is None:
@@ -244,6 +270,15 @@ class TemplateReconciler:
             del self._known[next(iter(self._known))]
         while len(self._reported) > MAX_REMEMBERED:
             del self._reported[next(iter(self._reported))]
+
+
+def refusal_event_name(pod_meta: Mapping[str, Any], reason: str, message: str) -> str:
+    """The Event name for a refusal about a pod: ``<pod name>.<digest of the pod's UID,
+    the reason and the message>``, the same on every replica and after a restart (so
+    the API server keeps one Event per refusal). Pure."""
+    digest = hashlib.sha256("\0".join(
+        (str(pod_meta.get("uid") or ""), reason, message)).encode()).hexdigest()[:16]
+    return f"{str(pod_meta.get('name') or '')[:200]}.{digest}"
 
 
 async def read_template(client: Any, namespace: str, name: str) -> JSON | None:

@@ -51,6 +51,9 @@ from hami.dra.slices import DRIVER
 DEVICE_CLASS = DRIVER
 #: Label on the templates the webhook creates.
 TEMPLATE_LABEL = "hami.io/dra-template"
+#: The stand-in card a translated pod's bookings are collapsed on (its cards are not
+#: chosen yet).
+_POD_BOOKING = "dra-pod"
 _SAFE = re.compile(r"^[A-Za-z0-9 ._:/+-]{1,128}$")
 #: Subrequests of one ``firstAvailable`` list (the API's limit): MIG profiles + the card.
 MAX_SUBREQUESTS = 8

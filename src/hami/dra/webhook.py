@@ -34,6 +34,7 @@ with the normal webhook.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -48,10 +49,11 @@ from hami.core.config import SchedulerConfig
 from hami.core.provenance import strip_allocation
 from hami.core.quota import QuotaLedger
 from hami.devices import nvidia
-from hami.dra import booking, claimquota, signedspecs
+from hami.dra import booking, bounds, claimquota, namedclaims, signedspecs
 from hami.dra import translate as tr
 from hami.dra.booking import claim_booking
 from hami.dra.cache import DraObjects, card_sizes_mib, mig_offers, published_devices
+from hami.dra.reservations import QuotaReservations
 from hami.dra.templates import read_template
 
 log = logging.getLogger(__name__)
@@ -94,12 +96,19 @@ class DraWebhook:
     ``quota``: the scheduler's namespace quota ledger (limits only are used); ``keys``:
     the key ring that signs the templates' specs on the pod (default: this process's
     key, :func:`hami.dra.signedspecs.process_keys`); the template reconciler must verify
-    with the same keys."""
+    with the same keys. ``deadline_s``: the most one review's API reads may take;
+    ``reservations``: where admitted ResourceClaims are reserved against the namespace
+    quota across replicas (None: each claim is checked against the listed claims only,
+    so claims created in the same instant can overrun the quota)."""
 
     def __init__(self, client: Any, config: SchedulerConfig, fallback: Callable[[bytes], JSON],
                  quota: QuotaLedger | None = None, uniform_memory_mib: int | None = None,
-                 keys: signedspecs.Keys | None = None) -> None:
+                 keys: signedspecs.Keys | None = None,
+                 deadline_s: float = bounds.REVIEW_DEADLINE_S,
+                 reservations: QuotaReservations | None = None) -> None:
         self.client = client
+        self.reservations = reservations
+        self.deadline_s = deadline_s
         self.keys = keys if keys is not None else signedspecs.process_keys()
         self.config = config
         self.fallback = fallback
@@ -199,74 +208,6 @@ class DraWebhook:
         except signedspecs.SignatureError as exc:
             return {}, str(exc)
 
-    async def _named_claims_denial(self, pod: Mapping[str, Any], namespace: str) -> str | None:
-        """For a pod that names ResourceClaims or ResourceClaimTemplates itself, in a
-        namespace with a GPU quota: the denial when what those claims ask of hami's
-        DeviceClass (:func:`hami.dra.booking.admission_asks`; a named claim already in the
-        namespace's total adds only what the total does not yet hold of it) does not fit,
-        or when a named object cannot be found, read or counted (fail closed). A hami
-        template that does not exist yet counts the spec the pod carries signed for it
-        (:meth:`_signed`); without a valid signature it is not found. None otherwise, and
-        always for namespaces without a GPU quota."""
-        from lightkube import ApiError
-
-        if self.quota is None or not self.quota.limited(namespace):
-            return None
-        prefix = f"cannot check the pod's claims against the GPU quota of namespace {namespace}"
-        try:
-            refs = booking.pod_claim_refs(pod)
-        except booking.BookingError as exc:
-            return f"{prefix}: {exc}"
-        if not refs:
-            return None
-        sizes, _ = await self.published()
-        largest = max(sizes) if sizes else self.uniform_memory_mib or 0
-        claims: dict[str, JSON] = {}
-        ledger = await self.namespace_ledger(namespace, largest, claims)
-        if ledger is None:
-            return None
-        mem = cores = 0
-        ours: list[str] = []
-        counted: set[str] = set()
-        signed, why = self._signed(pod, namespace)
-        for ref in refs:
-            try:
-                if ref.template:
-                    what = f"ResourceClaimTemplate {namespace}/{ref.template}"
-                    template = await self._template(namespace, ref.template)
-                    if template is None:
-                        template = signed.get(ref.template)
-                    if template is None:
-                        return (f"{prefix}: {what} (spec.resourceClaims {ref.entry}) does not "
-                                "exist; create it before the pod" + (
-                                    f" (hami creates it only for a pod it translated: {why})"
-                                    if ref.template.startswith(signedspecs.NAME_PREFIX)
-                                    and why else ""))
-                    asks = booking.admission_asks(
-                        (template.get("spec") or {}).get("spec") or {}, largest, what)
-                else:
-                    what = f"ResourceClaim {namespace}/{ref.claim}"
-                    if ref.claim in counted:
-                        continue
-                    counted.add(str(ref.claim))
-                    claim = claims.get(str(ref.claim))
-                    if claim is None:
-                        return (f"{prefix}: {what} (spec.resourceClaims {ref.entry}) does not "
-                                "exist; create it before the pod")
-                    asks = booking.named_claim_extra(claim, largest, what)
-            except booking.BookingError as exc:
-                return f"{prefix}: {exc}"
-            except ApiError as exc:
-                return f"{prefix}: cannot read {what}: {exc.status.code} {exc.status.message}"
-            if asks is not None:
-                ours.append(what)
-                mem, cores = mem + asks[0], cores + asks[1]
-        if not ours or ledger.fits(namespace, mem, cores):
-            return None
-        return (f"exceeding resource quota: namespace {namespace}: the pod's claims "
-                f"({', '.join(ours)}) add {mem} MiB and {cores}% cores of GPU; "
-                f"{ledger.describe(namespace)}")
-
     async def _claim_review(self, request: Mapping[str, Any], api_version: str,
                             uid: str) -> JSON:
         """The reply to a ResourceClaim or ResourceClaimTemplate request
@@ -281,12 +222,29 @@ class DraWebhook:
         return _reply(api_version, uid, denial is None, denial or "")
 
     async def __call__(self, body: bytes) -> JSON:
-        """The AdmissionReview reply (never raises on bad input: 400/403 replies)."""
+        """The AdmissionReview reply (never raises on bad input: 400/403 replies). The
+        review's API reads end within ``deadline_s`` seconds, or it is refused (fail
+        closed, before the API server's own webhook timeout)."""
+        ids: dict[str, str] = {}
+        try:
+            async with asyncio.timeout(self.deadline_s):
+                return await self._answer(body, ids)
+        except TimeoutError:
+            log.warning("DRA admission review %s past its deadline (%g s): refused",
+                        ids.get("uid"), self.deadline_s)
+            return _reply(ids.get("api_version", "admission.k8s.io/v1"), ids.get("uid", ""),
+                          False, f"hami's GPU checks of this request did not finish within "
+                          f"{self.deadline_s:g} s (the API server answers slowly); try again")
+
+    async def _answer(self, body: bytes, ids: dict[str, str]) -> JSON:
+        """:meth:`__call__` without the deadline; fills ``ids`` (``uid``,
+        ``api_version``) as soon as the review is parsed."""
         try:
             doc = json.loads(body)
             request = doc["request"]
             api_version = str(doc.get("apiVersion") or "admission.k8s.io/v1")
             uid = str(request.get("uid") or "")
+            ids.update(uid=uid, api_version=api_version)
             if claimquota.handles(request):
                 return await self._claim_review(request, api_version, uid)
             pod = request["object"]
@@ -305,7 +263,7 @@ class DraWebhook:
             return (_reply(api_version, uid, False, isolation.message(problems)) if problems
                     else self.fallback(body))
         if isinstance(spec, dict) and spec.get("resourceClaims"):
-            denial = await self._named_claims_denial(pod, namespace)
+            denial = await namedclaims.denial(self, pod, namespace)
             if denial:
                 return _reply(api_version, uid, False, denial)
         if not isolation.asks_for_devices(pod, self.config):
@@ -347,6 +305,9 @@ class DraWebhook:
             return _reply(api_version, uid, False, f"malformed pod: {exc}", code=400)
         if result is None:
             return self.fallback(body)
+        too_many = bounds.claims_denial(result.pod, "the pod as hami translates it")
+        if too_many:
+            return _reply(api_version, uid, False, too_many)
         for template in result.templates.values():
             denial = await self._conflict(namespace, template)
             if denial:

@@ -60,6 +60,9 @@ def scheduler(
     dra_mode: Annotated[bool, typer.Option(
         help="DRA mode: the webhook turns nvidia.com/gpu, gpumem and gpucores into "
              "ResourceClaimTemplates for kube-scheduler (docs/dra.md)")] = False,
+    dra_template_idle: Annotated[str, typer.Option(
+        help="DRA mode: delete a ResourceClaimTemplate hami made once no pod has needed "
+             "it for this long")] = "2m",
     leader_elect_follow: Annotated[bool, typer.Option(
         help="with --leader-elect: do not elect, follow the named Lease of kube-scheduler "
              "and lead iff its holder is this host (HAMi's rule)")] = False,
@@ -135,6 +138,7 @@ def scheduler(
             leader_elect_renew_deadline=_duration(leader_elect_renew_deadline, "--leader-elect-renew-deadline"),
             leader_elect_retry_period=_duration(leader_elect_retry_period, "--leader-elect-retry-period"),
             leader_elect_follow=leader_elect_follow, dra_mode=dra_mode,
+            dra_template_idle=_duration(dra_template_idle, "--dra-template-idle"),
             legacy_metrics=legacy_metrics, metrics_secure=metrics_secure,
             metrics_cert_file=metrics_cert_file, metrics_key_file=metrics_key_file,
             device_config_file=device_config_file,

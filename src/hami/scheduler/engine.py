@@ -178,6 +178,9 @@ class Engine(NodeRegistry, FilterFlow, BindFlow):
         #: Called with every pod event the watch or a relist brings (pod, deleted), after
         #: the caches took it (DRA mode's template reconciler); must not raise.
         self.pod_observers: list[Callable[[Mapping[str, Any], bool], None]] = []
+        #: Called after each relist of pods with the UIDs listed (a pod deleted while the
+        #: watch was down brings no event); must not raise.
+        self.pod_relist_observers: list[Callable[[set[Any]], None]] = []
         #: Signs every allocation /filter writes (device plugins verify it); None: unsigned.
         self.keyring = KeyRing(settings.allocation_key_dir) if settings.allocation_key_dir else None
         self._resource_version: dict[str, str] = {}
@@ -328,6 +331,8 @@ class Engine(NodeRegistry, FilterFlow, BindFlow):
                 self.apply(kind, "DELETED", {"metadata": {"namespace": ns, "name": qname}})
         elif kind == "Pod":
             self.pending.forget_unlisted(listed)
+            for relisted in self.pod_relist_observers:
+                relisted(listed)
             for entry in list(self.state.ledger.pods()):
                 if entry.uid not in listed and self._committed_at.get(entry.uid, -1.0) < listed_at:
                     self.state.remove_pod(entry.uid)

@@ -51,14 +51,20 @@ class EventWriter(Protocol):
 
 
 def pod_event(pod_meta: Mapping[str, Any], reason: str, message: str, *, warning: bool,
-              component: str, now: datetime | None = None) -> dict[str, Any]:
-    """A core/v1 Event about a pod (``pod_meta``: namespace, name, uid)."""
+              component: str, now: datetime | None = None,
+              name: str | None = None) -> dict[str, Any]:
+    """A core/v1 Event about a pod (``pod_meta``: namespace, name, uid); ``name``: the
+    Event's name (default ``<pod>.<random>``; a fixed one makes a second post of the
+    same Event, by any replica or after a restart, fail with 409 instead of repeating
+    it)."""
+    event_name = name
     stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
     namespace = str(pod_meta.get("namespace") or "default")
     name = str(pod_meta.get("name") or "")
     return {
         "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": f"{name}.{secrets.token_hex(8)}", "namespace": namespace},
+        "metadata": {"name": event_name or f"{name[:200]}.{secrets.token_hex(8)}",
+                     "namespace": namespace},
         "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace,
                            "name": name, "uid": str(pod_meta.get("uid") or "")},
         "reason": reason, "message": message[:1024],
@@ -100,10 +106,11 @@ class EventSink:
             self._task = None
 
     def emit(self, pod_meta: Mapping[str, Any], reason: str, message: str, *,
-             warning: bool) -> None:
+             warning: bool, name: str | None = None) -> None:
         if not self.enabled:
             return
-        event = pod_event(pod_meta, reason, message, warning=warning, component=self.component)
+        event = pod_event(pod_meta, reason, message, warning=warning, component=self.component,
+                          name=name)
         obj = event["involvedObject"]
         key = (obj["namespace"], obj["name"], obj["uid"])
         if self._repeat(key + (reason, event["type"], event["message"])):

@@ -290,20 +290,36 @@ def dra_parts(engine: Engine, client: Any
     from hami.dra.hosts import HostUsage
     from hami.dra.prioritize import DraPrioritizer
     from hami.dra.signedspecs import Keys, process_keys
-    from hami.dra.templates import TemplateReconciler
+    from hami.dra.templategc import TemplateCollector
+    from hami.dra.templates import TemplateReconciler, refusal_event_name
     from hami.dra.webhook import DraWebhook
 
     keys: Keys = engine.keyring if engine.keyring is not None else process_keys()
 
     def emit(pod_meta: Any, reason: str, message: str) -> None:
-        if engine.leader:
-            engine.events.emit(pod_meta, reason, message, warning=True)
+        # every replica posts it, under a name fixed by the pod and the refusal: the
+        # first post wins, the others (another replica, a restart, a new leader) get 409
+        engine.events.emit(pod_meta, reason, message, warning=True,
+                           name=refusal_event_name(pod_meta, reason, message))
 
-    webhook = DraWebhook(client, engine.config, engine.admit, engine.state.quota, keys=keys)
+    from hami.dra.reservations import QuotaReservations
+
+    reservations = QuotaReservations(client, engine.settings.pod_namespace
+                                     or engine.settings.leader_elect_resource_namespace)
+    webhook = DraWebhook(client, engine.config, engine.admit, engine.state.quota, keys=keys,
+                         reservations=reservations)
     templates = TemplateReconciler(client, keys, emit)
     engine.pod_observers.append(templates.observe)
     hosts = HostUsage(engine.nodes)  # node CPU/memory for fragmentation-aware
     engine.pod_observers.append(hosts.observe_pod)
+    idle_s = engine.settings.dra_template_idle.total_seconds()
+    collector = TemplateCollector(client, lambda: engine.leader and engine.synced.is_set(),
+                                  templates.forget, idle_s=idle_s,
+                                  sweep_s=max(1.0, min(30.0, idle_s / 4)))
+    engine.pod_observers.append(collector.observe)
+    engine.pod_relist_observers.append(collector.relisted)
+    templates.collector = collector
+    collector.start()
     return (webhook, DraPrioritizer(client, engine.settings.node_scheduler_policy,
                                     hosts=hosts), templates)
 

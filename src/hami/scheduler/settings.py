@@ -66,6 +66,9 @@ class SchedulerSettings:
     leader_elect_follow: bool = False
     #: DRA mode: ``/webhook`` turns GPU requests into ResourceClaimTemplates (hami.dra).
     dra_mode: bool = False
+    #: DRA mode: a ResourceClaimTemplate hami made is deleted once no pod has needed it
+    #: for this long (hami.dra.templategc).
+    dra_template_idle: timedelta = timedelta(minutes=2)
     device_config_file: str = ""
     #: ``--enable-ascend`` / ``--enable-iluvatar`` (HAMi v2.10): register those vendors.
     enable_ascend: bool = False

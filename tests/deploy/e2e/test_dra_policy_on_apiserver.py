@@ -132,3 +132,44 @@ def _denied(call: Callable[[], Any]) -> bool:
             return True
         raise
     return False
+
+
+def test_scheduler_account_deletes_only_hamis_templates(
+        dra_policy: list[dict[str, Any]], kube_client: Any, control_plane: ControlPlane) -> None:
+    """The scheduler holds ``delete`` on ResourceClaimTemplates for its collector of unused
+    templates (hami.dra.templategc); the chart's policy ``hami-dra-templates`` lets it
+    delete only those labelled ``hami.io/dra-template=true``: a tenant's own template is
+    refused, hami's is collected by the real collector under the scheduler's token."""
+    import asyncio
+
+    from lightkube import AsyncClient
+    from lightkube.resources.resource_v1 import ResourceClaimTemplate
+
+    from hami.dra import translate as tr
+    from hami.dra.templategc import TemplateCollector
+    from hami.testing.controlplane import ensure_namespace
+
+    ns = f"tmpl-{uuid.uuid4().hex[:6]}"
+    ensure_namespace(kube_client, ns)
+    name, ours = tr.template_for(tr.claim_spec(1, 1000, 0, []))
+    kube_client.create(codecs.from_dict({**ours, "metadata": {**ours["metadata"],
+                                                              "namespace": ns}}))
+    tenant = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+              "metadata": {"name": "tenant", "namespace": ns},
+              "spec": ours["spec"]}
+    kube_client.create(codecs.from_dict(tenant))
+    scheduler = token_client(kube_client, control_plane, "hami-scheduler")
+    _refused(lambda: scheduler.delete(ResourceClaimTemplate, "tenant", namespace=ns),
+             "may delete only the ResourceClaimTemplates hami made")
+
+    async def collect() -> list[tuple[str, str]]:
+        client = AsyncClient(scheduler.config, trust_env=False)
+        try:
+            gc = TemplateCollector(client, lambda: True, idle_s=0)
+            return await gc.sweep()  # ready now, no idle time: collects at once
+        finally:
+            await client.close()
+
+    assert (ns, name) in asyncio.run(collect())
+    left = {t.metadata.name for t in kube_client.list(ResourceClaimTemplate, namespace=ns)}
+    assert left == {"tenant"}

@@ -1,0 +1,166 @@
+"""DRA mode's namespace GPU quota when claims arrive together, with two scheduler
+replicas behind one Service (the chart's HA setting), on the real control plane: two
+``hami scheduler --dra-mode`` processes serve ``/webhook`` through one round-robin
+forwarder that the kube-apiserver calls for ResourceClaim CREATE; the quota is a real
+ResourceQuota. Ten claims of 12000 MiB created at the same instant under 20000 MiB: one
+is admitted (without the per-namespace reservation Lease, all ten were).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from hami.dra.reservations import ANNOTATION, QuotaReservations
+from hami.dra.slices import DRIVER
+from hami.testing.controlplane import BinariesMissing, ControlPlane, ensure_namespace
+from hami.testing.gpupods import webhook_configuration
+
+from .conftest import REQUIRED
+from .hami_harness import HamiProcess, RoundRobinForwarder, Tls
+
+pytestmark = pytest.mark.e2e
+
+NS = "quotaha"
+LIMIT_MIB = 20000
+CLAIM_MIB = 12000
+LEASES_NS = "kube-system"  # the replicas run without POD_NAMESPACE
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Control plane + two ``hami scheduler --dra-mode`` replicas registered, through one
+    round-robin forwarder, as the webhook for claims + a 20000 MiB GPU ResourceQuota."""
+    from lightkube import codecs
+
+    work = tmp_path_factory.mktemp("k8s-quotaha")
+    try:
+        cp = ControlPlane(workdir=work / "cp")
+    except BinariesMissing as err:
+        pytest.fail(str(err)) if REQUIRED else pytest.skip(str(err))
+    cp.start()
+    replicas: list[HamiProcess] = []
+    forwarder = None
+    try:
+        client = cp.client()
+        ensure_namespace(client, NS)
+        client.create(codecs.from_dict({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
+        client.create(codecs.from_dict({
+            "apiVersion": "v1", "kind": "ResourceQuota",
+            "metadata": {"name": "gpu", "namespace": NS},
+            "spec": {"hard": {"limits.nvidia.com/gpumem": str(LIMIT_MIB)}}}))
+        tls = Tls(work / "tls")
+        replicas = [HamiProcess(cp, tls, work, args=["--dra-mode", "--scheduler-name="],
+                                name=f"hami-{i}").start() for i in range(2)]
+        forwarder = RoundRobinForwarder(replicas)
+        config = webhook_configuration("hami-quotaha", forwarder.url, tls.ca_pem)
+        hook = config["webhooks"][0]
+        hook["name"] = "claims.vgpu.hami.io"
+        hook["rules"] = [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+                          "operations": ["CREATE"],
+                          "resources": ["resourceclaims", "resourceclaimtemplates"]}]
+        client.create(codecs.from_dict(config))
+        yield {"cp": cp, "client": client, "replicas": replicas, "forwarder": forwarder}
+    finally:
+        if forwarder is not None:
+            forwarder.close()
+        for replica in replicas:
+            replica.stop()
+        cp.stop()
+
+
+def _claim(name: str, memory_mib: int) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
+                "capacity": {"requests": {"memory": f"{memory_mib}Mi"}}}}]}}}
+
+
+def _refuses(replica: HamiProcess) -> bool:
+    """The replica's webhook refuses a claim over the quota (it has read the quota)."""
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+              "request": {"uid": "probe", "operation": "CREATE", "namespace": NS,
+                          "kind": {"group": "resource.k8s.io", "version": "v1",
+                                   "kind": "ResourceClaim"},
+                          "object": _claim("probe", 3 * LIMIT_MIB)}}
+    try:
+        code, body = replica.post("/webhook", json.dumps(review).encode(), timeout_s=10)
+    except OSError:  # not listening yet
+        return False
+    return code == 200 and json.loads(body)["response"]["allowed"] is False
+
+
+def _create_at_once(cp: ControlPlane, names: list[str]) -> dict[str, str]:
+    """Create one claim per name from its own thread and client, all released by one
+    barrier: name -> "created" or the refusal."""
+    from lightkube import ApiError, codecs
+
+    clients = [cp.client() for _ in names]
+    barrier = threading.Barrier(len(names))
+    out: dict[str, str] = {}
+
+    def create(name: str, client: Any) -> None:
+        barrier.wait()
+        try:
+            client.create(codecs.from_dict(_claim(name, CLAIM_MIB)))
+            out[name] = "created"
+        except ApiError as exc:
+            out[name] = str(exc.status.message)
+
+    threads = [threading.Thread(target=create, args=(n, c)) for n, c in zip(names, clients, strict=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return out
+
+
+def _wait(check: Any, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_ten_claims_at_once_under_a_quota_for_one_admit_one(bed: dict[str, Any]) -> None:
+    from lightkube.resources.coordination_v1 import Lease
+    from lightkube.resources.resource_v1 import ResourceClaim
+
+    client, replicas = bed["client"], bed["replicas"]
+    for replica in replicas:  # each replica has read the ResourceQuota
+        _wait(lambda r=replica: _refuses(r), 60, f"{replica.name} enforces the quota")
+    served_before = dict(bed["forwarder"].served)
+
+    names = [f"c{i}" for i in range(10)]
+    results = _create_at_once(bed["cp"], names)
+    admitted = sorted(n for n, r in results.items() if r == "created")
+    stored = {c.metadata.name for c in client.list(ResourceClaim, namespace=NS)}
+    assert set(admitted) == stored
+    assert len(admitted) * CLAIM_MIB <= LIMIT_MIB, results
+    assert len(admitted) == 1, results
+    refusals = [r for r in results.values() if r != "created"]
+    assert all("exceeding resource quota" in r for r in refusals), refusals
+    # both replicas answered reviews of this burst
+    served = {k: v - served_before.get(k, 0) for k, v in bed["forwarder"].served.items()}
+    assert all(served.get(r.name, 0) > 0 for r in replicas), served
+    lease = client.get(Lease, QuotaReservations.lease_name(NS), namespace=LEASES_NS)
+    assert ANNOTATION in (lease.metadata.annotations or {})
+
+    # a later check lists the admitted claim and drops its reservation: deleted, the
+    # claim's room is free again at once, for exactly one claim again
+    assert "exceeding resource quota" in _create_at_once(bed["cp"], ["late"])["late"]
+    client.delete(ResourceClaim, admitted[0], namespace=NS)
+    _wait(lambda: not list(client.list(ResourceClaim, namespace=NS)), 30, "claim gone")
+    again = _create_at_once(bed["cp"], [f"d{i}" for i in range(4)])
+    assert sum(r == "created" for r in again.values()) == 1, again
