@@ -55,7 +55,7 @@
 
 #define STUB_MAGIC 0x53545543u
 #define STUB_MAXDEV 16
-#define STUB_MAXPROC 32
+#define STUB_MAXPROC 512
 #define STUB_RING 2048
 
 typedef struct {
