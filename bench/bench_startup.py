@@ -60,6 +60,7 @@ class Proc:
     cpu_init_ns: int = 0
     cpu_alloc_ns: int = 0
     rusage_cpu_ns: int = 0
+    hostpid_missed: bool = False
 
 
 def container_limit_mib(c: int) -> int:
@@ -67,12 +68,18 @@ def container_limit_mib(c: int) -> int:
     return 64 + 8 * c
 
 
-def launch(procs: int, containers: int, tmp: Path, preload: bool) -> list[Proc]:
-    """Start ``procs`` probes at once; returns one :class:`Proc` per process."""
+def launch(procs: int, containers: int, tmp: Path, preload: bool, retain_delay_ms: int) -> list[Proc]:
+    """Start ``procs`` probes at once; returns one :class:`Proc` per process.
+
+    ``retain_delay_ms``: how long the stub takes to create a primary context
+    (``VGPU_STUB_RETAIN_DELAY_MS``; the process is listed by NVML meanwhile).
+    """
     base = {k: v for k, v in os.environ.items()
             if not k.startswith(("CUDA_", "VGPU_", "GPU_CORE", "LD_PRELOAD", "LIBCUDA"))}
     base.update(LD_LIBRARY_PATH=str(BUILD / "stub"), VGPU_STUB_STATE=str(tmp / "node.state"),
-                VGPU_STUB_MEM_MB="65536", LIBCUDA_LOG_LEVEL="1")
+                VGPU_STUB_MEM_MB="65536", LIBCUDA_LOG_LEVEL="2")
+    if retain_delay_ms:
+        base["VGPU_STUB_RETAIN_DELAY_MS"] = str(retain_delay_ms)
     probe = str(BUILD / "tests" / "startup_probe")
     rfd, wfd = os.pipe()
     kids: dict[int, tuple[int, bool, Path]] = {}
@@ -108,7 +115,9 @@ def launch(procs: int, containers: int, tmp: Path, preload: bool) -> list[Proc]:
         c, over, out = kids[pid]
         p = Proc(c, over, None, os.waitstatus_to_exitcode(status),
                  rusage_cpu_ns=int((ru.ru_utime + ru.ru_stime) * 1e9))
-        for ln in out.read_text(errors="replace").splitlines():
+        text = out.read_text(errors="replace")
+        p.hostpid_missed = "host PID not found" in text or "host PID detection skipped" in text
+        for ln in text.splitlines():
             f = ln.split()
             if f[:1] == ["probe"] and len(f) == 8:
                 p.rc = int(f[1])
@@ -124,9 +133,9 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, int(round(q * len(s) + 0.5)) - 1))]
 
 
-def report(tag: str, res: list[Proc], preload: bool) -> tuple[float, int]:
-    """Print one run's figures; returns (p99 seconds, wrongly refused or failed processes)."""
-    load1 = os.getloadavg()[0]
+def report(tag: str, res: list[Proc], preload: bool, load1: float) -> tuple[float, int]:
+    """Print one run's figures (``load1``: the 1-minute load average just before the
+    run); returns (p99 seconds, wrongly refused or failed processes)."""
     ok = [p for p in res if p.rc is not None]
     t = [p.t_alloc_ns / 1e9 for p in ok]
     ms = 1e3
@@ -138,14 +147,16 @@ def report(tag: str, res: list[Proc], preload: bool) -> tuple[float, int]:
     p99 = pct(t, 0.99) if t else float("inf")
     mean = statistics.fmean
     print(f"  {tag:14s} load1 {load1:5.2f}  exec->first alloc p50 {pct(t, .5) * ms:7.1f} ms  "
-          f"p99 {p99 * ms:7.1f} ms  max {max(t) * ms:7.1f} ms  (cuInit+ctx p99 "
+          f"p99 {p99 * ms:7.1f} ms  max {max(t) * ms:7.1f} ms  (main p99 "
+          f"{pct([p.t_main_ns / 1e9 for p in ok], .99) * ms:6.1f} ms, cuInit+ctx p99 "
           f"{pct([p.t_init_ns / 1e9 for p in ok], .99) * ms:6.1f} ms)")
     print(f"  {'':14s} CPU per process (user+sys, mean): total {mean(p.rusage_cpu_ns for p in res) / 1e6:6.2f} ms"
           f" = loader+ctors {mean(p.cpu_main_ns for p in ok) / 1e6:5.2f}"
           f" + cuInit/ctx {mean(p.cpu_init_ns - p.cpu_main_ns for p in ok) / 1e6:5.2f}"
           f" + first alloc {mean(p.cpu_alloc_ns - p.cpu_init_ns for p in ok) / 1e6:5.2f}"
           f" (+ exit); all processes {sum(p.rusage_cpu_ns for p in res) / 1e9:5.2f} s")
-    print(f"  {'':14s} refused {refused} (over-limit processes {over}); wrong or failed: {len(bad)}")
+    print(f"  {'':14s} refused {refused} (over-limit processes {over}); wrong or failed: {len(bad)}; "
+          f"host PID not found (no SM limiting): {sum(p.hostpid_missed for p in res)}")
     for p in bad[:5]:
         print(f"    container {p.container} over_limit={p.over_limit} rc={p.rc} exit={p.exit_status}")
     return p99, len(bad)
@@ -157,16 +168,20 @@ def main() -> None:
     ap.add_argument("--containers", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-baseline", action="store_true", help="skip the stub-only runs")
+    ap.add_argument("--retain-delay-ms", type=int, default=0,
+                    help="the stub's primary-context creation time (a real driver takes tens to hundreds of ms)")
     args = ap.parse_args()
     subprocess.run(["make", "-s", "-C", str(NATIVE)], check=True)
-    print(f"{args.procs} processes, {args.containers} containers, one stub node, {os.cpu_count()} CPUs")
+    print(f"{args.procs} processes, {args.containers} containers, one stub node, {os.cpu_count()} CPUs, "
+          f"context creation {args.retain_delay_ms} ms")
     missed = 0
     for r in range(args.repeats):
         modes = [True] if args.no_baseline else [False, True]
         for preload in modes:
+            load1 = os.getloadavg()[0]
             with tempfile.TemporaryDirectory(prefix="vgpu-startup-") as d:
-                res = launch(args.procs, args.containers, Path(d), preload)
-            p99, bad = report(f"run {r + 1} " + ("libvgpu" if preload else "stub only"), res, preload)
+                res = launch(args.procs, args.containers, Path(d), preload, args.retain_delay_ms)
+            p99, bad = report(f"run {r + 1} " + ("libvgpu" if preload else "stub only"), res, preload, load1)
             if preload:
                 missed += (p99 >= GOAL_P99_S) + (bad > 0)
     print(f"goal p99 < {GOAL_P99_S:g} s and only over-limit processes refused: "
