@@ -25,6 +25,7 @@ The machine's load average (1 min) is printed with each run: on a shared
 machine the figures move with it.
 
 usage: python bench/bench_startup.py [--procs 300] [--containers 10] [--repeats 3]
+                                    [--retain-delay-ms MS] [--lib PATH/libvgpu.so] [--no-baseline]
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def container_limit_mib(c: int) -> int:
     return 64 + 8 * c
 
 
-def launch(procs: int, containers: int, tmp: Path, preload: bool, retain_delay_ms: int) -> list[Proc]:
+def launch(procs: int, containers: int, tmp: Path, preload: bool, retain_delay_ms: int,
+           lib: Path = BUILD / "libvgpu.so") -> list[Proc]:
     """Start ``procs`` probes at once; returns one :class:`Proc` per process.
 
     ``retain_delay_ms``: how long the stub takes to create a primary context
@@ -91,7 +93,7 @@ def launch(procs: int, containers: int, tmp: Path, preload: bool, retain_delay_m
         env = dict(base, CUDA_DEVICE_MEMORY_SHARED_CACHE=str(cdir / "vgpu.cache"),
                    CUDA_DEVICE_MEMORY_LIMIT=f"{container_limit_mib(c)}m")
         if preload:
-            env["LD_PRELOAD"] = str(BUILD / "libvgpu.so")
+            env["LD_PRELOAD"] = str(lib)
         nbytes = (container_limit_mib(c) + 1) * MiB if over else MiB
         out = tmp / f"out-{i}"
         pid = os.fork()
@@ -168,6 +170,8 @@ def main() -> None:
     ap.add_argument("--containers", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-baseline", action="store_true", help="skip the stub-only runs")
+    ap.add_argument("--lib", type=Path, default=BUILD / "libvgpu.so",
+                    help="the libvgpu.so to measure (e.g. one built from an earlier commit)")
     ap.add_argument("--retain-delay-ms", type=int, default=0,
                     help="the stub's primary-context creation time (a real driver takes tens to hundreds of ms)")
     args = ap.parse_args()
@@ -180,7 +184,8 @@ def main() -> None:
         for preload in modes:
             load1 = os.getloadavg()[0]
             with tempfile.TemporaryDirectory(prefix="vgpu-startup-") as d:
-                res = launch(args.procs, args.containers, Path(d), preload, args.retain_delay_ms)
+                res = launch(args.procs, args.containers, Path(d), preload, args.retain_delay_ms,
+                             args.lib.resolve())
             p99, bad = report(f"run {r + 1} " + ("libvgpu" if preload else "stub only"), res, preload, load1)
             if preload:
                 missed += (p99 >= GOAL_P99_S) + (bad > 0)
