@@ -109,3 +109,22 @@ def test_a_process_dying_or_stopped_during_its_start_does_not_hold_up_the_others
         if how == "stopped" and a.poll() is None:
             a.send_signal(signal.SIGCONT)
         _stop([a] + ([b] if b else []))
+
+
+def test_processes_of_two_containers_detecting_at_once_each_find_their_own_host_pid(env: Env) -> None:
+    """Sixteen processes in two containers create their contexts at the same time (each
+    creation slow, so their detection rounds overlap); NVML lists the newest first.
+    Every slot records its own process's host PID, none another's."""
+    common = {"CUDA_DEVICE_SM_LIMIT": "30", "VGPU_STUB_PID_OFFSET": str(OFFSET), "VGPU_STUB_NVML_REVERSE": "1",
+              "VGPU_STUB_RETAIN_DELAY_MS": "200"}
+    regions = [env.tmp / "c0.cache", env.tmp / "c1.cache"]
+    procs = [env.popen("init", "echo", "up", "hold", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(regions[i % 2]), **common)
+             for i in range(16)]
+    try:
+        for p in procs:
+            _wait_up(p)
+        for c, path in enumerate(regions):
+            slots = {s.pid: s.host_pid for s in reg.parse_region(path.read_bytes()).active_procs()}
+            assert slots == {p.pid: p.pid + OFFSET for p in procs[c::2]}
+    finally:
+        _stop(procs)
