@@ -207,41 +207,39 @@ static int list_procs(nvmlDevice_t d, nvmlProcessInfo_v1_t *buf, unsigned cap) {
 }
 
 /* One detection round: the PIDs NVML lists on device d before and after this
- * process retains its primary context on CUDA device 0. Returns the host PID
- * (0 = none), sets *ctxsize; *fresh = how many PIDs appeared. */
+ * process retains its primary context on CUDA device 0 (released again at the
+ * end). Returns the number of PIDs that appeared (-1: NVML or the driver
+ * failed), written to fresh[] with their usage in size[]; *own = 1 when our own
+ * PID is listed (no PID namespace), then fresh[0] is it. */
 static int detect_round(nvmlDevice_t d, nvmlProcessInfo_v1_t *before, nvmlProcessInfo_v1_t *after, unsigned cap,
-                        uint64_t *ctxsize, int *fresh) {
-    int nb = list_procs(d, before, cap), na = -1;
+                        unsigned *fresh, uint64_t *size, int *own) {
+    int nb = list_procs(d, before, cap), na = -1, nf = 0;
     CUcontext ctx;
     int retained = nb >= 0 && CU_REAL(cuDevicePrimaryCtxRetain)(&ctx, 0) == CUDA_SUCCESS;
     if (retained) na = list_procs(d, after, cap);
-    int hostpid = 0;
-    *fresh = 0;
-    for (int i = 0; i < na && !hostpid; i++)
-        if ((int)after[i].pid == vg_pid) { hostpid = vg_pid; *ctxsize = after[i].usedGpuMemory; }
-    for (int i = 0; i < na && !hostpid; i++) {
+    *own = 0;
+    for (int i = 0; i < na; i++)
+        if ((int)after[i].pid == vg_pid) { fresh[0] = after[i].pid; size[0] = after[i].usedGpuMemory; *own = 1; nf = 1; }
+    for (int i = 0; i < na && !*own; i++) {
         int seen = 0;
         for (int j = 0; j < nb; j++) if (before[j].pid == after[i].pid) { seen = 1; break; }
-        if (!seen && ++*fresh == 1) *ctxsize = after[i].usedGpuMemory;
+        if (!seen) { fresh[nf] = after[i].pid; size[nf] = after[i].usedGpuMemory; nf++; }
     }
-    if (!hostpid && *fresh == 1)
-        for (int i = 0; i < na; i++) {
-            int seen = 0;
-            for (int j = 0; j < nb; j++) if (before[j].pid == after[i].pid) { seen = 1; break; }
-            if (!seen) { hostpid = (int)after[i].pid; break; }
-        }
     if (retained) CU_REAL(cuDevicePrimaryCtxRelease_v2)(0);
-    return hostpid;
+    return na < 0 ? -1 : nf;
 }
 
 /* Host PID = the PID that appears in NVML's process list when this process
- * retains its first context (spec A.6.6). Serialised per container with
- * sem_postinit. Containers sharing a GPU are not serialised: HAMi took a
- * node-wide flock on /tmp/vgpulock/lock, a file every GPU container can
- * hold or pre-create, so one tenant could stall or skip everyone's detection.
- * Instead, a round in which more than one PID appeared (another process
- * created its context at the same time) is not trusted and is retried after
- * a random pause; a round in which exactly one appeared names ours. */
+ * retains its first context (spec A.6.6). Ours appears in every round; another
+ * process (of this container or another) creating a context at the same time
+ * appears in a round too, so rounds are repeated after a random pause and the
+ * candidates are the PIDs that appeared in every round so far; when one is left
+ * it is ours. No lock is taken: HAMi serialised detection with a node-wide flock
+ * (/tmp/vgpulock/lock, which any GPU container can hold) and the region's
+ * sem_postinit (which any process of the container can hold, or die holding):
+ * N processes starting at once then wait for N context creations one after
+ * the other (issue 26 item 4), and a stopped or crashed holder stalls or
+ * skips the detection of every later process of the container. */
 static void detect_host_pid(void) {
     if (vg_nvml_load() != 0 || !NHAVE(nvmlDeviceGetComputeRunningProcesses) || !NHAVE(nvmlInit_v2)) return;
     if (NVML_REAL(nvmlInit_v2)() != NVML_SUCCESS) return;
@@ -251,30 +249,41 @@ static void detect_host_pid(void) {
     if (NVML_REAL(nvmlDeviceGetHandleByIndex_v2)((unsigned)nvml0, &d) != NVML_SUCCESS) return;
     if (!vg_cuda_real[VGC_cuDevicePrimaryCtxRetain] || !vg_cuda_real[VGC_cuDevicePrimaryCtxRelease_v2]) return;
 
-    struct timespec ts;
-    int locked = 0;
-    for (int tries = 0; tries < 10 && !locked; tries++) {
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += 30;
-        if (sem_timedwait(&vg_region->sem_postinit, &ts) == 0) locked = 1;
-        else if (errno != ETIMEDOUT && errno != EINTR) break;
-    }
-    if (!locked) { LOG_WARN("host PID detection skipped (sem_postinit busy)"); return; }
-
     enum { CAP = 1024, ROUNDS = 8 };
     nvmlProcessInfo_v1_t *before = calloc(CAP, sizeof *before), *after = calloc(CAP, sizeof *after);
-    int hostpid = 0, fresh = 0;
+    unsigned *fresh = calloc(CAP, sizeof *fresh), *cand = calloc(CAP, sizeof *cand);
+    uint64_t *size = calloc(CAP, sizeof *size), *csize = calloc(CAP, sizeof *csize);
+    int hostpid = 0, ncand = -1; /* -1: no candidates yet */
     uint64_t ctxsize = 0;
     unsigned seed = (unsigned)vg_pid ^ (unsigned)time(NULL);
-    for (int round = 0; before && after && round < ROUNDS && !hostpid; round++) {
-        hostpid = detect_round(d, before, after, CAP, &ctxsize, &fresh);
-        if (hostpid || fresh < 2) break;
-        LOG_DEBUG("host PID detection: %d processes appeared at once; retrying", fresh);
-        usleep((useconds_t)(20000 + rand_r(&seed) % 80000) * (useconds_t)(round + 1));
+    for (int round = 0; before && after && fresh && cand && size && csize && round < ROUNDS; round++) {
+        int own = 0, nf = detect_round(d, before, after, CAP, fresh, size, &own);
+        if (nf < 0) break;
+        if (own) { hostpid = (int)fresh[0]; ctxsize = size[0]; break; }
+        if (ncand < 0) { /* first round: all that appeared */
+            memcpy(cand, fresh, (size_t)nf * sizeof *cand);
+            memcpy(csize, size, (size_t)nf * sizeof *csize);
+            ncand = nf;
+        } else { /* keep those that appeared again */
+            int k = 0;
+            for (int i = 0; i < ncand; i++)
+                for (int j = 0; j < nf; j++)
+                    if (fresh[j] == cand[i]) { cand[k] = cand[i]; csize[k] = size[j]; k++; break; }
+            ncand = k;
+        }
+        if (ncand == 1) { hostpid = (int)cand[0]; ctxsize = csize[0]; break; }
+        /* none left: ours did not appear in some round (the driver was slow to list
+         * it); start over. Several left: others created contexts with ours. */
+        if (ncand == 0) ncand = -1;
+        LOG_DEBUG("host PID detection: %d candidates after round %d; retrying", ncand, round + 1);
+        usleep((useconds_t)(5000 + rand_r(&seed) % 45000) * (useconds_t)(round + 1));
     }
-    sem_post(&vg_region->sem_postinit);
     free(before);
     free(after);
+    free(fresh);
+    free(cand);
+    free(size);
+    free(csize);
     if (!hostpid) { LOG_WARN("host PID not found; SM limiting is off for this process"); return; }
     vg_slot->hostpid = hostpid;
     vg_context_size = ctxsize;

@@ -279,9 +279,10 @@ static CUresult launch(uint64_t blocks) {
         while (st_now_ns() < t1) { }
         t1 = st_now_ns();
         uint64_t i = atomic_fetch_add(&me->ring_head, 1) % STUB_RING;
-        me->ring[i].dev = st_cphys(cur_dev());
-        me->ring[i].start_ns = t0;
-        me->ring[i].end_ns = t1;
+        stub_busy_t *ring = ST_RING(st_get(), me);
+        ring[i].dev = st_cphys(cur_dev());
+        ring[i].start_ns = t0;
+        ring[i].end_ns = t1;
     }
     return CUDA_SUCCESS;
 }

@@ -130,7 +130,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessU
         uint64_t head = atomic_load(&p->ring_head), busy = 0;
         int any = 0;
         for (uint64_t j = 0; j < STUB_RING && j < head; j++) {
-            stub_busy_t *b = &p->ring[(head - 1 - j) % STUB_RING];
+            stub_busy_t *b = &ST_RING(s, p)[(head - 1 - j) % STUB_RING];
             if (b->end_ns <= from) break;
             if (b->dev != st_phys((int)i)) continue;
             uint64_t st = b->start_ns > from ? b->start_ns : from;

@@ -55,7 +55,7 @@
 
 #define STUB_MAGIC 0x53545543u
 #define STUB_MAXDEV 16
-#define STUB_MAXPROC 32
+#define STUB_MAXPROC 512
 #define STUB_RING 2048
 #define STUB_MAXOBJ 256
 
@@ -71,8 +71,7 @@ typedef struct {
     _Atomic int32_t ctx[STUB_MAXDEV];      /* live contexts on device */
     _Atomic uint64_t mem[STUB_MAXDEV];     /* bytes held on device */
     _Atomic uint64_t launches;
-    _Atomic uint64_t ring_head;
-    stub_busy_t ring[STUB_RING];
+    _Atomic uint64_t ring_head;            /* launches recorded in rings[record] */
 } stub_proc_t;
 
 /* a virtual-memory allocation (cuMemCreate) that can be shared between processes
@@ -99,7 +98,14 @@ typedef struct {
     stub_proc_t procs[STUB_MAXPROC];
     stub_obj_t objs[STUB_MAXOBJ];
     _Atomic uint64_t orphan_mem[STUB_MAXDEV];
+    /* each record's recent launches, apart from the records: a scan of the records
+     * (every process start, every usage sum) then touches a few pages, not one per
+     * record, as the driver's own bookkeeping costs a process nothing */
+    stub_busy_t rings[STUB_MAXPROC][STUB_RING];
 } stub_state_t;
+
+/* record p's launch ring */
+#define ST_RING(s, p) ((s)->rings[(p) - (s)->procs])
 
 static stub_state_t *g_st;
 static stub_proc_t *g_me;
