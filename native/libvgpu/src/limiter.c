@@ -206,11 +206,13 @@ void vg_watcher_start(void) {
         pthread_attr_init(&a);
         pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
         pthread_attr_setstacksize(&a, 256 * 1024);
-        if (pthread_create(&t, &a, watcher, NULL) == 0) g_watcher_running = 1;
-        pthread_attr_destroy(&a);
+        /* under g_watch_mu: a fork from another thread sees either no watcher
+         * or one that is past its start-up */
         pthread_mutex_lock(&g_watch_mu);
+        if (pthread_create(&t, &a, watcher, NULL) == 0) g_watcher_running = 1;
         wait_ready_locked();
         pthread_mutex_unlock(&g_watch_mu);
+        pthread_attr_destroy(&a);
     }
 }
 
