@@ -10,6 +10,7 @@ same region, on the card its mask names.
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 from libvgpu_harness import Env, lines
@@ -112,3 +113,19 @@ def test_fork_while_watchers_start_every_child_exits(env: Env) -> None:
     p = env.run("init", "forkstorm", "100", LD_PRELOAD=pre, SLOWSTART_MS="20", CUDA_DEVICE_SM_LIMIT="50",
                 timeout=600)
     assert lines(p.stdout, "forkstorm") == [[100, 0]], p.stdout + p.stderr
+
+
+def test_harness_timeout_kills_a_hung_forked_child(env: Env) -> None:
+    """A test run that times out leaves nothing behind: the forked child that holds
+    (as a child hung at exit would) is killed with its parent."""
+    token = f"{env.tmp}/hung-child-token"
+    with pytest.raises(subprocess.TimeoutExpired):
+        env.run("echo", token, "fork", "hold", timeout=3)
+    left = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and token.encode() in (proc / "cmdline").read_bytes():
+                left.append(proc.name)
+        except OSError:
+            continue
+    assert left == []
