@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -91,10 +92,8 @@ def run_group(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess
 
 def kill_group(pgid: int) -> None:
     """SIGKILL every process of group ``pgid``; a group already gone is fine."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def lines(out: str, tag: str) -> list[list[int]]:
