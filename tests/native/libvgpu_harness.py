@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,8 +54,13 @@ class Env:
 
     def run(self, *args: str, prog: str = "vgtest", check: bool = True, preload: bool = True,
             timeout: float = 60, **kv: str) -> subprocess.CompletedProcess[str]:
-        p = subprocess.run([str(self.build / "tests" / prog), *args], env=self.environ(preload, **kv),
-                           capture_output=True, text=True, timeout=timeout)
+        """Run ``build/tests/<prog> args...`` in a process group of its own.
+
+        On ``timeout`` (seconds) the whole group is killed, so a hung forked child
+        is not left behind, and ``subprocess.TimeoutExpired`` is raised; with
+        ``check`` a non-zero exit raises ``AssertionError`` with both outputs.
+        """
+        p = run_group([str(self.build / "tests" / prog), *args], self.environ(preload, **kv), timeout)
         if check and p.returncode != 0:
             raise AssertionError(f"{prog} {' '.join(args)} failed rc={p.returncode}\n{p.stdout}\n{p.stderr}")
         return p
@@ -61,6 +68,32 @@ class Env:
     def popen(self, *args: str, **kv: str) -> subprocess.Popen[str]:
         return subprocess.Popen([str(self.build / "tests" / "vgtest"), *args], env=self.environ(True, **kv),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def run_group(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cmd, capture_output=True, text=True)`` in a new session; on
+    ``timeout`` (seconds) SIGKILL goes to the whole process group (the command and
+    every child it forked that did not leave the group), then the output read so far
+    is attached to the ``subprocess.TimeoutExpired`` raised."""
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as p:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            kill_group(p.pid)
+            out, err = p.communicate()
+            raise subprocess.TimeoutExpired(cmd, timeout, out, err) from e
+        finally:
+            if p.returncode is None:  # interrupted: leave nothing running
+                kill_group(p.pid)
+                p.wait()
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL every process of group ``pgid``; a group already gone is fine."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 def lines(out: str, tag: str) -> list[list[int]]:

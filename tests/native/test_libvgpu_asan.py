@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from libvgpu_harness import BUILD, Env, build
+from libvgpu_harness import BUILD, Env, build, lines
 
 pytestmark = pytest.mark.native
 
@@ -42,14 +42,22 @@ def test_asan_all_paths_and_fork(asan_env: Env) -> None:
                 "mipmap", "ctx"):
         args += ["alloc", kind, str(3 * MiB), "0"]
     args += ["alloc", "mem", str(64 * MiB), "2", "info", "nvml", "0", "launch", "100", "4", "freeall", "info",
-             "fork", "init", "dev", "0", "alloc", "mem", "100", "0", "info",
-             # let the child's watcher thread finish starting: LSan's exit-time
-             # check can deadlock with a thread still in its ASan start-up
-             "sleep", "0.3"]
+             "fork", "init", "dev", "0", "alloc", "mem", "100", "0", "info"]
     for _ in range(200):
         args += ["alloc", "mem", "4096", "0"]
     args += ["freeall"]
     _clean(asan_env.run(*args, CUDA_DEVICE_MEMORY_LIMIT="48m", CUDA_DEVICE_SM_LIMIT="50", VGPU_STUB_CTX_MB="1"))
+
+
+def test_asan_fork_while_the_watcher_starts(asan_env: Env) -> None:
+    """200 children each start their watcher thread (cuInit) and fork at once; every
+    grandchild runs LSan's exit-time check. A fork while the new watcher was still in
+    its ASan start-up (allocating) once left the child with the sanitizer allocator's
+    lock held, and that check hung; a stuck child is killed after 30 s and counted."""
+    p = asan_env.run("init", "forkstorm", "200", CUDA_DEVICE_MEMORY_LIMIT="48m", CUDA_DEVICE_SM_LIMIT="50",
+                     timeout=600)
+    _clean(p)
+    assert lines(p.stdout, "forkstorm") == [[200, 0]], p.stdout + p.stderr
 
 
 def test_asan_fake_runtime_and_parser(asan_env: Env) -> None:

@@ -10,6 +10,7 @@ same region, on the card its mask names.
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 from libvgpu_harness import Env, lines
@@ -75,3 +76,56 @@ def test_exec_in_a_child_keeps_one_accounting_on_the_card_its_mask_names(env: En
     finally:
         p.kill()
         p.wait()
+
+
+def _tasks(out: str) -> list[list[str]]:
+    """The thread names of each ``tasks`` command, in order."""
+    groups: list[list[str]] = []
+    for ln in out.splitlines():
+        if ln == "echo-tasks":
+            groups.append([])
+        elif ln.startswith("task ") and groups:
+            groups[-1].append(ln[5:])
+    return groups
+
+
+def test_watcher_has_started_when_cuinit_returns_and_a_fork_child_has_none(env: Env) -> None:
+    """Every new thread is held 300 ms in its start-up (a preloaded pthread_create,
+    ``tests/slowstart.c``), where glibc and ASan allocate: a fork in that window once
+    left the child with the sanitizer allocator's lock held and its exit hung. cuInit
+    returns only once the watcher runs the library's code, so a fork right after it
+    cannot catch the watcher starting; the child has no watcher until its own init."""
+    pre = f"{env.build / 'tests' / 'libslowstart.so'}:{env.build / 'libvgpu.so'}"
+    tasks = ["echo", "echo-tasks", "tasks"]
+    p = env.run("init", *tasks, "fork", *tasks, "init", *tasks, "--", *tasks, LD_PRELOAD=pre,
+                CUDA_DEVICE_SM_LIMIT="50")
+    parent, child_before, child_after, parent_after = _tasks(p.stdout)
+    assert parent.count("vgpu-watcher") == 1, p.stdout
+    assert child_before == ["vgtest"], p.stdout
+    assert child_after.count("vgpu-watcher") == 1, p.stdout
+    assert parent_after.count("vgpu-watcher") == 1, p.stdout
+
+
+def test_fork_while_watchers_start_every_child_exits(env: Env) -> None:
+    """100 children each start their watcher (held 20 ms in start-up) and fork at once;
+    every child and grandchild exits (a stuck one is killed after 30 s and counted)."""
+    pre = f"{env.build / 'tests' / 'libslowstart.so'}:{env.build / 'libvgpu.so'}"
+    p = env.run("init", "forkstorm", "100", LD_PRELOAD=pre, SLOWSTART_MS="20", CUDA_DEVICE_SM_LIMIT="50",
+                timeout=600)
+    assert lines(p.stdout, "forkstorm") == [[100, 0]], p.stdout + p.stderr
+
+
+def test_harness_timeout_kills_a_hung_forked_child(env: Env) -> None:
+    """A test run that times out leaves nothing behind: the forked child that holds
+    (as a child hung at exit would) is killed with its parent."""
+    token = f"{env.tmp}/hung-child-token"
+    with pytest.raises(subprocess.TimeoutExpired):
+        env.run("echo", token, "fork", "hold", timeout=3)
+    left = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and token.encode() in (proc / "cmdline").read_bytes():
+                left.append(proc.name)
+        except OSError:
+            continue
+    assert left == []

@@ -2,6 +2,7 @@
  * a watcher thread from NVML per-process utilisation; region feedback fields
  * utilization_switch / recent_kernel honoured at every limited launch. */
 #include "vgpu.h"
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -21,6 +22,14 @@ static int g_watcher_running;
 /* held by the watcher while it samples NVML; fork waits for it so a child
  * never inherits a lock (NVML's, the allocator's) taken mid-cycle */
 static pthread_mutex_t g_watch_mu = PTHREAD_MUTEX_INITIALIZER;
+/* set (under g_watch_mu) once the watcher has finished starting. A new
+ * thread's start-up, before it runs our code, may allocate (glibc's
+ * pthread_getattr_np under ASan's thread set-up takes the sanitizer
+ * allocator's size-class lock); a fork in that window left the child with
+ * that lock held forever and its exit-time leak check hung. So the watcher
+ * is started only once it is past that point, and fork waits for it too. */
+static int g_watcher_ready;
+static pthread_cond_t g_watch_cv = PTHREAD_COND_INITIALIZER;
 static int g_ndev;
 
 void vg_record_kernel_time(void) {
@@ -131,10 +140,17 @@ static void sample_device(int d, nvmlProcessUtilizationSample_t *buf, nvmlProces
 static nvmlProcessUtilizationSample_t *g_samples; /* watcher buffers, kept reachable */
 static nvmlProcessInfo_v1_t *g_procs;
 
+static void wait_ready_locked(void);
+
 static void *watcher(void *arg) {
     (void)arg;
     nvmlProcessUtilizationSample_t *buf = g_samples;
     nvmlProcessInfo_v1_t *procs = g_procs;
+    pthread_setname_np(pthread_self(), "vgpu-watcher"); /* seen in ps -L; the tests look for it */
+    pthread_mutex_lock(&g_watch_mu);
+    g_watcher_ready = 1;
+    pthread_cond_broadcast(&g_watch_cv);
+    pthread_mutex_unlock(&g_watch_mu);
     if (!buf || !procs) return NULL;
     for (;;) {
         usleep(PERIOD_US);
@@ -190,16 +206,43 @@ void vg_watcher_start(void) {
         pthread_attr_init(&a);
         pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
         pthread_attr_setstacksize(&a, 256 * 1024);
+        /* under g_watch_mu: a fork from another thread sees either no watcher
+         * or one that is past its start-up */
+        pthread_mutex_lock(&g_watch_mu);
         if (pthread_create(&t, &a, watcher, NULL) == 0) g_watcher_running = 1;
+        wait_ready_locked();
+        pthread_mutex_unlock(&g_watch_mu);
         pthread_attr_destroy(&a);
     }
 }
 
-void vg_limiter_fork_prepare(void) { pthread_mutex_lock(&g_watch_mu); }
+/* With g_watch_mu held: wait until a started watcher runs our code. Bounded
+ * (a thread that never gets scheduled must not hang the process); on the
+ * timeout the caller goes on as it did before this wait existed. */
+static void wait_ready_locked(void) {
+    if (!g_watcher_running || g_watcher_ready) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += 10;
+    while (!g_watcher_ready)
+        if (pthread_cond_timedwait(&g_watch_cv, &g_watch_mu, &ts) == ETIMEDOUT) {
+            LOG_WARN("watcher thread not started after 10 s");
+            return;
+        }
+}
+
+/* fork: the watcher is neither starting nor sampling while the child is made */
+void vg_limiter_fork_prepare(void) {
+    pthread_mutex_lock(&g_watch_mu);
+    wait_ready_locked();
+}
 void vg_limiter_fork_parent(void) { pthread_mutex_unlock(&g_watch_mu); }
 
+/* the child has no watcher thread (only the forking thread is copied) */
 void vg_limiter_fork_child(void) {
     pthread_mutex_init(&g_watch_mu, NULL);
+    pthread_cond_init(&g_watch_cv, NULL);
+    g_watcher_ready = 0;
     g_watcher_running = 0;
     vg_limiter_on = 0;
     vg_hostpid_found = 0;

@@ -26,6 +26,12 @@
  *                        continues after it
  *   exec SCRIPT...       the same, the child exec'ing vgtest SCRIPT...
  *   setenv NAME VALUE    setenv (inherited by fork and exec)
+ *   tasks                print "task NAME" for every thread of this process
+ *   forkstorm N          N times: fork a child that runs cuInit (starting its own
+ *                        watcher thread) and at once forks a grandchild that
+ *                        exits; print "forkstorm EXITED STUCK" (a child not
+ *                        finished after 30 s is stuck; it and its grandchild
+ *                        are killed)
  *   procs N              print "procs N COUNT SUM_USED" and "proc PID USED" lines
  *                        (nvmlDeviceGetComputeRunningProcesses, v1 records) and
  *                        "procs3 N COUNT SUM_USED SIZE_QUERY" (_v3)
@@ -198,6 +204,7 @@ static void set_dev(int n) {
 }
 
 #include "vgpat.h"
+#include "vgfork.h"
 
 static int run(int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
@@ -306,6 +313,10 @@ static int run(int argc, char **argv) {
             if (!WIFEXITED(st) || WEXITSTATUS(st)) die("child failed", st, 0);
             if (end >= argc) return 0;
             i = end;
+        } else if (!strcmp(c, "tasks")) {
+            print_tasks();
+        } else if (!strcmp(c, "forkstorm")) {
+            forkstorm(atoi(argv[++i]));
         } else if (!strcmp(c, "setenv")) {
             const char *name = argv[++i];
             setenv(name, argv[++i], 1);
