@@ -48,11 +48,11 @@ from hami.core.config import SchedulerConfig
 from hami.core.provenance import strip_allocation
 from hami.core.quota import QuotaLedger
 from hami.devices import nvidia
-from hami.dra import booking, claimquota, signedspecs
+from hami.dra import booking, claimquota, claimusers, signedspecs
 from hami.dra import translate as tr
 from hami.dra.booking import claim_booking
 from hami.dra.cache import DraObjects, card_sizes_mib, mig_offers, published_devices
-from hami.dra.templates import read_template
+from hami.dra.templates import read_claim, read_template
 
 log = logging.getLogger(__name__)
 JSON = dict[str, Any]
@@ -166,6 +166,13 @@ class DraWebhook:
             if claims is not None:
                 claims[name] = doc
         return ledger
+
+    async def _read(self, kind: str, namespace: str, name: str) -> JSON | None:
+        """A ResourceClaimTemplate or ResourceClaim (``kind``) as a dict, None when absent
+        (:data:`hami.dra.claimusers.Reader`)."""
+        if kind == "ResourceClaimTemplate":
+            return await self._template(namespace, name)
+        return await read_claim(self.client, namespace, name)
 
     async def _template(self, namespace: str, name: str) -> JSON | None:
         """The ResourceClaimTemplate ``namespace/name`` as a dict, None when there is none.
@@ -308,13 +315,17 @@ class DraWebhook:
             denial = await self._named_claims_denial(pod, namespace)
             if denial:
                 return _reply(api_version, uid, False, denial)
+        # A pod naming hami's template, or a claim or template of hami's DeviceClass the
+        # tenant made, gets a GPU without asking for one by name: the containers using
+        # such a claim keep the rules of GPU containers.
+        using = (await claimusers.hami_claim_containers(pod, namespace, self._read)
+                 if isinstance(spec, dict) and spec.get("resourceClaims") else None)
+        claim_problems = ([] if using is None
+                          else isolation.security_violations(pod, self.config, using))
+        if claim_problems:
+            return _reply(api_version, uid, False, isolation.message(claim_problems))
         if not isolation.asks_for_devices(pod, self.config):
-            # A pod naming hami's template gets a GPU without asking for one by name.
-            using = signedspecs.template_containers(pod)
-            problems = ([] if using is None
-                        else isolation.security_violations(pod, self.config, using))
-            return (_reply(api_version, uid, False, isolation.message(problems)) if problems
-                    else self.fallback(body))
+            return self.fallback(body)
         # As the normal webhook: no hand-written allocation survives creation (a
         # translated pod gets hami's schedulerName, whose scheduler charges them).
         clean, removed = strip_allocation(pod, self.config)
