@@ -45,7 +45,9 @@ def container_running(pod: PodView, name: str) -> bool:
 
 #: Priority of a container whose spec sets none (libvgpu's region default, HAMi-core 1.2).
 DEFAULT_PRIORITY = 1
-_PRIORITY = re.compile(r"\s*(\d{1,10})\s*")
+#: ASCII only, as C's ``atoi``: Python's ``\d`` and ``int`` also take other scripts' digits
+#: ("\u0660" is 0 to them), which admission does not read as a 0.
+_PRIORITY = re.compile(r"\s*(\d{1,10})\s*", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +60,8 @@ class Grant:
 
 
 def task_priority(value: str | None) -> int:
-    """``CUDA_TASK_PRIORITY`` as the monitor uses it: a decimal integer 0..2^31-1;
+    """``CUDA_TASK_PRIORITY`` as the monitor uses it: a decimal integer 0..2^31-1 in ASCII
+    digits, ASCII blanks around it;
     unset, malformed or negative values give :data:`DEFAULT_PRIORITY` (HAMi's ``atoi``
     lets a negative priority exempt a container from blocking)."""
     m = _PRIORITY.fullmatch(value or "")
