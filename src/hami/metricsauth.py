@@ -59,6 +59,11 @@ CACHE_MAX_ENTRIES = 1024
 MAX_INFLIGHT_REVIEWS = 4
 REVIEW_WAIT_S = 5.0
 
+#: The ``--metrics-secure`` flag's help (scheduler and monitor).
+SECURE_HELP = ("serve /metrics over HTTPS to scrapers the API server authenticates "
+               "(TokenReview) and authorizes for get on the non-resource URL /metrics "
+               "(SubjectAccessReview): no token 401, no such role 403")
+
 #: The request the scraper must be allowed (non-resource URL, RBAC ``nonResourceURLs``).
 METRICS_PATH, METRICS_VERB = "/metrics", "get"
 
@@ -301,6 +306,6 @@ def self_signed_context(hosts: list[str] | None = None) -> tuple[ssl.SSLContext,
 
 
 __all__ = ["ALLOWED", "CACHE_MAX_ENTRIES", "CACHE_TTL_S", "FORBIDDEN", "MAX_INFLIGHT_REVIEWS",
-           "MAX_TOKEN_BYTES", "METRICS_PATH", "METRICS_VERB", "UNAUTHENTICATED",
+           "MAX_TOKEN_BYTES", "METRICS_PATH", "METRICS_VERB", "SECURE_HELP", "UNAUTHENTICATED",
            "MetricsGuard", "Verdict", "VerdictCache", "access_review_spec", "bearer_token",
            "file_context", "self_signed_context", "server_context", "token_verdict"]

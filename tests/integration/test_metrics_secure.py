@@ -20,10 +20,10 @@ import pytest
 
 from hami.core.config import ConfigError
 from hami.kube import KubeError
-from hami.scheduler.server import serve
 
 from .fake_kube import FakeKube
 from .support import SETTINGS, run
+from .test_extender_http import scheduler as serving
 
 READER = "system:serviceaccount:monitoring:prometheus"
 
@@ -54,22 +54,9 @@ class ReviewingKube(FakeKube):
 
 @contextlib.asynccontextmanager
 async def scheduler(kube: FakeKube, **overrides: Any) -> AsyncIterator[int]:
-    settings = replace(SETTINGS, **{"http_bind": "127.0.0.1:0",
-                                    "metrics_bind_address": "127.0.0.1:0", **overrides})
-    stop, ready = asyncio.Event(), asyncio.Event()
-    ports: dict[str, int] = {}
-
-    def started(p: dict[str, int]) -> None:
-        ports.update(p)
-        ready.set()
-
-    task = asyncio.create_task(serve(settings, kube=kube, stop=stop, started=started))
-    await asyncio.wait_for(ready.wait(), 20)
-    try:
+    """``serve()`` with its metrics listener on a free port; yields that port."""
+    async with serving(kube, metrics_bind_address="127.0.0.1:0", **overrides) as ports:
         yield ports["metrics"]
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
 
 
 def scrape(url: str, token: str | None, context: ssl.SSLContext | None

@@ -70,7 +70,11 @@ def _loop(hook: Path, kube: FakeKube, stop: threading.Event) -> None:
                 interval_s=0.0, grace_s=3600.0, mig_lock=hook / "no-mig.lock")
 
 
-def test_a_priority_0_writer_blocks_its_neighbour_at_most_9_of_12_ticks(tmp_path: Path) -> None:
+def victim_blocked(tmp_path: Path, attacker_priority: str, ticks: int) -> list[bool]:
+    """Run the monitor loop ``ticks`` ticks over two pods on one GPU: an attacker whose
+    spec says ``CUDA_TASK_PRIORITY=attacker_priority`` and who writes ``recent_kernel = 2``
+    before every tick, and a priority-1 victim that launches whenever it is not blocked;
+    returns, per tick after the first, whether the victim was left blocked."""
     hook = tmp_path / "vgpu"
     root = hook / "containers"
     attacker = put(root, "a_main", build(RegionSpec(uuids=(U0,), priority=0, recent_kernel=2)))
@@ -85,10 +89,17 @@ def test_a_priority_0_writer_blocks_its_neighbour_at_most_9_of_12_ticks(tmp_path
             _write_rk(victim, 2)                     # libvgpu launches when not blocked
 
     stop = threading.Event()
-    kube = TickingKube(121, tenants, stop)
-    kube.add_pod(_pod("a", 0))
+    kube = TickingKube(ticks, tenants, stop)
+    kube.add_pod(PodView("ns", "a", "a", "node-a", "Running", {**LABEL, **allocated((U0,))},
+                         (ContainerView("main", {"CUDA_TASK_PRIORITY": attacker_priority}),),
+                         labels=LABEL))
     kube.add_pod(_pod("v", 1))
     _loop(hook, kube, stop)
+    return blocked
+
+
+def test_a_priority_0_writer_blocks_its_neighbour_at_most_9_of_12_ticks(tmp_path: Path) -> None:
+    blocked = victim_blocked(tmp_path, "0", 121)
     assert len(blocked) == 120
     windows = [sum(blocked[i:i + 12]) for i in range(len(blocked) - 11)]
     assert max(windows) <= 9, blocked                # was 12 of 12, every window

@@ -9,45 +9,19 @@ real region files; an ASCII ``0`` (granted) still blocks."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import pytest
 
 from hami.core.isolation import security_violations
-from hami.deviceplugin.allocate import ContainerView, PodView
 from hami.devices.registry import make_config
-from tests.node.regionfile import RegionSpec, allocated, build, read_feedback
-from tests.node.test_monitor import U0, put
-from tests.node.test_monitor_bounds import LABEL, TickingKube, _loop, _write_rk
+from tests.node.test_monitor_bounds import victim_blocked
 
 SPELLINGS = ("\u0660", "\uff10", "\u0966", " \u0660 ", "\U0001d7ce")
 
 
-def _pod(uid: str, priority: str) -> PodView:
-    return PodView("ns", uid, uid, "node-a", "Running", {**LABEL, **allocated((U0,))},
-                   (ContainerView("main", {"CUDA_TASK_PRIORITY": priority}),), labels=LABEL)
-
-
 def _victim_blocked_ticks(tmp_path: Path, attacker_priority: str) -> int:
-    hook = tmp_path / "vgpu"
-    root = hook / "containers"
-    attacker = put(root, "a_main", build(RegionSpec(uuids=(U0,), priority=0, recent_kernel=2)))
-    victim = put(root, "v_main", build(RegionSpec(uuids=(U0,), priority=1, recent_kernel=2)))
-    blocked: list[bool] = []
-
-    def tenants(tick: int) -> None:
-        if tick:
-            blocked.append(read_feedback(victim.read_bytes())[1] < 0)
-        _write_rk(attacker, 2)
-        if read_feedback(victim.read_bytes())[1] >= 0:
-            _write_rk(victim, 2)
-
-    stop = threading.Event()
-    kube = TickingKube(5, tenants, stop)
-    kube.add_pod(_pod("a", attacker_priority))
-    kube.add_pod(_pod("v", "1"))
-    _loop(hook, kube, stop)
+    blocked = victim_blocked(tmp_path, attacker_priority, 5)
     assert len(blocked) == 4
     return sum(blocked)
 

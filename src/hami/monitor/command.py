@@ -19,6 +19,7 @@ from hami.deviceplugin.allocate import VGPU_NODE, PodView
 from hami.durations import seconds
 from hami.metricsauth import (
     METRICS_PATH,
+    SECURE_HELP,
     MetricsGuard,
     SyncReviewer,
     file_context,
@@ -259,9 +260,7 @@ def monitor(
         help="how long a container's cache of a pod that is gone is kept (5m, or "
              "seconds)")] = 300.0,
     metrics_secure: Annotated[bool, typer.Option(
-        help="serve /metrics over HTTPS to scrapers the API server authenticates "
-             "(TokenReview) and authorizes for get on the non-resource URL /metrics "
-             "(SubjectAccessReview): no token 401, no such role 403")] = False,
+        help=SECURE_HELP)] = False,
     metrics_cert_file: Annotated[str, typer.Option(
         help="with --metrics-secure: PEM certificate of /metrics, read at start "
              "(empty: self-signed)")] = "",
