@@ -31,7 +31,7 @@ SCHEDULER_CHART_ARGS = [
     "--debug", "-v=4"]
 DEVICE_PLUGIN_CHART_ARGS = ["--config-file=/device-config.yaml", "--mig-strategy=none",
                             "--disable-core-limit=false", "-v=4"]
-MONITOR_CHART_ARGS = ["--legacy-metrics=true", "-v=4"]
+MONITOR_CHART_ARGS = ["--legacy-metrics=true", "-v=4", "--high-priority-namespaces=inference"]
 COMMON_HAMI_FLAGS = ["-v=2", "--v=3", "-v", "4", "--debug", "--kube-qps=5", "--kube-burst",
                      "10", "--default-mem=1024", "--default-cores=10", "--default-gpu=1",
                      "--profiling"]

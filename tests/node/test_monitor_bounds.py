@@ -65,16 +65,20 @@ class TickingKube(FakeKube):
         return super().pods_on_node(node)
 
 
-def _loop(hook: Path, kube: FakeKube, stop: threading.Event) -> None:
+def _loop(hook: Path, kube: FakeKube, stop: threading.Event,
+          high_priority_namespaces: frozenset[str] | None = None) -> None:
     run_monitor(node="node-a", hook_path=hook, kube=kube, stop=stop, bind=None,
-                interval_s=0.0, grace_s=3600.0, mig_lock=hook / "no-mig.lock")
+                interval_s=0.0, grace_s=3600.0, mig_lock=hook / "no-mig.lock",
+                high_priority_namespaces=high_priority_namespaces)
 
 
-def victim_blocked(tmp_path: Path, attacker_priority: str, ticks: int) -> list[bool]:
-    """Run the monitor loop ``ticks`` ticks over two pods on one GPU: an attacker whose
-    spec says ``CUDA_TASK_PRIORITY=attacker_priority`` and who writes ``recent_kernel = 2``
-    before every tick, and a priority-1 victim that launches whenever it is not blocked;
-    returns, per tick after the first, whether the victim was left blocked."""
+def victim_blocked(tmp_path: Path, attacker_priority: str, ticks: int,
+                   high_priority_namespaces: frozenset[str] | None = None) -> list[bool]:
+    """Run the monitor loop ``ticks`` ticks over two pods of namespace ``ns`` on one GPU:
+    an attacker whose spec says ``CUDA_TASK_PRIORITY=attacker_priority`` and who writes
+    ``recent_kernel = 2`` before every tick, and a priority-1 victim that launches
+    whenever it is not blocked; returns, per tick after the first, whether the victim
+    was left blocked. ``high_priority_namespaces``: the monitor's grant (None: all)."""
     hook = tmp_path / "vgpu"
     root = hook / "containers"
     attacker = put(root, "a_main", build(RegionSpec(uuids=(U0,), priority=0, recent_kernel=2)))
@@ -94,7 +98,7 @@ def victim_blocked(tmp_path: Path, attacker_priority: str, ticks: int) -> list[b
                          (ContainerView("main", {"CUDA_TASK_PRIORITY": attacker_priority}),),
                          labels=LABEL))
     kube.add_pod(_pod("v", 1))
-    _loop(hook, kube, stop)
+    _loop(hook, kube, stop, high_priority_namespaces)
     return blocked
 
 

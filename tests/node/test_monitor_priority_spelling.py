@@ -20,8 +20,9 @@ from tests.node.test_monitor_bounds import victim_blocked
 SPELLINGS = ("\u0660", "\uff10", "\u0966", " \u0660 ", "\U0001d7ce")
 
 
-def _victim_blocked_ticks(tmp_path: Path, attacker_priority: str) -> int:
-    blocked = victim_blocked(tmp_path, attacker_priority, 5)
+def _victim_blocked_ticks(tmp_path: Path, attacker_priority: str,
+                          granted: frozenset[str] | None = None) -> int:
+    blocked = victim_blocked(tmp_path, attacker_priority, 5, granted)
     assert len(blocked) == 4
     return sum(blocked)
 
