@@ -133,3 +133,26 @@ def test_secure_metrics_with_a_certificate_pair(tmp_path: Path) -> None:
 def test_bad_flag_combinations(overrides: dict[str, Any]) -> None:
     with pytest.raises(ConfigError, match="--metrics-cert-file"):
         replace(SETTINGS, **overrides).validate()
+
+
+def test_made_up_tokens_cannot_flood_the_api_server() -> None:
+    """Anyone who reaches the port may send made-up tokens: each cost a TokenReview (60 of
+    60 before); now at most a burst of 20 and 5 a second more are reviewed (the rest get
+    503), and the scraper allowed before keeps its series."""
+    from hami.metricsauth import NEW_TOKEN_BURST, NEW_TOKEN_REVIEWS_PER_S
+
+    async def scenario() -> None:
+        kube = ReviewingKube()
+        async with scheduler(kube, metrics_secure=True) as port:
+            url = f"https://127.0.0.1:{port}/metrics"
+            assert (await asyncio.to_thread(scrape, url, "good", insecure()))[0] == 200
+            started = asyncio.get_running_loop().time()
+            answers = [(await asyncio.to_thread(scrape, url, f"made-up-{i}", insecure()))[0]
+                       for i in range(60)]
+            elapsed = asyncio.get_running_loop().time() - started
+            made_up = [t for t in kube.reviews if t.startswith("made-up-")]
+            assert len(made_up) <= NEW_TOKEN_BURST + NEW_TOKEN_REVIEWS_PER_S * elapsed + 1, (
+                len(made_up), elapsed)
+            assert set(answers) <= {401, 503} and answers.count(401) == len(made_up)
+            assert (await asyncio.to_thread(scrape, url, "good", insecure()))[0] == 200
+    run(scenario)
