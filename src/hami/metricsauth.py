@@ -60,11 +60,13 @@ CACHE_MAX_ENTRIES = 1024
 MAX_INFLIGHT_REVIEWS = 4
 REVIEW_WAIT_S = 5.0
 
-#: Reviews of tokens not allowed here before, per second at most after a burst of
-#: :data:`NEW_TOKEN_BURST` (beyond: 503, nothing asked): made-up tokens from anyone who
-#: reaches the port cost the API server (and the component's own share of its priority
-#: and fairness) at most this. A token allowed before is reviewed again whenever its
-#: verdict expires, whatever the flood.
+#: Reviews of tokens not allowed here before, per second and peer address at most after a
+#: burst of :data:`NEW_TOKEN_BURST` (beyond: 503, nothing asked): made-up tokens cost the
+#: API server (and the component's own share of its priority and fairness) at most this
+#: per sender, and one sender's flood does not hold another's new token (Prometheus after
+#: a restart or a token rotation). A token allowed before is reviewed again whenever its
+#: verdict expires, whatever the flood; at most :data:`CACHE_MAX_ENTRIES` peers are
+#: tracked (the least recently seen is forgotten).
 NEW_TOKEN_REVIEWS_PER_S = 5.0
 NEW_TOKEN_BURST = 20
 
@@ -195,7 +197,7 @@ class MetricsGuard:
         self.cache = cache if cache is not None else VerdictCache()
         self.path, self.wait_s = path, wait_s
         self._new_per_s, self._new_burst = new_per_s, float(new_burst)
-        self._new_left, self._new_at = float(new_burst), self.cache.clock()
+        self._budgets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # peer -> left, at
         self._allowed_before: OrderedDict[bytes, None] = OrderedDict()
         self._rate_lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_inflight)
@@ -209,21 +211,22 @@ class MetricsGuard:
     def _key(token: str) -> bytes:
         return hashlib.sha256(token.encode()).digest()
 
-    def _may_review(self, key: bytes) -> bool:
+    def _may_review(self, key: bytes, peer: str) -> bool:
         """True when ``key``'s token may be reviewed now: it was allowed before, or the
-        budget of new tokens (:data:`NEW_TOKEN_REVIEWS_PER_S`) has one left (taken)."""
+        peer's budget of new tokens (:data:`NEW_TOKEN_REVIEWS_PER_S`) has one left
+        (taken)."""
         with self._rate_lock:
             if key in self._allowed_before:
                 self._allowed_before.move_to_end(key)
                 return True
             now = self.cache.clock()
-            self._new_left = min(self._new_burst,
-                                 self._new_left + (now - self._new_at) * self._new_per_s)
-            self._new_at = now
-            if self._new_left < 1:
-                return False
-            self._new_left -= 1
-            return True
+            left, at = self._budgets.pop(peer, (self._new_burst, now))
+            left = min(self._new_burst, left + (now - at) * self._new_per_s)
+            allowed = left >= 1
+            self._budgets[peer] = (left - 1 if allowed else left, now)
+            while len(self._budgets) > self.cache.max_entries:
+                self._budgets.popitem(last=False)
+            return allowed
 
     def _done(self, key: bytes | None, verdict: Verdict) -> Verdict:
         if key is not None and verdict.status in (200, 401, 403):
@@ -257,14 +260,14 @@ class MetricsGuard:
                         self.failures, type(exc).__name__, str(exc)[:500])
         return Verdict(503, "authorization unavailable")
 
-    def check(self, header: str | None, reviewer: SyncReviewer) -> Verdict:
-        """The verdict for one scrape with ``Authorization`` value ``header``, asking the
-        API server through ``reviewer`` (blocking) when the cache has none. Never
-        raises."""
+    def check(self, header: str | None, reviewer: SyncReviewer, peer: str = "") -> Verdict:
+        """The verdict for one scrape with ``Authorization`` value ``header`` from the
+        address ``peer``, asking the API server through ``reviewer`` (blocking) when the
+        cache has none. Never raises."""
         cached, token, key = self._first(header)
         if cached is not None:
             return self._done(None, cached)
-        if not self._may_review(key):
+        if not self._may_review(key, peer):
             return self._done(None, TOO_MANY_NEW)
         if not self._slots.acquire(timeout=self.wait_s):
             return self._done(None, Verdict(503, "too many reviews in flight"))
@@ -279,12 +282,13 @@ class MetricsGuard:
             self._slots.release()
         return self._done(key, ALLOWED if allowed else FORBIDDEN)
 
-    async def check_async(self, header: str | None, reviewer: AsyncReviewer) -> Verdict:
+    async def check_async(self, header: str | None, reviewer: AsyncReviewer,
+                          peer: str = "") -> Verdict:
         """:meth:`check` for an asyncio server (``reviewer``'s calls are awaited)."""
         cached, token, key = self._first(header)
         if cached is not None:
             return self._done(None, cached)
-        if not self._may_review(key):
+        if not self._may_review(key, peer):
             return self._done(None, TOO_MANY_NEW)
         if self._async_slots is None:
             self._async_slots = asyncio.Semaphore(self._max_inflight)

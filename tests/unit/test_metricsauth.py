@@ -289,3 +289,5 @@ def test_new_tokens_are_reviewed_at_a_bounded_rate_and_known_scrapers_are_not_he
         guard.check(f"Bearer flood-{i}", a.sync())
     assert guard.check("Bearer good", a.sync()).status == 200
     assert guard.check("Bearer norole", a.sync()).status == 503   # new, budget spent
+    # another sender's budget is its own: a new token from it is reviewed
+    assert guard.check("Bearer norole", a.sync(), "10.0.0.9").status == 403

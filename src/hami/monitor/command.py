@@ -148,7 +148,8 @@ def serve_metrics(collector: Any, addr: str, port: int,
                 self.send_error(404)
                 return
             if guard is not None and reviewer is not None:
-                verdict = guard.check(self.headers.get("Authorization"), reviewer)
+                verdict = guard.check(self.headers.get("Authorization"), reviewer,
+                                      str(self.client_address[0]))
                 if not verdict.allowed:
                     self._refuse(verdict.status, verdict.reason)
                     return
