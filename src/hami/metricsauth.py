@@ -11,7 +11,8 @@ SubjectAccessReview (``authorization.k8s.io/v1``). The answers:
 * no token, a malformed one, one over :data:`MAX_TOKEN_BYTES`, or one the API server does
   not authenticate: **401** (``WWW-Authenticate: Bearer``);
 * an authenticated user without RBAC for ``get`` on ``/metrics``: **403**;
-* the API server did not answer (or too many reviews were in flight): **503**, not cached;
+* the API server did not answer, too many reviews were in flight, or too many tokens not
+  allowed before asked for one (:data:`NEW_TOKEN_REVIEWS_PER_S`): **503**, not cached;
 * otherwise the series.
 
 Both reviews' verdicts are cached for :data:`CACHE_TTL_S` seconds (the API server's
@@ -59,6 +60,21 @@ CACHE_MAX_ENTRIES = 1024
 MAX_INFLIGHT_REVIEWS = 4
 REVIEW_WAIT_S = 5.0
 
+#: Reviews of tokens not allowed here before, per second and peer address at most after a
+#: burst of :data:`NEW_TOKEN_BURST` (beyond: 503, nothing asked): made-up tokens cost the
+#: API server (and the component's own share of its priority and fairness) at most this
+#: per sender, and one sender's flood does not hold another's new token (Prometheus after
+#: a restart or a token rotation). A token allowed before is reviewed again whenever its
+#: verdict expires, whatever the flood; at most :data:`CACHE_MAX_ENTRIES` peers are
+#: tracked (the least recently seen is forgotten).
+NEW_TOKEN_REVIEWS_PER_S = 5.0
+NEW_TOKEN_BURST = 20
+
+#: The ``--metrics-secure`` flag's help (scheduler and monitor).
+SECURE_HELP = ("serve /metrics over HTTPS to scrapers the API server authenticates "
+               "(TokenReview) and authorizes for get on the non-resource URL /metrics "
+               "(SubjectAccessReview): no token 401, no such role 403")
+
 #: The request the scraper must be allowed (non-resource URL, RBAC ``nonResourceURLs``).
 METRICS_PATH, METRICS_VERB = "/metrics", "get"
 
@@ -79,6 +95,7 @@ class Verdict:
 UNAUTHENTICATED = Verdict(401, "Unauthorized")
 FORBIDDEN = Verdict(403, "Forbidden")
 ALLOWED = Verdict(200, "OK")
+TOO_MANY_NEW = Verdict(503, "too many new tokens to review; retry later")
 
 
 def bearer_token(header: str | None) -> str | None:
@@ -175,9 +192,14 @@ class MetricsGuard:
 
     def __init__(self, cache: VerdictCache | None = None, *,
                  max_inflight: int = MAX_INFLIGHT_REVIEWS, wait_s: float = REVIEW_WAIT_S,
-                 path: str = METRICS_PATH) -> None:
+                 path: str = METRICS_PATH, new_per_s: float = NEW_TOKEN_REVIEWS_PER_S,
+                 new_burst: int = NEW_TOKEN_BURST) -> None:
         self.cache = cache if cache is not None else VerdictCache()
         self.path, self.wait_s = path, wait_s
+        self._new_per_s, self._new_burst = new_per_s, float(new_burst)
+        self._budgets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # peer -> left, at
+        self._allowed_before: OrderedDict[bytes, None] = OrderedDict()
+        self._rate_lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_inflight)
         self._max_inflight = max_inflight
         self._async_slots: asyncio.Semaphore | None = None
@@ -189,9 +211,32 @@ class MetricsGuard:
     def _key(token: str) -> bytes:
         return hashlib.sha256(token.encode()).digest()
 
+    def _may_review(self, key: bytes, peer: str) -> bool:
+        """True when ``key``'s token may be reviewed now: it was allowed before, or the
+        peer's budget of new tokens (:data:`NEW_TOKEN_REVIEWS_PER_S`) has one left
+        (taken)."""
+        with self._rate_lock:
+            if key in self._allowed_before:
+                self._allowed_before.move_to_end(key)
+                return True
+            now = self.cache.clock()
+            left, at = self._budgets.pop(peer, (self._new_burst, now))
+            left = min(self._new_burst, left + (now - at) * self._new_per_s)
+            allowed = left >= 1
+            self._budgets[peer] = (left - 1 if allowed else left, now)
+            while len(self._budgets) > self.cache.max_entries:
+                self._budgets.popitem(last=False)
+            return allowed
+
     def _done(self, key: bytes | None, verdict: Verdict) -> Verdict:
         if key is not None and verdict.status in (200, 401, 403):
             self.cache.put(key, verdict)
+        if key is not None and verdict.allowed:
+            with self._rate_lock:
+                self._allowed_before[key] = None
+                self._allowed_before.move_to_end(key)
+                while len(self._allowed_before) > self.cache.max_entries:
+                    self._allowed_before.popitem(last=False)
         if not verdict.allowed:
             self.refused += 1
         return verdict
@@ -215,13 +260,15 @@ class MetricsGuard:
                         self.failures, type(exc).__name__, str(exc)[:500])
         return Verdict(503, "authorization unavailable")
 
-    def check(self, header: str | None, reviewer: SyncReviewer) -> Verdict:
-        """The verdict for one scrape with ``Authorization`` value ``header``, asking the
-        API server through ``reviewer`` (blocking) when the cache has none. Never
-        raises."""
+    def check(self, header: str | None, reviewer: SyncReviewer, peer: str = "") -> Verdict:
+        """The verdict for one scrape with ``Authorization`` value ``header`` from the
+        address ``peer``, asking the API server through ``reviewer`` (blocking) when the
+        cache has none. Never raises."""
         cached, token, key = self._first(header)
         if cached is not None:
             return self._done(None, cached)
+        if not self._may_review(key, peer):
+            return self._done(None, TOO_MANY_NEW)
         if not self._slots.acquire(timeout=self.wait_s):
             return self._done(None, Verdict(503, "too many reviews in flight"))
         try:
@@ -235,11 +282,14 @@ class MetricsGuard:
             self._slots.release()
         return self._done(key, ALLOWED if allowed else FORBIDDEN)
 
-    async def check_async(self, header: str | None, reviewer: AsyncReviewer) -> Verdict:
+    async def check_async(self, header: str | None, reviewer: AsyncReviewer,
+                          peer: str = "") -> Verdict:
         """:meth:`check` for an asyncio server (``reviewer``'s calls are awaited)."""
         cached, token, key = self._first(header)
         if cached is not None:
             return self._done(None, cached)
+        if not self._may_review(key, peer):
+            return self._done(None, TOO_MANY_NEW)
         if self._async_slots is None:
             self._async_slots = asyncio.Semaphore(self._max_inflight)
         try:
@@ -301,6 +351,6 @@ def self_signed_context(hosts: list[str] | None = None) -> tuple[ssl.SSLContext,
 
 
 __all__ = ["ALLOWED", "CACHE_MAX_ENTRIES", "CACHE_TTL_S", "FORBIDDEN", "MAX_INFLIGHT_REVIEWS",
-           "MAX_TOKEN_BYTES", "METRICS_PATH", "METRICS_VERB", "UNAUTHENTICATED",
+           "MAX_TOKEN_BYTES", "METRICS_PATH", "METRICS_VERB", "SECURE_HELP", "UNAUTHENTICATED",
            "MetricsGuard", "Verdict", "VerdictCache", "access_review_spec", "bearer_token",
            "file_context", "self_signed_context", "server_context", "token_verdict"]

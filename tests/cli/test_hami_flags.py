@@ -31,7 +31,7 @@ SCHEDULER_CHART_ARGS = [
     "--debug", "-v=4"]
 DEVICE_PLUGIN_CHART_ARGS = ["--config-file=/device-config.yaml", "--mig-strategy=none",
                             "--disable-core-limit=false", "-v=4"]
-MONITOR_CHART_ARGS = ["--legacy-metrics=true", "-v=4"]
+MONITOR_CHART_ARGS = ["--legacy-metrics=true", "-v=4", "--high-priority-namespaces=inference"]
 COMMON_HAMI_FLAGS = ["-v=2", "--v=3", "-v", "4", "--debug", "--kube-qps=5", "--kube-burst",
                      "10", "--default-mem=1024", "--default-cores=10", "--default-gpu=1",
                      "--profiling"]
@@ -94,23 +94,30 @@ def test_flag_without_effect_warns_in_one_line(monkeypatch: pytest.MonkeyPatch) 
     assert "Traceback" not in proc.stderr
 
 
-def test_default_flags_are_honoured_by_schedule(tmp_path: Path) -> None:
+def _one_node_cluster(tmp_path: Path, namespace: str, limits: str) -> Path:
+    """A cluster file: node n1 with one 16000 MiB T4 and a pod ``namespace/p`` whose one
+    container has ``limits`` (a YAML flow mapping)."""
     cluster = tmp_path / "c.yaml"
-    cluster.write_text("""
+    cluster.write_text(f"""
 kind: Node
 metadata:
   name: n1
   annotations:
     hami.io/node-handshake: "Requesting_2024.01.01 00:00:00"
-    hami.io/node-nvidia-register: '[{"id":"GPU-a","count":10,"devmem":16000,"devcore":100,"type":"NVIDIA-T4","health":true,"numa":0,"mode":"hami-core","index":0}]'
+    hami.io/node-nvidia-register: '[{{"id":"GPU-a","count":10,"devmem":16000,"devcore":100,"type":"NVIDIA-T4","health":true,"numa":0,"mode":"hami-core","index":0}}]'
 ---
 kind: Pod
-metadata: {name: p, namespace: default, uid: u1}
+metadata: {{name: p, namespace: {namespace}, uid: u1}}
 spec:
   containers:
   - name: c
-    resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpucores: 20}}
+    resources: {{limits: {limits}}}
 """)
+    return cluster
+
+
+def test_default_flags_are_honoured_by_schedule(tmp_path: Path) -> None:
+    cluster = _one_node_cluster(tmp_path, "default", "{nvidia.com/gpu: 1, nvidia.com/gpucores: 20}")
     out = CliRunner().invoke(app, ["schedule", "-f", str(cluster), "-o", "json",
                                    "--default-mem=1234", "--default-cores=7"])
     assert out.exit_code == 0, out.output
@@ -120,22 +127,9 @@ spec:
 
 
 def test_schedule_follows_the_priority_zero_grant(tmp_path: Path) -> None:
-    cluster = tmp_path / "c.yaml"
-    cluster.write_text("""
-kind: Node
-metadata:
-  name: n1
-  annotations:
-    hami.io/node-handshake: "Requesting_2024.01.01 00:00:00"
-    hami.io/node-nvidia-register: '[{"id":"GPU-a","count":10,"devmem":16000,"devcore":100,"type":"NVIDIA-T4","health":true,"numa":0,"mode":"hami-core","index":0}]'
----
-kind: Pod
-metadata: {name: p, namespace: serving, uid: u1}
-spec:
-  containers:
-  - name: c
-    resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 1000, nvidia.com/priority: 0}}
-""")
+    cluster = _one_node_cluster(
+        tmp_path, "serving",
+        "{nvidia.com/gpu: 1, nvidia.com/gpumem: 1000, nvidia.com/priority: 0}")
     refused = CliRunner().invoke(app, ["schedule", "-f", str(cluster), "-o", "json"])
     assert "--high-priority-namespaces" in refused.stdout, refused.stdout
     assert "GPU-a,NVIDIA,1000" not in refused.stdout

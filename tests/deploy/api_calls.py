@@ -97,6 +97,8 @@ CALLS: dict[str, tuple[Call, ...]] = {
              where=("hami.dra.cache:DraObjects._run", "hami.dra.webhook:DraWebhook.namespace_ledger",
                     "hami.dra.prioritize:DraPrioritizer.__call__")),
         Call("watch", "resourceclaims", _DRA, when="dra", where=("hami.dra.cache:DraObjects._run",)),
+        # a claim a pod names itself: does it ask hami's DeviceClass (isolation rules)
+        Call("get", "resourceclaims", _DRA, when="dra", where=("hami.dra.templates:read_claim",)),
         # secure metrics (--metrics-secure): who is scraping, may they get /metrics
         Call("create", "tokenreviews", _AUTHN, when="metrics-secure",
              where=(f"{_KUBE}.review_token",)),

@@ -264,6 +264,13 @@ def test_priority_zero_is_granted_to_the_listed_namespaces_only(
     args = container(find(granted, "Deployment", "hami-scheduler")["spec"]["template"]["spec"],
                      "vgpu-scheduler-extender")["args"]
     assert "--high-priority-namespaces=inference,serving" in args
+    # the monitor honours priority 0 only there as well (a second line behind admission)
+    monitor = container(find(granted, "DaemonSet", "hami-device-plugin")["spec"]["template"][
+        "spec"], "vgpu-monitor")["args"]
+    assert "--high-priority-namespaces=inference,serving" in monitor
+    assert not any(a.startswith("--high-priority-namespaces") for a in container(
+        find(default, "DaemonSet", "hami-device-plugin")["spec"]["template"]["spec"],
+        "vgpu-monitor")["args"])
 
 
 def test_device_plugin_daemonset(default: list[dict[str, Any]]) -> None:

@@ -207,3 +207,10 @@ def _json(value: Any) -> str:
     import json
 
     return json.dumps(value)
+
+
+def test_dra_monitor_honours_priority_0_only_where_granted() -> None:
+    objs = render({"dra": {"enabled": True}, "devicePlugin": {"enabled": False},
+                   "scheduler": {"highPriorityNamespaces": ["inference"]}})
+    pod = find(objs, "DaemonSet", "hami-dra-plugin")["spec"]["template"]["spec"]
+    assert "--high-priority-namespaces=inference" in container(pod, "vgpu-monitor")["args"]

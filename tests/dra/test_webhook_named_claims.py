@@ -126,12 +126,14 @@ def test_what_cannot_be_counted_is_denied_with_a_reason(entry: dict[str, str],
 
 
 def test_namespaces_without_a_gpu_quota_are_not_affected() -> None:
-    """No quota: no API call, and even a missing template is the API server's business."""
+    """No quota: no quota check (no list), and a missing template is the API server's
+    business; the template is read once, to tell whether its containers keep the rules of
+    GPU containers (tests/integration/test_dra_own_claims_isolation.py)."""
     client = _Client([_slice("n1", 16384)])
     pod = _claiming({"name": "a", "resourceClaimTemplateName": "absent"})
     hook, seen = _hook(client, QuotaLedger())
     assert asyncio.run(hook(_review(pod)))["response"].get("fallback")
-    assert seen and not client.gets and not client.lists
+    assert seen and client.gets == [("ns", "absent")] and not client.lists
     malformed = _pod({"cpu": "1"}, resourceClaims="not a list")
     assert asyncio.run(hook(_review(malformed)))["response"].get("fallback")
 

@@ -184,3 +184,34 @@ def test_the_template_reconciler_reads_nothing_for_a_pod_naming_too_many() -> No
             assert len(bed.kube.events) == 1 and bed.client.gets == []
 
     run(scenario)
+
+
+def test_a_namespace_without_quota_is_bounded_too() -> None:
+    """The attacker's path where no quota applies: 12,000 entries naming one of the
+    tenant's own claims in a namespace without a GPU quota. Which containers use a claim
+    of hami's class is read per named object (the GPU-container rules), so the limit on
+    entries comes first there too: refused before any request; and under the limit one
+    claim named by many entries is read once."""
+    entries = [{"name": f"e{i}", "resourceClaimName": "mine"} for i in range(12000)]
+
+    async def scenario() -> None:
+        async with _serving(_stocked()) as bed:
+            pod = _naming(entries)
+            pod["metadata"]["namespace"] = "free"
+            review = _review(pod)
+            review["request"]["namespace"] = "free"
+            resp = await bed.http.post("/webhook", data=json.dumps(review),
+                                       headers={"Content-Type": "application/json"})
+            answer = (await resp.json())["response"]
+            assert not answer["allowed"], answer
+            assert "12000 entries" in answer["status"]["message"]
+            assert _requests(bed.client) == 0, (bed.client.gets[:3], bed.client.lists)
+            few = _naming(entries[:bounds.MAX_POD_CLAIMS])
+            few["metadata"]["namespace"] = "free"
+            review = _review(few)
+            review["request"]["namespace"] = "free"
+            await bed.http.post("/webhook", data=json.dumps(review),
+                                headers={"Content-Type": "application/json"})
+            assert bed.client.gets.count(("free", "mine")) <= 1, bed.client.gets[:5]
+
+    run(scenario)

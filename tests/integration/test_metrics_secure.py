@@ -20,10 +20,10 @@ import pytest
 
 from hami.core.config import ConfigError
 from hami.kube import KubeError
-from hami.scheduler.server import serve
 
 from .fake_kube import FakeKube
 from .support import SETTINGS, run
+from .test_extender_http import scheduler as serving
 
 READER = "system:serviceaccount:monitoring:prometheus"
 
@@ -54,22 +54,9 @@ class ReviewingKube(FakeKube):
 
 @contextlib.asynccontextmanager
 async def scheduler(kube: FakeKube, **overrides: Any) -> AsyncIterator[int]:
-    settings = replace(SETTINGS, **{"http_bind": "127.0.0.1:0",
-                                    "metrics_bind_address": "127.0.0.1:0", **overrides})
-    stop, ready = asyncio.Event(), asyncio.Event()
-    ports: dict[str, int] = {}
-
-    def started(p: dict[str, int]) -> None:
-        ports.update(p)
-        ready.set()
-
-    task = asyncio.create_task(serve(settings, kube=kube, stop=stop, started=started))
-    await asyncio.wait_for(ready.wait(), 20)
-    try:
+    """``serve()`` with its metrics listener on a free port; yields that port."""
+    async with serving(kube, metrics_bind_address="127.0.0.1:0", **overrides) as ports:
         yield ports["metrics"]
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
 
 
 def scrape(url: str, token: str | None, context: ssl.SSLContext | None
@@ -146,3 +133,38 @@ def test_secure_metrics_with_a_certificate_pair(tmp_path: Path) -> None:
 def test_bad_flag_combinations(overrides: dict[str, Any]) -> None:
     with pytest.raises(ConfigError, match="--metrics-cert-file"):
         replace(SETTINGS, **overrides).validate()
+
+
+def _scrape_from(source: str, port: int, token: str) -> int:
+    """A scrape of ``/metrics`` with ``token`` sent from the local address ``source``."""
+    import http.client
+
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=insecure(),
+                                       source_address=(source, 0))
+    try:
+        conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"})
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_made_up_tokens_cannot_flood_the_api_server() -> None:
+    """Anyone who reaches the port may send made-up tokens: each cost a TokenReview (60 of
+    60 before); now at most a burst of 20 and 5 a second more per sender are reviewed
+    (the rest get 503), and another sender's new token is not held by that flood."""
+    from hami.metricsauth import NEW_TOKEN_BURST, NEW_TOKEN_REVIEWS_PER_S
+
+    async def scenario() -> None:
+        kube = ReviewingKube()
+        async with scheduler(kube, metrics_secure=True) as port:
+            started = asyncio.get_running_loop().time()
+            answers = [await asyncio.to_thread(_scrape_from, "127.0.0.1", port, f"made-up-{i}")
+                       for i in range(60)]
+            elapsed = asyncio.get_running_loop().time() - started
+            made_up = [t for t in kube.reviews if t.startswith("made-up-")]
+            assert len(made_up) <= NEW_TOKEN_BURST + NEW_TOKEN_REVIEWS_PER_S * elapsed + 1, (
+                len(made_up), elapsed)
+            assert set(answers) <= {401, 503} and answers.count(401) == len(made_up)
+            # Prometheus, elsewhere, with a token never seen (after a restart or rotation)
+            assert await asyncio.to_thread(_scrape_from, "127.0.0.2", port, "good") == 200
+    run(scenario)

@@ -65,12 +65,20 @@ class TickingKube(FakeKube):
         return super().pods_on_node(node)
 
 
-def _loop(hook: Path, kube: FakeKube, stop: threading.Event) -> None:
+def _loop(hook: Path, kube: FakeKube, stop: threading.Event,
+          high_priority_namespaces: frozenset[str] | None = None) -> None:
     run_monitor(node="node-a", hook_path=hook, kube=kube, stop=stop, bind=None,
-                interval_s=0.0, grace_s=3600.0, mig_lock=hook / "no-mig.lock")
+                interval_s=0.0, grace_s=3600.0, mig_lock=hook / "no-mig.lock",
+                high_priority_namespaces=high_priority_namespaces)
 
 
-def test_a_priority_0_writer_blocks_its_neighbour_at_most_9_of_12_ticks(tmp_path: Path) -> None:
+def victim_blocked(tmp_path: Path, attacker_priority: str, ticks: int,
+                   high_priority_namespaces: frozenset[str] | None = None) -> list[bool]:
+    """Run the monitor loop ``ticks`` ticks over two pods of namespace ``ns`` on one GPU:
+    an attacker whose spec says ``CUDA_TASK_PRIORITY=attacker_priority`` and who writes
+    ``recent_kernel = 2`` before every tick, and a priority-1 victim that launches
+    whenever it is not blocked; returns, per tick after the first, whether the victim
+    was left blocked. ``high_priority_namespaces``: the monitor's grant (None: all)."""
     hook = tmp_path / "vgpu"
     root = hook / "containers"
     attacker = put(root, "a_main", build(RegionSpec(uuids=(U0,), priority=0, recent_kernel=2)))
@@ -85,10 +93,17 @@ def test_a_priority_0_writer_blocks_its_neighbour_at_most_9_of_12_ticks(tmp_path
             _write_rk(victim, 2)                     # libvgpu launches when not blocked
 
     stop = threading.Event()
-    kube = TickingKube(121, tenants, stop)
-    kube.add_pod(_pod("a", 0))
+    kube = TickingKube(ticks, tenants, stop)
+    kube.add_pod(PodView("ns", "a", "a", "node-a", "Running", {**LABEL, **allocated((U0,))},
+                         (ContainerView("main", {"CUDA_TASK_PRIORITY": attacker_priority}),),
+                         labels=LABEL))
     kube.add_pod(_pod("v", 1))
-    _loop(hook, kube, stop)
+    _loop(hook, kube, stop, high_priority_namespaces)
+    return blocked
+
+
+def test_a_priority_0_writer_blocks_its_neighbour_at_most_9_of_12_ticks(tmp_path: Path) -> None:
+    blocked = victim_blocked(tmp_path, "0", 121)
     assert len(blocked) == 120
     windows = [sum(blocked[i:i + 12]) for i in range(len(blocked) - 11)]
     assert max(windows) <= 9, blocked                # was 12 of 12, every window

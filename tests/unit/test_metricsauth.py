@@ -265,3 +265,29 @@ def test_a_trickled_tls_handshake_is_cut_at_the_deadline(
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_new_tokens_are_reviewed_at_a_bounded_rate_and_known_scrapers_are_not_held() -> None:
+    """A burst of NEW_TOKEN_BURST made-up tokens is reviewed, then 5 a second (the rest:
+    503, not cached); a token allowed before is reviewed again when its verdict expires,
+    however many made-up tokens came meanwhile."""
+    from hami.metricsauth import NEW_TOKEN_BURST
+
+    now = [0.0]
+    a = api()
+    guard = MetricsGuard(VerdictCache(ttl_s=10.0, clock=lambda: now[0]))
+    assert guard.check("Bearer good", a.sync()).status == 200
+    answers = [guard.check(f"Bearer made-up-{i}", a.sync()).status for i in range(100)]
+    assert answers.count(401) == NEW_TOKEN_BURST - 1
+    assert answers.count(503) == 100 - answers.count(401)
+    assert len(a.token_reviews) == NEW_TOKEN_BURST          # was 101
+    now[0] = 1.0                                            # 5 more new tokens a second
+    more = [guard.check(f"Bearer later-{i}", a.sync()).status for i in range(10)]
+    assert more.count(401) == 5
+    now[0] = 20.0                                           # "good"'s verdict expired
+    for i in range(200):
+        guard.check(f"Bearer flood-{i}", a.sync())
+    assert guard.check("Bearer good", a.sync()).status == 200
+    assert guard.check("Bearer norole", a.sync()).status == 503   # new, budget spent
+    # another sender's budget is its own: a new token from it is reviewed
+    assert guard.check("Bearer norole", a.sync(), "10.0.0.9").status == 403

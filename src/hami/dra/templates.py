@@ -285,11 +285,23 @@ async def read_template(client: Any, namespace: str, name: str) -> JSON | None:
     """The ResourceClaimTemplate ``namespace/name`` (resource.k8s.io/v1) as a dict, None
     when there is none. ``client`` is a lightkube ``AsyncClient``. Raises lightkube's
     ``ApiError`` for other API errors."""
-    from lightkube import ApiError
     from lightkube.resources.resource_v1 import ResourceClaimTemplate
 
+    return await _read(client, ResourceClaimTemplate, namespace, name)
+
+
+async def read_claim(client: Any, namespace: str, name: str) -> JSON | None:
+    """The ResourceClaim ``namespace/name`` (resource.k8s.io/v1), as :func:`read_template`."""
+    from lightkube.resources.resource_v1 import ResourceClaim
+
+    return await _read(client, ResourceClaim, namespace, name)
+
+
+async def _read(client: Any, resource: Any, namespace: str, name: str) -> JSON | None:
+    from lightkube import ApiError
+
     try:
-        obj = await client.get(ResourceClaimTemplate, name, namespace=namespace)
+        obj = await client.get(resource, name, namespace=namespace)
     except ApiError as exc:
         if exc.status.code == 404:
             return None

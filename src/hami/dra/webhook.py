@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -49,13 +50,17 @@ from hami.core.config import SchedulerConfig
 from hami.core.provenance import strip_allocation
 from hami.core.quota import QuotaLedger
 from hami.devices import nvidia
-from hami.dra import booking, bounds, claimquota, namedclaims, signedspecs
+from hami.dra import booking, bounds, claimquota, claimusers, namedclaims, signedspecs
 from hami.dra import translate as tr
 from hami.dra.booking import claim_booking
 from hami.dra.cache import DraObjects, card_sizes_mib, mig_offers, published_devices
 from hami.dra.reservations import QuotaReservations
-from hami.dra.templates import read_template
+from hami.dra.templates import read_claim, read_template
 
+#: The objects one AdmissionReview has read, by (kind, namespace, name): the quota check
+#: and the GPU-container rules read a pod's named claims and templates once between them.
+_REVIEW_READS: contextvars.ContextVar[dict[tuple[str, str, str], JSON | None] | None] = (
+    contextvars.ContextVar("hami_dra_review_reads", default=None))
 log = logging.getLogger(__name__)
 JSON = dict[str, Any]
 __all__ = ["MAX_ANNOTATIONS_BYTES", "DraWebhook", "claim_booking", "route"]
@@ -176,10 +181,25 @@ class DraWebhook:
                 claims[name] = doc
         return ledger
 
+    async def _read(self, kind: str, namespace: str, name: str) -> JSON | None:
+        """A ResourceClaimTemplate or ResourceClaim (``kind``) as a dict, None when absent
+        (:data:`hami.dra.claimusers.Reader`); read once per review (:data:`_REVIEW_READS`).
+        Raises lightkube's ``ApiError`` for other API errors (not remembered)."""
+        reads = _REVIEW_READS.get()
+        key = (kind, namespace, name)
+        if reads is not None and key in reads:
+            return reads[key]
+        obj = await (read_template(self.client, namespace, name)
+                     if kind == "ResourceClaimTemplate"
+                     else read_claim(self.client, namespace, name))
+        if reads is not None:
+            reads[key] = obj
+        return obj
+
     async def _template(self, namespace: str, name: str) -> JSON | None:
-        """The ResourceClaimTemplate ``namespace/name`` as a dict, None when there is none.
-        Raises lightkube's ``ApiError`` for other API errors."""
-        return await read_template(self.client, namespace, name)
+        """The ResourceClaimTemplate ``namespace/name`` as a dict, None when there is none
+        (once per review). Raises lightkube's ``ApiError`` for other API errors."""
+        return await self._read("ResourceClaimTemplate", namespace, name)
 
     async def _conflict(self, namespace: str, template: JSON) -> str | None:
         """The denial when a template of ``template``'s name exists in ``namespace`` and
@@ -226,6 +246,7 @@ class DraWebhook:
         review's API reads end within ``deadline_s`` seconds, or it is refused (fail
         closed, before the API server's own webhook timeout)."""
         ids: dict[str, str] = {}
+        token = _REVIEW_READS.set({})
         try:
             async with asyncio.timeout(self.deadline_s):
                 return await self._answer(body, ids)
@@ -235,6 +256,8 @@ class DraWebhook:
             return _reply(ids.get("api_version", "admission.k8s.io/v1"), ids.get("uid", ""),
                           False, f"hami's GPU checks of this request did not finish within "
                           f"{self.deadline_s:g} s (the API server answers slowly); try again")
+        finally:
+            _REVIEW_READS.reset(token)
 
     async def _answer(self, body: bytes, ids: dict[str, str]) -> JSON:
         """:meth:`__call__` without the deadline; fills ``ids`` (``uid``,
@@ -263,16 +286,22 @@ class DraWebhook:
             return (_reply(api_version, uid, False, isolation.message(problems)) if problems
                     else self.fallback(body))
         if isinstance(spec, dict) and spec.get("resourceClaims"):
-            denial = await namedclaims.denial(self, pod, namespace)
+            # before any read, whatever the namespace's quota: the entries below are
+            # read (claimusers, namedclaims), and their count is the tenant's
+            denial = bounds.claims_denial(pod) or await namedclaims.denial(self, pod, namespace)
             if denial:
                 return _reply(api_version, uid, False, denial)
+        # A pod naming hami's template, or a claim or template of hami's DeviceClass the
+        # tenant made, gets a GPU without asking for one by name: the containers using
+        # such a claim keep the rules of GPU containers.
+        using = (await claimusers.hami_claim_containers(pod, namespace, self._read)
+                 if isinstance(spec, dict) and spec.get("resourceClaims") else None)
+        claim_problems = ([] if using is None
+                          else isolation.security_violations(pod, self.config, using))
+        if claim_problems:
+            return _reply(api_version, uid, False, isolation.message(claim_problems))
         if not isolation.asks_for_devices(pod, self.config):
-            # A pod naming hami's template gets a GPU without asking for one by name.
-            using = signedspecs.template_containers(pod)
-            problems = ([] if using is None
-                        else isolation.security_violations(pod, self.config, using))
-            return (_reply(api_version, uid, False, isolation.message(problems)) if problems
-                    else self.fallback(body))
+            return self.fallback(body)
         # As the normal webhook: no hand-written allocation survives creation (a
         # translated pod gets hami's schedulerName, whose scheduler charges them).
         clean, removed = strip_allocation(pod, self.config)

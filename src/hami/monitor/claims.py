@@ -30,6 +30,7 @@ import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from typing import Any
 from hami.api import names
 from hami.deviceplugin.allocate import PodView
 from hami.monitor.lister import CacheError, CacheFile, open_cache_in, open_regular
-from hami.monitor.pods import container_running, pod_finished, task_priority
+from hami.monitor.pods import container_running, granted_priority, pod_finished, task_priority
 from hami.monitor.region import Region, RegionError
 
 log = logging.getLogger(__name__)
@@ -244,10 +245,12 @@ class ClaimUse:
         return ",".join(self.containers)
 
 
-def attribute(owner: ClaimOwner, pods: Sequence[PodView]) -> ClaimUse | None:
+def attribute(owner: ClaimOwner, pods: Sequence[PodView],
+              high_priority_namespaces: AbstractSet[str] | None = None) -> ClaimUse | None:
     """The first pod of ``owner.pods`` among ``pods`` (this node's pods: same UID,
     namespace and name), not finished, with a running container that uses the claim;
-    None when there is none (the claim then has no series)."""
+    None when there is none (the claim then has no series). Priority 0 only where
+    granted (:func:`hami.monitor.pods.granted_priority`)."""
     by_uid = {p.uid: p for p in pods}
     for ref in owner.pods:
         pod = by_uid.get(ref.uid)
@@ -259,7 +262,8 @@ def attribute(owner: ClaimOwner, pods: Sequence[PodView]) -> ClaimUse | None:
         running = tuple(c for c in ref.containers if c in envs and container_running(pod, c))
         if not running:
             continue
-        prio = task_priority(envs[running[0]].get(names.ENV_TASK_PRIORITY))
+        prio = granted_priority(task_priority(envs[running[0]].get(names.ENV_TASK_PRIORITY)),
+                                pod.namespace, high_priority_namespaces)
         return ClaimUse(pod, running, owner.uuids, prio)
     return None
 

@@ -9,6 +9,7 @@ import ssl
 import threading
 import time
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,6 +20,7 @@ from hami.deviceplugin.allocate import VGPU_NODE, PodView
 from hami.durations import seconds
 from hami.metricsauth import (
     METRICS_PATH,
+    SECURE_HELP,
     MetricsGuard,
     SyncReviewer,
     file_context,
@@ -36,7 +38,9 @@ MIG_APPLY_LOCK = Path("/tmp/hami/hami-mig-apply.lock")
 
 
 def feedback_tick(lister: ContainerLister, pods: Sequence[PodView],
-                  claims: ClaimLister | None = None) -> list[ContainerFeedback]:
+                  claims: ClaimLister | None = None,
+                  high_priority_namespaces: AbstractSet[str] | None = None
+                  ) -> list[ContainerFeedback]:
     """Read every container, apply :func:`observe`, write the changed fields (HAMi-core 1.2).
 
     ``pods``: the node's pods. A container's GPUs and priority come from its pod
@@ -45,9 +49,12 @@ def feedback_tick(lister: ContainerLister, pods: Sequence[PodView],
     claim's region takes part as one more container, its GPUs and priority from its
     owner record and pod (:func:`hami.monitor.claims.attribute`). No container is blocked
     in more than 9 of any 12 consecutive ticks (``lister.blocks``,
-    :class:`hami.monitor.feedback.BlockBudget`), whatever its neighbours write. Returns the
-    new values (for tests and logs)."""
-    grants = {f"{p.uid}_{name}": g for p in pods for name, g in container_grants(p).items()}
+    :class:`hami.monitor.feedback.BlockBudget`), whatever its neighbours write. Priority 0
+    holds only for pods of ``high_priority_namespaces`` (None: every namespace;
+    :func:`hami.monitor.pods.granted_priority`). Returns the new values (for tests and
+    logs)."""
+    grants = {f"{p.uid}_{name}": g for p in pods
+              for name, g in container_grants(p, high_priority_namespaces).items()}
     claim_lock = claims.lock if claims is not None else contextlib.nullcontext()
     with lister.lock, claim_lock:  # no file is closed while it is written
         regions: dict[str, tuple[Any, Any]] = dict(lister.read_all())
@@ -58,7 +65,7 @@ def feedback_tick(lister: ContainerLister, pods: Sequence[PodView],
                                             g.priority if g else DEFAULT_PRIORITY,
                                             r.recent_kernel, r.utilization_switch))
         for uid, (cf, r, owner) in (claims.read_all() if claims is not None else {}).items():
-            use = attribute(owner, pods)
+            use = attribute(owner, pods, high_priority_namespaces)
             regions[claim_key(uid)] = (cf, r)
             inputs.append(ContainerFeedback(claim_key(uid), use.uuids if use else (),
                                             use.priority if use else DEFAULT_PRIORITY,
@@ -141,7 +148,8 @@ def serve_metrics(collector: Any, addr: str, port: int,
                 self.send_error(404)
                 return
             if guard is not None and reviewer is not None:
-                verdict = guard.check(self.headers.get("Authorization"), reviewer)
+                verdict = guard.check(self.headers.get("Authorization"), reviewer,
+                                      str(self.client_address[0]))
                 if not verdict.allowed:
                     self._refuse(verdict.status, verdict.reason)
                     return
@@ -199,10 +207,13 @@ def parse_bind(address: str) -> tuple[str, int]:
 def run_monitor(*, node: str, hook_path: Path, kube: Any, stop: threading.Event,
                 bind: str | None = ":9394", legacy: bool = False, interval_s: float = 5.0,
                 grace_s: float = 300.0, host: Any = None, version: str = "0.1.0",
-                mig_lock: Path = MIG_APPLY_LOCK, secure: tuple[str, str] | None = None) -> Any:
+                mig_lock: Path = MIG_APPLY_LOCK, secure: tuple[str, str] | None = None,
+                high_priority_namespaces: AbstractSet[str] | None = None) -> Any:
     """Run the loop until ``stop``; returns the HTTP server (None when ``bind`` is None).
     ``secure``: serve ``/metrics`` in secure mode (:func:`secure_metrics`) with this
-    certificate and key file (``("", "")``: self-signed)."""
+    certificate and key file (``("", "")``: self-signed). ``high_priority_namespaces``:
+    the namespaces whose pods' priority 0 is honoured (None: all; the command passes the
+    operator's list, empty by default)."""
     from hami.monitor.metrics import MonitorCollector
 
     lister = ContainerLister(hook_path / "containers", grace_s=grace_s)
@@ -231,7 +242,7 @@ def run_monitor(*, node: str, hook_path: Path, kube: Any, stop: threading.Event,
             if mig_lock.exists():
                 log.info("MIG apply lock present: feedback paused")
             elif pods.on_node is not None:  # no grants known before the first pod list
-                feedback_tick(lister, pods.on_node, claims)
+                feedback_tick(lister, pods.on_node, claims, high_priority_namespaces)
             stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
     finally:
         if server is not None:
@@ -259,14 +270,15 @@ def monitor(
         help="how long a container's cache of a pod that is gone is kept (5m, or "
              "seconds)")] = 300.0,
     metrics_secure: Annotated[bool, typer.Option(
-        help="serve /metrics over HTTPS to scrapers the API server authenticates "
-             "(TokenReview) and authorizes for get on the non-resource URL /metrics "
-             "(SubjectAccessReview): no token 401, no such role 403")] = False,
+        help=SECURE_HELP)] = False,
     metrics_cert_file: Annotated[str, typer.Option(
         help="with --metrics-secure: PEM certificate of /metrics, read at start "
              "(empty: self-signed)")] = "",
     metrics_key_file: Annotated[str, typer.Option(
         help="with --metrics-secure: PEM key of --metrics-cert-file")] = "",
+    high_priority_namespaces: Annotated[str, typer.Option(
+        help="namespaces whose pods' task priority 0 the feedback loop honours, a,b (the "
+             "hami scheduler's list; elsewhere 0 counts as 1; default: none)")] = "",
 ) -> None:
     """vGPU monitor: per-container metrics and the priority feedback loop (HAMi-core 1.2).
 
@@ -309,7 +321,9 @@ def monitor(
     run_monitor(node=node_name, hook_path=hook_path, kube=kube, stop=stop,
                 bind=metrics_bind_address, legacy=legacy_metrics, grace_s=resync_interval,
                 host=host, version=__version__,
-                secure=(metrics_cert_file, metrics_key_file) if metrics_secure else None)
+                secure=(metrics_cert_file, metrics_key_file) if metrics_secure else None,
+                high_priority_namespaces=frozenset(
+                    n.strip() for n in high_priority_namespaces.split(",") if n.strip()))
 
 
 def _duration_s(text: str) -> float:

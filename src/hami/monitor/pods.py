@@ -18,6 +18,7 @@ tenant could claim priority 0 on a GPU it does not even use and block others the
 from __future__ import annotations
 
 import re
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from hami.api import names
@@ -45,7 +46,9 @@ def container_running(pod: PodView, name: str) -> bool:
 
 #: Priority of a container whose spec sets none (libvgpu's region default, HAMi-core 1.2).
 DEFAULT_PRIORITY = 1
-_PRIORITY = re.compile(r"\s*(\d{1,10})\s*")
+#: ASCII only, as C's ``atoi``: Python's ``\d`` and ``int`` also take other scripts' digits
+#: ("\u0660" is 0 to them), which admission does not read as a 0.
+_PRIORITY = re.compile(r"\s*(\d{1,10})\s*", re.ASCII)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +61,8 @@ class Grant:
 
 
 def task_priority(value: str | None) -> int:
-    """``CUDA_TASK_PRIORITY`` as the monitor uses it: a decimal integer 0..2^31-1;
+    """``CUDA_TASK_PRIORITY`` as the monitor uses it: a decimal integer 0..2^31-1 in ASCII
+    digits, ASCII blanks around it;
     unset, malformed or negative values give :data:`DEFAULT_PRIORITY` (HAMi's ``atoi``
     lets a negative priority exempt a container from blocking)."""
     m = _PRIORITY.fullmatch(value or "")
@@ -67,12 +71,26 @@ def task_priority(value: str | None) -> int:
     return int(m.group(1))
 
 
-def container_grants(pod: PodView) -> dict[str, Grant]:
+def granted_priority(priority: int, namespace: str,
+                     high_priority_namespaces: AbstractSet[str] | None) -> int:
+    """``priority`` as the feedback loop uses it: 0 only for a pod of a namespace in
+    ``high_priority_namespaces`` (the operator's grant, ``--high-priority-namespaces``;
+    None: every namespace), else :data:`DEFAULT_PRIORITY`. A second line behind admission,
+    which refuses priority 0 outside the grant but can be missed (a webhook that failed
+    with ``failurePolicy: Ignore``, a spelling it did not read as 0)."""
+    if priority == 0 and high_priority_namespaces is not None \
+            and namespace not in high_priority_namespaces:
+        return DEFAULT_PRIORITY
+    return priority
+
+
+def container_grants(pod: PodView, high_priority_namespaces: AbstractSet[str] | None = None
+                     ) -> dict[str, Grant]:
     """Container name -> :class:`Grant` for every container of ``pod`` (init containers
     included). Entry k of ``hami.io/vgpu-devices-allocated`` belongs to container k
     (init containers first, HAMi v2.10); a missing or undecodable annotation grants no
     GPU (the container then shares no GPU with anyone in the feedback loop and has no
-    per-device series)."""
+    per-device series). Priority 0 only where granted (:func:`granted_priority`)."""
     try:
         entries = decode_pod_devices(pod.annotations.get(names.DEVICES_ALLOCATED, ""))
     except (CodecError, ValueError, IndexError, TypeError):
@@ -80,5 +98,7 @@ def container_grants(pod: PodView) -> dict[str, Grant]:
     out = {}
     for k, ctr in enumerate(pod.containers):
         uuids = tuple(dict.fromkeys(d.uuid for d in entries[k] if d.uuid)) if k < len(entries) else ()
-        out[ctr.name] = Grant(uuids, task_priority(ctr.env.get(names.ENV_TASK_PRIORITY)))
+        prio = task_priority(ctr.env.get(names.ENV_TASK_PRIORITY))
+        out[ctr.name] = Grant(uuids, granted_priority(prio, pod.namespace,
+                                                      high_priority_namespaces))
     return out

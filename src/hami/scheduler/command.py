@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from hami.core.config import ConfigError
+from hami.metricsauth import SECURE_HELP
 from hami.scheduler.defaultopts import DefaultCores, DefaultGpu, DefaultMem
 
 
@@ -97,9 +98,7 @@ def scheduler(
     watch_idle_timeout: Annotated[str, typer.Option(
         help="restart an API watch that brought no event or bookmark for this long")] = "2m",
     metrics_secure: Annotated[bool, typer.Option(
-        help="serve /metrics over HTTPS to scrapers the API server authenticates "
-             "(TokenReview) and authorizes for get on the non-resource URL /metrics "
-             "(SubjectAccessReview): no token 401, no such role 403")] = False,
+        help=SECURE_HELP)] = False,
     metrics_cert_file: Annotated[str, typer.Option(
         help="with --metrics-secure: PEM certificate of /metrics, reloaded when it "
              "changes (empty: self-signed)")] = "",

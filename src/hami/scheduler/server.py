@@ -211,7 +211,8 @@ def build_metrics_app(metrics: SchedulerMetrics, guard: MetricsGuard | None = No
     503 (:mod:`hami.metricsauth`) before anything is rendered."""
     async def handle(request: web.Request) -> web.Response:
         if guard is not None and reviewer is not None:
-            verdict = await guard.check_async(request.headers.get("Authorization"), reviewer)
+            verdict = await guard.check_async(request.headers.get("Authorization"), reviewer,
+                                              request.remote or "")
             if not verdict.allowed:
                 headers = ({"WWW-Authenticate": 'Bearer realm="hami-scheduler"'}
                            if verdict.status == 401 else None)
