@@ -13,6 +13,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 NATIVE = ROOT / "native" / "libvgpu"
 BUILD = NATIVE / "build"
+#: How the tests run a program under valgrind: errors fail the run (exit 9); no gdbserver,
+#: whose FIFOs (vgdb-pipe-*) would stay in /tmp for every process killed or forked.
+VALGRIND = ["valgrind", "-q", "--vgdb=no", "--error-exitcode=9"]
 
 
 def build(target: str | None = None) -> None:

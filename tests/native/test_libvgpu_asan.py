@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from libvgpu_harness import BUILD, Env, build, lines
+from libvgpu_harness import BUILD, VALGRIND, Env, build, lines
 
 pytestmark = pytest.mark.native
 
@@ -73,7 +73,7 @@ def test_asan_fake_runtime_and_parser(asan_env: Env) -> None:
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="no valgrind")
 def test_valgrind_memcheck(env: Env) -> None:
     """The optimised (shipped) build under memcheck: no invalid access or uninitialised use."""
-    cmd = ["valgrind", "-q", "--error-exitcode=9", str(env.build / "tests" / "vgtest"), "init",
+    cmd = [*VALGRIND, str(env.build / "tests" / "vgtest"), "init",
            "alloc", "mem", "1000", "0", "alloc", "pitch", "51200", "0", "alloc", "vmm", "4096", "0",
            "alloc", "mipmap", "6000", "0", "alloc", "pool1", "4096", "0", "info", "nvml", "0",
            "launch", "20", "1", "threads", "2", "50", "4096", "freeall", "info"]
@@ -139,6 +139,6 @@ def test_asan_framework_patterns(asan_env: Env) -> None:
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="no valgrind")
 def test_valgrind_framework_patterns(env: Env) -> None:
-    p = subprocess.run(["valgrind", "-q", "--error-exitcode=9", str(env.build / "tests" / "vgtest"), *PATTERNS],
+    p = subprocess.run([*VALGRIND, str(env.build / "tests" / "vgtest"), *PATTERNS],
                        env=env.environ(CUDA_DEVICE_MEMORY_LIMIT="48m"), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr

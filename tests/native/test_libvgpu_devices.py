@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from libvgpu_harness import BUILD, Env, build, lines
+from libvgpu_harness import BUILD, VALGRIND, Env, build, lines
 
 from hami.monitor import region as reg
 from hami.testing.gpupods import stub_uuid
@@ -136,7 +136,7 @@ def test_each_device_mask_under_asan(asan_env: Env, shape: str, tmp_path: Path) 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="no valgrind")
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_each_device_mask_under_valgrind(env: Env, shape: str) -> None:
-    run_holding(env, shape, ["valgrind", "-q", "--error-exitcode=9"], {})
+    run_holding(env, shape, VALGRIND, {})
 
 
 def test_a_reordered_process_cannot_double_a_card(env: Env) -> None:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterator
 
 import pytest
-from libvgpu_harness import Env, lines
+from libvgpu_harness import VALGRIND, Env, lines
 from test_libvgpu_devices import asan_env  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.native
@@ -99,7 +99,7 @@ def test_process_list_under_asan_and_valgrind(asan_env: Env, env: Env,  # noqa: 
     _check(p.stdout, ours)
     if shutil.which("valgrind") is None:
         return
-    p = subprocess.run(["valgrind", "-q", "--error-exitcode=9", str(env.build / "tests" / "vgtest"), "init", "info",
+    p = subprocess.run([*VALGRIND, str(env.build / "tests" / "vgtest"), "init", "info",
                         "nvml", "0", "procs", "0"], env=env.environ(**LIMIT), capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr
