@@ -28,10 +28,25 @@ simulate: $(VENV)/.hami-runtime
 native:
 	@if [ -f native/libvgpu/Makefile ]; then $(MAKE) -C native/libvgpu; fi
 
+# Versions: the pins in hack/k8s/go.mod and hack/containerd/go.mod unless K8S_VERSION /
+# CONTAINERD_VERSION name another release pinned under hack/*/versions/ (hack/k8s/pin.sh
+# pins a Kubernetes release), e.g. `make e2e K8S_VERSION=1.31.14`. The build scripts read
+# these variables; the tests read HAMI_K8S_VERSION / HAMI_CONTAINERD_VERSION, set from them.
+K8S_VERSION ?=
+CONTAINERD_VERSION ?=
+export K8S_VERSION CONTAINERD_VERSION
+ifneq ($(strip $(K8S_VERSION)),)
+export HAMI_K8S_VERSION := $(K8S_VERSION)
+endif
+ifneq ($(strip $(CONTAINERD_VERSION)),)
+export HAMI_CONTAINERD_VERSION := $(CONTAINERD_VERSION)
+endif
+
 k8s:
 	hack/k8s/build.sh
 
-# containerd 2.x (CDI) for the real node; built once per version, like k8s.
+# containerd for the real node (2.x by default; CONTAINERD_VERSION=1.7.35 the 1.7 line);
+# built once per version, like k8s.
 containerd:
 	hack/containerd/build.sh
 
