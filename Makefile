@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup simulate test lint native k8s containerd helm cluster e2e images clean
+.PHONY: setup simulate test lint native k8s containerd helm cluster e2e compat images clean
 
 # Two stamps: `make simulate` needs hami and its runtime packages only; `make setup` (and
 # everything that tests) adds the developer tools. pip prints what it installs.
@@ -71,6 +71,14 @@ endif
 
 e2e: setup k8s
 	HAMI_E2E_REQUIRED=1 $(BIN)/pytest -m e2e
+
+# The version matrix (bench/compat_matrix.py): control-plane e2e, chart install and the
+# real-node GPU pod per Kubernetes release (and containerd release for the node), results
+# in bench/results/compat_matrix.{jsonl,md}. Builds what is missing first.
+K8S_VERSIONS ?= v1.31.14 v1.33.13 v1.37.2
+CONTAINERD_VERSIONS ?= v2.4.2 v1.7.35
+compat: setup native helm
+	$(BIN)/python bench/compat_matrix.py --build --k8s $(K8S_VERSIONS) --containerd $(CONTAINERD_VERSIONS)
 
 lint: setup
 	$(BIN)/ruff check src tests bench

@@ -102,7 +102,8 @@ def container(pod_spec: Mapping[str, Any], name: str, *, init: bool = False) -> 
     return dict(hits[0])
 
 
-def render_notes(values: Mapping[str, Any] | None = None, *, files: Sequence[Path] = ()) -> str:
+def render_notes(values: Mapping[str, Any] | None = None, *, files: Sequence[Path] = (),
+                 kube_version: str = KUBE_VERSION) -> str:
     """NOTES.txt as `helm install` prints it (helm template skips NOTES.txt: a copy of the
     chart renders it into a ConfigMap instead)."""
     import tempfile
@@ -115,7 +116,7 @@ def render_notes(values: Mapping[str, Any] | None = None, *, files: Sequence[Pat
             "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: rendered-notes\n"
             'data:\n  NOTES.txt: {{ tpl (.Files.Get "notes.tpl") . | toJson }}\n')
         proc = helm("template", RELEASE, str(chart), "--namespace", NAMESPACE,
-                    "--kube-version", KUBE_VERSION, "--show-only", "templates/zz-notes.yaml",
+                    "--kube-version", kube_version, "--show-only", "templates/zz-notes.yaml",
                     *_set_args(values, files))
     if proc.returncode != 0:
         raise AssertionError(f"helm template failed:\n{proc.stderr}")

@@ -344,3 +344,27 @@ the device config it reads (hami.core.provenance.allocation_keys); a test compar
 {{- $keys = concat $keys (.Values.admissionPolicy.extraAllocationKeys | default list) -}}
 {{- $keys | uniq | sortAlpha | toJson -}}
 {{- end -}}
+
+{{/*
+"true" where the cluster serves ValidatingAdmissionPolicy in admissionregistration.k8s.io/v1
+(GA in Kubernetes 1.30), else "". On install and upgrade .Capabilities.APIVersions is what
+the API server serves; `helm template` knows only helm's built-in list, so the server
+version must say 1.30+ too.
+*/}}
+{{- define "hami.vap.served" -}}
+{{- if and (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") (semverCompare ">=1.30-0" .Capabilities.KubeVersion.Version) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/*
+DRA mode needs resource.k8s.io/v1 (GA in Kubernetes 1.34); refuse to render it elsewhere,
+in one line, instead of failing at the first DeviceClass or claim.
+*/}}
+{{- define "hami.dra.checkServer" -}}
+{{- if .Values.dra.enabled -}}
+{{- if or (not (.Capabilities.APIVersions.Has "resource.k8s.io/v1/DeviceClass")) (semverCompare "<1.34-0" .Capabilities.KubeVersion.Version) -}}
+{{- fail (printf "dra.enabled: DRA mode needs resource.k8s.io/v1 (Kubernetes 1.34 or later, consumable capacity on: 1.36 or later by default); this cluster (%s) does not serve it. Set dra.enabled=false (extender mode)" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
