@@ -1,12 +1,13 @@
 """containerd for the real test node (:mod:`hami.testing.node`): which build, and its
 configuration.
 
-The node prefers containerd 2.x built by ``hack/containerd/build.sh`` (``containerd``,
+The node prefers the containerd built by ``hack/containerd/build.sh`` (``containerd``,
 ``containerd-shim-runc-v2`` and ``ctr`` at :data:`CONTAINERD_VERSION`, from the Go module
-proxy) because 2.x injects CDI devices (a device plugin's ``cdi_devices``, a DRA driver's
-claims) and 1.x does not. Without that build, or with ``HAMI_CONTAINERD=system``, it
-runs the machine's containerd found on ``PATH`` (Debian bookworm's is 1.6). runc is always
-the machine's.
+proxy): 2.x by default, because 2.x injects CDI devices (a device plugin's
+``cdi_devices``, a DRA driver's claims) out of the box; ``HAMI_CONTAINERD_VERSION=v1.7.35``
+runs the 1.7 line, with CDI turned on in its configuration. Without that build, or with
+``HAMI_CONTAINERD=system``, it runs the machine's containerd found on ``PATH`` (Debian
+bookworm's is 1.6, without CDI). runc is always the machine's.
 
 Configurations follow containerd's documented files: ``version = 3`` for 2.x (CRI split
 into ``io.containerd.cri.v1.images`` and ``io.containerd.cri.v1.runtime``, CDI always on,
