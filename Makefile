@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup simulate test lint native k8s containerd helm cluster e2e compat images clean
+.PHONY: setup simulate test lint native k8s containerd helm cluster e2e compat test-floor images clean
 
 # Two stamps: `make simulate` needs hami and its runtime packages only; `make setup` (and
 # everything that tests) adds the developer tools. pip prints what it installs.
@@ -87,6 +87,15 @@ lint: setup
 
 test: setup native k8s containerd helm lint
 	HAMI_E2E_REQUIRED=1 HAMI_DEPLOY_REQUIRED=1 HAMI_NODE_REQUIRED=1 $(BIN)/pytest
+	$(MAKE) test-floor
+
+# The support floor (docs/install.md, "Kubernetes versions"): its control-plane e2e suite
+# and the chart + GPU pod on a real node with its kubelet; built once, cached per version.
+FLOOR_K8S_VERSION ?= v1.31.14
+test-floor: setup native containerd helm
+	K8S_VERSION=$(FLOOR_K8S_VERSION) hack/k8s/build.sh
+	HAMI_K8S_VERSION=$(FLOOR_K8S_VERSION) HAMI_E2E_REQUIRED=1 HAMI_DEPLOY_REQUIRED=1 \
+	  HAMI_NODE_REQUIRED=1 $(BIN)/pytest -m e2e tests/e2e tests/realnode/test_chart_on_node.py
 
 # Image names: [<REGISTRY>/]hami/hami-scheduler:<TAG> and [<REGISTRY>/]hami/hami-device-plugin:<TAG>,
 # the names the chart renders with --set global.imageRegistry=<REGISTRY> (docs/install.md).

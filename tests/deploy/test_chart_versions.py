@@ -10,12 +10,24 @@ from tests.deploy.chart import CHART, NAMESPACE, RELEASE, find, helm, render, re
 VAP_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 
 
+@pytest.mark.parametrize("version", ["v1.30.14", "v1.29.6", "v1.25.0"])
+def test_below_the_floor_helm_refuses_in_one_line(version: str) -> None:
+    proc = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+                "--kube-version", version)
+    assert proc.returncode != 0
+    assert ">=1.31.0-0" in proc.stderr and version in proc.stderr, proc.stderr
+
+
 def test_without_vap_the_notes_say_what_is_given_up() -> None:
-    old = render_notes(kube_version="v1.29.6")
+    """The template's branch where admissionregistration.k8s.io/v1 VAP is not served
+    (rendered on a chart copy without the floor: `helm template` can only say so by an
+    older version)."""
+    old = render_notes(kube_version="v1.29.6", below_floor=True)
     assert "serves no ValidatingAdmissionPolicy" in old and "v1.29.6" in old
     assert "allocation" in old
     assert "serves no ValidatingAdmissionPolicy" not in render_notes(kube_version="v1.31.14")
-    off = render_notes({"admissionPolicy": {"enabled": False}}, kube_version="v1.29.6")
+    off = render_notes({"admissionPolicy": {"enabled": False}}, kube_version="v1.29.6",
+                       below_floor=True)
     assert "serves no ValidatingAdmissionPolicy" not in off  # turned off on purpose
 
 
