@@ -63,3 +63,24 @@ def test_the_kube_scheduler_tag_follows_the_cluster(version: str, tag: str) -> N
                          kube_version=version), "Deployment")
     images = [c["image"] for c in pinned["spec"]["template"]["spec"]["containers"]]
     assert any(i.endswith("kube-scheduler:v1.30.0") for i in images), images
+
+
+def test_a_server_listing_its_kinds_decides_over_the_version() -> None:
+    """On install helm lists the server's group/version/Kind entries: a 1.31 server
+    without VAP in admissionregistration.k8s.io/v1 (turned off) gets no policies, and the
+    NOTES say so; with it, the policies render."""
+    without = render(kube_version="v1.31.14", api_versions=["v1/Pod"])
+    assert not [o for o in without if o["kind"] in VAP_KINDS]
+    with_vap = render(kube_version="v1.31.14", api_versions=[
+        "v1/Pod", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"])
+    assert {o["kind"] for o in with_vap} >= VAP_KINDS
+
+
+def test_dra_mode_follows_the_servers_kinds() -> None:
+    values = ["--set", "dra.enabled=true", "--set", "devicePlugin.enabled=false"]
+    base = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE,
+            "--kube-version", "v1.37.2", "--api-versions", "v1/Pod", *values]
+    refused = helm(*base)  # a 1.37 server with resource.k8s.io/v1 turned off
+    assert refused.returncode != 0 and "DRA mode needs resource.k8s.io/v1" in refused.stderr
+    served = helm(*base, "--api-versions", "resource.k8s.io/v1/DeviceClass")
+    assert served.returncode == 0, served.stderr

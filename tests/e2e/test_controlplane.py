@@ -169,7 +169,9 @@ def test_a_bindings_annotations_land_on_the_pod_in_the_write_that_binds_it(
         assert bound.metadata.annotations == {"tenant": "kept",
                                               "hami.io/vgpu-node": gpu_node,
                                               "hami.io/bind-phase": "allocating"}
-        assert (bound.metadata.labels or {}).get("hami.io/vgpu-node") == gpu_node
+        copied = (bound.metadata.labels or {}).get("hami.io/vgpu-node") == gpu_node
+        # before 1.33 dropped: hami's scheduler then patches the label after the Binding
+        assert copied is (int(KUBERNETES_VERSION.split(".")[1]) >= 33)
     finally:
         kube_client.delete(Pod, name, namespace="default", grace_period=0)
 
