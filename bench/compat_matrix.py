@@ -9,7 +9,9 @@ For each Kubernetes release (``--k8s``; pinned by ``hack/k8s/pin.sh``, built by
 * ``chart``: the chart installed by helm on that API server (``tests/deploy/e2e``),
   rendered with the server's own API versions;
 * ``node``: the chart on a real node (that release's kubelet, containerd ``--containerd``,
-  runc) and a GPU pod through it (``tests/realnode/test_chart_on_node.py``), once per
+  runc) and a GPU pod through it, allocate mode ``auto`` (``tests/realnode/
+  test_chart_on_node.py``), and pods bound at once in mode ``cdi`` (``tests/realnode/
+  test_lockfree.py``: ``auto`` on containerd 2.x, set explicitly on 1.7), once per
   containerd release.
 
 Each pytest run holds ``/tmp/hami-heavy.lock`` (one control plane at a time on a shared
@@ -43,7 +45,7 @@ LOCK = "/tmp/hami-heavy.lock"
 LAYERS: dict[str, list[str]] = {
     "cp": ["-m", "e2e", "tests/e2e"],
     "chart": ["-m", "e2e", "tests/deploy/e2e"],
-    "node": ["-m", "e2e", "tests/realnode/test_chart_on_node.py"],
+    "node": ["-m", "e2e", "tests/realnode/test_chart_on_node.py", "tests/realnode/test_lockfree.py"],
 }
 
 

@@ -11,7 +11,7 @@
 # Usage: hack/containerd/build.sh            build what is missing, print the bin directory
 #        hack/containerd/build.sh --print-dir only print the bin directory
 #
-# CONTAINERD_VERSION=v1.7.35 (or 1.7.35) builds another release pinned in versions/<version>/
+# CONTAINERD_VERSION=v1.7.35 (or 1.7.35; else HAMI_CONTAINERD_VERSION) builds another release pinned in versions/<version>/
 # (its go.mod lists the three commands as tools; the 1.x line is module
 # github.com/containerd/containerd, without /v2) into containerd-<version>/bin.
 #
@@ -25,7 +25,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/../lib.sh"
 names=(containerd containerd-shim-runc-v2 ctr)
 pkg=github.com/containerd/containerd/v2
-want="${CONTAINERD_VERSION:-}"
+want="${CONTAINERD_VERSION:-${HAMI_CONTAINERD_VERSION:-}}"
 if [[ -n "$want" ]]; then
 	[[ "$want" == v* ]] || want="v$want"
 	if [[ -f "$here/versions/$want/go.mod" ]]; then
