@@ -21,8 +21,8 @@ from lightkube import codecs
 from lightkube.resources.core_v1 import Node, Pod
 
 from hami.api import names
-from hami.testing.gpubed import GpuBed, gpu_test_pod, wait_pod_done
 from hami.testing.containerd import CONTAINERD_VERSION
+from hami.testing.gpubed import GpuBed, gpu_test_pod, wait_pod_done
 from hami.testing.gpubed_cli import AUTO_PLUGIN_ARGS, CDI_PLUGIN_ARGS
 from tests.realnode.conftest import running_bed, skip_or_fail
 
