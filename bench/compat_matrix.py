@@ -99,16 +99,17 @@ def parse_junit(path: Path, run: Run) -> None:
 
 
 def run_layer(k8s: str, layer: str, containerd: str, workdir: Path,
-              extra: Sequence[str]) -> Run:
-    """One pytest run under the heavy lock; returns its :class:`Run`."""
+              extra: Sequence[str], lock: bool = True) -> Run:
+    """One pytest run under the heavy lock (``lock``: taken here; else the caller holds
+    it); returns its :class:`Run`."""
     run = Run(k8s, layer, containerd)
     junit = workdir / f"{k8s}-{layer}-{containerd or 'na'}.xml"
     env = {**os.environ, "HAMI_K8S_VERSION": k8s, "HAMI_E2E_REQUIRED": "1",
            "HAMI_DEPLOY_REQUIRED": "1", "HAMI_NODE_REQUIRED": "1"}
     if containerd:
         env["HAMI_CONTAINERD_VERSION"] = containerd
-    cmd = ["flock", LOCK, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-           f"--junitxml={junit}", *LAYERS[layer], *extra]
+    cmd = [*(["flock", LOCK] if lock else []), sys.executable, "-m", "pytest", "-q",
+           "-p", "no:cacheprovider", f"--junitxml={junit}", *LAYERS[layer], *extra]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO, env=env, check=False)
     run.seconds = round(time.monotonic() - t0, 1)
@@ -167,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="containerd releases for the node layer")
     p.add_argument("--layers", nargs="+", choices=sorted(LAYERS), default=list(LAYERS))
     p.add_argument("--build", action="store_true", help="build missing releases first")
+    p.add_argument("--no-lock", action="store_true",
+                   help=f"the caller holds {LOCK} (flock {LOCK} python bench/compat_matrix.py ...)")
     p.add_argument("--out", type=Path, default=REPO / "bench/results/compat_matrix")
     p.add_argument("pytest_args", nargs="*", help="after --: more pytest arguments")
     args = p.parse_args(argv)
@@ -180,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for k8s in args.k8s:
             for layer in args.layers:
                 for ctd in (args.containerd if layer == "node" else [""]):
-                    r = run_layer(k8s, layer, ctd, workdir, args.pytest_args)
+                    r = run_layer(k8s, layer, ctd, workdir, args.pytest_args,
+                                  lock=not args.no_lock)
                     runs.append(r)
                     log.write(json.dumps({**asdict(r), "at": time.strftime(
                         "%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
