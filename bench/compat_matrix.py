@@ -45,7 +45,7 @@ LOCK = "/tmp/hami-heavy.lock"
 LAYERS: dict[str, list[str]] = {
     "cp": ["-m", "e2e", "tests/e2e"],
     "chart": ["-m", "e2e", "tests/deploy/e2e"],
-    "node": ["-m", "e2e", "tests/realnode/test_chart_on_node.py", "tests/realnode/test_lockfree.py"],
+    "node": ["tests/realnode/test_chart_on_node.py", "tests/realnode/test_lockfree.py"],
 }
 
 
