@@ -28,6 +28,7 @@ from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfigur
 from lightkube.resources.core_v1 import Event, Node, Pod
 from lightkube.types import PatchType
 
+from hami.core.clusterfacts import BINDING_LABELS_MINOR
 from hami.core.codec import decode_node_devices, decode_pod_devices
 from hami.devices.registry import make_config
 from hami.offline import schedule
@@ -442,7 +443,7 @@ def test_a_bind_to_a_node_in_cdi_mode_writes_the_allocation_with_the_binding(
     ann, labels = first.metadata.annotations or {}, first.metadata.labels or {}
     assert (kind, first.spec.nodeName) == ("MODIFIED", node), "a pod write before the Binding"
     assert ann["hami.io/vgpu-node"] == node
-    if int(KUBERNETES_VERSION.split(".")[1]) >= 33:
+    if int(KUBERNETES_VERSION.split(".")[1]) >= BINDING_LABELS_MINOR:
         assert labels["hami.io/vgpu-node"] == node
     else:  # the API server dropped the Binding's label; hami's patch right after brings it
         assert "hami.io/vgpu-node" not in labels

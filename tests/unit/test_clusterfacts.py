@@ -49,10 +49,11 @@ def test_served_versions_from_both_documents_and_garbage_skipped() -> None:
 
 
 @pytest.mark.parametrize(("version", "copies"), [
-    ("v1.31.14", False), ("v1.32.0", False), ("v1.33.0", True), ("v1.37.2", True),
+    ("v1.31.14", False), ("v1.33.13", False), ("v1.34.4", False), ("v1.35.4", True),
+    ("v1.37.2", True),
     ("nonsense", False),  # unknown: write the label (harmless where it was copied)
 ])
-def test_binding_labels_from_1_33(version: str, copies: bool) -> None:
+def test_binding_labels_from_1_35(version: str, copies: bool) -> None:
     assert binding_copies_labels(facts_from({"gitVersion": version}, API, None)) is copies
 
 

@@ -5,10 +5,12 @@ group list (``/api``'s ``v1`` and ``/apis``: every ``group/version`` it serves),
 :mod:`hami.clusterprobe`, into :class:`ClusterFacts`; the functions here decide from that:
 
 * :func:`binding_copies_labels`: the API server copies a Binding's labels onto the pod
-  only from Kubernetes 1.33 on (the ``PodTopologyLabelsAdmission`` feature, KEP-4742,
-  beta and on by default in 1.33). On an older server the scheduler writes the pod's
-  ``hami.io/vgpu-node`` label with a patch after the Binding, as the monitor selects pods
-  by it.
+  only in newer releases (the ``PodTopologyLabelsAdmission`` work, KEP-4742): measured,
+  v1.31.14 and v1.33.13 drop them, v1.35.4 and v1.37.2 copy them (bench/results/
+  compat_matrix_notes.md); 1.34 was not run and counts as dropping. Where they are
+  dropped the scheduler writes the pod's ``hami.io/vgpu-node`` label with a patch after
+  the Binding, as the monitor selects pods by it (a patch where they were copied would
+  only cost one write).
 * :func:`dra_refusal`: DRA mode needs ``resource.k8s.io/v1`` (GA in Kubernetes 1.34) and
   consumable capacity (``DRAConsumableCapacity``: alpha in 1.34, beta and on by default
   from 1.36; docs/dra.md). Without ``resource.k8s.io/v1`` hami refuses DRA mode with one
@@ -25,8 +27,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-#: First minor (of 1.x) whose API server copies a Binding's labels onto the pod.
-BINDING_LABELS_MINOR = 33
+#: First minor (of 1.x) whose API server is known to copy a Binding's labels onto the pod
+#: (measured: 1.33 does not, 1.35 does; 1.34 not run).
+BINDING_LABELS_MINOR = 35
 #: The DRA API group and version DRA mode uses.
 DRA_GROUP_VERSION = "resource.k8s.io/v1"
 #: First minor with ``DRAConsumableCapacity`` on by default.
@@ -105,8 +108,9 @@ def facts_from(version_doc: Mapping[str, Any] | None, api_versions: Mapping[str,
 
 
 def binding_copies_labels(facts: ClusterFacts) -> bool:
-    """Whether the server copies a Binding's labels onto the pod: 1.33 or later. An
-    unknown version counts as older (the label patch is then written: harmless)."""
+    """Whether the server copies a Binding's labels onto the pod: 1.35 or later (see the
+    module doc). An unknown version counts as older (the label patch is then written:
+    harmless)."""
     return facts.release is not None and facts.release >= (1, BINDING_LABELS_MINOR)
 
 
@@ -147,8 +151,8 @@ def capacity_refusal(facts: ClusterFacts, sent_device: Mapping[str, Any],
 def scheduler_line(facts: ClusterFacts, dra_mode: bool) -> str:
     """The one line the scheduler logs at start-up about what it chose."""
     labels = ("the API server copies a Binding's labels" if binding_copies_labels(facts)
-              else "the API server drops a Binding's labels (before 1.33): hami.io/vgpu-node "
-                   "is written by a patch after the Binding")
+              else f"the API server drops a Binding's labels (before 1.{BINDING_LABELS_MINOR}): "
+                   "hami.io/vgpu-node is written by a patch after the Binding")
     vap = ("ValidatingAdmissionPolicy v1 served" if facts.release is not None
            and facts.release >= (1, VAP_MINOR)
            else "no ValidatingAdmissionPolicy v1 (before 1.30): the chart leaves its policies out")

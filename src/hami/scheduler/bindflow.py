@@ -149,7 +149,7 @@ class BindFlow(EngineParts):
 
     async def _label_after_binding(self, ns: str, name: str, uid: str,
                                    labels: dict[str, str]) -> None:
-        """An API server before Kubernetes 1.33 drops a Binding's labels: write them with
+        """An older API server (v1.33.13 measured) drops a Binding's labels: write them with
         a patch once the pod is bound. A failure is logged, not returned: the pod is
         bound, and the node's device plugin writes a missing label when it serves the
         pod (:func:`hami.deviceplugin.cdimode.completion_patch`)."""
