@@ -136,7 +136,12 @@ def build(k8s: Sequence[str], containerd: Sequence[str]) -> dict[str, float]:
 
 def table(runs: Sequence[Run]) -> str:
     """The Markdown table: one row per release and layer."""
-    lines = ["| Kubernetes | layer | containerd | result | seconds |",
+    lines = ["# Version matrix (bench/compat_matrix.py)", "",
+             "Rows in the order first run; a row's failures are listed below the table. "
+             "What each failure was and how it was fixed (the recheck rows ran after the "
+             "fixes): compat_matrix_notes.md. seconds 0: recorded from a separate pytest "
+             "run.", "",
+             "| Kubernetes | layer | containerd | result | seconds |",
              "|---|---|---|---|---|"]
     for r in runs:
         lines.append(f"| {r.k8s} | {r.layer} | {r.containerd or '-'} | {r.verdict} | "
