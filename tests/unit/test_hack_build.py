@@ -185,3 +185,14 @@ def test_version_variable_without_a_pin_says_so(tmp_path: Path, which: str) -> N
     assert proc.returncode == 1 and calls == []
     assert "v1.2.3 is not pinned" in proc.stderr
     assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("which", OTHER_PINS)
+def test_the_tests_variable_picks_the_pin_too(tmp_path: Path, which: str) -> None:
+    """HAMI_K8S_VERSION / HAMI_CONTAINERD_VERSION (what the tests read) pick the same pin
+    when the build variable is unset, so a helper that runs build.sh inside a test run
+    (deploy/local/quickstart.py) gets the release the test runs."""
+    var, version, _ = OTHER_PINS[which]
+    proc, _ = _run(tmp_path, which, "--print-dir", **{f"HAMI_{var}": version})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith(f"{SCRIPTS[which][0]}{version}/bin")
