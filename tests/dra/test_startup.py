@@ -20,4 +20,5 @@ def test_the_probe_slice_is_this_nodes_and_inside_the_chart_policy_names() -> No
     assert spec["driver"] == slices.DRIVER
     (device,) = spec["devices"]
     assert device["allowMultipleAllocations"] is True  # what a server without the gate drops
+    assert device["taints"]  # likewise without DRADeviceTaints
     assert device["capacity"]

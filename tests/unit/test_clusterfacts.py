@@ -75,10 +75,15 @@ def test_capacity_checked_before_1_36(version: str, check: bool) -> None:
 
 def test_capacity_refusal_when_the_server_drops_the_field() -> None:
     facts = facts_from({"gitVersion": "v1.34.4"}, API, _groups("resource.k8s.io/v1"))
-    sent = {"name": "gpu-0", "allowMultipleAllocations": True}
+    sent = {"name": "gpu-0", "allowMultipleAllocations": True,
+            "taints": [{"key": "k", "effect": "NoSchedule"}]}
     assert capacity_refusal(facts, sent, dict(sent)) is None
-    reason = capacity_refusal(facts, sent, {"name": "gpu-0"})
-    assert reason and "DRAConsumableCapacity" in reason and "\n" not in reason
+    reason = capacity_refusal(facts, sent, {"name": "gpu-0"})  # what v1.35.4 returned
+    assert reason and "\n" not in reason
+    assert "DRAConsumableCapacity" in reason and "DRADeviceTaints" in reason
+    only_taints = capacity_refusal(facts, sent, {**sent, "taints": None})
+    assert only_taints and "DRADeviceTaints" in only_taints
+    assert "DRAConsumableCapacity" not in only_taints
     assert capacity_refusal(facts, sent, None)
 
 

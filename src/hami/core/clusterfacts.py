@@ -130,22 +130,32 @@ def needs_capacity_check(facts: ClusterFacts) -> bool:
     return facts.release is None or facts.release < (1, CONSUMABLE_CAPACITY_DEFAULT_MINOR)
 
 
+#: Fields of a ResourceSlice device DRA mode writes => the feature gate an API server
+#: must have on to keep them (it drops a disabled feature's fields on create).
+DEVICE_FEATURES = (("allowMultipleAllocations", "DRAConsumableCapacity",
+                    "on by default from Kubernetes 1.36"),
+                   ("taints", "DRADeviceTaints", "cordoned and unhealthy cards are marked by it"))
+
+
 def capacity_refusal(facts: ClusterFacts, sent_device: Mapping[str, Any],
                      returned_device: Mapping[str, Any] | None) -> str | None:
     """Compare a device sent in a dry-run ResourceSlice create with the one the server
     returned: a server without ``DRAConsumableCapacity`` drops the device's
-    ``allowMultipleAllocations`` (and ``capacity`` request policies), as an API server
-    drops the fields of a disabled feature. One line when it did, else None."""
+    ``allowMultipleAllocations`` (v1.35.4 did), one without ``DRADeviceTaints`` its
+    ``taints`` (v1.35.4 did), as an API server drops a disabled feature's fields. One line
+    naming the gates when it dropped any, else None."""
     if not isinstance(returned_device, Mapping):
         return (f"the API server ({facts.shown}) returned no device for a dry-run "
                 "ResourceSlice; cannot tell whether consumable capacity is on")
-    if sent_device.get("allowMultipleAllocations") and not returned_device.get(
-            "allowMultipleAllocations"):
-        return (f"DRA mode needs consumable capacity (feature gate DRAConsumableCapacity, on "
-                f"by default from Kubernetes 1.36); the API server ({facts.shown}) drops it: "
-                "enable the gate on kube-apiserver, kube-scheduler, kube-controller-manager "
-                "and kubelet, or run hami in extender mode (dra.enabled=false)")
-    return None
+    missing = [(gate, why) for field_, gate, why in DEVICE_FEATURES
+               if sent_device.get(field_) and not returned_device.get(field_)]
+    if not missing:
+        return None
+    gates = ", ".join(f"{gate} ({why})" for gate, why in missing)
+    return (f"DRA mode needs the feature gates {gates}; the API server ({facts.shown}) drops "
+            "their fields: enable them on kube-apiserver, kube-scheduler, "
+            "kube-controller-manager and kubelet, or run hami in extender mode "
+            "(dra.enabled=false)")
 
 
 def scheduler_line(facts: ClusterFacts, dra_mode: bool) -> str:

@@ -8,8 +8,9 @@ work, so the plugin never fails late at its first ResourceSlice or claim:
   :func:`hami.core.clusterfacts.dra_refusal`;
 * before 1.36, where consumable capacity is off by default: a dry-run create
   (``dryRun=All``: validated, never stored) of a ResourceSlice with one device of the
-  shape :func:`hami.dra.slices.slice_device` publishes; a server whose
-  ``DRAConsumableCapacity`` gate is off drops ``allowMultipleAllocations`` from it
+  shape :func:`hami.dra.slices.slice_device` publishes, cordoned (with a taint); a server
+  whose ``DRAConsumableCapacity`` or ``DRADeviceTaints`` gate is off drops
+  ``allowMultipleAllocations`` or ``taints`` from it
   (:func:`hami.core.clusterfacts.capacity_refusal`).
 """
 
@@ -45,7 +46,8 @@ def probe_slice(node: str) -> dict[str, Any]:
     apart from the node's real slices (a dry-run create of an existing name is refused)
     but inside the names the chart's admission policy lets this node's plugin write
     (``<node>-gpu.hami.io-mig-<k>``, with a ``k`` no node reaches)."""
-    doc = slices.resource_slice(node, [PROBE_DEVICE], generation=1)
+    doc = slices.resource_slice(node, [PROBE_DEVICE], generation=1,
+                                cordoned=frozenset({PROBE_DEVICE.uuid}))  # with a taint
     doc["metadata"]["name"] = f"{slices.slice_name(node)}-mig-{PROBE_INDEX}"
     return doc
 
@@ -59,8 +61,8 @@ def refusal(client: Any, node: str) -> str | None:
         return f"cannot read the API server's version and APIs: {exc}"
     reason = dra_refusal(facts) or _capacity(client, node, facts)
     if reason is None:
-        log.info("Kubernetes %s serves resource.k8s.io/v1 with consumable capacity: "
-                 "DRA mode", facts.shown)
+        log.info("Kubernetes %s serves resource.k8s.io/v1 with consumable capacity and "
+                 "device taints: DRA mode", facts.shown)
     return reason
 
 
