@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup simulate test lint native k8s containerd helm cluster e2e images clean
+.PHONY: setup simulate test lint native k8s containerd helm cluster e2e compat test-floor images clean
 
 # Two stamps: `make simulate` needs hami and its runtime packages only; `make setup` (and
 # everything that tests) adds the developer tools. pip prints what it installs.
@@ -28,10 +28,25 @@ simulate: $(VENV)/.hami-runtime
 native:
 	@if [ -f native/libvgpu/Makefile ]; then $(MAKE) -C native/libvgpu; fi
 
+# Versions: the pins in hack/k8s/go.mod and hack/containerd/go.mod unless K8S_VERSION /
+# CONTAINERD_VERSION name another release pinned under hack/*/versions/ (hack/k8s/pin.sh
+# pins a Kubernetes release), e.g. `make e2e K8S_VERSION=1.31.14`. The build scripts read
+# these variables; the tests read HAMI_K8S_VERSION / HAMI_CONTAINERD_VERSION, set from them.
+K8S_VERSION ?=
+CONTAINERD_VERSION ?=
+export K8S_VERSION CONTAINERD_VERSION
+ifneq ($(strip $(K8S_VERSION)),)
+export HAMI_K8S_VERSION := $(K8S_VERSION)
+endif
+ifneq ($(strip $(CONTAINERD_VERSION)),)
+export HAMI_CONTAINERD_VERSION := $(CONTAINERD_VERSION)
+endif
+
 k8s:
 	hack/k8s/build.sh
 
-# containerd 2.x (CDI) for the real node; built once per version, like k8s.
+# containerd for the real node (2.x by default; CONTAINERD_VERSION=1.7.35 the 1.7 line);
+# built once per version, like k8s.
 containerd:
 	hack/containerd/build.sh
 
@@ -63,6 +78,14 @@ endif
 e2e: setup k8s
 	HAMI_E2E_REQUIRED=1 $(BIN)/pytest -m e2e
 
+# The version matrix (bench/compat_matrix.py): control-plane e2e, chart install and the
+# real-node GPU pod per Kubernetes release (and containerd release for the node), results
+# in bench/results/compat_matrix.{jsonl,md}. Builds what is missing first.
+K8S_VERSIONS ?= v1.31.14 v1.33.13 v1.37.2
+CONTAINERD_VERSIONS ?= v2.4.2 v1.7.35
+compat: setup native helm
+	$(BIN)/python bench/compat_matrix.py --build --k8s $(K8S_VERSIONS) --containerd $(CONTAINERD_VERSIONS)
+
 lint: setup
 	$(BIN)/ruff check src tests bench
 	$(BIN)/mypy
@@ -70,6 +93,15 @@ lint: setup
 
 test: setup native k8s containerd helm lint
 	HAMI_E2E_REQUIRED=1 HAMI_DEPLOY_REQUIRED=1 HAMI_NODE_REQUIRED=1 $(BIN)/pytest
+	$(MAKE) test-floor
+
+# The support floor (docs/install.md, "Kubernetes versions"): its control-plane e2e suite
+# and the chart + GPU pod on a real node with its kubelet; built once, cached per version.
+FLOOR_K8S_VERSION ?= v1.31.14
+test-floor: setup native containerd helm
+	K8S_VERSION=$(FLOOR_K8S_VERSION) hack/k8s/build.sh
+	HAMI_K8S_VERSION=$(FLOOR_K8S_VERSION) HAMI_E2E_REQUIRED=1 HAMI_DEPLOY_REQUIRED=1 \
+	  HAMI_NODE_REQUIRED=1 $(BIN)/pytest -m e2e tests/e2e tests/realnode/test_chart_on_node.py
 
 # Image names: <REGISTRY>/hami/hami-scheduler:<TAG> and <REGISTRY>/hami/hami-device-plugin:<TAG>,
 # the names the chart renders with --set global.imageRegistry=<REGISTRY> (docs/install.md).

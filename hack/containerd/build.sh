@@ -11,6 +11,10 @@
 # Usage: hack/containerd/build.sh            build what is missing, print the bin directory
 #        hack/containerd/build.sh --print-dir only print the bin directory
 #
+# CONTAINERD_VERSION=v1.7.35 (or 1.7.35; else HAMI_CONTAINERD_VERSION) builds another release pinned in versions/<version>/
+# (its go.mod lists the three commands as tools; the 1.x line is module
+# github.com/containerd/containerd, without /v2) into containerd-<version>/bin.
+#
 # Built with CGO_ENABLED=0 as containerd's Makefile builds its shim, and with the build tags
 # that leave out the snapshotters the node does not use (btrfs needs libbtrfs headers;
 # devmapper and zfs need their tools): only overlayfs and native are built in.
@@ -20,14 +24,26 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=hack/lib.sh
 source "$here/../lib.sh"
 names=(containerd containerd-shim-runc-v2 ctr)
-hack_init github.com/containerd/containerd/v2 containerd "${1:-}"
+pkg=github.com/containerd/containerd/v2
+want="${CONTAINERD_VERSION:-${HAMI_CONTAINERD_VERSION:-}}"
+if [[ -n "$want" ]]; then
+	[[ "$want" == v* ]] || want="v$want"
+	if [[ -f "$here/versions/$want/go.mod" ]]; then
+		here="$here/versions/$want"
+		[[ "$want" == v2.* ]] || pkg=github.com/containerd/containerd
+	elif ! grep -qE "^\s*(require\s+)?${pkg//./\\.} $want( |\$)" "$here/go.mod"; then
+		echo "build.sh: containerd $want is not pinned (pinned: $(cd "$here/versions" \
+			2>/dev/null && ls | tr '\n' ' ')and the go.mod here)" >&2
+		exit 1
+	fi
+fi
+hack_init "$pkg" containerd "${1:-}"
 if hack_all_have "${names[@]}"; then
 	echo "$bindir"
 	exit 0
 fi
 hack_lock
 
-pkg=github.com/containerd/containerd/v2
 ldflags="-s -w -X $pkg/version.Version=$version -X $pkg/version.Revision=hami-hack-containerd"
 tags="urfave_cli_no_docs no_btrfs no_devmapper no_zfs"
 

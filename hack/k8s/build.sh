@@ -10,6 +10,10 @@
 # Usage: hack/k8s/build.sh            build what is missing, print the bin directory
 #        hack/k8s/build.sh --print-dir only print the bin directory
 #
+# K8S_VERSION=v1.31.14 (or 1.31.14; else HAMI_K8S_VERSION, the tests' variable) builds
+# another release pinned by hack/k8s/pin.sh in versions/<version>/ instead (into
+# k8s-<version>/bin); unset or equal to the go.mod pin here, it builds that pin.
+#
 # The Go build cache of these builds (about 3 GiB) lives beside bin/ and is removed once
 # all binaries are there; HAMI_K8S_KEEP_GOCACHE=1 keeps it (faster rebuilds after edits).
 set -euo pipefail
@@ -18,6 +22,17 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=hack/lib.sh
 source "$here/../lib.sh"
 names=(kube-apiserver kube-scheduler kubelet kube-controller-manager etcd)
+want="${K8S_VERSION:-${HAMI_K8S_VERSION:-}}"
+if [[ -n "$want" ]]; then
+	[[ "$want" == v* ]] || want="v$want"
+	if [[ -f "$here/versions/$want/go.mod" ]]; then
+		here="$here/versions/$want"
+	elif ! grep -qE "^\s*(require\s+)?k8s\.io/kubernetes $want( |\$)" "$here/go.mod"; then
+		echo "build.sh: Kubernetes $want is not pinned: run hack/k8s/pin.sh $want first" \
+			"(pinned: $(cd "$here/versions" 2>/dev/null && ls | tr '\n' ' '))" >&2
+		exit 1
+	fi
+fi
 hack_init k8s.io/kubernetes k8s "${1:-}"
 if hack_all_have "${names[@]}"; then
 	echo "$bindir"

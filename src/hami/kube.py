@@ -213,7 +213,8 @@ class Kube:
         """POST ``pods/<name>/binding`` to ``node``. ``annotations`` ride on the Binding:
         the API server copies them onto the pod in the write that sets ``spec.nodeName``
         (Kubernetes' pod registry, BindingREST); ``labels`` likewise, but only where the
-        PodTopologyLabelsAdmission feature is on (default since Kubernetes 1.33)."""
+        server copies them (v1.35.4 and v1.37.2 do, v1.33.13 does not:
+        :mod:`hami.core.clusterfacts`)."""
         meta: JSON = {"name": name, "namespace": namespace}
         if uid:
             meta["uid"] = uid

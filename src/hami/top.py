@@ -280,32 +280,45 @@ def list_objects(client: Any, namespace: str | None = None) -> tuple[list[dict[s
     return nodes, pods, quotas
 
 
+def _refused(err: Exception) -> int | None:
+    """The HTTP status of a failed list: lightkube raises ``ApiError`` for a Kubernetes
+    Status body, and the HTTP client's ``HTTPStatusError`` for the plain-text ``404 page
+    not found`` an API server answers for an API group it does not serve."""
+    status = getattr(getattr(err, "status", None), "code", None)
+    if status is None:
+        status = getattr(getattr(err, "response", None), "status_code", None)
+    return status if isinstance(status, int) else None
+
+
 def list_dra_objects(client: Any, namespace: str | None = None
                      ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """ResourceSlices and ResourceClaims (DRA mode) as plain dicts (lightkube).
 
     Claims of every namespace (a card's usage counts every claim on it); only when that
     is forbidden (403) those of ``namespace``. A cluster without the ``resource.k8s.io/v1``
-    API (404) or a caller who may not list a kind (403) gets empty lists.
+    API (404: Kubernetes before 1.34) or a caller who may not list a kind (403) gets empty
+    lists.
     """
+    import httpx2
     from lightkube import ApiError
     from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
 
     try:
         slices = [s.to_dict() for s in client.list(ResourceSlice)]
-    except ApiError as err:
-        if err.status.code not in (403, 404):
+    except (ApiError, httpx2.HTTPStatusError) as err:
+        if _refused(err) not in (403, 404):
             raise
         return [], []
     if not slices:
         return [], []
     try:
         claims = [c.to_dict() for c in client.list(ResourceClaim, namespace="*")]
-    except ApiError as err:
-        if err.status.code not in (403, 404):
+    except (ApiError, httpx2.HTTPStatusError) as err:
+        code = _refused(err)
+        if code not in (403, 404):
             raise
         claims = []
-        if err.status.code == 403 and namespace:
+        if code == 403 and namespace:
             claims = [c.to_dict() for c in client.list(ResourceClaim, namespace=namespace)]
     return slices, claims
 

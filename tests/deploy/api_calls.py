@@ -148,7 +148,9 @@ CALLS: dict[str, tuple[Call, ...]] = {
         # created or replaced when they changed
         Call("list", "resourceslices", _DRA, where=("hami.dra.node:SlicePublisher.sync",
                                                     f"{_AGENT}.publish_loop")),
-        Call("create", "resourceslices", _DRA, where=("hami.dra.node:SlicePublisher.sync",)),
+        # ... and once at start-up a dry-run one (hami.dra.startup: consumable capacity on?)
+        Call("create", "resourceslices", _DRA, where=("hami.dra.node:SlicePublisher.sync",
+                                                      "hami.dra.startup:refusal")),
         Call("update", "resourceslices", _DRA, where=("hami.dra.node:SlicePublisher.sync",)),
         # NodePrepareResources: the claim's allocation; the owner record: its pods
         Call("get", "resourceclaims", _DRA, where=(f"{_AGENT}.get_claim",)),
@@ -223,7 +225,11 @@ API_MODULES = {"hami.kube": ("Kube",), "hami.deviceplugin.kube": ("KubeApi",),
                "hami.dra.prioritize": ("DraPrioritizer",),
                "hami.dra.namedclaims": (),  # reads through DraWebhook; handles ApiError
                "hami.dra.reservations": ("QuotaReservations",),
-               "hami.dra.templategc": ("TemplateCollector",)}
+               "hami.dra.templategc": ("TemplateCollector",), "hami.dra.startup": ()}
+#: Non-resource GETs at start-up (hami.clusterprobe: the scheduler and the DRA plugin read
+#: the server's version and APIs); every authenticated user may (the built-in
+#: system:discovery and system:public-info-viewer roles), so no chart RBAC is involved.
+DISCOVERY = ("/version", "/api", "/apis")
 OUTSIDE_CHART = {"hami.top": "hami top runs with the user's kubeconfig (list nodes, pods, "
                              "resourcequotas, resourceslices, resourceclaims)",
                  "hami.kubehttp": "builds the API layer's HTTP transports (keepalive, watch "

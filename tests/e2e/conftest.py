@@ -77,3 +77,27 @@ def start_kube_scheduler(
     yield start
     for handle in handles:
         handle.stop()
+
+
+#: Test modules of DRA mode: they need resource.k8s.io/v1 (Kubernetes 1.34+) and
+#: consumable capacity; on an older release (make e2e K8S_VERSION=...) hami refuses DRA
+#: mode, which tests/e2e/test_compat_e2e.py checks instead.
+DRA_MODULES = ("test_dra_",)
+
+
+def _minor(version: str) -> int:
+    return int(version.lstrip("v").split(".")[1])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from hami.testing.processes import KUBERNETES_VERSION
+
+    if _minor(KUBERNETES_VERSION) >= 36:
+        return
+    skip = pytest.mark.skip(reason=f"DRA mode needs Kubernetes 1.36+ (consumable capacity on "
+                                   f"by default); this run is {KUBERNETES_VERSION}, where hami "
+                                   "refuses DRA mode (test_compat_e2e checks the refusal)")
+    for item in items:
+        if item.path.parent.name == "e2e" and item.path.name.startswith(DRA_MODULES) \
+                and item.path.parent.parent.name == "tests":
+            item.add_marker(skip)

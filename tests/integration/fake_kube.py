@@ -49,6 +49,8 @@ class FakeKube:
         self.events: list[JSON] = []
         self.leases: dict[tuple[str, str], JSON] = {}
         self.calls: list[str] = []
+        #: the API server copies a Binding's labels onto the pod (Kubernetes 1.33+)
+        self.binding_labels = True
         self.fail: dict[str, KubeError] = {}
 
     # ------------------------------------------------------------ test side
@@ -159,9 +161,10 @@ class FakeKube:
         if (pod.get("spec") or {}).get("nodeName"):
             raise KubeError(409, f"pod {name} is already assigned to node")
         # As the API server (1.33+): the Binding's annotations and labels land with
-        # spec.nodeName, in one write.
+        # spec.nodeName, in one write; before 1.33 (binding_labels False) the labels not.
         self.put("Pod", merge_patch(pod, {"spec": {"nodeName": node}, "metadata": {
-            "annotations": dict(annotations or {}), "labels": dict(labels or {})}}))
+            "annotations": dict(annotations or {}),
+            "labels": dict(labels or {}) if self.binding_labels else {}}}))
 
     async def create_event(self, event: Mapping[str, Any]) -> None:
         self.events.append(dict(event))

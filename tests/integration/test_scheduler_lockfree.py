@@ -168,6 +168,46 @@ def test_a_cdi_bind_writes_the_allocation_with_the_binding_and_no_pod_patch(
     run(scenario)
 
 
+def test_before_1_33_the_label_lost_with_the_binding_is_patched() -> None:
+    """An API server before 1.33 drops a Binding's labels: the scheduler (told so at
+    start-up, :mod:`hami.clusterprobe`) writes hami.io/vgpu-node with a patch after the
+    Binding; on 1.33+ it writes nothing more."""
+    async def scenario() -> None:
+        for copies in (False, True):
+            kube = cluster(n1="cdi")
+            kube.binding_labels = copies
+            async with serving(kube) as h:
+                h.engine.binding_copies_labels = copies
+                pod = kube.put("Pod", gpu_pod("a", memory_mib=1000))
+                assert (await h.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+                await h.settle()
+                kube.calls.clear()
+                assert (await h.bind(pod, "n1"))["Error"] == ""
+                assert kube.calls == (["bind"] if copies else ["bind", "patch pod"])
+                bound = kube.pod("a")
+                assert bound["metadata"]["labels"][names.VGPU_NODE] == "n1"
+                assert bound["metadata"]["annotations"][names.BIND_PHASE] == "success"
+
+    run(scenario)
+
+
+def test_a_failed_label_patch_after_the_binding_still_binds() -> None:
+    async def scenario() -> None:
+        kube = cluster(n1="cdi")
+        kube.binding_labels = False
+        async with serving(kube) as h:
+            h.engine.binding_copies_labels = False
+            pod = kube.put("Pod", gpu_pod("a", memory_mib=1000))
+            assert (await h.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+            await h.settle()
+            kube.fail["patch pod"] = KubeError(500, "etcd is sad")
+            assert (await h.bind(pod, "n1"))["Error"] == ""
+            assert kube.pod("a")["spec"]["nodeName"] == "n1"
+            assert names.VGPU_NODE not in kube.pod("a")["metadata"].get("labels", {})
+
+    run(scenario)
+
+
 @pytest.mark.parametrize("code", [409, 403])
 def test_a_refused_binding_leaves_nothing_and_undoes_the_charge(code: int) -> None:
     """Better than HAMi, whose refused bind leaves the filter's annotations on the pod: the

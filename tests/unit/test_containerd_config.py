@@ -10,11 +10,13 @@ import pytest
 
 from hami.testing.containerd import (
     BINARIES,
-    CONTAINERD_VERSION,
+    PINNED_CONTAINERD_VERSION,
     NodeRuntimeConfig,
     config_toml,
     find_containerd,
     parse_major,
+    parse_major_minor,
+    selected_containerd_version,
 )
 from hami.testing.nodeprereq import missing_prerequisites
 
@@ -27,9 +29,34 @@ def test_version_matches_go_mod() -> None:
     go_mod = (REPO / "hack" / "containerd" / "go.mod").read_text()
     pinned = re.search(r"^\s*(?:require\s+)?github\.com/containerd/containerd/v2 (v\S+)",
                        go_mod, re.M)
-    assert pinned and pinned.group(1) == CONTAINERD_VERSION
+    assert pinned and pinned.group(1) == PINNED_CONTAINERD_VERSION
     for name in BINARIES:  # build.sh builds what go.mod lists as tools
         assert f"github.com/containerd/containerd/v2/cmd/{name}\n" in go_mod
+
+
+@pytest.mark.parametrize("version", sorted(
+    p.name for p in (REPO / "hack" / "containerd" / "versions").iterdir()))
+def test_other_pins_name_their_release(version: str) -> None:
+    go_mod = (REPO / "hack" / "containerd" / "versions" / version / "go.mod").read_text()
+    module = "github.com/containerd/containerd" + ("/v2" if version.startswith("v2.") else "")
+    assert re.search(rf"^\s*{re.escape(module)} {re.escape(version)}( |$)", go_mod, re.M)
+    for name in BINARIES:
+        assert f"{module}/cmd/{name}\n" in go_mod
+
+
+@pytest.mark.parametrize(("raw", "version"), [
+    (None, PINNED_CONTAINERD_VERSION), ("", PINNED_CONTAINERD_VERSION),
+    ("1.7.35", "v1.7.35"), ("v2.4.2", "v2.4.2"),
+])
+def test_selected_version(raw: str | None, version: str) -> None:
+    env = {} if raw is None else {"HAMI_CONTAINERD_VERSION": raw}
+    assert selected_containerd_version(env) == version
+
+
+@pytest.mark.parametrize("raw", ["latest", "1.7", "../../etc", "v1.7.35; rm"])
+def test_selected_version_rejects_other_words(raw: str) -> None:
+    with pytest.raises(ValueError, match="not a release"):
+        selected_containerd_version({"HAMI_CONTAINERD_VERSION": raw})
 
 
 @pytest.mark.parametrize(("out", "major"), [
@@ -38,6 +65,10 @@ def test_version_matches_go_mod() -> None:
 ])
 def test_parse_major(out: str, major: int) -> None:
     assert parse_major(out) == major
+
+
+def test_parse_major_minor() -> None:
+    assert parse_major_minor("containerd github.com/containerd/containerd v1.7.35 x\n") == (1, 7)
 
 
 def test_parse_major_rejects_garbage() -> None:
@@ -70,7 +101,15 @@ def test_v2_config_for_containerd_1() -> None:
     assert cri["sandbox_image"] == "hami.local/pause:test"
     assert cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is False
     assert cri["cni"]["bin_dir"] == "/usr/lib/cni"
-    assert "cdi_spec_dirs" not in cri
+    assert "cdi_spec_dirs" not in cri and "enable_cdi" not in cri  # 1.6: no CDI
+
+
+def test_v2_config_for_containerd_1_7_turns_cdi_on() -> None:
+    doc = tomllib.loads(config_toml(1, CFG, minor=7))
+    assert doc["version"] == 2
+    cri = doc["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["enable_cdi"] is True and cri["cdi_spec_dirs"] == ["/run/cdi"]
+    assert cri["sandbox_image"] == "hami.local/pause:test"
 
 
 def _fake_build(tmp_path: Path, version: str) -> Path:

@@ -32,8 +32,8 @@ done
 """
 
 
-def _run(tmp_path: Path, which: str, *args: str) -> tuple[subprocess.CompletedProcess[str],
-                                                           list[str]]:
+def _run(tmp_path: Path, which: str, *args: str, **extra_env: str
+         ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     fake_bin = tmp_path / "fakebin"
     fake_bin.mkdir(exist_ok=True)
     (fake_bin / "go").write_text(FAKE_GO)
@@ -41,7 +41,7 @@ def _run(tmp_path: Path, which: str, *args: str) -> tuple[subprocess.CompletedPr
     log = tmp_path / "go.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("HAMI_")}
     env.update(PATH=f"{fake_bin}:{os.environ['PATH']}", HAMI_CACHE_DIR=str(tmp_path / "cache"),
-               FAKE_GO_LOG=str(log))
+               FAKE_GO_LOG=str(log), **extra_env)
     proc = subprocess.run([str(REPO / "hack" / which / "build.sh"), *args], env=env,
                           capture_output=True, text=True, timeout=30, check=False)
     calls = log.read_text().splitlines() if log.exists() else []
@@ -152,3 +152,47 @@ def test_go_mod_without_the_module_says_so(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=30, check=False)
     assert proc.returncode == 1
     assert "no k8s.io/kubernetes requirement in" in proc.stderr
+
+
+#: script dir => (its version variable, a release pinned under versions/, the Go package of
+#: its first binary there)
+OTHER_PINS = {
+    "k8s": ("K8S_VERSION", "v1.31.14", "k8s.io/kubernetes/cmd/kube-apiserver"),
+    "containerd": ("CONTAINERD_VERSION", "v1.7.35",
+                   "github.com/containerd/containerd/cmd/containerd"),
+}
+
+
+@pytest.mark.parametrize("which", OTHER_PINS)
+def test_version_variable_builds_another_pin(tmp_path: Path, which: str) -> None:
+    """K8S_VERSION / CONTAINERD_VERSION (with or without the v) pick versions/<version>/:
+    its own cache directory, its Go module, its version stamped in."""
+    var, version, pkg = OTHER_PINS[which]
+    proc, calls = _run(tmp_path, which, **{var: version.removeprefix("v")})
+    assert proc.returncode == 0, proc.stderr
+    bindir = tmp_path / "cache" / f"{SCRIPTS[which][0]}{version}" / "bin"
+    assert proc.stdout.splitlines()[-1] == str(bindir)
+    assert len(calls) == len(SCRIPTS[which][1])
+    assert calls[0].endswith(" " + pkg) and f"={version}" in calls[0]
+    pinned, _ = _run(tmp_path, which, "--print-dir")
+    assert pinned.stdout.strip() != str(bindir)  # without the variable: the go.mod pin
+
+
+@pytest.mark.parametrize("which", OTHER_PINS)
+def test_version_variable_without_a_pin_says_so(tmp_path: Path, which: str) -> None:
+    var = OTHER_PINS[which][0]
+    proc, calls = _run(tmp_path, which, **{var: "v1.2.3"})
+    assert proc.returncode == 1 and calls == []
+    assert "v1.2.3 is not pinned" in proc.stderr
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("which", OTHER_PINS)
+def test_the_tests_variable_picks_the_pin_too(tmp_path: Path, which: str) -> None:
+    """HAMI_K8S_VERSION / HAMI_CONTAINERD_VERSION (what the tests read) pick the same pin
+    when the build variable is unset, so a helper that runs build.sh inside a test run
+    (deploy/local/quickstart.py) gets the release the test runs."""
+    var, version, _ = OTHER_PINS[which]
+    proc, _ = _run(tmp_path, which, "--print-dir", **{f"HAMI_{var}": version})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith(f"{SCRIPTS[which][0]}{version}/bin")

@@ -13,8 +13,11 @@ pytest.importorskip("cryptography")
 from cryptography import x509  # noqa: E402
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: E402
 
-from hami.testing.controlplane import KUBERNETES_VERSION  # noqa: E402
 from hami.testing.pki import CertificateAuthority  # noqa: E402
+from hami.testing.processes import (  # noqa: E402
+    PINNED_KUBERNETES_VERSION,
+    selected_kubernetes_version,
+)
 from hami.testing.scheduler_config import (  # noqa: E402
     HAMI_MANAGED_RESOURCES,
     VENDOR_MANAGED_RESOURCES,
@@ -29,9 +32,40 @@ def test_version_matches_go_mod():
     go_mod = (REPO / "hack" / "k8s" / "go.mod").read_text()
     pinned = re.search(r"^\s*(?:require\s+)?k8s\.io/kubernetes (v\S+)", go_mod, re.M)
     assert pinned is not None
-    assert pinned.group(1) == KUBERNETES_VERSION
+    assert pinned.group(1) == PINNED_KUBERNETES_VERSION
     staging = re.findall(r"^\s*k8s\.io/\S+ => k8s\.io/\S+ (v\S+)", go_mod, re.M)
-    assert staging and set(staging) == {"v0" + KUBERNETES_VERSION[2:]}
+    assert staging and set(staging) == {"v0" + PINNED_KUBERNETES_VERSION[2:]}
+
+
+@pytest.mark.parametrize("version", sorted(
+    p.name for p in (REPO / "hack" / "k8s" / "versions").iterdir()))
+def test_other_pins_are_one_release(version: str) -> None:
+    """hack/k8s/pin.sh's modules: k8s.io/kubernetes at the release, every staging module
+    at its v0 tag or (said in a comment) an earlier patch of the same minor."""
+    go_mod = (REPO / "hack" / "k8s" / "versions" / version / "go.mod").read_text()
+    assert re.search(rf"^\s*(?:require\s+)?k8s\.io/kubernetes {re.escape(version)}( |$)",
+                     go_mod, re.M)
+    minor = "v0." + version.split(".")[1] + "."
+    for module, tag in re.findall(r"^\s*(k8s\.io/\S+) => k8s\.io/\S+ (v\S+)", go_mod, re.M):
+        assert tag.startswith(minor), (module, tag)
+        if tag != "v0" + version[2:]:
+            assert f"// The Go module proxy has no {module} v0{version[2:]}: {tag}" in go_mod
+    assert (REPO / "hack" / "k8s" / "versions" / version / "cmd" / "etcd" / "main.go").exists()
+
+
+@pytest.mark.parametrize(("raw", "version"), [
+    (None, PINNED_KUBERNETES_VERSION), ("  ", PINNED_KUBERNETES_VERSION),
+    ("1.31.14", "v1.31.14"), ("v1.33.13", "v1.33.13"),
+])
+def test_selected_version(raw: str | None, version: str) -> None:
+    env = {} if raw is None else {"HAMI_K8S_VERSION": raw}
+    assert selected_kubernetes_version(env) == version
+
+
+@pytest.mark.parametrize("raw", ["1.31", "v2.0.0", "latest", "1.31.14/../x"])
+def test_selected_version_rejects_other_words(raw: str) -> None:
+    with pytest.raises(ValueError, match="not a release"):
+        selected_kubernetes_version({"HAMI_K8S_VERSION": raw})
 
 
 def test_hami_extender_config_matches_the_chart():

@@ -216,8 +216,8 @@ def completion_patch(pod: PodView) -> dict[str, str] | None:
     when there is nothing to write (the usual case: the Binding said ``success``).
 
     A pod that says ``bind-phase=success`` gets at most the ``hami.io/vgpu-node`` label:
-    an API server copies a Binding's labels only with the PodTopologyLabelsAdmission
-    feature (on by default since Kubernetes 1.33), and the monitor selects pods by it, so
+    an API server copies a Binding's labels only in newer releases (measured: v1.35.4
+    copies them, v1.33.13 does not), and the monitor selects pods by it, so
     when the pod lacks it the patch carries ``hami.io/vgpu-node`` with its value
     unchanged, which the shell mirrors into the label
     (:meth:`hami.deviceplugin.kube.KubeApi.patch_pod_annotations`). Any other pod gets

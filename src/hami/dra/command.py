@@ -49,6 +49,7 @@ def dra_plugin(
     from hami.deviceplugin.kube import make_client
     from hami.dra.kubeletplugin import PluginPaths
     from hami.dra.node import DraAgent, run_agent, settings_for
+    from hami.dra.startup import refusal
 
     if not node_name:
         typer.echo("error: NODE_NAME is required", err=True)
@@ -57,12 +58,18 @@ def dra_plugin(
         cfg = from_device_config(config_file.read_text() if config_file else None)
         if node_config_file.exists():
             cfg = apply_node_config(cfg, node_config_file.read_text(), node_name)
-        agent = DraAgent(node_name, open_backend(backend, fake_inventory), cfg,
-                         make_client(kubeconfig))
+        client = make_client(kubeconfig)
+        reason = refusal(client, node_name)
+        if reason:
+            typer.echo(f"error: {reason}", err=True)
+            raise typer.Exit(1)
+        agent = DraAgent(node_name, open_backend(backend, fake_inventory), cfg, client)
         run_agent(agent, PluginPaths(registry_dir, plugin_dir, cdi_dir),
                   settings_for(hook_path, __version__), stop=threading.Event(),
                   publish_interval_s=publish_interval, kubelet_plugin=kubelet_plugin,
                   install_signals=True)
+    except typer.Exit:
+        raise
     except Exception as exc:  # noqa: BLE001 - report and exit non-zero
         from hami.kubehint import kube_hint
 

@@ -6,6 +6,7 @@ not write (:class:`~hami.scheduler.filterflow.DeferredAllocation`)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +20,8 @@ from hami.scheduler.binder import LockError, NodeLocks, acquire_all
 from hami.scheduler.events import BINDING_FAILED, BINDING_SUCCEED
 from hami.scheduler.filterflow import DeferredAllocation
 from hami.scheduler.parts import EngineParts
+
+log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 
@@ -111,6 +114,8 @@ class BindFlow(EngineParts):
                     annotations.update(self._final_marks(args.pod_uid, deferred))
                     await self.kube.bind(ns, args.pod_name, args.pod_uid, args.node,
                                          annotations=annotations, labels=labels)
+                    if not self.binding_copies_labels:
+                        await self._label_after_binding(ns, args.pod_name, args.pod_uid, labels)
                 else:  # back to the lock since the filter: HAMi's order
                     await self.kube.patch_pod(ns, args.pod_name, {"metadata": {
                         "uid": args.pod_uid, "annotations": annotations, "labels": labels}})
@@ -141,6 +146,18 @@ class BindFlow(EngineParts):
                          f"Successfully binding node [{args.node}] to {ns}/{args.pod_name}",
                          warning=False)
         return {"Error": ""}, lock_wait_s
+
+    async def _label_after_binding(self, ns: str, name: str, uid: str,
+                                   labels: dict[str, str]) -> None:
+        """An older API server (v1.33.13 measured) drops a Binding's labels: write them with
+        a patch once the pod is bound. A failure is logged, not returned: the pod is
+        bound, and the node's device plugin writes a missing label when it serves the
+        pod (:func:`hami.deviceplugin.cdimode.completion_patch`)."""
+        try:
+            await self.kube.patch_pod(ns, name, {"metadata": {"uid": uid, "labels": labels}})
+        except KubeError as exc:
+            log.warning("bound %s/%s, but its label patch failed (the device plugin writes "
+                        "it): %s", ns, name, exc.message)
 
     def _final_marks(self, uid: str, deferred: DeferredAllocation) -> dict[str, str]:
         """What the device plugin of a node in mode ``cdi`` would write once it served

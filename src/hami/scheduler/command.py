@@ -166,7 +166,13 @@ def scheduler(
     except (ConfigError, KeyRingError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    asyncio.run(serve(settings))
+    from hami.scheduler.server import StartupRefused
+
+    try:
+        asyncio.run(serve(settings))
+    except StartupRefused as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 def main() -> None:

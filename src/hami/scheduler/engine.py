@@ -157,6 +157,9 @@ class Engine(NodeRegistry, FilterFlow, BindFlow):
         self.local_now = local_now
         self.synced = asyncio.Event()
         self.leader = not settings.leader_elect
+        #: Whether the API server copies a Binding's labels onto the pod (1.35+; set at
+        #: start-up from :mod:`hami.clusterprobe`); False: the bind patches the label.
+        self.binding_copies_labels = True
         self.counters = Counters()
         self.nodes: dict[str, JSON] = {}
         self.node_reasons: dict[str, str] = {}

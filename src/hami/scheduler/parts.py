@@ -36,6 +36,7 @@ class EngineParts:
         local_now: Callable[[], datetime]
         synced: asyncio.Event
         leader: bool
+        binding_copies_labels: bool
         counters: Counters
         nodes: dict[str, JSON]
         node_reasons: dict[str, str]

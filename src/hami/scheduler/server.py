@@ -28,6 +28,12 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from hami.core.clusterfacts import (
+    ClusterFacts,
+    binding_copies_labels,
+    dra_refusal,
+    scheduler_line,
+)
 from hami.extender.wire import (
     WireError,
     bind_result,
@@ -325,6 +331,31 @@ def dra_parts(engine: Engine, client: Any
                                     hosts=hosts), templates)
 
 
+class StartupRefused(RuntimeError):
+    """The API server lacks what the settings need (DRA mode without resource.k8s.io/v1);
+    the message is one line."""
+
+
+async def _cluster_facts(kube: Any, dra_mode: bool) -> ClusterFacts | None:
+    """Read the API server's version and APIs once (:mod:`hami.clusterprobe`), log what
+    the scheduler does with them, and refuse DRA mode where it cannot work. None for a
+    Kubernetes client without HTTP access (the tests' in-memory fakes)."""
+    from hami.clusterprobe import ProbeError, read_facts_async
+
+    client = getattr(kube, "client", None)
+    if getattr(getattr(client, "_client", None), "_client", None) is None:
+        return None
+    try:
+        facts = await read_facts_async(client)
+    except ProbeError as exc:
+        raise StartupRefused(f"cannot read the API server's version and APIs: {exc}") from None
+    log.info("%s", scheduler_line(facts, dra_mode))
+    refusal = dra_refusal(facts) if dra_mode else None
+    if refusal:
+        raise StartupRefused(refusal)
+    return facts
+
+
 async def serve(settings: SchedulerSettings, *, kube: Any = None,
                 stop: asyncio.Event | None = None,
                 started: Callable[[dict[str, int]], None] | None = None) -> None:
@@ -341,6 +372,14 @@ async def serve(settings: SchedulerSettings, *, kube: Any = None,
                             watch_idle_timeout_s=settings.watch_idle_timeout.total_seconds())
     metrics = SchedulerMetrics(legacy=settings.legacy_metrics)
     engine = Engine(settings, kube, observer=metrics)
+    try:
+        facts = await _cluster_facts(kube, settings.dra_mode)
+    except StartupRefused:
+        if own_kube:
+            await kube.close()
+        raise
+    if facts is not None:
+        engine.binding_copies_labels = binding_copies_labels(facts)
     metrics.attach(engine)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,12 +1,13 @@
 """containerd for the real test node (:mod:`hami.testing.node`): which build, and its
 configuration.
 
-The node prefers containerd 2.x built by ``hack/containerd/build.sh`` (``containerd``,
+The node prefers the containerd built by ``hack/containerd/build.sh`` (``containerd``,
 ``containerd-shim-runc-v2`` and ``ctr`` at :data:`CONTAINERD_VERSION`, from the Go module
-proxy) because 2.x injects CDI devices (a device plugin's ``cdi_devices``, a DRA driver's
-claims) and 1.x does not. Without that build, or with ``HAMI_CONTAINERD=system``, it
-runs the machine's containerd found on ``PATH`` (Debian bookworm's is 1.6). runc is always
-the machine's.
+proxy): 2.x by default, because 2.x injects CDI devices (a device plugin's
+``cdi_devices``, a DRA driver's claims) out of the box; ``HAMI_CONTAINERD_VERSION=v1.7.35``
+runs the 1.7 line, with CDI turned on in its configuration. Without that build, or with
+``HAMI_CONTAINERD=system``, it runs the machine's containerd found on ``PATH`` (Debian
+bookworm's is 1.6, without CDI). runc is always the machine's.
 
 Configurations follow containerd's documented files: ``version = 3`` for 2.x (CRI split
 into ``io.containerd.cri.v1.images`` and ``io.containerd.cri.v1.runtime``, CDI always on,
@@ -19,12 +20,36 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 #: The release ``hack/containerd/go.mod`` pins (a unit test checks that they agree).
-CONTAINERD_VERSION = "v2.4.2"
+PINNED_CONTAINERD_VERSION = "v2.4.2"
+_RELEASE = re.compile(r"v?(\d{1,3}\.\d{1,3}\.\d{1,3})")
+
+
+def selected_containerd_version(environ: Mapping[str, str] | None = None) -> str:
+    """The containerd build the real node runs: ``$HAMI_CONTAINERD_VERSION`` (``v1.7.35``
+    or ``1.7.35``; ``make ... CONTAINERD_VERSION=...`` sets it) when set and not empty,
+    else :data:`PINNED_CONTAINERD_VERSION`. ``hack/containerd/build.sh`` builds the ones
+    pinned under ``hack/containerd/versions/``.
+
+    Raises:
+        ValueError: the variable is not ``[v]<major>.<minor>.<patch>``.
+    """
+    raw = (os.environ if environ is None else environ).get("HAMI_CONTAINERD_VERSION", "").strip()
+    if not raw:
+        return PINNED_CONTAINERD_VERSION
+    m = _RELEASE.fullmatch(raw)
+    if m is None:
+        raise ValueError(f"HAMI_CONTAINERD_VERSION={raw[:40]!r} is not a release like v1.7.35")
+    return "v" + m.group(1)
+
+
+#: The containerd release of this run (:func:`selected_containerd_version`).
+CONTAINERD_VERSION = selected_containerd_version()
 #: What ``hack/containerd/build.sh`` builds.
 BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")
 _VERSION_WORD = re.compile(r"^v?(\d+)\.(\d+)")
@@ -45,10 +70,11 @@ def default_containerd_dir() -> Path:
 @dataclass(frozen=True, slots=True)
 class Containerd:
     """The containerd a node runs: ``bin_dir`` holds all of :data:`BINARIES`, or None for
-    the machine's (``PATH``); ``major`` is its major version (1 or 2)."""
+    the machine's (``PATH``); ``major``/``minor`` its version (2.4, 1.7, 1.6)."""
 
     bin_dir: Path | None
     major: int
+    minor: int = 0
 
     def binary(self, name: str) -> str:
         """Path (or ``PATH`` name) of ``containerd``, ``ctr`` or the shim."""
@@ -62,14 +88,20 @@ class Containerd:
 
     @property
     def has_cdi(self) -> bool:
-        """Whether the CRI plugin injects CDI devices (containerd 2.x: always on)."""
-        return self.major >= 2
+        """Whether the CRI plugin injects CDI devices: 2.x always; 1.7 because the node's
+        configuration sets ``enable_cdi`` (:func:`config_toml`); 1.6 has no CDI."""
+        return (self.major, self.minor) >= (1, 7)
 
 
 def parse_major(version_output: str) -> int:
-    """Major version from ``containerd --version`` output, e.g. ``containerd
-    github.com/containerd/containerd/v2 v2.4.2 rev`` -> 2, Debian's ``containerd
-    github.com/containerd/containerd 1.6.20~ds1 ...`` -> 1.
+    """:func:`parse_major_minor`'s major."""
+    return parse_major_minor(version_output)[0]
+
+
+def parse_major_minor(version_output: str) -> tuple[int, int]:
+    """Major and minor version from ``containerd --version`` output, e.g. ``containerd
+    github.com/containerd/containerd/v2 v2.4.2 rev`` -> (2, 4), Debian's ``containerd
+    github.com/containerd/containerd 1.6.20~ds1 ...`` -> (1, 6).
 
     Raises:
         ValueError: no version word in the output.
@@ -77,7 +109,7 @@ def parse_major(version_output: str) -> int:
     for word in version_output.split()[1:]:
         m = _VERSION_WORD.match(word)
         if m:
-            return int(m.group(1))
+            return int(m.group(1)), int(m.group(2))
     raise ValueError(f"no version in containerd --version output {version_output!r}")
 
 
@@ -100,14 +132,14 @@ def find_containerd(bin_dir: Path | None = None) -> Containerd:
                                 "nor on PATH")
     out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30,
                          check=True).stdout
-    return Containerd(chosen, parse_major(out))
+    return Containerd(chosen, *parse_major_minor(out))
 
 
 @dataclass(frozen=True, slots=True)
 class NodeRuntimeConfig:
     """What a node's containerd configuration names. ``socket``: the gRPC socket (ttrpc
     gets ``<socket>.ttrpc``); ``cni_bin_dir``/``cni_conf_dir``: the CNI plugins and the
-    node's conflist; ``cdi_dirs``: CDI spec directories (containerd 2.x only)."""
+    node's conflist; ``cdi_dirs``: CDI spec directories (containerd 2.x and 1.7)."""
 
     socket: Path
     sandbox_image: str
@@ -116,12 +148,15 @@ class NodeRuntimeConfig:
     cdi_dirs: tuple[str, ...] = ("/run/cdi",)
 
 
-def config_toml(major: int, cfg: NodeRuntimeConfig) -> str:
+def config_toml(major: int, cfg: NodeRuntimeConfig, *, minor: int = 0) -> str:
     """containerd's configuration for a test node: state under ``/var/lib/containerd``
     and ``/run/containerd`` (tmpfs in the node's namespace), overlayfs, runc through the
     v2 shim with cgroupfs (``SystemdCgroup = false``, as the kubelet's ``cgroupDriver``),
     the CNI bridge, no SELinux/AppArmor, OOM score adjustments restricted; with 2.x also
     the CDI spec directories. ``major``: 1 (``version = 2`` file) or 2 (``version = 3``).
+    On 1.7 (``minor`` 7 or later) CDI is off by default; the file turns it on with
+    ``enable_cdi = true`` and ``cdi_spec_dirs`` (containerd's documented 1.7 CRI options),
+    as a cluster that runs hami's allocate mode ``cdi`` on 1.7 must.
     """
     common = f"""root = "/var/lib/containerd"
 state = "/run/containerd"
@@ -162,6 +197,9 @@ disabled_plugins = ["io.containerd.nri.v1.nri"]
     {cni.format(s='s', b=f'["{cfg.cni_bin_dir}"]')}
 """
     p = 'plugins."io.containerd.grpc.v1.cri"'
+    if minor >= 7:
+        dirs = ", ".join(f'"{d}"' for d in cfg.cdi_dirs)
+        security += f"\n  enable_cdi = true\n  cdi_spec_dirs = [{dirs}]"
     return f"""version = 2
 disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
   "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",

@@ -208,7 +208,7 @@ class RealNode:
         cfg = self.workdir / "containerd.toml"
         cfg.write_text(config_toml(self.runtime.major, NodeRuntimeConfig(
             self.containerd_socket, self.sandbox_image, cni_bin_dir(), self._write_cni(),
-            (CDI_DIR,))))
+            (CDI_DIR,)), minor=self.runtime.minor))
         return cfg
 
     def ctr(self, *args: str, timeout_s: float = 120.0) -> str:

@@ -5,17 +5,42 @@ Kubernetes binaries are, free ports, waiting, and one running component with its
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-#: The Kubernetes release built by hack/k8s/build.sh (must match hack/k8s/go.mod).
-KUBERNETES_VERSION = "v1.37.2"
+#: The Kubernetes release hack/k8s/go.mod pins (a unit test checks that they agree).
+PINNED_KUBERNETES_VERSION = "v1.37.2"
+_RELEASE = re.compile(r"v?(1\.\d{1,3}\.\d{1,3})")
+
+
+def selected_kubernetes_version(environ: Mapping[str, str] | None = None) -> str:
+    """The release the tests run: ``$HAMI_K8S_VERSION`` (``v1.31.14`` or ``1.31.14``;
+    ``make e2e K8S_VERSION=...`` sets it) when set and not empty, else
+    :data:`PINNED_KUBERNETES_VERSION`. ``hack/k8s/build.sh`` builds any release pinned by
+    ``hack/k8s/pin.sh`` (``K8S_VERSION=...``).
+
+    Raises:
+        ValueError: the variable is set to something that is not ``[v]1.<minor>.<patch>``.
+    """
+    raw = (os.environ if environ is None else environ).get("HAMI_K8S_VERSION", "").strip()
+    if not raw:
+        return PINNED_KUBERNETES_VERSION
+    m = _RELEASE.fullmatch(raw)
+    if m is None:
+        raise ValueError(f"HAMI_K8S_VERSION={raw[:40]!r} is not a release like v1.31.14")
+    return "v" + m.group(1)
+
+
+#: The Kubernetes release of this run (:func:`selected_kubernetes_version`): its binaries
+#: (hack/k8s/build.sh), the kubelet's and kube-scheduler's image tags follow it.
+KUBERNETES_VERSION = selected_kubernetes_version()
 
 #: Loopback address every component listens on.
 HOST = "127.0.0.1"

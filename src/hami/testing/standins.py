@@ -11,8 +11,9 @@ objects as the API server stores them (nothing is rendered twice):
   ReplicaSet step is skipped), scheduled by the cluster's scheduler;
 - :func:`run_daemonset`: one pod per node from a DaemonSet's pod template, pinned to
   its node by node affinity and given the tolerations the DaemonSet controller adds;
-- :func:`publish_endpoints`: the EndpointSlice of a Service from its Ready pods, which the
-  API server uses for webhooks with ``--enable-aggregator-routing=true``.
+- :func:`publish_endpoints`: the EndpointSlice and the Endpoints of a Service from its
+  Ready pods, which the API server uses for webhooks with
+  ``--enable-aggregator-routing=true`` (v1.37.2 reads the slice, v1.31.14 the Endpoints).
 
 Pods get an ownerReference to their workload, as the controllers set it.
 """
@@ -162,4 +163,23 @@ def publish_endpoints(client: Any, namespace: str, service: str) -> int:
         if err.status.code != 404:
             raise
     client.create(codecs.from_dict(body))
+    # ... and the Endpoints the endpoints controller writes beside it: kube-apiserver
+    # v1.31.14 resolves a webhook Service from Endpoints (v1.37.2 from the slices).
+    from lightkube.resources.core_v1 import Endpoints
+
+    endpoints = {
+        "apiVersion": "v1", "kind": "Endpoints",
+        "metadata": {"name": service, "namespace": namespace},
+        "subsets": [{"addresses": [{"ip": p.status.podIP, "nodeName": p.spec.nodeName,
+                                    "targetRef": {"kind": "Pod", "name": p.metadata.name,
+                                                  "namespace": namespace,
+                                                  "uid": p.metadata.uid}} for p in pods],
+                     "ports": ports}] if pods and ports else [],
+    }
+    try:
+        client.delete(Endpoints, service, namespace=namespace)
+    except ApiError as err:
+        if err.status.code != 404:
+            raise
+    client.create(codecs.from_dict(endpoints))
     return len(pods)

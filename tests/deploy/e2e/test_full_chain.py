@@ -68,6 +68,8 @@ def audit_findings(cp: ControlPlane, since: datetime) -> list[str]:
             found.append(f"{account}: no request in the audit log")
         for event in events:
             ref = event.get("objectRef") or {}
+            if not ref and event.get("requestURI", "").split("?")[0] in api_calls.DISCOVERY:
+                continue
             resource = ref.get("resource", "") + (f"/{ref['subresource']}"
                                                   if ref.get("subresource") else "")
             what = (event["verb"], resource, ref.get("apiGroup", ""))

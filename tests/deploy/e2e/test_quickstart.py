@@ -3,6 +3,7 @@ plane, with the chart's KubeSchedulerConfiguration, webhook and device config.""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,8 +35,10 @@ def test_quickstart_schedules_a_pod(tmp_path: Path) -> None:
     for log in ("hami-scheduler.log", "kube-scheduler.log"):
         text = (tmp_path / log).read_text()
         assert "forbidden" not in text.lower(), text[-3000:]
-    assert 'Successfully acquired lease" lock="hami-system/hami-scheduler"' in \
-        (tmp_path / "kube-scheduler.log").read_text()
+    # client-go's wording: `successfully acquired lease hami-system/hami-scheduler` up to
+    # v0.31, `"Successfully acquired lease" lock="hami-system/hami-scheduler"` later
+    assert re.search(r'[Ss]uccessfully acquired lease"? (lock=")?hami-system/hami-scheduler',
+                     (tmp_path / "kube-scheduler.log").read_text())
     assert "acquired leadership of hami-system/hami-scheduler" in \
         (tmp_path / "hami-scheduler.log").read_text()
     # The scheduler's /metrics as served over HTTP during the run passes promtool.

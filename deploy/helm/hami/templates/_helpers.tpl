@@ -346,3 +346,42 @@ the device config it reads (hami.core.provenance.allocation_keys); a test compar
 {{- $keys = concat $keys (.Values.admissionPolicy.extraAllocationKeys | default list) -}}
 {{- $keys | uniq | sortAlpha | toJson -}}
 {{- end -}}
+
+{{/*
+"true" where .Capabilities.APIVersions lists kinds (group/version/Kind): helm install and
+upgrade read them from the API server's discovery; `helm template` knows only helm's
+built-in group/versions (no kinds), and then the server version decides.
+*/}}
+{{- define "hami.capabilities.fromServer" -}}
+{{- if .Capabilities.APIVersions.Has "v1/Pod" -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+"true" where the cluster serves ValidatingAdmissionPolicy in admissionregistration.k8s.io/v1
+(GA in Kubernetes 1.30), else "".
+*/}}
+{{- define "hami.vap.served" -}}
+{{- if include "hami.capabilities.fromServer" . -}}
+{{- if .Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy" -}}true{{- end -}}
+{{- else if semverCompare ">=1.30-0" .Capabilities.KubeVersion.Version -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{/*
+DRA mode needs resource.k8s.io/v1 (GA in Kubernetes 1.34); refuse to render it elsewhere,
+in one line, instead of failing at the first DeviceClass or claim.
+*/}}
+{{- define "hami.dra.checkServer" -}}
+{{- if .Values.dra.enabled -}}
+{{- $served := false -}}
+{{- if include "hami.capabilities.fromServer" . -}}
+{{- $served = .Capabilities.APIVersions.Has "resource.k8s.io/v1/DeviceClass" -}}
+{{- else -}}
+{{- $served = and (.Capabilities.APIVersions.Has "resource.k8s.io/v1") (semverCompare ">=1.34-0" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- if not $served -}}
+{{- fail (printf "dra.enabled: DRA mode needs resource.k8s.io/v1 (Kubernetes 1.34 or later, consumable capacity on: 1.36 or later by default); this cluster (%s) does not serve it. Set dra.enabled=false (extender mode)" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
