@@ -12,7 +12,8 @@
  *   allocation will be freed when all outstanding mappings to the memory are unmapped
  *   and when all outstanding references to the handle (including its shareable
  *   counterparts) are also released". (The stub's exported descriptor itself holds no
- *   reference.)
+ *   reference.) A process that dies drops its references: what others still reference
+ *   stays on the device (st_reap_objs).
  * CUDA IPC: stub_ipc.h.
  * Stream-ordered allocation
  *   Each device has a default pool (cuDeviceGetMemPool; cuMemPoolCreate makes more). A
@@ -39,16 +40,24 @@ static int obj_new(uint64_t size, int phys) {
             s->objs[i].phys = phys;
             s->objs[i].creator = (int)(st_me() - s->procs);
             atomic_store(&s->objs[i].orphan, 0);
+            atomic_store(&s->objs[i].creator_refs, 1);
             atomic_store(&s->objs[i].refs, 1);
             return i;
         }
     }
     return -1;
 }
+/* the creator's own references, which its death drops (st_reap_objs) */
+static void obj_mine(int i, int32_t delta) {
+    stub_state_t *s = st_get();
+    stub_obj_t *o = &s->objs[i];
+    if (o->creator == (int)(st_me() - s->procs) && !atomic_load(&o->orphan)) atomic_fetch_add(&o->creator_refs, delta);
+}
 /* drop one reference; free the object (its charge) at zero */
 static void obj_unref(int i) {
     stub_state_t *s = st_get();
     stub_obj_t *o = &s->objs[i];
+    obj_mine(i, -1);
     if (atomic_fetch_sub(&o->refs, 1) != 1) return;
     if (atomic_load(&o->orphan)) atomic_fetch_sub(&s->orphan_mem[o->phys], o->size);
     else atomic_fetch_sub(&s->procs[o->creator].mem[o->phys], o->size);
@@ -157,6 +166,7 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
         r = CUDA_ERROR_INVALID_VALUE;
     if (!r) {
         g_maps[g_nmaps++] = (sm_ref_t){ptr, size, g_handles[hi].obj};
+        obj_mine(g_handles[hi].obj, 1);
         atomic_fetch_add(&st_get()->objs[g_handles[hi].obj].refs, 1);
     }
     pthread_mutex_unlock(&g_mu);
@@ -206,6 +216,7 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, 
         if (refs <= 0 || atomic_load(&o->id) != rec[1] || g_nhandles >= SM_MAX) { r = CUDA_ERROR_INVALID_VALUE; break; }
     } while (!atomic_compare_exchange_weak(&o->refs, &refs, refs + 1));
     if (!r) {
+        obj_mine((int)rec[0], 1);
         uint64_t key = new_key();
         g_handles[g_nhandles++] = (sm_ref_t){key, o->size, (int)rec[0]};
         *h = key;

@@ -82,6 +82,7 @@ typedef struct {
     uint64_t size;
     int32_t phys, creator;   /* physical device, record index of the creator */
     _Atomic int32_t refs;    /* handles (created or imported) and mappings, all processes */
+    _Atomic int32_t creator_refs; /* those of refs the creator holds: dropped when it dies */
     _Atomic int32_t orphan;
 } stub_obj_t;
 
@@ -103,6 +104,24 @@ typedef struct {
      * record, as the driver's own bookkeeping costs a process nothing */
     stub_busy_t rings[STUB_MAXPROC][STUB_RING];
 } stub_state_t;
+
+/* record idx belongs to a dead process: the driver drops that process's references to
+ * shared VMM objects; one that others still reference stays on the device, its bytes
+ * moved from the dead record (zeroed by the caller) to orphan_mem */
+static void st_reap_objs(stub_state_t *s, int idx) {
+    for (int j = 0; j < STUB_MAXOBJ; j++) {
+        stub_obj_t *o = &s->objs[j];
+        if (!atomic_load(&o->id) || o->creator != idx || atomic_load(&o->orphan)) continue;
+        int32_t n = atomic_exchange(&o->creator_refs, 0);
+        if (n <= 0) continue;
+        atomic_fetch_add(&s->orphan_mem[o->phys], o->size);
+        atomic_store(&o->orphan, 1);
+        if (atomic_fetch_sub(&o->refs, n) == n) {
+            atomic_fetch_sub(&s->orphan_mem[o->phys], o->size);
+            atomic_store(&o->id, 0);
+        }
+    }
+}
 
 /* record p's launch ring */
 #define ST_RING(s, p) ((s)->rings[(p) - (s)->procs])
@@ -231,6 +250,7 @@ __attribute__((unused)) static stub_proc_t *st_me(void) {
             if (cur != 0 && (pass == 0 || cur < 0 || st_slot_alive(s, i))) continue;
             if (atomic_compare_exchange_strong(&p->pid, &cur, -1)) {
                 if (g_fd >= 0) st_record_lock(i, F_WRLCK, F_SETLK, NULL);
+                if (cur > 0) st_reap_objs(s, i);
                 for (int d = 0; d < STUB_MAXDEV; d++) { p->ctx[d] = 0; p->mem[d] = 0; }
                 p->launches = 0;
                 p->ring_head = 0;
@@ -394,6 +414,7 @@ static uint64_t st_dev_used(int dev, int check_alive) {
         int pid = atomic_load(&s->procs[i].pid);
         if (pid <= 0) continue;
         if (check_alive && !st_slot_alive(s, i)) {
+            st_reap_objs(s, i);
             for (int d = 0; d < STUB_MAXDEV; d++) { s->procs[i].mem[d] = 0; s->procs[i].ctx[d] = 0; }
             continue;
         }
