@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -178,31 +179,33 @@ def untyped_flags(params: list[Any]) -> list[Any]:
     return params
 
 
-class HamiGroup(TyperGroup):
+#: Narrower terminals get click's plain help (see :class:`NarrowHelp`).
+RICH_HELP_MIN_COLUMNS = 120
+
+
+class NarrowHelp:
+    """Mixin for typer's command classes: Rich's option table on wide terminals; below
+    :data:`RICH_HELP_MIN_COLUMNS` click's plain layout, which wraps every text instead of
+    cutting words longer than the table's help column with an ellipsis
+    (``cluster-trace-gpu-v202…`` at 80 columns)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        if shutil.get_terminal_size((80, 24)).columns < RICH_HELP_MIN_COLUMNS:
+            # the plain Command below typer's (typer carries its own click)
+            TyperCommand.__mro__[1].format_help(self, ctx, formatter)  # type: ignore[attr-defined]
+        else:
+            super().format_help(ctx, formatter)  # type: ignore[misc]
+
+
+class HamiGroup(NarrowHelp, TyperGroup):
     """The root ``hami`` command: its on/off options (``--version``, ``--help``, the
     completion options) shown without a type."""
 
     def get_params(self, ctx: Any) -> list[Any]:
         return untyped_flags(super().get_params(ctx))
 
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        """Rich's option table on wide terminals; below :data:`RICH_HELP_MIN_COLUMNS`
-        click's plain layout, which wraps every text instead of cutting words longer
-        than the table's help column with an ellipsis (``cluster-trace-gpu-v202…`` at
-        80 columns)."""
-        import shutil
 
-        if shutil.get_terminal_size((80, 24)).columns < RICH_HELP_MIN_COLUMNS:
-            TyperCommand.__mro__[1].format_help(self, ctx, formatter)  # the plain Command
-        else:
-            super().format_help(ctx, formatter)
-
-
-#: Narrower terminals get click's plain help (see :meth:`HamiCommand.format_help`).
-RICH_HELP_MIN_COLUMNS = 120
-
-
-class HamiCommand(TyperCommand):
+class HamiCommand(NarrowHelp, TyperCommand):
     """A typer command with HAMi's flags, the common options and one-line errors."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -215,18 +218,6 @@ class HamiCommand(TyperCommand):
 
     def get_params(self, ctx: Any) -> list[Any]:
         return untyped_flags(super().get_params(ctx))
-
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        """Rich's option table on wide terminals; below :data:`RICH_HELP_MIN_COLUMNS`
-        click's plain layout, which wraps every text instead of cutting words longer
-        than the table's help column with an ellipsis (``cluster-trace-gpu-v202…`` at
-        80 columns)."""
-        import shutil
-
-        if shutil.get_terminal_size((80, 24)).columns < RICH_HELP_MIN_COLUMNS:
-            TyperCommand.__mro__[1].format_help(self, ctx, formatter)  # the plain Command
-        else:
-            super().format_help(ctx, formatter)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         return super().parse_args(ctx, normalize(args, self.params, self.aliases))
