@@ -30,6 +30,7 @@ CASES: dict[str, tuple[dict[str, Any] | None, list[Path]]] = {
     "ha-certmanager": (None, [CI_VALUES / "ha-certmanager-values.yaml"]),
     "minimal": (None, [CI_VALUES / "minimal-values.yaml"]),
     "own-kube-scheduler": ({"scheduler": {"kubeScheduler": {"enabled": False}}}, []),
+    "no-preemption": ({"scheduler": {"preemption": {"enabled": False}}}, []),
     "no-webhook": ({"scheduler": {"admissionWebhook": {"enabled": False}}}, []),
     "dra": ({"dra": {"enabled": True}}, []),
     "dra-only-no-monitor": ({"dra": {"enabled": True, "monitor": {"enabled": False}},

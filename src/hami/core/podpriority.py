@@ -45,7 +45,8 @@ def may_preempt(pod: Mapping[str, Any]) -> bool:
     return not (isinstance(spec, Mapping) and spec.get("preemptionPolicy") == NEVER)
 
 
-def _rfc3339_ns(value: Any) -> int | None:
+def rfc3339_ns(value: Any) -> int | None:
+    """An RFC 3339 timestamp with a zone -> Unix ns; None when it is not one."""
     if not isinstance(value, str) or len(value) > 64:
         return None
     try:
@@ -61,8 +62,8 @@ def start_ns(pod: Mapping[str, Any]) -> int | None:
     """``status.startTime`` in Unix ns, else ``metadata.creationTimestamp``; None when
     neither parses (RFC 3339 with a zone)."""
     status = pod.get("status")
-    started = _rfc3339_ns(status.get("startTime")) if isinstance(status, Mapping) else None
-    return started if started is not None else _rfc3339_ns(meta_of(pod).get("creationTimestamp"))
+    started = rfc3339_ns(status.get("startTime")) if isinstance(status, Mapping) else None
+    return started if started is not None else rfc3339_ns(meta_of(pod).get("creationTimestamp"))
 
 
 def selector_matches(selector: Any, labels: Mapping[str, Any]) -> bool:
@@ -165,4 +166,4 @@ def pod_priority_info(pod: Mapping[str, Any], budgets: Sequence[Budget] = ()) ->
 
 
 __all__ = ["NEVER", "Budget", "PodPriority", "may_preempt", "pod_priority",
-           "pod_priority_info", "selector_matches", "start_ns"]
+           "pod_priority_info", "rfc3339_ns", "selector_matches", "start_ns"]

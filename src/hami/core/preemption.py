@@ -72,13 +72,15 @@ class PreemptionPlan:
 
     ``devices``/``mig``/``vendor_devices`` are the grant :func:`filter_pod` chose on the
     node with the victims gone (the preemptor's would-be allocation); ``violations`` how
-    many victims violate a PodDisruptionBudget.
+    many victims violate a PodDisruptionBudget; ``request`` the preemptor's parsed request
+    (what a reservation charges: :meth:`ClusterState.charge` of ``devices``).
     """
 
     node: str
     victims: tuple[Victim, ...]
     result: FilterResult
     violations: int
+    request: PodRequest
 
     @property
     def devices(self) -> PodSingleDevice:
@@ -185,7 +187,7 @@ def _victims_on(state: ClusterState, request: PodRequest, node: str,
         out = tuple(Victim(v.uid, lifted[v.uid].entry.namespace, lifted[v.uid].entry.name,
                            v.priority, v.start_ns, v.uid in violating,
                            lifted[v.uid].entry.charges) for v in victims)
-        return PreemptionPlan(node, out, final, sum(v.violates_budget for v in out))
+        return PreemptionPlan(node, out, final, sum(v.violates_budget for v in out), request)
     finally:
         for held in lifted.values():
             state.put_back(held)
@@ -253,7 +255,7 @@ def plan_preemption(state: ClusterState, pod: Mapping[str, Any],
                 if fits.node is None:
                     reasons[node] = NO_LOWER
                     continue
-                bare = PreemptionPlan(node, (), fits, 0)
+                bare = PreemptionPlan(node, (), fits, 0, request)
                 if best is None or _choice_key(bare) < _choice_key(best):
                     best = bare
                 continue

@@ -88,6 +88,10 @@ def scheduler(
              "are closed at once (0: no cap); loopback peers are never refused")] = 256,
     watch_idle_timeout: Annotated[str, typer.Option(
         help="restart an API watch that brought no event or bookmark for this long")] = "2m",
+    preemption: Annotated[bool, typer.Option(
+        help="evict the fewest lower-priority pods (Eviction API, PodDisruptionBudgets "
+             "respected) whose GPU slices let a pod that fits nowhere fit "
+             "(docs/priority-preemption.md)")] = True,
     default_mem: DefaultMem = None,
     default_cores: DefaultCores = None,
     default_gpu: DefaultGpu = None,
@@ -124,7 +128,7 @@ def scheduler(
             enable_ascend=enable_ascend, enable_iluvatar=enable_iluvatar,
             register_interval=_duration(register_interval, "--register-interval"),
             events=events, async_annotation_patch=async_annotation_patch,
-            avoid_busy_nodes=avoid_busy_nodes,
+            avoid_busy_nodes=avoid_busy_nodes, preemption=preemption,
             extender_allow_remote=extender_allow_remote,
             extender_http_bind=extender_http_bind,
             allocation_key_dir=allocation_key_dir,

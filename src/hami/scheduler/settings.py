@@ -112,6 +112,9 @@ class SchedulerSettings:
     default_gpu_num: int | None = None
     #: Also serve HAMi's pre-2.5 metric names (HAMi v2.10).
     legacy_metrics: bool = False
+    #: Preempt lower-priority pods for a GPU pod that fits nowhere (ours; HAMi has none):
+    #: evictions through the Eviction API, see hami.scheduler.preemptflow.
+    preemption: bool = True
 
     def validate(self) -> None:
         """Raises ConfigError on a bad value (checked once at start-up)."""

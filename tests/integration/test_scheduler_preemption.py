@@ -1,0 +1,181 @@
+"""Preemption in extender mode (hami.scheduler.preemptflow): real aiohttp server and
+engine, in-memory API with the Eviction API's PodDisruptionBudget check."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hami.api import names
+
+from .fake_kube import FakeKube
+from .support import gpu_pod, node, run, serving
+
+
+def running(name: str, node_name: str, card: int, memory_mib: int, priority: int,
+            labels: dict[str, str] | None = None,
+            start: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:
+    pod = gpu_pod(name, memory_mib=memory_mib)
+    pod["metadata"]["annotations"].update({
+        names.VGPU_NODE: node_name,
+        names.DEVICES_ALLOCATED: f"GPU-{node_name}-{card},NVIDIA,{memory_mib},0:;"})
+    pod["metadata"]["labels"] = dict(labels or {})
+    pod["spec"].update({"nodeName": node_name, "priority": priority})
+    pod["status"] = {"phase": "Running", "startTime": start}
+    return pod
+
+
+def preemptor(name: str, memory_mib: int = 12000, priority: int = 1000,
+              **spec: Any) -> dict[str, Any]:
+    pod = gpu_pod(name, memory_mib=memory_mib)
+    pod["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    pod["spec"].update({"priority": priority, **spec})
+    return pod
+
+
+def full_cluster(nodes: int = 1) -> FakeKube:
+    """``nodes`` nodes of two 15360 MiB cards, each card holding a low-priority 12000 MiB
+    pod (the issue's symptom)."""
+    kube = FakeKube()
+    for i in range(nodes):
+        kube.put("Node", node(f"gpu-{i}", gpus=2, memory_mib=15360))
+        for card in range(2):
+            kube.put("Pod", running(f"lo-{i}-{card}", f"gpu-{i}", card, 12000, priority=0,
+                                    start=f"2026-01-01T00:0{card}:00Z"))
+    return kube
+
+
+def reasons(kube: FakeKube, name: str) -> list[str]:
+    return [e["reason"] for e in kube.events if e["involvedObject"]["name"] == name]
+
+
+def test_the_minimal_victim_is_evicted_and_the_preemptor_gets_its_card() -> None:
+    async def scenario() -> None:
+        kube = full_cluster()
+        async with serving(kube) as h:
+            hi = kube.put("Pod", preemptor("hi"))
+            answer = await h.filter(hi, ["gpu-0"])
+            assert answer["NodeNames"] in (None, [])
+            assert "preempting on node gpu-0" in answer["FailedNodes"]["gpu-0"]
+            await h.settle()
+            # one victim (the later-started one, as kube-scheduler picks), nobody else
+            assert kube.evictions == [("default", "lo-0-1")]
+            assert kube.pod("hi")["status"]["nominatedNodeName"] == "gpu-0"
+            assert "Preempted" in reasons(kube, "lo-0-1")
+            assert "Preempting" in reasons(kube, "hi")
+            freed = next(e["message"] for e in kube.events if e["reason"] == "Preempted")
+            assert "GPU-gpu-0-1" in freed and "12000 MiB" in freed
+            # a pod of equal priority to the victims cannot take the freed card
+            other = kube.put("Pod", preemptor("late", priority=0))
+            assert (await h.filter(other, ["gpu-0"]))["NodeNames"] in (None, [])
+            assert kube.evictions == [("default", "lo-0-1")]
+            # the preemptor's next filter lands on the freed card
+            answer = await h.filter(hi, ["gpu-0"])
+            assert answer["NodeNames"] == ["gpu-0"], answer
+            await h.settle()
+            allocated = kube.pod("hi")["metadata"]["annotations"][names.DEVICES_ALLOCATED]
+            assert allocated.startswith("GPU-gpu-0-1,")
+            assert (await h.bind(kube.pod("hi"), "gpu-0"))["Error"] == ""
+            assert "lo-0-0" in {p["metadata"]["name"] for p in kube.objects["Pod"].values()}
+            assert h.engine.state.ledger.pod(kube.pod("lo-0-0")["metadata"]["uid"]) is not None
+
+    run(scenario)
+
+
+def test_no_preemption_when_it_cannot_help_or_must_not() -> None:
+    async def scenario() -> None:
+        kube = full_cluster()
+        async with serving(kube) as h:
+            # too big for any card even when empty
+            huge = kube.put("Pod", preemptor("huge", memory_mib=16000))
+            # preemptionPolicy Never
+            never = kube.put("Pod", preemptor("never", preemptionPolicy="Never"))
+            # equal priority
+            same = kube.put("Pod", preemptor("same", priority=0))
+            for pod in (huge, never, same):
+                answer = await h.filter(pod, ["gpu-0"])
+                assert "preempting" not in answer["FailedNodes"]["gpu-0"]
+            await h.settle()
+            assert kube.evictions == []
+        async with serving(kube, preemption=False) as h:  # the switch
+            hi = kube.put("Pod", preemptor("hi"))
+            await h.filter(hi, ["gpu-0"])
+            await h.settle()
+            assert kube.evictions == []
+
+    run(scenario)
+
+
+def test_a_refused_eviction_drops_the_candidate_and_says_why() -> None:
+    async def scenario() -> None:
+        kube = FakeKube()
+        kube.put("Node", node("gpu-0", gpus=1, memory_mib=15360))
+        kube.put("Pod", running("kept", "gpu-0", 0, 12000, 0, labels={"app": "kept"}))
+        kube.pdbs.append({"metadata": {"name": "keep", "namespace": "default"},
+                          "spec": {"selector": {"matchLabels": {"app": "kept"}}},
+                          "status": {"disruptionsAllowed": 0}})
+        async with serving(kube) as h:
+            hi = kube.put("Pod", preemptor("hi"))
+            answer = await h.filter(hi, ["gpu-0"])
+            assert "preempting" in answer["FailedNodes"]["gpu-0"]
+            await h.settle()
+            assert kube.evictions == []
+            refused = [e for e in kube.events if e["reason"] == "PreemptionRefused"]
+            assert refused and "disruption budget" in refused[0]["message"]
+            # the reservation is gone and the node is not tried again for a while: wait
+            uid = hi["metadata"]["uid"]
+            assert h.engine.state.ledger.pod(uid) is None
+            answer = await h.filter(hi, ["gpu-0"])
+            assert "preempting" not in answer["FailedNodes"]["gpu-0"]
+            await h.settle()
+            assert kube.evictions == []
+
+    run(scenario)
+
+
+def test_the_budget_sends_hami_to_the_other_node() -> None:
+    async def scenario() -> None:
+        kube = FakeKube()
+        for n in ("a", "b"):
+            kube.put("Node", node(n, gpus=1, memory_mib=15360))
+        kube.put("Pod", running("kept", "a", 0, 12000, 0, labels={"app": "kept"}))
+        kube.put("Pod", running("free", "b", 0, 12000, 500))
+        kube.pdbs.append({"metadata": {"name": "keep", "namespace": "default"},
+                          "spec": {"selector": {"matchLabels": {"app": "kept"}}},
+                          "status": {"disruptionsAllowed": 0}})
+        async with serving(kube) as h:
+            hi = kube.put("Pod", preemptor("hi"))
+            answer = await h.filter(hi, ["a", "b"])
+            assert "preempting on node b" in answer["FailedNodes"]["a"]
+            await h.settle()
+            assert kube.evictions == [("default", "free")]
+
+    run(scenario)
+
+
+def test_one_preemption_in_flight_per_node_and_waiting_for_victims() -> None:
+    async def scenario() -> None:
+        kube = full_cluster(nodes=2)
+        kube.evict_deletes = False  # victims terminate slowly
+        async with serving(kube) as h:
+            first = kube.put("Pod", preemptor("first"))
+            second = kube.put("Pod", preemptor("second"))
+            a = await h.filter(first, ["gpu-0", "gpu-1"])
+            await h.settle()
+            b = await h.filter(second, ["gpu-0", "gpu-1"])
+            await h.settle()
+            node_a = "gpu-0" if "preempting on node gpu-0" in a["FailedNodes"]["gpu-0"] else "gpu-1"
+            node_b = "gpu-0" if "preempting on node gpu-0" in b["FailedNodes"]["gpu-0"] else "gpu-1"
+            assert node_a != node_b
+            assert len(kube.evictions) == 2
+            # while the victim terminates the preemptor waits, and nothing more is evicted
+            again = await h.filter(first, ["gpu-0", "gpu-1"])
+            assert "waiting for 1 preemption victim" in again["FailedNodes"][node_a]
+            await h.settle()
+            assert len(kube.evictions) == 2
+            # the victim is gone: the preemptor gets the reserved node
+            victim = next(name for ns, name in kube.evictions if name.startswith(f"lo-{node_a[-1]}"))
+            kube.delete("Pod", ("default", victim))
+            await h.settle()
+            assert (await h.filter(first, ["gpu-0", "gpu-1"]))["NodeNames"] == [node_a]
+
+    run(scenario)
