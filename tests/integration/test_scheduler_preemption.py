@@ -179,3 +179,43 @@ def test_one_preemption_in_flight_per_node_and_waiting_for_victims() -> None:
             assert (await h.filter(first, ["gpu-0", "gpu-1"]))["NodeNames"] == [node_a]
 
     run(scenario)
+
+
+async def _preempt(h: Any, pod: dict[str, Any], victims: dict[str, list[str]]) -> Any:
+    return await h.post("/preempt", {"Pod": pod, "NodeNameToMetaVictims": {
+        node: {"Pods": [{"UID": u} for u in uids], "NumPDBViolations": 0}
+        for node, uids in victims.items()}})
+
+
+def test_the_preempt_verb_swaps_kube_schedulers_victims_for_the_right_card() -> None:
+    async def scenario() -> None:
+        kube = FakeKube()
+        kube.put("Node", node("gpu-0", gpus=2, memory_mib=15360))
+        kube.put("Node", node("gpu-1", gpus=1, memory_mib=8000))
+        # gpu-0: card 0 holds two small low pods (2000 each, priority 5), card 1 one
+        # 12000 pod of priority 0
+        small = [kube.put("Pod", running(f"s{i}", "gpu-0", 0, 2000, 5)) for i in range(2)]
+        big = kube.put("Pod", running("big", "gpu-0", 1, 12000, 0))
+        tiny = kube.put("Pod", running("tiny", "gpu-1", 0, 1000, 0))
+        uid = {p["metadata"]["name"]: p["metadata"]["uid"] for p in [*small, big, tiny]}
+        async with serving(kube) as h:
+            hi = kube.put("Pod", preemptor("hi", memory_mib=14000))
+            # kube-scheduler (blind to device memory) picked the two small pods on gpu-0,
+            # and on gpu-1 a pod whose card could never hold 14000 MiB, plus a pod
+            # hami does not track (no devices): kept, hami cannot judge it
+            answer = await _preempt(h, hi, {"gpu-0": [uid["s0"], uid["s1"], "cpu-only"],
+                                            "gpu-1": [uid["tiny"]]})
+            result = answer["NodeNameToMetaVictims"]
+            assert set(result) == {"gpu-0"}  # gpu-1 removed: no eviction there helps
+            # s0+s1 free 4000 of card 0 (11360 free < 14000); big frees card 1
+            assert [p["UID"] for p in result["gpu-0"]["Pods"]] == [uid["big"], "cpu-only"]
+            assert kube.evictions == []  # kube-scheduler evicts, not hami
+            # malformed: no preemption at all
+            bad = await h.post("/preempt", {"Pod": hi, "NodeNameToMetaVictims": {"gpu-0": 7}})
+            assert bad == {"NodeNameToMetaVictims": {}}
+        async with serving(kube, preemption=False) as h:
+            answer = await _preempt(h, hi, {"gpu-1": [uid["tiny"]]})
+            assert [p["UID"] for p in answer["NodeNameToMetaVictims"]["gpu-1"]["Pods"]] == [
+                uid["tiny"]]
+
+    run(scenario)

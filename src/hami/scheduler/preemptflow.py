@@ -46,8 +46,10 @@ from hami.core.podpriority import (
 from hami.core.preemption import PreemptionPlan, plan_preemption
 from hami.core.request import RequestError
 from hami.core.state import TERMINAL_PHASES, pod_uid
+from hami.extender.wire import PreemptArgs, preempt_result
 from hami.kube import KubeError
 from hami.scheduler.parts import EngineParts
+from hami.scheduler.podcache import UnknownPod
 
 log = logging.getLogger("hami.scheduler.preemption")
 
@@ -257,6 +259,48 @@ class PreemptFlow(EngineParts):
         self.observer.preemption(victims=evicted, refused=False)
         self.events.emit(who, PREEMPTING, plan.describe(), warning=False)
         log.info("preemption for %s/%s: %s", ns, name, plan.describe())
+
+    async def preempt_verb(self, args: PreemptArgs) -> JSON:
+        """The extender's ``preempt`` verb: kube-scheduler's dry run found ``args.victims``
+        per node (it sees no device memory, so for in-tree resources such as replica
+        counts only). Per node, hami's own victims replace the pods holding devices among
+        them (those that free the right card, :func:`plan_preemption` on that node alone);
+        victims hami does not track (no devices) are kept; a node where no preemption
+        lets the pod fit is removed. Nothing is evicted here: kube-scheduler evicts.
+        With ``--no-preemption`` kube-scheduler's victims come back unchanged."""
+        if not self.settings.preemption:
+            return preempt_result({n: (v, args.violations.get(n, 0))
+                                   for n, v in args.victims.items() if v})
+        if await self._ready():
+            return preempt_result({})
+        try:
+            pod = await self.pending.resolve(args.pod, self.kube.get_pod)
+        except (UnknownPod, KubeError):
+            return preempt_result({})
+        try:
+            budgets = [Budget.from_object(b) for b in await self.kube.list_pdbs()]
+        except KubeError:
+            budgets = []
+        infos = {u: pod_priority_info(p, budgets) for u, p in self._victim_pods.items()
+                 if self.state.ledger.pod(u) is not None}
+        allowed = {b.key: b.allowed for b in budgets}
+        uid = pod_uid(pod)
+        kept: dict[str, tuple[list[str], int]] = {}
+        for node, theirs in sorted(args.victims.items()):
+            try:
+                outcome = plan_preemption(self.state, pod, infos, allowed, [node],
+                                          busy_nodes=self._busy_nodes(uid))
+            except (RequestError, FilterError, CodecError):
+                return preempt_result({})
+            if outcome.plan is None:
+                continue
+            untracked = [v for v in theirs if self.state.ledger.pod(v) is None]
+            ours = [v.uid for v in outcome.plan.victims]
+            chosen = ours + [v for v in untracked if v not in ours]
+            if chosen:
+                extra = args.violations.get(node, 0) if untracked else 0
+                kept[node] = (chosen, outcome.plan.violations + extra)
+        return preempt_result(kept)
 
     def preemptor_bound(self, uid: str) -> None:
         """A pod bound: report the time from its creation when it preempted."""

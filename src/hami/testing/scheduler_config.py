@@ -60,6 +60,7 @@ class ExtenderConfig:
         filter_verb, bind_verb: path segments of the filter and bind calls; ``None``
             leaves the verb out (the scheduler then filters or binds by itself).
         prioritize_verb: path segment of the prioritize call (DRA mode), or ``None``.
+        preempt_verb: path segment of the preempt call (hami's ``preempt``), or ``None``.
         node_cache_capable: when true kube-scheduler sends only ``NodeNames`` (not full
             Node objects) in ExtenderArgs and expects ``NodeNames`` back.
         weight: multiplier of the extender's priorities (unused without a prioritize verb).
@@ -74,6 +75,7 @@ class ExtenderConfig:
     filter_verb: str | None = "filter"
     bind_verb: str | None = "bind"
     prioritize_verb: str | None = None
+    preempt_verb: str | None = None
     node_cache_capable: bool = True
     weight: int = 1
     http_timeout: str = "30s"
@@ -93,6 +95,8 @@ class ExtenderConfig:
             out["bindVerb"] = self.bind_verb
         if self.prioritize_verb:
             out["prioritizeVerb"] = self.prioritize_verb
+        if self.preempt_verb:
+            out["preemptVerb"] = self.preempt_verb
         out["nodeCacheCapable"] = self.node_cache_capable
         out["weight"] = self.weight
         out["httpTimeout"] = self.http_timeout

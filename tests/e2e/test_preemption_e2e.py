@@ -1,0 +1,253 @@
+"""Priority and preemption for GPU slices on the real control plane (etcd,
+kube-apiserver, kube-scheduler of the pinned release) in extender mode.
+
+Two hami scheduler processes: ``hami-scheduler`` with preemption on (the default) and
+``hami-off`` with ``--no-preemption``, each behind its own kube-scheduler profile; each
+test uses its own nodes. No kubelet runs: :class:`FakeAllocator` plays the device
+plugin's part; pods have ``terminationGracePeriodSeconds: 0``, so an eviction removes a
+bound pod at once. No kube-controller-manager runs either, so no PodDisruptionBudget is
+ever observed and the Eviction API refuses every pod a budget covers (429).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lightkube import ApiError, codecs
+from lightkube.resources.core_v1 import Event, Pod
+from lightkube.resources.policy_v1 import PodDisruptionBudget
+from lightkube.resources.scheduling_v1 import PriorityClass
+
+from hami.core.codec import decode_pod_devices
+from hami.testing.controlplane import ControlPlane, SchedulerHandle, wait_until
+from hami.testing.scheduler_config import ExtenderConfig
+
+from .hami_harness import FakeAllocator, HamiProcess, Tls, gpu_pod, make_gpu_node, unique
+
+pytestmark = pytest.mark.e2e
+
+GROUP = "e2e-preempt"
+LOW, HIGH = "e2e-gpu-low", "e2e-gpu-high"
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("hami-preempt")
+
+
+@pytest.fixture(scope="module")
+def classes(kube_client: Any) -> Iterator[None]:
+    for name, value in ((LOW, 100), (HIGH, 1000)):
+        with contextlib.suppress(ApiError):
+            kube_client.create(codecs.from_dict({
+                "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                "metadata": {"name": name}, "value": value}))
+    yield
+    for name in (LOW, HIGH):
+        with contextlib.suppress(ApiError):
+            kube_client.delete(PriorityClass, name)
+
+
+@pytest.fixture(scope="module")
+def allocator(control_plane: ControlPlane) -> Iterator[FakeAllocator]:
+    fake = FakeAllocator(control_plane).start()
+    yield fake
+    fake.stop()
+
+
+def _hami(cp: ControlPlane, workdir: Path, name: str, args: list[str]
+          ) -> Iterator[tuple[HamiProcess, SchedulerHandle]]:
+    proc = HamiProcess(cp, Tls(workdir / f"tls-{name}"), workdir, name=name,
+                       args=[f"--scheduler-name={name}", *args]).start()
+    handle = cp.start_scheduler(scheduler_name=name, extender=ExtenderConfig(proc.url))
+    yield proc, handle
+    handle.stop()
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def hami_on(control_plane: ControlPlane, workdir: Path, classes: None,
+            allocator: FakeAllocator) -> Iterator[tuple[HamiProcess, SchedulerHandle]]:
+    yield from _hami(control_plane, workdir, "hami-scheduler", [])
+
+
+@pytest.fixture(scope="module")
+def hami_off(control_plane: ControlPlane, workdir: Path, classes: None,
+             allocator: FakeAllocator) -> Iterator[tuple[HamiProcess, SchedulerHandle]]:
+    yield from _hami(control_plane, workdir, "hami-off", ["--no-preemption"])
+
+
+@pytest.fixture
+def group(kube_client: Any) -> Iterator[str]:
+    value = unique("p")
+    yield value
+    for pod in kube_client.list(Pod, namespace="default", labels={GROUP: value}):
+        with contextlib.suppress(ApiError):
+            kube_client.delete(Pod, pod.metadata.name, namespace="default", grace_period=0)
+    for pdb in kube_client.list(PodDisruptionBudget, namespace="default",
+                                labels={GROUP: value}):
+        with contextlib.suppress(ApiError):
+            kube_client.delete(PodDisruptionBudget, pdb.metadata.name, namespace="default")
+
+
+def make_nodes(client: Any, group: str, cards: dict[str, int]) -> list[str]:
+    """Nodes (suffix -> number of 15360 MiB cards) labelled for this test."""
+    names = []
+    for suffix, count in cards.items():
+        name = f"{suffix}-{group}"
+        make_gpu_node(client, name, gpus=count, memory_mib=15360, labels={GROUP: group})
+        names.append(name)
+    return names
+
+
+def create_pod(client: Any, group: str, name: str, node: str, priority_class: str,
+               scheduler: str, memory_mib: int = 12000,
+               labels: dict[str, str] | None = None) -> str:
+    pod = gpu_pod(name, memory_mib=memory_mib, scheduler_name=scheduler,
+                  node_selector={"kubernetes.io/hostname": node} if node else {GROUP: group})
+    pod["metadata"]["labels"] = {GROUP: group, **(labels or {})}
+    pod["spec"]["priorityClassName"] = priority_class
+    client.create(codecs.from_dict(pod))
+    return name
+
+
+def get(client: Any, name: str) -> dict[str, Any] | None:
+    try:
+        return dict(client.get(Pod, name, namespace="default").to_dict())
+    except ApiError as err:
+        if err.status.code == 404:
+            return None
+        raise
+
+
+def wait_bound(client: Any, name: str, timeout_s: float = 60) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+
+    def bound() -> bool:
+        seen["pod"] = get(client, name)
+        return bool(seen["pod"] and seen["pod"]["spec"].get("nodeName"))
+
+    wait_until(bound, timeout_s=timeout_s, what=f"pod {name} bound")
+    return seen["pod"]
+
+
+def cards_of(pod: dict[str, Any]) -> set[str]:
+    allocated = pod["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"]
+    return {d.uuid for c in decode_pod_devices(allocated) for d in c}
+
+
+def unschedulable(client: Any, name: str) -> str:
+    pod = get(client, name) or {}
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if cond["type"] == "PodScheduled" and cond.get("reason") == "Unschedulable":
+            return str(cond.get("message", ""))
+    return ""
+
+
+def events(client: Any, name: str) -> list[Any]:
+    return list(client.list(Event, namespace="default",
+                            fields={"involvedObject.name": name}))
+
+
+def fill(client: Any, group: str, nodes: dict[str, int], names: list[str], scheduler: str,
+         labels: dict[str, dict[str, str]] | None = None) -> dict[str, dict[str, Any]]:
+    """One low-priority 12000 MiB pod per card; returns them bound, by name."""
+    pods = {}
+    for node, count in zip(names, nodes.values(), strict=True):
+        for card in range(count):
+            name = f"lo-{node}-{card}"
+            create_pod(client, group, name, node, LOW, scheduler,
+                       labels=(labels or {}).get(name))
+            pods[name] = name
+    return {name: wait_bound(client, name) for name in pods}
+
+
+def test_symptom_without_preemption_the_pod_stays_pending(
+        kube_client: Any, hami_off: Any, group: str) -> None:
+    """The issue's symptom, kept visible with ``--no-preemption``: kube-scheduler's own dry
+    run cannot see device memory and finds no victim."""
+    nodes = {"off": 2}
+    names = make_nodes(kube_client, group, nodes)
+    fill(kube_client, group, nodes, names, "hami-off")
+    create_pod(kube_client, group, f"hi-{group}", "", HIGH, "hami-off")
+    wait_until(lambda: "expected at least one victim pod" in unschedulable(
+        kube_client, f"hi-{group}"), timeout_s=60, what="kube-scheduler's preemption message")
+    assert "CardInsufficientMemory" in unschedulable(kube_client, f"hi-{group}")
+    assert not (get(kube_client, f"hi-{group}") or {})["spec"].get("nodeName")
+
+
+def test_the_minimal_victim_is_evicted_and_the_preemptor_bound_to_its_card(
+        kube_client: Any, hami_on: Any, group: str) -> None:
+    hami, _ = hami_on
+    nodes = {"pre": 2, "peer": 1}
+    names = make_nodes(kube_client, group, nodes)
+    low = fill(kube_client, group, {"pre": 2}, names[:1], "hami-scheduler")
+    # a pod of the preemptor's own priority on the other node: never a victim
+    create_pod(kube_client, group, "peer", names[1], HIGH, "hami-scheduler")
+    peer = wait_bound(kube_client, "peer")
+    preemptor = create_pod(kube_client, group, f"hi-{group}", "", HIGH, "hami-scheduler")
+    bound = wait_bound(kube_client, preemptor, timeout_s=90)
+    assert bound["spec"]["nodeName"] == names[0]
+    gone = [n for n in low if get(kube_client, n) is None]
+    assert len(gone) == 1, gone
+    (victim,) = gone
+    assert cards_of(bound) == cards_of(low[victim])  # the freed card, not the other
+    # nobody else was touched
+    for name, before in [*((n, low[n]) for n in low if n != victim), ("peer", peer)]:
+        now = get(kube_client, name)
+        assert now is not None and now["metadata"]["uid"] == before["metadata"]["uid"]
+        assert not now["metadata"].get("deletionTimestamp")
+    reasons = [e.reason for e in events(kube_client, preemptor)]
+    assert "Preempting" in reasons
+    preempted = [e for e in events(kube_client, victim) if e.reason == "Preempted"]
+    assert preempted and next(iter(cards_of(low[victim]))) in preempted[0].message
+    metrics = hami.metrics()
+    assert 'hami_scheduler_preemptions_total{outcome="evicted"} 1.0' in metrics
+    assert "hami_scheduler_preemption_victims_total 1.0" in metrics
+    assert "hami_scheduler_preemptor_bound_seconds_count 1.0" in metrics
+
+
+def _budget(client: Any, group: str, app: str) -> None:
+    client.create(codecs.from_dict({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": f"keep-{group}", "namespace": "default", "labels": {GROUP: group}},
+        "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": app}}}}))
+
+
+def test_a_budget_sends_hami_to_another_node(kube_client: Any, hami_on: Any,
+                                             group: str) -> None:
+    nodes = {"kept": 1, "free": 1}
+    names = make_nodes(kube_client, group, nodes)
+    kept = f"lo-{names[0]}-0"
+    low = fill(kube_client, group, nodes, names, "hami-scheduler",
+               labels={kept: {"app": f"kept-{group}"}})
+    _budget(kube_client, group, f"kept-{group}")
+    preemptor = create_pod(kube_client, group, f"hi-{group}", "", HIGH, "hami-scheduler")
+    bound = wait_bound(kube_client, preemptor, timeout_s=90)
+    assert bound["spec"]["nodeName"] == names[1]
+    assert get(kube_client, kept) is not None
+    assert get(kube_client, f"lo-{names[1]}-0") is None
+    assert set(low) == {kept, f"lo-{names[1]}-0"}
+
+
+def test_a_refused_eviction_makes_hami_wait_and_say_why(kube_client: Any, hami_on: Any,
+                                                        group: str) -> None:
+    nodes = {"only": 1}
+    names = make_nodes(kube_client, group, nodes)
+    kept = f"lo-{names[0]}-0"
+    fill(kube_client, group, nodes, names, "hami-scheduler",
+         labels={kept: {"app": f"kept-{group}"}})
+    _budget(kube_client, group, f"kept-{group}")
+    preemptor = create_pod(kube_client, group, f"hi-{group}", "", HIGH, "hami-scheduler")
+    wait_until(lambda: any(e.reason == "PreemptionRefused" for e in events(kube_client, preemptor)),
+               timeout_s=60, what="PreemptionRefused event")
+    message = next(e.message for e in events(kube_client, preemptor)
+                   if e.reason == "PreemptionRefused")
+    assert kept in message and "disruption budget" in message
+    pod = get(kube_client, kept)
+    assert pod is not None and not pod["metadata"].get("deletionTimestamp")
+    assert not (get(kube_client, preemptor) or {})["spec"].get("nodeName")
