@@ -88,6 +88,16 @@ def _patch_lines(patch: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def preemption_line(plan: dict[str, Any]) -> str:
+    """What preemption would do for an unschedulable pod, in one line (not done)."""
+    victims = ", ".join(f"{v['namespace']}/{v['name']} (priority {v['priority']})"
+                        for v in plan["victims"])
+    freed = ", ".join(f"{uuid} {f['memory_mib']} MiB, {f['cores_percent']}% cores, "
+                      f"{f['slots']} slot(s)" for uuid, f in plan["freed_on_cards"].items())
+    return (f"would preempt on {plan['node']} (card {', '.join(plan['cards'])}): evict "
+            f"{victims}; frees {freed} (not done: dry run)")
+
+
 def print_table(report: dict[str, Any]) -> None:
     """The report as a table: per pod its admission (verdict and the patch the webhook
     applies), its node (``unschedulable`` when no node fits) and its devices or why not."""
@@ -111,6 +121,8 @@ def print_table(report: dict[str, Any]) -> None:
             reasons = "; ".join(f"{n}: {r}" for n, r in pod["failed_nodes"].items())
             node = "unschedulable" if adm["allowed"] and not pod["error"] else "-"
             detail = pod["error"] or reasons or ("no node in the file" if node != "-" else "-")
+            if pod.get("preemption"):
+                detail += "\n" + preemption_line(pod["preemption"])
         table.add_row(f"{pod['namespace']}/{pod['name']}", verdict, node, detail)
     console = Console()
     console.print(table)
