@@ -219,3 +219,57 @@ def test_the_preempt_verb_swaps_kube_schedulers_victims_for_the_right_card() -> 
                 uid["tiny"]]
 
     run(scenario)
+
+
+def test_a_burst_of_preemptors_evicts_no_more_than_needed() -> None:
+    """16 high-priority 3000 MiB pods over 4 nodes whose 8 cards each hold two 7000 MiB
+    low pods (1360 MiB free). A card with one victim gone holds two preemptors, with both
+    gone five: 16 pods need at least 7 evictions (three emptied cards hold 15 with 6, a
+    fourth victim makes room for the 16th). hami evicts exactly that many although the
+    victims linger while the preemptors keep arriving, and no card is ever booked over
+    its size except by a reservation while its victims leave."""
+    async def scenario() -> None:
+        kube = FakeKube()
+        nodes = [f"n{i}" for i in range(4)]
+        for name in nodes:
+            n = node(name, gpus=2, memory_mib=15360)
+            n["metadata"]["annotations"][names.NODE_ALLOCATE_MODE] = "cdi"  # no node lock
+            kube.put("Node", n)
+            for card in range(2):
+                for k in range(2):
+                    kube.put("Pod", running(f"lo-{name}-{card}-{k}", name, card, 7000, 0))
+        kube.evict_deletes = False  # victims linger while their grace period runs
+        async with serving(kube) as h:
+            pods = [kube.put("Pod", preemptor(f"hi-{i}", memory_mib=3000)) for i in range(16)]
+            bound: set[str] = set()
+            for _ in range(12):
+                for pod in pods:
+                    name = pod["metadata"]["name"]
+                    if name in bound:
+                        continue
+                    answer = await h.filter(kube.pod(name), nodes)
+                    if answer["NodeNames"]:
+                        assert (await h.bind(kube.pod(name), answer["NodeNames"][0]))["Error"] == ""
+                        bound.add(name)
+                    await h.settle()
+                    for card_use in h.engine.state.ledger.node_names():
+                        for dev, _slots, used, _cores in h.engine.state.ledger.device_usage(card_use):
+                            # reservations may sit above a card only while its victims leave
+                            leaving = any(kube.pod(n)["metadata"].get("deletionTimestamp")
+                                          for (_, n) in kube.evictions
+                                          if ("default", n) in kube.objects["Pod"])
+                            assert used <= dev.memory_mib or leaving
+                # the kubelets finish the evicted pods
+                for ns, name in kube.evictions:
+                    if (ns, name) in kube.objects["Pod"]:
+                        kube.delete("Pod", (ns, name))
+                await h.settle()
+                if len(bound) == len(pods):
+                    break
+            assert len(bound) == 16
+            assert len(kube.evictions) == 7, kube.evictions
+            for name in nodes:
+                for dev, slots, used, _ in h.engine.state.ledger.device_usage(name):
+                    assert used <= dev.memory_mib and slots <= dev.split_count
+
+    run(scenario)

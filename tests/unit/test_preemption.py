@@ -304,3 +304,15 @@ def test_odd_priorities_read_as_zero(bad: dict[str, Any]) -> None:
     if not bad:
         del p["spec"]["priority"]
     assert pod_priority_info(p).priority == 0
+
+
+def test_fits_once_gone_sees_room_that_evictions_in_flight_make() -> None:
+    from hami.core.preemption import fits_once_gone
+
+    state, _ = cluster([node("n", [("G0", 15360)])],
+                       [running("a", "n", "G0", 7000), running("b", "n", "G0", 7000)])
+    before = usage(state)
+    assert fits_once_gone(state, preemptor(3000), {"u-a"}) == "n"
+    assert fits_once_gone(state, preemptor(9000), {"u-a"}) is None
+    assert fits_once_gone(state, preemptor(3000), set()) is None
+    assert usage(state) == before

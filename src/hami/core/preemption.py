@@ -272,5 +272,29 @@ def plan_preemption(state: ClusterState, pod: Mapping[str, Any],
     return PreemptionOutcome(best, reasons)
 
 
+def fits_once_gone(state: ClusterState, pod: Mapping[str, Any], leaving: Collection[str],
+                   node_names: Sequence[str] | None = None) -> str | None:
+    """The node where ``pod`` fits once the pods ``leaving`` (uids: victims of
+    preemptions in flight, already evicted) are gone, or None. A preemptor that would
+    fit there waits instead of evicting more (no more victims than needed in total).
+    The state is unchanged on return.
+
+    Raises:
+        RequestError, FilterError: as :func:`plan_preemption`.
+    """
+    request = pod_request(pod, state.config.registry)
+    if not request.wants_devices or not leaving:
+        return None
+    lifted = [held for uid in [pod_uid(pod), *leaving] if (held := state.lift(uid)) is not None]
+    try:
+        result = filter_pod(request, state.ledger, node_names, state.config.policy,
+                            state.quota, vendors=state.vendors,
+                            vendor_quota=state.vendor_quota, explain=False)
+        return result.node
+    finally:
+        for held in lifted:
+            state.put_back(held)
+
+
 __all__ = ["BUSY", "NO_FIT", "NO_LOWER", "PreemptionOutcome", "PreemptionPlan", "Victim",
-           "plan_preemption"]
+           "fits_once_gone", "plan_preemption"]

@@ -43,7 +43,7 @@ from hami.core.podpriority import (
     pod_priority_info,
     rfc3339_ns,
 )
-from hami.core.preemption import PreemptionPlan, plan_preemption
+from hami.core.preemption import PreemptionPlan, fits_once_gone, plan_preemption
 from hami.core.request import RequestError
 from hami.core.state import TERMINAL_PHASES, pod_uid
 from hami.extender.wire import PreemptArgs, preempt_result
@@ -192,6 +192,16 @@ class PreemptFlow(EngineParts):
         uid = pod_uid(pod)
         if uid in self._reservations:  # another filter of this pod got there first
             return ""
+        leaving = {v for other in list(self._reservations)
+                   if (held := self._live_reservation(other)) is not None
+                   for v in self._waiting_for(held)}
+        try:
+            waits_for = fits_once_gone(self.state, pod, leaving,
+                                       None if node_names is None else sorted(node_names))
+        except (RequestError, FilterError, CodecError):
+            return ""
+        if waits_for is not None:  # room is coming: no more victims than needed
+            return f"waiting for evicted pods to leave node {waits_for}"
         infos = {u: pod_priority_info(p, budgets) for u, p in self._victim_pods.items()
                  if self.state.ledger.pod(u) is not None}
         try:
