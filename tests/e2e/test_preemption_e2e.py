@@ -251,3 +251,53 @@ def test_a_refused_eviction_makes_hami_wait_and_say_why(kube_client: Any, hami_o
     pod = get(kube_client, kept)
     assert pod is not None and not pod["metadata"].get("deletionTimestamp")
     assert not (get(kube_client, preemptor) or {})["spec"].get("nodeName")
+
+
+def test_20_preemptors_at_once_evict_no_more_than_needed(kube_client: Any, hami_on: Any,
+                                                         group: str) -> None:
+    """5 nodes of two 15360 MiB cards, each card full with two low-priority 7000 MiB pods
+    (1360 MiB free); 20 high-priority 3000 MiB pods arrive at once. A card with one victim
+    gone holds two of them, an emptied card five: at least 8 evictions are needed (four
+    emptied cards), and 10 (one per card) would do; every eviction must leave room that a
+    preemptor uses, and no card is ever booked over its memory, cores or slots."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lightkube.resources.core_v1 import Node
+
+    from hami.core.codec import decode_node_devices
+
+    nodes = {f"burst{i}": 2 for i in range(5)}
+    names = make_nodes(kube_client, group, nodes)
+    low_names = []
+    for node in names:
+        for k in range(4):
+            low_names.append(create_pod(kube_client, group, f"lo-{node}-{k}", node, LOW,
+                                        "hami-scheduler", memory_mib=7000))
+    low = {n: wait_bound(kube_client, n) for n in low_names}
+    high = [f"hi-{group}-{i:02d}" for i in range(20)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: create_pod(kube_client, group, n, "", HIGH, "hami-scheduler",
+                                           memory_mib=3000), high))
+    bound = {n: wait_bound(kube_client, n, timeout_s=240) for n in high}
+    gone = [n for n in low if get(kube_client, n) is None]
+    assert 8 <= len(gone) <= 10, gone
+    used_cards = {c for p in bound.values() for c in cards_of(p)}
+    for victim in gone:  # every eviction made room that a preemptor took
+        assert cards_of(low[victim]) <= used_cards
+    devices = {d.uuid: d for n in names for d in decode_node_devices(
+        kube_client.get(Node, n).metadata.annotations["hami.io/node-nvidia-register"])}
+    held: dict[str, list[int]] = {}
+    for pod in [*bound.values(), *(get(kube_client, n) for n in low if n not in gone)]:
+        assert pod is not None
+        allocated = pod["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"]
+        for container in decode_pod_devices(allocated):
+            for dev in container:
+                use = held.setdefault(dev.uuid, [0, 0, 0])
+                use[0] += dev.used_memory_mib
+                use[1] += dev.used_cores_percent
+                use[2] += 1
+    for uuid, (memory, cores, count) in held.items():
+        dev = devices[uuid]
+        assert memory <= dev.memory_mib and cores <= dev.cores_percent
+        assert count <= dev.split_count
+    print(f"20 preemptors over 10 full cards: {len(gone)} evictions (8 needed at least)")
