@@ -138,7 +138,9 @@ def _victims(value: Any, *, meta: bool) -> tuple[tuple[str, ...], int]:
     for pod in pods:
         if not isinstance(pod, dict):
             raise WireError("a victim pod must be an object")
-        uid = field(pod, "UID") if meta else (pod.get("metadata") or {}).get("uid")
+        pod_meta = pod.get("metadata")
+        uid = field(pod, "UID") if meta else (
+            pod_meta.get("uid") if isinstance(pod_meta, dict) else None)
         if not isinstance(uid, str) or not uid:
             raise WireError("a victim pod has no UID")
         uids.append(uid)

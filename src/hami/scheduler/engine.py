@@ -344,6 +344,7 @@ class Engine(NodeRegistry, FilterFlow, BindFlow, PreemptFlow):
                 self.apply(kind, "DELETED", {"metadata": {"namespace": ns, "name": qname}})
         elif kind == "Pod":
             self.pending.forget_unlisted(listed)
+            self.forget_unlisted_victims(listed)
             for entry in list(self.state.ledger.pods()):
                 if entry.uid not in listed and self._committed_at.get(entry.uid, -1.0) < listed_at:
                     self.state.remove_pod(entry.uid)

@@ -126,6 +126,13 @@ class PreemptFlow(EngineParts):
             return
         self._victim_pods[uid] = _trimmed(pod)
 
+    def forget_unlisted_victims(self, listed: set[Any]) -> None:
+        """A relist: pods not listed are gone (their DELETED event was missed)."""
+        for uid in [u for u in self._victim_pods if u not in listed]:
+            del self._victim_pods[uid]
+        for uid in [u for u in self._reservations if u not in listed]:
+            self._drop_reservation(uid)
+
     # ----------------------------------------------------------- reservations
     def _drop_reservation(self, uid: str) -> None:
         held = self._reservations.pop(uid, None)
