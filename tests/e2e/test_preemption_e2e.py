@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -163,7 +164,19 @@ def fill(client: Any, group: str, nodes: dict[str, int], names: list[str], sched
             create_pod(client, group, name, node, LOW, scheduler,
                        labels=(labels or {}).get(name))
             pods[name] = name
-    return {name: wait_bound(client, name) for name in pods}
+    bound = {name: wait_bound(client, name) for name in pods}
+    for name in bound:
+        mark_running(client, name)
+    return bound
+
+
+def mark_running(client: Any, name: str) -> None:
+    """What the kubelet would report (none runs here): phase Running and a start time.
+    The Eviction API ignores PodDisruptionBudgets for Pending pods, so a budget protects
+    only running ones."""
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    client.patch(Pod.Status, name, {"status": {"phase": "Running", "startTime": stamp}},
+                 namespace="default")
 
 
 def test_symptom_without_preemption_the_pod_stays_pending(
@@ -274,6 +287,8 @@ def test_20_preemptors_at_once_evict_no_more_than_needed(kube_client: Any, hami_
             low_names.append(create_pod(kube_client, group, f"lo-{node}-{k}", node, LOW,
                                         "hami-scheduler", memory_mib=7000))
     low = {n: wait_bound(kube_client, n) for n in low_names}
+    for n in low_names:
+        mark_running(kube_client, n)
     high = [f"hi-{group}-{i:02d}" for i in range(20)]
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda n: create_pod(kube_client, group, n, "", HIGH, "hami-scheduler",
