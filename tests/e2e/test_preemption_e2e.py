@@ -32,7 +32,7 @@ from .hami_harness import FakeAllocator, HamiProcess, Tls, gpu_pod, make_gpu_nod
 pytestmark = pytest.mark.e2e
 
 GROUP = "e2e-preempt"
-LOW, HIGH = "e2e-gpu-low", "e2e-gpu-high"
+LOW, MID, HIGH = "e2e-gpu-low", "e2e-gpu-mid", "e2e-gpu-high"
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +42,13 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def classes(kube_client: Any) -> Iterator[None]:
-    for name, value in ((LOW, 100), (HIGH, 1000)):
+    for name, value in ((LOW, 100), (MID, 500), (HIGH, 1000)):
         with contextlib.suppress(ApiError):
             kube_client.create(codecs.from_dict({
                 "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                 "metadata": {"name": name}, "value": value}))
     yield
-    for name in (LOW, HIGH):
+    for name in (LOW, MID, HIGH):
         with contextlib.suppress(ApiError):
             kube_client.delete(PriorityClass, name)
 
@@ -316,3 +316,50 @@ def test_20_preemptors_at_once_evict_no_more_than_needed(kube_client: Any, hami_
         assert memory <= dev.memory_mib and cores <= dev.cores_percent
         assert count <= dev.split_count
     print(f"20 preemptors over 10 full cards: {len(gone)} evictions (8 needed at least)")
+
+
+def _pods_full_node(client: Any, group: str, suffix: str, scheduler: str
+                    ) -> tuple[str, dict[str, dict[str, Any]]]:
+    """A node of two 15360 MiB cards: ``a`` (priority 500, 12000 MiB) on one card,
+    ``h`` (priority 1000, 12000 MiB) on the other, ``b`` (priority 100, 2000 MiB) on
+    either; then the node's pod capacity is cut to 3, so kube-scheduler's own dry run
+    finds a victim (for the pod count): ``b``, the least important, whose 2000 MiB help
+    no card hold 12000 MiB."""
+    from hami.testing.controlplane import set_node_status
+
+    (node,) = make_nodes(client, group, {suffix: 2})
+    pods = {}
+    for short, cls, memory in (("a", MID, 12000), ("h", HIGH, 12000), ("b", LOW, 2000)):
+        name = f"{short}-{node}"
+        create_pod(client, group, name, node, cls, scheduler, memory_mib=memory)
+        pods[short] = wait_bound(client, name)
+        mark_running(client, name)
+    set_node_status(client, node, capacity={"cpu": "64", "memory": "512Gi", "pods": "3",
+                                            "nvidia.com/gpu": "20"})
+    return node, pods
+
+
+def test_the_preempt_verb_replaces_kube_schedulers_blind_victim(
+        kube_client: Any, hami_on: Any, group: str) -> None:
+    node, pods = _pods_full_node(kube_client, group, "verb", "hami-scheduler")
+    preemptor = create_pod(kube_client, group, f"hi-{group}", node, HIGH, "hami-scheduler")
+    bound = wait_bound(kube_client, preemptor, timeout_s=90)
+    assert get(kube_client, f"a-{node}") is None  # hami's victim: it frees the card
+    for short in ("b", "h"):
+        now = get(kube_client, f"{short}-{node}")
+        assert now is not None and not now["metadata"].get("deletionTimestamp")
+    assert cards_of(bound) == cards_of(pods["a"])
+
+
+def test_without_hami_kube_schedulers_victim_frees_a_useless_card(
+        kube_client: Any, hami_off: Any, group: str) -> None:
+    """The issue's second symptom, kept visible with ``--no-preemption`` (the preempt verb
+    then hands kube-scheduler's victims back unchanged)."""
+    node, _ = _pods_full_node(kube_client, group, "blind", "hami-off")
+    preemptor = create_pod(kube_client, group, f"hi-{group}", node, HIGH, "hami-off")
+    wait_until(lambda: get(kube_client, f"b-{node}") is None, timeout_s=60,
+               what="kube-scheduler's own victim gone")
+    wait_until(lambda: "CardInsufficientMemory" in unschedulable(kube_client, preemptor),
+               timeout_s=60, what="the preemptor still unschedulable")
+    assert get(kube_client, f"a-{node}") is not None
+    assert not (get(kube_client, preemptor) or {})["spec"].get("nodeName")
