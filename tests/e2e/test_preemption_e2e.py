@@ -203,7 +203,17 @@ def test_the_minimal_victim_is_evicted_and_the_preemptor_bound_to_its_card(
     create_pod(kube_client, group, "peer", names[1], HIGH, "hami-scheduler")
     peer = wait_bound(kube_client, "peer")
     preemptor = create_pod(kube_client, group, f"hi-{group}", "", HIGH, "hami-scheduler")
-    bound = wait_bound(kube_client, preemptor, timeout_s=90)
+    try:
+        bound = wait_bound(kube_client, preemptor, timeout_s=90)
+    except Exception:
+        print("unschedulable:", unschedulable(kube_client, preemptor))
+        for e in events(kube_client, preemptor):
+            print("event", e.reason, e.message)
+        for p in kube_client.list(Pod, namespace="default", labels={GROUP: group}):
+            print("pod", p.metadata.name, p.spec.nodeName, p.metadata.deletionTimestamp,
+                  p.status.nominatedNodeName)
+        print("metrics", [m for m in hami.metrics().splitlines() if "preempt" in m])
+        raise
     assert bound["spec"]["nodeName"] == names[0]
     gone = [n for n in low if get(kube_client, n) is None]
     assert len(gone) == 1, gone

@@ -125,6 +125,8 @@ class FilterFlow(EngineParts):
         meta = _meta(pod)
         weights = (meta.get("annotations") or {}).get(names.DEVICE_SCORING_WEIGHTS)
         reserved, waiting = self.preemption_gate(pod_uid(pod))
+        if waiting and await self.confirm_victims(pod_uid(pod)):
+            reserved, waiting = self.preemption_gate(pod_uid(pod))
         if waiting:  # its preemption's victims are still leaving: the slice stays reserved
             failed = {n: waiting for n in args.node_names or [reserved or ""]}
             decisionlog.filter_unschedulable(meta, failed, n, time.perf_counter() - started)

@@ -73,6 +73,8 @@ class Reservation:
     entry: Any
     since: float
     description: str
+    #: uid -> (namespace, name) of each victim, to ask the API whether it is gone.
+    names: dict[str, tuple[str, str]]
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -167,6 +169,28 @@ class PreemptFlow(EngineParts):
         self._drop_reservation(uid)
         return held.node, ""
 
+    async def confirm_victims(self, uid: str) -> bool:
+        """The pod's preemption still waits for victims: ask the API whether they are
+        gone (a missed or late DELETED event must not hold the slice for ever); the
+        charge of each one gone (404, or another pod under its name) is released.
+        Returns whether any was."""
+        held = self._live_reservation(uid)
+        if held is None:
+            return False
+        released = False
+        for victim in self._waiting_for(held):
+            namespace, name = held.names.get(victim, ("", ""))
+            try:
+                now = await self.kube.get_pod(namespace, name) if name else {}
+            except KubeError:
+                continue
+            if now is None or pod_uid(now) != victim:
+                self.state.remove_pod(victim)
+                self._victim_pods.pop(victim, None)
+                self._committed_at.pop(victim, None)
+                released = True
+        return released
+
     def _busy_nodes(self, uid: str) -> set[str]:
         now = time.monotonic()
         for key, at in list(self._refused.items()):
@@ -228,8 +252,9 @@ class PreemptFlow(EngineParts):
                                   vendor_devices=plan.result.vendor_devices)
         self._committed_at[uid] = time.monotonic()
         description = plan.describe()
-        self._reservations[uid] = Reservation(plan.node, frozenset(v.uid for v in plan.victims),
-                                              entry, time.monotonic(), description)
+        self._reservations[uid] = Reservation(
+            plan.node, frozenset(v.uid for v in plan.victims), entry, time.monotonic(),
+            description, {v.uid: (v.namespace, v.name) for v in plan.victims})
         created = rfc3339_ns(_meta(pod).get("creationTimestamp"))
         if created is not None:
             self._preemptors[uid] = created / 1e9
