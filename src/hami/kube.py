@@ -30,6 +30,7 @@ from lightkube.types import PatchType, on_error_raise
 from hami.kubehttp import DEFAULT_WATCH_IDLE_TIMEOUT_S, async_transport, watch_timeout_for
 
 JSON = dict[str, Any]
+JSONList = list[JSON]
 
 
 class KubeError(Exception):
@@ -93,6 +94,26 @@ class _TokenReview(GenericGlobalResource):
 class _SubjectAccessReview(GenericGlobalResource):
     _api_info = create_api_info("authorization.k8s.io", "v1", "SubjectAccessReview",
                                 "subjectaccessreviews")
+
+
+class _Eviction(lkres.NamespacedSubResource, Generic):  # type: ignore[misc]
+    """``pods/<name>/eviction`` (``policy/v1`` Eviction); the reply is a Status."""
+
+    _api_info = lkres.ApiInfo(resource=lkres.ResourceDef("policy", "v1", "Eviction"),
+                              parent=lkres.ResourceDef("", "v1", "Pod"), plural="pods",
+                              verbs=["post"], action="eviction")
+
+
+class _PodStatus(lkres.NamespacedSubResource, Generic):  # type: ignore[misc]
+    """``pods/<name>/status``."""
+
+    _api_info = lkres.ApiInfo(resource=lkres.ResourceDef("", "v1", "Pod"),
+                              parent=lkres.ResourceDef("", "v1", "Pod"), plural="pods",
+                              verbs=["patch"], action="status")
+
+
+class _PodDisruptionBudget(GenericNamespacedResource):
+    _api_info = create_api_info("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets")
 
 
 KINDS: dict[str, type] = {"Pod": _Pod, "Node": _Node, "ResourceQuota": _ResourceQuota}
@@ -225,6 +246,31 @@ class Kube:
         body = _Binding.from_dict({"apiVersion": "v1", "kind": "Binding", "metadata": meta,
                                    "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
         await self._call(self.client.create(body, name=name, namespace=namespace))
+
+    async def list_pdbs(self) -> JSONList:
+        """Every ``policy/v1`` PodDisruptionBudget (all namespaces)."""
+        try:
+            return [_plain(obj) async for obj in
+                    self.client.list(_PodDisruptionBudget, namespace=ALL)]
+        except (ApiError, httpx2.HTTPError, OSError) as exc:
+            raise _error(exc) from None
+
+    async def evict(self, namespace: str, name: str, uid: str) -> None:
+        """POST ``pods/<name>/eviction`` (``policy/v1`` Eviction) with the pod's UID as a
+        precondition. The API server refuses it (429) where a PodDisruptionBudget
+        forbids it; 404 when the pod is gone."""
+        body = _Eviction.from_dict({
+            "apiVersion": "policy/v1", "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}} if uid else {}})
+        await self._call(self.client.create(body, name=name, namespace=namespace))
+
+    async def patch_pod_status(self, namespace: str, name: str,
+                               patch: Mapping[str, Any]) -> JSON:
+        """JSON merge patch of a pod's ``status`` subresource."""
+        return await self._call(self.client.patch(_PodStatus, name, dict(patch),
+                                                  namespace=namespace,
+                                                  patch_type=PatchType.MERGE))
 
     async def create_event(self, event: Mapping[str, Any]) -> None:
         namespace = event["metadata"]["namespace"]

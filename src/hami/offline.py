@@ -6,7 +6,10 @@ Pods and optionally v1 ResourceQuotas. Pods with ``spec.nodeName`` and an alloca
 annotation of any registered vendor (``hami.io/vgpu-devices-allocated``,
 ``hami.io/dcu-devices-allocated``, ...) are existing usage; every other pod is admitted
 (the webhook's logic, every vendor) and then scheduled in file order, each seeing the
-decisions before it. The decisions come from :class:`hami.core.state.ClusterState`, the
+decisions before it. A pod that fits nowhere gets the preemption hami would make for it
+(``preemption``: victims of lower ``spec.priority``, the card, the freed slice;
+:mod:`hami.core.preemption`, PodDisruptionBudgets of the file counted) without making
+it: the victims stay. The decisions come from :class:`hami.core.state.ClusterState`, the
 same code as the live ``/filter``. The vendors are those of ``--device-config-file`` (its
 sections, HAMi v2.10; ``--enable-ascend`` / ``--enable-iluvatar`` for ``vnpus`` and
 ``iluvatars``); without a device config only NVIDIA is known.
@@ -28,6 +31,15 @@ JSON output schema (stable; ``schema`` is bumped on any incompatible change)::
                           ...every other granted vendor's annotations,
                           e.g. "hami.io/dcu-devices-allocated": str},  # {} when unscheduled
           "failed_nodes": {"<node>": "<HAMi reason>"},               # {} when scheduled
+          "preemption": null | {                # unscheduled: what preemption would do
+            "node": str, "cards": [str],        # where the pod would go, its cards
+            "pdb_violations": int,
+            "victims": [{"namespace": str, "name": str, "priority": int,
+                         "freed": [{"uuid": str, "memory_mib": int,
+                                    "cores_percent": int, "slots": int}]}],
+            "freed_on_cards": {"<uuid>": {"memory_mib": int, "cores_percent": int,
+                                          "slots": int}}
+          },
           "error": str                                               # "" unless the pod is unusable
         }
       ]
@@ -47,8 +59,10 @@ from hami.api import names
 from hami.core.admission import admit
 from hami.core.config import SchedulerConfig
 from hami.core.filter import FilterError
+from hami.core.podpriority import Budget, pod_priority_info
+from hami.core.preemption import PreemptionPlan, plan_preemption
 from hami.core.request import RequestError
-from hami.core.state import ClusterState
+from hami.core.state import ClusterState, pod_uid
 from hami.devices.registry import make_config
 
 SCHEMA = "hami.schedule/v1"
@@ -186,6 +200,10 @@ def schedule(objects: Iterable[Mapping[str, Any]],
     objects = list(objects)
     report: dict[str, Any] = {"schema": SCHEMA, "nodes": {}, "node_warnings": {}, "pods": []}
     node_names: list[str] = []
+    budgets = [Budget.from_object(o) for o in objects
+               if o.get("kind") == "PodDisruptionBudget"]
+    #: Charged pods (existing ones, then those placed here) for preemption, by uid.
+    charged: dict[str, Mapping[str, Any]] = {}
     for obj in objects:
         if obj.get("kind") == "Node":
             name = (obj.get("metadata") or {}).get("name", "")
@@ -207,20 +225,51 @@ def schedule(objects: Iterable[Mapping[str, Any]],
             ann.setdefault(names.VGPU_NODE, existing["spec"]["nodeName"])
             meta["annotations"] = ann
             existing["metadata"] = meta
-            state.upsert_pod(existing)
+            if state.upsert_pod(existing):
+                charged[pod_uid(existing)] = existing
         else:
             pending.append(obj)
     for pod in pending:
-        report["pods"].append(_schedule_one(state, pod, node_names))
+        report["pods"].append(_schedule_one(state, pod, node_names, charged, budgets))
     return report
 
 
-def _schedule_one(state: ClusterState, pod: Mapping[str, Any],
-                  node_names: list[str]) -> dict[str, Any]:
+def _preemption(state: ClusterState, pod: Mapping[str, Any], node_names: list[str],
+                charged: Mapping[str, Mapping[str, Any]],
+                budgets: list[Budget]) -> dict[str, Any] | None:
+    """The preemption hami would make for an unscheduled pod, as report JSON (None:
+    none helps, or the pod may not preempt)."""
+    infos = {uid: pod_priority_info(p, budgets) for uid, p in charged.items()
+             if state.ledger.pod(uid) is not None}
+    try:
+        plan = plan_preemption(state, pod, infos, {b.key: b.allowed for b in budgets},
+                               node_names).plan
+    except (RequestError, FilterError):
+        return None
+    return None if plan is None or not plan.victims else _plan_json(plan)
+
+
+def _plan_json(plan: PreemptionPlan) -> dict[str, Any]:
+    def charge(uuid: str, m: int, c: int, s: int) -> dict[str, Any]:
+        return {"uuid": uuid, "memory_mib": m, "cores_percent": c, "slots": s}
+
+    return {"node": plan.node, "cards": list(plan.cards()),
+            "pdb_violations": plan.violations,
+            "victims": [{"namespace": v.namespace, "name": v.name, "priority": v.priority,
+                         "freed": [charge(f.uuid, f.memory_mib, f.cores_percent, f.slots)
+                                   for f in v.freed]} for v in plan.victims],
+            "freed_on_cards": {u: {"memory_mib": m, "cores_percent": c, "slots": s}
+                               for u, (m, c, s) in plan.freed_on_cards().items()}}
+
+
+def _schedule_one(state: ClusterState, pod: Mapping[str, Any], node_names: list[str],
+                  charged: dict[str, Mapping[str, Any]],
+                  budgets: list[Budget]) -> dict[str, Any]:
     meta = pod.get("metadata") or {}
     entry: dict[str, Any] = {"namespace": meta.get("namespace") or "default",
                              "name": meta.get("name") or "", "node": None,
-                             "annotations": {}, "failed_nodes": {}, "error": ""}
+                             "annotations": {}, "failed_nodes": {}, "preemption": None,
+                             "error": ""}
     verdict = admit(pod, state.config, state.quota, vendor_quota=state.vendor_quota)
     entry["admission"] = {"allowed": verdict.allowed, "message": verdict.message,
                           "patch": verdict.patch}
@@ -249,6 +298,8 @@ def _schedule_one(state: ClusterState, pod: Mapping[str, Any],
     entry["annotations"] = decision.annotations
     if decision.result.node is None:
         entry["failed_nodes"] = dict(sorted(decision.result.failed_nodes.items()))
+        entry["preemption"] = _preemption(state, verdict.pod, node_names, charged, budgets)
     else:
         state.commit(verdict.pod, decision)
+        charged[pod_uid(verdict.pod)] = verdict.pod
     return entry

@@ -64,6 +64,11 @@ CALLS: dict[str, tuple[Call, ...]] = {
         Call("create", "pods/binding", where=(f"{_KUBE}.bind",)),
         # events.EventSink: core/v1 Events in the pod's namespace
         Call("create", "events", where=(f"{_KUBE}.create_event",)),
+        # preemptflow (on unless --no-preemption): evictions, nominatedNodeName, budgets
+        Call("create", "pods/eviction", when="preemption", where=(f"{_KUBE}.evict",)),
+        Call("patch", "pods/status", when="preemption", where=(f"{_KUBE}.patch_pod_status",)),
+        Call("list", "poddisruptionbudgets", "policy", when="preemption",
+             where=(f"{_KUBE}.list_pdbs",)),
         # election.LeaderElector.tick with --leader-elect-follow: read kube-scheduler's Lease
         Call("get", "leases", "coordination.k8s.io", scope="release", name="lease",
              when="leaderElect", where=(f"{_KUBE}.get_lease",)),
@@ -261,6 +266,8 @@ def chart_settings(objs: Sequence[Mapping[str, Any]]) -> set[str]:
         out.add("leaderElect")
     if "--dra-mode" in extender:
         out.add("dra")
+    if extender and "--no-preemption" not in extender:
+        out.add("preemption")
     if any(c["name"] == "vgpu-monitor" for c in _pod_containers(objs, "DaemonSet",
                                                                 "hami-dra-plugin")):
         out.add("dra-monitor")

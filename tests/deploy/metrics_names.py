@@ -52,6 +52,12 @@ MONITOR: dict[str, tuple[str, ...]] = {
 EXTENSIONS: dict[str, tuple[str, ...]] = {
     "hami_scheduler_filter_duration_seconds": ("outcome", "le"),
     "hami_scheduler_bind_duration_seconds": ("outcome", "le"),
+    # counters: ``# TYPE`` names them with ``_total``, their ``_created`` gauges without
+    "hami_scheduler_preemptions_total": ("outcome",),
+    "hami_scheduler_preemptions": ("outcome",),
+    "hami_scheduler_preemption_victims_total": (),
+    "hami_scheduler_preemption_victims": (),
+    "hami_scheduler_preemptor_bound_seconds": ("le",),
 }
 
 ALL = {**SCHEDULER, **MONITOR, **EXTENSIONS}

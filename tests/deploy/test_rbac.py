@@ -30,6 +30,7 @@ CASES: dict[str, tuple[dict[str, Any] | None, list[Path]]] = {
     "ha-certmanager": (None, [CI_VALUES / "ha-certmanager-values.yaml"]),
     "minimal": (None, [CI_VALUES / "minimal-values.yaml"]),
     "own-kube-scheduler": ({"scheduler": {"kubeScheduler": {"enabled": False}}}, []),
+    "no-preemption": ({"scheduler": {"preemption": {"enabled": False}}}, []),
     "no-webhook": ({"scheduler": {"admissionWebhook": {"enabled": False}}}, []),
     "dra": ({"dra": {"enabled": True}}, []),
     "metrics-secure": ({"metrics": {"secure": {"enabled": True}}}, []),

@@ -51,6 +51,12 @@ class FakeKube:
         self.calls: list[str] = []
         #: the API server copies a Binding's labels onto the pod (Kubernetes 1.33+)
         self.binding_labels = True
+        #: PodDisruptionBudgets (policy/v1 JSON) the Eviction API checks.
+        self.pdbs: list[JSON] = []
+        #: Evictions asked for, as (namespace, name).
+        self.evictions: list[tuple[str, str]] = []
+        #: False: an eviction only marks the pod Terminating (a grace period running).
+        self.evict_deletes = True
         self.fail: dict[str, KubeError] = {}
 
     # ------------------------------------------------------------ test side
@@ -168,6 +174,41 @@ class FakeKube:
 
     async def create_event(self, event: Mapping[str, Any]) -> None:
         self.events.append(dict(event))
+
+    async def list_pdbs(self) -> list[JSON]:
+        self._check("list pdbs")
+        return copy.deepcopy(self.pdbs)
+
+    async def evict(self, namespace: str, name: str, uid: str) -> None:
+        """The Eviction API: 404 when gone, 409 on a UID mismatch, 429 when a budget of
+        the pod allows no disruption; otherwise the pod is deleted (grace period 0)."""
+        from hami.core.podpriority import Budget
+
+        self._check("evict")
+        await asyncio.sleep(0)
+        pod = self.objects["Pod"].get((namespace, name))
+        if pod is None:
+            raise KubeError(404, f'pods "{name}" not found')
+        if uid and uid != pod["metadata"].get("uid"):
+            raise KubeError(409, "Precondition failed: UID mismatch")
+        for pdb in self.pdbs:
+            budget = Budget.from_object(pdb)
+            if budget.covers(pod):
+                if budget.allowed <= 0:
+                    raise KubeError(429, "Cannot evict pod as it would violate the pod's "
+                                         "disruption budget.")
+                pdb.setdefault("status", {})["disruptionsAllowed"] = budget.allowed - 1
+        self.evictions.append((namespace, name))
+        if self.evict_deletes:
+            self.delete("Pod", (namespace, name))
+        else:
+            self.put("Pod", merge_patch(pod, {"metadata": {
+                "deletionTimestamp": "2026-01-01T00:00:00Z"}}))
+
+    async def patch_pod_status(self, namespace: str, name: str,
+                               patch: Mapping[str, Any]) -> JSON:
+        self._check("patch pod status")
+        return await self._patch("Pod", (namespace, name), {"status": patch.get("status")})
 
     async def get_lease(self, namespace: str, name: str) -> JSON | None:
         lease = self.leases.get((namespace, name))

@@ -80,6 +80,7 @@ def test_hami_extender_config_matches_the_chart():
             "urlPrefix": "https://127.0.0.1:443",
             "filterVerb": "filter",
             "bindVerb": "bind",
+            "preemptVerb": "preempt",
             "nodeCacheCapable": True,
             "weight": 1,
             "httpTimeout": "30s",

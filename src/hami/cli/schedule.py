@@ -100,6 +100,16 @@ def _patch_lines(patch: list[dict[str, Any]]) -> list[str]:
 TABLE_MIN_COLUMNS = 120
 
 
+def preemption_line(plan: dict[str, Any]) -> str:
+    """What preemption would do for an unschedulable pod, in one line (not done)."""
+    victims = ", ".join(f"{v['namespace']}/{v['name']} (priority {v['priority']})"
+                        for v in plan["victims"])
+    freed = ", ".join(f"{uuid} {f['memory_mib']} MiB, {f['cores_percent']}% cores, "
+                      f"{f['slots']} slot(s)" for uuid, f in plan["freed_on_cards"].items())
+    return (f"would preempt on {plan['node']} (card {', '.join(plan['cards'])}): evict "
+            f"{victims}; frees {freed} (not done: dry run)")
+
+
 def _rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """(pod, admission, node, devices / reason) per pod."""
     rows = []
@@ -117,6 +127,8 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             reasons = "; ".join(f"{n}: {r}" for n, r in pod["failed_nodes"].items())
             node = "unschedulable" if adm["allowed"] and not pod["error"] else "-"
             detail = pod["error"] or reasons or ("no node in the file" if node != "-" else "-")
+            if pod.get("preemption"):
+                detail += "\n" + preemption_line(pod["preemption"])
         rows.append((f"{pod['namespace']}/{pod['name']}", verdict, node, detail))
     return rows
 

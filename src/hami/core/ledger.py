@@ -231,6 +231,15 @@ class UsageLedger(LedgerArrays):
         self._apply(entry, +1)
         return entry
 
+    def put_pod(self, entry: PodEntry) -> None:
+        """Charge an entry that :meth:`remove_pod` returned, as it was (the same object,
+        its charges as they stand, shrunk or not), replacing any entry of its uid."""
+        self.remove_pod(entry.uid)
+        self._pods[entry.uid] = entry
+        self.version_pods += 1
+        self._pods_on.setdefault(entry.node, set()).add(entry.uid)
+        self._apply(entry, +1)
+
     def remove_pod(self, uid: str) -> PodEntry | None:
         """Release a pod's charges; returns the removed entry, or None if unknown."""
         entry = self._pods.pop(uid, None)

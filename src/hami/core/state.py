@@ -16,6 +16,7 @@ Device UUIDs are unique across vendors, so one usage ledger holds them all.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from hami.api import names
@@ -43,6 +44,15 @@ from hami.core.request import RequestError, pod_request
 from hami.core.vendor import fast_path_vendor
 from hami.core.vendor_quota import VendorQuota
 from hami.core.vendors import merge_allocation
+
+
+@dataclass(frozen=True, slots=True)
+class Lifted:
+    """A charge taken off by :meth:`ClusterState.lift`, to be put back as it was."""
+
+    entry: PodEntry
+    vendor_devices: dict[str, PodSingleDevice] | None
+    mig: tuple[MigAllocation, ...] | None
 
 
 class ClusterState:
@@ -244,6 +254,28 @@ class ClusterState:
             restored = self.ledger.pod(entry.uid) or restored
         self._charge_quota(restored)
 
+    def lift(self, uid: str) -> Lifted | None:
+        """Release a pod's charge and return what :meth:`put_back` needs to restore it
+        exactly (ledger entry, other vendors' grants, MIG instances, quota); None when
+        the pod holds nothing. For dry runs such as preemption (:mod:`hami.core.preemption`)."""
+        entry = self.ledger.pod(uid)
+        if entry is None:
+            return None
+        lifted = Lifted(entry, self.vendor_devices.get(uid), self.mig.get(uid))
+        self.remove_pod(uid)
+        return lifted
+
+    def put_back(self, lifted: Lifted) -> None:
+        """Undo :meth:`lift` (replacing whatever the pod holds now); the ledger holds the
+        very entry object again, so identity checks of the shells still hold."""
+        self.remove_pod(lifted.entry.uid)
+        if lifted.vendor_devices:
+            self.vendor_devices[lifted.entry.uid] = lifted.vendor_devices
+        self.ledger.put_pod(lifted.entry)
+        if lifted.mig:
+            self.mig[lifted.entry.uid] = lifted.mig
+        self._charge_quota(lifted.entry)
+
     def remove_pod(self, uid: str) -> None:
         """Release a pod's charge (delete, terminal phase, or re-filter)."""
         entry = self.ledger.remove_pod(uid)
@@ -352,5 +384,5 @@ class ClusterState:
                            sidecars=req.sidecars)
 
 
-__all__ = ["TERMINAL_PHASES", "ClusterState", "Decision", "RequestError", "init_containers_done",
+__all__ = ["TERMINAL_PHASES", "ClusterState", "Decision", "Lifted", "RequestError", "init_containers_done",
            "pod_uid"]

@@ -114,6 +114,63 @@ def parse_bind_args(body: bytes) -> BindArgs:
     return args
 
 
+@dataclass(frozen=True, slots=True)
+class PreemptArgs:
+    """ExtenderPreemptionArgs: the pod, and per node the UIDs of the victims
+    kube-scheduler's dry run chose there with their PDB violation count (from
+    ``NodeNameToMetaVictims``, or ``NodeNameToVictims``' pods when not node-cache capable)."""
+
+    pod: JSON
+    victims: dict[str, tuple[str, ...]]
+    violations: dict[str, int]
+
+
+def _victims(value: Any, *, meta: bool) -> tuple[tuple[str, ...], int]:
+    if value is None:
+        return (), 0
+    if not isinstance(value, dict):
+        raise WireError("victims must be objects")
+    pods = field(value, "Pods") or []
+    count = field(value, "NumPDBViolations") or 0
+    if not isinstance(pods, list) or isinstance(count, bool) or not isinstance(count, int):
+        raise WireError("victims need a list of Pods and an integer NumPDBViolations")
+    uids = []
+    for pod in pods:
+        if not isinstance(pod, dict):
+            raise WireError("a victim pod must be an object")
+        pod_meta = pod.get("metadata")
+        uid = field(pod, "UID") if meta else (
+            pod_meta.get("uid") if isinstance(pod_meta, dict) else None)
+        if not isinstance(uid, str) or not uid:
+            raise WireError("a victim pod has no UID")
+        uids.append(uid)
+    return tuple(uids), count
+
+
+def parse_preempt_args(body: bytes) -> PreemptArgs:
+    """ExtenderPreemptionArgs from a ``/preempt`` body."""
+    obj = decode_body(body)
+    pod = _pod(field(obj, "Pod"))
+    meta = field(obj, "NodeNameToMetaVictims")
+    full = field(obj, "NodeNameToVictims")
+    table = meta if meta is not None else full
+    if table is None:
+        table = {}
+    if not isinstance(table, dict):
+        raise WireError("NodeNameToMetaVictims must be an object")
+    victims, violations = {}, {}
+    for node, value in table.items():
+        victims[node], violations[node] = _victims(value, meta=meta is not None)
+    return PreemptArgs(pod, victims, violations)
+
+
+def preempt_result(victims: Mapping[str, tuple[Sequence[str], int]]) -> JSON:
+    """ExtenderPreemptionResult: per node kept, the victims' UIDs and PDB violations."""
+    return {"NodeNameToMetaVictims": {
+        node: {"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": count}
+        for node, (uids, count) in victims.items()}}
+
+
 def filter_result(*, node_names: Sequence[str] | None = None, nodes: list[JSON] | None = None,
                   failed: Mapping[str, str] | None = None, error: str = "",
                   nodes_list: bool = False) -> JSON:

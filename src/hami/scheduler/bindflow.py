@@ -141,6 +141,7 @@ class BindFlow(EngineParts):
             self.events.emit(meta, BINDING_FAILED, message, warning=True)
             return {"Error": message}, lock_wait_s or time.perf_counter() - lock_started
         self.pending.bound(args.pod_uid)
+        self.preemptor_bound(args.pod_uid)
         self._phase_written.discard(args.pod_uid)
         self.events.emit(meta, BINDING_SUCCEED,
                          f"Successfully binding node [{args.node}] to {ns}/{args.pod_name}",

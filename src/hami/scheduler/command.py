@@ -104,6 +104,10 @@ def scheduler(
              "changes (empty: self-signed)")] = "",
     metrics_key_file: Annotated[str, typer.Option(
         help="with --metrics-secure: PEM key of --metrics-cert-file")] = "",
+    preemption: Annotated[bool, typer.Option(
+        help="evict the fewest lower-priority pods (Eviction API, PodDisruptionBudgets "
+             "respected) whose GPU slices let a pod that fits nowhere fit "
+             "(docs/priority-preemption.md)")] = True,
     default_mem: DefaultMem = None,
     default_cores: DefaultCores = None,
     default_gpu: DefaultGpu = None,
@@ -144,7 +148,7 @@ def scheduler(
             enable_ascend=enable_ascend, enable_iluvatar=enable_iluvatar,
             register_interval=_duration(register_interval, "--register-interval"),
             events=events, async_annotation_patch=async_annotation_patch,
-            avoid_busy_nodes=avoid_busy_nodes,
+            avoid_busy_nodes=avoid_busy_nodes, preemption=preemption,
             extender_allow_remote=extender_allow_remote,
             extender_http_bind=extender_http_bind,
             allocation_key_dir=allocation_key_dir,

@@ -52,12 +52,14 @@ from hami.scheduler.filterflow import (
 from hami.scheduler.nodequeue import InFlight, NodeWaiters
 from hami.scheduler.nodes import NodeRegistry
 from hami.scheduler.podcache import PendingPods
+from hami.scheduler.preemptflow import PreemptFlow
 from hami.scheduler.settings import SchedulerSettings
 from hami.webhook.review import review
 
 log = logging.getLogger("hami.scheduler")
 
 JSON = dict[str, Any]
+JSONList = list[JSON]
 KINDS = ("Node", "ResourceQuota", "Pod")
 __all__ = ["KINDS", "PENDING_PATCH_TTL_S", "Counters", "Engine", "KubeApi", "Observer",
            "failure_tokens"]
@@ -76,6 +78,10 @@ class KubeApi(Protocol):
                    annotations: Mapping[str, str] | None = None,
                    labels: Mapping[str, str] | None = None) -> None: ...
     async def create_event(self, event: Mapping[str, Any]) -> None: ...
+    async def list_pdbs(self) -> JSONList: ...
+    async def evict(self, namespace: str, name: str, uid: str) -> None: ...
+    async def patch_pod_status(self, namespace: str, name: str,
+                               patch: Mapping[str, Any]) -> JSON: ...
 
 
 class Observer(Protocol):
@@ -83,6 +89,8 @@ class Observer(Protocol):
 
     def filter_done(self, seconds: float, outcome: str) -> None: ...
     def bind_done(self, seconds: float, outcome: str) -> None: ...
+    def preemption(self, victims: int, refused: bool) -> None: ...
+    def preemptor_bound(self, seconds: float) -> None: ...
 
 
 class _NoObserver:
@@ -90,6 +98,12 @@ class _NoObserver:
         pass
 
     def bind_done(self, seconds: float, outcome: str) -> None:
+        pass
+
+    def preemption(self, victims: int, refused: bool) -> None:
+        pass
+
+    def preemptor_bound(self, seconds: float) -> None:
         pass
 
 
@@ -143,7 +157,7 @@ class Counters:
     remote_refused: int = 0
 
 
-class Engine(NodeRegistry, FilterFlow, BindFlow):
+class Engine(NodeRegistry, FilterFlow, BindFlow, PreemptFlow):
     """Caches, decisions and their side effects for one scheduler replica."""
 
     def __init__(self, settings: SchedulerSettings, kube: KubeApi, *,
@@ -212,6 +226,8 @@ class Engine(NodeRegistry, FilterFlow, BindFlow):
         #: Per node: the cached Node object its devices were last registered from, the
         #: vendors read and the reason returned (see NodeRegistry.register).
         self._registered: dict[str, tuple[JSON, frozenset[str] | None, str]] = {}
+        #: Preemption's reservations, refused nodes and candidate pods (PreemptFlow).
+        self._init_preemption()
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -336,6 +352,7 @@ class Engine(NodeRegistry, FilterFlow, BindFlow):
             self.pending.forget_unlisted(listed)
             for relisted in self.pod_relist_observers:
                 relisted(listed)
+            self.forget_unlisted_victims(listed)
             for entry in list(self.state.ledger.pods()):
                 if entry.uid not in listed and self._committed_at.get(entry.uid, -1.0) < listed_at:
                     self.state.remove_pod(entry.uid)
@@ -350,6 +367,7 @@ class Engine(NodeRegistry, FilterFlow, BindFlow):
     def _apply_pod_caches(self, pod: Mapping[str, Any], deleted: bool) -> None:
         uid = pod_uid(pod)
         self.pending.apply(pod, deleted)
+        self.track_victim(pod, deleted)
         if deleted:
             self.state.remove_pod(uid)
             self._committed_at.pop(uid, None)

@@ -124,10 +124,23 @@ class FilterFlow(EngineParts):
             return filter_result(error=f"cannot read the pod: {exc.message}")
         meta = _meta(pod)
         weights = (meta.get("annotations") or {}).get(names.DEVICE_SCORING_WEIGHTS)
+        reserved, waiting = self.preemption_gate(pod_uid(pod))
+        if waiting and await self.confirm_victims(pod_uid(pod)):
+            reserved, waiting = self.preemption_gate(pod_uid(pod))
+        if waiting:  # its preemption's victims are still leaving: the slice stays reserved
+            failed = {n: waiting for n in args.node_names or [reserved or ""]}
+            decisionlog.filter_unschedulable(meta, failed, n, time.perf_counter() - started)
+            return filter_result(failed=failed)
         try:
             if weights is not None:
                 parse_scoring_weights(str(weights))  # before the core drops an earlier charge
-            decision = self._decide(pod, _ordered(args.node_names))
+            decision = None
+            if reserved is not None and (args.node_names is None or reserved in args.node_names):
+                decision = self._decide(pod, [reserved])  # the slice it preempted for
+                if decision.result.node is None:
+                    decision = None
+            if decision is None:
+                decision = self._decide(pod, _ordered(args.node_names))
         except (RequestError, FilterError, CodecError) as exc:
             self.events.emit(meta, FILTERING_FAILED, str(exc), warning=True)
             decisionlog.filter_other(meta, "error", str(exc), n)
@@ -143,6 +156,10 @@ class FilterFlow(EngineParts):
             self._unschedulable_events(meta, result.failed_nodes, n)
             decisionlog.filter_unschedulable(meta, result.failed_nodes, n,
                                              time.perf_counter() - started)
+            note = await self.maybe_preempt(pod, args.node_names)
+            if note:
+                return filter_result(failed={node: f"{reason}; {note}" for node, reason
+                                             in result.failed_nodes.items()})
             return filter_result(failed=result.failed_nodes)
         uid = pod_uid(pod)
         now_s = str(int(time.time()))

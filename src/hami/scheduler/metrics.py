@@ -16,7 +16,7 @@ import platform
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -78,7 +78,27 @@ class SchedulerMetrics:
             "hami_scheduler_bind_duration_seconds",
             "Time to answer an extender /bind call (node lock, patch, Binding), by outcome",
             ["outcome"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.preemptions = Counter(
+            "hami_scheduler_preemptions",
+            "Preemptions started for GPU pods that fit nowhere, by outcome (evicted: every "
+            "victim evicted; refused: an eviction was refused and the candidate dropped)",
+            ["outcome"], registry=self.registry)
+        self.preemption_victims = Counter(
+            "hami_scheduler_preemption_victims", "Pods evicted by hami's preemption",
+            registry=self.registry)
+        self.preemptor_bound_seconds = Histogram(
+            "hami_scheduler_preemptor_bound_seconds",
+            "Time from a preempting pod's creation to its binding",
+            buckets=(1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0),
+            registry=self.registry)
         self._collector: _ClusterCollector | None = None
+
+    def preemption(self, victims: int, refused: bool) -> None:
+        self.preemptions.labels("refused" if refused else "evicted").inc()
+        self.preemption_victims.inc(victims)
+
+    def preemptor_bound(self, seconds: float) -> None:
+        self.preemptor_bound_seconds.observe(seconds)
 
     def filter_done(self, seconds: float, outcome: str) -> None:
         self.filter_seconds.labels(outcome).observe(seconds)

@@ -1,7 +1,7 @@
 """The HTTP(S) servers of ``hami scheduler``: extender, webhook, health, metrics.
 
 One aiohttp application serves ``/filter``, ``/bind``, ``/webhook``, ``/healthz`` and
-``/readyz`` (HAMi v2.10); a second one serves ``/metrics`` on its own port (HAMi v2.10).
+``/readyz`` (HAMi v2.10), and the extender's ``/preempt`` (ours, hami.scheduler.preemptflow); a second one serves ``/metrics`` on its own port (HAMi v2.10).
 With ``--cert-file/--key-file`` the main server speaks TLS and re-reads the pair when
 either file changes (new connections get the new certificate). ``--extender-http-bind``
 adds a plain-HTTP listener on a loopback address for kube-scheduler in the same pod.
@@ -40,6 +40,8 @@ from hami.extender.wire import (
     filter_result,
     parse_bind_args,
     parse_filter_args,
+    parse_preempt_args,
+    preempt_result,
 )
 from hami.metricsauth import AsyncReviewer, MetricsGuard, self_signed_context
 from hami.netlimits import is_loopback
@@ -150,6 +152,9 @@ def build_app(engine: Engine, settings: SchedulerSettings,
     async def do_bind(body: bytes) -> Any:
         return await engine.bind(parse_bind_args(body))
 
+    async def do_preempt(body: bytes) -> Any:
+        return await engine.preempt_verb(parse_preempt_args(body))
+
     def admit_encoded(body: bytes) -> bytes:
         return json.dumps(engine.admit(body), separators=(",", ":")).encode()
 
@@ -200,6 +205,9 @@ def build_app(engine: Engine, settings: SchedulerSettings,
     app.router.add_post("/filter", local_only(
         guarded(do_filter, lambda m: filter_result(error=m)), lambda m: filter_result(error=m)))
     app.router.add_post("/bind", local_only(guarded(do_bind, bind_result), bind_result))
+    # An unusable preempt request cancels the preemption (no node keeps its victims).
+    app.router.add_post("/preempt", local_only(guarded(do_preempt, lambda m: preempt_result({})),
+                                               lambda m: preempt_result({})))
     app.router.add_post("/webhook", guarded(do_webhook, webhook_error))
     if dra_prioritize is not None:
         app.router.add_post("/prioritize", local_only(guarded(dra_prioritize, lambda m: []),

@@ -124,6 +124,9 @@ class SchedulerSettings:
     metrics_secure: bool = False
     metrics_cert_file: str = ""
     metrics_key_file: str = ""
+    #: Preempt lower-priority pods for a GPU pod that fits nowhere (ours; HAMi has none):
+    #: evictions through the Eviction API, see hami.scheduler.preemptflow.
+    preemption: bool = True
 
     def validate(self) -> None:
         """Raises ConfigError on a bad value (checked once at start-up)."""

@@ -6,7 +6,8 @@ settings are the ones HAMi's chart uses (HAMi v2.10): ``filterVerb: filter``,
 ``bindVerb: bind``, ``nodeCacheCapable: true``, ``weight: 1``, ``httpTimeout: 30s``,
 HTTPS with ``tlsConfig.insecure: true``, and the NVIDIA resources as
 ``managedResources`` with ``ignoredByScheduler: true`` (kube-scheduler then neither
-counts them in NodeResourcesFit nor calls the extender for pods that request none).
+counts them in NodeResourcesFit nor calls the extender for pods that request none);
+and ours, as hami's chart: ``preemptVerb: preempt`` (hami.scheduler.preemptflow).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ class ExtenderConfig:
         filter_verb, bind_verb: path segments of the filter and bind calls; ``None``
             leaves the verb out (the scheduler then filters or binds by itself).
         prioritize_verb: path segment of the prioritize call (DRA mode), or ``None``.
+        preempt_verb: path segment of the preempt call (hami's ``preempt``), or ``None``;
+            written only with a filter verb (extender mode), as the chart does.
         node_cache_capable: when true kube-scheduler sends only ``NodeNames`` (not full
             Node objects) in ExtenderArgs and expects ``NodeNames`` back.
         weight: multiplier of the extender's priorities (unused without a prioritize verb).
@@ -74,6 +77,7 @@ class ExtenderConfig:
     filter_verb: str | None = "filter"
     bind_verb: str | None = "bind"
     prioritize_verb: str | None = None
+    preempt_verb: str | None = "preempt"
     node_cache_capable: bool = True
     weight: int = 1
     http_timeout: str = "30s"
@@ -93,6 +97,8 @@ class ExtenderConfig:
             out["bindVerb"] = self.bind_verb
         if self.prioritize_verb:
             out["prioritizeVerb"] = self.prioritize_verb
+        if self.preempt_verb and self.filter_verb:
+            out["preemptVerb"] = self.preempt_verb
         out["nodeCacheCapable"] = self.node_cache_capable
         out["weight"] = self.weight
         out["httpTimeout"] = self.http_timeout

@@ -223,6 +223,11 @@ extenders:
     {{- else }}
     filterVerb: filter
     bindVerb: bind
+    {{- if .Values.scheduler.preemption.enabled }}
+    {{- /* kube-scheduler's own preemption dry run: hami swaps its victims for those
+    that free the right card, or drops the node (docs/priority-preemption.md). */}}
+    preemptVerb: preempt
+    {{- end }}
     {{- end }}
     nodeCacheCapable: true
     weight: 1
