@@ -1,10 +1,14 @@
-"""Pods per second in DRA mode against extender mode, same bed, same pods, one run.
+"""Pods per second in DRA mode against DRA without hami and extender mode, same bed,
+same pods, one run.
 
-DRA mode: real control plane (etcd, kube-apiserver, the default kube-scheduler, which
-allocates the claims) + kube-controller-manager with the resourceclaim controller; every
-node publishes hami's ResourceSlice (4 cards of 24 GiB, split 10, as the extender bench's
-nodes); each pod is what hami's DRA webhook makes of ``nvidia.com/gpu: 1`` +
-``gpumem`` + ``gpucores`` (templates created once, as the webhook does). The clock runs
+DRA runs: real control plane (etcd, kube-apiserver, kube-scheduler, which allocates the
+claims) + kube-controller-manager with the resourceclaim controller; every node
+publishes one ResourceSlice of 4 cards of 24 GiB, split 10 (as the extender bench's
+nodes); the pods ask ``nvidia.com/gpu: 1`` + ``gpumem`` + ``gpucores`` (:func:`pod_limits`).
+Three variants (:func:`dra_throughput`): ``plain``, kube-scheduler's own DRA path with a
+minimal driver's slices, DeviceClass and templates (the ceiling); ``hami-objects``, hami's
+slices and the templates its webhook makes, created beforehand; ``hami``, DRA mode as
+deployed (pods through hami's webhook, hami's ``/prioritize`` extender). The clock runs
 from the first pod creation until the last pod is seen bound (the same pod watch as
 ``bench_scheduler.py``). Extender mode: the
 ``throughput`` run of ``bench_scheduler.py`` with the same node count and pod mix.
@@ -16,7 +20,8 @@ call lists all slices and claims) against the watched one (:mod:`hami.dra.cache`
 
 Usage::
 
-    PYTHONPATH=src python bench/bench_dra.py --nodes 100 --pods 500 [--no-extender]
+    PYTHONPATH=src python bench/bench_dra.py --nodes 100 --pods 500 [--no-extender] \
+        [--variants plain hami-objects hami] [--metrics-dir DIR]
     PYTHONPATH=src python bench/bench_dra.py --prioritize --nodes 100 1000 --claims 2000 \
         [--policy fragmentation-aware]
 """
