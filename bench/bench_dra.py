@@ -229,7 +229,10 @@ SCHEDULER_METRICS = ("scheduler_plugin_execution_duration_seconds",
                      "scheduler_framework_extension_point_duration_seconds",
                      "scheduler_scheduling_attempt_duration_seconds",
                      "scheduler_pod_scheduling_sli_duration_seconds",
-                     "scheduler_schedule_attempts_total")
+                     "scheduler_schedule_attempts_total",
+                     # client-go: time waiting in kube-scheduler's own QPS limiter
+                     "rest_client_rate_limiter_duration_seconds",
+                     "rest_client_request_duration_seconds", "rest_client_requests_total")
 
 
 def scheduler_metrics(cp: Any, ks: Any) -> str:
