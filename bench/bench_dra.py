@@ -107,7 +107,8 @@ VARIANTS = ("plain", "hami-objects", "hami")
 
 
 def dra_throughput(n_nodes: int, pods: int, variant: str = "hami-objects",
-                   metrics_out: Path | None = None) -> dict[str, Any]:
+                   metrics_out: Path | None = None,
+                   scheduler_qps: float | None = None) -> dict[str, Any]:
     """One DRA run; returns the result row (also printed as JSON).
 
     ``variant``: ``plain`` (kube-scheduler's own DRA path: :func:`plain_slice`,
@@ -118,6 +119,8 @@ def dra_throughput(n_nodes: int, pods: int, variant: str = "hami-objects",
     a real ``hami scheduler --dra-mode`` process's webhook, and scheduled by a profile with
     that process as prioritize-only extender, binpack, as the chart deploys it).
     ``metrics_out``: write kube-scheduler's ``/metrics`` text after the run there.
+    ``scheduler_qps``: kube-scheduler's client QPS (burst twice that); ``None``: the
+    chart's 100/200 (:meth:`ControlPlane.start_scheduler`).
     """
     from bench.sched_bed import BoundWatcher, plain_watch_client
     from lightkube import codecs
@@ -134,6 +137,8 @@ def dra_throughput(n_nodes: int, pods: int, variant: str = "hami-objects",
         raise ValueError(f"variant {variant!r} not in {VARIANTS}")
     work = Path(tempfile.mkdtemp(prefix="hami-bench-dra-"))
     hami = None
+    qps: dict[str, Any] = ({} if scheduler_qps is None
+           else {"client_qps": scheduler_qps, "client_burst": int(2 * scheduler_qps)})
     with ControlPlane(workdir=work / "k8s") as cp:
         cp.start(default_scheduler=False)
         # the bound-time watch must not lose events (as bench_scheduler's beds)
@@ -196,9 +201,9 @@ def dra_throughput(n_nodes: int, pods: int, variant: str = "hami-objects",
                                                                  tls.ca_pem)))
             ks = cp.start_scheduler(scheduler_name="hami-dra", extender=ExtenderConfig(
                 hami.url, filter_verb=None, bind_verb=None, prioritize_verb="prioritize",
-                managed_resources=()))
+                managed_resources=()), **qps)
         else:
-            ks = cp.start_scheduler()
+            ks = cp.start_scheduler(**qps)
         try:
             watcher = BoundWatcher(cp).start()
             time.sleep(1.0)  # the watch is open and every component idle
@@ -216,7 +221,7 @@ def dra_throughput(n_nodes: int, pods: int, variant: str = "hami-objects",
             if hami is not None:
                 hami.stop()
     row = {"mode": "dra" if variant == "hami-objects" else f"dra-{variant}",
-           "nodes": n_nodes, "pods": pods,
+           "nodes": n_nodes, "pods": pods, "kube_scheduler_qps": scheduler_qps or 100,
            "pods_per_s": round(pods / elapsed, 1), "seconds": round(elapsed, 1),
            "create_seconds": round(created_s, 1), "node_setup_seconds": round(nodes_s, 1),
            "load_avg": os.getloadavg()[0]}
@@ -347,6 +352,8 @@ def main() -> None:
     ap.add_argument("--no-extender", action="store_true")
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
                     help="DRA runs per node count (dra_throughput)")
+    ap.add_argument("--scheduler-qps", type=float,
+                    help="kube-scheduler's client QPS in the DRA runs (default the chart's 100)")
     ap.add_argument("--metrics-dir", type=Path,
                     help="write kube-scheduler's /metrics of each DRA run here")
     ap.add_argument("--prioritize", action="store_true",
@@ -368,7 +375,7 @@ def main() -> None:
                        if args.metrics_dir else None)
             if metrics is not None:
                 metrics.parent.mkdir(parents=True, exist_ok=True)
-            row = dra_throughput(n, args.pods, variant, metrics)
+            row = dra_throughput(n, args.pods, variant, metrics, args.scheduler_qps)
             rows.append(row)
             by_mode[row["mode"]] = row["pods_per_s"]
         if not args.no_extender:
