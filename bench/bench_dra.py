@@ -169,7 +169,7 @@ def dra_throughput(n_nodes: int, pods: int, variant: str = "hami-objects",
         templates: dict[str, Any] = {}
         objs = []
         for i in range(pods):
-            pod = {"apiVersion": "v1", "kind": "Pod",
+            pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod",
                    "metadata": {"name": f"p{i:05d}", "namespace": "default"},
                    "spec": {"containers": [{"name": "c", "image": "pause",
                                             "resources": {"limits": pod_limits(i)}}]}}
