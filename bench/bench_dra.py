@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -220,6 +221,7 @@ def dra_throughput(n_nodes: int, pods: int, variant: str = "hami-objects",
             ks.stop()
             if hami is not None:
                 hami.stop()
+    shutil.rmtree(work, ignore_errors=True)  # etcd's data and the logs of this run
     row = {"mode": "dra" if variant == "hami-objects" else f"dra-{variant}",
            "nodes": n_nodes, "pods": pods, "kube_scheduler_qps": scheduler_qps or 100,
            "pods_per_s": round(pods / elapsed, 1), "seconds": round(elapsed, 1),
