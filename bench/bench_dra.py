@@ -104,7 +104,7 @@ def plain_pod(i: int, template: str) -> dict[str, Any]:
 
 
 #: The variants of :func:`dra_throughput`.
-VARIANTS = ("plain", "hami-objects", "hami")
+VARIANTS = ("plain", "hami-objects", "hami-webhook", "hami")
 
 
 def dra_throughput(n_nodes: int, pods: int, variant: str = "hami-objects",
@@ -118,7 +118,8 @@ def dra_throughput(n_nodes: int, pods: int, variant: str = "hami-objects",
     beforehand, default profile: what this bench measured before) or ``hami`` (hami's
     slices; the pods created as a tenant writes them, ``nvidia.com/gpu`` limits, through
     a real ``hami scheduler --dra-mode`` process's webhook, and scheduled by a profile with
-    that process as prioritize-only extender, binpack, as the chart deploys it).
+    that process as prioritize-only extender, binpack, as the chart deploys it) or
+    ``hami-webhook`` (as ``hami`` without the extender: what the webhook alone costs).
     ``metrics_out``: write kube-scheduler's ``/metrics`` text after the run there.
     ``scheduler_qps``: kube-scheduler's client QPS (burst twice that); ``None``: the
     chart's 100/200 (:meth:`ControlPlane.start_scheduler`).
@@ -178,7 +179,7 @@ def dra_throughput(n_nodes: int, pods: int, variant: str = "hami-objects",
                 tmpl = plain_template(pod_limits(i))
                 templates[tmpl["metadata"]["name"]] = tmpl
                 objs.append(codecs.from_dict(plain_pod(i, tmpl["metadata"]["name"])))
-            elif variant == "hami":
+            elif variant in ("hami", "hami-webhook"):
                 pod["spec"]["schedulerName"] = "hami-dra"
                 objs.append(codecs.from_dict(pod))
             else:
@@ -188,7 +189,7 @@ def dra_throughput(n_nodes: int, pods: int, variant: str = "hami-objects",
                 objs.append(codecs.from_dict(result.pod))
         for tmpl in templates.values():
             client.create(codecs.from_dict(tmpl), namespace="default")
-        if variant == "hami":
+        if variant in ("hami", "hami-webhook"):
             from tests.e2e.hami_harness import HamiProcess, Tls
 
             from hami.testing.gpupods import webhook_configuration
@@ -202,7 +203,7 @@ def dra_throughput(n_nodes: int, pods: int, variant: str = "hami-objects",
                                                                  tls.ca_pem)))
             ks = cp.start_scheduler(scheduler_name="hami-dra", extender=ExtenderConfig(
                 hami.url, filter_verb=None, bind_verb=None, prioritize_verb="prioritize",
-                managed_resources=()), **qps)
+                managed_resources=()) if variant == "hami" else None, **qps)
         else:
             ks = cp.start_scheduler(**qps)
         try:
