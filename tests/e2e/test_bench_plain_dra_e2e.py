@@ -24,7 +24,7 @@ def test_plain_objects_are_valid(kube_client: Any) -> None:
 
 def test_a_broken_plain_object_is_refused(kube_client: Any) -> None:
     """The dry run does validate: a template whose capacity request is not a quantity is
-    refused (422)."""
+    refused (400)."""
     from lightkube.core.exceptions import ApiError
 
     template = plain_template(pod_limits(1))
@@ -32,4 +32,4 @@ def test_a_broken_plain_object_is_refused(kube_client: Any) -> None:
         "memory"] = "lots"
     with pytest.raises(ApiError) as err:
         kube_client.create(codecs.from_dict(template), namespace="default", dry_run=True)
-    assert err.value.status.code == 422
+    assert err.value.status.code == 400 and "quantities" in str(err.value)
