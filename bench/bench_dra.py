@@ -1,10 +1,14 @@
-"""Pods per second in DRA mode against extender mode, same bed, same pods, one run.
+"""Pods per second in DRA mode against DRA without hami and extender mode, same bed,
+same pods, one run.
 
-DRA mode: real control plane (etcd, kube-apiserver, the default kube-scheduler, which
-allocates the claims) + kube-controller-manager with the resourceclaim controller; every
-node publishes hami's ResourceSlice (4 cards of 24 GiB, split 10, as the extender bench's
-nodes); each pod is what hami's DRA webhook makes of ``nvidia.com/gpu: 1`` +
-``gpumem`` + ``gpucores`` (templates created once, as the webhook does). The clock runs
+DRA runs: real control plane (etcd, kube-apiserver, kube-scheduler, which allocates the
+claims) + kube-controller-manager with the resourceclaim controller; every node
+publishes one ResourceSlice of 4 cards of 24 GiB, split 10 (as the extender bench's
+nodes); the pods ask ``nvidia.com/gpu: 1`` + ``gpumem`` + ``gpucores`` (:func:`pod_limits`).
+Three variants (:func:`dra_throughput`): ``plain``, kube-scheduler's own DRA path with a
+minimal driver's slices, DeviceClass and templates (the ceiling); ``hami-objects``, hami's
+slices and the templates its webhook makes, created beforehand; ``hami``, DRA mode as
+deployed (pods through hami's webhook, hami's ``/prioritize`` extender). The clock runs
 from the first pod creation until the last pod is seen bound (the same pod watch as
 ``bench_scheduler.py``). Extender mode: the
 ``throughput`` run of ``bench_scheduler.py`` with the same node count and pod mix.
@@ -16,7 +20,8 @@ call lists all slices and claims) against the watched one (:mod:`hami.dra.cache`
 
 Usage::
 
-    PYTHONPATH=src python bench/bench_dra.py --nodes 100 --pods 500 [--no-extender]
+    PYTHONPATH=src python bench/bench_dra.py --nodes 100 --pods 500 [--no-extender] \
+        [--variants plain hami-objects hami] [--metrics-dir DIR]
     PYTHONPATH=src python bench/bench_dra.py --prioritize --nodes 100 1000 --claims 2000 \
         [--policy fragmentation-aware]
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -47,8 +53,77 @@ def pod_limits(i: int) -> dict[str, int]:
     return limits
 
 
-def dra_throughput(n_nodes: int, pods: int) -> dict[str, Any]:
-    """One DRA-mode run; returns the result row (also printed as JSON)."""
+#: The minimal driver of the plain-DRA baseline (no hami object, no hami process).
+PLAIN_DRIVER = "gpu.plain.example.com"
+
+
+def plain_device_class() -> dict[str, Any]:
+    """The baseline's DeviceClass: every device of :data:`PLAIN_DRIVER` (CEL selector)."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": {"name": PLAIN_DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{PLAIN_DRIVER}"'}}]}}
+
+
+def plain_slice(node: str) -> dict[str, Any]:
+    """The baseline's ResourceSlice of ``node``: the same :data:`GPUS` shareable cards
+    as hami's slice (``memory`` bytes, ``cores`` percent, ``shares`` = :data:`SPLIT`),
+    without hami's attributes, request policies or owner; the claims ask for all three."""
+    mem = CARD_MIB * 2**20
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node}-plain"},
+            "spec": {"driver": PLAIN_DRIVER, "nodeName": node,
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                     "devices": [{"name": f"gpu-{g}", "allowMultipleAllocations": True,
+                                  "capacity": {"memory": {"value": str(mem)},
+                                               "cores": {"value": "100"},
+                                               "shares": {"value": str(SPLIT)}}}
+                                 for g in range(GPUS)]}}
+
+
+def plain_template(limits: dict[str, int]) -> dict[str, Any]:
+    """The baseline's ResourceClaimTemplate for one pod's ``limits`` (as
+    :func:`pod_limits`): one device of :data:`PLAIN_DRIVER` with ``gpumem`` MiB, ``gpucores``
+    percent (0 when absent) and one share; named by the request."""
+    mem, cores = limits["nvidia.com/gpumem"], limits.get("nvidia.com/gpucores", 0)
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": f"plain-gpu-{mem}mi-{cores}c"},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": PLAIN_DRIVER, "allocationMode": "ExactCount", "count": 1,
+                "capacity": {"requests": {"memory": f"{mem}Mi", "cores": str(cores),
+                                          "shares": "1"}}}}]}}}}
+
+
+def plain_pod(i: int, template: str) -> dict[str, Any]:
+    """Pod ``p<i>`` of the baseline: one container using the claim of ``template``."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"p{i:05d}", "namespace": "default"},
+            "spec": {"containers": [{"name": "c", "image": "pause",
+                                     "resources": {"claims": [{"name": "gpu-0"}]}}],
+                     "resourceClaims": [{"name": "gpu-0",
+                                         "resourceClaimTemplateName": template}]}}
+
+
+#: The variants of :func:`dra_throughput`.
+VARIANTS = ("plain", "hami-objects", "hami-webhook", "hami")
+
+
+def dra_throughput(n_nodes: int, pods: int, variant: str = "hami-objects",
+                   metrics_out: Path | None = None,
+                   scheduler_qps: float | None = None) -> dict[str, Any]:
+    """One DRA run; returns the result row (also printed as JSON).
+
+    ``variant``: ``plain`` (kube-scheduler's own DRA path: :func:`plain_slice`,
+    :func:`plain_device_class`, :func:`plain_template`, default profile, no hami),
+    ``hami-objects`` (hami's slices and the templates its webhook makes, created
+    beforehand, default profile: what this bench measured before) or ``hami`` (hami's
+    slices; the pods created as a tenant writes them, ``nvidia.com/gpu`` limits, through
+    a real ``hami scheduler --dra-mode`` process's webhook, and scheduled by a profile with
+    that process as prioritize-only extender, binpack, as the chart deploys it) or
+    ``hami-webhook`` (as ``hami`` without the extender: what the webhook alone costs).
+    ``metrics_out``: write kube-scheduler's ``/metrics`` text after the run there.
+    ``scheduler_qps``: kube-scheduler's client QPS (burst twice that); ``None``: the
+    chart's 100/200 (:meth:`ControlPlane.start_scheduler`).
+    """
     from bench.sched_bed import BoundWatcher, plain_watch_client
     from lightkube import codecs
 
@@ -60,14 +135,19 @@ def dra_throughput(n_nodes: int, pods: int) -> dict[str, Any]:
     from hami.testing.controllers import start_controller_manager
     from hami.testing.controlplane import ControlPlane, create_gpu_node
 
+    if variant not in VARIANTS:
+        raise ValueError(f"variant {variant!r} not in {VARIANTS}")
     work = Path(tempfile.mkdtemp(prefix="hami-bench-dra-"))
+    hami = None
+    qps: dict[str, Any] = ({} if scheduler_qps is None
+           else {"client_qps": scheduler_qps, "client_burst": int(2 * scheduler_qps)})
     with ControlPlane(workdir=work / "k8s") as cp:
         cp.start(default_scheduler=False)
         # the bound-time watch must not lose events (as bench_scheduler's beds)
         cp.client = lambda namespace="default", cp=cp: plain_watch_client(cp, namespace)  # type: ignore[method-assign, misc]
         start_controller_manager(cp)
         client = cp.client()
-        client.create(codecs.from_dict({
+        client.create(codecs.from_dict(plain_device_class() if variant == "plain" else {
             "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
             "metadata": {"name": DRIVER},
             "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
@@ -76,6 +156,9 @@ def dra_throughput(n_nodes: int, pods: int) -> dict[str, Any]:
         def make_node(i: int) -> None:
             name = f"node-{i:05d}"
             create_gpu_node(client, name, gpus=0)
+            if variant == "plain":
+                client.create(codecs.from_dict(plain_slice(name)))
+                return
             cards = [DeviceInfo(uuid=f"GPU-{name}-{g}", index=g, split_count=SPLIT,
                                 memory_mib=CARD_MIB, cores_percent=100, type="NVIDIA-Tesla T4",
                                 numa=0, mode="hami-core", health=True) for g in range(GPUS)]
@@ -88,33 +171,94 @@ def dra_throughput(n_nodes: int, pods: int) -> dict[str, Any]:
         templates: dict[str, Any] = {}
         objs = []
         for i in range(pods):
-            pod = {"apiVersion": "v1", "kind": "Pod",
+            pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod",
                    "metadata": {"name": f"p{i:05d}", "namespace": "default"},
                    "spec": {"containers": [{"name": "c", "image": "pause",
                                             "resources": {"limits": pod_limits(i)}}]}}
-            result = translate(pod, NvidiaConfig())
-            assert result is not None
-            templates.update(result.templates)
-            objs.append(codecs.from_dict(result.pod))
+            if variant == "plain":
+                tmpl = plain_template(pod_limits(i))
+                templates[tmpl["metadata"]["name"]] = tmpl
+                objs.append(codecs.from_dict(plain_pod(i, tmpl["metadata"]["name"])))
+            elif variant in ("hami", "hami-webhook"):
+                pod["spec"]["schedulerName"] = "hami-dra"
+                objs.append(codecs.from_dict(pod))
+            else:
+                result = translate(pod, NvidiaConfig())
+                assert result is not None
+                templates.update(result.templates)
+                objs.append(codecs.from_dict(result.pod))
         for tmpl in templates.values():
             client.create(codecs.from_dict(tmpl), namespace="default")
-        ks = cp.start_scheduler()
-        watcher = BoundWatcher(cp).start()
-        time.sleep(1.0)  # the watch is open and every component idle
-        t0 = time.monotonic()
-        with ThreadPoolExecutor(8) as pool:
-            list(pool.map(client.create, objs))
-        created_s = time.monotonic() - t0
-        watcher.wait(pods, timeout_s=1200)
-        elapsed = max(watcher.bound_at.values()) - t0
-        watcher.stop()
-        ks.stop()
-    row = {"mode": "dra", "nodes": n_nodes, "pods": pods,
+        if variant in ("hami", "hami-webhook"):
+            from tests.e2e.hami_harness import HamiProcess, Tls
+
+            from hami.testing.gpupods import webhook_configuration
+            from hami.testing.scheduler_config import ExtenderConfig
+
+            tls = Tls(work / "tls")
+            hami = HamiProcess(cp, tls, work, args=[
+                "--dra-mode", "--scheduler-name=hami-dra",
+                "--node-scheduler-policy=binpack"]).start()
+            client.create(codecs.from_dict(webhook_configuration("hami-bench", hami.url,
+                                                                 tls.ca_pem)))
+            ks = cp.start_scheduler(scheduler_name="hami-dra", extender=ExtenderConfig(
+                hami.url, filter_verb=None, bind_verb=None, prioritize_verb="prioritize",
+                managed_resources=()) if variant == "hami" else None, **qps)
+        else:
+            ks = cp.start_scheduler(**qps)
+        try:
+            watcher = BoundWatcher(cp).start()
+            time.sleep(1.0)  # the watch is open and every component idle
+            t0 = time.monotonic()
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(client.create, objs))
+            created_s = time.monotonic() - t0
+            watcher.wait(pods, timeout_s=1200)
+            elapsed = max(watcher.bound_at.values()) - t0
+            watcher.stop()
+            if metrics_out is not None:
+                metrics_out.write_text(scheduler_metrics(cp, ks))
+        finally:
+            ks.stop()
+            if hami is not None:
+                hami.stop()
+    shutil.rmtree(work, ignore_errors=True)  # etcd's data and the logs of this run
+    row = {"mode": "dra" if variant == "hami-objects" else f"dra-{variant}",
+           "nodes": n_nodes, "pods": pods, "kube_scheduler_qps": scheduler_qps or 100,
            "pods_per_s": round(pods / elapsed, 1), "seconds": round(elapsed, 1),
            "create_seconds": round(created_s, 1), "node_setup_seconds": round(nodes_s, 1),
            "load_avg": os.getloadavg()[0]}
     print(json.dumps(row), flush=True)
     return row
+
+
+#: kube-scheduler's metric families that show where a pod's time goes.
+SCHEDULER_METRICS = ("scheduler_plugin_execution_duration_seconds",
+                     "scheduler_framework_extension_point_duration_seconds",
+                     "scheduler_scheduling_attempt_duration_seconds",
+                     "scheduler_pod_scheduling_sli_duration_seconds",
+                     "scheduler_schedule_attempts_total",
+                     # client-go: time waiting in kube-scheduler's own QPS limiter
+                     "rest_client_rate_limiter_duration_seconds",
+                     "rest_client_request_duration_seconds", "rest_client_requests_total")
+
+
+def scheduler_metrics(cp: Any, ks: Any) -> str:
+    """kube-scheduler's ``/metrics`` (Prometheus text), only the :data:`SCHEDULER_METRICS`
+    families' ``_sum`` and ``_count`` lines (and counters); fetched with the admin client
+    certificate (kube-scheduler delegates authorization to the apiserver; its serving
+    certificate is self-signed, so it is not verified)."""
+    import ssl
+    import urllib.request
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    ctx.load_cert_chain(cp.pki_dir / "admin.crt", cp.pki_dir / "admin.key")
+    with urllib.request.urlopen(f"https://127.0.0.1:{ks.port}/metrics", context=ctx,
+                                timeout=30) as resp:
+        text = resp.read().decode()
+    return "".join(line + "\n" for line in text.splitlines()
+                   if line.startswith(SCHEDULER_METRICS) and "_bucket" not in line)
 
 
 def prioritize_cost(n_nodes: int, n_claims: int, calls: int = 20,
@@ -209,6 +353,12 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, nargs="+", default=[100])
     ap.add_argument("--pods", type=int, default=500)
     ap.add_argument("--no-extender", action="store_true")
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
+                    help="DRA runs per node count (dra_throughput)")
+    ap.add_argument("--scheduler-qps", type=float,
+                    help="kube-scheduler's client QPS in the DRA runs (default the chart's 100)")
+    ap.add_argument("--metrics-dir", type=Path,
+                    help="write kube-scheduler's /metrics of each DRA run here")
     ap.add_argument("--prioritize", action="store_true",
                     help="measure /prioritize per call, listing vs watched")
     ap.add_argument("--claims", type=int, default=2000)
@@ -222,14 +372,26 @@ def main() -> None:
         return
     rows = []
     for n in args.nodes:
-        rows.append(dra_throughput(n, args.pods))
+        by_mode = {}
+        for variant in args.variants:
+            metrics = (args.metrics_dir / f"ks_metrics_{variant}_{n}.txt"
+                       if args.metrics_dir else None)
+            if metrics is not None:
+                metrics.parent.mkdir(parents=True, exist_ok=True)
+            row = dra_throughput(n, args.pods, variant, metrics, args.scheduler_qps)
+            rows.append(row)
+            by_mode[row["mode"]] = row["pods_per_s"]
         if not args.no_extender:
             from bench.bench_scheduler import throughput
 
             ext = throughput([n], args.pods, ["binpack"])[0]
             rows.append({**ext, "mode": "extender-binpack"})
-            print(json.dumps({"nodes": n, "dra_over_extender":
-                              round(rows[-2]["pods_per_s"] / ext["pods_per_s"], 2)}), flush=True)
+            by_mode["extender-binpack"] = ext["pods_per_s"]
+        plain = by_mode.get("dra-plain")
+        ratios = {f"{m}_over_plain": round(v / plain, 2)
+                  for m, v in by_mode.items() if plain and m != "dra-plain"}
+        print(json.dumps({"nodes": n, **ratios}), flush=True)
+        rows.append({"nodes": n, "pods_per_s": by_mode, **ratios})
     print(json.dumps(rows, indent=1))
 
 

@@ -139,3 +139,41 @@ def test_watched_totals_follow_mig_events_in_any_order() -> None:
     for c in two:
         objs.apply("claims", "DELETED", c)
     assert objs._used == {"m": 0} and not objs._refs and not objs._instances
+
+
+def test_what_admission_reads_from_slices_is_derived_once_per_slice_change(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The webhook reads card sizes, MIG offers and published devices on every review:
+    derived once per slice event, not once per review (1,000 nodes made each review scan
+    4,000 devices); claim events keep them; a slice event changes them; callers get copies."""
+    from hami.dra import cache
+
+    calls = {"card_sizes_mib": 0, "published_devices": 0, "mig_offers": 0}
+    for name in calls:
+        real = getattr(cache, name)
+
+        def counting(slices: Any, name: str = name, real: Any = real) -> Any:
+            calls[name] += 1
+            return real(slices)
+        monkeypatch.setattr(cache, name, counting)
+    objs = DraObjects(client=None)
+    assert objs.card_sizes_mib() is None  # not listed yet
+    for e in objs.synced.values():
+        e.set()
+    plain = [PhysicalGpu(f"GPU-m-{i}", i, "Tesla T4", 1000 * MIB) for i in range(2)]
+    objs.apply("slices", "ADDED", resource_slice("m", node_devices(plain, PluginConfig())))
+    for _ in range(5):
+        assert objs.card_sizes_mib() == {1000}
+        assert objs.mig_offers() == set()
+        assert len(objs.published_devices() or {}) == 2
+        objs.apply("claims", "ADDED", _claim("m", 300) | {"metadata": {"namespace": "ns",
+                                                                          "name": "c"}})
+    assert calls == {"card_sizes_mib": 1, "published_devices": 1, "mig_offers": 1}
+    sizes = objs.card_sizes_mib()
+    assert sizes is not None
+    sizes.add(7)  # a caller's copy
+    assert objs.card_sizes_mib() == {1000}
+    bigger = [PhysicalGpu(f"GPU-m-{i}", i, "Tesla T4", 2000 * MIB) for i in range(2)]
+    objs.apply("slices", "MODIFIED", resource_slice("m", node_devices(bigger, PluginConfig())))
+    assert objs.card_sizes_mib() == {2000}
+    assert calls["card_sizes_mib"] == 2

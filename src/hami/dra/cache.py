@@ -14,6 +14,7 @@ Until the first list of a kind has arrived, callers get ``None`` (they list dire
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import weakref
 from collections import defaultdict
@@ -63,6 +64,10 @@ class DraObjects:
         self.relists = 0
         #: Bumped at every event (callers cache what they derive from the objects).
         self.version = 0
+        #: Bumped at every slice event; keys :attr:`_derived` (what every admission
+        #: reads from the slices, recomputed once per change instead of once per review).
+        self.slices_version = 0
+        self._derived: dict[str, tuple[int, Any]] = {}
 
     @classmethod
     def shared(cls, client: Any) -> DraObjects:
@@ -97,6 +102,7 @@ class DraObjects:
         self.version += 1
         key = _key(obj)
         if kind == "slices":
+            self.slices_version += 1
             self._put_part(key, None)
             if event == "DELETED":
                 self.slices.pop(key, None)
@@ -209,21 +215,25 @@ class DraObjects:
     def card_sizes_mib(self) -> set[int] | None:
         """The distinct ``memory`` capacities (MiB) of our published cards; None before
         the first list."""
-        if not self.synced["slices"].is_set():
-            return None
-        return card_sizes_mib(self.slices.values())
+        return self._of_slices("card_sizes_mib", card_sizes_mib)
 
     def published_devices(self) -> dict[tuple[str, str], tuple[int, int | None]] | None:
         """:func:`published_devices` of the watched slices; None before the first list."""
-        if not self.synced["slices"].is_set():
-            return None
-        return published_devices(self.slices.values())
+        return self._of_slices("published_devices", published_devices)
 
     def mig_offers(self) -> set[tuple[str, int]] | None:
         """:func:`mig_offers` of the watched slices; None before the first list."""
+        return self._of_slices("mig_offers", mig_offers)
+
+    def _of_slices(self, name: str, derive: Any) -> Any:
+        """``derive(slices)``, once per :attr:`slices_version` (a copy, so a caller that
+        changes it changes nothing here); None before the first list."""
         if not self.synced["slices"].is_set():
             return None
-        return mig_offers(self.slices.values())
+        hit = self._derived.get(name)
+        if hit is None or hit[0] != self.slices_version:
+            hit = self._derived[name] = (self.slices_version, derive(self.slices.values()))
+        return copy.copy(hit[1])
 
 
 def _devices(slices: Any) -> Any:
