@@ -274,3 +274,32 @@ def test_a_burst_of_preemptors_evicts_no_more_than_needed() -> None:
                     assert used <= dev.memory_mib and slots <= dev.split_count
 
     run(scenario)
+
+
+def test_a_recreated_preemptor_does_not_evict_again_while_its_victim_terminates() -> None:
+    """Red team (eviction storm): a tenant's high-priority pod gets a victim evicted, the
+    tenant deletes it while the victim terminates (grace period running) and creates it
+    again under a new uid. The terminating victim's slice is already coming: the new pod
+    waits for it instead of evicting the next pod, however often this is repeated."""
+    async def scenario() -> None:
+        kube = full_cluster()
+        kube.evict_deletes = False  # victims linger while their grace period runs
+        async with serving(kube) as h:
+            for round_ in range(3):
+                hi = kube.put("Pod", preemptor(f"hi-{round_}"))
+                answer = await h.filter(hi, ["gpu-0"])
+                await h.settle()
+                assert answer["NodeNames"] in (None, [])
+                assert len(kube.evictions) == 1, (round_, kube.evictions)
+                if round_:
+                    assert "waiting for evicted pods" in answer["FailedNodes"]["gpu-0"]
+                kube.delete("Pod", hi)  # the tenant deletes its pod, and tries again
+                await h.settle()
+            # honest path: the victim leaves, and a preemptor gets the freed card
+            kube.delete("Pod", ("default", kube.evictions[0][1]))
+            await h.settle()
+            last = kube.put("Pod", preemptor("hi-last"))
+            assert (await h.filter(last, ["gpu-0"]))["NodeNames"] == ["gpu-0"]
+            assert len(kube.evictions) == 1
+
+    run(scenario)

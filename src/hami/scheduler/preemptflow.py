@@ -102,12 +102,16 @@ class PreemptFlow(EngineParts):
     _victim_pods: dict[str, JSON]
     #: Preemptors (uid) -> creation time (Unix s), for the time-to-bound metric.
     _preemptors: dict[str, float]
+    #: Pods hami evicted (uid) -> when (monotonic s): their slices are coming, whether
+    #: or not the preemptor that evicted them is still there.
+    _evicted: dict[str, float]
 
     def _init_preemption(self) -> None:
         self._reservations = {}
         self._refused = {}
         self._victim_pods = {}
         self._preemptors = {}
+        self._evicted = {}
 
     # ------------------------------------------------------------- pod cache
     def track_victim(self, pod: Mapping[str, Any], deleted: bool) -> None:
@@ -120,6 +124,7 @@ class PreemptFlow(EngineParts):
             self._victim_pods.pop(uid, None)
             self._drop_reservation(uid)
             self._preemptors.pop(uid, None)
+            self._evicted.pop(uid, None)
             return
         annotations = meta.get("annotations") or {}
         if (not annotations.get(names.VGPU_NODE) or phase in TERMINAL_PHASES
@@ -134,6 +139,8 @@ class PreemptFlow(EngineParts):
             del self._victim_pods[uid]
         for uid in [u for u in self._reservations if u not in listed]:
             self._drop_reservation(uid)
+        for uid in [u for u in self._evicted if u not in listed]:
+            del self._evicted[uid]
 
     # ----------------------------------------------------------- reservations
     def _drop_reservation(self, uid: str) -> None:
@@ -191,6 +198,16 @@ class PreemptFlow(EngineParts):
                 released = True
         return released
 
+    def _still_leaving(self) -> set[str]:
+        """Pods hami evicted that still hold their slices (their preemptor may be gone: a
+        preemptor deleted and created again must wait for them, not evict more). Each
+        counts at most :data:`RESERVATION_TTL_S` (a victim that never leaves)."""
+        now = time.monotonic()
+        for uid, at in list(self._evicted.items()):
+            if now - at > RESERVATION_TTL_S or self.state.ledger.pod(uid) is None:
+                del self._evicted[uid]
+        return set(self._evicted)
+
     def _busy_nodes(self, uid: str) -> set[str]:
         now = time.monotonic()
         for key, at in list(self._refused.items()):
@@ -225,7 +242,7 @@ class PreemptFlow(EngineParts):
             return ""
         leaving = {v for other in list(self._reservations)
                    if (held := self._live_reservation(other)) is not None
-                   for v in self._waiting_for(held)}
+                   for v in self._waiting_for(held)} | self._still_leaving()
         try:
             waits_for = fits_once_gone(self.state, pod, leaving,
                                        None if node_names is None else sorted(node_names))
@@ -292,6 +309,7 @@ class PreemptFlow(EngineParts):
                          ns, name, plan.node, victim.namespace, victim.name, exc.message)
                 return
             evicted += 1
+            self._evicted[victim.uid] = time.monotonic()
             freed = "; ".join(f"{c.uuid}: {c.memory_mib} MiB, {c.cores_percent}% cores"
                               for c in victim.freed)
             self.events.emit({"namespace": victim.namespace, "name": victim.name,
