@@ -303,3 +303,28 @@ def test_a_recreated_preemptor_does_not_evict_again_while_its_victim_terminates(
             assert len(kube.evictions) == 1
 
     run(scenario)
+
+
+def test_a_reservation_whose_preemptor_never_comes_back_expires_for_everyone(
+        monkeypatch: Any) -> None:
+    """Red team (a card held for ever): the preemptor gets its victim evicted and is never
+    filtered again (kube-scheduler's own filters now reject it everywhere, e.g. a pod
+    affinity its tenant broke). Its reservation expires after RESERVATION_TTL_S for the
+    other pods' filters too, not only when the preemptor or another preemptor looks."""
+    from hami.scheduler import preemptflow
+
+    async def scenario() -> None:
+        kube = full_cluster()
+        async with serving(kube) as h:
+            hi = kube.put("Pod", preemptor("hi"))
+            assert "preempting" in (await h.filter(hi, ["gpu-0"]))["FailedNodes"]["gpu-0"]
+            await h.settle()
+            assert kube.evictions == [("default", "lo-0-1")]
+            # within the TTL the freed card stays the preemptor's
+            plain = kube.put("Pod", preemptor("plain", priority=0, preemptionPolicy="Never"))
+            assert (await h.filter(plain, ["gpu-0"]))["NodeNames"] in (None, [])
+            monkeypatch.setattr(preemptflow, "RESERVATION_TTL_S", 0.0)
+            assert (await h.filter(plain, ["gpu-0"]))["NodeNames"] == ["gpu-0"]
+            assert h.engine.state.ledger.pod(hi["metadata"]["uid"]) is None
+
+    run(scenario)

@@ -159,6 +159,13 @@ class PreemptFlow(EngineParts):
             return None
         return held
 
+    def expire_reservations(self) -> None:
+        """Release every reservation older than :data:`RESERVATION_TTL_S` (called before
+        each filter: a preemptor that is never filtered again, e.g. one kube-scheduler's
+        own filters now reject, must not hold its card for ever)."""
+        for uid in list(self._reservations):
+            self._live_reservation(uid)
+
     def _waiting_for(self, held: Reservation) -> list[str]:
         return [v for v in held.victims if self.state.ledger.pod(v) is not None]
 
