@@ -328,3 +328,32 @@ def test_a_reservation_whose_preemptor_never_comes_back_expires_for_everyone(
             assert h.engine.state.ledger.pod(hi["metadata"]["uid"]) is None
 
     run(scenario)
+
+
+def test_a_victim_with_a_long_grace_period_is_waited_for_past_the_reservation(
+        monkeypatch: Any) -> None:
+    """Red team (slow eviction storm): the victim's grace period outlasts the reservation
+    (RESERVATION_TTL_S). The reservation lapses, but the victim's slice is still coming:
+    the preemptor waits for it (as kube-scheduler waits for terminating victims on its
+    nominated node) instead of evicting one more pod every RESERVATION_TTL_S."""
+    from hami.scheduler import preemptflow
+
+    async def scenario() -> None:
+        kube = full_cluster()
+        kube.evict_deletes = False
+        async with serving(kube) as h:
+            hi = kube.put("Pod", preemptor("hi"))
+            await h.filter(hi, ["gpu-0"])
+            await h.settle()
+            assert kube.evictions == [("default", "lo-0-1")]
+            monkeypatch.setattr(preemptflow, "RESERVATION_TTL_S", 0.0)
+            for _ in range(3):
+                answer = await h.filter(hi, ["gpu-0"])
+                await h.settle()
+                assert "waiting for evicted pods" in answer["FailedNodes"]["gpu-0"]
+            assert kube.evictions == [("default", "lo-0-1")]
+            kube.delete("Pod", ("default", "lo-0-1"))
+            await h.settle()
+            assert (await h.filter(hi, ["gpu-0"]))["NodeNames"] == ["gpu-0"]
+
+    run(scenario)

@@ -103,7 +103,7 @@ class PreemptFlow(EngineParts):
     #: Preemptors (uid) -> creation time (Unix s), for the time-to-bound metric.
     _preemptors: dict[str, float]
     #: Pods hami evicted (uid) -> when (monotonic s): their slices are coming, whether
-    #: or not the preemptor that evicted them is still there.
+    #: or not the preemptor that evicted them is still there (kept until they are gone).
     _evicted: dict[str, float]
 
     def _init_preemption(self) -> None:
@@ -207,12 +207,12 @@ class PreemptFlow(EngineParts):
 
     def _still_leaving(self) -> set[str]:
         """Pods hami evicted that still hold their slices (their preemptor may be gone: a
-        preemptor deleted and created again must wait for them, not evict more). Each
-        counts at most :data:`RESERVATION_TTL_S` (a victim that never leaves)."""
-        now = time.monotonic()
-        for uid, at in list(self._evicted.items()):
-            if now - at > RESERVATION_TTL_S or self.state.ledger.pod(uid) is None:
-                del self._evicted[uid]
+        preemptor deleted and created again must wait for them, not evict more). They
+        count until they are gone, past :data:`RESERVATION_TTL_S` too (a victim with a
+        long grace period must not cost one more eviction per TTL), as kube-scheduler
+        waits for terminating victims on a nominated node."""
+        for uid in [u for u in self._evicted if self.state.ledger.pod(u) is None]:
+            del self._evicted[uid]
         return set(self._evicted)
 
     def _busy_nodes(self, uid: str) -> set[str]:
