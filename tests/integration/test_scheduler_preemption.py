@@ -357,3 +357,23 @@ def test_a_victim_with_a_long_grace_period_is_waited_for_past_the_reservation(
             assert (await h.filter(hi, ["gpu-0"]))["NodeNames"] == ["gpu-0"]
 
     run(scenario)
+
+
+def test_a_pod_no_preemption_helps_costs_no_list_of_budgets() -> None:
+    """Red team (API load): a tenant's high-priority pods too big for any card are filtered
+    again and again; each filter must not list every PodDisruptionBudget of the cluster.
+    A pod that can preempt still reads them (they rank the candidates)."""
+    async def scenario() -> None:
+        kube = full_cluster()
+        async with serving(kube) as h:
+            huge = [kube.put("Pod", preemptor(f"huge-{i}", memory_mib=16000)) for i in range(3)]
+            for _ in range(3):
+                for pod in huge:
+                    await h.filter(pod, ["gpu-0"])
+            await h.settle()
+            assert "list pdbs" not in kube.calls and kube.evictions == []
+            hi = kube.put("Pod", preemptor("hi"))
+            assert "preempting" in (await h.filter(hi, ["gpu-0"]))["FailedNodes"]["gpu-0"]
+            assert "list pdbs" in kube.calls
+
+    run(scenario)

@@ -228,6 +228,20 @@ class PreemptFlow(EngineParts):
         return busy
 
     # -------------------------------------------------------------- the step
+    def _plan(self, pod: Mapping[str, Any], node_names: list[str] | None,
+              budgets: list[Budget]) -> PreemptionPlan | None:
+        """The preemption that lets ``pod`` fit now with victims, or None (no plan, no
+        victims needed, or a malformed request)."""
+        infos = {u: pod_priority_info(p, budgets) for u, p in self._victim_pods.items()
+                 if self.state.ledger.pod(u) is not None}
+        try:
+            outcome = plan_preemption(self.state, pod, infos, {b.key: b.allowed for b in budgets},
+                                      None if node_names is None else sorted(node_names),
+                                      busy_nodes=self._busy_nodes(pod_uid(pod)))
+        except (RequestError, FilterError, CodecError):
+            return None
+        return outcome.plan if outcome.plan is not None and outcome.plan.victims else None
+
     async def maybe_preempt(self, pod: Mapping[str, Any],
                             node_names: list[str] | None) -> str:
         """After a filter found no node: plan, reserve and start a preemption for
@@ -238,13 +252,20 @@ class PreemptFlow(EngineParts):
         if not any(pod_priority_info(p).priority < priority
                    for u, p in self._victim_pods.items() if self.state.ledger.pod(u)):
             return ""
+        uid = pod_uid(pod)
+        if uid in self._reservations:  # another filter of this pod got there first
+            return ""
+        # Budgets only rank the candidates: whether any preemption helps is known without
+        # them, and a pod no preemption helps (one too big for every card, filtered
+        # again and again) must not cost a cluster-wide list of budgets each time.
+        if self._plan(pod, node_names, []) is None:
+            return ""
         try:
             budgets = [Budget.from_object(b) for b in await self.kube.list_pdbs()]
         except KubeError as exc:  # the Eviction API still enforces every budget
             log.warning("PodDisruptionBudgets not read (%s); planning without them",
                         exc.message)
             budgets = []
-        uid = pod_uid(pod)
         if uid in self._reservations:  # another filter of this pod got there first
             return ""
         leaving = {v for other in list(self._reservations)
@@ -257,15 +278,7 @@ class PreemptFlow(EngineParts):
             return ""
         if waits_for is not None:  # room is coming: no more victims than needed
             return f"waiting for evicted pods to leave node {waits_for}"
-        infos = {u: pod_priority_info(p, budgets) for u, p in self._victim_pods.items()
-                 if self.state.ledger.pod(u) is not None}
-        try:
-            outcome = plan_preemption(self.state, pod, infos, {b.key: b.allowed for b in budgets},
-                                      None if node_names is None else sorted(node_names),
-                                      busy_nodes=self._busy_nodes(uid))
-        except (RequestError, FilterError, CodecError):
-            return ""
-        plan = outcome.plan
+        plan = self._plan(pod, node_names, budgets)
         if plan is None or not plan.victims:
             return ""
         request = plan.request
