@@ -377,3 +377,36 @@ def test_a_pod_no_preemption_helps_costs_no_list_of_budgets() -> None:
             assert "list pdbs" in kube.calls
 
     run(scenario)
+
+
+def test_the_preempt_verb_adds_no_victim_while_evicted_ones_still_leave() -> None:
+    """Red team (eviction storm through the verb): a recreated preemptor has no
+    nominatedNodeName, so kube-scheduler preempts for it again and asks hami's /preempt.
+    The slice hami already evicted for is coming: hami names no more GPU victims there
+    (kube-scheduler's own, for resources hami does not judge, are kept)."""
+    async def scenario() -> None:
+        kube = full_cluster()
+        kube.evict_deletes = False
+        lo0 = kube.pod("lo-0-0")["metadata"]["uid"]
+        async with serving(kube) as h:
+            hi = kube.put("Pod", preemptor("hi"))
+            await h.filter(hi, ["gpu-0"])
+            await h.settle()
+            assert kube.evictions == [("default", "lo-0-1")]
+            kube.delete("Pod", hi)
+            await h.settle()
+            again = kube.put("Pod", preemptor("hi-again"))
+            answer = await _preempt(h, again, {"gpu-0": [lo0, "cpu-only"]})
+            kept = answer["NodeNameToMetaVictims"]
+            assert [p["UID"] for p in kept["gpu-0"]["Pods"]] == ["cpu-only"], kept
+            answer = await _preempt(h, again, {"gpu-0": [lo0]})
+            assert answer["NodeNameToMetaVictims"] == {}
+            # honest path: once the victim is gone and the card retaken, the verb names
+            # GPU victims again
+            kube.delete("Pod", ("default", "lo-0-1"))
+            kube.put("Pod", running("lo-new", "gpu-0", 1, 12000, 0))
+            await h.settle()
+            answer = await _preempt(h, again, {"gpu-0": [lo0]})
+            assert len(answer["NodeNameToMetaVictims"]["gpu-0"]["Pods"]) == 1
+
+    run(scenario)

@@ -205,6 +205,13 @@ class PreemptFlow(EngineParts):
                 released = True
         return released
 
+    def _leaving(self) -> set[str]:
+        """Pods whose slices are coming: victims of live reservations, and every pod
+        hami evicted that is still charged."""
+        return {v for other in list(self._reservations)
+                if (held := self._live_reservation(other)) is not None
+                for v in self._waiting_for(held)} | self._still_leaving()
+
     def _still_leaving(self) -> set[str]:
         """Pods hami evicted that still hold their slices (their preemptor may be gone: a
         preemptor deleted and created again must wait for them, not evict more). They
@@ -268,11 +275,8 @@ class PreemptFlow(EngineParts):
             budgets = []
         if uid in self._reservations:  # another filter of this pod got there first
             return ""
-        leaving = {v for other in list(self._reservations)
-                   if (held := self._live_reservation(other)) is not None
-                   for v in self._waiting_for(held)} | self._still_leaving()
         try:
-            waits_for = fits_once_gone(self.state, pod, leaving,
+            waits_for = fits_once_gone(self.state, pod, self._leaving(),
                                        None if node_names is None else sorted(node_names))
         except (RequestError, FilterError, CodecError):
             return ""
@@ -365,16 +369,22 @@ class PreemptFlow(EngineParts):
                  if self.state.ledger.pod(u) is not None}
         allowed = {b.key: b.allowed for b in budgets}
         uid = pod_uid(pod)
+        leaving = self._leaving()
         kept: dict[str, tuple[list[str], int]] = {}
         for node, theirs in sorted(args.victims.items()):
+            untracked = [v for v in theirs if self.state.ledger.pod(v) is None]
             try:
+                if fits_once_gone(self.state, pod, leaving, [node]) is not None:
+                    # the slice is coming (pods hami evicted still leave): no GPU victim
+                    if untracked:
+                        kept[node] = (untracked, args.violations.get(node, 0))
+                    continue
                 outcome = plan_preemption(self.state, pod, infos, allowed, [node],
                                           busy_nodes=self._busy_nodes(uid))
             except (RequestError, FilterError, CodecError):
                 return preempt_result({})
             if outcome.plan is None:
                 continue
-            untracked = [v for v in theirs if self.state.ledger.pod(v) is None]
             ours = [v.uid for v in outcome.plan.victims]
             chosen = ours + [v for v in untracked if v not in ours]
             if chosen:
