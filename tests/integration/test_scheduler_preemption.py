@@ -410,3 +410,22 @@ def test_the_preempt_verb_adds_no_victim_while_evicted_ones_still_leave() -> Non
             assert len(answer["NodeNameToMetaVictims"]["gpu-0"]["Pods"]) == 1
 
     run(scenario)
+
+
+def test_a_filter_without_candidate_nodes_evicts_nobody() -> None:
+    """Red team (hostile /filter body): kube-scheduler always names the nodes its own
+    filters passed (NodeNames, or Nodes). A body with neither is no vetted candidate
+    list: hami may still answer it, but evicts nobody for it (the pod might never run
+    on the node: taints, affinity), while the same pod with NodeNames preempts."""
+    async def scenario() -> None:
+        kube = full_cluster()
+        async with serving(kube) as h:
+            hi = kube.put("Pod", preemptor("hi"))
+            answer = await h.post("/filter", {"Pod": hi})
+            await h.settle()
+            assert "preempting" not in str(answer) and kube.evictions == []
+            assert "preempting" in (await h.filter(hi, ["gpu-0"]))["FailedNodes"]["gpu-0"]
+            await h.settle()
+            assert kube.evictions == [("default", "lo-0-1")]
+
+    run(scenario)

@@ -252,8 +252,10 @@ class PreemptFlow(EngineParts):
     async def maybe_preempt(self, pod: Mapping[str, Any],
                             node_names: list[str] | None) -> str:
         """After a filter found no node: plan, reserve and start a preemption for
-        ``pod``; returns a note for the filter's answer ("" when none was started)."""
-        if not self.settings.preemption or not may_preempt(pod):
+        ``pod``; returns a note for the filter's answer ("" when none was started).
+        ``node_names`` None (a body without the nodes kube-scheduler's own filters
+        passed) starts none: hami would evict on nodes the pod may never run on."""
+        if not self.settings.preemption or not may_preempt(pod) or node_names is None:
             return ""
         priority = pod_priority(pod)
         if not any(pod_priority_info(p).priority < priority
