@@ -274,3 +274,158 @@ def test_a_burst_of_preemptors_evicts_no_more_than_needed() -> None:
                     assert used <= dev.memory_mib and slots <= dev.split_count
 
     run(scenario)
+
+
+def test_a_recreated_preemptor_does_not_evict_again_while_its_victim_terminates() -> None:
+    """Red team (eviction storm): a tenant's high-priority pod gets a victim evicted, the
+    tenant deletes it while the victim terminates (grace period running) and creates it
+    again under a new uid. The terminating victim's slice is already coming: the new pod
+    waits for it instead of evicting the next pod, however often this is repeated."""
+    async def scenario() -> None:
+        kube = full_cluster()
+        kube.evict_deletes = False  # victims linger while their grace period runs
+        async with serving(kube) as h:
+            for round_ in range(3):
+                hi = kube.put("Pod", preemptor(f"hi-{round_}"))
+                answer = await h.filter(hi, ["gpu-0"])
+                await h.settle()
+                assert answer["NodeNames"] in (None, [])
+                assert len(kube.evictions) == 1, (round_, kube.evictions)
+                if round_:
+                    assert "waiting for evicted pods" in answer["FailedNodes"]["gpu-0"]
+                kube.delete("Pod", hi)  # the tenant deletes its pod, and tries again
+                await h.settle()
+            # honest path: the victim leaves, and a preemptor gets the freed card
+            kube.delete("Pod", ("default", kube.evictions[0][1]))
+            await h.settle()
+            last = kube.put("Pod", preemptor("hi-last"))
+            assert (await h.filter(last, ["gpu-0"]))["NodeNames"] == ["gpu-0"]
+            assert len(kube.evictions) == 1
+
+    run(scenario)
+
+
+def test_a_reservation_whose_preemptor_never_comes_back_expires_for_everyone(
+        monkeypatch: Any) -> None:
+    """Red team (a card held for ever): the preemptor gets its victim evicted and is never
+    filtered again (kube-scheduler's own filters now reject it everywhere, e.g. a pod
+    affinity its tenant broke). Its reservation expires after RESERVATION_TTL_S for the
+    other pods' filters too, not only when the preemptor or another preemptor looks."""
+    from hami.scheduler import preemptflow
+
+    async def scenario() -> None:
+        kube = full_cluster()
+        async with serving(kube) as h:
+            hi = kube.put("Pod", preemptor("hi"))
+            assert "preempting" in (await h.filter(hi, ["gpu-0"]))["FailedNodes"]["gpu-0"]
+            await h.settle()
+            assert kube.evictions == [("default", "lo-0-1")]
+            # within the TTL the freed card stays the preemptor's
+            plain = kube.put("Pod", preemptor("plain", priority=0, preemptionPolicy="Never"))
+            assert (await h.filter(plain, ["gpu-0"]))["NodeNames"] in (None, [])
+            monkeypatch.setattr(preemptflow, "RESERVATION_TTL_S", 0.0)
+            assert (await h.filter(plain, ["gpu-0"]))["NodeNames"] == ["gpu-0"]
+            assert h.engine.state.ledger.pod(hi["metadata"]["uid"]) is None
+
+    run(scenario)
+
+
+def test_a_victim_with_a_long_grace_period_is_waited_for_past_the_reservation(
+        monkeypatch: Any) -> None:
+    """Red team (slow eviction storm): the victim's grace period outlasts the reservation
+    (RESERVATION_TTL_S). The reservation lapses, but the victim's slice is still coming:
+    the preemptor waits for it (as kube-scheduler waits for terminating victims on its
+    nominated node) instead of evicting one more pod every RESERVATION_TTL_S."""
+    from hami.scheduler import preemptflow
+
+    async def scenario() -> None:
+        kube = full_cluster()
+        kube.evict_deletes = False
+        async with serving(kube) as h:
+            hi = kube.put("Pod", preemptor("hi"))
+            await h.filter(hi, ["gpu-0"])
+            await h.settle()
+            assert kube.evictions == [("default", "lo-0-1")]
+            monkeypatch.setattr(preemptflow, "RESERVATION_TTL_S", 0.0)
+            for _ in range(3):
+                answer = await h.filter(hi, ["gpu-0"])
+                await h.settle()
+                assert "waiting for evicted pods" in answer["FailedNodes"]["gpu-0"]
+            assert kube.evictions == [("default", "lo-0-1")]
+            kube.delete("Pod", ("default", "lo-0-1"))
+            await h.settle()
+            assert (await h.filter(hi, ["gpu-0"]))["NodeNames"] == ["gpu-0"]
+
+    run(scenario)
+
+
+def test_a_pod_no_preemption_helps_costs_no_list_of_budgets() -> None:
+    """Red team (API load): a tenant's high-priority pods too big for any card are filtered
+    again and again; each filter must not list every PodDisruptionBudget of the cluster.
+    A pod that can preempt still reads them (they rank the candidates)."""
+    async def scenario() -> None:
+        kube = full_cluster()
+        async with serving(kube) as h:
+            huge = [kube.put("Pod", preemptor(f"huge-{i}", memory_mib=16000)) for i in range(3)]
+            for _ in range(3):
+                for pod in huge:
+                    await h.filter(pod, ["gpu-0"])
+            await h.settle()
+            assert "list pdbs" not in kube.calls and kube.evictions == []
+            hi = kube.put("Pod", preemptor("hi"))
+            assert "preempting" in (await h.filter(hi, ["gpu-0"]))["FailedNodes"]["gpu-0"]
+            assert "list pdbs" in kube.calls
+
+    run(scenario)
+
+
+def test_the_preempt_verb_adds_no_victim_while_evicted_ones_still_leave() -> None:
+    """Red team (eviction storm through the verb): a recreated preemptor has no
+    nominatedNodeName, so kube-scheduler preempts for it again and asks hami's /preempt.
+    The slice hami already evicted for is coming: hami names no more GPU victims there
+    (kube-scheduler's own, for resources hami does not judge, are kept)."""
+    async def scenario() -> None:
+        kube = full_cluster()
+        kube.evict_deletes = False
+        lo0 = kube.pod("lo-0-0")["metadata"]["uid"]
+        async with serving(kube) as h:
+            hi = kube.put("Pod", preemptor("hi"))
+            await h.filter(hi, ["gpu-0"])
+            await h.settle()
+            assert kube.evictions == [("default", "lo-0-1")]
+            kube.delete("Pod", hi)
+            await h.settle()
+            again = kube.put("Pod", preemptor("hi-again"))
+            answer = await _preempt(h, again, {"gpu-0": [lo0, "cpu-only"]})
+            kept = answer["NodeNameToMetaVictims"]
+            assert [p["UID"] for p in kept["gpu-0"]["Pods"]] == ["cpu-only"], kept
+            answer = await _preempt(h, again, {"gpu-0": [lo0]})
+            assert answer["NodeNameToMetaVictims"] == {}
+            # honest path: once the victim is gone and the card retaken, the verb names
+            # GPU victims again
+            kube.delete("Pod", ("default", "lo-0-1"))
+            kube.put("Pod", running("lo-new", "gpu-0", 1, 12000, 0))
+            await h.settle()
+            answer = await _preempt(h, again, {"gpu-0": [lo0]})
+            assert len(answer["NodeNameToMetaVictims"]["gpu-0"]["Pods"]) == 1
+
+    run(scenario)
+
+
+def test_a_filter_without_candidate_nodes_evicts_nobody() -> None:
+    """Red team (hostile /filter body): kube-scheduler always names the nodes its own
+    filters passed (NodeNames, or Nodes). A body with neither is no vetted candidate
+    list: hami may still answer it, but evicts nobody for it (the pod might never run
+    on the node: taints, affinity), while the same pod with NodeNames preempts."""
+    async def scenario() -> None:
+        kube = full_cluster()
+        async with serving(kube) as h:
+            hi = kube.put("Pod", preemptor("hi"))
+            answer = await h.post("/filter", {"Pod": hi})
+            await h.settle()
+            assert "preempting" not in str(answer) and kube.evictions == []
+            assert "preempting" in (await h.filter(hi, ["gpu-0"]))["FailedNodes"]["gpu-0"]
+            await h.settle()
+            assert kube.evictions == [("default", "lo-0-1")]
+
+    run(scenario)

@@ -124,6 +124,7 @@ class FilterFlow(EngineParts):
             return filter_result(error=f"cannot read the pod: {exc.message}")
         meta = _meta(pod)
         weights = (meta.get("annotations") or {}).get(names.DEVICE_SCORING_WEIGHTS)
+        self.expire_reservations()
         reserved, waiting = self.preemption_gate(pod_uid(pod))
         if waiting and await self.confirm_victims(pod_uid(pod)):
             reserved, waiting = self.preemption_gate(pod_uid(pod))

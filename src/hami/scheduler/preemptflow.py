@@ -102,12 +102,16 @@ class PreemptFlow(EngineParts):
     _victim_pods: dict[str, JSON]
     #: Preemptors (uid) -> creation time (Unix s), for the time-to-bound metric.
     _preemptors: dict[str, float]
+    #: Pods hami evicted (uid) -> when (monotonic s): their slices are coming, whether
+    #: or not the preemptor that evicted them is still there (kept until they are gone).
+    _evicted: dict[str, float]
 
     def _init_preemption(self) -> None:
         self._reservations = {}
         self._refused = {}
         self._victim_pods = {}
         self._preemptors = {}
+        self._evicted = {}
 
     # ------------------------------------------------------------- pod cache
     def track_victim(self, pod: Mapping[str, Any], deleted: bool) -> None:
@@ -120,6 +124,7 @@ class PreemptFlow(EngineParts):
             self._victim_pods.pop(uid, None)
             self._drop_reservation(uid)
             self._preemptors.pop(uid, None)
+            self._evicted.pop(uid, None)
             return
         annotations = meta.get("annotations") or {}
         if (not annotations.get(names.VGPU_NODE) or phase in TERMINAL_PHASES
@@ -134,6 +139,8 @@ class PreemptFlow(EngineParts):
             del self._victim_pods[uid]
         for uid in [u for u in self._reservations if u not in listed]:
             self._drop_reservation(uid)
+        for uid in [u for u in self._evicted if u not in listed]:
+            del self._evicted[uid]
 
     # ----------------------------------------------------------- reservations
     def _drop_reservation(self, uid: str) -> None:
@@ -151,6 +158,13 @@ class PreemptFlow(EngineParts):
             self._drop_reservation(uid)
             return None
         return held
+
+    def expire_reservations(self) -> None:
+        """Release every reservation older than :data:`RESERVATION_TTL_S` (called before
+        each filter: a preemptor that is never filtered again, e.g. one kube-scheduler's
+        own filters now reject, must not hold its card for ever)."""
+        for uid in list(self._reservations):
+            self._live_reservation(uid)
 
     def _waiting_for(self, held: Reservation) -> list[str]:
         return [v for v in held.victims if self.state.ledger.pod(v) is not None]
@@ -191,6 +205,23 @@ class PreemptFlow(EngineParts):
                 released = True
         return released
 
+    def _leaving(self) -> set[str]:
+        """Pods whose slices are coming: victims of live reservations, and every pod
+        hami evicted that is still charged."""
+        return {v for other in list(self._reservations)
+                if (held := self._live_reservation(other)) is not None
+                for v in self._waiting_for(held)} | self._still_leaving()
+
+    def _still_leaving(self) -> set[str]:
+        """Pods hami evicted that still hold their slices (their preemptor may be gone: a
+        preemptor deleted and created again must wait for them, not evict more). They
+        count until they are gone, past :data:`RESERVATION_TTL_S` too (a victim with a
+        long grace period must not cost one more eviction per TTL), as kube-scheduler
+        waits for terminating victims on a nominated node."""
+        for uid in [u for u in self._evicted if self.state.ledger.pod(u) is None]:
+            del self._evicted[uid]
+        return set(self._evicted)
+
     def _busy_nodes(self, uid: str) -> set[str]:
         now = time.monotonic()
         for key, at in list(self._refused.items()):
@@ -204,15 +235,39 @@ class PreemptFlow(EngineParts):
         return busy
 
     # -------------------------------------------------------------- the step
+    def _plan(self, pod: Mapping[str, Any], node_names: list[str] | None,
+              budgets: list[Budget]) -> PreemptionPlan | None:
+        """The preemption that lets ``pod`` fit now with victims, or None (no plan, no
+        victims needed, or a malformed request)."""
+        infos = {u: pod_priority_info(p, budgets) for u, p in self._victim_pods.items()
+                 if self.state.ledger.pod(u) is not None}
+        try:
+            outcome = plan_preemption(self.state, pod, infos, {b.key: b.allowed for b in budgets},
+                                      None if node_names is None else sorted(node_names),
+                                      busy_nodes=self._busy_nodes(pod_uid(pod)))
+        except (RequestError, FilterError, CodecError):
+            return None
+        return outcome.plan if outcome.plan is not None and outcome.plan.victims else None
+
     async def maybe_preempt(self, pod: Mapping[str, Any],
                             node_names: list[str] | None) -> str:
         """After a filter found no node: plan, reserve and start a preemption for
-        ``pod``; returns a note for the filter's answer ("" when none was started)."""
-        if not self.settings.preemption or not may_preempt(pod):
+        ``pod``; returns a note for the filter's answer ("" when none was started).
+        ``node_names`` None (a body without the nodes kube-scheduler's own filters
+        passed) starts none: hami would evict on nodes the pod may never run on."""
+        if not self.settings.preemption or not may_preempt(pod) or node_names is None:
             return ""
         priority = pod_priority(pod)
         if not any(pod_priority_info(p).priority < priority
                    for u, p in self._victim_pods.items() if self.state.ledger.pod(u)):
+            return ""
+        uid = pod_uid(pod)
+        if uid in self._reservations:  # another filter of this pod got there first
+            return ""
+        # Budgets only rank the candidates: whether any preemption helps is known without
+        # them, and a pod no preemption helps (one too big for every card, filtered
+        # again and again) must not cost a cluster-wide list of budgets each time.
+        if self._plan(pod, node_names, []) is None:
             return ""
         try:
             budgets = [Budget.from_object(b) for b in await self.kube.list_pdbs()]
@@ -220,28 +275,16 @@ class PreemptFlow(EngineParts):
             log.warning("PodDisruptionBudgets not read (%s); planning without them",
                         exc.message)
             budgets = []
-        uid = pod_uid(pod)
         if uid in self._reservations:  # another filter of this pod got there first
             return ""
-        leaving = {v for other in list(self._reservations)
-                   if (held := self._live_reservation(other)) is not None
-                   for v in self._waiting_for(held)}
         try:
-            waits_for = fits_once_gone(self.state, pod, leaving,
+            waits_for = fits_once_gone(self.state, pod, self._leaving(),
                                        None if node_names is None else sorted(node_names))
         except (RequestError, FilterError, CodecError):
             return ""
         if waits_for is not None:  # room is coming: no more victims than needed
             return f"waiting for evicted pods to leave node {waits_for}"
-        infos = {u: pod_priority_info(p, budgets) for u, p in self._victim_pods.items()
-                 if self.state.ledger.pod(u) is not None}
-        try:
-            outcome = plan_preemption(self.state, pod, infos, {b.key: b.allowed for b in budgets},
-                                      None if node_names is None else sorted(node_names),
-                                      busy_nodes=self._busy_nodes(uid))
-        except (RequestError, FilterError, CodecError):
-            return ""
-        plan = outcome.plan
+        plan = self._plan(pod, node_names, budgets)
         if plan is None or not plan.victims:
             return ""
         request = plan.request
@@ -292,6 +335,7 @@ class PreemptFlow(EngineParts):
                          ns, name, plan.node, victim.namespace, victim.name, exc.message)
                 return
             evicted += 1
+            self._evicted[victim.uid] = time.monotonic()
             freed = "; ".join(f"{c.uuid}: {c.memory_mib} MiB, {c.cores_percent}% cores"
                               for c in victim.freed)
             self.events.emit({"namespace": victim.namespace, "name": victim.name,
@@ -327,16 +371,22 @@ class PreemptFlow(EngineParts):
                  if self.state.ledger.pod(u) is not None}
         allowed = {b.key: b.allowed for b in budgets}
         uid = pod_uid(pod)
+        leaving = self._leaving()
         kept: dict[str, tuple[list[str], int]] = {}
         for node, theirs in sorted(args.victims.items()):
+            untracked = [v for v in theirs if self.state.ledger.pod(v) is None]
             try:
+                if fits_once_gone(self.state, pod, leaving, [node]) is not None:
+                    # the slice is coming (pods hami evicted still leave): no GPU victim
+                    if untracked:
+                        kept[node] = (untracked, args.violations.get(node, 0))
+                    continue
                 outcome = plan_preemption(self.state, pod, infos, allowed, [node],
                                           busy_nodes=self._busy_nodes(uid))
             except (RequestError, FilterError, CodecError):
                 return preempt_result({})
             if outcome.plan is None:
                 continue
-            untracked = [v for v in theirs if self.state.ledger.pod(v) is None]
             ours = [v.uid for v in outcome.plan.victims]
             chosen = ours + [v for v in untracked if v not in ours]
             if chosen:
