@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -285,9 +286,17 @@ def run(stack: Stack, workdir: Path, bindir: Path, helm: str, *, keep: bool,
                     "--webhook", "hami-scheduler-webhook", "--out-dir", str(workdir / "tls"),
                     "--kubeconfig", kubeconfig], check=True, cwd=ROOT)
 
-    step("start hami scheduler (extender + webhook)")
+    # the chart's secure default: the scheduler signs each allocation with the key of the
+    # Secret <release>-allocation-key; here a key file of this run
+    key_dir = workdir / "allocation-key"
+    key_dir.mkdir(exist_ok=True)
+    (key_dir / "current").write_text(secrets.token_hex(32))
+    key_dir.joinpath("current").chmod(0o600)
+
+    step("start hami scheduler (extender + webhook; allocations signed)")
     hs = stack.start("hami-scheduler", [
         *hami_command("scheduler"), f"--http_bind=127.0.0.1:{port}",
+        f"--allocation-key-dir={key_dir}",
         f"--cert_file={workdir / 'tls/tls.crt'}", f"--key_file={workdir / 'tls/tls.key'}",
         f"--kubeconfig={kubeconfig}", f"--device-config-file={workdir / 'device-config.yaml'}",
         f"--metrics-bind-address=127.0.0.1:{metrics_port}", "--scheduler-name=hami-scheduler",
