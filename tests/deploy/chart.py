@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -41,37 +42,37 @@ def helm_binary() -> str:
     raise HelmMissing("no helm: run hack/helm/build.sh (builds it from its Go module)")
 
 
-def helm(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run helm; the result's returncode is not checked."""
-    return subprocess.run([helm_binary(), *args], capture_output=True, text=True,
+def helm(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run helm (``stdin``: its standard input, e.g. for ``-f -``); the result's
+    returncode is not checked."""
+    return subprocess.run([helm_binary(), *args], input=stdin, capture_output=True, text=True,
                           env={**os.environ, "HELM_CACHE_HOME": "/tmp/hami-helm/cache",
                                "HELM_CONFIG_HOME": "/tmp/hami-helm/config",
                                "HELM_DATA_HOME": "/tmp/hami-helm/data"}, timeout=120)
 
 
-def _set_args(values: Mapping[str, Any] | None, files: Sequence[Path]) -> list[str]:
+def _set_args(values: Mapping[str, Any] | None,
+              files: Sequence[Path]) -> tuple[list[str], str | None]:
+    """helm's ``-f`` arguments and its standard input: ``values`` (JSON is YAML) go in
+    through ``-f -``, so no values file is left behind (a file per render was)."""
     args: list[str] = []
     for f in files:
         args += ["-f", str(f)]
-    if values:
-        import json
-        import tempfile
-
-        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
-            json.dump(dict(values), fh)
-        args += ["-f", fh.name]
-    return args
+    if not values:
+        return args, None
+    return [*args, "-f", "-"], json.dumps(dict(values))
 
 
 def render(values: Mapping[str, Any] | None = None, *, files: Sequence[Path] = (),
            namespace: str = NAMESPACE, kube_version: str = KUBE_VERSION,
            api_versions: Sequence[str] = ()) -> list[dict[str, Any]]:
     """``helm template`` the chart and return every rendered object."""
+    set_args, stdin = _set_args(values, files)
     cmd = ["template", RELEASE, str(CHART), "--namespace", namespace,
-           "--kube-version", kube_version, *_set_args(values, files)]
+           "--kube-version", kube_version, *set_args]
     for api in api_versions:
         cmd += ["--api-versions", api]
-    proc = helm(*cmd)
+    proc = helm(*cmd, stdin=stdin)
     if proc.returncode != 0:
         raise AssertionError(f"helm template failed:\n{proc.stderr}")
     return [d for d in yaml.safe_load_all(proc.stdout) if d]
@@ -120,9 +121,10 @@ def render_notes(values: Mapping[str, Any] | None = None, *, files: Sequence[Pat
         (chart / "templates" / "zz-notes.yaml").write_text(
             "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: rendered-notes\n"
             'data:\n  NOTES.txt: {{ tpl (.Files.Get "notes.tpl") . | toJson }}\n')
+        set_args, stdin = _set_args(values, files)
         proc = helm("template", RELEASE, str(chart), "--namespace", NAMESPACE,
                     "--kube-version", kube_version, "--show-only", "templates/zz-notes.yaml",
-                    *_set_args(values, files))
+                    *set_args, stdin=stdin)
     if proc.returncode != 0:
         raise AssertionError(f"helm template failed:\n{proc.stderr}")
     return str(yaml.safe_load(proc.stdout)["data"]["NOTES.txt"])
