@@ -82,7 +82,7 @@ def start_kube_scheduler(
 #: Test modules of DRA mode: they need resource.k8s.io/v1 (Kubernetes 1.34+) and
 #: consumable capacity; on an older release (make e2e K8S_VERSION=...) hami refuses DRA
 #: mode, which tests/e2e/test_compat_e2e.py checks instead.
-DRA_MODULES = ("test_dra_",)
+DRA_MODULES = ("test_dra_", "test_bench_plain_dra")  # the bench baseline asks capacity too
 
 
 def _minor(version: str) -> int:
