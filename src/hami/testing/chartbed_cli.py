@@ -22,12 +22,8 @@ from typing import Any
 import yaml
 
 from hami.testing.chartbed import NAMESPACE, RELEASE, ChartBed, _merge
+from hami.testing.gpubed_cli import EXAMPLE_COMMAND
 from hami.testing.gpupods import gpu_test_pod
-
-#: The example pod's command: a 512 MiB slice allocated whole, one byte more is refused,
-#: then it keeps running (so that the monitor's metrics show it) until deleted.
-EXAMPLE_COMMAND = ("vgtest init info alloc mem 536870912 0 alloc mem 1 2 info "
-                   "echo holding-512MiB hold")
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hami.testing.processes import selected_release
+
 #: The release ``hack/containerd/go.mod`` pins (a unit test checks that they agree).
 PINNED_CONTAINERD_VERSION = "v2.4.2"
 _RELEASE = re.compile(r"v?(\d{1,3}\.\d{1,3}\.\d{1,3})")
@@ -39,13 +41,8 @@ def selected_containerd_version(environ: Mapping[str, str] | None = None) -> str
     Raises:
         ValueError: the variable is not ``[v]<major>.<minor>.<patch>``.
     """
-    raw = (os.environ if environ is None else environ).get("HAMI_CONTAINERD_VERSION", "").strip()
-    if not raw:
-        return PINNED_CONTAINERD_VERSION
-    m = _RELEASE.fullmatch(raw)
-    if m is None:
-        raise ValueError(f"HAMI_CONTAINERD_VERSION={raw[:40]!r} is not a release like v1.7.35")
-    return "v" + m.group(1)
+    return selected_release("HAMI_CONTAINERD_VERSION", PINNED_CONTAINERD_VERSION, _RELEASE,
+                            "v1.7.35", environ)
 
 
 #: The containerd release of this run (:func:`selected_containerd_version`).

@@ -29,12 +29,25 @@ def selected_kubernetes_version(environ: Mapping[str, str] | None = None) -> str
     Raises:
         ValueError: the variable is set to something that is not ``[v]1.<minor>.<patch>``.
     """
-    raw = (os.environ if environ is None else environ).get("HAMI_K8S_VERSION", "").strip()
+    return selected_release("HAMI_K8S_VERSION", PINNED_KUBERNETES_VERSION, _RELEASE,
+                            "v1.31.14", environ)
+
+
+def selected_release(variable: str, pinned: str, release: re.Pattern[str], example: str,
+                     environ: Mapping[str, str] | None = None) -> str:
+    """``v<version>`` from the environment variable ``variable`` (``release`` fullmatches
+    it, group 1 the version without ``v``), or ``pinned`` when it is unset or empty.
+
+    Raises:
+        ValueError: the variable is set to something ``release`` does not match (the
+        message quotes at most 40 characters of it and names ``example``).
+    """
+    raw = (os.environ if environ is None else environ).get(variable, "").strip()
     if not raw:
-        return PINNED_KUBERNETES_VERSION
-    m = _RELEASE.fullmatch(raw)
+        return pinned
+    m = release.fullmatch(raw)
     if m is None:
-        raise ValueError(f"HAMI_K8S_VERSION={raw[:40]!r} is not a release like v1.31.14")
+        raise ValueError(f"{variable}={raw[:40]!r} is not a release like {example}")
     return "v" + m.group(1)
 
 
