@@ -115,8 +115,6 @@ def test_vmm_creator_killed_while_imported_the_memory_stays_until_the_importer_r
         _stop(a)
 
 
-@pytest.mark.xfail(strict=True, reason="not done: an imported handle that outlives its creator's last "
-                   "reference is counted by no process (the importer cannot learn its size from the handle)")
 def test_vmm_import_outliving_the_creators_reference_stays_counted(env: Env) -> None:
     a = env.popen("init", "alloc", "vmm", str(16 * MiB), "0", "vexport", "echo", "ready", "hold", **LIM)
     try:
@@ -137,9 +135,6 @@ def test_vmm_import_outliving_the_creators_reference_stays_counted(env: Env) -> 
         _stop(a)
 
 
-@pytest.mark.xfail(strict=True, reason="not done: a creator that exports, lets another process of the "
-                   "container import and map, then exits, leaves its memory counted by no process; "
-                   "each round gives one more limit's worth of device memory")
 def test_vmm_export_import_exit_cannot_take_more_than_the_limit(env: Env) -> None:
     """The attacker's path: A takes the whole limit with cuMemCreate, exports it; B
     imports and maps it and holds it; A exits. The device still holds the limit's worth

@@ -354,6 +354,7 @@ static const proc_t g_procs[] = {
     P("cuMemMap", 10020, cuMemMap), P("cuMemUnmap", 10020, cuMemUnmap),
     P("cuMemExportToShareableHandle", 10020, cuMemExportToShareableHandle),
     P("cuMemImportFromShareableHandle", 10020, cuMemImportFromShareableHandle),
+    P("cuMemGetAllocationPropertiesFromHandle", 10020, cuMemGetAllocationPropertiesFromHandle),
     P("cuIpcGetMemHandle", 4010, cuIpcGetMemHandle), P("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2),
     P("cuIpcOpenMemHandle", 4010, cuIpcOpenMemHandle), P("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle),
     P("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute), P("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo),

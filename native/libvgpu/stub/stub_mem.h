@@ -225,6 +225,27 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, 
     return r;
 }
 
+/* "Retrieve the contents of the property structure defining properties for this
+ * handle" (created or imported): the stub fills the location (the device as this
+ * process numbers it, or the host) and the allocation type; the structure has no size */
+EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h) {
+    if (!prop) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    int i = ref_find(g_handles, g_nhandles, h);
+    CUresult r = i < 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    if (!r) {
+        stub_obj_t *o = &st_get()->objs[g_handles[i].obj];
+        memset(prop, 0, sizeof *prop);
+        prop->type = 1; /* CU_MEM_ALLOCATION_TYPE_PINNED */
+        prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        prop->location.type = o->size ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST;
+        for (int d = 0; o->size && d < st_ncvis(); d++)
+            if (st_cphys(d) == o->phys) { prop->location.id = d; break; }
+    }
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
 #include "stub_ipc.h"
 
 /* ---------------------------------------------------- stream-ordered pools */

@@ -11,8 +11,14 @@
  *   vunmap               unmap the newest object (and free its address space); a
  *                        released one leaves the stack
  *   vexport              print "fd PID FD" (cuMemExportToShareableHandle, POSIX fd)
- *   vimport PID FD BYTES RC  cuMemImportFromShareableHandle of /proc/PID/fd/FD (kind vmm,
- *                        BYTES its size for vmap)
+ *   vimport PID FD BYTES RC  cuMemImportFromShareableHandle of process PID's descriptor FD,
+ *                        taken with pidfd_getfd (the same open file, as SCM_RIGHTS passes it;
+ *                        kind vmm, BYTES its size for vmap)
+ *   vimportfd FD BYTES RC  the same of this process's descriptor FD (inherited from the test)
+ *   vimportproc PID FD BYTES RC  the same through open(/proc/PID/fd/FD): a new open file of
+ *                        the stub's descriptor, which libvgpu cannot link to its creator
+ *   wait                 read one line from stdin (the test says when to go on)
+ *   vprop                print "vprop TYPE ID" (cuMemGetAllocationPropertiesFromHandle location)
  *   ipcget               print "ipc HEX" (cuIpcGetMemHandle of the newest object)
  *   ipcopen HEX RC       cuIpcOpenMemHandle, kept as kind "ipc" (freed by cuIpcCloseMemHandle)
  *   memfree RC           cuMemFree the newest object's address, expect RC; popped on success
@@ -26,6 +32,7 @@
  *   gmem                 print "gmem RESERVED USED" (cuDeviceGetGraphMemAttribute)
  */
 #include <fcntl.h>
+#include <sys/syscall.h>
 
 unsigned long long stubDeviceUsed(int dev); /* stub test helper */
 
@@ -94,14 +101,26 @@ static int pat_cmd(int argc, char **argv, int *i) {
         if ((r = cuMemExportToShareableHandle(&fd, top()->h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)))
             die("cuMemExportToShareableHandle", r, 0);
         printf("fd %d %d\n", (int)getpid(), fd);
-    } else if (!strcmp(c, "vimport")) {
+    } else if (!strcmp(c, "vimport") || !strcmp(c, "vimportproc") || !strcmp(c, "vimportfd")) {
         char path[64];
+        int byfd = !strcmp(c, "vimportfd");
+        if (byfd) (*i)--; /* no PID */
         snprintf(path, sizeof path, "/proc/%s/fd/%s", argv[*i + 1], argv[*i + 2]);
+        int pid = atoi(argv[*i + 1]), theirs = atoi(argv[*i + 2]);
         uint64_t size = strtoull(argv[*i + 3], NULL, 0);
         int want = atoi(argv[*i + 4]);
         *i += 4;
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) die("open exported fd", 0, 0);
+        int fd = -1;
+        if (byfd) {
+            fd = theirs;
+        } else if (!strcmp(c, "vimportproc")) {
+            fd = open(path, O_RDONLY | O_CLOEXEC);
+        } else {
+            int pfd = (int)syscall(434 /* pidfd_open */, pid, 0);
+            if (pfd >= 0) fd = (int)syscall(438 /* pidfd_getfd */, pfd, theirs, 0);
+            if (pfd >= 0) close(pfd);
+        }
+        if (fd < 0) die("take the exported fd", 0, 0);
         CUmemGenericAllocationHandle h = 0;
         r = cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         close(fd);
@@ -114,6 +133,13 @@ static int pat_cmd(int argc, char **argv, int *i) {
             o->h = h;
             o->size = size;
         }
+    } else if (!strcmp(c, "wait")) {
+        char line[64];
+        if (!fgets(line, sizeof line, stdin)) die("wait: stdin closed", 0, 0);
+    } else if (!strcmp(c, "vprop")) {
+        CUmemAllocationProp p;
+        if ((r = cuMemGetAllocationPropertiesFromHandle(&p, top()->h))) die("cuMemGetAllocationPropertiesFromHandle", r, 0);
+        printf("vprop %d %d\n", p.location.type, p.location.id);
     } else if (!strcmp(c, "ipcget")) {
         CUipcMemHandle h;
         if ((r = cuIpcGetMemHandle(&h, top()->h))) die("cuIpcGetMemHandle", r, 0);
