@@ -85,7 +85,8 @@ static uint32_t g_next_id;
 
 int vg_share_export(int dev, uint64_t bytes, int fd, uint32_t *id, int *privfd) {
     if (!usable() || dev < 0 || dev >= VG_MAXDEV || !bytes) return -1;
-    int pf = fcntl(fd, F_DUPFD_CLOEXEC, 256);
+    int pf = fcntl(fd, F_DUPFD_CLOEXEC, 256); /* above the numbers programs tend to pick */
+    if (pf < 0) pf = fcntl(fd, F_DUPFD_CLOEXEC, 3); /* a descriptor limit under 256 */
     if (pf < 0) return -1;
     if (!g_next_id) {
         struct timespec ts;

@@ -12,7 +12,8 @@
  *   allocation will be freed when all outstanding mappings to the memory are unmapped
  *   and when all outstanding references to the handle (including its shareable
  *   counterparts) are also released". (The stub's exported descriptor itself holds no
- *   reference.) A process that dies drops its references: what others still reference
+ *   reference.) cuMemGetAllocationPropertiesFromHandle reports a handle's location and type
+ *   (the property structure has no size). A process that dies drops its references: what others still reference
  *   stays on the device (st_reap_objs).
  * CUDA IPC: stub_ipc.h.
  * Stream-ordered allocation
