@@ -176,11 +176,12 @@ static inline void vg_unreserve(int dev, uint64_t bytes, int cat) {
     X(cuMemPoolTrimTo) X(cuMemPoolSetAttribute) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz)        \
     X(cuCtxSynchronize) X(cuGraphAddMemAllocNode) X(cuGraphInstantiateWithFlags) X(cuGraphInstantiate_v2)        \
     X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuDeviceGraphMemTrim) X(cuEventSynchronize)                     \
-    X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle)
+    X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle) X(cuGraphInstantiateWithParams)
 #define VG_CUDA_HELPERS(X)                                                                                 \
     X(cuCtxGetDevice) X(cuDeviceGetCount) X(cuDeviceGetAttribute) X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2)   \
     X(cuDeviceGetPCIBusId) X(cuMemPoolGetAttribute) X(cuDeviceGetGraphMemAttribute)                          \
-    X(cuMemGetAllocationPropertiesFromHandle)
+    X(cuMemGetAllocationPropertiesFromHandle) X(cuGraphGetNodes) X(cuGraphNodeGetType) X(cuGraphMemAllocNodeGetParams)           \
+    X(cuStreamIsCapturing)
 
 #define VG_ENUM(n) VGC_##n,
 enum { VG_CUDA_HOOKS(VG_ENUM) VGC_NHOOKS, VGC_BASE_ = VGC_NHOOKS - 1, VG_CUDA_HELPERS(VG_ENUM) VGC_NALL };

@@ -392,8 +392,13 @@ static CUresult pool_free(CUdeviceptr a) {
     pthread_mutex_unlock(&g_mu);
     return r;
 }
+/* stream capture (stub_graph.h): on a capturing stream an allocation or a free becomes a
+ * node of the captured graph; 1 when it did */
+static int capture_alloc(CUresult *r, CUdeviceptr *p, size_t n, int dev, CUstream s);
+static int capture_free(CUdeviceptr p, CUstream s);
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
-    (void)s;
+    CUresult cr;
+    if (capture_alloc(&cr, p, n, cur_dev(), s)) return cr;
     pthread_mutex_lock(&g_mu);
     stub_pool_t *pl = defpool(cur_dev());
     pthread_mutex_unlock(&g_mu);
@@ -401,17 +406,18 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { return cuMemAllocAsync(p, n, s); }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) {
-    (void)s;
     pthread_mutex_lock(&g_mu);
     stub_pool_t *pl = pool_of(pool);
     pthread_mutex_unlock(&g_mu);
+    CUresult cr;
+    if (pl && capture_alloc(&cr, p, n, pl->dev, s)) return cr;
     return pl ? pool_alloc(p, n, pl) : CUDA_ERROR_INVALID_VALUE;
 }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) {
     return cuMemAllocFromPoolAsync(p, n, pool, s);
 }
-EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return pool_free(p); }
-EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { (void)s; return pool_free(p); }
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { return capture_free(p, s) ? CUDA_SUCCESS : pool_free(p); }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
 EXPORT CUresult cuStreamSynchronize(CUstream s) {
     (void)s;
     pthread_mutex_lock(&g_mu); pools_sync(); pthread_mutex_unlock(&g_mu);

@@ -26,6 +26,10 @@
  *   graph BYTES FREE     a graph with one allocation node of BYTES on the current device
  *                        (FREE 1: and a free node of it), instantiated; kept as kind "gexec"
  *                        (freed by cuGraphExecDestroy), its allocation's address as va
+ *   capture BYTES FREE   the same graph made by stream capture: cuMemAllocAsync of BYTES
+ *                        (FREE 1: and cuMemFreeAsync) on a capturing stream, then
+ *                        cuGraphInstantiateWithParams (nothing names the allocation to the
+ *                        library but the graph itself)
  *   glaunch RC           cuGraphLaunch the newest graph, expect RC
  *   gfree                cuMemFreeAsync the newest graph's allocation
  *   gtrim                cuDeviceGraphMemTrim of the current device
@@ -191,6 +195,26 @@ static int pat_cmd(int argc, char **argv, int *i) {
         snprintf(o->kind, sizeof o->kind, "gexec");
         o->h = (uint64_t)(uintptr_t)exec;
         o->va = prm.dptr;
+        o->size = n;
+    } else if (!strcmp(c, "capture")) {
+        size_t n = strtoull(argv[++*i], NULL, 0);
+        int with_free = atoi(argv[++*i]);
+        CUstream st = NULL;
+        void *g = NULL, *exec = NULL;
+        CUdeviceptr p = 0;
+        if ((r = cuStreamCreate(&st, 0))) die("cuStreamCreate", r, 0);
+        if ((r = cuStreamBeginCapture_v2(st, 0))) die("cuStreamBeginCapture", r, 0);
+        if ((r = cuMemAllocAsync(&p, n, st))) die("cuMemAllocAsync (capturing)", r, 0);
+        if (with_free && (r = cuMemFreeAsync(p, st))) die("cuMemFreeAsync (capturing)", r, 0);
+        if ((r = cuStreamEndCapture(st, &g))) die("cuStreamEndCapture", r, 0);
+        if ((r = cuGraphInstantiateWithParams(&exec, g, NULL))) die("cuGraphInstantiateWithParams", r, 0);
+        if ((r = cuGraphDestroy(g))) die("cuGraphDestroy", r, 0);
+        if ((r = cuStreamDestroy_v2(st))) die("cuStreamDestroy", r, 0);
+        obj_t *o = &objs[nobj++];
+        memset(o, 0, sizeof *o);
+        snprintf(o->kind, sizeof o->kind, "gexec");
+        o->h = (uint64_t)(uintptr_t)exec;
+        o->va = p;
         o->size = n;
     } else if (!strcmp(c, "glaunch")) {
         int want = atoi(argv[++*i]);
