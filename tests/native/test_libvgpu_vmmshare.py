@@ -186,6 +186,24 @@ def test_unlinkable_import_is_counted_by_the_importer_for_what_it_maps(env: Env)
             assert _free(b.finish()) == [LIMIT]
 
 
+def test_fabric_handle_import_is_counted_by_the_importer_for_what_it_maps(env: Env) -> None:
+    """A fabric handle (64 bytes, no descriptor to compare) cannot be linked: the importer
+    pays for its mapping, so the creator's kill leaves the memory counted."""
+    script = ("init", "alloc", "vmm", str(16 * MiB), "0", "vexportfab", "echo", "ready", "hold")
+    with procs(env, script) as (a,):
+        out = a.until("ready")
+        fab = next(ln.split()[1] for ln in out.splitlines() if ln.startswith("fab "))
+        b_script = ("init", "vimportfab", fab, str(16 * MiB), "0", "info", "vmap", "info", "echo", "imported",
+                    "wait", "vunmap", "free", "info")
+        with procs(env, b_script) as (b,):
+            assert _free(b.until("imported")) == [32 * MiB, 16 * MiB]
+            a.stop()
+            c = _check(env, "alloc", "mem", str(32 * MiB + 1), OOM)
+            assert c.returncode == 0 and _free(c.stdout) == [32 * MiB] and _phys(c.stdout) == [16 * MiB]
+            b.go()
+            assert _free(b.finish()) == [LIMIT]
+
+
 # ---------------------------------------------------------- the tenant writes the records
 def _layout(env: Env) -> dict[str, int]:
     out = env.run(prog="layout_dump", preload=False).stdout

@@ -90,7 +90,8 @@ typedef struct {
 
 /* CUDA IPC and shareable handles */
 typedef struct { char reserved[64]; } CUipcMemHandle;
-enum { CU_MEM_HANDLE_TYPE_NONE = 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1 };
+enum { CU_MEM_HANDLE_TYPE_NONE = 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1, CU_MEM_HANDLE_TYPE_FABRIC = 8 };
+typedef struct { unsigned char data[64]; } CUmemFabricHandle;
 
 /* memory pools */
 typedef struct {

@@ -129,9 +129,11 @@ VG_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *
     VG_ENTER();
     REAL_OR_MISSING(cuMemImportFromShareableHandle);
     CUresult r = CU_REAL(cuMemImportFromShareableHandle)(h, os, type);
-    if (r != CUDA_SUCCESS || !h || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return r;
+    if (r != CUDA_SUCCESS || !h) return r;
     sh_t e = {*h, 0, 0, 0, SH_IMPORT, -1, -1, 0, -1};
-    e.rec = vg_share_link((int)(intptr_t)os, &e.dev, &e.size, &e.id, &e.cpid);
+    /* only a descriptor can be linked; other handle types (fabric) pay for what they map */
+    if (type == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        e.rec = vg_share_link((int)(intptr_t)os, &e.dev, &e.size, &e.id, &e.cpid);
     if (e.rec < 0) e.dev = import_dev(*h);
     pthread_mutex_lock(&g_mu);
     if (sh_room()) g_sh[g_nsh++] = e;

@@ -5,8 +5,8 @@
  *   cuMemCreate allocates device memory (a shared object, stub_state.h); the handle is
  *   one reference. cuMemAddressReserve / cuMemAddressFree take and give back address
  *   space only. cuMemMap adds a reference (a mapping), cuMemUnmap drops it.
- *   cuMemExportToShareableHandle (POSIX file descriptor type only) gives a file
- *   descriptor naming the object and allocates nothing; cuMemImportFromShareableHandle,
+ *   cuMemExportToShareableHandle gives a file descriptor (POSIX file descriptor type) or
+ *   64 bytes (fabric type) naming the object and allocates nothing; cuMemImportFromShareableHandle,
  *   in any process, gives a new handle that is one more reference. cuMemRelease drops
  *   the handle's reference (its value may be given to a later handle): "the memory
  *   allocation will be freed when all outstanding mappings to the memory are unmapped
@@ -189,13 +189,19 @@ EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHa
                                              unsigned long long flags) {
     (void)flags;
     if (!out) return CUDA_ERROR_INVALID_VALUE;
-    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && type != CU_MEM_HANDLE_TYPE_FABRIC)
+        return CUDA_ERROR_NOT_SUPPORTED;
     pthread_mutex_lock(&g_mu);
     int hi = ref_find(g_handles, g_nhandles, h);
     uint64_t rec[2] = {0, 0};
     if (hi >= 0) { rec[0] = (uint64_t)g_handles[hi].obj; rec[1] = atomic_load(&st_get()->objs[rec[0]].id); }
     pthread_mutex_unlock(&g_mu);
     if (hi < 0) return CUDA_ERROR_INVALID_VALUE;
+    if (type == CU_MEM_HANDLE_TYPE_FABRIC) { /* 64 bytes naming the object, valid in any process */
+        memset(out, 0, sizeof(CUmemFabricHandle));
+        memcpy(out, rec, sizeof rec);
+        return CUDA_SUCCESS;
+    }
     int fd = memfd_create("stub-vmm", 0);
     if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     if (pwrite(fd, rec, sizeof rec, 0) != (ssize_t)sizeof rec) { close(fd); return CUDA_ERROR_UNKNOWN; }
@@ -204,10 +210,16 @@ EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHa
 }
 EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os, int type) {
     if (!h) return CUDA_ERROR_INVALID_VALUE;
-    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && type != CU_MEM_HANDLE_TYPE_FABRIC)
+        return CUDA_ERROR_NOT_SUPPORTED;
     uint64_t rec[2];
-    if (pread((int)(intptr_t)os, rec, sizeof rec, 0) != (ssize_t)sizeof rec || rec[0] >= STUB_MAXOBJ)
+    if (type == CU_MEM_HANDLE_TYPE_FABRIC) {
+        if (!os) return CUDA_ERROR_INVALID_VALUE;
+        memcpy(rec, os, sizeof rec);
+    } else if (pread((int)(intptr_t)os, rec, sizeof rec, 0) != (ssize_t)sizeof rec) {
         return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (rec[0] >= STUB_MAXOBJ) return CUDA_ERROR_INVALID_VALUE;
     stub_obj_t *o = &st_get()->objs[rec[0]];
     pthread_mutex_lock(&g_mu);
     CUresult r = CUDA_SUCCESS;

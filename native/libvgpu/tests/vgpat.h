@@ -18,6 +18,8 @@
  *   vimportproc PID FD BYTES RC  the same through open(/proc/PID/fd/FD): a new open file of
  *                        the stub's descriptor, which libvgpu cannot link to its creator
  *   wait                 read one line from stdin (the test says when to go on)
+ *   vexportfab           print "fab HEX" (cuMemExportToShareableHandle, fabric handle)
+ *   vimportfab HEX BYTES RC  cuMemImportFromShareableHandle of that fabric handle (kind vmm)
  *   vprop                print "vprop TYPE ID" (cuMemGetAllocationPropertiesFromHandle location)
  *   ipcget               print "ipc HEX" (cuIpcGetMemHandle of the newest object)
  *   ipcopen HEX RC       cuIpcOpenMemHandle, kept as kind "ipc" (freed by cuIpcCloseMemHandle)
@@ -128,6 +130,35 @@ static int pat_cmd(int argc, char **argv, int *i) {
         CUmemGenericAllocationHandle h = 0;
         r = cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         close(fd);
+        printf("import -> %d\n", r);
+        if (r != want) die("import result", r, want);
+        if (!r) {
+            obj_t *o = &objs[nobj++];
+            memset(o, 0, sizeof *o);
+            snprintf(o->kind, sizeof o->kind, "vmm");
+            o->h = h;
+            o->size = size;
+        }
+    } else if (!strcmp(c, "vexportfab")) {
+        CUmemFabricHandle fh;
+        if ((r = cuMemExportToShareableHandle(&fh, top()->h, CU_MEM_HANDLE_TYPE_FABRIC, 0)))
+            die("cuMemExportToShareableHandle (fabric)", r, 0);
+        printf("fab ");
+        for (size_t k = 0; k < sizeof fh.data; k++) printf("%02x", fh.data[k]);
+        printf("\n");
+    } else if (!strcmp(c, "vimportfab")) {
+        const char *hex = argv[++*i];
+        uint64_t size = strtoull(argv[++*i], NULL, 0);
+        int want = atoi(argv[++*i]);
+        CUmemFabricHandle fh;
+        memset(&fh, 0, sizeof fh);
+        for (size_t k = 0; k < sizeof fh.data && hex[2 * k] && hex[2 * k + 1]; k++) {
+            unsigned v;
+            sscanf(hex + 2 * k, "%2x", &v);
+            fh.data[k] = (unsigned char)v;
+        }
+        CUmemGenericAllocationHandle h = 0;
+        r = cuMemImportFromShareableHandle(&h, &fh, CU_MEM_HANDLE_TYPE_FABRIC);
         printf("import -> %d\n", r);
         if (r != want) die("import result", r, want);
         if (!r) {
