@@ -166,6 +166,28 @@ def test_two_importers_pass_the_charge_on(env: Env) -> None:
             c.finish()
 
 
+def test_creator_replaced_by_exec_leaves_the_memory_to_its_importer(env: Env) -> None:
+    """A execs (same PID, no exit handler; the driver drops the old image's references):
+    the new image takes the old image's region slot, and the shared memory's charge goes
+    to the importer instead of vanishing with the slot's old contents."""
+    # the new image registers through cuDeviceTotalMem (no context: the stub, unlike the
+    # driver, keeps the old image's memory under the same PID, which a context-size
+    # measurement would see)
+    with procs(env, _creator(env, 16 * MiB, "wait", "reexec", "total", "0", "echo", "replaced", "hold")) as (a,):
+        (pid, fd), = lines(a.until("ready"), "fd")
+        b_script = ("init", "vimport", str(pid), str(fd), str(16 * MiB), "0", "vmap", "echo", "imported", "wait",
+                    "vunmap", "free", "info")
+        with procs(env, b_script) as (b,):
+            b.until("imported")
+            a.go()
+            a.until("replaced")
+            assert _records(env, pid) == [(0, 0, 0)] * 32
+            assert [w[1] for w in _records(env, b.p.pid) if w[0] >> 56 == 2] == [16 * MiB]
+            assert _free(_check(env).stdout) == [32 * MiB]
+            b.go()
+            assert _free(b.finish()) == [LIMIT]
+
+
 def test_unlinkable_import_is_counted_by_the_importer_for_what_it_maps(env: Env) -> None:
     """A descriptor the library cannot link to its creator (here reopened through /proc:
     a new open file; on a real node: kcmp refused by seccomp): the importer pays for what

@@ -310,6 +310,7 @@ int vg_slot_ensure(void) {
         memset(s, 0, sizeof *s);
     } else {
         s = &r->procs[idx];
+        if (A_LOAD(&s->pid) == vg_pid) vg_share_reclaim_nolock(s); /* an earlier process with our PID */
         slot_zero(s);
     }
     s->status = 1;

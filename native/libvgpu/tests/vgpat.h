@@ -17,6 +17,8 @@
  *   vimportfd FD BYTES RC  the same of this process's descriptor FD (inherited from the test)
  *   vimportproc PID FD BYTES RC  the same through open(/proc/PID/fd/FD): a new open file of
  *                        the stub's descriptor, which libvgpu cannot link to its creator
+ *   reexec SCRIPT...     execv vgtest SCRIPT... in this process (same PID; no exit handler
+ *                        runs, as with any exec)
  *   wait                 read one line from stdin (the test says when to go on)
  *   vexportfab           print "fab HEX" (cuMemExportToShareableHandle, fabric handle)
  *   vimportfab HEX BYTES RC  cuMemImportFromShareableHandle of that fabric handle (kind vmm)
@@ -168,6 +170,14 @@ static int pat_cmd(int argc, char **argv, int *i) {
             o->h = h;
             o->size = size;
         }
+    } else if (!strcmp(c, "reexec")) {
+        char **av = calloc((size_t)(argc - *i) + 1, sizeof *av);
+        if (!av) die("calloc", 0, 0);
+        av[0] = (char *)"vgtest";
+        for (int k = *i + 1; k < argc; k++) av[k - *i] = argv[k];
+        fflush(stdout);
+        execv("/proc/self/exe", av);
+        die("execv", 0, 0);
     } else if (!strcmp(c, "wait")) {
         char line[64];
         if (!fgets(line, sizeof line, stdin)) die("wait: stdin closed", 0, 0);
