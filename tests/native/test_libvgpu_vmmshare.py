@@ -16,6 +16,7 @@ import os
 import shutil
 import struct
 import subprocess
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -76,12 +77,17 @@ class Proc:
 @contextmanager
 def procs(env: Env, *scripts: tuple[str, ...], pre: tuple[str, ...] = (), fds: tuple[int, ...] = ()
           ) -> Iterator[list[Proc]]:
+    """Start one vgtest per script; all are killed on leaving, or after 180 s (a hung
+    process then ends the test's reads with its output instead of hanging the run)."""
     started: list[Proc] = []
+    watchdog = threading.Timer(180, lambda: [p.p.kill() for p in started])
+    watchdog.start()
     try:
         for s in scripts:
             started.append(Proc(env, s, pre, fds))
         yield started
     finally:
+        watchdog.cancel()
         for p in started:
             p.stop()
 
