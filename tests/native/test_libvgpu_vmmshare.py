@@ -333,6 +333,28 @@ def test_paid_bytes_written_into_an_importers_record_are_not_given_up(env: Env) 
             assert _free(_check(env, "alloc", "mem", str(16 * MiB + 1), OOM).stdout) == [16 * MiB]
 
 
+def test_paid_bytes_written_into_a_second_importers_record_are_not_given_up(env: Env) -> None:
+    """The creator is killed, one of two importers pays; the tenant writes "paid" into
+    the other one's record too: that one's release gives up nothing."""
+    with procs(env, _creator(env, 16 * MiB, "hold")) as (a,):
+        (pid, fd), = lines(a.until("ready"), "fd")
+        imp = ("init", "alloc", "mem", str(8 * MiB), "0", "vimport", str(pid), str(fd), str(16 * MiB), "0",
+               "vmap", "echo", "imported", "wait", "vunmap", "free", "info", "echo", "released", "hold")
+        with procs(env, imp, imp) as (b, c):
+            b.until("imported")
+            c.until("imported")
+            a.stop()
+            assert _free(_check(env).stdout) == [16 * MiB]  # 8 + 8 + 16 shared, paid by one of them
+            recs = {p.p.pid: [(r, w) for r, w in enumerate(_records(env, p.p.pid)) if w[0] >> 56 == 2][0]
+                    for p in (b, c)}
+            (unpaid_pid, (rec, words)), = [(k, v) for k, v in recs.items() if v[1][1] == 0]
+            _poke(env, unpaid_pid, rec, (words[0], 16 * MiB, words[2]))
+            unpaid = b if b.p.pid == unpaid_pid else c
+            unpaid.go()
+            assert _free(unpaid.until("released")) == [16 * MiB]
+            assert _free(_check(env, "alloc", "mem", str(16 * MiB + 1), OOM).stdout) == [16 * MiB]
+
+
 # ----------------------------------------------------------------- ASan and valgrind
 def _sanitized(env: Env, tool: str) -> tuple[str, ...]:
     if tool == "valgrind":

@@ -174,6 +174,26 @@ void vg_share_floor(int r, uint64_t bytes) {
     vg_unlock();
 }
 
+/* another live importer's record of (cpid, id) than `mine` is paid: only one is at a
+ * time, so `mine` says so falsely. Lock held. */
+static int other_paid(int cpid, uint32_t id, const uint64_t *mine) {
+    vg_region_t *g = vg_region;
+    int n = __atomic_load_n(&g->proc_num, __ATOMIC_ACQUIRE);
+    if (n > VG_MAXPROC) n = VG_MAXPROC;
+    for (int i = 0; i < n; i++) {
+        vg_slot_t *s = &g->procs[i];
+        int pid = __atomic_load_n(&s->pid, __ATOMIC_ACQUIRE);
+        if (pid <= 0 || (s != vg_slot && !vg_pid_alive(pid))) continue;
+        for (int r = 0; r < NREC; r++) {
+            uint64_t *w = rec(s, r), w0 = ld(&w[0]);
+            if (w != mine && kind_of(w0) == R_IMPORT && (int)(uint32_t)w0 == cpid &&
+                (uint32_t)(ld(&w[2]) >> 32) == id && ld(&w[1]))
+                return 1;
+        }
+    }
+    return 0;
+}
+
 /* the creator cpid is alive and still has an export record of id: nobody can have
  * handed its charge on. Lock held. */
 static int creator_pays(int cpid, uint32_t id) {
@@ -196,7 +216,8 @@ void vg_share_unimport(int r, uint32_t id, int cpid, int dev, uint64_t cap) {
     if (kind_of(w0) == R_IMPORT && (int)(uint32_t)w0 == cpid && (uint32_t)(ld(&w[2]) >> 32) == id) {
         uint64_t paid = ld(&w[1]);
         if (paid > cap) paid = cap; /* never more than the creator's figure at link time or what was mapped */
-        if (paid && creator_pays(cpid, id)) paid = 0; /* not handed on: a record written by someone else */
+        if (paid && (creator_pays(cpid, id) || other_paid(cpid, id, w)))
+            paid = 0; /* not handed on to this record: written by someone else */
         st(&w[0], 0);
         st(&w[1], 0);
         if (paid) {
