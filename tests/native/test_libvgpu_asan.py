@@ -111,7 +111,9 @@ PATTERNS = ["init", "poolset", str(64 * MiB), "alloc", "async", str(8 * MiB), "0
             "alloc", "vmm", str(4 * MiB), "0", "vmap", "vexport", "vrelease", "info", "vunmap",
             "alloc", "vmm", str(2 * MiB), "0", "vmap", "vunmap", "free", "info", "phys", "0",
             "graph", str(MiB), "1", "glaunch", "0", "glaunch", "0", "gmem", "gtrim", "free",
-            "graph", str(MiB), "0", "glaunch", "0", "gfree", "gtrim", "free", "info"]
+            "graph", str(MiB), "0", "glaunch", "0", "gfree", "gtrim", "free",
+            "capture", str(MiB), "1", "glaunch", "0", "gtrim", "free", "alloc", "mem", str(40 * MiB), "0",
+            "capture", str(16 * MiB), "0", "glaunch", "2", "free", "free", "info"]
 
 
 def test_asan_framework_patterns(asan_env: Env) -> None:
