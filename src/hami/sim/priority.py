@@ -14,9 +14,8 @@ columns (seconds from the trace's start) drive an event replay instead:
   arrival. At each instant with an event: departures first, then arrivals, then every
   queued pod is tried in queue order with the policy's filter (:meth:`Replayer.schedule`,
   the main table's placement). A pod that does not fit does not block the ones behind
-  it; a pod shape that did not fit is not tried again until something could have
-  changed the answer (a pod left or was evicted; for preemption, also a pod of lower
-  priority was placed): the same state gives the same answer;
+  it; a pod shape that did not fit, nor found a preemption, is not tried again until a
+  pod leaves or is evicted (nothing else can change either answer: :meth:`PriorityReplay._blocked`);
 * with preemption, a GPU pod that fits nowhere asks
   :func:`hami.core.preemption.plan_preemption`, the function the extender calls, on a
   :class:`~hami.core.state.ClusterState` over the replay's ledger. The victims leave at
@@ -185,11 +184,10 @@ class PriorityReplay:
         self._heap: list[tuple[int, int, int, _Job]] = []
         self._templates: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._ls_pending: list[int] = []
-        #: Departures and evictions so far, placements so far per priority, and per pod
-        #: shape that failed the two as they were then (:meth:`_blocked`).
+        #: Departures and evictions so far, and per pod shape that failed, that count as
+        #: it was then (:meth:`_blocked`).
         self._freed = 0
-        self._placed: Counter[int] = Counter()
-        self._failed: dict[tuple[Any, ...], tuple[int, int]] = {}
+        self._failed: dict[tuple[Any, ...], int] = {}
 
     # ------------------------------------------------------------ the pods
     def _manifest(self, job: _Job) -> dict[str, Any]:
@@ -209,7 +207,6 @@ class PriorityReplay:
     def _start(self, job: _Job, now: int) -> None:
         uid = job.pod.name
         self.running[uid] = job
-        self._placed[job.timed.priority] += 1
         self.infos[uid] = PodPriority(uid, job.timed.priority, now * 1_000_000_000)
         heapq.heappush(self._heap, (now + job.timed.run_s, _LEAVE, next(self._seq), job))
         if job.timed.pod.qos == "LS":
@@ -245,17 +242,13 @@ class PriorityReplay:
         self.preemptions += 1
         return True
 
-    def _blocked(self, key: tuple[Any, ...], priority: int, may_preempt: bool) -> bool:
-        """Whether a shape that failed before must fail again: nothing was freed since
-        (a departure or an eviction), and, where it may preempt, no pod of lower
-        priority (a possible victim) was placed since either."""
-        seen = self._failed.get(key)
-        if seen is None or seen[0] != self._freed:
-            return False
-        return not may_preempt or seen[1] == self._placed_below(priority)
-
-    def _placed_below(self, priority: int) -> int:
-        return sum(n for p, n in self._placed.items() if p < priority)
+    def _blocked(self, key: tuple[Any, ...]) -> bool:
+        """Whether a shape that failed before must fail again: nothing was freed since (a
+        departure or an eviction). Placements only take capacity, and a pod of lower
+        priority placed since changes nothing for preemption either: whether a plan
+        exists is whether the pod fits with every lower-priority pod gone, and that
+        state is the same with or without it."""
+        return self._failed.get(key) == self._freed
 
     def _schedule(self, queue: list[_Job], now: int) -> list[_Job]:
         """Try every queued pod in PrioritySort order; returns those still queued."""
@@ -264,19 +257,18 @@ class PriorityReplay:
             left: list[_Job] = []
             recreated: list[_Job] = []
             for job in queue:
-                pod, priority = job.pod, job.timed.priority
+                pod = job.pod
                 key = (pod.num_gpu, pod.gpu_milli, pod.gpu_spec, pod.cpu_milli,
-                       pod.memory_mib, priority)
-                may_preempt = self.preemption and pod.num_gpu > 0
-                if self._blocked(key, priority, may_preempt):
+                       pod.memory_mib, job.timed.priority)
+                if self._blocked(key):
                     left.append(job)
                     continue
                 request = self.replayer.shapes.request(pod)
                 placed = self.replayer.schedule(request)[0] is not None
-                if not placed and may_preempt:
+                if not placed and self.preemption and request.wants_devices:
                     placed = self._preempt(job, request, now, recreated)
                 if not placed:
-                    self._failed[key] = (self._freed, self._placed_below(priority))
+                    self._failed[key] = self._freed
                     left.append(job)
                     continue
                 self._start(job, now)
