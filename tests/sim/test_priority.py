@@ -174,6 +174,33 @@ def test_skipping_blocked_shapes_changes_no_answer(monkeypatch) -> None:
                 assert fast.be_evicted > 0
 
 
+def test_no_card_is_ever_booked_beyond_its_capacity() -> None:
+    rng = random.Random(11)
+    nodes = [TraceNode("n0", 64000, 262144, 2, "T4"), TraceNode("n1", 64000, 262144, 2, "T4")]
+    pods = [pod(f"p{i}", rng.choice(["LS", "BE"]), (s := rng.randrange(0, 1500)),
+                s + rng.randrange(1, 500), gpu_milli=rng.choice([200, 500, 700, 1000]))
+            for i in range(200)]
+    replay = PriorityReplay(nodes, "fragmentation-aware", workload_distribution(pods),
+                            preemption=True)
+    led = replay.replayer.ledger
+    checked = [0]
+    original = replay._schedule
+
+    def check(queue: list, now: int) -> list:
+        out = original(queue, now)
+        n = led.size
+        assert (led.used_memory_mib[:n] <= led.total_memory_mib[:n]).all()
+        assert (led.used_cores[:n] <= led.total_cores[:n]).all()
+        assert (led.used_slots[:n] <= led.split_count[:n]).all()
+        assert set(replay.running) == {e.uid for node in ("n0", "n1")
+                                       for e in led.pods_on(node)}
+        checked[0] += 1
+        return out
+    replay._schedule = check  # type: ignore[method-assign]
+    result = replay.run(timed_pods(pods))
+    assert checked[0] > 100 and result.be_evicted > 0
+
+
 def test_nearest_rank() -> None:
     values = list(range(1, 101))
     assert (nearest_rank(values, 50), nearest_rank(values, 99), nearest_rank(values, 100)) \
