@@ -201,6 +201,22 @@ def test_no_card_is_ever_booked_beyond_its_capacity() -> None:
     assert checked[0] > 100 and result.be_evicted > 0
 
 
+def test_a_recreated_pod_never_takes_a_trace_pods_name() -> None:
+    # A trace pod is already called "be-e1": the re-created "be" becomes "be-e2".
+    pods = [pod("be", "BE", 0, 100), pod("be-e1", "BE", 200, 300), pod("ls", "LS", 10, 30)]
+    replay = PriorityReplay(ONE_CARD, "binpack/binpack", workload_distribution(pods),
+                            preemption=True)
+    names: list[str] = []
+    original = replay._start
+
+    def start(job, now: int) -> None:  # type: ignore[no-untyped-def]
+        names.append(job.pod.name)
+        original(job, now)
+    replay._start = start  # type: ignore[method-assign]
+    assert replay.run(timed_pods(pods)).be_evicted == 1
+    assert names == ["be", "ls", "be-e2", "be-e1"]
+
+
 def test_nearest_rank() -> None:
     values = list(range(1, 101))
     assert (nearest_rank(values, 50), nearest_rank(values, 99), nearest_rank(values, 100)) \
@@ -221,6 +237,11 @@ def test_nearest_rank() -> None:
 def test_bad_timelines_are_clear_errors(bad: TracePod, message: str) -> None:
     with pytest.raises(PriorityTraceError, match=message):
         timed_pods([bad])
+
+
+def test_a_name_given_twice_is_an_error() -> None:
+    with pytest.raises(PriorityTraceError, match="pod p appears twice"):
+        timed_pods([pod("p", "LS", 0, 5), pod("p", "BE", 1, 5)])
 
 
 def test_the_openb_default_pods_all_have_a_timeline(trace_dir: Path) -> None:

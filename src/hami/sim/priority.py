@@ -87,11 +87,16 @@ def timed_pods(pods: Sequence[TracePod]) -> list[TimedPod]:
 
     Raises:
         PriorityTraceError: a pod without ``creation_time``/``deletion_time`` (the
-            5-column ``multigpu*`` files have none), a qos not in :data:`QOS_PRIORITY`, or
-            a ``deletion_time`` before the pod's start.
+            5-column ``multigpu*`` files have none), a qos not in :data:`QOS_PRIORITY`, a
+            ``deletion_time`` before the pod's start, or a name given twice.
     """
     out: list[TimedPod] = []
+    seen: set[str] = set()
     for pod in pods:
+        if pod.name in seen:
+            raise PriorityTraceError(f"pod {pod.name} appears twice: the replay tells pods "
+                                     "apart by name")
+        seen.add(pod.name)
         if pod.creation_time is None or pod.deletion_time is None:
             raise PriorityTraceError(
                 f"pod {pod.name} has no creation_time/deletion_time: --priority needs the "
@@ -180,6 +185,8 @@ class PriorityReplay:
         self.evicted: Counter[str] = Counter()
         self.preemptions = 0
         self._incarnations: Counter[str] = Counter()
+        #: Every pod name (uid) handed out: the trace's, then the re-created pods'.
+        self._names: set[str] = set()
         self._seq = itertools.count()
         self._heap: list[tuple[int, int, int, _Job]] = []
         self._templates: dict[tuple[Any, ...], dict[str, Any]] = {}
@@ -231,8 +238,7 @@ class PriorityReplay:
             self._stop(gone)
             original = gone.timed.pod
             self.evicted[original.qos] += 1
-            self._incarnations[original.name] += 1
-            again = replace(original, name=f"{original.name}-e{self._incarnations[original.name]}")
+            again = replace(original, name=self._new_name(original.name))
             recreated.append(_Job(gone.timed, again, now, next(self._seq)))
         self.state.charge(request.uid, plan.node, plan.devices, request.n_init,
                           namespace=request.namespace, name=request.name,
@@ -241,6 +247,15 @@ class PriorityReplay:
                           sidecars=request.sidecars)
         self.preemptions += 1
         return True
+
+    def _new_name(self, name: str) -> str:
+        """A re-created pod's name (and uid): ``<name>-e<k>``, the first k not in use."""
+        while True:
+            self._incarnations[name] += 1
+            candidate = f"{name}-e{self._incarnations[name]}"
+            if candidate not in self._names:
+                self._names.add(candidate)
+                return candidate
 
     def _blocked(self, key: tuple[Any, ...]) -> bool:
         """Whether a shape that failed before must fail again: nothing was freed since (a
@@ -281,6 +296,7 @@ class PriorityReplay:
             progress: Callable[[int], None] | None = None) -> PriorityResult:
         """Replay ``pods`` (:func:`timed_pods`) to the last event."""
         started = time.perf_counter()
+        self._names.update(t.pod.name for t in pods)
         for timed in pods:
             job = _Job(timed, timed.pod, timed.arrival_s, next(self._seq))
             heapq.heappush(self._heap, (timed.arrival_s, _ARRIVE, job.seq, job))
