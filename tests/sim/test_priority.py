@@ -85,6 +85,15 @@ def test_only_the_needed_victim_is_evicted() -> None:
     assert seen[2] == {"be-a", "ls"}  # at t=10: be-b evicted, its re-creation queued
 
 
+def test_a_mig_card_is_freed_for_the_preemptor() -> None:
+    # 80 % of a MIG-mode A100 each: one MIG instance of the card holds one of them.
+    nodes = [TraceNode("m0", 64000, 262144, 1, "A100-40GB", "mig")]
+    pods = [pod("be", "BE", 0, 100, gpu_milli=800), pod("ls", "LS", 10, 30, gpu_milli=800)]
+    assert run(nodes, pods, preemption=False).ls_pending_s == (90,)
+    on = run(nodes, pods, preemption=True)
+    assert on.ls_pending_s == (0,) and on.be_evicted == 1 and on.never_placed == {}
+
+
 def test_equal_priority_never_preempts() -> None:
     pods = [pod("ls-a", "LS", 0, 100), pod("ls-b", "LS", 10, 30)]
     on = run(ONE_CARD, pods, preemption=True)
