@@ -276,7 +276,7 @@ def simulate(
         "scheduled_time), with spec.priority from the trace's qos column ("
         + ", ".join(f"{q} {p}" for q, p in QOS_PRIORITY.items()) + "), once without and "
         "once with preemption (hami's, the extender's core function; evicted pods are "
-        "re-created at once and queue again), and report LS pods' pending time, LS pods "
+        "re-created at once and queue again), and report LS pods' pending time (seconds), LS pods "
         "never placed, BE pods evicted and the mean GPU allocation, per HAMi policy (the "
         "paper's schedulers have no priorities). Needs --trace and an 11-column pod list; "
         "no --seeds, --tune or --plot (no inflation, no shuffle). Off by default.")
