@@ -52,7 +52,7 @@ def test_table_and_the_default_policy_list(trace: Path) -> None:
                                  "--no-progress"], env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     text = result.output
-    assert "LS pending" in text and "BE evicted" in text
+    assert "p99" in text and "evicted" in text and "preempt" in text
     rows = [line for line in text.splitlines() if line.startswith("│")]
     # 'all' under --priority: HAMi's policies and ours, each off then on (the paper's
     # schedulers have no priorities); none from the paper.
@@ -66,7 +66,7 @@ def test_without_the_option_the_output_is_the_allocation_table(trace: Path) -> N
     result = runner.invoke(app, ["simulate", "--trace", str(trace), "--policies",
                                  "binpack/binpack", "--no-progress"])
     assert result.exit_code == 0, result.output
-    assert "LS pending" not in result.output and "100%" in result.output
+    assert "BE evicted" not in result.output and "100%" in result.output
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -94,4 +94,4 @@ def test_help_documents_the_option_and_the_mapping() -> None:
                                   env={"COLUMNS": "250"}).stdout.split())
     assert "--priority" in text
     assert "LS 1000, Guaranteed 1000, Burstable 1000, BE 0" in text
-    assert "LS pending p50/p99/max" in text
+    assert "LS p50/p99/max (s): LS pending time" in text

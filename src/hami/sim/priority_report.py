@@ -45,11 +45,11 @@ SCHEMA = "hami.simulate-priority/v1"
 
 #: What each column means (printed under the table and in ``--help``).
 COLUMNS: tuple[tuple[str, str], ...] = (
-    ("preemption", "off: a pod that fits nowhere waits until pods leave; on: a GPU pod "
+    ("preempt", "preemption off: a pod that fits nowhere waits until pods leave; on: a GPU pod "
      "that fits nowhere evicts lower-priority pods as hami's extender does (the same "
      "core function); the victims are re-created at once and queue again."),
-    ("LS pending p50/p99/max", "seconds from a latency-sensitive (LS) pod's creation to "
-     "its placement, nearest-rank percentiles over the LS pods placed."),
+    ("LS p50/p99/max (s)", "LS pending time: seconds from a latency-sensitive (LS) pod's "
+     "creation to its placement, nearest-rank percentiles over the LS pods placed."),
     ("LS never placed", "LS pods still waiting when the replay ends (of 'LS pods')."),
     ("BE evicted", "evictions of best-effort (BE) pods (a pod evicted twice counts twice)."),
     ("BE never placed", "BE pods (first or re-created) still waiting at the end."),
@@ -92,10 +92,10 @@ def render_table(results: Sequence[PriorityResult], title: str, console: Console
     table = Table(title=title, caption="The trace's own timeline; qos priorities: "
                   + ", ".join(f"{q} {p}" for q, p in QOS_PRIORITY.items()) + ". Columns:")
     table.add_column("policy", no_wrap=True)
-    table.add_column("preemption")
+    table.add_column("preempt")
     table.add_column("LS pods", justify="right")
     for name in ("p50", "p99", "max"):
-        table.add_column(f"LS pending {name} (s)", justify="right")
+        table.add_column(f"LS {name} (s)", justify="right")
     for name in ("LS never placed", "BE evicted", "BE never placed", "GPU alloc %", "s/run"):
         table.add_column(name, justify="right")
     for r in results:
