@@ -9,7 +9,6 @@ The survival test runs the real monitor loop and its HTTP /metrics in its own pr
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +20,7 @@ from pathlib import Path
 from hami.monitor.command import feedback_tick
 from hami.monitor.lister import ContainerLister
 from hami.monitor.metrics import MonitorCollector
+from hami.testing.processes import free_port
 from tests.node.regionfile import Proc, RegionSpec, build, read_feedback
 from tests.node.test_monitor import U0, U1, pod, put, scrape
 
@@ -46,9 +46,7 @@ MONITOR = textwrap.dedent("""
 
 
 def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_port()  # outside the ephemeral range: no client connection takes it
 
 
 def _metrics(port: int) -> str:
