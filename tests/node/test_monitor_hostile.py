@@ -95,9 +95,12 @@ def test_monitor_survives_a_file_truncated_and_regrown_in_a_loop(tmp_path: Path)
             assert time.monotonic() < deadline, "monitor never served the good container"
             time.sleep(0.1)
         writer.start()
+        # at least 4 s of churn and more than 10 scrapes, however slow a loaded machine
+        # makes each scrape (the churning thread holds the GIL much of the time)
         scrapes = 0
-        end = time.monotonic() + 4.0
-        while time.monotonic() < end:
+        churn_from = time.monotonic()
+        while time.monotonic() < churn_from + 4.0 or scrapes <= 10:
+            assert time.monotonic() < churn_from + 120, f"only {scrapes} scrapes in 120 s"
             try:
                 body = _metrics(port)
             except OSError as exc:
