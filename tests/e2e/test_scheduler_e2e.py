@@ -39,6 +39,7 @@ from hami.testing.controlplane import (
     bind_pod,
     wait_until,
 )
+from hami.testing.gpupods import wait_webhook_serving
 from hami.testing.scheduler_config import ExtenderConfig
 
 from .hami_harness import (
@@ -99,7 +100,7 @@ def kube_scheduler(control_plane: ControlPlane, hami: HamiProcess,
 def webhook(kube_client: Any, hami: HamiProcess, tls: Tls) -> Iterator[str]:
     name = unique("hami-webhook")
     kube_client.create(codecs.from_dict(webhook_configuration(name, hami.url, tls.ca_pem)))
-    time.sleep(1.0)  # the apiserver's webhook informer
+    wait_webhook_serving(kube_client)
     yield name
     kube_client.delete(MutatingWebhookConfiguration, name)
 

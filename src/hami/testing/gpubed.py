@@ -50,6 +50,7 @@ from hami.testing.gpupods import (  # noqa: F401 - re-exported for tests
     gpu_test_pod,
     stub_uuid,
     wait_pod_done,
+    wait_webhook_serving,
     webhook_configuration,
 )
 from hami.testing.node import RealNode, ensure_root_ca
@@ -149,9 +150,9 @@ class GpuBed:
             from lightkube import codecs
 
             client.create(codecs.from_dict(webhook_configuration("hami-bed", url, ca.cert_pem)))
+            self.timings["webhook"] = wait_webhook_serving(client)
         finally:
             client.close()
-        time.sleep(1.0)  # the apiserver's webhook informer
         self.kube_scheduler = cp.start_scheduler(scheduler_name=SCHEDULER_NAME,
                                                  extender=ExtenderConfig(url))
 
