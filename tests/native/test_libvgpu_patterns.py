@@ -99,14 +99,17 @@ def test_vmm_creator_killed_while_imported_the_memory_stays_until_the_importer_r
     a = env.popen("init", "alloc", "vmm", str(16 * MiB), "0", "vexport", "echo", "ready", "hold", **LIM)
     try:
         (pid, fd), = lines(_until(a, "ready"), "fd")
+        go = env.tmp / "go"
         b = env.popen("init", "vimport", str(pid), str(fd), str(16 * MiB), "0", "vmap", "echo", "imported",
-                      "sleep", "5", "vunmap", "free", "phys", "0", **LIM)
+                      "waitfile", str(go), "vunmap", "free", "phys", "0", **LIM)
         try:
             _until(b, "imported")
             a.kill()
             a.wait()
             assert _phys(env.run("init", "phys", "0", **LIM).stdout) == [16 * MiB]
+            go.touch()  # only now may the importer unmap and release
             out, err = b.communicate(timeout=60)
+            assert "waitfile timeout" not in out
             assert b.returncode == 0, err
             assert _phys(out) == [0]
         finally:
