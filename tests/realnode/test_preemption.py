@@ -55,13 +55,26 @@ VICTIM_GRACE_S = 8
 
 
 @pytest.fixture
-def classes(client: Any) -> Iterator[None]:
+def classes(bed: GpuBed, client: Any) -> Iterator[None]:
+    """The PriorityClasses; afterwards the test's pods are stopped for real: deleted
+    gracefully and waited for until their containers' tasks are gone (a forced deletion
+    leaves the API at once while the process still holds its memory on the shared stub
+    card, and the next test's pod would find the card short)."""
     for name, value in ((LOW, 100), (HIGH, 1000)):
         with contextlib.suppress(ApiError):
             client.create(codecs.from_dict({
                 "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                 "metadata": {"name": name}, "value": value}))
     yield
+    ids = set()
+    for pod in client.list(Pod, namespace="default"):
+        ids |= {str(c.containerID).split("://", 1)[-1]
+                for c in (pod.status.containerStatuses or []) if c.containerID}
+        with contextlib.suppress(ApiError):
+            client.delete(Pod, pod.metadata.name, namespace="default", grace_period=1)
+    wait_until(lambda: not list(client.list(Pod, namespace="default"))
+               and not ids & running_tasks(bed), timeout_s=60,
+               what="the test's pods and their containers gone")
     for pdb in client.list(PodDisruptionBudget, namespace="default"):
         client.delete(PodDisruptionBudget, pdb.metadata.name, namespace="default")
     for name in (LOW, HIGH):
