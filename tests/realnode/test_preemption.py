@@ -224,11 +224,13 @@ def test_victims_stop_and_the_preemptor_runs_with_its_limit_on_the_freed_card(
     # then deletes its pod (once its volumes are cleaned up)
     assert ids[VICTIM] not in running_tasks(bed)
     victim = get(client, VICTIM)
-    if victim is not None:
+    if victim is not None:  # still in the API: terminated, before the preemptor started
         assert victim.metadata.uid == before[VICTIM].metadata.uid
         assert victim.metadata.deletionTimestamp is not None, victim.status
-        print("victim while the preemptor holds:", victim.status.phase,
-              [c.state for c in victim.status.containerStatuses])
+        assert victim.status.phase == "Failed", victim.status
+        (ended,) = [c.state.terminated for c in victim.status.containerStatuses]
+        assert ended is not None, victim.status
+        assert ended.finishedAt <= pod.status.containerStatuses[0].state.running.startedAt
     wait_until(lambda: get(client, VICTIM) is None, timeout_s=60, what=f"{VICTIM} deleted")
     preempted = events(client, VICTIM, "Preempted")
     assert preempted and stub_uuid(0) in preempted[0] and "default/hi" in preempted[0]
