@@ -53,7 +53,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define STUB_MAGIC 0x53545543u
+#define STUB_MAGIC 0x53545544u
 #define STUB_MAXDEV 16
 #define STUB_MAXPROC 512
 #define STUB_RING 2048
@@ -68,6 +68,7 @@ typedef struct {
     _Atomic int32_t pid;
     _Atomic int32_t hostpid;               /* what NVML reports */
     _Atomic uint64_t pidns;                /* inode of the owner's PID namespace */
+    _Atomic uint64_t starttime;            /* the owner's start (/proc/self/stat field 22) */
     _Atomic int32_t ctx[STUB_MAXDEV];      /* live contexts on device */
     _Atomic uint64_t mem[STUB_MAXDEV];     /* bytes held on device */
     _Atomic uint64_t launches;
@@ -199,6 +200,32 @@ static stub_state_t *st_get(void) {
 
 static void st_fork_child(void) { g_me = NULL; }
 
+/* when this process started (clock ticks since boot, /proc/self/stat field 22; 0 when
+ * /proc is not there): exec keeps it, a new process that got a dead one's PID in a
+ * reused namespace has its own */
+static uint64_t st_starttime(void) {
+    char buf[1024];
+    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    if (!p) return 0;
+    for (int field = 2; field < 22 && p; field++) p = strchr(p + 1, ' ');
+    return p ? strtoull(p + 1, NULL, 10) : 0;
+}
+
+/* st_starttime() of this process, read once per process (a forked child rereads) */
+static uint64_t st_my_start(void) {
+    static uint64_t start;
+    static int start_pid;
+    int pid = getpid();
+    if (start_pid != pid) { start = st_starttime(); start_pid = pid; }
+    return start;
+}
+
 static uint64_t st_pidns(void) {
     struct stat sb;
     return stat("/proc/self/ns/pid", &sb) == 0 ? (uint64_t)sb.st_ino : 0;
@@ -223,7 +250,8 @@ static int st_slot_alive(stub_state_t *s, int idx) {
     stub_proc_t *p = &s->procs[idx];
     int pid = atomic_load(&p->pid);
     if (pid <= 0) return 0;
-    if (p == g_me || (pid == getpid() && atomic_load(&p->pidns) == st_pidns())) return 1;
+    if (p == g_me || (pid == getpid() && atomic_load(&p->pidns) == st_pidns() &&
+                      atomic_load(&p->starttime) == st_my_start())) return 1;
     if (g_fd < 0) return st_pid_alive(pid);
     struct flock fl;
     if (st_record_lock(idx, F_WRLCK, F_GETLK, &fl) != 0) return st_pid_alive(pid);
@@ -238,8 +266,13 @@ __attribute__((unused)) static stub_proc_t *st_me(void) {
     int pid = getpid();
     uint64_t ns = st_pidns();
     stub_state_t *s = st_get();
-    for (int i = 0; i < STUB_MAXPROC; i++)  /* ours already (exec keeps pid and namespace) */
-        if (atomic_load(&s->procs[i].pid) == pid && atomic_load(&s->procs[i].pidns) == ns) {
+    uint64_t started = st_my_start();
+    /* ours already: exec keeps pid, namespace and start time. A record with our pid and
+     * namespace but another start time is a dead process's (PIDs and namespace inodes
+     * are reused): it is reaped as any dead one, never taken over with its memory */
+    for (int i = 0; i < STUB_MAXPROC; i++)
+        if (atomic_load(&s->procs[i].pid) == pid && atomic_load(&s->procs[i].pidns) == ns &&
+            atomic_load(&s->procs[i].starttime) == started) {
             if (g_fd >= 0) st_record_lock(i, F_WRLCK, F_SETLK, NULL);
             g_me = &s->procs[i]; g_me_pid = pid; return g_me;
         }
@@ -255,6 +288,7 @@ __attribute__((unused)) static stub_proc_t *st_me(void) {
                 p->launches = 0;
                 p->ring_head = 0;
                 atomic_store(&p->pidns, ns);
+                atomic_store(&p->starttime, started);
                 if (getenv("VGPU_STUB_UNIQUE_HOST_PIDS"))
                     atomic_store(&p->hostpid, 3000000 + atomic_fetch_add(&s->next_hostpid, 1));
                 else
