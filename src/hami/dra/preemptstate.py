@@ -130,31 +130,31 @@ def dra_cluster(config: SchedulerConfig, slices: Iterable[Mapping[str, Any]],
             per_node.setdefault(node, []).append(info)
             by_name[(pool, dev["name"])] = info
             out.cards[info.uuid] = Card(node, pool, dev["name"])
-    for node, devices in sorted(per_node.items()):
-        state.ledger.add_node(node, sorted(devices, key=lambda d: d.index))
+    for node, infos in sorted(per_node.items()):
+        state.ledger.add_node(node, sorted(infos, key=lambda d: d.index))
     grants: dict[str, list[tuple[ContainerDevice, ...]]] = {}
     where: dict[str, str] = {}
     for key, claim in sorted(claims.items()):
         if not isinstance(claim, Mapping):
             continue
-        devices = []
+        granted = []
         for r in _results(claim):
             info = by_name.get((str(r.get("pool")), str(r.get("device"))))
             if info is None:
                 continue
             used = _map(r.get("consumedCapacity"))
-            devices.append(ContainerDevice(info.uuid, info.type,
+            granted.append(ContainerDevice(info.uuid, info.type,
                                            usage._q(used.get(MEMORY)) // MIB,
                                            usage._q(used.get(CORES)), info.index))
-        if not devices:
+        if not granted:
             continue
-        node = out.cards[devices[0].uuid].node
+        node = out.cards[granted[0].uuid].node
         uid = owner_uid(claim)
         if uid.startswith("claim:"):
             uid = f"claim:{key[0]}/{key[1]}"
         if where.setdefault(uid, node) != node:
             continue  # one pod, two nodes: malformed; its first node's claims count
-        grants.setdefault(uid, []).append(tuple(devices))
+        grants.setdefault(uid, []).append(tuple(granted))
         out.claims.setdefault(uid, []).append(key)
         owner = _owner_name(claim)
         known = _map(_map((pods or {}).get(uid)).get("metadata"))
