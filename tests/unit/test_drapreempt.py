@@ -1,0 +1,229 @@
+"""DRA mode's preemption loop (hami.scheduler.drapreempt) over a recording Kubernetes
+client: who waits, what a round evicts, the reservation, refusals, the switch, the
+leader, and /prioritize steering. The real control plane runs it in
+tests/e2e/test_dra_preemption_e2e.py."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from hami.devices.registry import make_config
+from hami.kube import KubeError
+from hami.scheduler.drapreempt import DraPreemption, unschedulable
+
+from .test_dra_preemptstate import _claim, _slice
+
+UNSCHEDULABLE = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]
+
+
+class _Kube:
+    def __init__(self, refuse: set[str] | None = None) -> None:
+        self.evicted: list[str] = []
+        self.patched: list[tuple[str, dict[str, Any]]] = []
+        self.refuse = refuse or set()
+
+    async def evict(self, namespace: str, name: str, uid: str) -> None:
+        if name in self.refuse:
+            raise KubeError(429, "Cannot evict pod as it would violate the pod's disruption "
+                                 "budget.")
+        self.evicted.append(name)
+
+    async def patch_pod_status(self, namespace: str, name: str, patch: Any) -> dict[str, Any]:
+        self.patched.append((name, dict(patch)))
+        return {}
+
+    async def list_pdbs(self) -> list[Any]:
+        return []
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+
+    def emit(self, meta: Any, reason: str, message: str, *, warning: bool,
+             name: str | None = None) -> None:
+        self.seen.append((meta["name"], reason, message))
+
+
+class _Observer:
+    def __init__(self) -> None:
+        self.preemptions: list[tuple[int, bool]] = []
+        self.bound: list[float] = []
+
+    def preemption(self, victims: int, refused: bool) -> None:
+        self.preemptions.append((victims, refused))
+
+    def preemptor_bound(self, seconds: float) -> None:
+        self.bound.append(seconds)
+
+
+def _engine(kube: _Kube, nodes: list[str], *, preemption: bool = True,
+            leader: bool = True) -> Any:
+    synced = asyncio.Event()
+    synced.set()
+    tasks: list[Any] = []
+    engine = SimpleNamespace(
+        settings=SimpleNamespace(preemption=preemption), leader=leader, synced=synced,
+        config=make_config(), kube=kube, events=_Events(), observer=_Observer(),
+        nodes={n: {"metadata": {"name": n, "labels": {}}, "spec": {}} for n in nodes},
+        _background=set(), tasks=tasks)
+    engine._spawn = lambda coro: tasks.append(asyncio.ensure_future(coro))
+    return engine
+
+
+def _objects(slices: list[Any], claims: dict[Any, Any]) -> Any:
+    synced = {"slices": asyncio.Event(), "claims": asyncio.Event()}
+    for event in synced.values():
+        event.set()
+    return SimpleNamespace(slices={(None, f"s{i}"): s for i, s in enumerate(slices)},
+                           claims=claims, synced=synced)
+
+
+def _holder(uid: str, claim: str, node: str, priority: int) -> dict[str, Any]:
+    return {"metadata": {"name": f"pod-{claim}", "namespace": "ns", "uid": uid,
+                         "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"priority": priority, "nodeName": node,
+                     "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "t"}]},
+            "status": {"phase": "Running", "startTime": "2026-01-01T00:00:01Z",
+                       "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": claim}]}}
+
+
+def _pending(uid: str, claim: str, priority: int = 1000, **spec: Any) -> dict[str, Any]:
+    pod = _holder(uid, claim, "", priority)
+    del pod["spec"]["nodeName"]
+    pod["spec"].update(spec)
+    pod["status"] = {"conditions": UNSCHEDULABLE,
+                     "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": claim}]}
+    return pod
+
+
+def _bed(refuse: set[str] | None = None, **kw: Any) -> tuple[DraPreemption, Any]:
+    """n0 and n1, one 15360 MiB card each, each full with a 12000 MiB pod (priority 100,
+    n1's covered by nothing); a pending 12000 MiB preemptor hi (priority 1000)."""
+    claims = {("ns", "n0-0"): _claim("n0-0", "u0", 12000, "n0", 0),
+              ("ns", "n1-0"): _claim("n1-0", "u1", 12000, "n1", 0),
+              ("ns", "hi"): _claim("hi", "u-hi", 12000),
+              ("ns", "hi2"): _claim("hi2", "u-hi2", 12000)}
+    kube = _Kube(refuse)
+    engine = _engine(kube, ["n0", "n1"], **kw)
+    loop = DraPreemption(engine, _objects([_slice("n0", 1), _slice("n1", 1)], claims))
+    loop.observe(_holder("u0", "n0-0", "n0", 100), False)
+    loop.observe(_holder("u1", "n1-0", "n1", 100), False)
+    return loop, engine
+
+
+async def _settle(engine: Any) -> None:
+    await asyncio.gather(*engine.tasks)
+
+
+def test_a_round_evicts_one_victim_and_reserves_its_card() -> None:
+    async def run() -> None:
+        loop, engine = _bed()
+        loop.observe(_pending("u-hi", "hi"), False)
+        assert await loop.round() == 1
+        await _settle(engine)
+        assert len(engine.kube.evicted) == 1
+        victim = engine.kube.evicted[0]
+        node = "n0" if victim == "pod-n0-0" else "n1"
+        assert engine.kube.patched == [("pod-hi", {"status": {"nominatedNodeName": node}})]
+        reasons = [(who, r) for who, r, _ in engine.events.seen]
+        assert (victim, "Preempted") in reasons and ("pod-hi", "Preempting") in reasons
+        assert engine.observer.preemptions == [(1, False)]
+        # the victim's claim still holds the card: nothing more for hi, and a second
+        # preemptor of the same size takes the other node, not the reserved one
+        assert await loop.round() == 0
+        loop.observe(_pending("u-hi2", "hi2"), False)
+        assert await loop.round() == 1
+        await _settle(engine)
+        assert sorted(engine.kube.evicted) == ["pod-n0-0", "pod-n1-0"]
+        # steering: the reserved node tops hi's scores and is 0 for anyone else
+        scores = [{"host": "n0", "score": 5}, {"host": "n1", "score": 5}]
+        mine = {e["host"]: e["score"] for e in loop.steer(_pending("u-hi", "hi"), scores)}
+        theirs = {e["host"]: e["score"] for e in loop.steer({"metadata": {"uid": "x"}}, scores)}
+        assert mine[node] == 10 and theirs == {"n0": 0, "n1": 0}
+        # hi bound: its reservation ends and the time to bound is reported
+        bound = _pending("u-hi", "hi")
+        bound["spec"]["nodeName"] = node
+        loop.observe(bound, False)
+        assert len(engine.observer.bound) == 1
+        assert "u-hi" not in loop._reservations
+
+    asyncio.run(run())
+
+
+def test_a_pod_that_fits_once_evicted_pods_leave_waits() -> None:
+    async def run() -> None:
+        loop, engine = _bed()
+        loop.observe(_pending("u-hi", "hi"), False)
+        assert await loop.round() == 1
+        await _settle(engine)
+        # hi is deleted before it is bound; created again, it must wait for the pod it
+        # evicted, not evict the other
+        loop.observe(_pending("u-hi", "hi"), True)
+        loop.observe(_pending("u-hi3", "hi"), False)
+        assert await loop.round() == 0
+        assert len(engine.kube.evicted) == 1
+
+    asyncio.run(run())
+
+
+def test_a_refused_eviction_drops_the_node_and_says_why() -> None:
+    async def run() -> None:
+        loop, engine = _bed(refuse={"pod-n0-0", "pod-n1-0"})
+        loop.observe(_pending("u-hi", "hi"), False)
+        assert await loop.round() == 1
+        await _settle(engine)
+        refused = [m for who, r, m in engine.events.seen if r == "PreemptionRefused"]
+        assert len(refused) == 1 and "disruption budget" in refused[0]
+        assert engine.observer.preemptions == [(0, True)]
+        assert "u-hi" not in loop._reservations
+        # the other node next (the refused one is left out for a while), then nothing
+        assert await loop.round() == 1
+        await _settle(engine)
+        assert await loop.round() == 0
+        assert engine.kube.evicted == []
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("kw", [{"preemption": False}, {"leader": False}])
+def test_switched_off_or_follower_does_nothing(kw: dict[str, Any]) -> None:
+    async def run() -> None:
+        loop, engine = _bed(**kw)
+        loop.observe(_pending("u-hi", "hi"), False)
+        assert await loop.round() == 0
+        assert engine.kube.evicted == [] and engine.kube.patched == []
+
+    asyncio.run(run())
+
+
+def test_who_waits() -> None:
+    async def run() -> None:
+        loop, engine = _bed()
+        loop.observe(_pending("u-hi", "hi", preemptionPolicy="Never"), False)
+        loop.observe(_pending("u-eq", "hi", priority=100), False)  # equal: no victim
+        assert await loop.round() == 0
+        assert engine.kube.evicted == []
+
+    asyncio.run(run())
+    assert unschedulable({"status": {"conditions": UNSCHEDULABLE}})
+    assert not unschedulable({"spec": {"nodeName": "n"}, "status": {"conditions": UNSCHEDULABLE}})
+    for junk in ({}, {"status": "x"}, {"status": {"conditions": ["x", None]}},
+                 {"spec": [], "status": {"conditions": {"a": 1}}}):
+        assert not unschedulable(junk)
+
+
+def test_hostile_pods_are_fed_without_error() -> None:
+    async def run() -> None:
+        loop, engine = _bed()
+        for junk in ({}, {"metadata": "x"}, {"metadata": {"uid": "j"}, "spec": {
+                "resourceClaims": [1], "priority": "high"}, "status": {
+                "conditions": UNSCHEDULABLE, "resourceClaimStatuses": "x"}}):
+            loop.observe(junk, False)
+        assert await loop.round() == 0
+
+    asyncio.run(run())
