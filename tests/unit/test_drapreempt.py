@@ -227,3 +227,25 @@ def test_hostile_pods_are_fed_without_error() -> None:
         assert await loop.round() == 0
 
     asyncio.run(run())
+
+
+def test_a_node_the_pod_may_not_use_is_never_a_candidate() -> None:
+    from hami.scheduler.nodes import _slim_node
+
+    async def run() -> None:
+        loop, engine = _bed()
+        # the engine's node cache keeps taints and cordons (what node_admits reads)
+        engine.nodes["n0"] = _slim_node({
+            "metadata": {"name": "n0"}, "spec": {"taints": [{"key": "gpu", "value": "x",
+                                                             "effect": "NoSchedule"}]}})
+        engine.nodes["n1"] = _slim_node({"metadata": {"name": "n1"},
+                                         "spec": {"unschedulable": True}})
+        loop.observe(_pending("u-hi", "hi"), False)
+        assert await loop.round() == 0
+        loop.observe(_pending("u-hi", "hi", tolerations=[{"key": "gpu", "operator": "Exists"}]),
+                     False)
+        assert await loop.round() == 1
+        await _settle(engine)
+        assert engine.kube.evicted == ["pod-n0-0"]
+
+    asyncio.run(run())
