@@ -297,7 +297,9 @@ def test_a_pod_that_may_not_preempt_evicts_nobody(bed: dict[str, Any], group: st
     nodes = {"never": 1}
     names = make_nodes(bed, group, nodes)
     low = fill(bed, group, nodes, names)
-    waiter = create_pod(bed, group, f"never-{group}", "", NEVER)
+    # pinned to its node: the device freed on the other node must not go to it (a pod
+    # of equal priority may take a freed slice first; docs/priority-preemption.md)
+    waiter = create_pod(bed, group, f"never-{group}", names[0], NEVER)
     wait_until(lambda: bool(unschedulable(bed, waiter)), timeout_s=60,
                what="the Never pod unschedulable")
     other = make_nodes(bed, group, {"next": 1})
