@@ -249,3 +249,50 @@ def test_a_node_the_pod_may_not_use_is_never_a_candidate() -> None:
         assert engine.kube.evicted == ["pod-n0-0"]
 
     asyncio.run(run())
+
+
+def test_a_burst_of_preemptors_evicts_no_more_than_it_needs() -> None:
+    """10 high-priority pods over 4 full nodes of 2 cards: one preemption per node at a
+    time, each freed card reserved once, 8 victims in all and none for the 2 pods no card
+    is left for."""
+    async def run() -> None:
+        nodes = [f"n{i}" for i in range(4)]
+        claims: dict[Any, Any] = {}
+        kube = _Kube()
+        engine = _engine(kube, nodes)
+        loop = DraPreemption(engine, _objects([_slice(n, 2) for n in nodes], claims))
+        for n in nodes:
+            for c in range(2):
+                claims[("ns", f"{n}-{c}")] = _claim(f"{n}-{c}", f"u-{n}-{c}", 12000, n, c)
+                loop.observe(_holder(f"u-{n}-{c}", f"{n}-{c}", n, 100), False)
+        for i in range(10):
+            claims[("ns", f"hi{i}")] = _claim(f"hi{i}", f"u-hi{i}", 12000)
+            loop.observe(_pending(f"u-hi{i}", f"hi{i}"), False)
+        booked: dict[tuple[str, int], str] = {}
+        started = []
+        for _ in range(6):
+            started.append(await loop.round())
+            await _settle(engine)
+            # Kubernetes' part: evicted pods and their claims go; each preemptor whose
+            # victims are gone gets the card hami reserved (as kube-scheduler would)
+            for name in kube.evicted:
+                claims.pop(("ns", name.removeprefix("pod-")), None)
+            for uid, r in list(loop._reservations.items()):
+                if any(("ns", f"{v.removeprefix('u-')}") in claims for v in r.victims):
+                    continue
+                (dev,) = r.devices[0]
+                card = (r.node, dev.index)
+                assert card not in booked, f"{card} booked twice"
+                booked[card] = uid
+                name = uid.removeprefix("u-")
+                claim = _claim(name, uid, 12000, r.node, dev.index)
+                claims[("ns", name)] = claim
+                bound = _pending(uid, name)
+                bound["spec"]["nodeName"] = r.node
+                loop.observe(bound, False)
+        assert len(booked) == 8 and len(kube.evicted) == 8
+        assert sorted(kube.evicted) == sorted(f"pod-{n}-{c}" for n in nodes for c in range(2))
+        assert len(engine.observer.bound) == 8
+        assert started == [4, 4, 0, 0, 0, 0]  # one preemption per node at a time
+
+    asyncio.run(run())
