@@ -80,7 +80,7 @@ def _objects(slices: list[Any], claims: dict[Any, Any]) -> Any:
     for event in synced.values():
         event.set()
     return SimpleNamespace(slices={(None, f"s{i}"): s for i, s in enumerate(slices)},
-                           claims=claims, synced=synced)
+                           claims=claims, synced=synced, version=0)
 
 
 def _holder(uid: str, claim: str, node: str, priority: int) -> dict[str, Any]:
@@ -207,7 +207,12 @@ def test_who_waits() -> None:
         loop.observe(_pending("u-hi", "hi", preemptionPolicy="Never"), False)
         loop.observe(_pending("u-eq", "hi", priority=100), False)  # equal: no victim
         assert await loop.round() == 0
-        assert engine.kube.evicted == []
+        assert engine.kube.evicted == [] and loop.rounds == 1
+        # nothing changed: the fruitless round is not run again (until a pod, slice,
+        # claim changes, or RECHECK_S passes)
+        assert await loop.round() == 0 and loop.rounds == 1
+        loop.objects.version += 1
+        assert await loop.round() == 0 and loop.rounds == 2
 
     asyncio.run(run())
     assert unschedulable({"status": {"conditions": UNSCHEDULABLE}})
@@ -277,6 +282,7 @@ def test_a_burst_of_preemptors_evicts_no_more_than_it_needs() -> None:
             # victims are gone gets the card hami reserved (as kube-scheduler would)
             for name in kube.evicted:
                 claims.pop(("ns", name.removeprefix("pod-")), None)
+            loop.objects.version += 1
             for uid, r in list(loop._reservations.items()):
                 if any(("ns", f"{v.removeprefix('u-')}") in claims for v in r.victims):
                     continue

@@ -39,8 +39,9 @@ mode's core (:func:`hami.core.preemption.plan_preemption`):
   have left waits for them instead of evicting more.
 
 Everything is rebuilt from the watched objects each round (at most every
-:data:`INTERVAL_S` while some pod waits), so a restart or a new leader loses nothing but
-the reservations, which the next rounds make again from the pods' state.
+:data:`INTERVAL_S` while some pod waits, and only when a pod, slice, claim or node
+changed since a round that started nothing, or :data:`RECHECK_S` passed), so a restart or a new leader loses nothing
+but the reservations, which the next rounds make again from the pods' state.
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ RESERVATION_TTL_S = 300.0
 REFUSED_TTL_S = 60.0
 #: Seconds between rounds while some pod waits (a pod event starts one at once).
 INTERVAL_S = 2.0
+#: A round that would see what the last fruitless one saw is skipped, except once in
+#: this many seconds (a node's taints or cordon may have changed).
+RECHECK_S = 30.0
 
 
 @dataclass(slots=True)
@@ -129,12 +133,17 @@ class DraPreemption:
         #: Rounds run and preemptions started, for tests and logs.
         self.rounds = 0
         self.started = 0
+        #: Bumped at each pod event that matters here; with the objects' version and the
+        #: books' sizes it tells whether a round could decide anything new.
+        self._seq = 0
+        self._last: tuple[Any, ...] | None = None
 
     # ----------------------------------------------------------------- pod feed
     def observe(self, pod: Mapping[str, Any], deleted: bool) -> None:
         """A pod event of the engine's watch (never raises)."""
         uid = pod_uid(pod)
         spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
+        self._seq += 1
         if deleted or meta_of(pod).get("deletionTimestamp") or not (spec or {}).get(
                 "resourceClaims"):
             self._pods.pop(uid, None)
@@ -253,6 +262,11 @@ class DraPreemption:
         waiting = [p for p in waiting if pod_uid(p) not in self._reservations]
         if not waiting:
             return 0
+        # nothing changed since a round that started nothing: it would decide the same
+        now = (self._seq, getattr(self.objects, "version", None), len(self._reservations),
+               len(self._refused), len(self._evicted), int(time.monotonic() // RECHECK_S))
+        if now == self._last:
+            return 0
         self.rounds += 1
         view = self.view()
         budgets: list[Budget] | None = None
@@ -273,6 +287,7 @@ class DraPreemption:
                     continue
             self._reserve(pod, plan, view)
             started += 1
+        self._last = None if started else now
         return started
 
     def _plan(self, pod: JSON, view: DraCluster, budgets: list[Budget]
