@@ -143,9 +143,10 @@ class DraPreemption:
         """A pod event of the engine's watch (never raises)."""
         uid = pod_uid(pod)
         spec = pod.get("spec") if isinstance(pod.get("spec"), Mapping) else {}
-        self._seq += 1
-        if deleted or meta_of(pod).get("deletionTimestamp") or not (spec or {}).get(
-                "resourceClaims"):
+        claims = (spec or {}).get("resourceClaims")
+        if claims or uid in self._pods:
+            self._seq += 1
+        if deleted or meta_of(pod).get("deletionTimestamp") or not claims:
             self._pods.pop(uid, None)
             self._waiting.pop(uid, None)
             if deleted:
