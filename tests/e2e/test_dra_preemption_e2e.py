@@ -300,11 +300,15 @@ def test_the_minimal_victim_is_evicted_and_the_preemptor_gets_its_device(
         assert now is not None and now["metadata"]["uid"] == before["metadata"]["uid"]
         assert not now["metadata"].get("deletionTimestamp")
     assert device_of(bed, get(bed, "peer") or {}) == peer_device
-    reasons = {e.reason: e.message for e in events(bed, preemptor)}
-    assert "Preempting" in reasons and f"GPU-{names[0]}-" in reasons["Preempting"]
-    preempted = [e for e in events(bed, victim) if e.reason == "Preempted"]
     card = f"GPU-{names[0]}-{low[victim][1][1].rsplit('-', 1)[1]}"
-    assert preempted and card in preempted[0].message, [e.message for e in preempted]
+    # Events are posted in the background: wait for them, then read them
+    wait_until(lambda: any(e.reason == "Preempting" for e in events(bed, preemptor))
+               and any(e.reason == "Preempted" for e in events(bed, victim)),
+               timeout_s=30, what="Preempting and Preempted events")
+    reasons = {e.reason: e.message for e in events(bed, preemptor)}
+    assert card in reasons["Preempting"], reasons
+    preempted = [e.message for e in events(bed, victim) if e.reason == "Preempted"]
+    assert card in preempted[0] and preemptor in preempted[0], preempted
     assert bound["status"].get("nominatedNodeName") in (None, names[0])
 
     def metrics_seen() -> bool:
