@@ -81,6 +81,12 @@ def test_preemptor_request_is_read_from_its_claims() -> None:
     assert preemptor_pod(_pod("u-n0-0", "n0-0"), claims, make_config()) is None
     bare = {"metadata": {"uid": "u"}, "spec": {}}
     assert preemptor_pod(bare, claims, make_config()) is None
+    # a claim that also asks another driver's device: not hami's to judge
+    mixed = _claim("mixed", "u-m", 12000)
+    mixed["spec"]["devices"]["requests"].append(
+        {"name": "nic", "exactly": {"deviceClassName": "nic.example.com"}})
+    claims[("ns", "mixed")] = mixed
+    assert preemptor_pod(_pod("u-m", "mixed"), claims, make_config()) is None
 
 
 def test_plan_evicts_one_pod_on_one_card() -> None:

@@ -195,8 +195,10 @@ def preemptor_pod(pod: Mapping[str, Any], claims: Mapping[Key, Mapping[str, Any]
                   config: SchedulerConfig) -> dict[str, Any] | None:
     """``pod`` (pending, JSON) as the core reads a preemptor: its metadata, priority and
     ``preemptionPolicy``, and one container per request of its claims (module docstring).
-    None when it asks for no card of ours, when one of its claims is not there yet, or
-    when one is already allocated (it is past device allocation)."""
+    None when it asks for no card of ours, when one of its claims is not there yet, when
+    one is already allocated (it is past device allocation), or when a claim asks for
+    anything but hami's cards (another driver's devices, a MIG profile only: hami cannot
+    tell what would free those)."""
     keys = pod_claim_keys(pod)
     requests: list[Request] = []
     for key in keys:
@@ -205,7 +207,10 @@ def preemptor_pod(pod: Mapping[str, Any], claims: Mapping[Key, Mapping[str, Any]
             return None
         if _map(_map(claim.get("status")).get("allocation")):
             return None
-        requests.extend(claim_requests(claim))
+        ours = claim_requests(claim)
+        if len(ours) != len(_list(_map(_map(claim.get("spec")).get("devices")).get("requests"))):
+            return None  # it asks another driver too: hami cannot judge what frees that
+        requests.extend(ours)
     if not requests:
         return None
     spec = _map(pod.get("spec"))
