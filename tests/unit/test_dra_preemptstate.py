@@ -158,3 +158,48 @@ def test_node_admits() -> None:
     assert "other" in node_admits(pod, tainted)
     soft = {**node, "spec": {"taints": [{"key": "other", "effect": "PreferNoSchedule"}]}}
     assert node_admits(pod, soft) == ""
+
+
+def test_cpu_and_memory_count_with_hosts() -> None:
+    """n0 and n1 (4 CPUs each) are full of 12000 MiB claims; on n0 another pod without
+    GPUs requests 2500m. A preemptor of 12000 MiB and 2000m fits n0 only if that pod
+    went too, so the plan is on n1; with 1000m either node will do."""
+    from hami.dra.hosts import HostUsage
+
+    slices = [_slice("n0", cards=1), _slice("n1", cards=1)]
+    claims = {("ns", "a"): _claim("a", "u-a", 12000, "n0", 0),
+              ("ns", "b"): _claim("b", "u-b", 12000, "n1", 0),
+              ("ns", "hi"): _claim("hi", "u-hi", 12000)}
+    nodes = {n: {"metadata": {"name": n}, "status": {"allocatable": {
+        "cpu": "4", "memory": "16Gi"}}} for n in ("n0", "n1")}
+    hosts = HostUsage(nodes)
+    hosts.refresh()
+
+    def bound(uid: str, node: str, cpu: str) -> dict[str, Any]:
+        return {"metadata": {"uid": uid}, "spec": {"nodeName": node, "containers": [
+            {"name": "c", "resources": {"requests": {"cpu": cpu, "memory": "1Gi"}}}]}}
+
+    for pod in (bound("u-a", "n0", "1"), bound("u-b", "n1", "1"),
+                bound("u-other", "n0", "2500m")):
+        hosts.observe_pod(pod, False)
+    view = dra_cluster(make_config(), slices, claims, hosts=hosts)
+    other = view.state.ledger.pod("host:n0")
+    assert other is not None and other.cpu_milli == 2500 and other.memory_mib == 1024
+    infos = {"u-a": PodPriority("u-a", 100), "u-b": PodPriority("u-b", 100)}
+
+    def plan_for(cpu: str) -> str | None:
+        pod = _pod("u-hi", "hi")
+        pod["spec"]["containers"] = [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]
+        synth = preemptor_pod(pod, claims, make_config())
+        assert synth is not None and synth["spec"]["containers"][-1]["name"] == "host"
+        plan = plan_preemption(view.state, synth, infos, node_names=["n0", "n1"]).plan
+        return None if plan is None else plan.node
+
+    assert plan_for("2") == "n1"
+    outcome_nodes = {plan_for("1000m")}
+    assert outcome_nodes <= {"n0", "n1"} and None not in outcome_nodes
+    # without hosts CPU is not checked: n0 will do for 2 CPUs
+    bare = dra_cluster(make_config(), slices, claims)
+    synth = preemptor_pod(_pod("u-hi", "hi"), claims, make_config())
+    assert synth is not None
+    assert plan_preemption(bare.state, synth, infos, node_names=["n0"]).plan is not None

@@ -15,7 +15,8 @@ pod asks for its GPUs through claims, not container limits. This module builds b
   charged to the pod that owns it (the claim made from the pod's template), one
   container per claim; a claim without an owning pod (a tenant's named claim, possibly
   shared) is charged under ``claim:<namespace>/<name>``, so its usage counts but it is
-  never a victim.
+  never a victim. Given the nodes' CPU and memory (:class:`hami.dra.hosts.HostUsage`),
+  those count too (:func:`dra_cluster`).
 * :func:`preemptor_pod`: the pending pod with its claims' requests written back as
   HAMi's resources (``nvidia.com/gpu`` = ``count``, ``gpumem`` = the ``memory`` capacity
   request in MiB (none: the whole card), ``gpucores`` = ``cores``), one container per
@@ -43,6 +44,7 @@ from hami.core.vendor import fast_path_vendor
 from hami.dra import usage
 from hami.dra.fragledger import owner_uid
 from hami.dra.fragscore import Request, claim_requests, pod_claim_keys
+from hami.dra.hosts import HostUsage, pod_requests
 from hami.dra.slices import CORES, DRIVER, MEMORY, MIB, SHARES
 
 Key = tuple[str, str]
@@ -105,11 +107,19 @@ def _results(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 def dra_cluster(config: SchedulerConfig, slices: Iterable[Mapping[str, Any]],
                 claims: Mapping[Key, Mapping[str, Any]],
-                pods: Mapping[str, Mapping[str, Any]] | None = None) -> DraCluster:
+                pods: Mapping[str, Mapping[str, Any]] | None = None,
+                hosts: HostUsage | None = None) -> DraCluster:
     """The core's view of our ``slices`` and the allocated ``claims`` (by
     ``(namespace, name)``), as described in the module docstring. ``pods``: known pods by
     uid, for their names (a claim's owner reference names its pod too). ``config``: the
-    scheduler's (its registry reads the preemptor's request)."""
+    scheduler's (its registry reads the preemptor's request).
+
+    ``hosts`` (refreshed by the caller): the nodes' allocatable CPU and memory and the
+    requests of every bound pod. With it each node is registered with its allocatable,
+    each charged pod with its requests, and what the other pods of the node request is
+    charged under ``host:<node>`` (no devices), so the core's fit checks CPU and memory
+    as kube-scheduler's NodeResourcesFit does and a victim's CPU and memory count as
+    freed; without it they are not checked."""
     state = ClusterState(config)
     out = DraCluster(state)
     per_node: dict[str, list[DeviceInfo]] = {}
@@ -131,7 +141,10 @@ def dra_cluster(config: SchedulerConfig, slices: Iterable[Mapping[str, Any]],
             by_name[(pool, dev["name"])] = info
             out.cards[info.uuid] = Card(node, pool, dev["name"])
     for node, infos in sorted(per_node.items()):
-        state.ledger.add_node(node, sorted(infos, key=lambda d: d.index))
+        cpu, mem = hosts.of(node)[:2] if hosts is not None else (-1, -1)
+        state.ledger.add_node(node, sorted(infos, key=lambda d: d.index),
+                              cpu_milli=cpu if cpu >= 0 else None,
+                              memory_mib=mem if mem >= 0 else None)
     grants: dict[str, list[tuple[ContainerDevice, ...]]] = {}
     where: dict[str, str] = {}
     for key, claim in sorted(claims.items()):
@@ -160,9 +173,23 @@ def dra_cluster(config: SchedulerConfig, slices: Iterable[Mapping[str, Any]],
         known = _map(_map((pods or {}).get(uid)).get("metadata"))
         out.pods[uid] = (str(known.get("namespace") or key[0]),
                          str(known.get("name") or owner or key[1]))
+    held: dict[str, list[int]] = {}
     for uid, containers in grants.items():
         ns, name = out.pods[uid]
-        state.charge(uid, where[uid], tuple(containers), 0, namespace=ns, name=name)
+        cpu, mem = (hosts.requests_of(uid) if hosts is not None else None) or (0, 0)
+        state.charge(uid, where[uid], tuple(containers), 0, namespace=ns, name=name,
+                     cpu_milli=cpu, memory_mib=mem)
+        sums = held.setdefault(where[uid], [0, 0])
+        sums[0] += cpu
+        sums[1] += mem
+    if hosts is not None:
+        for node in per_node:
+            _, _, cpu_used, mem_used = hosts.of(node)
+            cpu_gpu, mem_gpu = held.get(node, (0, 0))
+            if cpu_used - cpu_gpu > 0 or mem_used - mem_gpu > 0:
+                state.charge(f"host:{node}", node, (), 0, namespace="", name="",
+                             cpu_milli=max(cpu_used - cpu_gpu, 0),
+                             memory_mib=max(mem_used - mem_gpu, 0))
     return out
 
 
@@ -194,7 +221,8 @@ def _names(config: SchedulerConfig) -> tuple[str, str, str, int]:
 def preemptor_pod(pod: Mapping[str, Any], claims: Mapping[Key, Mapping[str, Any]],
                   config: SchedulerConfig) -> dict[str, Any] | None:
     """``pod`` (pending, JSON) as the core reads a preemptor: its metadata, priority and
-    ``preemptionPolicy``, and one container per request of its claims (module docstring).
+    ``preemptionPolicy``, one container per request of its claims (module docstring),
+    and one with the pod's CPU and memory requests (:func:`hami.dra.hosts.pod_requests`).
     None when it asks for no card of ours, when one of its claims is not there yet, when
     one is already allocated (it is past device allocation), or when a claim asks for
     anything but hami's cards (another driver's devices, a MIG profile only: hami cannot
@@ -216,11 +244,16 @@ def preemptor_pod(pod: Mapping[str, Any], claims: Mapping[Key, Mapping[str, Any]
     spec = _map(pod.get("spec"))
     meta = _map(pod.get("metadata"))
     names = _names(config)
+    containers = [_container(i, r, names) for i, r in enumerate(requests)]
+    cpu, mem = pod_requests(pod)
+    if cpu or mem:
+        containers.append({"name": "host", "resources": {"requests": {
+            "cpu": f"{cpu}m", "memory": f"{mem}Mi"}}})
     return {"metadata": {k: meta.get(k) for k in ("name", "namespace", "uid", "labels",
                                                   "annotations", "creationTimestamp")},
             "spec": {"priority": spec.get("priority"),
                      "preemptionPolicy": spec.get("preemptionPolicy"),
-                     "containers": [_container(i, r, names) for i, r in enumerate(requests)]}}
+                     "containers": containers}}
 
 
 def _tolerates(tolerations: list[Any], taint: Mapping[str, Any]) -> bool:

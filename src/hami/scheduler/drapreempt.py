@@ -63,6 +63,7 @@ from hami.core.preemption import PreemptionPlan, fits_once_gone, plan_preemption
 from hami.core.request import RequestError
 from hami.dra.cache import DraObjects
 from hami.dra.fragscore import MAX_PRIORITY
+from hami.dra.hosts import HostUsage
 from hami.dra.preemptstate import DraCluster, dra_cluster, node_admits, preemptor_pod
 from hami.kube import KubeError
 from hami.scheduler.evictions import carry_out
@@ -112,12 +113,15 @@ class DraPreemption:
     """The DRA-mode preemption loop (module docstring) of ``engine``
     (:class:`hami.scheduler.engine.Engine`: its settings, config, Kubernetes client,
     Node cache, Events, observer and leadership) over ``objects`` (the watched slices
-    and claims). Feed it the pod watch (:meth:`observe`, :meth:`relisted`); :meth:`start`
+    and claims) and ``hosts`` (the nodes' CPU and memory, fed by the same pod watch;
+    None: not checked). Feed it the pod watch (:meth:`observe`, :meth:`relisted`); :meth:`start`
     runs the loop on the running event loop."""
 
-    def __init__(self, engine: Any, objects: DraObjects) -> None:
+    def __init__(self, engine: Any, objects: DraObjects, hosts: HostUsage | None = None
+                 ) -> None:
         self.engine = engine
         self.objects = objects
+        self.hosts = hosts
         #: Pods with claims, not terminating: uid -> pod.
         self._pods: dict[str, JSON] = {}
         #: Unschedulable pods that may preempt: uid -> pod.
@@ -236,8 +240,10 @@ class DraPreemption:
     def view(self) -> DraCluster:
         """The core's view of the cluster now, with every live reservation charged on its
         node (above its victims, until they leave and its own claims are allocated)."""
+        if self.hosts is not None:
+            self.hosts.refresh()
         view = dra_cluster(self.engine.config, self.objects.slices.values(),
-                           self.objects.claims, self._pods)
+                           self.objects.claims, self._pods, self.hosts)
         for uid, r in self._reservations.items():
             if view.state.ledger.pod(uid) is None and view.state.ledger.node(r.node):
                 view.state.charge(uid, r.node, r.devices, 0, namespace=r.namespace,

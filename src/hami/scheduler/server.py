@@ -338,7 +338,7 @@ def dra_parts(engine: Engine, client: Any
     from hami.dra.cache import DraObjects
     from hami.scheduler.drapreempt import DraPreemption
 
-    preemption = DraPreemption(engine, DraObjects.shared(client))
+    preemption = DraPreemption(engine, DraObjects.shared(client), hosts)
     engine.pod_observers.append(preemption.observe)
     engine.pod_relist_observers.append(preemption.relisted)
     preemption.start()
