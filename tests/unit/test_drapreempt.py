@@ -302,3 +302,36 @@ def test_a_burst_of_preemptors_evicts_no_more_than_it_needs() -> None:
         assert started == [4, 4, 0, 0, 0, 0]  # one preemption per node at a time
 
     asyncio.run(run())
+
+
+def test_prioritize_applies_the_reservations() -> None:
+    """DraPrioritizer (binpack over listed objects) with the loop's steer: a reserved
+    node scores 0 for another pod whatever binpack says, the top for its preemptor."""
+    import json
+
+    from hami.dra.prioritize import DraPrioritizer
+
+    from ..dra.test_fragscore import _Client
+
+    async def run() -> None:
+        loop, engine = _bed()
+        loop.observe(_pending("u-hi", "hi"), False)
+        assert await loop.round() == 1
+        await _settle(engine)
+        node = next(iter(loop._reservations.values())).node
+        slices = [_slice("n0", 1), _slice("n1", 1)]
+        claims = list(loop.objects.claims.values())
+        prio = DraPrioritizer(_Client(slices, claims), "binpack", watch=False,
+                              steer=loop.steer)
+        plain = DraPrioritizer(_Client(slices, claims), "binpack", watch=False)
+
+        def body(uid: str) -> bytes:
+            return json.dumps({"Pod": {"metadata": {"uid": uid, "name": uid}},
+                               "NodeNames": ["n0", "n1"]}).encode()
+
+        before = {e["host"]: e["score"] for e in await plain(body("x"))}
+        other = {e["host"]: e["score"] for e in await prio(body("x"))}
+        mine = {e["host"]: e["score"] for e in await prio(body("u-hi"))}
+        assert before[node] > 0 and other[node] == 0 and mine[node] == 10
+
+    asyncio.run(run())
