@@ -9,6 +9,7 @@ same objects.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from hami.dra import policy
@@ -28,34 +29,43 @@ class DraPrioritizer:
     A malformed body is an empty list (kube-scheduler then ignores this extender's scores).
     ``watch``: read the cluster from :meth:`hami.dra.cache.DraObjects.shared` (started on
     the first call) instead of listing on every call. ``hosts``: the nodes' CPU and
-    memory for ``fragmentation-aware`` (:class:`hami.dra.hosts.HostUsage`).
+    memory for ``fragmentation-aware`` (:class:`hami.dra.hosts.HostUsage`). ``steer``:
+    ``(pod, scores) -> scores`` applied last (DRA-mode preemption's reservations,
+    :meth:`hami.scheduler.drapreempt.DraPreemption.steer`).
 
     Raises:
         ValueError: ``node_policy`` is not one of :data:`POLICIES`.
     """
 
     def __init__(self, client: Any, node_policy: str, *, watch: bool = True,
-                 hosts: HostUsage | None = None) -> None:
+                 hosts: HostUsage | None = None,
+                 steer: Callable[[dict[str, Any], list[dict[str, Any]]],
+                                 list[dict[str, Any]]] | None = None) -> None:
         if node_policy not in POLICIES:
             raise ValueError(f"unknown node policy {node_policy!r}")
         self.client = client
         self.node_policy = node_policy
         self.watch = watch
+        self.steer = steer
         self.fragmentation = (DraFragmentation(hosts=hosts)
                               if node_policy == "fragmentation-aware" else None)
 
     async def __call__(self, body: bytes) -> list[dict[str, Any]]:
         """Scores for the nodes of the ExtenderArgs in ``body``."""
-        from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
-
         try:
             args = parse_filter_args(body)
         except WireError:
             return []
         names = args.node_names if args.node_names is not None else [
             str((n.get("metadata") or {}).get("name")) for n in args.nodes or []]
+        scores = await self._scores(args.pod, names)
+        return scores if self.steer is None else self.steer(args.pod, scores)
+
+    async def _scores(self, pod: dict[str, Any], names: list[str]) -> list[dict[str, Any]]:
+        from lightkube.resources.resource_v1 import ResourceClaim, ResourceSlice
+
         if self.fragmentation is not None:
-            return await self._fragmentation(args.pod, names)
+            return await self._fragmentation(pod, names)
         use = DraObjects.shared(self.client).memory_use() if self.watch else None
         if use is None:
             slices = [s.to_dict() async for s in self.client.list(ResourceSlice)]

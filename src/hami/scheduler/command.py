@@ -107,7 +107,7 @@ def scheduler(
     preemption: Annotated[bool, typer.Option(
         help="evict the fewest lower-priority pods (Eviction API, PodDisruptionBudgets "
              "respected) whose GPU slices let a pod that fits nowhere fit "
-             "(docs/priority-preemption.md)")] = True,
+             "(docs/priority-preemption.md); in DRA mode too, by the leader")] = True,
     default_mem: DefaultMem = None,
     default_cores: DefaultCores = None,
     default_gpu: DefaultGpu = None,

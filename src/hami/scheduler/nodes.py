@@ -33,12 +33,16 @@ def _registration_view(node: Mapping[str, Any],
 
 def _slim_node(node: Mapping[str, Any]) -> JSON:
     """What the engine keeps of a Node: name, version, labels, annotations, allocatable
-    and capacity (vendors such as Cambricon synthesise devices from capacity, HAMi v2.10)."""
+    and capacity (vendors such as Cambricon synthesise devices from capacity, HAMi v2.10),
+    and the taints and cordon (DRA mode's preemption checks them before evicting)."""
     meta = _meta(node)
     status = node.get("status") or {}
+    spec = node.get("spec") if isinstance(node.get("spec"), Mapping) else {}
     return {"metadata": {"name": meta.get("name"), "resourceVersion": meta.get("resourceVersion"),
                          "labels": dict(meta.get("labels") or {}),
                          "annotations": dict(meta.get("annotations") or {})},
+            "spec": {"taints": list((spec or {}).get("taints") or []),
+                     "unschedulable": (spec or {}).get("unschedulable") is True},
             "status": {"allocatable": dict(status.get("allocatable") or {}),
                        "capacity": dict(status.get("capacity") or {})}}
 

@@ -10,13 +10,10 @@ victim ("preemption: expected at least one victim pod"). The decision is the cor
 * a **reservation**: the preemptor is charged in the ledger on the chosen node and cards
   at once (above the victims' charges until they leave), so the freed slice goes to it
   and not to the next pod in the queue; it expires after :data:`RESERVATION_TTL_S`;
-* ``status.nominatedNodeName`` on the preemptor (kube-scheduler then tries that node
-  first, and does not preempt again while the victims terminate);
-* the **Eviction API** (``policy/v1``) for each victim, those a PodDisruptionBudget
-  covers first; a refused eviction drops the candidate: the reservation is released and
-  that node is left out for this pod for :data:`REFUSED_TTL_S` (another node or a wait);
-* Events: ``Preempted`` on each victim (node, card, what it frees), ``Preempting`` on the
-  preemptor, ``PreemptionRefused`` when an eviction was refused;
+* ``status.nominatedNodeName``, the Eviction API, the Events and the metrics of
+  :func:`hami.scheduler.evictions.carry_out` (shared with DRA mode); a refused eviction
+  drops the candidate: the reservation is released and that node is left out for this
+  pod for :data:`REFUSED_TTL_S` (another node or a wait);
 * one preemption in flight per node: a node whose reservation still waits for victims
   is offered to no other preemptor.
 
@@ -48,6 +45,7 @@ from hami.core.request import RequestError
 from hami.core.state import TERMINAL_PHASES, pod_uid
 from hami.extender.wire import PreemptArgs, preempt_result
 from hami.kube import KubeError
+from hami.scheduler.evictions import PREEMPTED, PREEMPTING, PREEMPTION_REFUSED, carry_out
 from hami.scheduler.parts import EngineParts
 from hami.scheduler.podcache import UnknownPod
 
@@ -58,9 +56,6 @@ JSON = dict[str, Any]
 RESERVATION_TTL_S = 300.0
 #: A node where an eviction for a pod was refused is not tried again for it this long.
 REFUSED_TTL_S = 60.0
-PREEMPTING = "Preempting"
-PREEMPTED = "Preempted"
-PREEMPTION_REFUSED = "PreemptionRefused"
 
 
 @dataclass(slots=True)
@@ -306,45 +301,16 @@ class PreemptFlow(EngineParts):
 
     async def _carry_out(self, meta: Mapping[str, Any], uid: str, priority: int,
                          plan: PreemptionPlan) -> None:
-        ns, name = str(meta.get("namespace") or "default"), str(meta.get("name") or "")
-        who = {"namespace": ns, "name": name, "uid": uid}
-        try:
-            await self.kube.patch_pod_status(ns, name,
-                                             {"status": {"nominatedNodeName": plan.node}})
-        except KubeError as exc:
-            log.info("nominatedNodeName of %s/%s not written: %s", ns, name, exc.message)
-        cards = ", ".join(plan.cards())
-        evicted = 0
-        # Those a budget covers first: a refusal then drops the candidate before any
-        # unprotected pod is gone.
-        for victim in sorted(plan.victims, key=lambda v: not v.violates_budget):
-            try:
-                await self.kube.evict(victim.namespace, victim.name, victim.uid)
-            except KubeError as exc:
-                if exc.not_found:
-                    continue
-                self._refused[(uid, plan.node)] = time.monotonic()
-                self._drop_reservation(uid)
-                self._preemptors.pop(uid, None)
-                self.observer.preemption(victims=evicted, refused=True)
-                self.events.emit(who, PREEMPTION_REFUSED,
-                                 f"eviction of {victim.namespace}/{victim.name} on node "
-                                 f"{plan.node} refused ({exc.message}); hami tries another "
-                                 "node or waits", warning=True)
-                log.info("preemption for %s/%s on %s dropped: eviction of %s/%s refused: %s",
-                         ns, name, plan.node, victim.namespace, victim.name, exc.message)
-                return
-            evicted += 1
-            self._evicted[victim.uid] = time.monotonic()
-            freed = "; ".join(f"{c.uuid}: {c.memory_mib} MiB, {c.cores_percent}% cores"
-                              for c in victim.freed)
-            self.events.emit({"namespace": victim.namespace, "name": victim.name,
-                              "uid": victim.uid}, PREEMPTED,
-                             f"preempted by {ns}/{name} (priority {priority}) on node "
-                             f"{plan.node} for card(s) {cards}; frees {freed}", warning=False)
-        self.observer.preemption(victims=evicted, refused=False)
-        self.events.emit(who, PREEMPTING, plan.describe(), warning=False)
-        log.info("preemption for %s/%s: %s", ns, name, plan.describe())
+        def refused(_: str) -> None:
+            self._refused[(uid, plan.node)] = time.monotonic()
+            self._drop_reservation(uid)
+            self._preemptors.pop(uid, None)
+
+        def evicted(victim: str) -> None:
+            self._evicted[victim] = time.monotonic()
+
+        await carry_out(self.kube, self.events, self.observer, meta, uid, priority, plan,
+                        evicted=evicted, refused=refused)
 
     async def preempt_verb(self, args: PreemptArgs) -> JSON:
         """The extender's ``preempt`` verb: kube-scheduler's dry run found ``args.victims``

@@ -335,8 +335,15 @@ def dra_parts(engine: Engine, client: Any
     engine.pod_relist_observers.append(collector.relisted)
     templates.collector = collector
     collector.start()
+    from hami.dra.cache import DraObjects
+    from hami.scheduler.drapreempt import DraPreemption
+
+    preemption = DraPreemption(engine, DraObjects.shared(client), hosts)
+    engine.pod_observers.append(preemption.observe)
+    engine.pod_relist_observers.append(preemption.relisted)
+    preemption.start()
     return (webhook, DraPrioritizer(client, engine.settings.node_scheduler_policy,
-                                    hosts=hosts), templates)
+                                    hosts=hosts, steer=preemption.steer), templates)
 
 
 class StartupRefused(RuntimeError):
