@@ -204,14 +204,14 @@ def namespace_charge(held: Iterable[Held], pods: Iterable[Mapping[str, Any]],
     grouped: dict[str, str] = {}
     for h in held:
         rec = by_uid.get(h.uid) if h.uid else None
-        pod = live.get(rec.pod_uid) if rec else None
-        if (rec is None or pod is None or rec.entry not in _template_entries(pod)
+        owner = live.get(rec.pod_uid) if rec else None
+        if (rec is None or owner is None or rec.entry not in _template_entries(owner)
                 or not h.reserved_for <= {rec.pod_uid}
                 or rec.entry in groups.get(rec.pod_uid, {})):
             mem, cores = mem + h.memory_mib, cores + h.cores_percent
             continue
         groups.setdefault(rec.pod_uid, {})[rec.entry] = (h.memory_mib, h.cores_percent)
-        grouped[h.name] = _text(_map(pod.get("metadata")).get("name"))
+        grouped[h.name] = _text(_map(owner.get("metadata")).get("name"))
     for pod_uid, bookings in groups.items():
         containers = _containers(live[pod_uid])
         used = set().union(*(objs for _, objs in containers)) if containers else set()

@@ -62,6 +62,7 @@ from hami.dra import (
 from hami.dra import translate as tr
 from hami.dra.booking import claim_booking
 from hami.dra.cache import DraObjects, card_sizes_mib, mig_offers, published_devices
+from hami.dra.nsledger import NamespaceLedger
 from hami.dra.podclaims import PodClaimRecord
 from hami.dra.reservations import QuotaReservations, Reservation, claim_keys
 from hami.dra.templates import read_claim, read_template
@@ -75,37 +76,6 @@ JSON = dict[str, Any]
 __all__ = ["MAX_ANNOTATIONS_BYTES", "DraWebhook", "claim_booking", "route"]
 #: The API server's limit on a pod's annotations (keys and values, bytes).
 MAX_ANNOTATIONS_BYTES = 256 * 1024
-
-
-class _NotedLedger(QuotaLedger):
-    """A :class:`QuotaLedger` whose :meth:`describe` adds ``notes`` (why some claims were
-    booked more than they may hold)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.notes: list[str] = []
-        #: the claims counted (listed, then reserved and not listed yet)
-        self.held: list[podclaims.Held] = []
-        #: how many of ``held`` are reservations of claims not stored yet
-        self.pending = 0
-        #: the :func:`hami.dra.reservations.claim_keys` of the listed claims
-        self.listed_keys: set[str] = set()
-        #: the namespace's pods (listed only when a record applies) and the records
-        self.pods: list[JSON] = []
-        self.records: list[PodClaimRecord] = []
-        #: the claims booked under their pod (claim name -> pod name)
-        self.grouped: dict[str, str] = {}
-
-    def charge_of(self, *more: podclaims.Held,
-                  record: PodClaimRecord | None = None) -> podclaims.NamespaceCharge:
-        """:func:`hami.dra.podclaims.namespace_charge` of ``held`` plus ``more``, with
-        ``record`` added to the records."""
-        return podclaims.namespace_charge([*self.held, *more], self.pods,
-                                          [*self.records, *([record] if record else [])])
-
-    def describe(self, namespace: str) -> str:
-        """:meth:`QuotaLedger.describe`, then the notes."""
-        return "; ".join([super().describe(namespace), *self.notes])
 
 
 def _reply(api_version: str, uid: str, allowed: bool, message: str = "",
@@ -180,7 +150,7 @@ class DraWebhook:
                                 claims: dict[str, JSON] | None = None, *,
                                 reserved: Sequence[Reservation] = (),
                                 records: Sequence[PodClaimRecord] | None = None
-                                ) -> _NotedLedger | None:
+                                ) -> NamespaceLedger | None:
         """A ledger with the namespace's limits and the bookings of all its current
         claims, hami's and those the tenant made itself, allocated or not
         (:func:`hami.dra.booking.claim_booking_of`; whole cards of unallocated claims,
@@ -198,7 +168,7 @@ class DraWebhook:
         from lightkube.resources.resource_v1 import ResourceClaim
 
         limits = self.quota.quota(namespace)
-        ledger = _NotedLedger(self.config.registry[names.NVIDIA].resource_names())
+        ledger = NamespaceLedger(self.config.registry[names.NVIDIA].resource_names())
         hard, gpu = {}, nvidia.settings(self.config)
         if limits.memory_limit_mib is not None:
             hard[f"limits.{gpu.resource_memory_name}"] = limits.memory_limit_mib
