@@ -263,3 +263,25 @@ def test_the_same_claims_from_a_tenant_count_each_in_full() -> None:
     fits = _controller_claim("p1", "gpu-0", 8000, "alice")
     fits["metadata"].update(name="fits", uid="fits-uid")
     assert asyncio.run(_user_burst([hook], store, [fits])) == [True]
+
+
+def test_a_template_is_checked_against_the_pods_booking() -> None:
+    """With a pod's 10000 MiB init and app claims booked as the pod (10000 of 15000), a
+    template of 5000 MiB fits (each pod naming it makes one claim); 6000 does not."""
+    store = _Store()
+    store.pods = [_init_pod("p1")]
+    hook = _hook(store)
+    hook.quota.set_quota("ns", "gpu", {"limits.nvidia.com/gpumem": 15000})  # type: ignore[union-attr]
+    ours = [_controller_claim("p1", e, 10000, CONTROLLER) for e in ("gpu-0", "gpu-1")]
+    assert asyncio.run(_user_burst([hook], store, ours)) == [True, True]
+
+    def template(memory_mib: int) -> bytes:
+        spec = _claim("t", memory_mib)["spec"]
+        body = json.loads(_review(_claim("t", memory_mib), "rt"))
+        body["request"]["kind"]["kind"] = "ResourceClaimTemplate"
+        body["request"]["object"] = {"metadata": {"name": "t", "namespace": "ns",
+                                                  "uid": "t-uid"}, "spec": {"spec": spec}}
+        return json.dumps(body).encode()
+
+    assert asyncio.run(hook(template(5000)))["response"]["allowed"]
+    assert not asyncio.run(hook(template(6000)))["response"]["allowed"]

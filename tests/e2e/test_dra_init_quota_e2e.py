@@ -105,11 +105,34 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             "metadata": {"name": "hami-initquota"}, "webhooks": [claims]}))
         tenant = admin_client(cp.client_kubeconfig(work / "tenant.kubeconfig", "tenant",
                                                    ["system:masters"]), NS)
-        yield {"cp": cp, "client": client, "tenant": tenant, "hami": hami}
+        _BED.update(cp=cp, client=client, tenant=tenant, hami=hami)
+        yield _BED
     finally:
+        _BED.clear()
         if hami is not None:
             hami.stop()
         cp.stop()
+
+
+#: The bed, for :func:`_state` in failure messages.
+_BED: dict[str, Any] = {}
+
+
+def _state() -> str:
+    """The namespace's claims and Warning Events and the scheduler's log tail."""
+    from lightkube.resources.core_v1 import Event
+    from lightkube.resources.resource_v1 import ResourceClaim
+
+    if not _BED:
+        return ""
+    client = _BED["client"]
+    claims = [(c.metadata.name, [o.name for o in c.metadata.ownerReferences or []],
+               bool(c.status and c.status.allocation))
+              for c in client.list(ResourceClaim, namespace=NS)]
+    events = [(e.involvedObject.name, e.reason, e.message)
+              for e in client.list(Event, namespace=NS) if e.type == "Warning"]
+    log = _BED["hami"].log_path.read_text(errors="replace")[-3000:]
+    return f"claims {claims}; warnings {events}; hami log tail:\n{log}"
 
 
 def _wait(check: Any, timeout_s: float = 90.0, what: str = "") -> Any:
@@ -119,7 +142,7 @@ def _wait(check: Any, timeout_s: float = 90.0, what: str = "") -> Any:
         if value:
             return value
         time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}; {_state()}")
 
 
 def _init_pod(name: str, init_mib: int, app_mib: int) -> dict[str, Any]:

@@ -88,8 +88,9 @@ async def denial(hook: DraWebhook, request: Mapping[str, Any]) -> str | None:
     uid = str(meta.get("uid") or "")
 
     async def check(reserved: list[reservations.Reservation],
-                    records: list[podclaims.PodClaimRecord]
+                    records: list[podclaims.PodClaimRecord] | None
                     ) -> tuple[str | None, set[str]]:
+        # records None: the namespace ledger reads them from the Lease
         ledger = await hook.namespace_ledger(namespace, largest, {}, reserved=reserved,
                                              records=records)
         if ledger is None:
@@ -118,4 +119,4 @@ async def denial(hook: DraWebhook, request: Mapping[str, Any]) -> str | None:
         return await hook.reservations.reserve(
             namespace, reservations.new_claim_key(obj, str(request.get("uid") or "")), asks,
             check, record)
-    return (await check([], []))[0]
+    return (await check([], None))[0]
