@@ -285,3 +285,18 @@ def test_a_template_is_checked_against_the_pods_booking() -> None:
 
     assert asyncio.run(hook(template(5000)))["response"]["allowed"]
     assert not asyncio.run(hook(template(6000)))["response"]["allowed"]
+
+
+def test_a_record_the_lease_has_no_room_for_books_its_claim_in_full(monkeypatch: Any) -> None:
+    """With the Lease's records full, the controller's claim is checked and booked
+    each in full (the pod's second claim of 12000 does not fit 20000 then)."""
+    monkeypatch.setattr(podclaims, "MAX_RECORDS_BYTES", 80)  # room for one record
+    store = _Store()
+    store.pods = [_init_pod("p1")]
+    hook = _hook(store)
+    ours = [_controller_claim("p1", e, 12000, CONTROLLER) for e in ("gpu-0", "gpu-1")]
+    assert asyncio.run(_user_burst([hook], store, ours[:1])) == [True]
+    assert asyncio.run(_user_burst([hook], store, ours[1:])) == [False]
+    (lease,) = store.leases.values()
+    assert [r.claim_uid for r in podclaims.parse(
+        lease["metadata"]["annotations"][podclaims.ANNOTATION])] == ["p1-gpu-0"]

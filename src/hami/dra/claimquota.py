@@ -99,7 +99,8 @@ async def denial(hook: DraWebhook, request: Mapping[str, Any]) -> str | None:
         # asks, or, for a claim the resourceclaim controller made for a pod, what it adds
         # to its pod's booking (hami.dra.podclaims)
         before = ledger.charge_of()
-        after = ledger.charge_of(podclaims.Held(f"<new {kind}>", uid, *asks), record=record)
+        # (grouped only when ``records`` holds the claim's record: the reservations keep it)
+        after = ledger.charge_of(podclaims.Held(f"<new {kind}>", uid, *asks))
         adds = (max(0, after.memory_mib - before.memory_mib),
                 max(0, after.cores_percent - before.cores_percent))
         if ledger.fits(namespace, *adds):

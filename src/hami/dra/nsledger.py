@@ -35,12 +35,9 @@ class NamespaceLedger(QuotaLedger):
         #: the claims booked under their pod (claim name -> pod name)
         self.grouped: dict[str, str] = {}
 
-    def charge_of(self, *more: podclaims.Held,
-                  record: PodClaimRecord | None = None) -> podclaims.NamespaceCharge:
-        """:func:`hami.dra.podclaims.namespace_charge` of ``held`` plus ``more``, with
-        ``record`` added to the records."""
-        return podclaims.namespace_charge([*self.held, *more], self.pods,
-                                          [*self.records, *([record] if record else [])])
+    def charge_of(self, *more: podclaims.Held) -> podclaims.NamespaceCharge:
+        """:func:`hami.dra.podclaims.namespace_charge` of ``held`` plus ``more``."""
+        return podclaims.namespace_charge([*self.held, *more], self.pods, self.records)
 
     def describe(self, namespace: str) -> str:
         """:meth:`QuotaLedger.describe`, then the notes."""

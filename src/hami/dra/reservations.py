@@ -222,7 +222,13 @@ class QuotaReservations:
                      if now - self.ttl_s < r.at <= now + self.ttl_s and r.key != key]
             held = [r for r in podclaims.parse(annotations.get(podclaims.ANNOTATION))
                     if record is None or r.claim_uid != record.claim_uid]
-            denial, listed = await check(young, held + ([record] if record else []))
+            # a record the Lease has no room for is not used: its claim counts in full
+            ours = record if record is not None and len(podclaims.dump(
+                [*held, record])) <= podclaims.MAX_RECORDS_BYTES else None
+            if record is not None and ours is None:
+                log.warning("namespace %s: %d pod-claim records fill the Lease; claim %s "
+                            "counts in full", tenant_namespace, len(held), record.claim_uid)
+            denial, listed = await check(young, held + ([ours] if ours else []))
             live = [r for r in young if r.key not in listed]
             # a record stays while its claim is listed, or young (not stored yet); a
             # claim's UID never comes back once the claim is gone
@@ -230,13 +236,8 @@ class QuotaReservations:
                     or now - self.ttl_s < r.at <= now + self.ttl_s]
             if denial is None:
                 live.append(Reservation(key, asks[0], asks[1], now))
-                if record is not None and len(podclaims.dump([*kept, record])) \
-                        <= podclaims.MAX_RECORDS_BYTES:
-                    kept.append(record)
-                elif record is not None:
-                    log.warning("namespace %s: %d pod-claim records fill the Lease; claim "
-                                "%s counts in full", tenant_namespace, len(kept),
-                                record.claim_uid)
+                if ours is not None:
+                    kept.append(ours)
             elif len(live) == len(stored) and len(kept) == len(held):
                 return denial
             # written on a denial too when it drops reservations whose claim is listed

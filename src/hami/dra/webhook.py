@@ -158,7 +158,7 @@ class DraWebhook:
         ``reserved`` claims no listed claim matches (admitted, not stored yet). The claims
         the resourceclaim controller made for a pod (``records``; None: read from the
         namespace's Lease) book as their pod (:func:`hami.dra.podclaims.namespace_charge`,
-        the namespace's pods listed once when one applies). Its ``describe`` names the
+        the namespace's pods listed once when there are records). Its ``describe`` names the
         claims booked as the largest card for a missing device, so a denial they tip says
         why; ``held``, ``pods``, ``records`` and ``listed_keys`` keep what it counted.
         ``claims``, when given, receives every listed claim by name."""
@@ -200,8 +200,7 @@ class DraWebhook:
             records = (await self.reservations.records(namespace)
                        if self.reservations is not None else [])
         ledger.records = list(records)
-        recorded = {r.claim_uid for r in ledger.records}
-        if any(h.uid in recorded for h in ledger.held):
+        if ledger.records:  # the claim being checked may be the one recorded
             ledger.pods = [p.to_dict() async for p in self.client.list(Pod, namespace=namespace)]
         charge = ledger.charge_of()
         ledger.grouped = charge.grouped
