@@ -81,3 +81,20 @@ def test_bad_seeds_are_explained() -> None:
         assert result.exit_code == 2
         assert words in result.output, result.output
         assert "invalid literal" not in result.output
+
+
+def test_python_m_scheduler_command_is_hami_scheduler(tmp_path: Path) -> None:
+    """The quickstart and the e2e harness start ``python -m hami.scheduler.command``: it
+    logs as ``hami scheduler`` does (one key=value line per record, INFO included) and
+    a missing kubeconfig is one line, not a traceback."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "hami.scheduler.command",
+         f"--kubeconfig={tmp_path / 'missing'}", "--http_bind=127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert "error: no Kubernetes configuration" in done.stderr
+    assert "level=warning logger=hami.scheduler" in done.stderr

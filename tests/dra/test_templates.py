@@ -201,3 +201,28 @@ def test_a_signed_pod_that_breaks_the_security_rules_gets_no_template() -> None:
     host_pid["spec"]["hostPID"] = True
     assert _reconcile(client, host_pid)[0][NAME].startswith("refused")
     assert client.created == []
+
+
+def test_a_signed_pod_whose_gpu_container_sets_a_reserved_env_gets_no_template() -> None:
+    """The same pod with a container using hami's template that sets the memory limit
+    itself: the webhook would have refused it (a reserved name of GPU containers), so the
+    reconciler, which has the device config, refuses too; a container that does not use
+    the template may set it."""
+    from hami.devices.registry import make_config
+
+    pod = _pod()
+    pod["spec"]["containers"] = [
+        {"name": "c", "resources": {"claims": [{"name": "gpu-0"}]},
+         "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "1t"}]}]
+    client = _Client()
+    events: list[str] = []
+    rec = TemplateReconciler(client, _Keys(KEY), lambda m, r, msg: events.append(msg),
+                             config=make_config())
+    outcome = asyncio.run(rec.reconcile(pod))
+    assert outcome[NAME].startswith("refused") and "CUDA_DEVICE_MEMORY_LIMIT" in outcome[NAME]
+    assert client.created == [] and len(events) == 1
+    pod["spec"]["containers"] = [{"name": "c", "resources": {"claims": [{"name": "gpu-0"}]}},
+                                 {"name": "other",
+                                  "env": [{"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "1t"}]}]
+    pod["metadata"]["uid"] = "u2"
+    assert asyncio.run(rec.reconcile(pod)) == {NAME: "created"}

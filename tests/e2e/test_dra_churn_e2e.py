@@ -20,7 +20,7 @@ from hami.dra.slices import DRIVER
 from hami.testing.controllers import start_controller_manager
 from hami.testing.controlplane import BinariesMissing, ControlPlane, ensure_namespace
 from hami.testing.drachurn import churn, counts, wait_counts
-from hami.testing.gpupods import webhook_configuration
+from hami.testing.gpupods import wait_webhook_serving, webhook_configuration
 
 from .conftest import REQUIRED
 from .hami_harness import HamiProcess, Tls
@@ -59,6 +59,7 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                            name="hami-dra").start()
         client.create(codecs.from_dict(webhook_configuration("hami-churn", hami.url,
                                                              tls.ca_pem)))
+        wait_webhook_serving(client, NS)
         yield {"cp": cp, "client": client, "hami": hami}
     finally:
         if hami is not None:

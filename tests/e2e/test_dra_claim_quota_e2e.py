@@ -27,6 +27,7 @@ from hami.testing.controlplane import (
     create_gpu_node,
     ensure_namespace,
 )
+from hami.testing.gpupods import wait_webhook_serving
 
 from .conftest import REQUIRED
 from .hami_harness import HamiProcess, Tls, gpu_pod, webhook_configuration
@@ -93,6 +94,9 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingWebhookConfiguration",
             "metadata": {"name": "hami-claimquota"}, "webhooks": [claims]}))
+        # the apiserver calls it (every test, not only the first, needs that; NS has a
+        # quota a probe pod could meet, default has none)
+        wait_webhook_serving(client, "default")
         yield {"cp": cp, "client": client, "manager": manager, "hami": hami}
     finally:
         if hami is not None:

@@ -36,6 +36,7 @@ from hami.testing.controlplane import (
     create_gpu_node,
     ensure_namespace,
 )
+from hami.testing.gpupods import wait_webhook_serving
 from hami.testing.kubeclients import admin_client
 
 from .conftest import REQUIRED
@@ -105,6 +106,9 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             "metadata": {"name": "hami-initquota"}, "webhooks": [claims]}))
         tenant = admin_client(cp.client_kubeconfig(work / "tenant.kubeconfig", "tenant",
                                                    ["system:masters"]), NS)
+        # the apiserver calls both webhooks, and hami knows the quota, before any test
+        wait_webhook_serving(client, "default")
+        _wait(lambda: _claims_checked(client), 60, "the claims webhook enforces the quota")
         _BED.update(cp=cp, client=client, tenant=tenant, hami=hami)
         yield _BED
     finally:
@@ -143,6 +147,22 @@ def _wait(check: Any, timeout_s: float = 90.0, what: str = "") -> Any:
             return value
         time.sleep(0.5)
     raise AssertionError(f"timed out waiting for {what}; {_state()}")
+
+
+def _claims_checked(client: Any) -> bool:
+    """True once a dry-run claim over the quota is refused by hami (nothing stored)."""
+    from lightkube import ApiError, codecs
+
+    probe = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+             "metadata": {"name": "probe", "namespace": NS},
+             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                 "deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": 1,
+                 "capacity": {"requests": {"memory": f"{LIMIT_MIB + 1}Mi"}}}}]}}}
+    try:
+        client.create(codecs.from_dict(probe), dry_run=True)
+    except ApiError as err:
+        return "exceeding resource quota" in str(err.status.message)
+    return False
 
 
 def _init_pod(name: str, init_mib: int, app_mib: int) -> dict[str, Any]:

@@ -165,7 +165,13 @@ def test_mig_instances_published_and_never_overlapping(kube_client: Any, mig_nod
 
         placed = _wait(settled, 120, "every pod placed or unschedulable")
         time.sleep(3.0)  # let the scheduler retry the unschedulable ones
-        placed = allocated()
+
+        def bound() -> dict[str, str] | None:  # a retry's claim is allocated before its bind
+            out = allocated()
+            return out if all(kube_client.get(Pod, n, namespace=NS).spec.nodeName
+                              for n in out) else None
+
+        placed = _wait(bound, 60, "the pod of every allocated claim bound")
         span = {d["name"]: range(d["attributes"]["placementStart"]["int"],
                                  d["attributes"]["placementStart"]["int"]
                                  + d["attributes"]["placementSize"]["int"]) for d in devices}

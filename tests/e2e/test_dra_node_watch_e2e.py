@@ -143,11 +143,16 @@ def test_idle_node_makes_no_requests(agent_on: Any, kube_client: Any) -> None:
     of the slice)."""
     from lightkube.resources.core_v1 import Node
 
-    name, client, _ = agent_on(0.2)
+    name, client, agent = agent_on(0.2)
     _wait(lambda: _taints(kube_client, name) == {"gpu-0": [], "gpu-1": []}, 30,
           "slice published")
-    time.sleep(1.0)  # the Node watch's first event (before it, the Node is read)
+    # the Node watch's first event: before it, each pass reads the Node
+    _wait(lambda: agent.node_watch is not None and agent.node_watch.get() is not None, 30,
+          "the Node watch's first event")
     start = client.take()
+    # a pass that began before that event may still be reading the Node: from a quiet
+    # 0.5 s (2.5 intervals) on, every request counts
+    _wait(lambda: (time.sleep(0.5), not client.take())[1], 30, "a quiet 0.5 s")
     time.sleep(3.0)
     idle = client.take()
     assert idle == Counter(), f"requests while idle (15 publish intervals): {dict(idle)}"

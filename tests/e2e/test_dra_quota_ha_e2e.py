@@ -99,6 +99,18 @@ def _refuses(replica: HamiProcess) -> bool:
     return code == 200 and json.loads(body)["response"]["allowed"] is False
 
 
+def _apiserver_refuses(client: Any) -> bool:
+    """A server-side dry-run create (nothing stored, no reservation: it is refused) of a
+    claim over the quota is refused by the webhook, not admitted unchecked."""
+    from lightkube import ApiError, codecs
+
+    try:
+        client.create(codecs.from_dict(_claim("probe", 3 * LIMIT_MIB)), dry_run=True)
+    except ApiError as err:
+        return "exceeding resource quota" in str(err.status.message)
+    return False
+
+
 def _create_at_once(cp: ControlPlane, names: list[str]) -> dict[str, str]:
     """Create one claim per name from its own thread and client, all released by one
     barrier: name -> "created" or the refusal."""
@@ -140,6 +152,8 @@ def test_ten_claims_at_once_under_a_quota_for_one_admit_one(bed: dict[str, Any])
     client, replicas = bed["client"], bed["replicas"]
     for replica in replicas:  # each replica has read the ResourceQuota
         _wait(lambda r=replica: _refuses(r), 60, f"{replica.name} enforces the quota")
+    # ... and the apiserver calls them: its webhook informer has the configuration
+    _wait(lambda: _apiserver_refuses(client), 60, "the apiserver calls the claims webhook")
     served_before = dict(bed["forwarder"].served)
 
     names = [f"c{i}" for i in range(10)]

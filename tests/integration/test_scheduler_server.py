@@ -185,7 +185,7 @@ def test_membership_rules_from_watch_events() -> None:
             # A delete the watch never delivered is repaired by the relist after a 410.
             kube.delete("Pod", ("default", "p3"), silent=True)
             kube.break_watches(410)
-            for _ in range(50):
+            for _ in range(200):  # up to 10 s: the relist follows a 0.2 s back-off
                 await asyncio.sleep(0.05)
                 if sorted(e.name for e in h.engine.state.ledger.pods()) == ["p0"]:
                     break

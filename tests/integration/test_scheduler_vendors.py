@@ -354,7 +354,7 @@ def test_every_resource_quota_of_a_namespace_applies(config_file: str) -> None:
             assert await refused(h) == no
             kube.delete("ResourceQuota", quota("platform", 0), silent=True)
             kube.break_watches(410)
-            for _ in range(50):
+            for _ in range(200):  # up to 10 s: the relist follows a 0.2 s back-off
                 await asyncio.sleep(0.05)
                 if h.engine.counters.relists["ResourceQuota"] >= 2:
                     break

@@ -84,11 +84,14 @@ def test_valgrind_memcheck(env: Env) -> None:
 
 def test_asan_limits_file_and_host_pid_rounds(asan_env: Env) -> None:
     """The limits-file reader (valid, oversized, too many lines, malformed) and the
-    retried host-PID detection, with nothing but the preload in the environment."""
+    retried host-PID detection, with nothing but the preload in the environment (and the
+    region's path: the files that name none would else use libvgpu's default,
+    /tmp/cudevshr.cache on the host, left behind)."""
     d = asan_env.tmp / "vgpu"
     d.mkdir(exist_ok=True)
     shutil.copy(asan_env.build / "libvgpu.so", d / "libvgpu.so")
     env = {k: v for k, v in asan_env.environ().items() if not k.startswith("CUDA_")}
+    env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = str(asan_env.tmp / "env.cache")
     env["LD_PRELOAD"] = env["LD_PRELOAD"].replace(str(asan_env.build / "libvgpu.so"), str(d / "libvgpu.so"))
     cases = [f"CUDA_DEVICE_MEMORY_LIMIT_0=48m\nCUDA_DEVICE_SM_LIMIT=30\n# comment\n\n"
              f"CUDA_DEVICE_MEMORY_SHARED_CACHE={d}/x.cache",
@@ -101,6 +104,7 @@ def test_asan_limits_file_and_host_pid_rounds(asan_env: Env) -> None:
                            capture_output=True, text=True, timeout=120)
         _clean(p)
         assert p.returncode == 0, p.stderr
+    assert (d / "x.cache").exists() and (asan_env.tmp / "env.cache").exists()
 
 
 # the allocation patterns of real frameworks (test_libvgpu_patterns.py): pools with a
@@ -111,7 +115,9 @@ PATTERNS = ["init", "poolset", str(64 * MiB), "alloc", "async", str(8 * MiB), "0
             "alloc", "vmm", str(4 * MiB), "0", "vmap", "vexport", "vrelease", "info", "vunmap",
             "alloc", "vmm", str(2 * MiB), "0", "vmap", "vunmap", "free", "info", "phys", "0",
             "graph", str(MiB), "1", "glaunch", "0", "glaunch", "0", "gmem", "gtrim", "free",
-            "graph", str(MiB), "0", "glaunch", "0", "gfree", "gtrim", "free", "info"]
+            "graph", str(MiB), "0", "glaunch", "0", "gfree", "gtrim", "free",
+            "capture", str(MiB), "1", "glaunch", "0", "gtrim", "free", "alloc", "mem", str(40 * MiB), "0",
+            "capture", str(16 * MiB), "0", "glaunch", "2", "free", "free", "info"]
 
 
 def test_asan_framework_patterns(asan_env: Env) -> None:

@@ -10,6 +10,7 @@ shared GPU still attributes each process its own host PID."""
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import mmap
 import os
@@ -170,21 +171,59 @@ def _host_pid_of(env: Env, region: Path, proc: subprocess.Popen[str], timeout_s:
     return took, slot.host_pid
 
 
+class OpenWatch:
+    """inotify (``IN_OPEN``) on a directory: the names of the files in it that any
+    process opened, through any mount of it, since the watch was made. ``inotify(7)``;
+    the events are read without blocking."""
+
+    _IN_OPEN = 0x20
+    _HEADER = struct.Struct("iIII")  # wd, mask, cookie, len of the name that follows
+
+    def __init__(self, directory: Path) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if self.fd < 0 or libc.inotify_add_watch(self.fd, os.fsencode(directory), self._IN_OPEN) < 0:
+            raise OSError(ctypes.get_errno(), f"inotify on {directory}")
+
+    def opened(self) -> list[str]:
+        names: list[str] = []
+        while True:
+            try:
+                buf = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return names
+            off = 0
+            while off < len(buf):
+                _, mask, _, size = self._HEADER.unpack_from(buf, off)
+                off += self._HEADER.size
+                if mask & self._IN_OPEN:
+                    names.append(buf[off:off + size].rstrip(b"\0").decode() or ".")
+                off += size
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 @needs_mount_ns
 def test_a_held_node_lock_does_not_delay_anyone(env: Env) -> None:
     """A tenant holding /tmp/vgpulock/lock (HAMi mounts one host directory into every GPU
-    container) stalled every other container's first CUDA call by 10 s."""
+    container) stalled every other container's first CUDA call by 10 s. With the lock held
+    the first CUDA call returns and the host PID is right, and the library never opened
+    anything in /tmp/vgpulock: it cannot wait on that lock (asserted without a wall-clock
+    threshold, which a loaded machine could cross)."""
     lockdir = env.tmp / "vgpulock"
     lockdir.mkdir()
     with open(lockdir / "lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
+        watch = OpenWatch(lockdir)
         p = in_node_ns(env, lockdir, "init", "echo", "up", "hold", CUDA_DEVICE_SM_LIMIT="30",
                        VGPU_STUB_PID_OFFSET="100000")
         try:
             took, host_pid = _host_pid_of(env, env.region_path, p)
             assert host_pid == p.pid + 100000
-            assert took < 5.0, f"first CUDA call took {took:.1f} s behind another container's lock"
+            assert watch.opened() == [], f"libvgpu opened the node lock (first CUDA call after {took:.1f} s)"
         finally:
+            watch.close()
             p.kill()
             p.wait()
 

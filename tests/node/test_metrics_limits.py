@@ -15,7 +15,7 @@ from hami.monitor.command import serve_metrics
 from hami.netlimits import ServerLimits
 
 DEADLINE_S = 1.0
-SLACK_S = 4.0
+SLACK_S = 10.0  # a loaded 2-core CI box may be slow to notice, never early (< the 30 s head deadline)
 
 
 class _Collector:
@@ -57,6 +57,14 @@ def get(host: str, port: int) -> bytes:
         return data
 
 
+def _get_or_empty(host: str, port: int) -> bytes:
+    """:func:`get`, or b"" when the server closes (or resets) the connection unanswered."""
+    try:
+        return get(host, port)
+    except ConnectionError:
+        return b""
+
+
 def test_head_deadline_and_silent_connections() -> None:
     limits = ServerLimits(header_timeout_s=DEADLINE_S, max_remote_connections=8)
     with metrics_server("127.0.0.1", limits) as port:
@@ -92,7 +100,11 @@ def test_remote_cap_leaves_loopback_served() -> None:
         print(f"monitor: connection over the remote cap closed after {seconds:.3f} s")
         assert get("127.0.0.1", port).endswith(b"hami_up 1\n")
         held[0].close()
-        time.sleep(0.3)
-        assert get(address, port).endswith(b"hami_up 1\n")
+        # a freed slot is taken again, once the server has seen the close (before, a
+        # connection is over the cap and closed unanswered)
+        deadline = time.monotonic() + SLACK_S
+        while not (answer := _get_or_empty(address, port)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert answer.endswith(b"hami_up 1\n"), answer
         for sock in [over, *held[1:]]:
             sock.close()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -32,6 +31,7 @@ from hami.dra.kubeletplugin import DraNode
 from hami.monitor.claims import ClaimLister, attribute, parse_owner
 from hami.monitor.command import feedback_tick, run_monitor
 from hami.monitor.metrics import MonitorCollector
+from hami.testing.processes import free_port
 from tests.node.fakes import FakeKube
 from tests.node.regionfile import Proc, RegionSpec, build, read_feedback
 from tests.node.test_monitor import scrape
@@ -95,9 +95,7 @@ def prepare(hook: Path, cdi_dir: Path, doc: dict[str, Any],
 
 
 def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_port()  # outside the ephemeral range: no client connection takes it
 
 
 def _samples(text: str) -> list[tuple[str, dict[str, str], float]]:

@@ -9,7 +9,6 @@ The survival test runs the real monitor loop and its HTTP /metrics in its own pr
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,6 +20,7 @@ from pathlib import Path
 from hami.monitor.command import feedback_tick
 from hami.monitor.lister import ContainerLister
 from hami.monitor.metrics import MonitorCollector
+from hami.testing.processes import free_port
 from tests.node.regionfile import Proc, RegionSpec, build, read_feedback
 from tests.node.test_monitor import U0, U1, pod, put, scrape
 
@@ -46,9 +46,7 @@ MONITOR = textwrap.dedent("""
 
 
 def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_port()  # outside the ephemeral range: no client connection takes it
 
 
 def _metrics(port: int) -> str:
@@ -97,9 +95,12 @@ def test_monitor_survives_a_file_truncated_and_regrown_in_a_loop(tmp_path: Path)
             assert time.monotonic() < deadline, "monitor never served the good container"
             time.sleep(0.1)
         writer.start()
+        # at least 4 s of churn and more than 10 scrapes, however slow a loaded machine
+        # makes each scrape (the churning thread holds the GIL much of the time)
         scrapes = 0
-        end = time.monotonic() + 4.0
-        while time.monotonic() < end:
+        churn_from = time.monotonic()
+        while time.monotonic() < churn_from + 4.0 or scrapes <= 10:
+            assert time.monotonic() < churn_from + 120, f"only {scrapes} scrapes in 120 s"
             try:
                 body = _metrics(port)
             except OSError as exc:

@@ -5,7 +5,6 @@ with its real HTTP /metrics endpoint against an in-memory pod list."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 import urllib.request
@@ -31,6 +30,7 @@ from hami.deviceplugin.kube import pod_view
 from hami.monitor.command import feedback_tick, run_monitor
 from hami.monitor.lister import ContainerLister
 from hami.monitor.metrics import MonitorCollector
+from hami.testing.processes import free_port
 from tests.node.fakes import FakeKube
 from tests.node.regionfile import Proc, RegionSpec, allocated, build, read_feedback
 from tests.node.test_monitor import U0, U1, put, scrape
@@ -39,9 +39,7 @@ VGPU_NODE = {"hami.io/vgpu-node": "node-a"}
 
 
 def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_port()  # outside the ephemeral range: no client connection takes it
 
 
 def _until(cond: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:

@@ -285,14 +285,17 @@ def _gone(pid: int) -> bool:
         return True
 
 
-@pytest.mark.parametrize(("mode", "message"), [
-    ("fail", "exited 1: An instance of this daemon is already running"),
-    ("no-pid", "wrote no live pid"),
+# The timeout also bounds each run of the fake control command (a Python script: its
+# start alone can take a good part of a second on a loaded machine); the one that never
+# writes its pid costs the whole timeout.
+@pytest.mark.parametrize(("mode", "message", "timeout_s"), [
+    ("fail", "exited 1: An instance of this daemon is already running", 15.0),
+    ("no-pid", "wrote no live pid", 3.0),
 ])
 def test_daemon_start_failures_are_clear(tmp_path: Path, fake_control: Path, mode: str,
-                                         message: str) -> None:
+                                         message: str, timeout_s: float) -> None:
     daemon = MpsControlDaemon(settings_for(tmp_path, fake_control), [U0],
-                              base_env={"FAKE_MPS_MODE": mode}, timeout_s=0.5)
+                              base_env={"FAKE_MPS_MODE": mode}, timeout_s=timeout_s)
     with pytest.raises(MpsDaemonError, match=message):
         daemon.start()
     assert not daemon.started

@@ -234,17 +234,15 @@ def test_monitor_loop_serves_and_removes(tmp_path: Path) -> None:
     kube.add_pod(PodView("ns", "unlabelled", "live2", "node-a", "Running", {},
                          (ContainerView("main"),)))
     stop = threading.Event()
-    import socket
+    from hami.testing.processes import free_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # outside the ephemeral range: no client connection takes it
     t = threading.Thread(target=run_monitor, kwargs=dict(
         node="node-a", hook_path=hook, kube=kube, stop=stop, bind=f"127.0.0.1:{port}",
         interval_s=0.1, grace_s=0.0, mig_lock=tmp_path / "none.lock"), daemon=True)
     t.start()
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         body = ""
         while time.monotonic() < deadline:
             try:

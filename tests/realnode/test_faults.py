@@ -180,15 +180,18 @@ def test_kubelet_restart_plugin_registers_again(bed: GpuBed, client: Any) -> Non
     create(client, "kr-survivor", 2222, barrier="go-kr-survivor")
     wait_until(lambda: started(client, "kr-survivor") and "waiting" in log_of(bed, "kr-survivor"),
                timeout_s=60, what="kr-survivor running")
-    before = registrations(bed)
+    before, watches = registrations(bed), bed.kubelet_watches()
     t0 = time.monotonic()
     bed.node.stop_kubelet()
     bed.node.start_kubelet()
     ready_s = time.monotonic() - t0
     wait_registered(bed, before, timeout_s=30)
     registered_s = time.monotonic() - t0
-    wait_until(lambda: gpu_allocatable(client, bed.node_name) > 0, timeout_s=30,
-               what="nvidia.com/gpu allocatable again")
+    # the new kubelet watches the plugin (the Node's allocatable may still be the old
+    # kubelet's: it alone does not say the new one admits GPU pods)
+    wait_until(lambda: bed.kubelet_watches() > watches
+               and gpu_allocatable(client, bed.node_name) > 0, timeout_s=30,
+               what="the new kubelet watching the plugin, nvidia.com/gpu allocatable again")
     allocatable_s = time.monotonic() - t0
 
     t1 = create(client, "kr-after", 777)
@@ -225,14 +228,15 @@ def test_node_recreated_gets_register_annotation_and_runs_pods(bed: GpuBed, clie
     assert gone(), "the kubelet re-created its Node by itself: update this test's docstring"
 
     t0 = time.monotonic()
+    watches = bed.kubelet_watches()
     bed.node.stop_kubelet()
     bed.node.start_kubelet()  # registers the Node again; waits until it is Ready
     node_s = time.monotonic() - t0
     new: list[Any] = [None]
 
-    def registered() -> bool:
+    def registered() -> bool:  # and the new kubelet watches the plugin (admits GPU pods)
         new[0] = client.get(Node, bed.node_name)
-        return REGISTER in (new[0].metadata.annotations or {})
+        return REGISTER in (new[0].metadata.annotations or {}) and bed.kubelet_watches() > watches
 
     wait_until(registered, timeout_s=30, what=f"{REGISTER} on the re-created Node",
                alive=bed.check_alive)

@@ -17,7 +17,7 @@ from lightkube.resources.core_v1 import Pod
 from prometheus_client.parser import text_string_to_metric_families
 
 from hami.testing.controlplane import wait_until
-from hami.testing.gpubed import GpuBed, gpu_test_pod, wait_pod_done
+from hami.testing.gpubed import STUB_DIR, GpuBed, gpu_test_pod, wait_pod_done
 from tests.realnode.conftest import run_pod
 
 MiB = 1 << 20
@@ -107,12 +107,22 @@ def test_sm_limit_cuts_the_launch_rate_of_sharing_containers_only(bed: GpuBed, c
     stub's launch rate (the monitor's feedback loop sees them contend); a pod on the other
     card without a cores limit is not."""
     binpack = {"hami.io/gpu-scheduler-policy": "binpack"}
-    cmd = "vgtest init rate 4 100 rate 4 100 rate 4 100"
-    for name in ("sm-a", "sm-b"):
+    # The limit holds while the monitor's feedback (a 5 s tick) sees both containers
+    # launch: they start launching together (their containers may start seconds apart
+    # on a loaded machine), and the last 4 s window begins 12 s in, two ticks after.
+    barrier = f"go-sm-{time.monotonic_ns()}"
+    cmd = (f"echo waiting; while [ ! -e {STUB_DIR}/{barrier} ]; do sleep 0.1; done; "
+           "vgtest init rate 4 100 rate 4 100 rate 4 100 rate 4 100")
+    names = ("sm-a", "sm-b", "sm-free")
+    for name in names[:2]:
         client.create(codecs.from_dict(gpu_test_pod(name, cmd, memory_mib=4000, cores_percent=30,
                                                     annotations=binpack)))
     client.create(codecs.from_dict(gpu_test_pod("sm-free", cmd, memory_mib=15000)))
-    done = {n: wait_pod_done(client, n, timeout_s=120) for n in ("sm-a", "sm-b", "sm-free")}
+    wait_until(lambda: all("waiting" in log_of(bed, n) for n in names), timeout_s=120,
+               what="the three pods' containers at the barrier")
+    assert bed.node is not None
+    (bed.node.host_path(STUB_DIR) / barrier).write_text("go\n")
+    done = {n: wait_pod_done(client, n, timeout_s=120) for n in names}
     assert all(p.status.phase == "Succeeded" for p in done.values())
     free = max(rates(log_of(bed, "sm-free")))
     assert free > 400, log_of(bed, "sm-free")  # about 1 ms per launch unlimited

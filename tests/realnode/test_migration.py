@@ -286,8 +286,9 @@ def test_node_by_node_beside_hami(beside_bed: ChartBed) -> None:
     assert chartops.sync_daemonsets(bed, HAMI_NS) == []  # HAMi's plugin pod leaves
     created = chartops.sync_daemonsets(bed, "hami-system")  # hami's arrives
     assert [p.startswith("hami-py-device-plugin") for p in created] == [True]
-    # (rollout status): the kubelet advertises the new plugin's devices
-    wait_until(lambda: "nvidia.com/gpu" in _allocatable(bed), timeout_s=60, what="GPUs")
+    # (rollout status): the kubelet watches the new plugin's devices (the node's
+    # allocatable alone may still be HAMi's plugin's, and so may its register annotation)
+    _wait_kubelet_watches(bed)
     client = bed.client()
     try:
         client.patch(Node, bed.node_name, {"spec": {"unschedulable": False}})
@@ -330,7 +331,7 @@ def test_in_place_keeps_a_running_hami_pod(hami_bed: ChartBed) -> None:
     chartops.uninstall(bed, "hami", HAMI_NS)
     chartops.install(bed, "hami", "hami-system",
                      {"allocationSigning": {"trustUnsignedAllocations": True}})
-    wait_until(lambda: "nvidia.com/gpu" in _allocatable(bed), timeout_s=60, what="GPUs")
+    _wait_kubelet_watches(bed)
 
     top = _top(bed)
     assert f"signing: 0 signed, 1 unsigned allocation(s): {TENANT}/from-hami" in top, top
@@ -377,7 +378,7 @@ def test_in_place_keeps_a_running_hami_pod(hami_bed: ChartBed) -> None:
     # one value: strict signing
     chartops.upgrade(bed, "hami", "hami-system",
                      {"allocationSigning": {"trustUnsignedAllocations": False}})
-    wait_until(lambda: "nvidia.com/gpu" in _allocatable(bed), timeout_s=60, what="GPUs")
+    _wait_kubelet_watches(bed)
     _create(bed, _placed_the_hami_way("forged", node, hami_card, 2000),
             namespace="hami-system", kubeconfig=writer)
 
@@ -399,6 +400,14 @@ def _why(bed: ChartBed, pod: Any) -> str:
     head = f"{pod.metadata.name}: {st.phase} {st.reason or ''} {st.message or ''}"
     plugin = _plugin_log(bed).splitlines()[-20:]
     return "\n".join([head, bed.describe(pod), "device plugin:", *plugin])
+
+
+def _wait_kubelet_watches(bed: ChartBed) -> None:
+    """Wait until the kubelet watches hami's device plugin (its log says so) and the
+    node advertises GPUs: only then does the kubelet admit a GPU pod."""
+    wait_until(lambda: "ListAndWatch: the kubelet is watching" in _plugin_log(bed),
+               timeout_s=90, what="the kubelet watching hami's device plugin")
+    wait_until(lambda: "nvidia.com/gpu" in _allocatable(bed), timeout_s=60, what="GPUs")
 
 
 def _allocatable(bed: ChartBed) -> dict[str, str]:

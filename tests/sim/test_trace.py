@@ -40,6 +40,8 @@ def test_eleven_column_pods(tmp_path: Path) -> None:
     assert pods[1].gpu_spec == ("V100M16", "V100M32")
     assert pods[1].gpu_milli == 460 and pods[1].qos == "BE"
     assert pods[1].creation_time == 427061
+    assert (pods[0].deletion_time, pods[0].scheduled_time) == (12537496, 0)
+    assert (pods[1].deletion_time, pods[1].scheduled_time) == (12902960, None)
     assert pods[0].gpu_demand_milli == 1000 and pods[2].gpu_demand_milli == 0
 
 
@@ -47,6 +49,7 @@ def test_five_column_pods(tmp_path: Path) -> None:
     pods = load_pods(write(tmp_path, "p.csv", PODS5))
     assert pods[0].num_gpu == 8 and pods[0].gpu_demand_milli == 8000
     assert pods[1].gpu_spec == () and pods[1].creation_time is None
+    assert pods[1].deletion_time is None and pods[1].scheduled_time is None
 
 
 @pytest.mark.parametrize(("row", "message"), [

@@ -15,7 +15,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: E402
 
 from hami.testing.pki import CertificateAuthority  # noqa: E402
 from hami.testing.processes import (  # noqa: E402
+    FREE_PORT_RANGE,
     PINNED_KUBERNETES_VERSION,
+    free_port,
     selected_kubernetes_version,
 )
 from hami.testing.scheduler_config import (  # noqa: E402
@@ -26,6 +28,23 @@ from hami.testing.scheduler_config import (  # noqa: E402
 )
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _ephemeral_range() -> range:
+    low, high = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    return range(low, high + 1)
+
+
+@pytest.mark.skipif(not Path("/proc/sys/net/ipv4/ip_local_port_range").exists(), reason="Linux only")
+def test_free_ports_are_outside_the_ephemeral_range_and_never_repeat():
+    """A port outgoing connections can be given (the ephemeral range) is not handed to a
+    process that binds it later; none twice in one test run."""
+    ephemeral = _ephemeral_range()
+    if ephemeral.start < FREE_PORT_RANGE.stop:
+        pytest.skip(f"the ephemeral range {ephemeral} overlaps {FREE_PORT_RANGE}")
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
+    assert all(p in FREE_PORT_RANGE and p not in ephemeral for p in ports)
 
 
 def test_version_matches_go_mod():

@@ -34,8 +34,10 @@ enum {
     CUDA_ERROR_NOT_INITIALIZED = 3,
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
     CUDA_ERROR_UNKNOWN = 999,
 };
 
@@ -88,7 +90,8 @@ typedef struct {
 
 /* CUDA IPC and shareable handles */
 typedef struct { char reserved[64]; } CUipcMemHandle;
-enum { CU_MEM_HANDLE_TYPE_NONE = 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1 };
+enum { CU_MEM_HANDLE_TYPE_NONE = 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1, CU_MEM_HANDLE_TYPE_FABRIC = 8 };
+typedef struct { unsigned char data[64]; } CUmemFabricHandle;
 
 /* memory pools */
 typedef struct {
@@ -110,6 +113,7 @@ typedef struct {
     size_t bytesize;
     CUdeviceptr dptr; /* out */
 } CUDA_MEM_ALLOC_NODE_PARAMS;
+enum { CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10, CU_GRAPH_NODE_TYPE_MEM_FREE = 11 }; /* CUgraphNodeType */
 enum { /* CUgraphMem_attribute */
     CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
     CU_GRAPH_MEM_ATTR_USED_MEM_HIGH = 1,

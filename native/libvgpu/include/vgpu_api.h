@@ -65,6 +65,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
 CUresult cuMemExportToShareableHandle(void *shareableHandle, CUmemGenericAllocationHandle handle, int handleType,
                                       unsigned long long flags);
 CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *osHandle, int shHandleType);
+CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle);
 CUresult cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr);
 CUresult cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags);
 CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags);
@@ -110,6 +111,15 @@ CUresult cuGraphInstantiateWithFlags(void **phGraphExec, void *hGraph, unsigned 
 CUresult cuGraphInstantiate_v2(void **phGraphExec, void *hGraph, void **phErrorNode, char *logBuffer,
                                size_t bufferSize);
 CUresult cuGraphExecDestroy(void *hGraphExec);
+CUresult cuGraphInstantiateWithParams(void **phGraphExec, void *hGraph, void *instantiateParams);
+CUresult cuGraphGetNodes(void *hGraph, void **nodes, size_t *numNodes);
+CUresult cuGraphNodeGetType(void *hNode, int *type); /* CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10 */
+CUresult cuGraphMemAllocNodeGetParams(void *hNode, CUDA_MEM_ALLOC_NODE_PARAMS *params_out);
+CUresult cuStreamCreate(CUstream *phStream, unsigned int flags);
+CUresult cuStreamDestroy_v2(CUstream hStream);
+CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode);
+CUresult cuStreamEndCapture(CUstream hStream, void **phGraph);
+CUresult cuStreamIsCapturing(CUstream hStream, int *captureStatus);
 CUresult cuDeviceGraphMemTrim(CUdevice device);
 CUresult cuDeviceGetGraphMemAttribute(CUdevice device, int attr, void *value);
 

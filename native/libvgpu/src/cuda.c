@@ -270,10 +270,26 @@ void vg_vmm_unpark(uint64_t k, uint64_t handle) {
     e.key = handle; e.kind = K_VMM; e.hash = hkey(handle, K_VMM);
     tab_restore(&e);
 }
-/* the last mapping of a parked allocation is gone: uncount it */
+/* the last mapping of a parked allocation is gone: uncount it (after an importer that
+ * still holds it took the charge over) */
 void vg_vmm_drop(uint64_t k) {
     ent_t e;
+    vg_vmm_gone(k);
     if (tab_take(K_VMMREL, k, &e)) vg_unreserve(e.dev, e.size, e.cat);
+}
+/* 1 with its size and device when handle is a live cuMemCreate allocation of this process */
+int vg_vmm_created(uint64_t handle, uint64_t *size, int *dev) {
+    uint32_t hv = hkey(handle, K_VMM);
+    int found = 0;
+    tab_lock();
+    if (g_cap)
+        for (uint32_t m = g_cap - 1, i = hv & m; g_tab[i].kind; i = (i + 1) & m)
+            if (g_tab[i].key == handle && g_tab[i].kind == K_VMM) {
+                *size = g_tab[i].size; *dev = g_tab[i].dev; found = 1;
+                break;
+            }
+    tab_unlock();
+    return found;
 }
 /* bytes a pool holds from the device, counted as data of this process whatever the
  * limit (the device already holds them); sign > 0 adds */
@@ -454,7 +470,16 @@ VG_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     int mapped;
     CUresult r = vg_vmm_release(handle, &mapped); /* still mapped: counted until the last unmap */
     if (mapped) return r;
-    FREE_TRACKED(K_VMM, handle, CU_REAL(cuMemRelease)(handle));
+    ent_t e;
+    int had = tab_take(K_VMM, handle, &e);
+    r = CU_REAL(cuMemRelease)(handle);
+    if (r == CUDA_SUCCESS) {
+        vg_vmm_gone(handle); /* an importer still holding it takes the charge over first */
+        if (had) vg_unreserve(e.dev, e.size, e.cat);
+    } else if (had) {
+        tab_restore(&e);
+    }
+    return r;
 }
 
 /* arrays: footprint estimated from the descriptor (elements x format size) */

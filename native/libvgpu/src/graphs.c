@@ -5,8 +5,11 @@
  * pool of each device really holds (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT), and before
  * a launch reserves against the limit what the executable graph's allocation nodes need
  * beyond the pool's unused memory, so a launch that would pass the limit is refused with
- * CUDA_ERROR_OUT_OF_MEMORY. Graphs whose allocations come from stream capture are not
- * known here: their memory is counted after the launch, without a check before it. */
+ * CUDA_ERROR_OUT_OF_MEMORY. What a graph's allocation nodes need is read from the graph
+ * at instantiation (cuGraphGetNodes), so graphs made by stream capture or cuGraphAddNode
+ * are checked too; a driver that cannot list the nodes leaves only those added with
+ * cuGraphAddMemAllocNode checked; allocation nodes inside child graph nodes are not read. */
+#include <stdlib.h>
 #include <string.h>
 #include "vgpu.h"
 
@@ -80,38 +83,79 @@ VG_EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, void *const 
     pthread_mutex_unlock(&g_mu);
     return r;
 }
-/* an executable graph with allocation nodes needs a table entry for its launch checks */
-static int exec_room(void *graph) {
+/* bytes per CUDA ordinal that the graph's allocation nodes take when it runs, read from
+ * the graph itself, so nodes made any way count (cuGraphAddMemAllocNode, cuGraphAddNode,
+ * stream capture of cuMemAllocAsync); 0 when the driver cannot list them */
+static int walk(void *graph, uint64_t bytes[VG_MAXDEV]) {
+    if (!HAVE(cuGraphGetNodes) || !HAVE(cuGraphNodeGetType) || !HAVE(cuGraphMemAllocNodeGetParams)) return 0;
+    size_t n = 0;
+    if (CU_REAL(cuGraphGetNodes)(graph, NULL, &n) != CUDA_SUCCESS) return 0;
+    if (!n) return 1;
+    void **nodes = n < (SIZE_MAX >> 4) ? malloc(n * sizeof *nodes) : NULL;
+    size_t got = n;
+    int ok = nodes && CU_REAL(cuGraphGetNodes)(graph, nodes, &got) == CUDA_SUCCESS;
+    for (size_t i = 0; ok && i < got && i < n; i++) {
+        int type = 0;
+        CUDA_MEM_ALLOC_NODE_PARAMS p;
+        if (CU_REAL(cuGraphNodeGetType)(nodes[i], &type) != CUDA_SUCCESS) ok = 0;
+        if (!ok || type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) continue;
+        memset(&p, 0, sizeof p);
+        if (CU_REAL(cuGraphMemAllocNodeGetParams)(nodes[i], &p) != CUDA_SUCCESS) ok = 0;
+        else if (p.poolProps.location.type == CU_MEM_LOCATION_TYPE_DEVICE && p.poolProps.location.id >= 0 &&
+                 p.poolProps.location.id < VG_MAXDEV)
+            bytes[p.poolProps.location.id] += p.bytesize;
+    }
+    free(nodes);
+    return ok;
+}
+/* before instantiating: what its launches will need (the graph's nodes, else what
+ * cuGraphAddMemAllocNode recorded); refused when an executable graph with allocation
+ * nodes would find no table entry for its launch checks */
+static int pre_instantiate(void *graph, uint64_t bytes[VG_MAXDEV]) {
+    int walked = walk(graph, bytes), any = 0;
     pthread_mutex_lock(&g_mu);
-    int ok = !find(g_graphs, g_ngraphs, graph) || g_nexecs < GMAP;
+    gent_t *g = walked ? NULL : find(g_graphs, g_ngraphs, graph);
+    if (g) memcpy(bytes, g->bytes, sizeof g->bytes);
+    for (int o = 0; o < VG_MAXDEV; o++) any |= bytes[o] != 0;
+    int ok = !any || g_nexecs < GMAP;
     pthread_mutex_unlock(&g_mu);
     if (!ok) LOG_WARN("cuGraphInstantiate: more than %d executable graphs with allocation nodes; refused", GMAP);
     return ok;
 }
-static void instantiated(void *exec, void *graph) {
+static void instantiated(void *exec, const uint64_t bytes[VG_MAXDEV]) {
     pthread_mutex_lock(&g_mu);
-    gent_t *g = find(g_graphs, g_ngraphs, graph);
-    if (g) {
-        drop(g_execs, &g_nexecs, exec);
-        if (g_nexecs < GMAP) { g_execs[g_nexecs] = *g; g_execs[g_nexecs++].obj = exec; }
+    drop(g_execs, &g_nexecs, exec);
+    uint32_t ords = 0;
+    for (int o = 0; o < VG_MAXDEV; o++) if (bytes[o]) ords |= 1u << o;
+    if (ords && g_nexecs < GMAP) {
+        g_execs[g_nexecs].obj = exec;
+        memcpy(g_execs[g_nexecs++].bytes, bytes, sizeof g_execs[0].bytes);
+        __atomic_or_fetch(&g_ords, ords, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&g_mu);
 }
+#define INSTANTIATE(call)                                                   \
+    do {                                                                    \
+        uint64_t b_[VG_MAXDEV] = {0};                                       \
+        if (!pre_instantiate(graph, b_)) return CUDA_ERROR_OUT_OF_MEMORY;   \
+        CUresult r_ = call;                                                 \
+        if (r_ == CUDA_SUCCESS && exec) instantiated(*exec, b_);            \
+        return r_;                                                          \
+    } while (0)
 VG_EXPORT CUresult cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags) {
     VG_ENTER();
     REAL_OR_MISSING(cuGraphInstantiateWithFlags);
-    if (!exec_room(graph)) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = CU_REAL(cuGraphInstantiateWithFlags)(exec, graph, flags);
-    if (r == CUDA_SUCCESS && exec) instantiated(*exec, graph);
-    return r;
+    INSTANTIATE(CU_REAL(cuGraphInstantiateWithFlags)(exec, graph, flags));
 }
 VG_EXPORT CUresult cuGraphInstantiate_v2(void **exec, void *graph, void **err, char *log, size_t n) {
     VG_ENTER();
     REAL_OR_MISSING(cuGraphInstantiate_v2);
-    if (!exec_room(graph)) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = CU_REAL(cuGraphInstantiate_v2)(exec, graph, err, log, n);
-    if (r == CUDA_SUCCESS && exec) instantiated(*exec, graph);
-    return r;
+    INSTANTIATE(CU_REAL(cuGraphInstantiate_v2)(exec, graph, err, log, n));
+}
+VG_EXPORT CUresult cuGraphInstantiateWithParams(void **exec, void *graph, void *params) {
+    VG_ENTER();
+    REAL_OR_MISSING(cuGraphInstantiateWithParams);
+    INSTANTIATE(CU_REAL(cuGraphInstantiateWithParams)(exec, graph, params));
 }
 VG_EXPORT CUresult cuGraphExecDestroy(void *exec) {
     VG_ENTER();

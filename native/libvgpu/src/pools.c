@@ -77,6 +77,11 @@ static void note(CUmemoryPool pool, int dev) {
     pthread_mutex_unlock(&g_mu);
 }
 
+/* s is capturing a graph: the allocation adds a node and allocates nothing now */
+static int capturing(CUstream s) {
+    int st = 0;
+    return s && HAVE(cuStreamIsCapturing) && CU_REAL(cuStreamIsCapturing)(s, &st) == CUDA_SUCCESS && st == 1;
+}
 typedef CUresult (*alloc_fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 static CUresult pool_alloc(const char *what, CUdeviceptr *dptr, size_t size, CUmemoryPool pool, int dev,
                            CUstream s, alloc_fn fn) {
@@ -94,6 +99,11 @@ static CUresult pool_alloc(const char *what, CUdeviceptr *dptr, size_t size, CUm
     uint64_t spare = ok && e->charged > used ? e->charged - used : 0;
     uint64_t need = size > spare ? size - spare : 0;
     if (need && vg_reserve(dev, need, VG_CAT_DATA) != 0) {
+        if (capturing(s)) { /* an allocation node of the captured graph: checked at its launch */
+            CUresult r = fn(dptr, size, pool, s);
+            pthread_mutex_unlock(&g_mu);
+            return r;
+        }
         pthread_mutex_unlock(&g_mu);
         LOG_WARN("%s: %llu bytes on device %d (pool needs %llu more) would exceed the limit %llu (in use %llu)",
                  what, (unsigned long long)size, dev, (unsigned long long)need, (unsigned long long)vg_limit[dev],

@@ -85,6 +85,11 @@ static void exit_handler(void) {
     if (__atomic_compare_exchange_n(&vg_region->owner_pid, &owner, 0, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
         sem_post(&vg_region->sem);
     vg_slot_t *s = vg_slot;
+    if (s && s != &g_private_slot && s->pid == me && vg_share_any(s)) {
+        vg_lock(); /* shared VMM memory this process paid for: to an importer still alive */
+        vg_share_reclaim_nolock(s);
+        vg_unlock();
+    }
     if (s && s != &g_private_slot && s->pid == me) {
         /* zero usage and release the slot; the process is gone */
         A_STORE(&s->status, 0);
@@ -242,6 +247,7 @@ static int reclaim_nolock(void) {
         }
         if (!vg_pid_alive(pid)) {
             LOG_INFO("reclaiming slot %d of dead process %d", i, pid);
+            vg_share_reclaim_nolock(s); /* shared VMM memory it paid for: to an importer still alive */
             slot_zero(s);
             freed++;
         }
@@ -250,6 +256,8 @@ static int reclaim_nolock(void) {
     A_STORE(&r->proc_num, n);
     return freed;
 }
+
+int vg_region_is_shared(void) { return g_shared; }
 
 int vg_reclaim_dead(void) {
     if (!g_shared) return 0;
@@ -302,6 +310,7 @@ int vg_slot_ensure(void) {
         memset(s, 0, sizeof *s);
     } else {
         s = &r->procs[idx];
+        if (A_LOAD(&s->pid) == vg_pid) vg_share_reclaim_nolock(s); /* an earlier process with our PID */
         slot_zero(s);
     }
     s->status = 1;

@@ -110,6 +110,16 @@ VG_HIDDEN void vg_lock(void);
 VG_HIDDEN void vg_unlock(void);
 VG_HIDDEN int vg_reclaim_dead(void);   /* returns slots reclaimed; takes the lock */
 VG_HIDDEN int vg_pid_alive(int pid);
+VG_HIDDEN int vg_region_is_shared(void); /* the container's region file, not a private fallback */
+
+/* ------------------------------------- VMM memory shared between processes (vmmshare.c) */
+VG_HIDDEN int vg_share_export(int dev, uint64_t bytes, int fd, uint32_t *id, int *privfd); /* record or -1 */
+VG_HIDDEN void vg_share_unexport(uint32_t id, int dev, uint64_t bytes);
+VG_HIDDEN int vg_share_link(int fd, int *dev, uint64_t *bytes, uint32_t *id, int *cpid);  /* record or -1 */
+VG_HIDDEN void vg_share_floor(int rec, uint64_t bytes);
+VG_HIDDEN void vg_share_unimport(int rec, uint32_t id, int cpid, int dev, uint64_t cap);
+VG_HIDDEN void vg_share_reclaim_nolock(vg_slot_t *s);
+VG_HIDDEN int vg_share_any(const vg_slot_t *s);
 
 VG_HIDDEN int vg_reserve_slow(int dev, uint64_t bytes);
 
@@ -165,10 +175,13 @@ static inline void vg_unreserve(int dev, uint64_t bytes, int cat) {
     X(cuMemPoolDestroy) X(cuDeviceGetMemPool) X(cuDeviceGetDefaultMemPool) X(cuMemMap) X(cuMemUnmap)         \
     X(cuMemPoolTrimTo) X(cuMemPoolSetAttribute) X(cuStreamSynchronize) X(cuStreamSynchronize_ptsz)        \
     X(cuCtxSynchronize) X(cuGraphAddMemAllocNode) X(cuGraphInstantiateWithFlags) X(cuGraphInstantiate_v2)        \
-    X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuDeviceGraphMemTrim) X(cuEventSynchronize)
+    X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuDeviceGraphMemTrim) X(cuEventSynchronize)                     \
+    X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle) X(cuGraphInstantiateWithParams)
 #define VG_CUDA_HELPERS(X)                                                                                 \
     X(cuCtxGetDevice) X(cuDeviceGetCount) X(cuDeviceGetAttribute) X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2)   \
-    X(cuDeviceGetPCIBusId) X(cuMemPoolGetAttribute) X(cuDeviceGetGraphMemAttribute)
+    X(cuDeviceGetPCIBusId) X(cuMemPoolGetAttribute) X(cuDeviceGetGraphMemAttribute)                          \
+    X(cuMemGetAllocationPropertiesFromHandle) X(cuGraphGetNodes) X(cuGraphNodeGetType) X(cuGraphMemAllocNodeGetParams)           \
+    X(cuStreamIsCapturing)
 
 #define VG_ENUM(n) VGC_##n,
 enum { VG_CUDA_HOOKS(VG_ENUM) VGC_NHOOKS, VGC_BASE_ = VGC_NHOOKS - 1, VG_CUDA_HELPERS(VG_ENUM) VGC_NALL };
@@ -226,6 +239,8 @@ VG_HIDDEN int vg_cur_ord(void);           /* CUDA ordinal of the current context
 VG_HIDDEN int vg_vmm_park(uint64_t handle, uint64_t k);
 VG_HIDDEN void vg_vmm_unpark(uint64_t k, uint64_t handle);
 VG_HIDDEN void vg_vmm_drop(uint64_t k);
+VG_HIDDEN int vg_vmm_created(uint64_t handle, uint64_t *size, int *dev); /* 1: a cuMemCreate of this process */
+VG_HIDDEN void vg_vmm_gone(uint64_t key); /* the last local reference of an allocation went (vmm.c) */
 VG_HIDDEN void vg_charge_data(int dev, uint64_t bytes, int sign);
 /* cuMemRelease of a mapped handle (*mapped = 1; the result) or nothing (*mapped = 0) */
 VG_HIDDEN CUresult vg_vmm_release(uint64_t handle, int *mapped);

@@ -11,6 +11,15 @@
  * launch is still live cannot be launched again (CUDA_ERROR_INVALID_VALUE).
  * Instantiation copies the graph's memory nodes; destroying a graph or an executable
  * graph leaves live allocations live. (Launches run to completion at once.)
+ * Nodes can be listed (cuGraphGetNodes, cuGraphNodeGetType: CU_GRAPH_NODE_TYPE_MEM_ALLOC 10,
+ * MEM_FREE 11) and an allocation node's parameters read (cuGraphMemAllocNodeGetParams).
+ * cuGraphInstantiateWithParams instantiates like cuGraphInstantiateWithFlags.
+ *
+ * Stream capture: cuStreamCreate gives a stream; between cuStreamBeginCapture(_v2) and
+ * cuStreamEndCapture, cuMemAllocAsync / cuMemAllocFromPoolAsync on that stream add an
+ * allocation node to the captured graph (with its address; nothing is allocated) and
+ * cuMemFreeAsync a free node; cuStreamEndCapture returns the graph. The legacy NULL
+ * stream cannot be captured (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED).
  */
 #ifndef STUB_GRAPH_H
 #define STUB_GRAPH_H
@@ -54,6 +63,120 @@ EXPORT CUresult cuGraphAddMemFreeNode(void **node, void *graph, void *const *dep
     *node = &g->nodes[g->nnodes++];
     return CUDA_SUCCESS;
 }
+EXPORT CUresult cuGraphGetNodes(void *graph, void **nodes, size_t *num) {
+    sg_graph_t *g = graph;
+    if (!g || !num) return CUDA_ERROR_INVALID_VALUE;
+    if (nodes) {
+        size_t n = *num < (size_t)g->nnodes ? *num : (size_t)g->nnodes;
+        for (size_t i = 0; i < n; i++) nodes[i] = &g->nodes[i];
+    }
+    *num = (size_t)g->nnodes;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphNodeGetType(void *node, int *type) {
+    if (!node || !type) return CUDA_ERROR_INVALID_VALUE;
+    *type = ((sg_node_t *)node)->alloc ? CU_GRAPH_NODE_TYPE_MEM_ALLOC : CU_GRAPH_NODE_TYPE_MEM_FREE;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphMemAllocNodeGetParams(void *node, CUDA_MEM_ALLOC_NODE_PARAMS *p) {
+    sg_node_t *n = node;
+    if (!n || !p || !n->alloc) return CUDA_ERROR_INVALID_VALUE;
+    memset(p, 0, sizeof *p);
+    p->poolProps.allocType = 1;
+    p->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p->poolProps.location.id = n->dev;
+    p->bytesize = n->size;
+    p->dptr = n->dptr;
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------- stream capture */
+#define SG_STREAMS 64
+static char g_streams[SG_STREAMS];                 /* stream i is &g_streams[i] */
+static sg_graph_t *g_capturing[SG_STREAMS];
+static int stream_index(CUstream s) {
+    char *c = (char *)s;
+    return c >= g_streams && c < g_streams + SG_STREAMS ? (int)(c - g_streams) : -1;
+}
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned int flags) {
+    (void)flags;
+    if (!s) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    int i = 0;
+    while (i < SG_STREAMS && g_streams[i]) i++;
+    if (i < SG_STREAMS) g_streams[i] = 1;
+    pthread_mutex_unlock(&g_mu);
+    if (i == SG_STREAMS) return CUDA_ERROR_OUT_OF_MEMORY;
+    *s = (CUstream)(void *)&g_streams[i];
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
+    int i = stream_index(s);
+    if (i < 0 || !g_streams[i]) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    g_streams[i] = 0;
+    free(g_capturing[i]);
+    g_capturing[i] = NULL;
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
+    (void)mode;
+    int i = stream_index(s);
+    if (!s) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (i < 0 || !g_streams[i]) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    CUresult r = g_capturing[i] ? CUDA_ERROR_ILLEGAL_STATE : CUDA_SUCCESS;
+    if (!r && !(g_capturing[i] = calloc(1, sizeof(sg_graph_t)))) r = CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+EXPORT CUresult cuStreamBeginCapture(CUstream s) { return cuStreamBeginCapture_v2(s, 0); }
+EXPORT CUresult cuStreamEndCapture(CUstream s, void **graph) {
+    int i = stream_index(s);
+    if (!graph || i < 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    *graph = g_capturing[i];
+    g_capturing[i] = NULL;
+    pthread_mutex_unlock(&g_mu);
+    return *graph ? CUDA_SUCCESS : CUDA_ERROR_ILLEGAL_STATE;
+}
+EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status) {
+    int i = stream_index(s);
+    if (!status) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    *status = i >= 0 && g_capturing[i] ? 1 : 0; /* CU_STREAM_CAPTURE_STATUS_ACTIVE */
+    pthread_mutex_unlock(&g_mu);
+    return CUDA_SUCCESS;
+}
+static int capture_alloc(CUresult *r, CUdeviceptr *p, size_t n, int dev, CUstream s) {
+    int i = stream_index(s);
+    if (i < 0) return 0;
+    pthread_mutex_lock(&g_mu);
+    sg_graph_t *g = g_capturing[i];
+    pthread_mutex_unlock(&g_mu);
+    if (!g) return 0;
+    void *node;
+    CUDA_MEM_ALLOC_NODE_PARAMS prm;
+    memset(&prm, 0, sizeof prm);
+    prm.poolProps.allocType = 1;
+    prm.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prm.poolProps.location.id = dev;
+    prm.bytesize = n;
+    *r = p ? cuGraphAddMemAllocNode(&node, g, NULL, 0, &prm) : CUDA_ERROR_INVALID_VALUE;
+    if (!*r) *p = prm.dptr;
+    return 1;
+}
+static int capture_free(CUdeviceptr p, CUstream s) {
+    int i = stream_index(s);
+    if (i < 0) return 0;
+    pthread_mutex_lock(&g_mu);
+    sg_graph_t *g = g_capturing[i];
+    pthread_mutex_unlock(&g_mu);
+    void *node;
+    return g && cuGraphAddMemFreeNode(&node, g, NULL, 0, p) == CUDA_SUCCESS;
+}
+
 /* an executable graph: a copy of the graph's nodes, tagged to be told from a graph */
 #define SG_EXEC_MAGIC 0x67657865u
 typedef struct { uint32_t magic; sg_graph_t g; } sg_exec_t;
@@ -69,6 +192,10 @@ EXPORT CUresult cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned l
 }
 EXPORT CUresult cuGraphInstantiate_v2(void **exec, void *graph, void **err, char *log, size_t n) {
     (void)err; (void)log; (void)n;
+    return cuGraphInstantiateWithFlags(exec, graph, 0);
+}
+EXPORT CUresult cuGraphInstantiateWithParams(void **exec, void *graph, void *params) {
+    (void)params;
     return cuGraphInstantiateWithFlags(exec, graph, 0);
 }
 EXPORT CUresult cuGraphExecDestroy(void *exec) {
@@ -157,6 +284,8 @@ EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value
 }
 static void stub_graph_fork_child(void) {
     g_nglive = 0;
+    memset(g_streams, 0, sizeof g_streams);
+    memset(g_capturing, 0, sizeof g_capturing);
     memset(g_gpool, 0, sizeof g_gpool);
 }
 #endif

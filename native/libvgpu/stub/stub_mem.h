@@ -5,14 +5,15 @@
  *   cuMemCreate allocates device memory (a shared object, stub_state.h); the handle is
  *   one reference. cuMemAddressReserve / cuMemAddressFree take and give back address
  *   space only. cuMemMap adds a reference (a mapping), cuMemUnmap drops it.
- *   cuMemExportToShareableHandle (POSIX file descriptor type only) gives a file
- *   descriptor naming the object and allocates nothing; cuMemImportFromShareableHandle,
+ *   cuMemExportToShareableHandle gives a file descriptor (POSIX file descriptor type) or
+ *   64 bytes (fabric type) naming the object and allocates nothing; cuMemImportFromShareableHandle,
  *   in any process, gives a new handle that is one more reference. cuMemRelease drops
  *   the handle's reference (its value may be given to a later handle): "the memory
  *   allocation will be freed when all outstanding mappings to the memory are unmapped
  *   and when all outstanding references to the handle (including its shareable
  *   counterparts) are also released". (The stub's exported descriptor itself holds no
- *   reference.) A process that dies drops its references: what others still reference
+ *   reference.) cuMemGetAllocationPropertiesFromHandle reports a handle's location and type
+ *   (the property structure has no size). A process that dies drops its references: what others still reference
  *   stays on the device (st_reap_objs).
  * CUDA IPC: stub_ipc.h.
  * Stream-ordered allocation
@@ -188,13 +189,19 @@ EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHa
                                              unsigned long long flags) {
     (void)flags;
     if (!out) return CUDA_ERROR_INVALID_VALUE;
-    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && type != CU_MEM_HANDLE_TYPE_FABRIC)
+        return CUDA_ERROR_NOT_SUPPORTED;
     pthread_mutex_lock(&g_mu);
     int hi = ref_find(g_handles, g_nhandles, h);
     uint64_t rec[2] = {0, 0};
     if (hi >= 0) { rec[0] = (uint64_t)g_handles[hi].obj; rec[1] = atomic_load(&st_get()->objs[rec[0]].id); }
     pthread_mutex_unlock(&g_mu);
     if (hi < 0) return CUDA_ERROR_INVALID_VALUE;
+    if (type == CU_MEM_HANDLE_TYPE_FABRIC) { /* 64 bytes naming the object, valid in any process */
+        memset(out, 0, sizeof(CUmemFabricHandle));
+        memcpy(out, rec, sizeof rec);
+        return CUDA_SUCCESS;
+    }
     int fd = memfd_create("stub-vmm", 0);
     if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     if (pwrite(fd, rec, sizeof rec, 0) != (ssize_t)sizeof rec) { close(fd); return CUDA_ERROR_UNKNOWN; }
@@ -203,10 +210,16 @@ EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHa
 }
 EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os, int type) {
     if (!h) return CUDA_ERROR_INVALID_VALUE;
-    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR && type != CU_MEM_HANDLE_TYPE_FABRIC)
+        return CUDA_ERROR_NOT_SUPPORTED;
     uint64_t rec[2];
-    if (pread((int)(intptr_t)os, rec, sizeof rec, 0) != (ssize_t)sizeof rec || rec[0] >= STUB_MAXOBJ)
+    if (type == CU_MEM_HANDLE_TYPE_FABRIC) {
+        if (!os) return CUDA_ERROR_INVALID_VALUE;
+        memcpy(rec, os, sizeof rec);
+    } else if (pread((int)(intptr_t)os, rec, sizeof rec, 0) != (ssize_t)sizeof rec) {
         return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (rec[0] >= STUB_MAXOBJ) return CUDA_ERROR_INVALID_VALUE;
     stub_obj_t *o = &st_get()->objs[rec[0]];
     pthread_mutex_lock(&g_mu);
     CUresult r = CUDA_SUCCESS;
@@ -220,6 +233,27 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, 
         uint64_t key = new_key();
         g_handles[g_nhandles++] = (sm_ref_t){key, o->size, (int)rec[0]};
         *h = key;
+    }
+    pthread_mutex_unlock(&g_mu);
+    return r;
+}
+
+/* "Retrieve the contents of the property structure defining properties for this
+ * handle" (created or imported): the stub fills the location (the device as this
+ * process numbers it, or the host) and the allocation type; the structure has no size */
+EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h) {
+    if (!prop) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_mu);
+    int i = ref_find(g_handles, g_nhandles, h);
+    CUresult r = i < 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    if (!r) {
+        stub_obj_t *o = &st_get()->objs[g_handles[i].obj];
+        memset(prop, 0, sizeof *prop);
+        prop->type = 1; /* CU_MEM_ALLOCATION_TYPE_PINNED */
+        prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+        prop->location.type = o->size ? CU_MEM_LOCATION_TYPE_DEVICE : CU_MEM_LOCATION_TYPE_HOST;
+        for (int d = 0; o->size && d < st_ncvis(); d++)
+            if (st_cphys(d) == o->phys) { prop->location.id = d; break; }
     }
     pthread_mutex_unlock(&g_mu);
     return r;
@@ -370,8 +404,13 @@ static CUresult pool_free(CUdeviceptr a) {
     pthread_mutex_unlock(&g_mu);
     return r;
 }
+/* stream capture (stub_graph.h): on a capturing stream an allocation or a free becomes a
+ * node of the captured graph; 1 when it did */
+static int capture_alloc(CUresult *r, CUdeviceptr *p, size_t n, int dev, CUstream s);
+static int capture_free(CUdeviceptr p, CUstream s);
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
-    (void)s;
+    CUresult cr;
+    if (capture_alloc(&cr, p, n, cur_dev(), s)) return cr;
     pthread_mutex_lock(&g_mu);
     stub_pool_t *pl = defpool(cur_dev());
     pthread_mutex_unlock(&g_mu);
@@ -379,17 +418,18 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) { return cuMemAllocAsync(p, n, s); }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) {
-    (void)s;
     pthread_mutex_lock(&g_mu);
     stub_pool_t *pl = pool_of(pool);
     pthread_mutex_unlock(&g_mu);
+    CUresult cr;
+    if (pl && capture_alloc(&cr, p, n, pl->dev, s)) return cr;
     return pl ? pool_alloc(p, n, pl) : CUDA_ERROR_INVALID_VALUE;
 }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) {
     return cuMemAllocFromPoolAsync(p, n, pool, s);
 }
-EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { (void)s; return pool_free(p); }
-EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { (void)s; return pool_free(p); }
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) { return capture_free(p, s) ? CUDA_SUCCESS : pool_free(p); }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
 EXPORT CUresult cuStreamSynchronize(CUstream s) {
     (void)s;
     pthread_mutex_lock(&g_mu); pools_sync(); pthread_mutex_unlock(&g_mu);

@@ -11,8 +11,18 @@
  *   vunmap               unmap the newest object (and free its address space); a
  *                        released one leaves the stack
  *   vexport              print "fd PID FD" (cuMemExportToShareableHandle, POSIX fd)
- *   vimport PID FD BYTES RC  cuMemImportFromShareableHandle of /proc/PID/fd/FD (kind vmm,
- *                        BYTES its size for vmap)
+ *   vimport PID FD BYTES RC  cuMemImportFromShareableHandle of process PID's descriptor FD,
+ *                        taken with pidfd_getfd (the same open file, as SCM_RIGHTS passes it;
+ *                        kind vmm, BYTES its size for vmap)
+ *   vimportfd FD BYTES RC  the same of this process's descriptor FD (inherited from the test)
+ *   vimportproc PID FD BYTES RC  the same through open(/proc/PID/fd/FD): a new open file of
+ *                        the stub's descriptor, which libvgpu cannot link to its creator
+ *   reexec SCRIPT...     execv vgtest SCRIPT... in this process (same PID; no exit handler
+ *                        runs, as with any exec)
+ *   wait                 read one line from stdin (the test says when to go on)
+ *   vexportfab           print "fab HEX" (cuMemExportToShareableHandle, fabric handle)
+ *   vimportfab HEX BYTES RC  cuMemImportFromShareableHandle of that fabric handle (kind vmm)
+ *   vprop                print "vprop TYPE ID" (cuMemGetAllocationPropertiesFromHandle location)
  *   ipcget               print "ipc HEX" (cuIpcGetMemHandle of the newest object)
  *   ipcopen HEX RC       cuIpcOpenMemHandle, kept as kind "ipc" (freed by cuIpcCloseMemHandle)
  *   memfree RC           cuMemFree the newest object's address, expect RC; popped on success
@@ -20,12 +30,17 @@
  *   graph BYTES FREE     a graph with one allocation node of BYTES on the current device
  *                        (FREE 1: and a free node of it), instantiated; kept as kind "gexec"
  *                        (freed by cuGraphExecDestroy), its allocation's address as va
+ *   capture BYTES FREE   the same graph made by stream capture: cuMemAllocAsync of BYTES
+ *                        (FREE 1: and cuMemFreeAsync) on a capturing stream, then
+ *                        cuGraphInstantiateWithParams (nothing names the allocation to the
+ *                        library but the graph itself)
  *   glaunch RC           cuGraphLaunch the newest graph, expect RC
  *   gfree                cuMemFreeAsync the newest graph's allocation
  *   gtrim                cuDeviceGraphMemTrim of the current device
  *   gmem                 print "gmem RESERVED USED" (cuDeviceGetGraphMemAttribute)
  */
 #include <fcntl.h>
+#include <sys/syscall.h>
 
 unsigned long long stubDeviceUsed(int dev); /* stub test helper */
 
@@ -94,14 +109,26 @@ static int pat_cmd(int argc, char **argv, int *i) {
         if ((r = cuMemExportToShareableHandle(&fd, top()->h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)))
             die("cuMemExportToShareableHandle", r, 0);
         printf("fd %d %d\n", (int)getpid(), fd);
-    } else if (!strcmp(c, "vimport")) {
+    } else if (!strcmp(c, "vimport") || !strcmp(c, "vimportproc") || !strcmp(c, "vimportfd")) {
         char path[64];
+        int byfd = !strcmp(c, "vimportfd");
+        if (byfd) (*i)--; /* no PID */
         snprintf(path, sizeof path, "/proc/%s/fd/%s", argv[*i + 1], argv[*i + 2]);
+        int pid = atoi(argv[*i + 1]), theirs = atoi(argv[*i + 2]);
         uint64_t size = strtoull(argv[*i + 3], NULL, 0);
         int want = atoi(argv[*i + 4]);
         *i += 4;
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0) die("open exported fd", 0, 0);
+        int fd = -1;
+        if (byfd) {
+            fd = theirs;
+        } else if (!strcmp(c, "vimportproc")) {
+            fd = open(path, O_RDONLY | O_CLOEXEC);
+        } else {
+            int pfd = (int)syscall(434 /* pidfd_open */, pid, 0);
+            if (pfd >= 0) fd = (int)syscall(438 /* pidfd_getfd */, pfd, theirs, 0);
+            if (pfd >= 0) close(pfd);
+        }
+        if (fd < 0) die("take the exported fd", 0, 0);
         CUmemGenericAllocationHandle h = 0;
         r = cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         close(fd);
@@ -114,6 +141,50 @@ static int pat_cmd(int argc, char **argv, int *i) {
             o->h = h;
             o->size = size;
         }
+    } else if (!strcmp(c, "vexportfab")) {
+        CUmemFabricHandle fh;
+        if ((r = cuMemExportToShareableHandle(&fh, top()->h, CU_MEM_HANDLE_TYPE_FABRIC, 0)))
+            die("cuMemExportToShareableHandle (fabric)", r, 0);
+        printf("fab ");
+        for (size_t k = 0; k < sizeof fh.data; k++) printf("%02x", fh.data[k]);
+        printf("\n");
+    } else if (!strcmp(c, "vimportfab")) {
+        const char *hex = argv[++*i];
+        uint64_t size = strtoull(argv[++*i], NULL, 0);
+        int want = atoi(argv[++*i]);
+        CUmemFabricHandle fh;
+        memset(&fh, 0, sizeof fh);
+        for (size_t k = 0; k < sizeof fh.data && hex[2 * k] && hex[2 * k + 1]; k++) {
+            unsigned v;
+            sscanf(hex + 2 * k, "%2x", &v);
+            fh.data[k] = (unsigned char)v;
+        }
+        CUmemGenericAllocationHandle h = 0;
+        r = cuMemImportFromShareableHandle(&h, &fh, CU_MEM_HANDLE_TYPE_FABRIC);
+        printf("import -> %d\n", r);
+        if (r != want) die("import result", r, want);
+        if (!r) {
+            obj_t *o = &objs[nobj++];
+            memset(o, 0, sizeof *o);
+            snprintf(o->kind, sizeof o->kind, "vmm");
+            o->h = h;
+            o->size = size;
+        }
+    } else if (!strcmp(c, "reexec")) {
+        char **av = calloc((size_t)(argc - *i) + 1, sizeof *av);
+        if (!av) die("calloc", 0, 0);
+        av[0] = (char *)"vgtest";
+        for (int k = *i + 1; k < argc; k++) av[k - *i] = argv[k];
+        fflush(stdout);
+        execv("/proc/self/exe", av);
+        die("execv", 0, 0);
+    } else if (!strcmp(c, "wait")) {
+        char line[64];
+        if (!fgets(line, sizeof line, stdin)) die("wait: stdin closed", 0, 0);
+    } else if (!strcmp(c, "vprop")) {
+        CUmemAllocationProp p;
+        if ((r = cuMemGetAllocationPropertiesFromHandle(&p, top()->h))) die("cuMemGetAllocationPropertiesFromHandle", r, 0);
+        printf("vprop %d %d\n", p.location.type, p.location.id);
     } else if (!strcmp(c, "ipcget")) {
         CUipcMemHandle h;
         if ((r = cuIpcGetMemHandle(&h, top()->h))) die("cuIpcGetMemHandle", r, 0);
@@ -165,6 +236,26 @@ static int pat_cmd(int argc, char **argv, int *i) {
         snprintf(o->kind, sizeof o->kind, "gexec");
         o->h = (uint64_t)(uintptr_t)exec;
         o->va = prm.dptr;
+        o->size = n;
+    } else if (!strcmp(c, "capture")) {
+        size_t n = strtoull(argv[++*i], NULL, 0);
+        int with_free = atoi(argv[++*i]);
+        CUstream st = NULL;
+        void *g = NULL, *exec = NULL;
+        CUdeviceptr p = 0;
+        if ((r = cuStreamCreate(&st, 0))) die("cuStreamCreate", r, 0);
+        if ((r = cuStreamBeginCapture_v2(st, 0))) die("cuStreamBeginCapture", r, 0);
+        if ((r = cuMemAllocAsync(&p, n, st))) die("cuMemAllocAsync (capturing)", r, 0);
+        if (with_free && (r = cuMemFreeAsync(p, st))) die("cuMemFreeAsync (capturing)", r, 0);
+        if ((r = cuStreamEndCapture(st, &g))) die("cuStreamEndCapture", r, 0);
+        if ((r = cuGraphInstantiateWithParams(&exec, g, NULL))) die("cuGraphInstantiateWithParams", r, 0);
+        if ((r = cuGraphDestroy(g))) die("cuGraphDestroy", r, 0);
+        if ((r = cuStreamDestroy_v2(st))) die("cuStreamDestroy", r, 0);
+        obj_t *o = &objs[nobj++];
+        memset(o, 0, sizeof *o);
+        snprintf(o->kind, sizeof o->kind, "gexec");
+        o->h = (uint64_t)(uintptr_t)exec;
+        o->va = p;
         o->size = n;
     } else if (!strcmp(c, "glaunch")) {
         int want = atoi(argv[++*i]);

@@ -20,6 +20,7 @@
  *   rate SECS GRID       launch for SECS seconds, print "rate LAUNCHES_PER_S"
  *   echo WORD            print WORD (flushes; for synchronisation)
  *   sleep SECS           sleep
+ *   waitfile PATH        wait until PATH exists (at most 120 s; "waitfile timeout" then)
  *   hold                 print "holding" and sleep until killed
  *   fork SCRIPT...       run the rest in a forked child and wait for it; with a "--"
  *                        in the rest, the child runs up to it and the parent
@@ -291,6 +292,14 @@ static int run(int argc, char **argv) {
             printf("%s\n", argv[++i]);
         } else if (!strcmp(c, "sleep")) {
             usleep((useconds_t)(atof(argv[++i]) * 1e6));
+        } else if (!strcmp(c, "waitfile")) {
+            const char *path = argv[++i];
+            int waited_ms = 0;
+            while (access(path, F_OK) != 0 && waited_ms < 120000) {
+                usleep(10000);
+                waited_ms += 10;
+            }
+            if (access(path, F_OK) != 0) printf("waitfile timeout\n");
         } else if (!strcmp(c, "hold")) {
             printf("holding\n");
             fflush(stdout);

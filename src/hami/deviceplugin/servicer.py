@@ -87,8 +87,13 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
                 if seen == self.state.version:
                     self.state.cond.wait(timeout=1.0)
                     continue
+                first = seen == -1
                 seen = self.state.version
                 resp = self.state.list_response()
+            if first:
+                healthy = sum(1 for d in resp.devices if d.health == "Healthy")
+                log.info("ListAndWatch: the kubelet is watching; %d devices sent, %d healthy",
+                         len(resp.devices), healthy)
             yield resp
 
     def PreStartContainer(self, request: pb.PreStartContainerRequest,

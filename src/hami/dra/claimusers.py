@@ -59,6 +59,18 @@ def _containers_using(pod: Mapping[str, Any], entries: set[str] | None) -> set[s
     return out
 
 
+def hami_template_containers(pod: Mapping[str, Any]) -> set[str]:
+    """The names of the containers (init or not) of ``pod`` using an entry of its
+    ``spec.resourceClaims`` that names one of hami's own templates (``hami-gpu-``
+    prefix): what the template reconciler knows without a read. Pure; never raises."""
+    spec = pod.get("spec")
+    items = spec.get("resourceClaims") if isinstance(spec, Mapping) else None
+    entries = {str(e.get("name")) for e in items if isinstance(e, Mapping)
+               and str(e.get("resourceClaimTemplateName") or "").startswith(
+                   signedspecs.NAME_PREFIX)} if isinstance(items, list) else set()
+    return _containers_using(pod, entries) if entries else set()
+
+
 def holds_hami_device(claim: Mapping[str, Any]) -> bool:
     """True when the claim's ``status.allocation`` holds a device of hami's driver."""
     status = claim.get("status")

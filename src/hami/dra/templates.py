@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from hami.core import isolation
 from hami.dra import booking, bounds
+from hami.dra.claimusers import hami_template_containers
 from hami.dra.signedspecs import (
     NAME_PREFIX,
     SIGNATURE_ANNOTATION,
@@ -44,6 +45,7 @@ from hami.dra.signedspecs import (
 )
 
 if TYPE_CHECKING:
+    from hami.core.config import SchedulerConfig
     from hami.dra.templategc import TemplateCollector
 
 log = logging.getLogger(__name__)
@@ -96,13 +98,19 @@ def _signature(meta: Mapping[str, Any]) -> str:
 
 class TemplateReconciler:
     """``client``: lightkube ``AsyncClient``; ``keys``: the webhook's key ring;
-    ``emit(pod metadata, reason, message)``: records a Warning Event (None: logs only).
+    ``emit(pod metadata, reason, message)``: records a Warning Event (None: logs only);
+    ``config``: the scheduler's device config, so that the containers using hami's
+    templates keep the rules of GPU containers (reserved env names, mounts over the
+    library, the priority-0 grant) as at the webhook; None checks only the rules for
+    every container of a GPU pod.
     """
 
     def __init__(self, client: Any, keys: Keys,
                  emit: Callable[[Mapping[str, Any], str, str], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 config: SchedulerConfig | None = None) -> None:
         self.client = client
+        self.config = config
         self.keys = keys
         self.emit = emit
         self.clock = clock
@@ -184,7 +192,8 @@ class TemplateReconciler:
         namespace = str(meta.get("namespace") or "default")
         out: dict[str, str] = {}
         signed, why = self._verify(namespace, meta)
-        problems = isolation.security_violations(pod)
+        problems = isolation.security_violations(pod, self.config,
+                                                 hami_template_containers(pod))
         if problems:  # the webhook refuses these; it did not see this pod
             signed, why = None, ("the pod breaks the rules for GPU pods (created while the "
                                  "webhook was down?): " + isolation.message(problems))

@@ -188,8 +188,13 @@ def scheduler(
 
 
 def main() -> None:
-    """``python -m hami.scheduler.command``: the command without the ``hami`` CLI."""
-    typer.run(scheduler)
+    """``python -m hami.scheduler.command``: exactly ``hami scheduler`` (the same logging
+    set-up and the same one-line errors; the quickstart and the e2e harness start it so)."""
+    import sys
+
+    from hami.cli import app
+
+    app(["scheduler", *sys.argv[1:]], prog_name="hami")
 
 
 if __name__ == "__main__":

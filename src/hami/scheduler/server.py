@@ -324,7 +324,7 @@ def dra_parts(engine: Engine, client: Any
     webhook = DraWebhook(client, engine.config, engine.admit, engine.state.quota, keys=keys,
                          reservations=reservations,
                          trusted_creators=engine.settings.dra_trusted_claim_creators)
-    templates = TemplateReconciler(client, keys, emit)
+    templates = TemplateReconciler(client, keys, emit, config=engine.config)
     engine.pod_observers.append(templates.observe)
     hosts = HostUsage(engine.nodes)  # node CPU/memory for fragmentation-aware
     engine.pod_observers.append(hosts.observe_pod)

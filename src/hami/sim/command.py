@@ -20,9 +20,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from hami.sim import metrics, report
+from hami.sim import metrics, priority_report, report
 from hami.sim.mig import MIG_MODELS
 from hami.sim.paper import PAPER_POLICIES, run_paper
+from hami.sim.priority import PRIORITY_SOURCES, QOS_PRIORITY, TimedPod, timed_pods
 from hami.sim.replay import (
     ALL_POLICIES,
     CURVE_POINTS,
@@ -189,6 +190,24 @@ class Simulation:
                             allocation, frag, seconds)
 
 
+def _check_priority(priority: str, trace: Path | None, seeds: str | None,
+                    plot: Path | None, tune: float) -> None:
+    """``--priority``'s own checks (before any file is read).
+
+    Raises:
+        ValueError: an unknown source, no ``--trace``, or an option it has no use for.
+    """
+    if priority not in PRIORITY_SOURCES:
+        raise ValueError(f"--priority: unknown source {priority!r}; known: "
+                         f"{', '.join(PRIORITY_SOURCES)}")
+    if trace is None:
+        raise ValueError("--priority qos reads the trace's qos and time columns; it needs "
+                         "--trace DIR (the synthetic default has neither)")
+    if seeds is not None or plot is not None or tune != DEFAULT_TUNE:
+        raise ValueError("--priority replays the trace's own timeline (no inflation, no "
+                         "shuffle, no curve): leave out --seeds, --tune and --plot")
+
+
 def workload_status(pods: Sequence[TracePod], capacity_milli: int, tune: float) -> str:
     """The workload part of the line under the table: the trace pods are inflated to
     ``tune`` x the cluster's GPU capacity (``capacity_milli``, milli-GPU) only when they
@@ -251,6 +270,17 @@ def simulate(
         "hami's fragmentation-aware node order from /prioritize (the same scorer), and "
         "inside the node the first card that fits, as kube-scheduler's DRA allocator "
         "takes it.")] = "extender",
+    priority: Annotated[str | None, typer.Option(
+        "--priority", help="qos: replay the trace's own timeline instead (pods arrive at "
+        "creation_time and hold their slice for their run time, deletion_time minus "
+        "scheduled_time), with spec.priority from the trace's qos column ("
+        + ", ".join(f"{q} {p}" for q, p in QOS_PRIORITY.items()) + "), once without and "
+        "once with preemption (hami's, the extender's core function; evicted pods are "
+        "re-created at once and queue again), and report LS pods' pending time (seconds), LS pods "
+        "never placed, BE pods evicted and the mean GPU allocation, per HAMi policy (the "
+        "paper's schedulers have no priorities). Needs --trace and an 11-column pod list; "
+        "no --seeds, --tune or --plot (no inflation, no shuffle). Off by default.")
+    ] = None,
 ) -> None:
     """Replay a cluster trace through admission, filter/score and bind, and report how
     well each policy packs GPUs (unallocated GPU % vs arrived demand, as in Weng et al.,
@@ -264,6 +294,8 @@ def simulate(
         if trace is None and workload != "default":
             raise ValueError("--workload selects a trace file; it needs --trace DIR")
         policy_list = with_mode(parse_policies(policies), mode)
+        if priority is not None:
+            _check_priority(priority, trace, seeds, plot, tune)
         if split_count < MIN_SPLIT_COUNT:
             raise ValueError(f"--split-count must be at least {MIN_SPLIT_COUNT}, "
                              f"got {split_count}")
@@ -303,12 +335,27 @@ def simulate(
                 raise ValueError(f"{', '.join(asked)}: the paper's schedulers do not model "
                                  "MIG-mode nodes")
             policy_list = [p for p in policy_list if p not in PAPER_POLICIES]
+        timed: list[TimedPod] = []
+        if priority is not None:
+            timed = timed_pods(pods)
+            asked = [p for p in policy_list if p in PAPER_POLICIES]
+            if asked and policies.strip() not in ("", "all", "paper"):
+                raise ValueError(f"{', '.join(asked)}: the paper's schedulers have no "
+                                 "priorities; --priority runs HAMi's policies and ours")
+            policy_list = [p for p in policy_list if p not in PAPER_POLICIES]
     except (TraceError, ValueError) as exc:
         message = str(exc)
         if trace is not None and isinstance(exc, TraceError) and "not found" in message:
             message += f" ({TRACE_HINT})"
         err.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True, highlight=False)
         raise typer.Exit(2) from None
+    if priority is not None:
+        settings.update({"priority": priority, "policies": policy_list,
+                         "split_count": split_count, "nodes": len(nodes),
+                         "gpus": sum(n.gpu for n in nodes), "trace_pods": len(pods)})
+        priority_report.run_cli(nodes, pods, timed, policy_list, split_count, settings,
+                                f"{title}, priorities from qos", json_out, progress_bar)
+        return
     sim = Simulation(nodes, pods, policy_list, seed_list, split_count, tune)
     settings.update({"seeds": seed_list, "policies": policy_list, "split_count": split_count,
                      "tune": tune, "nodes": len(nodes), "gpus": sum(n.gpu for n in nodes),
@@ -342,4 +389,5 @@ def simulate(
 
 
 simulate.__doc__ = (f"{inspect.cleandoc(simulate.__doc__ or '')}\n\nThe table's columns:\n\n"
-                    f"{report.columns_help()}")
+                    f"{report.columns_help()}\n\nWith --priority qos, the table's columns:"
+                    f"\n\n{priority_report.columns_help()}")

@@ -56,6 +56,7 @@ from hami.core.filter import filter_pod
 from hami.core.fragmentation import FragmentationScorer, Placement, WorkloadDistribution
 from hami.core.model import PodRequest
 from hami.core.nodefit import BestFirst, FilterContext
+from hami.core.state import ClusterState
 from hami.devices.nvidia import NvidiaConfig
 from hami.devices.registry import make_config
 from hami.sim import metrics
@@ -183,6 +184,10 @@ class Replayer:
         self.mig_gpus = int(self.ledger.mig_mode[: self.ledger.size].sum())
         #: MIG instances per placed pod uid (as :attr:`ClusterState.mig` keeps them).
         self.mig: dict[str, tuple[MigAllocation, ...]] = {}
+        #: When set, placements are charged through this state (its ledger is
+        #: :attr:`ledger`) rather than to the bare ledger, so its quota and MIG books
+        #: match what preemption's dry run lifts and puts back (:mod:`hami.sim.priority`).
+        self.state: ClusterState | None = None
 
     # ------------------------------------------------------------ scheduling
     def _cpu_fit(self, request: PodRequest) -> IntArray:
@@ -213,11 +218,16 @@ class Replayer:
         return self.scorer.best_first(ctx.ledger, Placement.of(ctx.request), idx)
 
     def schedule(self, request: PodRequest) -> tuple[str | None, int]:
-        """Place one admitted pod; returns ``(node or None, GPU milli granted)``."""
+        """Place one admitted pod; returns ``(node or None, GPU milli granted)`` (granted
+        is 0 when :attr:`state` is set: the priority replay reads the ledger instead)."""
         led = self.ledger
         if not request.wants_devices:
             node = self._place_cpu_only(request)
-            if node is not None:
+            if node is not None and self.state is not None:
+                self.state.charge(request.uid, node, (), 0, namespace=request.namespace,
+                                  name=request.name, cpu_milli=request.cpu_milli,
+                                  memory_mib=request.memory_mib)
+            elif node is not None:
                 led.add_pod(request.uid, node, (), 0, namespace=request.namespace,
                             name=request.name, cpu_milli=request.cpu_milli,
                             memory_mib=request.memory_mib)
@@ -226,6 +236,12 @@ class Replayer:
                             node_orders={FRAGMENTATION_AWARE: self._rank}, explain=False)
         if result.node is None:
             return None, 0
+        if self.state is not None:
+            self.state.charge(request.uid, result.node, result.devices, request.n_init,
+                              namespace=request.namespace, name=request.name,
+                              cpu_milli=request.cpu_milli, memory_mib=request.memory_mib,
+                              mig=result.mig, sidecars=request.sidecars)
+            return result.node, 0  # the priority replay reads allocation off the ledger
         if not result.mig:
             led.add_pod(request.uid, result.node, result.devices, request.n_init,
                         namespace=request.namespace, name=request.name,

@@ -55,7 +55,10 @@ class TraceNode:
 @dataclass(frozen=True, slots=True)
 class TracePod:
     """One task of the trace. ``gpu_milli`` is per GPU (1000 = a whole GPU);
-    ``gpu_spec`` lists allowed models (empty = any)."""
+    ``gpu_spec`` lists allowed models (empty = any). ``creation_time``,
+    ``deletion_time`` and ``scheduled_time`` are seconds from the trace's start (None
+    when the file has no such column or the cell is empty: ``scheduled_time`` is empty
+    for a pod the trace never scheduled)."""
 
     name: str
     cpu_milli: int
@@ -65,6 +68,8 @@ class TracePod:
     gpu_spec: tuple[str, ...] = ()
     qos: str = ""
     creation_time: int | None = None
+    deletion_time: int | None = None
+    scheduled_time: int | None = None
 
     @property
     def gpu_demand_milli(self) -> int:
@@ -193,14 +198,20 @@ def load_pods(path: str | Path) -> list[TracePod]:
         spec: tuple[str, ...] = ()
         qos = ""
         created: int | None = None
+        deleted: int | None = None
+        scheduled: int | None = None
         if full:
             spec = tuple(s.strip() for s in row[5].split("|") if s.strip())
             qos = row[6].strip()
             if row[8].strip():
                 created = _int(row[8], path, line, "creation_time")
+            if row[9].strip():
+                deleted = _int(row[9], path, line, "deletion_time")
+            if row[10].strip():
+                scheduled = _int(row[10], path, line, "scheduled_time")
         pods.append(TracePod(name, _int(row[1], path, line, "cpu_milli"),
                              _int(row[2], path, line, "memory_mib"), num_gpu, gpu_milli,
-                             spec, qos, created))
+                             spec, qos, created, deleted, scheduled))
     return pods
 
 

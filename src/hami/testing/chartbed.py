@@ -42,6 +42,7 @@ from hami.testing.controlplane import (
     wait_until,
 )
 from hami.testing.gpubed import REPO, remove_own_workdir
+from hami.testing.gpupods import wait_webhook_serving
 from hami.testing.node import RealNode, ensure_root_ca
 
 CHART = REPO / "deploy" / "helm" / "hami"
@@ -248,6 +249,11 @@ class ChartBed:
             service = f"{self.release}-scheduler"
             if standins.publish_endpoints(client, ns, service) < 1:
                 raise ControlPlaneError(f"Service {service} has no Ready pod")
+            # the apiserver resolves the webhook's Service from its informer's copy of the
+            # endpoints just published: until it has them, pod creations are refused
+            t0 = time.monotonic()
+            wait_webhook_serving(client, "default")
+            self._timed("webhook serving", t0)
             t0 = time.monotonic()
             wait_until(lambda: _gpu_allocatable(client, self.node_name) > 0,
                        timeout_s=60, what="nvidia.com/gpu on the Node")

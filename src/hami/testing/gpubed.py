@@ -50,6 +50,7 @@ from hami.testing.gpupods import (  # noqa: F401 - re-exported for tests
     gpu_test_pod,
     stub_uuid,
     wait_pod_done,
+    wait_webhook_serving,
     webhook_configuration,
 )
 from hami.testing.node import RealNode, ensure_root_ca
@@ -57,6 +58,9 @@ from hami.testing.pki import CertificateAuthority
 from hami.testing.scheduler_config import ExtenderConfig
 
 SCHEDULER_NAME = "hami-scheduler"
+#: The device plugin's log line when a kubelet's ListAndWatch stream gets its first
+#: device list: from then on the kubelet admits GPU pods with the plugin's devices.
+WATCHING_LINE = "ListAndWatch: the kubelet is watching"
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -149,9 +153,9 @@ class GpuBed:
             from lightkube import codecs
 
             client.create(codecs.from_dict(webhook_configuration("hami-bed", url, ca.cert_pem)))
+            self.timings["webhook"] = wait_webhook_serving(client)
         finally:
             client.close()
-        time.sleep(1.0)  # the apiserver's webhook informer
         self.kube_scheduler = cp.start_scheduler(scheduler_name=SCHEDULER_NAME,
                                                  extender=ExtenderConfig(url))
 
@@ -186,10 +190,24 @@ class GpuBed:
                         f"--lib-path={self.libvgpu_build / 'libvgpu.so'}"],
                        check=True, env=self._env(), capture_output=True)
 
+    def kubelet_watches(self) -> int:
+        """How often a kubelet began watching the device plugin (ListAndWatch's first
+        response, :data:`WATCHING_LINE` in its log, all runs); 0 before the first start."""
+        assert self.node is not None
+        log_path = self.node.log_dir / "device-plugin.log"
+        try:
+            return log_path.read_text(errors="replace").count(WATCHING_LINE)
+        except FileNotFoundError:
+            return 0
+
     def start_plugin(self, extra: Sequence[str] = ()) -> Component:
         """Start (or restart) ``hami device-plugin`` in the node's namespace and wait until
-        the kubelet advertises its replicas on the Node."""
+        the kubelet watches this run (:meth:`kubelet_watches`) and advertises its replicas
+        on the Node. The Node's allocatable alone does not tell: after a restart it still
+        has the previous run's, and the kubelet refuses GPU pods ("no healthy devices")
+        until the new run's ListAndWatch has answered."""
         assert self.node is not None and self.cp is not None
+        watches = self.kubelet_watches()
         inv = self.workdir / "inventory.yaml"
         inv.write_text(yaml.safe_dump(self.inventory))
         if self.node_config is not None:
@@ -204,8 +222,9 @@ class GpuBed:
         client = self.cp.client()
         try:
             self.timings["device-plugin"] = self.plugin.wait_healthy(
-                lambda: _gpu_allocatable(client, self.node_name) > 0, "nvidia.com/gpu on the Node",
-                60)
+                lambda: (self.kubelet_watches() > watches
+                         and _gpu_allocatable(client, self.node_name) > 0),
+                "watched by the kubelet and nvidia.com/gpu on the Node", 60)
         finally:
             client.close()
         return self.plugin

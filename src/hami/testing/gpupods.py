@@ -88,6 +88,49 @@ def webhook_configuration(name: str, url: str, ca_pem: bytes) -> dict[str, Any]:
     }
 
 
+def wait_webhook_serving(client: Any, namespace: str = "default",
+                         timeout_s: float = 60.0) -> float:
+    """Wait until the apiserver calls hami's mutating webhook for pod creations in
+    ``namespace``; return the seconds waited.
+
+    A new MutatingWebhookConfiguration takes effect when the apiserver's informer has
+    it, some time after the create returned (about a second when idle, more on a loaded
+    machine); until then pods are admitted unmutated. The probe is a server-side dry-run
+    create (nothing is stored; the webhook, ``sideEffects: None``, is called) of a pod
+    that asks for ``nvidia.com/gpu``: served once it comes back with hami's
+    ``schedulerName`` instead of ``default-scheduler`` (hami's webhook replaces it, as
+    HAMi's does with ``forceOverwriteDefaultScheduler``) or, in DRA mode, with resource
+    claims. A refused probe (the webhook not reachable yet, ``failurePolicy: Fail``) is
+    tried again.
+
+    Raises:
+        ControlPlaneError: not served within ``timeout_s``.
+    """
+    from lightkube import ApiError, codecs
+
+    probe = codecs.from_dict({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "hami-webhook-probe", "namespace": namespace},
+        "spec": {"containers": [{"name": "c", "image": "probe",
+                                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    last: list[str] = [""]
+
+    def served() -> bool:
+        try:
+            pod = client.create(probe, dry_run=True)
+        except ApiError as err:
+            last[0] = str(err)
+            return False
+        last[0] = f"schedulerName {pod.spec.schedulerName}, claims {pod.spec.resourceClaims}"
+        return (pod.spec.schedulerName not in (None, "", "default-scheduler")
+                or bool(pod.spec.resourceClaims))
+
+    try:
+        return wait_until(served, timeout_s=timeout_s, what=f"hami's webhook in {namespace}")
+    except ControlPlaneError as err:
+        raise ControlPlaneError(f"{err}; last probe: {last[0]}") from None
+
+
 def wait_pod_done(client: Any, name: str, namespace: str = "default",
                   timeout_s: float = 60.0) -> Any:
     """Wait until Pod ``name`` is Succeeded or Failed; return it.

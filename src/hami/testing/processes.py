@@ -5,6 +5,7 @@ Kubernetes binaries are, free ports, waiting, and one running component with its
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -105,11 +106,51 @@ def find_binaries(bin_dir: Path | None = None) -> dict[str, Path]:
     return found
 
 
+#: Where :func:`free_port` picks from: below Linux's default ephemeral range (32768 and
+#: up, ``ip_local_port_range``) and the NodePort range (30000-32767), above the
+#: well-known Kubernetes ports (6443, 10250-10259, 2379-2380).
+FREE_PORT_RANGE = range(20000, 30000)
+_handed_out: set[int] = set()
+_port_rng = random.Random()
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (32768 when it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = HOST) -> int:
-    """A TCP port that was free on ``host`` a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port that was free on ``host`` a moment ago, for a process started later.
+
+    Picked at random from :data:`FREE_PORT_RANGE`, never twice in this process. A port
+    the kernel picks (``bind(host, 0)``) lies in its ephemeral range, which every
+    outgoing connection on the host draws from too: between this call and the child's
+    ``listen`` a client connection (the apiserver's, the kubelet's, a test's) may take
+    it, and the child fails with "address already in use". When the ephemeral range
+    overlaps :data:`FREE_PORT_RANGE` the kernel picks, as before.
+
+    Raises:
+        OSError: no port of the range could be bound.
+    """
+    if _ephemeral_low() < FREE_PORT_RANGE.stop:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            return int(s.getsockname()[1])
+    for _ in range(500):
+        port = _port_rng.randrange(FREE_PORT_RANGE.start, FREE_PORT_RANGE.stop)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise OSError(f"no free TCP port on {host} in {FREE_PORT_RANGE}")
 
 
 def wait_until(

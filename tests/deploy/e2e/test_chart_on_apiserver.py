@@ -38,6 +38,7 @@ from hami.testing.controlplane import (
     free_port,
     wait_until,
 )
+from hami.testing.gpupods import wait_webhook_serving
 from tests.deploy.chart import CI_VALUES, NAMESPACE, find, render
 from tests.e2e.recording_extender import RecordingExtender
 
@@ -299,7 +300,7 @@ def chart_webhook(prepared: Any, control_plane: ControlPlane,
                             "caBundle": base64.b64encode(tls.ca_pem).decode()}
     hook["failurePolicy"] = "Fail"
     prepared.create(codecs.from_dict(config))
-    time.sleep(1.0)  # the apiserver's webhook informer
+    wait_webhook_serving(prepared)
     try:
         yield prepared
     finally:
@@ -394,7 +395,7 @@ def test_kubectl_debug_container_is_hidden_from_the_nodes_gpus(
                             "caBundle": base64.b64encode(tls.ca_pem).decode()}
     hook["failurePolicy"] = "Fail"
     prepared.create(codecs.from_dict(config))
-    time.sleep(1.0)  # the apiserver's webhook informer
+    wait_webhook_serving(prepared)
     name = f"debug-me-{uuid.uuid4().hex[:6]}"
     try:
         prepared.create(codecs.from_dict({

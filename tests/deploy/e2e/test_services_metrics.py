@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,15 +25,14 @@ from lightkube.types import PatchType
 from prometheus_client.parser import text_string_to_metric_families
 
 from hami.testing.controlplane import ControlPlane, wait_until
+from hami.testing.processes import free_port
 from tests.deploy.test_metrics import promtool
 
 pytestmark = pytest.mark.e2e
 
 
 def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()  # outside the ephemeral range: no client connection takes it
 
 
 def _scrape(port: int) -> bytes:
