@@ -190,19 +190,37 @@ def ensure_secret(client: Any, namespace: str, secret: str, hosts: Sequence[str]
 
 
 def patch_ca_bundle(client: Any, webhook: str, ca_pem: bytes) -> int:
-    """Set ``clientConfig.caBundle`` of every webhook in MutatingWebhookConfiguration
-    ``webhook``; returns how many entries changed."""
-    from lightkube.resources.admissionregistration_v1 import MutatingWebhookConfiguration
+    """Set ``clientConfig.caBundle`` of every webhook in the MutatingWebhookConfiguration
+    ``webhook`` and, when there is one (the chart's DRA mode), the
+    ValidatingWebhookConfiguration of the same name; returns how many entries changed.
+
+    Raises:
+        lightkube ``ApiError``: the mutating configuration is missing or unreadable, or
+            a patch fails (a missing validating one is skipped).
+    """
+    from lightkube import ApiError
+    from lightkube.resources.admissionregistration_v1 import (
+        MutatingWebhookConfiguration,
+        ValidatingWebhookConfiguration,
+    )
     from lightkube.types import PatchType
 
     value = base64.b64encode(ca_pem).decode()
-    live = client.get(MutatingWebhookConfiguration, webhook)
-    ops = [{"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": value}
-           for i, wh in enumerate(live.webhooks or [])
-           if (wh.clientConfig.caBundle or "") != value]
-    if ops:
-        client.patch(MutatingWebhookConfiguration, webhook, ops, patch_type=PatchType.JSON)
-    return len(ops)
+    changed = 0
+    for kind in (MutatingWebhookConfiguration, ValidatingWebhookConfiguration):
+        try:
+            live = client.get(kind, webhook)
+        except ApiError as err:
+            if kind is ValidatingWebhookConfiguration and err.status.code == 404:
+                continue
+            raise
+        ops = [{"op": "add", "path": f"/webhooks/{i}/clientConfig/caBundle", "value": value}
+               for i, wh in enumerate(live.webhooks or [])
+               if (wh.clientConfig.caBundle or "") != value]
+        if ops:
+            client.patch(kind, webhook, ops, patch_type=PatchType.JSON)
+        changed += len(ops)
+    return changed
 
 
 def new_allocation_key() -> str:
@@ -286,7 +304,8 @@ def certgen(
                                            help="namespace of the Secret and Service")],
     secret: Annotated[str, typer.Option(help="Secret holding ca.crt, tls.crt, tls.key")] = "",
     service: Annotated[str, typer.Option(help="Service the webhook is called through")] = "",
-    webhook: Annotated[str, typer.Option(help="MutatingWebhookConfiguration to patch "
+    webhook: Annotated[str, typer.Option(help="Mutating (and Validating, when there is "
+                                         "one) WebhookConfiguration to patch "
                                          "('' = none)")] = "",
     out_dir: Annotated[Path | None, typer.Option(help="also write the files here")] = None,
     validity_days: Annotated[int, typer.Option(

@@ -83,6 +83,10 @@ CALLS: dict[str, tuple[Call, ...]] = {
              name="webhook", when="certgen-webhook", where=("hami.certgen:patch_ca_bundle",)),
         Call("patch", "mutatingwebhookconfigurations", "admissionregistration.k8s.io",
              name="webhook", when="certgen-webhook", where=("hami.certgen:patch_ca_bundle",)),
+        Call("get", "validatingwebhookconfigurations", "admissionregistration.k8s.io",
+             name="webhook", when="certgen-webhook", where=("hami.certgen:patch_ca_bundle",)),
+        Call("patch", "validatingwebhookconfigurations", "admissionregistration.k8s.io",
+             name="webhook", when="certgen-webhook", where=("hami.certgen:patch_ca_bundle",)),
         # DRA mode (--dra-mode): the templates of admitted pods (the reconciler follows
         # the pod watch above); the watched slices and claims (/prioritize, quota, card
         # sizes) and the listings before the watch has synced
@@ -116,7 +120,11 @@ CALLS: dict[str, tuple[Call, ...]] = {
              where=("hami.dra.templategc:TemplateCollector.sweep",)),
         # the namespace quota's reservations across replicas: hami-dra-quota-<namespace>
         Call("get", "leases", "coordination.k8s.io", scope="release", when="dra",
-             where=("hami.dra.reservations:QuotaReservations._lease",)),
+             where=("hami.dra.reservations:QuotaReservations._lease",
+                    "hami.dra.reservations:QuotaReservations.records")),
+        # the pods whose claims the resourceclaim controller made (hami.dra.podclaims)
+        Call("list", "pods", when="dra",
+             where=("hami.dra.webhook:DraWebhook.namespace_ledger",)),
         Call("create", "leases", "coordination.k8s.io", scope="release", when="dra",
              where=("hami.dra.reservations:QuotaReservations._lease",)),
         Call("update", "leases", "coordination.k8s.io", scope="release", when="dra",

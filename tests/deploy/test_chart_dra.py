@@ -137,13 +137,20 @@ def test_the_webhook_checks_claims_and_templates_only_in_dra_mode(
     """DRA mode: a second webhook sends ResourceClaim and ResourceClaimTemplate CREATEs to
     the same server, with the pod webhook's failure policy and namespace selection (their
     spec is immutable: no UPDATE); the templates hami's own account makes for a pod it
-    has just checked are left out. Without dra.enabled: only the pod webhook."""
+    has just checked are left out. It is a validating webhook (it sees the claim's UID,
+    which hami records for the claims the resourceclaim controller makes). Without
+    dra.enabled: only the pod webhook."""
     (pods,) = find(render(), "MutatingWebhookConfiguration")["webhooks"]
     assert pods["name"] == "vgpu.hami.io"
+    assert not [o for o in render() if o["kind"] == "ValidatingWebhookConfiguration"]
     for policy in ("Fail", "Ignore"):
         objs = render({"scheduler": {"admissionWebhook": {"failurePolicy": policy}}},
                       files=[DRA_VALUES])
-        pods, claims = find(objs, "MutatingWebhookConfiguration")["webhooks"]
+        (pods,) = find(objs, "MutatingWebhookConfiguration")["webhooks"]
+        validating = find(objs, "ValidatingWebhookConfiguration")
+        assert validating["metadata"]["name"] == find(
+            objs, "MutatingWebhookConfiguration")["metadata"]["name"]
+        (claims,) = validating["webhooks"]
         assert claims["name"] == "claims.vgpu.hami.io"
         assert claims["failurePolicy"] == pods["failurePolicy"] == policy
         for same in ("clientConfig", "namespaceSelector", "timeoutSeconds",
@@ -156,7 +163,12 @@ def test_the_webhook_checks_claims_and_templates_only_in_dra_mode(
                                 "operations": ["CREATE"],
                                 "resources": ["resourceclaims", "resourceclaimtemplates"],
                                 "scope": "Namespaced"}]
-    assert claims["reinvocationPolicy"] == "Never"
+    assert "reinvocationPolicy" not in claims
+    # the resourceclaim controller's identities, as the scheduler is told them
+    args = container(find(dra, "Deployment", "hami-scheduler")["spec"]["template"]["spec"],
+                     "vgpu-scheduler-extender")["args"]
+    assert ("--dra-trusted-claim-creators=system:serviceaccount:kube-system:"
+            "resource-claim-controller,system:kube-controller-manager") in args
     (cond,) = claims["matchConditions"]
     account = find(dra, "Deployment", "hami-scheduler")["spec"]["template"]["spec"][
         "serviceAccountName"]

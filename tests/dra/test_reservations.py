@@ -13,6 +13,7 @@ from typing import Any
 
 from hami.core.quota import QuotaLedger
 from hami.devices.registry import make_config
+from hami.dra import podclaims
 from hami.dra import reservations as rs
 from hami.dra.webhook import DraWebhook
 from tests.dra.test_webhook import _api_error, _Listing, _Obj, _slice
@@ -25,6 +26,7 @@ class _Store:
 
     def __init__(self) -> None:
         self.claims: dict[str, dict[str, Any]] = {}
+        self.pods: list[dict[str, Any]] = []
         self.leases: dict[str, dict[str, Any]] = {}
         self.rv = 0
         self.conflicts = 0
@@ -47,6 +49,8 @@ class _Api:
     def list(self, res: Any, namespace: str | None = None, labels: Any = None) -> _Listing:
         if res.__name__ == "ResourceSlice":
             return _Listing([_slice("n1", 16384)])
+        if res.__name__ == "Pod":
+            return _SlowListing([copy.deepcopy(p) for p in self.store.pods])
         return _SlowListing([copy.deepcopy(c) for c in self.store.claims.values()])
 
     async def watch(self, res: Any, **kw: Any) -> Any:
@@ -172,3 +176,127 @@ def test_a_listed_claim_drops_its_reservation_and_expired_ones_stop_counting() -
 def test_a_malformed_lease_annotation_counts_as_no_reservation() -> None:
     assert rs.parse("not json") == [] and rs.parse('[["k", "x", 1, 2], 3]') == []
     assert rs.parse('[["k", 1, 2, 3.5]]') == [rs.Reservation("k", 1, 2, 3.5)]
+
+
+def _init_pod(uid: str) -> dict[str, Any]:
+    """A translated pod: init container on entry gpu-0, app container on gpu-1."""
+    return {"metadata": {"name": f"pod-{uid}", "namespace": "ns", "uid": uid},
+            "spec": {"resourceClaims": [
+                {"name": "gpu-0", "resourceClaimTemplateName": "hami-gpu-a"},
+                {"name": "gpu-1", "resourceClaimTemplateName": "hami-gpu-a"}],
+                "initContainers": [{"name": "i", "resources": {"claims": [{"name": "gpu-0"}]}}],
+                "containers": [{"name": "m", "resources": {"claims": [{"name": "gpu-1"}]}}]}}
+
+
+def _controller_claim(pod_uid: str, entry: str, memory_mib: int, user: str) -> dict[str, Any]:
+    """A claim as a validating webhook sees the resourceclaim controller's CREATE: a
+    generated name and the server's UID already set."""
+    claim = _claim(f"pod-{pod_uid}-{entry}", memory_mib, pod_uid=pod_uid)
+    claim["metadata"]["annotations"][rs.POD_CLAIM_NAME] = entry
+    claim["metadata"]["name"] = f"pod-{pod_uid}-{entry}-x"
+    claim["metadata"]["uid"] = f"{pod_uid}-{entry}"
+    claim["user"] = user  # taken out into the review's userInfo by _user_burst
+    return claim
+
+
+async def _user_burst(hooks: list[DraWebhook], store: _Store, claims: list[dict[str, Any]]
+                      ) -> list[bool]:
+    """:func:`_burst` with each review's ``userInfo`` from the claim's ``user``."""
+
+    async def one(i: int, claim: dict[str, Any]) -> bool:
+        claim = copy.deepcopy(claim)
+        user = claim.pop("user")
+        body = json.loads(_review(claim, f"r{i}"))
+        body["request"]["userInfo"] = {"username": user}
+        resp = (await hooks[i % len(hooks)](json.dumps(body).encode()))["response"]
+        if resp["allowed"]:
+            store.claims[claim["metadata"]["name"]] = claim
+        return bool(resp["allowed"])
+
+    return list(await asyncio.gather(*(one(i, c) for i, c in enumerate(claims))))
+
+
+CONTROLLER = "system:kube-controller-manager"
+
+
+def test_a_pods_init_and_app_claims_book_as_the_pod_on_two_replicas() -> None:
+    """Quota 20000: two pods, each a 12000 MiB init and a 12000 MiB app claim made by the
+    controller, all four reviewed at once on two replicas. Each pod books 12000 (the
+    extender's collapse), so one pod's two claims are admitted and the other's refused;
+    counted claim by claim only one claim of 12000 fit."""
+    store = _Store()
+    store.pods = [_init_pod("p1"), _init_pod("p2")]
+    hooks = [_hook(store), _hook(store)]
+    claims = [_controller_claim(p, e, 12000, CONTROLLER)
+              for e in ("gpu-0", "gpu-1") for p in ("p1", "p2")]
+    admitted = asyncio.run(_user_burst(hooks, store, claims))
+    owners = {c["metadata"]["ownerReferences"][0]["uid"]
+              for c, ok in zip(claims, admitted, strict=True) if ok}
+    assert sum(admitted) == 2 and len(owners) == 1, admitted
+    (lease,) = store.leases.values()
+    recorded = {r.claim_uid for r in podclaims.parse(
+        lease["metadata"]["annotations"][podclaims.ANNOTATION])}
+    assert recorded == {c["metadata"]["uid"] for c, ok in zip(claims, admitted, strict=True)
+                        if ok}
+
+
+def test_the_same_claims_from_a_tenant_count_each_in_full() -> None:
+    """The same four claims, owners and annotations, created by a user hami does not
+    trust: one fits (12000 of 20000), as before; and with one pod's claims booked, a
+    tenant's claim forging that pod's init entry counts in full."""
+    store = _Store()
+    store.pods = [_init_pod("p1"), _init_pod("p2")]
+    hooks = [_hook(store), _hook(store)]
+    claims = [_controller_claim(p, e, 12000, "alice")
+              for e in ("gpu-0", "gpu-1") for p in ("p1", "p2")]
+    assert sum(asyncio.run(_user_burst(hooks, store, claims))) == 1
+
+    store = _Store()
+    store.pods = [_init_pod("p1")]
+    hook = _hook(store)
+    ours = [_controller_claim("p1", e, 12000, CONTROLLER) for e in ("gpu-0", "gpu-1")]
+    assert asyncio.run(_user_burst([hook], store, ours)) == [True, True]
+    forged = _controller_claim("p1", "gpu-0", 9000, "alice")
+    forged["metadata"].update(name="forged", uid="forged-uid")
+    assert asyncio.run(_user_burst([hook], store, [forged])) == [False]
+    # counted in full, what is left still takes a claim of 8000 (12000 + 8000)
+    fits = _controller_claim("p1", "gpu-0", 8000, "alice")
+    fits["metadata"].update(name="fits", uid="fits-uid")
+    assert asyncio.run(_user_burst([hook], store, [fits])) == [True]
+
+
+def test_a_template_is_checked_against_the_pods_booking() -> None:
+    """With a pod's 10000 MiB init and app claims booked as the pod (10000 of 15000), a
+    template of 5000 MiB fits (each pod naming it makes one claim); 6000 does not."""
+    store = _Store()
+    store.pods = [_init_pod("p1")]
+    hook = _hook(store)
+    hook.quota.set_quota("ns", "gpu", {"limits.nvidia.com/gpumem": 15000})  # type: ignore[union-attr]
+    ours = [_controller_claim("p1", e, 10000, CONTROLLER) for e in ("gpu-0", "gpu-1")]
+    assert asyncio.run(_user_burst([hook], store, ours)) == [True, True]
+
+    def template(memory_mib: int) -> bytes:
+        spec = _claim("t", memory_mib)["spec"]
+        body = json.loads(_review(_claim("t", memory_mib), "rt"))
+        body["request"]["kind"]["kind"] = "ResourceClaimTemplate"
+        body["request"]["object"] = {"metadata": {"name": "t", "namespace": "ns",
+                                                  "uid": "t-uid"}, "spec": {"spec": spec}}
+        return json.dumps(body).encode()
+
+    assert asyncio.run(hook(template(5000)))["response"]["allowed"]
+    assert not asyncio.run(hook(template(6000)))["response"]["allowed"]
+
+
+def test_a_record_the_lease_has_no_room_for_books_its_claim_in_full(monkeypatch: Any) -> None:
+    """With the Lease's records full, the controller's claim is checked and booked
+    each in full (the pod's second claim of 12000 does not fit 20000 then)."""
+    monkeypatch.setattr(podclaims, "MAX_RECORDS_BYTES", 80)  # room for one record
+    store = _Store()
+    store.pods = [_init_pod("p1")]
+    hook = _hook(store)
+    ours = [_controller_claim("p1", e, 12000, CONTROLLER) for e in ("gpu-0", "gpu-1")]
+    assert asyncio.run(_user_burst([hook], store, ours[:1])) == [True]
+    assert asyncio.run(_user_burst([hook], store, ours[1:])) == [False]
+    (lease,) = store.leases.values()
+    assert [r.claim_uid for r in podclaims.parse(
+        lease["metadata"]["annotations"][podclaims.ANNOTATION])] == ["p1-gpu-0"]

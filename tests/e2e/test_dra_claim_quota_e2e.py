@@ -84,11 +84,16 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         config = webhook_configuration("hami-claimquota", hami.url, tls.ca_pem)
         claims = json.loads(json.dumps(config["webhooks"][0]))
         claims["name"] = "claims.vgpu.hami.io"
+        claims.pop("reinvocationPolicy")
         claims["rules"] = [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
                             "operations": ["CREATE"],
                             "resources": ["resourceclaims", "resourceclaimtemplates"]}]
-        config["webhooks"].append(claims)
         client.create(codecs.from_dict(config))
+        # claims and templates: a validating webhook, as the chart registers them
+        client.create(codecs.from_dict({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingWebhookConfiguration",
+            "metadata": {"name": "hami-claimquota"}, "webhooks": [claims]}))
         # the apiserver calls it (every test, not only the first, needs that; NS has a
         # quota a probe pod could meet, default has none)
         wait_webhook_serving(client, "default")

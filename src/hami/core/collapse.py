@@ -19,7 +19,7 @@ GPU-less init container cannot make an app container's usage disappear (field ca
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import Literal
 
 from hami.core.model import ContainerDevices, DeviceCharge, PodSingleDevice
@@ -110,6 +110,45 @@ def effective_request(parts: Iterable[tuple[Role, int, int]]) -> tuple[int, int]
         else:
             app_mem, app_cores = app_mem + mem, app_cores + cores
     return max(peak_mem, side_mem + app_mem), max(peak_cores, side_cores + app_cores)
+
+
+def phase_request(containers: Iterable[tuple[Role, Collection[str]]],
+                  bookings: Mapping[str, tuple[int, int]],
+                  always: Collection[str] = ()) -> tuple[int, int]:
+    """:func:`effective_request` for containers that hold named, possibly shared,
+    objects (DRA mode: a pod's ResourceClaims, each booking ``(memory MiB, cores %)``
+    once however many containers use it).
+
+    ``containers``: ``(role, names of the objects it uses)`` in container order (init
+    containers first); ``bookings``: what each object books (a name missing from it books
+    nothing); ``always``: objects held in every phase (used by no container). The pod's
+    phases are Kubernetes' (KEP-753): each ordinary init container with the sidecars
+    started before it, and the steady state (every sidecar and app container); a phase
+    books the objects its containers use, each once, plus ``always``. Returns the largest
+    phase's memory and the largest phase's cores (separately, as :func:`effective_request`).
+    When no object is shared between containers this equals :func:`effective_request` of
+    the per-container sums."""
+    def booked(objs: set[str]) -> tuple[int, int]:
+        mem = cores = 0
+        for name in objs:
+            m, c = bookings.get(name, (0, 0))
+            mem, cores = mem + max(m, 0), cores + max(c, 0)
+        return mem, cores
+
+    base = set(always)
+    sidecars: set[str] = set()
+    steady: set[str] = set()
+    peak_mem = peak_cores = 0
+    for role, objs in containers:
+        if role == INIT:
+            m, c = booked(base | sidecars | set(objs))
+            peak_mem, peak_cores = max(peak_mem, m), max(peak_cores, c)
+        elif role == SIDECAR:
+            sidecars |= set(objs)
+        else:
+            steady |= set(objs)
+    m, c = booked(base | sidecars | steady)
+    return max(peak_mem, m), max(peak_cores, c)
 
 
 def total(charges: Iterable[DeviceCharge]) -> tuple[int, int]:

@@ -25,10 +25,11 @@ Never raises on bad input: a claim that cannot be counted is refused with the re
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from hami.dra import booking, reservations
+from hami.dra import booking, podclaims, reservations
 
 if TYPE_CHECKING:
     from hami.dra.webhook import DraWebhook
@@ -81,29 +82,42 @@ async def denial(hook: DraWebhook, request: Mapping[str, Any]) -> str | None:
         return None
     each = " (each pod naming the template makes one claim)" if kind == TEMPLATE else ""
 
-    async def check(reserved: list[reservations.Reservation]
+    now = hook.reservations.clock() if hook.reservations is not None else time.time()
+    record = (podclaims.trusted_record(request, hook.trusted_creators, now)
+              if kind == CLAIM else None)
+    uid = str(meta.get("uid") or "")
+
+    async def check(reserved: list[reservations.Reservation],
+                    records: list[podclaims.PodClaimRecord] | None
                     ) -> tuple[str | None, set[str]]:
-        listed: dict[str, Any] = {}
-        ledger = await hook.namespace_ledger(namespace, largest, listed)
+        # records None: the namespace ledger reads them from the Lease
+        ledger = await hook.namespace_ledger(namespace, largest, {}, reserved=reserved,
+                                             records=records)
         if ledger is None:
             return None, set()
-        keys: set[str] = set()
-        for claim in listed.values():
-            keys |= reservations.claim_keys(claim)
-        pending = [r for r in reserved if r.key not in keys]
-        for r in pending:
-            ledger.charge(namespace, r.memory_mib, r.cores_percent)
-        if ledger.fits(namespace, *asks):
-            return None, keys
-        held = (f" (with {len(pending)} claim(s) admitted in the last "
+        # what the namespace books with this claim, less what it books now: the claim's
+        # asks, or, for a claim the resourceclaim controller made for a pod, what it adds
+        # to its pod's booking (hami.dra.podclaims)
+        before = ledger.charge_of()
+        # (grouped only when ``records`` holds the claim's record: the reservations keep it)
+        after = ledger.charge_of(podclaims.Held(f"<new {kind}>", uid, *asks))
+        adds = (max(0, after.memory_mib - before.memory_mib),
+                max(0, after.cores_percent - before.cores_percent))
+        if ledger.fits(namespace, *adds):
+            return None, ledger.listed_keys
+        pod = after.grouped.get(f"<new {kind}>")
+        grouped = (f" (booked with pod {namespace}/{pod}'s other claims as extender mode "
+                   f"books the pod, it adds {adds[0]} MiB and {adds[1]}% cores)"
+                   if pod is not None else "")
+        held = (f" (with {ledger.pending} claim(s) admitted in the last "
                 f"{hook.reservations.ttl_s if hook.reservations else 0:g} s and not stored "
-                "yet)" if pending else "")
+                "yet)" if ledger.pending else "")
         return (f"exceeding resource quota: namespace {namespace}: {what} asks for "
-                f"{asks[0]} MiB and {asks[1]}% cores of GPU{each}; "
-                f"{ledger.describe(namespace)}{held}"), keys
+                f"{asks[0]} MiB and {asks[1]}% cores of GPU{each}{grouped}; "
+                f"{ledger.describe(namespace)}{held}"), ledger.listed_keys
 
     if kind == CLAIM and hook.reservations is not None:
         return await hook.reservations.reserve(
             namespace, reservations.new_claim_key(obj, str(request.get("uid") or "")), asks,
-            check)
-    return (await check([]))[0]
+            check, record)
+    return (await check([], None))[0]

@@ -5,7 +5,9 @@ checked against the quota.
 * each template the pod names is one new claim (two entries naming one template: two
   claims), counted by :func:`hami.dra.booking.admission_asks`;
 * a claim it names is already in the namespace's total, so it adds only what the total
-  does not hold of it yet (:func:`hami.dra.booking.named_claim_extra`);
+  does not hold of it yet (:func:`hami.dra.booking.named_claim_extra`), except a claim
+  booked under the pod it was made for (:mod:`hami.dra.podclaims`), which adds what it
+  books: once a second pod reserves it, it no longer books as its pod's;
 * a named object that cannot be found, read or counted is refused (fail closed); a hami
   template not made yet counts what the pod carries signed for it.
 
@@ -91,6 +93,11 @@ async def denial(hook: DraWebhook, pod: Mapping[str, Any], namespace: str) -> st
                     return (f"{prefix}: {what} (spec.resourceClaims {ref.entry}) does not "
                             "exist; create it before the pod")
                 asks = booking.named_claim_extra(claim, largest, what)
+                if str(ref.claim) in ledger.grouped:
+                    # booked under the pod it was made for (hami.dra.podclaims); a second
+                    # pod using it uses it beside that pod's other claims: in full
+                    asks = next(((h.memory_mib, h.cores_percent) for h in ledger.held
+                                 if h.name == ref.claim), asks)
         except booking.BookingError as exc:
             return f"{prefix}: {exc}"
         except ApiError as exc:

@@ -34,6 +34,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hami.dra import podclaims
+from hami.dra.podclaims import PodClaimRecord
+
 log = logging.getLogger(__name__)
 
 __all__ = ["ANNOTATION", "TTL_S", "QuotaReservations", "Reservation", "claim_keys",
@@ -77,10 +80,12 @@ def _pod_key(meta: Mapping[str, Any]) -> str | None:
 
 def claim_keys(claim: Mapping[str, Any]) -> set[str]:
     """The keys a stored ResourceClaim (a dict) matches a reservation by:
-    ``name:<name>``, and ``pod:<pod UID>/<entry>`` for a claim with the resourceclaim
-    controller's annotation and one owning Pod. Pure; never raises."""
+    ``name:<name>``, ``uid:<UID>``, and ``pod:<pod UID>/<entry>`` for a claim with the
+    resourceclaim controller's annotation and one owning Pod. Pure; never raises."""
     meta = _map(claim.get("metadata"))
     keys = {f"name:{meta['name']}"} if isinstance(meta.get("name"), str) else set()
+    if isinstance(meta.get("uid"), str) and meta["uid"]:
+        keys.add(f"uid:{meta['uid']}")
     pod = _pod_key(meta)
     if pod:
         keys.add(pod)
@@ -88,10 +93,13 @@ def claim_keys(claim: Mapping[str, Any]) -> set[str]:
 
 
 def new_claim_key(claim: Mapping[str, Any], review_uid: str) -> str:
-    """The key of a claim being admitted: its pod key (a generated name is not known at
-    admission), else its name, else one no claim matches (``review:<uid>``: the
-    reservation lasts its TTL). Pure; never raises."""
+    """The key of a claim being admitted: its UID (a validating webhook's review
+    carries the one the API server assigned), else its pod key (a mutating webhook's
+    review of a generated name knows neither), else its name, else one no claim matches
+    (``review:<uid>``: the reservation lasts its TTL). Pure; never raises."""
     meta = _map(claim.get("metadata"))
+    if isinstance(meta.get("uid"), str) and meta["uid"]:
+        return f"uid:{meta['uid']}"
     pod = _pod_key(meta)
     if pod:
         return pod
@@ -122,9 +130,12 @@ def dump(reservations: list[Reservation]) -> str:
                        for r in reservations], separators=(",", ":"))
 
 
-#: ``check(reservations)`` -> (the denial or None, the :func:`claim_keys` of the claims it
-#: listed); it counts the listed claims plus the reservations whose key none of them has.
-Check = Callable[[list[Reservation]], Awaitable[tuple[str | None, set[str]]]]
+#: ``check(reservations, records)`` -> (the denial or None, the :func:`claim_keys` of the
+#: claims it listed); it counts the listed claims plus the reservations whose key none of
+#: them has, grouping the claims ``records`` (:mod:`hami.dra.podclaims`) name under their
+#: pods.
+Check = Callable[[list[Reservation], list[PodClaimRecord]],
+                 Awaitable[tuple[str | None, set[str]]]]
 
 
 class QuotaReservations:
@@ -166,12 +177,33 @@ class QuotaReservations:
                 raise
         return await self.client.get(Lease, name, namespace=self.namespace)
 
+    async def records(self, tenant_namespace: str) -> list[PodClaimRecord]:
+        """The pod-claim records (:mod:`hami.dra.podclaims`) on ``tenant_namespace``'s
+        Lease; [] when there is no Lease. One GET.
+
+        Raises:
+            lightkube ``ApiError`` (other than 404) or ``httpx`` errors.
+        """
+        from lightkube import ApiError
+        from lightkube.resources.coordination_v1 import Lease
+
+        try:
+            lease = await self.client.get(Lease, self.lease_name(tenant_namespace),
+                                          namespace=self.namespace)
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
+            return []
+        return podclaims.parse((lease.metadata.annotations or {}).get(podclaims.ANNOTATION))
+
     async def reserve(self, tenant_namespace: str, key: str, asks: tuple[int, int],
-                      check: Check) -> str | None:
+                      check: Check, record: PodClaimRecord | None = None) -> str | None:
         """Reserve ``asks`` (memory MiB, cores %) under ``key`` for a claim of
-        ``tenant_namespace`` when ``check`` (given the reservations younger than the TTL)
-        finds no denial: None when reserved, else
-        the denial. Retried from the read on every 409.
+        ``tenant_namespace`` when ``check`` (given the reservations younger than the TTL
+        and the pod-claim records, ``record`` included) finds no denial: None when
+        reserved, else the denial. ``record``: the claim's pod-claim record when the
+        resourceclaim controller created it, kept with the reservation (until its claim
+        is gone, past the TTL). Retried from the read on every 409.
 
         Raises:
             lightkube ``ApiError`` (other than 404/409 handled here) or ``httpx``
@@ -185,17 +217,33 @@ class QuotaReservations:
             lease = await self._lease(name)
             annotations = dict(lease.metadata.annotations or {})
             now = self.clock()
-            young = [r for r in parse(annotations.get(ANNOTATION))
+            stored = parse(annotations.get(ANNOTATION))
+            young = [r for r in stored
                      if now - self.ttl_s < r.at <= now + self.ttl_s and r.key != key]
-            denial, listed = await check(young)
+            held = [r for r in podclaims.parse(annotations.get(podclaims.ANNOTATION))
+                    if record is None or r.claim_uid != record.claim_uid]
+            # a record the Lease has no room for is not used: its claim counts in full
+            ours = record if record is not None and len(podclaims.dump(
+                [*held, record])) <= podclaims.MAX_RECORDS_BYTES else None
+            if record is not None and ours is None:
+                log.warning("namespace %s: %d pod-claim records fill the Lease; claim %s "
+                            "counts in full", tenant_namespace, len(held), record.claim_uid)
+            denial, listed = await check(young, held + ([ours] if ours else []))
             live = [r for r in young if r.key not in listed]
+            # a record stays while its claim is listed, or young (not stored yet); a
+            # claim's UID never comes back once the claim is gone
+            kept = [r for r in held if f"uid:{r.claim_uid}" in listed
+                    or now - self.ttl_s < r.at <= now + self.ttl_s]
             if denial is None:
                 live.append(Reservation(key, asks[0], asks[1], now))
-            elif len(live) == len(parse(annotations.get(ANNOTATION))):
+                if ours is not None:
+                    kept.append(ours)
+            elif len(live) == len(stored) and len(kept) == len(held):
                 return denial
             # written on a denial too when it drops reservations whose claim is listed
             # (deleted later, that claim must not count again through its reservation)
             annotations[ANNOTATION] = dump(live)
+            annotations[podclaims.ANNOTATION] = podclaims.dump(kept)
             lease.metadata.annotations = annotations
             try:
                 await self.client.replace(lease, namespace=self.namespace)

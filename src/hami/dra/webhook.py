@@ -39,7 +39,7 @@ import base64
 import contextvars
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import jsonpatch
@@ -50,11 +50,21 @@ from hami.core.config import SchedulerConfig
 from hami.core.provenance import strip_allocation
 from hami.core.quota import QuotaLedger
 from hami.devices import nvidia
-from hami.dra import booking, bounds, claimquota, claimusers, namedclaims, signedspecs
+from hami.dra import (
+    booking,
+    bounds,
+    claimquota,
+    claimusers,
+    namedclaims,
+    podclaims,
+    signedspecs,
+)
 from hami.dra import translate as tr
 from hami.dra.booking import claim_booking
 from hami.dra.cache import DraObjects, card_sizes_mib, mig_offers, published_devices
-from hami.dra.reservations import QuotaReservations
+from hami.dra.nsledger import NamespaceLedger
+from hami.dra.podclaims import PodClaimRecord
+from hami.dra.reservations import QuotaReservations, Reservation, claim_keys
 from hami.dra.templates import read_claim, read_template
 
 #: The objects one AdmissionReview has read, by (kind, namespace, name): the quota check
@@ -66,19 +76,6 @@ JSON = dict[str, Any]
 __all__ = ["MAX_ANNOTATIONS_BYTES", "DraWebhook", "claim_booking", "route"]
 #: The API server's limit on a pod's annotations (keys and values, bytes).
 MAX_ANNOTATIONS_BYTES = 256 * 1024
-
-
-class _NotedLedger(QuotaLedger):
-    """A :class:`QuotaLedger` whose :meth:`describe` adds ``notes`` (why some claims were
-    booked more than they may hold)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.notes: list[str] = []
-
-    def describe(self, namespace: str) -> str:
-        """:meth:`QuotaLedger.describe`, then the notes."""
-        return "; ".join([super().describe(namespace), *self.notes])
 
 
 def _reply(api_version: str, uid: str, allowed: bool, message: str = "",
@@ -104,14 +101,18 @@ class DraWebhook:
     with the same keys. ``deadline_s``: the most one review's API reads may take;
     ``reservations``: where admitted ResourceClaims are reserved against the namespace
     quota across replicas (None: each claim is checked against the listed claims only,
-    so claims created in the same instant can overrun the quota)."""
+    so claims created in the same instant can overrun the quota); ``trusted_creators``:
+    the users whose claim CREATEs for a pod are the resourceclaim controller's
+    (:mod:`hami.dra.podclaims`: those claims book as their pod)."""
 
     def __init__(self, client: Any, config: SchedulerConfig, fallback: Callable[[bytes], JSON],
                  quota: QuotaLedger | None = None, uniform_memory_mib: int | None = None,
                  keys: signedspecs.Keys | None = None,
                  deadline_s: float = bounds.REVIEW_DEADLINE_S,
-                 reservations: QuotaReservations | None = None) -> None:
+                 reservations: QuotaReservations | None = None,
+                 trusted_creators: Sequence[str] = podclaims.TRUSTED_CREATORS) -> None:
         self.client = client
+        self.trusted_creators = tuple(trusted_creators)
         self.reservations = reservations
         self.deadline_s = deadline_s
         self.keys = keys if keys is not None else signedspecs.process_keys()
@@ -146,19 +147,28 @@ class DraWebhook:
         return devices
 
     async def namespace_ledger(self, namespace: str, whole_card_mib: int,
-                                claims: dict[str, JSON] | None = None) -> QuotaLedger | None:
+                                claims: dict[str, JSON] | None = None, *,
+                                reserved: Sequence[Reservation] = (),
+                                records: Sequence[PodClaimRecord] | None = None
+                                ) -> NamespaceLedger | None:
         """A ledger with the namespace's limits and the bookings of all its current
         claims, hami's and those the tenant made itself, allocated or not
         (:func:`hami.dra.booking.claim_booking_of`; whole cards of unallocated claims,
-        and allocated devices no published slice holds, at ``whole_card_mib``). Its
-        ``describe`` names the claims booked that way for a missing device, so a denial
-        they tip says why. ``claims``, when given, receives every listed claim by name."""
+        and allocated devices no published slice holds, at ``whole_card_mib``), plus the
+        ``reserved`` claims no listed claim matches (admitted, not stored yet). The claims
+        the resourceclaim controller made for a pod (``records``; None: read from the
+        namespace's Lease) book as their pod (:func:`hami.dra.podclaims.namespace_charge`,
+        the namespace's pods listed once when there are records). Its ``describe`` names the
+        claims booked as the largest card for a missing device, so a denial they tip says
+        why; ``held``, ``pods``, ``records`` and ``listed_keys`` keep what it counted.
+        ``claims``, when given, receives every listed claim by name."""
         if self.quota is None or not self.quota.limited(namespace):
             return None
+        from lightkube.resources.core_v1 import Pod
         from lightkube.resources.resource_v1 import ResourceClaim
 
         limits = self.quota.quota(namespace)
-        ledger = _NotedLedger(self.config.registry[names.NVIDIA].resource_names())
+        ledger = NamespaceLedger(self.config.registry[names.NVIDIA].resource_names())
         hard, gpu = {}, nvidia.settings(self.config)
         if limits.memory_limit_mib is not None:
             hard[f"limits.{gpu.resource_memory_name}"] = limits.memory_limit_mib
@@ -171,7 +181,8 @@ class DraWebhook:
             doc = claim.to_dict()
             name = str((doc.get("metadata") or {}).get("name") or "")
             b = booking.claim_booking_of(doc, whole_card_mib, devices)
-            ledger.charge(namespace, b.memory_mib, b.cores_percent)
+            ledger.held.append(podclaims.held_of(doc, (b.memory_mib, b.cores_percent)))
+            ledger.listed_keys |= claim_keys(doc)
             if b.unknown:
                 ledger.notes.append(
                     f"ResourceClaim {namespace}/{name} holds {', '.join(b.unknown)}, which no "
@@ -179,6 +190,21 @@ class DraWebhook:
                     f"({whole_card_mib} MiB, {booking.WHOLE_CARD_CORES_PERCENT}% cores) each")
             if claims is not None:
                 claims[name] = doc
+        for r in reserved:
+            if r.key not in ledger.listed_keys:
+                ledger.pending += 1
+                ledger.held.append(podclaims.Held(
+                    r.key, r.key.removeprefix("uid:") if r.key.startswith("uid:") else "",
+                    r.memory_mib, r.cores_percent))
+        if records is None:
+            records = (await self.reservations.records(namespace)
+                       if self.reservations is not None else [])
+        ledger.records = list(records)
+        if ledger.records:  # the claim being checked may be the one recorded
+            ledger.pods = [p.to_dict() async for p in self.client.list(Pod, namespace=namespace)]
+        charge = ledger.charge_of()
+        ledger.grouped = charge.grouped
+        ledger.charge(namespace, charge.memory_mib, charge.cores_percent)
         return ledger
 
     async def _read(self, kind: str, namespace: str, name: str) -> JSON | None:

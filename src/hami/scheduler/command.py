@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from hami.core.config import ConfigError
+from hami.dra.podclaims import TRUSTED_CREATORS
 from hami.metricsauth import SECURE_HELP
 from hami.scheduler.defaultopts import DefaultCores, DefaultGpu, DefaultMem
 
@@ -64,6 +65,11 @@ def scheduler(
     dra_template_idle: Annotated[str, typer.Option(
         help="DRA mode: delete a ResourceClaimTemplate hami made once no pod has needed "
              "it for this long")] = "2m",
+    dra_trusted_claim_creators: Annotated[str, typer.Option(
+        help="DRA mode: the users (comma list) whose ResourceClaim CREATEs for a pod are "
+             "kube-controller-manager's resourceclaim controller; those claims book "
+             "against the namespace GPU quota as their pod (init containers collapsed), "
+             "others each in full")] = ",".join(TRUSTED_CREATORS),
     leader_elect_follow: Annotated[bool, typer.Option(
         help="with --leader-elect: do not elect, follow the named Lease of kube-scheduler "
              "and lead iff its holder is this host (HAMi's rule)")] = False,
@@ -142,6 +148,8 @@ def scheduler(
             leader_elect_retry_period=_duration(leader_elect_retry_period, "--leader-elect-retry-period"),
             leader_elect_follow=leader_elect_follow, dra_mode=dra_mode,
             dra_template_idle=_duration(dra_template_idle, "--dra-template-idle"),
+            dra_trusted_claim_creators=tuple(
+                u.strip() for u in dra_trusted_claim_creators.split(",") if u.strip()),
             legacy_metrics=legacy_metrics, metrics_secure=metrics_secure,
             metrics_cert_file=metrics_cert_file, metrics_key_file=metrics_key_file,
             device_config_file=device_config_file,

@@ -322,7 +322,8 @@ def dra_parts(engine: Engine, client: Any
     reservations = QuotaReservations(client, engine.settings.pod_namespace
                                      or engine.settings.leader_elect_resource_namespace)
     webhook = DraWebhook(client, engine.config, engine.admit, engine.state.quota, keys=keys,
-                         reservations=reservations)
+                         reservations=reservations,
+                         trusted_creators=engine.settings.dra_trusted_claim_creators)
     templates = TemplateReconciler(client, keys, emit, config=engine.config)
     engine.pod_observers.append(templates.observe)
     hosts = HostUsage(engine.nodes)  # node CPU/memory for fragmentation-aware

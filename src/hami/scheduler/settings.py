@@ -10,6 +10,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from hami.core.config import GPU_POLICY_WORDS, NODE_POLICIES, ConfigError, SchedulerConfig
+from hami.dra.podclaims import TRUSTED_CREATORS
 from hami.netlimits import ServerLimits, is_loopback
 
 
@@ -69,6 +70,9 @@ class SchedulerSettings:
     #: DRA mode: a ResourceClaimTemplate hami made is deleted once no pod has needed it
     #: for this long (hami.dra.templategc).
     dra_template_idle: timedelta = timedelta(minutes=2)
+    #: DRA mode: the users whose ResourceClaim CREATEs for a pod are the resourceclaim
+    #: controller's (hami.dra.podclaims): those claims book as their pod.
+    dra_trusted_claim_creators: tuple[str, ...] = TRUSTED_CREATORS
     device_config_file: str = ""
     #: ``--enable-ascend`` / ``--enable-iluvatar`` (HAMi v2.10): register those vendors.
     enable_ascend: bool = False

@@ -55,23 +55,29 @@ def find_controller_manager(bin_dir: Path | None = None) -> Path:
 
 def start_controller_manager(cp: ControlPlane,
                              controllers: Sequence[str] = DRA_CONTROLLERS,
-                             *, timeout_s: float = DEFAULT_TIMEOUT_S) -> ControllerManager:
+                             *, timeout_s: float = DEFAULT_TIMEOUT_S,
+                             user: str | None = None) -> ControllerManager:
     """Start kube-controller-manager on ``cp`` running only ``controllers`` (no leader
     election, admin credentials); it stops with the control plane. Waits for ``/healthz``.
+    ``user``: the user name its client certificate carries (in ``system:masters``, so it
+    keeps every right), e.g. ``system:kube-controller-manager`` as in a cluster without
+    ``--use-service-account-credentials``; None: the admin's.
 
     Raises:
         BinariesMissing: the binary is not built.
         ControlPlaneError: it exited or was not healthy within ``timeout_s``.
     """
     binary = find_controller_manager(cp.binaries["kube-apiserver"].parent)
+    kubeconfig = cp.kubeconfig if user is None else cp.client_kubeconfig(
+        cp.workdir / f"{BINARY}-{user.replace(':', '-')}.kubeconfig", user, ["system:masters"])
 
     def start() -> ControllerManager:
         port = free_port()
         comp = cp._spawn(f"{BINARY}-{port}", [  # noqa: SLF001 - same package's process table
             str(binary),
-            f"--kubeconfig={cp.kubeconfig}",
-            f"--authentication-kubeconfig={cp.kubeconfig}",
-            f"--authorization-kubeconfig={cp.kubeconfig}",
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
             f"--controllers={','.join(controllers)}",
             "--leader-elect=false",
             "--use-service-account-credentials=false",
