@@ -73,11 +73,22 @@ def client(bed: GpuBed) -> Iterator[Any]:
 
     c = bed.client()
     yield c
+    containers: set[str] = set()
     for p in c.list(Pod, namespace="default"):
+        st = p.status
+        for s in [*(st.containerStatuses or []), *(st.initContainerStatuses or [])] if st else []:
+            if s.containerID:
+                containers.add(str(s.containerID).split("://", 1)[-1])
         with contextlib.suppress(Exception):
             c.delete(Pod, p.metadata.name, namespace="default", grace_period=0)
     wait_until(lambda: not list(c.list(Pod, namespace="default")), timeout_s=60,
                what="the test's pods deleted")
+    # a force-deleted pod leaves the API at once; its processes (and the card memory
+    # they hold) go when the kubelet has killed its containers
+    if bed.node is not None and containers:
+        node = bed.node
+        wait_until(lambda: not containers & node.running_task_ids(), timeout_s=90,
+                   what="the test's containers stopped")
     c.close()
 
 

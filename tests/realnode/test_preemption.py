@@ -121,9 +121,7 @@ def container_id(pod: Any) -> str:
 def running_tasks(bed: GpuBed) -> set[str]:
     """IDs of the containers whose task runs in the node's containerd."""
     assert bed.node is not None
-    out = bed.node.ctr("tasks", "ls")
-    return {ln.split()[0] for ln in out.splitlines()[1:]
-            if ln.split() and ln.split()[-1] == "RUNNING"}
+    return bed.node.running_task_ids()
 
 
 def series(bed: GpuBed, family: str) -> dict[tuple[str, str], float]:

@@ -217,6 +217,13 @@ class RealNode:
         return self.run([self.runtime.binary("ctr"), f"--address={self.containerd_socket}", "-n", "k8s.io", *args],
                         timeout_s=timeout_s)
 
+    def running_task_ids(self) -> set[str]:
+        """The IDs of the containers whose task is RUNNING in this node's containerd
+        (``ctr -n k8s.io tasks ls``). Raises ``NodeError`` when ctr fails."""
+        out = self.ctr("tasks", "ls")
+        return {ln.split()[0] for ln in out.splitlines()[1:]
+                if ln.split() and ln.split()[-1] == "RUNNING"}
+
     def _start_containerd(self, timeout_s: float) -> None:
         cfg = self._write_containerd_config()
         assert self.runtime is not None
