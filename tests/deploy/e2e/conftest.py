@@ -24,7 +24,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     minor = int(KUBERNETES_VERSION.split(".")[1])
     if minor >= 36:
         return
-    from tests.deploy.e2e.test_chart_floor_on_apiserver import chart_floor
+    from tests.deploy.chart import chart_floor
 
     if (1, minor) < chart_floor():  # helm refuses the chart: only that refusal is tested
         below = pytest.mark.skip(reason=f"helm refuses the chart on {KUBERNETES_VERSION}, "

@@ -5,38 +5,23 @@ install, server-side dry run, passes."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import pytest
-import yaml
 from lightkube.resources.core_v1 import Secret
 
 from hami.testing.controlplane import KUBERNETES_VERSION, ControlPlane, ensure_namespace
-from tests.deploy.chart import CHART, helm
+from tests.deploy.chart import CHART, chart_floor, chart_range, helm, release_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("require_helm")]
 NAMESPACE = "hami-floor"
 RELEASE = "hami-floor"
 
 
-def chart_range() -> str:
-    """The chart's ``kubeVersion`` (``>=1.31.0-0``)."""
-    return str(yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"])
-
-
-def chart_floor() -> tuple[int, int]:
-    """``(major, minor)`` of the chart's ``kubeVersion: ">=1.31.0-0"``."""
-    wanted = chart_range()
-    m = re.fullmatch(r">=\s*v?(\d+)\.(\d+)\.\d+(-0)?", wanted.strip())
-    assert m, f"the chart's kubeVersion is no single floor: {wanted!r}"
-    return int(m.group(1)), int(m.group(2))
-
-
 def test_helm_install_follows_the_charts_floor_on_this_server(control_plane: ControlPlane,
                                                               kube_client: Any) -> None:
     ensure_namespace(kube_client, NAMESPACE)
-    release = tuple(int(x) for x in KUBERNETES_VERSION.lstrip("v").split(".")[:2])
+    release = release_of(KUBERNETES_VERSION)
     proc = helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=server",
                 "--kubeconfig", str(control_plane.kubeconfig))
     if release < chart_floor():
