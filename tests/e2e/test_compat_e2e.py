@@ -149,7 +149,7 @@ def test_the_mig_features_as_this_release_serves_them(control_plane: ControlPlan
 @pytest.fixture(scope="module")
 def mig_gates_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A second API server of this release with DRAPartitionableDevices off, and
-    DRAPrioritizedList too where it can be turned off (before 1.36)."""
+    DRAPrioritizedList too where it can be turned off (before 1.37)."""
     gates = ["DRAPartitionableDevices=false"]
     if MINOR < PRIORITIZED_LIST_LOCKED_MINOR:
         gates.append("DRAPrioritizedList=false")

@@ -91,9 +91,9 @@ def test_capacity_refusal_when_the_server_drops_the_field() -> None:
 
 
 @pytest.mark.parametrize(("version", "prioritized"), [
-    ("v1.34.4", True), ("v1.35.4", True), ("v1.36.3", False), ("v1.37.2", False), ("x", True),
+    ("v1.34.4", True), ("v1.35.4", True), ("v1.36.3", True), ("v1.37.2", False), ("x", True),
 ])
-def test_prioritized_lists_checked_before_1_36(version: str, prioritized: bool) -> None:
+def test_prioritized_lists_checked_before_1_37(version: str, prioritized: bool) -> None:
     facts = facts_from({"gitVersion": version}, API, None)
     assert needs_prioritized_list_check(facts) is prioritized
 

@@ -22,8 +22,8 @@ group list (``/api``'s ``v1`` and ``/apis``: every ``group/version`` it serves),
   off) for the DRA plugin of a node in ``mig`` mode, which therefore always sends the
   dry-run slice, with a MIG instance in it (:func:`slice_refusal`); and
   prioritized lists (``DRAPrioritizedList``, KEP-4816: the webhook's ``firstAvailable``
-  requests; beta and on in v1.35.4, locked on in v1.37.2) for the scheduler, checked
-  with a dry-run ResourceClaimTemplate before it is locked on
+  requests; beta and on in v1.35.4, GA but still switchable in v1.36.3, locked on in
+  v1.37.2) for the scheduler, checked with a dry-run ResourceClaimTemplate before 1.37
   (:func:`needs_prioritized_list_check`, :func:`prioritized_list_refusal`). The
   releases are those the API servers' ``--help`` and ``--feature-gates`` name.
 
@@ -45,8 +45,9 @@ DRA_GROUP_VERSION = "resource.k8s.io/v1"
 #: First minor with ``DRAConsumableCapacity`` on by default.
 CONSUMABLE_CAPACITY_DEFAULT_MINOR = 36
 #: First minor with ``DRAPrioritizedList`` locked on (v1.35.4: beta, on but can be turned
-#: off; v1.37.2 refuses ``--feature-gates=DRAPrioritizedList=false``).
-PRIORITIZED_LIST_LOCKED_MINOR = 36
+#: off; v1.36.3: GA, still accepts ``=false`` with a warning; v1.37.2 refuses
+#: ``--feature-gates=DRAPrioritizedList=false``).
+PRIORITIZED_LIST_LOCKED_MINOR = 37
 #: First minor serving ValidatingAdmissionPolicy in admissionregistration.k8s.io/v1 (GA).
 VAP_MINOR = 30
 #: Longest version word looked at.
@@ -190,7 +191,7 @@ def slice_refusal(facts: ClusterFacts, sent_devices: Sequence[Mapping[str, Any]]
 
 
 def needs_prioritized_list_check(facts: ClusterFacts) -> bool:
-    """Whether prioritized lists may be off on this server (before 1.36, where
+    """Whether prioritized lists may be off on this server (before 1.37, where
     ``DRAPrioritizedList`` can be turned off, or an unknown version)."""
     return facts.release is None or facts.release < (1, PRIORITIZED_LIST_LOCKED_MINOR)
 

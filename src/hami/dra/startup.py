@@ -17,7 +17,7 @@ work, so the plugin never fails late at its first ResourceSlice or claim:
   :func:`hami.dra.migslices.instance_device` publishes; a server without the gate drops
   its ``consumesCounters`` (:func:`hami.core.clusterfacts.slice_refusal`).
 
-:func:`template_refusal` is the scheduler's check in DRA mode: before 1.36 a dry-run
+:func:`template_refusal` is the scheduler's check in DRA mode: before 1.37 a dry-run
 ResourceClaimTemplate with a prioritized list (``firstAvailable``, what the webhook
 writes for MIG) tells whether ``DRAPrioritizedList`` is on.
 """
@@ -122,7 +122,7 @@ def probe_template(namespace: str) -> dict[str, Any]:
 
 async def template_refusal(client: Any, facts: ClusterFacts, namespace: str) -> str | None:
     """The scheduler's DRA-mode check: one line naming ``DRAPrioritizedList`` where the
-    server (before 1.36) drops ``firstAvailable`` from a dry-run ResourceClaimTemplate
+    server (before 1.37) drops ``firstAvailable`` from a dry-run ResourceClaimTemplate
     (:func:`probe_template`) or refuses it for that, a line with the server's answer where
     it refuses the template otherwise, else None. ``client``: a lightkube
     ``AsyncClient``."""
