@@ -13,9 +13,10 @@ work, so the plugin never fails late at its first ResourceSlice or claim:
   ``allowMultipleAllocations`` or ``taints`` from it
   (:func:`hami.core.clusterfacts.capacity_refusal`);
 * on a node in ``mig`` mode, on every release (``DRAPartitionableDevices``: off by
-  default before 1.36, beta and so still switchable in v1.37.2): the same dry-run slice carries one MIG instance device of the shape
-  :func:`hami.dra.migslices.instance_device` publishes; a server without the gate drops
-  its ``consumesCounters`` (:func:`hami.core.clusterfacts.slice_refusal`).
+  default before 1.36, beta and so still switchable in v1.37.2): the same dry-run slice
+  carries one MIG instance device of the shape :func:`hami.dra.migslices.instance_device`
+  publishes; a server without the gate drops its ``consumesCounters``
+  (:func:`hami.core.clusterfacts.slice_refusal`).
 
 :func:`template_refusal` is the scheduler's check in DRA mode: before 1.37 a dry-run
 ResourceClaimTemplate with a prioritized list (``firstAvailable``, what the webhook
