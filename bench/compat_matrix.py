@@ -147,8 +147,8 @@ def table(runs: Sequence[Run]) -> str:
              "Rows in the order first run; a row's failures are listed below the table. "
              "What each failure was and how it was fixed (the recheck rows ran after the "
              "fixes): compat_matrix_notes.md. seconds 0: recorded from a separate pytest "
-             "run. seconds: the pytest run itself (its junit report) from the v1.29.6 "
-             "reruns on; earlier rows include the wait for the shared heavy lock.", "",
+             "run. seconds: the pytest run itself (its junit report) in the rows from "
+             "v1.29.6 on; earlier rows include the wait for the shared heavy lock.", "",
              "| Kubernetes | layer | containerd | result | seconds |",
              "|---|---|---|---|---|"]
     for r in runs:
