@@ -31,19 +31,22 @@ if [[ ${#staging[@]} -eq 0 ]]; then
 fi
 # The proxy may lack a staging module at exactly that tag: then the newest earlier patch of
 # the same minor stands in (a patch release changes a staging module rarely), said in go.mod.
+# Availability is a download, not a listing: the proxy can list a tag (or leave one out of
+# its version list) yet refuse its zip (v1.29.6: k8s.io/endpointslice v0.29.6 is listed,
+# its zip is 403, v0.29.5 downloads), so earlier patches are tried one by one, newest first.
 patch="${version##*.}"
 minor="${staging_version%.*}"
+available() { go mod download "$1@$2" >/dev/null 2>&1; }
 declare -A chosen=()
 substituted=()
 for module in "${staging[@]}"; do
-	if go list -m "$module@$staging_version" >/dev/null 2>&1; then
+	if available "$module" "$staging_version"; then
 		chosen[$module]="$staging_version"
 		continue
 	fi
 	best=""
-	for v in $(go list -m -versions "$module" | tr ' ' '\n' | grep -E "^${minor//./\\.}\.[0-9]+$" || true); do
-		p="${v##*.}"
-		if ((p <= patch)) && { [[ -z "$best" ]] || ((p > ${best##*.})); }; then best="$v"; fi
+	for ((p = patch - 1; p >= 0; p--)); do
+		if available "$module" "$minor.$p"; then best="$minor.$p"; break; fi
 	done
 	if [[ -z "$best" ]]; then
 		# the four commands do not import the samples; `go mod tidy` fails if one is needed

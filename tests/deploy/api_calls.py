@@ -90,8 +90,11 @@ CALLS: dict[str, tuple[Call, ...]] = {
         # DRA mode (--dra-mode): the templates of admitted pods (the reconciler follows
         # the pod watch above); the watched slices and claims (/prioritize, quota, card
         # sizes) and the listings before the watch has synced
+        # (and once at start-up before 1.37 a dry-run one in the release namespace:
+        # prioritized lists on? hami.dra.startup.template_refusal)
         Call("create", "resourceclaimtemplates", _DRA, when="dra",
-             where=("hami.dra.templates:TemplateReconciler.reconcile",)),
+             where=("hami.dra.templates:TemplateReconciler.reconcile",
+                    "hami.dra.startup:template_refusal")),
         # a template of hami's name made by someone else (webhook and reconciler); the
         # templates a pod names itself (quota-limited namespaces)
         Call("get", "resourceclaimtemplates", _DRA, when="dra",

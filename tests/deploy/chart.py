@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -20,6 +21,25 @@ RELEASE = "hami"
 NAMESPACE = "hami-system"
 #: Kubernetes version the chart is rendered for (the e2e control plane's).
 KUBE_VERSION = "v1.37.2"
+
+
+def chart_range() -> str:
+    """The chart's ``kubeVersion`` (``>=1.31.0-0``)."""
+    return str(yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"])
+
+
+def release_of(version: str) -> tuple[int, int]:
+    """``(major, minor)`` of a Kubernetes version (``v1.29.6``)."""
+    major, minor = version.lstrip("v").split(".")[:2]
+    return int(major), int(minor)
+
+
+def chart_floor() -> tuple[int, int]:
+    """``(major, minor)`` of the chart's ``kubeVersion: ">=1.31.0-0"``."""
+    wanted = chart_range()
+    m = re.fullmatch(r">=\s*v?(\d+)\.(\d+)\.\d+(-0)?", wanted.strip())
+    assert m, f"the chart's kubeVersion is no single floor: {wanted!r}"
+    return int(m.group(1)), int(m.group(2))
 
 
 class HelmMissing(RuntimeError):

@@ -6,6 +6,7 @@ one line where the server cannot serve it."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -15,8 +16,12 @@ from typing import Any
 import pytest
 
 from hami.clusterprobe import read_facts, read_facts_async
-from hami.core.clusterfacts import binding_copies_labels, dra_refusal
-from hami.dra.startup import refusal
+from hami.core.clusterfacts import (
+    PRIORITIZED_LIST_LOCKED_MINOR,
+    binding_copies_labels,
+    dra_refusal,
+)
+from hami.dra.startup import refusal, template_refusal
 from hami.kube import Kube
 from hami.testing.controlplane import KUBERNETES_VERSION, ControlPlane, create_gpu_node
 
@@ -107,3 +112,76 @@ def test_scheduler_and_dra_plugin_commands_refuse_dra_mode_in_one_line(
         errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
         assert len(errors) == 1 and "resource.k8s.io/v1" in errors[0], proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def _template_refusal(cp: ControlPlane, force: bool = False) -> str | None:
+    """The scheduler's DRA-mode check against ``cp`` (``force``: as on a server of an
+    unknown version, so the dry-run template is sent even where the gate is locked on)."""
+    async def check() -> str | None:
+        client = cp.async_client()
+        try:
+            facts = await read_facts_async(client)
+            if force:
+                facts = dataclasses.replace(facts, release=None)
+            return await template_refusal(client, facts, "default")
+        finally:
+            await client.close()
+
+    return asyncio.run(check())
+
+
+@pytest.mark.skipif(MINOR < 34, reason="DRA mode is served from Kubernetes 1.34 on")
+def test_the_mig_features_as_this_release_serves_them(control_plane: ControlPlane,
+                                                      kube_client: Any, gpu_node: str) -> None:
+    """Default gates: a MIG node's dry-run slice keeps consumesCounters from 1.36 on
+    (DRAPartitionableDevices beta there), and the probe template's prioritized list is
+    accepted and kept (DRAPrioritizedList on by default from 1.34)."""
+    reason = refusal(kube_client, gpu_node, mig=True)
+    if MINOR >= 36:
+        assert reason is None
+    else:  # 1.34 / 1.35: partitionable devices alpha and off, with consumable capacity
+        assert reason and "DRAPartitionableDevices" in reason and "\n" not in reason
+        assert "DRAConsumableCapacity" in reason
+    assert _template_refusal(control_plane) is None
+    assert _template_refusal(control_plane, force=True) is None
+
+
+@pytest.fixture(scope="module")
+def mig_gates_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A second API server of this release with DRAPartitionableDevices off, and
+    DRAPrioritizedList too where it can be turned off (before 1.37)."""
+    gates = ["DRAPartitionableDevices=false"]
+    if MINOR < PRIORITIZED_LIST_LOCKED_MINOR:
+        gates.append("DRAPrioritizedList=false")
+    cp = ControlPlane(workdir=tmp_path_factory.mktemp("k8s-mig-gates-off"),
+                      apiserver_args=[f"--feature-gates={','.join(gates)}"])
+    cp.start(default_scheduler=False)
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.mark.skipif(MINOR < 34, reason="DRA mode is served from Kubernetes 1.34 on")
+def test_dra_mode_refuses_mig_without_its_feature_gates_in_one_line(
+        mig_gates_off: ControlPlane) -> None:
+    client = mig_gates_off.client()
+    try:
+        reason = refusal(client, NODE, mig=True)
+        assert reason and "DRAPartitionableDevices" in reason and "\n" not in reason
+        if MINOR >= 36:  # the shared cards alone still need nothing that is off
+            assert refusal(client, NODE) is None
+    finally:
+        client.close()
+    prioritized = _template_refusal(mig_gates_off)
+    if MINOR < PRIORITIZED_LIST_LOCKED_MINOR:
+        assert prioritized and "DRAPrioritizedList" in prioritized and "\n" not in prioritized
+        env = {**os.environ, "KUBECONFIG": str(mig_gates_off.kubeconfig)}
+        proc = subprocess.run([sys.executable, "-m", "hami.cli", "scheduler", "--dra-mode",
+                               "--http-bind", "127.0.0.1:0", "--metrics-bind-address", ""],
+                              env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 1, (proc.stdout, proc.stderr)
+        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+        assert len(errors) == 1 and "DRAPrioritizedList" in errors[0], proc.stderr
+    else:
+        assert prioritized is None  # locked on: not asked

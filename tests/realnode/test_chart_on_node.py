@@ -20,9 +20,13 @@ from hami.testing.containerd import CONTAINERD_VERSION
 from hami.testing.controlplane import KUBERNETES_VERSION, BinariesMissing, ensure_namespace
 from hami.testing.gpupods import gpu_test_pod, wait_pod_done
 from hami.testing.node import ensure_root_ca
+from tests.deploy.chart import chart_floor, release_of
 from tests.realnode.conftest import skip_or_fail, unavailable
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
+    release_of(KUBERNETES_VERSION) < chart_floor(),
+    reason=f"helm refuses the chart on {KUBERNETES_VERSION}, below its kubeVersion floor "
+           "(tests/deploy/e2e/test_chart_floor_on_apiserver.py checks that)")]
 
 MiB = 1 << 20
 TENANT = "gpu-tests"

@@ -12,8 +12,11 @@ from hami.core.clusterfacts import (
     dra_refusal,
     facts_from,
     needs_capacity_check,
+    needs_prioritized_list_check,
     parse_release,
+    prioritized_list_refusal,
     scheduler_line,
+    slice_refusal,
 )
 
 API = {"kind": "APIVersions", "versions": ["v1"]}
@@ -85,6 +88,52 @@ def test_capacity_refusal_when_the_server_drops_the_field() -> None:
     assert only_taints and "DRADeviceTaints" in only_taints
     assert "DRAConsumableCapacity" not in only_taints
     assert capacity_refusal(facts, sent, None)
+
+
+@pytest.mark.parametrize(("version", "prioritized"), [
+    ("v1.34.4", True), ("v1.35.4", True), ("v1.36.3", True), ("v1.37.2", False), ("x", True),
+])
+def test_prioritized_lists_checked_before_1_37(version: str, prioritized: bool) -> None:
+    facts = facts_from({"gitVersion": version}, API, None)
+    assert needs_prioritized_list_check(facts) is prioritized
+
+
+MIG_DEVICE = {"name": "gpu-0-1g-10gb-0", "taints": [{"key": "k", "effect": "NoSchedule"}],
+              "consumesCounters": [{"counterSet": "gpu-0-slices",
+                                    "counters": {"memory-slice-0": {"value": "1"}}}]}
+CARD = {"name": "gpu-0", "allowMultipleAllocations": True,
+        "taints": [{"key": "k", "effect": "NoSchedule"}]}
+
+
+def test_slice_refusal_names_partitionable_devices_when_counters_are_dropped() -> None:
+    facts = facts_from({"gitVersion": "v1.35.4"}, API, _groups("resource.k8s.io/v1"))
+    assert slice_refusal(facts, [CARD, MIG_DEVICE], [dict(MIG_DEVICE), dict(CARD)]) is None
+    without = {k: v for k, v in MIG_DEVICE.items() if k != "consumesCounters"}
+    reason = slice_refusal(facts, [CARD, MIG_DEVICE], [dict(CARD), without])
+    assert reason and "\n" not in reason and "v1.35.4" in reason
+    assert "DRAPartitionableDevices" in reason and "DRAConsumableCapacity" not in reason
+    # what v1.35.4 with its default gates returns: every gate named once
+    everything = slice_refusal(facts, [CARD, MIG_DEVICE],
+                               [{"name": "gpu-0"}, {"name": MIG_DEVICE["name"]}])
+    assert everything and everything.count("DRADeviceTaints") == 1
+    assert "DRAConsumableCapacity" in everything and "DRAPartitionableDevices" in everything
+    lost = slice_refusal(facts, [CARD, MIG_DEVICE], [dict(CARD), "garbage"])
+    assert lost and MIG_DEVICE["name"] in lost
+
+
+FIRST = {"name": "gpu", "firstAvailable": [{"name": "mig-1g-10gb"}, {"name": "shared"}]}
+
+
+def test_prioritized_list_refusal_names_the_gate() -> None:
+    facts = facts_from({"gitVersion": "v1.35.4"}, API, _groups("resource.k8s.io/v1"))
+    assert prioritized_list_refusal(facts, FIRST, dict(FIRST)) is None
+    dropped = prioritized_list_refusal(facts, FIRST, {"name": "gpu"})
+    assert dropped and "DRAPrioritizedList" in dropped and "\n" not in dropped
+    said = "spec.spec.devices.requests[0]: Required value: exactly one of `exactly` or " \
+           "`firstAvailable` is required"
+    rejected = prioritized_list_refusal(facts, FIRST, None, rejected=said)
+    assert rejected and "DRAPrioritizedList" in rejected and "exactly one of" in rejected
+    assert prioritized_list_refusal(facts, {"name": "gpu", "exactly": {}}, None) is None
 
 
 def test_scheduler_line_says_what_was_chosen() -> None:

@@ -16,6 +16,16 @@ group list (``/api``'s ``v1`` and ``/apis``: every ``group/version`` it serves),
   from 1.36; docs/dra.md). Without ``resource.k8s.io/v1`` hami refuses DRA mode with one
   line; on 1.34 and 1.35 it goes on only where consumable capacity is known to be on
   (the DRA plugin checks that with a dry-run ResourceSlice, :func:`capacity_refusal`).
+* MIG in DRA mode needs two more: partitionable devices (``DRAPartitionableDevices``,
+  KEP-4815: a MIG card's counter set and the instances consuming it; alpha and off in
+  v1.33.13 and v1.35.4, beta and on in v1.36.3 and v1.37.2, where it can still be turned
+  off) for the DRA plugin of a node in ``mig`` mode, which therefore always sends the
+  dry-run slice, with a MIG instance in it (:func:`slice_refusal`); and
+  prioritized lists (``DRAPrioritizedList``, KEP-4816: the webhook's ``firstAvailable``
+  requests; beta and on in v1.35.4, GA but still switchable in v1.36.3, locked on in
+  v1.37.2) for the scheduler, checked with a dry-run ResourceClaimTemplate before 1.37
+  (:func:`needs_prioritized_list_check`, :func:`prioritized_list_refusal`). The
+  releases are those the API servers' ``--help`` and ``--feature-gates`` name.
 
 The Kubernetes versions are those of the Kubernetes release notes and KEPs named above.
 """
@@ -23,7 +33,7 @@ The Kubernetes versions are those of the Kubernetes release notes and KEPs named
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +44,10 @@ BINDING_LABELS_MINOR = 35
 DRA_GROUP_VERSION = "resource.k8s.io/v1"
 #: First minor with ``DRAConsumableCapacity`` on by default.
 CONSUMABLE_CAPACITY_DEFAULT_MINOR = 36
+#: First minor with ``DRAPrioritizedList`` locked on (v1.35.4: beta, on but can be turned
+#: off; v1.36.3: GA, still accepts ``=false`` with a warning; v1.37.2 refuses
+#: ``--feature-gates=DRAPrioritizedList=false``).
+PRIORITIZED_LIST_LOCKED_MINOR = 37
 #: First minor serving ValidatingAdmissionPolicy in admissionregistration.k8s.io/v1 (GA).
 VAP_MINOR = 30
 #: Longest version word looked at.
@@ -134,7 +148,9 @@ def needs_capacity_check(facts: ClusterFacts) -> bool:
 #: must have on to keep them (it drops a disabled feature's fields on create).
 DEVICE_FEATURES = (("allowMultipleAllocations", "DRAConsumableCapacity",
                     "on by default from Kubernetes 1.36"),
-                   ("taints", "DRADeviceTaints", "cordoned and unhealthy cards are marked by it"))
+                   ("taints", "DRADeviceTaints", "cordoned and unhealthy cards are marked by it"),
+                   ("consumesCounters", "DRAPartitionableDevices",
+                    "MIG-mode cards are published as partitionable devices"))
 
 
 def capacity_refusal(facts: ClusterFacts, sent_device: Mapping[str, Any],
@@ -143,12 +159,28 @@ def capacity_refusal(facts: ClusterFacts, sent_device: Mapping[str, Any],
     returned: a server without ``DRAConsumableCapacity`` drops the device's
     ``allowMultipleAllocations`` (v1.35.4 did), one without ``DRADeviceTaints`` its
     ``taints`` (v1.35.4 did), as an API server drops a disabled feature's fields. One line
-    naming the gates when it dropped any, else None."""
-    if not isinstance(returned_device, Mapping):
-        return (f"the API server ({facts.shown}) returned no device for a dry-run "
-                "ResourceSlice; cannot tell whether consumable capacity is on")
-    missing = [(gate, why) for field_, gate, why in DEVICE_FEATURES
-               if sent_device.get(field_) and not returned_device.get(field_)]
+    naming the gates when it dropped any, else None (:func:`slice_refusal` of one)."""
+    return slice_refusal(facts, [sent_device], [returned_device])
+
+
+def slice_refusal(facts: ClusterFacts, sent_devices: Sequence[Mapping[str, Any]],
+                  returned_devices: Sequence[Any]) -> str | None:
+    """:func:`capacity_refusal` for every device of a dry-run ResourceSlice: each sent
+    device is looked up by ``name`` among the returned ones (``spec.devices[]``) and the
+    :data:`DEVICE_FEATURES` fields it carried and lost name their gates
+    (``consumesCounters``: ``DRAPartitionableDevices``, lost on v1.35.4). One line naming
+    every gate missing, or saying a device came back missing; None when all kept."""
+    returned = {d.get("name"): d for d in returned_devices if isinstance(d, Mapping)}
+    missing: list[tuple[str, str]] = []
+    for sent in sent_devices:
+        got = returned.get(sent.get("name"))
+        if got is None:
+            return (f"the API server ({facts.shown}) returned no device {sent.get('name')!r} "
+                    "for a dry-run ResourceSlice; cannot tell whether the DRA features "
+                    "DRA mode needs are on")
+        missing += [(gate, why) for field_, gate, why in DEVICE_FEATURES
+                    if sent.get(field_) and not got.get(field_)
+                    and (gate, why) not in missing]
     if not missing:
         return None
     gates = ", ".join(f"{gate} ({why})" for gate, why in missing)
@@ -156,6 +188,32 @@ def capacity_refusal(facts: ClusterFacts, sent_device: Mapping[str, Any],
             "their fields: enable them on kube-apiserver, kube-scheduler, "
             "kube-controller-manager and kubelet, or run hami in extender mode "
             "(dra.enabled=false)")
+
+
+def needs_prioritized_list_check(facts: ClusterFacts) -> bool:
+    """Whether prioritized lists may be off on this server (before 1.37, where
+    ``DRAPrioritizedList`` can be turned off, or an unknown version)."""
+    return facts.release is None or facts.release < (1, PRIORITIZED_LIST_LOCKED_MINOR)
+
+
+def prioritized_list_refusal(facts: ClusterFacts, sent_request: Mapping[str, Any],
+                             returned_request: Mapping[str, Any] | None,
+                             rejected: str = "") -> str | None:
+    """Whether a server kept the ``firstAvailable`` of a request in a dry-run
+    ResourceClaimTemplate: one without ``DRAPrioritizedList`` drops it, and then refuses
+    the request as having neither ``exactly`` nor ``firstAvailable`` (``rejected``: the
+    server's 422 message) or returns it without. One line naming the gate, else None."""
+    if not sent_request.get("firstAvailable"):
+        return None
+    if not rejected and isinstance(returned_request, Mapping) and returned_request.get(
+            "firstAvailable"):
+        return None
+    said = f" (it answered: {rejected[:200]})" if rejected else ""
+    return (f"DRA mode needs the feature gate DRAPrioritizedList (the webhook asks MIG "
+            f"instances first, then the shared card, in one prioritized list); the API "
+            f"server ({facts.shown}) drops firstAvailable{said}: enable it on "
+            "kube-apiserver, kube-scheduler and kube-controller-manager, or run hami in "
+            "extender mode (dra.enabled=false)")
 
 
 def scheduler_line(facts: ClusterFacts, dra_mode: bool) -> str:

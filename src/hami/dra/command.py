@@ -59,7 +59,7 @@ def dra_plugin(
         if node_config_file.exists():
             cfg = apply_node_config(cfg, node_config_file.read_text(), node_name)
         client = make_client(kubeconfig)
-        reason = refusal(client, node_name)
+        reason = refusal(client, node_name, mig=cfg.operating_mode == "mig")
         if reason:
             typer.echo(f"error: {reason}", err=True)
             raise typer.Exit(1)

@@ -352,11 +352,14 @@ class StartupRefused(RuntimeError):
     the message is one line."""
 
 
-async def _cluster_facts(kube: Any, dra_mode: bool) -> ClusterFacts | None:
+async def _cluster_facts(kube: Any, dra_mode: bool, namespace: str = "") -> ClusterFacts | None:
     """Read the API server's version and APIs once (:mod:`hami.clusterprobe`), log what
-    the scheduler does with them, and refuse DRA mode where it cannot work. None for a
-    Kubernetes client without HTTP access (the tests' in-memory fakes)."""
+    the scheduler does with them, and refuse DRA mode where it cannot work (no
+    ``resource.k8s.io/v1``; prioritized lists off: :func:`hami.dra.startup.
+    template_refusal`, its dry-run template in ``namespace``, ``default`` when empty).
+    None for a Kubernetes client without HTTP access (the tests' in-memory fakes)."""
     from hami.clusterprobe import ProbeError, read_facts_async
+    from hami.dra.startup import template_refusal
 
     client = getattr(kube, "client", None)
     if getattr(getattr(client, "_client", None), "_client", None) is None:
@@ -367,6 +370,8 @@ async def _cluster_facts(kube: Any, dra_mode: bool) -> ClusterFacts | None:
         raise StartupRefused(f"cannot read the API server's version and APIs: {exc}") from None
     log.info("%s", scheduler_line(facts, dra_mode))
     refusal = dra_refusal(facts) if dra_mode else None
+    if dra_mode and not refusal:
+        refusal = await template_refusal(client, facts, namespace or "default")
     if refusal:
         raise StartupRefused(refusal)
     return facts
@@ -389,7 +394,7 @@ async def serve(settings: SchedulerSettings, *, kube: Any = None,
     metrics = SchedulerMetrics(legacy=settings.legacy_metrics)
     engine = Engine(settings, kube, observer=metrics)
     try:
-        facts = await _cluster_facts(kube, settings.dra_mode)
+        facts = await _cluster_facts(kube, settings.dra_mode, settings.pod_namespace)
     except StartupRefused:
         if own_kube:
             await kube.close()
