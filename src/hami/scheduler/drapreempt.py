@@ -17,8 +17,9 @@ mode's core (:func:`hami.core.preemption.plan_preemption`):
 * **the input**: the watched ResourceSlices and ResourceClaims as the core's ledger
   (:func:`hami.dra.preemptstate.dra_cluster`: cards, and each allocated claim charged to
   the pod that owns it), the preemptor's request read from its claims
-  (:func:`~hami.dra.preemptstate.preemptor_pod`), the nodes its nodeSelector, taints
-  and cordons allow (:func:`~hami.dra.preemptstate.node_admits`), each charged pod's
+  (:func:`~hami.dra.preemptstate.preemptor_pod`), the nodes its nodeSelector, required
+  node affinity, taints and cordons allow (:func:`~hami.dra.preemptstate.node_admits`),
+  each charged pod's
   priority and the PodDisruptionBudgets covering it;
 * **carried out** by :func:`hami.scheduler.evictions.carry_out`, as in extender mode:
   ``status.nominatedNodeName``, the Eviction API (a refused eviction drops the plan and
