@@ -252,3 +252,29 @@ def test_node_admits_tolerations(tolerations: list[Any], admitted: bool) -> None
     node = {"metadata": {"name": "n0", "labels": {}},
             "spec": {"taints": [{"key": "gpu", "value": "a100", "effect": "NoSchedule"}]}}
     assert (node_admits({"spec": {"tolerations": tolerations}}, node) == "") is admitted
+
+
+def test_grant_fits() -> None:
+    """A plan's grant against what is charged on its cards now: memory, cores, slots."""
+    from hami.core.model import ContainerDevice
+    from hami.dra.preemptstate import grant_fits
+
+    slices = [_slice("n0", cards=1)]
+    claims = {("ns", "a"): _claim("a", "u-a", 12000, "n0", 0)}
+    view = dra_cluster(make_config(), slices, claims)
+    (dev, _, _, _), = view.state.ledger.device_usage("n0")
+
+    def grant(*mibs: int, cores: int = 0) -> tuple[tuple[ContainerDevice, ...], ...]:
+        return tuple((ContainerDevice(dev.uuid, dev.type, m, cores, dev.index),) for m in mibs)
+
+    assert grant_fits(view.state, "n0", grant(3000))
+    assert not grant_fits(view.state, "n0", grant(3361))  # 15360 - 12000 = 3360 free
+    assert not grant_fits(view.state, "n0", grant(2000, 2000))  # summed over containers
+    assert not grant_fits(view.state, "n0", grant(100, cores=101))
+    assert not grant_fits(view.state, "n9", grant(100))
+    other = ((ContainerDevice("GPU-none", dev.type, 1, 0, 0),),)
+    assert not grant_fits(view.state, "n0", other)
+    # slots: one per container device, up to the card's split count
+    many = grant(*([1] * (dev.split_count - 1)))
+    assert grant_fits(view.state, "n0", many)
+    assert not grant_fits(view.state, "n0", grant(*([1] * dev.split_count)))

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hami.core.config import SchedulerConfig
-from hami.core.model import ContainerDevice, DeviceInfo
+from hami.core.model import ContainerDevice, DeviceInfo, PodSingleDevice
 from hami.core.nodeaffinity import required_affinity_admits
 from hami.core.state import ClusterState
 from hami.core.vendor import fast_path_vendor
@@ -257,6 +257,32 @@ def preemptor_pod(pod: Mapping[str, Any], claims: Mapping[Key, Mapping[str, Any]
                      "containers": containers}}
 
 
+def grant_fits(state: ClusterState, node: str, devices: PodSingleDevice) -> bool:
+    """Whether ``devices`` (a preemption plan's grant: per container, the cards with the
+    memory MiB and cores % each takes) still fit on ``node`` of ``state`` on top of what
+    is charged there: per card, memory, cores and one slot per container device within
+    its capacity. False when the node or one of the cards is not there."""
+    if state.ledger.node(node) is None:
+        return False
+    usage = {dev.uuid: (dev, slots, memory, cores)
+             for dev, slots, memory, cores in state.ledger.device_usage(node)}
+    wanted: dict[str, list[int]] = {}
+    for container in devices:
+        for cd in container:
+            add = wanted.setdefault(cd.uuid, [0, 0, 0])
+            add[0] += 1
+            add[1] += max(cd.used_memory_mib, 0)
+            add[2] += max(cd.used_cores_percent, 0)
+    for uuid, (slots, memory, cores) in wanted.items():
+        if uuid not in usage:
+            return False
+        dev, used_slots, used_memory, used_cores = usage[uuid]
+        if (used_slots + slots > dev.split_count or used_memory + memory > dev.memory_mib
+                or used_cores + cores > dev.cores_percent):
+            return False
+    return True
+
+
 def _tolerates(tolerations: list[Any], taint: Mapping[str, Any]) -> bool:
     for t in tolerations:
         if not isinstance(t, Mapping):
@@ -302,4 +328,4 @@ def node_admits(pod: Mapping[str, Any], node: Mapping[str, Any]) -> str:
     return ""
 
 
-__all__ = ["Card", "DraCluster", "dra_cluster", "node_admits", "preemptor_pod"]
+__all__ = ["Card", "DraCluster", "dra_cluster", "grant_fits", "node_admits", "preemptor_pod"]
