@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from hami.core.model import DeviceInfo
 from hami.core.podpriority import PodPriority
 from hami.core.preemption import plan_preemption
@@ -203,3 +205,76 @@ def test_cpu_and_memory_count_with_hosts() -> None:
     synth = preemptor_pod(_pod("u-hi", "hi"), claims, make_config())
     assert synth is not None
     assert plan_preemption(bare.state, synth, infos, node_names=["n0"]).plan is not None
+
+
+def test_node_admits_checks_required_node_affinity() -> None:
+    """A node outside the pod's required node affinity is never a node to evict on;
+    a malformed affinity admits no node."""
+    aff = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["train"]}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n9"]}]}]}}
+    pod = {"spec": {"affinity": {"nodeAffinity": aff}}}
+    train = {"metadata": {"name": "n0", "labels": {"pool": "train"}}}
+    serve = {"metadata": {"name": "n1", "labels": {"pool": "serve"}}}
+    named = {"metadata": {"name": "n9", "labels": {}}}
+    assert node_admits(pod, train) == ""
+    assert "node affinity" in node_admits(pod, serve)
+    assert node_admits(pod, named) == ""
+    assert node_admits({"spec": {}}, serve) == ""
+    junks: list[dict[str, Any]] = [{"affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}},
+            {"affinity": {"nodeAffinity": "x"}},
+            {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "pool", "operator": "Within", "values": ["train"]}]}]}}}}]
+    for junk in junks:
+        assert "node affinity" in node_admits({"spec": junk}, train), junk
+    # a node object without a name or labels does not crash
+    assert "node affinity" in node_admits(pod, {"metadata": {"name": 3, "labels": "x"}})
+
+
+@pytest.mark.parametrize(("tolerations", "admitted"), [
+    ([], False),
+    ([{"key": "gpu", "operator": "Equal", "value": "a100", "effect": "NoSchedule"}], True),
+    ([{"key": "gpu", "value": "a100"}], True),  # operator Equal by default, any effect
+    ([{"key": "gpu", "operator": "Equal", "value": "h100"}], False),
+    ([{"key": "gpu", "operator": "Exists"}], True),
+    ([{"key": "gpu", "operator": "Exists", "effect": "NoExecute"}], False),
+    ([{"key": "other", "operator": "Exists"}], False),
+    ([{"operator": "Exists"}], True),  # empty key with Exists tolerates every taint
+    ([{"key": "", "operator": "Exists", "effect": "NoSchedule"}], True),
+    ([{"operator": "Exists", "effect": "PreferNoSchedule"}], False),
+    ([{"key": "gpu", "operator": "exists"}], False),  # unknown operator tolerates nothing
+    ([{"key": "gpu", "operator": "Gt", "value": "1"}], False),
+    (["gpu", None, 3], False),
+])
+def test_node_admits_tolerations(tolerations: list[Any], admitted: bool) -> None:
+    node = {"metadata": {"name": "n0", "labels": {}},
+            "spec": {"taints": [{"key": "gpu", "value": "a100", "effect": "NoSchedule"}]}}
+    assert (node_admits({"spec": {"tolerations": tolerations}}, node) == "") is admitted
+
+
+def test_grant_fits() -> None:
+    """A plan's grant against what is charged on its cards now: memory, cores, slots."""
+    from hami.core.model import ContainerDevice
+    from hami.dra.preemptstate import grant_fits
+
+    slices = [_slice("n0", cards=1)]
+    claims = {("ns", "a"): _claim("a", "u-a", 12000, "n0", 0)}
+    view = dra_cluster(make_config(), slices, claims)
+    (dev, _, _, _), = view.state.ledger.device_usage("n0")
+
+    def grant(*mibs: int, cores: int = 0) -> tuple[tuple[ContainerDevice, ...], ...]:
+        return tuple((ContainerDevice(dev.uuid, dev.type, m, cores, dev.index),) for m in mibs)
+
+    assert grant_fits(view.state, "n0", grant(3000))
+    assert not grant_fits(view.state, "n0", grant(3361))  # 15360 - 12000 = 3360 free
+    assert not grant_fits(view.state, "n0", grant(2000, 2000))  # summed over containers
+    assert not grant_fits(view.state, "n0", grant(100, cores=101))
+    assert not grant_fits(view.state, "n9", grant(100))
+    other = ((ContainerDevice("GPU-none", dev.type, 1, 0, 0),),)
+    assert not grant_fits(view.state, "n0", other)
+    # slots: one per container device, up to the card's split count
+    many = grant(*([1] * (dev.split_count - 1)))
+    assert grant_fits(view.state, "n0", many)
+    assert not grant_fits(view.state, "n0", grant(*([1] * dev.split_count)))

@@ -190,6 +190,60 @@ def test_a_refused_eviction_drops_the_node_and_says_why() -> None:
     asyncio.run(run())
 
 
+def test_a_reservation_whose_room_was_taken_is_released() -> None:
+    """hi's victim has left, but kube-scheduler gave the freed card to another pod
+    (steering only ranks nodes): hi must not sit on a reservation that cannot be met
+    until it expires; the next round preempts for it again, on the other node."""
+    async def run() -> None:
+        loop, engine = _bed()
+        loop.observe(_pending("u-hi", "hi"), False)
+        assert await loop.round() == 1
+        await _settle(engine)
+        (victim,) = engine.kube.evicted
+        node = victim.removeprefix("pod-").split("-")[0]
+        claims = loop.objects.claims
+        del claims[("ns", victim.removeprefix("pod-"))]
+        loop.observe(_holder(f"u{node[1:]}", "x", node, 100), True)
+        loop.objects.version += 1
+        # while the room is free, hi keeps it
+        assert await loop.round() == 0 and "u-hi" in loop._reservations
+        claims[("ns", "thief")] = _claim("thief", "u-thief", 12000, node, 0)
+        loop.observe(_holder("u-thief", "thief", node, 1000), False)
+        loop.objects.version += 1
+        assert await loop.round() == 1
+        await _settle(engine)
+        other = "n1" if node == "n0" else "n0"
+        assert engine.kube.evicted == [victim, f"pod-{other}-0"]
+        assert loop._reservations["u-hi"].node == other
+
+    asyncio.run(run())
+
+
+def test_one_round_does_not_evict_for_room_another_plan_frees() -> None:
+    """Two 6000 MiB preemptors over n0 and n1, each card full with a 12000 MiB pod: one
+    victim frees 15360 MiB, room for both. The first plan's evictions run in the
+    background; the second pod, planned in the same round, must count them as leaving
+    and wait instead of evicting on the other node."""
+    async def run() -> None:
+        claims = {("ns", "n0-0"): _claim("n0-0", "u0", 12000, "n0", 0),
+                  ("ns", "n1-0"): _claim("n1-0", "u1", 12000, "n1", 0),
+                  ("ns", "a"): _claim("a", "u-a", 6000),
+                  ("ns", "b"): _claim("b", "u-b", 6000)}
+        engine = _engine(_Kube(), ["n0", "n1"])
+        loop = DraPreemption(engine, _objects([_slice("n0", 1), _slice("n1", 1)], claims))
+        loop.observe(_holder("u0", "n0-0", "n0", 100), False)
+        loop.observe(_holder("u1", "n1-0", "n1", 100), False)
+        loop.observe(_pending("u-a", "a"), False)
+        loop.observe(_pending("u-b", "b"), False)
+        assert await loop.round() == 1
+        await _settle(engine)
+        assert len(engine.kube.evicted) == 1
+        assert await loop.round() == 0  # the next round waits for that room too
+        assert len(engine.kube.evicted) == 1
+
+    asyncio.run(run())
+
+
 @pytest.mark.parametrize("kw", [{"preemption": False}, {"leader": False}])
 def test_switched_off_or_follower_does_nothing(kw: dict[str, Any]) -> None:
     async def run() -> None:

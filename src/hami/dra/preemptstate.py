@@ -23,8 +23,8 @@ pod asks for its GPUs through claims, not container limits. This module builds b
   request, with the pod's metadata (``nvidia.com/use-gputype`` and the other selector
   annotations the webhook leaves on the pod) and its priority.
 * :func:`node_admits`: the part of kube-scheduler's own filters a node must pass before
-  hami evicts anything there (``spec.unschedulable``, ``nodeSelector``, NoSchedule and
-  NoExecute taints), since in DRA mode hami is not told which nodes passed them.
+  hami evicts anything there (``spec.unschedulable``, ``nodeSelector``, required node
+  affinity, NoSchedule and NoExecute taints), since in DRA mode hami is not told which nodes passed them.
 
 Objects are what the API server returns (dicts), written by tenants in part:
 anything malformed counts as nothing (a card without memory, a claim without results),
@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hami.core.config import SchedulerConfig
-from hami.core.model import ContainerDevice, DeviceInfo
+from hami.core.model import ContainerDevice, DeviceInfo, PodSingleDevice
+from hami.core.nodeaffinity import required_affinity_admits
 from hami.core.state import ClusterState
 from hami.core.vendor import fast_path_vendor
 from hami.dra import usage
@@ -256,6 +257,32 @@ def preemptor_pod(pod: Mapping[str, Any], claims: Mapping[Key, Mapping[str, Any]
                      "containers": containers}}
 
 
+def grant_fits(state: ClusterState, node: str, devices: PodSingleDevice) -> bool:
+    """Whether ``devices`` (a preemption plan's grant: per container, the cards with the
+    memory MiB and cores % each takes) still fit on ``node`` of ``state`` on top of what
+    is charged there: per card, memory, cores and one slot per container device within
+    its capacity. False when the node or one of the cards is not there."""
+    if state.ledger.node(node) is None:
+        return False
+    usage = {dev.uuid: (dev, slots, memory, cores)
+             for dev, slots, memory, cores in state.ledger.device_usage(node)}
+    wanted: dict[str, list[int]] = {}
+    for container in devices:
+        for cd in container:
+            add = wanted.setdefault(cd.uuid, [0, 0, 0])
+            add[0] += 1
+            add[1] += max(cd.used_memory_mib, 0)
+            add[2] += max(cd.used_cores_percent, 0)
+    for uuid, (slots, memory, cores) in wanted.items():
+        if uuid not in usage:
+            return False
+        dev, used_slots, used_memory, used_cores = usage[uuid]
+        if (used_slots + slots > dev.split_count or used_memory + memory > dev.memory_mib
+                or used_cores + cores > dev.cores_percent):
+            return False
+    return True
+
+
 def _tolerates(tolerations: list[Any], taint: Mapping[str, Any]) -> bool:
     for t in tolerations:
         if not isinstance(t, Mapping):
@@ -274,9 +301,13 @@ def _tolerates(tolerations: list[Any], taint: Mapping[str, Any]) -> bool:
 def node_admits(pod: Mapping[str, Any], node: Mapping[str, Any]) -> str:
     """Why kube-scheduler's filters would reject ``node`` for ``pod`` ("" when none of
     those checked here does): ``spec.unschedulable`` (unless tolerated), the pod's
-    ``nodeSelector`` against the node's labels, and each ``NoSchedule``/``NoExecute``
-    taint the pod does not tolerate (Kubernetes' toleration rules: an empty key with
-    ``Exists`` tolerates everything, an empty effect every effect)."""
+    ``nodeSelector`` against the node's labels, its required node affinity against the
+    node's name and labels (:func:`hami.core.nodeaffinity.required_affinity_admits`),
+    and each ``NoSchedule``/``NoExecute`` taint the pod does not tolerate (Kubernetes'
+    toleration rules: an empty key with ``Exists`` tolerates everything, an empty
+    effect every effect, ``Equal`` wants the same key and value, any other operator
+    tolerates nothing). Not checked: inter-pod affinity and anti-affinity, topology
+    spread constraints, ports, volumes."""
     spec = _map(pod.get("spec"))
     nspec = _map(node.get("spec"))
     labels = _map(_map(node.get("metadata")).get("labels"))
@@ -287,6 +318,9 @@ def node_admits(pod: Mapping[str, Any], node: Mapping[str, Any]) -> str:
     selector = spec.get("nodeSelector")
     if isinstance(selector, Mapping) and any(labels.get(k) != v for k, v in selector.items()):
         return "node does not match the pod's nodeSelector"
+    name = _map(node.get("metadata")).get("name")
+    if not required_affinity_admits(spec, name if isinstance(name, str) else "", labels):
+        return "node does not match the pod's required node affinity"
     for taint in _list(nspec.get("taints")):
         if (isinstance(taint, Mapping) and taint.get("effect") in ("NoSchedule", "NoExecute")
                 and not _tolerates(tolerations, taint)):
@@ -294,4 +328,4 @@ def node_admits(pod: Mapping[str, Any], node: Mapping[str, Any]) -> str:
     return ""
 
 
-__all__ = ["Card", "DraCluster", "dra_cluster", "node_admits", "preemptor_pod"]
+__all__ = ["Card", "DraCluster", "dra_cluster", "grant_fits", "node_admits", "preemptor_pod"]

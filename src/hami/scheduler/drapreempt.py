@@ -17,8 +17,9 @@ mode's core (:func:`hami.core.preemption.plan_preemption`):
 * **the input**: the watched ResourceSlices and ResourceClaims as the core's ledger
   (:func:`hami.dra.preemptstate.dra_cluster`: cards, and each allocated claim charged to
   the pod that owns it), the preemptor's request read from its claims
-  (:func:`~hami.dra.preemptstate.preemptor_pod`), the nodes its nodeSelector, taints
-  and cordons allow (:func:`~hami.dra.preemptstate.node_admits`), each charged pod's
+  (:func:`~hami.dra.preemptstate.preemptor_pod`), the nodes its nodeSelector, required
+  node affinity, taints and cordons allow (:func:`~hami.dra.preemptstate.node_admits`),
+  each charged pod's
   priority and the PodDisruptionBudgets covering it;
 * **carried out** by :func:`hami.scheduler.evictions.carry_out`, as in extender mode:
   ``status.nominatedNodeName``, the Eviction API (a refused eviction drops the plan and
@@ -64,7 +65,13 @@ from hami.core.request import RequestError
 from hami.dra.cache import DraObjects
 from hami.dra.fragscore import MAX_PRIORITY
 from hami.dra.hosts import HostUsage
-from hami.dra.preemptstate import DraCluster, dra_cluster, node_admits, preemptor_pod
+from hami.dra.preemptstate import (
+    DraCluster,
+    dra_cluster,
+    grant_fits,
+    node_admits,
+    preemptor_pod,
+)
 from hami.kube import KubeError
 from hami.scheduler.evictions import carry_out
 
@@ -244,10 +251,19 @@ class DraPreemption:
             self.hosts.refresh()
         view = dra_cluster(self.engine.config, self.objects.slices.values(),
                            self.objects.claims, self._pods, self.hosts)
-        for uid, r in self._reservations.items():
-            if view.state.ledger.pod(uid) is None and view.state.ledger.node(r.node):
-                view.state.charge(uid, r.node, r.devices, 0, namespace=r.namespace,
-                                  name=r.name)
+        for uid, r in list(self._reservations.items()):
+            if view.state.ledger.pod(uid) is not None or not view.state.ledger.node(r.node):
+                continue
+            if (not any(view.state.ledger.pod(v) is not None for v in r.victims)
+                    and not grant_fits(view.state, r.node, r.devices)):
+                # the victims have left and another pod took the room: holding it would
+                # keep the preemptor out of every round until the reservation expires
+                log.info("DRA preemption for %s/%s: the room freed on %s was taken; "
+                         "it may preempt again", r.namespace, r.name, r.node)
+                del self._reservations[uid]
+                continue
+            view.state.charge(uid, r.node, r.devices, 0, namespace=r.namespace,
+                              name=r.name)
         for uid in [u for u in self._evicted if view.state.ledger.pod(u) is None]:
             del self._evicted[uid]
         return view
@@ -266,7 +282,6 @@ class DraPreemption:
         self._expire()
         waiting = sorted(self._waiting.values(), key=lambda p: (
             -pod_priority(p), rfc3339_ns(meta_of(p).get("creationTimestamp")) or 0))
-        waiting = [p for p in waiting if pod_uid(p) not in self._reservations]
         if not waiting:
             return 0
         # nothing changed since a round that started nothing: it would decide the same
@@ -275,7 +290,10 @@ class DraPreemption:
         if now == self._last:
             return 0
         self.rounds += 1
+        # the view first: it releases a reservation whose freed room another pod took,
+        # and that preemptor is then among the waiting again
         view = self.view()
+        waiting = [p for p in waiting if pod_uid(p) not in self._reservations]
         budgets: list[Budget] | None = None
         started = 0
         for pod in waiting:
@@ -307,7 +325,10 @@ class DraPreemption:
                  if (node := self.engine.nodes.get(n)) is not None and not node_admits(pod, node)]
         infos = {u: pod_priority_info(self._pods[u], budgets) for u in view.pods
                  if u in self._pods and u != uid}
-        leaving = {u for u in self._evicted if view.state.ledger.pod(u) is not None}
+        # leaving: the pods hami evicted and those a live plan is evicting now (its
+        # evictions run in the background, so a plan of this same round counts too)
+        planned = {v for r in self._reservations.values() for v in r.victims}
+        leaving = {u for u in (*self._evicted, *planned) if view.state.ledger.pod(u) is not None}
         try:
             if fits_once_gone(view.state, synth, leaving, nodes) is not None:
                 return None  # room is coming: no more victims than needed
