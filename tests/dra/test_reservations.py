@@ -11,6 +11,8 @@ import copy
 import json
 from typing import Any
 
+import pytest
+
 from hami.core.quota import QuotaLedger
 from hami.devices.registry import make_config
 from hami.dra import podclaims
@@ -287,13 +289,20 @@ def test_a_template_is_checked_against_the_pods_booking() -> None:
     assert not asyncio.run(hook(template(6000)))["response"]["allowed"]
 
 
-def test_a_record_the_lease_has_no_room_for_books_its_claim_in_full(monkeypatch: Any) -> None:
+@pytest.mark.parametrize("now", [1765043212.0, 1765043212.1, 1765043212.125])
+def test_a_record_the_lease_has_no_room_for_books_its_claim_in_full(monkeypatch: Any,
+                                                                    now: float) -> None:
     """With the Lease's records full, the controller's claim is checked and booked
-    each in full (the pod's second claim of 12000 does not fit 20000 then)."""
-    monkeypatch.setattr(podclaims, "MAX_RECORDS_BYTES", 80)  # room for one record
+    each in full (the pod's second claim of 12000 does not fit 20000 then). The room is
+    one record at its longest, whatever the clock reads: a time written short (``.0``)
+    makes a record shorter, and two of those must still not fit."""
+    longest = podclaims.dump([podclaims.PodClaimRecord("p1-gpu-0", "p1", "gpu-0",
+                                                       1765043212.125)])
+    monkeypatch.setattr(podclaims, "MAX_RECORDS_BYTES", len(longest))
     store = _Store()
     store.pods = [_init_pod("p1")]
     hook = _hook(store)
+    hook.reservations.clock = lambda: now  # type: ignore[union-attr]
     ours = [_controller_claim("p1", e, 12000, CONTROLLER) for e in ("gpu-0", "gpu-1")]
     assert asyncio.run(_user_burst([hook], store, ours[:1])) == [True]
     assert asyncio.run(_user_burst([hook], store, ours[1:])) == [False]
