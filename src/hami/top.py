@@ -8,12 +8,12 @@ goes through :meth:`ClusterState.upsert_node` (the ``hami.io/node-nvidia-registe
 annotation), every Pod through :meth:`ClusterState.upsert_pod` (HAMi's membership rules
 on ``hami.io/vgpu-node`` / ``hami.io/vgpu-devices-allocated``), every ResourceQuota
 through :meth:`ClusterState.upsert_quota`; the table is then read from the ledger. Only
-the listing of the objects talks to the cluster (lightkube).
+the listing of the objects talks to the cluster (lightkube). The text tables are
+:mod:`hami.toptable`'s.
 """
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
@@ -26,6 +26,7 @@ from hami.api import names
 from hami.core.config import SchedulerConfig
 from hami.core.state import ClusterState
 from hami.devices.registry import make_config
+from hami.toptable import render_table
 
 
 class TopOutput(StrEnum):
@@ -37,10 +38,6 @@ class TopOutput(StrEnum):
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return obj.get("metadata") or {}
-
-
-def _pct(used: int, total: int) -> float:
-    return round(100.0 * used / total, 1) if total > 0 else 0.0
 
 
 def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
@@ -168,88 +165,6 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
             "unplaced": sorted(unplaced, key=lambda p: (p["namespace"], p["name"])),
             "quotas": quotas_out,
             "signing": {"signed": len(counted_pods) - len(unsigned), "unsigned": unsigned}}
-
-
-def _frac(used: int, total: int, unit: str = "") -> str:
-    return f"{used}{unit}/{total}{unit} ({_pct(used, total):.0f}%)"
-
-
-def signing_line(view: Mapping[str, Any]) -> str:
-    """One line on allocation signing: how many counted pods carry hami's signature and
-    which do not (HAMi's scheduler placed them, or their annotations were forged), or that
-    none is left and strict signing can be switched on."""
-    signing = view.get("signing") or {"signed": 0, "unsigned": []}
-    unsigned = signing["unsigned"]
-    if not unsigned:
-        return (f"signing: {signing['signed']} signed allocation(s), no unsigned allocation "
-                "left: strict signing can be switched on "
-                "(allocationSigning.trustUnsignedAllocations=false)")
-    pods = ", ".join(f"{p['namespace']}/{p['name']}" for p in unsigned)
-    return (f"signing: {signing['signed']} signed, {len(unsigned)} unsigned allocation(s): "
-            f"{pods}\n  (unsigned: placed by HAMi's scheduler, or forged; a device plugin in "
-            "strict mode refuses them)")
-
-
-def render_table(view: Mapping[str, Any], *, width: int | None = None) -> str:
-    """The view as text tables (nodes, GPUs with their pods, problems, quotas)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    buf = io.StringIO()
-    console = Console(width=width or 160, file=buf, force_terminal=False, color_system=None)
-    nodes = Table(title="nodes", title_justify="left")
-    for col in ("NODE", "GPUS", "MEMORY (MiB)", "CORES (%)", "TASKS", "PODS", "LOCK"):
-        nodes.add_column(col, overflow="fold")
-    for n in view["nodes"]:
-        nodes.add_row(n["name"], str(n["gpus"]),
-                      _frac(n["memory_mib"]["used"], n["memory_mib"]["total"]),
-                      _frac(n["cores"]["used"], n["cores"]["total"]),
-                      f"{n['tasks']['used']}/{n['tasks']['total']}", str(n["pods"]),
-                      n["lock"] or "-")
-    console.print(nodes)
-    gpus = Table(title="gpus", title_justify="left")
-    for col in ("NODE", "IDX", "UUID", "TYPE", "MEMORY (MiB)", "CORES (%)", "TASKS",
-                "STATE", "PODS (MiB, %cores)"):
-        gpus.add_column(col, overflow="fold")
-    for n in view["nodes"]:
-        for d in n["devices"]:
-            state = "ok" if d["health"] else "unhealthy"
-            if d["cordoned"]:
-                state += ",cordoned"
-            if d["mode"] != names.MODE_HAMI_CORE:
-                state += f",{d['mode']}"
-            pods = " ".join(f"{p['namespace']}/{p['name']}"
-                            + (f"[{p['profile']}]" if p.get("profile") else "")
-                            + f"({p['memory_mib']},{p['cores']}"
-                            + ("" if p.get("signed", True) else ",unsigned") + ")"
-                            for p in d["pods"]) or "-"
-            gpus.add_row(n["name"], str(d["index"]), d["uuid"], d["type"],
-                         _frac(d["memory_mib"]["used"], d["memory_mib"]["total"]),
-                         _frac(d["cores"]["used"], d["cores"]["total"]),
-                         f"{d['tasks']['used']}/{d['tasks']['total']}", state, pods)
-    console.print(gpus)
-    if view["unregistered"] or view["unplaced"]:
-        problems = Table(title="not counted", title_justify="left")
-        for col in ("OBJECT", "NODE", "REASON"):
-            problems.add_column(col, overflow="fold")
-        for n in view["unregistered"]:
-            problems.add_row(f"node/{n['name']}", n["name"], n["reason"])
-        for p in view["unplaced"]:
-            problems.add_row(f"pod/{p['namespace']}/{p['name']}", p["node"], p["reason"])
-        console.print(problems)
-    console.print(signing_line(view), soft_wrap=True, markup=False)
-    if view["quotas"]:
-        quotas = Table(title="quotas", title_justify="left")
-        for col in ("NAMESPACE", "MEMORY (MiB) used/limit", "CORES (%) used/limit"):
-            quotas.add_column(col)
-        for q in view["quotas"]:
-            def lim(v: int | None) -> str:
-                return "-" if v is None else str(v)
-            quotas.add_row(q["namespace"],
-                           f"{q['memory_mib']['used']}/{lim(q['memory_mib']['limit'])}",
-                           f"{q['cores']['used']}/{lim(q['cores']['limit'])}")
-        console.print(quotas)
-    return buf.getvalue()
 
 
 def list_objects(client: Any, namespace: str | None = None) -> tuple[list[dict[str, Any]], ...]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hami.top import cluster_view, narrow, render_table
+from hami.top import cluster_view, narrow
+from hami.toptable import render_table
 from tests.deploy.top_cluster import EXPECTED, objects
 
 

@@ -15,7 +15,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from hami.core.codec import encode_node_devices
 from hami.core.model import DeviceInfo
 from hami.scheduler.engine import Engine
-from hami.scheduler.server import build_app
+from hami.scheduler.routes import build_app
 from hami.scheduler.settings import SchedulerSettings
 
 from .fake_kube import FakeKube

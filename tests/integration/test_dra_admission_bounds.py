@@ -25,7 +25,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from hami.dra import bounds
 from hami.dra.webhook import DraWebhook
 from hami.scheduler.engine import Engine
-from hami.scheduler.server import build_app
+from hami.scheduler.routes import build_app
 from tests.dra.test_webhook import _claim, _Client, _slice
 from tests.dra.test_webhook_named_claims import LIMIT_MIB, _template
 

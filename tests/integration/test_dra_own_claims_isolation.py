@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from hami.dra.webhook import DraWebhook
 from hami.scheduler.engine import Engine
-from hami.scheduler.server import build_app
+from hami.scheduler.routes import build_app
 from tests.dra.test_webhook import _api_error, _Client, _Obj
 
 from .fake_kube import FakeKube

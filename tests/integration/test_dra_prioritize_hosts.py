@@ -12,8 +12,9 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
+from hami.scheduler.draparts import dra_parts
 from hami.scheduler.engine import Engine
-from hami.scheduler.server import build_app, dra_parts
+from hami.scheduler.routes import build_app
 from tests.dra.test_fragscore_shared import _claim, _slice
 from tests.dra.test_webhook import _Client
 

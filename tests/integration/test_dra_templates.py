@@ -21,7 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from hami.dra import signedspecs
 from hami.dra import translate as tr
 from hami.scheduler.engine import Engine
-from hami.scheduler.server import build_app
+from hami.scheduler.routes import build_app
 from tests.dra.test_webhook import _Client
 
 from .fake_kube import FakeKube
@@ -82,7 +82,7 @@ async def _serving(*, reconcile: bool = True) -> AsyncIterator[_Bed]:
     engine = Engine(settings, kube)
     templates = None
     if reconcile:
-        from hami.scheduler.server import dra_parts
+        from hami.scheduler.draparts import dra_parts
 
         webhook, prioritize, templates = dra_parts(engine, client)
     else:

@@ -184,7 +184,8 @@ def test_extender_answers_loopback_peers_only() -> None:
     import pytest
     from aiohttp import ClientSession
 
-    from hami.scheduler.server import build_app, is_loopback
+    from hami.netlimits import is_loopback
+    from hami.scheduler.routes import build_app
 
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("::ffff:127.0.0.5")
     assert not is_loopback("10.0.0.7") and not is_loopback(None) and not is_loopback("")

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hami.scheduler.engine import Engine
-from hami.scheduler.server import build_app
+from hami.scheduler.routes import build_app
 
 from .fake_kube import FakeKube
 from .support import SETTINGS, gpu_pod, ledger_snapshot, node

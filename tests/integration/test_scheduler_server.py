@@ -15,7 +15,7 @@ from hami.devices.registry import make_config
 from hami.kube import KubeError
 from hami.offline import schedule
 from hami.scheduler.election import LeaderElector
-from hami.scheduler.server import TlsReloader
+from hami.scheduler.tls import TlsReloader
 
 from .fake_kube import FakeKube
 from .support import SETTINGS, gpu_pod, ledger_snapshot, node, run, serving

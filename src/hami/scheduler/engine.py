@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from hami.api import names
 from hami.core.state import TERMINAL_PHASES, ClusterState, pod_uid
@@ -52,6 +52,7 @@ from hami.scheduler.filterflow import (
 from hami.scheduler.nodequeue import InFlight, NodeWaiters
 from hami.scheduler.nodes import NodeRegistry
 from hami.scheduler.podcache import PendingPods
+from hami.scheduler.ports import KubeApi, NoObserver, Observer
 from hami.scheduler.preemptflow import PreemptFlow
 from hami.scheduler.settings import SchedulerSettings
 from hami.webhook.review import review
@@ -59,52 +60,8 @@ from hami.webhook.review import review
 log = logging.getLogger("hami.scheduler")
 
 JSON = dict[str, Any]
-JSONList = list[JSON]
 KINDS = ("Node", "ResourceQuota", "Pod")
-__all__ = ["KINDS", "PENDING_PATCH_TTL_S", "Counters", "Engine", "KubeApi", "Observer",
-           "failure_tokens"]
-
-
-class KubeApi(Protocol):
-    """What the engine needs from :class:`hami.kube.Kube` (a fake implements it in tests)."""
-
-    async def list(self, kind: str, on_item: Callable[[JSON], None]) -> str: ...
-    def watch(self, kind: str, resource_version: str) -> Any: ...
-    async def get_node(self, name: str) -> JSON: ...
-    async def get_pod(self, namespace: str, name: str) -> JSON | None: ...
-    async def patch_pod(self, namespace: str, name: str, patch: Mapping[str, Any]) -> JSON: ...
-    async def patch_node(self, name: str, patch: Mapping[str, Any]) -> JSON: ...
-    async def bind(self, namespace: str, name: str, uid: str, node: str,
-                   annotations: Mapping[str, str] | None = None,
-                   labels: Mapping[str, str] | None = None) -> None: ...
-    async def create_event(self, event: Mapping[str, Any]) -> None: ...
-    async def list_pdbs(self) -> JSONList: ...
-    async def evict(self, namespace: str, name: str, uid: str) -> None: ...
-    async def patch_pod_status(self, namespace: str, name: str,
-                               patch: Mapping[str, Any]) -> JSON: ...
-
-
-class Observer(Protocol):
-    """Metrics hooks (see :mod:`hami.scheduler.metrics`)."""
-
-    def filter_done(self, seconds: float, outcome: str) -> None: ...
-    def bind_done(self, seconds: float, outcome: str) -> None: ...
-    def preemption(self, victims: int, refused: bool) -> None: ...
-    def preemptor_bound(self, seconds: float) -> None: ...
-
-
-class _NoObserver:
-    def filter_done(self, seconds: float, outcome: str) -> None:
-        pass
-
-    def bind_done(self, seconds: float, outcome: str) -> None:
-        pass
-
-    def preemption(self, victims: int, refused: bool) -> None:
-        pass
-
-    def preemptor_bound(self, seconds: float) -> None:
-        pass
+__all__ = ["KINDS", "PENDING_PATCH_TTL_S", "Counters", "Engine", "failure_tokens"]
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -167,7 +124,7 @@ class Engine(NodeRegistry, FilterFlow, BindFlow, PreemptFlow):
         self.config = settings.scheduler_config()
         self.kube = kube
         self.state = ClusterState(self.config)
-        self.observer = observer or _NoObserver()
+        self.observer = observer or NoObserver()
         self.local_now = local_now
         self.synced = asyncio.Event()
         self.leader = not settings.leader_elect

@@ -8,7 +8,7 @@ setting for is a cap on connections: :class:`LimitedSite` wraps each connection'
 in a guard that asks a :class:`~hami.netlimits.ConnectionGate` first and closes the
 connection at once when the cap of remote peers is reached (loopback peers, i.e.
 kube-scheduler in the same pod, always pass). The body deadline is the handlers'
-(:func:`hami.scheduler.server.read_body`).
+(:func:`hami.scheduler.routes.read_body`).
 """
 
 from __future__ import annotations

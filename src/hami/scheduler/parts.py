@@ -14,11 +14,12 @@ if TYPE_CHECKING:
     from hami.core.state import ClusterState
     from hami.keyring import KeyRing
     from hami.scheduler.binder import NodeLocks
-    from hami.scheduler.engine import Counters, KubeApi, Observer
+    from hami.scheduler.engine import Counters
     from hami.scheduler.events import EventSink
     from hami.scheduler.filterflow import DeferredAllocation
     from hami.scheduler.nodequeue import InFlight, NodeWaiters
     from hami.scheduler.podcache import PendingPods
+    from hami.scheduler.ports import KubeApi, Observer
     from hami.scheduler.settings import SchedulerSettings
 
 JSON = dict[str, Any]
