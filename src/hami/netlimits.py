@@ -157,7 +157,8 @@ class _DeadlineHandler(BaseHTTPRequestHandler):
     server: LimitedHTTPServer
 
     def setup(self) -> None:
-        self.timeout = self.server.limits.header_timeout_s
+        # per server, not per class: each server carries its own limits
+        self.timeout = self.server.limits.header_timeout_s  # type: ignore[misc]
         super().setup()
         self._expired = False
         self._head_deadline = threading.Timer(self.server.limits.header_timeout_s,

@@ -51,7 +51,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 
@@ -128,7 +128,7 @@ def _check_shape(obj: Mapping[str, Any]) -> None:
     meta = obj.get("metadata")
     who = f"{kind} {(meta or {}).get('name', '?') if isinstance(meta, dict) else '?'}"
 
-    def fail(path: str, want: str, got: Any) -> None:
+    def fail(path: str, want: str, got: Any) -> NoReturn:
         hint = " (quote the value in YAML)" if want == "a string" else ""
         raise InputError(f"{who}: {path} must be {want}, got {got!r}{hint}")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -98,7 +98,7 @@ def scheduler_config(device_config: Path | None = None, node_policy: str = "binp
             flag = {"default_memory_mib": "--default-mem", "default_cores_percent":
                     "--default-cores", "default_gpu_num": "--default-gpu"}[key]
             raise ConfigError(f"{flag} must be 0 or more, got {value}")
-    nvidia = replace(nvidia, **overrides)
+    nvidia = replace(nvidia, **cast(dict[str, Any], overrides))
     return SchedulerConfig(policy=SchedulingPolicy(node_policy, gpu_policy),
                            scheduler_name=scheduler_name,
                            registry=device_registry(raw, enable_ascend=enable_ascend,

@@ -106,11 +106,11 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
     for entry in state.ledger.pods():
         pod_names[entry.uid] = (entry.namespace, entry.name)
 
-    out_nodes = []
+    out_nodes: list[dict[str, Any]] = []
     for node_name in sorted(registered):
-        entry = state.ledger.node(node_name)
-        assert entry is not None
-        cordoned = {u.strip() for u in entry.annotations.get(names.NODE_DEVICE_CORDON, "")
+        node_entry = state.ledger.node(node_name)
+        assert node_entry is not None
+        cordoned = {u.strip() for u in node_entry.annotations.get(names.NODE_DEVICE_CORDON, "")
                     .split(",") if u.strip()}
         on_gpu: dict[str, list[dict[str, Any]]] = {}
         for pod_entry in sorted(state.ledger.pods_on(node_name),
@@ -137,7 +137,7 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
                                      ("tasks", slots, dev.split_count)):
                 totals[key][0] += used
                 totals[key][1] += total
-        lock = entry.annotations.get(names.NODE_LOCK, "")
+        lock = node_entry.annotations.get(names.NODE_LOCK, "")
         out_nodes.append({
             "name": node_name,
             "gpus": len(devices),
@@ -148,7 +148,7 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
             "lock": lock,
             "devices": devices,
         })
-    out_nodes = sorted([*out_nodes, *dra_nodes(slices, claims)], key=lambda n: n["name"])
+    out_nodes = sorted([*out_nodes, *dra_nodes(slices, claims)], key=lambda n: str(n["name"]))
     quotas_out = []
     for ns, q in sorted(state.quota.namespaces().items()):
         if (q.memory_limit_mib is None and q.cores_limit_percent is None

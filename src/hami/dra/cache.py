@@ -18,13 +18,14 @@ import copy
 import logging
 import weakref
 from collections import defaultdict
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, TypeVar
 
 from hami.dra import policy, usage
 from hami.dra.slices import CORES, DRIVER, MEMORY, MIB
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 #: ``timeoutSeconds`` of each watch request: the API server ends the watch then and it
 #: is resumed from the last version (half of kubehttp's default idle deadline).
@@ -225,7 +226,7 @@ class DraObjects:
         """:func:`mig_offers` of the watched slices; None before the first list."""
         return self._of_slices("mig_offers", mig_offers)
 
-    def _of_slices(self, name: str, derive: Any) -> Any:
+    def _of_slices(self, name: str, derive: Callable[[Any], _T]) -> _T | None:
         """``derive(slices)``, once per :attr:`slices_version` (a copy, so a caller that
         changes it changes nothing here); None before the first list."""
         if not self.synced["slices"].is_set():

@@ -28,7 +28,8 @@ from typing import Any
 
 import yaml
 
-from hami.testing.gpubed import GpuBed, gpu_test_pod
+from hami.testing.gpubed import GpuBed
+from hami.testing.gpupods import gpu_test_pod
 
 #: ``hami device-plugin`` arguments of allocate mode cdi on the bed's node (its kubelet's
 #: pod-resources socket and its containerd's CDI directory, inside the node's namespace).

@@ -27,8 +27,9 @@ import shutil
 import sys
 import sysconfig
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from hami.testing.images import (
     ImageArchive,
@@ -216,10 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.outdir.mkdir(parents=True, exist_ok=True)
     try:
-        for build in (lambda: build_hami_image(args.outdir, args.libvgpu_build),
-                      lambda: build_kube_scheduler_image(
-                          args.outdir, default_bin_dir() / "kube-scheduler",
-                          KUBERNETES_VERSION)):
+        builds: list[Callable[[], Any]] = [
+            lambda: build_hami_image(args.outdir, args.libvgpu_build),
+            lambda: build_kube_scheduler_image(args.outdir, default_bin_dir() / "kube-scheduler",
+                                               KUBERNETES_VERSION)]
+        for build in builds:
             t0 = time.monotonic()
             img = build()
             print(f"{img.name} {img.path} {time.monotonic() - t0:.1f}s")
