@@ -1,5 +1,5 @@
-/* CUDA driver hooks: memory-info virtualisation (cuDeviceTotalMem, cuMemGetInfo
- * see the container's limit and usage) and the counted device allocation
+/* CUDA driver hooks: memory-info virtualisation (cuDeviceTotalMem and cuMemGetInfo
+ * show the container's limit and usage) and the counted device allocation
  * paths: linear memory (plain, managed, pitched, freed asynchronously), VMM
  * physical allocations, arrays and mipmapped arrays. Each reserves against the
  * limit before the real call and settles in the allocation table after it. */
