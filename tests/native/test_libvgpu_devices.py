@@ -29,7 +29,7 @@ LIMIT_ENV = {"CUDA_DEVICE_MEMORY_LIMIT_0": "48m", "CUDA_DEVICE_MEMORY_LIMIT_1": 
 
 
 def mig_uuid(phys: int) -> str:
-    """The stub's MIG instance on physical device ``phys`` (stub_state.h)."""
+    """The stub's MIG instance on physical device ``phys`` (stub_devices.h)."""
     return f"MIG-5a1e0000-0000-4000-9000-{phys:012x}"
 
 

@@ -1,7 +1,7 @@
 """The allocation paths of real frameworks (issue 26 §3): CUDA IPC, virtual memory
 management, stream-ordered pools. Each is counted once, on the right device, and
 released once, on the stub driver, which models each API as the CUDA driver API
-reference describes it (native/libvgpu/stub/stub_mem.h).
+reference describes it (native/libvgpu/stub/stub_mem.h, stub_pool.h).
 
 ``phys N`` is what the stub's device really holds; ``info`` is cuMemGetInfo through
 libvgpu (free, total of the slice); the limit is 48 MiB.

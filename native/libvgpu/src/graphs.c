@@ -191,7 +191,7 @@ VG_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
     return r;
 }
 
-/* cuGraphLaunch(_ptsz) after the launch gate (cuda.c) */
+/* cuGraphLaunch(_ptsz) after the launch gate (launch.c) */
 CUresult vg_graph_launch(void *exec, CUstream s, int ptsz) {
     CUresult (*fn)(void *, CUstream) = ptsz ? CU_REAL(cuGraphLaunch_ptsz) : CU_REAL(cuGraphLaunch);
     if (!__atomic_load_n(&g_ords, __ATOMIC_RELAXED)) return fn(exec, s);

@@ -232,7 +232,8 @@ static inline int vg_dev(int ord) {
     return LIKELY(v > 0) ? v - 1 : vg_dev_slow(ord);
 }
 
-/* ------------------------------------- allocation paths (cuda.c, vmm.c, pools.c) */
+/* ---------- allocation paths (memory.c, contexts.c, vmm.c, pools.c; the table: alloctab.c;
+ * the hooks' own entry gate and helpers: cudahook.h) */
 VG_HIDDEN CUresult vg_cuda_enter(void);   /* the hooks' entry gate; 0 = go on */
 #define VG_ENTER() do { CUresult e_ = vg_cuda_enter(); if (UNLIKELY(e_)) return e_; } while (0)
 VG_HIDDEN int vg_cur_ord(void);           /* CUDA ordinal of the current context (0 without one) */

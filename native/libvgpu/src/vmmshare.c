@@ -1,7 +1,7 @@
 /* VMM allocations shared between processes of a container (cuMemExportToShareableHandle
  * in the creator, cuMemImportFromShareableHandle in another process): who pays.
  *
- * The creator pays from cuMemCreate until its last reference goes (vmm.c, cuda.c). When
+ * The creator pays from cuMemCreate until its last reference goes (vmm.c, memory.c). When
  * it goes while another process still holds an import of the allocation (the driver
  * frees the memory only at the last reference of any process), the charge moves to one
  * such importer, which pays until its own last reference goes and then passes it on to

@@ -1,4 +1,4 @@
-/* Stub driver, part 3 (included by stub_cuda.c): CUDA graph memory nodes, modelled as
+/* Stub driver, part 4 (included by stub_cuda.c): CUDA graph memory nodes, modelled as
  * the CUDA driver API reference describes them.
  *
  * cuGraphAddMemAllocNode fixes the allocation's address at node creation and allocates

@@ -3,6 +3,7 @@
  * per-process SM utilisation computed from the stub's recorded busy time. */
 #include "vgpu_api.h"
 #include "stub_state.h"
+#include "stub_devices.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
