@@ -126,6 +126,32 @@ def test_secure_metrics_with_a_certificate_pair(tmp_path: Path) -> None:
     run(scenario)
 
 
+@pytest.mark.parametrize("listener", ["http", "metrics"])
+def test_a_rotated_certificate_is_served_without_a_restart(tmp_path: Path, listener: str
+                                                           ) -> None:
+    """The webhook/extender pair (``--cert-file``) and the metrics pair, each mounted from
+    a Secret the kubelet updates: new connections get the renewed certificate."""
+    from hami.testing.pki import CertificateAuthority
+    from tests.unit.test_tlsfiles import mount_secret, verifies, wait_until_verifies
+
+    old, new = CertificateAuthority.create("old"), CertificateAuthority.create("new")
+    crt, key = mount_secret(tmp_path / "tls", old.issue("hami", ip_sans=["127.0.0.1"],
+                                                       server=True))
+    flags = ({"cert_file": str(crt), "key_file": str(key)} if listener == "http" else
+             {"metrics_bind_address": "127.0.0.1:0", "metrics_secure": True,
+              "metrics_cert_file": str(crt), "metrics_key_file": str(key)})
+
+    async def scenario() -> None:
+        async with serving(ReviewingKube(), **flags) as ports:
+            port = ports[listener]
+            assert await asyncio.to_thread(verifies, port, old)
+            mount_secret(tmp_path / "tls", new.issue("hami", ip_sans=["127.0.0.1"],
+                                                     server=True))
+            await asyncio.to_thread(wait_until_verifies, port, new)
+            assert not await asyncio.to_thread(verifies, port, old)
+    run(scenario)
+
+
 @pytest.mark.parametrize("overrides", [
     {"metrics_secure": True, "metrics_cert_file": "/a"},
     {"metrics_cert_file": "/a", "metrics_key_file": "/b"},

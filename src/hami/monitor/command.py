@@ -31,6 +31,7 @@ from hami.monitor.feedback import ContainerFeedback, observe
 from hami.monitor.lister import ContainerLister
 from hami.monitor.pods import DEFAULT_PRIORITY, container_grants, pod_finished
 from hami.netlimits import LimitedHTTPServer, ServerLimits, raise_open_files_limit
+from hami.tlsfiles import TlsReloader
 
 log = logging.getLogger("hami.monitor")
 
@@ -185,17 +186,21 @@ def serve_metrics(collector: Any, addr: str, port: int,
 
 
 def secure_metrics(kube: Any, cert_file: str = "", key_file: str = ""
-                   ) -> tuple[MetricsGuard, SyncReviewer, ssl.SSLContext]:
+                   ) -> tuple[MetricsGuard, SyncReviewer, ssl.SSLContext, TlsReloader | None]:
     """The parts of secure mode: a :class:`~hami.metricsauth.MetricsGuard`, the reviews of
-    ``kube`` (:class:`~hami.deviceplugin.kube.KubeApi`), and the TLS context of the PEM
-    pair (loaded once; restart to rotate) or, with no files, a self-signed one.
+    ``kube`` (:class:`~hami.deviceplugin.kube.KubeApi`), the TLS context, and the
+    :class:`~hami.tlsfiles.TlsReloader` that owns it when a PEM pair is given (the caller
+    calls its ``maybe_reload`` so a rotated pair is served without a restart; None with
+    no files: a self-signed context made now).
 
     Raises:
         OSError, ssl.SSLError: the pair cannot be loaded.
     """
-    context = (file_context(cert_file, key_file) if cert_file
-               else self_signed_context()[0])
-    return MetricsGuard(), (kube.review_token, kube.review_access), context
+    reviewer: SyncReviewer = (kube.review_token, kube.review_access)
+    if cert_file:
+        reloader = TlsReloader(cert_file, key_file)
+        return MetricsGuard(), reviewer, reloader.context, reloader
+    return MetricsGuard(), reviewer, self_signed_context()[0], None
 
 
 def parse_bind(address: str) -> tuple[str, int]:
@@ -222,10 +227,11 @@ def run_monitor(*, node: str, hook_path: Path, kube: Any, stop: threading.Event,
     collector = MonitorCollector(node, lister, pods.labelled_pods, host, legacy, version,
                                  claims=claims, node_pods=pods.node_pods)
     server = None
+    tls: TlsReloader | None = None
     if bind is not None:
         addr, port = parse_bind(bind)
         if secure is not None:
-            guard, reviewer, context = secure_metrics(kube, *secure)
+            guard, reviewer, context, tls = secure_metrics(kube, *secure)
             server = serve_metrics(collector, addr, port, guard=guard, reviewer=reviewer,
                                    ssl_context=context)
             log.info("metrics on https://%s:%d/metrics (TokenReview + SubjectAccessReview "
@@ -236,6 +242,8 @@ def run_monitor(*, node: str, hook_path: Path, kube: Any, stop: threading.Event,
     try:
         while not stop.is_set():
             started = time.monotonic()
+            if tls is not None:
+                tls.maybe_reload()
             pods.refresh()
             lister.update(pods.live_uids(), pods.finished_uids())
             claims.update()
@@ -272,8 +280,8 @@ def monitor(
     metrics_secure: Annotated[bool, typer.Option(
         help=SECURE_HELP)] = False,
     metrics_cert_file: Annotated[str, typer.Option(
-        help="with --metrics-secure: PEM certificate of /metrics, read at start "
-             "(empty: self-signed)")] = "",
+        help="with --metrics-secure: PEM certificate of /metrics, loaded again when it "
+             "or the key changes (empty: self-signed)")] = "",
     metrics_key_file: Annotated[str, typer.Option(
         help="with --metrics-secure: PEM key of --metrics-cert-file")] = "",
     high_priority_namespaces: Annotated[str, typer.Option(

@@ -5,7 +5,7 @@ cannot work), starts the engine, and serves the main application
 (:func:`hami.scheduler.routes.build_app`: extender, webhook, health) and the ``/metrics``
 one (:func:`hami.scheduler.routes.build_metrics_app`) on their own ports (HAMi v2.10).
 With ``--cert-file/--key-file`` the main server speaks TLS and re-reads the pair when
-either file changes (:class:`hami.scheduler.tls.TlsReloader`; new connections get the new
+either file changes (:class:`hami.tlsfiles.TlsReloader`; new connections get the new
 certificate). ``--extender-http-bind`` adds a plain-HTTP listener on a loopback address
 for kube-scheduler in the same pod. Both listeners have deadlines for the request head and
 body and a cap on remote connections (:mod:`hami.scheduler.listener`). DRA mode's parts
@@ -36,7 +36,8 @@ from hami.scheduler.listener import LimitedSite, runner
 from hami.scheduler.metrics import SchedulerMetrics
 from hami.scheduler.routes import build_app, build_metrics_app
 from hami.scheduler.settings import SchedulerSettings, parse_bind
-from hami.scheduler.tls import TlsReloader, metrics_tls
+from hami.scheduler.tls import metrics_tls
+from hami.tlsfiles import TlsReloader
 
 log = logging.getLogger("hami.scheduler.server")
 
