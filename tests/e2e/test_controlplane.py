@@ -293,6 +293,36 @@ def test_extender_rejection_leaves_pod_pending(
     assert "bind" not in extender.verbs()
 
 
+def test_a_pod_whose_rejection_ends_without_an_event_is_retried(
+    kube_client: Any, gpu_node: str, extender: RecordingExtender
+):
+    """kube-scheduler retries an unschedulable pod on a cluster event that maps to it, or
+    when it has been in the unschedulable pool longer than
+    ``--pod-max-in-unschedulable-pods-duration``. Here the extender changes its mind and
+    nothing in the cluster changes (so no event): the test control plane's scheduler
+    retries within ``UNSCHEDULABLE_RETRY_S`` + its queue's 30 s period, not kube-scheduler's
+    5 minutes. DRA pods meet such a change (a double count in v1.37's DynamicResources
+    that ends without an event); the tests' waits count on this retry."""
+    from hami.testing.clusterconfig import UNSCHEDULABLE_RETRY_S
+
+    extender.reject[gpu_node] = "CardInsufficientMemory"
+    pod = kube_client.create(make_pod("hami-scheduler", gpus=1))
+    name = pod.metadata.name
+
+    def unschedulable() -> bool:
+        status = kube_client.get(Pod, name, namespace="default").status
+        return any(c.type == "PodScheduled" and c.reason == "Unschedulable"
+                   for c in (status.conditions if status else None) or [])
+
+    try:
+        wait_until(unschedulable, timeout_s=60, what=f"pod {name} to be Unschedulable")
+        extender.reject.clear()
+        assert wait_bound(kube_client, name, timeout_s=UNSCHEDULABLE_RETRY_S + 30 + 25) == gpu_node
+    finally:
+        kube_client.delete(Pod, name, namespace="default", grace_period=0)
+    assert extender.verbs()[-2:] == ["filter", "bind"]
+
+
 def test_port_taken_between_pick_and_bind_is_retried(
     control_plane: ControlPlane, monkeypatch: pytest.MonkeyPatch
 ):
