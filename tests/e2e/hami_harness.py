@@ -55,27 +55,13 @@ def register_annotation(node: str, gpus: int = 4, memory_mib: int = 24576, split
 def make_gpu_node(client: Any, name: str, *, gpus: int = 4, memory_mib: int = 24576,
                   split: int = 10, labels: dict[str, str] | None = None,
                   annotations: dict[str, str] | None = None) -> None:
-    """A Ready node with HAMi's register annotation (device plugin's view)."""
-    from lightkube import ApiError
-
-    from hami.testing.controlplane import set_node_status
-
+    """A Ready node with HAMi's register annotation (device plugin's view). The
+    scheduler writes its handshake on the node as soon as it sees it; create_gpu_node
+    retries its taint patch on that conflict."""
     ann = {"hami.io/node-nvidia-register": register_annotation(name, gpus, memory_mib, split),
            "hami.io/node-handshake": "Requesting_" + time.strftime("%Y-%m-%d %H:%M:%S")}
     ann.update(annotations or {})
-    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(gpus * split)}
-    try:
-        create_gpu_node(client, name, gpus=gpus * split, annotations=ann, labels=labels)
-    except ApiError as err:  # the scheduler wrote the handshake between read and patch
-        if "has been modified" not in str(err.status.message):
-            raise
-        for _ in range(20):
-            try:
-                set_node_status(client, name, capacity=capacity)
-                return
-            except ApiError:
-                time.sleep(0.1)
-        raise
+    create_gpu_node(client, name, gpus=gpus * split, annotations=ann, labels=labels)
 
 
 def gpu_pod(name: str, *, gpus: int = 1, memory_mib: int | None = None, cores: int | None = None,

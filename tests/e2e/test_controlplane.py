@@ -28,6 +28,7 @@ from hami.testing.controlplane import (
     bind_pod,
     create_gpu_node,
     node_is_ready,
+    set_node_status,
     set_pod_phase,
     wait_until,
 )
@@ -116,6 +117,53 @@ def test_gpu_node_is_registered_and_ready(kube_client: Any, gpu_node: str):
     assert node_is_ready(node)
     # No kube-controller-manager runs, so nothing adds not-ready/unreachable taints.
     assert not node.spec.taints
+
+
+class _HandshakeRace:
+    """A lightkube client whose Node status patches are each followed, before their
+    reply is handed back, by another writer's annotation patch: what hami's scheduler
+    does when it sees a new node (its handshake) between the harness's status patch
+    and its taint patch."""
+
+    def __init__(self, client: Any, writes: int) -> None:
+        self._client, self.writes = client, writes
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._client, attr)
+
+    def patch(self, res: Any, name: str, obj: Any, **kwargs: Any) -> Any:
+        from lightkube.types import PatchType
+
+        reply = self._client.patch(res, name, obj, **kwargs)
+        if res is Node.Status and self.writes:
+            self.writes -= 1
+            self._client.patch(Node, name, {"metadata": {"annotations": {
+                "hami.io/node-handshake": "Requesting_2026-01-01 00:00:00"}}},
+                patch_type=PatchType.MERGE)
+        return reply
+
+
+def test_a_node_made_ready_while_another_writer_annotates_it(kube_client: Any):
+    """The taint patch carries the resourceVersion of the status patch's reply; a write
+    in between gets it a 409, and the harness computes the taints again from a fresh
+    read (CI once failed on this 409 while hami's scheduler wrote its handshake)."""
+    name = f"race-{uuid.uuid4().hex[:6]}"
+    racing = _HandshakeRace(kube_client, writes=1)
+    try:
+        create_gpu_node(racing, name, gpus=1)
+        node = kube_client.get(Node, name)
+        assert racing.writes == 0  # the other writer did come in between
+        assert node_is_ready(node) and not node.spec.taints
+        assert node.metadata.annotations["hami.io/node-handshake"].startswith("Requesting_")
+        # made not ready again under the same race: the taint is back, the status False
+        racing.writes = 1
+        set_node_status(racing, name, ready=False)
+        node = kube_client.get(Node, name)
+        assert racing.writes == 0
+        assert not node_is_ready(node)
+        assert [t.key for t in node.spec.taints or []] == ["node.kubernetes.io/not-ready"]
+    finally:
+        kube_client.delete(Node, name)
 
 
 def test_default_scheduler_binds_plain_pod(kube_client: Any, gpu_node: str):
@@ -243,6 +291,36 @@ def test_extender_rejection_leaves_pod_pending(
         kube_client.delete(Pod, name, namespace="default", grace_period=0)
     assert "CardInsufficientMemory" in seen["message"]
     assert "bind" not in extender.verbs()
+
+
+def test_a_pod_whose_rejection_ends_without_an_event_is_retried(
+    kube_client: Any, gpu_node: str, extender: RecordingExtender
+):
+    """kube-scheduler retries an unschedulable pod on a cluster event that maps to it, or
+    when it has been in the unschedulable pool longer than
+    ``--pod-max-in-unschedulable-pods-duration``. Here the extender changes its mind and
+    nothing in the cluster changes (so no event): the test control plane's scheduler
+    retries within ``UNSCHEDULABLE_RETRY_S`` + its queue's 30 s period, not kube-scheduler's
+    5 minutes. DRA pods meet such a change (a double count in v1.37's DynamicResources
+    that ends without an event); the tests' waits count on this retry."""
+    from hami.testing.clusterconfig import UNSCHEDULABLE_RETRY_S
+
+    extender.reject[gpu_node] = "CardInsufficientMemory"
+    pod = kube_client.create(make_pod("hami-scheduler", gpus=1))
+    name = pod.metadata.name
+
+    def unschedulable() -> bool:
+        status = kube_client.get(Pod, name, namespace="default").status
+        return any(c.type == "PodScheduled" and c.reason == "Unschedulable"
+                   for c in (status.conditions if status else None) or [])
+
+    try:
+        wait_until(unschedulable, timeout_s=60, what=f"pod {name} to be Unschedulable")
+        extender.reject.clear()
+        assert wait_bound(kube_client, name, timeout_s=UNSCHEDULABLE_RETRY_S + 30 + 25) == gpu_node
+    finally:
+        kube_client.delete(Pod, name, namespace="default", grace_period=0)
+    assert extender.verbs()[-2:] == ["filter", "bind"]
 
 
 def test_port_taken_between_pick_and_bind_is_retried(

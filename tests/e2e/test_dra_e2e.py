@@ -249,23 +249,32 @@ def test_200_pods_never_exceed_card_capacity(bed: dict[str, Any]) -> None:
                                             "nvidia.com/gpucores": rng.choice([0, 10, 20, 30])}))
     client = bed["client"]
 
-    def settled() -> list[Any] | None:
+    def settled() -> tuple[list[Any], list[dict[str, Any]]] | None:
         pods = _pods(client)
         # Unschedulable for lack of capacity, not a transient "claim not created yet"
         done = [p for p in pods if p.spec.nodeName or any(
             c.type == "PodScheduled" and c.reason == "Unschedulable"
             and "cannot allocate all claims" in (c.message or "")
             for c in (p.status.conditions or []))]
-        return pods if len(done) == 200 else None
+        if len(done) != 200:
+            return None
+        # A pod marked Unschedulable may be on a retry whose claim is allocated (PreBind)
+        # and its Binding not yet written: settled once the allocated claims read after
+        # the pods are those of the bound pods
+        claims = _claims(client)
+        owners = {(c["metadata"].get("ownerReferences") or [{}])[0].get("name")
+                  for c in claims if _results(c)}
+        return (pods, claims) if owners == {p.metadata.name for p in pods
+                                            if p.spec.nodeName} else None
 
-    pods = _wait(settled, timeout_s=300, what="200 pods scheduled or unschedulable")
+    pods, claims = _wait(settled, timeout_s=300, what="200 pods scheduled or unschedulable")
     scheduled = [p for p in pods if p.spec.nodeName]
     unschedulable = [p for p in pods if not p.spec.nodeName]
     print(f"{len(scheduled)} scheduled, {len(unschedulable)} unschedulable")
     assert len(scheduled) >= 50 and unschedulable, (len(scheduled), len(unschedulable))
     used: dict[tuple[str, str], dict[str, int]] = defaultdict(lambda: defaultdict(int))
     allocated = 0
-    for claim in _claims(client):
+    for claim in claims:
         for r in _results(claim):
             allocated += 1
             for key, value in r["consumedCapacity"].items():

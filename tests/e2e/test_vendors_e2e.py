@@ -19,7 +19,6 @@ from hami.core.codec import decode_pod_devices
 from hami.testing.controlplane import (
     ControlPlane,
     create_gpu_node,
-    set_node_status,
     wait_until,
 )
 from hami.testing.scheduler_config import HAMI_MANAGED_RESOURCES, ExtenderConfig
@@ -90,21 +89,9 @@ def make_node(client: Any, name: str, group: str, *, gpus: int, dcus: int) -> No
         ann["hami.io/node-dcu-register"] = dcu_register(name, dcus)
         ann["hami.io/node-handshake-dcu"] = stamp
         extra["hygon.com/dcunum"] = str(dcus * 10)
-    try:
-        create_gpu_node(client, name, gpus=gpus * 10, annotations=ann, labels={GROUP: group},
-                        extra_capacity=extra)
-    except ApiError as err:  # the scheduler wrote a handshake between read and patch
-        if "has been modified" not in str(err.status.message):
-            raise
-        capacity = {"cpu": "64", "memory": "512Gi", "pods": "110",
-                    "nvidia.com/gpu": str(gpus * 10), **extra}
-        for _ in range(20):
-            try:
-                set_node_status(client, name, capacity=capacity)
-                return
-            except ApiError:
-                time.sleep(0.1)
-        raise
+    # the scheduler's handshake write meets the taint patch: create_gpu_node retries it
+    create_gpu_node(client, name, gpus=gpus * 10, annotations=ann, labels={GROUP: group},
+                    extra_capacity=extra)
 
 
 def vendor_pod(name: str, group: str, *containers: dict[str, str]) -> dict[str, Any]:

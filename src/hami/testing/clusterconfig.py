@@ -160,13 +160,30 @@ def apiserver_argv(binary: Path, *, etcd_port: int, port: int, pki: Path,
     ]
 
 
+#: Seconds an unschedulable pod waits in kube-scheduler's unschedulable pool before its
+#: queue retries it without an event (kube-scheduler's default: 300). The queue looks
+#: every 30 s (a constant), so a pod is retried within about 35 s at most.
+UNSCHEDULABLE_RETRY_S = 5
+
+
 def scheduler_argv(binary: Path, *, config: Path, port: int, pki: Path, kubeconfig: Path,
                    verbosity: int) -> list[str]:
     """kube-scheduler's command line: ``config`` (a KubeSchedulerConfiguration file),
-    serving ``/readyz`` on 127.0.0.1:``port`` with the apiserver's serving pair."""
+    serving ``/readyz`` on 127.0.0.1:``port`` with the apiserver's serving pair.
+
+    ``--pod-max-in-unschedulable-pods-duration`` (deprecated but served from v1.29 to
+    v1.37; no KubeSchedulerConfiguration field sets it) is :data:`UNSCHEDULABLE_RETRY_S`:
+    a pod left unschedulable is retried only on a cluster event that a queueing hint of
+    a plugin that rejected it maps to it, and some changes bring none. v1.37's
+    DynamicResources counts a claim's consumed capacity twice while the claim is both in
+    its assume cache and still in flight (between the end of one pod's claim write and
+    its PreBind's clean-up): a pod filtered in that moment fails with "cannot allocate all
+    claims", and the clean-up sends no event, so that pod would wait 5 minutes; CI's
+    waits are shorter."""
     return [
         str(binary),
         f"--config={config}",
+        f"--pod-max-in-unschedulable-pods-duration={UNSCHEDULABLE_RETRY_S}s",
         f"--bind-address={HOST}",
         f"--secure-port={port}",
         f"--tls-cert-file={pki / 'serving.crt'}",
@@ -206,6 +223,6 @@ def read_audit_events(audit_log: Path, username: str | None = None, *,
     return events
 
 
-__all__ = ["AUDIT_POLICY", "KUBERNETES_SERVICE_IP", "ClusterPki", "apiserver_argv",
-           "etcd_argv", "read_audit_events", "scheduler_argv", "write_audit_policy",
-           "write_kubeconfig", "write_pki"]
+__all__ = ["AUDIT_POLICY", "KUBERNETES_SERVICE_IP", "UNSCHEDULABLE_RETRY_S", "ClusterPki",
+           "apiserver_argv", "etcd_argv", "read_audit_events", "scheduler_argv",
+           "write_audit_policy", "write_kubeconfig", "write_pki"]

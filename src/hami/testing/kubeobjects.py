@@ -116,7 +116,8 @@ NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 
 
 def set_node_status(
-    client: Any, name: str, *, capacity: Mapping[str, str] | None = None, ready: bool = True
+    client: Any, name: str, *, capacity: Mapping[str, str] | None = None, ready: bool = True,
+    attempts: int = 20,
 ) -> Any:
     """Patch a Node's status (capacity/allocatable when given, Ready condition) and taints.
 
@@ -125,22 +126,34 @@ def set_node_status(
     ``node.kubernetes.io/not-ready:NoSchedule`` taint is removed (ready) or added (not
     ready). Nothing in :class:`ControlPlane` checks heartbeats, so one call suffices.
 
+    The status goes in one strategic merge patch (no resourceVersion: it cannot
+    conflict). ``spec.taints`` has no merge key, so a patch replaces the whole list: it
+    carries the resourceVersion it was computed from, and when another writer changed
+    the node in between (hami's scheduler writes its handshake annotation as soon as it
+    sees a new node) the apiserver answers 409 and the taints are computed again from a
+    fresh read, as client-go's ``RetryOnConflict`` does.
+
     Args:
         client: a ``lightkube.Client``.
         name: the node.
         capacity: resource name -> quantity string, written to capacity and allocatable.
         ready: the Ready condition to report.
+        attempts: taint patches to try before a conflict is raised.
 
     Returns:
         The Node after both patches.
 
     Raises:
-        lightkube.ApiError: e.g. 404 for an unknown node, 409 if the node changed between
-            reading and patching its taints.
+        ValueError: ``attempts`` below 1.
+        lightkube.ApiError: e.g. 404 for an unknown node; 409 when every one of
+            ``attempts`` taint patches met a concurrent change.
     """
+    from lightkube import ApiError
     from lightkube.resources.core_v1 import Node
     from lightkube.types import PatchType
 
+    if attempts < 1:
+        raise ValueError(f"attempts must be at least 1, not {attempts}")
     condition = node_ready_condition()
     if not ready:
         condition.update(status="False", reason="KubeletNotReady")
@@ -149,17 +162,24 @@ def set_node_status(
         status["capacity"] = dict(capacity)
         status["allocatable"] = dict(capacity)
     node = client.patch(Node.Status, name, {"status": status}, patch_type=PatchType.STRATEGIC)
-
-    taints = [t.to_dict() for t in (node.spec.taints or []) if t.key != NOT_READY_TAINT]
-    if not ready:
-        taints.append({"key": NOT_READY_TAINT, "effect": "NoSchedule"})
-    if len(taints) == len(node.spec.taints or []) and ready:
-        return node  # no not-ready taint to remove
-    patch = {
-        "metadata": {"resourceVersion": node.metadata.resourceVersion},  # fails on a race
-        "spec": {"taints": taints or None},
-    }
-    return client.patch(Node, name, patch, patch_type=PatchType.MERGE)
+    for attempt in range(attempts):
+        if attempt:
+            node = client.get(Node, name)  # the node as the conflicting writer left it
+        taints = [t.to_dict() for t in (node.spec.taints or []) if t.key != NOT_READY_TAINT]
+        if not ready:
+            taints.append({"key": NOT_READY_TAINT, "effect": "NoSchedule"})
+        if len(taints) == len(node.spec.taints or []) and ready:
+            return node  # no not-ready taint to remove
+        patch = {
+            "metadata": {"resourceVersion": node.metadata.resourceVersion},  # 409 on a race
+            "spec": {"taints": taints or None},
+        }
+        try:
+            return client.patch(Node, name, patch, patch_type=PatchType.MERGE)
+        except ApiError as err:
+            if err.status.code != 409 or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 @functools.cache
