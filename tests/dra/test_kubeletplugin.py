@@ -5,9 +5,13 @@ real apiserver)."""
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import pytest
 
 from hami.deviceplugin.allocate import NodeSettings
 from hami.deviceplugin.config import PluginConfig
@@ -26,7 +30,18 @@ CLAIM = {
 }
 
 
-def test_prepare_and_unprepare_over_the_sockets(tmp_path: Path) -> None:
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory for the plugin's unix sockets: a socket's path must fit 108 bytes, and
+    pytest's ``tmp_path`` grows with the user name, ``$TMPDIR`` and its run counter
+    (under a 40-character ``--basetemp`` the registration socket's path did not fit)."""
+    path = Path(tempfile.mkdtemp(prefix="hd", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_prepare_and_unprepare_over_the_sockets(short_dir: Path) -> None:
+    tmp_path = short_dir
     paths = PluginPaths(tmp_path / "reg", tmp_path / "plug", tmp_path / "cdi")
     hook = tmp_path / "hook"
     claims = {("ns", "c"): CLAIM}
