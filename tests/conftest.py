@@ -6,6 +6,7 @@ Field cases are tests in their own modules, each with its scenario written out t
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # The suite runs on loaded 2-core CI machines: a property test's example may take longer
@@ -23,3 +24,17 @@ settings.register_profile("hami", deadline=None, suppress_health_check=[HealthCh
 settings.register_profile("ci", settings.get_profile("hami"), derandomize=True, database=None,
                           print_blob=True)
 settings.load_profile(os.environ.get("HAMI_HYPOTHESIS_PROFILE", "hami"))
+
+#: Variables hami's components read from their environment as defaults (health-check
+#: rules, the node's name and hook path, the kubelet socket, the monitor's resync, the
+#: scheduler's own pod). A developer's shell or a CI host that sets one must not change
+#: what a test sees: each test that wants one sets it itself (monkeypatch.setenv).
+HOST_ENV_READ_BY_HAMI = ("DP_DISABLE_HEALTHCHECKS", "DP_ENABLE_HEALTHCHECKS", "NODE_NAME",
+                         "HOOK_PATH", "KUBELET_SOCKET", "HAMI_RESYNC_INTERVAL", "POD_NAME",
+                         "POD_NAMESPACE")
+
+
+@pytest.fixture(autouse=True)
+def _no_host_env_read_by_hami(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in HOST_ENV_READ_BY_HAMI:
+        monkeypatch.delenv(name, raising=False)
