@@ -32,9 +32,14 @@ settings.load_profile(os.environ.get("HAMI_HYPOTHESIS_PROFILE", "hami"))
 HOST_ENV_READ_BY_HAMI = ("DP_DISABLE_HEALTHCHECKS", "DP_ENABLE_HEALTHCHECKS", "NODE_NAME",
                          "HOOK_PATH", "KUBELET_SOCKET", "HAMI_RESYNC_INTERVAL", "POD_NAME",
                          "POD_NAMESPACE")
+#: The terminal settings rich (hami's CLI output) reads: with FORCE_COLOR=1 (which CI
+#: systems often set) 13 CLI tests failed on escape codes in the text, with COLUMNS=50
+#: one on wrapping. A test that wants a width passes COLUMNS to the command it runs.
+HOST_ENV_TERMINAL = ("FORCE_COLOR", "NO_COLOR", "CLICOLOR_FORCE", "TTY_COMPATIBLE",
+                     "TTY_INTERACTIVE", "COLUMNS", "LINES", "JUPYTER_COLUMNS", "JUPYTER_LINES")
 
 
 @pytest.fixture(autouse=True)
 def _no_host_env_read_by_hami(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in HOST_ENV_READ_BY_HAMI:
+    for name in HOST_ENV_READ_BY_HAMI + HOST_ENV_TERMINAL:
         monkeypatch.delenv(name, raising=False)
