@@ -12,12 +12,14 @@ import pytest
 
 COMMANDS = ["schedule", "scheduler", "simulate", "device-plugin", "dra-plugin", "monitor",
             "top", "certgen"]
-NARROW = {**os.environ, "COLUMNS": "80", "LINES": "40"}
+NARROW = {"COLUMNS": "80", "LINES": "40"}
 
 
 def _hami(*args: str, env: dict[str, str] = NARROW) -> str:
+    """``hami ARGS`` in a subprocess, in the test's environment (read now: the suite hides
+    the host's terminal settings for the test's time) plus ``env``."""
     p = subprocess.run([sys.executable, "-m", "hami.cli", *args], capture_output=True,
-                       text=True, env=env, timeout=60)
+                       text=True, env={**os.environ, **env}, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
     return p.stdout
 

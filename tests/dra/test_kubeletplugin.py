@@ -5,9 +5,13 @@ real apiserver)."""
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
+import pytest
 
 from hami.deviceplugin.allocate import NodeSettings
 from hami.deviceplugin.config import PluginConfig
@@ -26,7 +30,18 @@ CLAIM = {
 }
 
 
-def test_prepare_and_unprepare_over_the_sockets(tmp_path: Path) -> None:
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A directory for the plugin's unix sockets: gRPC listens on paths of at most 105
+    bytes, and pytest's ``tmp_path`` grows with the user name, ``$TMPDIR`` and its run
+    counter (under a 40-character ``--basetemp`` the registration socket's did not fit)."""
+    path = Path(tempfile.mkdtemp(prefix="hd", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_prepare_and_unprepare_over_the_sockets(short_dir: Path) -> None:
+    tmp_path = short_dir
     paths = PluginPaths(tmp_path / "reg", tmp_path / "plug", tmp_path / "cdi")
     hook = tmp_path / "hook"
     claims = {("ns", "c"): CLAIM}
@@ -70,3 +85,22 @@ def test_prepare_and_unprepare_over_the_sockets(tmp_path: Path) -> None:
             assert not spec_file.exists() and not limits.parent.exists()
     finally:
         server.stop(0)
+
+
+def test_a_socket_path_too_long_for_unix_is_a_clear_error(short_dir: Path) -> None:
+    """A registry or plugin directory whose socket path is longer than gRPC listens on
+    (105 bytes) is refused naming the path and the limit (gRPC said only 'Failed to
+    bind'), before anything is created; at exactly 105 bytes the plugin serves."""
+    from hami.dra.kubeletplugin import MAX_SOCKET_PATH_BYTES
+
+    node = DraNode("n1", lambda ns, n: None, lambda: {}, PluginConfig(),
+                   NodeSettings(hook_path=str(short_dir / "hook")), short_dir / "cdi")
+    fill = MAX_SOCKET_PATH_BYTES - len(f"{short_dir}/") - len("/dra.sock")
+    fits = short_dir / ("p" * fill)
+    assert len(str(fits / "dra.sock")) == MAX_SOCKET_PATH_BYTES
+    server, _ = serve(node, PluginPaths(short_dir / "reg", fits, short_dir / "cdi"))
+    server.stop(0)
+    long_dir = short_dir / ("q" * (fill + 1))
+    with pytest.raises(RuntimeError, match=r"dra\.sock is 106 bytes.*at most 105"):
+        serve(node, PluginPaths(short_dir / "reg2", long_dir, short_dir / "cdi2"))
+    assert not long_dir.exists() and not (short_dir / "reg2").exists()

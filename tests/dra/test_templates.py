@@ -114,27 +114,49 @@ def test_a_concurrent_create_is_read_back_and_compared() -> None:
         assert bool(events) is (outcome == "refused")
 
 
-def test_an_api_error_is_raised_and_the_next_event_retries() -> None:
-    class _Down(_Client):
+class _Slow(_Client):
+    """An API server whose reads take ``latency_s`` (a real one's take milliseconds)."""
+
+    def __init__(self, latency_s: float) -> None:
+        super().__init__()
+        self.latency_s = latency_s
+
+    async def get(self, res: Any, name: str, namespace: str | None = None) -> Any:
+        await asyncio.sleep(self.latency_s)
+        return await super().get(res, name, namespace)
+
+
+async def _settled(rec: TemplateReconciler) -> None:
+    """Until every reconcile that :meth:`TemplateReconciler.observe` started has ended
+    (a test waits for that work itself: a pod observed while its last reconcile is still
+    in flight is skipped, so a test that only slept would miss it on a slow machine)."""
+    while rec._tasks:
+        await asyncio.gather(*list(rec._tasks), return_exceptions=True)
+
+
+@pytest.mark.parametrize("latency_s", [0.0, 0.05])
+def test_an_api_error_is_raised_and_the_next_event_retries(latency_s: float) -> None:
+    class _Down(_Slow):
         fail = True
 
         async def get(self, res: Any, name: str, namespace: str | None = None) -> Any:
             if self.fail:
+                await asyncio.sleep(self.latency_s)
                 raise _api_error(503, "unavailable")
             return await super().get(res, name, namespace)
 
-    client = _Down()
+    client = _Down(latency_s)
 
     async def scenario() -> None:
         rec = TemplateReconciler(client, _Keys(KEY))
         with pytest.raises(Exception, match="unavailable"):
             await rec.reconcile(_pod())
         rec.observe(_pod())
-        await asyncio.sleep(0.01)
+        await _settled(rec)
         assert client.created == []
         client.fail = False
         rec.observe(_pod())
-        await asyncio.sleep(0.01)
+        await _settled(rec)
         assert client.created == [("ns", NAME)]
 
     asyncio.run(scenario())
@@ -159,13 +181,15 @@ def test_missing_templates_only_for_pods_still_waiting(change: dict[str, Any],
     assert missing_templates(pod) == wanted
 
 
-def test_a_tenant_rewriting_the_signature_gets_one_event_and_is_not_remembered_whole() -> None:
+@pytest.mark.parametrize("latency_s", [0.0, 0.05])
+def test_a_tenant_rewriting_the_signature_gets_one_event_and_is_not_remembered_whole(
+        latency_s: float) -> None:
     """Pod annotations are mutable: a tenant rewriting the signature of a refused pod in a
     loop makes the reconciler look again (a signature copied from an admitted pod still
     gets the template), but the Warning Event is posted once per pod and template, not
     once per rewrite, and what is remembered per pod is a digest, not the tenant's text
     (up to the API's 256 KiB of annotations per pod, for up to MAX_REMEMBERED pods)."""
-    client, events = _Client(), []
+    client, events = _Slow(latency_s), []
     rec = TemplateReconciler(client, _Keys(KEY),
                              lambda meta, reason, message: events.append(message))
 
@@ -176,10 +200,10 @@ def test_a_tenant_rewriting_the_signature_gets_one_event_and_is_not_remembered_w
                 signedspecs.SPECS_ANNOTATION: "[]",
                 signedspecs.SIGNATURE_ANNOTATION: f"v1:junk:{i:04d}" * 10000}
             rec.observe(pod)
-            await asyncio.sleep(0.01)
+            await _settled(rec)
         assert len(client.gets) == 20 and client.created == []
         rec.observe(_pod())
-        await asyncio.sleep(0.01)
+        await _settled(rec)
 
     asyncio.run(scenario())
     assert len(events) == 1 and "not accepted" in events[0], events

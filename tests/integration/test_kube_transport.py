@@ -115,11 +115,7 @@ def test_gzip_answers_are_decoded_and_errors_free_their_connection(tmp_path: Pat
 
 
 def test_no_server_is_a_kube_error_with_code_0(tmp_path: Path) -> None:
-    with socket.socket() as sock:  # a port nobody listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-
-    async def scenario() -> None:
+    async def scenario(port: int) -> None:
         kube = Kube.connect(_kubeconfig(tmp_path, port), timeout_s=2.0)
         try:
             with pytest.raises(KubeError) as err:
@@ -128,7 +124,11 @@ def test_no_server_is_a_kube_error_with_code_0(tmp_path: Path) -> None:
         finally:
             await kube.close()
 
-    asyncio.run(scenario())
+    # A port bound and never listened on refuses every connection, and stays ours for
+    # the whole test (a port closed again could be taken by another process meanwhile).
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        asyncio.run(scenario(sock.getsockname()[1]))
 
 
 def test_connections_have_tcp_keepalive(tmp_path: Path) -> None:

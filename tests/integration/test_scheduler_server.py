@@ -425,9 +425,12 @@ def test_filter_repeats_the_webhook_s_isolation_checks() -> None:
 
 
 def test_leader_election_hands_over() -> None:
+    """On one clock the test moves (on the wall clock, a stall of a second between two
+    ticks of a loaded machine let the lease expire where the test wants it held)."""
     async def scenario() -> None:
         kube = FakeKube()
         changes: list[tuple[str, bool]] = []
+        clock = [datetime(2026, 12, 6, 23, 59, 59, 900000, tzinfo=UTC)]
 
         def elector(identity: str) -> LeaderElector:
             settings = SETTINGS.__class__(identity=identity,
@@ -437,13 +440,14 @@ def test_leader_election_hands_over() -> None:
 
             async def on_change(leader: bool) -> None:
                 changes.append((identity, leader))
-            return LeaderElector(kube, settings, on_change)
+            return LeaderElector(kube, settings, on_change, now=lambda: clock[0])
 
         a, b = elector("a"), elector("b")
         await a.tick()
+        clock[0] += timedelta(seconds=0.999)  # still a's (across midnight)
         await b.tick()
         assert a.leader and not b.leader and b.holder == "a"
-        await asyncio.sleep(1.2)  # a stops renewing (killed)
+        clock[0] += timedelta(seconds=0.2)  # a stops renewing (killed): 1.199 s since
         await b.tick()
         assert b.leader
         await a.tick()

@@ -266,8 +266,11 @@ def test_waiting_for_cambricons_lock_does_not_hold_the_generic_one(config_file: 
         node["metadata"]["annotations"]["hami.io/node-dcu-register"] = DCU_REGISTER.format(n="n1")
         node["status"]["allocatable"]["hygon.com/dcunum"] = "20"
         kube.put("Node", node)
+        # x's retry window is long: y must bind while x still waits in it, however slow
+        # the machine (with x holding the generic lock meanwhile, y would wait the window
+        # out and x would fail)
         async with serving(kube, device_config_file=config_file,
-                           node_lock_retry_timeout=timedelta(seconds=3)) as h:
+                           node_lock_retry_timeout=timedelta(seconds=30)) as h:
             x = kube.put("Pod", pod("x", DCU, MLU))
             y = kube.put("Pod", pod("y", DCU))
             await h.filter(x, ["n1"])
@@ -276,12 +279,16 @@ def test_waiting_for_cambricons_lock_does_not_hold_the_generic_one(config_file: 
             held = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             await kube.patch_node("n1", {"metadata": {"annotations": {MLU_LOCK: held}}})
             await h.settle()
+            mark = len(kube.calls)
             waiting = asyncio.create_task(h.bind(x, "n1"))
-            await asyncio.sleep(0.5)
-            loop = asyncio.get_running_loop()
-            t0 = loop.time()
+            # x's first attempt met Cambricon's lock: it took the generic lock and gave it
+            # back (two node writes)
+            while kube.calls[mark:].count("patch node") < 2:
+                assert not waiting.done(), waiting.result()
+                await asyncio.sleep(0.01)
+            assert "hami.io/mutex.lock" not in kube.node("n1")["metadata"]["annotations"]
             assert (await h.bind(y, "n1"))["Error"] == ""
-            assert loop.time() - t0 < 1.5
+            assert not waiting.done()
             # y's lock is released by its (absent) device plugin; free it and Cambricon's
             await kube.patch_node("n1", {"metadata": {"annotations": {
                 "hami.io/mutex.lock": None, MLU_LOCK: None}}})

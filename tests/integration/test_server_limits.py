@@ -55,10 +55,14 @@ async def scheduler(kube: FakeKube | None = None, **overrides: Any) -> AsyncIter
         await asyncio.wait_for(task, 30)
 
 
-async def closed_after(reader: asyncio.StreamReader, limit_s: float) -> float:
-    """Seconds until the server closes the connection (read gives EOF or a reset); the
-    limit passes as a failure."""
-    started = time.monotonic()
+async def closed_after(reader: asyncio.StreamReader, limit_s: float,
+                       started: float | None = None) -> float:
+    """Seconds from ``started`` (a ``time.monotonic()`` reading, default now) until the
+    server closes the connection (read gives EOF or a reset); the limit passes as a
+    failure. A lower bound on the result holds only when ``started`` was read before the
+    server's own timer began (before the connect, or the request): read after it, a
+    stall of the shared loop in between makes the server look early."""
+    started = time.monotonic() if started is None else started
     try:
         while time.monotonic() - started < limit_s:
             try:
@@ -81,6 +85,7 @@ def test_header_trickle_raw_connection_and_idle_keepalive_are_closed() -> None:
     async def scenario() -> None:
         async with scheduler(**LIMITS) as port:
             async def trickle() -> float:
+                started = time.monotonic()
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
                 writer.write(b"POST /filter HTTP/1.1\r\nHost: x\r\n")
 
@@ -93,26 +98,28 @@ def test_header_trickle_raw_connection_and_idle_keepalive_are_closed() -> None:
 
                 dripping = asyncio.create_task(drip())
                 try:
-                    return await closed_after(reader, DEADLINE_S + SLACK_S)
+                    return await closed_after(reader, DEADLINE_S + SLACK_S, started)
                 finally:
                     dripping.cancel()
                     writer.close()
 
             async def silent() -> float:
+                started = time.monotonic()
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
                 try:
-                    return await closed_after(reader, DEADLINE_S + SLACK_S)
+                    return await closed_after(reader, DEADLINE_S + SLACK_S, started)
                 finally:
                     writer.close()
 
             async def idle_after_response() -> float:
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                started = time.monotonic()  # the idle timer starts after the answer
                 writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
                 head = await reader.readuntil(b"\r\n\r\n")
                 assert head.startswith(b"HTTP/1.1 200"), head
                 assert await reader.readexactly(2) == b"ok"
                 try:
-                    return await closed_after(reader, DEADLINE_S + SLACK_S)
+                    return await closed_after(reader, DEADLINE_S + SLACK_S, started)
                 finally:
                     writer.close()
 
@@ -129,6 +136,7 @@ def test_header_trickle_raw_connection_and_idle_keepalive_are_closed() -> None:
 def test_body_trickle_is_cut_at_the_body_deadline() -> None:
     async def scenario() -> None:
         async with scheduler(**LIMITS) as port:
+            started = time.monotonic()
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
             writer.write(b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
                          b"\r\nContent-Length: 1000\r\n\r\n{")
@@ -142,7 +150,7 @@ def test_body_trickle_is_cut_at_the_body_deadline() -> None:
 
             dripping = asyncio.create_task(drip())
             try:
-                seconds = await closed_after(reader, DEADLINE_S + SLACK_S)
+                seconds = await closed_after(reader, DEADLINE_S + SLACK_S, started)
             finally:
                 dripping.cancel()
                 writer.close()

@@ -343,7 +343,7 @@ _piece = st.sampled_from([A, B, "NVIDIA", "1000", "-5", "x", "", ",", ":", ";", 
 
 
 @settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(value=st.one_of(st.lists(_piece, max_size=14).map("".join), st.text(max_size=40)),
        n_ids=st.integers(0, 3), n_containers=st.integers(0, 3))
 def test_fuzzed_annotation_never_crashes(harness: PluginHarness, value: str, n_ids: int,

@@ -21,6 +21,7 @@ v1.37):
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
 import time
@@ -246,10 +247,22 @@ class Registration(reggrpc.RegistrationServicer):
         return regpb.RegistrationStatusResponse()
 
 
+#: The most bytes of a socket path gRPC listens on: Linux allows 107 (``sun_path``
+#: holds 108 with the terminating NUL; unix(7)), gRPC's unix listener refuses paths of
+#: 106 and 107 bytes too (measured with grpcio 1.85.4).
+MAX_SOCKET_PATH_BYTES = 105
+
+
 def serve(node: DraNode, paths: PluginPaths) -> tuple[Any, Registration]:
     """Start both servers (removing stale sockets first); returns ``(server, registration)``.
     Stop with ``server.stop(grace)``. Raises ``OSError``/``RuntimeError`` when a socket
-    cannot be bound."""
+    cannot be bound: ``RuntimeError`` naming the path when it is longer than
+    :data:`MAX_SOCKET_PATH_BYTES` (checked before anything is created)."""
+    for p in (paths.registration_socket, paths.dra_socket):
+        size = len(os.fsencode(p))
+        if size > MAX_SOCKET_PATH_BYTES:
+            raise RuntimeError(f"socket path {p} is {size} bytes; a unix socket's path has "
+                               f"at most {MAX_SOCKET_PATH_BYTES}: choose a shorter directory")
     for p in (paths.registration_socket, paths.dra_socket):
         p.parent.mkdir(parents=True, exist_ok=True)
         p.unlink(missing_ok=True)

@@ -30,11 +30,14 @@ class LeaseApi(Protocol):
 
 
 class LeaderElector:
-    """Acquire and renew the Lease; call ``on_change(True/False)`` on transitions."""
+    """Acquire and renew the Lease; call ``on_change(True/False)`` on transitions.
+    ``now``: the wall clock the Lease's times are read and written with (UTC)."""
 
     def __init__(self, api: LeaseApi, settings: SchedulerSettings,
-                 on_change: Callable[[bool], Awaitable[None]]) -> None:
+                 on_change: Callable[[bool], Awaitable[None]], *,
+                 now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.api = api
+        self.now = now
         self.namespace = settings.leader_elect_resource_namespace
         self.name = settings.leader_elect_resource_name
         self.identity = settings.identity
@@ -65,10 +68,10 @@ class LeaderElector:
             if self.follow:
                 spec = None if lease is None else (lease.get("spec") or {})
                 self.holder = "" if spec is None else str(spec.get("holderIdentity") or "")
-                await self._set(follows_as_leader(spec, self.hostname, datetime.now(UTC)))
+                await self._set(follows_as_leader(spec, self.hostname, self.now()))
                 return
             spec = None if lease is None else (lease.get("spec") or {})
-            step = lease_step(spec, self.identity, datetime.now(UTC), self.duration)
+            step = lease_step(spec, self.identity, self.now(), self.duration)
             self.holder = step.holder
             if step.spec is None:
                 await self._set(False)
@@ -104,7 +107,7 @@ class LeaderElector:
             lease = await self.api.get_lease(self.namespace, self.name)
             if lease is None:
                 return
-            spec = release_spec(lease.get("spec") or {}, self.identity, datetime.now(UTC))
+            spec = release_spec(lease.get("spec") or {}, self.identity, self.now())
             if spec is not None:
                 rv = str((lease.get("metadata") or {}).get("resourceVersion") or "")
                 await self.api.replace_lease(self.namespace, self.name, spec, rv)
