@@ -83,7 +83,7 @@ class ServerLimits:
     head. ``write_timeout_s``: a connection whose peer takes none of the bytes we have for
     it for this many seconds is aborted (a client that sends requests and never reads the
     answers would otherwise hold the connection, its slot and the buffered answers for
-    ever). ``max_remote_connections``: open non-loopback connections beyond which a new one
+    ever); 0: no write deadline. ``max_remote_connections``: open non-loopback connections beyond which a new one
     is closed at once (0: no cap); loopback peers are never refused.
     """
 
@@ -231,7 +231,7 @@ class _DeadlineHandler(BaseHTTPRequestHandler):
         if self._expired:  # the head was cut short by the deadline: not a request
             self.close_connection = True
             return False
-        self.connection.settimeout(self.server.limits.write_timeout_s)
+        self.connection.settimeout(self.server.limits.write_timeout_s or None)
         return ok
 
     def write_body(self, body: bytes) -> None:

@@ -188,3 +188,13 @@ def test_a_slow_but_reading_client_gets_its_whole_large_answer(
             assert site.write_timeouts == 0
 
     run(scenario)
+
+
+def test_the_write_deadline_is_not_negative() -> None:
+    from hami.core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--http-write-timeout"):
+        replace(SETTINGS, http_write_timeout=timedelta(seconds=-1)).validate()
+    replace(SETTINGS, http_write_timeout=timedelta(0)).validate()  # no deadline
+    limits = replace(SETTINGS, http_write_timeout=timedelta(seconds=3)).server_limits()
+    assert limits.write_timeout_s == 3.0

@@ -100,7 +100,7 @@ def scheduler(
         help="a request body must arrive within this time of its head (0: no deadline)")] = "10s",
     http_write_timeout: Annotated[str, typer.Option(
         help="abort a connection whose peer takes none of the bytes waiting for it (answers "
-             "it does not read) for this long")] = "10s",
+             "it does not read) for this long (0: no deadline)")] = "10s",
     http_max_connections: Annotated[int, typer.Option(
         help="open connections from non-loopback peers per listener beyond which new ones "
              "are closed at once (0: no cap); loopback peers are never refused")] = 256,

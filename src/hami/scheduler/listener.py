@@ -13,14 +13,16 @@ kube-scheduler in the same pod, always pass). The body deadline is the handlers'
 Nor has aiohttp a write deadline: a response waits in ``drain()`` for as long as the peer
 does not read, and a connection closed with bytes still buffered stays open until they
 are sent, so a client that pipelines requests (or asks for a large answer) and never reads
-would hold the connection, its gate slot and the buffered answers for ever. The guard
-therefore checks each connection every half ``write_timeout_s``: while bytes for the peer
-are waiting (in asyncio's buffers, TLS's included, or in the kernel's send queue) and the
-peer has taken none of them (the kernel's count of acknowledged bytes, ``TCP_INFO``, has
-not grown and the transport's buffer has not shrunk) for ``write_timeout_s``, the
-connection is aborted with a reset. A slow reader that keeps taking bytes is never cut off.
-Pipelining is bounded by aiohttp itself (3.14.1 and later: 32 parsed requests wait per
-connection, then it stops reading).
+would hold the connection, its gate slot and the buffered answers for ever. The
+protocol's ``pause_writing`` is no fit signal: over TLS it comes only once 512 KiB wait
+in the TLS layer, on top of what the TCP transport beneath holds unseen. The guard
+therefore checks each connection every half ``write_timeout_s`` (0: never): while bytes
+for the peer wait (in asyncio's buffers or the kernel's send queue) and the peer has taken
+none of them (the kernel's count of acknowledged bytes, ``TCP_INFO``, has not grown and
+the transport's buffer has not shrunk) for ``write_timeout_s``, the connection is aborted
+with a reset. A slow reader that keeps taking bytes is not cut off. Pipelining is bounded
+by aiohttp itself (3.14.1 and later: 32 parsed requests wait per connection, then it
+stops reading).
 """
 
 from __future__ import annotations
@@ -73,9 +75,10 @@ class _GuardedProtocol(asyncio.Protocol):
         self._transport = transport
         self._inner = self._factory()
         self._inner.connection_made(transport)
-        loop = asyncio.get_running_loop()
-        self._last_progress = loop.time()
-        self._tick = loop.call_later(self._site.write_timeout_s / 2, self._check_writes)
+        if self._site.write_timeout_s > 0:
+            loop = asyncio.get_running_loop()
+            self._last_progress = loop.time()
+            self._tick = loop.call_later(self._site.write_timeout_s / 2, self._check_writes)
 
     def _check_writes(self) -> None:
         """One check of the write deadline (module doc); re-arms itself until the
