@@ -177,7 +177,7 @@ def test_a_slow_but_reading_client_gets_its_whole_large_answer(
             try:
                 while chunk := await asyncio.wait_for(reader.read(16384), SLACK_S):
                     received += chunk
-                    await asyncio.sleep(0.03)  # ~0.5 MB/s at most
+                    await asyncio.sleep(0.04)  # ~0.4 MB/s at most
             finally:
                 writer.close()
             seconds = time.monotonic() - started
