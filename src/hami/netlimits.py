@@ -7,8 +7,11 @@
   new non-loopback one beyond a cap; loopback peers (kube-scheduler in the scheduler pod)
   are never refused, so remote connections cannot starve them.
 * :class:`LimitedHTTPServer`: the standard library's threading HTTP server with that gate,
-  a deadline for the request head and a socket timeout (the monitor's ``/metrics``),
-  optionally TLS (the handshake in the connection's own thread, within that deadline).
+  a deadline for the request head and socket timeouts (the answer's writes have the write
+  deadline), optionally TLS (the handshake in the connection's own thread, within the head
+  deadline): the monitor's ``/metrics``.
+* :func:`tcp_send_state`: what the kernel says about a TCP socket's outgoing bytes (acked
+  so far, any still queued), for the aiohttp listener's write deadline.
 
 The aiohttp listener of the scheduler uses the same gate
 (:mod:`hami.scheduler.listener`). Stdlib only: the node components import this too.
@@ -22,6 +25,7 @@ import logging
 import resource
 import socket
 import ssl
+import struct
 import sys
 import threading
 from dataclasses import dataclass
@@ -76,13 +80,52 @@ class ServerLimits:
     connection opened (after the TLS handshake, which has the same deadline) or after the
     previous response; the same time closes an idle keep-alive connection.
     ``body_timeout_s``: the whole request body must arrive within this many seconds of its
-    head. ``max_remote_connections``: open non-loopback connections beyond which a new one
+    head. ``write_timeout_s``: a connection whose peer takes none of the bytes we have for
+    it for this many seconds is aborted (a client that sends requests and never reads the
+    answers would otherwise hold the connection, its slot and the buffered answers for
+    ever); 0: no write deadline. ``max_remote_connections``: open non-loopback connections beyond which a new one
     is closed at once (0: no cap); loopback peers are never refused.
     """
 
     header_timeout_s: float = 10.0
     body_timeout_s: float = 10.0
     max_remote_connections: int = 256
+    write_timeout_s: float = 10.0
+
+
+# struct tcp_info (linux/tcp.h): tcpi_unacked (u32, segments) at byte 24, tcpi_bytes_acked
+# (u64, Linux 4.2) at 120, tcpi_notsent_bytes (u32, Linux 4.6) at 144.
+_TCPI_UNACKED, _TCPI_BYTES_ACKED, _TCPI_NOTSENT, _TCPI_MIN_LEN = 24, 120, 144, 148
+
+
+def tcp_send_state(sock: Any) -> tuple[int, bool] | None:
+    """``(bytes_acked, queued)`` of a connected TCP socket, from the kernel's ``TCP_INFO``:
+    the bytes the peer has acknowledged since the connection opened (grows only while the
+    peer takes our bytes), and whether the kernel still holds bytes for the peer (sent but
+    unacknowledged, or not sent yet). ``sock`` is anything with ``getsockopt`` (a socket,
+    asyncio's transport socket). None where the kernel does not tell: not Linux, not TCP,
+    a kernel older than 4.6, a closed socket. Never raises.
+    """
+    option = getattr(socket, "TCP_INFO", None)
+    if option is None:
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, option, 256)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    if not isinstance(info, bytes) or len(info) < _TCPI_MIN_LEN:
+        return None
+    (unacked,) = struct.unpack_from("=I", info, _TCPI_UNACKED)
+    (acked,) = struct.unpack_from("=Q", info, _TCPI_BYTES_ACKED)
+    (notsent,) = struct.unpack_from("=I", info, _TCPI_NOTSENT)
+    return acked, bool(unacked or notsent)
+
+
+def abort_socket(sock: Any) -> None:
+    """Make the next close of ``sock`` a reset (``SO_LINGER`` 0): the kernel drops what
+    the peer never took at once instead of keeping it for its retries. Never raises."""
+    with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 class ConnectionGate:
@@ -152,7 +195,14 @@ class ConnectionGate:
 
 class _DeadlineHandler(BaseHTTPRequestHandler):
     """A request handler whose request head must arrive within the server's deadline
-    (a timer shuts the socket down otherwise); every socket operation also times out."""
+    (a timer shuts the socket down otherwise); every socket operation also times out:
+    ``header_timeout_s`` until the head is in, then ``write_timeout_s``: the kernel must
+    take each :meth:`write_body` piece (64 KiB) within it, or the write fails and the
+    connection closes (a plain socket's ``sendall`` timeout bounds the whole call since
+    Python 3.5, hence the pieces: a slow reader of a large answer is not cut off)."""
+
+    #: bytes per ``sendall`` in :meth:`write_body`
+    WRITE_PIECE_BYTES = 1 << 16
 
     server: LimitedHTTPServer
 
@@ -171,13 +221,28 @@ class _DeadlineHandler(BaseHTTPRequestHandler):
         with contextlib.suppress(OSError):
             self.connection.shutdown(socket.SHUT_RDWR)
 
+    def handle_one_request(self) -> None:
+        self.connection.settimeout(self.server.limits.header_timeout_s)
+        super().handle_one_request()
+
     def parse_request(self) -> bool:
         ok = super().parse_request()  # reads the header lines too
         self._head_deadline.cancel()
         if self._expired:  # the head was cut short by the deadline: not a request
             self.close_connection = True
             return False
+        self.connection.settimeout(self.server.limits.write_timeout_s or None)
         return ok
+
+    def write_body(self, body: bytes) -> None:
+        """Write ``body`` in pieces, each with the write deadline (see the class).
+
+        Raises:
+            OSError: (TimeoutError included) the peer did not take a piece in time.
+        """
+        view = memoryview(body)
+        for start in range(0, len(view), self.WRITE_PIECE_BYTES):
+            self.wfile.write(view[start:start + self.WRITE_PIECE_BYTES])
 
     def finish(self) -> None:
         self._head_deadline.cancel()
@@ -250,5 +315,5 @@ class LimitedHTTPServer(ThreadingHTTPServer):
         super().shutdown_request(request)
 
 
-__all__ = ["ConnectionGate", "LimitedHTTPServer", "ServerLimits", "is_loopback",
-           "raise_open_files_limit"]
+__all__ = ["ConnectionGate", "LimitedHTTPServer", "ServerLimits", "abort_socket", "is_loopback",
+           "raise_open_files_limit", "tcp_send_state"]

@@ -1,13 +1,18 @@
 """The monitor's ``/metrics`` listener on the pod network (issue 12 §5): a request head
-must arrive within the deadline, a silent connection is closed, and connections from
-other hosts beyond the cap are closed at once while loopback peers are still served."""
+must arrive within the deadline, a silent connection is closed, connections from other
+hosts beyond the cap are closed at once while loopback peers are still served, and a
+client that never reads its answer is cut off at the write deadline (plain and TLS) while
+a slow reader of a large one gets all of it."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -108,3 +113,95 @@ def test_remote_cap_leaves_loopback_served() -> None:
         assert answer.endswith(b"hami_up 1\n"), answer
         for sock in [over, *held[1:]]:
             sock.close()
+
+
+class _LargeCollector:
+    """A ``/metrics`` answer of ``size_bytes``."""
+
+    def __init__(self, size_bytes: int) -> None:
+        self.body = b"#" * (size_bytes - 1) + b"\n"
+
+    def render(self) -> bytes:
+        return self.body
+
+
+@contextlib.contextmanager
+def large_metrics_server(size_bytes: int, limits: ServerLimits,
+                         ssl_context: ssl.SSLContext | None = None) -> Iterator[Any]:
+    server = serve_metrics(_LargeCollector(size_bytes), "127.0.0.1", 0, limits,
+                           ssl_context=ssl_context)
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _small_receiver(port: int, rcvbuf_bytes: int) -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf_bytes)
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def _tls_pair(tmp_path: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(server context, client context that trusts it) for 127.0.0.1."""
+    from hami.testing.pki import CertificateAuthority
+
+    ca = CertificateAuthority.create("metrics-limits-ca")
+    cert_file, key_file = ca.issue("monitor", ip_sans=["127.0.0.1"], server=True).write(
+        tmp_path, "serving")
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert_file, key_file)
+    pem = ca.cert_pem.decode() if isinstance(ca.cert_pem, bytes) else ca.cert_pem
+    return server, ssl.create_default_context(cadata=pem)
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_client_that_never_reads_is_cut_off_at_the_write_deadline(
+        scheme: str, tmp_path: Path) -> None:
+    limits = ServerLimits(header_timeout_s=30.0, write_timeout_s=DEADLINE_S,
+                          max_remote_connections=8)
+    server_tls, client_tls = _tls_pair(tmp_path) if scheme == "https" else (None, None)
+    with large_metrics_server(16 << 20, limits, server_tls) as server:
+        sock = _small_receiver(server.server_address[1], 4096)
+        if client_tls is not None:
+            sock = client_tls.wrap_socket(sock, server_hostname="127.0.0.1")
+        opened = time.monotonic()
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")  # and never reads
+        deadline = opened + DEADLINE_S + SLACK_S
+        while not server.gate.loopback:  # admitted
+            assert time.monotonic() < deadline, "never admitted"
+            time.sleep(0.01)
+        while server.gate.loopback:  # the slot is released once the connection closed
+            assert time.monotonic() < deadline, "slot still held"
+            time.sleep(0.02)
+        seconds = time.monotonic() - opened
+        print(f"monitor ({scheme}): a client that never reads cut off after {seconds:.2f} s")
+        assert seconds >= DEADLINE_S * 0.9
+        sock.settimeout(SLACK_S)  # what is left, then EOF or a reset (a timeout fails)
+        with contextlib.suppress(ConnectionError, ssl.SSLError):
+            while sock.recv(65536):
+                pass
+        sock.close()
+
+
+def test_a_slow_but_reading_client_gets_its_whole_large_answer() -> None:
+    size = 10_000_000  # beyond what the kernel's send buffer takes at once (4 MiB)
+    limits = ServerLimits(header_timeout_s=DEADLINE_S, write_timeout_s=DEADLINE_S,
+                          max_remote_connections=8)
+    with large_metrics_server(size, limits) as server:
+        sock = _small_receiver(server.server_address[1], 65536)
+        started = time.monotonic()
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.settimeout(SLACK_S)
+        received = bytearray()
+        while chunk := sock.recv(65536):
+            received += chunk
+            time.sleep(0.02)  # ~3 MB/s at most
+        seconds = time.monotonic() - started
+        sock.close()
+        print(f"monitor: {len(received) // 1024} KiB read slowly in {seconds:.2f} s")
+        assert received.startswith(b"HTTP/1.0 200")
+        assert received.endswith(b"#\n") and len(received.partition(b"\r\n\r\n")[2]) == size
+        assert seconds > 2 * DEADLINE_S, "too fast to tell a deadline apart"

@@ -138,7 +138,7 @@ def serve_metrics(collector: Any, addr: str, port: int,
     """Serve ``collector.render()`` on ``http://addr:port/metrics`` in a daemon thread
     (the same bytes prometheus-client's ``generate_latest`` would produce), with
     ``limits`` (:class:`~hami.netlimits.LimitedHTTPServer`: a request head deadline,
-    socket timeouts, a cap on remote connections). Secure mode (``--metrics-secure``):
+    socket timeouts, a write deadline, a cap on remote connections). Secure mode (``--metrics-secure``):
     ``ssl_context`` makes it HTTPS, and ``guard`` with ``reviewer`` (the API server's
     TokenReview and SubjectAccessReview) answers each scrape 200, 401, 403 or 503
     (:mod:`hami.metricsauth`) before anything is rendered."""
@@ -164,7 +164,7 @@ def serve_metrics(collector: Any, addr: str, port: int,
             self.send_header("Content-Type", CONTENT_TYPE)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            self.write_body(body)
 
         def _refuse(self, status: int, reason: str) -> None:
             body = f"{reason}\n".encode()

@@ -85,6 +85,9 @@ class SchedulerSettings:
     http_header_timeout: timedelta = timedelta(seconds=10)
     #: A request body must be complete this long after its head (0: no deadline).
     http_body_timeout: timedelta = timedelta(seconds=10)
+    #: A connection whose peer takes none of the bytes waiting for it (answers it does
+    #: not read) for this long is aborted (0: no deadline).
+    http_write_timeout: timedelta = timedelta(seconds=10)
     #: Open connections from non-loopback peers per listener beyond which new ones are
     #: closed at once (0: no cap). Loopback peers (kube-scheduler) are never refused.
     http_max_connections: int = 256
@@ -160,8 +163,10 @@ class SchedulerSettings:
             raise ConfigError("--leader-elect-renew-deadline must be below the lease duration")
         if self.http_header_timeout <= timedelta(0):
             raise ConfigError("--http-header-timeout must be positive")
-        if self.http_body_timeout < timedelta(0) or self.http_max_connections < 0:
-            raise ConfigError("--http-body-timeout and --http-max-connections must not be negative")
+        if (self.http_body_timeout < timedelta(0) or self.http_write_timeout < timedelta(0)
+                or self.http_max_connections < 0):
+            raise ConfigError("--http-body-timeout, --http-write-timeout and "
+                              "--http-max-connections must not be negative")
         if self.watch_idle_timeout <= timedelta(0):
             raise ConfigError("--watch-idle-timeout must be positive")
 
@@ -169,6 +174,7 @@ class SchedulerSettings:
         """The deadlines and connection cap of both listeners."""
         return ServerLimits(header_timeout_s=self.http_header_timeout.total_seconds(),
                             body_timeout_s=self.http_body_timeout.total_seconds(),
+                            write_timeout_s=self.http_write_timeout.total_seconds(),
                             max_remote_connections=self.http_max_connections)
 
     def scheduler_config(self) -> SchedulerConfig:

@@ -1,0 +1,200 @@
+"""The scheduler's write deadline, through ``serve()``'s real sockets: a client that
+pipelines requests and never reads the answers is cut off once it has taken nothing for
+``--http-write-timeout`` (over TLS too) and its connection slot is released, while a
+client that reads a large answer slowly, but steadily, gets all of it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hami.scheduler.server as scheduler_server
+from hami.scheduler.listener import LimitedSite
+from hami.scheduler.server import serve
+
+from .fake_kube import FakeKube
+from .support import SETTINGS, node, run
+
+DEADLINE_S = 1.0
+#: Generous: a loaded 2-core CI box may be slow to notice, never early.
+SLACK_S = 10.0
+STATUS = b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n"
+#: Far more answers than the kernel's buffers and asyncio's (TLS: 512 KiB more) hold.
+ATTACK_REQUESTS = 30_000
+HONEST_REQUESTS = 2_500
+
+
+@pytest.fixture
+def sites(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[LimitedSite]]:
+    """The listeners ``serve()`` starts, recorded so that the tests read their gates."""
+    made: list[LimitedSite] = []
+
+    class Recorded(LimitedSite):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(scheduler_server, "LimitedSite", Recorded)
+    yield made
+
+
+@pytest.fixture
+def tls(tmp_path: Path) -> tuple[dict[str, str], ssl.SSLContext]:
+    """Settings for a TLS listener and a client context that trusts it."""
+    from hami.testing.pki import CertificateAuthority
+
+    ca = CertificateAuthority.create("write-deadline-ca")
+    cert_file, key_file = ca.issue("hami", ip_sans=["127.0.0.1"], server=True).write(
+        tmp_path, "serving")
+    pem = ca.cert_pem.decode() if isinstance(ca.cert_pem, bytes) else ca.cert_pem
+    return ({"cert_file": str(cert_file), "key_file": str(key_file)},
+            ssl.create_default_context(cadata=pem))
+
+
+@contextlib.asynccontextmanager
+async def scheduler(**overrides: Any) -> AsyncIterator[int]:
+    """``serve()`` on a free port (metrics off), header, body and write deadlines of
+    DEADLINE_S, and ``overrides``; yields the port."""
+    kube = FakeKube()
+    kube.put("Node", node("n1"))
+    deadline = timedelta(seconds=DEADLINE_S)
+    settings = replace(SETTINGS, **{"http_bind": "127.0.0.1:0", "metrics_bind_address": "",
+                                    "http_header_timeout": deadline,
+                                    "http_body_timeout": deadline,
+                                    "http_write_timeout": deadline, **overrides})
+    stop = asyncio.Event()
+    ready = asyncio.Event()
+    ports: dict[str, int] = {}
+
+    def started(p: dict[str, int]) -> None:
+        ports.update(p)
+        ready.set()
+
+    task = asyncio.create_task(serve(settings, kube=kube, stop=stop, started=started))
+    await asyncio.wait_for(ready.wait(), 20)
+    try:
+        yield ports["http"]
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+async def connect(port: int, rcvbuf_bytes: int, context: ssl.SSLContext | None
+                  ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A client connection with a small receive buffer in the kernel and in asyncio (it
+    stops reading the socket at 8 KiB not yet consumed)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf_bytes)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    return await asyncio.open_connection(
+        sock=sock, ssl=context, server_hostname="127.0.0.1" if context else None, limit=4096)
+
+
+async def released(site: LimitedSite, limit_s: float) -> float:
+    """Seconds until the site holds no connection (its gate's counters); the limit
+    passes as a failure."""
+    started = time.monotonic()
+    while site.gate.loopback or site.gate.remote:
+        if time.monotonic() - started > limit_s:
+            raise AssertionError(f"connection slot still held after {limit_s} s "
+                                 f"({site.gate.loopback} loopback, {site.gate.remote} remote)")
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started
+
+
+async def closed_by_server(reader: asyncio.StreamReader) -> None:
+    """The client sees the connection end (EOF or reset) once it reads what is left."""
+    with contextlib.suppress(ConnectionError, ssl.SSLError):
+        while await asyncio.wait_for(reader.read(1 << 16), SLACK_S):
+            pass
+
+
+async def never_reading_client(site: LimitedSite, port: int,
+                               context: ssl.SSLContext | None) -> float:
+    reader, writer = await connect(port, 4096, context)
+    try:
+        admitted_by = time.monotonic() + SLACK_S
+        while not site.gate.loopback:  # admitted (after the TLS handshake)
+            assert time.monotonic() < admitted_by, "never admitted"
+            await asyncio.sleep(0.01)
+        # pipelined answers it never reads (asyncio sends the requests as the server
+        # takes them; the server stops taking them once its answers wait)
+        writer.write(STATUS * ATTACK_REQUESTS)
+        seconds = await released(site, DEADLINE_S + SLACK_S)
+        await closed_by_server(reader)
+        return seconds
+    finally:
+        writer.transport.abort()
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_client_that_never_reads_is_cut_off_and_its_slot_released(
+        scheme: str, sites: list[LimitedSite], tls: tuple[dict[str, str], ssl.SSLContext]
+) -> None:
+    overrides, context = tls if scheme == "https" else ({}, None)
+
+    async def scenario() -> None:
+        async with scheduler(**overrides) as port:
+            site = sites[0]
+            seconds = await never_reading_client(site, port, context)
+            print(f"{scheme}: a client that never reads was cut off after {seconds:.2f} s")
+            assert seconds >= DEADLINE_S * 0.9
+            assert site.write_timeouts == 1
+            # the listener still serves others
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert (await asyncio.wait_for(reader.read(), SLACK_S)).startswith(b"HTTP/1.1 200")
+            writer.close()
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("scheme", ["http", "https"])
+def test_a_slow_but_reading_client_gets_its_whole_large_answer(
+        scheme: str, sites: list[LimitedSite], tls: tuple[dict[str, str], ssl.SSLContext]
+) -> None:
+    overrides, context = tls if scheme == "https" else ({}, None)
+
+    async def scenario() -> None:
+        async with scheduler(**overrides) as port:
+            site = sites[0]
+            reader, writer = await connect(port, 16384, context)
+            started = time.monotonic()
+            writer.write(STATUS * (HONEST_REQUESTS - 1)
+                         + STATUS.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+            received = bytearray()
+            try:
+                while chunk := await asyncio.wait_for(reader.read(16384), SLACK_S):
+                    received += chunk
+                    await asyncio.sleep(0.04)  # ~0.4 MB/s at most
+            finally:
+                writer.close()
+            seconds = time.monotonic() - started
+            print(f"{scheme}: {len(received) // 1024} KiB read slowly in {seconds:.2f} s")
+            assert received.count(b"HTTP/1.1 200 OK\r\n") == HONEST_REQUESTS
+            assert received.endswith(b"}")
+            assert seconds > 2 * DEADLINE_S, "too fast to tell a deadline apart"
+            assert site.write_timeouts == 0
+
+    run(scenario)
+
+
+def test_the_write_deadline_is_not_negative() -> None:
+    from hami.core.config import ConfigError
+
+    with pytest.raises(ConfigError, match="--http-write-timeout"):
+        replace(SETTINGS, http_write_timeout=timedelta(seconds=-1)).validate()
+    replace(SETTINGS, http_write_timeout=timedelta(0)).validate()  # no deadline
+    limits = replace(SETTINGS, http_write_timeout=timedelta(seconds=3)).server_limits()
+    assert limits.write_timeout_s == 3.0
