@@ -8,7 +8,6 @@ kube-scheduler from a published slice (no kubelet: pods are bound, not run).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,21 +15,12 @@ from typing import Any
 
 import pytest
 
-from hami.deviceplugin.config import PluginConfig
-from hami.deviceplugin.discovery import FakeBackend
-from hami.dra.node import DraAgent, SlicePublisher
 from hami.dra.slices import DRIVER
 from hami.testing.controllers import start_controller_manager
-from hami.testing.controlplane import (
-    BinariesMissing,
-    ControlPlane,
-    create_gpu_node,
-    ensure_namespace,
-)
-from hami.testing.gpupods import wait_webhook_serving
+from hami.testing.controlplane import ensure_namespace
 
-from .conftest import REQUIRED
-from .hami_harness import HamiProcess, Tls, gpu_pod, webhook_configuration
+from .drabed import DRA_ARGS, Cards, dra_bed
+from .hami_harness import gpu_pod
 
 pytestmark = pytest.mark.e2e
 
@@ -44,64 +34,13 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Control plane + controller manager + one node with two published cards + hami
     scheduler --dra-mode registered as the webhook for pods, claims and templates + a
     ResourceQuota of 20000 MiB of GPU memory in :data:`NS`."""
-    from lightkube import codecs
-
-    work = tmp_path_factory.mktemp("k8s-claimquota")
-    try:
-        cp = ControlPlane(workdir=work / "cp")
-    except BinariesMissing as err:
-        pytest.fail(str(err)) if REQUIRED else pytest.skip(str(err))
-    cp.start()
-    hami = None
-    try:
-        try:
-            manager = start_controller_manager(cp)
-        except BinariesMissing as err:
-            pytest.fail(str(err)) if REQUIRED else pytest.skip(str(err))
-        client = cp.client()
-        ensure_namespace(client, NS)
-        client.create(codecs.from_dict({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
-        node = "claimquota-0"
-        create_gpu_node(client, node, gpus=0)
-        inventory = work / "inv.yaml"
-        inventory.write_text(json.dumps({"gpus": [{
-            "model": "Tesla T4", "memory_mib": CARD_MIB, "count": 2,
-            "uuids": [f"GPU-{node}-{i}" for i in range(2)]}]}))
-        agent = DraAgent(node, FakeBackend(inventory), PluginConfig(device_split_count=10),
-                         client)
-        assert SlicePublisher(client, node).sync(agent.devices())
-        client.create(codecs.from_dict({
-            "apiVersion": "v1", "kind": "ResourceQuota",
-            "metadata": {"name": "gpu", "namespace": NS},
-            "spec": {"hard": {"limits.nvidia.com/gpumem": str(LIMIT_MIB)}}}))
-        tls = Tls(work / "tls")
-        # --scheduler-name="": translated pods stay with the default kube-scheduler
-        hami = HamiProcess(cp, tls, work, args=["--dra-mode", "--scheduler-name="],
-                           name="hami-dra").start()
-        config = webhook_configuration("hami-claimquota", hami.url, tls.ca_pem)
-        claims = json.loads(json.dumps(config["webhooks"][0]))
-        claims["name"] = "claims.vgpu.hami.io"
-        claims.pop("reinvocationPolicy")
-        claims["rules"] = [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
-                            "operations": ["CREATE"],
-                            "resources": ["resourceclaims", "resourceclaimtemplates"]}]
-        client.create(codecs.from_dict(config))
-        # claims and templates: a validating webhook, as the chart registers them
-        client.create(codecs.from_dict({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": "hami-claimquota"}, "webhooks": [claims]}))
-        # the apiserver calls it (every test, not only the first, needs that; NS has a
-        # quota a probe pod could meet, default has none)
-        wait_webhook_serving(client, "default")
-        yield {"cp": cp, "client": client, "manager": manager, "hami": hami}
-    finally:
-        if hami is not None:
-            hami.stop()
-        cp.stop()
+    # the apiserver calls it (every test, not only the first, needs that; NS has a
+    # quota a probe pod could meet, default has none)
+    with dra_bed(tmp_path_factory.mktemp("k8s-claimquota"), namespace=NS,
+                 nodes={"claimquota-0": Cards(2, CARD_MIB)}, quota_mib=LIMIT_MIB,
+                 hami_args=DRA_ARGS, webhook="hami-claimquota", webhooks=("pods", "claims"),
+                 serving_namespace="default") as dra:
+        yield {"cp": dra.cp, "client": dra.client, "manager": dra.manager, "hami": dra.hami}
 
 
 def _request(*memory: str) -> dict[str, Any]:

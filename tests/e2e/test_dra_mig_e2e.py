@@ -23,6 +23,7 @@ from hami.dra.node import DraAgent
 from hami.dra.slices import DRIVER, slice_name
 from hami.testing.controlplane import create_gpu_node
 
+from .drabed import ensure_device_class
 from .hami_harness import reconcile_templates
 
 pytestmark = pytest.mark.e2e
@@ -64,15 +65,10 @@ def mig_node(mig_agent: DraAgent) -> str:
 @pytest.fixture
 def mig_agent(kube_client: Any, tmp_path: Path) -> Iterator[DraAgent]:
     """A node whose DRA agent publishes one A100 in MIG mode (fake inventory)."""
-    from lightkube import codecs
     from lightkube.resources.core_v1 import Node
     from lightkube.resources.resource_v1 import ResourceSlice
 
-    with contextlib.suppress(Exception):  # the class may exist (another test made it)
-        kube_client.create(codecs.from_dict({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
+    ensure_device_class(kube_client)  # the class may exist (another test made it)
     name = f"dra-mig-{uuid.uuid4().hex[:6]}"
     create_gpu_node(kube_client, name, gpus=0)
     inv = tmp_path / "mig.yaml"

@@ -18,11 +18,10 @@ import pytest
 
 from hami.dra.reservations import ANNOTATION, QuotaReservations
 from hami.dra.slices import DRIVER
-from hami.testing.controlplane import BinariesMissing, ControlPlane, ensure_namespace
-from hami.testing.gpupods import webhook_configuration
+from hami.testing.controlplane import ControlPlane
 
-from .conftest import REQUIRED
-from .hami_harness import HamiProcess, RoundRobinForwarder, Tls
+from .drabed import DRA_ARGS, dra_bed
+from .hami_harness import HamiProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -36,45 +35,12 @@ LEASES_NS = "kube-system"  # the replicas run without POD_NAMESPACE
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Control plane + two ``hami scheduler --dra-mode`` replicas registered, through one
     round-robin forwarder, as the webhook for claims + a 20000 MiB GPU ResourceQuota."""
-    from lightkube import codecs
-
-    work = tmp_path_factory.mktemp("k8s-quotaha")
-    try:
-        cp = ControlPlane(workdir=work / "cp")
-    except BinariesMissing as err:
-        pytest.fail(str(err)) if REQUIRED else pytest.skip(str(err))
-    cp.start()
-    replicas: list[HamiProcess] = []
-    forwarder = None
-    try:
-        client = cp.client()
-        ensure_namespace(client, NS)
-        client.create(codecs.from_dict({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
-        client.create(codecs.from_dict({
-            "apiVersion": "v1", "kind": "ResourceQuota",
-            "metadata": {"name": "gpu", "namespace": NS},
-            "spec": {"hard": {"limits.nvidia.com/gpumem": str(LIMIT_MIB)}}}))
-        tls = Tls(work / "tls")
-        replicas = [HamiProcess(cp, tls, work, args=["--dra-mode", "--scheduler-name="],
-                                name=f"hami-{i}").start() for i in range(2)]
-        forwarder = RoundRobinForwarder(replicas)
-        config = webhook_configuration("hami-quotaha", forwarder.url, tls.ca_pem)
-        hook = config["webhooks"][0]
-        hook["name"] = "claims.vgpu.hami.io"
-        hook["rules"] = [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
-                          "operations": ["CREATE"],
-                          "resources": ["resourceclaims", "resourceclaimtemplates"]}]
-        client.create(codecs.from_dict(config))
-        yield {"cp": cp, "client": client, "replicas": replicas, "forwarder": forwarder}
-    finally:
-        if forwarder is not None:
-            forwarder.close()
-        for replica in replicas:
-            replica.stop()
-        cp.stop()
+    with dra_bed(tmp_path_factory.mktemp("k8s-quotaha"), controller_manager=False,
+                 namespace=NS, quota_mib=LIMIT_MIB, hami_args=DRA_ARGS,
+                 hami_names=("hami-0", "hami-1"), webhook="hami-quotaha",
+                 webhooks=("claims",)) as dra:
+        yield {"cp": dra.cp, "client": dra.client, "replicas": dra.hamis,
+               "forwarder": dra.forwarder}
 
 
 def _claim(name: str, memory_mib: int) -> dict[str, Any]:
