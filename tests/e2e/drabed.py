@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Collection, Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -53,6 +54,21 @@ class Cards:
     count: int = 2
     memory_mib: int = 16384
     model: str = "Tesla T4"
+
+
+def wait_for(check: Callable[[], Any], timeout_s: float = 90.0, what: str = "", *,
+             interval_s: float = 0.5, state: Callable[[], str] | None = None) -> Any:
+    """Call ``check`` every ``interval_s`` seconds until it returns something true, and
+    return that. Raises ``AssertionError`` naming ``what`` (and ``state()``, e.g. the
+    objects and logs that explain it, when given) after ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}"
+                         + (f"; {state()}" if state is not None else ""))
 
 
 def publish_cards(client: Any, node: str, inventory: Path, cards: Cards,

@@ -19,7 +19,7 @@ from hami.dra.slices import DRIVER
 from hami.testing.controllers import start_controller_manager
 from hami.testing.controlplane import ensure_namespace
 
-from .drabed import DRA_ARGS, Cards, dra_bed
+from .drabed import DRA_ARGS, Cards, dra_bed, wait_for
 from .hami_harness import gpu_pod
 
 pytestmark = pytest.mark.e2e
@@ -72,16 +72,6 @@ def _claiming(name: str, template: str) -> dict[str, Any]:
                                      "resources": {"claims": [{"name": "g"}]}}]}}
 
 
-def _wait(check: Any, timeout_s: float = 90.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _claims(client: Any) -> dict[str, dict[str, Any]]:
     from lightkube.resources.resource_v1 import ResourceClaim
 
@@ -107,13 +97,13 @@ def test_claims_and_templates_are_checked_when_created(bed: dict[str, Any]) -> N
 
     client = bed["client"]
     # the scheduler has read the ResourceQuota once a claim over it is refused
-    _wait(lambda: _try_refused(client, _claim("probe", "30000Mi")), 60,
-          "the webhook enforces the ResourceQuota")
+    wait_for(lambda: _try_refused(client, _claim("probe", "30000Mi")), 60,
+             "the webhook enforces the ResourceQuota")
 
     # An honest GPU pod: translated, hami's template created, the controller's claim
     # admitted (4000 MiB of 20000, counted as the pod was), allocated, the pod bound.
     client.create(codecs.from_dict(gpu_pod("honest", memory_mib=4000, namespace=NS)))
-    _wait(lambda: client.get(Pod, "honest", namespace=NS).spec.nodeName, what="honest bound")
+    wait_for(lambda: client.get(Pod, "honest", namespace=NS).spec.nodeName, what="honest bound")
     (claim,) = [c for c in _claims(client).values() if _owner(c) == "honest"]
     assert (claim.get("status") or {}).get("allocation"), claim
 
@@ -142,8 +132,8 @@ def test_claims_and_templates_are_checked_when_created(bed: dict[str, Any]) -> N
     assert not [c for c in _claims(client).values() if _owner(c) == "p1"]
     assert not client.get(Pod, "p1", namespace=NS).status.resourceClaimStatuses
     client.delete(ResourceClaim, "filler", namespace=NS)
-    _wait(lambda: [c for c in _claims(client).values() if _owner(c) == "p1"], 120,
-          "p1's claim made once there is room")
+    wait_for(lambda: [c for c in _claims(client).values() if _owner(c) == "p1"], 120,
+             "p1's claim made once there is room")
 
     # UPDATE needs no check: the API server keeps the spec of both kinds as created.
     for kind, name, spec in (
@@ -207,9 +197,9 @@ def test_a_pod_naming_a_hami_template_without_its_signature_gets_none(
     client.create(codecs.from_dict(gpu_pod("signed", memory_mib=1500, namespace=NS)))
     signed = client.get(Pod, "signed", namespace=NS).metadata.annotations
     assert signed[signedspecs.SPECS_ANNOTATION] and signed[signedspecs.SIGNATURE_ANNOTATION]
-    _wait(lambda: name in [t.metadata.name for t in client.list(ResourceClaimTemplate,
-                                                                 namespace=NS)], 30,
-          "the honest pod's template")
+    wait_for(lambda: name in [t.metadata.name for t in client.list(ResourceClaimTemplate,
+                                                                    namespace=NS)], 30,
+             "the honest pod's template")
     copied = {k: signed[k] for k in (signedspecs.SPECS_ANNOTATION,
                                      signedspecs.SIGNATURE_ANNOTATION)}
     for pod_name, carried in (("bare", {}), ("copied", copied)):
@@ -222,7 +212,7 @@ def test_a_pod_naming_a_hami_template_without_its_signature_gets_none(
         return {e.involvedObject.name for e in client.list(Event, namespace="nosig")
                 if e.reason == "DraTemplateRefused"}
 
-    assert _wait(lambda: refused() == {"bare", "copied"}, 60, "both refusals recorded")
+    assert wait_for(lambda: refused() == {"bare", "copied"}, 60, "both refusals recorded")
     assert [t.metadata.name for t in client.list(ResourceClaimTemplate, namespace="nosig")] == []
     for pod_name in ("bare", "copied"):
         pod = client.get(Pod, pod_name, namespace="nosig")

@@ -16,6 +16,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from hami.testing.controlplane import (
     create_gpu_node,
 )
 
-from .drabed import Cards, dra_bed
+from .drabed import Cards, dra_bed, wait_for
 from .hami_harness import reconcile_templates
 
 pytestmark = pytest.mark.e2e
@@ -113,14 +114,7 @@ def _pods(client: Any) -> list[Any]:
     return list(client.list(Pod, namespace=NS))
 
 
-def _wait(check: Any, timeout_s: float = 120.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+_wait = partial(wait_for, timeout_s=120.0)
 
 
 def _results(claim: dict[str, Any]) -> list[dict[str, Any]]:

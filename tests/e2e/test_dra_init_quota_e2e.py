@@ -17,8 +17,8 @@ was refused (the pod never started).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -28,7 +28,7 @@ from hami.dra.reservations import TTL_S, QuotaReservations
 from hami.dra.slices import DRIVER
 from hami.testing.kubeclients import admin_client
 
-from .drabed import DRA_ARGS, Cards, dra_bed
+from .drabed import DRA_ARGS, Cards, dra_bed, wait_for
 from .hami_harness import gpu_pod
 
 pytestmark = pytest.mark.e2e
@@ -84,14 +84,7 @@ def _state() -> str:
     return f"claims {claims}; warnings {events}; hami log tail:\n{log}"
 
 
-def _wait(check: Any, timeout_s: float = 90.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}; {_state()}")
+_wait = partial(wait_for, state=_state)
 
 
 def _claims_checked(client: Any) -> bool:

@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from hami.dra.node import DraAgent
 from hami.dra.slices import DRIVER, slice_name
 from hami.testing.controlplane import create_gpu_node
 
-from .drabed import ensure_device_class
+from .drabed import ensure_device_class, wait_for
 from .hami_harness import reconcile_templates
 
 pytestmark = pytest.mark.e2e
@@ -46,14 +47,7 @@ CONFIG = """nvidia:
 NS = "default"
 
 
-def _wait(check: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+_wait = partial(wait_for, interval_s=0.2)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +19,7 @@ from hami.dra.reservations import ANNOTATION, QuotaReservations
 from hami.dra.slices import DRIVER
 from hami.testing.controlplane import ControlPlane
 
-from .drabed import DRA_ARGS, dra_bed
+from .drabed import DRA_ARGS, dra_bed, wait_for
 from .hami_harness import HamiProcess
 
 pytestmark = pytest.mark.e2e
@@ -102,24 +101,15 @@ def _create_at_once(cp: ControlPlane, names: list[str]) -> dict[str, str]:
     return out
 
 
-def _wait(check: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_ten_claims_at_once_under_a_quota_for_one_admit_one(bed: dict[str, Any]) -> None:
     from lightkube.resources.coordination_v1 import Lease
     from lightkube.resources.resource_v1 import ResourceClaim
 
     client, replicas = bed["client"], bed["replicas"]
     for replica in replicas:  # each replica has read the ResourceQuota
-        _wait(lambda r=replica: _refuses(r), 60, f"{replica.name} enforces the quota")
+        wait_for(lambda r=replica: _refuses(r), 60, f"{replica.name} enforces the quota")
     # ... and the apiserver calls them: its webhook informer has the configuration
-    _wait(lambda: _apiserver_refuses(client), 60, "the apiserver calls the claims webhook")
+    wait_for(lambda: _apiserver_refuses(client), 60, "the apiserver calls the claims webhook")
     served_before = dict(bed["forwarder"].served)
 
     names = [f"c{i}" for i in range(10)]
@@ -141,6 +131,6 @@ def test_ten_claims_at_once_under_a_quota_for_one_admit_one(bed: dict[str, Any])
     # claim's room is free again at once, for exactly one claim again
     assert "exceeding resource quota" in _create_at_once(bed["cp"], ["late"])["late"]
     client.delete(ResourceClaim, admitted[0], namespace=NS)
-    _wait(lambda: not list(client.list(ResourceClaim, namespace=NS)), 30, "claim gone")
+    wait_for(lambda: not list(client.list(ResourceClaim, namespace=NS)), 30, "claim gone")
     again = _create_at_once(bed["cp"], [f"d{i}" for i in range(4)])
     assert sum(r == "created" for r in again.values()) == 1, again
