@@ -56,26 +56,45 @@ def make_gpu_node(client: Any, name: str, *, gpus: int = 4, memory_mib: int = 24
                   split: int = 10, labels: dict[str, str] | None = None,
                   annotations: dict[str, str] | None = None) -> None:
     """A Ready node with HAMi's register annotation (device plugin's view)."""
+    ann = {"hami.io/node-nvidia-register": register_annotation(name, gpus, memory_mib, split),
+           "hami.io/node-handshake": "Requesting_" + time.strftime("%Y-%m-%d %H:%M:%S")}
+    ann.update(annotations or {})
+    ready_gpu_node(client, name, gpus=gpus * split, annotations=ann, labels=labels)
+
+
+def ready_gpu_node(client: Any, name: str, *, gpus: int,
+                   labels: dict[str, str] | None = None,
+                   annotations: dict[str, str] | None = None) -> None:
+    """:func:`~hami.testing.kubeobjects.create_gpu_node` (``gpus``: its ``nvidia.com/gpu``
+    capacity) where hami writes to the node meanwhile (the scheduler's handshake, the
+    device plugin's register annotation): when the Ready patch, which carries the
+    resourceVersion it read, meets that conflict, the status is set again from the node
+    as it is then, until a patch goes through (20 tries, 0.1 s apart).
+
+    Raises:
+        lightkube.ApiError: any other refusal (e.g. the node exists).
+        AssertionError: every try met a conflict.
+    """
     from lightkube import ApiError
 
     from hami.testing.controlplane import set_node_status
 
-    ann = {"hami.io/node-nvidia-register": register_annotation(name, gpus, memory_mib, split),
-           "hami.io/node-handshake": "Requesting_" + time.strftime("%Y-%m-%d %H:%M:%S")}
-    ann.update(annotations or {})
-    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(gpus * split)}
     try:
-        create_gpu_node(client, name, gpus=gpus * split, annotations=ann, labels=labels)
-    except ApiError as err:  # the scheduler wrote the handshake between read and patch
+        create_gpu_node(client, name, gpus=gpus, annotations=annotations, labels=labels)
+        return
+    except ApiError as err:
         if "has been modified" not in str(err.status.message):
             raise
-        for _ in range(20):
-            try:
-                set_node_status(client, name, capacity=capacity)
-                return
-            except ApiError:
-                time.sleep(0.1)
-        raise
+    capacity = {"cpu": "64", "memory": "512Gi", "pods": "110", "nvidia.com/gpu": str(gpus)}
+    for _ in range(20):
+        try:
+            set_node_status(client, name, capacity=capacity)
+            return
+        except ApiError as err:
+            if err.status.code != 409:
+                raise
+            time.sleep(0.1)
+    raise AssertionError(f"node {name}: every status patch met a conflict")
 
 
 def gpu_pod(name: str, *, gpus: int = 1, memory_mib: int | None = None, cores: int | None = None,

@@ -24,15 +24,11 @@ from typing import Any
 
 import pytest
 
-from hami.testing.controlplane import (
-    create_gpu_node,
-    set_node_status,
-    wait_until,
-)
+from hami.testing.controlplane import wait_until
 from hami.testing.scheduler_config import ExtenderConfig
 
 from .drabed import Cards, dra_bed, publish_cards
-from .hami_harness import unique
+from .hami_harness import ready_gpu_node, unique
 
 pytestmark = pytest.mark.e2e
 
@@ -77,37 +73,13 @@ def group(bed: dict[str, Any]) -> Iterator[str]:
             client.delete(PodDisruptionBudget, pdb.metadata.name, namespace=NS)
 
 
-def _ready_node(client: Any, name: str, group: str) -> None:
-    """A Ready node labelled for the test. hami's scheduler annotates nodes (its
-    handshake) while the node is made, so the harness's taint patch, which carries the
-    resourceVersion it read, may meet a conflict: it is made Ready again from the node
-    as it is then, until a patch goes through."""
-    from lightkube import ApiError
-
-    try:
-        create_gpu_node(client, name, gpus=0, labels={GROUP: group})
-        return
-    except ApiError as err:
-        if err.status.code != 409:
-            raise
-    for _ in range(20):
-        try:
-            set_node_status(client, name, capacity={"cpu": "64", "memory": "512Gi",
-                                                    "pods": "110", "nvidia.com/gpu": "0"})
-            return
-        except ApiError as err:
-            if err.status.code != 409:
-                raise
-    raise AssertionError(f"node {name}: every status patch met a conflict")
-
-
 def make_nodes(bed: dict[str, Any], group: str, cards: dict[str, int]) -> list[str]:
     """Nodes (suffix -> number of 15360 MiB cards) labelled for this test, each with its
     ResourceSlice published."""
     names = []
     for suffix, count in cards.items():
         name = f"{suffix}-{group}"
-        _ready_node(bed["client"], name, group)
+        ready_gpu_node(bed["client"], name, gpus=0, labels={GROUP: group})
         publish_cards(bed["client"], name, Path(bed["inventory"]) / f"{name}.json",
                       Cards(count, CARD_MIB))
         names.append(name)
