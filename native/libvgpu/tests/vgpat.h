@@ -62,6 +62,16 @@ static obj_t *push(const char *kind) {
     snprintf(o->kind, sizeof o->kind, "%s", kind);
     return o;
 }
+/* print an import's result R, die unless it is WANT, keep the handle H (SIZE bytes) */
+static void imported(CUresult r, int want, CUmemGenericAllocationHandle h, uint64_t size) {
+    printf("import -> %d\n", r);
+    if (r != want) die("import result", r, want);
+    if (!r) {
+        obj_t *o = push("vmm");
+        o->h = h;
+        o->size = size;
+    }
+}
 /* the bytes of HEX (two hex digits each) into OUT, at most N of them */
 static void unhex(const char *hex, unsigned char *out, size_t n) {
     for (size_t k = 0; k < n && hex[2 * k] && hex[2 * k + 1]; k++) {
@@ -147,13 +157,7 @@ static int pat_cmd(int argc, char **argv, int *i) {
         CUmemGenericAllocationHandle h = 0;
         r = cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         close(fd);
-        printf("import -> %d\n", r);
-        if (r != want) die("import result", r, want);
-        if (!r) {
-            obj_t *o = push("vmm");
-            o->h = h;
-            o->size = size;
-        }
+        imported(r, want, h, size);
     } else if (!strcmp(c, "vexportfab")) {
         CUmemFabricHandle fh;
         if ((r = cuMemExportToShareableHandle(&fh, top()->h, CU_MEM_HANDLE_TYPE_FABRIC, 0)))
@@ -170,13 +174,7 @@ static int pat_cmd(int argc, char **argv, int *i) {
         unhex(hex, fh.data, sizeof fh.data);
         CUmemGenericAllocationHandle h = 0;
         r = cuMemImportFromShareableHandle(&h, &fh, CU_MEM_HANDLE_TYPE_FABRIC);
-        printf("import -> %d\n", r);
-        if (r != want) die("import result", r, want);
-        if (!r) {
-            obj_t *o = push("vmm");
-            o->h = h;
-            o->size = size;
-        }
+        imported(r, want, h, size);
     } else if (!strcmp(c, "reexec")) {
         char **av = calloc((size_t)(argc - *i) + 1, sizeof *av);
         if (!av) die("calloc", 0, 0);
