@@ -16,14 +16,9 @@ from typing import Any
 
 import pytest
 
-from hami.dra.slices import DRIVER
-from hami.testing.controllers import start_controller_manager
-from hami.testing.controlplane import BinariesMissing, ControlPlane, ensure_namespace
 from hami.testing.drachurn import churn, counts, wait_counts
-from hami.testing.gpupods import wait_webhook_serving, webhook_configuration
 
-from .conftest import REQUIRED
-from .hami_harness import HamiProcess, Tls
+from .drabed import DRA_ARGS, dra_bed
 
 pytestmark = pytest.mark.e2e
 
@@ -33,38 +28,10 @@ PODS = 200
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    from lightkube import codecs
-
-    work = tmp_path_factory.mktemp("k8s-drachurn")
-    try:
-        cp = ControlPlane(workdir=work / "cp")
-    except BinariesMissing as err:
-        pytest.fail(str(err)) if REQUIRED else pytest.skip(str(err))
-    cp.start()
-    hami = None
-    try:
-        try:
-            start_controller_manager(cp)
-        except BinariesMissing as err:
-            pytest.fail(str(err)) if REQUIRED else pytest.skip(str(err))
-        client = cp.client()
-        ensure_namespace(client, NS)
-        client.create(codecs.from_dict({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
-        tls = Tls(work / "tls")
-        hami = HamiProcess(cp, tls, work, args=["--dra-mode", "--scheduler-name=",
-                                                "--dra-template-idle=5s"],
-                           name="hami-dra").start()
-        client.create(codecs.from_dict(webhook_configuration("hami-churn", hami.url,
-                                                             tls.ca_pem)))
-        wait_webhook_serving(client, NS)
-        yield {"cp": cp, "client": client, "hami": hami}
-    finally:
-        if hami is not None:
-            hami.stop()
-        cp.stop()
+    with dra_bed(tmp_path_factory.mktemp("k8s-drachurn"), namespace=NS,
+                 hami_args=[*DRA_ARGS, "--dra-template-idle=5s"], webhook="hami-churn",
+                 serving_namespace=NS) as dra:
+        yield {"cp": dra.cp, "client": dra.client, "hami": dra.hami}
 
 
 def test_churn_ends_with_the_object_counts_it_started_with(bed: dict[str, Any]) -> None:

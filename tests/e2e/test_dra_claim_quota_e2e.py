@@ -8,7 +8,6 @@ kube-scheduler from a published slice (no kubelet: pods are bound, not run).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,21 +15,12 @@ from typing import Any
 
 import pytest
 
-from hami.deviceplugin.config import PluginConfig
-from hami.deviceplugin.discovery import FakeBackend
-from hami.dra.node import DraAgent, SlicePublisher
 from hami.dra.slices import DRIVER
 from hami.testing.controllers import start_controller_manager
-from hami.testing.controlplane import (
-    BinariesMissing,
-    ControlPlane,
-    create_gpu_node,
-    ensure_namespace,
-)
-from hami.testing.gpupods import wait_webhook_serving
+from hami.testing.controlplane import ensure_namespace
 
-from .conftest import REQUIRED
-from .hami_harness import HamiProcess, Tls, gpu_pod, webhook_configuration
+from .drabed import DRA_ARGS, Cards, dra_bed, wait_for
+from .hami_harness import gpu_pod
 
 pytestmark = pytest.mark.e2e
 
@@ -44,64 +34,13 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Control plane + controller manager + one node with two published cards + hami
     scheduler --dra-mode registered as the webhook for pods, claims and templates + a
     ResourceQuota of 20000 MiB of GPU memory in :data:`NS`."""
-    from lightkube import codecs
-
-    work = tmp_path_factory.mktemp("k8s-claimquota")
-    try:
-        cp = ControlPlane(workdir=work / "cp")
-    except BinariesMissing as err:
-        pytest.fail(str(err)) if REQUIRED else pytest.skip(str(err))
-    cp.start()
-    hami = None
-    try:
-        try:
-            manager = start_controller_manager(cp)
-        except BinariesMissing as err:
-            pytest.fail(str(err)) if REQUIRED else pytest.skip(str(err))
-        client = cp.client()
-        ensure_namespace(client, NS)
-        client.create(codecs.from_dict({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
-        node = "claimquota-0"
-        create_gpu_node(client, node, gpus=0)
-        inventory = work / "inv.yaml"
-        inventory.write_text(json.dumps({"gpus": [{
-            "model": "Tesla T4", "memory_mib": CARD_MIB, "count": 2,
-            "uuids": [f"GPU-{node}-{i}" for i in range(2)]}]}))
-        agent = DraAgent(node, FakeBackend(inventory), PluginConfig(device_split_count=10),
-                         client)
-        assert SlicePublisher(client, node).sync(agent.devices())
-        client.create(codecs.from_dict({
-            "apiVersion": "v1", "kind": "ResourceQuota",
-            "metadata": {"name": "gpu", "namespace": NS},
-            "spec": {"hard": {"limits.nvidia.com/gpumem": str(LIMIT_MIB)}}}))
-        tls = Tls(work / "tls")
-        # --scheduler-name="": translated pods stay with the default kube-scheduler
-        hami = HamiProcess(cp, tls, work, args=["--dra-mode", "--scheduler-name="],
-                           name="hami-dra").start()
-        config = webhook_configuration("hami-claimquota", hami.url, tls.ca_pem)
-        claims = json.loads(json.dumps(config["webhooks"][0]))
-        claims["name"] = "claims.vgpu.hami.io"
-        claims.pop("reinvocationPolicy")
-        claims["rules"] = [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
-                            "operations": ["CREATE"],
-                            "resources": ["resourceclaims", "resourceclaimtemplates"]}]
-        client.create(codecs.from_dict(config))
-        # claims and templates: a validating webhook, as the chart registers them
-        client.create(codecs.from_dict({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": "hami-claimquota"}, "webhooks": [claims]}))
-        # the apiserver calls it (every test, not only the first, needs that; NS has a
-        # quota a probe pod could meet, default has none)
-        wait_webhook_serving(client, "default")
-        yield {"cp": cp, "client": client, "manager": manager, "hami": hami}
-    finally:
-        if hami is not None:
-            hami.stop()
-        cp.stop()
+    # the apiserver calls it (every test, not only the first, needs that; NS has a
+    # quota a probe pod could meet, default has none)
+    with dra_bed(tmp_path_factory.mktemp("k8s-claimquota"), namespace=NS,
+                 nodes={"claimquota-0": Cards(2, CARD_MIB)}, quota_mib=LIMIT_MIB,
+                 hami_args=DRA_ARGS, webhook="hami-claimquota", webhooks=("pods", "claims"),
+                 serving_namespace="default") as dra:
+        yield {"cp": dra.cp, "client": dra.client, "manager": dra.manager, "hami": dra.hami}
 
 
 def _request(*memory: str) -> dict[str, Any]:
@@ -133,16 +72,6 @@ def _claiming(name: str, template: str) -> dict[str, Any]:
                                      "resources": {"claims": [{"name": "g"}]}}]}}
 
 
-def _wait(check: Any, timeout_s: float = 90.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _claims(client: Any) -> dict[str, dict[str, Any]]:
     from lightkube.resources.resource_v1 import ResourceClaim
 
@@ -168,13 +97,13 @@ def test_claims_and_templates_are_checked_when_created(bed: dict[str, Any]) -> N
 
     client = bed["client"]
     # the scheduler has read the ResourceQuota once a claim over it is refused
-    _wait(lambda: _try_refused(client, _claim("probe", "30000Mi")), 60,
-          "the webhook enforces the ResourceQuota")
+    wait_for(lambda: _try_refused(client, _claim("probe", "30000Mi")), 60,
+             "the webhook enforces the ResourceQuota")
 
     # An honest GPU pod: translated, hami's template created, the controller's claim
     # admitted (4000 MiB of 20000, counted as the pod was), allocated, the pod bound.
     client.create(codecs.from_dict(gpu_pod("honest", memory_mib=4000, namespace=NS)))
-    _wait(lambda: client.get(Pod, "honest", namespace=NS).spec.nodeName, what="honest bound")
+    wait_for(lambda: client.get(Pod, "honest", namespace=NS).spec.nodeName, what="honest bound")
     (claim,) = [c for c in _claims(client).values() if _owner(c) == "honest"]
     assert (claim.get("status") or {}).get("allocation"), claim
 
@@ -203,8 +132,8 @@ def test_claims_and_templates_are_checked_when_created(bed: dict[str, Any]) -> N
     assert not [c for c in _claims(client).values() if _owner(c) == "p1"]
     assert not client.get(Pod, "p1", namespace=NS).status.resourceClaimStatuses
     client.delete(ResourceClaim, "filler", namespace=NS)
-    _wait(lambda: [c for c in _claims(client).values() if _owner(c) == "p1"], 120,
-          "p1's claim made once there is room")
+    wait_for(lambda: [c for c in _claims(client).values() if _owner(c) == "p1"], 120,
+             "p1's claim made once there is room")
 
     # UPDATE needs no check: the API server keeps the spec of both kinds as created.
     for kind, name, spec in (
@@ -268,9 +197,9 @@ def test_a_pod_naming_a_hami_template_without_its_signature_gets_none(
     client.create(codecs.from_dict(gpu_pod("signed", memory_mib=1500, namespace=NS)))
     signed = client.get(Pod, "signed", namespace=NS).metadata.annotations
     assert signed[signedspecs.SPECS_ANNOTATION] and signed[signedspecs.SIGNATURE_ANNOTATION]
-    _wait(lambda: name in [t.metadata.name for t in client.list(ResourceClaimTemplate,
-                                                                 namespace=NS)], 30,
-          "the honest pod's template")
+    wait_for(lambda: name in [t.metadata.name for t in client.list(ResourceClaimTemplate,
+                                                                    namespace=NS)], 30,
+             "the honest pod's template")
     copied = {k: signed[k] for k in (signedspecs.SPECS_ANNOTATION,
                                      signedspecs.SIGNATURE_ANNOTATION)}
     for pod_name, carried in (("bare", {}), ("copied", copied)):
@@ -283,7 +212,7 @@ def test_a_pod_naming_a_hami_template_without_its_signature_gets_none(
         return {e.involvedObject.name for e in client.list(Event, namespace="nosig")
                 if e.reason == "DraTemplateRefused"}
 
-    assert _wait(lambda: refused() == {"bare", "copied"}, 60, "both refusals recorded")
+    assert wait_for(lambda: refused() == {"bare", "copied"}, 60, "both refusals recorded")
     assert [t.metadata.name for t in client.list(ResourceClaimTemplate, namespace="nosig")] == []
     for pod_name in ("bare", "copied"):
         pod = client.get(Pod, pod_name, namespace="nosig")

@@ -16,6 +16,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +34,12 @@ from hami.dra.slices import DRIVER, MIB
 from hami.dra.v1 import api_pb2 as pb
 from hami.dra.v1 import api_pb2_grpc as pbgrpc
 from hami.dra.webhook import DraWebhook
-from hami.testing.controllers import start_controller_manager
 from hami.testing.controlplane import (
-    BinariesMissing,
     ControlPlane,
     create_gpu_node,
-    ensure_namespace,
 )
 
-from .conftest import REQUIRED
+from .drabed import Cards, dra_bed, wait_for
 from .hami_harness import reconcile_templates
 
 pytestmark = pytest.mark.e2e
@@ -56,40 +54,12 @@ NS = "dra"
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Control plane + kube-controller-manager + nodes with published slices + the class."""
-    try:
-        cp = ControlPlane(workdir=tmp_path_factory.mktemp("k8s-dra"))
-    except BinariesMissing as err:
-        pytest.fail(str(err)) if REQUIRED else pytest.skip(str(err))
-    cp.start()
-    try:
-        try:
-            start_controller_manager(cp)
-        except BinariesMissing as err:
-            pytest.fail(str(err)) if REQUIRED else pytest.skip(str(err))
-        client = cp.client()
-        ensure_namespace(client, NS)
-        from lightkube import codecs
-
-        client.create(codecs.from_dict({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
-        inventory = tmp_path_factory.mktemp("inv")
-        agents = {}
-        for n in range(NODES):
-            name = f"dra-{n}"
-            create_gpu_node(client, name, gpus=0)
-            path = inventory / f"{name}.yaml"
-            model = "NVIDIA A100-SXM4-80GB" if n % 2 == 0 else "Tesla T4"
-            path.write_text(json.dumps({"gpus": [{
-                "model": model, "memory_mib": CARD_MIB, "count": CARDS,
-                "uuids": [f"GPU-{name}-{i}" for i in range(CARDS)]}]}))
-            agent = DraAgent(name, FakeBackend(path), PluginConfig(device_split_count=SPLIT), client)
-            assert SlicePublisher(client, name).sync(agent.devices())
-            agents[name] = agent
-        yield {"cp": cp, "client": client, "agents": agents}
-    finally:
-        cp.stop()
+    nodes = {f"dra-{n}": Cards(CARDS, CARD_MIB,
+                               "NVIDIA A100-SXM4-80GB" if n % 2 == 0 else "Tesla T4")
+             for n in range(NODES)}
+    with dra_bed(tmp_path_factory.mktemp("k8s-dra"), namespace=NS, nodes=nodes,
+                 split=SPLIT) as dra:
+        yield {"cp": dra.cp, "client": dra.client, "agents": dra.agents}
 
 
 def _admit(cp: ControlPlane, pod: dict[str, Any], scheduler_name: str = "") -> dict[str, Any]:
@@ -144,14 +114,7 @@ def _pods(client: Any) -> list[Any]:
     return list(client.list(Pod, namespace=NS))
 
 
-def _wait(check: Any, timeout_s: float = 120.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
+_wait = partial(wait_for, timeout_s=120.0)
 
 
 def _results(claim: dict[str, Any]) -> list[dict[str, Any]]:

@@ -17,30 +17,19 @@ was refused (the pod never started).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pytest
 
-from hami.deviceplugin.config import PluginConfig
-from hami.deviceplugin.discovery import FakeBackend
 from hami.dra import podclaims
-from hami.dra.node import DraAgent, SlicePublisher
 from hami.dra.reservations import TTL_S, QuotaReservations
 from hami.dra.slices import DRIVER
-from hami.testing.controllers import start_controller_manager
-from hami.testing.controlplane import (
-    BinariesMissing,
-    ControlPlane,
-    create_gpu_node,
-    ensure_namespace,
-)
-from hami.testing.gpupods import wait_webhook_serving
 from hami.testing.kubeclients import admin_client
 
-from .conftest import REQUIRED
-from .hami_harness import HamiProcess, Tls, gpu_pod, webhook_configuration
+from .drabed import DRA_ARGS, Cards, dra_bed, wait_for
+from .hami_harness import gpu_pod
 
 pytestmark = pytest.mark.e2e
 
@@ -56,66 +45,22 @@ def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     node with two published cards of 16384 MiB + hami scheduler --dra-mode as the webhook
     + a ResourceQuota of 15000 MiB of GPU memory in :data:`NS` + a tenant's client (a
     user hami does not trust to create pods' claims)."""
-    from lightkube import codecs
-
     work = tmp_path_factory.mktemp("k8s-initquota")
-    try:
-        cp = ControlPlane(workdir=work / "cp")
-    except BinariesMissing as err:
-        pytest.fail(str(err)) if REQUIRED else pytest.skip(str(err))
-    cp.start()
-    hami = None
-    try:
+    # the apiserver calls both webhooks (the pod webhook's wait) before any test
+    with dra_bed(work, manager_user="system:kube-controller-manager", namespace=NS,
+                 nodes={"initquota-0": Cards(2, CARD_MIB)}, quota_mib=LIMIT_MIB,
+                 hami_args=DRA_ARGS, webhook="hami-initquota", webhooks=("pods", "claims"),
+                 serving_namespace="default") as dra:
         try:
-            start_controller_manager(cp, user="system:kube-controller-manager")
-        except BinariesMissing as err:
-            pytest.fail(str(err)) if REQUIRED else pytest.skip(str(err))
-        client = cp.client()
-        ensure_namespace(client, NS)
-        client.create(codecs.from_dict({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
-        node = "initquota-0"
-        create_gpu_node(client, node, gpus=0)
-        inventory = work / "inv.yaml"
-        inventory.write_text(json.dumps({"gpus": [{
-            "model": "Tesla T4", "memory_mib": CARD_MIB, "count": 2,
-            "uuids": [f"GPU-{node}-{i}" for i in range(2)]}]}))
-        agent = DraAgent(node, FakeBackend(inventory), PluginConfig(device_split_count=10),
-                         client)
-        assert SlicePublisher(client, node).sync(agent.devices())
-        client.create(codecs.from_dict({
-            "apiVersion": "v1", "kind": "ResourceQuota",
-            "metadata": {"name": "gpu", "namespace": NS},
-            "spec": {"hard": {"limits.nvidia.com/gpumem": str(LIMIT_MIB)}}}))
-        tls = Tls(work / "tls")
-        hami = HamiProcess(cp, tls, work, args=["--dra-mode", "--scheduler-name="],
-                           name="hami-dra").start()
-        pods = webhook_configuration("hami-initquota", hami.url, tls.ca_pem)
-        client.create(codecs.from_dict(pods))
-        claims = json.loads(json.dumps(pods["webhooks"][0]))
-        claims["name"] = "claims.vgpu.hami.io"
-        claims.pop("reinvocationPolicy")
-        claims["rules"] = [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
-                            "operations": ["CREATE"],
-                            "resources": ["resourceclaims", "resourceclaimtemplates"]}]
-        client.create(codecs.from_dict({
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": "hami-initquota"}, "webhooks": [claims]}))
-        tenant = admin_client(cp.client_kubeconfig(work / "tenant.kubeconfig", "tenant",
-                                                   ["system:masters"]), NS)
-        # the apiserver calls both webhooks, and hami knows the quota, before any test
-        wait_webhook_serving(client, "default")
-        _wait(lambda: _claims_checked(client), 60, "the claims webhook enforces the quota")
-        _BED.update(cp=cp, client=client, tenant=tenant, hami=hami)
-        yield _BED
-    finally:
-        _BED.clear()
-        if hami is not None:
-            hami.stop()
-        cp.stop()
+            tenant = admin_client(dra.cp.client_kubeconfig(
+                work / "tenant.kubeconfig", "tenant", ["system:masters"]), NS)
+            _BED.update(cp=dra.cp, client=dra.client, tenant=tenant, hami=dra.hami)
+            # ... and hami knows the quota
+            _wait(lambda: _claims_checked(dra.client), 60,
+                  "the claims webhook enforces the quota")
+            yield _BED
+        finally:
+            _BED.clear()
 
 
 #: The bed, for :func:`_state` in failure messages.
@@ -139,14 +84,7 @@ def _state() -> str:
     return f"claims {claims}; warnings {events}; hami log tail:\n{log}"
 
 
-def _wait(check: Any, timeout_s: float = 90.0, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}; {_state()}")
+_wait = partial(wait_for, state=_state)
 
 
 def _claims_checked(client: Any) -> bool:

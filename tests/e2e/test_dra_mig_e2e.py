@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from hami.dra.node import DraAgent
 from hami.dra.slices import DRIVER, slice_name
 from hami.testing.controlplane import create_gpu_node
 
+from .drabed import ensure_device_class, wait_for
 from .hami_harness import reconcile_templates
 
 pytestmark = pytest.mark.e2e
@@ -45,14 +47,7 @@ CONFIG = """nvidia:
 NS = "default"
 
 
-def _wait(check: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+_wait = partial(wait_for, interval_s=0.2)
 
 
 @pytest.fixture
@@ -64,15 +59,10 @@ def mig_node(mig_agent: DraAgent) -> str:
 @pytest.fixture
 def mig_agent(kube_client: Any, tmp_path: Path) -> Iterator[DraAgent]:
     """A node whose DRA agent publishes one A100 in MIG mode (fake inventory)."""
-    from lightkube import codecs
     from lightkube.resources.core_v1 import Node
     from lightkube.resources.resource_v1 import ResourceSlice
 
-    with contextlib.suppress(Exception):  # the class may exist (another test made it)
-        kube_client.create(codecs.from_dict({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
+    ensure_device_class(kube_client)  # the class may exist (another test made it)
     name = f"dra-mig-{uuid.uuid4().hex[:6]}"
     create_gpu_node(kube_client, name, gpus=0)
     inv = tmp_path / "mig.yaml"

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from hami.deviceplugin.discovery import FakeBackend
 from hami.dra.node import DraAgent
 from hami.dra.slices import slice_name
 from hami.testing.controlplane import create_gpu_node
+
+from .drabed import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -59,14 +62,7 @@ class CountingClient:
         return out
 
 
-def _wait(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+_wait = partial(wait_for, interval_s=0.05)
 
 
 @pytest.fixture

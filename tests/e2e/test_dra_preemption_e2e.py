@@ -17,7 +17,6 @@ Each test uses its own nodes (a label per test) and confines its pods to them.
 from __future__ import annotations
 
 import contextlib
-import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,22 +24,11 @@ from typing import Any
 
 import pytest
 
-from hami.deviceplugin.config import PluginConfig
-from hami.deviceplugin.discovery import FakeBackend
-from hami.dra.node import DraAgent, SlicePublisher
-from hami.dra.slices import DRIVER
-from hami.testing.controllers import start_controller_manager
-from hami.testing.controlplane import (
-    BinariesMissing,
-    ControlPlane,
-    create_gpu_node,
-    wait_until,
-)
-from hami.testing.gpupods import webhook_configuration
+from hami.testing.controlplane import create_gpu_node, wait_until
 from hami.testing.scheduler_config import ExtenderConfig
 
-from .conftest import REQUIRED
-from .hami_harness import HamiProcess, Tls, unique
+from .drabed import Cards, dra_bed, publish_cards
+from .hami_harness import unique
 
 pytestmark = pytest.mark.e2e
 
@@ -53,45 +41,20 @@ NS = "default"
 
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    from lightkube import codecs
-
-    work = tmp_path_factory.mktemp("k8s-drapreempt")
-    try:
-        cp = ControlPlane(workdir=work / "cp")
-    except BinariesMissing as err:
-        pytest.fail(str(err)) if REQUIRED else pytest.skip(str(err))
-    cp.start(default_scheduler=False)
-    hami = handle = None
-    try:
-        try:
-            start_controller_manager(cp)
-        except BinariesMissing as err:
-            pytest.fail(str(err)) if REQUIRED else pytest.skip(str(err))
-        client = cp.client()
-        client.create(codecs.from_dict({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
-        for name, value in ((LOW, 100), (HIGH, 1000), (NEVER, 1000)):
-            client.create(codecs.from_dict({
-                "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+    classes = [{"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                 "metadata": {"name": name}, "value": value,
-                **({"preemptionPolicy": "Never"} if name == NEVER else {})}))
-        tls = Tls(work / "tls")
-        hami = HamiProcess(cp, tls, work, name="hami-dra",
-                           args=["--dra-mode", f"--scheduler-name={SCHEDULER}"]).start()
-        client.create(codecs.from_dict(webhook_configuration("hami-drapreempt", hami.url,
-                                                             tls.ca_pem)))
-        handle = cp.start_scheduler(scheduler_name=SCHEDULER, extender=ExtenderConfig(
-            hami.url, filter_verb=None, bind_verb=None, prioritize_verb="prioritize",
+                **({"preemptionPolicy": "Never"} if name == NEVER else {})}
+               for name, value in ((LOW, 100), (HIGH, 1000), (NEVER, 1000))]
+    with dra_bed(tmp_path_factory.mktemp("k8s-drapreempt"), default_scheduler=False,
+                 objects=classes, hami_args=["--dra-mode", f"--scheduler-name={SCHEDULER}"],
+                 webhook="hami-drapreempt") as dra:
+        handle = dra.cp.start_scheduler(scheduler_name=SCHEDULER, extender=ExtenderConfig(
+            dra.hami.url, filter_verb=None, bind_verb=None, prioritize_verb="prioritize",
             preempt_verb=None))
-        yield {"cp": cp, "client": client, "hami": hami, "inventory": work}
-    finally:
-        if handle is not None:
+        try:
+            yield {"cp": dra.cp, "client": dra.client, "hami": dra.hami, "inventory": dra.work}
+        finally:
             handle.stop()
-        if hami is not None:
-            hami.stop()
-        cp.stop()
 
 
 @pytest.fixture
@@ -119,13 +82,8 @@ def make_nodes(bed: dict[str, Any], group: str, cards: dict[str, int]) -> list[s
         # hami's scheduler writes its handshake on the new node meanwhile:
         # create_gpu_node retries its taint patch on that conflict
         create_gpu_node(bed["client"], name, gpus=0, labels={GROUP: group})
-        path = Path(bed["inventory"]) / f"{name}.json"
-        path.write_text(json.dumps({"gpus": [{
-            "model": "Tesla T4", "memory_mib": CARD_MIB, "count": count,
-            "uuids": [f"GPU-{name}-{i}" for i in range(count)]}]}))
-        agent = DraAgent(name, FakeBackend(path), PluginConfig(device_split_count=10),
-                         bed["client"])
-        assert SlicePublisher(bed["client"], name).sync(agent.devices())
+        publish_cards(bed["client"], name, Path(bed["inventory"]) / f"{name}.json",
+                      Cards(count, CARD_MIB))
         names.append(name)
     return names
 

@@ -17,17 +17,15 @@ import jsonpatch
 import pytest
 
 from hami.core.quota import QuotaLedger
-from hami.deviceplugin.config import PluginConfig
-from hami.deviceplugin.discovery import FakeBackend
 from hami.devices.registry import make_config
 from hami.dra import translate as tr
-from hami.dra.node import DraAgent, SlicePublisher
 from hami.dra.signedspecs import process_keys, sign
 from hami.dra.slices import DRIVER
 from hami.dra.templates import TemplateReconciler
 from hami.dra.webhook import DraWebhook
 from hami.testing.controlplane import ControlPlane, create_gpu_node, ensure_namespace
 
+from .drabed import Cards, ensure_device_class, publish_cards
 from .hami_harness import reconcile_templates
 
 pytestmark = pytest.mark.e2e
@@ -100,25 +98,14 @@ def _create_admitted(cp: ControlPlane, client: Any, quota: QuotaLedger,
 
 def test_tenant_claims_and_templates_meet_the_quota(control_plane: ControlPlane,
                                                      tmp_path: Path) -> None:
-    from lightkube import ApiError, codecs
+    from lightkube import codecs
 
     cp, client = control_plane, control_plane.client()
     ensure_namespace(client, NS)
-    try:
-        client.create(codecs.from_dict({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
-    except ApiError as exc:
-        assert exc.status.code == 409  # another test of the session made it
+    ensure_device_class(client)  # another test of the session may have made it
     node = "draquota-0"
     create_gpu_node(client, node, gpus=0)
-    inventory = tmp_path / "inv.yaml"
-    inventory.write_text(json.dumps({"gpus": [{
-        "model": "Tesla T4", "memory_mib": CARD_MIB, "count": 2,
-        "uuids": [f"GPU-{node}-{i}" for i in range(2)]}]}))
-    agent = DraAgent(node, FakeBackend(inventory), PluginConfig(device_split_count=10), client)
-    assert SlicePublisher(client, node).sync(agent.devices())
+    publish_cards(client, node, tmp_path / "inv.yaml", Cards(2, CARD_MIB))
     quota = QuotaLedger(make_config().registry["NVIDIA"].resource_names())
     quota.set_quota(NS, "gpu", {"limits.nvidia.com/gpumem": LIMIT_MIB})
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,11 +17,10 @@ import pytest
 
 from hami.dra.reservations import ANNOTATION, QuotaReservations
 from hami.dra.slices import DRIVER
-from hami.testing.controlplane import BinariesMissing, ControlPlane, ensure_namespace
-from hami.testing.gpupods import webhook_configuration
+from hami.testing.controlplane import ControlPlane
 
-from .conftest import REQUIRED
-from .hami_harness import HamiProcess, RoundRobinForwarder, Tls
+from .drabed import DRA_ARGS, dra_bed, wait_for
+from .hami_harness import HamiProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -36,45 +34,12 @@ LEASES_NS = "kube-system"  # the replicas run without POD_NAMESPACE
 def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """Control plane + two ``hami scheduler --dra-mode`` replicas registered, through one
     round-robin forwarder, as the webhook for claims + a 20000 MiB GPU ResourceQuota."""
-    from lightkube import codecs
-
-    work = tmp_path_factory.mktemp("k8s-quotaha")
-    try:
-        cp = ControlPlane(workdir=work / "cp")
-    except BinariesMissing as err:
-        pytest.fail(str(err)) if REQUIRED else pytest.skip(str(err))
-    cp.start()
-    replicas: list[HamiProcess] = []
-    forwarder = None
-    try:
-        client = cp.client()
-        ensure_namespace(client, NS)
-        client.create(codecs.from_dict({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
-        client.create(codecs.from_dict({
-            "apiVersion": "v1", "kind": "ResourceQuota",
-            "metadata": {"name": "gpu", "namespace": NS},
-            "spec": {"hard": {"limits.nvidia.com/gpumem": str(LIMIT_MIB)}}}))
-        tls = Tls(work / "tls")
-        replicas = [HamiProcess(cp, tls, work, args=["--dra-mode", "--scheduler-name="],
-                                name=f"hami-{i}").start() for i in range(2)]
-        forwarder = RoundRobinForwarder(replicas)
-        config = webhook_configuration("hami-quotaha", forwarder.url, tls.ca_pem)
-        hook = config["webhooks"][0]
-        hook["name"] = "claims.vgpu.hami.io"
-        hook["rules"] = [{"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
-                          "operations": ["CREATE"],
-                          "resources": ["resourceclaims", "resourceclaimtemplates"]}]
-        client.create(codecs.from_dict(config))
-        yield {"cp": cp, "client": client, "replicas": replicas, "forwarder": forwarder}
-    finally:
-        if forwarder is not None:
-            forwarder.close()
-        for replica in replicas:
-            replica.stop()
-        cp.stop()
+    with dra_bed(tmp_path_factory.mktemp("k8s-quotaha"), controller_manager=False,
+                 namespace=NS, quota_mib=LIMIT_MIB, hami_args=DRA_ARGS,
+                 hami_names=("hami-0", "hami-1"), webhook="hami-quotaha",
+                 webhooks=("claims",)) as dra:
+        yield {"cp": dra.cp, "client": dra.client, "replicas": dra.hamis,
+               "forwarder": dra.forwarder}
 
 
 def _claim(name: str, memory_mib: int) -> dict[str, Any]:
@@ -136,24 +101,15 @@ def _create_at_once(cp: ControlPlane, names: list[str]) -> dict[str, str]:
     return out
 
 
-def _wait(check: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_ten_claims_at_once_under_a_quota_for_one_admit_one(bed: dict[str, Any]) -> None:
     from lightkube.resources.coordination_v1 import Lease
     from lightkube.resources.resource_v1 import ResourceClaim
 
     client, replicas = bed["client"], bed["replicas"]
     for replica in replicas:  # each replica has read the ResourceQuota
-        _wait(lambda r=replica: _refuses(r), 60, f"{replica.name} enforces the quota")
+        wait_for(lambda r=replica: _refuses(r), 60, f"{replica.name} enforces the quota")
     # ... and the apiserver calls them: its webhook informer has the configuration
-    _wait(lambda: _apiserver_refuses(client), 60, "the apiserver calls the claims webhook")
+    wait_for(lambda: _apiserver_refuses(client), 60, "the apiserver calls the claims webhook")
     served_before = dict(bed["forwarder"].served)
 
     names = [f"c{i}" for i in range(10)]
@@ -175,6 +131,6 @@ def test_ten_claims_at_once_under_a_quota_for_one_admit_one(bed: dict[str, Any])
     # claim's room is free again at once, for exactly one claim again
     assert "exceeding resource quota" in _create_at_once(bed["cp"], ["late"])["late"]
     client.delete(ResourceClaim, admitted[0], namespace=NS)
-    _wait(lambda: not list(client.list(ResourceClaim, namespace=NS)), 30, "claim gone")
+    wait_for(lambda: not list(client.list(ResourceClaim, namespace=NS)), 30, "claim gone")
     again = _create_at_once(bed["cp"], [f"d{i}" for i in range(4)])
     assert sum(r == "created" for r in again.values()) == 1, again

@@ -17,6 +17,13 @@ BUILD = NATIVE / "build"
 #: whose FIFOs (vgdb-pipe-*) would stay in /tmp for every process killed or forked.
 VALGRIND = ["valgrind", "-q", "--vgdb=no", "--error-exitcode=9"]
 
+MiB = 1 << 20
+#: The memory limit of the tests' one-card container (``LIM`` in its environment).
+LIMIT = 48 * MiB
+LIM = {"CUDA_DEVICE_MEMORY_LIMIT": "48m"}
+#: vgtest's expected-result argument for CUDA_ERROR_OUT_OF_MEMORY (the CUDA error code 2).
+OOM = "2"
+
 
 def build(target: str | None = None) -> None:
     """``make -C native/libvgpu [target]``; skips the calling test when there is no C toolchain."""
@@ -102,3 +109,32 @@ def kill_group(pgid: int) -> None:
 def lines(out: str, tag: str) -> list[list[int]]:
     """Numeric fields of every stdout line starting with ``tag``."""
     return [[int(x) for x in ln.split()[1:]] for ln in out.splitlines() if ln.split()[:1] == [tag]]
+
+
+def free_of(out: str) -> list[int]:
+    """The free bytes of every ``info`` line (``info <free> <total> ...``: cuMemGetInfo
+    through libvgpu)."""
+    return [i[0] for i in lines(out, "info")]
+
+
+def phys_of(out: str) -> list[int]:
+    """The bytes of every ``phys <device> <bytes>`` line: what the stub's device really
+    holds."""
+    return [i[1] for i in lines(out, "phys")]
+
+
+def rates(out: str) -> list[float]:
+    """The number of every ``rate <n>`` line (vgtest's kernel launch rate)."""
+    return [float(ln.split()[1]) for ln in out.splitlines() if ln.startswith("rate ")]
+
+
+def until(p: subprocess.Popen[str], word: str) -> str:
+    """Read ``p``'s stdout up to and including the line that is ``word``; returns what
+    was read. Raises ``AssertionError`` with stdout and stderr when stdout ends first."""
+    out = []
+    assert p.stdout is not None
+    for line in p.stdout:
+        out.append(line)
+        if line.strip() == word:
+            return "".join(out)
+    raise AssertionError("".join(out) + (p.stderr.read() if p.stderr else ""))

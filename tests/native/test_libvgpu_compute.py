@@ -14,7 +14,7 @@ import mmap
 import time
 
 import pytest
-from libvgpu_harness import Env
+from libvgpu_harness import Env, rates
 
 from hami.monitor import region as reg
 
@@ -23,13 +23,9 @@ pytestmark = pytest.mark.native
 BUSY = {"VGPU_STUB_NS_PER_BLOCK": "10000"}
 
 
-def _rates(out: str) -> list[float]:
-    return [float(ln.split()[1]) for ln in out.splitlines() if ln.startswith("rate ")]
-
-
 def _baseline(env: Env) -> float:
     p = env.run("init", "rate", "1.5", "100", CUDA_DEVICE_MEMORY_SHARED_CACHE=str(env.tmp / "base.cache"), **BUSY)
-    rate = _rates(p.stdout)[0]
+    rate = rates(p.stdout)[0]
     assert rate > 400  # sanity: about 1 ms per launch
     return rate
 
@@ -42,7 +38,7 @@ def _set(env: Env, field: str, value: int) -> None:
 def test_sm_limit_30_cuts_launch_rate(env: Env) -> None:
     base = _baseline(env)
     p = env.run("init", "rate", "2", "100", "rate", "2", "100", CUDA_DEVICE_SM_LIMIT="30", **BUSY)
-    limited = _rates(p.stdout)[1]
+    limited = rates(p.stdout)[1]
     assert 0.20 <= limited / base <= 0.40, (limited, base)
     r = reg.parse_region(env.region_path.read_bytes())
     assert r.last_kernel_time > 0 and r.recent_kernel == 2
@@ -53,12 +49,12 @@ def test_policy_default_follows_switch_force_overrides_disable_ignores(env: Env)
     env.run("init", CUDA_DEVICE_SM_LIMIT="30")  # create the region
     _set(env, "utilization_switch", 0)  # monitor: uncontended
     p = env.run("init", "rate", "2", "100", **BUSY)
-    assert _rates(p.stdout)[0] / base > 0.75
+    assert rates(p.stdout)[0] / base > 0.75
     p = env.run("init", "rate", "1.5", "100", "rate", "1.5", "100", GPU_CORE_UTILIZATION_POLICY="force", **BUSY)
-    assert _rates(p.stdout)[1] / base < 0.45
+    assert rates(p.stdout)[1] / base < 0.45
     _set(env, "utilization_switch", 1)
     p = env.run("init", "rate", "2", "100", GPU_CORE_UTILIZATION_POLICY="DISABLE", **BUSY)
-    assert _rates(p.stdout)[0] / base > 0.75
+    assert rates(p.stdout)[0] / base > 0.75
 
 
 def test_recent_kernel_minus_one_blocks_until_cleared(env: Env) -> None:
@@ -87,5 +83,5 @@ def test_two_processes_share_one_sm_limit(env: Env) -> None:
     env.run("init", CUDA_DEVICE_SM_LIMIT="30")
     procs = [env.popen("init", "rate", "2", "100", "rate", "2", "100", **BUSY) for _ in range(2)]
     outs = [p.communicate(timeout=60)[0] for p in procs]
-    total = sum(_rates(o)[1] for o in outs)
+    total = sum(rates(o)[1] for o in outs)
     assert 0.20 <= total / base <= 0.45, (total, base)

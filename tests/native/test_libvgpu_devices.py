@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from libvgpu_harness import BUILD, VALGRIND, Env, build, lines
+from libvgpu_harness import BUILD, VALGRIND, Env, build, lines, rates
 
 from hami.monitor import region as reg
 from hami.testing.gpupods import stub_uuid
@@ -182,7 +182,7 @@ def test_sm_limit_follows_the_device_not_the_ordinal(env: Env) -> None:
     free = float(base.stdout.split("rate ")[1].split()[0])
     p = env.run("init", "rate", "2", "100", "rate", "2", "100", CUDA_VISIBLE_DEVICES="1",
                 CUDA_DEVICE_SM_LIMIT_0="100", CUDA_DEVICE_SM_LIMIT_1="30", **busy)
-    limited = [float(ln.split()[1]) for ln in p.stdout.splitlines() if ln.startswith("rate ")][1]
+    limited = rates(p.stdout)[1]
     assert 0.15 <= limited / free <= 0.45, (limited, free)
     p = env.run("init", "rate", "1.5", "100", CUDA_VISIBLE_DEVICES="0",
                 CUDA_DEVICE_SM_LIMIT_0="100", CUDA_DEVICE_SM_LIMIT_1="30", **busy)

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from libvgpu_harness import Env, lines
+from libvgpu_harness import Env, lines, rates
 from test_libvgpu_failclosed import bare, container, plugin_limits, results
 
 from hami.monitor import region as reg
@@ -83,7 +83,7 @@ def test_environment_cannot_lift_the_mounted_sm_limit(env: Env, sm_env: dict[str
 
 
 def _rate(p: subprocess.CompletedProcess[str]) -> float:
-    return [float(ln.split()[1]) for ln in p.stdout.splitlines() if ln.startswith("rate ")][-1]
+    return rates(p.stdout)[-1]
 
 
 @pytest.fixture

@@ -13,28 +13,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from libvgpu_harness import Env, lines
+from libvgpu_harness import Env, MiB, lines, until
 
 from hami.monitor import region as reg
 
 pytestmark = pytest.mark.native
 
-MiB = 1 << 20
 LIMITS = {"CUDA_DEVICE_MEMORY_LIMIT_0": "48m", "CUDA_DEVICE_MEMORY_LIMIT_1": "16m"}
 
 
 def _region(env: Env) -> reg.Region:
     return reg.parse_region(env.region_path.read_bytes())
-
-
-def _until(p: subprocess.Popen[str], word: str) -> str:
-    out = []
-    assert p.stdout is not None
-    for line in p.stdout:
-        out.append(line)
-        if line.strip() == word:
-            return "".join(out)
-    raise AssertionError("".join(out) + (p.stderr.read() if p.stderr else ""))
 
 
 def test_fork_after_init_counts_parent_and_child_once_each(env: Env) -> None:
@@ -43,7 +32,7 @@ def test_fork_after_init_counts_parent_and_child_once_each(env: Env) -> None:
                   "info", "--",
                   "info", "alloc", "mem", str(38 * MiB), "0", "info", "echo", "done", "hold", **LIMITS)
     try:
-        out = _until(p, "done")
+        out = until(p, "done")
         info = [i[:2] for i in lines(out, "info")]
         # the child: the parent's 10 MiB counted once; the parent after the child left
         assert info == [[0, 48 * MiB], [38 * MiB, 48 * MiB], [0, 48 * MiB]], out
@@ -63,7 +52,7 @@ def test_exec_in_a_child_keeps_one_accounting_on_the_card_its_mask_names(env: En
                   "info", "nvml", "0", "nvml", "1", "--",
                   "info", "dev", "1", "info", "echo", "done", "hold", **LIMITS)
     try:
-        out = _until(p, "done")
+        out = until(p, "done")
         info = [i[:2] for i in lines(out, "info")]
         assert info[0] == [0, 16 * MiB], out  # the rank, on card 1
         nvml = lines(out, "nvml")

@@ -12,33 +12,9 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from libvgpu_harness import Env, lines
+from libvgpu_harness import LIM, LIMIT, OOM, Env, MiB, free_of, lines, phys_of, until
 
 pytestmark = pytest.mark.native
-
-MiB = 1 << 20
-LIMIT = 48 * MiB
-LIM = {"CUDA_DEVICE_MEMORY_LIMIT": "48m"}
-OOM = "2"
-
-
-def _free(out: str) -> list[int]:
-    return [i[0] for i in lines(out, "info")]
-
-
-def _phys(out: str) -> list[int]:
-    return [i[1] for i in lines(out, "phys")]
-
-
-def _until(p: subprocess.Popen[str], word: str) -> str:
-    out = []
-    assert p.stdout is not None
-    for line in p.stdout:
-        out.append(line)
-        if line.strip() == word:
-            return "".join(out)
-    raise AssertionError("".join(out) + (p.stderr.read() if p.stderr else ""))
-
 
 def _stop(p: subprocess.Popen[str]) -> None:
     p.kill()
@@ -55,15 +31,15 @@ def test_vmm_handle_released_while_mapped_stays_counted_until_the_last_unmap(env
     p = env.run("init", "alloc", "vmm", str(40 * MiB), "0", "vmap", "vrelease", "info", "phys", "0",
                 "alloc", "mem", str(9 * MiB), OOM, "alloc", "mem", str(8 * MiB), "0", "free",
                 "vunmap", "info", "phys", "0", "alloc", "mem", str(LIMIT), "0", **LIM)
-    assert _free(p.stdout) == [8 * MiB, LIMIT]
-    assert _phys(p.stdout) == [40 * MiB, 0]
+    assert free_of(p.stdout) == [8 * MiB, LIMIT]
+    assert phys_of(p.stdout) == [40 * MiB, 0]
 
 
 def test_vmm_reserve_map_export_allocate_nothing_and_release_frees_once(env: Env) -> None:
     p = env.run("init", "alloc", "vmm", str(16 * MiB), "0", "info", "vmap", "vexport", "info", "phys", "0",
                 "vunmap", "info", "free", "info", "phys", "0", **LIM)
-    assert _free(p.stdout) == [32 * MiB, 32 * MiB, 32 * MiB, LIMIT]
-    assert _phys(p.stdout) == [16 * MiB, 0]
+    assert free_of(p.stdout) == [32 * MiB, 32 * MiB, 32 * MiB, LIMIT]
+    assert phys_of(p.stdout) == [16 * MiB, 0]
 
 
 def test_vmm_imported_handle_is_counted_once_by_its_creator(env: Env) -> None:
@@ -72,13 +48,13 @@ def test_vmm_imported_handle_is_counted_once_by_its_creator(env: Env) -> None:
     its reference frees nothing A owns."""
     a = env.popen("init", "alloc", "vmm", str(16 * MiB), "0", "vexport", "echo", "ready", "hold", **LIM)
     try:
-        out = _until(a, "ready")
+        out = until(a, "ready")
         (pid, fd), = lines(out, "fd")
         b = env.run("init", "vimport", str(pid), str(fd), str(16 * MiB), "0", "info", "vmap", "info",
                     "alloc", "mem", str(32 * MiB + 1), OOM, "vunmap", "free", "info", "phys", "0",
                     "alloc", "mem", str(32 * MiB), "0", **LIM)
-        assert _free(b.stdout) == [32 * MiB] * 3
-        assert _phys(b.stdout) == [16 * MiB]
+        assert free_of(b.stdout) == [32 * MiB] * 3
+        assert phys_of(b.stdout) == [16 * MiB]
     finally:
         _stop(a)
 
@@ -86,9 +62,9 @@ def test_vmm_imported_handle_is_counted_once_by_its_creator(env: Env) -> None:
 def test_vmm_import_of_a_released_allocation_is_refused(env: Env) -> None:
     a = env.popen("init", "alloc", "vmm", str(16 * MiB), "0", "vexport", "free", "echo", "ready", "hold", **LIM)
     try:
-        (pid, fd), = lines(_until(a, "ready"), "fd")
+        (pid, fd), = lines(until(a, "ready"), "fd")
         b = env.run("init", "vimport", str(pid), str(fd), str(16 * MiB), "1", "info", "phys", "0", **LIM)
-        assert _free(b.stdout) == [LIMIT] and _phys(b.stdout) == [0]
+        assert free_of(b.stdout) == [LIMIT] and phys_of(b.stdout) == [0]
     finally:
         _stop(a)
 
@@ -98,20 +74,20 @@ def test_vmm_creator_killed_while_imported_the_memory_stays_until_the_importer_r
     importer's keep the memory on the device; the importer's unmap and release free it."""
     a = env.popen("init", "alloc", "vmm", str(16 * MiB), "0", "vexport", "echo", "ready", "hold", **LIM)
     try:
-        (pid, fd), = lines(_until(a, "ready"), "fd")
+        (pid, fd), = lines(until(a, "ready"), "fd")
         go = env.tmp / "go"
         b = env.popen("init", "vimport", str(pid), str(fd), str(16 * MiB), "0", "vmap", "echo", "imported",
                       "waitfile", str(go), "vunmap", "free", "phys", "0", **LIM)
         try:
-            _until(b, "imported")
+            until(b, "imported")
             a.kill()
             a.wait()
-            assert _phys(env.run("init", "phys", "0", **LIM).stdout) == [16 * MiB]
+            assert phys_of(env.run("init", "phys", "0", **LIM).stdout) == [16 * MiB]
             go.touch()  # only now may the importer unmap and release
             out, err = b.communicate(timeout=60)
             assert "waitfile timeout" not in out
             assert b.returncode == 0, err
-            assert _phys(out) == [0]
+            assert phys_of(out) == [0]
         finally:
             _stop(b)
     finally:
@@ -121,17 +97,17 @@ def test_vmm_creator_killed_while_imported_the_memory_stays_until_the_importer_r
 def test_vmm_import_outliving_the_creators_reference_stays_counted(env: Env) -> None:
     a = env.popen("init", "alloc", "vmm", str(16 * MiB), "0", "vexport", "echo", "ready", "hold", **LIM)
     try:
-        (pid, fd), = lines(_until(a, "ready"), "fd")
+        (pid, fd), = lines(until(a, "ready"), "fd")
         b = env.popen("init", "vimport", str(pid), str(fd), str(16 * MiB), "0", "echo", "imported", "hold", **LIM)
         try:
-            _until(b, "imported")
+            until(b, "imported")
             c = env.run("init", "info", "phys", "0", **LIM)
-            assert _free(c.stdout) == [32 * MiB]
+            assert free_of(c.stdout) == [32 * MiB]
             a.kill()  # the creator's references go with it; B's import keeps the memory
             a.wait()
             c = env.run("init", "info", "phys", "0", **LIM)
-            assert _phys(c.stdout) == [16 * MiB]
-            assert _free(c.stdout) == [32 * MiB]
+            assert phys_of(c.stdout) == [16 * MiB]
+            assert free_of(c.stdout) == [32 * MiB]
         finally:
             _stop(b)
     finally:
@@ -145,16 +121,16 @@ def test_vmm_export_import_exit_cannot_take_more_than_the_limit(env: Env) -> Non
     granted: the container ends up with twice its limit on the device (and can repeat)."""
     a = env.popen("init", "alloc", "vmm", str(LIMIT), "0", "vexport", "echo", "ready", "hold", **LIM)
     try:
-        (pid, fd), = lines(_until(a, "ready"), "fd")
+        (pid, fd), = lines(until(a, "ready"), "fd")
         b = env.popen("init", "vimport", str(pid), str(fd), str(LIMIT), "0", "vmap", "echo", "imported", "hold",
                       **LIM)
         try:
-            _until(b, "imported")
+            until(b, "imported")
             a.kill()
             a.wait()
             c = env.run("init", "info", "phys", "0", "alloc", "vmm", str(LIMIT), "0", "phys", "0", check=False, **LIM)
-            assert _phys(c.stdout)[:1] == [LIMIT]
-            assert c.returncode != 0, f"granted beyond the limit: device holds {_phys(c.stdout)} bytes"
+            assert phys_of(c.stdout)[:1] == [LIMIT]
+            assert c.returncode != 0, f"granted beyond the limit: device holds {phys_of(c.stdout)} bytes"
         finally:
             _stop(b)
     finally:
@@ -165,19 +141,19 @@ def test_vmm_export_import_exit_cannot_take_more_than_the_limit(env: Env) -> Non
 def test_ipc_opened_memory_is_counted_once_and_closing_releases_nothing_owned(env: Env) -> None:
     a = env.popen("init", "alloc", "mem", str(16 * MiB), "0", "ipcget", "echo", "ready", "hold", **LIM)
     try:
-        out = _until(a, "ready")
+        out = until(a, "ready")
         hexh = next(ln.split()[1] for ln in out.splitlines() if ln.startswith("ipc "))
         b = env.run("init", "ipcopen", hexh, "0", "info", "ipcopen", hexh, "0", "info",
                     "alloc", "mem", str(32 * MiB + 1), OOM, "alloc", "mem", str(32 * MiB), "0", "free",
                     "free", "info", "memfree", "1", "free", "info", "phys", "0", **LIM)
         # open twice (one mapping, two references), a cuMemFree of the opened address is
         # refused and releases nothing, the closes release nothing: A's 16 MiB stay, once
-        assert _free(b.stdout) == [32 * MiB] * 4
-        assert _phys(b.stdout) == [16 * MiB]
+        assert free_of(b.stdout) == [32 * MiB] * 4
+        assert phys_of(b.stdout) == [16 * MiB]
         a.kill()
         a.wait()
         c = env.run("init", "info", "phys", "0", **LIM)
-        assert _free(c.stdout) == [LIMIT] and _phys(c.stdout) == [0]
+        assert free_of(c.stdout) == [LIMIT] and phys_of(c.stdout) == [0]
     finally:
         _stop(a)
 
@@ -189,9 +165,9 @@ def test_pool_memory_freed_async_stays_counted_until_the_pool_gives_it_back(env:
     p = env.run("init", "alloc", "async", str(40 * MiB), "0", "free", "info", "pool", "phys", "0",
                 "alloc", "mem", str(9 * MiB), OOM, "sync", "info", "pool", "phys", "0",
                 "alloc", "mem", str(LIMIT), "0", **LIM)
-    assert _free(p.stdout) == [8 * MiB, LIMIT]
+    assert free_of(p.stdout) == [8 * MiB, LIMIT]
     assert lines(p.stdout, "pool") == [[40 * MiB, 0], [0, 0]]
-    assert _phys(p.stdout) == [40 * MiB, 0]
+    assert phys_of(p.stdout) == [40 * MiB, 0]
 
 
 def test_pool_release_threshold_and_trim(env: Env) -> None:
@@ -203,9 +179,9 @@ def test_pool_release_threshold_and_trim(env: Env) -> None:
                 "alloc", "async", str(8 * MiB), "0", "alloc", "async", "1", OOM, "info",
                 "free", "free", "sync", "pooltrim", str(16 * MiB), "info", "pool", "phys", "0",
                 "pooltrim", "0", "info", "pool", "phys", "0", **LIM)
-    assert _free(p.stdout) == [8 * MiB, 0, 32 * MiB, LIMIT]
+    assert free_of(p.stdout) == [8 * MiB, 0, 32 * MiB, LIMIT]
     assert lines(p.stdout, "pool") == [[40 * MiB, 0], [16 * MiB, 0], [0, 0]]
-    assert _phys(p.stdout) == [16 * MiB, 0]
+    assert phys_of(p.stdout) == [16 * MiB, 0]
 
 
 def test_pool_allocation_served_from_the_pool_is_not_refused(env: Env) -> None:
@@ -216,9 +192,9 @@ def test_pool_allocation_served_from_the_pool_is_not_refused(env: Env) -> None:
                 "alloc", "async", str(16 * MiB), "0", "free", "sync", "info",
                 "alloc", "async", str(16 * MiB), "0", "free", "alloc", "async", str(17 * MiB), "0", "info",
                 "pool", "phys", "0", "alloc", "mem", str(7 * MiB + 1), OOM, **LIM)
-    assert _free(p.stdout) == [8 * MiB, 7 * MiB]
+    assert free_of(p.stdout) == [8 * MiB, 7 * MiB]
     assert lines(p.stdout, "pool") == [[41 * MiB, 41 * MiB]]
-    assert _phys(p.stdout) == [41 * MiB]
+    assert phys_of(p.stdout) == [41 * MiB]
 
 
 # ------------------------------------------------------------ CUDA graph memory nodes
@@ -230,9 +206,9 @@ def test_graph_memory_is_counted_when_the_graph_runs_and_until_trim(env: Env) ->
     p = env.run("init", "graph", str(40 * MiB), "1", "info", "phys", "0", "glaunch", "0", "info", "gmem", "phys", "0",
                 "alloc", "mem", str(9 * MiB), OOM, "glaunch", "0", "info", "gtrim", "info", "gmem", "phys", "0",
                 "alloc", "mem", str(LIMIT), "0", **LIM)
-    assert _free(p.stdout) == [LIMIT, 8 * MiB, 8 * MiB, LIMIT]
+    assert free_of(p.stdout) == [LIMIT, 8 * MiB, 8 * MiB, LIMIT]
     assert lines(p.stdout, "gmem") == [[40 * MiB, 0], [0, 0]]
-    assert _phys(p.stdout) == [0, 40 * MiB, 0]
+    assert phys_of(p.stdout) == [0, 40 * MiB, 0]
 
 
 @pytest.mark.parametrize("made_by", ["graph", "capture"])
@@ -245,14 +221,14 @@ def test_graph_launch_past_the_limit_is_refused(env: Env, made_by: str) -> None:
     cuGraphInstantiateWithParams (the library reads its allocation nodes from the graph)."""
     p = env.run("init", "alloc", "mem", str(16 * MiB), "0", made_by, str(40 * MiB), "0", "glaunch", OOM, "info",
                 "phys", "0", "gmem", **LIM)
-    assert _free(p.stdout) == [32 * MiB]
-    assert _phys(p.stdout) == [16 * MiB]
+    assert free_of(p.stdout) == [32 * MiB]
+    assert phys_of(p.stdout) == [16 * MiB]
     assert lines(p.stdout, "gmem") == [[0, 0]]
     q = env.run("init", made_by, str(40 * MiB), "0", "glaunch", "0", "info", "alloc", "mem", str(8 * MiB + 1), OOM,
                 "gfree", "info", "gmem", "gtrim", "info", "phys", "0", **LIM)
-    assert _free(q.stdout) == [8 * MiB, 8 * MiB, LIMIT]
+    assert free_of(q.stdout) == [8 * MiB, 8 * MiB, LIMIT]
     assert lines(q.stdout, "gmem") == [[40 * MiB, 0]]
-    assert _phys(q.stdout) == [0]
+    assert phys_of(q.stdout) == [0]
 
 
 def test_pool_memory_given_back_at_event_synchronize_leaves_the_count_for_every_process(env: Env) -> None:
@@ -260,9 +236,9 @@ def test_pool_memory_given_back_at_event_synchronize_leaves_the_count_for_every_
     then, so process B of the container gets the whole limit while A lives on."""
     a = env.popen("init", "alloc", "async", str(40 * MiB), "0", "free", "esync", "echo", "ready", "hold", **LIM)
     try:
-        _until(a, "ready")
+        until(a, "ready")
         b = env.run("init", "info", "alloc", "mem", str(LIMIT), "0", "phys", "0", **LIM)
-        assert _free(b.stdout) == [LIMIT] and _phys(b.stdout) == [LIMIT]
+        assert free_of(b.stdout) == [LIMIT] and phys_of(b.stdout) == [LIMIT]
     finally:
         _stop(a)
 
@@ -276,7 +252,7 @@ def test_pools_graphs_and_vmm_count_on_the_card_the_mask_names(env: Env) -> None
                 "poolset", str(64 * MiB), "alloc", "async", str(4 * MiB), "0", "free", "sync",
                 "alloc", "vmm", str(4 * MiB), "0", "vmap", "vrelease", "info", "nvml", "0", "nvml", "1",
                 "alloc", "mem", str(4 * MiB + 1), OOM, "alloc", "mem", str(4 * MiB), "0", **lim)
-    assert _free(p.stdout) == [4 * MiB]
+    assert free_of(p.stdout) == [4 * MiB]
     assert [ln[:3] for ln in lines(p.stdout, "nvml")] == [[0, 48 * MiB, 0], [1, 16 * MiB, 12 * MiB]]
 
 
@@ -287,14 +263,14 @@ def test_pool_destroyed_with_live_allocations_stays_counted(env: Env) -> None:
     p = env.run("init", "poolmk", "alloc", "cpool", str(24 * MiB), "0", "alloc", "cpool", str(16 * MiB), "0",
                 "free", "pooldestroy", "info", "phys", "0", "alloc", "mem", str(24 * MiB + 1), OOM,
                 "alloc", "mem", str(24 * MiB), "0", **LIM)
-    assert _free(p.stdout) == [24 * MiB]
-    assert _phys(p.stdout) == [24 * MiB]
+    assert free_of(p.stdout) == [24 * MiB]
+    assert phys_of(p.stdout) == [24 * MiB]
 
 
 def test_many_pools_are_all_counted(env: Env) -> None:
     """A process creating hundreds of pools cannot make one of them uncounted."""
     p = env.run("init", *(["poolmk"] * 300), "alloc", "cpool", str(LIMIT), "0", "alloc", "mem", "1", OOM, "info", **LIM)
-    assert _free(p.stdout) == [0]
+    assert free_of(p.stdout) == [0]
 
 
 def test_graphs_past_the_tracking_table_are_refused_not_unchecked(env: Env) -> None:
@@ -311,5 +287,5 @@ def test_vmm_handle_value_reused_while_the_old_allocation_is_mapped(env: Env) ->
     p = env.run("init", "alloc", "vmm", str(40 * MiB), "0", "vmap", "vrelease",
                 "alloc", "vmm", str(4 * MiB), "0", "info", "free", "info", "alloc", "mem", str(8 * MiB + 1), OOM,
                 "vunmap", "info", "phys", "0", **LIM)
-    assert _free(p.stdout) == [4 * MiB, 8 * MiB, LIMIT]
-    assert _phys(p.stdout) == [0]
+    assert free_of(p.stdout) == [4 * MiB, 8 * MiB, LIMIT]
+    assert phys_of(p.stdout) == [0]

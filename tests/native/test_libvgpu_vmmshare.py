@@ -21,23 +21,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from libvgpu_harness import BUILD, VALGRIND, Env, build, lines
+from libvgpu_harness import (
+    BUILD,
+    LIM,
+    LIMIT,
+    OOM,
+    VALGRIND,
+    Env,
+    MiB,
+    build,
+    free_of,
+    lines,
+    phys_of,
+)
 
 pytestmark = pytest.mark.native
-
-MiB = 1 << 20
-LIMIT = 48 * MiB
-LIM = {"CUDA_DEVICE_MEMORY_LIMIT": "48m"}
-OOM = "2"
-
-
-def _free(out: str) -> list[int]:
-    return [i[0] for i in lines(out, "info")]
-
-
-def _phys(out: str) -> list[int]:
-    return [i[1] for i in lines(out, "phys")]
-
 
 class Proc:
     """A vgtest process the test steps through its ``wait`` commands."""
@@ -114,22 +112,22 @@ def test_shared_allocation_is_counted_once_and_released_exactly_once(env: Env, f
                     "vunmap", "free", "info", "echo", "released", "wait")
         with procs(env, b_script) as (b,):
             b.until("imported")
-            assert _free(_check(env).stdout) == [32 * MiB]
+            assert free_of(_check(env).stdout) == [32 * MiB]
             one, other = (a, b) if first == "creator" else (b, a)
             one.go()
-            assert _free(one.until("released")) == [32 * MiB]
+            assert free_of(one.until("released")) == [32 * MiB]
             c = _check(env, "alloc", "mem", str(32 * MiB + 1), OOM, "alloc", "mem", str(32 * MiB), "0")
             assert c.returncode == 0, c.stdout + c.stderr
-            assert _free(c.stdout) == [32 * MiB] and _phys(c.stdout) == [16 * MiB]
+            assert free_of(c.stdout) == [32 * MiB] and phys_of(c.stdout) == [16 * MiB]
             other.go()
-            assert _free(other.until("released")) == [LIMIT]
-            assert _phys(_check(env).stdout) == [0]
+            assert free_of(other.until("released")) == [LIMIT]
+            assert phys_of(_check(env).stdout) == [0]
             one.go()
             other.go()
             a.finish()
             b.finish()
     c = _check(env, "alloc", "mem", str(LIMIT), "0")
-    assert c.returncode == 0 and _free(c.stdout) == [LIMIT] and _phys(c.stdout) == [0], c.stdout + c.stderr
+    assert c.returncode == 0 and free_of(c.stdout) == [LIMIT] and phys_of(c.stdout) == [0], c.stdout + c.stderr
 
 
 def test_creator_exiting_normally_leaves_the_memory_to_its_importer(env: Env) -> None:
@@ -144,10 +142,10 @@ def test_creator_exiting_normally_leaves_the_memory_to_its_importer(env: Env) ->
             a.go()
             a.finish()
             c = _check(env, "alloc", "mem", str(32 * MiB + 1), OOM)
-            assert c.returncode == 0 and _free(c.stdout) == [32 * MiB] and _phys(c.stdout) == [16 * MiB]
+            assert c.returncode == 0 and free_of(c.stdout) == [32 * MiB] and phys_of(c.stdout) == [16 * MiB]
             b.go()
-            assert _free(b.finish()) == [32 * MiB, LIMIT]
-    assert _free(_check(env).stdout) == [LIMIT]
+            assert free_of(b.finish()) == [32 * MiB, LIMIT]
+    assert free_of(_check(env).stdout) == [LIMIT]
 
 
 def test_two_importers_pass_the_charge_on(env: Env) -> None:
@@ -162,10 +160,10 @@ def test_two_importers_pass_the_charge_on(env: Env) -> None:
             c.until("imported")
             a.stop()
             for p, left in ((b, 32 * MiB), (c, LIMIT)):
-                assert _free(_check(env).stdout) == [32 * MiB]
+                assert free_of(_check(env).stdout) == [32 * MiB]
                 p.go()
                 p.until("released")
-                assert _free(_check(env).stdout) == [left]
+                assert free_of(_check(env).stdout) == [left]
             b.go()
             c.go()
             b.finish()
@@ -189,9 +187,9 @@ def test_creator_replaced_by_exec_leaves_the_memory_to_its_importer(env: Env) ->
             a.until("replaced")
             assert _records(env, pid) == [(0, 0, 0)] * 32
             assert [w[1] for w in _records(env, b.p.pid) if w[0] >> 56 == 2] == [16 * MiB]
-            assert _free(_check(env).stdout) == [32 * MiB]
+            assert free_of(_check(env).stdout) == [32 * MiB]
             b.go()
-            assert _free(b.finish()) == [LIMIT]
+            assert free_of(b.finish()) == [LIMIT]
 
 
 def test_unlinkable_import_is_counted_by_the_importer_for_what_it_maps(env: Env) -> None:
@@ -206,12 +204,12 @@ def test_unlinkable_import_is_counted_by_the_importer_for_what_it_maps(env: Env)
         with procs(env, b_script) as (b,):
             out = b.until("imported")
             assert lines(out, "vprop") == [[1, 0]]  # device-located, on device 0
-            assert _free(out) == [32 * MiB, 16 * MiB]
+            assert free_of(out) == [32 * MiB, 16 * MiB]
             a.stop()
             c = _check(env, "alloc", "mem", str(32 * MiB + 1), OOM)
-            assert c.returncode == 0 and _free(c.stdout) == [32 * MiB], c.stdout + c.stderr
+            assert c.returncode == 0 and free_of(c.stdout) == [32 * MiB], c.stdout + c.stderr
             b.go()
-            assert _free(b.finish()) == [LIMIT]
+            assert free_of(b.finish()) == [LIMIT]
 
 
 def test_fabric_handle_import_is_counted_by_the_importer_for_what_it_maps(env: Env) -> None:
@@ -224,12 +222,12 @@ def test_fabric_handle_import_is_counted_by_the_importer_for_what_it_maps(env: E
         b_script = ("init", "vimportfab", fab, str(16 * MiB), "0", "info", "vmap", "info", "echo", "imported",
                     "wait", "vunmap", "free", "info")
         with procs(env, b_script) as (b,):
-            assert _free(b.until("imported")) == [32 * MiB, 16 * MiB]
+            assert free_of(b.until("imported")) == [32 * MiB, 16 * MiB]
             a.stop()
             c = _check(env, "alloc", "mem", str(32 * MiB + 1), OOM)
-            assert c.returncode == 0 and _free(c.stdout) == [32 * MiB] and _phys(c.stdout) == [16 * MiB]
+            assert c.returncode == 0 and free_of(c.stdout) == [32 * MiB] and phys_of(c.stdout) == [16 * MiB]
             b.go()
-            assert _free(b.finish()) == [LIMIT]
+            assert free_of(b.finish()) == [LIMIT]
 
 
 # ---------------------------------------------------------- the tenant writes the records
@@ -283,12 +281,12 @@ def test_forged_records_of_never_exported_handles_change_nothing(env: Env) -> No
         b_script = ("init", "vimport", str(pid), str(fd), str(LIMIT), "0", "vmap", "echo", "imported", "hold")
         with procs(env, b_script) as (b,):
             b.until("imported")
-            assert _free(_check(env, "alloc", "mem", "1", OOM).stdout) == [0]
+            assert free_of(_check(env, "alloc", "mem", "1", OOM).stdout) == [0]
             x.stop()
             a.stop()
             c = _check(env, "alloc", "vmm", str(LIMIT), OOM, "alloc", "mem", "1", OOM)
             assert c.returncode == 0, c.stdout + c.stderr
-            assert _phys(c.stdout) == [LIMIT] and _free(c.stdout) == [0]
+            assert phys_of(c.stdout) == [LIMIT] and free_of(c.stdout) == [0]
             assert [w[1] for w in _records(env, b.p.pid) if w[0] >> 56 == 2] == [LIMIT]
 
 
@@ -306,7 +304,7 @@ def test_a_shrunk_or_deleted_export_record_cannot_lift_the_limit(env: Env) -> No
             b.until("imported")
             a.stop()
             c = _check(env, "alloc", "mem", "1", OOM)
-            assert c.returncode == 0 and _free(c.stdout) == [0], c.stdout + c.stderr
+            assert c.returncode == 0 and free_of(c.stdout) == [0], c.stdout + c.stderr
     env2 = Env(env.tmp / "deleted", env.build)
     env2.tmp.mkdir()
     with procs(env2, _creator(env2, LIMIT, "hold")) as (a,):
@@ -329,8 +327,8 @@ def test_paid_bytes_written_into_an_importers_record_are_not_given_up(env: Env) 
             (rec, words), = [(r, w) for r, w in enumerate(_records(env, b.p.pid)) if w[0] >> 56 == 2]
             _poke(env, b.p.pid, rec, (words[0], 16 * MiB, words[2]))
             b.go()
-            assert _free(b.until("holding")) == [16 * MiB]
-            assert _free(_check(env, "alloc", "mem", str(16 * MiB + 1), OOM).stdout) == [16 * MiB]
+            assert free_of(b.until("holding")) == [16 * MiB]
+            assert free_of(_check(env, "alloc", "mem", str(16 * MiB + 1), OOM).stdout) == [16 * MiB]
 
 
 def test_paid_bytes_written_into_a_second_importers_record_are_not_given_up(env: Env) -> None:
@@ -344,15 +342,15 @@ def test_paid_bytes_written_into_a_second_importers_record_are_not_given_up(env:
             b.until("imported")
             c.until("imported")
             a.stop()
-            assert _free(_check(env).stdout) == [16 * MiB]  # 8 + 8 + 16 shared, paid by one of them
+            assert free_of(_check(env).stdout) == [16 * MiB]  # 8 + 8 + 16 shared, paid by one of them
             recs = {p.p.pid: [(r, w) for r, w in enumerate(_records(env, p.p.pid)) if w[0] >> 56 == 2][0]
                     for p in (b, c)}
             (unpaid_pid, (rec, words)), = [(k, v) for k, v in recs.items() if v[1][1] == 0]
             _poke(env, unpaid_pid, rec, (words[0], 16 * MiB, words[2]))
             unpaid = b if b.p.pid == unpaid_pid else c
             unpaid.go()
-            assert _free(unpaid.until("released")) == [16 * MiB]
-            assert _free(_check(env, "alloc", "mem", str(16 * MiB + 1), OOM).stdout) == [16 * MiB]
+            assert free_of(unpaid.until("released")) == [16 * MiB]
+            assert free_of(_check(env, "alloc", "mem", str(16 * MiB + 1), OOM).stdout) == [16 * MiB]
 
 
 # ----------------------------------------------------------------- ASan and valgrind
@@ -404,14 +402,14 @@ def test_sharing_under_sanitizers(env: Env, tool: str) -> None:
             b.until("imported")
             c.until("imported")
             a.stop()
-            assert _free(_check(env).stdout) == [32 * MiB]
+            assert free_of(_check(env).stdout) == [32 * MiB]
             b.go()
             out_b = b.finish()
             c.go()
             out_c = c.finish()
     for out in (out_b, out_c):
         assert "ERROR: AddressSanitizer" not in out and "runtime error" not in out, out
-    assert _free(out_b) == [32 * MiB, 32 * MiB] and _free(out_c) == [32 * MiB, LIMIT]
+    assert free_of(out_b) == [32 * MiB, 32 * MiB] and free_of(out_c) == [32 * MiB, LIMIT]
     with procs(env, _creator(env, 16 * MiB, "wait"), pre=pre) as (a,):
         (pid, fd), = lines(a.until("ready"), "fd")
         mine = _take_fd(pid, fd)
@@ -421,4 +419,4 @@ def test_sharing_under_sanitizers(env: Env, tool: str) -> None:
             a.go()
             a.finish()
             b.go()
-            assert _free(b.finish()) == [32 * MiB, LIMIT]
+            assert free_of(b.finish()) == [32 * MiB, LIMIT]

@@ -20,6 +20,7 @@ harness = pytest.importorskip("tests.e2e.hami_harness")
 
 from hami.api import names  # noqa: E402
 from hami.deviceplugin.kube import KubeApi  # noqa: E402
+from hami.testing.controlplane import create_gpu_node  # noqa: E402
 from tests.e2e.conftest import control_plane, kube_client  # noqa: E402,F401
 from tests.node.conftest import PluginHarness, short_tmpdir, start_plugin  # noqa: E402
 from tests.node.fakes import FakeKubelet  # noqa: E402
@@ -53,29 +54,6 @@ def _register(client: Any) -> str | None:
     return ann.get(names.NODE_REGISTER)
 
 
-def _create_node(client: Any) -> None:
-    """A bare Ready GPU Node (no hami annotations). The plugin may patch it between the
-    create and the status patch's taint CAS: then the status is set again."""
-    from lightkube import ApiError
-
-    from hami.testing.controlplane import create_gpu_node, set_node_status
-
-    try:
-        create_gpu_node(client, NODE, gpus=20, labels=LABELS)
-        return
-    except ApiError as err:
-        if err.status.code != 409:
-            raise
-    for _ in range(20):
-        try:
-            set_node_status(client, NODE, capacity={"cpu": "64", "memory": "512Gi",
-                                                    "pods": "110", "nvidia.com/gpu": "20"})
-            return
-        except ApiError:
-            time.sleep(0.1)
-    raise AssertionError("could not set the re-created node's status")
-
-
 @pytest.fixture(scope="module")
 def stack(control_plane: Any, tmp_path_factory: pytest.TempPathFactory  # noqa: F811
           ) -> Iterator[tuple[Any, PluginHarness, Any]]:
@@ -83,7 +61,7 @@ def stack(control_plane: Any, tmp_path_factory: pytest.TempPathFactory  # noqa: 
 
     client = control_plane.client()
     work = tmp_path_factory.mktemp("rereg")
-    _create_node(client)
+    create_gpu_node(client, NODE, gpus=20, labels=LABELS)
     tls = harness.Tls(work / "tls")
     hami = harness.HamiProcess(control_plane, tls, work,
                                args=[f"--scheduler-name={SCHEDULER}"]).start()
@@ -122,7 +100,7 @@ def test_recreated_node_is_registered_again_and_schedulable(
     _wait(lambda: _register(client) is None, 10, "node gone")
     time.sleep(PERIOD_S + 0.5)  # at least one pass meets the missing Node (404)
     assert h.thread is not None and h.thread.is_alive() and not h.errors
-    _create_node(client)  # bare: no hami annotations
+    create_gpu_node(client, NODE, gpus=20, labels=LABELS)  # bare: no hami annotations
     # one period, plus slack for the watch event and the round trips on a busy machine
     _wait(lambda: _register(client) == wanted, PERIOD_S + 4.0,
           "register annotation re-written on the re-created node")

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from hami.testing import chartops
 from hami.testing.chartbed import HOOK_PATH, NAMESPACE, ChartBed
 from hami.testing.containerd import CONTAINERD_VERSION
-from hami.testing.controlplane import KUBERNETES_VERSION, BinariesMissing, ensure_namespace
+from hami.testing.controlplane import KUBERNETES_VERSION, BinariesMissing
 from hami.testing.gpupods import gpu_test_pod, wait_pod_done
-from hami.testing.node import ensure_root_ca
 from tests.deploy.chart import chart_floor, release_of
 from tests.realnode.conftest import skip_or_fail, unavailable
 
@@ -44,12 +44,7 @@ def chart() -> Iterator[ChartBed]:
         skip_or_fail(str(err))
     print(f"chart bed timings (s): {bed.timings}")
     assert bed.cp is not None
-    client = bed.client()
-    try:
-        ensure_namespace(client, TENANT)
-        ensure_root_ca(client, TENANT, bed.cp.ca_file)
-    finally:
-        client.close()
+    chartops.prepare_namespace(bed, TENANT)
     try:
         yield bed
     finally:

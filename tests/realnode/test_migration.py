@@ -36,12 +36,10 @@ from hami.testing.chartbed import ChartBed
 from hami.testing.controlplane import (
     BinariesMissing,
     ControlPlaneError,
-    ensure_namespace,
     wait_until,
 )
 from hami.testing.gpubed import REPO
 from hami.testing.gpupods import STUB_DIR, gpu_test_pod, wait_pod_done
-from hami.testing.node import ensure_root_ca
 from tests.realnode.conftest import skip_or_fail, unavailable
 
 pytestmark = pytest.mark.e2e
@@ -87,12 +85,7 @@ def _bed(values: Mapping[str, Any]) -> Iterator[ChartBed]:
     kubelet_log = (bed.node.workdir / "logs" / "kubelet.log").read_text(errors="replace")
     assert "makeIPTablesUtilChains: false" in kubelet_log
     assert "Initialized iptables rules" not in kubelet_log
-    client = bed.client()
-    try:
-        ensure_namespace(client, TENANT)
-        ensure_root_ca(client, TENANT, bed.cp.ca_file)
-    finally:
-        client.close()
+    chartops.prepare_namespace(bed, TENANT)
     try:
         yield bed
     finally:

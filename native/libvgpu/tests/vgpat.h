@@ -55,6 +55,31 @@ static obj_t *top(void) {
     if (!nobj) die("no object", 0, 0);
     return &objs[nobj - 1];
 }
+/* a new object of KIND on top of the stack, all else zero */
+static obj_t *push(const char *kind) {
+    obj_t *o = &objs[nobj++];
+    memset(o, 0, sizeof *o);
+    snprintf(o->kind, sizeof o->kind, "%s", kind);
+    return o;
+}
+/* print an import's result R, die unless it is WANT, keep the handle H (SIZE bytes) */
+static void imported(CUresult r, int want, CUmemGenericAllocationHandle h, uint64_t size) {
+    printf("import -> %d\n", r);
+    if (r != want) die("import result", r, want);
+    if (!r) {
+        obj_t *o = push("vmm");
+        o->h = h;
+        o->size = size;
+    }
+}
+/* the bytes of HEX (two hex digits each) into OUT, at most N of them */
+static void unhex(const char *hex, unsigned char *out, size_t n) {
+    for (size_t k = 0; k < n && hex[2 * k] && hex[2 * k + 1]; k++) {
+        unsigned v;
+        sscanf(hex + 2 * k, "%2x", &v);
+        out[k] = (unsigned char)v;
+    }
+}
 
 /* 1 when argv[*i] was one of these commands */
 static int pat_cmd(int argc, char **argv, int *i) {
@@ -132,15 +157,7 @@ static int pat_cmd(int argc, char **argv, int *i) {
         CUmemGenericAllocationHandle h = 0;
         r = cuMemImportFromShareableHandle(&h, (void *)(intptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
         close(fd);
-        printf("import -> %d\n", r);
-        if (r != want) die("import result", r, want);
-        if (!r) {
-            obj_t *o = &objs[nobj++];
-            memset(o, 0, sizeof *o);
-            snprintf(o->kind, sizeof o->kind, "vmm");
-            o->h = h;
-            o->size = size;
-        }
+        imported(r, want, h, size);
     } else if (!strcmp(c, "vexportfab")) {
         CUmemFabricHandle fh;
         if ((r = cuMemExportToShareableHandle(&fh, top()->h, CU_MEM_HANDLE_TYPE_FABRIC, 0)))
@@ -154,22 +171,10 @@ static int pat_cmd(int argc, char **argv, int *i) {
         int want = atoi(argv[++*i]);
         CUmemFabricHandle fh;
         memset(&fh, 0, sizeof fh);
-        for (size_t k = 0; k < sizeof fh.data && hex[2 * k] && hex[2 * k + 1]; k++) {
-            unsigned v;
-            sscanf(hex + 2 * k, "%2x", &v);
-            fh.data[k] = (unsigned char)v;
-        }
+        unhex(hex, fh.data, sizeof fh.data);
         CUmemGenericAllocationHandle h = 0;
         r = cuMemImportFromShareableHandle(&h, &fh, CU_MEM_HANDLE_TYPE_FABRIC);
-        printf("import -> %d\n", r);
-        if (r != want) die("import result", r, want);
-        if (!r) {
-            obj_t *o = &objs[nobj++];
-            memset(o, 0, sizeof *o);
-            snprintf(o->kind, sizeof o->kind, "vmm");
-            o->h = h;
-            o->size = size;
-        }
+        imported(r, want, h, size);
     } else if (!strcmp(c, "reexec")) {
         char **av = calloc((size_t)(argc - *i) + 1, sizeof *av);
         if (!av) die("calloc", 0, 0);
@@ -196,21 +201,12 @@ static int pat_cmd(int argc, char **argv, int *i) {
         int want = atoi(argv[++*i]);
         CUipcMemHandle h;
         memset(&h, 0, sizeof h);
-        for (size_t k = 0; k < sizeof h.reserved && hex[2 * k] && hex[2 * k + 1]; k++) {
-            unsigned v;
-            sscanf(hex + 2 * k, "%2x", &v);
-            h.reserved[k] = (char)v;
-        }
+        unhex(hex, (unsigned char *)h.reserved, sizeof h.reserved);
         CUdeviceptr p = 0;
         r = cuIpcOpenMemHandle_v2(&p, h, 1);
         printf("ipcopen -> %d\n", r);
         if (r != want) die("ipcopen result", r, want);
-        if (!r) {
-            obj_t *o = &objs[nobj++];
-            memset(o, 0, sizeof *o);
-            snprintf(o->kind, sizeof o->kind, "ipc");
-            o->h = p;
-        }
+        if (!r) push("ipc")->h = p;
     } else if (!strcmp(c, "phys")) {
         int d = atoi(argv[++*i]);
         printf("phys %d %llu\n", d, stubDeviceUsed(d));
@@ -231,9 +227,7 @@ static int pat_cmd(int argc, char **argv, int *i) {
         if (with_free && (r = cuGraphAddMemFreeNode(&fnode, g, &node, 1, prm.dptr))) die("cuGraphAddMemFreeNode", r, 0);
         if ((r = cuGraphInstantiateWithFlags(&exec, g, 0))) die("cuGraphInstantiate", r, 0);
         if ((r = cuGraphDestroy(g))) die("cuGraphDestroy", r, 0);
-        obj_t *o = &objs[nobj++];
-        memset(o, 0, sizeof *o);
-        snprintf(o->kind, sizeof o->kind, "gexec");
+        obj_t *o = push("gexec");
         o->h = (uint64_t)(uintptr_t)exec;
         o->va = prm.dptr;
         o->size = n;
@@ -251,9 +245,7 @@ static int pat_cmd(int argc, char **argv, int *i) {
         if ((r = cuGraphInstantiateWithParams(&exec, g, NULL))) die("cuGraphInstantiateWithParams", r, 0);
         if ((r = cuGraphDestroy(g))) die("cuGraphDestroy", r, 0);
         if ((r = cuStreamDestroy_v2(st))) die("cuStreamDestroy", r, 0);
-        obj_t *o = &objs[nobj++];
-        memset(o, 0, sizeof *o);
-        snprintf(o->kind, sizeof o->kind, "gexec");
+        obj_t *o = push("gexec");
         o->h = (uint64_t)(uintptr_t)exec;
         o->va = p;
         o->size = n;

@@ -3,6 +3,7 @@ controllers' part played after each (the bed runs no kube-controller-manager, se
 :mod:`hami.testing.standins`): what an operator does to a live cluster, for the migration
 tests (docs/install.md, "Moving from HAMi").
 
+- :func:`prepare_namespace`: a namespace with its ``kube-root-ca.crt`` ConfigMap;
 - :func:`install`: ``helm install`` of a further release, then its token Secrets, the pod of
   each of its Deployments, one pod per matching node of each DaemonSet, the scheduler
   Service's EndpointSlice;
@@ -27,7 +28,7 @@ from hami.testing.chartbed import CHART, ChartBed, _merge, chart_test_values, he
 from hami.testing.controlplane import ControlPlaneError, ensure_namespace, wait_until
 from hami.testing.node import ensure_root_ca
 
-__all__ = ["helm", "install", "sync_daemonsets", "uninstall", "upgrade"]
+__all__ = ["helm", "install", "prepare_namespace", "sync_daemonsets", "uninstall", "upgrade"]
 
 
 def helm(bed: ChartBed, *args: str, values: Mapping[str, Any] | None = None) -> str:
@@ -89,6 +90,22 @@ def _start_workloads(bed: ChartBed, namespace: str, release: str) -> dict[str, l
     return started
 
 
+def prepare_namespace(bed: ChartBed, namespace: str) -> None:
+    """Create ``namespace`` on the started ``bed`` if missing, with its
+    ``kube-root-ca.crt`` ConfigMap (what kube-controller-manager would publish there).
+
+    Raises:
+        lightkube.ApiError: the API refused a write.
+    """
+    assert bed.cp is not None, "start the bed first"
+    client = bed.client()
+    try:
+        ensure_namespace(client, namespace)
+        ensure_root_ca(client, namespace, bed.cp.ca_file)
+    finally:
+        client.close()
+
+
 def install(bed: ChartBed, release: str, namespace: str,
             values: Mapping[str, Any]) -> dict[str, list[str]]:
     """``helm install release deploy/helm/hami -n namespace`` with ``values`` over the
@@ -98,13 +115,7 @@ def install(bed: ChartBed, release: str, namespace: str,
         ControlPlaneError: helm refused (e.g. an object of another release has the same
             name), or a pod did not become Ready.
     """
-    assert bed.cp is not None
-    client = bed.client()
-    try:
-        ensure_namespace(client, namespace)
-        ensure_root_ca(client, namespace, bed.cp.ca_file)
-    finally:
-        client.close()
+    prepare_namespace(bed, namespace)
     helm(bed, "install", release, str(CHART), "--namespace", namespace, values=values)
     return _start_workloads(bed, namespace, release)
 
