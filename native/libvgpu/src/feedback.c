@@ -20,7 +20,8 @@
  * the region's fields are ignored for them (libvgpu still writes
  * recent_kernel = 2 into the region at each launch: the monitor's activity
  * signal, cooperative by nature). A file that is present but not a valid
- * feedback file means "limited, never blocked" (the safe reading). With no
+ * feedback file means "always limited" with the block taken from the region
+ * (the safe reading: neither is looser than without the file). With no
  * file (HAMi's device plugin, pods started before it was mounted) the region's
  * fields apply as in HAMi-core. Like limits.env, the location is derived from
  * where the library itself was loaded, never from the environment. */

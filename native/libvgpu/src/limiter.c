@@ -51,11 +51,10 @@ static inline int effective_switch(void) {
 }
 
 /* the monitor's priority block (spec C.6): the feedback file's flag when it is
- * mounted (the region's recent_kernel is the container's to write), else
- * recent_kernel < 0 as in HAMi-core */
+ * mounted and valid (the region's recent_kernel is the container's to write),
+ * else recent_kernel < 0 as in HAMi-core */
 static inline int blocked(const vg_region_t *r) {
     if (vg_feedback_state == VG_FB_VALID) return vg_feedback->blocked != 0;
-    if (vg_feedback_state == VG_FB_INVALID) return 0;
     return __atomic_load_n(&r->recent_kernel, __ATOMIC_ACQUIRE) < 0;
 }
 
