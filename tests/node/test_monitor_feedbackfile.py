@@ -79,14 +79,16 @@ def _replace(cache: Path) -> None:
 
 @pytest.mark.parametrize("tamper", [_delete, _garble, _replace])
 def test_a_container_cannot_free_itself_through_its_cache_dir(tmp_path: Path, tamper: object) -> None:
-    """The blocked container removes, garbles or replaces its region and writes a
-    feedback file of its own (unblocked, uncontended) into its cache dir: its real
-    feedback file keeps saying blocked while its priority-0 neighbour is active."""
+    """While it is free (uncontended, unblocked) the low-priority container removes,
+    garbles or replaces its region and writes a feedback file of its own into its cache
+    dir, hoping to freeze that state: once its priority-0 neighbour launches, its real
+    feedback file says blocked all the same."""
     root, caches, files, pods = two_containers(tmp_path)
     lister = ContainerLister(root)
     lister.update({"h", "l"})
     feedback_tick(lister, pods)
-    assert feedbackfile.decode(files["l"].read_bytes()) == (1, True)
+    feedback_tick(lister, pods)  # both idle now
+    assert feedbackfile.decode(files["l"].read_bytes()) == (0, False)
     assert callable(tamper)
     tamper(caches["l"])
     own = caches["l"].parent / feedbackfile.FEEDBACK_FILE
