@@ -42,7 +42,7 @@ VALUES_OFFSET = 8
 _HEADER = struct.Struct("<4sI")
 _VALUES = struct.Struct("<ii")
 #: ``(utilization_switch, blocked)`` before the monitor's first tick: limited, not blocked.
-INITIAL = (1, 0)
+INITIAL: tuple[int, bool] = (1, False)
 
 
 class FeedbackFileError(OSError):

@@ -22,8 +22,8 @@ import grpc
 
 from hami.api import names
 from hami.core.model import DeviceInfo, MigProfile
-from hami.deviceplugin.config import PluginConfig
 from hami.deviceplugin import feedbackfile
+from hami.deviceplugin.config import PluginConfig
 from hami.deviceplugin.discovery import GpuBackend, PhysicalGpu
 from hami.deviceplugin.health import HealthPolicy, gpus_to_mark
 from hami.deviceplugin.kube import KubeApi, KubeError

@@ -66,7 +66,7 @@ def feedback_tick(lister: ContainerLister, pods: Sequence[PodView],
     claim_lock = claims.lock if claims is not None else contextlib.nullcontext()
     with lister.lock, claim_lock:  # no file is closed while it is written
         regions: dict[str, tuple[Any, Any]] = dict(lister.read_all())
-        targets = {key: lister.plugin_dirs.get(key) for key in regions}
+        targets: dict[str, Path | None] = {key: lister.plugin_dirs.get(key) for key in regions}
         inputs = []
         for key, (_, r) in regions.items():
             g = grants.get(key)
@@ -92,9 +92,9 @@ def feedback_tick(lister: ContainerLister, pods: Sequence[PodView],
         for old, new in zip(inputs, result, strict=True):
             if old.key in regions:
                 _write_region(regions[old.key][0], old, new)
-            plugin_dir = targets.get(old.key)
-            if plugin_dir is not None:
-                _write_feedback(lister, old.key, plugin_dir / FEEDBACK_FILE, new)
+            target = targets.get(old.key)
+            if target is not None:
+                _write_feedback(lister, old.key, target / FEEDBACK_FILE, new)
     return result
 
 
