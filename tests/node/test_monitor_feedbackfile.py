@@ -16,7 +16,14 @@ from hami.monitor.command import feedback_tick
 from hami.monitor.lister import ContainerLister
 from tests.node.regionfile import RegionSpec, build, read_feedback
 from tests.node.test_monitor import U0, pod, put
-from tests.node.test_monitor_dra import _claim_on_disk, lister_stub, pod_view
+from tests.node.test_monitor_dra import (
+    CLAIM_UID,
+    POD_UID,
+    STUB_UUID0,
+    _claim_on_disk,
+    lister_stub,
+    pod_view,
+)
 
 RK = 2_008_904  # recent_kernel's offset in a v1 region
 
@@ -156,3 +163,25 @@ def test_create_resets_in_place_and_refuses_a_symlink(tmp_path: Path) -> None:
         feedbackfile.create(str(link))
     with pytest.raises(feedbackfile.FeedbackFileError):
         feedbackfile.write(str(link), 0, False)
+
+
+def test_a_dra_claim_cannot_freeze_its_free_state_by_garbling_its_region(tmp_path: Path) -> None:
+    """Two claims on one card, their pods of priority 0 and 1, both idle: the low one is
+    free. It garbles its region; once the high one launches, its file says blocked."""
+    hi_uid, lo_uid = CLAIM_UID, CLAIM_UID[:-1] + "2"
+    hi_pod, lo_pod = POD_UID, POD_UID[:-1] + "2"
+    idle = bytes(build(RegionSpec(uuids=(STUB_UUID0,), recent_kernel=0)))
+    hi = _claim_on_disk(tmp_path, hi_uid, hi_pod, idle)
+    lo = _claim_on_disk(tmp_path, lo_uid, lo_pod, idle)
+    fb = lo.parent / f"{lo_uid}.plugin" / feedbackfile.FEEDBACK_FILE
+    pods = [pod_view(hi_pod, priority="0"), pod_view(lo_pod, priority="1")]
+    claims = ClaimLister(lo.parent)
+    claims.update()
+    feedback_tick(lister_stub(tmp_path), pods, claims)
+    assert feedbackfile.decode(fb.read_bytes()) == (0, False)
+    (lo / "4b1d.cache").write_bytes(b"\0" * 4096)
+    launch_mark(hi / "4b1d.cache")
+    claims.update()
+    feedback_tick(lister_stub(tmp_path), pods, claims)
+    assert feedbackfile.decode(fb.read_bytes()) == (1, True)
+    claims.close()

@@ -22,8 +22,8 @@ from lightkube.resources.core_v1 import Pod
 from hami.deviceplugin import feedbackfile
 from hami.testing.controlplane import wait_until
 from hami.testing.gpubed import GpuBed, default_inventory
-from hami.testing.gpupods import gpu_test_pod
 from hami.testing.gpubed_cli import plugin_args
+from hami.testing.gpupods import gpu_test_pod
 from tests.realnode.conftest import running_bed, skip_or_fail
 
 INITIAL = feedbackfile.encode(*feedbackfile.INITIAL).hex()

@@ -16,7 +16,6 @@ from typing import Annotated, Any
 import typer
 
 from hami.api import names
-from hami.deviceplugin import feedbackfile
 from hami.deviceplugin.allocate import FEEDBACK_FILE, VGPU_NODE, PodView
 from hami.durations import seconds
 from hami.metricsauth import (
@@ -31,6 +30,7 @@ from hami.monitor.claims import ClaimLister, attribute, claim_key
 from hami.monitor.feedback import ContainerFeedback, observe
 from hami.monitor.lister import PLUGIN_SUFFIX, ContainerLister
 from hami.monitor.pods import DEFAULT_PRIORITY, container_grants, pod_finished
+from hami.monitor.writeback import write_feedback, write_region
 from hami.netlimits import LimitedHTTPServer, ServerLimits, raise_open_files_limit
 from hami.tlsfiles import TlsReloader
 
@@ -80,47 +80,30 @@ def feedback_tick(lister: ContainerLister, pods: Sequence[PodView],
             targets[key] = plugin_dir
             inputs.append(ContainerFeedback(key, g.uuids if g else (),
                                             g.priority if g else DEFAULT_PRIORITY, 0, 1))
-        for uid, (cf, r, owner) in (claims.read_all() if claims is not None else {}).items():
-            use = attribute(owner, pods, high_priority_namespaces)
-            regions[claim_key(uid)] = (cf, r)
-            targets[claim_key(uid)] = cf.path.parent.with_name(
-                cf.path.parent.name + PLUGIN_SUFFIX)
-            inputs.append(ContainerFeedback(claim_key(uid), use.uuids if use else (),
-                                            use.priority if use else DEFAULT_PRIORITY,
-                                            r.recent_kernel, r.utilization_switch))
+        if claims is not None:
+            for uid, (cf, r, owner) in claims.read_all().items():
+                use = attribute(owner, pods, high_priority_namespaces)
+                regions[claim_key(uid)] = (cf, r)
+                targets[claim_key(uid)] = claims.root / f"{uid}{PLUGIN_SUFFIX}"
+                inputs.append(ContainerFeedback(claim_key(uid), use.uuids if use else (),
+                                                use.priority if use else DEFAULT_PRIORITY,
+                                                r.recent_kernel, r.utilization_switch))
+            for uid, owner in claims.owners.items():
+                private = claims.root / f"{uid}{PLUGIN_SUFFIX}"
+                if claim_key(uid) in regions or not (private / FEEDBACK_FILE).exists():
+                    continue
+                use = attribute(owner, pods, high_priority_namespaces)  # no readable region
+                targets[claim_key(uid)] = private
+                inputs.append(ContainerFeedback(claim_key(uid), use.uuids if use else (),
+                                                use.priority if use else DEFAULT_PRIORITY, 0, 1))
         result = observe(inputs, lister.blocks)
         for old, new in zip(inputs, result, strict=True):
             if old.key in regions:
-                _write_region(regions[old.key][0], old, new)
-            target = targets.get(old.key)
-            if target is not None:
-                _write_feedback(lister, old.key, target / FEEDBACK_FILE, new)
+                write_region(regions[old.key][0], old, new)
+            where = targets.get(old.key)
+            if where is not None:
+                write_feedback(lister.feedback_errors, old.key, where / FEEDBACK_FILE, new)
     return result
-
-
-def _write_region(cf: Any, old: ContainerFeedback, new: ContainerFeedback) -> None:
-    """The changed region fields of one container (a failure is logged)."""
-    try:
-        if new.recent_kernel != old.recent_kernel:
-            cf.write_int32("recent_kernel", new.recent_kernel)
-        if new.utilization_switch != old.utilization_switch:
-            cf.write_int32("utilization_switch", new.utilization_switch)
-    except (OSError, ValueError) as exc:  # RegionError is a ValueError
-        log.warning("feedback write to %s failed: %s", old.key, exc)
-
-
-def _write_feedback(lister: ContainerLister, key: str, path: Path,
-                    new: ContainerFeedback) -> None:
-    """One container's feedback file (none: a pod allocated without one, nothing done);
-    a failure is logged once per distinct error."""
-    try:
-        feedbackfile.write(str(path), new.utilization_switch, new.recent_kernel < 0)
-    except OSError as exc:
-        if lister.feedback_errors.get(key) != str(exc):
-            log.warning("feedback file of %s: %s", key, exc)
-        lister.feedback_errors[key] = str(exc)
-        return
-    lister.feedback_errors.pop(key, None)
 
 
 class PodCache:
