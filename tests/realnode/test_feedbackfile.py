@@ -28,20 +28,30 @@ from tests.realnode.conftest import running_bed, skip_or_fail
 
 INITIAL = feedbackfile.encode(*feedbackfile.INITIAL).hex()
 FREE = feedbackfile.encode(0, False).hex()
-#: Prints the file's bytes, tries to write, remove and rename it, launches once, then
-#: prints the bytes again whenever they change (at most 120 s).
-SCRIPT = (
+#: Prints the feedback file's bytes ("fb <hex>") and tries to write, remove and rename it
+#: ("write ok|refused", "rm ...", "mv ..."). Also used by the DRA real-node test.
+PROBE = (
     'f="${CUDA_DEVICE_MEMORY_SHARED_CACHE%/*}/feedback"; '
     "show() { od -An -tx1 -v \"$f\" | tr -d ' \\n'; }; "
     'echo "fb $(show)"; '
     "if ( printf XXXXXXXXXXXXXXXX > \"$f\" ) 2>/dev/null; then echo 'write ok'; else echo 'write refused'; fi; "
     "if ( rm -f \"$f\" ) 2>/dev/null && [ ! -e \"$f\" ]; then echo 'rm ok'; else echo 'rm refused'; fi; "
-    "if ( mv \"$f\" \"$f.x\" ) 2>/dev/null; then echo 'mv ok'; else echo 'mv refused'; fi; "
-    "vgtest init launch 1 1; "
+    "if ( mv \"$f\" \"$f.x\" ) 2>/dev/null; then echo 'mv ok'; else echo 'mv refused'; fi"
+)
+#: The probe, one launch, then the bytes again whenever they change (at most 120 s).
+SCRIPT = (
+    f"{PROBE}; vgtest init launch 1 1; "
     'last="$(show)"; i=0; while [ $i -lt 240 ]; do now="$(show)"; '
     'if [ "$now" != "$last" ]; then echo "fb $now"; last="$now"; fi; '
     f'if [ "$now" = "{FREE}" ]; then break; fi; sleep 0.5; i=$((i+1)); done; echo finished'
 )
+
+
+def probed(log: str) -> tuple[list[str], list[str]]:
+    """The probe's verdicts (write, rm, mv) and every "fb" value of a pod's log."""
+    lines = log.splitlines()
+    return ([ln for ln in lines if ln.endswith((" ok", " refused"))],
+            [ln.split()[1] for ln in lines if ln.startswith("fb ") and len(ln.split()) > 1])
 
 
 @pytest.fixture(scope="module", params=["node-lock", "cdi"])
@@ -84,8 +94,6 @@ def test_the_feedback_file_is_read_only_in_the_pod_and_follows_the_monitor(
         return node.container_log("default", "fb", "c")
 
     wait_until(lambda: "finished" in log(), timeout_s=180, what="the pod's script finished")
-    lines = log().splitlines()
-    assert [ln for ln in lines if ln.endswith(("ok", "refused"))] == [
-        "write refused", "rm refused", "mv refused"], log()
-    seen = [ln.split()[1] for ln in lines if ln.startswith("fb ")]
+    verdicts, seen = probed(log())
+    assert verdicts == ["write refused", "rm refused", "mv refused"], log()
     assert seen[0] == INITIAL and seen[-1] == FREE, log()
