@@ -2,7 +2,9 @@
 
 Figures: ns added per cuMemAlloc/cuMemFree pair (0 and 10,000 live
 allocations), ns added per cuLaunchKernel (no SM limit, and an SM limit of
-50 % with tokens available, i.e. below the limit), private memory added per
+50 % with tokens available, i.e. below the limit: forced on by the policy, or
+following the monitor's utilization_switch read from the region or from the
+read-only feedback file next to the library), private memory added per
 process (all mappings except the shared region and the stub's state file).
 
 Timing is paired inside one preloaded process (``bench_vgpu``): each round
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -30,12 +33,21 @@ ROOT = Path(__file__).resolve().parents[1]
 NATIVE = ROOT / "native" / "libvgpu"
 BUILD = NATIVE / "build"
 
+#: Pseudo variable of a case: run a copy of the library with a feedback file next to it
+#: saying "contended, not blocked" (what the device plugin mounts; limiter reads it at
+#: every limited launch). Not passed to the process.
+FEEDBACK = "BENCH_FEEDBACK_FILE"
+
 CASES = {
     "alloc/free pair, 0 live": ("alloc_free_ns", 0, {}, 100.0),
     "alloc/free pair, 10,000 live": ("alloc_free_ns", 10000, {}, 150.0),
     "cuLaunchKernel, no SM limit": ("launch_ns", 0, {}, 30.0),
     "cuLaunchKernel, SM limit 50% (tokens left)": (
         "launch_ns", 0, {"CUDA_DEVICE_SM_LIMIT": "50", "GPU_CORE_UTILIZATION_POLICY": "force"}, 30.0),
+    "cuLaunchKernel, SM 50%, switch from region": (
+        "launch_ns", 0, {"CUDA_DEVICE_SM_LIMIT": "50"}, 30.0),
+    "cuLaunchKernel, SM 50%, switch from feedback": (
+        "launch_ns", 0, {"CUDA_DEVICE_SM_LIMIT": "50", FEEDBACK: "1"}, 30.0),
 }
 
 
@@ -45,12 +57,27 @@ def run(live: int, preload: bool, tmp: Path, tag: str, lib: Path = BUILD / "libv
     env.update(LD_LIBRARY_PATH=str(BUILD / "stub"), VGPU_STUB_STATE=str(tmp / "stub.state"),
                CUDA_DEVICE_MEMORY_SHARED_CACHE=str(tmp / f"region-{tag}.cache"),
                CUDA_DEVICE_MEMORY_LIMIT="64g", VGPU_STUB_MEM_MB="131072", LIBCUDA_LOG_LEVEL="1")
+    if extra.pop(FEEDBACK, None):
+        lib = with_feedback(lib, tmp, tag)
     env.update(extra)
     if preload:
         env["LD_PRELOAD"] = str(lib)
     out = subprocess.run([str(BUILD / "tests" / "bench_vgpu"), str(live), "31"], env=env, check=True,
                          capture_output=True, text=True).stdout
     return {k: float(v) for k, v in (ln.split() for ln in out.splitlines())}
+
+
+def with_feedback(lib: Path, tmp: Path, tag: str) -> Path:
+    """A copy of ``lib`` in a directory of its own, with the monitor's feedback file
+    (switch 1, not blocked) next to it, as the device plugin mounts it."""
+    from hami.deviceplugin import feedbackfile
+
+    d = tmp / f"lib-{tag}"
+    d.mkdir(exist_ok=True)
+    copy = d / "libvgpu.so"
+    shutil.copy(lib, copy)
+    (d / feedbackfile.FEEDBACK_FILE).write_bytes(feedbackfile.encode(1, False))
+    return copy
 
 
 def main() -> None:

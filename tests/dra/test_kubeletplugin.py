@@ -13,6 +13,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from hami.deviceplugin import feedbackfile
 from hami.deviceplugin.allocate import NodeSettings
 from hami.deviceplugin.config import PluginConfig
 from hami.dra.kubeletplugin import DraNode, PluginPaths, serve
@@ -74,6 +75,12 @@ def test_prepare_and_unprepare_over_the_sockets(short_dir: Path) -> None:
             assert "CUDA_DEVICE_MEMORY_LIMIT_0=2048m" in env and "CUDA_DEVICE_SM_LIMIT=25" in env
             limits = hook / "vgpu/claims/uid-1.plugin/limits.env"
             assert "CUDA_DEVICE_MEMORY_LIMIT_0=2048m" in limits.read_text()
+            # the monitor's feedback file: created with the safe values, mounted read-only
+            feedback = hook / "vgpu/claims/uid-1.plugin/feedback"
+            assert feedbackfile.decode(feedback.read_bytes()) == (1, False)
+            mounts = json.loads(spec_file.read_text())["devices"][0]["containerEdits"]["mounts"]
+            assert {"hostPath": str(feedback), "containerPath": f"{hook}/vgpu/feedback",
+                    "options": ["rbind", "ro", "nosuid", "nodev"]} in mounts
             again = stub.NodePrepareResources(pb.NodePrepareResourcesRequest(
                 claims=[pb.Claim(namespace="ns", name="c", uid="uid-1")]), timeout=5)
             assert again.claims["uid-1"].error == ""  # idempotent

@@ -151,7 +151,8 @@ def test_scheduled_pod_allocated_end_to_end(real: PluginHarness, kube_client: An
     assert c.mounts[1].host_path == f"{real.hook_path}/vgpu/containers/{uid}_main"
     assert [m.container_path for m in c.mounts] == [
         f"{real.hook_path}/vgpu/libvgpu.so", f"{real.hook_path}/vgpu",
-        f"{real.hook_path}/vgpu/limits.env", "/tmp/vgpulock", "/etc/ld.so.preload"]
+        f"{real.hook_path}/vgpu/limits.env", f"{real.hook_path}/vgpu/feedback", "/tmp/vgpulock",
+        "/etc/ld.so.preload"]
     pod = kube_client.get(Pod, "p1", namespace="default")
     assert pod.metadata.annotations[al.BIND_PHASE] == "success"
     assert pod.metadata.annotations[al.DEVICES_TO_ALLOCATE] == ";"

@@ -129,6 +129,7 @@ def test_response_exact_strings() -> None:
         ("/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu/libvgpu.so", True),
         ("/usr/local/vgpu", f"/usr/local/vgpu/containers/{UID}_c", False),
         ("/usr/local/vgpu/limits.env", f"/usr/local/vgpu/containers/{UID}_c.plugin/limits.env", True),
+        ("/usr/local/vgpu/feedback", f"/usr/local/vgpu/containers/{UID}_c.plugin/feedback", True),
         ("/tmp/vgpulock", f"/usr/local/vgpu/containers/{UID}_c.plugin/vgpulock", False),
         ("/etc/ld.so.preload", "/usr/local/vgpu/ld.so.preload", True),
     ]
@@ -138,6 +139,8 @@ def test_response_exact_strings() -> None:
                              "CUDA_DEVICE_MEMORY_LIMIT_0=3000m\nCUDA_DEVICE_MEMORY_LIMIT_1=5000m\n"
                              "CUDA_DEVICE_SM_LIMIT=30\n"
                              "CUDA_DEVICE_MEMORY_SHARED_CACHE=/usr/local/vgpu/c4c4.cache\n"),)
+    # the monitor's feedback reaches libvgpu through a file of the private directory
+    assert c.feedback_files == (f"/usr/local/vgpu/containers/{UID}_c.plugin/feedback",)
     assert plan.to_allocate == ";"
     assert plan.complete
 
@@ -149,13 +152,13 @@ def test_response_exact_strings() -> None:
     (PluginConfig(disable_core_limit=True), SETTINGS, {},
      {"GPU_CORE_UTILIZATION_POLICY": "disable"}, None),
     (PluginConfig(), SETTINGS, {"CUDA_DISABLE_CONTROL": "true"}, {},
-     ["/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu", "/usr/local/vgpu/limits.env", "/tmp/vgpulock"]),
+     ["/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu", "/usr/local/vgpu/limits.env", "/usr/local/vgpu/feedback", "/tmp/vgpulock"]),
     (PluginConfig(), SETTINGS, {"CUDA_DISABLE_CONTROL": "T"}, {},
-     ["/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu", "/usr/local/vgpu/limits.env", "/tmp/vgpulock"]),
+     ["/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu", "/usr/local/vgpu/limits.env", "/usr/local/vgpu/feedback", "/tmp/vgpulock"]),
     (PluginConfig(), SETTINGS, {"CUDA_DISABLE_CONTROL": "yes"}, {},    # Go ParseBool: not true
-     ["/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu", "/usr/local/vgpu/limits.env", "/tmp/vgpulock", "/etc/ld.so.preload"]),
+     ["/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu", "/usr/local/vgpu/limits.env", "/usr/local/vgpu/feedback", "/tmp/vgpulock", "/etc/ld.so.preload"]),
     (PluginConfig(), al.NodeSettings(license=True), {}, {},
-     ["/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu", "/usr/local/vgpu/limits.env", "/tmp/vgpulock", "/etc/ld.so.preload",
+     ["/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu", "/usr/local/vgpu/limits.env", "/usr/local/vgpu/feedback", "/tmp/vgpulock", "/etc/ld.so.preload",
       "/tmp/license", "/usr/bin/vgpuvalidator"]),
 ])
 def test_response_options(cfg: PluginConfig, settings: al.NodeSettings, env: dict[str, str],
@@ -193,7 +196,9 @@ def test_versioned_lib_and_hook_path() -> None:
     assert c.mounts[0] == al.Mount("/opt/h/vgpu/libvgpu.so", "/opt/h/vgpu/libvgpu.so.2.10.0", True)
     assert c.mounts[2] == al.Mount("/opt/h/vgpu/limits.env", f"/opt/h/vgpu/containers/{UID}_c.plugin/limits.env",
                                    True)
-    assert c.mounts[3] == al.Mount("/tmp/vgpulock", f"/opt/h/vgpu/containers/{UID}_c.plugin/vgpulock", False)
+    assert c.mounts[3] == al.Mount("/opt/h/vgpu/feedback", f"/opt/h/vgpu/containers/{UID}_c.plugin/feedback",
+                                   True)
+    assert c.mounts[4] == al.Mount("/tmp/vgpulock", f"/opt/h/vgpu/containers/{UID}_c.plugin/vgpulock", False)
     assert c.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"] == "/opt/h/vgpu/u.cache"
 
 

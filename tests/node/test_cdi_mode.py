@@ -20,6 +20,7 @@ from hami.core.codec import served_pod_devices
 from hami.core.provenance import SIGNATURE, sign
 from hami.deviceplugin import allocate as al
 from hami.deviceplugin import cdimode as cm
+from hami.deviceplugin import feedbackfile
 from hami.deviceplugin.guard import AllocationGuard
 from hami.deviceplugin.podresources import api_pb2 as prpb
 from hami.deviceplugin.podresources import api_pb2_grpc as prpbg
@@ -165,6 +166,10 @@ def test_two_pods_on_one_node_each_get_their_own_limits(
     assert mounts[f"{h.hook_path}/vgpu"]["hostPath"].endswith("/containers/uid-p_c")
     limits = Path(mounts[f"{h.hook_path}/vgpu/limits.env"]["hostPath"]).read_text()
     assert "CUDA_DEVICE_MEMORY_LIMIT_0=1000m" in limits
+    # the monitor's feedback file, read-only, created with the safe initial values
+    fb = mounts[f"{h.hook_path}/vgpu/feedback"]
+    assert "ro" in fb["options"] and fb["hostPath"].endswith("/containers/uid-p_c.plugin/feedback")
+    assert feedbackfile.decode(Path(fb["hostPath"]).read_bytes()) == (1, False)
     assert phase(h, "p") == phase(h, "q") == "success"
     assert h.kube.pods[("default", "p")].annotations[al.DEVICES_TO_ALLOCATE] == ";"
     assert al.NODE_LOCK not in h.kube.nodes[NODE][0]

@@ -166,6 +166,7 @@ def test_mps_node_registers_mode_mps_and_allocates_like_hami_core(harness: Plugi
         (f"{h}/vgpu/libvgpu.so", f"{h}/vgpu/libvgpu.so", True),
         (f"{h}/vgpu", f"{h}/vgpu/containers/uid-p_c", False),
         (f"{h}/vgpu/limits.env", f"{h}/vgpu/containers/uid-p_c.plugin/limits.env", True),
+        (f"{h}/vgpu/feedback", f"{h}/vgpu/containers/uid-p_c.plugin/feedback", True),
         ("/tmp/vgpulock", f"{h}/vgpu/containers/uid-p_c.plugin/vgpulock", False),
         ("/etc/ld.so.preload", f"{h}/vgpu/ld.so.preload", True)]
     cache_dir = Path(f"{h}/vgpu/containers/uid-p_c")                # host side, as hami-core
@@ -187,7 +188,7 @@ def test_mps_plumbing_through_allocate(harness: PluginHarness) -> None:
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=3000M,1=4000M"}
     mounts = [(m.container_path, m.host_path, m.read_only) for m in c.mounts]
     assert mounts[-2:] == [(str(pipe), str(pipe), False), ("/dev/shm", str(shm), False)]
-    assert mounts[4] == ("/etc/ld.so.preload", f"{harness.hook_path}/vgpu/ld.so.preload", True)
+    assert mounts[5] == ("/etc/ld.so.preload", f"{harness.hook_path}/vgpu/ld.so.preload", True)
 
 
 def test_bad_mps_config_stops_the_plugin(harness: PluginHarness) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hami.deviceplugin import allocate as al
+from hami.deviceplugin import feedbackfile
 from hami.monitor.lister import ContainerLister
 from tests.node.conftest import PluginHarness
 from tests.node.test_plugin_grpc import A, B, bound_pod, up, wait
@@ -44,6 +45,9 @@ def test_each_container_gets_a_read_only_limits_file_and_its_own_lock_dir(harnes
         assert text == (f"CUDA_DEVICE_MEMORY_LIMIT_0={limit}\nCUDA_DEVICE_SM_LIMIT={cores}\n"
                         f"CUDA_DEVICE_MEMORY_SHARED_CACHE={c.envs['CUDA_DEVICE_MEMORY_SHARED_CACHE']}\n")
         assert stat.S_IMODE((private / "limits.env").stat().st_mode) == 0o444
+        # the monitor's feedback file: read-only in the container, safe initial values
+        assert m[f"{h}/vgpu/feedback"] == (str(private / "feedback"), True)
+        assert feedbackfile.decode((private / "feedback").read_bytes()) == (1, False)
         lock_host, ro = m["/tmp/vgpulock"]
         assert (lock_host, ro) == (str(private / "vgpulock"), False) and Path(lock_host).is_dir()
         locks.append(lock_host)

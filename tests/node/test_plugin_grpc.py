@@ -166,6 +166,7 @@ def test_allocate_full_flow(harness: PluginHarness) -> None:
         (f"{h}/vgpu/libvgpu.so", f"{h}/vgpu/libvgpu.so", True),
         (f"{h}/vgpu", f"{h}/vgpu/containers/uid-p_c", False),
         (f"{h}/vgpu/limits.env", f"{h}/vgpu/containers/uid-p_c.plugin/limits.env", True),
+        (f"{h}/vgpu/feedback", f"{h}/vgpu/containers/uid-p_c.plugin/feedback", True),
         ("/tmp/vgpulock", f"{h}/vgpu/containers/uid-p_c.plugin/vgpulock", False),
         ("/etc/ld.so.preload", f"{h}/vgpu/ld.so.preload", True)]
     d = Path(f"{h}/vgpu/containers/uid-p_c")

@@ -26,6 +26,7 @@ from hami.testing.controlplane import BinariesMissing, wait_until
 from hami.testing.dranode import start_dra
 from hami.testing.gpubed import GpuBed, gpu_test_pod
 from tests.realnode.conftest import running_bed, skip_or_fail
+from tests.realnode.test_feedbackfile import INITIAL, PROBE, probed
 from tests.realnode.test_limits import SHOW_ENV, env_of, lines, log_of
 
 MiB = 1 << 20
@@ -50,7 +51,7 @@ def test_claim_pod_gets_its_memory_slice_through_cdi(bed: GpuBed, client: Any) -
     # the container stays up after vgtest: the kubelet unprepares the claim (the spec
     # file goes) before it reports the pod finished
     manifest = gpu_test_pod(
-        "dra-512", f"{SHOW_ENV}; vgtest init info alloc mem {512 * MiB} 0 alloc mem 1 2 info"
+        "dra-512", f"{SHOW_ENV}; {PROBE}; vgtest init info alloc mem {512 * MiB} 0 alloc mem 1 2 info"
         "; echo vgtest-done; exec sleep 600", memory_mib=512)
     tr = translate(manifest, NvidiaConfig())
     assert tr is not None and tr.pod["spec"]["resourceClaims"]
@@ -65,6 +66,8 @@ def test_claim_pod_gets_its_memory_slice_through_cdi(bed: GpuBed, client: Any) -
     info = lines(log, "info")
     assert info[0][:2] == [512 * MiB, 512 * MiB], log  # cuMemGetInfo: free, total = the slice
     assert info[1][:2] == [0, 512 * MiB], log  # full after exactly 512 MiB; 1 byte more: OOM
+    # the claim's feedback file: the plugin's, read-only in the container
+    assert probed(log) == (["write refused", "rm refused", "mv refused"], [INITIAL]), log
 
     pod = client.get(Pod, "dra-512", namespace="default")
     (status,) = pod.status.resourceClaimStatuses

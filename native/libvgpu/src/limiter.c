@@ -1,6 +1,8 @@
 /* SM limiter (spec A.5, own controller): per-device token buckets refilled by
- * a watcher thread from NVML per-process utilisation; region feedback fields
- * utilization_switch / recent_kernel honoured at every limited launch. */
+ * a watcher thread from NVML per-process utilisation; the monitor's feedback
+ * (utilization_switch, priority block) honoured at every limited launch, from
+ * the read-only feedback file when it is mounted (feedback.c), else from the
+ * region's utilization_switch / recent_kernel fields as in HAMi-core. */
 #include "vgpu.h"
 #include <errno.h>
 #include <stdlib.h>
@@ -43,7 +45,17 @@ void vg_record_kernel_time(void) {
 static inline int effective_switch(void) {
     if (vg_policy == VG_POLICY_FORCE) return 1;
     if (vg_policy == VG_POLICY_DISABLE) return 0;
+    if (vg_feedback_state == VG_FB_VALID) return vg_feedback->utilization_switch != 0;
+    if (vg_feedback_state == VG_FB_INVALID) return 1;
     return __atomic_load_n(&vg_region->utilization_switch, __ATOMIC_RELAXED) != 0;
+}
+
+/* the monitor's priority block (spec C.6): the feedback file's flag when it is
+ * mounted and valid (the region's recent_kernel is the container's to write),
+ * else recent_kernel < 0 as in HAMi-core */
+static inline int blocked(const vg_region_t *r) {
+    if (vg_feedback_state == VG_FB_VALID) return vg_feedback->blocked != 0;
+    return __atomic_load_n(&r->recent_kernel, __ATOMIC_ACQUIRE) < 0;
 }
 
 void vg_rate_limit(uint64_t grid) {
@@ -54,8 +66,7 @@ void vg_rate_limit(uint64_t grid) {
     int sm = g_sm[dev];
     if (sm <= 0 || sm >= 100 || !effective_switch()) return;
     vg_region_t *r = vg_region;
-    /* priority block written by the monitor (spec C.6) */
-    while (__atomic_load_n(&r->recent_kernel, __ATOMIC_ACQUIRE) < 0) usleep(20000);
+    while (blocked(r)) usleep(20000);
     if (__atomic_load_n(&r->recent_kernel, __ATOMIC_RELAXED) != 2) __atomic_store_n(&r->recent_kernel, 2, __ATOMIC_RELAXED);
     int64_t cost = grid > (uint64_t)INT32_MAX ? INT32_MAX : (int64_t)grid;
     for (;;) {

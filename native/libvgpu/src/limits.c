@@ -59,13 +59,13 @@ static const char *kv_get(void *ctx, const char *name) {
     return v;
 }
 
-/* <directory of this library>/limits.env; -1 when it cannot be known */
-static int limits_path(char *out, size_t n) {
+/* <directory of this library>/<name>; -1 when it cannot be known */
+int vg_lib_file(const char *name, char *out, size_t n) {
     Dl_info info;
     if (!dladdr((void *)&vg_limits_init, &info) || !info.dli_fname) return -1;
     const char *slash = strrchr(info.dli_fname, '/');
     if (!slash) return -1;
-    int len = snprintf(out, n, "%.*s/%s", (int)(slash - info.dli_fname), info.dli_fname, VG_LIMITS_FILE);
+    int len = snprintf(out, n, "%.*s/%s", (int)(slash - info.dli_fname), info.dli_fname, name);
     return (len < 0 || (size_t)len >= n) ? -1 : 0;
 }
 
@@ -115,7 +115,7 @@ void vg_limits_init(void) {
     char path[4096];
     int bad = 0;
     g_have_file = 0;
-    if (limits_path(path, sizeof path) == 0) {
+    if (vg_lib_file(VG_LIMITS_FILE, path, sizeof path) == 0) {
         int r = read_kv(path, &g_file);
         if (r < 0) bad = 1;
         g_have_file = r > 0;

@@ -170,6 +170,7 @@ int vg_region_ensure(void) {
     if (!vg_region) {
         vg_log_init();
         vg_limits_init(); /* also sets vg_policy */
+        vg_feedback_init();
         if (region_attach_file() != 0) {
             /* without the shared region every process would get the whole limit */
             if (vg_has_limit()) vg_fail_closed("no usable shared region for a limited container");

@@ -95,6 +95,26 @@ VG_HIDDEN void vg_limits_init(void);
 VG_HIDDEN const char *vg_cache_path(void);
 VG_HIDDEN int vg_has_limit(void);
 VG_HIDDEN void vg_fail_closed(const char *why);
+/* <directory of libvgpu.so>/<name> into out; -1 when it cannot be known */
+VG_HIDDEN int vg_lib_file(const char *name, char *out, size_t n);
+
+/* ------------------------------------------------ monitor feedback (feedback.c)
+ * The read-only file the device plugin mounts next to the library and the monitor
+ * rewrites every tick; when valid, the only source of the two feedback decisions. */
+#define VG_FEEDBACK_FILE "feedback"
+#define VG_FEEDBACK_MAGIC 0x42464756u /* "VGFB" little-endian */
+#define VG_FEEDBACK_VERSION 1u
+#define VG_FEEDBACK_SIZE 16
+typedef struct {
+    uint32_t magic;
+    uint32_t version;
+    int32_t utilization_switch; /* 0: uncontended */
+    int32_t blocked;            /* non-zero: priority block */
+} vg_feedback_t;
+enum { VG_FB_ABSENT = 0, VG_FB_VALID = 1, VG_FB_INVALID = 2 };
+VG_HIDDEN extern const volatile vg_feedback_t *vg_feedback; /* set when VG_FB_VALID */
+VG_HIDDEN extern int vg_feedback_state;
+VG_HIDDEN void vg_feedback_init(void);
 enum { VG_POLICY_DEFAULT = 0, VG_POLICY_FORCE = 1, VG_POLICY_DISABLE = 2 };
 VG_HIDDEN int vg_env_policy(void);
 VG_HIDDEN int vg_parse_policy(const char *s);

@@ -56,7 +56,7 @@ from hami.deviceplugin.preferred import (
 )
 
 __all__ = [
-    "BIND_PHASE", "BIND_TIME", "DEVICES_TO_ALLOCATE", "LIMITS_FILE", "LIMIT_ENVS", "NODE_LOCK",
+    "BIND_PHASE", "BIND_TIME", "DEVICES_TO_ALLOCATE", "FEEDBACK_FILE", "LIMITS_FILE", "LIMIT_ENVS", "NODE_LOCK",
     "VGPU_NODE", "AllocateError", "AllocationPlan", "ContainerPlan", "ContainerView", "Mount",
     "NodeSettings", "PodView", "PreferredRequest", "choose_pod", "choose_preferred_pod",
     "container_plan", "decode_entries", "go_parse_bool_true", "is_candidate", "lock_owner",
@@ -80,8 +80,10 @@ class Mount:
 @dataclass(frozen=True, slots=True)
 class ContainerPlan:
     """The answer for one kubelet container request, plus the host directories to create
-    afresh (``host_dirs``, mode 0777) and the read-only files to write (``host_files``:
-    ``(host path, text)``, mode 0444)."""
+    afresh (``host_dirs``, mode 0777), the read-only files to write (``host_files``:
+    ``(host path, text)``, mode 0444) and the monitor's feedback files to create with
+    their initial values (``feedback_files``: host paths,
+    :func:`hami.deviceplugin.feedbackfile.create`)."""
 
     envs: dict[str, str]
     mounts: tuple[Mount, ...]
@@ -90,6 +92,7 @@ class ContainerPlan:
     container_name: str
     devices: tuple[ContainerDevice, ...]
     host_files: tuple[tuple[str, str], ...] = ()
+    feedback_files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +134,9 @@ def go_parse_bool_true(value: str | None) -> bool:
 #: Name of the limits file libvgpu reads next to itself (``<H>/vgpu/limits.env`` in the
 #: container; native/libvgpu/src/limits.c).
 LIMITS_FILE = "limits.env"
+#: Name of the monitor's feedback file, mounted read-only next to libvgpu
+#: (``<H>/vgpu/feedback``; :mod:`hami.deviceplugin.feedbackfile`).
+FEEDBACK_FILE = "feedback"
 #: The env names libvgpu also reads from the limits file (a process's own env may only
 #: tighten what the file says: GPU_CORE_UTILIZATION_POLICY=disable there is the only way
 #: to switch the SM limiter off).
@@ -150,7 +156,10 @@ def container_plan(devices: Sequence[ContainerDevice], pod: PodView, entry_index
     host directory no container sees (so no container can swap a mount source for a
     symlink before a restart): ``limits.env`` (the limit, SM, cache-path and core-policy
     variables as ``KEY=VALUE`` lines) read-only at ``<H>/vgpu/limits.env``, where libvgpu finds its
-    limits even in a process that lost its environment; and the container's own
+    limits even in a process that lost its environment; ``feedback`` (the monitor's
+    ``utilization_switch`` and priority block, :mod:`hami.deviceplugin.feedbackfile`,
+    created by the shell with safe initial values) read-only at ``<H>/vgpu/feedback``,
+    where libvgpu takes them from instead of the container-writable region; and the container's own
     ``vgpulock`` directory at ``/tmp/vgpulock`` instead of one host directory writable by
     every GPU container. The monitor removes the directory with the pod's.
 
@@ -181,7 +190,8 @@ def container_plan(devices: Sequence[ContainerDevice], pod: PodView, entry_index
         envs.update(mps.client_env(devices, cfg.mps))
         mounts.extend(Mount(*m) for m in mps.client_mounts(cfg.mps))
     return ContainerPlan(envs, tuple(mounts), (cache_dir, lock_dir), entry_index,
-                         ctr.name, tuple(devices), ((f"{private}/{LIMITS_FILE}", limits),))
+                         ctr.name, tuple(devices), ((f"{private}/{LIMITS_FILE}", limits),),
+                         (f"{private}/{FEEDBACK_FILE}",))
 
 
 def _hami_envs(devices: Sequence[ContainerDevice], cfg: PluginConfig, vgpu: str,
@@ -209,14 +219,15 @@ def _hami_envs(devices: Sequence[ContainerDevice], cfg: PluginConfig, vgpu: str,
 
 def _hami_mounts(vgpu: str, node: NodeSettings, ctr: ContainerView, cache_dir: str,
                  private: str) -> list[Mount]:
-    """The library, the cache dir, the limits file and the lock dir (from the private
-    ``.plugin`` dir), ``/etc/ld.so.preload`` unless the container sets
+    """The library, the cache dir, the limits and feedback files and the lock dir (from
+    the private ``.plugin`` dir), ``/etc/ld.so.preload`` unless the container sets
     ``CUDA_DISABLE_CONTROL`` true, and the license files when the node has them."""
     lib = f"{vgpu}/libvgpu.so.{node.version}" if node.versioned_lib else f"{vgpu}/libvgpu.so"
     mounts = [
         Mount(f"{vgpu}/libvgpu.so", lib, True),
         Mount(vgpu, cache_dir, False),
         Mount(f"{vgpu}/{LIMITS_FILE}", f"{private}/{LIMITS_FILE}", True),
+        Mount(f"{vgpu}/{FEEDBACK_FILE}", f"{private}/{FEEDBACK_FILE}", True),
         Mount("/tmp/vgpulock", f"{private}/vgpulock", False),
     ]
     if not go_parse_bool_true(ctr.env.get("CUDA_DISABLE_CONTROL")):

@@ -27,6 +27,7 @@ from hami.deviceplugin.podresources import api_pb2_grpc as prpbg
 from hami.deviceplugin.service import (
     DeviceState,
     make_host_dirs,
+    write_feedback_files,
     write_host_files,
     write_json_file,
 )
@@ -178,6 +179,7 @@ class CdiAllocator:
         try:
             make_host_dirs(plan.host_dirs)
             write_host_files(plan.host_files)
+            write_feedback_files(plan.feedback_files)
             self.spec_dir.mkdir(parents=True, exist_ok=True)
             write_json_file(path, cm.spec_for(name, plan, pod))
         except OSError as exc:

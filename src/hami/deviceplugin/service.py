@@ -22,6 +22,7 @@ import grpc
 
 from hami.api import names
 from hami.core.model import DeviceInfo, MigProfile
+from hami.deviceplugin import feedbackfile
 from hami.deviceplugin.config import PluginConfig
 from hami.deviceplugin.discovery import GpuBackend, PhysicalGpu
 from hami.deviceplugin.health import HealthPolicy, gpus_to_mark
@@ -116,6 +117,13 @@ def write_host_files(files: tuple[tuple[str, str], ...]) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, path)
+
+
+def write_feedback_files(paths: tuple[str, ...]) -> None:
+    """Create each monitor feedback file with its initial values, or reset one that is
+    there in place (:func:`hami.deviceplugin.feedbackfile.create`). Raises ``OSError``."""
+    for path in paths:
+        feedbackfile.create(path)
 
 
 def write_json_file(path: Path, doc: object) -> None:

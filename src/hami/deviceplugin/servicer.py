@@ -21,7 +21,12 @@ from hami.deviceplugin.cdiallocate import CdiAllocator
 from hami.deviceplugin.guard import AllocationGuard
 from hami.deviceplugin.kube import KubeApi, KubeError
 from hami.deviceplugin.mig import MigManager
-from hami.deviceplugin.service import DeviceState, make_host_dirs, write_host_files
+from hami.deviceplugin.service import (
+    DeviceState,
+    make_host_dirs,
+    write_feedback_files,
+    write_host_files,
+)
 from hami.deviceplugin.v1beta1 import api_pb2 as pb
 from hami.deviceplugin.v1beta1 import api_pb2_grpc as pbg
 
@@ -240,6 +245,7 @@ class DevicePluginServicer(pbg.DevicePluginServicer):
                                     [d.uuid for d in c.devices])
                 make_host_dirs(c.host_dirs)
                 write_host_files(c.host_files)
+                write_feedback_files(c.feedback_files)
             # One merge patch: the emptied entries and, when nothing is left (the plan was
             # computed from the pod as read under the plugin mutex, the only writer of
             # this annotation), bind-phase success. HAMi patches, re-reads, then patches

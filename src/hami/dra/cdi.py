@@ -144,7 +144,8 @@ def claim_plan(claim_uid: str, namespace: str, name: str, cards: Sequence[Alloca
                    mounts=tuple(Mount(m.container_path, moved(m.host_path), m.read_only)
                                 for m in plan.mounts),
                    host_dirs=tuple(moved(d) for d in plan.host_dirs),
-                   host_files=tuple((moved(p), t) for p, t in plan.host_files))
+                   host_files=tuple((moved(p), t) for p, t in plan.host_files),
+                   feedback_files=tuple(moved(p) for p in plan.feedback_files))
 
 
 def claim_dirs(hook_path: str, claim_uid: str) -> tuple[str, str]:

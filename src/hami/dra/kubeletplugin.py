@@ -37,7 +37,7 @@ import grpc
 from hami.api import names
 from hami.deviceplugin.allocate import NodeSettings
 from hami.deviceplugin.config import PluginConfig
-from hami.deviceplugin.service import make_host_dirs, write_host_files
+from hami.deviceplugin.service import make_host_dirs, write_feedback_files, write_host_files
 from hami.deviceplugin.service import write_json_file as _write_json
 from hami.dra import cdi
 from hami.dra.migclaims import ClaimMig, mig_cdi_spec, mig_results
@@ -123,6 +123,7 @@ class DraNode(pbgrpc.DRAPluginServicer):
                                   self.settings, str(uuid.uuid4()))
             make_host_dirs(plan.host_dirs)
             write_host_files(plan.host_files)
+            write_feedback_files(plan.feedback_files)
             _write_json(spec_path, cdi.cdi_spec(uid, plan))
         self._write_owner(claim, cards, uuids)
         return [self._device(c.request, c.device, c.share_id, uid) for c in cards]

@@ -155,13 +155,16 @@ def open_claim_cache(root_fd: int, root: Path, claim_uid: str) -> CacheFile | No
 @dataclass
 class ClaimLister:
     """The loaded regions of the node's prepared claims. ``root`` is ``$HOOK_PATH/claims``;
-    ``claims``: claim UID -> (open cache file, owner record)."""
+    ``claims``: claim UID -> (open cache file, owner record); ``owners``: claim UID ->
+    owner record of every claim of the last :meth:`update` whose record is good, with or
+    without a usable region (the feedback loop writes their feedback files)."""
 
     root: Path
     claims: dict[str, tuple[CacheFile, ClaimOwner]] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
     errors: dict[str, str] = field(default_factory=dict)
     read_errors_total: int = 0
+    owners: dict[str, ClaimOwner] = field(default_factory=dict)
 
     def _note(self, uid: str, exc: Exception) -> None:
         if self.errors.get(uid) != str(exc):
@@ -176,6 +179,7 @@ class ClaimLister:
             self.close()  # no claims directory: no DRA claims on this node
             return
         seen = set()
+        owners: dict[str, ClaimOwner] = {}
         try:
             with self.lock:
                 for e in os.scandir(root_fd):
@@ -185,6 +189,7 @@ class ClaimLister:
                     loaded = self.claims.get(e.name)
                     try:
                         owner = read_owner(root_fd, e.name)
+                        owners[e.name] = owner
                         if loaded is not None and loaded[0].same_file():
                             self.claims[e.name] = (loaded[0], owner)
                         else:
@@ -199,6 +204,7 @@ class ClaimLister:
                     self.errors.pop(e.name, None)
                 for uid in [u for u in self.claims if u not in seen]:
                     self._forget(uid)
+                self.owners = owners
         except OSError as exc:
             log.warning("cannot list %s: %s", self.root, exc)
         finally:

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from hami.api import names
-from hami.deviceplugin.allocate import VGPU_NODE, PodView
+from hami.deviceplugin.allocate import FEEDBACK_FILE, VGPU_NODE, PodView
 from hami.durations import seconds
 from hami.metricsauth import (
     METRICS_PATH,
@@ -28,8 +28,9 @@ from hami.metricsauth import (
 )
 from hami.monitor.claims import ClaimLister, attribute, claim_key
 from hami.monitor.feedback import ContainerFeedback, observe
-from hami.monitor.lister import ContainerLister
+from hami.monitor.lister import PLUGIN_SUFFIX, ContainerLister
 from hami.monitor.pods import DEFAULT_PRIORITY, container_grants, pod_finished
+from hami.monitor.writeback import write_feedback, write_region
 from hami.netlimits import LimitedHTTPServer, ServerLimits, raise_open_files_limit
 from hami.tlsfiles import TlsReloader
 
@@ -42,7 +43,7 @@ def feedback_tick(lister: ContainerLister, pods: Sequence[PodView],
                   claims: ClaimLister | None = None,
                   high_priority_namespaces: AbstractSet[str] | None = None
                   ) -> list[ContainerFeedback]:
-    """Read every container, apply :func:`observe`, write the changed fields (HAMi-core 1.2).
+    """Read every container, apply :func:`observe`, write the decisions (HAMi-core 1.2).
 
     ``pods``: the node's pods. A container's GPUs and priority come from its pod
     (:func:`hami.monitor.pods.container_grants`), never from its region; a container of
@@ -52,35 +53,56 @@ def feedback_tick(lister: ContainerLister, pods: Sequence[PodView],
     in more than 9 of any 12 consecutive ticks (``lister.blocks``,
     :class:`hami.monitor.feedback.BlockBudget`), whatever its neighbours write. Priority 0
     holds only for pods of ``high_priority_namespaces`` (None: every namespace;
-    :func:`hami.monitor.pods.granted_priority`). Returns the new values (for tests and
-    logs)."""
+    :func:`hami.monitor.pods.granted_priority`).
+
+    The decisions go to two places: the changed region fields (HAMi's tools read them)
+    and, every tick, the container's feedback file in its plugin-private directory
+    (:mod:`hami.deviceplugin.feedbackfile`), the only source libvgpu trusts when it is
+    mounted. A container with a feedback file but no readable region (removed,
+    truncated or garbled by the container) still takes part, as inactive: its feedback
+    file keeps following its neighbours. Returns the new values (for tests and logs)."""
     grants = {f"{p.uid}_{name}": g for p in pods
               for name, g in container_grants(p, high_priority_namespaces).items()}
     claim_lock = claims.lock if claims is not None else contextlib.nullcontext()
     with lister.lock, claim_lock:  # no file is closed while it is written
         regions: dict[str, tuple[Any, Any]] = dict(lister.read_all())
+        targets: dict[str, Path | None] = {key: lister.plugin_dirs.get(key) for key in regions}
         inputs = []
         for key, (_, r) in regions.items():
             g = grants.get(key)
             inputs.append(ContainerFeedback(key, g.uuids if g else (),
                                             g.priority if g else DEFAULT_PRIORITY,
                                             r.recent_kernel, r.utilization_switch))
-        for uid, (cf, r, owner) in (claims.read_all() if claims is not None else {}).items():
-            use = attribute(owner, pods, high_priority_namespaces)
-            regions[claim_key(uid)] = (cf, r)
-            inputs.append(ContainerFeedback(claim_key(uid), use.uuids if use else (),
-                                            use.priority if use else DEFAULT_PRIORITY,
-                                            r.recent_kernel, r.utilization_switch))
+        for key, plugin_dir in lister.plugin_dirs.items():
+            if key in regions or not (plugin_dir / FEEDBACK_FILE).exists():
+                continue
+            g = grants.get(key)  # no readable region: inactive, limited
+            targets[key] = plugin_dir
+            inputs.append(ContainerFeedback(key, g.uuids if g else (),
+                                            g.priority if g else DEFAULT_PRIORITY, 0, 1))
+        if claims is not None:
+            for uid, (cf, r, owner) in claims.read_all().items():
+                use = attribute(owner, pods, high_priority_namespaces)
+                regions[claim_key(uid)] = (cf, r)
+                targets[claim_key(uid)] = claims.root / f"{uid}{PLUGIN_SUFFIX}"
+                inputs.append(ContainerFeedback(claim_key(uid), use.uuids if use else (),
+                                                use.priority if use else DEFAULT_PRIORITY,
+                                                r.recent_kernel, r.utilization_switch))
+            for uid, owner in claims.owners.items():
+                private = claims.root / f"{uid}{PLUGIN_SUFFIX}"
+                if claim_key(uid) in regions or not (private / FEEDBACK_FILE).exists():
+                    continue
+                use = attribute(owner, pods, high_priority_namespaces)  # no readable region
+                targets[claim_key(uid)] = private
+                inputs.append(ContainerFeedback(claim_key(uid), use.uuids if use else (),
+                                                use.priority if use else DEFAULT_PRIORITY, 0, 1))
         result = observe(inputs, lister.blocks)
         for old, new in zip(inputs, result, strict=True):
-            cf = regions[old.key][0]
-            try:
-                if new.recent_kernel != old.recent_kernel:
-                    cf.write_int32("recent_kernel", new.recent_kernel)
-                if new.utilization_switch != old.utilization_switch:
-                    cf.write_int32("utilization_switch", new.utilization_switch)
-            except (OSError, ValueError) as exc:  # RegionError is a ValueError
-                log.warning("feedback write to %s failed: %s", old.key, exc)
+            if old.key in regions:
+                write_region(regions[old.key][0], old, new)
+            where = targets.get(old.key)
+            if where is not None:
+                write_feedback(lister.feedback_errors, old.key, where / FEEDBACK_FILE, new)
     return result
 
 

@@ -54,6 +54,11 @@ WRITABLE_OFFSETS = {
 READ_ERRORS = (RegionError, OSError, struct.error, ValueError, IndexError, OverflowError)
 
 
+#: Suffix of the plugin-private directory next to a container's cache directory (the
+#: device plugin's; no container sees it: limits.env, feedback, vgpulock).
+PLUGIN_SUFFIX = ".plugin"
+
+
 class CacheError(RuntimeError):
     """A container directory or cache file cannot be used (logged, retried next tick)."""
 
@@ -262,7 +267,10 @@ class ContainerLister:
     a directory of an unknown pod is kept after its last modification. ``blocks`` is the
     feedback loop's memory of which containers it blocked in its last ticks
     (:class:`~hami.monitor.feedback.BlockBudget`, used by
-    :func:`hami.monitor.command.feedback_tick`).
+    :func:`hami.monitor.command.feedback_tick`). ``plugin_dirs``: container key ->
+    its plugin-private ``<key>.plugin`` directory (holding the feedback file), for the
+    live, unfinished pods of the last :meth:`update`; ``feedback_errors``: the last
+    feedback-file error per key (logged once).
     """
 
     root: Path
@@ -274,6 +282,8 @@ class ContainerLister:
     read_errors: dict[str, str] = field(default_factory=dict)
     read_errors_total: int = 0
     blocks: BlockBudget = field(default_factory=BlockBudget)
+    plugin_dirs: dict[str, Path] = field(default_factory=dict)
+    feedback_errors: dict[str, str] = field(default_factory=dict)
 
     def update(self, live_pod_uids: AbstractSet[str] | None,
                finished_pod_uids: AbstractSet[str] = frozenset()) -> None:
@@ -289,6 +299,7 @@ class ContainerLister:
             log.warning("cannot list %s: %s", self.root, exc)
             return
         seen = set()
+        plugin_dirs: dict[str, Path] = {}
         with self.lock:
             for e in entries:
                 try:
@@ -308,6 +319,8 @@ class ContainerLister:
                     self.errors.pop(e.name, None)
                     continue
                 if "." in parts[1]:  # not a container (names are DNS labels): plugin files
+                    if parts[1].endswith(PLUGIN_SUFFIX):
+                        plugin_dirs[e.name[:-len(PLUGIN_SUFFIX)]] = Path(e.path)
                     continue
                 loaded = self.containers.get(e.name)
                 if loaded is not None:
@@ -328,6 +341,9 @@ class ContainerLister:
             for key in list(self.containers):
                 if key not in seen:
                     self._forget(key)
+            self.plugin_dirs = plugin_dirs
+            self.feedback_errors = {k: v for k, v in self.feedback_errors.items()
+                                    if k in plugin_dirs or k.startswith("claim:")}
 
     def _maybe_remove(self, key: str, path: Path) -> None:
         try:
