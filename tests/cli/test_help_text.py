@@ -64,3 +64,21 @@ def test_lib_path_default_is_described() -> None:
 def test_flags_show_no_bool_type() -> None:
     for args in ((), ("device-plugin",), ("simulate",)):
         assert "<bool>" not in help_of(*args), args
+
+
+def test_root_help_lists_each_command_in_its_own_words() -> None:
+    """``hami --help`` lists simulate in one sentence; its own help's "described below"
+    (the columns under it) means nothing in the command list."""
+    root = " ".join(help_of().split())
+    assert "described below" not in root
+    assert ("Replay a GPU cluster trace through the scheduler core and report how well "
+            "each policy packs GPUs.") in root.replace("│ ", "")
+    assert "described below" in " ".join(help_of("simulate").split())
+
+
+def test_vendor_switches_say_what_they_schedule() -> None:
+    for name in ("schedule", "scheduler"):
+        text = " ".join(help_of(name).replace("│", "").split())
+        assert "schedule Ascend NPUs: the chips of the device config's vnpus section" in text
+        assert ("schedule Iluvatar GPUs: the chips of the device config's iluvatars section"
+                in text)
