@@ -283,7 +283,8 @@ def top(
     namespace: Annotated[str | None, typer.Option(
         "-n", "--namespace", help="only pods and quotas of this namespace (GPU usage is "
         "still every namespace's)")] = None,
-    node: Annotated[list[str] | None, typer.Option("--node", help="only these nodes (repeatable)")] = None,
+    node: Annotated[list[str] | None, typer.Option(
+        "--node", metavar="<name>", help="only this node (repeatable)")] = None,
     device_config_file: Annotated[Path | None, typer.Option(
         "--device-config-file", help="HAMi device-config.yaml (resource names for quotas)")
     ] = None,

@@ -82,3 +82,11 @@ def test_vendor_switches_say_what_they_schedule() -> None:
         assert "schedule Ascend NPUs: the chips of the device config's vnpus section" in text
         assert ("schedule Iluvatar GPUs: the chips of the device config's iluvatars section"
                 in text)
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_no_option_shows_a_python_type(name: str) -> None:
+    """Value placeholders are words (``<name>``), not Python types (``hami top --node``
+    showed ``<list[str]>``)."""
+    text = help_of(name)
+    assert "list[" not in text and "str]" not in text, text
