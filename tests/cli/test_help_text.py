@@ -90,3 +90,9 @@ def test_no_option_shows_a_python_type(name: str) -> None:
     showed ``<list[str]>``)."""
     text = help_of(name)
     assert "list[" not in text and "str]" not in text, text
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_help_names_things_not_pronouns(name: str) -> None:
+    """``--gpu-hook-path`` and ``--hook-path`` said ``<it>/vgpu`` for "this path's"."""
+    assert "<it>" not in help_of(name)

@@ -264,7 +264,7 @@ def monitor(
     hook_path: Annotated[Path | None, typer.Option(
         envvar="HOOK_PATH", show_envvar=True,
         help="required: the directory holding the containers' vGPU caches "
-             "(<it>/containers; the chart sets <global.gpuHookPath>/vgpu)")] = None,
+             "(in its containers folder; the chart sets <global.gpuHookPath>/vgpu)")] = None,
     node_name: Annotated[str, typer.Option(
         envvar="NODE_NAME", show_envvar=True,
         help="required: this node (the chart sets it from spec.nodeName)")] = "",

@@ -43,7 +43,8 @@ def scheduler(
     node_lock_retry_timeout: Annotated[str, typer.Option(help="how long bind waits for a locked node (0: no wait)")] = "28s",
     force_overwrite_default_scheduler: Annotated[bool, typer.Option(help="webhook replaces default-scheduler")] = True,
     gpu_hook_path: Annotated[str, typer.Option(
-        help="the device plugin's HOOK_PATH: GPU containers may not mount volumes on <it>/vgpu")] = "/usr/local",
+        help="the device plugin's HOOK_PATH (the chart's global.gpuHookPath): GPU containers "
+             "may not mount a volume under this path's vgpu folder")] = "/usr/local",
     other_gpu_schedulers: Annotated[str, typer.Option(
         help="schedulerNames besides ours whose GPU pods the webhook admits unchecked, a,b "
              "(default: none; such pods are refused)")] = "",
