@@ -96,3 +96,22 @@ def test_no_option_shows_a_python_type(name: str) -> None:
 def test_help_names_things_not_pronouns(name: str) -> None:
     """``--gpu-hook-path`` and ``--hook-path`` said ``<it>/vgpu`` for "this path's"."""
     assert "<it>" not in help_of(name)
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_duration_defaults_are_shown_as_durations(name: str) -> None:
+    """A DURATION option's default reads as the value one would type (``30s``), and is
+    the option's default (``--register-interval`` showed ``30.0``)."""
+    import typer
+
+    from hami.durations import seconds
+
+    group = typer.main.get_command(app)
+    command = group.commands[name]  # type: ignore[attr-defined]
+    ctx = command.make_context(name, [], parent=group.make_context("hami", [name]),
+                               resilient_parsing=True)
+    for param in command.get_params(ctx):
+        if getattr(param, "metavar", None) == "DURATION":
+            shown = param.show_default  # type: ignore[attr-defined]
+            assert isinstance(shown, str) and shown[-1] in "smh", (name, param.opts, shown)
+            assert seconds(shown) == param.default, (name, param.opts, shown)

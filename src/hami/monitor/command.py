@@ -276,7 +276,7 @@ def monitor(
     resync_interval: Annotated[float, typer.Option(
         envvar="HAMI_RESYNC_INTERVAL", show_envvar=True, parser=seconds, metavar="DURATION",
         help="how long a container's cache of a pod that is gone is kept (5m, or "
-             "seconds)")] = 300.0,
+             "seconds)", show_default="5m")] = 300.0,
     metrics_secure: Annotated[bool, typer.Option(
         help=SECURE_HELP)] = False,
     metrics_cert_file: Annotated[str, typer.Option(
