@@ -96,6 +96,17 @@ def test_tune_and_scale_out_of_range_are_refused_before_the_run(
     assert words in " ".join(result.output.split()), result.output
 
 
+def test_a_policy_list_naming_none_is_refused() -> None:
+    """``--policies ,`` ran no policy and printed an empty table."""
+    with pytest.raises(ValueError, match="names no policy"):
+        parse_policies(", ,")
+    result = runner.invoke(app, ["simulate", "--policies", ",", "--no-progress"],
+                           env={"COLUMNS": "250"})
+    assert result.exit_code == 2, result.output
+    assert "--policies ',' names no policy; give 'all', 'paper' or names such as " \
+        "FGD,binpack/spread" in " ".join(result.output.split())
+
+
 def test_plot_into_a_missing_directory_fails_before_the_run(tmp_path):
     from typer.testing import CliRunner
 

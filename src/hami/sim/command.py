@@ -99,13 +99,16 @@ def parse_policies(text: str) -> list[str]:
     when named.
 
     Raises:
-        ValueError: an unknown policy name.
+        ValueError: an unknown policy name, or a list naming none (``","``).
     """
     if text.strip() in ("", "all"):
         return [*PAPER_POLICIES, *ALL_POLICIES]
     if text.strip() == "paper":
         return [*PAPER_POLICIES, FRAGMENTATION_AWARE]
     out = [p.strip() for p in text.split(",") if p.strip()]
+    if not out:  # "," or ", ," named no policy: an empty table would say nothing
+        raise ValueError(f"--policies {text!r} names no policy; give 'all', 'paper' or "
+                         "names such as FGD,binpack/spread")
     for p in out:
         if p not in PAPER_POLICIES:
             try:
