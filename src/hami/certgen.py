@@ -323,12 +323,14 @@ def certgen(
 ) -> None:
     """Create or reuse the webhook's self-signed TLS and patch the webhook's caBundle;
     create (and rotate) the allocation-signing key."""
-    from lightkube import ApiError, Client, KubeConfig
+    from lightkube import ApiError, Client
+
+    from hami.kubehint import load_kubeconfig
 
     try:
         # in the chart's pod: the ServiceAccount (lightkube's Client(None) with
         # trust_env=False would read ~/.kube/config only)
-        config = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+        config = load_kubeconfig(kubeconfig)
         client = Client(config, field_manager="hami-certgen", trust_env=False)
         if secret and not service:
             raise RuntimeError("--secret needs --service (the names the certificate covers)")

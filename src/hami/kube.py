@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
-from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube import ApiError, AsyncClient
 from lightkube.core import resource as lkres
 from lightkube.generic_resource import (
     Generic,
@@ -27,6 +27,7 @@ from lightkube.generic_resource import (
 )
 from lightkube.types import PatchType, on_error_raise
 
+from hami.kubehint import load_kubeconfig
 from hami.kubehttp import DEFAULT_WATCH_IDLE_TIMEOUT_S, async_transport, watch_timeout_for
 
 JSON = dict[str, Any]
@@ -157,7 +158,7 @@ class Kube:
         (:func:`~hami.kubehttp.watch_timeout_for`), so a healthy quiet watch is renewed
         by the API server before the deadline could cut it."""
         path = kubeconfig or os.environ.get("KUBECONFIG")
-        config = KubeConfig.from_file(path) if path else KubeConfig.from_env()
+        config = load_kubeconfig(path)
         transport = async_transport(config.get(), idle_timeout_s=watch_idle_timeout_s)
         client = AsyncClient(config, field_manager=field_manager, trust_env=False,
                              timeout=httpx2.Timeout(timeout_s), transport=transport)

@@ -18,12 +18,15 @@ def read_device_config(path: Path | None) -> dict[str, Any]:
     for None.
 
     Raises:
-        ConfigError: unreadable file or not a mapping.
+        ConfigError: unreadable file, not UTF-8 text, not YAML, or not a mapping.
     """
     if path is None:
         return {}
     try:
         raw = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"cannot read device config {path}: not UTF-8 text "
+                          f"(byte {exc.start})") from None
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read device config {path}: {exc}") from None
     if not isinstance(raw, dict):

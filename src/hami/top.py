@@ -283,7 +283,8 @@ def top(
     namespace: Annotated[str | None, typer.Option(
         "-n", "--namespace", help="only pods and quotas of this namespace (GPU usage is "
         "still every namespace's)")] = None,
-    node: Annotated[list[str] | None, typer.Option("--node", help="only these nodes (repeatable)")] = None,
+    node: Annotated[list[str] | None, typer.Option(
+        "--node", metavar="<name>", help="only this node (repeatable)")] = None,
     device_config_file: Annotated[Path | None, typer.Option(
         "--device-config-file", help="HAMi device-config.yaml (resource names for quotas)")
     ] = None,
@@ -292,16 +293,16 @@ def top(
         "schedulerName; e.g. hami-py-scheduler beside HAMi)")] = "hami-scheduler",
 ) -> None:
     """GPUs of the cluster: allocated memory, cores and tasks vs capacity, and their pods."""
-    from lightkube import ApiError, Client, KubeConfig
+    from lightkube import ApiError, Client
 
     from hami.core.config import ConfigError as HamiConfigError
-    from hami.kubehint import kube_hint
+    from hami.kubehint import kube_hint, load_kubeconfig
     from hami.settings import load_device_config
 
     try:
         config = make_config(nvidia=load_device_config(device_config_file),
                              scheduler_name=scheduler_name)
-        kc = KubeConfig.from_file(kubeconfig) if kubeconfig else KubeConfig.from_env()
+        kc = load_kubeconfig(kubeconfig)
         client = Client(kc.get(context_name=context) if context else kc, trust_env=False)
         nodes, pods, quotas = list_objects(client, namespace)
         slices, claims = list_dra_objects(client, namespace)

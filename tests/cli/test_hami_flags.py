@@ -210,3 +210,36 @@ def test_no_kubeconfig_is_one_line_with_what_to_do(argv: list[str], tmp_path: Pa
     assert len(errors) == 1, proc.stderr
     assert "KUBECONFIG" in errors[0] and "--kubeconfig" in errors[0], errors
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["scheduler", "--metrics-bind-address=", "--http_bind=127.0.0.1:0"],
+    ["top"],
+    ["certgen", "--namespace", "x", "--secret", "s", "--service", "svc"],
+    ["monitor"],
+    ["device-plugin", "--backend", "fake", "--node-name", "n"],
+])
+@pytest.mark.parametrize(("content", "words"), [
+    (b"apiVersion: v1\nclusters: [\n", "is not valid YAML (line 3, column 1)"),
+    (b"apiVersion: v1\n\xff\xfe\n", "is not UTF-8 text (byte 15)"),
+    (b"- just\n- a list\n", "is not a kubeconfig (a mapping of clusters, users and contexts)"),
+])
+def test_broken_kubeconfig_is_one_line_naming_the_file(argv: list[str], content: bytes,
+                                                       words: str, tmp_path: Path) -> None:
+    """A kubeconfig that is not YAML, not UTF-8 or not a mapping was the YAML parser's
+    multi-line error or a UnicodeDecodeError, neither naming the file."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_bytes(content)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_", "KUBECONFIG"))}
+    env.update({"PYTHONPATH": SRC, "HOME": str(tmp_path), "HOOK_PATH": str(tmp_path),
+                "NODE_NAME": "n", "KUBECONFIG": str(kubeconfig)})
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("gpus: []\n")
+    if argv[0] == "device-plugin":
+        argv = [*argv, "--fake-inventory", str(inventory)]
+    proc = subprocess.run([sys.executable, "-m", "hami.cli", *argv], capture_output=True,
+                          text=True, env=env, timeout=60, cwd=tmp_path)
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if "level=" not in line]
+    assert errors == [f"error: kubeconfig {kubeconfig} {words}: fix it, or name another "
+                      "file with KUBECONFIG / --kubeconfig"], proc.stderr

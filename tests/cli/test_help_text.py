@@ -64,3 +64,54 @@ def test_lib_path_default_is_described() -> None:
 def test_flags_show_no_bool_type() -> None:
     for args in ((), ("device-plugin",), ("simulate",)):
         assert "<bool>" not in help_of(*args), args
+
+
+def test_root_help_lists_each_command_in_its_own_words() -> None:
+    """``hami --help`` lists simulate in one sentence; its own help's "described below"
+    (the columns under it) means nothing in the command list."""
+    root = " ".join(help_of().split())
+    assert "described below" not in root
+    assert ("Replay a GPU cluster trace through the scheduler core and report how well "
+            "each policy packs GPUs.") in root.replace("│ ", "")
+    assert "described below" in " ".join(help_of("simulate").split())
+
+
+def test_vendor_switches_say_what_they_schedule() -> None:
+    for name in ("schedule", "scheduler"):
+        text = " ".join(help_of(name).replace("│", "").split())
+        assert "schedule Ascend NPUs: the chips of the device config's vnpus section" in text
+        assert ("schedule Iluvatar GPUs: the chips of the device config's iluvatars section"
+                in text)
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_no_option_shows_a_python_type(name: str) -> None:
+    """Value placeholders are words (``<name>``), not Python types (``hami top --node``
+    showed ``<list[str]>``)."""
+    text = help_of(name)
+    assert "list[" not in text and "str]" not in text, text
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_help_names_things_not_pronouns(name: str) -> None:
+    """``--gpu-hook-path`` and ``--hook-path`` said ``<it>/vgpu`` for "this path's"."""
+    assert "<it>" not in help_of(name)
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_duration_defaults_are_shown_as_durations(name: str) -> None:
+    """A DURATION option's default reads as the value one would type (``30s``), and is
+    the option's default (``--register-interval`` showed ``30.0``)."""
+    import typer
+
+    from hami.durations import seconds
+
+    group = typer.main.get_command(app)
+    command = group.commands[name]  # type: ignore[attr-defined]
+    ctx = command.make_context(name, [], parent=group.make_context("hami", [name]),
+                               resilient_parsing=True)
+    for param in command.get_params(ctx):
+        if getattr(param, "metavar", None) == "DURATION":
+            shown = param.show_default  # type: ignore[attr-defined]
+            assert isinstance(shown, str) and shown[-1] in "smh", (name, param.opts, shown)
+            assert seconds(shown) == param.default, (name, param.opts, shown)

@@ -98,3 +98,29 @@ def test_python_m_scheduler_command_is_hami_scheduler(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr, done.stderr
     assert "error: no Kubernetes configuration" in done.stderr
     assert "level=warning logger=hami.scheduler" in done.stderr
+
+
+def test_unreadable_cluster_file_is_one_line(tmp_path: Path) -> None:
+    """A missing file, a folder or a binary file given to ``-f`` is one line naming it
+    (a binary file was a UnicodeDecodeError traceback)."""
+    binary = tmp_path / "blob"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00\xd0\xff\xfe")
+    for path, words in ((tmp_path / "nope.yaml", "No such file or directory"),
+                        (tmp_path, "Is a directory"),
+                        (binary, "not UTF-8 text (byte 8); give a YAML or JSON file")):
+        result = CliRunner().invoke(app, ["schedule", "-f", str(path)], env={"COLUMNS": "250"})
+        assert result.exit_code == 2, result.output
+        assert f"error: cannot read -f {path}: {words}" in result.stderr, result.stderr
+        assert "Traceback" not in result.output and "Errno" not in result.stderr
+
+
+def test_binary_device_config_is_one_line(tmp_path: Path) -> None:
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump_all([node("n1"), pod("p", 1000)]))
+    binary = tmp_path / "device-config.yaml"
+    binary.write_bytes(b"nvidia:\n  \xd0\xff\n")
+    result = CliRunner().invoke(app, ["schedule", "-f", str(cluster), "--device-config-file",
+                                      str(binary)], env={"COLUMNS": "250"})
+    assert result.exit_code == 2, result.output
+    assert f"error: cannot read device config {binary}: not UTF-8 text (byte 10)" \
+        in result.stderr, result.stderr

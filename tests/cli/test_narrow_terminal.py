@@ -32,6 +32,18 @@ def test_help_at_80_columns_is_not_cut(name: str) -> None:
         [line for line in text.splitlines() if len(line) > 80]
 
 
+def test_root_help_at_80_columns_lists_whole_sentences() -> None:
+    """``hami --help`` at 80 columns cut each command's line with ``...`` ("Dry-run
+    admission and scheduling of the pending pods in...")."""
+    text = _hami("--help")
+    commands = text[text.index("Commands:"):]
+    assert "..." not in commands and "…" not in commands, text
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    flat = " ".join(text.split()).replace("- ", "-")  # lines may break after a hyphen
+    assert "Dry-run admission and scheduling of the pending pods in a cluster file." in flat
+    assert "Run the scheduler extender + mutating webhook (HAMi's hami-scheduler)." in flat
+
+
 def test_simulate_help_says_the_whole_trace_path_and_what_ten_seeds_cost() -> None:
     text = " ".join(_hami("simulate", "--help").split())
     assert "cluster-trace-gpu-v2023/csv" in text

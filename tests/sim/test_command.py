@@ -77,6 +77,36 @@ def test_errors_are_messages(tmp_path: Path) -> None:
     assert missing.exit_code == 2 and "openb_node_list_gpu_node.csv" in missing.output
 
 
+@pytest.mark.parametrize(("args", "words"), [
+    (["--tune", "inf"], "--tune must be above 0 and at most 10 (the paper's 1.3 is the "
+                        "default), got inf"),
+    (["--tune", "nan"], "--tune must be above 0 and at most 10"),
+    (["--tune", "0"], "--tune must be above 0 and at most 10"),
+    (["--tune", "10.5"], "got 10.5"),
+    (["--scale", "0"], "--scale must be above 0 and at most 4, got 0"),
+    (["--scale", "nan"], "--scale must be above 0 and at most 4, got nan"),
+])
+def test_tune_and_scale_out_of_range_are_refused_before_the_run(
+        args: list[str], words: str) -> None:
+    """An infinite --tune inflated the pod list forever and NaN ran ("inflated to nanx
+    capacity"); each bad value is one line naming its option."""
+    result = runner.invoke(app, ["simulate", *args, "--policies", "FGD", "--no-progress"],
+                           env={"COLUMNS": "250"})
+    assert result.exit_code == 2, result.output
+    assert words in " ".join(result.output.split()), result.output
+
+
+def test_a_policy_list_naming_none_is_refused() -> None:
+    """``--policies ,`` ran no policy and printed an empty table."""
+    with pytest.raises(ValueError, match="names no policy"):
+        parse_policies(", ,")
+    result = runner.invoke(app, ["simulate", "--policies", ",", "--no-progress"],
+                           env={"COLUMNS": "250"})
+    assert result.exit_code == 2, result.output
+    assert "--policies ',' names no policy; give 'all', 'paper' or names such as " \
+        "FGD,binpack/spread" in " ".join(result.output.split())
+
+
 def test_plot_into_a_missing_directory_fails_before_the_run(tmp_path):
     from typer.testing import CliRunner
 

@@ -59,7 +59,11 @@ def _register() -> None:
     app.command("monitor", cls=HamiCommand)(monitor)
     app.command("top", cls=HamiCommand)(top)
     app.command("certgen", cls=HamiCommand)(certgen)
-    app.command("simulate", cls=HamiCommand)(simulate)
+    # The docstring's first paragraph speaks of the table "below" (in its own --help); the
+    # command list gets a line of its own.
+    app.command("simulate", cls=HamiCommand,
+                short_help="Replay a GPU cluster trace through the scheduler core and report "
+                           "how well each policy packs GPUs.")(simulate)
 
 
 _register()

@@ -204,6 +204,16 @@ class HamiGroup(NarrowHelp, TyperGroup):
     def get_params(self, ctx: Any) -> list[Any]:
         return untyped_flags(super().get_params(ctx))
 
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        """The command list of click's plain layout (narrow terminals): each command's
+        first sentence, wrapped; click cut it at the terminal's width with ``...``."""
+        rows = [(name, cmd.get_short_help_str(limit=10_000))
+                for name in self.list_commands(ctx)
+                if (cmd := self.get_command(ctx, name)) is not None and not cmd.hidden]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
 
 class HamiCommand(NarrowHelp, TyperCommand):
     """A typer command with HAMi's flags, the common options and one-line errors."""

@@ -36,8 +36,11 @@ def schedule_command(
              "scheduler's flag; default: none)")] = "",
     output: Annotated[Output, typer.Option(
         "-o", "--output", help="a human-readable table, or one JSON document")] = Output.table,
-    enable_ascend: Annotated[bool, typer.Option(help="register the device config's vnpus (Ascend) vendors")] = False,
-    enable_iluvatar: Annotated[bool, typer.Option(help="register the device config's iluvatars vendors")] = False,
+    enable_ascend: Annotated[bool, typer.Option(
+        help="schedule Ascend NPUs: the chips of the device config's vnpus section")] = False,
+    enable_iluvatar: Annotated[bool, typer.Option(
+        help="schedule Iluvatar GPUs: the chips of the device config's iluvatars "
+             "section")] = False,
     default_mem: DefaultMem = None,
     default_cores: DefaultCores = None,
     default_gpu: DefaultGpu = None,
@@ -60,6 +63,14 @@ def schedule_command(
         raise typer.Exit(2)
     try:
         text = sys.stdin.read() if str(file) == "-" else file.read_text()
+    except OSError as exc:
+        typer.echo(f"error: cannot read -f {file}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(2) from None
+    except UnicodeDecodeError as exc:
+        typer.echo(f"error: cannot read -f {file}: not UTF-8 text (byte {exc.start}); "
+                   "give a YAML or JSON file", err=True)
+        raise typer.Exit(2) from None
+    try:
         config = scheduler_config(device_config_file, node_scheduler_policy,
                                   gpu_scheduler_policy, scheduler_name,
                                   enable_ascend=enable_ascend, enable_iluvatar=enable_iluvatar,

@@ -84,7 +84,7 @@ def device_plugin(
         help="ignored (kept for compatibility): each container gets its own /tmp/vgpulock")] = "/tmp/vgpulock",
     register_interval: Annotated[float, typer.Option(
         parser=seconds, metavar="DURATION",
-        help="time between register passes (30s, or seconds: 30)")] = 30.0,
+        help="time between register passes (30s, or seconds: 30)", show_default="30s")] = 30.0,
     install_lib_dir: Annotated[Path | None, typer.Option(
         "--install-lib", help="install libvgpu.so + ld.so.preload into DIR and exit")] = None,
     lib_path: Annotated[Path, typer.Option(
@@ -95,7 +95,7 @@ def device_plugin(
     watch_idle_timeout: Annotated[float, typer.Option(
         parser=seconds, metavar="DURATION",
         help="time without an event or bookmark after which the node watch is "
-             "resumed on a new connection (2m, or seconds: 120)")] = 120.0,
+             "resumed on a new connection (2m, or seconds: 120)", show_default="2m")] = 120.0,
     allocation_key_dir: Annotated[Path | None, typer.Option(
         help="directory of the allocation key shared with the scheduler (files 'current', "
              "'next', 'previous'): only allocations hami's scheduler signed are served; "

@@ -42,12 +42,12 @@ def make_client(kubeconfig: Path | None = None, *,
     Watches ask for bookmarks and raise ``httpx2.ReadTimeout`` after
     ``watch_idle_timeout_s`` seconds without a byte; connections have TCP keepalive
     (:mod:`hami.kubehttp`)."""
-    from lightkube import Client, KubeConfig
+    from lightkube import Client
 
+    from hami.kubehint import load_kubeconfig
     from hami.kubehttp import sync_transport
 
-    config = KubeConfig.from_file(str(kubeconfig)) if kubeconfig is not None \
-        else KubeConfig.from_env()
+    config = load_kubeconfig(kubeconfig)
     transport = sync_transport(config.get(), idle_timeout_s=watch_idle_timeout_s)
     return Client(config=config, field_manager="hami-node", transport=transport)
 

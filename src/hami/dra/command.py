@@ -37,7 +37,7 @@ def dra_plugin(
     publish_interval: Annotated[float, typer.Option(
         parser=seconds, metavar="DURATION",
         help="time between card discoveries (10s, or seconds: 10); the Node is watched, "
-             "cordon changes republish at once")] = 10.0,
+             "cordon changes republish at once", show_default="10s")] = 10.0,
     kubelet_plugin: Annotated[bool, typer.Option(
         help="serve the kubelet DRA plugin sockets (--no-kubelet-plugin: publish only)")] = True,
 ) -> None:

@@ -286,7 +286,7 @@ def monitor(
     hook_path: Annotated[Path | None, typer.Option(
         envvar="HOOK_PATH", show_envvar=True,
         help="required: the directory holding the containers' vGPU caches "
-             "(<it>/containers; the chart sets <global.gpuHookPath>/vgpu)")] = None,
+             "(in its containers folder; the chart sets <global.gpuHookPath>/vgpu)")] = None,
     node_name: Annotated[str, typer.Option(
         envvar="NODE_NAME", show_envvar=True,
         help="required: this node (the chart sets it from spec.nodeName)")] = "",
@@ -298,7 +298,7 @@ def monitor(
     resync_interval: Annotated[float, typer.Option(
         envvar="HAMI_RESYNC_INTERVAL", show_envvar=True, parser=seconds, metavar="DURATION",
         help="how long a container's cache of a pod that is gone is kept (5m, or "
-             "seconds)")] = 300.0,
+             "seconds)", show_default="5m")] = 300.0,
     metrics_secure: Annotated[bool, typer.Option(
         help=SECURE_HELP)] = False,
     metrics_cert_file: Annotated[str, typer.Option(

@@ -43,7 +43,8 @@ def scheduler(
     node_lock_retry_timeout: Annotated[str, typer.Option(help="how long bind waits for a locked node (0: no wait)")] = "28s",
     force_overwrite_default_scheduler: Annotated[bool, typer.Option(help="webhook replaces default-scheduler")] = True,
     gpu_hook_path: Annotated[str, typer.Option(
-        help="the device plugin's HOOK_PATH: GPU containers may not mount volumes on <it>/vgpu")] = "/usr/local",
+        help="the device plugin's HOOK_PATH (the chart's global.gpuHookPath): GPU containers "
+             "may not mount a volume under this path's vgpu folder")] = "/usr/local",
     other_gpu_schedulers: Annotated[str, typer.Option(
         help="schedulerNames besides ours whose GPU pods the webhook admits unchecked, a,b "
              "(default: none; such pods are refused)")] = "",
@@ -74,8 +75,11 @@ def scheduler(
         help="with --leader-elect: do not elect, follow the named Lease of kube-scheduler "
              "and lead iff its holder is this host (HAMi's rule)")] = False,
     device_config_file: Annotated[str, typer.Option(help="HAMi device-config.yaml")] = "",
-    enable_ascend: Annotated[bool, typer.Option(help="register the device config's vnpus (Ascend) vendors")] = False,
-    enable_iluvatar: Annotated[bool, typer.Option(help="register the device config's iluvatars vendors")] = False,
+    enable_ascend: Annotated[bool, typer.Option(
+        help="schedule Ascend NPUs: the chips of the device config's vnpus section")] = False,
+    enable_iluvatar: Annotated[bool, typer.Option(
+        help="schedule Iluvatar GPUs: the chips of the device config's iluvatars "
+             "section")] = False,
     register_interval: Annotated[str, typer.Option(help="node registration/health period")] = "15s",
     events: Annotated[bool, typer.Option(help="post Kubernetes Events for filter/bind")] = True,
     async_annotation_patch: Annotated[bool, typer.Option(help="answer /filter before its annotation patch lands (/bind waits for it)")] = True,

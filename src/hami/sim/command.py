@@ -58,6 +58,8 @@ TRACE_HINT = ("--trace (or $HAMI_TRACE_DIR) names the folder cluster-trace-gpu-v
               "says how to get it")
 #: The minimum tasks per GPU the trace needs (its smallest share is 50 milli).
 MIN_SPLIT_COUNT = 20
+#: The largest --tune: 10x capacity already leaves nearly every pod unplaced (the paper: 1.3).
+MAX_TUNE = 10.0
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -97,13 +99,16 @@ def parse_policies(text: str) -> list[str]:
     when named.
 
     Raises:
-        ValueError: an unknown policy name.
+        ValueError: an unknown policy name, or a list naming none (``","``).
     """
     if text.strip() in ("", "all"):
         return [*PAPER_POLICIES, *ALL_POLICIES]
     if text.strip() == "paper":
         return [*PAPER_POLICIES, FRAGMENTATION_AWARE]
     out = [p.strip() for p in text.split(",") if p.strip()]
+    if not out:  # "," or ", ," named no policy: an empty table would say nothing
+        raise ValueError(f"--policies {text!r} names no policy; give 'all', 'paper' or "
+                         "names such as FGD,binpack/spread")
     for p in out:
         if p not in PAPER_POLICIES:
             try:
@@ -252,7 +257,8 @@ def simulate(
         "--split-count", help=f"Tasks per GPU (deviceSplitCount), at least {MIN_SPLIT_COUNT}"
         " (the trace's smallest share is 5 %).")] = DEFAULT_SPLIT_COUNT,
     tune: Annotated[float, typer.Option(
-        help="Inflate the workload until requested GPU reaches tune x capacity.")
+        help="Inflate the workload until requested GPU reaches tune x capacity (above 0, "
+             "at most 10).")
     ] = DEFAULT_TUNE,
     scale: Annotated[float, typer.Option(
         help="Synthetic default only: size relative to the trace.")] = DEFAULT_SCALE,
@@ -299,8 +305,12 @@ def simulate(
         if split_count < MIN_SPLIT_COUNT:
             raise ValueError(f"--split-count must be at least {MIN_SPLIT_COUNT}, "
                              f"got {split_count}")
-        if tune <= 0 or not 0 < scale <= 4:
-            raise ValueError("--tune must be positive and --scale in (0, 4]")
+        # Written so that NaN fails too; an infinite --tune inflated the pod list forever.
+        if not 0 < tune <= MAX_TUNE:
+            raise ValueError(f"--tune must be above 0 and at most {MAX_TUNE:g} "
+                             f"(the paper's 1.3 is the default), got {tune:g}")
+        if not 0 < scale <= 4:
+            raise ValueError(f"--scale must be above 0 and at most 4, got {scale:g}")
         nodes: list[TraceNode]
         pods: list[TracePod]
         reference: dict[str, dict[int, float]] = {}
