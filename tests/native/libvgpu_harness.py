@@ -102,3 +102,22 @@ def kill_group(pgid: int) -> None:
 def lines(out: str, tag: str) -> list[list[int]]:
     """Numeric fields of every stdout line starting with ``tag``."""
     return [[int(x) for x in ln.split()[1:]] for ln in out.splitlines() if ln.split()[:1] == [tag]]
+
+
+@dataclass(frozen=True)
+class Rate:
+    """One ``rate SECS GRID`` segment of vgtest: launches per second; the simulated
+    GPU's busy time of the process over those seconds in percent (its SM utilisation as
+    the stub's NVML reports it, the quantity an SM limit holds); the same summed over
+    every process of the stub's state (all_busy_percent). Both -1 when NVML did not
+    list the process."""
+
+    launches_per_s: float
+    busy_percent: float
+    all_busy_percent: float
+
+
+def rates(out: str) -> list[Rate]:
+    """The ``rate LAUNCHES_PER_S BUSY_PERCENT ALL_BUSY_PERCENT`` lines of vgtest's
+    stdout ``out``, in order."""
+    return [Rate(*map(float, f[1:4])) for f in (ln.split() for ln in out.splitlines()) if f[:1] == ["rate"]]

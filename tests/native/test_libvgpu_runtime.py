@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from libvgpu_harness import Env, lines
+from libvgpu_harness import Env, lines, rates
 
 from hami.monitor import region as reg
 
@@ -49,8 +49,10 @@ def test_host_pid_differs_from_container_pid(env: Env) -> None:
         holder.wait()
     p = env.run("init", "rate", "2", "100", "rate", "2", "100", VGPU_STUB_PID_OFFSET="100000",
                 VGPU_STUB_NS_PER_BLOCK="10000", VGPU_STUB_STATE=str(env.tmp / "busy.state"))
-    rate = float(p.stdout.splitlines()[-1].split()[1])
-    assert rate <= 0.45 * 800  # throttled (unlimited: ~800/s): utilisation is attributed via the host PID
+    limited = rates(p.stdout)[-1]
+    # throttled (unlimited: about 99 % busy, test_libvgpu_compute.py): utilisation is
+    # attributed via the host PID
+    assert 0 <= limited.busy_percent <= 45, limited
 
 
 def test_nvml_only_process_takes_no_slot(env: Env) -> None:
