@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from libvgpu_harness import BUILD, VALGRIND, Env, build, lines, rates
+from libvgpu_harness import BUILD, FREE, STEADY, VALGRIND, Env, build, lines, steady_busy_percent
 
 from hami.monitor import region as reg
 from hami.testing.gpupods import stub_uuid
@@ -178,11 +178,9 @@ def test_sm_limit_follows_the_device_not_the_ordinal(env: Env) -> None:
     that GPU busy about 30 % of the time (test_libvgpu_compute.py: the simulated GPU's
     busy percent, what an SM limit holds); on GPU 0 it runs free (about 99 %)."""
     busy = {"VGPU_STUB_NS_PER_BLOCK": "10000"}
-    p = env.run("init", "rate", "2", "100", "rate", "2", "100", CUDA_VISIBLE_DEVICES="1",
-                CUDA_DEVICE_SM_LIMIT_0="100", CUDA_DEVICE_SM_LIMIT_1="30", **busy)
-    limited = rates(p.stdout)[1]
-    assert 15 <= limited.busy_percent <= 45, limited
-    p = env.run("init", "rate", "1.5", "100", CUDA_VISIBLE_DEVICES="0",
-                CUDA_DEVICE_SM_LIMIT_0="100", CUDA_DEVICE_SM_LIMIT_1="30", **busy)
-    unlimited = rates(p.stdout)[0]
-    assert unlimited.busy_percent > 75, unlimited
+    p = env.run("init", *STEADY, CUDA_VISIBLE_DEVICES="1", CUDA_DEVICE_SM_LIMIT_0="100",
+                CUDA_DEVICE_SM_LIMIT_1="30", **busy)
+    assert 15 <= steady_busy_percent(p.stdout) <= 45, p.stdout
+    p = env.run("init", *FREE, CUDA_VISIBLE_DEVICES="0", CUDA_DEVICE_SM_LIMIT_0="100",
+                CUDA_DEVICE_SM_LIMIT_1="30", **busy)
+    assert steady_busy_percent(p.stdout) > 75, p.stdout

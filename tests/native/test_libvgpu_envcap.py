@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from libvgpu_harness import Env, lines, rates
+from libvgpu_harness import FREE, STEADY, Env, lines, steady_busy_percent
 from test_libvgpu_failclosed import bare, container, plugin_limits, results
 
 from hami.monitor import region as reg
@@ -82,13 +82,13 @@ def test_environment_cannot_lift_the_mounted_sm_limit(env: Env, sm_env: dict[str
     assert r.sm_limit_percent[:2] == (30, 30)
 
 
-def _busy_percent(env: Env, lib: Path, **kv: str) -> float:
-    """The simulated GPU's busy percent of a process of the container ``lib`` over a 2 s
-    segment after 2 s of convergence (test_libvgpu_compute.py: what an SM limit holds;
-    an unlimited process is about 99 % busy)."""
-    p = bare(env, lib, "init", "rate", "2", "100", "rate", "2", "100", **BUSY, **kv)
+def _busy_percent(env: Env, lib: Path, script: tuple[str, ...] = STEADY, **kv: str) -> float:
+    """The simulated GPU's busy percent a process of the container ``lib`` holds
+    (test_libvgpu_compute.py: what an SM limit holds; an unlimited process is about
+    99 % busy)."""
+    p = bare(env, lib, "init", *script, **BUSY, **kv)
     assert p.returncode == 0, p.stderr
-    return rates(p.stdout)[-1].busy_percent
+    return steady_busy_percent(p.stdout)
 
 
 def test_policy_disable_in_the_environment_does_not_lift_the_sm_limit(env: Env) -> None:
@@ -103,6 +103,6 @@ def test_mounted_policy_disable_holds_and_force_may_tighten_it(env: Env) -> None
     limiter is off; a process may still force it on."""
     d = env.tmp / "vgpu"
     lib = container(env, plugin_limits(d) + "GPU_CORE_UTILIZATION_POLICY=disable\n")
-    assert _busy_percent(env, lib) > 75
+    assert _busy_percent(env, lib, FREE) > 75
     forced = _busy_percent(env, lib, GPU_CORE_UTILIZATION_POLICY="force")
     assert 15 <= forced <= 45, forced
