@@ -92,7 +92,8 @@ def _busy_percent(env: Env, lib: Path, script: tuple[str, ...] = STEADY, **kv: s
 
 
 def test_policy_disable_in_the_environment_does_not_lift_the_sm_limit(env: Env) -> None:
-    """Measured before: 1.0x the unlimited rate with GPU_CORE_UTILIZATION_POLICY=disable."""
+    """Measured before the fix: 1.0x the unlimited launch rate (99 % busy) with
+    GPU_CORE_UTILIZATION_POLICY=disable."""
     lib = container(env, plugin_limits(env.tmp / "vgpu"))
     busy = _busy_percent(env, lib, GPU_CORE_UTILIZATION_POLICY="disable", CUDA_DEVICE_SM_LIMIT="100")
     assert 15 <= busy <= 45, busy

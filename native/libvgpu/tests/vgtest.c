@@ -23,7 +23,7 @@
  *                        as NVML reports it; see busy_t), the quantity an SM limit
  *                        holds; ALL_BUSY_PERCENT the same summed over every process
  *                        NVML lists (the stub state's); both -1 when NVML never listed
- *                        getpid() + VGPU_STUB_PID_OFFSET
+ *                        getpid() + VGPU_STUB_PID_OFFSET or failed
  *   echo WORD            print WORD (flushes; for synchronisation)
  *   sleep SECS           sleep
  *   waitfile PATH        wait until PATH exists (at most 120 s; "waitfile timeout" then)
@@ -79,7 +79,7 @@ static double now_s(void) {
  * (the stub looks back at most 1 s), summed over every device. A sample's smUtil is
  * a whole percent rounded down, so a process's sum reads up to 1 point low. */
 #define BUSY_SAMPLE_S 0.25
-typedef struct { unsigned long long last_us, busy_us, all_us, window_us; unsigned hostpid; int seen; } busy_t;
+typedef struct { unsigned long long last_us, busy_us, all_us, window_us; unsigned hostpid; int seen, ok; } busy_t;
 
 static unsigned long long realtime_us(void) {
     struct timespec ts;
@@ -89,7 +89,7 @@ static unsigned long long realtime_us(void) {
 
 static void busy_start(busy_t *b) {
     const char *off = getenv("VGPU_STUB_PID_OFFSET"); /* the PID NVML reports for us */
-    if (nvmlInit_v2()) die("nvml init", 0, 0);
+    b->ok = nvmlInit_v2() == NVML_SUCCESS;
     b->hostpid = (unsigned)getpid() + (unsigned)(off ? atoi(off) : 0);
     b->busy_us = b->all_us = b->window_us = 0;
     b->seen = 0;
@@ -100,14 +100,15 @@ static void busy_sample(busy_t *b) {
     static nvmlProcessUtilizationSample_t u[512];
     unsigned nd = 0;
     unsigned long long end = realtime_us();
-    if (nvmlDeviceGetCount_v2(&nd)) die("nvml count", 0, 0);
+    if (b->ok && nvmlDeviceGetCount_v2(&nd) != NVML_SUCCESS) b->ok = 0;
+    if (!b->ok) nd = 0;
     for (unsigned d = 0; d < nd; d++) {
         nvmlDevice_t h;
         unsigned cnt = 512;
-        if (nvmlDeviceGetHandleByIndex_v2(d, &h)) die("nvml handle", d, 0);
-        nvmlReturn_t r = nvmlDeviceGetProcessUtilization(h, u, &cnt, b->last_us);
+        nvmlReturn_t r = nvmlDeviceGetHandleByIndex_v2(d, &h);
+        if (r == NVML_SUCCESS) r = nvmlDeviceGetProcessUtilization(h, u, &cnt, b->last_us);
         if (r == NVML_ERROR_NOT_FOUND) continue;
-        if (r) die("nvml util", r, d);
+        if (r != NVML_SUCCESS) { b->ok = 0; break; } /* the figures are unknown: -1 */
         for (unsigned i = 0; i < cnt; i++) {
             unsigned long long us = (unsigned long long)u[i].smUtil * (u[i].timeStamp - b->last_us) / 100;
             b->all_us += us;
@@ -335,7 +336,7 @@ static int run(int argc, char **argv) {
                 if (t >= next) { busy_sample(&b); next = t + BUSY_SAMPLE_S; }
             }
             busy_sample(&b);
-            double w = b.seen && b.window_us ? 100.0 / b.window_us : -1.0;
+            double w = b.ok && b.seen && b.window_us ? 100.0 / b.window_us : -1.0;
             printf("rate %.1f %.1f %.1f\n", n / (t - t0), w < 0 ? w : w * b.busy_us, w < 0 ? w : w * b.all_us);
         } else if (!strcmp(c, "threads")) {
             int n = atoi(argv[++i]);
