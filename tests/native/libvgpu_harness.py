@@ -6,6 +6,7 @@ import contextlib
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,11 +124,6 @@ def phys_of(out: str) -> list[int]:
     return [i[1] for i in lines(out, "phys")]
 
 
-def rates(out: str) -> list[float]:
-    """The number of every ``rate <n>`` line (vgtest's kernel launch rate)."""
-    return [float(ln.split()[1]) for ln in out.splitlines() if ln.startswith("rate ")]
-
-
 def until(p: subprocess.Popen[str], word: str) -> str:
     """Read ``p``'s stdout up to and including the line that is ``word``; returns what
     was read. Raises ``AssertionError`` with stdout and stderr when stdout ends first."""
@@ -138,3 +134,46 @@ def until(p: subprocess.Popen[str], word: str) -> str:
         if line.strip() == word:
             return "".join(out)
     raise AssertionError("".join(out) + (p.stderr.read() if p.stderr else ""))
+@dataclass(frozen=True)
+class Rate:
+    """One ``rate SECS GRID`` segment of vgtest: launches per second; the simulated
+    GPU's busy time of the process over those seconds in percent (its SM utilisation as
+    the stub's NVML reports it, the quantity an SM limit holds); the same summed over
+    every process of the stub's state (all_busy_percent). Both -1 when NVML did not
+    list the process."""
+
+    launches_per_s: float
+    busy_percent: float
+    all_busy_percent: float
+
+
+def rates(out: str) -> list[Rate]:
+    """The ``rate LAUNCHES_PER_S BUSY_PERCENT ALL_BUSY_PERCENT`` lines of vgtest's
+    stdout ``out``, in order."""
+    return [Rate(*map(float, f[1:4])) for f in (ln.split() for ln in out.splitlines()) if f[:1] == ["rate"]]
+
+
+#: vgtest commands of a run under an SM limit: 2 s for the limiter to converge, then
+#: eight 0.5 s windows (see steady_busy_percent)
+STEADY = ("rate", "2", "100", *("rate", "0.5", "100") * 8)
+#: the same for a run expected to run free: 1 s (a limiter wrongly on is down near its
+#: limit by then), then four 0.5 s windows
+FREE = ("rate", "1", "100", *("rate", "0.5", "100") * 4)
+
+
+def steady_busy_percent(out: str, all_processes: bool = False) -> float:
+    """The busy percent a process held after its first ``rate`` segment (the limiter's
+    convergence): the median over the later segments of vgtest's stdout ``out`` (of
+    STEADY or FREE), its own or (``all_processes``) every process's.
+
+    The median, not the mean: the limiter's controller answers a step in what a launch
+    costs (on the stub, a launch also counts the time its thread waits for a CPU after
+    the simulated kernel, which jumps when the machine's load does) with a transient of
+    a few 100 ms periods over the limit, which is its design; the held level is what the
+    limit sets. Raises AssertionError when a segment is missing or NVML did not list
+    the process."""
+    segs = rates(out)[1:]
+    assert len(segs) >= 4, out
+    busy = [r.all_busy_percent if all_processes else r.busy_percent for r in segs]
+    assert min(busy) >= 0, out
+    return statistics.median(busy)

@@ -9,8 +9,9 @@ device plugin, pods started before the file existed) the region's fields apply a
 HAMi-core.
 
 The block tests wait a fixed second only in the direction that cannot flake: a blocked
-launch never finishes by itself, however slow the machine. The rate tests compare with
-the unlimited rate measured in the same test, with a wide margin (10 % share, < 50 %).
+launch never finishes by itself, however slow the machine. The rate tests read the
+simulated GPU's busy percent the process held (libvgpu_harness.steady_busy_percent), with
+a wide margin (10 % share: under 50 %; free: over 60 %).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
-from libvgpu_harness import Env, rates
-from test_libvgpu_compute import BUSY, _baseline, _set
+from libvgpu_harness import FREE, STEADY, Env, steady_busy_percent
+from test_libvgpu_compute import BUSY, _set
 
 from hami.deviceplugin import feedbackfile
 from hami.monitor import region as reg
@@ -70,29 +71,27 @@ def _stays_blocked(env: Env, d: Path, release: object = None, **kv: str) -> None
 
 
 def test_a_process_that_clears_the_switch_in_its_region_is_still_throttled(env: Env) -> None:
-    base = _baseline(env)
     d = container(env, feedbackfile.encode(1, False))  # the monitor: contended
-    env.run("init", **preload(d))  # creates the region
+    env.run("init", **preload(d), **BUSY)  # creates the region and busy stub state
     _set(env, "utilization_switch", 0)  # the tenant: "uncontended"
-    p = env.run("init", "rate", "1.5", "100", "rate", "2", "100", **preload(d), **BUSY)
-    assert rates(p.stdout)[1] / base < 0.5, (rates(p.stdout), base)
+    p = env.run("init", *STEADY, **preload(d), **BUSY)
+    assert steady_busy_percent(p.stdout) < 50, p.stdout
     assert reg.parse_region(env.region_path.read_bytes()).utilization_switch == 0
 
 
 def test_the_monitors_uncontended_holds_whatever_the_region_says(env: Env) -> None:
     """Honest path: the file says uncontended, the region (left at libvgpu's initial 1)
     is ignored: launches run free."""
-    base = _baseline(env)
     d = container(env, feedbackfile.encode(0, False))
-    env.run("init", **preload(d))
+    env.run("init", **preload(d), **BUSY)  # creates the stub state with busy launches
     _set(env, "utilization_switch", 1)
-    p = env.run("init", "rate", "2", "100", **preload(d), **BUSY)
-    assert rates(p.stdout)[0] / base > 0.6, (rates(p.stdout), base)
+    p = env.run("init", *FREE, **preload(d), **BUSY)
+    assert steady_busy_percent(p.stdout) > 60, p.stdout
 
 
 def test_a_blocked_process_that_writes_recent_kernel_2_stays_blocked(env: Env) -> None:
     d = container(env, feedbackfile.encode(1, True), sm=50)  # the monitor: blocked
-    env.run("init", **preload(d))
+    env.run("init", **preload(d), **BUSY)  # creates the stub state with busy launches
     fb = str(d / feedbackfile.FEEDBACK_FILE)
     _stays_blocked(env, d, lambda: feedbackfile.write(fb, 1, False))
     # the launches still mark the region: the monitor's activity signal
@@ -114,7 +113,7 @@ def test_no_environment_variable_moves_the_feedback_file(env: Env) -> None:
     other = env.tmp / "mine"
     other.mkdir()
     (other / "feedback").write_bytes(feedbackfile.encode(0, False))
-    env.run("init", **preload(d))
+    env.run("init", **preload(d), **BUSY)  # creates the stub state with busy launches
     kv = {k: v.format(other=other) for k, v in ENV_TRIES.items()}
     kv["LD_LIBRARY_PATH"] = f"{other}:{env.build / 'stub'}"
     fb = str(d / feedbackfile.FEEDBACK_FILE)
@@ -125,7 +124,7 @@ def test_without_a_feedback_file_the_region_fields_apply(env: Env) -> None:
     """HAMi compatibility: no file, so the region's recent_kernel = -1 blocks until the
     monitor clears it there, and its utilization_switch = 0 lets launches run free."""
     d = container(env, None, sm=50)
-    env.run("init", **preload(d))
+    env.run("init", **preload(d), **BUSY)  # creates the stub state with busy launches
     _set(env, "recent_kernel", -1)
     p = env.popen("init", "echo", "ready", "launch", "3", "1", "echo", "done", **preload(d))
     try:
@@ -139,22 +138,20 @@ def test_without_a_feedback_file_the_region_fields_apply(env: Env) -> None:
         if p.poll() is None:
             p.kill()
             p.wait()
-    base = _baseline(env)
     d = container(env, None, sm=10)
     _set(env, "utilization_switch", 0)
-    p = env.run("init", "rate", "2", "100", **preload(d), **BUSY)
-    assert rates(p.stdout)[0] / base > 0.6, (rates(p.stdout), base)
+    p = env.run("init", *FREE, **preload(d), **BUSY)
+    assert steady_busy_percent(p.stdout) > 60, p.stdout
 
 
 def test_a_damaged_feedback_file_keeps_launches_limited(env: Env) -> None:
     """A file that is there but not a feedback file (wrong magic) is read as "limited":
     the region's switch = 0 does not lift the limit."""
-    base = _baseline(env)
     d = container(env, b"XXXX" + feedbackfile.encode(0, False)[4:])
-    env.run("init", **preload(d))
+    env.run("init", **preload(d), **BUSY)  # creates the stub state with busy launches
     _set(env, "utilization_switch", 0)
-    p = env.run("init", "rate", "1.5", "100", "rate", "2", "100", **preload(d), **BUSY)
-    assert rates(p.stdout)[1] / base < 0.5, (rates(p.stdout), base)
+    p = env.run("init", *STEADY, **preload(d), **BUSY)
+    assert steady_busy_percent(p.stdout) < 50, p.stdout
     assert "not a version 1 feedback file" in p.stderr
 
 
@@ -162,7 +159,7 @@ def test_the_blocked_launch_does_not_finish_on_its_own(env: Env) -> None:
     """With the file saying blocked and the region saying launch, a launch is still
     waiting when its run is killed after 3 s (no release at all)."""
     d = container(env, feedbackfile.encode(1, True), sm=50)
-    env.run("init", **preload(d))
+    env.run("init", **preload(d), **BUSY)  # creates the stub state with busy launches
     _set(env, "recent_kernel", 2)
     with pytest.raises(subprocess.TimeoutExpired) as info:
         env.run("init", "launch", "1", "1", "echo", "done", timeout=3, **preload(d))

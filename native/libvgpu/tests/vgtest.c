@@ -17,7 +17,13 @@
  *   total N              print "total N BYTES" (cuDeviceTotalMem)
  *   nvml N               print "nvml N TOTAL USED FREE" (nvmlDeviceGetMemoryInfo)
  *   launch N GRID        N launches of GRID blocks
- *   rate SECS GRID       launch for SECS seconds, print "rate LAUNCHES_PER_S"
+ *   rate SECS GRID       launch for SECS seconds, print "rate LAUNCHES_PER_S BUSY_PERCENT
+ *                        ALL_BUSY_PERCENT": BUSY_PERCENT is the simulated GPU's busy
+ *                        time of this process over those seconds (its SM utilisation
+ *                        as NVML reports it; see busy_t), the quantity an SM limit
+ *                        holds; ALL_BUSY_PERCENT the same summed over every process
+ *                        NVML lists (the stub state's); both -1 when NVML never listed
+ *                        getpid() + VGPU_STUB_PID_OFFSET or failed
  *   echo WORD            print WORD (flushes; for synchronisation)
  *   sleep SECS           sleep
  *   waitfile PATH        wait until PATH exists (at most 120 s; "waitfile timeout" then)
@@ -65,6 +71,56 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* The simulated GPU's busy time of this process (and of every process), as NVML
+ * reports it (the SM utilisation the limiter acts on): nvmlDeviceGetProcessUtilization
+ * sampled every BUSY_SAMPLE_S, each sample covering the time since the previous one
+ * (the stub looks back at most 1 s), summed over every device. A sample's smUtil is
+ * a whole percent rounded down, so a process's sum reads up to 1 point low. */
+#define BUSY_SAMPLE_S 0.25
+typedef struct { unsigned long long last_us, busy_us, all_us, window_us; unsigned hostpid; int seen, ok; } busy_t;
+
+static unsigned long long realtime_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* NVML's time stamps */
+    return (unsigned long long)ts.tv_sec * 1000000ull + (unsigned long long)ts.tv_nsec / 1000;
+}
+
+static void busy_start(busy_t *b) {
+    const char *off = getenv("VGPU_STUB_PID_OFFSET"); /* the PID NVML reports for us */
+    b->ok = nvmlInit_v2() == NVML_SUCCESS;
+    b->hostpid = (unsigned)getpid() + (unsigned)(off ? atoi(off) : 0);
+    b->busy_us = b->all_us = b->window_us = 0;
+    b->seen = 0;
+    b->last_us = realtime_us();
+}
+
+static void busy_sample(busy_t *b) {
+    static nvmlProcessUtilizationSample_t u[512];
+    unsigned nd = 0;
+    unsigned long long end = realtime_us();
+    if (b->ok && nvmlDeviceGetCount_v2(&nd) != NVML_SUCCESS) b->ok = 0;
+    if (!b->ok) nd = 0;
+    for (unsigned d = 0; d < nd; d++) {
+        nvmlDevice_t h;
+        unsigned cnt = 512;
+        nvmlReturn_t r = nvmlDeviceGetHandleByIndex_v2(d, &h);
+        if (r == NVML_SUCCESS) r = nvmlDeviceGetProcessUtilization(h, u, &cnt, b->last_us);
+        if (r == NVML_ERROR_NOT_FOUND) continue;
+        if (r != NVML_SUCCESS) { b->ok = 0; break; } /* the figures are unknown: -1 */
+        for (unsigned i = 0; i < cnt; i++) {
+            unsigned long long us = (unsigned long long)u[i].smUtil * (u[i].timeStamp - b->last_us) / 100;
+            b->all_us += us;
+            if (u[i].pid == b->hostpid) {
+                b->seen = 1;
+                if (u[i].timeStamp > end) end = u[i].timeStamp; /* the stub's end of the sample */
+                b->busy_us += us;
+            }
+        }
+    }
+    b->window_us += end - b->last_us;
+    b->last_us = end;
 }
 
 static CUmemoryPool g_cpool; /* vgpat.h: poolmk / pooldestroy */
@@ -270,10 +326,18 @@ static int run(int argc, char **argv) {
         } else if (!strcmp(c, "rate")) {
             double secs = atof(argv[++i]);
             unsigned g = (unsigned)atoi(argv[++i]);
-            double t0 = now_s(), t;
+            busy_t b;
+            busy_start(&b);
+            double t0 = now_s(), t, next = t0 + BUSY_SAMPLE_S;
             long n = 0;
-            while ((t = now_s()) - t0 < secs) { cuLaunchKernel(NULL, g, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL); n++; }
-            printf("rate %.1f\n", n / (t - t0));
+            while ((t = now_s()) - t0 < secs) {
+                cuLaunchKernel(NULL, g, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+                n++;
+                if (t >= next) { busy_sample(&b); next = t + BUSY_SAMPLE_S; }
+            }
+            busy_sample(&b);
+            double w = b.ok && b.seen && b.window_us ? 100.0 / b.window_us : -1.0;
+            printf("rate %.1f %.1f %.1f\n", n / (t - t0), w < 0 ? w : w * b.busy_us, w < 0 ? w : w * b.all_us);
         } else if (!strcmp(c, "threads")) {
             int n = atoi(argv[++i]);
             t_iter = atol(argv[++i]);
