@@ -34,10 +34,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import os
 import socket
 import ssl
-import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -45,6 +43,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from hami.tlsfiles import pem_paths
 
 log = logging.getLogger("hami.metricsauth")
 
@@ -333,20 +333,16 @@ def self_signed_context(hosts: list[str] | None = None) -> tuple[ssl.SSLContext,
     """A server context with a new self-signed CA and serving certificate for ``hosts``
     (default: this host's name, ``localhost``, ``127.0.0.1``; ECDSA P-256, made with
     ``cryptography`` by :func:`hami.certgen.generate`), and the CA's PEM (for a client
-    that wants to verify). The key only passes through a private temporary directory
-    (``ssl`` loads pairs from files), removed before this returns."""
+    that wants to verify). The key only passes through anonymous memory files
+    (:func:`hami.tlsfiles.pem_paths`; ``ssl`` loads pairs from paths), closed before this
+    returns, so a read-only root file system with no temporary directory is fine."""
     from hami.certgen import generate
 
     bundle = generate(hosts or [socket.gethostname(), "localhost", "127.0.0.1"],
                       validity_days=365)
     context = server_context()
-    with tempfile.TemporaryDirectory(prefix="hami-metrics-tls-") as tmp:
-        cert, key = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
-        cert.write_bytes(bundle.tls_crt)
-        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(bundle.tls_key)
-        context.load_cert_chain(str(cert), str(key))
+    with pem_paths(bundle.tls_crt, bundle.tls_key) as (cert, key):
+        context.load_cert_chain(cert, key)
     return context, bundle.ca_crt
 
 

@@ -13,10 +13,12 @@ and the monitor (secure metrics).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import ssl
 import tempfile
+from collections.abc import Iterator
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +67,8 @@ class TlsReloader:
             cert_pem = f.read()
         with open(self.key_file, "rb") as f:
             key_pem = f.read()
-        # ssl loads pairs from files only: a private copy, so both loads see the same bytes
-        with tempfile.TemporaryDirectory(prefix="hami-tls-") as tmp:
-            cert, key = os.path.join(tmp, "tls.crt"), os.path.join(tmp, "tls.key")
-            with open(cert, "wb") as out:
-                out.write(cert_pem)
-            with os.fdopen(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600),
-                           "wb") as out:
-                out.write(key_pem)
+        # ssl loads pairs from paths only: both loads read one copy of the bytes
+        with pem_paths(cert_pem, key_pem) as (cert, key):
             ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert, key)
             self.context.load_cert_chain(cert, key)
         self._stamp = stamp
@@ -100,4 +96,39 @@ class TlsReloader:
             self.maybe_reload()
 
 
-__all__ = ["WATCH_INTERVAL_S", "TlsReloader"]
+@contextlib.contextmanager
+def pem_paths(cert_pem: bytes, key_pem: bytes) -> Iterator[tuple[str, str]]:
+    """Paths ``ssl`` can load the two PEM blobs from, for the ``with`` block: anonymous
+    memory files (``memfd_create``, named through ``/proc/self/fd``) where Linux has them,
+    so a container with a read-only root file system and no writable temporary
+    directory (the chart's scheduler and monitor) can reload; a private temporary
+    directory elsewhere. The key never reaches a file system on Linux.
+
+    Raises:
+        OSError: neither is available.
+    """
+    memfd = getattr(os, "memfd_create", None)
+    if memfd is not None and os.path.isdir("/proc/self/fd"):
+        fds: list[int] = []
+        try:
+            for data in (cert_pem, key_pem):
+                fd = memfd("hami-tls", getattr(os, "MFD_CLOEXEC", 0))
+                fds.append(fd)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            yield f"/proc/self/fd/{fds[0]}", f"/proc/self/fd/{fds[1]}"
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return
+    with tempfile.TemporaryDirectory(prefix="hami-tls-") as tmp:
+        cert, key = os.path.join(tmp, "tls.crt"), os.path.join(tmp, "tls.key")
+        with open(cert, "wb") as out:
+            out.write(cert_pem)
+        with os.fdopen(os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
+            out.write(key_pem)
+        yield cert, key
+
+
+__all__ = ["WATCH_INTERVAL_S", "TlsReloader", "pem_paths"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 import ssl
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -130,6 +131,49 @@ def test_a_half_written_pair_keeps_the_old_certificate(
     key.write_bytes(pair.key_pem)
     assert reloader.maybe_reload()
     assert verifies(port, new) and not verifies(port, old)
+
+
+def test_a_pair_loads_and_reloads_without_a_writable_temporary_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        cas: tuple[CertificateAuthority, CertificateAuthority]) -> None:
+    """The chart runs the scheduler and the monitor with a read-only root file system and
+    no /tmp: loading a pair must not need a temporary directory (it did, and the chart's
+    scheduler crashed at start with "No usable temporary directory found")."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-dir"))
+    with pytest.raises(FileNotFoundError):
+        tempfile.mkdtemp()  # what a read-only root gives
+    old, new = cas
+    crt, key = mount_secret(tmp_path / "tls", _pair(old))
+    reloader = TlsReloader(str(crt), str(key))
+    server = serve_metrics(_Collector(), "127.0.0.1", 0, ssl_context=reloader.context)
+    try:
+        port = server.server_address[1]
+        assert verifies(port, old)
+        mount_secret(tmp_path / "tls", _pair(new))
+        assert reloader.maybe_reload()
+        assert verifies(port, new)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_self_signed_certificate_needs_no_temporary_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--metrics-secure`` without a pair makes a self-signed certificate at start; on a
+    read-only root file system with no /tmp that must work too."""
+    from hami.metricsauth import self_signed_context
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-dir"))
+    context, ca_pem = self_signed_context(["127.0.0.1"])
+    server = serve_metrics(_Collector(), "127.0.0.1", 0, ssl_context=context)
+    try:
+        verify = ssl.create_default_context(cadata=ca_pem.decode())
+        with socket.create_connection(("127.0.0.1", server.server_address[1]), timeout=5) as raw, \
+                verify.wrap_socket(raw, server_hostname="127.0.0.1"):
+            pass
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_a_missing_pair_refuses_to_start(tmp_path: Path) -> None:
