@@ -224,8 +224,10 @@ def test_the_minimal_victim_is_evicted_and_the_preemptor_bound_to_its_card(
         now = get(kube_client, name)
         assert now is not None and now["metadata"]["uid"] == before["metadata"]["uid"]
         assert not now["metadata"].get("deletionTimestamp")
-    reasons = [e.reason for e in events(kube_client, preemptor)]
-    assert "Preempting" in reasons
+    # hami posts its events from a queue: wait for them, not for the bind
+    wait_until(lambda: any(e.reason == "Preempting" for e in events(kube_client, preemptor))
+               and any(e.reason == "Preempted" for e in events(kube_client, victim)),
+               timeout_s=30, what="the Preempting and Preempted events")
     preempted = [e for e in events(kube_client, victim) if e.reason == "Preempted"]
     assert preempted and next(iter(cards_of(low[victim]))) in preempted[0].message
     metrics = hami.metrics()

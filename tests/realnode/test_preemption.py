@@ -230,6 +230,10 @@ def test_victims_stop_and_the_preemptor_runs_with_its_limit_on_the_freed_card(
         assert ended is not None, victim.status
         assert ended.finishedAt <= pod.status.containerStatuses[0].state.running.startedAt
     wait_until(lambda: get(client, VICTIM) is None, timeout_s=60, what=f"{VICTIM} deleted")
+    # hami posts its events from a queue: wait for them
+    wait_until(lambda: bool(events(client, VICTIM, "Preempted")
+                            and events(client, "hi", "Preempting")), timeout_s=30,
+               what="the Preempted and Preempting events")
     preempted = events(client, VICTIM, "Preempted")
     assert preempted and stub_uuid(0) in preempted[0] and "default/hi" in preempted[0]
     assert any(stub_uuid(0) in m for m in events(client, "hi", "Preempting"))

@@ -53,6 +53,31 @@ def test_a_pods_queued_normal_events_are_posted_as_one() -> None:
     asyncio.run(scenario())
 
 
+def test_a_queued_preempting_event_keeps_its_reason() -> None:
+    """A preemptor's ``Preempting`` (what the e2e test and users look for) queued behind a
+    slow API server must not become the ``BindingSucceed`` that follows it, nor absorb
+    the ``FilteringSucceed`` before it: each is posted with its own reason."""
+    from hami.scheduler.evictions import PREEMPTED, PREEMPTING
+
+    async def scenario() -> None:
+        writer = Recorder()
+        sink = EventSink(writer, "hami-scheduler")
+        sink.emit(pod("hi"), FILTERING_SUCCEED, "find fit node(n1)", warning=False)
+        sink.emit(pod("lo"), PREEMPTED, "preempted by default/hi", warning=False)
+        sink.emit(pod("hi"), PREEMPTING, "evicts default/lo on n1", warning=False)
+        sink.emit(pod("hi"), BINDING_SUCCEED, "Successfully binding node [n1]", warning=False)
+        sink.emit(pod("lo"), BINDING_SUCCEED, "Successfully binding node [n2]", warning=False)
+        sink.start()
+        await drain(sink)
+        await sink.stop()
+        got = [(e["involvedObject"]["name"], e["reason"]) for e in writer.posted]
+        assert got == [("hi", BINDING_SUCCEED), ("lo", PREEMPTED), ("hi", PREEMPTING),
+                       ("lo", BINDING_SUCCEED)], got
+        assert sink.merged == 1  # only the routine pair of pod hi
+
+    asyncio.run(scenario())
+
+
 def test_an_event_already_taken_by_the_worker_is_not_joined() -> None:
     async def scenario() -> None:
         writer = Recorder()

@@ -4,11 +4,13 @@ Events are best effort (HAMi logs and goes on when one fails): they are queued a
 worker posts them, so a slow apiserver never adds to filter or bind latency. When the
 queue is full new events are dropped and counted.
 
-Under load the queue aggregates: a Normal event about a pod whose earlier Normal event
-is still queued joins that event (the later reason, both messages, ``count`` 2) instead
-of becoming a second write, so a burst costs the API server one hami event per pod
-(``FilteringSucceed`` + ``BindingSucceed`` as one ``BindingSucceed``) while a quiet
-scheduler posts both as HAMi does. Warnings are never merged.
+Under load the queue aggregates the routine pair: a ``FilteringSucceed`` or
+``BindingSucceed`` about a pod whose earlier one is still queued joins that event (the
+later reason, both messages, ``count`` 2) instead of becoming a second write, so a burst
+costs the API server one hami event per pod (``FilteringSucceed`` + ``BindingSucceed`` as
+one ``BindingSucceed``) while a quiet scheduler posts both as HAMi does. Any other reason
+(``Preempting``, ``Preempted``, ...) and every Warning is posted on its own: its reason is
+what users and tools look for, and a merge would overwrite it with the later one.
 
 A pod that stays Pending is filtered again and again with the same outcome; an event
 identical to one posted for the same pod (reason, type and message) less than
@@ -39,6 +41,9 @@ BINDING_SUCCEED = "BindingSucceed"
 #: filter used the configured policy; one event per annotation and filter.
 UNKNOWN_SCHEDULER_POLICY = "UnknownSchedulerPolicy"
 
+
+#: The Normal reasons that merge while queued (see the module docstring).
+MERGEABLE = frozenset({FILTERING_SUCCEED, BINDING_SUCCEED})
 
 #: An event identical to one posted for the same pod within this many seconds is dropped.
 REPEAT_WINDOW_S = 600.0
@@ -116,7 +121,8 @@ class EventSink:
         if self._repeat(key + (reason, event["type"], event["message"])):
             self.repeated += 1
             return
-        queued = None if warning else self._queued.get(key)
+        mergeable = not warning and reason in MERGEABLE
+        queued = self._queued.get(key) if mergeable else None
         if queued is not None:
             queued["reason"] = reason
             queued["message"] = f"{queued['message']}; {event['message']}"[:1024]
@@ -129,7 +135,7 @@ class EventSink:
         except asyncio.QueueFull:
             self.dropped += 1
             return
-        if not warning:
+        if mergeable:
             self._queued[key] = event
 
     def _repeat(self, ident: tuple[str, ...]) -> bool:
