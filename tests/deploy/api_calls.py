@@ -249,7 +249,9 @@ DISCOVERY = ("/version", "/api", "/apis")
 OUTSIDE_CHART = {"hami.top": "hami top runs with the user's kubeconfig (list nodes, pods, "
                              "resourcequotas, resourceslices, resourceclaims)",
                  "hami.kubehttp": "builds the API layer's HTTP transports (keepalive, watch "
-                                  "idle deadline); makes no request itself"}
+                                  "idle deadline); makes no request itself",
+                 "hami.kubehint": "loads the kubeconfig file for the API layer (lightkube's "
+                                  "KubeConfig, one-line errors); makes no request itself"}
 
 
 def chart_names(objs: Sequence[Mapping[str, Any]]) -> dict[str, str]:
