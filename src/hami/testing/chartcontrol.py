@@ -109,11 +109,11 @@ def _status(kind: str, w: Any, pods: list[Any], desired: int) -> dict[str, Any]:
     if kind == "Deployment":
         return {"observedGeneration": w.metadata.generation, "replicas": len(mine),
                 "updatedReplicas": updated, "readyReplicas": ready,
-                "availableReplicas": ready, "unavailableReplicas": len(mine) - ready}
+                "availableReplicas": ready, "unavailableReplicas": max(0, len(mine) - ready)}
     return {"observedGeneration": w.metadata.generation, "desiredNumberScheduled": desired,
             "currentNumberScheduled": len(mine), "numberMisscheduled": 0,
             "updatedNumberScheduled": updated, "numberReady": ready,
-            "numberAvailable": ready, "numberUnavailable": desired - ready}
+            "numberAvailable": ready, "numberUnavailable": max(0, desired - ready)}
 
 
 def _sync_status(client: Any, workloads: dict[str, tuple[str, Any]],
