@@ -154,6 +154,7 @@ def reconcile(client: Any, ca_file: Path, namespaces: Collection[str] | None = N
     from lightkube.resources.core_v1 import Namespace, Node, Pod
 
     done: list[str] = []
+
     def wanted(ns: str) -> bool:
         return namespaces is None or ns in namespaces
 
@@ -186,7 +187,8 @@ def reconcile(client: Any, ca_file: Path, namespaces: Collection[str] | None = N
         if made_from != str(w.metadata.generation or 0):
             _delete(client, pod)
             done.append(f"deleted {where}: {kind} {w.metadata.name} changed")
-        elif kind == "DaemonSet" and not _matches(selector, nodes.get(pod.spec.nodeName, {})):
+        elif kind == "DaemonSet" and pod.spec.nodeName \
+                and not _matches(selector, nodes.get(pod.spec.nodeName, {})):
             _delete(client, pod)
             done.append(f"deleted {where}: node {pod.spec.nodeName} no longer matches")
         else:
