@@ -61,16 +61,19 @@ helm:
 NODE ?= api
 MODE ?= node-lock
 GPUBED_ARGS = $(if $(filter dra,$(MODE)),--dra,--allocate-mode $(MODE))
-# `make cluster NODE=chart [VALUES=my-values.yaml]`: the chart installed on that real node
-# (its pods are hami; no hami process on the host), kept running until Ctrl-C.
+# `make cluster NODE=chart [VALUES=my-values.yaml] [RELEASE=hami] [RELEASE_NAMESPACE=hami-system]`:
+# the chart installed on that real node (its pods are hami; no hami process on the host),
+# kept running until Ctrl-C.
 VALUES ?=
+RELEASE ?= hami
+RELEASE_NAMESPACE ?= hami-system
 cluster: setup k8s
 ifeq ($(NODE),real)
 	$(MAKE) native containerd
 	$(BIN)/python -m hami.testing.gpubed up $(GPUBED_ARGS)
 else ifeq ($(NODE),chart)
 	$(MAKE) native containerd helm
-	$(BIN)/python -m hami.testing.chartbed_cli up $(foreach f,$(VALUES),--values $(f))
+	$(BIN)/python -m hami.testing.chartbed_cli up --release $(RELEASE) --namespace $(RELEASE_NAMESPACE) $(foreach f,$(VALUES),--values $(f))
 else
 	$(BIN)/python -m hami.testing.controlplane up --gpu-node gpu-0
 endif

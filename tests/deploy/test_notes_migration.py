@@ -27,3 +27,15 @@ def test_notes_warn_when_hamis_images_have_no_registry() -> None:
     notes = render_notes()
     assert "WARNING: no registry is set for hami's images" in notes
     assert "make images REGISTRY=<registry>" in notes
+
+
+def test_notes_beside_hami_say_to_name_the_scheduler() -> None:
+    """Beside HAMi (forceOverwriteDefaultScheduler=false) hami's webhook does not set the
+    scheduler: NOTES said it did (seen in the migration walkthrough, path A)."""
+    default = render_notes({"global": {"imageRegistry": "r.example.com"}})
+    assert "The webhook sets schedulerName: hami-scheduler on such pods." in default
+    beside = render_notes({"global": {"imageRegistry": "r.example.com"},
+                           "schedulerName": "hami-py-scheduler",
+                           "scheduler": {"forceOverwriteDefaultScheduler": False}})
+    assert "The webhook sets schedulerName" not in beside
+    assert "set schedulerName: hami-py-scheduler yourself" in beside

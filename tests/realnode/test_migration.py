@@ -50,12 +50,10 @@ HAMI_NS = "kube-system"  # where HAMi's docs install it
 BESIDE_VALUES = REPO / "docs/examples/migrate-from-hami/beside-hami-values.yaml"
 SIGNATURE = "hami.io/vgpu-allocation-signature"
 
-#: hami's chart as HAMi runs (see the module docstring).
-HAMI_LIKE: dict[str, Any] = {
-    "allocationSigning": {"enabled": False, "trustUnsignedAllocations": True},
-    "admissionPolicy": {"enabled": False},
-    "scheduler": {"overwriteEnv": "false"},
-}
+#: hami's chart as HAMi runs (see the module docstring), the values the docs give an
+#: operator for trying the move by hand on the test bed.
+HAMI_LIKE: dict[str, Any] = yaml.safe_load(
+    (REPO / "docs/examples/migrate-from-hami/testbed-hami-values.yaml").read_text())
 
 
 def _merge(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:

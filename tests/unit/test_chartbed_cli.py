@@ -39,5 +39,13 @@ def test_example_pod_keeps_running_for_the_metrics() -> None:
 def test_make_target_runs_the_chart_bed() -> None:
     out = subprocess.run(["make", "-n", "cluster", "NODE=chart", "VALUES=x.yaml y.yaml"],
                          cwd=REPO, capture_output=True, text=True, check=True).stdout
-    assert ".venv/bin/python -m hami.testing.chartbed_cli up --values x.yaml --values y.yaml" \
-        in out, out
+    assert ".venv/bin/python -m hami.testing.chartbed_cli up --release hami " \
+        "--namespace hami-system --values x.yaml --values y.yaml" in " ".join(out.split()), out
+
+
+def test_make_target_names_the_release() -> None:
+    """The migration walkthrough starts "HAMi" as release hami in kube-system."""
+    out = subprocess.run(["make", "-n", "cluster", "NODE=chart", "RELEASE=hami",
+                          "RELEASE_NAMESPACE=kube-system"],
+                         cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert "chartbed_cli up --release hami --namespace kube-system" in " ".join(out.split())

@@ -6,7 +6,10 @@ in the foreground until Ctrl-C or SIGTERM, so that an operator can try their val
 ``--values FILE`` (repeatable) is merged over the test node's values
 (:func:`~hami.testing.chartbed.chart_test_values`: local images, the fake GPU backend);
 ``--release``/``--namespace`` name the release. The printed text says where the
-kubeconfig, an example GPU pod, the metrics and the logs are.
+kubeconfig, an example GPU pod, the metrics, the logs and the bed's values file (for
+further ``helm install``/``upgrade`` by hand) are. While it runs, the controllers' part
+(:func:`hami.testing.chartcontrol.reconcile`) is played every second, so those helm
+commands and node relabels take effect as in a cluster; what it does is printed.
 """
 
 from __future__ import annotations
@@ -21,9 +24,20 @@ from typing import Any
 
 import yaml
 
-from hami.testing.chartbed import NAMESPACE, RELEASE, ChartBed, _merge
+from hami.testing.chartbed import (
+    NAMESPACE,
+    RELEASE,
+    ChartBed,
+    _merge,
+    chart_test_values,
+    helm_binary,
+)
 from hami.testing.gpubed_cli import EXAMPLE_COMMAND
 from hami.testing.gpupods import gpu_test_pod
+
+#: In the work directory: the test node's values only (local images, fake GPUs), without
+#: ``--values``, for a further ``helm install`` by hand.
+NODE_VALUES = "node-values.yaml"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -65,12 +79,15 @@ def usage(bed: ChartBed, example: Path) -> str:
     return f"""ready. In another shell:
   export KUBECONFIG={bed.cp.kubeconfig}
   kubectl apply -f {example}   # 512 MiB slice; it keeps running
-  hami top                          # the node's cards and the pod's share
+  {Path(sys.executable).parent / "hami"} top   # the node's cards and the pod's share
   kubectl -n {bed.namespace} get pod {plugin} -o jsonpath='{{.status.podIP}}'
   curl -s http://<that IP>:9394/metrics | grep hami_vgpu   # the monitor, while it runs
-  helm upgrade {bed.release} deploy/helm/hami -n {bed.namespace} --reuse-values \\
-    --kubeconfig $KUBECONFIG --set ...   # pods do not roll by themselves here (no
-                                         # controller-manager): delete them to restart
+  helm upgrade {bed.release} deploy/helm/hami -n {bed.namespace} --reuse-values --set ...
+  helm install <release> deploy/helm/hami -n <ns> --create-namespace \\
+    -f {bed.workdir / NODE_VALUES} ...   # the bed's images and fake GPUs
+helm is {helm_binary()}. This process plays kube-controller-manager's part every second
+(pods of new, upgraded and removed Deployments and DaemonSets, DaemonSets after node
+relabels, Service endpoints) and prints what it does.
 logs: {bed.workdir}/k8s/logs and {bed.workdir}/node/logs; container logs under
 {bed.node.host_path('/var/log/pods')}. Ctrl-C stops and removes everything."""
 
@@ -87,6 +104,24 @@ def _prepare_default_namespace(bed: ChartBed) -> None:
     try:
         ensure_namespace(client, "default")
         ensure_root_ca(client, "default", bed.cp.ca_file)
+    finally:
+        client.close()
+
+
+def _controllers(bed: ChartBed) -> None:
+    """One :func:`~hami.testing.chartcontrol.reconcile` pass; prints what it did, or why
+    the API refused (the next pass retries)."""
+    from lightkube import ApiError
+
+    from hami.testing.chartcontrol import reconcile
+
+    assert bed.cp is not None
+    client = bed.client()
+    try:
+        for line in reconcile(client, bed.cp.ca_file):
+            print(f"controllers: {line}", flush=True)
+    except ApiError as err:
+        print(f"controllers: {err.status.message}", flush=True)
     finally:
         client.close()
 
@@ -121,15 +156,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
+        (bed.workdir / NODE_VALUES).write_text(
+            yaml.safe_dump(chart_test_values(bed.workdir / "inventory.yaml")))
         example = bed.workdir / "gpu-pod.yaml"
         example.write_text(yaml.safe_dump(gpu_test_pod("gpu-pod", EXAMPLE_COMMAND,
                                                        memory_mib=512)))
         print(usage(bed, example), flush=True)
         while not stop:
-            time.sleep(0.5)
+            time.sleep(1.0)
             assert bed.node is not None and bed.cp is not None
             bed.node.check_alive()
             bed.cp.check_alive()
+            _controllers(bed)
     finally:
         print("stopping ...", flush=True)
         bed.stop()

@@ -15,7 +15,10 @@ objects as the API server stores them (nothing is rendered twice):
   Ready pods, which the API server uses for webhooks with
   ``--enable-aggregator-routing=true`` (v1.37.2 reads the slice, v1.31.14 the Endpoints).
 
-Pods get an ownerReference to their workload, as the controllers set it.
+Pods get an ownerReference to their workload, as the controllers set it, and the
+annotation :data:`GENERATION` (the workload's ``metadata.generation`` they were made
+from), so that :mod:`hami.testing.chartcontrol` sees which pods a ``helm upgrade`` made
+stale.
 """
 
 from __future__ import annotations
@@ -24,7 +27,11 @@ import base64
 import hashlib
 from typing import Any
 
-__all__ = ["fill_token_secrets", "publish_endpoints", "run_daemonset", "run_deployment"]
+__all__ = ["GENERATION", "fill_token_secrets", "publish_endpoints", "run_daemonset",
+           "run_deployment"]
+
+#: Pod annotation: the generation of the Deployment or DaemonSet the pod was made from.
+GENERATION = "testing.hami.io/workload-generation"
 
 #: Tolerations the DaemonSet controller adds to every daemon pod (pkg/controller/daemon,
 #: util.AddOrUpdateDaemonPodTolerations).
@@ -72,7 +79,9 @@ def _pod_from_template(obj: Any, kind: str, name: str) -> dict[str, Any]:
     template = obj.spec.template.to_dict()
     meta = dict(template.get("metadata") or {})
     meta.update(name=name, namespace=obj.metadata.namespace,
-                ownerReferences=[_owner(kind, obj)])
+                ownerReferences=[_owner(kind, obj)],
+                annotations={**(meta.get("annotations") or {}),
+                             GENERATION: str(obj.metadata.generation or 0)})
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": template["spec"]}
 
 
