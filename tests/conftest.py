@@ -14,7 +14,11 @@ from hypothesis import HealthCheck, settings
 # health check) for reasons that have nothing to do with the code under test, and
 # hypothesis then fails the test (DeadlineExceeded, or FlakyFailure when a re-run is
 # faster). Every property test inherits this profile; speed is measured in bench/.
-settings.register_profile("hami", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# It starts from hypothesis' "default" profile, not from settings.default: hypothesis
+# loads its own derandomized "ci" profile when the host sets CI (or GITHUB_ACTIONS, ...),
+# and a profile built on that would make local-looking runs on such hosts derandomized.
+settings.register_profile("hami", settings.get_profile("default"), deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
 # CI (.ci/run sets HAMI_HYPOTHESIS_PROFILE=ci): the same, derandomized. Each property test
 # draws the examples its own source code seeds, on every run, with no example database
 # (a clean clone has none): a landing is not lost to a counter-example that a random draw
