@@ -117,7 +117,9 @@ PATTERNS = ["init", "poolset", str(64 * MiB), "alloc", "async", str(8 * MiB), "0
             "graph", str(MiB), "1", "glaunch", "0", "glaunch", "0", "gmem", "gtrim", "free",
             "graph", str(MiB), "0", "glaunch", "0", "gfree", "gtrim", "free",
             "capture", str(MiB), "1", "glaunch", "0", "gtrim", "free", "alloc", "mem", str(40 * MiB), "0",
-            "capture", str(16 * MiB), "0", "glaunch", "2", "free", "free", "info"]
+            "capture", str(16 * MiB), "0", "glaunch", "2", "free", "free", "info",
+            "gtree", str(MiB), "2", "1", "move", "0", "glaunch", "0", "gfree", "gtrim", "free",
+            "gtree", "0", "2", "1", "clone", "0", "glaunch", "0", "free", "gchildrules"]
 
 
 def test_asan_framework_patterns(asan_env: Env) -> None:
@@ -141,6 +143,19 @@ def test_asan_framework_patterns(asan_env: Env) -> None:
         for f in (a.stdout, a.stderr):
             if f:
                 f.close()
+
+
+def test_asan_child_graphs_and_their_bounds(asan_env: Env) -> None:
+    """Allocation nodes in child graphs refused and counted, and graphs past the walk's
+    bounds (17 levels; 2^20 + 1 nodes) refused (test_libvgpu_childgraph.py)."""
+    p = asan_env.run("init", "info", "alloc", "mem", str(16 * MiB), "0", "gtree", str(40 * MiB), "2", "0", "move", "0",
+                     "glaunch", "2", "free", "free", "gtree", str(40 * MiB), "16", "0", "move", "0", "glaunch", "0",
+                     "gfree", "gtrim", "free", "gtree", "4096", "17", "0", "move", "2", "gtree", "0", "17", "1", "clone",
+                     "2", "gtree", "4096", "1", str((1 << 20) - 1), "move", "2", "info", CUDA_DEVICE_MEMORY_LIMIT="48m")
+    _clean(p)
+    assert [ln[0] for ln in lines(p.stdout, "gtree")] == [0, 0, 2, 2, 2]
+    before, after = lines(p.stdout, "info")
+    assert after == before  # the fixture's region is the module's: other tests' processes may be in it
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="no valgrind")

@@ -113,7 +113,28 @@ typedef struct {
     size_t bytesize;
     CUdeviceptr dptr; /* out */
 } CUDA_MEM_ALLOC_NODE_PARAMS;
-enum { CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10, CU_GRAPH_NODE_TYPE_MEM_FREE = 11 }; /* CUgraphNodeType */
+enum { /* CUgraphNodeType */
+    CU_GRAPH_NODE_TYPE_GRAPH = 4, /* a child graph node */
+    CU_GRAPH_NODE_TYPE_EMPTY = 5,
+    CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10,
+    CU_GRAPH_NODE_TYPE_MEM_FREE = 11,
+};
+/* child graph nodes (cuGraphAddNode, CUDA 12.x): CLONE copies the child into the node (it
+ * must hold no memory nodes); MOVE hands the child graph itself to the parent, which may
+ * then hold allocation and free nodes inside it */
+enum { CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE = 0, CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE = 1 };
+typedef struct { void *graph; int ownership; } CUDA_CHILD_GRAPH_NODE_PARAMS;
+typedef struct { /* CUgraphNodeParams: the node types used here */
+    int type;
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        CUDA_CHILD_GRAPH_NODE_PARAMS graph;
+        CUDA_MEM_ALLOC_NODE_PARAMS alloc; /* _v2: the same fields */
+    };
+    long long reserved2;
+} CUgraphNodeParams;
+_Static_assert(sizeof(CUgraphNodeParams) == 256, "CUgraphNodeParams is 256 bytes");
 enum { /* CUgraphMem_attribute */
     CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0,
     CU_GRAPH_MEM_ATTR_USED_MEM_HIGH = 1,

@@ -115,6 +115,12 @@ CUresult cuGraphInstantiateWithParams(void **phGraphExec, void *hGraph, void *in
 CUresult cuGraphGetNodes(void *hGraph, void **nodes, size_t *numNodes);
 CUresult cuGraphNodeGetType(void *hNode, int *type); /* CU_GRAPH_NODE_TYPE_MEM_ALLOC = 10 */
 CUresult cuGraphMemAllocNodeGetParams(void *hNode, CUDA_MEM_ALLOC_NODE_PARAMS *params_out);
+CUresult cuGraphAddChildGraphNode(void **phGraphNode, void *hGraph, void *const *dependencies, size_t numDependencies,
+                                  void *childGraph);
+CUresult cuGraphChildGraphNodeGetGraph(void *hNode, void **phGraph);
+CUresult cuGraphAddEmptyNode(void **phGraphNode, void *hGraph, void *const *dependencies, size_t numDependencies);
+CUresult cuGraphAddNode(void **phGraphNode, void *hGraph, void *const *dependencies, size_t numDependencies,
+                        CUgraphNodeParams *nodeParams);
 CUresult cuStreamCreate(CUstream *phStream, unsigned int flags);
 CUresult cuStreamDestroy_v2(CUstream hStream);
 CUresult cuStreamBeginCapture_v2(CUstream hStream, int mode);

@@ -7,13 +7,20 @@
  * beyond the pool's unused memory, so a launch that would pass the limit is refused with
  * CUDA_ERROR_OUT_OF_MEMORY. What a graph's allocation nodes need is read from the graph
  * at instantiation (cuGraphGetNodes), so graphs made by stream capture or cuGraphAddNode
- * are checked too; a driver that cannot list the nodes leaves only those added with
- * cuGraphAddMemAllocNode checked; allocation nodes inside child graph nodes are not read. */
+ * are checked too, and through child graph nodes (cuGraphChildGraphNodeGetGraph: CUDA 12.x
+ * moves graphs with memory nodes into a parent) down to WALK_DEPTH levels and WALK_NODES
+ * nodes in all; a graph past either bound, or whose nodes cannot be read, is refused at
+ * instantiation. A driver that cannot list the nodes leaves only those added with
+ * cuGraphAddMemAllocNode checked (recorded per graph, up to GMAP graphs). */
 #include <stdlib.h>
 #include <string.h>
 #include "vgpu.h"
 
 #define GMAP 256
+#define WALK_DEPTH 16       /* child graph levels read below the instantiated graph */
+#define WALK_NODES 1048576  /* nodes read, all levels together (2^20) */
+#define STR_(x) #x
+#define STR(x) STR_(x)
 typedef struct { void *obj; uint64_t bytes[VG_MAXDEV]; } gent_t; /* bytes per CUDA ordinal */
 static gent_t g_graphs[GMAP], g_execs[GMAP];
 static int g_ngraphs, g_nexecs;
@@ -23,6 +30,8 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
 #define HAVE(n) (vg_cuda_real[VGC_##n] != NULL)
 #define REAL_OR_MISSING(n) do { if (UNLIKELY(!HAVE(n))) return CUDA_ERROR_NOT_FOUND; } while (0)
+/* the driver lists a graph's nodes: instantiation reads them, nothing is recorded before */
+#define LISTS_NODES() (HAVE(cuGraphGetNodes) && HAVE(cuGraphNodeGetType) && HAVE(cuGraphMemAllocNodeGetParams))
 
 static gent_t *find(gent_t *t, int n, void *obj) {
     for (int i = 0; i < n; i++) if (t[i].obj == obj) return &t[i];
@@ -64,6 +73,9 @@ VG_EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, void *const 
                                           CUDA_MEM_ALLOC_NODE_PARAMS *p) {
     VG_ENTER();
     REAL_OR_MISSING(cuGraphAddMemAllocNode);
+    /* read at instantiation; a graph moved into a parent (CUDA 12.x) is destroyed with it,
+     * never through cuGraphDestroy, so a record of it would never go */
+    if (LISTS_NODES()) return CU_REAL(cuGraphAddMemAllocNode)(node, graph, deps, ndeps, p);
     pthread_mutex_lock(&g_mu);
     int full = !find(g_graphs, g_ngraphs, graph) && g_ngraphs >= GMAP;
     pthread_mutex_unlock(&g_mu);
@@ -83,38 +95,56 @@ VG_EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, void *const 
     pthread_mutex_unlock(&g_mu);
     return r;
 }
-/* bytes per CUDA ordinal that the graph's allocation nodes take when it runs, read from
- * the graph itself, so nodes made any way count (cuGraphAddMemAllocNode, cuGraphAddNode,
- * stream capture of cuMemAllocAsync); 0 when the driver cannot list them */
-static int walk(void *graph, uint64_t bytes[VG_MAXDEV]) {
-    if (!HAVE(cuGraphGetNodes) || !HAVE(cuGraphNodeGetType) || !HAVE(cuGraphMemAllocNodeGetParams)) return 0;
+/* add to bytes (per CUDA ordinal) what the graph's allocation nodes take when it runs,
+ * read from the graph itself, so nodes made any way count (cuGraphAddMemAllocNode,
+ * cuGraphAddNode, stream capture of cuMemAllocAsync), and from its child graphs, depth
+ * levels below the instantiated graph; *left: nodes that may still be read. 1 read,
+ * 0 not (*why says why) */
+static int walk(void *graph, uint64_t bytes[VG_MAXDEV], int depth, size_t *left, const char **why) {
     size_t n = 0;
+    *why = "its nodes could not be read";
     if (CU_REAL(cuGraphGetNodes)(graph, NULL, &n) != CUDA_SUCCESS) return 0;
+    if (n > *left) { *why = "more than " STR(WALK_NODES) " nodes"; return 0; }
+    *left -= n;
     if (!n) return 1;
-    void **nodes = n < (SIZE_MAX >> 4) ? malloc(n * sizeof *nodes) : NULL;
+    void **nodes = malloc(n * sizeof *nodes); /* n <= WALK_NODES */
     size_t got = n;
     int ok = nodes && CU_REAL(cuGraphGetNodes)(graph, nodes, &got) == CUDA_SUCCESS;
     for (size_t i = 0; ok && i < got && i < n; i++) {
         int type = 0;
+        void *child = NULL;
         CUDA_MEM_ALLOC_NODE_PARAMS p;
         if (CU_REAL(cuGraphNodeGetType)(nodes[i], &type) != CUDA_SUCCESS) ok = 0;
-        if (!ok || type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) continue;
-        memset(&p, 0, sizeof p);
-        if (CU_REAL(cuGraphMemAllocNodeGetParams)(nodes[i], &p) != CUDA_SUCCESS) ok = 0;
-        else if (p.poolProps.location.type == CU_MEM_LOCATION_TYPE_DEVICE && p.poolProps.location.id >= 0 &&
-                 p.poolProps.location.id < VG_MAXDEV)
-            bytes[p.poolProps.location.id] += p.bytesize;
+        else if (type == CU_GRAPH_NODE_TYPE_GRAPH) {
+            if (depth >= WALK_DEPTH) { *why = "more than " STR(WALK_DEPTH) " levels of child graphs"; ok = 0; }
+            else ok = HAVE(cuGraphChildGraphNodeGetGraph) && CU_REAL(cuGraphChildGraphNodeGetGraph)(nodes[i], &child) ==
+                      CUDA_SUCCESS && child && walk(child, bytes, depth + 1, left, why);
+        } else if (type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
+            memset(&p, 0, sizeof p);
+            if (CU_REAL(cuGraphMemAllocNodeGetParams)(nodes[i], &p) != CUDA_SUCCESS) ok = 0;
+            else if (p.poolProps.location.type == CU_MEM_LOCATION_TYPE_DEVICE && p.poolProps.location.id >= 0 &&
+                     p.poolProps.location.id < VG_MAXDEV)
+                bytes[p.poolProps.location.id] += p.bytesize;
+        }
     }
     free(nodes);
     return ok;
 }
 /* before instantiating: what its launches will need (the graph's nodes, else what
- * cuGraphAddMemAllocNode recorded); refused when an executable graph with allocation
- * nodes would find no table entry for its launch checks */
+ * cuGraphAddMemAllocNode recorded); refused when they cannot be read or an executable
+ * graph with allocation nodes would find no table entry for its launch checks */
 static int pre_instantiate(void *graph, uint64_t bytes[VG_MAXDEV]) {
-    int walked = walk(graph, bytes), any = 0;
+    int any = 0;
+    if (LISTS_NODES() && graph) { /* a NULL graph: the driver's own error */
+        size_t left = WALK_NODES;
+        const char *why = "";
+        if (!walk(graph, bytes, 0, &left, &why)) {
+            LOG_WARN("cuGraphInstantiate: the graph's allocation nodes cannot be checked: %s; refused", why);
+            return 0;
+        }
+    }
     pthread_mutex_lock(&g_mu);
-    gent_t *g = walked ? NULL : find(g_graphs, g_ngraphs, graph);
+    gent_t *g = LISTS_NODES() ? NULL : find(g_graphs, g_ngraphs, graph);
     if (g) memcpy(bytes, g->bytes, sizeof g->bytes);
     for (int o = 0; o < VG_MAXDEV; o++) any |= bytes[o] != 0;
     int ok = !any || g_nexecs < GMAP;

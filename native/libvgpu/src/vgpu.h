@@ -201,7 +201,7 @@ static inline void vg_unreserve(int dev, uint64_t bytes, int cat) {
     X(cuCtxGetDevice) X(cuDeviceGetCount) X(cuDeviceGetAttribute) X(cuDeviceGetUuid) X(cuDeviceGetUuid_v2)   \
     X(cuDeviceGetPCIBusId) X(cuMemPoolGetAttribute) X(cuDeviceGetGraphMemAttribute)                          \
     X(cuMemGetAllocationPropertiesFromHandle) X(cuGraphGetNodes) X(cuGraphNodeGetType) X(cuGraphMemAllocNodeGetParams)           \
-    X(cuStreamIsCapturing)
+    X(cuStreamIsCapturing) X(cuGraphChildGraphNodeGetGraph)
 
 #define VG_ENUM(n) VGC_##n,
 enum { VG_CUDA_HOOKS(VG_ENUM) VGC_NHOOKS, VGC_BASE_ = VGC_NHOOKS - 1, VG_CUDA_HELPERS(VG_ENUM) VGC_NALL };

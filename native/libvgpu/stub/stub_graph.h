@@ -11,9 +11,7 @@
  * launch is still live cannot be launched again (CUDA_ERROR_INVALID_VALUE).
  * Instantiation copies the graph's memory nodes; destroying a graph or an executable
  * graph leaves live allocations live. (Launches run to completion at once.)
- * Nodes can be listed (cuGraphGetNodes, cuGraphNodeGetType: CU_GRAPH_NODE_TYPE_MEM_ALLOC 10,
- * MEM_FREE 11) and an allocation node's parameters read (cuGraphMemAllocNodeGetParams).
- * cuGraphInstantiateWithParams instantiates like cuGraphInstantiateWithFlags.
+ * Graphs and their nodes, child graph nodes included: stub_gnodes.h.
  *
  * Stream capture: cuStreamCreate gives a stream; between cuStreamBeginCapture(_v2) and
  * cuStreamEndCapture, cuMemAllocAsync / cuMemAllocFromPoolAsync on that stream add an
@@ -24,71 +22,13 @@
 #ifndef STUB_GRAPH_H
 #define STUB_GRAPH_H
 
-#define SG_NODES 64
-typedef struct { int alloc; int dev; uint64_t size, dptr; } sg_node_t;
-typedef struct { int nnodes; sg_node_t nodes[SG_NODES]; } sg_graph_t;
+#include "stub_gnodes.h"
+
 typedef struct { uint64_t reserved, used, reserved_hi, used_hi; } sg_pool_t;
 static sg_pool_t g_gpool[STUB_MAXDEV];
 typedef struct { uint64_t dptr, size; int dev; } sg_live_t;
 static sg_live_t g_glive[SM_MAX];
 static int g_nglive;
-
-EXPORT CUresult cuGraphCreate(void **g, unsigned int f) {
-    (void)f;
-    if (!g) return CUDA_ERROR_INVALID_VALUE;
-    *g = calloc(1, sizeof(sg_graph_t));
-    return *g ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
-}
-EXPORT CUresult cuGraphDestroy(void *g) { free(g); return CUDA_SUCCESS; }
-EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *graph, void *const *deps, size_t ndeps,
-                                       CUDA_MEM_ALLOC_NODE_PARAMS *p) {
-    (void)deps; (void)ndeps;
-    sg_graph_t *g = graph;
-    if (!node || !g || !p || !p->bytesize || p->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (p->poolProps.location.id < 0 || p->poolProps.location.id >= st_ncvis()) return CUDA_ERROR_INVALID_DEVICE;
-    if (g->nnodes >= SG_NODES) return CUDA_ERROR_OUT_OF_MEMORY;
-    uint64_t a = atomic_fetch_add(&g_next_addr, (p->bytesize + 511) & ~511ull);
-    g->nodes[g->nnodes] = (sg_node_t){1, p->poolProps.location.id, p->bytesize, a};
-    *node = &g->nodes[g->nnodes++];
-    p->dptr = a;
-    return CUDA_SUCCESS;
-}
-EXPORT CUresult cuGraphAddMemFreeNode(void **node, void *graph, void *const *deps, size_t ndeps, CUdeviceptr dptr) {
-    (void)deps; (void)ndeps;
-    sg_graph_t *g = graph;
-    if (!node || !g || !dptr) return CUDA_ERROR_INVALID_VALUE;
-    if (g->nnodes >= SG_NODES) return CUDA_ERROR_OUT_OF_MEMORY;
-    g->nodes[g->nnodes] = (sg_node_t){0, 0, 0, dptr};
-    *node = &g->nodes[g->nnodes++];
-    return CUDA_SUCCESS;
-}
-EXPORT CUresult cuGraphGetNodes(void *graph, void **nodes, size_t *num) {
-    sg_graph_t *g = graph;
-    if (!g || !num) return CUDA_ERROR_INVALID_VALUE;
-    if (nodes) {
-        size_t n = *num < (size_t)g->nnodes ? *num : (size_t)g->nnodes;
-        for (size_t i = 0; i < n; i++) nodes[i] = &g->nodes[i];
-    }
-    *num = (size_t)g->nnodes;
-    return CUDA_SUCCESS;
-}
-EXPORT CUresult cuGraphNodeGetType(void *node, int *type) {
-    if (!node || !type) return CUDA_ERROR_INVALID_VALUE;
-    *type = ((sg_node_t *)node)->alloc ? CU_GRAPH_NODE_TYPE_MEM_ALLOC : CU_GRAPH_NODE_TYPE_MEM_FREE;
-    return CUDA_SUCCESS;
-}
-EXPORT CUresult cuGraphMemAllocNodeGetParams(void *node, CUDA_MEM_ALLOC_NODE_PARAMS *p) {
-    sg_node_t *n = node;
-    if (!n || !p || !n->alloc) return CUDA_ERROR_INVALID_VALUE;
-    memset(p, 0, sizeof *p);
-    p->poolProps.allocType = 1;
-    p->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p->poolProps.location.id = n->dev;
-    p->bytesize = n->size;
-    p->dptr = n->dptr;
-    return CUDA_SUCCESS;
-}
 
 /* ------------------------------------------------------------- stream capture */
 #define SG_STREAMS 64
@@ -115,7 +55,7 @@ EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
     if (i < 0 || !g_streams[i]) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_mu);
     g_streams[i] = 0;
-    free(g_capturing[i]);
+    sg_free(g_capturing[i]);
     g_capturing[i] = NULL;
     pthread_mutex_unlock(&g_mu);
     return CUDA_SUCCESS;
@@ -177,16 +117,33 @@ static int capture_free(CUdeviceptr p, CUstream s) {
     return g && cuGraphAddMemFreeNode(&node, g, NULL, 0, p) == CUDA_SUCCESS;
 }
 
-/* an executable graph: a copy of the graph's nodes, tagged to be told from a graph */
+/* an executable graph: a copy of the memory nodes of the graph and its child graphs, in
+ * the order a launch runs them, tagged to be told from a graph */
 #define SG_EXEC_MAGIC 0x67657865u
-typedef struct { uint32_t magic; sg_graph_t g; } sg_exec_t;
+typedef struct { uint32_t magic; size_t n, cap; sg_node_t *mem; } sg_exec_t;
+static int sg_flatten(const sg_graph_t *g, sg_exec_t *e) {
+    for (size_t i = 0; i < g->n; i++) {
+        const sg_node_t *n = g->nodes[i];
+        if (n->child && !sg_flatten(n->child, e)) return 0;
+        if (n->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC && n->type != CU_GRAPH_NODE_TYPE_MEM_FREE) continue;
+        if (e->n == e->cap) {
+            size_t c = e->cap ? 2 * e->cap : 8;
+            sg_node_t *m = realloc(e->mem, c * sizeof *m);
+            if (!m) return 0;
+            e->mem = m;
+            e->cap = c;
+        }
+        e->mem[e->n++] = *n;
+    }
+    return 1;
+}
 EXPORT CUresult cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags) {
     (void)flags;
-    if (!exec || !graph) return CUDA_ERROR_INVALID_VALUE;
+    if (!exec || !graph || ((sg_graph_t *)graph)->parent) return CUDA_ERROR_INVALID_VALUE;
     sg_exec_t *e = calloc(1, sizeof *e);
     if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!sg_flatten(graph, e)) { free(e->mem); free(e); return CUDA_ERROR_OUT_OF_MEMORY; }
     e->magic = SG_EXEC_MAGIC;
-    e->g = *(sg_graph_t *)graph;
     *exec = e;
     return CUDA_SUCCESS;
 }
@@ -202,6 +159,7 @@ EXPORT CUresult cuGraphExecDestroy(void *exec) {
     sg_exec_t *e = exec;
     if (!e || e->magic != SG_EXEC_MAGIC) return CUDA_ERROR_INVALID_VALUE;
     e->magic = 0;
+    free(e->mem);
     free(e);
     return CUDA_SUCCESS;
 }
@@ -225,15 +183,15 @@ static int graph_free(uint64_t dptr) {
 }
 static CUresult graph_run(sg_exec_t *e) {
     pthread_mutex_lock(&g_mu);
-    for (int i = 0; i < e->g.nnodes; i++)
-        if (e->g.nodes[i].alloc && glive_find(e->g.nodes[i].dptr) >= 0) {
+    for (size_t i = 0; i < e->n; i++)
+        if (e->mem[i].type == CU_GRAPH_NODE_TYPE_MEM_ALLOC && glive_find(e->mem[i].dptr) >= 0) {
             pthread_mutex_unlock(&g_mu);
             return CUDA_ERROR_INVALID_VALUE; /* its allocation from an earlier launch is still live */
         }
     CUresult r = CUDA_SUCCESS;
-    for (int i = 0; i < e->g.nnodes && !r; i++) {
-        sg_node_t *n = &e->g.nodes[i];
-        if (!n->alloc) { graph_free_locked(n->dptr); continue; }
+    for (size_t i = 0; i < e->n && !r; i++) {
+        sg_node_t *n = &e->mem[i];
+        if (n->type == CU_GRAPH_NODE_TYPE_MEM_FREE) { graph_free_locked(n->dptr); continue; }
         sg_pool_t *p = &g_gpool[st_cphys(n->dev)];
         uint64_t spare = p->reserved - p->used;
         if (spare < n->size) {
@@ -248,7 +206,8 @@ static CUresult graph_run(sg_exec_t *e) {
         g_glive[g_nglive++] = (sg_live_t){n->dptr, n->size, n->dev};
     }
     if (r) /* a failed launch allocates nothing */
-        for (int i = 0; i < e->g.nnodes; i++) if (e->g.nodes[i].alloc) graph_free_locked(e->g.nodes[i].dptr);
+        for (size_t i = 0; i < e->n; i++)
+            if (e->mem[i].type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) graph_free_locked(e->mem[i].dptr);
     pthread_mutex_unlock(&g_mu);
     return r;
 }

@@ -36,6 +36,16 @@
  *                        library but the graph itself)
  *   glaunch RC           cuGraphLaunch the newest graph, expect RC
  *   gfree                cuMemFreeAsync the newest graph's allocation
+ *   gtree BYTES DEPTH WIDTH MODE RC  a graph WIDTH empty nodes and (BYTES > 0) one
+ *                        allocation node of BYTES (cuGraphAddMemAllocNode) wide, put DEPTH
+ *                        child graph levels down: each level is a new graph with one child
+ *                        graph node holding the one below, by MODE "move" (cuGraphAddNode,
+ *                        ownership MOVE) or "clone" (cuGraphAddChildGraphNode); the top is
+ *                        instantiated, expecting RC; prints "gtree RC" (0: kept as
+ *                        "gexec", as for graph). MODE "hold": moved, and the top graph is
+ *                        neither instantiated nor destroyed (it lives until the exit)
+ *   gchildrules          check the stub's child graph rules (clone refuses memory nodes,
+ *                        a moved graph is the parent's), print "gchildrules ok"
  *   gtrim                cuDeviceGraphMemTrim of the current device
  *   gmem                 print "gmem RESERVED USED" (cuDeviceGetGraphMemAttribute)
  */
@@ -249,6 +259,84 @@ static int pat_cmd(int argc, char **argv, int *i) {
         o->h = (uint64_t)(uintptr_t)exec;
         o->va = p;
         o->size = n;
+    } else if (!strcmp(c, "gtree")) {
+        size_t n = strtoull(argv[++*i], NULL, 0);
+        int depth = atoi(argv[++*i]);
+        size_t width = strtoull(argv[++*i], NULL, 0);
+        const char *mode = argv[++*i];
+        int hold = !strcmp(mode, "hold"), move = hold || !strcmp(mode, "move"), want = atoi(argv[++*i]);
+        void *g = NULL, *node = NULL, *exec = NULL;
+        CUDA_MEM_ALLOC_NODE_PARAMS prm;
+        memset(&prm, 0, sizeof prm);
+        prm.poolProps.allocType = 1;
+        prm.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        cuCtxGetDevice(&prm.poolProps.location.id);
+        prm.bytesize = n;
+        if ((r = cuGraphCreate(&g, 0))) die("cuGraphCreate", r, 0);
+        for (size_t k = 0; k < width; k++)
+            if ((r = cuGraphAddEmptyNode(&node, g, NULL, 0))) die("cuGraphAddEmptyNode", r, 0);
+        if (n && (r = cuGraphAddMemAllocNode(&node, g, NULL, 0, &prm))) die("cuGraphAddMemAllocNode", r, 0);
+        for (int k = 0; k < depth; k++) {
+            void *parent = NULL;
+            CUgraphNodeParams cp;
+            memset(&cp, 0, sizeof cp);
+            cp.type = CU_GRAPH_NODE_TYPE_GRAPH;
+            cp.graph.graph = g;
+            cp.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+            if ((r = cuGraphCreate(&parent, 0))) die("cuGraphCreate", r, 0);
+            if (move) r = cuGraphAddNode(&node, parent, NULL, 0, &cp);
+            else if (!(r = cuGraphAddChildGraphNode(&node, parent, NULL, 0, g))) r = cuGraphDestroy(g);
+            if (r) die("child graph node", r, 0);
+            g = parent;
+        }
+        r = hold ? CUDA_SUCCESS : cuGraphInstantiateWithFlags(&exec, g, 0);
+        printf("gtree %d\n", r);
+        if (r != want) die("gtree instantiation", r, want);
+        if (!hold && (r = cuGraphDestroy(g))) die("cuGraphDestroy", r, 0);
+        if (exec) {
+            obj_t *o = push("gexec");
+            o->h = (uint64_t)(uintptr_t)exec;
+            o->va = prm.dptr;
+            o->size = n;
+        }
+    } else if (!strcmp(c, "gchildrules")) {
+        void *a = NULL, *p = NULL, *q = NULL, *node = NULL, *cnode = NULL, *got = NULL, *exec = NULL;
+        size_t na = 0, ng = 0;
+        CUDA_MEM_ALLOC_NODE_PARAMS prm;
+        memset(&prm, 0, sizeof prm);
+        prm.poolProps.allocType = 1;
+        prm.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prm.bytesize = 4096;
+        CUgraphNodeParams cp;
+        memset(&cp, 0, sizeof cp);
+        cp.type = CU_GRAPH_NODE_TYPE_GRAPH;
+        cp.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+        if (cuGraphCreate(&a, 0) || cuGraphCreate(&p, 0) || cuGraphCreate(&q, 0)) die("cuGraphCreate", 0, 0);
+        if ((r = cuGraphAddMemAllocNode(&node, a, NULL, 0, &prm))) die("cuGraphAddMemAllocNode", r, 0);
+        if ((r = cuGraphAddChildGraphNode(&cnode, p, NULL, 0, a)) != CUDA_ERROR_INVALID_VALUE)
+            die("clone of a graph with an allocation node", r, CUDA_ERROR_INVALID_VALUE);
+        cp.graph.graph = p;
+        if ((r = cuGraphAddNode(&cnode, p, NULL, 0, &cp)) != CUDA_ERROR_INVALID_VALUE) die("move into itself", r, 1);
+        cp.graph.graph = a;
+        if ((r = cuGraphAddNode(&cnode, p, NULL, 0, &cp))) die("move", r, 0);
+        if ((r = cuGraphChildGraphNodeGetGraph(cnode, &got)) || got != a) die("cuGraphChildGraphNodeGetGraph", r, 0);
+        if ((r = cuGraphAddNode(&node, q, NULL, 0, &cp)) != CUDA_ERROR_INVALID_VALUE) die("second parent", r, 1);
+        if ((r = cuGraphInstantiateWithFlags(&exec, a, 0)) != CUDA_ERROR_INVALID_VALUE) die("moved: instantiate", r, 1);
+        if ((r = cuGraphDestroy(a)) != CUDA_ERROR_INVALID_VALUE) die("moved: destroy", r, 1);
+        if ((r = cuGraphAddMemAllocNode(&node, a, NULL, 0, &prm)) != CUDA_ERROR_INVALID_VALUE) die("moved: alloc", r, 1);
+        cp.graph.graph = p; /* p into its own child */
+        if ((r = cuGraphAddNode(&node, a, NULL, 0, &cp)) != CUDA_ERROR_INVALID_VALUE) die("move into a child", r, 1);
+        if ((r = cuGraphAddChildGraphNode(&cnode, q, NULL, 0, p)) != CUDA_ERROR_INVALID_VALUE)
+            die("clone of a graph with a moved allocation node", r, CUDA_ERROR_INVALID_VALUE);
+        if ((r = cuGraphAddEmptyNode(&node, a, NULL, 0)) || cuGraphGetNodes(a, NULL, &na) || na != 2)
+            die("node added to the moved graph", r, 0);
+        void *e = NULL;
+        if (cuGraphCreate(&e, 0) || cuGraphAddEmptyNode(&node, e, NULL, 0)) die("cuGraphCreate", 0, 0);
+        if ((r = cuGraphAddChildGraphNode(&cnode, q, NULL, 0, e)) || cuGraphChildGraphNodeGetGraph(cnode, &got) ||
+            got == e || cuGraphGetNodes(got, NULL, &ng) || ng != 1)
+            die("clone", r, 0);
+        if ((r = cuGraphDestroy(e)) || (r = cuGraphDestroy(p)) || (r = cuGraphDestroy(q))) die("cuGraphDestroy", r, 0);
+        printf("gchildrules ok\n");
     } else if (!strcmp(c, "glaunch")) {
         int want = atoi(argv[++*i]);
         r = cuGraphLaunch((void *)(uintptr_t)top()->h, NULL);
