@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -124,3 +125,50 @@ def test_binary_device_config_is_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert f"error: cannot read device config {binary}: not UTF-8 text (byte 10)" \
         in result.stderr, result.stderr
+
+
+def nameless(mem: int, generate_name: str = "") -> dict:
+    meta = {"namespace": "team", **({"generateName": generate_name} if generate_name else {})}
+    return {**pod("x", mem), "metadata": meta}
+
+
+@pytest.mark.parametrize("columns", ["250", "80"])
+def test_pods_without_a_name_are_shown_and_counted_apart(tmp_path: Path, columns: str) -> None:
+    """A pod with only generateName (or no name at all) showed as ``team/``, and two of
+    them were one pod in the dry run's ledger (the second's charge replaced the first's,
+    so both 10000 MiB pods "fit" one 16384 MiB card)."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump_all([node("n1"), nameless(10000, "job-"),
+                                        nameless(10000, "job-"), nameless(1000)]))
+    result = CliRunner().invoke(app, ["schedule", "-f", str(path)], env={"COLUMNS": columns})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.replace("│", " ").split())
+    for label in ("team/job-<generated> (object 2 of the file)",
+                  "team/job-<generated> (object 3 of the file)",
+                  "team/<unnamed> (object 4 of the file)"):
+        assert label in text, text
+    assert "team/ " not in text
+    report = json.loads(CliRunner().invoke(app, ["schedule", "-f", str(path), "-o", "json"],
+                                           env={"COLUMNS": "250"}).stdout)
+    first, second, third = report["pods"]
+    assert (first["name"], first["generate_name"], first["object_index"]) == ("", "job-", 2)
+    assert (third["generate_name"], third["object_index"]) == ("", 4)
+    assert first["node"] == "n1" and third["node"] == "n1"
+    assert second["node"] is None
+    assert "CardInsufficientMemory" in second["failed_nodes"]["n1"]
+
+
+@pytest.mark.parametrize("columns", ["250", "80"])
+def test_names_in_the_file_are_shown_as_written_not_as_markup(tmp_path: Path,
+                                                              columns: str) -> None:
+    """Names are the file's text: ``[/x]`` in one was read as rich markup and crashed
+    the table (MarkupError)."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump_all([node("n[/x]1"), node("bad[/y]", "hello"),
+                                        pod("p[/z]", 10), nameless(10, "g[/w]-")]))
+    result = CliRunner().invoke(app, ["schedule", "-f", str(path)], env={"COLUMNS": columns})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.replace("│", " ").split())
+    for shown in ("team/p[/z]", "team/g[/w]-<generated>", "n[/x]1", "node bad[/y] not "
+                  "registered"):
+        assert shown in text, text
