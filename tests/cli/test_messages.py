@@ -172,3 +172,22 @@ def test_names_in_the_file_are_shown_as_written_not_as_markup(tmp_path: Path,
     for shown in ("team/p[/z]", "team/g[/w]-<generated>", "n[/x]1", "node bad[/y] not "
                   "registered"):
         assert shown in text, text
+
+
+@pytest.mark.parametrize("command", ["device-plugin", "dra-plugin"])
+def test_unknown_backend_is_refused_before_any_io(tmp_path: Path, command: str) -> None:
+    """``--backend foo`` was refused only after the device config, the kubeconfig and
+    the API server: now first, in one line naming the valid backends, with nothing read
+    or created (the device config and kubeconfig named do not exist)."""
+    plugin_dir = tmp_path / "plugins"
+    dirs = (["--device-plugin-path", str(plugin_dir)] if command == "device-plugin"
+            else ["--plugin-dir", str(plugin_dir), "--registry-dir", str(plugin_dir)])
+    result = CliRunner().invoke(app, [
+        command, "--backend", "foo", "--node-name", "n1",
+        "--device-config-file", str(tmp_path / "missing-config.yaml"),
+        "--kubeconfig", str(tmp_path / "missing-kubeconfig"), *dirs],
+        env={"COLUMNS": "250"})
+    assert result.exit_code == 2, result.output
+    assert result.stderr == "error: --backend must be one of nvml, fake, got 'foo'\n", \
+        result.stderr
+    assert not plugin_dir.exists()

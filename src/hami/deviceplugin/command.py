@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from hami.api import names
+from hami.cliargs import choose, completer
+from hami.deviceplugin.discovery import BACKENDS
 from hami.deviceplugin.guard import AllocationGuard
 from hami.durations import seconds
 from hami.keyring import KeyRing
@@ -30,7 +32,10 @@ HookPathOption = Annotated[str, typer.Option(envvar="HOOK_PATH", help="host dir 
 DeviceConfigOption = Annotated[Path | None, typer.Option(
     "--device-config-file", help="HAMi device-config.yaml")]
 NodeConfigOption = Annotated[Path, typer.Option(help="per-node JSON override")]
-BackendOption = Annotated[str, typer.Option(help="nvml | fake")]
+BackendOption = Annotated[str, typer.Option(
+    help="where GPUs are found: nvml (this node's NVIDIA driver) or fake (the YAML "
+         "inventory of --fake-inventory)", metavar="[" + "|".join(BACKENDS) + "]",
+    autocompletion=completer(BACKENDS))]
 FakeInventoryOption = Annotated[Path | None, typer.Option(
     help="YAML inventory for --backend fake")]
 KubeconfigOption = Annotated[Path | None, typer.Option(
@@ -124,6 +129,7 @@ def device_plugin(
     from hami import __version__
     from hami.netlimits import raise_open_files_limit
 
+    choose(backend, BACKENDS, "--backend")  # before any file, socket or API server
     raise_open_files_limit()
     if install_lib_dir is not None:
         try:
