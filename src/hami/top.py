@@ -23,6 +23,7 @@ from typing import Annotated, Any
 import typer
 
 from hami.api import names
+from hami.cliargs import choose, completer
 from hami.core.config import SchedulerConfig
 from hami.core.state import ClusterState
 from hami.devices.registry import make_config
@@ -276,7 +277,9 @@ def narrow(view: dict[str, Any], namespace: str | None, wanted_nodes: list[str] 
 
 
 def top(
-    output: Annotated[TopOutput, typer.Option("-o", "--output", help="table | json")] = TopOutput.table,
+    output: Annotated[str, typer.Option(
+        "-o", "--output", help="table | json", metavar="[" + "|".join(TopOutput) + "]",
+        autocompletion=completer(list(TopOutput)))] = TopOutput.table.value,
     kubeconfig: Annotated[Path | None, typer.Option(envvar="KUBECONFIG",
                                                     help="default: in-cluster or ~/.kube/config")] = None,
     context: Annotated[str | None, typer.Option(help="kubeconfig context")] = None,
@@ -299,6 +302,7 @@ def top(
     from hami.kubehint import kube_hint, load_kubeconfig
     from hami.settings import load_device_config
 
+    fmt = TopOutput(choose(output, list(TopOutput), "-o/--output"))
     try:
         config = make_config(nvidia=load_device_config(device_config_file),
                              scheduler_name=scheduler_name)
@@ -319,7 +323,7 @@ def top(
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
-    if output is TopOutput.json:
+    if fmt is TopOutput.json:
         typer.echo(json.dumps(view, indent=2))
     else:
         typer.echo(render_table(view), nl=False)

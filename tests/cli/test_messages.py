@@ -191,3 +191,37 @@ def test_unknown_backend_is_refused_before_any_io(tmp_path: Path, command: str) 
     assert result.stderr == "error: --backend must be one of nvml, fake, got 'foo'\n", \
         result.stderr
     assert not plugin_dir.exists()
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["top", "-o", "yaml"], "error: -o/--output must be one of table, json, got 'yaml'"),
+    (["top", "--output=wide"], "error: -o/--output must be one of table, json, got 'wide'"),
+    (["schedule", "-f", "{cluster}", "-o", "yaml"],
+     "error: -o/--output must be one of json, table, got 'yaml'"),
+    (["scheduler", "--log-format", "yaml"],
+     "error: --log-format must be one of keyvalue, json, got 'yaml'"),
+    (["top", "--log-format=text"],
+     "error: --log-format must be one of keyvalue, json, got 'text'"),
+])
+def test_bad_output_format_is_one_line(tmp_path: Path, args: list[str], line: str) -> None:
+    """A format that is not offered was typer's boxed usage error; it is one line naming
+    the valid ones, as hami's other usage errors (exit status 2), before anything is read
+    (hami top's kubeconfig does not exist here)."""
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump_all([node("n1"), pod("p", 1000)]))
+    args = [a.replace("{cluster}", str(cluster)) for a in args]
+    result = CliRunner().invoke(app, args, env={
+        "COLUMNS": "250", "KUBECONFIG": str(tmp_path / "missing-kubeconfig")})
+    assert result.exit_code == 2, result.output
+    assert result.stderr == line + "\n", result.stderr
+    assert result.stdout == "", result.stdout
+
+
+def test_good_output_formats_still_work(tmp_path: Path) -> None:
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump_all([node("n1"), pod("p", 1000)]))
+    for fmt in ("json", "table"):
+        result = CliRunner().invoke(app, ["schedule", "-f", str(cluster), "-o", fmt,
+                                          "--log-format", "json"], env={"COLUMNS": "250"})
+        assert result.exit_code == 0, result.output
+        assert ('"schema": "hami.schedule/v1"' in result.stdout) == (fmt == "json")

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from hami.cliargs import choose, completer
 from hami.scheduler.defaultopts import DefaultCores, DefaultGpu, DefaultMem
 
 
@@ -34,8 +35,10 @@ def schedule_command(
     high_priority_namespaces: Annotated[str, typer.Option(
         help="namespaces whose GPU pods may ask for nvidia.com/priority 0, a,b (as the hami "
              "scheduler's flag; default: none)")] = "",
-    output: Annotated[Output, typer.Option(
-        "-o", "--output", help="a human-readable table, or one JSON document")] = Output.table,
+    output: Annotated[str, typer.Option(
+        "-o", "--output", help="a human-readable table, or one JSON document",
+        metavar="[" + "|".join(Output) + "]",
+        autocompletion=completer(list(Output)))] = Output.table.value,
     enable_ascend: Annotated[bool, typer.Option(
         help="schedule Ascend NPUs: the chips of the device config's vnpus section")] = False,
     enable_iluvatar: Annotated[bool, typer.Option(
@@ -52,6 +55,7 @@ def schedule_command(
     from hami.offline import InputError, load_objects, schedule
     from hami.settings import scheduler_config
 
+    fmt = Output(choose(output, list(Output), "-o/--output"))
     if node_scheduler_policy not in NODE_POLICIES:
         typer.echo(f"error: --node-scheduler-policy must be one of {', '.join(NODE_POLICIES)}, "
                    f"got {node_scheduler_policy!r}", err=True)
@@ -84,7 +88,7 @@ def schedule_command(
     except (OSError, InputError, ConfigError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    if output is Output.json:
+    if fmt is Output.json:
         typer.echo(json.dumps(report, indent=2, sort_keys=False))
     elif report["pods"]:  # an empty table says nothing; the line below does
         print_table(report)
