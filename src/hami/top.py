@@ -60,7 +60,8 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
     annotation (``hami.io/vgpu-allocation-signature``; its validity is the device
     plugin's to check, with the key hami top does not hold). Unsigned allocations are
     those HAMi's scheduler wrote (or forged ones): a device plugin in strict mode refuses
-    them, so strict signing can be switched on once ``unsigned`` is empty. Each listed
+    them, so strict signing is safe to switch on once ``unsigned`` is empty (whether it
+    is on is the device plugins' flag, not in these objects). Each listed
     pod of a card also says ``signed``.
     """
     from hami.dra.usage import dra_nodes
