@@ -10,7 +10,10 @@ decisions before it. A pod that fits nowhere gets the preemption hami would make
 (``preemption``: victims of lower ``spec.priority``, the card, the freed slice;
 :mod:`hami.core.preemption`, PodDisruptionBudgets of the file counted) without making
 it: the victims stay. The decisions come from :class:`hami.core.state.ClusterState`, the
-same code as the live ``/filter``. The vendors are those of ``--device-config-file`` (its
+same code as the live ``/filter``. A pod without ``metadata.name`` (a controller's
+template with ``generateName``, a manifest before ``kubectl create``) and without a uid is
+told apart from the others by its place in the file (``object_index``), also in the
+ledger, so that two such pods are two pods. The vendors are those of ``--device-config-file`` (its
 sections, HAMi v2.10; ``--enable-ascend`` / ``--enable-iluvatar`` for ``vnpus`` and
 ``iluvatars``); without a device config only NVIDIA is known.
 
@@ -22,7 +25,9 @@ JSON output schema (stable; ``schema`` is bumped on any incompatible change)::
       "node_warnings": {"<node>": "<devices skipped on a registered node, and why>"},
       "pods": [
         {
-          "namespace": str, "name": str,
+          "namespace": str, "name": str,          # name: "" for a pod without one
+          "generate_name": str,                   # metadata.generateName, or ""
+          "object_index": int,                    # its place among the file's objects, 1-based
           "admission": {"allowed": bool, "message": str, "patch": [RFC 6902 ops]},
           "node": str | null,
           "annotations": {"hami.io/vgpu-node": str,
@@ -215,9 +220,10 @@ def schedule(objects: Iterable[Mapping[str, Any]],
         elif obj.get("kind") == "ResourceQuota":
             state.upsert_quota(obj)
     pending = []
-    for obj in objects:
+    for index, obj in enumerate(objects, start=1):
         if obj.get("kind") != "Pod":
             continue
+        obj = _identified(obj, index)
         if _is_existing(obj, state):
             existing = dict(obj)
             meta = dict(existing.get("metadata") or {})
@@ -228,10 +234,29 @@ def schedule(objects: Iterable[Mapping[str, Any]],
             if state.upsert_pod(existing):
                 charged[pod_uid(existing)] = existing
         else:
-            pending.append(obj)
-    for pod in pending:
-        report["pods"].append(_schedule_one(state, pod, node_names, charged, budgets))
+            pending.append((index, obj))
+    for index, pod in pending:
+        entry = _schedule_one(state, pod, node_names, charged, budgets)
+        meta = pod.get("metadata") or {}
+        entry["generate_name"] = str(meta.get("generateName") or "")
+        entry["object_index"] = index
+        report["pods"].append(entry)
     return report
+
+
+#: The uid prefix :func:`_identified` gives a pod with neither name nor uid.
+DRY_RUN_UID_PREFIX = "hami-schedule-object-"
+
+
+def _identified(pod: Mapping[str, Any], index: int) -> Mapping[str, Any]:
+    """``pod`` itself, or for one with neither ``metadata.name`` nor ``metadata.uid`` a
+    copy with the uid ``hami-schedule-object-<index>``: the ledger tells pods apart by
+    uid, else by ``namespace/name``, so nameless pods would all be one pod there (the
+    second replacing the first's charge)."""
+    meta = pod.get("metadata") or {}
+    if meta.get("name") or meta.get("uid"):
+        return pod
+    return {**pod, "metadata": {**meta, "uid": f"{DRY_RUN_UID_PREFIX}{index}"}}
 
 
 def _preemption(state: ClusterState, pod: Mapping[str, Any], node_names: list[str],

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 import typer
 
 from hami.api import names
+from hami.cliargs import choose, completer
 from hami.core.config import SchedulerConfig
 from hami.core.state import ClusterState
 from hami.devices.registry import make_config
@@ -59,7 +60,8 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
     annotation (``hami.io/vgpu-allocation-signature``; its validity is the device
     plugin's to check, with the key hami top does not hold). Unsigned allocations are
     those HAMi's scheduler wrote (or forged ones): a device plugin in strict mode refuses
-    them, so strict signing can be switched on once ``unsigned`` is empty. Each listed
+    them, so strict signing is safe to switch on once ``unsigned`` is empty (whether it
+    is on is the device plugins' flag, not in these objects). Each listed
     pod of a card also says ``signed``.
     """
     from hami.dra.usage import dra_nodes
@@ -276,7 +278,9 @@ def narrow(view: dict[str, Any], namespace: str | None, wanted_nodes: list[str] 
 
 
 def top(
-    output: Annotated[TopOutput, typer.Option("-o", "--output", help="table | json")] = TopOutput.table,
+    output: Annotated[str, typer.Option(
+        "-o", "--output", help="table | json", metavar="[" + "|".join(TopOutput) + "]",
+        autocompletion=completer(list(TopOutput)))] = TopOutput.table.value,
     kubeconfig: Annotated[Path | None, typer.Option(envvar="KUBECONFIG",
                                                     help="default: in-cluster or ~/.kube/config")] = None,
     context: Annotated[str | None, typer.Option(help="kubeconfig context")] = None,
@@ -299,6 +303,7 @@ def top(
     from hami.kubehint import kube_hint, load_kubeconfig
     from hami.settings import load_device_config
 
+    fmt = TopOutput(choose(output, list(TopOutput), "-o/--output"))
     try:
         config = make_config(nvidia=load_device_config(device_config_file),
                              scheduler_name=scheduler_name)
@@ -319,7 +324,7 @@ def top(
     except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
-    if output is TopOutput.json:
+    if fmt is TopOutput.json:
         typer.echo(json.dumps(view, indent=2))
     else:
         typer.echo(render_table(view), nl=False)

@@ -22,12 +22,16 @@ def _frac(used: int, total: int, unit: str = "") -> str:
 def signing_line(view: Mapping[str, Any]) -> str:
     """One line on allocation signing: how many counted pods carry hami's signature and
     which do not (HAMi's scheduler placed them, or their annotations were forged), or that
-    none is left and strict signing can be switched on."""
+    none is left, so strict signing is safe to switch on.
+
+    The line is true whether strict signing is on or not: that is each device plugin's
+    flag (``--trust-unsigned-allocations``, the chart's
+    ``allocationSigning.trustUnsignedAllocations``), which nothing hami top reads shows."""
     signing = view.get("signing") or {"signed": 0, "unsigned": []}
     unsigned = signing["unsigned"]
     if not unsigned:
         return (f"signing: {signing['signed']} signed allocation(s), no unsigned allocation "
-                "left: strict signing can be switched on "
+                "left: strict signing is safe to switch on, if it is not on already "
                 "(allocationSigning.trustUnsignedAllocations=false)")
     pods = ", ".join(f"{p['namespace']}/{p['name']}" for p in unsigned)
     return (f"signing: {signing['signed']} signed, {len(unsigned)} unsigned allocation(s): "

@@ -243,3 +243,28 @@ def test_broken_kubeconfig_is_one_line_naming_the_file(argv: list[str], content:
     errors = [line for line in proc.stderr.splitlines() if "level=" not in line]
     assert errors == [f"error: kubeconfig {kubeconfig} {words}: fix it, or name another "
                       "file with KUBECONFIG / --kubeconfig"], proc.stderr
+
+
+@pytest.mark.parametrize(("given", "seconds"), [([], 10.0), (["--kube-timeout=0"], 10.0),
+                                                (["--kube-timeout", "25"], 25.0)])
+def test_kube_timeout_is_seconds_and_hamis_zero_is_ten(
+        monkeypatch: pytest.MonkeyPatch, given: list[str], seconds: float) -> None:
+    """The scheduler gets the timeout the help promises: 10 s by default, HAMi's 0 taken
+    as 10 s, any other value as seconds."""
+    import hami.scheduler.server as server
+
+    seen = []
+
+    async def fake_serve(settings: object) -> None:
+        seen.append(settings)
+
+    monkeypatch.setattr(server, "serve", fake_serve)
+    result = CliRunner().invoke(app, ["scheduler", *given])
+    assert result.exit_code == 0, result.output
+    assert seen[0].kube_timeout.total_seconds() == seconds  # type: ignore[attr-defined]
+
+
+def test_negative_kube_timeout_is_one_line() -> None:
+    result = CliRunner().invoke(app, ["scheduler", "--kube-timeout=-5"])
+    assert result.exit_code == 2, result.output
+    assert "error: --kube-timeout must be 0 or more seconds, got -5" in result.stderr

@@ -115,3 +115,15 @@ def test_duration_defaults_are_shown_as_durations(name: str) -> None:
             shown = param.show_default  # type: ignore[attr-defined]
             assert isinstance(shown, str) and shown[-1] in "smh", (name, param.opts, shown)
             assert seconds(shown) == param.default, (name, param.opts, shown)
+
+
+@pytest.mark.parametrize("columns", ["250", "80"])
+def test_kube_timeout_help_states_its_default_and_unit(columns: str) -> None:
+    """``--kube-timeout`` showed ``(0: 10) [default: 0]``: its default is 10 seconds, and
+    the help says so."""
+    result = CliRunner().invoke(app, ["scheduler", "--help"], env={"COLUMNS": columns})
+    text = " ".join(result.stdout.replace("│", " ").split())
+    start = text.index("--kube-timeout")
+    entry = text[start:text.index("--kube-max-inflight", start)]
+    assert "in seconds" in entry and "[default: 10]" in entry, entry
+    assert "default: 0" not in entry and "(0: 10)" not in entry, entry

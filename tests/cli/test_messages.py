@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -124,3 +125,103 @@ def test_binary_device_config_is_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 2, result.output
     assert f"error: cannot read device config {binary}: not UTF-8 text (byte 10)" \
         in result.stderr, result.stderr
+
+
+def nameless(mem: int, generate_name: str = "") -> dict:
+    meta = {"namespace": "team", **({"generateName": generate_name} if generate_name else {})}
+    return {**pod("x", mem), "metadata": meta}
+
+
+@pytest.mark.parametrize("columns", ["250", "80"])
+def test_pods_without_a_name_are_shown_and_counted_apart(tmp_path: Path, columns: str) -> None:
+    """A pod with only generateName (or no name at all) showed as ``team/``, and two of
+    them were one pod in the dry run's ledger (the second's charge replaced the first's,
+    so both 10000 MiB pods "fit" one 16384 MiB card)."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump_all([node("n1"), nameless(10000, "job-"),
+                                        nameless(10000, "job-"), nameless(1000)]))
+    result = CliRunner().invoke(app, ["schedule", "-f", str(path)], env={"COLUMNS": columns})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.replace("│", " ").split())
+    for label in ("team/job-<generated> (object 2 of the file)",
+                  "team/job-<generated> (object 3 of the file)",
+                  "team/<unnamed> (object 4 of the file)"):
+        assert label in text, text
+    assert "team/ " not in text
+    report = json.loads(CliRunner().invoke(app, ["schedule", "-f", str(path), "-o", "json"],
+                                           env={"COLUMNS": "250"}).stdout)
+    first, second, third = report["pods"]
+    assert (first["name"], first["generate_name"], first["object_index"]) == ("", "job-", 2)
+    assert (third["generate_name"], third["object_index"]) == ("", 4)
+    assert first["node"] == "n1" and third["node"] == "n1"
+    assert second["node"] is None
+    assert "CardInsufficientMemory" in second["failed_nodes"]["n1"]
+
+
+@pytest.mark.parametrize("columns", ["250", "80"])
+def test_names_in_the_file_are_shown_as_written_not_as_markup(tmp_path: Path,
+                                                              columns: str) -> None:
+    """Names are the file's text: ``[/x]`` in one was read as rich markup and crashed
+    the table (MarkupError)."""
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump_all([node("n[/x]1"), node("bad[/y]", "hello"),
+                                        pod("p[/z]", 10), nameless(10, "g[/w]-")]))
+    result = CliRunner().invoke(app, ["schedule", "-f", str(path)], env={"COLUMNS": columns})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.replace("│", " ").split())
+    for shown in ("team/p[/z]", "team/g[/w]-<generated>", "n[/x]1", "node bad[/y] not "
+                  "registered"):
+        assert shown in text, text
+
+
+@pytest.mark.parametrize("command", ["device-plugin", "dra-plugin"])
+def test_unknown_backend_is_refused_before_any_io(tmp_path: Path, command: str) -> None:
+    """``--backend foo`` was refused only after the device config, the kubeconfig and
+    the API server: now first, in one line naming the valid backends, with nothing read
+    or created (the device config and kubeconfig named do not exist)."""
+    plugin_dir = tmp_path / "plugins"
+    dirs = (["--device-plugin-path", str(plugin_dir)] if command == "device-plugin"
+            else ["--plugin-dir", str(plugin_dir), "--registry-dir", str(plugin_dir)])
+    result = CliRunner().invoke(app, [
+        command, "--backend", "foo", "--node-name", "n1",
+        "--device-config-file", str(tmp_path / "missing-config.yaml"),
+        "--kubeconfig", str(tmp_path / "missing-kubeconfig"), *dirs],
+        env={"COLUMNS": "250"})
+    assert result.exit_code == 2, result.output
+    assert result.stderr == "error: --backend must be one of nvml, fake, got 'foo'\n", \
+        result.stderr
+    assert not plugin_dir.exists()
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["top", "-o", "yaml"], "error: -o/--output must be one of table, json, got 'yaml'"),
+    (["top", "--output=wide"], "error: -o/--output must be one of table, json, got 'wide'"),
+    (["schedule", "-f", "{cluster}", "-o", "yaml"],
+     "error: -o/--output must be one of json, table, got 'yaml'"),
+    (["scheduler", "--log-format", "yaml"],
+     "error: --log-format must be one of keyvalue, json, got 'yaml'"),
+    (["top", "--log-format=text"],
+     "error: --log-format must be one of keyvalue, json, got 'text'"),
+])
+def test_bad_output_format_is_one_line(tmp_path: Path, args: list[str], line: str) -> None:
+    """A format that is not offered was typer's boxed usage error; it is one line naming
+    the valid ones, as hami's other usage errors (exit status 2), before anything is read
+    (hami top's kubeconfig does not exist here)."""
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump_all([node("n1"), pod("p", 1000)]))
+    args = [a.replace("{cluster}", str(cluster)) for a in args]
+    result = CliRunner().invoke(app, args, env={
+        "COLUMNS": "250", "KUBECONFIG": str(tmp_path / "missing-kubeconfig")})
+    assert result.exit_code == 2, result.output
+    assert result.stderr == line + "\n", result.stderr
+    assert result.stdout == "", result.stdout
+
+
+def test_good_output_formats_still_work(tmp_path: Path) -> None:
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump_all([node("n1"), pod("p", 1000)]))
+    for fmt in ("json", "table"):
+        result = CliRunner().invoke(app, ["schedule", "-f", str(cluster), "-o", fmt,
+                                          "--log-format", "json"], env={"COLUMNS": "250"})
+        assert result.exit_code == 0, result.output
+        assert ('"schema": "hami.schedule/v1"' in result.stdout) == (fmt == "json")

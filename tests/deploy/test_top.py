@@ -191,3 +191,24 @@ def test_pods_of_another_scheduler_are_named_and_countable() -> None:
                       "--scheduler-name hami-py-scheduler counts it)"} in view["unplaced"]
     mine = cluster_view(nodes, [other], quotas, make_config(scheduler_name="hami-py-scheduler"))
     assert [p["name"] for n in mine["nodes"] for d in n["devices"] for p in d["pods"]] == ["big"]
+
+
+def test_signing_line_is_true_whether_strict_signing_is_on_or_not() -> None:
+    """The mode is each device plugin's flag, which hami top does not see: with none
+    left unsigned the line said "strict signing can be switched on" also where it was on
+    already. It says it is safe to switch on, if it is not on already; with unsigned
+    ones left it says what strict mode does to them, in either mode."""
+    nodes, pods, quotas = objects()
+    infer = next(p for p in pods if p["metadata"]["name"] == "infer-1")
+    infer["status"]["phase"] = "Succeeded"
+    line = next(line for line in render_table(cluster_view(nodes, pods, quotas),
+                                              width=400).splitlines()
+                if line.startswith("signing:"))
+    assert line == ("signing: 3 signed allocation(s), no unsigned allocation left: strict "
+                    "signing is safe to switch on, if it is not on already "
+                    "(allocationSigning.trustUnsignedAllocations=false)")
+    infer["status"]["phase"] = "Running"
+    text = render_table(cluster_view(nodes, pods, quotas), width=400)
+    tail = text[text.index("signing:"):]
+    assert "can be switched on" not in tail and "safe to switch on" not in tail
+    assert "a device plugin in strict mode refuses them" in tail

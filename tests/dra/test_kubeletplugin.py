@@ -98,7 +98,7 @@ def test_a_socket_path_too_long_for_unix_is_a_clear_error(short_dir: Path) -> No
     """A registry or plugin directory whose socket path is longer than gRPC listens on
     (105 bytes) is refused naming the path and the limit (gRPC said only 'Failed to
     bind'), before anything is created; at exactly 105 bytes the plugin serves."""
-    from hami.dra.kubeletplugin import MAX_SOCKET_PATH_BYTES
+    from hami.deviceplugin.sockets import MAX_SOCKET_PATH_BYTES
 
     node = DraNode("n1", lambda ns, n: None, lambda: {}, PluginConfig(),
                    NodeSettings(hook_path=str(short_dir / "hook")), short_dir / "cdi")

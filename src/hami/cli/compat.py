@@ -28,6 +28,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from hami.cliargs import choose, completer
 from hami.kubehint import kube_hint
 
 log = logging.getLogger("hami.cli")
@@ -126,10 +127,11 @@ def _common(
         "-v", "--v", metavar="N",
         help="log verbosity, klog style: 4 or more logs per-node detail")] = 0,
     debug: Annotated[bool, typer.Option("--debug", help="debug logs (same as -v 4)")] = False,
-    log_format: Annotated[LogFormat, typer.Option(
-        "--log-format",
+    log_format: Annotated[str, typer.Option(
+        "--log-format", metavar="[" + "|".join(LogFormat) + "]",
+        autocompletion=completer(list(LogFormat)),
         help="each log record as one key=value line (keyvalue) or one JSON object")
-    ] = LogFormat.keyvalue,
+    ] = LogFormat.keyvalue.value,
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="print hami's version and exit")] = False,
 ) -> None:
@@ -239,8 +241,9 @@ class HamiCommand(NarrowHelp, TyperCommand):
         ctx.params.pop("version", None)
         given = {k: ctx.params.pop(k) for k in [k for k in ctx.params
                                                 if k.startswith("hami_compat_")]}
-        setup_logging(common.get("verbosity", 0), common.get("debug", False),
-                      str(common.get("log_format", "keyvalue")))
+        log_format = choose(str(common.get("log_format", LogFormat.keyvalue)),
+                            list(LogFormat), "--log-format")
+        setup_logging(common.get("verbosity", 0), common.get("debug", False), log_format)
         for flag in self.hami_flags.values():
             if given.get(_dest(flag)):
                 log.warning("%s has no effect in hami %s: %s", flag.name, ctx.info_name,

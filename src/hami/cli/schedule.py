@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+from hami.cliargs import choose, completer
 from hami.scheduler.defaultopts import DefaultCores, DefaultGpu, DefaultMem
 
 
@@ -34,8 +35,10 @@ def schedule_command(
     high_priority_namespaces: Annotated[str, typer.Option(
         help="namespaces whose GPU pods may ask for nvidia.com/priority 0, a,b (as the hami "
              "scheduler's flag; default: none)")] = "",
-    output: Annotated[Output, typer.Option(
-        "-o", "--output", help="a human-readable table, or one JSON document")] = Output.table,
+    output: Annotated[str, typer.Option(
+        "-o", "--output", help="a human-readable table, or one JSON document",
+        metavar="[" + "|".join(Output) + "]",
+        autocompletion=completer(list(Output)))] = Output.table.value,
     enable_ascend: Annotated[bool, typer.Option(
         help="schedule Ascend NPUs: the chips of the device config's vnpus section")] = False,
     enable_iluvatar: Annotated[bool, typer.Option(
@@ -52,6 +55,7 @@ def schedule_command(
     from hami.offline import InputError, load_objects, schedule
     from hami.settings import scheduler_config
 
+    fmt = Output(choose(output, list(Output), "-o/--output"))
     if node_scheduler_policy not in NODE_POLICIES:
         typer.echo(f"error: --node-scheduler-policy must be one of {', '.join(NODE_POLICIES)}, "
                    f"got {node_scheduler_policy!r}", err=True)
@@ -84,7 +88,7 @@ def schedule_command(
     except (OSError, InputError, ConfigError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    if output is Output.json:
+    if fmt is Output.json:
         typer.echo(json.dumps(report, indent=2, sort_keys=False))
     elif report["pods"]:  # an empty table says nothing; the line below does
         print_table(report)
@@ -121,6 +125,17 @@ def preemption_line(plan: dict[str, Any]) -> str:
             f"{victims}; frees {freed} (not done: dry run)")
 
 
+def pod_label(pod: dict[str, Any]) -> str:
+    """``namespace/name`` of a report's pod; for a pod without a name (the API server
+    names it at creation) ``namespace/<generateName><generated>`` or
+    ``namespace/<unnamed>``, with its place among the file's objects."""
+    if pod["name"]:
+        return f"{pod['namespace']}/{pod['name']}"
+    name = f"{pod['generate_name']}<generated>" if pod.get("generate_name") else "<unnamed>"
+    where = f" (object {pod['object_index']} of the file)" if pod.get("object_index") else ""
+    return f"{pod['namespace']}/{name}{where}"
+
+
 def _rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     """(pod, admission, node, devices / reason) per pod."""
     rows = []
@@ -140,7 +155,7 @@ def _rows(report: dict[str, Any]) -> list[tuple[str, str, str, str]]:
             detail = pod["error"] or reasons or ("no node in the file" if node != "-" else "-")
             if pod.get("preemption"):
                 detail += "\n" + preemption_line(pod["preemption"])
-        rows.append((f"{pod['namespace']}/{pod['name']}", verdict, node, detail))
+        rows.append((pod_label(pod), verdict, node, detail))
     return rows
 
 
@@ -152,12 +167,13 @@ def print_table(report: dict[str, Any]) -> None:
     can be copied)."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = Console()
     if console.width < TABLE_MIN_COLUMNS:
         console.print("hami schedule (dry run)", soft_wrap=True)
         for name, verdict, node, detail in _rows(report):
-            console.print(f"\npod {name}", soft_wrap=True)
+            console.print(f"\npod {name}", soft_wrap=True, markup=False)
             for label, value in (("admission", verdict), ("node", node),
                                  ("devices / reason", detail)):
                 lines = value.split("\n")
@@ -168,11 +184,13 @@ def print_table(report: dict[str, Any]) -> None:
         table = Table(title="hami schedule (dry run)")
         for col in ("pod", "admission", "node", "devices / reason"):
             table.add_column(col, overflow="fold")
-        for row in _rows(report):
-            table.add_row(*row)
+        for row in _rows(report):  # the file's text, never rich markup
+            table.add_row(*(Text(cell) for cell in row))
         console.print(table)
     for name, why in report["nodes"].items():
         if why:
-            console.print(f"node {name} not registered: {why}", soft_wrap=True)
+            console.print(f"node {name} not registered: {why}", soft_wrap=True,
+                          markup=False)
     for name, why in report.get("node_warnings", {}).items():
-        console.print(f"node {name} registered without some devices: {why}", soft_wrap=True)
+        console.print(f"node {name} registered without some devices: {why}", soft_wrap=True,
+                      markup=False)

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from hami.api import names
+from hami.cliargs import choose, completer
+from hami.deviceplugin.discovery import BACKENDS
 from hami.deviceplugin.guard import AllocationGuard
 from hami.durations import seconds
 from hami.keyring import KeyRing
@@ -30,7 +32,10 @@ HookPathOption = Annotated[str, typer.Option(envvar="HOOK_PATH", help="host dir 
 DeviceConfigOption = Annotated[Path | None, typer.Option(
     "--device-config-file", help="HAMi device-config.yaml")]
 NodeConfigOption = Annotated[Path, typer.Option(help="per-node JSON override")]
-BackendOption = Annotated[str, typer.Option(help="nvml | fake")]
+BackendOption = Annotated[str, typer.Option(
+    help="where GPUs are found: nvml (this node's NVIDIA driver) or fake (the YAML "
+         "inventory of --fake-inventory)", metavar="[" + "|".join(BACKENDS) + "]",
+    autocompletion=completer(BACKENDS))]
 FakeInventoryOption = Annotated[Path | None, typer.Option(
     help="YAML inventory for --backend fake")]
 KubeconfigOption = Annotated[Path | None, typer.Option(
@@ -124,6 +129,7 @@ def device_plugin(
     from hami import __version__
     from hami.netlimits import raise_open_files_limit
 
+    choose(backend, BACKENDS, "--backend")  # before any file, socket or API server
     raise_open_files_limit()
     if install_lib_dir is not None:
         try:
@@ -233,11 +239,15 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
     once, here, from the Node's runtime and kubelet versions (:func:`resolve_auto`,
     waiting up to ``auto_probe_s`` seconds for a readable Node). Raises
     ``PluginConfigError`` when mig mode has no ``migProfileAllowlist``, for an unknown
-    allocate mode, and for mode ``cdi`` with ``operatingmode: mig``."""
+    allocate mode, and for mode ``cdi`` with ``operatingmode: mig``;
+    :class:`~hami.deviceplugin.sockets.SocketPathError` (before the API server or the
+    GPUs are touched) when this plugin's socket in ``plugin_dir`` or a socket it
+    connects to has a path longer than a unix socket's."""
     from hami.deviceplugin import allocate as al
     from hami.deviceplugin import mig as migmod
     from hami.deviceplugin import mps
     from hami.deviceplugin.automode import ALLOCATE_MODE_AUTO
+    from hami.deviceplugin.cdiallocate import DEFAULT_POD_RESOURCES_SOCKET
     from hami.deviceplugin.config import PluginConfigError, apply_node_config, from_device_config
     from hami.deviceplugin.discovery import open_backend
     from hami.deviceplugin.health import policy_from_env
@@ -248,8 +258,10 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
         NodeRegistrar,
         PluginServer,
         health_loop,
+        socket_name,
     )
     from hami.deviceplugin.servicer import DevicePluginServicer
+    from hami.deviceplugin.sockets import check_socket_paths
     from hami.kubehttp import watch_timeout_for
 
     cfg = from_device_config(config_file.read_text() if config_file else None)
@@ -266,6 +278,10 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
     if allocate_mode == names.ALLOCATE_MODE_CDI and cfg.operating_mode == "mig":
         raise PluginConfigError("allocate mode cdi does not serve operatingmode mig; use "
                                 "--allocate-mode node-lock")
+    check_socket_paths(  # before the API server, the GPUs and any file
+        listen=[plugin_dir / socket_name(cfg.resource_name)],
+        connect=[kubelet_socket, *([pod_resources_socket or DEFAULT_POD_RESOURCES_SOCKET]
+                                   if allocate_mode != names.ALLOCATE_MODE_NODE_LOCK else [])])
     kube = kube_api if isinstance(kube_api, KubeApi) else KubeApi(
         make_client(kubeconfig, watch_idle_timeout_s=watch_idle_timeout_s),
         watch_timeout_s=watch_timeout_for(watch_idle_timeout_s))
@@ -300,7 +316,6 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
     if allocate_mode == names.ALLOCATE_MODE_CDI:
         from hami.deviceplugin.cdiallocate import (
             DEFAULT_CDI_DIR,
-            DEFAULT_POD_RESOURCES_SOCKET,
             CdiAllocator,
             PodResourcesClient,
         )

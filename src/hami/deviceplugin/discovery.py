@@ -318,6 +318,11 @@ class NvmlBackend:
             pass
 
 
+#: The ``--backend`` values of the node agents: real GPUs through NVML, or a YAML
+#: inventory (tests and the docs' walkthroughs).
+BACKENDS: tuple[str, ...] = ("nvml", "fake")
+
+
 def open_backend(kind: str, inventory: Path | None) -> GpuBackend:
     """``kind`` is ``nvml`` or ``fake`` (then ``inventory`` is required)."""
     if kind == "fake":
@@ -326,7 +331,7 @@ def open_backend(kind: str, inventory: Path | None) -> GpuBackend:
         return FakeBackend(inventory)
     if kind == "nvml":
         return NvmlBackend()
-    raise DiscoveryError(f"unknown backend {kind!r} (nvml | fake)")
+    raise DiscoveryError(f"unknown backend {kind!r} ({' | '.join(BACKENDS)})")
 
 
 def filter_gpus(gpus: Iterable[PhysicalGpu], uuids: frozenset[str],

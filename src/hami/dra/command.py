@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from hami.cliargs import choose
 from hami.deviceplugin.command import (
     BackendOption,
     DeviceConfigOption,
@@ -17,6 +18,7 @@ from hami.deviceplugin.command import (
     NodeConfigOption,
     NodeNameOption,
 )
+from hami.deviceplugin.discovery import BACKENDS
 from hami.durations import seconds
 
 
@@ -51,6 +53,7 @@ def dra_plugin(
     from hami.dra.node import DraAgent, run_agent, settings_for
     from hami.dra.startup import refusal
 
+    choose(backend, BACKENDS, "--backend")  # before any file, socket or API server
     if not node_name:
         typer.echo("error: NODE_NAME is required", err=True)
         raise typer.Exit(2)

@@ -21,7 +21,6 @@ v1.37):
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import threading
 import time
@@ -39,6 +38,7 @@ from hami.deviceplugin.allocate import NodeSettings
 from hami.deviceplugin.config import PluginConfig
 from hami.deviceplugin.service import make_host_dirs, write_feedback_files, write_host_files
 from hami.deviceplugin.service import write_json_file as _write_json
+from hami.deviceplugin.sockets import check_socket_paths
 from hami.dra import cdi
 from hami.dra.migclaims import ClaimMig, mig_cdi_spec, mig_results
 from hami.dra.registration import api_pb2 as regpb
@@ -248,22 +248,14 @@ class Registration(reggrpc.RegistrationServicer):
         return regpb.RegistrationStatusResponse()
 
 
-#: The most bytes of a socket path gRPC listens on: Linux allows 107 (``sun_path``
-#: holds 108 with the terminating NUL; unix(7)), gRPC's unix listener refuses paths of
-#: 106 and 107 bytes too (measured with grpcio 1.85.4).
-MAX_SOCKET_PATH_BYTES = 105
-
-
 def serve(node: DraNode, paths: PluginPaths) -> tuple[Any, Registration]:
     """Start both servers (removing stale sockets first); returns ``(server, registration)``.
     Stop with ``server.stop(grace)``. Raises ``OSError``/``RuntimeError`` when a socket
     cannot be bound: ``RuntimeError`` naming the path when it is longer than
-    :data:`MAX_SOCKET_PATH_BYTES` (checked before anything is created)."""
-    for p in (paths.registration_socket, paths.dra_socket):
-        size = len(os.fsencode(p))
-        if size > MAX_SOCKET_PATH_BYTES:
-            raise RuntimeError(f"socket path {p} is {size} bytes; a unix socket's path has "
-                               f"at most {MAX_SOCKET_PATH_BYTES}: choose a shorter directory")
+    :data:`~hami.deviceplugin.sockets.MAX_SOCKET_PATH_BYTES`
+    (:class:`~hami.deviceplugin.sockets.SocketPathError`, checked before anything is
+    created)."""
+    check_socket_paths(listen=(paths.registration_socket, paths.dra_socket))
     for p in (paths.registration_socket, paths.dra_socket):
         p.parent.mkdir(parents=True, exist_ok=True)
         p.unlink(missing_ok=True)

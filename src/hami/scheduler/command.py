@@ -37,7 +37,10 @@ def scheduler(
     metrics_bind_address: Annotated[str, typer.Option(help="metrics listen address ('' or 0: off)")] = ":9395",
     node_label_selector: Annotated[str, typer.Option(help="only nodes with these labels, k=v,...")] = "",
     kubeconfig: Annotated[str, typer.Option(help="kubeconfig (default $KUBECONFIG, else in-cluster)")] = "",
-    kube_timeout: Annotated[int, typer.Option(help="API request timeout, seconds (0: 10)")] = 0,
+    kube_timeout: Annotated[int, typer.Option(
+        metavar="SECONDS",
+        help="timeout of one API request, in seconds (0, HAMi's default, is taken as "
+             "10)")] = 10,
     kube_max_inflight: Annotated[int, typer.Option(help="most API requests in flight at once")] = 32,
     node_lock_timeout: Annotated[str, typer.Option(help="node lock expiry")] = "5m",
     node_lock_retry_timeout: Annotated[str, typer.Option(help="how long bind waits for a locked node (0: no wait)")] = "28s",
@@ -131,6 +134,10 @@ def scheduler(
     from hami.scheduler.server import serve
     from hami.scheduler.settings import SchedulerSettings, parse_label_selector
 
+    if kube_timeout < 0:
+        typer.echo(f"error: --kube-timeout must be 0 or more seconds, got {kube_timeout}",
+                   err=True)
+        raise typer.Exit(2)
     raise_open_files_limit()
     try:
         settings = SchedulerSettings(
