@@ -39,8 +39,11 @@ HOST_ENV_READ_BY_HAMI = ("DP_DISABLE_HEALTHCHECKS", "DP_ENABLE_HEALTHCHECKS", "N
 #: The terminal settings rich (hami's CLI output) reads: with FORCE_COLOR=1 (which CI
 #: systems often set) 13 CLI tests failed on escape codes in the text, with COLUMNS=50
 #: one on wrapping. A test that wants a width passes COLUMNS to the command it runs.
+#: typer forces a colour terminal when GITHUB_ACTIONS or PY_COLORS is set (5 help-text
+#: tests failed on escape codes with GITHUB_ACTIONS=true).
 HOST_ENV_TERMINAL = ("FORCE_COLOR", "NO_COLOR", "CLICOLOR_FORCE", "TTY_COMPATIBLE",
-                     "TTY_INTERACTIVE", "COLUMNS", "LINES", "JUPYTER_COLUMNS", "JUPYTER_LINES")
+                     "TTY_INTERACTIVE", "COLUMNS", "LINES", "JUPYTER_COLUMNS", "JUPYTER_LINES",
+                     "GITHUB_ACTIONS", "PY_COLORS")
 
 
 @pytest.fixture(autouse=True)
