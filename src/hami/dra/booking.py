@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hami.core.podobjects import mapping_or_empty
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import quantity
 from hami.dra import translate as tr
@@ -55,10 +56,6 @@ class ClaimRef:
     entry: str
     claim: str | None = None
     template: str | None = None
-
-
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def _asks(request: Any, whole_card_mib: int) -> tuple[int, int]:
@@ -174,7 +171,7 @@ def claim_booking_of(claim: Mapping[str, Any], whole_card_mib: int = 0,
                 continue
         return Booking(mem, cores, tuple(unknown))
     try:
-        asks = admission_asks(_map(claim.get("spec")), whole_card_mib, "claim")
+        asks = admission_asks(mapping_or_empty(claim.get("spec")), whole_card_mib, "claim")
         return Booking(*(asks or (0, 0)))
     except BookingError:
         pass
@@ -189,8 +186,8 @@ def claim_booking_of(claim: Mapping[str, Any], whole_card_mib: int = 0,
 
 def _results(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The allocation results of our driver in ``status.allocation``."""
-    alloc = _map(_map(claim.get("status")).get("allocation"))
-    results = _map(alloc.get("devices")).get("results")
+    alloc = mapping_or_empty(mapping_or_empty(claim.get("status")).get("allocation"))
+    results = mapping_or_empty(alloc.get("devices")).get("results")
     return [r for r in results if isinstance(r, Mapping) and r.get("driver") == DRIVER] \
         if isinstance(results, list) else []
 
@@ -212,7 +209,7 @@ def _entry_asks(entry: Mapping[str, Any], whole_card_mib: int, what: str) -> tup
                            "an unknown number of cards and cannot be counted against a GPU "
                            "quota; ask for a count")
     count = _whole(entry.get("count", 1), f"{what} count")
-    wanted = _map(_map(entry.get("capacity")).get("requests"))
+    wanted = mapping_or_empty(mapping_or_empty(entry.get("capacity")).get("requests"))
     # a request under the card's minimum (1 MiB, the slices' validRange) consumes that
     # minimum: the scheduler rounds it up
     memory_mib = max(MIN_SHARE_MIB, -(-_whole(wanted["memory"], f"{what} memory") // MIB)) \
@@ -236,17 +233,17 @@ def strict_asks(claim_spec: Mapping[str, Any], whole_card_mib: int, what: str
         BookingError: ``allocationMode`` other than ``ExactCount``, or a count, memory or
             cores that is not a whole non-negative quantity, on a request of the class.
     """
-    requests = _map(_map(claim_spec).get("devices")).get("requests")
+    requests = mapping_or_empty(mapping_or_empty(claim_spec).get("devices")).get("requests")
     found = False
     mem = cores = 0
     for pos, req in enumerate(requests if isinstance(requests, list) else []):
-        req = _map(req)
+        req = mapping_or_empty(req)
         name = f"{what} request {req.get('name') or pos}"
         first = req.get("firstAvailable")
         entries = [req.get("exactly")] if req.get("exactly") is not None else \
             (first if isinstance(first, list) else [])
-        asks = [_entry_asks(_map(e), whole_card_mib, name) for e in entries
-                if _map(e).get("deviceClassName") == DEVICE_CLASS]
+        asks = [_entry_asks(mapping_or_empty(e), whole_card_mib, name) for e in entries
+                if mapping_or_empty(e).get("deviceClassName") == DEVICE_CLASS]
         if asks:
             found = True
             mem += max(m for m, _ in asks)
@@ -261,7 +258,7 @@ _PROFILE = re.compile(r'\.profile == ("(?:[^"\\]|\\.)*")')
 def _shape_params(entry: Mapping[str, Any]) -> tuple[int, int, int] | None:
     """``(count, memory MiB, cores percent)`` of an ``exactly`` entry as hami writes it
     (whole MiB; no memory: 0), None for values hami never writes."""
-    wanted = _map(_map(entry.get("capacity")).get("requests"))
+    wanted = mapping_or_empty(mapping_or_empty(entry.get("capacity")).get("requests"))
     try:
         count = entry.get("count", 1)
         memory = to_int_exact(quantity(wanted["memory"])) if "memory" in wanted else 0
@@ -281,22 +278,22 @@ def hami_shaped(claim_spec: Mapping[str, Any]) -> bool:
     of empty fields and quantities aside). Such a spec asks what its shared-card entry
     says: a MIG instance of its list is chosen to hold at least that memory and is booked
     at it, as for the pods hami translates."""
-    requests = _map(_map(claim_spec).get("devices")).get("requests")
+    requests = mapping_or_empty(mapping_or_empty(claim_spec).get("devices")).get("requests")
     if not isinstance(requests, list) or len(requests) != 1 or not isinstance(
             requests[0], Mapping) or requests[0].get("name") != "gpu":
         return False
     request = requests[0]
     first = request.get("firstAvailable")
-    entry = _map(first[-1]) if isinstance(first, list) and first else \
-        _map(request.get("exactly"))
+    entry = mapping_or_empty(first[-1]) if isinstance(first, list) and first else \
+        mapping_or_empty(request.get("exactly"))
     params = _shape_params(entry)
     if params is None:
         return False
     sel = entry.get("selectors") or []
     profiles = []
     for sub in (first[:-1] if isinstance(first, list) else []):
-        sels = _map(sub).get("selectors")
-        exprs = [_map(_map(x).get("cel")).get("expression")
+        sels = mapping_or_empty(sub).get("selectors")
+        exprs = [mapping_or_empty(mapping_or_empty(x).get("cel")).get("expression")
                  for x in (sels if isinstance(sels, list) else [])]
         found = [m for e in exprs if isinstance(e, str) and (m := _PROFILE.search(e))]
         try:
@@ -322,7 +319,7 @@ def admission_asks(claim_spec: Mapping[str, Any], whole_card_mib: int, what: str
         BookingError: as :func:`strict_asks`, for a spec not of hami's shape.
     """
     if hami_shaped(claim_spec):
-        (request,) = _map(claim_spec.get("devices")).get("requests") or [{}]
+        (request,) = mapping_or_empty(claim_spec.get("devices")).get("requests") or [{}]
         return _asks(request, whole_card_mib)
     return strict_asks(claim_spec, whole_card_mib, what)
 
@@ -339,7 +336,7 @@ def named_claim_extra(claim: Mapping[str, Any], whole_card_mib: int, what: str
     """
     if _results(claim):
         return 0, 0
-    strict = strict_asks(_map(claim.get("spec")), whole_card_mib, what)
+    strict = strict_asks(mapping_or_empty(claim.get("spec")), whole_card_mib, what)
     if strict is None:
         return None
     counted = claim_booking(claim, whole_card_mib)
@@ -354,7 +351,7 @@ def pod_claim_refs(pod: Mapping[str, Any]) -> list[ClaimRef]:
             object, no name, neither or both of ``resourceClaimName`` and
             ``resourceClaimTemplateName``, a name that is not a string).
     """
-    raw = _map(pod.get("spec")).get("resourceClaims")
+    raw = mapping_or_empty(pod.get("spec")).get("resourceClaims")
     if raw is None:
         return []
     if not isinstance(raw, list):
