@@ -59,9 +59,9 @@ PLAIN_DRIVER = "gpu.plain.example.com"
 
 def plain_device_class() -> dict[str, Any]:
     """The baseline's DeviceClass: every device of :data:`PLAIN_DRIVER` (CEL selector)."""
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": PLAIN_DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{PLAIN_DRIVER}"'}}]}}
+    from hami.testing.dranode import device_class
+
+    return device_class(PLAIN_DRIVER)
 
 
 def plain_slice(node: str) -> dict[str, Any]:
@@ -134,6 +134,7 @@ def dra_throughput(n_nodes: int, pods: int, variant: str = "hami-objects",
     from hami.dra.translate import translate
     from hami.testing.controllers import start_controller_manager
     from hami.testing.controlplane import ControlPlane, create_gpu_node
+    from hami.testing.dranode import create_device_class
 
     if variant not in VARIANTS:
         raise ValueError(f"variant {variant!r} not in {VARIANTS}")
@@ -147,10 +148,7 @@ def dra_throughput(n_nodes: int, pods: int, variant: str = "hami-objects",
         cp.client = lambda namespace="default", cp=cp: plain_watch_client(cp, namespace)  # type: ignore[method-assign, misc]
         start_controller_manager(cp)
         client = cp.client()
-        client.create(codecs.from_dict(plain_device_class() if variant == "plain" else {
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
+        create_device_class(client, PLAIN_DRIVER if variant == "plain" else DRIVER)
         t0 = time.monotonic()
 
         def make_node(i: int) -> None:

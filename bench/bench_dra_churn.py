@@ -25,10 +25,10 @@ def main() -> None:
     from lightkube import codecs
     from tests.e2e.hami_harness import HamiProcess, Tls
 
-    from hami.dra.slices import DRIVER
     from hami.testing.controllers import start_controller_manager
     from hami.testing.controlplane import ControlPlane, ensure_namespace
     from hami.testing.drachurn import churn, counts, wait_counts
+    from hami.testing.dranode import create_device_class
     from hami.testing.gpupods import webhook_configuration
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -47,10 +47,7 @@ def main() -> None:
             start_controller_manager(cp)
             client = cp.client()
             ensure_namespace(client, ns)
-            client.create(codecs.from_dict({
-                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-                "metadata": {"name": DRIVER}, "spec": {"selectors": [
-                    {"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
+            create_device_class(client)
             tls = Tls(work / "tls")
             hami = HamiProcess(cp, tls, work, args=[
                 "--dra-mode", "--scheduler-name=", f"--dra-template-idle={args.idle}"]).start()

@@ -221,20 +221,15 @@ def main() -> None:
     ap.add_argument("--orders", nargs="+", default=["index", "spread", "binpack"])
     ap.add_argument("--patterns", nargs="+", default=["paced", "burst"])
     args = ap.parse_args()
-    from lightkube import codecs
-
-    from hami.dra.slices import DRIVER
     from hami.testing.controllers import start_controller_manager
     from hami.testing.controlplane import ControlPlane
+    from hami.testing.dranode import create_device_class
 
     work = Path(tempfile.mkdtemp(prefix="hami-bench-dra-order-"))
     with ControlPlane(workdir=work / "k8s") as cp:
         cp.start()
         start_controller_manager(cp)
-        cp.client().create(codecs.from_dict({
-            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}))
+        create_device_class(cp.client())
         for pattern in args.patterns:
             for order in args.orders:
                 one_run(cp, order, pattern, args.nodes, args.pods, args.gap)

@@ -1,7 +1,8 @@
 """The counting rules of DRA mode's namespace GPU quota for claims a tenant wrote
 (:mod:`hami.dra.booking`): strict reading of a new pod's claims and templates, what a
 named claim adds to a total that already holds it, the pod's references, and the
-comparison of a template found under hami's name with hami's."""
+comparison of a template found under hami's name with hami's
+(:func:`hami.dra.specshape.same_template_spec`)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from hami.dra.booking import (
     claim_booking,
     named_claim_extra,
     pod_claim_refs,
-    same_template_spec,
     strict_asks,
 )
 from hami.dra.slices import MIB
+from hami.dra.specshape import same_template_spec
 
 
 def _exactly(memory: str | None = None, cores: str | None = None, count: int = 1,

@@ -1,6 +1,6 @@
 """DRA webhook, namespace GPU quota: ResourceClaims and ResourceClaimTemplates checked
 when they are created (:mod:`hami.dra.claimquota`), and the spec shape hami's own
-translation writes (:func:`hami.dra.booking.hami_shaped`). The API client is the
+translation writes (:func:`hami.dra.specshape.hami_shaped`). The API client is the
 recording stub of ``test_webhook``; the real apiserver path (the webhook registered,
 the resourceclaim controller making claims) is in tests/e2e/test_dra_claim_quota_e2e.py."""
 
@@ -18,9 +18,9 @@ from hami.dra.booking import (
     BookingError,
     admission_asks,
     claim_booking,
-    hami_shaped,
     strict_asks,
 )
+from hami.dra.specshape import hami_shaped
 from tests.dra.test_webhook import _api_error, _claim, _Client, _hook, _slice
 from tests.dra.test_webhook_named_claims import _quota, _template
 

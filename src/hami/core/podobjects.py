@@ -1,5 +1,6 @@
 """Reading the Kubernetes objects the scheduler core is fed (JSON-shaped mappings): a
-pod's identity and phase, an object's metadata.
+pod's identity and phase, an object's metadata, and any field of an object that may be
+malformed (:func:`mapping_or_empty`, :func:`list_or_empty`).
 """
 
 from __future__ import annotations
@@ -11,9 +12,26 @@ from typing import Any
 TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
+def mapping_or_empty(value: Any) -> Mapping[str, Any]:
+    """``value`` when it is a JSON object (a mapping), else an empty mapping.
+
+    For reading a field of an API object that anyone may have written (a tenant's pod or
+    claim, a slice): a missing field (None) or one of the wrong type (a string, a list)
+    reads as empty, so ``mapping_or_empty(mapping_or_empty(obj).get("spec")).get("x")``
+    never raises. The value itself is returned, not a copy. Never raises.
+    """
+    return value if isinstance(value, Mapping) else {}
+
+
+def list_or_empty(value: Any) -> list[Any]:
+    """``value`` when it is a JSON array (a ``list``), else a new empty list: the
+    :func:`mapping_or_empty` of array fields (a tuple or a string is not an array of the
+    API's JSON). The value itself is returned, not a copy. Never raises."""
+    return value if isinstance(value, list) else []
+
+
 def meta_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
+    return mapping_or_empty(obj.get("metadata"))
 
 
 def pod_uid(pod: Mapping[str, Any]) -> str:
@@ -57,5 +75,5 @@ def init_containers_done(pod: Mapping[str, Any]) -> bool:
     return True
 
 
-__all__ = ["TERMINAL_PHASES", "init_containers_done", "is_sidecar", "meta_of", "pod_uid",
-           "sidecar_positions"]
+__all__ = ["TERMINAL_PHASES", "init_containers_done", "is_sidecar", "list_or_empty",
+           "mapping_or_empty", "meta_of", "pod_uid", "sidecar_positions"]

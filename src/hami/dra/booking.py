@@ -10,30 +10,28 @@ Two rules, both in MiB of memory and percent of a card's cores:
   counting its last entry of hami's DeviceClass and malformed values 0.
 * :func:`admission_asks`: a new claim (created, or coming from a template a pod names or
   that is being created). A spec of the exact shape hami's translation writes
-  (:func:`hami_shaped`) counts as hami booked the pod: ``count`` x ``memory`` and
-  ``cores`` of its (last) shared-card entry, the MIG instances of its prioritized list
-  counted at the request's memory. Any other spec is read by :func:`strict_asks`:
+  (:func:`hami.dra.specshape.hami_shaped`) counts as hami booked the pod: ``count`` x
+  ``memory`` and ``cores`` of its (last) shared-card entry, the MIG instances of its
+  prioritized list counted at the request's memory. Any other spec is read by :func:`strict_asks`:
   tenant-written, so nothing is taken on trust: a prioritized list counts its largest
   entry, an entry without a ``memory`` request a whole card, ``allocationMode: All`` and
   malformed values are refused (:class:`BookingError`).
 
-:func:`same_template_spec` tells whether a ResourceClaimTemplate found under the name of
-one of hami's templates asks what hami would write (quantities compared by value, as the
-API server may rewrite ``2048Mi`` as ``2Gi``).
+Whether a spec is of hami's shape, and whether a template found under hami's name asks
+what hami would write, is :mod:`hami.dra.specshape`'s.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hami.core.podobjects import mapping_or_empty
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import quantity
-from hami.dra import translate as tr
 from hami.dra.slices import DRIVER, MIB
+from hami.dra.specshape import hami_shaped
 
 #: The DeviceClass hami's claims name (the same as :data:`hami.dra.translate.DEVICE_CLASS`).
 DEVICE_CLASS = DRIVER
@@ -55,10 +53,6 @@ class ClaimRef:
     entry: str
     claim: str | None = None
     template: str | None = None
-
-
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def _asks(request: Any, whole_card_mib: int) -> tuple[int, int]:
@@ -174,7 +168,7 @@ def claim_booking_of(claim: Mapping[str, Any], whole_card_mib: int = 0,
                 continue
         return Booking(mem, cores, tuple(unknown))
     try:
-        asks = admission_asks(_map(claim.get("spec")), whole_card_mib, "claim")
+        asks = admission_asks(mapping_or_empty(claim.get("spec")), whole_card_mib, "claim")
         return Booking(*(asks or (0, 0)))
     except BookingError:
         pass
@@ -189,8 +183,8 @@ def claim_booking_of(claim: Mapping[str, Any], whole_card_mib: int = 0,
 
 def _results(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The allocation results of our driver in ``status.allocation``."""
-    alloc = _map(_map(claim.get("status")).get("allocation"))
-    results = _map(alloc.get("devices")).get("results")
+    alloc = mapping_or_empty(mapping_or_empty(claim.get("status")).get("allocation"))
+    results = mapping_or_empty(alloc.get("devices")).get("results")
     return [r for r in results if isinstance(r, Mapping) and r.get("driver") == DRIVER] \
         if isinstance(results, list) else []
 
@@ -212,7 +206,7 @@ def _entry_asks(entry: Mapping[str, Any], whole_card_mib: int, what: str) -> tup
                            "an unknown number of cards and cannot be counted against a GPU "
                            "quota; ask for a count")
     count = _whole(entry.get("count", 1), f"{what} count")
-    wanted = _map(_map(entry.get("capacity")).get("requests"))
+    wanted = mapping_or_empty(mapping_or_empty(entry.get("capacity")).get("requests"))
     # a request under the card's minimum (1 MiB, the slices' validRange) consumes that
     # minimum: the scheduler rounds it up
     memory_mib = max(MIN_SHARE_MIB, -(-_whole(wanted["memory"], f"{what} memory") // MIB)) \
@@ -236,17 +230,17 @@ def strict_asks(claim_spec: Mapping[str, Any], whole_card_mib: int, what: str
         BookingError: ``allocationMode`` other than ``ExactCount``, or a count, memory or
             cores that is not a whole non-negative quantity, on a request of the class.
     """
-    requests = _map(_map(claim_spec).get("devices")).get("requests")
+    requests = mapping_or_empty(mapping_or_empty(claim_spec).get("devices")).get("requests")
     found = False
     mem = cores = 0
     for pos, req in enumerate(requests if isinstance(requests, list) else []):
-        req = _map(req)
+        req = mapping_or_empty(req)
         name = f"{what} request {req.get('name') or pos}"
         first = req.get("firstAvailable")
         entries = [req.get("exactly")] if req.get("exactly") is not None else \
             (first if isinstance(first, list) else [])
-        asks = [_entry_asks(_map(e), whole_card_mib, name) for e in entries
-                if _map(e).get("deviceClassName") == DEVICE_CLASS]
+        asks = [_entry_asks(mapping_or_empty(e), whole_card_mib, name) for e in entries
+                if mapping_or_empty(e).get("deviceClassName") == DEVICE_CLASS]
         if asks:
             found = True
             mem += max(m for m, _ in asks)
@@ -254,75 +248,20 @@ def strict_asks(claim_spec: Mapping[str, Any], whole_card_mib: int, what: str
     return (mem, cores) if found else None
 
 
-#: The MIG profile a subrequest of hami's prioritized list selects (a JSON string in CEL).
-_PROFILE = re.compile(r'\.profile == ("(?:[^"\\]|\\.)*")')
-
-
-def _shape_params(entry: Mapping[str, Any]) -> tuple[int, int, int] | None:
-    """``(count, memory MiB, cores percent)`` of an ``exactly`` entry as hami writes it
-    (whole MiB; no memory: 0), None for values hami never writes."""
-    wanted = _map(_map(entry.get("capacity")).get("requests"))
-    try:
-        count = entry.get("count", 1)
-        memory = to_int_exact(quantity(wanted["memory"])) if "memory" in wanted else 0
-        cores = to_int_exact(quantity(wanted.get("cores", 0)))
-    except (QuantityError, ValueError, TypeError):
-        return None
-    if not isinstance(count, int) or memory is None or cores is None or memory % MIB:
-        return None
-    return count, memory // MIB, cores
-
-
-def hami_shaped(claim_spec: Mapping[str, Any]) -> bool:
-    """True when a claim spec (``ResourceClaim.spec`` or a template's ``spec.spec``) is
-    exactly what hami's translation writes for some request
-    (:func:`hami.dra.translate.claim_spec` of its count, memory, cores, selectors and MIG
-    profiles), compared as :func:`same_template_spec` does (the API server's rewriting
-    of empty fields and quantities aside). Such a spec asks what its shared-card entry
-    says: a MIG instance of its list is chosen to hold at least that memory and is booked
-    at it, as for the pods hami translates."""
-    requests = _map(_map(claim_spec).get("devices")).get("requests")
-    if not isinstance(requests, list) or len(requests) != 1 or not isinstance(
-            requests[0], Mapping) or requests[0].get("name") != "gpu":
-        return False
-    request = requests[0]
-    first = request.get("firstAvailable")
-    entry = _map(first[-1]) if isinstance(first, list) and first else \
-        _map(request.get("exactly"))
-    params = _shape_params(entry)
-    if params is None:
-        return False
-    sel = entry.get("selectors") or []
-    profiles = []
-    for sub in (first[:-1] if isinstance(first, list) else []):
-        sels = _map(sub).get("selectors")
-        exprs = [_map(_map(x).get("cel")).get("expression")
-                 for x in (sels if isinstance(sels, list) else [])]
-        found = [m for e in exprs if isinstance(e, str) and (m := _PROFILE.search(e))]
-        try:
-            profiles.append(str(json.loads(found[-1].group(1))))
-        except (IndexError, ValueError):
-            return False
-    try:
-        ours = tr.claim_spec(*params, sel if isinstance(sel, list) else [], profiles)
-    except (TypeError, ValueError, AttributeError):
-        return False
-    return bool(_canon(ours) == _canon(claim_spec))
-
-
 def admission_asks(claim_spec: Mapping[str, Any], whole_card_mib: int, what: str
                    ) -> tuple[int, int] | None:
     """``(memory MiB, cores percent)`` a new claim with this spec asks of hami's
     DeviceClass; None when no request names the class. A spec of hami's shape
-    (:func:`hami_shaped`) counts as hami books a translated pod: ``count`` x ``memory``
-    (none: ``whole_card_mib``) and ``cores`` of its shared-card entry; any other is read
-    strictly (:func:`strict_asks`). ``what`` names the object in messages.
+    (:func:`hami.dra.specshape.hami_shaped`) counts as hami books a translated pod:
+    ``count`` x ``memory`` (none: ``whole_card_mib``) and ``cores`` of its shared-card
+    entry; any other is read strictly (:func:`strict_asks`). ``what`` names the object in
+    messages.
 
     Raises:
         BookingError: as :func:`strict_asks`, for a spec not of hami's shape.
     """
     if hami_shaped(claim_spec):
-        (request,) = _map(claim_spec.get("devices")).get("requests") or [{}]
+        (request,) = mapping_or_empty(claim_spec.get("devices")).get("requests") or [{}]
         return _asks(request, whole_card_mib)
     return strict_asks(claim_spec, whole_card_mib, what)
 
@@ -339,7 +278,7 @@ def named_claim_extra(claim: Mapping[str, Any], whole_card_mib: int, what: str
     """
     if _results(claim):
         return 0, 0
-    strict = strict_asks(_map(claim.get("spec")), whole_card_mib, what)
+    strict = strict_asks(mapping_or_empty(claim.get("spec")), whole_card_mib, what)
     if strict is None:
         return None
     counted = claim_booking(claim, whole_card_mib)
@@ -354,7 +293,7 @@ def pod_claim_refs(pod: Mapping[str, Any]) -> list[ClaimRef]:
             object, no name, neither or both of ``resourceClaimName`` and
             ``resourceClaimTemplateName``, a name that is not a string).
     """
-    raw = _map(pod.get("spec")).get("resourceClaims")
+    raw = mapping_or_empty(pod.get("spec")).get("resourceClaims")
     if raw is None:
         return []
     if not isinstance(raw, list):
@@ -373,30 +312,3 @@ def pod_claim_refs(pod: Mapping[str, Any]) -> list[ClaimRef]:
                                "of resourceClaimName and resourceClaimTemplateName")
         out.append(ClaimRef(str(names["name"]), claim or None, template or None))
     return out
-
-
-def _canon(value: Any, key: str = "") -> Any:
-    """``value`` with empty fields dropped and capacity requests as exact numbers."""
-    if isinstance(value, Mapping):
-        out = {}
-        for k, v in value.items():
-            if key == "capacity" and k == "requests" and isinstance(v, Mapping):
-                try:
-                    out[k] = {name: quantity(q) for name, q in v.items()}
-                except (QuantityError, ValueError, TypeError):
-                    out[k] = dict(v)
-                continue
-            c = _canon(v, str(k))
-            if c not in (None, {}, [], ""):
-                out[k] = c
-        return out
-    if isinstance(value, list):
-        return [_canon(v, key) for v in value]
-    return value
-
-
-def same_template_spec(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> bool:
-    """True when two ResourceClaimTemplate ``spec`` objects (``{"spec": claim spec,
-    "metadata": ...}``) are equal up to the API server's rewriting: empty fields left out,
-    capacity request quantities compared by value."""
-    return bool(_canon(ours) == _canon(theirs))

@@ -29,6 +29,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from hami.core.podobjects import mapping_or_empty
 from hami.dra import booking, podclaims, reservations
 
 if TYPE_CHECKING:
@@ -47,10 +48,6 @@ def handles(request: Mapping[str, Any]) -> bool:
         and kind.get("kind") in (CLAIM, TEMPLATE)
 
 
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 async def denial(hook: DraWebhook, request: Mapping[str, Any]) -> str | None:
     """The reason to refuse ``request`` (:func:`handles` is true for it), None to allow.
 
@@ -60,18 +57,18 @@ async def denial(hook: DraWebhook, request: Mapping[str, Any]) -> str | None:
     """
     if request.get("operation") != "CREATE" or request.get("subResource"):
         return None
-    obj = _map(request.get("object"))
-    meta = _map(obj.get("metadata"))
+    obj = mapping_or_empty(request.get("object"))
+    meta = mapping_or_empty(obj.get("metadata"))
     namespace = str(request.get("namespace") or meta.get("namespace") or "default")
     if hook.quota is None or not hook.quota.limited(namespace):
         return None
-    kind = str(_map(request.get("kind")).get("kind"))
+    kind = str(mapping_or_empty(request.get("kind")).get("kind"))
     name = str(meta.get("name") or request.get("name") or "") or \
         f"{meta.get('generateName') or ''}<generated>"
     what = f"{kind} {namespace}/{name}"
-    spec = _map(obj.get("spec"))
+    spec = mapping_or_empty(obj.get("spec"))
     if kind == TEMPLATE:
-        spec = _map(spec.get("spec"))
+        spec = mapping_or_empty(spec.get("spec"))
     sizes, _ = await hook.published()
     largest = max(sizes) if sizes else hook.uniform_memory_mib or 0
     try:

@@ -36,6 +36,7 @@ import numpy as np
 
 from hami.core.fragmentation import WHOLE, IntArray
 from hami.core.fragmentation.learn import Task
+from hami.core.podobjects import list_or_empty, mapping_or_empty
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import quantity
 from hami.dra import usage
@@ -43,14 +44,6 @@ from hami.dra.hosts import HostUsage
 from hami.dra.slices import CORES, DRIVER, MEMORY, MIB, SHARES
 
 Key = tuple[str, str]
-
-
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
 
 
 def _q(raw: Any) -> int:
@@ -62,7 +55,7 @@ def _q(raw: Any) -> int:
 
 def object_key(obj: Any) -> Key:
     """``(namespace, name)`` of an API object (``("", "")`` when malformed)."""
-    meta = _map(_map(obj).get("metadata"))
+    meta = mapping_or_empty(mapping_or_empty(obj).get("metadata"))
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
 
@@ -80,8 +73,8 @@ def keyed(objs: Mapping[Key, Any] | Iterable[Any]) -> dict[Key, Any]:
 
 def owner_uid(claim: Mapping[str, Any]) -> str:
     """The UID of the Pod owning a claim (made from a template), else ``claim:ns/name``."""
-    meta = _map(claim.get("metadata"))
-    for ref in _list(meta.get("ownerReferences")):
+    meta = mapping_or_empty(claim.get("metadata"))
+    for ref in list_or_empty(meta.get("ownerReferences")):
         if isinstance(ref, Mapping) and ref.get("kind") == "Pod" and ref.get("uid"):
             return str(ref["uid"])
     return f"claim:{meta.get('namespace')}/{meta.get('name')}"
@@ -131,17 +124,18 @@ class DraLedger:
     def _build(self, slices: dict[Key, Any]) -> None:
         cards: dict[str, list[tuple[str, dict[str, Any]]]] = {}
         for s in slices.values():
-            spec = _map(_map(s).get("spec"))
+            spec = mapping_or_empty(mapping_or_empty(s).get("spec"))
             if spec.get("driver") != DRIVER or not spec.get("nodeName"):
                 continue
             node = str(spec["nodeName"])
-            pool = str(_map(spec.get("pool")).get("name") or node)
-            for dev in _list(spec.get("devices")):
+            pool = str(mapping_or_empty(spec.get("pool")).get("name") or node)
+            for dev in list_or_empty(spec.get("devices")):
                 if not isinstance(dev, Mapping) or not dev.get("name") \
                         or usage.instance_profile(dev) is not None:
                     continue
-                caps = _map(dev.get("capacity"))
-                total = {k: _q(_map(caps.get(k)).get("value")) for k in (MEMORY, CORES, SHARES)}
+                caps = mapping_or_empty(dev.get("capacity"))
+                total = {k: _q(mapping_or_empty(caps.get(k)).get("value"))
+                         for k in (MEMORY, CORES, SHARES)}
                 if total[MEMORY] // MIB <= 0:
                     continue
                 view = usage._card(dev)  # health, cordon and type as hami top reads them
@@ -206,19 +200,19 @@ class DraLedger:
 
     # ------------------------------------------------------------------- claims
     def _use_of(self, claim: Any) -> _ClaimUse:
-        c = _map(claim)
-        alloc = _map(_map(c.get("status")).get("allocation"))
+        c = mapping_or_empty(claim)
+        alloc = mapping_or_empty(mapping_or_empty(c.get("status")).get("allocation"))
         found = []
-        for r in _list(_map(alloc.get("devices")).get("results")):
+        for r in list_or_empty(mapping_or_empty(alloc.get("devices")).get("results")):
             if not isinstance(r, Mapping) or r.get("driver") != DRIVER:
                 continue
             d = self._card.get(f"{r.get('pool')}\0{r.get('device')}")
             if d is None:
                 continue
-            used = _map(r.get("consumedCapacity"))
+            used = mapping_or_empty(r.get("consumedCapacity"))
             found.append((d, _q(used.get(MEMORY)) // MIB, _q(used.get(CORES)),
                           _q(used.get(SHARES))))
-        allocated = bool(_list(_map(alloc.get("devices")).get("results")))
+        allocated = bool(list_or_empty(mapping_or_empty(alloc.get("devices")).get("results")))
         return _ClaimUse(claim, tuple(found), owner_uid(c) if allocated else "",
                          tuple(self._requests_of(c)) if allocated else ())
 

@@ -47,6 +47,7 @@ from hami.core.fragmentation import (
 )
 from hami.core.fragmentation.learn import Task
 from hami.core.model import csv_list
+from hami.core.podobjects import list_or_empty, mapping_or_empty
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import quantity
 from hami.dra.fragledger import DraLedger, Key
@@ -74,14 +75,6 @@ class Request:
         return max(1, min(WHOLE, max(by_memory, min(self.cores_percent, 100) * 10)))
 
 
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
 def _q(raw: Any) -> int:
     try:
         return int(to_int_exact(quantity(raw)) or 0)
@@ -92,7 +85,7 @@ def _q(raw: Any) -> int:
 def _exact(r: Mapping[str, Any]) -> Request | None:
     if r.get("allocationMode", "ExactCount") != "ExactCount":
         return None
-    caps = _map(_map(r.get("capacity")).get("requests"))
+    caps = mapping_or_empty(mapping_or_empty(r.get("capacity")).get("requests"))
     count = r.get("count", 1)
     count = count if isinstance(count, int) and count > 0 else 1
     return Request(count, _q(caps.get(MEMORY)) // MIB, _q(caps.get(CORES)))
@@ -102,17 +95,17 @@ def claim_requests(claim: Mapping[str, Any]) -> list[Request]:
     """The requests of a ResourceClaim's spec that hami's templates make: ``exactly``
     ones, and the shared-card entry of a prioritized list (a MIG entry is left out: its
     instance is not a share of a card). Malformed entries are left out."""
-    spec = _map(claim.get("spec")) if isinstance(claim, Mapping) else {}
-    reqs = _map(spec.get("devices")).get("requests")
+    spec = mapping_or_empty(claim.get("spec")) if isinstance(claim, Mapping) else {}
+    reqs = mapping_or_empty(spec.get("devices")).get("requests")
     out = []
-    for r in _list(reqs):
+    for r in list_or_empty(reqs):
         if not isinstance(r, Mapping):
             continue
         exactly = r.get("exactly")
         if isinstance(exactly, Mapping) and exactly.get("deviceClassName") == DRIVER:
             req = _exact(exactly)
         else:
-            shared = [s for s in _list(r.get("firstAvailable")) if isinstance(s, Mapping)
+            shared = [s for s in list_or_empty(r.get("firstAvailable")) if isinstance(s, Mapping)
                       and s.get("name") == SHARED_SUBREQUEST]
             req = _exact(shared[0]) if shared else None
         if req is not None:
@@ -124,11 +117,11 @@ def pod_claim_keys(pod: Mapping[str, Any]) -> list[tuple[str, str]]:
     """``(namespace, claim name)`` of the pod's claims (``status.resourceClaimStatuses``,
     where kube-controller-manager records the claims made from templates, and the
     ``resourceClaimName`` entries of the spec)."""
-    meta, spec, status = (_map(pod.get(k)) for k in ("metadata", "spec", "status"))
+    meta, spec, status = (mapping_or_empty(pod.get(k)) for k in ("metadata", "spec", "status"))
     ns = str(meta.get("namespace") or "")
-    names = [s.get("resourceClaimName") for s in _list(status.get("resourceClaimStatuses"))
+    names = [s.get("resourceClaimName") for s in list_or_empty(status.get("resourceClaimStatuses"))
              if isinstance(s, Mapping)]
-    names += [c.get("resourceClaimName") for c in _list(spec.get("resourceClaims"))
+    names += [c.get("resourceClaimName") for c in list_or_empty(spec.get("resourceClaims"))
               if isinstance(c, Mapping)]
     return [(ns, str(n)) for n in dict.fromkeys(names) if isinstance(n, str) and n]
 
@@ -155,7 +148,8 @@ def use_types(pod: Mapping[str, Any]) -> tuple[str, ...]:
     """The pod's ``nvidia.com/use-gputype`` (lower case, as extender mode's learned mix
     reads it; the webhook turns it into the claims' selectors and leaves the annotation),
     at most :data:`MAX_USE_TYPES` entries; ``()`` when absent or malformed."""
-    raw = _map(_map(pod.get("metadata")).get("annotations")).get(names.USE_GPUTYPE)
+    annotations = mapping_or_empty(mapping_or_empty(pod.get("metadata")).get("annotations"))
+    raw = annotations.get(names.USE_GPUTYPE)
     return csv_list(raw, lower=True)[:MAX_USE_TYPES] if isinstance(raw, str) else ()
 
 
@@ -215,7 +209,7 @@ class DraFragmentation:
         zero = [{"host": n, "score": 0} for n in nodes]
         if not reqs:
             return zero
-        uid = str(_map(pod.get("metadata")).get("uid") or "")
+        uid = str(mapping_or_empty(pod.get("metadata")).get("uid") or "")
         cpu, mem = pod_requests(pod)
         count, share = placement(reqs, led.ref_mib)
         scorer = self.order.scorer_for(led, uid, Placement(share, count, cpu, mem),

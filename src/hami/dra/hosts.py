@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hami.core.podobjects import mapping_or_empty
 from hami.core.quantity import QuantityError, to_mib, to_milli
 from hami.core.request import RequestError, pod_cpu_memory
 from hami.core.request import quantity as parse_quantity
@@ -26,10 +27,6 @@ ENDED = ("Succeeded", "Failed")
 #: The most CPU (millicores) or memory (MiB) one pod or node counts with (2**40, the
 #: scorer's "unlimited"): larger values are clamped, so sums stay within int64.
 MOST = 2**40
-
-
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
@@ -45,7 +42,7 @@ def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
 def node_allocatable(node: Mapping[str, Any]) -> tuple[int, int]:
     """``(CPU millicores, memory MiB)`` of the Node's ``status.allocatable`` (-1 each
     where absent or malformed: not checked)."""
-    alloc = _map(_map(node.get("status")).get("allocatable"))
+    alloc = mapping_or_empty(mapping_or_empty(node.get("status")).get("allocatable"))
     out = []
     for name, conv in (("cpu", to_milli), ("memory", to_mib)):
         try:
@@ -80,12 +77,12 @@ class HostUsage:
 
     def observe_pod(self, pod: Mapping[str, Any], deleted: bool) -> None:
         """One Pod event (``deleted``: a DELETED event)."""
-        meta, spec = _map(pod.get("metadata")), _map(pod.get("spec"))
+        meta, spec = mapping_or_empty(pod.get("metadata")), mapping_or_empty(pod.get("spec"))
         uid = str(meta.get("uid") or "")
         if not uid:
             return
         node = spec.get("nodeName")
-        ended = _map(pod.get("status")).get("phase") in ENDED
+        ended = mapping_or_empty(pod.get("status")).get("phase") in ENDED
         now = None
         if not deleted and not ended and isinstance(node, str) and node:
             cpu, mem = pod_requests(pod)
@@ -118,7 +115,7 @@ class HostUsage:
             if self._nodes_seen.get(name) is node:
                 continue
             self._nodes_seen[name] = node
-            alloc = node_allocatable(_map(node))
+            alloc = node_allocatable(mapping_or_empty(node))
             if self._alloc.get(name) != alloc:
                 self._alloc[name] = alloc
                 self._touch(name)

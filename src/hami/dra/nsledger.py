@@ -16,7 +16,7 @@ JSON = dict[str, Any]
 
 class NamespaceLedger(QuotaLedger):
     """A :class:`QuotaLedger` of one namespace's GPU quota in DRA mode, with what it
-    counted (filled by :meth:`hami.dra.webhook.DraWebhook.namespace_ledger`) and
+    counted (filled by :meth:`hami.dra.quotaview.QuotaView.namespace_ledger`) and
     :meth:`describe` adding ``notes`` (why some claims were booked more than they may
     hold)."""
 

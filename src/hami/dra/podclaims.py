@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hami.core.collapse import Role, phase_request, role_of
-from hami.core.podobjects import sidecar_positions
+from hami.core.podobjects import list_or_empty, mapping_or_empty, sidecar_positions
 
 __all__ = ["ANNOTATION", "TRUSTED_CREATORS", "Held", "NamespaceCharge", "PodClaimRecord",
            "dump", "held_of", "namespace_charge", "parse", "trusted_record"]
@@ -71,10 +71,6 @@ class PodClaimRecord:
     at: float
 
 
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
@@ -86,13 +82,13 @@ def trusted_record(request: Mapping[str, Any], trusted: Iterable[str], now: floa
     ``metadata.uid`` (a mutating webhook's review: the API server assigns it after
     mutation), not exactly one controller owner, that owner not a v1 Pod with a UID, or no
     entry annotation. Pure; never raises."""
-    if _text(_map(request.get("userInfo")).get("username")) not in set(trusted):
+    if _text(mapping_or_empty(request.get("userInfo")).get("username")) not in set(trusted):
         return None
-    meta = _map(_map(request.get("object")).get("metadata"))
+    meta = mapping_or_empty(mapping_or_empty(request.get("object")).get("metadata"))
     uid = _text(meta.get("uid"))
     owners = [o for o in meta.get("ownerReferences") or []
               if isinstance(o, Mapping) and o.get("controller") is True]
-    entry = _text(_map(meta.get("annotations")).get(POD_CLAIM_NAME))
+    entry = _text(mapping_or_empty(meta.get("annotations")).get(POD_CLAIM_NAME))
     if not uid or not entry or len(owners) != 1:
         return None
     owner = owners[0]
@@ -141,9 +137,9 @@ class Held:
 def held_of(claim: Mapping[str, Any], booked: tuple[int, int]) -> Held:
     """The :class:`Held` of a stored ResourceClaim (a dict) booking ``booked``. Never
     raises."""
-    meta = _map(claim.get("metadata"))
-    refs = _map(claim.get("status")).get("reservedFor")
-    users = frozenset(_text(_map(r).get("uid")) for r in refs) \
+    meta = mapping_or_empty(claim.get("metadata"))
+    refs = mapping_or_empty(claim.get("status")).get("reservedFor")
+    users = frozenset(_text(mapping_or_empty(r).get("uid")) for r in refs) \
         if isinstance(refs, list) else frozenset()
     return Held(_text(meta.get("name")), _text(meta.get("uid")), booked[0], booked[1], users)
 
@@ -160,7 +156,7 @@ class NamespaceCharge:
 
 
 def _template_entries(pod: Mapping[str, Any]) -> set[str]:
-    entries = _map(pod.get("spec")).get("resourceClaims")
+    entries = mapping_or_empty(pod.get("spec")).get("resourceClaims")
     return {_text(e.get("name")) for e in entries if isinstance(e, Mapping)
             and _text(e.get("resourceClaimTemplateName")) and _text(e.get("name"))} \
         if isinstance(entries, list) else set()
@@ -168,7 +164,7 @@ def _template_entries(pod: Mapping[str, Any]) -> set[str]:
 
 def _containers(pod: Mapping[str, Any]) -> list[tuple[Role, set[str]]]:
     """``(role, entry names its resources.claims use)`` per container, init first."""
-    spec = _map(pod.get("spec"))
+    spec = mapping_or_empty(pod.get("spec"))
     init = spec.get("initContainers")
     init = init if isinstance(init, list) else []
     app = spec.get("containers")
@@ -176,9 +172,8 @@ def _containers(pod: Mapping[str, Any]) -> list[tuple[Role, set[str]]]:
     sidecars = sidecar_positions(pod)
     out = []
     for pos, c in enumerate([*init, *app]):
-        claims = _map(_map(c).get("resources")).get("claims")
-        used = {_text(_map(x).get("name")) for x in claims} if isinstance(claims, list) \
-            else set()
+        claims = mapping_or_empty(mapping_or_empty(c).get("resources")).get("claims")
+        used = {_text(mapping_or_empty(x).get("name")) for x in list_or_empty(claims)}
         out.append((role_of(pos, len(init), sidecars), used - {""}))
     return out
 
@@ -196,7 +191,8 @@ def namespace_charge(held: Iterable[Held], pods: Iterable[Mapping[str, Any]],
     by_uid = {r.claim_uid: r for r in records}
     live: dict[str, Mapping[str, Any]] = {}
     for pod in pods:
-        uid = _text(_map(pod.get("metadata")).get("uid")) if isinstance(pod, Mapping) else ""
+        uid = (_text(mapping_or_empty(pod.get("metadata")).get("uid"))
+               if isinstance(pod, Mapping) else "")
         if uid:
             live[uid] = pod
     mem = cores = 0
@@ -211,7 +207,7 @@ def namespace_charge(held: Iterable[Held], pods: Iterable[Mapping[str, Any]],
             mem, cores = mem + h.memory_mib, cores + h.cores_percent
             continue
         groups.setdefault(rec.pod_uid, {})[rec.entry] = (h.memory_mib, h.cores_percent)
-        grouped[h.name] = _text(_map(owner.get("metadata")).get("name"))
+        grouped[h.name] = _text(mapping_or_empty(owner.get("metadata")).get("name"))
     for pod_uid, bookings in groups.items():
         containers = _containers(live[pod_uid])
         used = set().union(*(objs for _, objs in containers)) if containers else set()

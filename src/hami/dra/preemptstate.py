@@ -40,6 +40,7 @@ from typing import Any
 from hami.core.config import SchedulerConfig
 from hami.core.model import ContainerDevice, DeviceInfo, PodSingleDevice
 from hami.core.nodeaffinity import required_affinity_admits
+from hami.core.podobjects import list_or_empty, mapping_or_empty
 from hami.core.state import ClusterState
 from hami.core.vendor import fast_path_vendor
 from hami.dra import usage
@@ -49,14 +50,6 @@ from hami.dra.hosts import HostUsage, pod_requests
 from hami.dra.slices import CORES, DRIVER, MEMORY, MIB, SHARES
 
 Key = tuple[str, str]
-
-
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +79,12 @@ class DraCluster:
 
 def _card_info(dev: Mapping[str, Any], node: str) -> DeviceInfo | None:
     view = usage._card(dev)
-    caps = _map(dev.get("capacity"))
-    memory = usage._q(_map(caps.get(MEMORY)).get("value")) // MIB
+    caps = mapping_or_empty(dev.get("capacity"))
+    memory = usage._q(mapping_or_empty(caps.get(MEMORY)).get("value")) // MIB
     if memory <= 0:
         return None
-    cores = usage._q(_map(caps.get(CORES)).get("value"))
-    shares = usage._q(_map(caps.get(SHARES)).get("value"))
+    cores = usage._q(mapping_or_empty(caps.get(CORES)).get("value"))
+    shares = usage._q(mapping_or_empty(caps.get(SHARES)).get("value"))
     uuid = view["uuid"] or f"{node}/{dev.get('name')}"
     return DeviceInfo(uuid=uuid, index=max(int(view["index"]), 0),
                       split_count=max(shares, 1), memory_mib=memory,
@@ -101,8 +94,8 @@ def _card_info(dev: Mapping[str, Any], node: str) -> DeviceInfo | None:
 
 
 def _results(claim: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    alloc = _map(_map(claim.get("status")).get("allocation"))
-    return [r for r in _list(_map(alloc.get("devices")).get("results"))
+    alloc = mapping_or_empty(mapping_or_empty(claim.get("status")).get("allocation"))
+    return [r for r in list_or_empty(mapping_or_empty(alloc.get("devices")).get("results"))
             if isinstance(r, Mapping) and r.get("driver") == DRIVER]
 
 
@@ -126,12 +119,12 @@ def dra_cluster(config: SchedulerConfig, slices: Iterable[Mapping[str, Any]],
     per_node: dict[str, list[DeviceInfo]] = {}
     by_name: dict[tuple[str, str], DeviceInfo] = {}
     for s in slices:
-        spec = _map(_map(s).get("spec"))
+        spec = mapping_or_empty(mapping_or_empty(s).get("spec"))
         node = spec.get("nodeName")
         if spec.get("driver") != DRIVER or not isinstance(node, str) or not node:
             continue
-        pool = str(_map(spec.get("pool")).get("name") or node)
-        for dev in _list(spec.get("devices")):
+        pool = str(mapping_or_empty(spec.get("pool")).get("name") or node)
+        for dev in list_or_empty(spec.get("devices")):
             if (not isinstance(dev, Mapping) or not isinstance(dev.get("name"), str)
                     or usage.instance_profile(dev) is not None):
                 continue
@@ -156,7 +149,7 @@ def dra_cluster(config: SchedulerConfig, slices: Iterable[Mapping[str, Any]],
             info = by_name.get((str(r.get("pool")), str(r.get("device"))))
             if info is None:
                 continue
-            used = _map(r.get("consumedCapacity"))
+            used = mapping_or_empty(r.get("consumedCapacity"))
             granted.append(ContainerDevice(info.uuid, info.type,
                                            usage._q(used.get(MEMORY)) // MIB,
                                            usage._q(used.get(CORES)), info.index))
@@ -171,7 +164,7 @@ def dra_cluster(config: SchedulerConfig, slices: Iterable[Mapping[str, Any]],
         grants.setdefault(uid, []).append(tuple(granted))
         out.claims.setdefault(uid, []).append(key)
         owner = _owner_name(claim)
-        known = _map(_map((pods or {}).get(uid)).get("metadata"))
+        known = mapping_or_empty(mapping_or_empty((pods or {}).get(uid)).get("metadata"))
         out.pods[uid] = (str(known.get("namespace") or key[0]),
                          str(known.get("name") or owner or key[1]))
     held: dict[str, list[int]] = {}
@@ -195,7 +188,7 @@ def dra_cluster(config: SchedulerConfig, slices: Iterable[Mapping[str, Any]],
 
 
 def _owner_name(claim: Mapping[str, Any]) -> str:
-    for ref in _list(_map(claim.get("metadata")).get("ownerReferences")):
+    for ref in list_or_empty(mapping_or_empty(claim.get("metadata")).get("ownerReferences")):
         if isinstance(ref, Mapping) and ref.get("kind") == "Pod" and ref.get("name"):
             return str(ref["name"])
     return ""
@@ -234,16 +227,17 @@ def preemptor_pod(pod: Mapping[str, Any], claims: Mapping[Key, Mapping[str, Any]
         claim = claims.get(key)
         if not isinstance(claim, Mapping):
             return None
-        if _map(_map(claim.get("status")).get("allocation")):
+        if mapping_or_empty(mapping_or_empty(claim.get("status")).get("allocation")):
             return None
         ours = claim_requests(claim)
-        if len(ours) != len(_list(_map(_map(claim.get("spec")).get("devices")).get("requests"))):
+        devices = mapping_or_empty(mapping_or_empty(claim.get("spec")).get("devices"))
+        if len(ours) != len(list_or_empty(devices.get("requests"))):
             return None  # it asks another driver too: hami cannot judge what frees that
         requests.extend(ours)
     if not requests:
         return None
-    spec = _map(pod.get("spec"))
-    meta = _map(pod.get("metadata"))
+    spec = mapping_or_empty(pod.get("spec"))
+    meta = mapping_or_empty(pod.get("metadata"))
     names = _names(config)
     containers = [_container(i, r, names) for i, r in enumerate(requests)]
     cpu, mem = pod_requests(pod)
@@ -308,20 +302,20 @@ def node_admits(pod: Mapping[str, Any], node: Mapping[str, Any]) -> str:
     effect every effect, ``Equal`` wants the same key and value, any other operator
     tolerates nothing). Not checked: inter-pod affinity and anti-affinity, topology
     spread constraints, ports, volumes."""
-    spec = _map(pod.get("spec"))
-    nspec = _map(node.get("spec"))
-    labels = _map(_map(node.get("metadata")).get("labels"))
-    tolerations = _list(spec.get("tolerations"))
+    spec = mapping_or_empty(pod.get("spec"))
+    nspec = mapping_or_empty(node.get("spec"))
+    labels = mapping_or_empty(mapping_or_empty(node.get("metadata")).get("labels"))
+    tolerations = list_or_empty(spec.get("tolerations"))
     if nspec.get("unschedulable") is True and not _tolerates(
             tolerations, {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}):
         return "node is cordoned"
     selector = spec.get("nodeSelector")
     if isinstance(selector, Mapping) and any(labels.get(k) != v for k, v in selector.items()):
         return "node does not match the pod's nodeSelector"
-    name = _map(node.get("metadata")).get("name")
+    name = mapping_or_empty(node.get("metadata")).get("name")
     if not required_affinity_admits(spec, name if isinstance(name, str) else "", labels):
         return "node does not match the pod's required node affinity"
-    for taint in _list(nspec.get("taints")):
+    for taint in list_or_empty(nspec.get("taints")):
         if (isinstance(taint, Mapping) and taint.get("effect") in ("NoSchedule", "NoExecute")
                 and not _tolerates(tolerations, taint)):
             return f"taint {taint.get('key')} not tolerated"

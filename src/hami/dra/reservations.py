@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hami.core.podobjects import mapping_or_empty
 from hami.dra import podclaims
 from hami.dra.podclaims import PodClaimRecord
 
@@ -65,12 +66,8 @@ class Reservation:
     at: float
 
 
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def _pod_key(meta: Mapping[str, Any]) -> str | None:
-    entry = _map(meta.get("annotations")).get(POD_CLAIM_NAME)
+    entry = mapping_or_empty(meta.get("annotations")).get(POD_CLAIM_NAME)
     owners = [o for o in meta.get("ownerReferences") or []
               if isinstance(o, Mapping) and o.get("kind") == "Pod" and o.get("uid")]
     if isinstance(entry, str) and entry and len(owners) == 1:
@@ -82,7 +79,7 @@ def claim_keys(claim: Mapping[str, Any]) -> set[str]:
     """The keys a stored ResourceClaim (a dict) matches a reservation by:
     ``name:<name>``, ``uid:<UID>``, and ``pod:<pod UID>/<entry>`` for a claim with the
     resourceclaim controller's annotation and one owning Pod. Pure; never raises."""
-    meta = _map(claim.get("metadata"))
+    meta = mapping_or_empty(claim.get("metadata"))
     keys = {f"name:{meta['name']}"} if isinstance(meta.get("name"), str) else set()
     if isinstance(meta.get("uid"), str) and meta["uid"]:
         keys.add(f"uid:{meta['uid']}")
@@ -97,7 +94,7 @@ def new_claim_key(claim: Mapping[str, Any], review_uid: str) -> str:
     carries the one the API server assigned), else its pod key (a mutating webhook's
     review of a generated name knows neither), else its name, else one no claim matches
     (``review:<uid>``: the reservation lasts its TTL). Pure; never raises."""
-    meta = _map(claim.get("metadata"))
+    meta = mapping_or_empty(claim.get("metadata"))
     if isinstance(meta.get("uid"), str) and meta["uid"]:
         return f"uid:{meta['uid']}"
     pod = _pod_key(meta)

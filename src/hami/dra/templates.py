@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from hami.core import isolation
-from hami.dra import booking, bounds
+from hami.dra import bounds, specshape
 from hami.dra.claimusers import hami_template_containers
 from hami.dra.signedspecs import (
     NAME_PREFIX,
@@ -217,7 +217,7 @@ class TemplateReconciler:
                 if existing is None:
                     out[name] = "created"
                     continue
-            if ours is not None and not booking.same_template_spec(
+            if ours is not None and not specshape.same_template_spec(
                     ours["spec"], existing.get("spec") or {}):
                 out[name] = self._refuse(
                     meta, namespace, name, "a template of this name exists and asks for "

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hami.core.podobjects import mapping_or_empty
 from hami.core.quantity import QuantityError, to_int_exact
 from hami.core.request import quantity
 from hami.dra.slices import CORES, DRIVER, MEMORY, MIB, SHARES, UNHEALTHY_TAINT
@@ -84,14 +85,10 @@ def _card(dev: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def _users(claim: Mapping[str, Any]) -> list[str]:
     """Names of the pods in the claim's ``status.reservedFor``."""
     out = []
-    refs = _map(claim.get("status")).get("reservedFor")
+    refs = mapping_or_empty(claim.get("status")).get("reservedFor")
     for ref in refs if isinstance(refs, list) else []:
         if isinstance(ref, Mapping) and ref.get("resource") == "pods" and ref.get("name"):
             out.append(str(ref["name"]))
@@ -172,10 +169,11 @@ def _join(slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any
     for c in claims:
         if not isinstance(c, Mapping):
             continue
-        meta, status = _map(c.get("metadata")), _map(c.get("status"))
+        meta, status = mapping_or_empty(c.get("metadata")), mapping_or_empty(c.get("status"))
         ns, claim_name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
         users = tuple(_users(c))
-        results = _map(_map(status.get("allocation")).get("devices")).get("results")
+        alloc = mapping_or_empty(status.get("allocation"))
+        results = mapping_or_empty(alloc.get("devices")).get("results")
         for r in results if isinstance(results, list) else []:
             if not isinstance(r, Mapping) or r.get("driver") != DRIVER:
                 continue

@@ -15,8 +15,8 @@ counts only devices): an allocated claim books what it consumes (a MIG instance:
 published memory and cores share; a device no published slice holds: the largest card,
 named in the denial), one not allocated yet
 what it asks, a whole card booking the largest published card's memory
-(:mod:`hami.dra.booking`). Percentages are accepted when every published card has one
-size.
+(:mod:`hami.dra.booking`; what the check reads: :mod:`hami.dra.quotaview`). Percentages
+are accepted when every published card has one size.
 
 A pod that names ResourceClaims or ResourceClaimTemplates itself is not translated, but
 in a namespace with a GPU quota it is checked against the quota with what those claims
@@ -44,27 +44,24 @@ from typing import Any
 
 import jsonpatch
 
-from hami.api import names
 from hami.core import isolation
 from hami.core.config import SchedulerConfig
 from hami.core.provenance import strip_allocation
 from hami.core.quota import QuotaLedger
 from hami.devices import nvidia
 from hami.dra import (
-    booking,
     bounds,
     claimquota,
     claimusers,
     namedclaims,
     podclaims,
     signedspecs,
+    specshape,
 )
 from hami.dra import translate as tr
 from hami.dra.booking import claim_booking
-from hami.dra.cache import DraObjects, card_sizes_mib, mig_offers, published_devices
-from hami.dra.nsledger import NamespaceLedger
-from hami.dra.podclaims import PodClaimRecord
-from hami.dra.reservations import QuotaReservations, Reservation, claim_keys
+from hami.dra.quotaview import QuotaView
+from hami.dra.reservations import QuotaReservations
 from hami.dra.templates import read_claim, read_template
 
 #: The objects one AdmissionReview has read, by (kind, namespace, name): the quota check
@@ -92,9 +89,10 @@ def _reply(api_version: str, uid: str, allowed: bool, message: str = "",
     return {"apiVersion": api_version, "kind": "AdmissionReview", "response": resp}
 
 
-class DraWebhook:
-    """Callable for the ``/webhook`` route. ``client``: lightkube ``AsyncClient``;
-    ``fallback``: the normal webhook (body -> reply) for requests DRA mode leaves to it;
+class DraWebhook(QuotaView):
+    """Callable for the ``/webhook`` route; what it reads of the cluster (the published
+    cards, a namespace's quota ledger) is its :class:`hami.dra.quotaview.QuotaView` part.
+    ``client``: lightkube ``AsyncClient``; ``fallback``: the normal webhook (body -> reply) for requests DRA mode leaves to it;
     ``quota``: the scheduler's namespace quota ledger (limits only are used); ``keys``:
     the key ring that signs the templates' specs on the pod (default: this process's
     key, :func:`hami.dra.signedspecs.process_keys`); the template reconciler must verify
@@ -111,101 +109,12 @@ class DraWebhook:
                  deadline_s: float = bounds.REVIEW_DEADLINE_S,
                  reservations: QuotaReservations | None = None,
                  trusted_creators: Sequence[str] = podclaims.TRUSTED_CREATORS) -> None:
-        self.client = client
+        super().__init__(client, config, quota, reservations)
         self.trusted_creators = tuple(trusted_creators)
-        self.reservations = reservations
         self.deadline_s = deadline_s
         self.keys = keys if keys is not None else signedspecs.process_keys()
-        self.config = config
         self.fallback = fallback
-        self.quota = quota
         self.uniform_memory_mib = uniform_memory_mib
-
-    async def published(self) -> tuple[set[int], set[tuple[str, int]]]:
-        """The distinct memory sizes (MiB) of the published shareable cards and the
-        ``(profile, memory MiB)`` of the published MIG instance devices: from the watched
-        slices (:class:`hami.dra.cache.DraObjects`), or one LIST before the watch has
-        synced."""
-        objs = DraObjects.shared(self.client)
-        sizes, offers = objs.card_sizes_mib(), objs.mig_offers()
-        if sizes is None or offers is None:
-            from lightkube.resources.resource_v1 import ResourceSlice
-
-            listed = [s.to_dict() async for s in self.client.list(ResourceSlice)]
-            sizes, offers = card_sizes_mib(listed), mig_offers(listed)
-        return sizes, offers
-
-    async def published_devices(self) -> dict[tuple[str, str], tuple[int, int | None]]:
-        """:func:`hami.dra.cache.published_devices` of the watched slices, or of one LIST
-        before the watch has synced."""
-        devices = DraObjects.shared(self.client).published_devices()
-        if devices is None:
-            from lightkube.resources.resource_v1 import ResourceSlice
-
-            devices = published_devices([s.to_dict()
-                                         async for s in self.client.list(ResourceSlice)])
-        return devices
-
-    async def namespace_ledger(self, namespace: str, whole_card_mib: int,
-                                claims: dict[str, JSON] | None = None, *,
-                                reserved: Sequence[Reservation] = (),
-                                records: Sequence[PodClaimRecord] | None = None
-                                ) -> NamespaceLedger | None:
-        """A ledger with the namespace's limits and the bookings of all its current
-        claims, hami's and those the tenant made itself, allocated or not
-        (:func:`hami.dra.booking.claim_booking_of`; whole cards of unallocated claims,
-        and allocated devices no published slice holds, at ``whole_card_mib``), plus the
-        ``reserved`` claims no listed claim matches (admitted, not stored yet). The claims
-        the resourceclaim controller made for a pod (``records``; None: read from the
-        namespace's Lease) book as their pod (:func:`hami.dra.podclaims.namespace_charge`,
-        the namespace's pods listed once when there are records). Its ``describe`` names the
-        claims booked as the largest card for a missing device, so a denial they tip says
-        why; ``held``, ``pods``, ``records`` and ``listed_keys`` keep what it counted.
-        ``claims``, when given, receives every listed claim by name."""
-        if self.quota is None or not self.quota.limited(namespace):
-            return None
-        from lightkube.resources.core_v1 import Pod
-        from lightkube.resources.resource_v1 import ResourceClaim
-
-        limits = self.quota.quota(namespace)
-        ledger = NamespaceLedger(self.config.registry[names.NVIDIA].resource_names())
-        hard, gpu = {}, nvidia.settings(self.config)
-        if limits.memory_limit_mib is not None:
-            hard[f"limits.{gpu.resource_memory_name}"] = limits.memory_limit_mib
-        if limits.cores_limit_percent is not None:
-            hard[f"limits.{gpu.resource_core_name}"] = limits.cores_limit_percent
-        ledger.set_quota(namespace, "gpu", hard)
-        devices = await self.published_devices()
-        # Every claim: a tenant allowed to create claims makes them without our templates.
-        async for claim in self.client.list(ResourceClaim, namespace=namespace):
-            doc = claim.to_dict()
-            name = str((doc.get("metadata") or {}).get("name") or "")
-            b = booking.claim_booking_of(doc, whole_card_mib, devices)
-            ledger.held.append(podclaims.held_of(doc, (b.memory_mib, b.cores_percent)))
-            ledger.listed_keys |= claim_keys(doc)
-            if b.unknown:
-                ledger.notes.append(
-                    f"ResourceClaim {namespace}/{name} holds {', '.join(b.unknown)}, which no "
-                    f"published ResourceSlice holds: booked as the largest published card "
-                    f"({whole_card_mib} MiB, {booking.WHOLE_CARD_CORES_PERCENT}% cores) each")
-            if claims is not None:
-                claims[name] = doc
-        for r in reserved:
-            if r.key not in ledger.listed_keys:
-                ledger.pending += 1
-                ledger.held.append(podclaims.Held(
-                    r.key, r.key.removeprefix("uid:") if r.key.startswith("uid:") else "",
-                    r.memory_mib, r.cores_percent))
-        if records is None:
-            records = (await self.reservations.records(namespace)
-                       if self.reservations is not None else [])
-        ledger.records = list(records)
-        if ledger.records:  # the claim being checked may be the one recorded
-            ledger.pods = [p.to_dict() async for p in self.client.list(Pod, namespace=namespace)]
-        charge = ledger.charge_of()
-        ledger.grouped = charge.grouped
-        ledger.charge(namespace, charge.memory_mib, charge.cores_percent)
-        return ledger
 
     async def _read(self, kind: str, namespace: str, name: str) -> JSON | None:
         """A ResourceClaimTemplate or ResourceClaim (``kind``) as a dict, None when absent
@@ -234,7 +143,7 @@ class DraWebhook:
         once the pod exists (:mod:`hami.dra.templates`)."""
         name = str(template["metadata"]["name"])
         existing = await self._template(namespace, name)
-        if existing is None or booking.same_template_spec(template["spec"],
+        if existing is None or specshape.same_template_spec(template["spec"],
                                                           existing.get("spec") or {}):
             return None
         return (f"ResourceClaimTemplate {namespace}/{name} has the name of hami's template "

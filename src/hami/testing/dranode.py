@@ -23,11 +23,25 @@ from hami.testing.controlplane import Component
 from hami.testing.gpubed import GpuBed
 
 
-def device_class() -> dict[str, Any]:
-    """The DeviceClass every translated claim names: all devices of hami's driver."""
+def device_class(driver: str = DRIVER) -> dict[str, Any]:
+    """The DeviceClass named ``driver`` that selects all devices of ``driver`` (one CEL
+    selector). The default is the one every translated claim names: all devices of
+    hami's driver, as the chart ships it."""
     return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-            "metadata": {"name": DRIVER},
-            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}}
+            "metadata": {"name": driver},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}}
+
+
+def create_device_class(client: Any, driver: str = DRIVER) -> None:
+    """Create :func:`device_class` of ``driver`` through ``client`` (a lightkube
+    ``Client``): what the test beds and the DRA benches start from.
+
+    Raises:
+        lightkube.ApiError: the API server refused it (409: it exists already).
+    """
+    from lightkube import codecs
+
+    client.create(codecs.from_dict(device_class(driver)))
 
 
 def start_dra(bed: GpuBed, *, timeout_s: float = 60.0) -> Component:
@@ -39,14 +53,14 @@ def start_dra(bed: GpuBed, *, timeout_s: float = 60.0) -> Component:
         BinariesMissing: kube-controller-manager is not built.
         ControlPlaneError: a process exited or the slice did not appear in time.
     """
-    from lightkube import ApiError, codecs
+    from lightkube import ApiError
     from lightkube.resources.resource_v1 import ResourceSlice
 
     assert bed.cp is not None and bed.node is not None, "start the bed first"
     start_controller_manager(bed.cp)
     client = bed.client()
     try:
-        client.create(codecs.from_dict(device_class()))
+        create_device_class(client)
         plugin = bed.node.spawn("dra-plugin", [
             *bed._hami(), "dra-plugin", f"--node-name={bed.node_name}",  # noqa: SLF001
             f"--hook-path={bed.hook_path}", "--backend=fake",
