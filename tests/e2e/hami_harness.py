@@ -118,8 +118,10 @@ class HamiProcess:
     """``python -m hami.scheduler.command`` as a child process."""
 
     def __init__(self, cp: ControlPlane, tls: Tls, workdir: Path, *,
-                 args: Sequence[str] = (), port: int | None = None, name: str = "hami") -> None:
+                 args: Sequence[str] = (), port: int | None = None, name: str = "hami",
+                 kubeconfig: Path | None = None) -> None:
         self.cp, self.tls, self.workdir = cp, tls, workdir
+        self.kubeconfig = kubeconfig or cp.kubeconfig
         self.args = list(args)
         self.port = port or free_port()
         self.metrics_port = free_port()
@@ -134,7 +136,7 @@ class HamiProcess:
     def start(self, *, wait_ready: bool = True, timeout_s: float = 60.0) -> HamiProcess:
         env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         argv = [sys.executable, "-m", "hami.scheduler.command",
-                f"--kubeconfig={self.cp.kubeconfig}", f"--http_bind={HOST}:{self.port}",
+                f"--kubeconfig={self.kubeconfig}", f"--http_bind={HOST}:{self.port}",
                 f"--cert-file={self.tls.cert_file}", f"--key-file={self.tls.key_file}",
                 f"--metrics-bind-address={HOST}:{self.metrics_port}",
                 "--register-interval=2s", *self.args]
