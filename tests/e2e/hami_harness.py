@@ -24,6 +24,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -237,8 +238,10 @@ class FakeAllocator:
         self._stop.set()
 
     def _run(self) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
+        # ThreadPoolExecutor comes from the module's imports, in the main thread: imported
+        # here, concurrent.futures.thread would register its fork hooks while the main
+        # thread may be forking a child (subprocess with preexec_fn), whose parent-side
+        # hook then releases a lock it never took ("release unlocked lock").
         from lightkube import Client
         from lightkube.resources.core_v1 import Pod
 
