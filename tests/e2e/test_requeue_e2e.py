@@ -17,6 +17,7 @@ kube-scheduler's own retry of unschedulable pods binds it. With kube-scheduler's
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import time
 import urllib.request
@@ -29,12 +30,22 @@ import pytest
 import yaml
 from lightkube import ApiError, codecs
 from lightkube.resources.core_v1 import Node, Pod
+from prometheus_client.parser import text_string_to_metric_families
 
 from hami.testing.clusterconfig import scheduler_argv
 from hami.testing.controlplane import ControlPlane, free_port, wait_until
 from hami.testing.kubescheduler import scheduler_ready
 from hami.testing.processes import HOST, Component
 from hami.testing.tcpgate import TcpGate
+from tests.deploy.chart import (
+    RELEASE,
+    HelmMissing,
+    container,
+    find,
+    helm_binary,
+    render,
+    scheduler_config,
+)
 
 from .hami_harness import FakeAllocator, HamiProcess, Tls, gpu_pod, make_gpu_node, unique
 
@@ -63,10 +74,6 @@ def go_duration_s(text: str) -> float:
 @pytest.fixture(scope="module")
 def chart_helm() -> None:
     """The chart is rendered by helm: skip without it, unless ``HAMI_DEPLOY_REQUIRED=1``."""
-    import os
-
-    from tests.deploy.chart import HelmMissing, helm_binary
-
     try:
         helm_binary()
     except HelmMissing as err:
@@ -78,8 +85,6 @@ def chart_helm() -> None:
 def chart_kube_scheduler(scheduler_name: str) -> tuple[list[str], dict[str, Any]]:
     """The chart's kube-scheduler container arguments and KubeSchedulerConfiguration
     (default values, profile ``scheduler_name``)."""
-    from tests.deploy.chart import RELEASE, container, find, render, scheduler_config
-
     objs = render({"schedulerName": scheduler_name})
     spec = find(objs, "Deployment", f"{RELEASE}-scheduler")["spec"]["template"]["spec"]
     return list(container(spec, "kube-scheduler")["args"]), scheduler_config(objs)
@@ -128,8 +133,6 @@ class ChartKubeScheduler:
     def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         """Its ``/metrics`` (the admin certificate authorises the read): sample name and
         labels -> value."""
-        from prometheus_client.parser import text_string_to_metric_families
-
         with urllib.request.urlopen(f"https://{HOST}:{self.port}/metrics", timeout=5,
                                     context=self.cp.ssl_context()) as resp:
             text = resp.read().decode()
