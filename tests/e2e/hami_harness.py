@@ -24,6 +24,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -118,8 +119,10 @@ class HamiProcess:
     """``python -m hami.scheduler.command`` as a child process."""
 
     def __init__(self, cp: ControlPlane, tls: Tls, workdir: Path, *,
-                 args: Sequence[str] = (), port: int | None = None, name: str = "hami") -> None:
+                 args: Sequence[str] = (), port: int | None = None, name: str = "hami",
+                 kubeconfig: Path | None = None) -> None:
         self.cp, self.tls, self.workdir = cp, tls, workdir
+        self.kubeconfig = kubeconfig or cp.kubeconfig
         self.args = list(args)
         self.port = port or free_port()
         self.metrics_port = free_port()
@@ -134,7 +137,7 @@ class HamiProcess:
     def start(self, *, wait_ready: bool = True, timeout_s: float = 60.0) -> HamiProcess:
         env = {**os.environ, "PYTHONPATH": f"{SRC}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
         argv = [sys.executable, "-m", "hami.scheduler.command",
-                f"--kubeconfig={self.cp.kubeconfig}", f"--http_bind={HOST}:{self.port}",
+                f"--kubeconfig={self.kubeconfig}", f"--http_bind={HOST}:{self.port}",
                 f"--cert-file={self.tls.cert_file}", f"--key-file={self.tls.key_file}",
                 f"--metrics-bind-address={HOST}:{self.metrics_port}",
                 "--register-interval=2s", *self.args]
@@ -235,8 +238,10 @@ class FakeAllocator:
         self._stop.set()
 
     def _run(self) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
+        # ThreadPoolExecutor comes from the module's imports, in the main thread: imported
+        # here, concurrent.futures.thread would register its fork hooks while the main
+        # thread may be forking a child (subprocess with preexec_fn), whose parent-side
+        # hook then releases a lock it never took ("release unlocked lock").
         from lightkube import Client
         from lightkube.resources.core_v1 import Pod
 

@@ -167,9 +167,13 @@ UNSCHEDULABLE_RETRY_S = 5
 
 
 def scheduler_argv(binary: Path, *, config: Path, port: int, pki: Path, kubeconfig: Path,
-                   verbosity: int) -> list[str]:
+                   verbosity: int, unschedulable_retry: str | None = f"{UNSCHEDULABLE_RETRY_S}s",
+                   extra: Sequence[str] = ()) -> list[str]:
     """kube-scheduler's command line: ``config`` (a KubeSchedulerConfiguration file),
-    serving ``/readyz`` on 127.0.0.1:``port`` with the apiserver's serving pair.
+    serving ``/readyz`` on 127.0.0.1:``port`` with the apiserver's serving pair, then
+    ``extra`` (later flags win). ``unschedulable_retry`` None leaves
+    ``--pod-max-in-unschedulable-pods-duration`` out (a test that passes the chart's own
+    arguments in ``extra``).
 
     ``--pod-max-in-unschedulable-pods-duration`` (deprecated but served from v1.29 to
     v1.37; no KubeSchedulerConfiguration field sets it) is :data:`UNSCHEDULABLE_RETRY_S`:
@@ -180,10 +184,12 @@ def scheduler_argv(binary: Path, *, config: Path, port: int, pki: Path, kubeconf
     its PreBind's clean-up): a pod filtered in that moment fails with "cannot allocate all
     claims", and the clean-up sends no event, so that pod would wait 5 minutes; CI's
     waits are shorter."""
+    retry = ([] if unschedulable_retry is None
+             else [f"--pod-max-in-unschedulable-pods-duration={unschedulable_retry}"])
     return [
         str(binary),
         f"--config={config}",
-        f"--pod-max-in-unschedulable-pods-duration={UNSCHEDULABLE_RETRY_S}s",
+        *retry,
         f"--bind-address={HOST}",
         f"--secure-port={port}",
         f"--tls-cert-file={pki / 'serving.crt'}",
@@ -191,6 +197,7 @@ def scheduler_argv(binary: Path, *, config: Path, port: int, pki: Path, kubeconf
         f"--authentication-kubeconfig={kubeconfig}",
         f"--authorization-kubeconfig={kubeconfig}",
         f"--v={verbosity}",
+        *extra,
     ]
 
 
