@@ -41,6 +41,17 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return obj.get("metadata") or {}
 
 
+def strict_signing(annotations: Mapping[str, Any]) -> str:
+    """Whether strict signing is on for a node, from its device plugin's
+    ``hami.io/node-trust-unsigned-allocations`` annotation: ``"on"`` for ``"false"`` (only
+    signed allocations served), ``"off"`` for ``"true"`` (unsigned ones served too),
+    ``"unknown"`` when it is absent (an older hami plugin, HAMi's) or anything else: the
+    value is node metadata and is read as untrusted input, never raising."""
+    value = annotations.get(names.NODE_TRUST_UNSIGNED)
+    return {"false": "on", "true": "off"}.get(value, "unknown") if isinstance(value, str) \
+        else "unknown"
+
+
 def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str, Any]],
                  quotas: Iterable[Mapping[str, Any]] = (),
                  config: SchedulerConfig | None = None, *,
@@ -60,8 +71,9 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
     annotation (``hami.io/vgpu-allocation-signature``; its validity is the device
     plugin's to check, with the key hami top does not hold). Unsigned allocations are
     those HAMi's scheduler wrote (or forged ones): a device plugin in strict mode refuses
-    them, so strict signing is safe to switch on once ``unsigned`` is empty (whether it
-    is on is the device plugins' flag, not in these objects). Each listed
+    them, so strict signing is safe to switch on once ``unsigned`` is empty. Each node
+    registered by hami's device plugin says ``strict_signing``: ``on``, ``off`` or
+    ``unknown`` (:func:`strict_signing`; DRA nodes have none). Each listed
     pod of a card also says ``signed``.
     """
     from hami.dra.usage import dra_nodes
@@ -148,6 +160,7 @@ def cluster_view(nodes: Iterable[Mapping[str, Any]], pods: Iterable[Mapping[str,
             "tasks": {"used": totals["tasks"][0], "total": totals["tasks"][1]},
             "pods": len(state.ledger.pods_on(node_name)),
             "lock": lock,
+            "strict_signing": strict_signing(node_entry.annotations),
             "devices": devices,
         })
     out_nodes = sorted([*out_nodes, *dra_nodes(slices, claims)], key=lambda n: str(n["name"]))

@@ -19,24 +19,70 @@ def _frac(used: int, total: int, unit: str = "") -> str:
     return f"{used}{unit}/{total}{unit} ({_pct(used, total):.0f}%)"
 
 
-def signing_line(view: Mapping[str, Any]) -> str:
-    """One line on allocation signing: how many counted pods carry hami's signature and
-    which do not (HAMi's scheduler placed them, or their annotations were forged), or that
-    none is left, so strict signing is safe to switch on.
+#: Most node names one part of the signing line lists (the count says how many more).
+MAX_NAMED_NODES = 10
 
-    The line is true whether strict signing is on or not: that is each device plugin's
-    flag (``--trust-unsigned-allocations``, the chart's
-    ``allocationSigning.trustUnsignedAllocations``), which nothing hami top reads shows."""
+
+def _named(nodes: list[str]) -> str:
+    shown = ", ".join(nodes[:MAX_NAMED_NODES])
+    more = len(nodes) - MAX_NAMED_NODES
+    return f"{shown}, and {more} more" if more > 0 else shown
+
+
+def _count(n: int) -> str:
+    return f"{n} node" if n == 1 else f"{n} nodes"
+
+
+def _strict_by_mode(view: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Node names by ``strict_signing`` (on, off, unknown) over the view's nodes that
+    hami's device plugin registered (DRA nodes have no such mode)."""
+    modes: dict[str, list[str]] = {"on": [], "off": [], "unknown": []}
+    for n in view.get("nodes") or []:
+        mode = n.get("strict_signing")
+        if mode is not None:
+            modes.get(mode, modes["unknown"]).append(str(n["name"]))
+    return modes
+
+
+def signing_line(view: Mapping[str, Any]) -> str:
+    """The lines on allocation signing: how many counted pods carry hami's signature and
+    which do not (HAMi's scheduler placed them, or their annotations were forged), and
+    per node whether strict signing is on, from each device plugin's
+    ``hami.io/node-trust-unsigned-allocations`` (:func:`hami.top.strict_signing`).
+
+    With no unsigned allocation left: ``strict signing is on for all nodes``, or which
+    nodes still trust unsigned allocations (safe to switch on there:
+    ``allocationSigning.trustUnsignedAllocations=false``), and which do not say
+    (``unknown``: an older hami plugin, or HAMi's)."""
     signing = view.get("signing") or {"signed": 0, "unsigned": []}
     unsigned = signing["unsigned"]
+    modes = _strict_by_mode(view)
+    off, unknown = modes["off"], modes["unknown"]
     if not unsigned:
-        return (f"signing: {signing['signed']} signed allocation(s), no unsigned allocation "
-                "left: strict signing is safe to switch on, if it is not on already "
-                "(allocationSigning.trustUnsignedAllocations=false)")
+        head = f"signing: {signing['signed']} signed allocation(s), no unsigned allocation left"
+        parts = []
+        if off:
+            parts.append(f"{_count(len(off))} ({_named(off)}) still "
+                         f"{'trusts' if len(off) == 1 else 'trust'} unsigned allocations; "
+                         "nothing unsigned is left, so strict signing is safe to switch on "
+                         "there (allocationSigning.trustUnsignedAllocations=false)")
+        if unknown:
+            parts.append(f"strict signing unknown on {_count(len(unknown))} "
+                         f"({_named(unknown)}): the device plugin does not say (an older "
+                         "hami, or HAMi's)")
+        if not parts and modes["on"]:
+            parts.append("strict signing is on for all nodes")
+        return head + "".join(f"; {p}" if i else f": {p}" for i, p in enumerate(parts))
     pods = ", ".join(f"{p['namespace']}/{p['name']}" for p in unsigned)
+    parts = [f"on for {_count(len(modes['on']))}"] if modes["on"] else []
+    if off:
+        parts.append(f"off on {_named(off)} (unsigned allocations served)")
+    if unknown:
+        parts.append(f"unknown on {_named(unknown)}")
+    strict = ("strict signing: " + "; ".join(parts)) if parts else ""
     return (f"signing: {signing['signed']} signed, {len(unsigned)} unsigned allocation(s): "
             f"{pods}\n  (unsigned: placed by HAMi's scheduler, or forged; a device plugin in "
-            "strict mode refuses them)")
+            "strict mode refuses them)" + (f"\n  {strict}" if strict else ""))
 
 
 def render_table(view: Mapping[str, Any], *, width: int | None = None) -> str:
@@ -47,14 +93,15 @@ def render_table(view: Mapping[str, Any], *, width: int | None = None) -> str:
     buf = io.StringIO()
     console = Console(width=width or 160, file=buf, force_terminal=False, color_system=None)
     nodes = Table(title="nodes", title_justify="left")
-    for col in ("NODE", "GPUS", "MEMORY (MiB)", "CORES (%)", "TASKS", "PODS", "LOCK"):
+    for col in ("NODE", "GPUS", "MEMORY (MiB)", "CORES (%)", "TASKS", "PODS", "STRICT SIGNING",
+                "LOCK"):
         nodes.add_column(col, overflow="fold")
     for n in view["nodes"]:
         nodes.add_row(n["name"], str(n["gpus"]),
                       _frac(n["memory_mib"]["used"], n["memory_mib"]["total"]),
                       _frac(n["cores"]["used"], n["cores"]["total"]),
                       f"{n['tasks']['used']}/{n['tasks']['total']}", str(n["pods"]),
-                      n["lock"] or "-")
+                      n.get("strict_signing") or "-", n["lock"] or "-")
     console.print(nodes)
     gpus = Table(title="gpus", title_justify="left")
     for col in ("NODE", "IDX", "UUID", "TYPE", "MEMORY (MiB)", "CORES (%)", "TASKS",

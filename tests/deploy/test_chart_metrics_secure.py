@@ -50,6 +50,8 @@ def test_off_by_default() -> None:
     for sm in (o for o in monitors if o["kind"] == "ServiceMonitor"):
         (endpoint,) = sm["spec"]["endpoints"]
         assert "scheme" not in endpoint and "bearerTokenFile" not in endpoint
+        assert "authorization" not in endpoint
+    assert not [o for o in monitors if "metrics-scraper" in o["metadata"]["name"]]
 
 
 def test_enabled_turns_on_every_metrics_server_and_its_rbac() -> None:
@@ -79,7 +81,21 @@ def test_enabled_turns_on_every_metrics_server_and_its_rbac() -> None:
     assert _reviews(alone, "hami-scheduler") == REVIEW
 
 
+SCRAPER, TOKEN_SECRET = "hami-metrics-scraper", "hami-metrics-scraper-token"
+
+
+def _endpoints(objs: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    (sched,) = find(objs, "ServiceMonitor", "hami-scheduler")["spec"]["endpoints"]
+    (mon,) = find(objs, "ServiceMonitor", "hami-device-plugin-monitor")["spec"]["endpoints"]
+    return sched, mon
+
+
 def test_reader_binding_and_service_monitors() -> None:
+    """The ServiceMonitors present a token over HTTPS with prometheus-operator's
+    ``authorization`` (type Bearer, credentials from a Secret of their own namespace), not
+    the deprecated ``bearerTokenFile`` (refused by operators that deny file access): the
+    chart's own scraper account, bound to the metrics reader role and nothing else, and
+    its ``kubernetes.io/service-account-token`` Secret."""
     objs = render({"metrics": {"secure": {"enabled": True, "readerServiceAccounts": [
         {"name": "prometheus-k8s", "namespace": "monitoring"}]}},
         "prometheus": {"enabled": True}})
@@ -88,21 +104,70 @@ def test_reader_binding_and_service_monitors() -> None:
                                   "kind": "ClusterRole", "name": "hami-metrics-reader"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "prometheus-k8s",
                                     "namespace": "monitoring"}]
-    token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-    (sched,) = find(objs, "ServiceMonitor", "hami-scheduler")["spec"]["endpoints"]
-    assert (sched["scheme"], sched["bearerTokenFile"]) == ("https", token)
+    auth = {"type": "Bearer", "credentials": {"name": TOKEN_SECRET, "key": "token"}}
+    sched, mon = _endpoints(objs)
+    for endpoint in (sched, mon):
+        assert "bearerTokenFile" not in endpoint and "bearerTokenSecret" not in endpoint
+        assert (endpoint["scheme"], endpoint["authorization"]) == ("https", auth)
     assert sched["tlsConfig"] == {"serverName": f"hami-scheduler.{NAMESPACE}.svc",
                                   "ca": {"secret": {"name": "hami-scheduler-tls",
                                                     "key": "ca.crt"}}}
-    (mon,) = find(objs, "ServiceMonitor", "hami-device-plugin-monitor")["spec"]["endpoints"]
-    assert (mon["scheme"], mon["bearerTokenFile"]) == ("https", token)
     assert mon["tlsConfig"] == {"insecureSkipVerify": True}
+    # the Secret the endpoints name is rendered, in the ServiceMonitors' namespace, as the
+    # token of an account of that namespace that the chart binds to the reader role only
+    secret = find(objs, "Secret", TOKEN_SECRET)
+    assert secret["type"] == "kubernetes.io/service-account-token"
+    assert secret["metadata"]["namespace"] == NAMESPACE == \
+        find(objs, "ServiceMonitor", "hami-scheduler")["metadata"]["namespace"]
+    assert secret["metadata"]["annotations"] == {"kubernetes.io/service-account.name": SCRAPER}
+    account = find(objs, "ServiceAccount", SCRAPER)
+    assert account["metadata"]["namespace"] == NAMESPACE
+    assert account["automountServiceAccountToken"] is False
+    bound = [b for b in objs if b["kind"] in ("ClusterRoleBinding", "RoleBinding")
+             and any(s["name"] == SCRAPER for s in b["subjects"])]
+    assert [(b["kind"], b["roleRef"]) for b in bound] == [
+        ("ClusterRoleBinding", {"apiGroup": "rbac.authorization.k8s.io",
+                                "kind": "ClusterRole", "name": "hami-metrics-reader"})]
+    assert bound[0]["subjects"] == [{"kind": "ServiceAccount", "name": SCRAPER,
+                                     "namespace": NAMESPACE}]
+
+
+def test_service_monitors_can_name_your_own_token_secret() -> None:
+    objs = render({"metrics": {"secure": {"enabled": True}},
+                   "prometheus": {"enabled": True, "scrapeToken": {
+                       "secretName": "prom-hami-token", "key": "bearer"}}})
+    for endpoint in _endpoints(objs):
+        assert endpoint["authorization"] == {
+            "type": "Bearer", "credentials": {"name": "prom-hami-token", "key": "bearer"}}
+        assert "bearerTokenFile" not in endpoint
+    assert not [o for o in objs if SCRAPER in o["metadata"]["name"]]
+    assert not [o for o in objs if o["kind"] == "Secret"
+                and o["metadata"]["name"] == "prom-hami-token"]  # yours, not the chart's
+    # without the ServiceMonitors the chart renders no scraper either
+    alone = render({"metrics": {"secure": {"enabled": True}}})
+    assert not [o for o in alone if SCRAPER in o["metadata"]["name"]]
+
+
+def test_no_rendered_object_reads_a_token_file() -> None:
+    """No ServiceMonitor endpoint of any combination reads a file of the Prometheus pod."""
+    for values in ({"prometheus": {"enabled": True}},
+                   {"prometheus": {"enabled": True}, **SECURE},
+                   {"prometheus": {"enabled": True, "scrapeToken": {"secretName": "x"}},
+                    **SECURE}):
+        for sm in (o for o in render(values) if o["kind"] == "ServiceMonitor"):
+            for endpoint in sm["spec"]["endpoints"]:
+                assert not {"bearerTokenFile", "bearerTokenSecret"} & set(endpoint), values
+                assert not {"caFile", "certFile", "keyFile"} & set(
+                    endpoint.get("tlsConfig") or {}), values
 
 
 @pytest.mark.parametrize("bad", [
     {"metrics": {"secure": {"enabled": "yes"}}},
     {"metrics": {"secure": {"readerServiceAccounts": [{"name": "p"}]}}},
     {"metrics": {"secure": {"enable": True}}},
+    {"prometheus": {"scrapeToken": {"secretName": "Not_A_Name"}}},
+    {"prometheus": {"scrapeToken": {"key": "a/b"}}},
+    {"prometheus": {"scrapeToken": {"secret": "x"}}},
 ])
 def test_schema_refuses_bad_values(bad: dict[str, Any]) -> None:
     with pytest.raises(AssertionError, match="helm template failed"):

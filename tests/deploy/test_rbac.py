@@ -34,6 +34,8 @@ CASES: dict[str, tuple[dict[str, Any] | None, list[Path]]] = {
     "no-webhook": ({"scheduler": {"admissionWebhook": {"enabled": False}}}, []),
     "dra": ({"dra": {"enabled": True}}, []),
     "metrics-secure": ({"metrics": {"secure": {"enabled": True}}}, []),
+    "metrics-secure-servicemonitors": ({"metrics": {"secure": {"enabled": True}},
+                                        "prometheus": {"enabled": True}}, []),
     "dra-metrics-secure": ({"dra": {"enabled": True}, "metrics": {"secure": {"enabled": True}}},
                            []),
     "dra-only-no-monitor": ({"dra": {"enabled": True, "monitor": {"enabled": False}},

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from hami.top import cluster_view, narrow
 from hami.toptable import render_table
-from tests.deploy.top_cluster import EXPECTED, objects
+from tests.deploy.top_cluster import EXPECTED, node, objects, register
 
 
 def test_view_of_known_state() -> None:
@@ -193,22 +195,105 @@ def test_pods_of_another_scheduler_are_named_and_countable() -> None:
     assert [p["name"] for n in mine["nodes"] for d in n["devices"] for p in d["pods"]] == ["big"]
 
 
-def test_signing_line_is_true_whether_strict_signing_is_on_or_not() -> None:
-    """The mode is each device plugin's flag, which hami top does not see: with none
-    left unsigned the line said "strict signing can be switched on" also where it was on
-    already. It says it is safe to switch on, if it is not on already; with unsigned
-    ones left it says what strict mode does to them, in either mode."""
-    nodes, pods, quotas = objects()
-    infer = next(p for p in pods if p["metadata"]["name"] == "infer-1")
-    infer["status"]["phase"] = "Succeeded"
-    line = next(line for line in render_table(cluster_view(nodes, pods, quotas),
-                                              width=400).splitlines()
-                if line.startswith("signing:"))
-    assert line == ("signing: 3 signed allocation(s), no unsigned allocation left: strict "
-                    "signing is safe to switch on, if it is not on already "
-                    "(allocationSigning.trustUnsignedAllocations=false)")
-    infer["status"]["phase"] = "Running"
+def _signing_lines(nodes: list[dict[str, Any]], pods: list[dict[str, Any]],
+                   quotas: list[dict[str, Any]]) -> str:
     text = render_table(cluster_view(nodes, pods, quotas), width=400)
-    tail = text[text.index("signing:"):]
+    return text[text.index("signing:"):].split("\nquotas")[0].strip()
+
+
+def _trust(nodes: list[dict[str, Any]], name: str, value: Any) -> None:
+    annotations = next(n for n in nodes if n["metadata"]["name"] == name)["metadata"][
+        "annotations"]
+    if value is None:
+        annotations.pop("hami.io/node-trust-unsigned-allocations", None)
+    else:
+        annotations["hami.io/node-trust-unsigned-allocations"] = value
+
+
+def test_signing_line_says_strict_signing_is_on_for_all_nodes() -> None:
+    """Each device plugin writes its mode on its Node; with every node strict and none
+    left unsigned the line says so, not "safe to switch on, if it is not on already"."""
+    nodes, pods, quotas = objects()
+    next(p for p in pods if p["metadata"]["name"] == "infer-1")["status"]["phase"] = "Succeeded"
+    _trust(nodes, "top-b", "false")
+    assert _signing_lines(nodes, pods, quotas) == (
+        "signing: 3 signed allocation(s), no unsigned allocation left: strict signing is on "
+        "for all nodes")
+    view = cluster_view(nodes, pods, quotas)
+    assert [(n["name"], n["strict_signing"]) for n in view["nodes"]] == [("top-a", "on"),
+                                                                          ("top-b", "on")]
+
+
+def test_signing_line_names_the_nodes_that_still_trust_unsigned_allocations() -> None:
+    nodes, pods, quotas = objects()
+    next(p for p in pods if p["metadata"]["name"] == "infer-1")["status"]["phase"] = "Succeeded"
+    _trust(nodes, "top-b", "true")
+    assert _signing_lines(nodes, pods, quotas) == (
+        "signing: 3 signed allocation(s), no unsigned allocation left: 1 node (top-b) still "
+        "trusts unsigned allocations; nothing unsigned is left, so strict signing is safe to "
+        "switch on there (allocationSigning.trustUnsignedAllocations=false)")
+    _trust(nodes, "top-a", "true")
+    assert "2 nodes (top-a, top-b) still trust unsigned allocations; nothing unsigned" \
+        in _signing_lines(nodes, pods, quotas)
+
+
+def test_signing_line_for_mixed_nodes_and_the_table_column() -> None:
+    """on (top-a), off (top-c), unknown (top-b: no annotation, an older plugin or HAMi's):
+    the nodes table says it per node, the summary names the off and the unknown ones."""
+    nodes, pods, quotas = objects()
+    next(p for p in pods if p["metadata"]["name"] == "infer-1")["status"]["phase"] = "Succeeded"
+    nodes.append(node("top-c", {"hami.io/node-nvidia-register": register("top-c", 1),
+                                "hami.io/node-trust-unsigned-allocations": "true"}))
+    text = render_table(cluster_view(nodes, pods, quotas), width=400)
+    nodes_table = text[:text.index("\ngpus")]
+    rows = {line.strip("│ ").split()[0]: line for line in nodes_table.splitlines()
+            if line.lstrip("│ ").startswith("top-")}
+    assert "STRICT SIGNING" in text
+    for name, mode in (("top-a", " on "), ("top-b", " unknown "), ("top-c", " off ")):
+        assert mode in rows[name], rows[name]
+    assert _signing_lines(nodes, pods, quotas) == (
+        "signing: 3 signed allocation(s), no unsigned allocation left: 1 node (top-c) still "
+        "trusts unsigned allocations; nothing unsigned is left, so strict signing is safe to "
+        "switch on there (allocationSigning.trustUnsignedAllocations=false); strict signing "
+        "unknown on 1 node (top-b): the device plugin does not say (an older hami, or HAMi's)")
+    # with an unsigned allocation left: never "safe to switch on", the modes still shown
+    next(p for p in pods if p["metadata"]["name"] == "infer-1")["status"]["phase"] = "Running"
+    tail = _signing_lines(nodes, pods, quotas)
     assert "can be switched on" not in tail and "safe to switch on" not in tail
     assert "a device plugin in strict mode refuses them" in tail
+    assert tail.endswith("strict signing: on for 1 node; off on top-c (unsigned allocations "
+                         "served); unknown on top-b"), tail
+
+
+@pytest.mark.parametrize("value", ["", "TRUE", "False", "yes", "1", " false", "x" * 5000,
+                                   "false\n", "ｆａｌｓｅ"])
+def test_a_malformed_signing_mode_is_unknown(value: str) -> None:
+    """The annotation is node metadata: anything but "true"/"false" is unknown, no crash."""
+    nodes, pods, quotas = objects()
+    _trust(nodes, "top-a", value)
+    view = cluster_view(nodes, pods, quotas)
+    assert next(n for n in view["nodes"] if n["name"] == "top-a")["strict_signing"] == "unknown"
+    assert "unknown on top-a, top-b" in _signing_lines(nodes, pods, quotas)
+
+
+@pytest.mark.parametrize("value", [None, 1, True, ["false"], {"a": "b"}])
+def test_strict_signing_of_non_string_values_is_unknown(value: Any) -> None:
+    from hami.top import strict_signing
+
+    annotations = {} if value is None else {"hami.io/node-trust-unsigned-allocations": value}
+    assert strict_signing(annotations) == "unknown"
+    assert strict_signing({"hami.io/node-trust-unsigned-allocations": "false"}) == "on"
+    assert strict_signing({"hami.io/node-trust-unsigned-allocations": "true"}) == "off"
+
+
+def test_many_nodes_are_counted_not_all_named() -> None:
+    nodes, pods, quotas = objects()
+    next(p for p in pods if p["metadata"]["name"] == "infer-1")["status"]["phase"] = "Succeeded"
+    _trust(nodes, "top-b", "false")
+    for i in range(12):
+        nodes.append(node(f"top-x{i:02d}", {
+            "hami.io/node-nvidia-register": register(f"top-x{i:02d}", 1),
+            "hami.io/node-trust-unsigned-allocations": "true"}))
+    line = _signing_lines(nodes, pods, quotas)
+    assert "12 nodes (top-x00, " in line and "top-x09, and 2 more) still trust" in line
+    assert "top-x10" not in line

@@ -39,7 +39,9 @@ def objects() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str
     a, b = "top-a", "top-b"
     nodes = [
         node(a, {"hami.io/node-nvidia-register": register(a, 2),
-                 "hami.io/mutex.lock": "2026-01-01T00:00:00Z,team-a,train-0"}),
+                 "hami.io/mutex.lock": "2026-01-01T00:00:00Z,team-a,train-0",
+                 # its device plugin serves only signed allocations (top-b's does not say)
+                 "hami.io/node-trust-unsigned-allocations": "false"}),
         node(b, {"hami.io/node-nvidia-register": register(b, 4, mem=40960),
                  "hami.io/device-cordon": GPU.format(node=b, i=2)}),
         node("top-bad", {"hami.io/node-nvidia-register": "[]"}),
@@ -86,7 +88,7 @@ EXPECTED: dict[str, Any] = {
         {"name": "top-a", "gpus": 2,
          "memory_mib": {"used": 10000, "total": 32768}, "cores": {"used": 60, "total": 200},
          "tasks": {"used": 3, "total": 20}, "pods": 2,
-         "lock": "2026-01-01T00:00:00Z,team-a,train-0",
+         "lock": "2026-01-01T00:00:00Z,team-a,train-0", "strict_signing": "on",
          "devices": [
              _dev("top-a", 0, mem=16384, used=(2, 6000, 30),
                   pods=[_p("team-a", "infer-1", 2000, 0, signed=False), _p("team-a", "train-0", 4000, 30)]),
@@ -95,7 +97,7 @@ EXPECTED: dict[str, Any] = {
          ]},
         {"name": "top-b", "gpus": 4,
          "memory_mib": {"used": 46960, "total": 163840}, "cores": {"used": 120, "total": 400},
-         "tasks": {"used": 2, "total": 40}, "pods": 2, "lock": "",
+         "tasks": {"used": 2, "total": 40}, "pods": 2, "lock": "", "strict_signing": "unknown",
          "devices": [
              _dev("top-b", 0, mem=40960, used=(1, 40960, 100),
                   pods=[_p("team-b", "big", 40960, 100)]),

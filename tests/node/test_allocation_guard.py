@@ -12,7 +12,7 @@ from hami.deviceplugin import allocate as al
 from hami.deviceplugin.guard import AllocationGuard
 from hami.keyring import KeyRing
 from tests.node.conftest import NODE, PluginHarness
-from tests.node.test_plugin_grpc import A, up
+from tests.node.test_plugin_grpc import A, up, wait
 
 KEY = b"s" * 64
 
@@ -111,13 +111,20 @@ def test_the_command_refuses_unsigned_allocations_by_default(
     refused(harness, "has no --allocation-key-dir")
     pod_with(harness, "p", f"{A},NVIDIA,1000,10:;")  # even a signed one: no key to check
     refused(harness, "--trust-unsigned-allocations")
+    # the Node says strict signing is on (hami top reads it)
+    wait(lambda: harness.kube.nodes[NODE][0].get(names.NODE_TRUST_UNSIGNED) == "false",
+         what="hami.io/node-trust-unsigned-allocations: false on the node")
 
 
 def test_the_command_serves_unsigned_allocations_when_told_to(
         harness: PluginHarness, monkeypatch: pytest.MonkeyPatch) -> None:
     guard = _guard_of_the_command(monkeypatch, "--trust-unsigned-allocations")
     assert guard is None  # HAMi's behaviour, for a migration from HAMi
+    # a node whose plugin was strict before: the annotation follows the flag
+    harness.kube.patch_node_annotations(NODE, {names.NODE_TRUST_UNSIGNED: "false"})
     up(harness, guard=guard)
+    wait(lambda: harness.kube.nodes[NODE][0].get(names.NODE_TRUST_UNSIGNED) == "true",
+         what="hami.io/node-trust-unsigned-allocations: true on the node")
     pod_with(harness, "p", f"{A},NVIDIA,3000,10:;", key=b"")
     env = harness.kubelet.allocate([f"{A}-0"]).container_responses[0].envs
     assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"

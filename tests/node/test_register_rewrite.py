@@ -130,3 +130,24 @@ def test_running_plugin_reregisters_a_recreated_node(harness: PluginHarness) -> 
     assert _wait(lambda: _register_value(harness.kube) == wanted, 5), \
         "register annotation not re-written on the re-created node"
     assert harness.thread is not None and harness.thread.is_alive() and not harness.errors
+
+
+@pytest.mark.parametrize(("trust", "value"), [(True, "true"), (False, "false"), (None, None)])
+@pytest.mark.parametrize("before", [None, "true", "false", "TRUE", "yes"])
+def test_signing_mode_annotation_follows_the_plugin(trust: bool | None, value: str | None,
+                                                    before: str | None) -> None:
+    """The plugin's signing mode on its Node (hami top reads it): "true" when it trusts
+    unsigned allocations, "false" in strict signing, removed by a registrar not told the
+    mode; whatever the Node carried before (another mode, a hand-written value) is
+    replaced on the next pass, and the register annotation is written with it."""
+    kube = FakeKube()
+    kube.add_node(NODE, {} if before is None else {names.NODE_TRUST_UNSIGNED: before})
+    reg = NodeRegistrar(DeviceState([GPU], PluginConfig()), kube, NODE, trust_unsigned=trust)
+    assert reg.once() is True
+    annotations = kube.nodes[NODE][0]
+    assert annotations.get(names.NODE_TRUST_UNSIGNED) == value
+    assert names.NODE_TRUST_UNSIGNED in annotations or value is None
+    assert _register_value(kube) is not None
+    kube.patch_node_annotations(NODE, {names.NODE_TRUST_UNSIGNED: "garbage"})
+    assert reg.once() is True
+    assert kube.nodes[NODE][0].get(names.NODE_TRUST_UNSIGNED) == value

@@ -15,8 +15,10 @@ the real chart, scheduler, webhook and device plugin.
   cordon, relabel, uncordon;
 - path B, in place: a pod HAMi placed keeps running with its limits while HAMi is
   uninstalled and hami installed in trust mode; hami counts it, serves HAMi-placed pods,
-  ``hami top`` names the unsigned pods until none is left, one ``helm upgrade`` switches to
-  strict signing, and a forged unsigned pod is then refused.
+  ``hami top`` names the unsigned pods until none is left and shows the node's strict
+  signing off (the device plugin's node annotation), one ``helm upgrade`` switches to
+  strict signing (``hami top``: on for all nodes), and a forged unsigned pod is then
+  refused.
 """
 
 from __future__ import annotations
@@ -324,8 +326,12 @@ def test_in_place_keeps_a_running_hami_pod(hami_bed: ChartBed) -> None:
                      {"allocationSigning": {"trustUnsignedAllocations": True}})
     _wait_kubelet_watches(bed)
 
+    # hami's device plugin says its signing mode on the Node; hami top shows it
+    wait_until(lambda: _node_trust(bed) == "true", timeout_s=60,
+               what="hami.io/node-trust-unsigned-allocations: true on the node")
     top = _top(bed)
     assert f"signing: 0 signed, 1 unsigned allocation(s): {TENANT}/from-hami" in top, top
+    assert f"strict signing: off on {node} (unsigned allocations served)" in top, top
     assert _top_pods(bed) == {f"{TENANT}/from-hami": False}
 
     # hami counts the HAMi pod: a new pod goes to the other card, a third one fits nowhere
@@ -364,12 +370,19 @@ def test_in_place_keeps_a_running_hami_pod(hami_bed: ChartBed) -> None:
 
     top = _top(bed)
     assert "signing: 1 signed allocation(s), no unsigned allocation left" in top, top
+    assert (f"1 node ({node}) still trusts unsigned allocations; nothing unsigned is left, "
+            "so strict signing is safe to switch on there") in top, top
     assert _top_pods(bed) == {f"{TENANT}/new-1": True}
 
     # one value: strict signing
     chartops.upgrade(bed, "hami", "hami-system",
                      {"allocationSigning": {"trustUnsignedAllocations": False}})
     _wait_kubelet_watches(bed)
+    wait_until(lambda: _node_trust(bed) == "false", timeout_s=90,
+               what="hami.io/node-trust-unsigned-allocations: false on the node")
+    top = _top(bed)
+    assert ("signing: 1 signed allocation(s), no unsigned allocation left: strict signing "
+            "is on for all nodes") in top, top
     _create(bed, _placed_the_hami_way("forged", node, hami_card, 2000),
             namespace="hami-system", kubeconfig=writer)
 
@@ -399,6 +412,18 @@ def _wait_kubelet_watches(bed: ChartBed) -> None:
     wait_until(lambda: "ListAndWatch: the kubelet is watching" in _plugin_log(bed),
                timeout_s=90, what="the kubelet watching hami's device plugin")
     wait_until(lambda: "nvidia.com/gpu" in _allocatable(bed), timeout_s=60, what="GPUs")
+
+
+def _node_trust(bed: ChartBed) -> str | None:
+    """The Node's hami.io/node-trust-unsigned-allocations (the device plugin's mode)."""
+    from lightkube.resources.core_v1 import Node
+
+    client = bed.client()
+    try:
+        n = client.get(Node, bed.node_name)
+        return (n.metadata.annotations or {}).get("hami.io/node-trust-unsigned-allocations")
+    finally:
+        client.close()
 
 
 def _allocatable(bed: ChartBed) -> dict[str, str]:

@@ -31,6 +31,11 @@ NODE_LOCK: Final = "hami.io/mutex.lock"
 NODE_ALLOCATE_MODE: Final = "hami.io/node-allocate-mode"
 ALLOCATE_MODE_NODE_LOCK: Final = "node-lock"
 ALLOCATE_MODE_CDI: Final = "cdi"
+#: Ours (not HAMi's): the signing mode of the node's hami device plugin, ``"true"`` when
+#: it serves unsigned allocations (``--trust-unsigned-allocations``), ``"false"`` when it
+#: serves only allocations hami's scheduler signed (strict signing). ``hami top`` shows
+#: it per node; absent (an older hami plugin, HAMi's) or any other value: unknown.
+NODE_TRUST_UNSIGNED: Final = "hami.io/node-trust-unsigned-allocations"
 NODE_DEVICE_CORDON: Final = "hami.io/device-cordon"
 
 # Pod annotations / labels written by the scheduler (HAMi v2.10).

@@ -330,7 +330,8 @@ def run_plugin(*, node_name: str, hook_path: str, plugin_dir: Path, kubelet_sock
         return mig_manager is not None and migmod.apply_lock_held(lock_path)
 
     registrar = NodeRegistrar(state, kube, node_name, interval_s=register_interval_s,
-                              paused=paused, allocate_mode=allocate_mode)
+                              paused=paused, allocate_mode=allocate_mode,
+                              trust_unsigned=guard is None)
     if install_signals:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
         signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -238,9 +238,11 @@ class NodeRegistrar:
     def __init__(self, state: DeviceState, kube: KubeApi, node: str,
                  interval_s: float = 30.0, retry_s: float = 5.0,
                  paused: Callable[[], bool] = lambda: False,
-                 allocate_mode: str = names.ALLOCATE_MODE_NODE_LOCK) -> None:
+                 allocate_mode: str = names.ALLOCATE_MODE_NODE_LOCK,
+                 trust_unsigned: bool | None = None) -> None:
         self.paused = paused
         self.allocate_mode = allocate_mode
+        self.trust_unsigned = trust_unsigned
         self.state = state
         self.kube = kube
         self.node = node
@@ -259,11 +261,15 @@ class NodeRegistrar:
         Ours: in allocate mode ``cdi`` the Node also says so
         (``hami.io/node-allocate-mode: cdi``), so that hami's scheduler binds its pods
         without the node lock; in HAMi's mode the annotation is removed, so a node that
-        went back to the lock is locked again."""
+        went back to the lock is locked again. The Node also says the plugin's signing
+        mode (``hami.io/node-trust-unsigned-allocations``: ``"true"`` when it serves
+        unsigned allocations, ``"false"`` in strict signing), which ``hami top`` shows;
+        a registrar not told the mode (``trust_unsigned`` None) removes it."""
         mode = (names.ALLOCATE_MODE_CDI if self.allocate_mode == names.ALLOCATE_MODE_CDI
                 else None)
+        trust = None if self.trust_unsigned is None else str(self.trust_unsigned).lower()
         return {NODE_REGISTER: encode_register(self.state.devices),
-                names.NODE_ALLOCATE_MODE: mode}
+                names.NODE_ALLOCATE_MODE: mode, names.NODE_TRUST_UNSIGNED: trust}
 
     def once(self) -> bool:
         """Read the Node, patch what differs. Returns True on success (or nothing to do);

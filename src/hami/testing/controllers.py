@@ -53,15 +53,29 @@ def find_controller_manager(bin_dir: Path | None = None) -> Path:
     return path
 
 
+#: The controller that fills in ``kubernetes.io/service-account-token`` Secrets.
+TOKEN_CONTROLLER = "serviceaccount-token-controller"
+
+
+def token_controller_args(cp: ControlPlane) -> list[str]:
+    """The flags :data:`TOKEN_CONTROLLER` needs on ``cp``: the key the apiserver's
+    ServiceAccount tokens are signed with (``sa.key``, whose public half the apiserver
+    checks them against) and the CA it writes into each Secret's ``ca.crt``."""
+    return [f"--service-account-private-key-file={cp.pki_dir / 'sa.key'}",
+            f"--root-ca-file={cp.ca_file}"]
+
+
 def start_controller_manager(cp: ControlPlane,
                              controllers: Sequence[str] = DRA_CONTROLLERS,
                              *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                             user: str | None = None) -> ControllerManager:
+                             user: str | None = None,
+                             extra_args: Sequence[str] = ()) -> ControllerManager:
     """Start kube-controller-manager on ``cp`` running only ``controllers`` (no leader
     election, admin credentials); it stops with the control plane. Waits for ``/healthz``.
     ``user``: the user name its client certificate carries (in ``system:masters``, so it
     keeps every right), e.g. ``system:kube-controller-manager`` as in a cluster without
-    ``--use-service-account-credentials``; None: the admin's.
+    ``--use-service-account-credentials``; None: the admin's. ``extra_args``: further
+    flags, e.g. :func:`token_controller_args` for the ``serviceaccount-token-controller``.
 
     Raises:
         BinariesMissing: the binary is not built.
@@ -87,6 +101,7 @@ def start_controller_manager(cp: ControlPlane,
             f"--tls-private-key-file={cp.pki_dir / 'serving.key'}",
             "--kube-api-qps=200", "--kube-api-burst=400",
             f"--v={cp.verbosity}",
+            *extra_args,
         ])
         cp.startup_seconds[BINARY] = comp.wait_healthy(
             lambda: cp._https_ok(f"https://{HOST}:{port}/healthz"),  # noqa: SLF001

@@ -21,7 +21,12 @@ from lightkube.resources.core_v1 import ServiceAccount
 from hami.deviceplugin.kube import KubeApi
 from hami.kube import Kube
 from hami.metricsauth import MetricsGuard
-from hami.testing.controlplane import ControlPlane
+from hami.testing.controllers import (
+    TOKEN_CONTROLLER,
+    start_controller_manager,
+    token_controller_args,
+)
+from hami.testing.controlplane import ControlPlane, wait_until
 from tests.deploy.chart import NAMESPACE, render
 from tests.deploy.e2e import accounts
 
@@ -108,3 +113,50 @@ def test_without_the_value_the_accounts_cannot_ask_and_nobody_is_served(
     refused = {"reader": 503, "tenant": 503, "forged": 503}
     assert monitor_answers(kube_client, control_plane, tokens) == refused
     assert scheduler_answers(kube_client, control_plane, tokens, tmp_path) == refused
+
+
+def test_the_service_monitors_token_secret_is_served_by_both_components(
+        kube_client: Any, control_plane: ControlPlane, tmp_path: Path) -> None:
+    """The ServiceMonitors' ``authorization`` names a Secret the chart renders: applied
+    with the chart's scraper account and binding, kube-controller-manager's token
+    controller fills in the key the endpoints read, and both components' metrics guards
+    (their own chart accounts) answer that token 200. Deleting the Secret revokes it."""
+    import base64
+
+    from lightkube.resources.core_v1 import Secret
+
+    objs = render({"metrics": {"secure": {"enabled": True}}, "prometheus": {"enabled": True}})
+    refs = [e["authorization"]["credentials"] for o in objs if o["kind"] == "ServiceMonitor"
+            for e in o["spec"]["endpoints"]]
+    assert len(refs) == 2 and all(r == refs[0] for r in refs), refs
+    secret = next(o for o in objs if o["kind"] == "Secret"
+                  and o["metadata"]["name"] == refs[0]["name"])
+    done = accounts.apply(kube_client, [o for o in objs if o["kind"] in RBAC])
+    manager = start_controller_manager(control_plane, (TOKEN_CONTROLLER,),
+                                       extra_args=token_controller_args(control_plane))
+    try:
+        kube_client.create(Secret.from_dict(secret))
+
+        def filled() -> str | None:
+            data = kube_client.get(Secret, refs[0]["name"], namespace=NAMESPACE).data or {}
+            value = data.get(refs[0]["key"])
+            return base64.b64decode(value).decode() if value else None
+
+        wait_until(lambda: filled() is not None, timeout_s=60,
+                   what=f"the token controller fills in {refs[0]['name']}")
+        scraper = {"scraper": str(filled())}
+        assert monitor_answers(kube_client, control_plane, scraper) == {"scraper": 200}
+        assert scheduler_answers(kube_client, control_plane, scraper, tmp_path) == \
+            {"scraper": 200}
+        kube_client.delete(Secret, refs[0]["name"], namespace=NAMESPACE)
+        # a fresh guard (no cached verdict): the token died with its Secret
+        wait_until(lambda: monitor_answers(kube_client, control_plane, scraper)
+                   == {"scraper": 401}, timeout_s=30, what="the deleted Secret's token refused")
+    finally:
+        manager.component.stop()
+        try:
+            kube_client.delete(Secret, refs[0]["name"], namespace=NAMESPACE)
+        except ApiError as err:
+            if err.status.code != 404:
+                raise
+        accounts.remove(kube_client, done)
