@@ -258,12 +258,16 @@ def test_large_admission_review_does_not_hold_up_filter() -> None:
         kube.put("Node", node("n1"))
         async with serving(kube) as h:
             pod = kube.put("Pod", gpu_pod("small", memory_mib=1000))
-            began, ended = threading.Event(), threading.Event()
+            began, ended, filtered = threading.Event(), threading.Event(), threading.Event()
             admit = h.engine.admit
 
             def timed_admit(raw: bytes) -> Any:
                 began.set()
                 try:
+                    # the decision does not end before /filter has answered, unless /filter
+                    # waits for it (then it ends after 60 s, and the assertion below fails):
+                    # on a loaded machine a fast decision must not pass for a blocking one
+                    filtered.wait(60)
                     return admit(raw)
                 finally:
                     ended.set()
@@ -276,6 +280,7 @@ def test_large_admission_review_does_not_hold_up_filter() -> None:
             result = await h.filter(pod, ["n1"])
             filter_s = time.monotonic() - t0
             admission_running = not ended.is_set()
+            filtered.set()
             answer = await webhook
             total_s = time.monotonic() - t0
             print(f"/filter answered in {filter_s * 1000:.1f} ms while a {len(body) // 1024} KB "
