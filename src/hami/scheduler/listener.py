@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -106,6 +108,7 @@ class _GuardedProtocol(asyncio.Protocol):
         self._buffered = buffered
         verdict = rule.reading(loop.time(), acked, acked + queued + buffered)
         if verdict is not None:
+            self._rule = None  # aborted: nothing to linger for
             self._site.read_too_slow(self._peer, buffered, verdict)
             if sock is not None:
                 abort_socket(sock)
@@ -115,14 +118,40 @@ class _GuardedProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         inner, self._inner = self._inner, None
-        self._transport = None
+        transport, self._transport = self._transport, None
         if self._tick is not None:
             self._tick.cancel()
             self._tick = None
         if inner is None:
             return
-        self._site.gate.release(self._peer)
         inner.connection_lost(exc)
+        if exc is None and self._linger(transport):
+            return  # the slot is released once the peer has taken the rest
+        self._site.gate.release(self._peer)
+
+    def _linger(self, transport: Any) -> bool:
+        """Before asyncio closes the socket of a connection closed with bytes still in
+        the kernel's send queue (``Connection: close``, the idle timeout): keep a
+        duplicate of it, so that the rest goes on under the read-rate rule instead of
+        in an unwatched orphan, and the peer's slot stays taken meanwhile. True when
+        lingering (plain TCP only: over TLS asyncio closes the socket first)."""
+        rule = self._rule
+        if rule is None or transport is None or self._site.tls:
+            return False
+        sock: Any = transport.get_extra_info("socket")
+        if sock is None:
+            return False
+        state = tcp_send_state(sock)
+        if state is None or not state[1]:
+            return False
+        try:
+            held = socket.socket(sock.family, sock.type, fileno=os.dup(sock.fileno()))
+            held.shutdown(socket.SHUT_WR)  # the FIN follows the rest, as close would do
+        except OSError:
+            return False
+        lingering = _Lingering(held, rule, self._site, self._peer)
+        lingering.check()
+        return True
 
     def data_received(self, data: bytes) -> None:
         if self._inner is not None:
@@ -140,6 +169,49 @@ class _GuardedProtocol(asyncio.Protocol):
             self._inner.resume_writing()
 
 
+class _Lingering:
+    """A closed connection's socket (a duplicate) kept until the kernel has sent the
+    rest of its answer, checked every half window under the read-rate rule; then
+    closed (reset when too slow) and its gate slot released."""
+
+    __slots__ = ("_peer", "_rule", "_site", "_sock", "_tick")
+
+    def __init__(self, sock: socket.socket, rule: ReadRateRule, site: LimitedSite,
+                 peer: str | None) -> None:
+        self._sock, self._rule, self._site, self._peer = sock, rule, site, peer
+        self._tick: asyncio.TimerHandle | None = None
+        site.lingering.add(self)
+
+    def check(self) -> None:
+        """One check; re-arms itself until done."""
+        self._tick = None
+        state = tcp_send_state(self._sock)
+        if state is None or not state[1]:
+            self.close()
+            return
+        loop = asyncio.get_running_loop()
+        acked, queued = state
+        verdict = self._rule.reading(loop.time(), acked, acked + queued)
+        if verdict is not None:
+            self._site.read_too_slow(self._peer, 0, verdict)
+            self.close(reset=True)
+            return
+        self._tick = loop.call_later(self._rule.window_s / 2, self.check)
+
+    def close(self, *, reset: bool = False) -> None:
+        """Close the socket (``reset``: dropping what the peer did not take), release
+        the slot."""
+        if reset:
+            abort_socket(self._sock)
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+        if self in self._site.lingering:
+            self._site.lingering.discard(self)
+            self._sock.close()
+            self._site.gate.release(self._peer)
+
+
 class LimitedSite(web.BaseSite):
     """A TCP site (like ``web.TCPSite``) with a connection gate, a TLS handshake deadline
     and a write deadline with a minimum read rate (module doc). ``gate``,
@@ -155,6 +227,8 @@ class LimitedSite(web.BaseSite):
         self.limits = limits
         self.write_timeouts = 0
         self.slow_readers = 0
+        #: closed connections whose answer's rest the kernel still sends (``_linger``)
+        self.lingering: set[_Lingering] = set()
 
     def read_too_slow(self, peer: str | None, buffered_bytes: int, verdict: SlowRead) -> None:
         """Count (and log, the first and every 1000th of each kind) a connection the
@@ -173,6 +247,11 @@ class LimitedSite(web.BaseSite):
                         buffered_bytes, count)
 
     @property
+    def tls(self) -> bool:
+        """Whether the listener speaks TLS."""
+        return self._ssl_context is not None
+
+    @property
     def name(self) -> str:
         scheme = "https" if self._ssl_context else "http"
         return f"{scheme}://{self._host}:{self._port}"
@@ -183,6 +262,11 @@ class LimitedSite(web.BaseSite):
         server: Any = self._server
         sockets = server.sockets if server is not None else ()
         return int(sockets[0].getsockname()[1]) if sockets else 0
+
+    async def stop(self) -> None:
+        await super().stop()
+        for lingering in list(self.lingering):
+            lingering.close(reset=True)
 
     async def start(self) -> None:
         await super().start()
