@@ -12,16 +12,14 @@ import ssl
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hami.scheduler.server import serve
-
 from .fake_kube import FakeKube
+from .listening import closed_after, serving_ports
 from .support import SETTINGS, gpu_pod, node, run, serving
 from .test_extender_identity import _non_loopback_address
 
@@ -33,48 +31,8 @@ SLACK_S = 10.0  # (below the 30 s header deadline the remote-cap test tells apar
 @contextlib.asynccontextmanager
 async def scheduler(kube: FakeKube | None = None, **overrides: Any) -> AsyncIterator[int]:
     """``serve()`` on a free port (metrics off) with ``overrides``; yields the port."""
-    if kube is None:
-        kube = FakeKube()
-        kube.put("Node", node("n1"))
-    settings = replace(SETTINGS, **{"http_bind": "127.0.0.1:0", "metrics_bind_address": "",
-                                    **overrides})
-    stop = asyncio.Event()
-    ports: dict[str, int] = {}
-    ready = asyncio.Event()
-
-    def started(p: dict[str, int]) -> None:
-        ports.update(p)
-        ready.set()
-
-    task = asyncio.create_task(serve(settings, kube=kube, stop=stop, started=started))
-    await asyncio.wait_for(ready.wait(), 20)
-    try:
+    async with serving_ports(kube, **overrides) as ports:
         yield ports["http"]
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-
-
-async def closed_after(reader: asyncio.StreamReader, limit_s: float,
-                       started: float | None = None) -> float:
-    """Seconds from ``started`` (a ``time.monotonic()`` reading, default now) until the
-    server closes the connection (read gives EOF or a reset); the limit passes as a
-    failure. A lower bound on the result holds only when ``started`` was read before the
-    server's own timer began (before the connect, or the request): read after it, a
-    stall of the shared loop in between makes the server look early."""
-    started = time.monotonic() if started is None else started
-    try:
-        while time.monotonic() - started < limit_s:
-            try:
-                data = await asyncio.wait_for(reader.read(65536),
-                                              limit_s - (time.monotonic() - started))
-            except TimeoutError:
-                break
-            if not data:
-                return time.monotonic() - started
-    except ConnectionError:
-        return time.monotonic() - started
-    raise AssertionError(f"connection still open after {limit_s} s")
 
 
 LIMITS = {"http_header_timeout": timedelta(seconds=DEADLINE_S),
