@@ -9,7 +9,8 @@ setting for is a cap on connections: :class:`LimitedSite` wraps each connection'
 in a guard that asks a :class:`~hami.netlimits.ConnectionGate` first and closes the
 connection at once when the cap of remote peers is reached (loopback peers, i.e.
 kube-scheduler in the same pod, always pass). The body deadline is the handlers'
-(:func:`hami.scheduler.routes.read_body`).
+(:func:`hami.scheduler.routes.read_body`), and aiohttp's drain of a body the route did not
+read has the same time (:func:`runner`).
 
 Nor has aiohttp a write deadline: a response waits in ``drain()`` for as long as the peer
 does not read, and a connection closed with bytes still buffered stays open until they
@@ -47,8 +48,12 @@ log = logging.getLogger("hami.scheduler.listener")
 
 def runner(app: web.Application, limits: ServerLimits) -> web.AppRunner:
     """An AppRunner whose connections close ``limits.header_timeout_s`` seconds after
-    they opened or answered last, unless a request head arrived meanwhile."""
-    return web.AppRunner(app, access_log=None, keepalive_timeout=limits.header_timeout_s)
+    they opened or answered last, unless a request head arrived meanwhile. A body its
+    route did not read (a 404, 405 or 403 answers before it) is drained for at most
+    ``limits.body_timeout_s`` after the answer, then the connection closes (aiohttp's
+    ``lingering_time``, 10 s by default and with no body deadline)."""
+    return web.AppRunner(app, access_log=None, keepalive_timeout=limits.header_timeout_s,
+                         lingering_time=limits.body_timeout_s or 10.0)
 
 
 class _GuardedProtocol(asyncio.Protocol):
