@@ -115,7 +115,8 @@ def test_a_slow_reader_of_pipelined_answers_is_cut_off(
             seconds, seen = await cut_slow_reader(site, port, STATUS * 2000, context)
             print(f"{scheme}: a slow reader was cut off after {seconds:.2f} s "
                   f"({seen.received_bytes} bytes read)")
-            assert site.slow_readers == 1 and site.write_timeouts == 0
+            # the rate rule (or, were its steps ever a window apart, the take-nothing rule)
+            assert site.slow_readers + site.write_timeouts == 1
             assert seen.received_bytes < 2000 * 400
 
     run(scenario)
@@ -134,7 +135,8 @@ def test_a_slow_reader_of_a_closing_answer_is_cut_off_in_the_kernels_tail(
                                                   None)
             print(f"a slow reader of a closed connection's tail was cut off after "
                   f"{seconds:.2f} s ({seen.received_bytes} bytes read)")
-            assert site.slow_readers == 1 and site.write_timeouts == 0
+            # the rate rule (or, were its steps ever a window apart, the take-nothing rule)
+            assert site.slow_readers + site.write_timeouts == 1
             assert seen.received_bytes < 2000 * 400
 
     run(scenario)
