@@ -10,6 +10,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -48,6 +49,19 @@ async def serving_ports(kube: FakeKube | None = None, **overrides: Any
     finally:
         stop.set()
         await asyncio.wait_for(task, 30)
+
+
+def tls_listener(directory: Path) -> tuple[dict[str, str], ssl.SSLContext]:
+    """Settings overrides for a TLS listener (a certificate for 127.0.0.1 written under
+    ``directory``) and a client context that trusts it."""
+    from hami.testing.pki import CertificateAuthority
+
+    ca = CertificateAuthority.create("listener-test-ca")
+    cert_file, key_file = ca.issue("hami", ip_sans=["127.0.0.1"], server=True).write(
+        directory, "serving")
+    pem = ca.cert_pem.decode() if isinstance(ca.cert_pem, bytes) else ca.cert_pem
+    return ({"cert_file": str(cert_file), "key_file": str(key_file)},
+            ssl.create_default_context(cadata=pem))
 
 
 def record_sites(monkeypatch: pytest.MonkeyPatch) -> list[LimitedSite]:

@@ -3,8 +3,8 @@
 then (a slow-read attack, which the write deadline alone lets through since the peer
 makes progress) is cut off and its slot released, over TLS too, and so is one that
 asks for an answer with ``Connection: close`` and then trickles its tail out of the
-kernel; a client that reads at a modest rate, well above the floor, gets everything; a
-trickled request body is cut on every route; the flag is validated."""
+kernel; a client that reads at a modest rate, well above the floor, gets everything; the
+flag is validated. (A trickled request body: ``test_server_limits.py``.)"""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from hami.core.config import ConfigError
 from hami.scheduler.listener import LimitedSite
 from hami.testing.slowpeer import SlowRead, read_slowly
 
-from .listening import closed_after, connect, record_sites, serving_ports
+from .listening import connect, record_sites, serving_ports, tls_listener
 from .support import SETTINGS, run
 
 #: The window (write deadline) and the floor the tests run with. The slow reader takes
@@ -51,15 +51,7 @@ def sites(monkeypatch: pytest.MonkeyPatch) -> list[LimitedSite]:
 
 @pytest.fixture
 def tls(tmp_path: Path) -> tuple[dict[str, str], ssl.SSLContext]:
-    """Settings for a TLS listener and a client context that trusts it."""
-    from hami.testing.pki import CertificateAuthority
-
-    ca = CertificateAuthority.create("read-rate-ca")
-    cert_file, key_file = ca.issue("hami", ip_sans=["127.0.0.1"], server=True).write(
-        tmp_path, "serving")
-    pem = ca.cert_pem.decode() if isinstance(ca.cert_pem, bytes) else ca.cert_pem
-    return ({"cert_file": str(cert_file), "key_file": str(key_file)},
-            ssl.create_default_context(cadata=pem))
+    return tls_listener(tmp_path)
 
 
 @contextlib.asynccontextmanager
@@ -172,40 +164,6 @@ def test_a_modest_reader_gets_every_answer(
             site = sites[0]
             assert site.slow_readers == site.write_timeouts == 0
             await slot_released(site, SLACK_S)
-
-    run(scenario)
-
-
-@pytest.mark.parametrize("path", ["/webhook", "/healthz", "/nowhere"])
-def test_a_trickled_body_is_cut_on_every_route(path: str) -> None:
-    """A body sent a byte at a time is cut at the body deadline whether or not the route
-    reads bodies (aiohttp drains the rest of an unread one after answering)."""
-    deadline_s = 1.0
-
-    async def scenario() -> None:
-        async with scheduler(http_header_timeout=timedelta(seconds=deadline_s),
-                             http_body_timeout=timedelta(seconds=deadline_s)) as port:
-            started = time.monotonic()
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                         b"\r\nContent-Length: 100000\r\n\r\n{" % path.encode())
-
-            async def drip() -> None:
-                with contextlib.suppress(ConnectionError):
-                    for _ in range(1000):
-                        writer.write(b" ")
-                        await writer.drain()
-                        await asyncio.sleep(0.2)
-
-            dripping = asyncio.create_task(drip())
-            try:
-                # far below the 200 s the trickle would take, and than aiohttp's own 10 s
-                # of draining an unread body
-                seconds = await closed_after(reader, 8.0, started)
-            finally:
-                dripping.cancel()
-                writer.close()
-            print(f"{path}: a trickled body was cut after {seconds:.2f} s")
 
     run(scenario)
 

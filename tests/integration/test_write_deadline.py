@@ -19,7 +19,7 @@ import pytest
 
 from hami.scheduler.listener import LimitedSite
 
-from .listening import connect, record_sites, serving_ports
+from .listening import connect, record_sites, serving_ports, tls_listener
 from .support import SETTINGS, run
 
 DEADLINE_S = 1.0
@@ -39,15 +39,7 @@ def sites(monkeypatch: pytest.MonkeyPatch) -> list[LimitedSite]:
 
 @pytest.fixture
 def tls(tmp_path: Path) -> tuple[dict[str, str], ssl.SSLContext]:
-    """Settings for a TLS listener and a client context that trusts it."""
-    from hami.testing.pki import CertificateAuthority
-
-    ca = CertificateAuthority.create("write-deadline-ca")
-    cert_file, key_file = ca.issue("hami", ip_sans=["127.0.0.1"], server=True).write(
-        tmp_path, "serving")
-    pem = ca.cert_pem.decode() if isinstance(ca.cert_pem, bytes) else ca.cert_pem
-    return ({"cert_file": str(cert_file), "key_file": str(key_file)},
-            ssl.create_default_context(cadata=pem))
+    return tls_listener(tmp_path)
 
 
 @contextlib.asynccontextmanager
