@@ -302,13 +302,15 @@ class _DeadlineHandler(BaseHTTPRequestHandler):
     def _drain(self) -> None:
         """Wait until the peer has taken what the kernel still holds for it, under the
         rule (a peer too slow gets a reset)."""
-        pause_s = 0.005
+        if self._rule is None:
+            return
+        pause_s, longest_s = 0.005, self._rule.window_s / 4
         while (verdict := self._too_slow()) is None:
             state = tcp_send_state(self.connection)
             if state is None or not state[1]:
                 return
             time.sleep(pause_s)
-            pause_s = min(pause_s * 2, self._rule.window_s / 4 if self._rule else 0.0)
+            pause_s = min(pause_s * 2, longest_s)
         with contextlib.suppress(TimeoutError):
             self._cut(verdict)
 
