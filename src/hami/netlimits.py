@@ -7,11 +7,11 @@
   new non-loopback one beyond a cap; loopback peers (kube-scheduler in the scheduler pod)
   are never refused, so remote connections cannot starve them.
 * :class:`LimitedHTTPServer`: the standard library's threading HTTP server with that gate,
-  a deadline for the request head and socket timeouts (the answer's writes have the write
-  deadline), optionally TLS (the handshake in the connection's own thread, within the head
-  deadline): the monitor's ``/metrics``.
+  a deadline for the request head and socket timeouts (the answer has the write deadline
+  and the minimum read rate), optionally TLS (the handshake in the connection's own
+  thread, within the head deadline): the monitor's ``/metrics``.
 * :func:`tcp_send_state`: what the kernel says about a TCP socket's outgoing bytes (acked
-  so far, any still queued), for the aiohttp listener's write deadline.
+  so far, still queued), for both servers' write deadline and minimum read rate.
 
 The aiohttp listener of the scheduler uses the same gate
 (:mod:`hami.scheduler.listener`). Stdlib only: the node components import this too.
@@ -20,6 +20,7 @@ The aiohttp listener of the scheduler uses the same gate
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import logging
 import resource
@@ -27,10 +28,14 @@ import socket
 import ssl
 import struct
 import sys
+import termios
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from hami.core.readrate import ReadRateRule, SlowRead
 
 log = logging.getLogger("hami.netlimits")
 
@@ -83,42 +88,57 @@ class ServerLimits:
     head. ``write_timeout_s``: a connection whose peer takes none of the bytes we have for
     it for this many seconds is aborted (a client that sends requests and never reads the
     answers would otherwise hold the connection, its slot and the buffered answers for
-    ever); 0: no write deadline. ``max_remote_connections``: open non-loopback connections beyond which a new one
-    is closed at once (0: no cap); loopback peers are never refused.
+    ever); 0: no write deadline. ``min_read_bytes_per_s``: with a write deadline, a peer
+    must also take at least this many bytes per second, over any ``write_timeout_s``
+    window in which bytes waited for it (:mod:`hami.core.readrate`; a slow-read attack
+    would otherwise hold the connection and its answer by taking a few bytes now and
+    then); 0: only the "took nothing" rule. 1 KiB/s by default: kube-scheduler on
+    loopback and Prometheus (a large ``/metrics`` within its 10 s scrape timeout) take
+    hundreds of times that. ``max_remote_connections``: open non-loopback connections
+    beyond which a new one is closed at once (0: no cap); loopback peers are never
+    refused.
     """
 
     header_timeout_s: float = 10.0
     body_timeout_s: float = 10.0
     max_remote_connections: int = 256
     write_timeout_s: float = 10.0
+    min_read_bytes_per_s: float = 1024.0
+
+    def read_rate_rule(self) -> ReadRateRule | None:
+        """A fresh rule for one connection; None without a write deadline."""
+        if self.write_timeout_s <= 0:
+            return None
+        return ReadRateRule(self.write_timeout_s, self.min_read_bytes_per_s)
 
 
-# struct tcp_info (linux/tcp.h): tcpi_unacked (u32, segments) at byte 24, tcpi_bytes_acked
-# (u64, Linux 4.2) at 120, tcpi_notsent_bytes (u32, Linux 4.6) at 144.
-_TCPI_UNACKED, _TCPI_BYTES_ACKED, _TCPI_NOTSENT, _TCPI_MIN_LEN = 24, 120, 144, 148
+# struct tcp_info (linux/tcp.h): tcpi_bytes_acked (u64, Linux 4.2) at byte 120.
+_TCPI_BYTES_ACKED, _TCPI_MIN_LEN = 120, 128
 
 
-def tcp_send_state(sock: Any) -> tuple[int, bool] | None:
-    """``(bytes_acked, queued)`` of a connected TCP socket, from the kernel's ``TCP_INFO``:
-    the bytes the peer has acknowledged since the connection opened (grows only while the
-    peer takes our bytes), and whether the kernel still holds bytes for the peer (sent but
-    unacknowledged, or not sent yet). ``sock`` is anything with ``getsockopt`` (a socket,
-    asyncio's transport socket). None where the kernel does not tell: not Linux, not TCP,
-    a kernel older than 4.6, a closed socket. Never raises.
+def tcp_send_state(sock: Any) -> tuple[int, int] | None:
+    """``(bytes_acked, bytes_queued)`` of a connected TCP socket, from the kernel: the
+    bytes the peer has acknowledged since the connection opened (``TCP_INFO``; grows only
+    while the peer takes our bytes), and the bytes the kernel still holds for it (sent but
+    unacknowledged, or not sent yet: ``SIOCOUTQ``). ``sock`` is anything with
+    ``getsockopt`` and ``fileno`` (a socket, a TLS socket, asyncio's transport socket).
+    None where the kernel does not tell: not Linux, not TCP, a kernel older than 4.2, a
+    closed socket. Never raises.
     """
     option = getattr(socket, "TCP_INFO", None)
-    if option is None:
+    outq = getattr(termios, "TIOCOUTQ", None)  # SIOCOUTQ on Linux
+    if option is None or outq is None:
         return None
     try:
         info = sock.getsockopt(socket.IPPROTO_TCP, option, 256)
+        queued = fcntl.ioctl(sock.fileno(), outq, b"\0\0\0\0")
     except (OSError, ValueError, TypeError, AttributeError):
         return None
     if not isinstance(info, bytes) or len(info) < _TCPI_MIN_LEN:
         return None
-    (unacked,) = struct.unpack_from("=I", info, _TCPI_UNACKED)
     (acked,) = struct.unpack_from("=Q", info, _TCPI_BYTES_ACKED)
-    (notsent,) = struct.unpack_from("=I", info, _TCPI_NOTSENT)
-    return acked, bool(unacked or notsent)
+    (queued_bytes,) = struct.unpack("=i", queued)
+    return acked, max(0, queued_bytes)
 
 
 def abort_socket(sock: Any) -> None:
@@ -195,14 +215,18 @@ class ConnectionGate:
 
 class _DeadlineHandler(BaseHTTPRequestHandler):
     """A request handler whose request head must arrive within the server's deadline
-    (a timer shuts the socket down otherwise); every socket operation also times out:
-    ``header_timeout_s`` until the head is in, then ``write_timeout_s``: the kernel must
-    take each :meth:`write_body` piece (64 KiB) within it, or the write fails and the
-    connection closes (a plain socket's ``sendall`` timeout bounds the whole call since
-    Python 3.5, hence the pieces: a slow reader of a large answer is not cut off)."""
+    (a timer shuts the socket down otherwise; the socket operations time out after
+    ``header_timeout_s`` until the head is in). Then the answer has the write deadline
+    and the minimum read rate (:class:`ServerLimits`, :mod:`hami.core.readrate`):
+    :meth:`write_body` hands the body to the kernel piece by piece, judging the peer's
+    progress (the kernel's counts, :func:`tcp_send_state`) every half
+    ``write_timeout_s`` at least, and :meth:`finish` waits, under the same rule, until
+    the peer has taken all of the answer before the connection is closed (a slow reader
+    would otherwise keep the rest in the kernel after the close). A peer too slow has
+    its connection reset."""
 
-    #: bytes per ``sendall`` in :meth:`write_body`
-    WRITE_PIECE_BYTES = 1 << 16
+    #: bytes per ``send`` in :meth:`write_body` (one TLS record)
+    WRITE_PIECE_BYTES = 1 << 14
 
     server: LimitedHTTPServer
 
@@ -211,6 +235,7 @@ class _DeadlineHandler(BaseHTTPRequestHandler):
         self.timeout = self.server.limits.header_timeout_s  # type: ignore[misc]
         super().setup()
         self._expired = False
+        self._rule: ReadRateRule | None = None
         self._head_deadline = threading.Timer(self.server.limits.header_timeout_s,
                                               self._expire)
         self._head_deadline.daemon = True
@@ -231,22 +256,72 @@ class _DeadlineHandler(BaseHTTPRequestHandler):
         if self._expired:  # the head was cut short by the deadline: not a request
             self.close_connection = True
             return False
+        self._rule = self.server.limits.read_rate_rule()
+        # every write of the head (and of small answers) must get through within this
         self.connection.settimeout(self.server.limits.write_timeout_s or None)
         return ok
 
+    def _too_slow(self) -> SlowRead | None:
+        """One reading of the peer's progress for the rule (None: fine, or unknown)."""
+        state = tcp_send_state(self.connection) if self._rule is not None else None
+        if state is None or self._rule is None:
+            return None
+        acked, queued = state
+        return self._rule.reading(time.monotonic(), acked, acked + queued)
+
+    def _cut(self, verdict: SlowRead) -> None:
+        self.server.slow_readers += 1
+        log.debug("%s: %s took %d bytes in %.1f s, connection reset", self.server.gate.name,
+                  self.client_address, verdict.taken_bytes, verdict.elapsed_s)
+        self.close_connection = True
+        abort_socket(self.connection)
+        raise TimeoutError(f"peer took {verdict.taken_bytes} bytes in "
+                           f"{verdict.elapsed_s:.1f} s")
+
     def write_body(self, body: bytes) -> None:
-        """Write ``body`` in pieces, each with the write deadline (see the class).
+        """Write ``body`` under the write deadline and the read rate (see the class).
 
         Raises:
-            OSError: (TimeoutError included) the peer did not take a piece in time.
+            OSError: (TimeoutError included) the peer was too slow (the connection is
+                reset) or went away.
         """
+        if self._rule is None:
+            self.wfile.write(body)
+            return
+        sock = self.connection
+        sock.settimeout(self._rule.window_s / 2)
         view = memoryview(body)
-        for start in range(0, len(view), self.WRITE_PIECE_BYTES):
-            self.wfile.write(view[start:start + self.WRITE_PIECE_BYTES])
+        start = 0
+        while start < len(view):
+            # TLS: a timed-out send is retried with the same piece, as OpenSSL wants
+            with contextlib.suppress(TimeoutError):
+                start += sock.send(view[start:start + self.WRITE_PIECE_BYTES])
+            if (verdict := self._too_slow()) is not None:
+                self._cut(verdict)
+
+    def _drain(self) -> None:
+        """Wait until the peer has taken what the kernel still holds for it, under the
+        rule (a peer too slow gets a reset)."""
+        if self._rule is None:
+            return
+        pause_s, longest_s = 0.005, self._rule.window_s / 4
+        while (verdict := self._too_slow()) is None:
+            state = tcp_send_state(self.connection)
+            if state is None or not state[1]:
+                return
+            time.sleep(pause_s)
+            pause_s = min(pause_s * 2, longest_s)
+        with contextlib.suppress(TimeoutError):
+            self._cut(verdict)
 
     def finish(self) -> None:
         self._head_deadline.cancel()
-        super().finish()
+        try:
+            super().finish()
+            if self._rule is not None:
+                self._drain()
+        except OSError:
+            pass  # the peer went away: nothing left to wait for
 
 
 class LimitedHTTPServer(ThreadingHTTPServer):
@@ -264,6 +339,8 @@ class LimitedHTTPServer(ThreadingHTTPServer):
         self.limits = limits
         self.ssl_context = ssl_context
         self.gate = ConnectionGate(limits.max_remote_connections, name)
+        #: connections reset because the peer took their answer too slowly
+        self.slow_readers = 0
         self._admitted: dict[int, str | None] = {}
         self._admitted_lock = threading.Lock()
         super().__init__(address, handler)

@@ -17,32 +17,17 @@ from typing import Any
 import pytest
 
 from hami.core.config import ConfigError
-from hami.scheduler.server import serve
 
 from .fake_kube import FakeKube
+from .listening import serving_ports
 from .support import SETTINGS, gpu_pod, node, run
 
 
 @contextlib.asynccontextmanager
 async def scheduler(kube: FakeKube, **overrides: Any) -> AsyncIterator[dict[str, int]]:
     """``serve()`` on free ports (metrics off); yields its ports by listener."""
-    settings = replace(SETTINGS, **{"http_bind": "127.0.0.1:0", "metrics_bind_address": "",
-                                    **overrides})
-    stop = asyncio.Event()
-    ports: dict[str, int] = {}
-    ready = asyncio.Event()
-
-    def started(p: dict[str, int]) -> None:
-        ports.update(p)
-        ready.set()
-
-    task = asyncio.create_task(serve(settings, kube=kube, stop=stop, started=started))
-    await asyncio.wait_for(ready.wait(), 20)
-    try:
+    async with serving_ports(kube, **overrides) as ports:
         yield ports
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
 
 
 async def post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str,

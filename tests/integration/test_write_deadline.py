@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -18,12 +17,10 @@ from typing import Any
 
 import pytest
 
-import hami.scheduler.server as scheduler_server
 from hami.scheduler.listener import LimitedSite
-from hami.scheduler.server import serve
 
-from .fake_kube import FakeKube
-from .support import SETTINGS, node, run
+from .listening import connect, record_sites, serving_ports, tls_listener
+from .support import SETTINGS, run
 
 DEADLINE_S = 1.0
 #: Generous: a loaded 2-core CI box may be slow to notice, never early.
@@ -35,70 +32,25 @@ HONEST_REQUESTS = 2_500
 
 
 @pytest.fixture
-def sites(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[LimitedSite]]:
+def sites(monkeypatch: pytest.MonkeyPatch) -> list[LimitedSite]:
     """The listeners ``serve()`` starts, recorded so that the tests read their gates."""
-    made: list[LimitedSite] = []
-
-    class Recorded(LimitedSite):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            made.append(self)
-
-    monkeypatch.setattr(scheduler_server, "LimitedSite", Recorded)
-    yield made
+    return record_sites(monkeypatch)
 
 
 @pytest.fixture
 def tls(tmp_path: Path) -> tuple[dict[str, str], ssl.SSLContext]:
-    """Settings for a TLS listener and a client context that trusts it."""
-    from hami.testing.pki import CertificateAuthority
-
-    ca = CertificateAuthority.create("write-deadline-ca")
-    cert_file, key_file = ca.issue("hami", ip_sans=["127.0.0.1"], server=True).write(
-        tmp_path, "serving")
-    pem = ca.cert_pem.decode() if isinstance(ca.cert_pem, bytes) else ca.cert_pem
-    return ({"cert_file": str(cert_file), "key_file": str(key_file)},
-            ssl.create_default_context(cadata=pem))
+    return tls_listener(tmp_path)
 
 
 @contextlib.asynccontextmanager
 async def scheduler(**overrides: Any) -> AsyncIterator[int]:
     """``serve()`` on a free port (metrics off), header, body and write deadlines of
     DEADLINE_S, and ``overrides``; yields the port."""
-    kube = FakeKube()
-    kube.put("Node", node("n1"))
     deadline = timedelta(seconds=DEADLINE_S)
-    settings = replace(SETTINGS, **{"http_bind": "127.0.0.1:0", "metrics_bind_address": "",
-                                    "http_header_timeout": deadline,
-                                    "http_body_timeout": deadline,
-                                    "http_write_timeout": deadline, **overrides})
-    stop = asyncio.Event()
-    ready = asyncio.Event()
-    ports: dict[str, int] = {}
-
-    def started(p: dict[str, int]) -> None:
-        ports.update(p)
-        ready.set()
-
-    task = asyncio.create_task(serve(settings, kube=kube, stop=stop, started=started))
-    await asyncio.wait_for(ready.wait(), 20)
-    try:
+    async with serving_ports(**{"http_header_timeout": deadline,
+                                "http_body_timeout": deadline,
+                                "http_write_timeout": deadline, **overrides}) as ports:
         yield ports["http"]
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 30)
-
-
-async def connect(port: int, rcvbuf_bytes: int, context: ssl.SSLContext | None
-                  ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A client connection with a small receive buffer in the kernel and in asyncio (it
-    stops reading the socket at 8 KiB not yet consumed)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf_bytes)
-    sock.setblocking(False)
-    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-    return await asyncio.open_connection(
-        sock=sock, ssl=context, server_hostname="127.0.0.1" if context else None, limit=4096)
 
 
 async def released(site: LimitedSite, limit_s: float) -> float:

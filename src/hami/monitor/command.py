@@ -148,7 +148,9 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 #: The monitor's ``/metrics`` listener: request head within 10 s, at most 64 open
-#: connections from other hosts (Prometheus scrapes one at a time).
+#: connections from other hosts (Prometheus scrapes one at a time), and the default
+#: write deadline (10 s) and minimum read rate (1 KiB/s over such a window: Prometheus
+#: takes a whole answer within its scrape timeout, hundreds of times faster).
 METRICS_LIMITS = ServerLimits(header_timeout_s=10.0, body_timeout_s=10.0,
                               max_remote_connections=64)
 
@@ -160,7 +162,8 @@ def serve_metrics(collector: Any, addr: str, port: int,
     """Serve ``collector.render()`` on ``http://addr:port/metrics`` in a daemon thread
     (the same bytes prometheus-client's ``generate_latest`` would produce), with
     ``limits`` (:class:`~hami.netlimits.LimitedHTTPServer`: a request head deadline,
-    socket timeouts, a write deadline, a cap on remote connections). Secure mode (``--metrics-secure``):
+    socket timeouts, a write deadline and minimum read rate, a cap on remote connections).
+    Secure mode (``--metrics-secure``):
     ``ssl_context`` makes it HTTPS, and ``guard`` with ``reviewer`` (the API server's
     TokenReview and SubjectAccessReview) answers each scrape 200, 401, 403 or 503
     (:mod:`hami.metricsauth`) before anything is rendered."""

@@ -107,7 +107,11 @@ def scheduler(
         help="a request body must arrive within this time of its head (0: no deadline)")] = "10s",
     http_write_timeout: Annotated[str, typer.Option(
         help="abort a connection whose peer takes none of the bytes waiting for it (answers "
-             "it does not read) for this long (0: no deadline)")] = "10s",
+             "it does not read) for this long (0: no deadline, and no minimum read rate)")] = "10s",
+    http_min_read_bytes_per_second: Annotated[int, typer.Option(
+        help="with a write timeout: also abort a connection whose peer takes fewer bytes "
+             "per second than this over any write-timeout window in which an answer waited "
+             "for it (a slow-read attack); 0: only the take-nothing rule")] = 1024,
     http_max_connections: Annotated[int, typer.Option(
         help="open connections from non-loopback peers per listener beyond which new ones "
              "are closed at once (0: no cap); loopback peers are never refused")] = 256,
@@ -177,6 +181,7 @@ def scheduler(
             http_header_timeout=_duration(http_header_timeout, "--http-header-timeout"),
             http_body_timeout=_duration(http_body_timeout, "--http-body-timeout"),
             http_write_timeout=_duration(http_write_timeout, "--http-write-timeout"),
+            http_min_read_bytes_per_second=http_min_read_bytes_per_second,
             http_max_connections=http_max_connections,
             watch_idle_timeout=_duration(watch_idle_timeout, "--watch-idle-timeout"),
             default_memory_mib=default_mem, default_cores_percent=default_cores,

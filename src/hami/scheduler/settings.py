@@ -88,6 +88,10 @@ class SchedulerSettings:
     #: A connection whose peer takes none of the bytes waiting for it (answers it does
     #: not read) for this long is aborted (0: no deadline).
     http_write_timeout: timedelta = timedelta(seconds=10)
+    #: With a write deadline, a peer must also take at least this many bytes per second
+    #: over any write-timeout window in which bytes waited for it (a slow-read attack
+    #: takes a few bytes now and then); 0: only the "took nothing" rule.
+    http_min_read_bytes_per_second: int = 1024
     #: Open connections from non-loopback peers per listener beyond which new ones are
     #: closed at once (0: no cap). Loopback peers (kube-scheduler) are never refused.
     http_max_connections: int = 256
@@ -164,9 +168,10 @@ class SchedulerSettings:
         if self.http_header_timeout <= timedelta(0):
             raise ConfigError("--http-header-timeout must be positive")
         if (self.http_body_timeout < timedelta(0) or self.http_write_timeout < timedelta(0)
-                or self.http_max_connections < 0):
-            raise ConfigError("--http-body-timeout, --http-write-timeout and "
-                              "--http-max-connections must not be negative")
+                or self.http_max_connections < 0 or self.http_min_read_bytes_per_second < 0):
+            raise ConfigError("--http-body-timeout, --http-write-timeout, "
+                              "--http-min-read-bytes-per-second and --http-max-connections "
+                              "must not be negative")
         if self.watch_idle_timeout <= timedelta(0):
             raise ConfigError("--watch-idle-timeout must be positive")
 
@@ -175,6 +180,7 @@ class SchedulerSettings:
         return ServerLimits(header_timeout_s=self.http_header_timeout.total_seconds(),
                             body_timeout_s=self.http_body_timeout.total_seconds(),
                             write_timeout_s=self.http_write_timeout.total_seconds(),
+                            min_read_bytes_per_s=float(self.http_min_read_bytes_per_second),
                             max_remote_connections=self.http_max_connections)
 
     def scheduler_config(self) -> SchedulerConfig:
