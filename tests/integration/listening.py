@@ -113,3 +113,16 @@ async def closed_after(reader: asyncio.StreamReader, limit_s: float,
     except (ConnectionError, ssl.SSLError):
         return time.monotonic() - started
     raise AssertionError(f"connection still open after {limit_s} s")
+
+
+async def slot_released(site: LimitedSite, limit_s: float) -> float:
+    """Seconds until the site holds no connection (none open by its gate's counters, none
+    lingering); the limit passes as a failure."""
+    started = time.monotonic()
+    while site.gate.loopback or site.gate.remote or site.lingering:
+        if time.monotonic() - started > limit_s:
+            raise AssertionError(f"connection slot still held after {limit_s} s "
+                                 f"({site.gate.loopback} loopback, {site.gate.remote} remote, "
+                                 f"{len(site.lingering)} lingering)")
+        await asyncio.sleep(0.02)
+    return time.monotonic() - started

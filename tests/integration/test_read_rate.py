@@ -16,7 +16,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +26,7 @@ from hami.core.config import ConfigError
 from hami.scheduler.listener import LimitedSite
 from hami.testing.slowpeer import SlowRead, read_slowly
 
-from .listening import connect, record_sites, serving_ports, tls_listener
+from .listening import connect, serving_ports, slot_released
 from .support import SETTINGS, run
 
 #: The window (write deadline) and the floor the tests run with. The slow reader takes
@@ -44,14 +43,6 @@ STATUS = b"GET /status HTTP/1.1\r\nHost: x\r\n\r\n"
 LAST_STATUS = b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 
 
-@pytest.fixture
-def sites(monkeypatch: pytest.MonkeyPatch) -> list[LimitedSite]:
-    return record_sites(monkeypatch)
-
-
-@pytest.fixture
-def tls(tmp_path: Path) -> tuple[dict[str, str], ssl.SSLContext]:
-    return tls_listener(tmp_path)
 
 
 @contextlib.asynccontextmanager
@@ -64,15 +55,6 @@ async def scheduler(**overrides: Any) -> AsyncIterator[int]:
                                 **overrides}) as ports:
         yield ports["http"]
 
-
-async def slot_released(site: LimitedSite, limit_s: float) -> float:
-    """Seconds until the site holds no connection (none open, none lingering); the limit
-    passes as a failure."""
-    started = time.monotonic()
-    while site.gate.loopback or site.gate.remote or site.lingering:
-        assert time.monotonic() - started < limit_s, f"slot still held after {limit_s} s"
-        await asyncio.sleep(0.05)
-    return time.monotonic() - started
 
 
 async def cut_slow_reader(site: LimitedSite, port: int, request: bytes,

@@ -12,14 +12,13 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from hami.scheduler.listener import LimitedSite
 
-from .listening import connect, record_sites, serving_ports, tls_listener
+from .listening import connect, serving_ports, slot_released
 from .support import SETTINGS, run
 
 DEADLINE_S = 1.0
@@ -31,15 +30,6 @@ ATTACK_REQUESTS = 30_000
 HONEST_REQUESTS = 2_500
 
 
-@pytest.fixture
-def sites(monkeypatch: pytest.MonkeyPatch) -> list[LimitedSite]:
-    """The listeners ``serve()`` starts, recorded so that the tests read their gates."""
-    return record_sites(monkeypatch)
-
-
-@pytest.fixture
-def tls(tmp_path: Path) -> tuple[dict[str, str], ssl.SSLContext]:
-    return tls_listener(tmp_path)
 
 
 @contextlib.asynccontextmanager
@@ -52,17 +42,6 @@ async def scheduler(**overrides: Any) -> AsyncIterator[int]:
                                 "http_write_timeout": deadline, **overrides}) as ports:
         yield ports["http"]
 
-
-async def released(site: LimitedSite, limit_s: float) -> float:
-    """Seconds until the site holds no connection (its gate's counters); the limit
-    passes as a failure."""
-    started = time.monotonic()
-    while site.gate.loopback or site.gate.remote:
-        if time.monotonic() - started > limit_s:
-            raise AssertionError(f"connection slot still held after {limit_s} s "
-                                 f"({site.gate.loopback} loopback, {site.gate.remote} remote)")
-        await asyncio.sleep(0.02)
-    return time.monotonic() - started
 
 
 async def closed_by_server(reader: asyncio.StreamReader) -> None:
@@ -83,7 +62,7 @@ async def never_reading_client(site: LimitedSite, port: int,
         # pipelined answers it never reads (asyncio sends the requests as the server
         # takes them; the server stops taking them once its answers wait)
         writer.write(STATUS * ATTACK_REQUESTS)
-        seconds = await released(site, DEADLINE_S + SLACK_S)
+        seconds = await slot_released(site, DEADLINE_S + SLACK_S)
         await closed_by_server(reader)
         return seconds
     finally:
