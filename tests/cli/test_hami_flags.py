@@ -188,23 +188,35 @@ def test_monitor_help_names_its_environment() -> None:
         assert word in text, word
 
 
-@pytest.mark.parametrize("argv", [
+#: One command of each kind that reads a kubeconfig before it does anything else.
+KUBE_COMMANDS = [
     ["scheduler", "--metrics-bind-address=", "--http_bind=127.0.0.1:0"],
     ["top"],
     ["certgen", "--namespace", "x", "--secret", "s", "--service", "svc"],
     ["monitor"],
     ["device-plugin", "--backend", "fake", "--node-name", "n"],
-])
-def test_no_kubeconfig_is_one_line_with_what_to_do(argv: list[str], tmp_path: Path) -> None:
+]
+
+
+def run_without_cluster(argv: list[str], tmp_path: Path, **extra_env: str
+                        ) -> subprocess.CompletedProcess[str]:
+    """``python -m hami.cli ARGV`` with no in-cluster or kubeconfig variables of the host
+    (``extra_env`` added), HOME and HOOK_PATH in ``tmp_path``; the device plugin gets an
+    empty fake inventory."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_", "KUBECONFIG"))}
     env.update({"PYTHONPATH": SRC, "HOME": str(tmp_path), "HOOK_PATH": str(tmp_path),
-                "NODE_NAME": "n"})
+                "NODE_NAME": "n", **extra_env})
     inventory = tmp_path / "inv.yaml"
     inventory.write_text("gpus: []\n")
     if argv[0] == "device-plugin":
         argv = [*argv, "--fake-inventory", str(inventory)]
-    proc = subprocess.run([sys.executable, "-m", "hami.cli", *argv], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hami.cli", *argv], capture_output=True,
                           text=True, env=env, timeout=60, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("argv", KUBE_COMMANDS)
+def test_no_kubeconfig_is_one_line_with_what_to_do(argv: list[str], tmp_path: Path) -> None:
+    proc = run_without_cluster(argv, tmp_path)
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if "level=" not in line]
     assert len(errors) == 1, proc.stderr
@@ -212,13 +224,7 @@ def test_no_kubeconfig_is_one_line_with_what_to_do(argv: list[str], tmp_path: Pa
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("argv", [
-    ["scheduler", "--metrics-bind-address=", "--http_bind=127.0.0.1:0"],
-    ["top"],
-    ["certgen", "--namespace", "x", "--secret", "s", "--service", "svc"],
-    ["monitor"],
-    ["device-plugin", "--backend", "fake", "--node-name", "n"],
-])
+@pytest.mark.parametrize("argv", KUBE_COMMANDS)
 @pytest.mark.parametrize(("content", "words"), [
     (b"apiVersion: v1\nclusters: [\n", "is not valid YAML (line 3, column 1)"),
     (b"apiVersion: v1\n\xff\xfe\n", "is not UTF-8 text (byte 15)"),
@@ -230,15 +236,7 @@ def test_broken_kubeconfig_is_one_line_naming_the_file(argv: list[str], content:
     multi-line error or a UnicodeDecodeError, neither naming the file."""
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_bytes(content)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_", "KUBECONFIG"))}
-    env.update({"PYTHONPATH": SRC, "HOME": str(tmp_path), "HOOK_PATH": str(tmp_path),
-                "NODE_NAME": "n", "KUBECONFIG": str(kubeconfig)})
-    inventory = tmp_path / "inv.yaml"
-    inventory.write_text("gpus: []\n")
-    if argv[0] == "device-plugin":
-        argv = [*argv, "--fake-inventory", str(inventory)]
-    proc = subprocess.run([sys.executable, "-m", "hami.cli", *argv], capture_output=True,
-                          text=True, env=env, timeout=60, cwd=tmp_path)
+    proc = run_without_cluster(argv, tmp_path, KUBECONFIG=str(kubeconfig))
     assert proc.returncode != 0
     errors = [line for line in proc.stderr.splitlines() if "level=" not in line]
     assert errors == [f"error: kubeconfig {kubeconfig} {words}: fix it, or name another "
