@@ -105,11 +105,15 @@ def test_sidecar_and_app_each_get_their_slice_and_the_card_is_booked_for_both(
     client.create(codecs.from_dict(sidecar_pod()))
 
     def started() -> bool:
-        return all("info " in log_of(bed, "with-sidecar", c) for c in ("side", "c"))
+        # the kubelet reports the phase a moment after both containers have started and
+        # logged (seen Pending in CI right after both logs were there): wait for both
+        reported = all("info " in log_of(bed, "with-sidecar", c) for c in ("side", "c"))
+        pod = client.get(Pod, "with-sidecar")
+        return reported and pod.status is not None and pod.status.phase == "Running"
 
-    wait_until(started, timeout_s=120, what="sidecar and app container report their slice")
+    wait_until(started, timeout_s=120,
+               what="sidecar and app container report their slice, the pod Running")
     pod = client.get(Pod, "with-sidecar")
-    assert pod.status.phase == "Running", pod.status
     card = stub_uuid(0)
     assert pod.metadata.annotations["hami.io/vgpu-devices-allocated"] == \
         f"{card},NVIDIA,6000,0:;{card},NVIDIA,6000,0:;"
